@@ -1,0 +1,121 @@
+# ferry — build, demo, test.   `make`, `make demo`, `make test` (README).
+# PYTHON: the interpreter for the Python package and tests. The default is the
+# project's .venv, which `make` creates and fills (tools/setup.sh); pass
+# PYTHON=python3 to use an existing interpreter (no registry needed).
+PYTHON ?= .venv/bin/python
+CC ?= cc
+NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+DEPS ?= .deps
+OPT ?= -O2
+
+CFLAGS_COMMON := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Wshadow \
+                 -Iinclude -Isrc -I$(DEPS)/include -fPIC -pthread
+CFLAGS ?= $(OPT) -g
+LDLIBS := -L$(DEPS)/lib -lzstd -llz4 -lz -ldl -lpthread -lm
+
+LIB_SRCS := $(sort $(wildcard src/engine/*.c src/cuda/*.c src/formats/*.c src/codecs/*.c))
+CLI_SRCS := $(sort $(wildcard src/cli/*.c))
+TEST_SRCS := $(sort $(wildcard tests/c/test_*.c))
+FUZZ_SRCS := $(sort $(wildcard tests/fuzz/fuzz_*.c))
+
+B := build
+LIB_OBJS := $(LIB_SRCS:%.c=$(B)/%.o) $(B)/kernels_fatbin.o
+CLI_OBJS := $(CLI_SRCS:%.c=$(B)/%.o)
+TESTS := $(TEST_SRCS:tests/c/%.c=$(B)/tests/%)
+
+BA := build-asan
+ASAN_FLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+ASAN_LIB_OBJS := $(LIB_SRCS:%.c=$(BA)/%.o) $(BA)/kernels_fatbin.o
+ASAN_TESTS := $(TEST_SRCS:tests/c/%.c=$(BA)/tests/%)
+
+EXT_SUFFIX = $(shell $(PYTHON) -c "import sysconfig;print(sysconfig.get_config_var('EXT_SUFFIX'))")
+PY_INC = $(shell $(PYTHON) -c "import sysconfig;print(sysconfig.get_paths()['include'])")
+PY_EXT = python/ferry/_ferry$(EXT_SUFFIX)
+
+.PHONY: all setup lib cli python test test-c test-asan test-python test-gpu demo bench fuzz clean
+all: setup lib cli python
+
+setup:
+	@tools/setup.sh $(PYTHON)
+
+lib: $(B)/libferry.a $(B)/libferry.so
+cli: $(B)/ferry
+python: $(PY_EXT)
+
+$(B)/%.o: %.c include/ferry.h $(wildcard src/*/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_COMMON) $(CFLAGS) -c $< -o $@
+
+# GPU kernels: compiled by nvcc to a fatbin and embedded as bytes; loaded at
+# run time with cuModuleLoadData. Without nvcc the blob is empty and ferry
+# does those steps on the CPU.
+$(B)/kernels.fatbin: src/cuda/kernels.cu
+	@mkdir -p $(B)
+	@if [ -n "$(NVCC)" ]; then \
+	  echo "nvcc $<"; \
+	  $(NVCC) -fatbin -O3 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_80,code=sm_80 \
+	    -gencode arch=compute_75,code=compute_75 -o $@ $< ; \
+	else echo "no nvcc: GPU kernels not embedded"; : > $@; fi
+$(B)/kernels_fatbin.c: $(B)/kernels.fatbin tools/embed.sh
+	tools/embed.sh ferry_kernels_fatbin $< > $@
+$(B)/kernels_fatbin.o: $(B)/kernels_fatbin.c
+	$(CC) $(CFLAGS_COMMON) $(CFLAGS) -c $< -o $@
+
+$(B)/libferry.a: $(LIB_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+$(B)/libferry.so: $(LIB_OBJS)
+	$(CC) -shared -o $@ $^ $(LDLIBS)
+$(B)/ferry: $(CLI_OBJS) $(B)/libferry.a
+	$(CC) -o $@ $(CLI_OBJS) $(B)/libferry.a $(LDLIBS)
+
+$(PY_EXT): python/ferry/_ferry.c $(B)/libferry.a
+	$(CC) $(CFLAGS_COMMON) $(CFLAGS) -I$(PY_INC) -shared -o $@ python/ferry/_ferry.c $(B)/libferry.a $(LDLIBS)
+
+$(B)/tests/%: tests/c/%.c tests/c/check.h $(B)/libferry.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_COMMON) $(CFLAGS) -Itests/c -o $@ $< $(B)/libferry.a $(LDLIBS)
+
+# AddressSanitizer + UndefinedBehaviorSanitizer build of the library and C tests
+$(BA)/%.o: %.c include/ferry.h $(wildcard src/*/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_COMMON) $(ASAN_FLAGS) -c $< -o $@
+$(BA)/kernels_fatbin.o: $(B)/kernels_fatbin.c
+	@mkdir -p $(BA)
+	$(CC) $(CFLAGS_COMMON) $(ASAN_FLAGS) -c $< -o $@
+$(BA)/libferry.a: $(ASAN_LIB_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+$(BA)/tests/%: tests/c/%.c tests/c/check.h $(BA)/libferry.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_COMMON) $(ASAN_FLAGS) -Itests/c -o $@ $< $(BA)/libferry.a $(LDLIBS)
+$(BA)/fuzz_replay: tests/fuzz/replay.c $(FUZZ_SRCS) $(BA)/libferry.a
+	@mkdir -p $(BA)
+	$(CC) $(CFLAGS_COMMON) $(ASAN_FLAGS) -o $@ tests/fuzz/replay.c $(BA)/libferry.a $(LDLIBS)
+
+test-c: $(TESTS)
+	@tools/run-c-tests.sh $(TESTS)
+test-asan: $(ASAN_TESTS) $(if $(FUZZ_SRCS),$(BA)/fuzz_replay)
+	@ASAN_OPTIONS=detect_leaks=1 tools/run-c-tests.sh $(ASAN_TESTS)
+	@if [ -x $(BA)/fuzz_replay ]; then $(BA)/fuzz_replay tests/fuzz/corpus; fi
+test-python: all
+	@PYTHONPATH=python $(PYTHON) -m pytest -q tests/python
+test-gpu: all
+	@PYTHONPATH=python FERRY_BIN=$(B)/ferry tests/gpu/run.sh $(PYTHON)
+
+# The whole suite: C tests, the same under ASan+UBSan, the fuzz corpus, pytest,
+# and the GPU tests (which skip with a reason where there is no GPU).
+test: all
+	@PYTHON=$(PYTHON) tools/test-all.sh
+
+demo: all
+	@PYTHONPATH=python $(PYTHON) tools/demo.py
+
+bench: all
+	@PYTHONPATH=python $(PYTHON) bench/run.py
+
+fuzz: lib
+	@tools/fuzz.sh
+
+clean:
+	rm -rf $(B) $(BA) python/ferry/_ferry*.so

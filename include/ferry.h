@@ -1,0 +1,449 @@
+/*
+ * ferry.h — move array data between files and GPU or host memory, fast.
+ *
+ * This header is the whole public C API and its manual. Everything is C11.
+ *
+ * Model
+ * -----
+ *  - A ferry_ctx is an engine: a thread pool, pinned staging buffers, CUDA
+ *    streams, statistics. Create one per process (it is thread-safe).
+ *  - A ferry_file is an open file (a buffered descriptor, an O_DIRECT one and a
+ *    cuFile handle, each opened lazily and kept while the file is open).
+ *  - A ferry_plan is a list of extents: "read LEN bytes at OFFSET of FILE,
+ *    decode them, place the result at DST" (or, for writes, the other way).
+ *    Formats (npy, safetensors, netCDF classic, Zarr) turn a selection into a
+ *    plan; the engine runs plans. ferry_pread/ferry_pwrite are one-extent plans.
+ *  - Paths: `cufile` (GPUDirect Storage), `staged` (pread into pinned staging
+ *    buffers, then host-to-device copies, overlapped), `host` (pread straight
+ *    into host memory). AUTO picks per destination; a forced path that cannot
+ *    run is an error, never a silent fallback. ferry_stats tells which ran.
+ *  - CUDA (libcuda.so.1) and cuFile (libcufile.so.0) are loaded at run time;
+ *    nothing here links them. Without a GPU the host path still works.
+ *
+ * Errors
+ * ------
+ *  Functions return 0 (or a count) on success and a negative value on
+ *  failure: either a ferry_status below or -errno from the operating system.
+ *  ferry_strerror(code) names the code; ferry_errmsg(ctx) gives the message of
+ *  the most recent failing call made *by the calling thread* on ctx, naming the
+ *  file, offset and variable involved. The library never prints, never exits
+ *  and never aborts on bad input.
+ *
+ * Memory
+ * ------
+ *  The caller owns all destination and source memory and keeps it alive until
+ *  the call returns (blocking calls) or the job completes (asynchronous calls).
+ *  ferry allocates only its own staging buffers.
+ */
+#ifndef FERRY_H
+#define FERRY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FERRY_VERSION_MAJOR 0
+#define FERRY_VERSION_MINOR 1
+#define FERRY_VERSION_PATCH 0
+#define FERRY_VERSION_STRING "0.1.0"
+
+/** The library's version string, e.g. "0.1.0". */
+const char *ferry_version(void);
+
+/* ------------------------------------------------------------------------- */
+/* Status codes (all negative; -errno values are returned as they are)       */
+/* ------------------------------------------------------------------------- */
+typedef enum ferry_status {
+    FERRY_OK = 0,
+    FERRY_EINVAL = -10001,      /* bad argument */
+    FERRY_ENOMEM = -10002,      /* allocation failed */
+    FERRY_EIO = -10003,         /* I/O failed (message says where) */
+    FERRY_ESHORT = -10004,      /* file ended before the bytes a plan needs */
+    FERRY_EFORMAT = -10005,     /* malformed file (message: file, byte position) */
+    FERRY_EUNSUPPORTED = -10006,/* valid but unsupported (codec, dtype, ...) */
+    FERRY_ENOCUDA = -10007,     /* CUDA driver not available */
+    FERRY_ECUDA = -10008,       /* a CUDA driver call failed */
+    FERRY_ENOCUFILE = -10009,   /* cuFile not available / GDS cannot run */
+    FERRY_ECUFILE = -10010,     /* a cuFile call failed */
+    FERRY_ECODEC = -10011,      /* decompression failed: corrupt data */
+    FERRY_ECHECKSUM = -10012,   /* checksum mismatch */
+    FERRY_ENOTFOUND = -10013,   /* no such variable / tensor / array */
+    FERRY_ETIMEDOUT = -10014,   /* ferry_job_wait timed out; the job goes on */
+    FERRY_ECANCELED = -10015,   /* job canceled */
+    FERRY_EPATH = -10016        /* the forced path cannot serve this request */
+} ferry_status;
+
+/** A static, human-readable name for any return code (ferry_status or -errno). */
+const char *ferry_strerror(int code);
+
+/* ------------------------------------------------------------------------- */
+/* Configuration                                                             */
+/* ------------------------------------------------------------------------- */
+typedef enum ferry_path {
+    FERRY_PATH_AUTO = 0,
+    FERRY_PATH_CUFILE = 1,
+    FERRY_PATH_STAGED = 2,
+    FERRY_PATH_HOST = 3,
+    FERRY_PATH_COUNT_ = 4
+} ferry_path;
+
+/** "auto", "cufile", "staged", "host". */
+const char *ferry_path_name(ferry_path p);
+/** Parse a path name; returns FERRY_EINVAL for an unknown name. */
+int ferry_path_parse(const char *name, ferry_path *out);
+
+typedef enum ferry_direct {
+    FERRY_DIRECT_AUTO = 0, /* O_DIRECT for cold, aligned, large ranges; buffered otherwise */
+    FERRY_DIRECT_ON = 1,   /* O_DIRECT wherever alignment allows (buffered heads/tails) */
+    FERRY_DIRECT_OFF = 2   /* never O_DIRECT */
+} ferry_direct;
+
+typedef struct ferry_config {
+    int threads;          /* workers; 0: default (16, or the CPU count if larger)  [FERRY_THREADS] */
+    size_t task_size;     /* bytes per task a worker takes; 0: 8 MiB                [FERRY_TASK_SIZE] */
+    size_t staging_size;  /* bytes per pinned staging buffer; 0: 4 MiB              [FERRY_STAGING_SIZE] */
+    int staging_count;    /* staging buffers per worker (>= 2); 0: 3                [FERRY_STAGING_COUNT] */
+    ferry_path path;      /* default path                                          [FERRY_PATH] */
+    ferry_direct direct;  /* O_DIRECT policy                                       [FERRY_DIRECT] */
+    size_t small_io;      /* requests below this run on the caller's thread; 0: 256 KiB [FERRY_SMALL_IO] */
+    int no_env;           /* nonzero: ignore FERRY_* environment variables */
+} ferry_config;
+
+/** Fill *cfg with defaults (all zero means "default"). */
+void ferry_config_init(ferry_config *cfg);
+
+/* ------------------------------------------------------------------------- */
+/* Context                                                                    */
+/* ------------------------------------------------------------------------- */
+typedef struct ferry_ctx ferry_ctx;
+
+/** Create an engine. cfg may be NULL (defaults). Unless cfg->no_env, the
+ *  FERRY_* variables named in ferry_config override the struct's fields
+ *  (sizes accept K/M/G suffixes). Workers and staging are created lazily. */
+int ferry_ctx_create(ferry_ctx **out, const ferry_config *cfg);
+/** Wait for outstanding jobs, free everything. NULL is a no-op. */
+void ferry_ctx_destroy(ferry_ctx *ctx);
+/** The effective configuration (defaults resolved, environment applied). */
+void ferry_ctx_config(const ferry_ctx *ctx, ferry_config *out);
+/** Message of the most recent failing call by this thread on ctx ("" if none). */
+const char *ferry_errmsg(const ferry_ctx *ctx);
+
+/** Number of CUDA devices (0 when the driver is absent); never fails. */
+int ferry_cuda_device_count(ferry_ctx *ctx);
+/** Why CUDA or cuFile is unavailable, or "" when it is available. */
+const char *ferry_cuda_status(ferry_ctx *ctx);
+const char *ferry_cufile_status(ferry_ctx *ctx);
+
+/* ------------------------------------------------------------------------- */
+/* Memory descriptors                                                         */
+/* ------------------------------------------------------------------------- */
+typedef enum ferry_mem { FERRY_MEM_HOST = 0, FERRY_MEM_CUDA = 1 } ferry_mem;
+
+typedef struct ferry_buf {
+    ferry_mem kind;
+    int device;      /* CUDA device ordinal (FERRY_MEM_CUDA) */
+    void *ptr;       /* host pointer, or CUdeviceptr cast to a pointer */
+    size_t size;     /* bytes available at ptr */
+} ferry_buf;
+
+static inline ferry_buf ferry_host_buf(void *ptr, size_t size) {
+    ferry_buf b; b.kind = FERRY_MEM_HOST; b.device = -1; b.ptr = ptr; b.size = size; return b;
+}
+static inline ferry_buf ferry_cuda_buf(int device, uintptr_t dptr, size_t size) {
+    ferry_buf b; b.kind = FERRY_MEM_CUDA; b.device = device; b.ptr = (void *)dptr; b.size = size; return b;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Memory helpers (tests, benchmarks, the Python module)                      */
+/* ------------------------------------------------------------------------- */
+/** A CUDA buffer with device < 0 means "the device that owns ptr": ferry looks
+ *  it up (cuPointerGetAttribute) when the buffer is used. */
+int ferry_cuda_malloc(ferry_ctx *ctx, int device, size_t size, uintptr_t *out);
+int ferry_cuda_free(ferry_ctx *ctx, uintptr_t dptr);
+/** The device ordinal owning a CUDA pointer, or a negative code (also for host pointers). */
+int ferry_cuda_device_of(ferry_ctx *ctx, uintptr_t ptr);
+/** Synchronous copy of n bytes between any two buffers (host or device). */
+int ferry_memcpy(ferry_ctx *ctx, ferry_buf dst, ferry_buf src, size_t n);
+/** Page-locked host memory (cuMemHostAlloc when CUDA is present, else page-aligned malloc). */
+int ferry_pinned_alloc(ferry_ctx *ctx, size_t size, void **out);
+void ferry_pinned_free(ferry_ctx *ctx, void *ptr);
+
+/* ------------------------------------------------------------------------- */
+/* Files                                                                      */
+/* ------------------------------------------------------------------------- */
+typedef struct ferry_file ferry_file;
+
+enum {
+    FERRY_READ = 1,
+    FERRY_WRITE = 2,      /* open for writing (with FERRY_READ: both) */
+    FERRY_CREATE = 4,     /* create if missing (mode 0644) */
+    FERRY_TRUNC = 8       /* truncate to zero on open */
+};
+
+/** Open path. Errors: -ENOENT, -EACCES, -EISDIR (directories are refused), ... */
+int ferry_file_open(ferry_ctx *ctx, const char *path, int flags, ferry_file **out);
+/** Close (waits for nothing: do not close a file a running job uses). NULL: no-op. */
+int ferry_file_close(ferry_file *f);
+/** Current size in bytes (fstat), or a negative code. */
+int64_t ferry_file_size(ferry_file *f);
+const char *ferry_file_path(const ferry_file *f);
+/** fsync the file. */
+int ferry_file_sync(ferry_file *f);
+/** Set the file's length (ftruncate). */
+int ferry_file_truncate(ferry_file *f, uint64_t size);
+/** Bytes of [offset, offset+len) resident in the page cache (cachestat or mincore). */
+int64_t ferry_file_cached(ferry_file *f, uint64_t offset, uint64_t len);
+
+/* flags for ferry_pread / ferry_pwrite / ferry_submit */
+enum {
+    FERRY_SYNC = 1u << 0,     /* writes: fsync every written file before completing */
+    FERRY_NO_DIRECT = 1u << 1 /* never use O_DIRECT for this request */
+};
+
+/** Read len bytes at offset into dst (dst.size >= len). Blocks until the data
+ *  is in dst (for device memory: the copies have completed). Returns bytes
+ *  read, fewer than len only when the file ends first (like pread). */
+int64_t ferry_pread(ferry_file *f, ferry_buf dst, uint64_t offset, size_t len, unsigned flags);
+/** Write len bytes of src at offset. Returns len or a negative code. */
+int64_t ferry_pwrite(ferry_file *f, ferry_buf src, uint64_t offset, size_t len, unsigned flags);
+
+/* ------------------------------------------------------------------------- */
+/* Plans                                                                      */
+/* ------------------------------------------------------------------------- */
+#define FERRY_MAX_DIMS 16
+#define FERRY_MAX_CODECS 6
+
+/** Decoding steps applied, in order, to the bytes read for one extent. */
+typedef enum ferry_codec_id {
+    FERRY_CODEC_NONE = 0,
+    FERRY_CODEC_ZLIB = 1,       /* zlib stream (RFC 1950)                       */
+    FERRY_CODEC_GZIP = 2,       /* gzip member(s) (RFC 1952)                    */
+    FERRY_CODEC_ZSTD = 3,       /* zstd frame(s)                                */
+    FERRY_CODEC_LZ4 = 4,        /* numcodecs LZ4: u32 LE size + LZ4 block       */
+    FERRY_CODEC_BLOSC = 5,      /* blosc v1 frame (any inner codec it names)    */
+    FERRY_CODEC_SHUFFLE = 6,    /* byte unshuffle, param = element size         */
+    FERRY_CODEC_CRC32C = 7,     /* strip and verify a trailing u32 LE CRC32C    */
+    FERRY_CODEC_FLETCHER32 = 8, /* strip and verify HDF5's trailing fletcher32  */
+    FERRY_CODEC_BYTESWAP = 9    /* reverse each param-byte element (1,2,4,8,16) */
+} ferry_codec_id;
+
+typedef struct ferry_codec {
+    uint32_t id;      /* ferry_codec_id */
+    uint32_t param;   /* element size for SHUFFLE / BYTESWAP; else 0 */
+} ferry_codec;
+
+/** A strided placement: copy an N-d box out of the decoded bytes into dst.
+ *  Element (i0..in-1) of the box comes from
+ *      decoded + src_offset + sum(i_k * src_stride[k])
+ *  and goes to
+ *      dst.ptr + dst_offset + sum(i_k * dst_stride[k]).
+ *  Strides are in bytes; each copied element is `itemsize` bytes. */
+typedef struct ferry_place {
+    int ndim;
+    uint32_t itemsize;
+    uint64_t count[FERRY_MAX_DIMS];
+    int64_t src_stride[FERRY_MAX_DIMS];
+    int64_t dst_stride[FERRY_MAX_DIMS];
+    uint64_t src_offset;
+} ferry_place;
+
+typedef enum ferry_extent_kind {
+    FERRY_EXTENT_READ = 0,   /* file -> (decode) -> dst                    */
+    FERRY_EXTENT_FILL = 1,   /* repeat `fill` (itemsize bytes) into dst     */
+    FERRY_EXTENT_WRITE = 2   /* src (= dst field) -> file, no codecs        */
+} ferry_extent_kind;
+
+typedef struct ferry_extent {
+    ferry_extent_kind kind;
+    ferry_file *file;        /* READ / WRITE */
+    uint64_t offset;         /* byte offset in the file */
+    uint64_t length;         /* bytes in the file (encoded length for READ) */
+    int ncodecs;
+    ferry_codec codecs[FERRY_MAX_CODECS];
+    uint64_t decoded_size;   /* bytes after decoding; = length when ncodecs == 0 */
+    ferry_buf dst;           /* destination (READ/FILL) or source (WRITE) memory */
+    uint64_t dst_offset;     /* byte offset into dst */
+    const ferry_place *place;/* NULL: decoded bytes go contiguously to dst+dst_offset */
+    uint8_t fill[16];        /* FILL: the element value, `place->itemsize` bytes
+                                (or 1 byte when place == NULL)                   */
+    const char *label;       /* optional: variable name used in error messages  */
+} ferry_extent;
+
+typedef struct ferry_plan ferry_plan;
+
+int ferry_plan_create(ferry_plan **out);
+void ferry_plan_destroy(ferry_plan *plan);
+/** Append a copy of *e (and of *e->place); the caller may reuse both. */
+int ferry_plan_add(ferry_plan *plan, const ferry_extent *e);
+/** Convenience: append a plain read of len bytes at offset into dst+dst_offset. */
+int ferry_plan_read(ferry_plan *plan, ferry_file *f, uint64_t offset, uint64_t len,
+                    ferry_buf dst, uint64_t dst_offset);
+/** Convenience: append a plain write of len bytes from src+src_offset at offset. */
+int ferry_plan_write(ferry_plan *plan, ferry_file *f, uint64_t offset, uint64_t len,
+                     ferry_buf src, uint64_t src_offset);
+size_t ferry_plan_count(const ferry_plan *plan);
+/** Total bytes the plan reads from or writes to files. */
+uint64_t ferry_plan_file_bytes(const ferry_plan *plan);
+/** Remove all extents (keep the allocation). */
+void ferry_plan_clear(ferry_plan *plan);
+
+/* ------------------------------------------------------------------------- */
+/* Running plans                                                              */
+/* ------------------------------------------------------------------------- */
+typedef struct ferry_job ferry_job;
+
+typedef struct ferry_run_opts {
+    ferry_path path;   /* FERRY_PATH_AUTO: the context's path */
+    int threads;       /* 0: the context's; else at most this many workers */
+    unsigned flags;    /* FERRY_SYNC, FERRY_NO_DIRECT */
+} ferry_run_opts;
+
+/** Start running plan; returns at once. The plan is copied: it may be
+ *  destroyed after this returns. Memory it names must live until the job
+ *  completes. Device data is complete, and ordered before any work later
+ *  enqueued on a stream made to wait with ferry_job_stream_wait. opts may be NULL. */
+int ferry_submit(ferry_ctx *ctx, const ferry_plan *plan, const ferry_run_opts *opts, ferry_job **out);
+/** Run plan and wait: ferry_submit + ferry_job_wait + ferry_job_destroy.
+ *  Returns the bytes moved to or from files, or a negative code. */
+int64_t ferry_run(ferry_ctx *ctx, const ferry_plan *plan, const ferry_run_opts *opts);
+
+/** Wait up to timeout_ns (negative: forever). Returns bytes moved, or
+ *  FERRY_ETIMEDOUT, or the job's error (its message via ferry_errmsg). */
+int64_t ferry_job_wait(ferry_job *job, int64_t timeout_ns);
+/** 1 when complete (successfully or not), 0 while running. */
+int ferry_job_done(ferry_job *job);
+/** Make CUDA stream `stream` (a CUstream; NULL: the legacy default stream)
+ *  wait on the job's completion without blocking the host: enqueues a wait on
+ *  an event recorded once all of the job's device work is enqueued. May block
+ *  until the job's reads are issued (not until the copies finish). */
+int ferry_job_stream_wait(ferry_job *job, void *stream);
+/** Which path served the job's device/host extents (the last one used). */
+ferry_path ferry_job_path(ferry_job *job);
+/** Request cancellation; pending tasks are skipped and the job fails with FERRY_ECANCELED. */
+void ferry_job_cancel(ferry_job *job);
+/** Wait for completion, then free. NULL: no-op. */
+void ferry_job_destroy(ferry_job *job);
+
+/* ------------------------------------------------------------------------- */
+/* Statistics: which path ran, how much, how long                            */
+/* ------------------------------------------------------------------------- */
+typedef struct ferry_path_stats {
+    uint64_t bytes;     /* file bytes moved by this path */
+    uint64_t ops;       /* extents (or tasks) served */
+    double seconds;     /* wall time of jobs while they used this path */
+} ferry_path_stats;
+
+typedef struct ferry_stats {
+    ferry_path_stats path[FERRY_PATH_COUNT_];   /* indexed by ferry_path; [0] unused */
+    uint64_t direct_bytes;    /* read or written with O_DIRECT */
+    uint64_t buffered_bytes;  /* read or written through the page cache */
+    uint64_t decoded_bytes;   /* bytes produced by codecs */
+    uint64_t fallbacks;       /* AUTO chose staged because cuFile could not run */
+    uint64_t jobs;
+} ferry_stats;
+
+void ferry_stats_get(ferry_ctx *ctx, ferry_stats *out);
+void ferry_stats_reset(ferry_ctx *ctx);
+
+/* ------------------------------------------------------------------------- */
+/* Formats: datasets, variables, selections                                  */
+/* ------------------------------------------------------------------------- */
+/* A dataset is an opened file or store of any supported format:
+ *   "npy"          one array per file
+ *   "safetensors"  a .safetensors file, or a *.safetensors.index.json of shards
+ *   "netcdf3"      netCDF classic: CDF-1, CDF-2 (64-bit offset), CDF-5
+ *   "zarr"         a Zarr v2 or v3 store directory (a group or one array)
+ * Metadata is parsed once at open (only headers are read); reads become plans. */
+
+typedef enum ferry_dtype {
+    FERRY_DT_UNKNOWN = 0,
+    FERRY_DT_BOOL, FERRY_DT_I8, FERRY_DT_U8, FERRY_DT_I16, FERRY_DT_U16,
+    FERRY_DT_I32, FERRY_DT_U32, FERRY_DT_I64, FERRY_DT_U64,
+    FERRY_DT_F16, FERRY_DT_BF16, FERRY_DT_F32, FERRY_DT_F64,
+    FERRY_DT_C64, FERRY_DT_C128,
+    FERRY_DT_F8_E4M3, FERRY_DT_F8_E5M2,
+    FERRY_DT_DATETIME64, FERRY_DT_TIMEDELTA64,
+    FERRY_DT_CHAR,         /* netCDF char / numpy S1 */
+    FERRY_DT_BYTES,        /* fixed-size bytes |Sn or void |Vn */
+    FERRY_DT_OTHER         /* any other fixed-size type; see typestr */
+} ferry_dtype;
+
+typedef struct ferry_var_info {
+    const char *name;              /* valid while the dataset is open */
+    ferry_dtype dtype;
+    const char *typestr;           /* numpy-style, as stored: "<f4", ">i2", "|b1",
+                                      "<M8[ns]", "|S1"; "bfloat16", "float8_e4m3fn",
+                                      "float8_e5m2" for types numpy lacks */
+    uint32_t itemsize;
+    int ndim;
+    uint64_t shape[FERRY_MAX_DIMS];
+    uint64_t chunks[FERRY_MAX_DIMS];  /* chunk (or record) shape; = shape if unchunked */
+    int fortran_order;             /* data stored in F order (npy, zarr "F") */
+    const char *dims_json;         /* JSON array of dimension names, or "null" */
+    const char *attrs_json;        /* JSON object of attributes (see per-format notes) */
+    const char *fill_json;         /* JSON fill value, or "null" */
+    const char *codecs;            /* codec chain, e.g. "blosc(lz4,shuffle) crc32c", or "" */
+    const char *path;              /* file holding the data (first one for stores) */
+    uint64_t data_offset;          /* contiguous data: byte range in `path`, else 0,0 */
+    uint64_t data_bytes;
+} ferry_var_info;
+
+typedef struct ferry_open_opts {
+    const char *format;   /* NULL: detect from content and name */
+    const char *group;    /* Zarr: group path inside the store ("" = root) */
+} ferry_open_opts;
+
+typedef struct ferry_dataset ferry_dataset;
+
+/** Open and parse metadata. opts may be NULL. Errors name the file and byte position. */
+int ferry_dataset_open(ferry_ctx *ctx, const char *path, const ferry_open_opts *opts, ferry_dataset **out);
+void ferry_dataset_close(ferry_dataset *ds);
+const char *ferry_dataset_format(const ferry_dataset *ds);   /* "npy", "safetensors", ... */
+/** JSON object of global attributes (netCDF global attributes, Zarr group
+ *  attributes, safetensors __metadata__), "{}" if none. */
+const char *ferry_dataset_attrs_json(const ferry_dataset *ds);
+/** JSON object of dimensions: {"name": {"size": n, "unlimited": bool}}, "{}" if none. */
+const char *ferry_dataset_dims_json(const ferry_dataset *ds);
+/** JSON array of child group names (Zarr), "[]" if none. */
+const char *ferry_dataset_groups_json(const ferry_dataset *ds);
+int ferry_dataset_nvars(const ferry_dataset *ds);
+int ferry_dataset_var(const ferry_dataset *ds, int index, ferry_var_info *out);
+/** Index of the variable named `name`, or FERRY_ENOTFOUND. */
+int ferry_dataset_find(const ferry_dataset *ds, const char *name);
+
+/** One dimension of a selection: indices start, start+step, ... < stop. */
+typedef struct ferry_slice { int64_t start, stop, step; } ferry_slice;
+
+enum {
+    FERRY_NATIVE = 1u << 0,    /* convert big-endian data to host order
+                                  (on the GPU by a kernel for device memory) */
+    FERRY_STORED_ORDER = 1u << 1 /* whole reads of F-order arrays: keep F order */
+};
+
+/** Append to `plan` the extents that read variable `var`, restricted to sel
+ *  (ndim slices, already clipped to the shape; NULL: everything), into dst as
+ *  a C-order array of the selection's shape (dst.size >= product × itemsize).
+ *  Only the chunks / records / rows the selection touches are read; missing
+ *  Zarr chunks become fills. Returns the number of bytes placed in dst. */
+int64_t ferry_dataset_plan_read(ferry_dataset *ds, int var, const ferry_slice *sel,
+                                ferry_buf dst, unsigned flags, ferry_plan *plan);
+
+/* ------------------------------------------------------------------------- */
+/* Per-format notes                                                           */
+/* ------------------------------------------------------------------------- */
+/* attrs_json
+ *   netcdf3: {"name": {"type": "<typestr>", "value": [numbers]} } for numeric
+ *            attributes (NaN/Infinity written as the strings "NaN", "Infinity",
+ *            "-Infinity"), {"name": "text"} for char attributes.
+ *   zarr:    the attributes exactly as stored (.zattrs / zarr.json "attributes").
+ *   safetensors: {} per tensor; the file's __metadata__ as dataset attrs.
+ *   npy:     {}.
+ */
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FERRY_H */

@@ -1,0 +1,41 @@
+/* common.h — small helpers every part of the library uses: error messages,
+ * overflow-checked arithmetic, little/big-endian loads. Internal. */
+#ifndef FERRY_COMMON_H
+#define FERRY_COMMON_H
+#include "ferry.h"
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Record a message for ferry_errmsg (thread-local, printf-style) and return code.
+ * Messages name the file, the byte position and the variable where known:
+ *   return ferry_seterr(FERRY_EFORMAT, "%s: byte %llu: bad magic", path, off); */
+int ferry_seterr(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Prefix the current message: "context: <old message>"; returns code. */
+int ferry_preerr(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The calling thread's message buffer. */
+const char *ferry_lasterr(void);
+void ferry_clearerr(void);
+
+/* Overflow-checked arithmetic: true on overflow. */
+static inline bool ferry_mul_overflow(uint64_t a, uint64_t b, uint64_t *out) {
+    return __builtin_mul_overflow(a, b, out);
+}
+static inline bool ferry_add_overflow(uint64_t a, uint64_t b, uint64_t *out) {
+    return __builtin_add_overflow(a, b, out);
+}
+
+static inline uint16_t ferry_le16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static inline uint32_t ferry_le32(const uint8_t *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+static inline uint64_t ferry_le64(const uint8_t *p) { return ferry_le32(p) | ((uint64_t)ferry_le32(p + 4) << 32); }
+static inline uint32_t ferry_be32(const uint8_t *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
+}
+static inline uint64_t ferry_be64(const uint8_t *p) { return ((uint64_t)ferry_be32(p) << 32) | ferry_be32(p + 4); }
+
+#define FERRY_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define FERRY_MAX(a, b) ((a) > (b) ? (a) : (b))
+#endif
