@@ -258,7 +258,10 @@ typedef enum ferry_extent_kind {
 
 typedef struct ferry_extent {
     ferry_extent_kind kind;
-    ferry_file *file;        /* READ / WRITE */
+    ferry_file *file;        /* READ / WRITE: an open file, or NULL and ... */
+    const char *path;        /* ... a path the engine opens read-only for the job
+                                (through its open-file cache; for stores of many
+                                chunk files). ferry_plan_add copies the string. */
     uint64_t offset;         /* byte offset in the file */
     uint64_t length;         /* bytes in the file (encoded length for READ) */
     int ncodecs;
