@@ -20,6 +20,8 @@
 typedef struct ferry_decode_scratch {
     uint8_t *buf[2];     /* ping-pong buffers for intermediate steps, grown on demand */
     size_t cap[2];
+    uint8_t *tmp;        /* one blosc block while it is unshuffled */
+    size_t tmp_cap;
     void *zstd;          /* ZSTD_DCtx *, created on first use */
     void *zlib;          /* z_stream *, inflateInit'ed on first use, inflateReset after */
 } ferry_decode_scratch;

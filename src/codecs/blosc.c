@@ -1,0 +1,112 @@
+/* blosc.c — our own decoder of blosc v1 frames (as c-blosc 1.x and numcodecs
+ * write them). Frame layout, all little-endian:
+ *   0 version  1 versionlz  2 flags  3 typesize
+ *   4 nbytes (u32, decoded size)  8 blocksize (u32)  12 cbytes (u32, frame size)
+ *   flags: 0x01 byte shuffle, 0x02 memcpyed (raw data follows the header),
+ *          0x04 bitshuffle, 0x10 blocks not split, bits 5-7 inner codec
+ *          (0 blosclz, 1 lz4/lz4hc, 2 snappy, 3 zlib, 4 zstd).
+ *   Then one u32 start offset per block; at each start, one stream per split
+ *   (typesize splits unless 0x10 is set or the block is the short last one):
+ *   i32 compressed size, then that many bytes; a size equal to the split's
+ *   decoded size means the bytes are stored raw. */
+#include "codecs/impl.h"
+
+enum { HDR = 16, F_SHUFFLE = 0x01, F_MEMCPY = 0x02, F_BITSHUFFLE = 0x04, F_NOSPLIT = 0x10 };
+
+static const char *inner_name(int c) {
+    static const char *names[8] = {"blosclz", "lz4", "snappy", "zlib", "zstd", "code 5", "code 6", "code 7"};
+    return names[c & 7];
+}
+
+int ferry_blosc_size(const uint8_t *in, size_t n, size_t *nbytes) {
+    if (n < HDR) return ferry_seterr(FERRY_ECODEC, "blosc: %zu bytes, too short for the 16-byte header", n);
+    *nbytes = ferry_le32(in + 4);
+    return 0;
+}
+
+static int inner_decode(ferry_decode_scratch *s, int codec, const uint8_t *in, size_t n,
+                        uint8_t *out, size_t want) {
+    switch (codec) {
+    case 1: return ferry_lz4_block(in, n, out, want);
+    case 3: return ferry_zlib_exact(s, in, n, out, want);
+    case 4: return ferry_zstd_exact(s, in, n, out, want);
+    default:
+        return ferry_seterr(FERRY_EUNSUPPORTED, "blosc: inner codec %s is not supported", inner_name(codec));
+    }
+}
+
+/* Undo the block's filter from tmp into dst (bsize bytes). */
+static void unfilter(int version, int flags, size_t ts, const uint8_t *tmp, uint8_t *dst, size_t bsize) {
+    if (flags & F_SHUFFLE) { ferry_unshuffle(tmp, dst, bsize, ts); return; }
+    /* bitshuffle works on whole groups of 8 elements; the rest is stored as
+     * is. Format version 2 frames bitshuffled a block only when its element
+     * count was a multiple of 8, leaving other blocks untouched. */
+    size_t nel = bsize / ts;
+    if (version <= 2 && nel % 8 != 0) nel = 0;
+    nel -= nel % 8;
+    ferry_bitunshuffle(tmp, dst, nel, ts);
+    memcpy(dst + nel * ts, tmp + nel * ts, bsize - nel * ts);
+}
+
+int64_t ferry_blosc_decode(ferry_decode_scratch *s, const uint8_t *in, size_t n,
+                           uint8_t *out, size_t cap) {
+    if (n < HDR) return ferry_seterr(FERRY_ECODEC, "blosc: %zu bytes, too short for the 16-byte header", n);
+    int version = in[0], flags = in[2];
+    size_t ts = in[3];
+    size_t nbytes = ferry_le32(in + 4), blocksize = ferry_le32(in + 8), cbytes = ferry_le32(in + 12);
+    if (version == 0 || version > 4)
+        return ferry_seterr(FERRY_ECODEC, "blosc: unknown format version %d", version);
+    if (version >= 3 && (flags & (F_SHUFFLE | F_BITSHUFFLE)) == (F_SHUFFLE | F_BITSHUFFLE))
+        return ferry_seterr(FERRY_EUNSUPPORTED, "blosc: blosc2 extended-header frames are not supported");
+    if (cbytes < HDR || cbytes > n)
+        return ferry_seterr(FERRY_ECODEC, "blosc: frame says %zu bytes, %zu available", cbytes, n);
+    if (nbytes > cap)
+        return ferry_seterr(FERRY_ECODEC, "blosc: frame holds %zu bytes, more than the expected %zu", nbytes, cap);
+    if (nbytes == 0) return 0;
+    if (flags & F_MEMCPY) {
+        if (cbytes - HDR < nbytes)
+            return ferry_seterr(FERRY_ECODEC, "blosc: stored frame of %zu bytes holds fewer than %zu", cbytes, nbytes);
+        memcpy(out, in + HDR, nbytes);
+        return (int64_t)nbytes;
+    }
+    if (ts == 0) return ferry_seterr(FERRY_ECODEC, "blosc: typesize 0");
+    if (blocksize == 0) return ferry_seterr(FERRY_ECODEC, "blosc: blocksize 0");
+    if (blocksize > nbytes) blocksize = nbytes;
+    size_t nblocks = nbytes / blocksize, leftover = nbytes % blocksize;
+    if (leftover) nblocks++;
+    if (nblocks > (cbytes - HDR) / 4)
+        return ferry_seterr(FERRY_ECODEC, "blosc: %zu block offsets do not fit in a %zu-byte frame", nblocks, cbytes);
+    int codec = (flags >> 5) & 7;
+    int filtered = (flags & F_BITSHUFFLE) || ((flags & F_SHUFFLE) && ts > 1);
+    if (filtered && !ferry_scratch_reserve(&s->tmp, &s->tmp_cap, blocksize))
+        return ferry_seterr(FERRY_ENOMEM, "blosc: no memory for a %zu-byte block", blocksize);
+    size_t data0 = HDR + 4 * nblocks;
+    for (size_t b = 0; b < nblocks; b++) {
+        int last_short = leftover && b == nblocks - 1;
+        size_t bsize = last_short ? leftover : blocksize;
+        size_t pos = ferry_le32(in + HDR + 4 * b);
+        if (pos < data0 || pos > cbytes)
+            return ferry_seterr(FERRY_ECODEC, "blosc: block %zu starts at %zu, outside the frame", b, pos);
+        size_t nsplits = (!(flags & F_NOSPLIT) && !last_short) ? ts : 1;
+        if (bsize % nsplits) nsplits = 1;
+        size_t neblock = bsize / nsplits;
+        uint8_t *dst = filtered ? s->tmp : out + b * blocksize;
+        for (size_t k = 0; k < nsplits; k++) {
+            if (cbytes - pos < 4)
+                return ferry_seterr(FERRY_ECODEC, "blosc: block %zu truncated", b);
+            int32_t csize = (int32_t)ferry_le32(in + pos);
+            pos += 4;
+            if (csize < 0 || (size_t)csize > cbytes - pos)
+                return ferry_seterr(FERRY_ECODEC, "blosc: block %zu: stream of %d bytes overruns the frame", b, (int)csize);
+            if ((size_t)csize == neblock) {
+                memcpy(dst + k * neblock, in + pos, neblock);
+            } else {
+                int rc = inner_decode(s, codec, in + pos, (size_t)csize, dst + k * neblock, neblock);
+                if (rc < 0) return ferry_preerr(rc, "blosc: block %zu", b);
+            }
+            pos += (size_t)csize;
+        }
+        if (filtered) unfilter(version, flags, ts, s->tmp, out + b * blocksize, bsize);
+    }
+    return (int64_t)nbytes;
+}
