@@ -1,0 +1,152 @@
+/* dataset.c — the format-independent half of datasets: detection, the
+ * registry of formats, accessors, and selection checks before a format's
+ * plan_read sees them. */
+#include "formats/dataset.h"
+#include "formats/select.h"
+#include <errno.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+/* Probe order matters only for names: magic numbers do not collide. */
+static const ferry_format_ops *const formats[] = {
+    &ferry_format_npy, &ferry_format_safetensors, &ferry_format_netcdf3, &ferry_format_zarr,
+};
+#define NFORMATS (sizeof formats / sizeof formats[0])
+#define PROBE_BYTES 512
+
+static void dataset_free(ferry_dataset *ds) {
+    if (!ds) return;
+    free(ds->path);
+    free(ds);
+}
+
+static int read_head(ferry_ctx *ctx, const char *path, uint8_t *head, size_t *n) {
+    ferry_file *f;
+    int rc = ferry_file_open(ctx, path, FERRY_READ, &f);
+    if (rc < 0) return rc;
+    int64_t got = ferry_pread(f, ferry_host_buf(head, PROBE_BYTES), 0, PROBE_BYTES, FERRY_NO_DIRECT);
+    ferry_file_close(f);
+    if (got < 0) return (int)got;
+    *n = (size_t)got;
+    return 0;
+}
+
+int ferry_dataset_open(ferry_ctx *ctx, const char *path, const ferry_open_opts *opts, ferry_dataset **out) {
+    if (!out) return ferry_seterr(FERRY_EINVAL, "ferry_dataset_open: out is NULL");
+    *out = NULL;
+    if (!ctx || !path || !*path) return ferry_seterr(FERRY_EINVAL, "ferry_dataset_open: no context or path");
+    ferry_open_opts dflt = {0};
+    if (!opts) opts = &dflt;
+
+    const ferry_format_ops *ops = NULL;
+    if (opts->format && *opts->format) {
+        for (size_t i = 0; i < NFORMATS && !ops; i++)
+            if (!strcmp(formats[i]->name, opts->format)) ops = formats[i];
+        if (!ops)
+            return ferry_seterr(FERRY_EINVAL, "%s: unknown format \"%s\" (npy, safetensors, netcdf3, zarr)",
+                                path, opts->format);
+    }
+
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        int e = errno;
+        return ferry_seterr(-e, "%s: %s", path, strerror(e));
+    }
+    int is_dir = S_ISDIR(st.st_mode);
+    if (!ops) {
+        uint8_t head[PROBE_BYTES];
+        size_t n = 0;
+        if (!is_dir) {
+            int rc = read_head(ctx, path, head, &n);
+            if (rc < 0) return ferry_preerr(rc, "%s", path);
+        }
+        for (size_t i = 0; i < NFORMATS && !ops; i++)
+            if (formats[i]->probe(path, head, n, is_dir)) ops = formats[i];
+        if (!ops)
+            return ferry_seterr(FERRY_EUNSUPPORTED,
+                                "%s: not a file or store of a known format (npy, safetensors, "
+                                "netCDF classic, Zarr)", path);
+    }
+
+    ferry_dataset *ds = calloc(1, sizeof *ds);
+    if (!ds || !(ds->path = strdup(path))) {
+        free(ds);
+        return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", path);
+    }
+    ds->ctx = ctx;
+    ds->ops = ops;
+    int rc = ops->open(ds, opts);
+    if (rc < 0) {
+        ops->close(ds);
+        dataset_free(ds);
+        return rc;
+    }
+    *out = ds;
+    return 0;
+}
+
+void ferry_dataset_close(ferry_dataset *ds) {
+    if (!ds) return;
+    ds->ops->close(ds);
+    dataset_free(ds);
+}
+
+const char *ferry_dataset_format(const ferry_dataset *ds) { return ds ? ds->ops->name : ""; }
+const char *ferry_dataset_attrs_json(const ferry_dataset *ds) {
+    return ds && ds->attrs_json ? ds->attrs_json : "{}";
+}
+const char *ferry_dataset_dims_json(const ferry_dataset *ds) {
+    return ds && ds->dims_json ? ds->dims_json : "{}";
+}
+const char *ferry_dataset_groups_json(const ferry_dataset *ds) {
+    return ds && ds->groups_json ? ds->groups_json : "[]";
+}
+int ferry_dataset_nvars(const ferry_dataset *ds) { return ds ? ds->nvars : 0; }
+
+int ferry_dataset_var(const ferry_dataset *ds, int index, ferry_var_info *out) {
+    if (!ds || !out) return ferry_seterr(FERRY_EINVAL, "ferry_dataset_var: NULL argument");
+    if (index < 0 || index >= ds->nvars)
+        return ferry_seterr(FERRY_EINVAL, "%s: variable index %d out of range (%d variables)", ds->path, index,
+                            ds->nvars);
+    *out = ds->vars[index].info;
+    return 0;
+}
+
+int ferry_dataset_find(const ferry_dataset *ds, const char *name) {
+    if (!ds || !name) return ferry_seterr(FERRY_EINVAL, "ferry_dataset_find: NULL argument");
+    for (int i = 0; i < ds->nvars; i++)
+        if (!strcmp(ds->vars[i].info.name, name)) return i;
+    return ferry_seterr(FERRY_ENOTFOUND, "%s: no variable named \"%s\"", ds->path, name);
+}
+
+int64_t ferry_dataset_plan_read(ferry_dataset *ds, int var, const ferry_slice *sel,
+                                ferry_buf dst, unsigned flags, ferry_plan *plan) {
+    if (!ds || !plan) return ferry_seterr(FERRY_EINVAL, "ferry_dataset_plan_read: NULL argument");
+    if (var < 0 || var >= ds->nvars)
+        return ferry_seterr(FERRY_EINVAL, "%s: variable index %d out of range (%d variables)", ds->path, var,
+                            ds->nvars);
+    const ferry_var_info *vi = &ds->vars[var].info;
+    /* Normalise: NULL is everything; a stop past the end is clipped (like a
+     * Python slice); a negative start/stop, a start past the end or a step
+     * below 1 is a caller error, not something to guess about. */
+    ferry_slice norm[FERRY_MAX_DIMS];
+    uint64_t bytes = vi->itemsize;
+    for (int k = 0; k < vi->ndim; k++) {
+        ferry_slice s = sel ? sel[k] : (ferry_slice){0, (int64_t)vi->shape[k], 1};
+        if (s.step < 1 || s.start < 0 || s.stop < 0 || (uint64_t)s.start > vi->shape[k])
+            return ferry_seterr(FERRY_EINVAL,
+                                "%s: variable \"%s\": dimension %d: selection %lld:%lld:%lld outside 0..%llu",
+                                ds->path, vi->name, k, (long long)s.start, (long long)s.stop, (long long)s.step,
+                                (unsigned long long)vi->shape[k]);
+        if ((uint64_t)s.stop > vi->shape[k]) s.stop = (int64_t)vi->shape[k];
+        if (s.stop < s.start) s.stop = s.start;
+        norm[k] = s;
+        if (ferry_mul_overflow(bytes, ferry_slice_count(s), &bytes))
+            return ferry_seterr(FERRY_EINVAL, "%s: variable \"%s\": selection size overflows", ds->path, vi->name);
+    }
+    if (dst.size < bytes)
+        return ferry_seterr(FERRY_EINVAL, "%s: variable \"%s\": destination holds %llu bytes, selection needs %llu",
+                            ds->path, vi->name, (unsigned long long)dst.size, (unsigned long long)bytes);
+    if (bytes == 0) return 0;
+    return ds->ops->plan_read(ds, var, norm, dst, flags, plan);
+}
