@@ -426,6 +426,16 @@ int ferry_json_i64(const ferry_json *v, int64_t *out) {
     return 0;
 }
 
+int ferry_utf8_valid(const char *s, size_t n) {
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = 0; i < n;) {
+        size_t l = utf8_len(u + i, n - i);
+        if (!l) return 0;
+        i += l;
+    }
+    return 1;
+}
+
 const char *ferry_json_type_name(ferry_json_type t) {
     switch (t) {
     case FERRY_JSON_NULL: return "null";

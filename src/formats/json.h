@@ -74,6 +74,9 @@ const char *ferry_json_str(const ferry_json *v);
  *  integer, out of range; v may be NULL). */
 int ferry_json_u64(const ferry_json *v, uint64_t *out);
 int ferry_json_i64(const ferry_json *v, int64_t *out);
+/** 1 if s[0..n) is valid UTF-8 (no overlongs, surrogates or code points
+ *  above U+10FFFF), else 0. For names other formats must check (netCDF). */
+int ferry_utf8_valid(const char *s, size_t n);
 /** A short name of a node type, for messages ("object", "string", ...). */
 const char *ferry_json_type_name(ferry_json_type t);
 
