@@ -4,6 +4,7 @@
 #define FERRY_COMMON_H
 #include "ferry.h"
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>

@@ -1,0 +1,167 @@
+/* cuda.c — dlopen the CUDA driver once, fill the function table, keep one
+ * retained primary context per device, and load the embedded kernels. */
+#include "cuda/cuda.h"
+#include "common.h"
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+
+#define MAX_DEVICES 64
+
+static ferry_cuda_api api_;
+static const ferry_cuda_api *loaded_;
+static const char *why_ = "";
+static pthread_once_t once_ = PTHREAD_ONCE_INIT;
+static pthread_mutex_t dev_lock_ = PTHREAD_MUTEX_INITIALIZER;
+static CUcontext dev_ctx_[MAX_DEVICES];
+static CUmodule dev_mod_[MAX_DEVICES];
+static CUfunction dev_swap_[MAX_DEVICES][5];   /* by log2(size): 2, 4, 8, 16 */
+static int dev_mod_state_[MAX_DEVICES];        /* 0 untried, 1 ok, -1 failed */
+
+static void *sym(void *h, const char *name, int *missing) {
+    void *p = dlsym(h, name);
+    if (!p) *missing = 1;
+    return p;
+}
+
+static void load_once(void) {
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h) { why_ = "libcuda.so.1 not found (no NVIDIA driver)"; return; }
+    int miss = 0;
+#define S(field, name) *(void **)&api_.field = sym(h, name, &miss)
+    S(Init, "cuInit");
+    S(DriverGetVersion, "cuDriverGetVersion");
+    S(DeviceGetCount, "cuDeviceGetCount");
+    S(DeviceGet, "cuDeviceGet");
+    S(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
+    S(DevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2");
+    S(CtxSetCurrent, "cuCtxSetCurrent");
+    S(CtxGetCurrent, "cuCtxGetCurrent");
+    S(StreamCreate, "cuStreamCreate");
+    S(StreamDestroy, "cuStreamDestroy_v2");
+    S(StreamSynchronize, "cuStreamSynchronize");
+    S(StreamWaitEvent, "cuStreamWaitEvent");
+    S(EventCreate, "cuEventCreate");
+    S(EventDestroy, "cuEventDestroy_v2");
+    S(EventRecord, "cuEventRecord");
+    S(EventSynchronize, "cuEventSynchronize");
+    S(EventQuery, "cuEventQuery");
+    S(MemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2");
+    S(MemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2");
+    S(Memcpy2DAsync, "cuMemcpy2DAsync_v2");
+    S(Memcpy, "cuMemcpy");
+    S(MemHostAlloc, "cuMemHostAlloc");
+    S(MemFreeHost, "cuMemFreeHost");
+    S(MemHostRegister, "cuMemHostRegister_v2");
+    S(MemHostUnregister, "cuMemHostUnregister");
+    S(MemAlloc, "cuMemAlloc_v2");
+    S(MemFree, "cuMemFree_v2");
+    S(PointerGetAttribute, "cuPointerGetAttribute");
+    S(GetErrorString, "cuGetErrorString");
+    S(ModuleLoadData, "cuModuleLoadData");
+    S(ModuleGetFunction, "cuModuleGetFunction");
+    S(LaunchKernel, "cuLaunchKernel");
+#undef S
+    if (miss) { why_ = "libcuda.so.1 lacks a required function (driver too old)"; return; }
+    CUresult r = api_.Init(0);
+    if (r != 0) {
+        static char buf[160];
+        snprintf(buf, sizeof buf, "cuInit failed: %s", ferry_cuda_errstr(r));
+        why_ = buf;
+        return;
+    }
+    int n = 0;
+    if (api_.DeviceGetCount(&n) != 0 || n <= 0) { why_ = "no CUDA device"; return; }
+    loaded_ = &api_;
+}
+
+const ferry_cuda_api *ferry_cuda_load(const char **why) {
+    pthread_once(&once_, load_once);
+    if (why) *why = loaded_ ? "" : why_;
+    return loaded_;
+}
+
+const char *ferry_cuda_errstr(CUresult r) {
+    const char *s = NULL;
+    if (api_.GetErrorString && api_.GetErrorString(r, &s) == 0 && s) return s;
+    return "unknown CUDA error";
+}
+
+static int retain(int dev) {
+    if (dev < 0 || dev >= MAX_DEVICES) return ferry_seterr(FERRY_EINVAL, "CUDA device %d out of range", dev);
+    pthread_mutex_lock(&dev_lock_);
+    int rc = 0;
+    if (!dev_ctx_[dev]) {
+        CUdevice d;
+        CUresult r = api_.DeviceGet(&d, dev);
+        if (r == 0) r = api_.DevicePrimaryCtxRetain(&dev_ctx_[dev], d);
+        if (r != 0) rc = ferry_seterr(FERRY_ECUDA, "CUDA device %d: %s", dev, ferry_cuda_errstr(r));
+    }
+    pthread_mutex_unlock(&dev_lock_);
+    return rc;
+}
+
+int ferry_cuda_use_device(int dev) {
+    const char *why;
+    if (!ferry_cuda_load(&why)) return ferry_seterr(FERRY_ENOCUDA, "%s", why);
+    int rc = retain(dev);
+    if (rc < 0) return rc;
+    CUcontext cur = NULL;
+    api_.CtxGetCurrent(&cur);
+    if (cur != dev_ctx_[dev]) {
+        CUresult r = api_.CtxSetCurrent(dev_ctx_[dev]);
+        if (r != 0) return ferry_seterr(FERRY_ECUDA, "cuCtxSetCurrent(device %d): %s", dev, ferry_cuda_errstr(r));
+    }
+    return 0;
+}
+
+int ferry_cuda_pointer_device(uintptr_t ptr) {
+    const char *why;
+    if (!ferry_cuda_load(&why)) return ferry_seterr(FERRY_ENOCUDA, "%s", why);
+    unsigned int mt = 0;
+    int ord = -1;
+    CUresult r = api_.PointerGetAttribute(&mt, FERRY_CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)ptr);
+    if (r != 0 || mt != FERRY_CU_MEMORYTYPE_DEVICE)
+        return ferry_seterr(FERRY_EINVAL, "pointer 0x%llx is not CUDA device memory", (unsigned long long)ptr);
+    r = api_.PointerGetAttribute(&ord, FERRY_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, (CUdeviceptr)ptr);
+    if (r != 0) return ferry_seterr(FERRY_ECUDA, "cuPointerGetAttribute: %s", ferry_cuda_errstr(r));
+    return ord;
+}
+
+/* Kernels are loaded into each device's primary context on first use. */
+static int load_kernels(int dev) {
+    if (dev_mod_state_[dev]) return dev_mod_state_[dev];
+    pthread_mutex_lock(&dev_lock_);
+    if (!dev_mod_state_[dev]) {
+        int ok = -1;
+        if (ferry_kernels_fatbin_size > 0 &&
+            api_.ModuleLoadData(&dev_mod_[dev], ferry_kernels_fatbin) == 0) {
+            static const char *names[5] = {NULL, "ferry_bswap2", "ferry_bswap4", "ferry_bswap8", "ferry_bswap16"};
+            ok = 1;
+            for (int i = 1; i < 5; i++)
+                if (api_.ModuleGetFunction(&dev_swap_[dev][i], dev_mod_[dev], names[i]) != 0) ok = -1;
+        }
+        dev_mod_state_[dev] = ok;
+    }
+    pthread_mutex_unlock(&dev_lock_);
+    return dev_mod_state_[dev];
+}
+
+int ferry_cuda_kernels_ready(int dev) {
+    if (dev < 0 || dev >= MAX_DEVICES || !loaded_) return 0;
+    return load_kernels(dev) == 1;
+}
+
+int ferry_cuda_byteswap(int dev, CUdeviceptr p, size_t n, unsigned size, CUstream stream) {
+    int idx = size == 2 ? 1 : size == 4 ? 2 : size == 8 ? 3 : size == 16 ? 4 : 0;
+    if (!idx || load_kernels(dev) != 1) return FERRY_EUNSUPPORTED;
+    if (n == 0) return 0;
+    unsigned long long count = n;
+    void *args[] = {&p, &count};
+    unsigned threads = 256;
+    unsigned long long blocks = (count + threads - 1) / threads;
+    if (blocks > 65535ull * 8) blocks = 65535ull * 8;   /* grid-stride loop covers the rest */
+    CUresult r = api_.LaunchKernel(dev_swap_[dev][idx], (unsigned)blocks, 1, 1, threads, 1, 1, 0, stream, args, NULL);
+    if (r != 0) return ferry_seterr(FERRY_ECUDA, "byteswap kernel launch: %s", ferry_cuda_errstr(r));
+    return 0;
+}

@@ -1,0 +1,103 @@
+/* cuda.h — the CUDA driver API, reached through dlopen("libcuda.so.1").
+ * Only the types and functions ferry uses are declared here, with the
+ * driver's ABI (checked against the toolkit's cuda.h by tests/c/test_cuda_abi.c
+ * where the toolkit is installed). Nothing links CUDA. Internal. */
+#ifndef FERRY_CUDA_H
+#define FERRY_CUDA_H
+#include <stddef.h>
+#include <stdint.h>
+
+typedef int CUresult;          /* CUDA_SUCCESS = 0 */
+typedef int CUdevice;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
+typedef unsigned long long CUdeviceptr;
+
+enum {
+    FERRY_CU_MEMORYTYPE_HOST = 1,
+    FERRY_CU_MEMORYTYPE_DEVICE = 2,
+    FERRY_CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
+    FERRY_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
+    FERRY_CU_EVENT_DISABLE_TIMING = 2,
+    FERRY_CU_STREAM_NON_BLOCKING = 1,
+    FERRY_CU_MEMHOSTALLOC_PORTABLE = 1,
+    FERRY_CU_MEMHOSTREGISTER_PORTABLE = 1,
+    FERRY_CUDA_ERROR_NOT_READY = 600
+};
+
+typedef struct ferry_cu_memcpy2d {
+    size_t srcXInBytes, srcY;
+    int srcMemoryType;
+    const void *srcHost;
+    CUdeviceptr srcDevice;
+    void *srcArray;
+    size_t srcPitch;
+    size_t dstXInBytes, dstY;
+    int dstMemoryType;
+    void *dstHost;
+    CUdeviceptr dstDevice;
+    void *dstArray;
+    size_t dstPitch;
+    size_t WidthInBytes, Height;
+} ferry_cu_memcpy2d;
+
+/* One table of function pointers, filled once. */
+typedef struct ferry_cuda_api {
+    CUresult (*Init)(unsigned);
+    CUresult (*DriverGetVersion)(int *);
+    CUresult (*DeviceGetCount)(int *);
+    CUresult (*DeviceGet)(CUdevice *, int);
+    CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+    CUresult (*DevicePrimaryCtxRelease)(CUdevice);
+    CUresult (*CtxSetCurrent)(CUcontext);
+    CUresult (*CtxGetCurrent)(CUcontext *);
+    CUresult (*StreamCreate)(CUstream *, unsigned);
+    CUresult (*StreamDestroy)(CUstream);
+    CUresult (*StreamSynchronize)(CUstream);
+    CUresult (*StreamWaitEvent)(CUstream, CUevent, unsigned);
+    CUresult (*EventCreate)(CUevent *, unsigned);
+    CUresult (*EventDestroy)(CUevent);
+    CUresult (*EventRecord)(CUevent, CUstream);
+    CUresult (*EventSynchronize)(CUevent);
+    CUresult (*EventQuery)(CUevent);
+    CUresult (*MemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
+    CUresult (*MemcpyDtoHAsync)(void *, CUdeviceptr, size_t, CUstream);
+    CUresult (*Memcpy2DAsync)(const ferry_cu_memcpy2d *, CUstream);
+    CUresult (*Memcpy)(CUdeviceptr, CUdeviceptr, size_t);
+    CUresult (*MemHostAlloc)(void **, size_t, unsigned);
+    CUresult (*MemFreeHost)(void *);
+    CUresult (*MemHostRegister)(void *, size_t, unsigned);
+    CUresult (*MemHostUnregister)(void *);
+    CUresult (*MemAlloc)(CUdeviceptr *, size_t);
+    CUresult (*MemFree)(CUdeviceptr);
+    CUresult (*PointerGetAttribute)(void *, int, CUdeviceptr);
+    CUresult (*GetErrorString)(CUresult, const char **);
+    CUresult (*ModuleLoadData)(CUmodule *, const void *);
+    CUresult (*ModuleGetFunction)(CUfunction *, CUmodule, const char *);
+    CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             unsigned, CUstream, void **, void **);
+} ferry_cuda_api;
+
+/* Load libcuda.so.1 and cuInit(0) once (thread-safe). Returns the table, or
+ * NULL with *why set to a static reason ("libcuda.so.1 not found", ...). */
+const ferry_cuda_api *ferry_cuda_load(const char **why);
+/* "cuMemAlloc: out of memory (2)" style text for a CUresult. */
+const char *ferry_cuda_errstr(CUresult r);
+/* Make device `dev`'s primary context current on this thread (retained once
+ * per process and device, released at exit by the driver). */
+int ferry_cuda_use_device(int dev);
+/* Device ordinal owning a device pointer, or a negative code. */
+int ferry_cuda_pointer_device(uintptr_t ptr);
+
+/* The embedded GPU kernels (tools/embed.sh output; size 0 without nvcc). */
+extern const unsigned char ferry_kernels_fatbin[];
+extern const size_t ferry_kernels_fatbin_size;
+/* Byte-swap n elements of `size` bytes in device memory, on `stream`, with
+ * device `dev` current. Returns FERRY_EUNSUPPORTED when no kernels are embedded. */
+/* 1 when the embedded kernels load on device dev. */
+int ferry_cuda_kernels_ready(int dev);
+int ferry_cuda_byteswap(int dev, CUdeviceptr p, size_t n, unsigned size, CUstream stream);
+#endif

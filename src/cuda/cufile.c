@@ -1,0 +1,90 @@
+/* cufile.c — dlopen libcufile.so.0 once; say whether GDS is native or only
+ * cuFile's compatibility mode is possible. */
+#include "cuda/cufile.h"
+#include "cuda/cuda.h"
+#include "common.h"
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <unistd.h>
+
+static ferry_cufile_api api_;
+static const ferry_cufile_api *loaded_;
+static const char *why_ = "";
+static pthread_once_t once_ = PTHREAD_ONCE_INIT;
+
+static void load_once(void) {
+    const char *cwhy;
+    if (!ferry_cuda_load(&cwhy)) { why_ = cwhy; return; }
+    void *h = dlopen("libcufile.so.0", RTLD_NOW | RTLD_LOCAL);
+    if (!h) h = dlopen("libcufile.so", RTLD_NOW | RTLD_LOCAL);
+    if (!h) { why_ = "libcufile.so.0 not found"; return; }
+#define S(field, name) do { *(void **)&api_.field = dlsym(h, name); if (!api_.field) { why_ = "libcufile lacks " name; return; } } while (0)
+    S(DriverOpen, "cuFileDriverOpen");
+    S(HandleRegister, "cuFileHandleRegister");
+    S(HandleDeregister, "cuFileHandleDeregister");
+    S(BufRegister, "cuFileBufRegister");
+    S(BufDeregister, "cuFileBufDeregister");
+    S(Read, "cuFileRead");
+    S(Write, "cuFileWrite");
+#undef S
+    /* The driver needs a current context on some versions. */
+    ferry_cuda_use_device(0);
+    ferry_cufile_error e = api_.DriverOpen();
+    if (e.err != 0) {
+        static char buf[160];
+        snprintf(buf, sizeof buf, "cuFileDriverOpen failed: %s (%d)", ferry_cufile_errstr(e.err), e.err);
+        why_ = buf;
+        return;
+    }
+    loaded_ = &api_;
+}
+
+const ferry_cufile_api *ferry_cufile_load(const char **why) {
+    pthread_once(&once_, load_once);
+    if (why) *why = loaded_ ? "" : why_;
+    return loaded_;
+}
+
+int ferry_cufile_native(void) {
+    return access("/proc/driver/nvidia-fs/stats", F_OK) == 0 || access("/sys/module/nvidia_fs", F_OK) == 0;
+}
+
+const char *ferry_cufile_errstr(int err) {
+    switch (err) {
+    case 0: return "success";
+    case 5001: return "driver not initialized";
+    case 5002: return "invalid value";
+    case 5003: return "resource limit exceeded";
+    case 5004: return "driver version mismatch";
+    case 5005: return "driver version read error";
+    case 5006: return "driver closing";
+    case 5007: return "platform not supported";
+    case 5008: return "I/O not supported";
+    case 5009: return "device not supported";
+    case 5010: return "nvidia-fs driver error";
+    case 5011: return "CUDA driver error";
+    case 5012: return "CUDA pointer invalid";
+    case 5013: return "CUDA memory type invalid";
+    case 5014: return "CUDA pointer range error";
+    case 5015: return "CUDA context mismatch";
+    case 5016: return "invalid mapping size";
+    case 5017: return "mapping range error";
+    case 5018: return "invalid file type";
+    case 5019: return "invalid file open flag";
+    case 5020: return "file not opened with O_DIRECT";
+    case 5021: return "invalid file";
+    case 5022: return "memory already registered";
+    case 5023: return "memory not registered";
+    case 5024: return "permission denied";
+    case 5025: return "driver already open";
+    case 5026: return "handle not registered";
+    case 5027: return "handle already registered";
+    case 5028: return "device not found";
+    case 5029: return "internal error";
+    case 5030: return "get new fd failed";
+    case 5033: return "nvidia-fs setup error";
+    case 5034: return "I/O disabled (no GDS, compatibility mode off)";
+    default: return "cuFile error";
+    }
+}

@@ -1,0 +1,96 @@
+/* config.c — defaults, FERRY_* environment overrides, path names. */
+#include "engine/engine.h"
+#include <ctype.h>
+#include <stdlib.h>
+#include <strings.h>
+#include <unistd.h>
+
+static const char *const path_names[FERRY_PATH_COUNT_] = {"auto", "cufile", "staged", "host"};
+
+const char *ferry_path_name(ferry_path p) {
+    return (p >= 0 && p < FERRY_PATH_COUNT_) ? path_names[p] : "?";
+}
+
+int ferry_path_parse(const char *name, ferry_path *out) {
+    for (int i = 0; i < FERRY_PATH_COUNT_; i++)
+        if (name && strcasecmp(name, path_names[i]) == 0) { *out = (ferry_path)i; return 0; }
+    return ferry_seterr(FERRY_EINVAL, "unknown path \"%s\" (auto, cufile, staged, host)", name ? name : "");
+}
+
+void ferry_config_init(ferry_config *cfg) { memset(cfg, 0, sizeof *cfg); }
+
+/* "8M", "4096", "1G" -> bytes; returns -1 on garbage. */
+int64_t ferry_parse_size(const char *s) {
+    if (!s || !*s) return -1;
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (end == s) return -1;
+    unsigned long long mul = 1;
+    switch (toupper((unsigned char)*end)) {
+    case 0: break;
+    case 'K': mul = 1ull << 10; end++; break;
+    case 'M': mul = 1ull << 20; end++; break;
+    case 'G': mul = 1ull << 30; end++; break;
+    default: return -1;
+    }
+    if (*end == 'i' || *end == 'I') end++;
+    if (*end == 'b' || *end == 'B') end++;
+    if (*end) return -1;
+    uint64_t r;
+    if (ferry_mul_overflow(v, mul, &r) || r > (uint64_t)INT64_MAX) return -1;
+    return (int64_t)r;
+}
+
+static int env_size(const char *name, size_t *field) {
+    const char *s = getenv(name);
+    if (!s) return 0;
+    int64_t v = ferry_parse_size(s);
+    if (v < 0) return ferry_seterr(FERRY_EINVAL, "%s=\"%s\": not a size", name, s);
+    *field = (size_t)v;
+    return 0;
+}
+
+static int env_int(const char *name, int *field) {
+    const char *s = getenv(name);
+    if (!s) return 0;
+    int64_t v = ferry_parse_size(s);
+    if (v < 0 || v > 4096) return ferry_seterr(FERRY_EINVAL, "%s=\"%s\": not a count", name, s);
+    *field = (int)v;
+    return 0;
+}
+
+int ferry_config_resolve(ferry_config *c) {
+    int rc;
+    if (!c->no_env) {
+        if ((rc = env_int("FERRY_THREADS", &c->threads)) < 0) return rc;
+        if ((rc = env_size("FERRY_TASK_SIZE", &c->task_size)) < 0) return rc;
+        if ((rc = env_size("FERRY_STAGING_SIZE", &c->staging_size)) < 0) return rc;
+        if ((rc = env_int("FERRY_STAGING_COUNT", &c->staging_count)) < 0) return rc;
+        if ((rc = env_size("FERRY_SMALL_IO", &c->small_io)) < 0) return rc;
+        const char *p = getenv("FERRY_PATH");
+        if (p && (rc = ferry_path_parse(p, &c->path)) < 0) return rc;
+        const char *d = getenv("FERRY_DIRECT");
+        if (d) {
+            if (!strcasecmp(d, "auto")) c->direct = FERRY_DIRECT_AUTO;
+            else if (!strcasecmp(d, "on") || !strcmp(d, "1")) c->direct = FERRY_DIRECT_ON;
+            else if (!strcasecmp(d, "off") || !strcmp(d, "0")) c->direct = FERRY_DIRECT_OFF;
+            else return ferry_seterr(FERRY_EINVAL, "FERRY_DIRECT=\"%s\": use auto, on or off", d);
+        }
+    }
+    if (c->threads <= 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        c->threads = n > 16 ? (int)n : 16;
+    }
+    if (c->threads > FERRY_MAX_WORKERS) c->threads = FERRY_MAX_WORKERS;
+    if (c->task_size == 0) c->task_size = 8u << 20;
+    if (c->staging_size == 0) c->staging_size = 4u << 20;
+    c->staging_size = (c->staging_size + FERRY_ALIGN - 1) & ~(size_t)(FERRY_ALIGN - 1);
+    if (c->task_size < c->staging_size) c->task_size = c->staging_size;
+    c->task_size = (c->task_size + FERRY_ALIGN - 1) & ~(size_t)(FERRY_ALIGN - 1);
+    if (c->staging_count <= 0) c->staging_count = 3;
+    if (c->staging_count < 2) c->staging_count = 2;
+    if (c->staging_count > FERRY_MAX_STAGING) c->staging_count = FERRY_MAX_STAGING;
+    if (c->small_io == 0) c->small_io = 256u << 10;
+    if (c->path < 0 || c->path >= FERRY_PATH_COUNT_) return ferry_seterr(FERRY_EINVAL, "bad path %d", c->path);
+    return 0;
+}

@@ -1,0 +1,87 @@
+/* ctx.c — the engine object: configuration, worker pool lifetime, statistics,
+ * and what the CUDA / cuFile loaders said. */
+#include "engine/engine.h"
+#include <stdlib.h>
+#include <time.h>
+
+double ferry_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int ferry_ctx_create(ferry_ctx **out, const ferry_config *cfg) {
+    if (!out) return ferry_seterr(FERRY_EINVAL, "ferry_ctx_create: NULL out");
+    *out = NULL;
+    ferry_ctx *c = calloc(1, sizeof *c);
+    if (!c) return ferry_seterr(FERRY_ENOMEM, "out of memory");
+    if (cfg) c->cfg = *cfg; else ferry_config_init(&c->cfg);
+    int rc = ferry_config_resolve(&c->cfg);
+    if (rc < 0) { free(c); return rc; }
+    c->workers = calloc((size_t)c->cfg.threads, sizeof *c->workers);
+    if (!c->workers) { free(c); return ferry_seterr(FERRY_ENOMEM, "out of memory"); }
+    pthread_mutex_init(&c->lock, NULL);
+    pthread_cond_init(&c->work_cond, NULL);
+    pthread_mutex_init(&c->stats_lock, NULL);
+    *out = c;
+    return 0;
+}
+
+void ferry_ctx_destroy(ferry_ctx *c) {
+    if (!c) return;
+    /* jobs hold no reference to the context beyond their lifetime: wait for them */
+    pthread_mutex_lock(&c->lock);
+    while (atomic_load(&c->active_jobs) > 0) {
+        pthread_mutex_unlock(&c->lock);
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&c->lock);
+    }
+    c->stop = 1;
+    pthread_cond_broadcast(&c->work_cond);
+    pthread_mutex_unlock(&c->lock);
+    for (int i = 0; i < c->nworkers; i++) pthread_join(c->workers[i].thread, NULL);
+    for (int i = 0; i < c->nworkers; i++) ferry_worker_free(&c->workers[i]);
+    for (int i = 0; i < c->ninline_free; i++) { ferry_worker_free(c->inline_free[i]); free(c->inline_free[i]); }
+    free(c->workers);
+    pthread_mutex_destroy(&c->lock);
+    pthread_cond_destroy(&c->work_cond);
+    pthread_mutex_destroy(&c->stats_lock);
+    free(c);
+}
+
+void ferry_ctx_config(const ferry_ctx *c, ferry_config *out) { *out = c->cfg; }
+
+int ferry_cuda_device_count(ferry_ctx *c) {
+    const ferry_cuda_api *cu = ferry_cuda_load(NULL);
+    int n = 0;
+    if (cu && cu->DeviceGetCount(&n) != 0) n = 0;
+    return n;
+}
+
+const char *ferry_cuda_status(ferry_ctx *c) {
+    const char *why;
+    ferry_cuda_load(&why);
+    return why;
+}
+
+const char *ferry_cufile_status(ferry_ctx *c) {
+    const char *why;
+    if (!ferry_cufile_load(&why)) return why;
+    if (!ferry_cufile_native())
+        return "cuFile loads, but nvidia-fs is not loaded: only cuFile's compatibility mode can run "
+               "(AUTO uses the staged path; FERRY_PATH=cufile forces cuFile)";
+    return "";
+}
+
+void ferry_stats_get(ferry_ctx *c, ferry_stats *out) {
+    pthread_mutex_lock(&c->stats_lock);
+    *out = c->stats;
+    pthread_mutex_unlock(&c->stats_lock);
+}
+
+void ferry_stats_reset(ferry_ctx *c) {
+    pthread_mutex_lock(&c->stats_lock);
+    memset(&c->stats, 0, sizeof c->stats);
+    pthread_mutex_unlock(&c->stats_lock);
+}

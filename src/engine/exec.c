@@ -1,0 +1,547 @@
+/* exec.c — running one task on a worker: the host path (pread into the
+ * caller's memory), the staged path (pread into pinned staging buffer i while
+ * buffer i-1 is still being copied to the GPU on the worker's stream), the
+ * cuFile path, decoded/placed extents, fills and writes. */
+#include "engine/engine.h"
+#include "engine/io.h"
+#include <errno.h>
+#include <unistd.h>
+
+static void count_io(ferry_ctx *ctx, uint64_t direct, uint64_t buffered, uint64_t decoded) {
+    pthread_mutex_lock(&ctx->stats_lock);
+    ctx->stats.direct_bytes += direct;
+    ctx->stats.buffered_bytes += buffered;
+    ctx->stats.decoded_bytes += decoded;
+    pthread_mutex_unlock(&ctx->stats_lock);
+}
+
+static void swap_host(uint8_t *p, uint64_t n, unsigned size) {
+    for (uint64_t i = 0; i + size <= n; i += size)
+        for (unsigned a = 0, b = size - 1; a < b; a++, b--) { uint8_t t = p[i + a]; p[i + a] = p[i + b]; p[i + b] = t; }
+}
+
+/* Wait until staging buffer i is no longer the source or target of a copy. */
+static int stage_wait(ferry_worker *w, int i) {
+    int d = w->stage_dev[i];
+    if (d < 0 || w->done_seq[d] >= w->stage_seq[i]) return 0;
+    const ferry_cuda_api *cu = ferry_cuda_load(NULL);
+    CUresult r = cu->EventSynchronize(w->dev[d].ev[i]);
+    if (r != 0) return ferry_seterr(FERRY_ECUDA, "device %d: copy failed: %s", d, ferry_cuda_errstr(r));
+    ferry_worker_completed(w, d, w->stage_seq[i]);
+    return 0;
+}
+
+static int dec_wait(ferry_worker *w) {
+    int d = w->dec_dev;
+    if (d < 0 || w->done_seq[d] >= w->dec_seq) return 0;
+    const ferry_cuda_api *cu = ferry_cuda_load(NULL);
+    CUresult r = cu->EventSynchronize(w->dev[d].dec_ev);
+    if (r != 0) return ferry_seterr(FERRY_ECUDA, "device %d: copy failed: %s", d, ferry_cuda_errstr(r));
+    ferry_worker_completed(w, d, w->dec_seq);
+    return 0;
+}
+
+static void mark_device(ferry_worker *w, ferry_job *j, int d) {
+    if (!w->is_inline) atomic_fetch_or(&j->worker_mask[w->id / 64], 1ull << (w->id % 64));
+    atomic_fetch_or(&j->dev_mask, 1u << d);
+}
+
+/* Read [off, off+len) into host memory dst: buffered, or O_DIRECT straight
+ * into dst when both are aligned, or O_DIRECT through a staging buffer. */
+static int64_t read_to_host(ferry_worker *w, ferry_job *j, ferry_file *f, uint64_t off, uint64_t len, uint8_t *dst) {
+    int direct = ferry_use_direct(f, j->direct, off, len, 0);
+    int dfd = direct ? ferry_file_direct_fd(f) : -1;
+    if (dfd < 0) {
+        int64_t r = ferry_pread_full(f->fd, dst, len, off);
+        if (r > 0) count_io(w->ctx, 0, (uint64_t)r, 0);
+        return r;
+    }
+    uint64_t end = off + len, done = 0;
+    if (off % FERRY_ALIGN == 0 && ((uintptr_t)dst % FERRY_ALIGN) == 0) {
+        uint64_t mid = ferry_align_down(len);
+        int64_t r = mid ? ferry_pread_full(dfd, dst, mid, off) : 0;
+        if (r == -EINVAL) { r = ferry_pread_full(f->fd, dst, len, off); if (r > 0) count_io(w->ctx, 0, (uint64_t)r, 0); return r; }
+        if (r < 0) return r;
+        count_io(w->ctx, (uint64_t)r, 0, 0);
+        if ((uint64_t)r < mid) return r;
+        int64_t t = len > mid ? ferry_pread_full(f->fd, dst + mid, len - mid, off + mid) : 0;
+        if (t < 0) return t;
+        count_io(w->ctx, 0, (uint64_t)t, 0);
+        return r + t;
+    }
+    int rc = ferry_worker_staging(w);
+    if (rc < 0) return rc;
+    int i = w->next_stage;
+    w->next_stage = (i + 1) % w->ctx->cfg.staging_count;
+    if ((rc = stage_wait(w, i)) < 0) return rc;
+    size_t S = w->ctx->cfg.staging_size;
+    for (uint64_t c = ferry_align_down(off); c < end; c += S) {
+        uint64_t want = FERRY_MIN((uint64_t)S, ferry_align_up(end) - c);
+        int64_t r = ferry_pread_full(dfd, w->stage[i], want, c);
+        if (r == -EINVAL) {   /* accepted at open, refused at read: fall back */
+            int64_t b = ferry_pread_full(f->fd, dst + done, len - done, off + done);
+            return b < 0 ? b : (int64_t)done + b;
+        }
+        if (r < 0) return r;
+        uint64_t lo = FERRY_MAX(c, off), avail_end = c + (uint64_t)r;
+        uint64_t hi = FERRY_MIN(FERRY_MIN(c + S, end), avail_end);
+        if (hi > lo) { memcpy(dst + (lo - off), w->stage[i] + (lo - c), hi - lo); done += hi - lo; }
+        count_io(w->ctx, (uint64_t)r, 0, 0);
+        if (avail_end < FERRY_MIN(c + S, end)) break;   /* end of file */
+    }
+    return (int64_t)done;
+}
+
+/* ---- copies to the device ------------------------------------------------ */
+static int copy_2d(const ferry_cuda_api *cu, CUstream s, CUdeviceptr dst, int64_t dpitch, const uint8_t *src,
+                   int64_t spitch, size_t width, size_t height) {
+    if (height == 1 || (spitch == (int64_t)width && dpitch == (int64_t)width)) {
+        CUresult r = cu->MemcpyHtoDAsync(dst, src, width * height, s);
+        return r ? ferry_seterr(FERRY_ECUDA, "cuMemcpyHtoDAsync: %s", ferry_cuda_errstr(r)) : 0;
+    }
+    if (spitch >= (int64_t)width && dpitch >= (int64_t)width) {
+        ferry_cu_memcpy2d m;
+        memset(&m, 0, sizeof m);
+        m.srcMemoryType = FERRY_CU_MEMORYTYPE_HOST;
+        m.srcHost = src;
+        m.srcPitch = (size_t)spitch;
+        m.dstMemoryType = FERRY_CU_MEMORYTYPE_DEVICE;
+        m.dstDevice = dst;
+        m.dstPitch = (size_t)dpitch;
+        m.WidthInBytes = width;
+        m.Height = height;
+        if (cu->Memcpy2DAsync(&m, s) == 0) return 0;
+        /* pitch beyond the driver's limit: fall through to row copies */
+    }
+    for (size_t r = 0; r < height; r++) {
+        CUresult e = cu->MemcpyHtoDAsync(dst + (CUdeviceptr)((int64_t)r * dpitch), src + (int64_t)r * spitch, width, s);
+        if (e) return ferry_seterr(FERRY_ECUDA, "cuMemcpyHtoDAsync: %s", ferry_cuda_errstr(e));
+    }
+    return 0;
+}
+
+static int place_dev_rec(const ferry_cuda_api *cu, CUstream s, CUdeviceptr dst, const uint8_t *src, const ferry_place *p, int k) {
+    int last = p->ndim - 1;
+    int inner_contig = p->src_stride[last] == (int64_t)p->itemsize && p->dst_stride[last] == (int64_t)p->itemsize;
+    /* the last dim (contiguous run) and the one before it form one 2D copy */
+    int rows_dim = inner_contig ? last - 1 : last;
+    if (k == rows_dim || (rows_dim < 0 && k == 0)) {
+        size_t width = inner_contig ? p->count[last] * p->itemsize : p->itemsize;
+        if (rows_dim < 0) return copy_2d(cu, s, dst, (int64_t)width, src, (int64_t)width, width, 1);
+        return copy_2d(cu, s, dst, p->dst_stride[rows_dim], src, p->src_stride[rows_dim], width, p->count[rows_dim]);
+    }
+    for (uint64_t i = 0; i < p->count[k]; i++) {
+        int rc = place_dev_rec(cu, s, dst + (CUdeviceptr)((int64_t)i * p->dst_stride[k]), src + (int64_t)i * p->src_stride[k], p, k + 1);
+        if (rc < 0) return rc;
+    }
+    return 0;
+}
+
+/* Enqueue the copy of decoded bytes (pinned) to device memory, placed or not. */
+static int to_device(ferry_worker *w, ferry_job *j, int d, const uint8_t *src, uint64_t n, CUdeviceptr dst, const ferry_place *place) {
+    ferry_devstate *ds;
+    int rc = ferry_worker_device(w, d, &ds);
+    if (rc < 0) return rc;
+    const ferry_cuda_api *cu = ferry_cuda_load(NULL);
+    if (!place) rc = copy_2d(cu, ds->stream, dst, (int64_t)n, src, (int64_t)n, n, 1);
+    else {
+        for (int k = 0; k < place->ndim; k++) if (place->count[k] == 0) return 0;
+        ferry_place p;
+        if (ferry_place_normalize(place, &p) == 0) {
+            p.ndim = 1; p.count[0] = 1; p.src_stride[0] = p.dst_stride[0] = p.itemsize;
+        }
+        rc = place_dev_rec(cu, ds->stream, dst, src + p.src_offset, &p, 0);
+    }
+    if (rc < 0) return rc;
+    w->seq[d]++;
+    CUresult r = cu->EventRecord(ds->dec_ev, ds->stream);
+    if (r) return ferry_seterr(FERRY_ECUDA, "cuEventRecord: %s", ferry_cuda_errstr(r));
+    w->dec_seq = w->seq[d];
+    w->dec_dev = d;
+    mark_device(w, j, d);
+    return 0;
+}
+
+/* ---- reads ----------------------------------------------------------------- */
+static int64_t read_staged(ferry_worker *w, ferry_job *j, ferry_file *f, uint64_t off, uint64_t len, int d,
+                           CUdeviceptr dst, unsigned swap, int *deferred) {
+    ferry_devstate *ds;
+    int rc = ferry_worker_device(w, d, &ds);
+    if (rc < 0) return rc;
+    if ((rc = ferry_worker_staging(w)) < 0) return rc;
+    const ferry_cuda_api *cu = ferry_cuda_load(NULL);
+    int gpu_swap = swap > 1 && (dst % swap) == 0 && (len % swap) == 0 && ferry_cuda_kernels_ready(d);
+    /* A CPU swap needs chunks of whole elements: chunk from `off`, buffered.
+     * O_DIRECT chunks are aligned in the file: [align_down(off) + i*S, ...). */
+    int direct = (swap <= 1 || gpu_swap) && ferry_use_direct(f, j->direct, off, len, 0);
+    int dfd = direct ? ferry_file_direct_fd(f) : -1;
+    size_t S = w->ctx->cfg.staging_size;
+    int k = w->ctx->cfg.staging_count;
+    uint64_t end = off + len, done = 0, ndirect = 0, nbuf = 0;
+restart:;
+    uint64_t base = dfd >= 0 ? ferry_align_down(off) : off;
+    for (uint64_t c = base; c < end; c += S) {
+        int i = w->next_stage;
+        w->next_stage = (i + 1) % k;
+        if ((rc = stage_wait(w, i)) < 0) return rc;
+        uint64_t lo = FERRY_MAX(c, off), hi = FERRY_MIN(c + S, end);
+        uint8_t *src;
+        if (dfd >= 0) {
+            int64_t r = ferry_pread_full(dfd, w->stage[i], FERRY_MIN((uint64_t)S, ferry_align_up(end) - c), c);
+            if (r == -EINVAL && done == 0) { dfd = -1; goto restart; }   /* accepted at open, refused at read */
+            if (r < 0) return r;
+            ndirect += (uint64_t)r;
+            if (c + (uint64_t)r < hi) hi = c + (uint64_t)r > lo ? c + (uint64_t)r : lo;
+            src = w->stage[i] + (lo - c);
+        } else {
+            int64_t r = ferry_pread_full(f->fd, w->stage[i], hi - lo, lo);
+            if (r < 0) return r;
+            nbuf += (uint64_t)r;
+            hi = lo + (uint64_t)r;
+            src = w->stage[i];
+        }
+        if (hi <= lo) break;
+        uint64_t n = hi - lo;
+        if (swap > 1 && !gpu_swap) swap_host(src, n, swap);
+        CUresult e = cu->MemcpyHtoDAsync(dst + (lo - off), src, n, ds->stream);
+        if (!e) e = cu->EventRecord(ds->ev[i], ds->stream);
+        if (e) return ferry_seterr(FERRY_ECUDA, "cuMemcpyHtoDAsync: %s", ferry_cuda_errstr(e));
+        w->seq[d]++;
+        w->stage_seq[i] = w->seq[d];
+        w->stage_dev[i] = d;
+        done += n;
+        if (hi < FERRY_MIN(c + S, end)) break;   /* end of file */
+    }
+    if (gpu_swap && done) {
+        if ((rc = ferry_cuda_byteswap(d, dst, done / swap, swap, ds->stream)) < 0) return rc;
+        w->seq[d]++;
+    }
+    count_io(w->ctx, ndirect, nbuf, 0);
+    if (done) {
+        mark_device(w, j, d);
+        if ((rc = ferry_worker_defer(w, j, d)) < 0) return rc;
+        *deferred = 1;
+    }
+    return (int64_t)done;
+}
+
+static int64_t read_cufile(ferry_worker *w, ferry_job *j, ferry_file *f, uint64_t off, uint64_t len, int d,
+                           CUdeviceptr base, uint64_t dst_off, unsigned swap, int *deferred) {
+    ferry_cufile_handle fh;
+    int rc = ferry_file_cufile(f, &fh);
+    if (rc < 0) return rc;
+    if ((rc = ferry_cuda_use_device(d)) < 0) return rc;
+    const ferry_cufile_api *cf = ferry_cufile_load(NULL);
+    uint64_t done = 0;
+    while (done < len) {
+        ssize_t r = cf->Read(fh, (void *)(uintptr_t)base, len - done, (off_t)(off + done), (off_t)(dst_off + done));
+        if (r < 0) {
+            if (r == -1) return ferry_seterr(-errno, "cuFileRead: %s", strerror(errno));
+            return ferry_seterr(FERRY_ECUFILE, "cuFileRead: %s (%d)", ferry_cufile_errstr((int)-r), (int)-r);
+        }
+        if (r == 0) break;
+        done += (uint64_t)r;
+    }
+    count_io(w->ctx, done, 0, 0);
+    if (swap > 1 && done) {
+        if (!ferry_cuda_kernels_ready(d) || (base + dst_off) % swap)
+            return ferry_seterr(FERRY_EUNSUPPORTED, "byteswap on the GPU needs the embedded kernels and aligned memory; use the staged path");
+        ferry_devstate *ds;
+        if ((rc = ferry_worker_device(w, d, &ds)) < 0) return rc;
+        rc = ferry_cuda_byteswap(d, base + dst_off, done / swap, swap, ds->stream);
+        if (rc < 0) return rc;
+        w->seq[d]++;
+        mark_device(w, j, d);
+        if ((rc = ferry_worker_defer(w, j, d)) < 0) return rc;
+        *deferred = 1;
+    }
+    return (int64_t)done;
+}
+
+static int short_error(ferry_job *j, const ferry_extent *e, ferry_file *f, uint64_t off, uint64_t len, uint64_t got) {
+    return ferry_seterr(FERRY_ESHORT, "file ends at byte %llu but %llu bytes at offset %llu are needed",
+                        (unsigned long long)(off + got), (unsigned long long)len, (unsigned long long)off);
+}
+
+static int64_t exec_read_plain(ferry_worker *w, ferry_job *j, const ferry_extent *e, ferry_file *f, uint64_t lo,
+                               uint64_t hi, int *deferred) {
+    uint64_t off = e->offset + lo, len = hi - lo;
+    unsigned swap = e->ncodecs ? (unsigned)ferry_codecs_only_byteswap(e->codecs, e->ncodecs) : 0;
+    int64_t got;
+    ferry_path used;
+    if (e->dst.kind == FERRY_MEM_HOST) {
+        uint8_t *dst = (uint8_t *)e->dst.ptr + e->dst_offset + lo;
+        got = read_to_host(w, j, f, off, len, dst);
+        if (got > 0 && swap > 1) swap_host(dst, (uint64_t)got, swap);
+        used = FERRY_PATH_HOST;
+    } else {
+        int d = e->dst.device;
+        CUdeviceptr base = (CUdeviceptr)(uintptr_t)e->dst.ptr;
+        used = j->path;
+        got = -1;
+        if (used == FERRY_PATH_CUFILE) {
+            got = read_cufile(w, j, f, off, len, d, base, e->dst_offset + lo, swap, deferred);
+            if (got < 0 && !j->forced) {   /* AUTO: this file cannot use GDS; staged serves it */
+                pthread_mutex_lock(&w->ctx->stats_lock);
+                w->ctx->stats.fallbacks++;
+                pthread_mutex_unlock(&w->ctx->stats_lock);
+                used = FERRY_PATH_STAGED;
+            }
+        }
+        if (used == FERRY_PATH_STAGED)
+            got = read_staged(w, j, f, off, len, d, base + e->dst_offset + lo, swap, deferred);
+    }
+    if (got < 0) return got;
+    atomic_fetch_add(&j->path_bytes[used], (uint64_t)got);
+    atomic_fetch_add(&j->path_ops[used], 1);
+    if ((uint64_t)got < len && !j->allow_short) return short_error(j, e, f, off, len, (uint64_t)got);
+    return got;
+}
+
+static int64_t exec_read_coded(ferry_worker *w, ferry_job *j, const ferry_extent *e, ferry_file *f, int *deferred) {
+    int rc = dec_wait(w);
+    if (rc < 0) return rc;
+    if ((rc = ferry_worker_grow(w, &w->in_buf, &w->in_cap, &w->dec_pinned, e->length ? e->length : 1)) < 0) return rc;
+    int64_t got = read_to_host(w, j, f, e->offset, e->length, w->in_buf);
+    if (got < 0) return got;
+    if ((uint64_t)got < e->length) return short_error(j, e, f, e->offset, e->length, (uint64_t)got);
+    const uint8_t *dec = w->in_buf;
+    uint64_t dlen = e->length;
+    int host = e->dst.kind == FERRY_MEM_HOST;
+    uint8_t *hdst = host ? (uint8_t *)e->dst.ptr + e->dst_offset : NULL;
+    if (e->ncodecs) {
+        uint8_t *out;
+        if (host && !e->place) out = hdst;
+        else {
+            if ((rc = ferry_worker_grow(w, &w->dec_buf, &w->dec_cap, &w->dec_pinned, e->decoded_size ? e->decoded_size : 1)) < 0)
+                return rc;
+            out = w->dec_buf;
+        }
+        int64_t r = ferry_decode(e->codecs, e->ncodecs, w->in_buf, e->length, out, e->decoded_size, &w->scratch);
+        if (r < 0) return r;
+        if ((uint64_t)r != e->decoded_size)
+            return ferry_seterr(FERRY_ECODEC, "decoded %lld bytes where %llu were expected",
+                                (long long)r, (unsigned long long)e->decoded_size);
+        count_io(w->ctx, 0, 0, (uint64_t)r);
+        if (host && !e->place) goto done;
+        dec = out;
+        dlen = e->decoded_size;
+    }
+    if (host) {
+        if (e->place) ferry_place_host(hdst, dec, e->place);
+        else memcpy(hdst, dec, dlen);
+    } else {
+        int d = e->dst.device;
+        rc = to_device(w, j, d, dec, dlen, (CUdeviceptr)(uintptr_t)e->dst.ptr + e->dst_offset, e->place);
+        if (rc < 0) return rc;
+        if ((rc = ferry_worker_defer(w, j, d)) < 0) return rc;
+        *deferred = 1;
+    }
+done:;
+    ferry_path used = host ? FERRY_PATH_HOST : FERRY_PATH_STAGED;
+    atomic_fetch_add(&j->path_bytes[used], e->length);
+    atomic_fetch_add(&j->path_ops[used], 1);
+    return (int64_t)e->length;
+}
+
+static int exec_fill(ferry_worker *w, ferry_job *j, const ferry_extent *e, uint64_t lo, uint64_t hi, int *deferred) {
+    unsigned size = e->place ? e->place->itemsize : 1;
+    if (e->dst.kind == FERRY_MEM_HOST) {
+        uint8_t *dst = (uint8_t *)e->dst.ptr + e->dst_offset;
+        if (e->place) ferry_fill_host(dst, e->fill, size, e->place, 0);
+        else ferry_fill_host(dst + lo, e->fill, 1, NULL, hi - lo);
+        return 0;
+    }
+    int rc = dec_wait(w);
+    if (rc < 0) return rc;
+    int d = e->dst.device;
+    CUdeviceptr dst = (CUdeviceptr)(uintptr_t)e->dst.ptr + e->dst_offset;
+    if (!e->place) {
+        /* a pattern buffer copied repeatedly */
+        uint64_t n = hi - lo, chunk = FERRY_MIN(n, (uint64_t)(4u << 20));
+        if ((rc = ferry_worker_grow(w, &w->dec_buf, &w->dec_cap, &w->dec_pinned, chunk ? chunk : 1)) < 0) return rc;
+        memset(w->dec_buf, e->fill[0], chunk);
+        for (uint64_t c = 0; c < n; c += chunk) {
+            rc = to_device(w, j, d, w->dec_buf, FERRY_MIN(chunk, n - c), dst + lo + c, NULL);
+            if (rc < 0) return rc;
+        }
+    } else {
+        /* fill a contiguous box on the host, then place it like decoded data */
+        ferry_place p = *e->place;
+        uint64_t elems = 1;
+        for (int k = 0; k < p.ndim; k++) if (ferry_mul_overflow(elems, p.count[k], &elems)) return ferry_seterr(FERRY_EINVAL, "fill too large");
+        uint64_t bytes;
+        if (ferry_mul_overflow(elems, size, &bytes)) return ferry_seterr(FERRY_EINVAL, "fill too large");
+        if (!bytes) return 0;
+        if ((rc = ferry_worker_grow(w, &w->dec_buf, &w->dec_cap, &w->dec_pinned, bytes)) < 0) return rc;
+        ferry_place flat = {1, size, {elems}, {size}, {size}, 0};
+        ferry_fill_host(w->dec_buf, e->fill, size, &flat, 0);
+        int64_t stride = size;
+        for (int k = p.ndim - 1; k >= 0; k--) { p.src_stride[k] = stride; stride *= (int64_t)p.count[k]; }
+        p.src_offset = 0;
+        rc = to_device(w, j, d, w->dec_buf, bytes, dst, &p);
+        if (rc < 0) return rc;
+    }
+    if ((rc = ferry_worker_defer(w, j, d)) < 0) return rc;
+    *deferred = 1;
+    return 0;
+}
+
+/* ---- writes ---------------------------------------------------------------- */
+/* Write n bytes from buf (4 KiB aligned) at file offset off: O_DIRECT for the
+ * aligned part when allowed, buffered for the rest. */
+static int64_t write_block(ferry_worker *w, ferry_file *f, int dfd, const uint8_t *buf, uint64_t n, uint64_t off) {
+    uint64_t al = (dfd >= 0 && off % FERRY_ALIGN == 0 && (uintptr_t)buf % FERRY_ALIGN == 0) ? ferry_align_down(n) : 0;
+    if (al) {
+        int64_t r = ferry_pwrite_full(dfd, buf, al, off);
+        if (r == -EINVAL) al = 0;   /* refused at write time: all buffered */
+        else if (r < 0) return r;
+        else count_io(w->ctx, al, 0, 0);
+    }
+    if (n > al) {
+        int64_t r = ferry_pwrite_full(f->fd, buf + al, n - al, off + al);
+        if (r < 0) return r;
+        count_io(w->ctx, 0, n - al, 0);
+    }
+    return (int64_t)n;
+}
+
+static int64_t exec_write(ferry_worker *w, ferry_job *j, const ferry_extent *e, ferry_file *f, uint64_t lo, uint64_t hi) {
+    uint64_t off = e->offset + lo, len = hi - lo;
+    int direct = ferry_use_direct(f, j->direct, off, len, 1) && off % FERRY_ALIGN == 0;
+    int dfd = direct ? ferry_file_direct_fd(f) : -1;
+    size_t S = w->ctx->cfg.staging_size;
+    int k = w->ctx->cfg.staging_count, rc;
+    ferry_path used = FERRY_PATH_HOST;
+    atomic_store(&f->written, 1);
+    if (e->dst.kind == FERRY_MEM_HOST) {
+        const uint8_t *src = (const uint8_t *)e->dst.ptr + e->dst_offset + lo;
+        if (dfd < 0 || (uintptr_t)src % FERRY_ALIGN == 0) {
+            int64_t r = write_block(w, f, dfd, src, len, off);
+            if (r < 0) return r;
+        } else {
+            /* O_DIRECT needs an aligned source: bounce through staging */
+            if ((rc = ferry_worker_staging(w)) < 0) return rc;
+            int i = w->next_stage;
+            w->next_stage = (i + 1) % k;
+            if ((rc = stage_wait(w, i)) < 0) return rc;
+            for (uint64_t c = 0; c < len; c += S) {
+                uint64_t n = FERRY_MIN((uint64_t)S, len - c);
+                memcpy(w->stage[i], src + c, n);
+                int64_t r = write_block(w, f, dfd, w->stage[i], n, off + c);
+                if (r < 0) return r;
+            }
+        }
+    } else {
+        int d = e->dst.device;
+        CUdeviceptr src = (CUdeviceptr)(uintptr_t)e->dst.ptr + e->dst_offset + lo;
+        used = j->path;
+        if (used == FERRY_PATH_CUFILE) {
+            ferry_cufile_handle fh;
+            rc = ferry_file_cufile(f, &fh);
+            if (rc < 0 && j->forced) return rc;
+            if (rc < 0) used = FERRY_PATH_STAGED;
+            else {
+                if ((rc = ferry_cuda_use_device(d)) < 0) return rc;
+                const ferry_cufile_api *cf = ferry_cufile_load(NULL);
+                uint64_t done = 0;
+                while (done < len) {
+                    ssize_t r = cf->Write(fh, e->dst.ptr, len - done, (off_t)(off + done), (off_t)(e->dst_offset + lo + done));
+                    if (r < 0) {
+                        if (r == -1) return ferry_seterr(-errno, "cuFileWrite: %s", strerror(errno));
+                        return ferry_seterr(FERRY_ECUFILE, "cuFileWrite: %s (%d)", ferry_cufile_errstr((int)-r), (int)-r);
+                    }
+                    if (r == 0) return ferry_seterr(FERRY_EIO, "cuFileWrite wrote nothing");
+                    done += (uint64_t)r;
+                }
+                count_io(w->ctx, len, 0, 0);
+            }
+        }
+        if (used == FERRY_PATH_STAGED) {
+            /* device -> staging i (async) while staging i-1 is written */
+            ferry_devstate *ds;
+            if ((rc = ferry_worker_device(w, d, &ds)) < 0) return rc;
+            if ((rc = ferry_worker_staging(w)) < 0) return rc;
+            const ferry_cuda_api *cu = ferry_cuda_load(NULL);
+            uint64_t nchunks = (len + S - 1) / S;
+            int first = w->next_stage;
+            for (int b = 0; b < k; b++) if ((rc = stage_wait(w, b)) < 0) return rc;
+            for (uint64_t c = 0; c < nchunks + (uint64_t)k; c++) {
+                if (c >= (uint64_t)k) {   /* write chunk c-k once its copy is done */
+                    uint64_t q = c - (uint64_t)k;
+                    if (q >= nchunks) continue;
+                    int i = (int)((first + q) % (uint64_t)k);
+                    CUresult r = cu->EventSynchronize(ds->ev[i]);
+                    if (r) return ferry_seterr(FERRY_ECUDA, "device %d: copy failed: %s", d, ferry_cuda_errstr(r));
+                    uint64_t n = FERRY_MIN((uint64_t)S, len - q * S);
+                    int64_t wr = write_block(w, f, dfd, w->stage[i], n, off + q * S);
+                    if (wr < 0) return wr;
+                }
+                if (c < nchunks) {
+                    int i = (int)((first + c) % (uint64_t)k);
+                    uint64_t n = FERRY_MIN((uint64_t)S, len - c * S);
+                    CUresult r = cu->MemcpyDtoHAsync(w->stage[i], src + c * S, n, ds->stream);
+                    if (!r) r = cu->EventRecord(ds->ev[i], ds->stream);
+                    if (r) return ferry_seterr(FERRY_ECUDA, "cuMemcpyDtoHAsync: %s", ferry_cuda_errstr(r));
+                    w->seq[d]++;
+                    w->stage_seq[i] = w->seq[d];
+                    w->stage_dev[i] = d;
+                }
+            }
+            w->next_stage = (int)((first + nchunks) % (uint64_t)k);
+        }
+    }
+    atomic_fetch_add(&j->path_bytes[used], len);
+    atomic_fetch_add(&j->path_ops[used], 1);
+    return (int64_t)len;
+}
+
+/* Files named by path are opened by the worker and kept for the rest of the
+ * job's tasks on this worker (a shard read as many extents opens once). */
+static int path_file(ferry_worker *w, ferry_job *j, const char *path, ferry_file **out) {
+    if (w->pathfile && w->pathfile_job == j && strcmp(w->pathfile->path, path) == 0) { *out = w->pathfile; return 0; }
+    if (w->pathfile) { ferry_file_close(w->pathfile); w->pathfile = NULL; }
+    int rc = ferry_file_open_internal(w->ctx, path, FERRY_READ, &w->pathfile);
+    if (rc < 0) return rc;
+    w->pathfile_job = j;
+    *out = w->pathfile;
+    return 0;
+}
+
+int ferry_exec_task(ferry_worker *w, ferry_job *j, const ferry_task *t) {
+    const ferry_extent *e = &j->ext[t->ext];
+    ferry_clearerr();
+    int deferred = 0;
+    int64_t r = 0;
+    ferry_file *f = e->file;
+    if (e->kind != FERRY_EXTENT_FILL && !f) r = path_file(w, j, e->path, &f);
+    if (r >= 0) {
+        switch (e->kind) {
+        case FERRY_EXTENT_WRITE: r = exec_write(w, j, e, f, t->lo, t->hi); break;
+        case FERRY_EXTENT_FILL: r = exec_fill(w, j, e, t->lo, t->hi, &deferred); break;
+        default:
+            if (e->place || (e->ncodecs && !ferry_codecs_only_byteswap(e->codecs, e->ncodecs)))
+                r = exec_read_coded(w, j, e, f, &deferred);
+            else
+                r = exec_read_plain(w, j, e, f, t->lo, t->hi, &deferred);
+        }
+    }
+    if (r < 0) {
+        if (e->dst.kind == FERRY_MEM_CUDA && !deferred) ferry_worker_drain(w);   /* no copy outlives a failed task */
+        const char *name = f ? f->path : e->path ? e->path : "(fill)";
+        if (e->label)
+            ferry_preerr((int)r, "%s: variable %s: byte %llu", name, e->label, (unsigned long long)(e->offset + t->lo));
+        else
+            ferry_preerr((int)r, "%s: byte %llu", name, (unsigned long long)(e->offset + t->lo));
+        ferry_job_fail(j, (int)r);
+    } else if (e->kind != FERRY_EXTENT_FILL) {
+        atomic_fetch_add(&j->bytes, (uint64_t)r);
+    }
+    size_t issued = atomic_fetch_add(&j->tasks_issued, 1) + 1;
+    if (issued == j->ntasks) {
+        pthread_mutex_lock(&j->lock);
+        pthread_cond_broadcast(&j->cond);
+        pthread_mutex_unlock(&j->lock);
+    }
+    return !deferred;
+}

@@ -1,0 +1,200 @@
+/* file.c — open files: a buffered descriptor always, an O_DIRECT descriptor
+ * and a cuFile handle lazily (each opened once per file, never per task). */
+#include "engine/engine.h"
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+int ferry_file_open_internal(ferry_ctx *ctx, const char *path, int flags, ferry_file **out) {
+    *out = NULL;
+    if (!path || !*path) return ferry_seterr(FERRY_EINVAL, "empty path");
+    if (!(flags & (FERRY_READ | FERRY_WRITE)))
+        return ferry_seterr(FERRY_EINVAL, "%s: open flags need FERRY_READ or FERRY_WRITE", path);
+    int oflags = O_CLOEXEC;
+    if ((flags & FERRY_READ) && (flags & FERRY_WRITE)) oflags |= O_RDWR;
+    else if (flags & FERRY_WRITE) oflags |= O_WRONLY;
+    else oflags |= O_RDONLY;
+    if (flags & FERRY_CREATE) oflags |= O_CREAT;
+    if (flags & FERRY_TRUNC) oflags |= O_TRUNC;
+    int fd = open(path, oflags, 0644);
+    if (fd < 0) {
+        int e = errno;
+        return ferry_seterr(-e, "%s: cannot open: %s", path, strerror(e));
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return ferry_seterr(-e, "%s: fstat: %s", path, strerror(e));
+    }
+    if (S_ISDIR(st.st_mode)) {
+        close(fd);
+        return ferry_seterr(-EISDIR, "%s: is a directory", path);
+    }
+    ferry_file *f = calloc(1, sizeof *f);
+    char *p = strdup(path);
+    if (!f || !p) { free(f); free(p); close(fd); return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", path); }
+    f->ctx = ctx;
+    f->path = p;
+    f->fd = fd;
+    f->flags = flags;
+    f->dfd = -1;
+    pthread_mutex_init(&f->lock, NULL);
+    *out = f;
+    return 0;
+}
+
+int ferry_file_open(ferry_ctx *ctx, const char *path, int flags, ferry_file **out) {
+    if (!ctx || !out) return ferry_seterr(FERRY_EINVAL, "ferry_file_open: NULL argument");
+    return ferry_file_open_internal(ctx, path, flags, out);
+}
+
+int ferry_file_close(ferry_file *f) {
+    if (!f) return 0;
+    int rc = 0;
+    if (f->cf_state == 1) {
+        const ferry_cufile_api *cf = ferry_cufile_load(NULL);
+        if (cf) cf->HandleDeregister(f->cfh);
+    }
+    if (f->dfd >= 0) close(f->dfd);
+    if (close(f->fd) != 0) rc = ferry_seterr(-errno, "%s: close: %s", f->path, strerror(errno));
+    pthread_mutex_destroy(&f->lock);
+    free(f->path);
+    free(f);
+    return rc;
+}
+
+int64_t ferry_file_size(ferry_file *f) {
+    struct stat st;
+    if (fstat(f->fd, &st) != 0) return ferry_seterr(-errno, "%s: fstat: %s", f->path, strerror(errno));
+    return (int64_t)st.st_size;
+}
+
+const char *ferry_file_path(const ferry_file *f) { return f ? f->path : ""; }
+
+int ferry_file_sync(ferry_file *f) {
+    if (fsync(f->fd) != 0) return ferry_seterr(-errno, "%s: fsync: %s", f->path, strerror(errno));
+    return 0;
+}
+
+int ferry_file_truncate(ferry_file *f, uint64_t size) {
+    if (ftruncate(f->fd, (off_t)size) != 0)
+        return ferry_seterr(-errno, "%s: ftruncate to %llu: %s", f->path, (unsigned long long)size, strerror(errno));
+    return 0;
+}
+
+int ferry_file_direct_fd(ferry_file *f) {
+    int d = __atomic_load_n(&f->dfd, __ATOMIC_ACQUIRE);
+    if (d >= 0) return d;
+    if (d == -2) return -1;
+    pthread_mutex_lock(&f->lock);
+    if (f->dfd == -1) {
+        int oflags = O_CLOEXEC | O_DIRECT;
+        if ((f->flags & FERRY_READ) && (f->flags & FERRY_WRITE)) oflags |= O_RDWR;
+        else if (f->flags & FERRY_WRITE) oflags |= O_WRONLY;
+        else oflags |= O_RDONLY;
+        /* Reopen by path (not /proc/self/fd) so the O_DIRECT fd shares nothing
+         * with the buffered one; tmpfs and some FUSE file systems refuse O_DIRECT. */
+        int fd = open(f->path, oflags);
+        __atomic_store_n(&f->dfd, fd >= 0 ? fd : -2, __ATOMIC_RELEASE);
+    }
+    d = f->dfd;
+    pthread_mutex_unlock(&f->lock);
+    return d >= 0 ? d : -1;
+}
+
+int ferry_file_cufile(ferry_file *f, ferry_cufile_handle *out) {
+    pthread_mutex_lock(&f->lock);
+    int rc;
+    if (f->cf_state == 0) {
+        const char *why;
+        const ferry_cufile_api *cf = ferry_cufile_load(&why);
+        if (!cf) {
+            f->cf_state = FERRY_ENOCUFILE;
+            snprintf(f->cf_why, sizeof f->cf_why, "%s", why);
+        } else {
+            pthread_mutex_unlock(&f->lock);
+            int dfd = ferry_file_direct_fd(f);
+            pthread_mutex_lock(&f->lock);
+            if (f->cf_state == 0) {
+                if (dfd < 0) {
+                    f->cf_state = FERRY_ENOCUFILE;
+                    snprintf(f->cf_why, sizeof f->cf_why, "the file system refuses O_DIRECT");
+                } else {
+                    ferry_cufile_descr d;
+                    memset(&d, 0, sizeof d);
+                    d.type = 1;
+                    d.handle.fd = dfd;
+                    ferry_cufile_error e = cf->HandleRegister(&f->cfh, &d);
+                    if (e.err == 0) f->cf_state = 1;
+                    else {
+                        f->cf_state = FERRY_ENOCUFILE;
+                        snprintf(f->cf_why, sizeof f->cf_why, "cuFileHandleRegister failed: %s (%d)",
+                                 ferry_cufile_errstr(e.err), e.err);
+                    }
+                }
+            }
+        }
+    }
+    if (f->cf_state == 1) { *out = f->cfh; rc = 0; }
+    else rc = ferry_seterr(f->cf_state, "%s: %s", f->path, f->cf_why);
+    pthread_mutex_unlock(&f->lock);
+    return rc;
+}
+
+/* Page-cache residency: cachestat(2) where the kernel has it (Linux 6.5+),
+ * else mincore(2) over a temporary mapping. */
+#ifndef __NR_cachestat
+#define __NR_cachestat 451
+#endif
+struct ferry_cachestat_range { uint64_t off, len; };
+struct ferry_cachestat { uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted; };
+
+int64_t ferry_file_cached_fd(int fd, uint64_t offset, uint64_t len, uint64_t fsize) {
+    if (offset >= fsize || len == 0) return 0;
+    if (len > fsize - offset) len = fsize - offset;
+    long page = sysconf(_SC_PAGESIZE);
+    static _Atomic int no_cachestat;
+    if (!no_cachestat) {
+        struct ferry_cachestat_range r = {offset, len};
+        struct ferry_cachestat cs;
+        if (syscall(__NR_cachestat, fd, &r, &cs, 0) == 0) {
+            uint64_t pages = (len + (uint64_t)page - 1) / (uint64_t)page;
+            uint64_t c = cs.nr_cache > pages ? pages : cs.nr_cache;
+            uint64_t b = c * (uint64_t)page;
+            return (int64_t)(b > len ? len : b);
+        }
+        if (errno == ENOSYS) no_cachestat = 1;
+    }
+    uint64_t start = offset & ~(uint64_t)(page - 1);
+    uint64_t maplen = len + (offset - start);
+    void *m = mmap(NULL, maplen, PROT_READ, MAP_SHARED, fd, (off_t)start);
+    if (m == MAP_FAILED) return -errno;
+    size_t npages = (maplen + (uint64_t)page - 1) / (uint64_t)page;
+    unsigned char stackvec[256];
+    unsigned char *vec = npages <= sizeof stackvec ? stackvec : malloc(npages);
+    int64_t res;
+    if (!vec) res = FERRY_ENOMEM;
+    else if (mincore(m, maplen, vec) != 0) res = -errno;
+    else {
+        uint64_t n = 0;
+        for (size_t i = 0; i < npages; i++) n += vec[i] & 1;
+        uint64_t b = n * (uint64_t)page;
+        res = (int64_t)(b > len ? len : b);
+    }
+    if (vec != stackvec) free(vec);
+    munmap(m, maplen);
+    return res;
+}
+
+int64_t ferry_file_cached(ferry_file *f, uint64_t offset, uint64_t len) {
+    int64_t sz = ferry_file_size(f);
+    if (sz < 0) return sz;
+    int64_t r = ferry_file_cached_fd(f->fd, offset, len, (uint64_t)sz);
+    if (r < 0) return ferry_seterr((int)r, "%s: page-cache residency: %s", f->path, ferry_strerror((int)r));
+    return r;
+}

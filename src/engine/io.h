@@ -1,0 +1,18 @@
+/* io.h — low-level file transfers used by the paths. Internal. */
+#ifndef FERRY_ENGINE_IO_H
+#define FERRY_ENGINE_IO_H
+#include "engine/engine.h"
+
+/* pread/pwrite until len bytes or EOF (reads); -errno on failure. */
+int64_t ferry_pread_full(int fd, void *buf, size_t len, uint64_t off);
+int64_t ferry_pwrite_full(int fd, const void *buf, size_t len, uint64_t off);
+/* Whether to use O_DIRECT for this range under `policy` (ferry_direct):
+ * AUTO: ranges of 1 MiB or more that are mostly not in the page cache (reads),
+ * or 1 MiB or more (writes). Also requires the file system to accept O_DIRECT. */
+int ferry_use_direct(ferry_file *f, int policy, uint64_t off, uint64_t len, int writing);
+/* Page-cache bytes of [off, off+len) of fd (file size fsize). */
+int64_t ferry_file_cached_fd(int fd, uint64_t offset, uint64_t len, uint64_t fsize);
+
+static inline uint64_t ferry_align_down(uint64_t x) { return x & ~(uint64_t)(FERRY_ALIGN - 1); }
+static inline uint64_t ferry_align_up(uint64_t x) { return (x + FERRY_ALIGN - 1) & ~(uint64_t)(FERRY_ALIGN - 1); }
+#endif

@@ -1,0 +1,454 @@
+/* job.c — running plans: copy and check the plan, choose the path, cut the
+ * work into tasks, queue it for the workers (or run a small one on the
+ * caller's thread), and wait. */
+#include "engine/engine.h"
+#include "engine/io.h"
+#include <errno.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+void ferry_job_fail(ferry_job *job, int code) {
+    int expected = 0;
+    if (atomic_compare_exchange_strong(&job->error, &expected, code)) {
+        pthread_mutex_lock(&job->lock);
+        snprintf(job->errmsg, sizeof job->errmsg, "%s", ferry_lasterr()[0] ? ferry_lasterr() : ferry_strerror(code));
+        pthread_mutex_unlock(&job->lock);
+    }
+}
+
+/* A plain extent moves bytes unchanged (or only byteswapped) to a contiguous
+ * range: it can be cut into tasks and pipelined. */
+static int is_plain(const ferry_extent *e) {
+    if (e->kind == FERRY_EXTENT_WRITE) return 1;
+    if (e->kind != FERRY_EXTENT_READ || e->place) return 0;
+    return e->ncodecs == 0 || ferry_codecs_only_byteswap(e->codecs, e->ncodecs) > 0;
+}
+
+static int same_codecs(const ferry_extent *a, const ferry_extent *b) {
+    if (a->ncodecs != b->ncodecs) return 0;
+    return memcmp(a->codecs, b->codecs, sizeof(ferry_codec) * (size_t)a->ncodecs) == 0;
+}
+
+/* Merge b into a when both are plain, of one file, adjacent in the file and in
+ * the same buffer: a plan of many small runs becomes few large reads. */
+static int try_merge(ferry_extent *a, const ferry_extent *b) {
+    if (a->kind != b->kind || !is_plain(a) || !is_plain(b) || !same_codecs(a, b)) return 0;
+    if (!a->file || a->file != b->file) return 0;
+    if (a->dst.kind != b->dst.kind || a->dst.ptr != b->dst.ptr || a->dst.device != b->dst.device) return 0;
+    if (a->offset + a->length != b->offset || a->dst_offset + a->length != b->dst_offset) return 0;
+    if (a->label != b->label) return 0;
+    a->length += b->length;
+    a->decoded_size = a->length;
+    return 1;
+}
+
+int ferry_buf_resolve(ferry_buf *b) {
+    if (b->kind != FERRY_MEM_CUDA) return 0;
+    if (b->device >= 0) return b->device < FERRY_MAX_DEVICES ? 0 : ferry_seterr(FERRY_EINVAL, "CUDA device %d", b->device);
+    int d = ferry_cuda_pointer_device((uintptr_t)b->ptr);
+    if (d < 0) return d;
+    if (d >= FERRY_MAX_DEVICES) return ferry_seterr(FERRY_EUNSUPPORTED, "CUDA device %d (at most %d)", d, FERRY_MAX_DEVICES);
+    b->device = d;
+    return 0;
+}
+
+/* AUTO and forced paths for plain device extents. Host memory has one path. */
+static int choose_path(ferry_ctx *ctx, ferry_path want, int has_device, int has_host, ferry_path *out, int *forced) {
+    if (want == FERRY_PATH_AUTO) want = ctx->cfg.path;
+    *forced = want != FERRY_PATH_AUTO;
+    const char *why;
+    if (has_device && !ferry_cuda_load(&why))
+        return ferry_seterr(FERRY_ENOCUDA, "device memory given but CUDA is not available: %s", why);
+    switch (want) {
+    case FERRY_PATH_HOST:
+        if (has_device) return ferry_seterr(FERRY_EPATH, "path \"host\" was forced but the plan names GPU memory");
+        *out = FERRY_PATH_HOST;
+        return 0;
+    case FERRY_PATH_STAGED:
+        *out = FERRY_PATH_STAGED;
+        return 0;
+    case FERRY_PATH_CUFILE:
+        if (has_device && !ferry_cufile_load(&why))
+            return ferry_seterr(FERRY_EPATH, "path \"cufile\" was forced but cuFile cannot run: %s", why);
+        *out = FERRY_PATH_CUFILE;
+        return 0;
+    default:
+        *out = FERRY_PATH_STAGED;
+        if (has_device && ferry_cufile_native() && ferry_cufile_load(NULL)) *out = FERRY_PATH_CUFILE;
+        else if (has_device && ferry_cufile_load(NULL)) {
+            pthread_mutex_lock(&ctx->stats_lock);
+            ctx->stats.fallbacks++;
+            pthread_mutex_unlock(&ctx->stats_lock);
+        }
+        (void)has_host;
+        return 0;
+    }
+}
+
+static void job_free(ferry_job *j) {
+    if (!j) return;
+    free(j->ext);
+    free(j->places);
+    free(j->strings);
+    free(j->tasks);
+    pthread_mutex_destroy(&j->lock);
+    pthread_cond_destroy(&j->cond);
+    free(j);
+}
+
+static int add_task(ferry_job *j, size_t *cap, uint32_t ext, uint64_t lo, uint64_t hi) {
+    if (j->ntasks == *cap) {
+        size_t nc = *cap ? *cap * 2 : 64;
+        ferry_task *t = realloc(j->tasks, nc * sizeof *t);
+        if (!t) return ferry_seterr(FERRY_ENOMEM, "out of memory");
+        j->tasks = t;
+        *cap = nc;
+    }
+    j->tasks[j->ntasks++] = (ferry_task){ext, lo, hi};
+    return 0;
+}
+
+/* Cut plain extents at task_size boundaries aligned in the file (so O_DIRECT
+ * middles stay aligned); byteswapped ones at multiples of the element size
+ * from the extent start. Other extents are one task each. */
+static int make_tasks(ferry_job *j, size_t task_size) {
+    size_t cap = 0;
+    for (size_t i = 0; i < j->next; i++) {
+        const ferry_extent *e = &j->ext[i];
+        uint64_t len = e->kind == FERRY_EXTENT_FILL ? e->length : e->length;
+        if (!is_plain(e) || len <= task_size) {
+            if (add_task(j, &cap, (uint32_t)i, 0, e->kind == FERRY_EXTENT_READ && !is_plain(e) ? e->length : len) < 0)
+                return FERRY_ENOMEM;
+            continue;
+        }
+        int swap = e->ncodecs ? ferry_codecs_only_byteswap(e->codecs, e->ncodecs) : 0;
+        uint64_t lo = 0;
+        while (lo < len) {
+            uint64_t hi;
+            if (swap) hi = lo + task_size;                                  /* multiple of 16 */
+            else hi = ferry_align_down(e->offset + lo + task_size) - e->offset; /* aligned in the file */
+            if (hi <= lo) hi = lo + task_size;
+            if (hi > len) hi = len;
+            if (add_task(j, &cap, (uint32_t)i, lo, hi) < 0) return FERRY_ENOMEM;
+            lo = hi;
+        }
+    }
+    return 0;
+}
+
+/* Build a job from a plan: own copies, resolved pointers, merged extents. */
+static int job_build(ferry_ctx *ctx, const ferry_plan *plan, const ferry_run_opts *opts, ferry_job **out) {
+    ferry_job *j = calloc(1, sizeof *j);
+    if (!j) return ferry_seterr(FERRY_ENOMEM, "out of memory");
+    pthread_mutex_init(&j->lock, NULL);
+    pthread_cond_init(&j->cond, NULL);
+    j->ctx = ctx;
+    j->flags = opts ? opts->flags : 0;
+    j->direct = (j->flags & FERRY_NO_DIRECT) ? FERRY_DIRECT_OFF : ctx->cfg.direct;
+    j->max_workers = opts && opts->threads > 0 ? opts->threads : ctx->cfg.threads;
+    if (j->max_workers > ctx->cfg.threads) j->max_workers = ctx->cfg.threads;
+    size_t n = plan->n;
+    j->ext = malloc((n ? n : 1) * sizeof *j->ext);
+    j->places = malloc((plan->nplaces ? plan->nplaces : 1) * sizeof *j->places);
+    j->strings = malloc(plan->nstr ? plan->nstr : 1);
+    if (!j->ext || !j->places || !j->strings) { job_free(j); return ferry_seterr(FERRY_ENOMEM, "out of memory"); }
+    memcpy(j->places, plan->places, plan->nplaces * sizeof *j->places);
+    memcpy(j->strings, plan->strings, plan->nstr);
+    int has_dev = 0, has_host = 0;
+    for (size_t i = 0; i < n; i++) {
+        ferry_extent e = plan->ext[i];
+        if (e.place) e.place = &j->places[(uintptr_t)e.place - 1];
+        if (e.path) e.path = j->strings + ((uintptr_t)e.path - 1);
+        if (e.label) e.label = j->strings + ((uintptr_t)e.label - 1);
+        int rc = ferry_buf_resolve(&e.dst);
+        if (rc < 0) { job_free(j); return rc; }
+        if (e.dst.kind == FERRY_MEM_CUDA) has_dev = 1;
+        else has_host = 1;
+        if (j->next > 0 && try_merge(&j->ext[j->next - 1], &e)) continue;
+        j->ext[j->next++] = e;
+    }
+    int rc = choose_path(ctx, opts ? opts->path : FERRY_PATH_AUTO, has_dev, has_host, &j->path, &j->forced);
+    if (rc < 0) { job_free(j); return rc; }
+    rc = make_tasks(j, ctx->cfg.task_size);
+    if (rc < 0) { job_free(j); return rc; }
+    *out = j;
+    return 0;
+}
+
+/* Fold the job's counters into the context statistics and sync written files. */
+static void job_complete(ferry_job *j) {
+    ferry_ctx *ctx = j->ctx;
+    if ((j->flags & FERRY_SYNC) && !atomic_load(&j->error)) {
+        for (size_t i = 0; i < j->next; i++) {
+            ferry_file *f = j->ext[i].kind == FERRY_EXTENT_WRITE ? j->ext[i].file : NULL;
+            if (!f || !atomic_exchange(&f->written, 0)) continue;
+            if (fsync(f->fd) != 0) {
+                ferry_seterr(-errno, "%s: fsync: %s", f->path, strerror(errno));
+                ferry_job_fail(j, -errno);
+            }
+        }
+    }
+    double dt = ferry_now() - j->t_start;
+    pthread_mutex_lock(&ctx->stats_lock);
+    for (int p = 1; p < FERRY_PATH_COUNT_; p++) {
+        uint64_t b = atomic_load(&j->path_bytes[p]), o = atomic_load(&j->path_ops[p]);
+        if (!b && !o) continue;
+        ctx->stats.path[p].bytes += b;
+        ctx->stats.path[p].ops += o;
+        ctx->stats.path[p].seconds += dt;
+    }
+    ctx->stats.jobs++;
+    pthread_mutex_unlock(&ctx->stats_lock);
+    pthread_mutex_lock(&j->lock);
+    j->done = 1;
+    pthread_cond_broadcast(&j->cond);
+    pthread_mutex_unlock(&j->lock);
+}
+
+void ferry_task_finished(ferry_job *j) {
+    size_t d = atomic_fetch_add(&j->tasks_done, 1) + 1;
+    if (d == j->ntasks) job_complete(j);
+}
+
+/* Small plans run on the caller's thread with a borrowed worker. */
+static ferry_worker *inline_worker_get(ferry_ctx *ctx) {
+    pthread_mutex_lock(&ctx->lock);
+    ferry_worker *w = ctx->ninline_free ? ctx->inline_free[--ctx->ninline_free] : NULL;
+    pthread_mutex_unlock(&ctx->lock);
+    if (w) return w;
+    w = calloc(1, sizeof *w);
+    if (w && ferry_worker_init(ctx, w, FERRY_MAX_WORKERS - 1) < 0) { free(w); w = NULL; }
+    if (w) w->is_inline = 1;
+    return w;
+}
+
+static void inline_worker_put(ferry_ctx *ctx, ferry_worker *w) {
+    pthread_mutex_lock(&ctx->lock);
+    if (ctx->ninline_free < (int)(sizeof ctx->inline_free / sizeof ctx->inline_free[0])) {
+        ctx->inline_free[ctx->ninline_free++] = w;
+        w = NULL;
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    if (w) { ferry_worker_free(w); free(w); }
+}
+
+void *ferry_worker_main(void *arg);
+
+static int start_workers(ferry_ctx *ctx, int want) {
+    /* ctx->lock held */
+    while (ctx->nworkers < want) {
+        ferry_worker *w = &ctx->workers[ctx->nworkers];
+        int rc = ferry_worker_init(ctx, w, ctx->nworkers);
+        if (rc < 0) return rc;
+        if (pthread_create(&w->thread, NULL, ferry_worker_main, w) != 0) {
+            ferry_worker_free(w);
+            return ferry_seterr(FERRY_ENOMEM, "cannot start worker thread");
+        }
+        ctx->nworkers++;
+    }
+    return 0;
+}
+
+static int submit_job(ferry_ctx *ctx, ferry_job *j, int allow_inline) {
+    j->t_start = ferry_now();
+    atomic_fetch_add(&ctx->active_jobs, 1);
+    if (j->ntasks == 0) { job_complete(j); return 0; }
+    uint64_t total = 0;
+    for (size_t i = 0; i < j->next; i++) total += j->ext[i].length;
+    if (allow_inline && (total <= ctx->cfg.small_io || j->max_workers <= 1)) {
+        ferry_worker *w = inline_worker_get(ctx);
+        if (w) {
+            for (size_t t = 0; t < j->ntasks; t++) {
+                if (atomic_load(&j->error) || atomic_load(&j->canceled)) {
+                    if (atomic_load(&j->canceled)) { ferry_seterr(FERRY_ECANCELED, "job canceled"); ferry_job_fail(j, FERRY_ECANCELED); }
+                    atomic_fetch_add(&j->tasks_issued, 1);
+                    ferry_task_finished(j);
+                    continue;
+                }
+                if (ferry_exec_task(w, j, &j->tasks[t])) ferry_task_finished(j);
+            }
+            ferry_worker_drain(w);
+            inline_worker_put(ctx, w);
+            return 0;
+        }
+    }
+    pthread_mutex_lock(&ctx->lock);
+    int want = j->max_workers;
+    if ((size_t)want > j->ntasks && ctx->nworkers < want) want = (int)(j->ntasks > (size_t)ctx->nworkers ? j->ntasks : (size_t)ctx->nworkers);
+    int rc = start_workers(ctx, want);
+    if (rc < 0 && ctx->nworkers == 0) {
+        pthread_mutex_unlock(&ctx->lock);
+        atomic_fetch_sub(&ctx->active_jobs, 1);
+        return rc;
+    }
+    j->qnext = NULL;
+    if (ctx->q_tail) ctx->q_tail->qnext = j; else ctx->q_head = j;
+    ctx->q_tail = j;
+    pthread_cond_broadcast(&ctx->work_cond);
+    pthread_mutex_unlock(&ctx->lock);
+    return 0;
+}
+
+int ferry_submit(ferry_ctx *ctx, const ferry_plan *plan, const ferry_run_opts *opts, ferry_job **out) {
+    if (!ctx || !plan || !out) return ferry_seterr(FERRY_EINVAL, "ferry_submit: NULL argument");
+    *out = NULL;
+    ferry_job *j;
+    int rc = job_build(ctx, plan, opts, &j);
+    if (rc < 0) return rc;
+    rc = submit_job(ctx, j, 1);
+    if (rc < 0) { job_free(j); return rc; }
+    *out = j;
+    return 0;
+}
+
+int64_t ferry_job_wait(ferry_job *j, int64_t timeout_ns) {
+    if (!j) return ferry_seterr(FERRY_EINVAL, "ferry_job_wait: NULL job");
+    pthread_mutex_lock(&j->lock);
+    if (timeout_ns < 0) {
+        while (!j->done) pthread_cond_wait(&j->cond, &j->lock);
+    } else {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += timeout_ns / 1000000000;
+        ts.tv_nsec += timeout_ns % 1000000000;
+        if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
+        while (!j->done)
+            if (pthread_cond_timedwait(&j->cond, &j->lock, &ts) != 0) break;
+        if (!j->done) {
+            pthread_mutex_unlock(&j->lock);
+            return ferry_seterr(FERRY_ETIMEDOUT, "job still running");
+        }
+    }
+    pthread_mutex_unlock(&j->lock);
+    int err = atomic_load(&j->error);
+    if (err) return ferry_seterr(err, "%s", j->errmsg);
+    return (int64_t)atomic_load(&j->bytes);
+}
+
+int ferry_job_done(ferry_job *j) {
+    pthread_mutex_lock(&j->lock);
+    int d = j->done;
+    pthread_mutex_unlock(&j->lock);
+    return d;
+}
+
+ferry_path ferry_job_path(ferry_job *j) {
+    for (int p = 1; p < FERRY_PATH_COUNT_; p++)
+        if (p != FERRY_PATH_HOST && atomic_load(&j->path_ops[p])) return (ferry_path)p;
+    return atomic_load(&j->path_ops[FERRY_PATH_HOST]) ? FERRY_PATH_HOST : j->path;
+}
+
+void ferry_job_cancel(ferry_job *j) { if (j) atomic_store(&j->canceled, 1); }
+
+void ferry_job_destroy(ferry_job *j) {
+    if (!j) return;
+    ferry_job_wait(j, -1);
+    ferry_ctx *ctx = j->ctx;
+    /* the job may still sit (fully claimed) at the queue head: unlink under the lock */
+    pthread_mutex_lock(&ctx->lock);
+    ferry_job **pp = &ctx->q_head, *prev = NULL;
+    while (*pp) {
+        if (*pp == j) { *pp = j->qnext; if (ctx->q_tail == j) ctx->q_tail = prev; break; }
+        prev = *pp;
+        pp = &(*pp)->qnext;
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    job_free(j);
+    atomic_fetch_sub(&ctx->active_jobs, 1);
+}
+
+int64_t ferry_run(ferry_ctx *ctx, const ferry_plan *plan, const ferry_run_opts *opts) {
+    ferry_job *j;
+    int rc = ferry_submit(ctx, plan, opts, &j);
+    if (rc < 0) return rc;
+    int64_t r = ferry_job_wait(j, -1);
+    ferry_job_destroy(j);
+    return r;
+}
+
+int ferry_job_stream_wait(ferry_job *j, void *stream) {
+    const ferry_cuda_api *cu = ferry_cuda_load(NULL);
+    if (!cu) return ferry_seterr(FERRY_ENOCUDA, "ferry_job_stream_wait: CUDA not available");
+    /* Wait (on the host) only until every read is done and its copies are
+     * enqueued; the copies themselves are awaited by the stream. */
+    pthread_mutex_lock(&j->lock);
+    while (!j->done && atomic_load(&j->tasks_issued) < j->ntasks) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 200000;
+        if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
+        pthread_cond_timedwait(&j->cond, &j->lock, &ts);
+    }
+    int done = j->done;
+    pthread_mutex_unlock(&j->lock);
+    int err = atomic_load(&j->error);
+    if (err) return ferry_seterr(err, "%s", j->errmsg);
+    if (done) return 0;
+    CUcontext saved = NULL;
+    cu->CtxGetCurrent(&saved);
+    int rc = 0;
+    ferry_ctx *ctx = j->ctx;
+    uint32_t devs = atomic_load(&j->dev_mask);
+    for (int w = 0; w < ctx->nworkers && rc == 0; w++) {
+        if (!(atomic_load(&j->worker_mask[w / 64]) & (1ull << (w % 64)))) continue;
+        for (int d = 0; d < FERRY_MAX_DEVICES && rc == 0; d++) {
+            if (!(devs & (1u << d)) || !ctx->workers[w].dev[d].ready) continue;
+            if ((rc = ferry_cuda_use_device(d)) < 0) break;
+            CUevent ev;
+            CUresult r = cu->EventCreate(&ev, FERRY_CU_EVENT_DISABLE_TIMING);
+            if (r == 0) r = cu->EventRecord(ev, ctx->workers[w].dev[d].stream);
+            if (r == 0) r = cu->StreamWaitEvent((CUstream)stream, ev, 0);
+            if (r == 0) cu->EventDestroy(ev);
+            if (r != 0) rc = ferry_seterr(FERRY_ECUDA, "ferry_job_stream_wait: %s", ferry_cuda_errstr(r));
+        }
+    }
+    cu->CtxSetCurrent(saved);
+    return rc;
+}
+
+/* ---- blocking one-extent calls ------------------------------------------ */
+static int64_t one_extent(ferry_file *f, ferry_extent *e, unsigned flags, int allow_short) {
+    if (!f) return ferry_seterr(FERRY_EINVAL, "NULL file");
+    ferry_ctx *ctx = f->ctx;
+    ferry_plan plan;
+    memset(&plan, 0, sizeof plan);
+    plan.ext = e;
+    plan.n = plan.cap = 1;
+    int rc = ferry_buf_resolve(&e->dst);
+    if (rc < 0) return rc;
+    ferry_run_opts o = {FERRY_PATH_AUTO, 0, flags};
+    ferry_job *j;
+    rc = job_build(ctx, &plan, &o, &j);
+    if (rc < 0) return rc;
+    j->allow_short = allow_short;
+    rc = submit_job(ctx, j, 1);
+    if (rc < 0) { job_free(j); return rc; }
+    int64_t r = ferry_job_wait(j, -1);
+    ferry_job_destroy(j);
+    return r;
+}
+
+int64_t ferry_pread(ferry_file *f, ferry_buf dst, uint64_t offset, size_t len, unsigned flags) {
+    if (len > dst.size) return ferry_seterr(FERRY_EINVAL, "ferry_pread: %zu bytes into a buffer of %zu", len, dst.size);
+    ferry_extent e;
+    memset(&e, 0, sizeof e);
+    e.kind = FERRY_EXTENT_READ;
+    e.file = f;
+    e.offset = offset;
+    e.length = e.decoded_size = len;
+    e.dst = dst;
+    return one_extent(f, &e, flags, 1);
+}
+
+int64_t ferry_pwrite(ferry_file *f, ferry_buf src, uint64_t offset, size_t len, unsigned flags) {
+    if (len > src.size) return ferry_seterr(FERRY_EINVAL, "ferry_pwrite: %zu bytes from a buffer of %zu", len, src.size);
+    ferry_extent e;
+    memset(&e, 0, sizeof e);
+    e.kind = FERRY_EXTENT_WRITE;
+    e.file = f;
+    e.offset = offset;
+    e.length = e.decoded_size = len;
+    e.dst = src;
+    return one_extent(f, &e, flags, 0);
+}

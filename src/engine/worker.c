@@ -1,0 +1,199 @@
+/* worker.c — the worker threads: each owns its staging buffers, a stream and
+ * events per device, and a list of tasks whose device copies may still run.
+ * A worker claims tasks from the context queue in order, runs them, and before
+ * it sleeps waits for its own outstanding copies, so every task completes. */
+#include "engine/engine.h"
+#include <stdlib.h>
+
+static int alloc_host(ferry_worker *w, uint8_t **p, size_t n, int *pinned) {
+    const ferry_cuda_api *cu = ferry_cuda_load(NULL);
+    *p = NULL;
+    *pinned = 0;
+    if (cu && ferry_cuda_use_device(0) == 0 &&
+        cu->MemHostAlloc((void **)p, n, FERRY_CU_MEMHOSTALLOC_PORTABLE) == 0) {
+        *pinned = 1;
+        return 0;
+    }
+    if (posix_memalign((void **)p, FERRY_ALIGN, n) != 0) { *p = NULL; return ferry_seterr(FERRY_ENOMEM, "staging: out of memory"); }
+    return 0;
+}
+
+static void free_host(uint8_t *p, int pinned) {
+    if (!p) return;
+    if (pinned) {
+        const ferry_cuda_api *cu = ferry_cuda_load(NULL);
+        if (cu) cu->MemFreeHost(p);
+    } else free(p);
+}
+
+int ferry_worker_init(ferry_ctx *ctx, ferry_worker *w, int id) {
+    memset(w, 0, sizeof *w);
+    w->ctx = ctx;
+    w->id = id;
+    w->dec_dev = -1;
+    for (int i = 0; i < FERRY_MAX_STAGING; i++) w->stage_dev[i] = -1;
+    ferry_decode_scratch_init(&w->scratch);
+    return 0;
+}
+
+/* Staging buffers are allocated on first use (pinned when CUDA is present). */
+int ferry_worker_staging(ferry_worker *w) {
+    if (w->stage[0]) return 0;
+    int n = w->ctx->cfg.staging_count;
+    for (int i = 0; i < n; i++) {
+        int pinned;
+        int rc = alloc_host(w, &w->stage[i], w->ctx->cfg.staging_size, &pinned);
+        if (rc < 0) return rc;
+        w->stage_pinned = pinned;
+    }
+    return 0;
+}
+
+/* A buffer of at least n bytes, 4 KiB aligned, pinned when CUDA is present;
+ * previous contents are not kept. The caller has waited for copies from it. */
+int ferry_worker_grow(ferry_worker *w, uint8_t **buf, size_t *cap, int *pinned, size_t n) {
+    if (*cap >= n && *buf) return 0;
+    size_t nc = *cap ? *cap : (1u << 20);
+    while (nc < n) nc *= 2;
+    free_host(*buf, *pinned);
+    *buf = NULL;
+    *cap = 0;
+    int rc = alloc_host(w, buf, nc, pinned);
+    if (rc < 0) return rc;
+    *cap = nc;
+    return 0;
+}
+
+void ferry_worker_free(ferry_worker *w) {
+    const ferry_cuda_api *cu = ferry_cuda_load(NULL);
+    ferry_worker_drain(w);
+    for (int d = 0; d < FERRY_MAX_DEVICES; d++) {
+        if (!w->dev[d].ready || !cu) continue;
+        ferry_cuda_use_device(d);
+        for (int i = 0; i < FERRY_MAX_STAGING; i++) if (w->dev[d].ev[i]) cu->EventDestroy(w->dev[d].ev[i]);
+        if (w->dev[d].dec_ev) cu->EventDestroy(w->dev[d].dec_ev);
+        cu->StreamDestroy(w->dev[d].stream);
+    }
+    for (int i = 0; i < FERRY_MAX_STAGING; i++) free_host(w->stage[i], w->stage_pinned);
+    free_host(w->in_buf, w->dec_pinned);
+    free_host(w->dec_buf, w->dec_pinned);
+    if (w->pathfile) ferry_file_close(w->pathfile);
+    ferry_decode_scratch_free(&w->scratch);
+    free(w->pending);
+    memset(w, 0, sizeof *w);
+}
+
+/* The worker's stream and events on device d (created once). */
+int ferry_worker_device(ferry_worker *w, int d, ferry_devstate **out) {
+    int rc = ferry_cuda_use_device(d);
+    if (rc < 0) return rc;
+    ferry_devstate *s = &w->dev[d];
+    if (!s->ready) {
+        const ferry_cuda_api *cu = ferry_cuda_load(NULL);
+        CUresult r = cu->StreamCreate(&s->stream, FERRY_CU_STREAM_NON_BLOCKING);
+        for (int i = 0; r == 0 && i < FERRY_MAX_STAGING; i++) r = cu->EventCreate(&s->ev[i], FERRY_CU_EVENT_DISABLE_TIMING);
+        if (r == 0) r = cu->EventCreate(&s->dec_ev, FERRY_CU_EVENT_DISABLE_TIMING);
+        if (r != 0) return ferry_seterr(FERRY_ECUDA, "device %d: creating stream/events: %s", d, ferry_cuda_errstr(r));
+        s->ready = 1;
+    }
+    *out = s;
+    return 0;
+}
+
+static void finish_completed(ferry_worker *w) {
+    size_t k = 0;
+    for (size_t i = 0; i < w->npending; i++) {
+        ferry_pending *p = &w->pending[i];
+        if (w->done_seq[p->dev] >= p->seq) ferry_task_finished(p->job);
+        else w->pending[k++] = *p;
+    }
+    w->npending = k;
+}
+
+/* Note that everything enqueued on device d up to seq is complete. */
+void ferry_worker_completed(ferry_worker *w, int d, uint64_t seq) {
+    if (seq > w->done_seq[d]) w->done_seq[d] = seq;
+    finish_completed(w);
+}
+
+/* The task's device work ends at w->seq[d]; it completes when that does. */
+int ferry_worker_defer(ferry_worker *w, ferry_job *job, int d) {
+    if (w->npending == w->cap_pending) {
+        size_t nc = w->cap_pending ? w->cap_pending * 2 : 32;
+        ferry_pending *p = realloc(w->pending, nc * sizeof *p);
+        if (!p) return ferry_seterr(FERRY_ENOMEM, "out of memory");
+        w->pending = p;
+        w->cap_pending = nc;
+    }
+    w->pending[w->npending++] = (ferry_pending){job, w->seq[d], d};
+    return 0;
+}
+
+void ferry_worker_drain(ferry_worker *w) {
+    if (!w->npending) return;
+    const ferry_cuda_api *cu = ferry_cuda_load(NULL);
+    for (int d = 0; d < FERRY_MAX_DEVICES; d++) {
+        if (!w->dev[d].ready || w->done_seq[d] >= w->seq[d]) continue;
+        ferry_cuda_use_device(d);
+        CUresult r = cu->StreamSynchronize(w->dev[d].stream);
+        if (r != 0) {
+            ferry_seterr(FERRY_ECUDA, "device %d: copies failed: %s", d, ferry_cuda_errstr(r));
+            for (size_t i = 0; i < w->npending; i++)
+                if (w->pending[i].dev == d) ferry_job_fail(w->pending[i].job, FERRY_ECUDA);
+        }
+        w->done_seq[d] = w->seq[d];
+    }
+    finish_completed(w);
+}
+
+void *ferry_worker_main(void *arg) {
+    ferry_worker *w = arg;
+    ferry_ctx *ctx = w->ctx;
+    pthread_mutex_lock(&ctx->lock);
+    for (;;) {
+        ferry_job *job = NULL;
+        for (ferry_job *j = ctx->q_head; j; j = j->qnext)
+            if (j->next_task < j->ntasks && j->active_workers < j->max_workers) { job = j; break; }
+        if (!job) {
+            if (ctx->stop) break;
+            if (w->npending) {
+                /* nothing to claim: complete our own outstanding copies first */
+                pthread_mutex_unlock(&ctx->lock);
+                ferry_worker_drain(w);
+                pthread_mutex_lock(&ctx->lock);
+                continue;
+            }
+            pthread_cond_wait(&ctx->work_cond, &ctx->lock);
+            continue;
+        }
+        size_t t = job->next_task++;
+        job->active_workers++;
+        if (job->next_task == job->ntasks) {
+            /* fully claimed: unlink from the queue (destroy also unlinks, harmlessly) */
+            ferry_job **pp = &ctx->q_head, *prev = NULL;
+            while (*pp && *pp != job) { prev = *pp; pp = &(*pp)->qnext; }
+            if (*pp) { *pp = job->qnext; if (ctx->q_tail == job) ctx->q_tail = prev; }
+        }
+        pthread_mutex_unlock(&ctx->lock);
+        if (atomic_load(&job->error) || atomic_load(&job->canceled)) {
+            if (atomic_load(&job->canceled)) { ferry_seterr(FERRY_ECANCELED, "job canceled"); ferry_job_fail(job, FERRY_ECANCELED); }
+            atomic_fetch_add(&job->tasks_issued, 1);
+            pthread_mutex_lock(&ctx->lock);
+            job->active_workers--;
+            pthread_mutex_unlock(&ctx->lock);
+            ferry_task_finished(job);
+        } else {
+            int finished = ferry_exec_task(w, job, &job->tasks[t]);
+            /* release the per-call thread slot before the task can complete:
+             * completion lets the owner free the job */
+            pthread_mutex_lock(&ctx->lock);
+            job->active_workers--;
+            pthread_mutex_unlock(&ctx->lock);
+            if (finished) ferry_task_finished(job);
+        }
+        pthread_mutex_lock(&ctx->lock);
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    ferry_worker_drain(w);
+    return NULL;
+}
