@@ -1,0 +1,350 @@
+"""torch.distributed.checkpoint storage through the ferry engine.
+
+    import torch.distributed.checkpoint as dcp
+    from ferry.checkpoint import FerryWriter, FerryReader
+    dcp.save(state_dict, storage_writer=FerryWriter("ckpt/step100"))
+    dcp.load(state_dict, storage_reader=FerryReader("ckpt/step100"))
+
+Layout of a checkpoint directory:
+    __<rank>_<token>.ferry   one file per rank: the raw bytes of every tensor chunk the rank
+                             writes (C order, the tensor's dtype), each starting at a 4 KiB-
+                             aligned offset; non-tensor items (DCP's BYTE_IO) as torch.save
+                             blobs in the same file. <token> is random per save.
+    .metadata                DCP's Metadata, pickled; storage_data maps each MetadataIndex to
+                             a FerryStorageInfo(relative_path, offset, length, dtype, shape).
+                             (`__<rank>.metadata` per rank with use_collectives=False.)
+
+Each rank writes its whole file with one engine plan (GPU chunks go GPU -> pinned -> file in
+the engine) and fsyncs it; the coordinator then writes .metadata atomically (temporary,
+fsync, rename, directory fsync). .metadata is the commit point: a save that dies leaves the
+previous checkpoint in the directory loadable, because new data files have new names; once
+the new .metadata is in place the coordinator removes data files it does not name.
+
+Loading runs one plan per rank. A read item that covers part of a stored chunk (loading with
+a different world size or sharding) reads only the byte runs it needs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import pickle
+import re
+
+import torch
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import (LoadItemType, LoadPlan, LoadPlanner,
+                                                  SavePlan, SavePlanner, WriteItemType)
+from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
+from torch.futures import Future
+
+from . import _ckpt_io as _io
+from . import _ckpt_st as _st
+from . import _ferry
+
+METADATA = ".metadata"
+_DATA_RE = re.compile(r"^__\d+_[0-9a-f]+\.ferry$")
+
+
+@dataclasses.dataclass(frozen=True)
+class FerryStorageInfo:
+    """Where one item of a DCP checkpoint lies: bytes [offset, offset+length) of
+    relative_path. Tensors: raw C-order bytes of a chunk of `shape` and `dtype`."""
+    relative_path: str
+    offset: int
+    length: int
+    dtype: str | None = None          # "float32", ...; None for BYTE_IO items
+    shape: tuple | None = None
+
+
+def _is_local_path(checkpoint_id):
+    try:
+        s = os.fspath(checkpoint_id)
+    except TypeError:
+        return False
+    return isinstance(s, str) and "://" not in s
+
+
+def _gen_id():
+    return os.urandom(8).hex()
+
+
+def _dtype_name(dt):
+    return str(dt).replace("torch.", "")
+
+
+def _dtype_of(name):
+    dt = getattr(torch, str(name), None)
+    if not isinstance(dt, torch.dtype):
+        raise _io.error("FerryReader: unknown dtype %r in checkpoint metadata" % (name,))
+    return dt
+
+
+class FerryWriter(StorageWriter):
+    """StorageWriter writing raw, 4 KiB-aligned tensor bytes per rank through ferry.
+
+    path: the checkpoint directory (created if missing). threads: engine workers (0: the
+    context's). sync_files: fsync data files before the metadata is written (durable).
+    overwrite: allow saving over an existing checkpoint in `path` (safely: see module doc)."""
+
+    def __init__(self, path=None, *, threads=0, sync_files=True, overwrite=True):
+        super().__init__()
+        self.path = os.fspath(path) if path is not None else None
+        self.threads = threads
+        self.sync_files = sync_files
+        self.overwrite = overwrite
+        self.rank = None
+        self.is_coordinator = False
+        self.use_collectives = True
+        self.save_id = _gen_id()
+
+    # -- protocol ----------------------------------------------------------------
+    def reset(self, checkpoint_id=None):
+        if checkpoint_id:
+            self.path = os.fspath(checkpoint_id)
+        self.save_id = _gen_id()
+
+    def set_up_storage_writer(self, is_coordinator, *args, **kwargs):
+        if self.path is None:
+            raise ValueError("FerryWriter: no checkpoint path (pass one or a checkpoint_id)")
+        self.is_coordinator = is_coordinator
+        self.rank = kwargs.get("rank")
+        self.use_collectives = kwargs.get("use_collectives", True)
+
+    def storage_meta(self):
+        return StorageMeta(checkpoint_id=self.path, save_id=self.save_id)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id):
+        return _is_local_path(checkpoint_id)
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        os.makedirs(self.path, exist_ok=True)
+        if not self.overwrite and os.path.exists(os.path.join(self.path, METADATA)):
+            raise RuntimeError("FerryWriter: a checkpoint exists in %s and overwrite=False"
+                               % self.path)
+        if self.rank is not None and not self.use_collectives:
+            plan = dataclasses.replace(plan, storage_data="__%d_" % self.rank)
+        return plan
+
+    def prepare_global_plan(self, plans):
+        return [dataclasses.replace(p, storage_data="__%d_" % i) if p.storage_data is None
+                else p for i, p in enumerate(plans)]
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
+        prefix = plan.storage_data if isinstance(plan.storage_data, str) else \
+            "__%d_" % (self.rank or 0)
+        fname = "%s%s.ferry" % (prefix, _gen_id())
+        fpath = os.path.join(self.path, fname)
+        keep = []
+        layout = []                   # (item, buffer, offset, nbytes, info kwargs)
+        off = 0
+        devices = set()
+        for item in plan.items:
+            if item.type == WriteItemType.BYTE_IO:
+                data = planner.resolve_data(item)
+                if isinstance(data, io.BytesIO):
+                    raw = bytearray(data.getbuffer())
+                else:
+                    b = io.BytesIO()
+                    torch.save(data, b)
+                    raw = bytearray(b.getbuffer())
+                keep.append(raw)
+                nb = len(raw)
+                layout.append((item, raw, off, nb, {}))
+            else:
+                t = planner.resolve_data(item)
+                t = t.detach()
+                if t.device.type not in ("cpu", "cuda"):
+                    t = t.cpu()
+                if not t.is_contiguous():
+                    t = t.contiguous()
+                keep.append(t)
+                nb = t.numel() * t.element_size()
+                if t.device.type == "cuda":
+                    devices.add(_io.cuda_index(t.device))
+                layout.append((item, t, off, nb, {"dtype": _dtype_name(t.dtype),
+                                                  "shape": tuple(int(s) for s in t.shape)}))
+            off = -(-(off + nb) // _st.ALIGN) * _st.ALIGN
+        ctx = _io.context()
+        f = _ferry.File(ctx, fpath, "w")
+        try:
+            end = max((o + n for _, _, o, n, _ in layout), default=0)
+            f.truncate(end)
+            p = _ferry.Plan()
+            for item, src, o, n, _ in layout:
+                if n == 0:
+                    continue
+                p.write_file(f, o, n, _io.buf(src) if isinstance(src, torch.Tensor) else src)
+            if devices:
+                _io.sync_devices(devices)
+            if len(p):
+                ctx.run(p, threads=self.threads, sync=self.sync_files)
+            elif self.sync_files:
+                f.sync()
+        except BaseException:
+            f.close()
+            try:
+                os.unlink(fpath)
+            except OSError:
+                pass
+            raise
+        f.close()
+        results = [WriteResult(index=item.index, size_in_bytes=n,
+                               storage_data=FerryStorageInfo(fname, o, n, **kw))
+                   for item, _, o, n, kw in layout]
+        fut = Future()
+        fut.set_result(results)
+        return fut
+
+    def finish(self, metadata: Metadata, results) -> None:
+        storage = {}
+        for rs in results:
+            for wr in rs:
+                storage[wr.index] = wr.storage_data
+        metadata.storage_data = storage
+        metadata.storage_meta = self.storage_meta()
+        if self.use_collectives or self.rank is None:
+            name = METADATA
+        else:
+            name = "__%d%s" % (self.rank, METADATA)
+        final = os.path.join(self.path, name)
+        _io.write_small_file_atomic(final, pickle.dumps(metadata))
+        if name == METADATA:
+            used = set(info.relative_path for info in storage.values())
+            for n in os.listdir(self.path):
+                if _DATA_RE.match(n) and n not in used:
+                    try:
+                        os.unlink(os.path.join(self.path, n))
+                    except OSError:
+                        pass
+
+
+class FerryReader(StorageReader):
+    """StorageReader for checkpoints written by FerryWriter. threads: engine workers."""
+
+    def __init__(self, path=None, *, threads=0):
+        super().__init__()
+        self.path = os.fspath(path) if path is not None else None
+        self.threads = threads
+        self.storage_data = {}
+        self.load_id = _gen_id()
+        self.rank = None
+
+    def reset(self, checkpoint_id=None):
+        self.storage_data = {}
+        if checkpoint_id:
+            self.path = os.fspath(checkpoint_id)
+        self.load_id = _gen_id()
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id):
+        return _is_local_path(checkpoint_id)
+
+    def read_metadata(self, *args, **kwargs) -> Metadata:
+        rank = kwargs.get("rank")
+        name = METADATA if rank is None else "__%d%s" % (rank, METADATA)
+        p = os.path.join(self.path, name)
+        try:
+            with open(p, "rb") as f:
+                md = pickle.load(f)
+        except FileNotFoundError:
+            raise _io.error("%s: no DCP metadata (not a checkpoint, or the save did not "
+                            "finish)" % p, -2)
+        except (pickle.UnpicklingError, EOFError, AttributeError, ImportError) as e:
+            raise _io.error("%s: corrupted DCP metadata: %s" % (p, e))
+        if not isinstance(md, Metadata):
+            raise _io.error("%s: not DCP metadata" % p)
+        if getattr(md, "storage_meta", None) is None:
+            md.storage_meta = StorageMeta()
+        md.storage_meta.load_id = self.load_id
+        return md
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator, *args, **kwargs):
+        self.storage_data = metadata.storage_data
+        self.rank = kwargs.get("rank")
+        if not isinstance(self.storage_data, dict):
+            raise _io.error("%s: DCP metadata without ferry storage data" % self.path)
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans):
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
+        ctx = _io.context()
+        p = _ferry.Plan()
+        files = {}
+        after = []           # (kind, item, payload)
+        devices = set()
+        try:
+            for item in plan.items:
+                info = self.storage_data.get(item.storage_index)
+                if not isinstance(info, FerryStorageInfo):
+                    raise _io.error("%s: no ferry storage entry for %s (checkpoint not "
+                                    "written by FerryWriter?)" % (self.path, item.storage_index))
+                f = files.get(info.relative_path)
+                if f is None:
+                    fp = os.path.join(self.path, os.path.basename(info.relative_path))
+                    f = files[info.relative_path] = _ferry.File(ctx, fp, "r")
+                if f.size < info.offset + info.length:
+                    raise _io.error("%s: truncated: item %s needs bytes [%d, %d) but the file "
+                                    "has %d" % (f.path, item.storage_index.fqn, info.offset,
+                                                info.offset + info.length, f.size),
+                                    _io.EFORMAT)
+                if item.type == LoadItemType.BYTE_IO:
+                    b = bytearray(info.length)
+                    if info.length:
+                        p.read_file(f, info.offset, info.length, b)
+                    after.append(("bytes", item, b))
+                    continue
+                dtype = _dtype_of(info.dtype)
+                shape = tuple(info.shape)
+                itemsize = torch.empty((), dtype=dtype).element_size()
+                n = 1
+                for s in shape:
+                    n *= s
+                if n * itemsize != info.length:
+                    raise _io.error("%s: corrupted metadata for %s: shape %s of %s is not %d "
+                                    "bytes" % (self.path, item.storage_index.fqn, list(shape),
+                                               info.dtype, info.length))
+                target = planner.resolve_tensor(item).detach()
+                lengths = tuple(int(x) for x in item.lengths)
+                sel = [(int(o), int(o) + L, 1) for o, L in zip(item.storage_offsets, lengths)]
+                if tuple(target.shape) != lengths:
+                    raise _io.error("%s: %s: the planner asks for a %s region into a %s tensor"
+                                    % (self.path, item.storage_index.fqn, list(lengths),
+                                       list(target.shape)), _io.EINVAL)
+                direct = (target.dtype == dtype and target.is_contiguous() and
+                          target.device.type in ("cpu", "cuda"))
+                if direct:
+                    dst = target
+                else:
+                    dev = target.device if target.device.type in ("cpu", "cuda") else "cpu"
+                    dst = torch.empty(lengths, dtype=dtype, device=dev)
+                if dst.device.type == "cuda":
+                    devices.add(_io.cuda_index(dst.device))
+                fix = _io.plan_box(p, f, info.offset, shape, dtype, itemsize, sel, dst)
+                after.append(("tensor", item, (target, dst, fix)))
+            if devices:
+                _io.sync_devices(devices)
+            if len(p):
+                ctx.run(p, threads=self.threads)
+        finally:
+            for f in files.values():
+                f.close()
+        for kind, item, payload in after:
+            if kind == "bytes":
+                planner.load_bytes(item, io.BytesIO(bytes(payload)))
+            else:
+                target, dst, fix = payload
+                if fix is not None:
+                    fix()
+                if dst is not target:
+                    with torch.no_grad():
+                        target.copy_(dst)
+                planner.commit_tensor(item, target)
+        fut = Future()
+        fut.set_result(None)
+        return fut
