@@ -524,11 +524,17 @@ int ferry_sbuf_json_string(ferry_sbuf *b, const char *s, size_t n) {
 int ferry_sbuf_json_double(ferry_sbuf *b, double v, int sig) {
     if (isnan(v)) return ferry_sbuf_puts(b, "\"NaN\"");
     if (isinf(v)) return ferry_sbuf_puts(b, v > 0 ? "\"Infinity\"" : "\"-Infinity\"");
+    /* the shortest precision that reads back to the same value */
     char t[64];
-    int n = snprintf(t, sizeof t, "%.*g", sig > 0 && sig <= 17 ? sig : 17, v);
-    /* %g may print "1e+20" (valid JSON) or "inf" (handled above); a bare
-     * integer like "3" is valid JSON too. Locale decimal commas are not
-     * possible here because the library never calls setlocale; guard anyway. */
+    int n = 0;
+    int maxp = sig > 0 && sig <= 17 ? sig : 17;
+    for (int prec = maxp > 9 ? 15 : 6; prec <= maxp; prec++) {
+        n = snprintf(t, sizeof t, "%.*g", prec, v);
+        double back = strtod(t, NULL);
+        if (maxp <= 9 ? (float)back == (float)v : back == v) break;
+    }
+    /* "%g" may print "1e+20" (valid JSON) or a bare integer (valid too).
+     * The library never calls setlocale; guard against a decimal comma anyway. */
     for (int k = 0; k < n; k++) if (t[k] == ',') t[k] = '.';
     return ferry_sbuf_append(b, t, (size_t)n);
 }

@@ -99,8 +99,8 @@ int ferry_sbuf_printf(ferry_sbuf *b, const char *fmt, ...) __attribute__((format
  *  characters, '"' and '\\' are escaped; bytes that are not valid UTF-8 are
  *  written as \u00XX (read as Latin-1), so the output is always valid JSON. */
 int ferry_sbuf_json_string(ferry_sbuf *b, const char *s, size_t n);
-/** Append a double: shortest-exact "%.17g" (sig = 17) or "%.9g" for float32
- *  values (sig = 9); NaN and infinities as the strings "NaN", "Infinity",
+/** Append a double with the fewest significant digits (up to sig: 17 for
+ *  doubles, 9 for float32 values) that read back to the same value; NaN and infinities as the strings "NaN", "Infinity",
  *  "-Infinity" (JSON has no literal for them). */
 int ferry_sbuf_json_double(ferry_sbuf *b, double v, int sig);
 /** Append a parsed value back as compact JSON (numbers keep their literal text). */
