@@ -1,11 +1,1354 @@
-/* zarr.c — placeholder until the Zarr parser lands: recognises nothing. */
+/* zarr.c — Zarr v2 and v3 stores on a local directory.
+ *
+ * Open: read the metadata (zarr.json for v3; .zarray/.zgroup/.zattrs for v2;
+ * consolidated metadata — .zmetadata, or v3 "consolidated_metadata" — when the
+ * group has it), and describe every array of the group as a variable: dtype,
+ * shape, chunking, fill value, the codec chain in decoding order and the byte
+ * layout of a decoded chunk (C order, F order or any v3 `transpose`).
+ *
+ * Plan: for a selection, visit only the chunks it touches. Each stored chunk
+ * is one READ extent of its file (the engine opens it through its cache), with
+ * the codec chain and a ferry_place that copies the chunk's part of the
+ * selection into the C-order destination; a missing chunk is a FILL extent of
+ * the fill value. Sharded arrays (`sharding_indexed`): the shard's index is
+ * read at plan time (and its crc32c verified), then each touched inner chunk is
+ * one extent at its offset inside the shard file. Uncompressed chunks read only
+ * the byte span the selection needs.
+ *
+ * Anything that would be read wrongly — an unknown codec, filter or dtype — is
+ * refused with a message naming it: at open for a single array, at plan time
+ * for one array of a group (so the other arrays stay readable). */
 #include "formats/dataset.h"
-static int zarr_probe(const char *path, const uint8_t *head, size_t n, int is_dir) { return 0; }
-static int zarr_open(ferry_dataset *ds, const ferry_open_opts *o) {
-    return ferry_seterr(FERRY_EUNSUPPORTED, "%s: zarr is not supported yet", ds->path);
+#include "formats/json.h"
+#include "formats/select.h"
+#include "codecs/codecs.h"
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#define ZARR_MAX_META ((size_t)64 << 20)   /* one metadata document */
+#define ZARR_MAX_CHILDREN 100000
+#define EMPTY_U64 UINT64_MAX
+
+typedef struct zarr_arr {
+    char *name, *dir, *typestr, *dims_json, *attrs_json, *fill_json, *codecs_desc;
+    char *err;             /* non-NULL: the array cannot be read; plan_read fails with this */
+    int err_code;
+    int zf;                /* 2 or 3 */
+    int ndim;
+    uint64_t shape[FERRY_MAX_DIMS];
+    uint64_t chunk[FERRY_MAX_DIMS];   /* the chunk grid (the shard shape when sharded) */
+    uint32_t itemsize;
+    uint32_t swap;         /* element size to byteswap for host order (big-endian data), else 0 */
+    int fortran;           /* v2 order "F" */
+    int perm[FERRY_MAX_DIMS];   /* decoded chunk = logical chunk transposed by perm (C order) */
+    char sep;              /* chunk key separator */
+    int c_prefix;          /* v3 "default" keys start with "c" */
+    int ncodecs;           /* chain for a chunk (the inner chunks when sharded), decoding order */
+    ferry_codec codecs[FERRY_MAX_CODECS];
+    int sharded;
+    uint64_t inner[FERRY_MAX_DIMS];
+    int index_at_start, index_crc, index_big;
+    uint8_t fill[16];      /* one element in host (little-endian) order */
+} zarr_arr;
+
+typedef struct zarr_ds {
+    zarr_arr *arrs;
+    int narrs;
+} zarr_ds;
+
+/* ---- small helpers ---------------------------------------------------------- */
+
+static char *xstrdup(const char *s) { return s ? strdup(s) : NULL; }
+
+static char *join(const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    while (la > 1 && a[la - 1] == '/') la--;
+    char *p = malloc(la + 1 + lb + 1);
+    if (!p) return NULL;
+    memcpy(p, a, la);
+    p[la] = '/';
+    memcpy(p + la + 1, b, lb + 1);
+    return p;
 }
-static void zarr_close(ferry_dataset *ds) {}
-static int64_t zarr_plan(ferry_dataset *ds, int v, const ferry_slice *s, ferry_buf d, unsigned f, ferry_plan *p) {
-    return FERRY_EUNSUPPORTED;
+
+static int is_file(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
+
+static int has_meta(const char *dir, const char *name) {
+    char *p = join(dir, name);
+    int r = p && is_file(p);
+    free(p);
+    return r;
+}
+
+/* Read a whole (small) file. -ENOENT when it does not exist. */
+static int read_whole(ferry_ctx *ctx, const char *path, char **out, size_t *len) {
+    ferry_file *f;
+    *out = NULL;
+    int rc = ferry_file_open(ctx, path, FERRY_READ, &f);
+    if (rc < 0) return rc;
+    int64_t sz = ferry_file_size(f);
+    if (sz < 0) { ferry_file_close(f); return (int)sz; }
+    if ((uint64_t)sz > ZARR_MAX_META) {
+        ferry_file_close(f);
+        return ferry_seterr(FERRY_EFORMAT, "%s: metadata of %lld bytes is too large", path, (long long)sz);
+    }
+    char *buf = malloc((size_t)sz + 1);
+    if (!buf) { ferry_file_close(f); return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", path); }
+    int64_t got = sz ? ferry_pread(f, ferry_host_buf(buf, (size_t)sz), 0, (size_t)sz, FERRY_NO_DIRECT) : 0;
+    ferry_file_close(f);
+    if (got < 0) { free(buf); return (int)got; }
+    buf[got] = 0;
+    *out = buf;
+    *len = (size_t)got;
+    return 0;
+}
+
+static int load_json(ferry_ctx *ctx, const char *path, ferry_json **out) {
+    char *text = NULL; size_t len = 0;
+    *out = NULL;
+    int rc = read_whole(ctx, path, &text, &len);
+    if (rc < 0) return rc;
+    rc = ferry_json_parse(text, len, path, 0, out);
+    free(text);
+    return rc;
+}
+
+static char *to_json(const ferry_json *v) {
+    ferry_sbuf b = {0};
+    ferry_sbuf_json_value(&b, v);
+    return ferry_sbuf_take(&b);
+}
+
+/* An error in a metadata document: "<file>: byte <pos>: <what>". */
+#define MERR(code, file, node, ...) meta_err(code, file, node, __VA_ARGS__)
+__attribute__((format(printf, 4, 5)))
+static int meta_err(int code, const char *file, const ferry_json *node, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (node) return ferry_seterr(code, "%s: byte %llu: %s", file, (unsigned long long)node->pos, msg);
+    return ferry_seterr(code, "%s: %s", file, msg);
+}
+
+/* ---- dtypes ------------------------------------------------------------------ */
+
+/* A numpy typestr: fill dtype, itemsize, swap (element size when big-endian
+ * and a swap is needed for host order). Returns 0, or -1 if unsupported. */
+static int parse_typestr(const char *t, ferry_dtype *dt, uint32_t *itemsize, uint32_t *swap) {
+    size_t len = strlen(t);
+    if (len < 3) return -1;
+    char order = t[0], kind = t[1];
+    if (order != '<' && order != '>' && order != '|') return -1;
+    size_t i = 2;
+    uint64_t size = 0;
+    while (i < len && t[i] >= '0' && t[i] <= '9') {
+        size = size * 10 + (uint64_t)(t[i] - '0');
+        if (size > (1u << 20)) return -1;
+        i++;
+    }
+    if (i == 2 || size == 0) return -1;
+    int rest = i < len;
+    uint32_t elem = (uint32_t)size;
+    *dt = FERRY_DT_UNKNOWN;
+    switch (kind) {
+    case 'b': if (size == 1) *dt = FERRY_DT_BOOL; break;
+    case 'i': *dt = size == 1 ? FERRY_DT_I8 : size == 2 ? FERRY_DT_I16 : size == 4 ? FERRY_DT_I32 : size == 8 ? FERRY_DT_I64 : FERRY_DT_UNKNOWN; break;
+    case 'u': *dt = size == 1 ? FERRY_DT_U8 : size == 2 ? FERRY_DT_U16 : size == 4 ? FERRY_DT_U32 : size == 8 ? FERRY_DT_U64 : FERRY_DT_UNKNOWN; break;
+    case 'f': *dt = size == 2 ? FERRY_DT_F16 : size == 4 ? FERRY_DT_F32 : size == 8 ? FERRY_DT_F64 : FERRY_DT_UNKNOWN; break;
+    case 'c': *dt = size == 8 ? FERRY_DT_C64 : size == 16 ? FERRY_DT_C128 : FERRY_DT_UNKNOWN; elem = (uint32_t)size / 2; break;
+    case 'M': case 'm':
+        if (size != 8) return -1;
+        *dt = kind == 'M' ? FERRY_DT_DATETIME64 : FERRY_DT_TIMEDELTA64;
+        if (rest) {
+            if (t[i] != '[' || t[len - 1] != ']' || len - i < 3) return -1;
+            rest = 0;
+        }
+        break;
+    case 'S': *dt = size == 1 ? FERRY_DT_CHAR : FERRY_DT_BYTES; elem = 1; break;
+    case 'V': *dt = FERRY_DT_BYTES; elem = 1; break;
+    default: return -1;
+    }
+    if (rest || *dt == FERRY_DT_UNKNOWN) return -1;
+    *itemsize = (uint32_t)size;
+    *swap = (order == '>' && elem > 1) ? elem : 0;
+    return 0;
+}
+
+/* v3 data_type names -> numpy kind and size (endianness comes from `bytes`). */
+static int v3_dtype(const char *name, char *kind, uint32_t *size) {
+    static const struct { const char *n; char k; uint32_t s; } t[] = {
+        {"bool", 'b', 1}, {"int8", 'i', 1}, {"int16", 'i', 2}, {"int32", 'i', 4}, {"int64", 'i', 8},
+        {"uint8", 'u', 1}, {"uint16", 'u', 2}, {"uint32", 'u', 4}, {"uint64", 'u', 8},
+        {"float16", 'f', 2}, {"float32", 'f', 4}, {"float64", 'f', 8},
+        {"complex64", 'c', 8}, {"complex128", 'c', 16},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof *t; i++)
+        if (!strcmp(name, t[i].n)) { *kind = t[i].k; *size = t[i].s; return 0; }
+    return -1;
+}
+
+/* ---- fill values ------------------------------------------------------------- */
+
+static uint16_t f64_to_f16(double d) {
+    float f = (float)d;
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000, mant = x & 0x7fffff;
+    int32_t exp = (int32_t)((x >> 23) & 0xff);
+    if (exp == 0xff) return (uint16_t)(sign | 0x7c00 | (mant ? 0x200 : 0));
+    int32_t e = exp - 127 + 15;
+    if (e >= 31) return (uint16_t)(sign | 0x7c00);
+    if (e <= 0) {   /* subnormal half, rounded to nearest even */
+        if (e < -10) return (uint16_t)sign;
+        mant |= 0x800000;
+        uint32_t shift = (uint32_t)(14 - e), half = mant >> shift, rem = mant & ((1u << shift) - 1), mid = 1u << (shift - 1);
+        if (rem > mid || (rem == mid && (half & 1))) half++;
+        return (uint16_t)(sign | half);
+    }
+    uint32_t half = sign | ((uint32_t)e << 10) | (mant >> 13), rem = mant & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (half & 1))) half++;
+    return (uint16_t)half;
+}
+
+/* A float fill: a number, "NaN", "Infinity", "-Infinity", or (v3) "0x..."
+ * giving the bits. Writes `size` bytes little-endian. */
+static int fill_float(const ferry_json *v, uint32_t size, uint8_t *out) {
+    double d;
+    if (v->type == FERRY_JSON_NUMBER) d = v->num;
+    else if (v->type == FERRY_JSON_STRING) {
+        const char *s = v->str;
+        if (!strcmp(s, "NaN")) d = NAN;
+        else if (!strcmp(s, "Infinity")) d = INFINITY;
+        else if (!strcmp(s, "-Infinity")) d = -INFINITY;
+        else if (s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) {
+            if (v->len != 2 + 2 * (size_t)size) return -1;
+            uint64_t bits = 0;
+            for (size_t i = 2; i < v->len; i++) {
+                char c = s[i];
+                int h = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+                if (h < 0) return -1;
+                bits = bits << 4 | (uint64_t)h;
+            }
+            for (uint32_t i = 0; i < size; i++) out[i] = (uint8_t)(bits >> (8 * i));
+            return 0;
+        } else return -1;
+    } else return -1;
+    if (size == 8) memcpy(out, &d, 8);
+    else if (size == 4) { float f = (float)d; memcpy(out, &f, 4); }
+    else { uint16_t h = f64_to_f16(d); memcpy(out, &h, 2); }
+    return 0;
+}
+
+static int b64val(char c) {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+' || c == '-') return 62;
+    if (c == '/' || c == '_') return 63;
+    return -1;
+}
+
+/* The fill element (little-endian, itemsize bytes) from its JSON. null: zeros. */
+static int parse_fill(const ferry_json *v, char kind, uint32_t itemsize, uint8_t *out) {
+    memset(out, 0, 16);
+    if (!v || v->type == FERRY_JSON_NULL) return 0;
+    switch (kind) {
+    case 'b':
+        if (v->type == FERRY_JSON_BOOL) { out[0] = (uint8_t)v->boolean; return 0; }
+        if (v->type == FERRY_JSON_NUMBER) { out[0] = v->num != 0; return 0; }
+        return -1;
+    case 'i': case 'M': case 'm': {
+        int64_t x;
+        if (v->type == FERRY_JSON_STRING && (kind == 'M' || kind == 'm') && !strcmp(v->str, "NaT")) x = INT64_MIN;
+        else if (ferry_json_i64(v, &x) < 0) {
+            if (v->type != FERRY_JSON_NUMBER || v->num != floor(v->num) || fabs(v->num) > 9.2e18) return -1;
+            x = (int64_t)v->num;   /* written as 5.0 by some writers */
+        }
+        for (uint32_t i = 0; i < itemsize && i < 8; i++) out[i] = (uint8_t)((uint64_t)x >> (8 * i));
+        return 0;
+    }
+    case 'u': {
+        uint64_t x;
+        if (ferry_json_u64(v, &x) < 0) {
+            if (v->type != FERRY_JSON_NUMBER || v->num != floor(v->num) || v->num < 0 || v->num > 1.8e19) return -1;
+            x = (uint64_t)v->num;
+        }
+        for (uint32_t i = 0; i < itemsize && i < 8; i++) out[i] = (uint8_t)(x >> (8 * i));
+        return 0;
+    }
+    case 'f': return fill_float(v, itemsize, out);
+    case 'c':
+        if (v->type == FERRY_JSON_ARRAY && v->n == 2)
+            return fill_float(&v->items[0], itemsize / 2, out) || fill_float(&v->items[1], itemsize / 2, out + itemsize / 2) ? -1 : 0;
+        if (fill_float(v, itemsize / 2, out) < 0) return -1;   /* a real number: imaginary part 0 */
+        return 0;
+    case 'S': case 'V': {   /* base64 of the bytes (v2); at most 16 are kept */
+        if (v->type == FERRY_JSON_NUMBER && v->num == 0) return 0;
+        if (v->type != FERRY_JSON_STRING) return -1;
+        uint32_t acc = 0, nb = 0, o = 0;
+        for (size_t i = 0; i < v->len; i++) {
+            if (v->str[i] == '=') break;
+            int x = b64val(v->str[i]);
+            if (x < 0) return -1;
+            acc = acc << 6 | (uint32_t)x; nb += 6;
+            if (nb >= 8) { nb -= 8; if (o < itemsize && o < 16) out[o] = (uint8_t)(acc >> nb); o++; }
+        }
+        return itemsize > 16 && o ? -2 : 0;
+    }
+    }
+    return -1;
+}
+
+/* ---- codec chains ------------------------------------------------------------ */
+
+typedef struct chain_builder {
+    ferry_codec c[FERRY_MAX_CODECS * 2];
+    int n;
+    ferry_sbuf desc;
+} chain_builder;
+
+static int chain_push(chain_builder *b, uint32_t id, uint32_t param) {
+    if (b->n >= FERRY_MAX_CODECS) return -1;
+    b->c[b->n].id = id;
+    b->c[b->n].param = param;
+    b->n++;
+    return 0;
+}
+
+static const char *json_name(const ferry_json *c, const char *key) {
+    const char *s = ferry_json_str(ferry_json_get(c, key));
+    return s ? s : "";
+}
+
+/* blosc's inner codec must be one we decode */
+static int blosc_cname_ok(const char *cname) {
+    return !strcmp(cname, "lz4") || !strcmp(cname, "lz4hc") || !strcmp(cname, "zlib") || !strcmp(cname, "zstd");
+}
+
+/* A bytes->bytes codec (v3 name or numcodecs id) -> ferry codec step.
+ * Returns 0, or -1 (unsupported; *why set). */
+static int bytes_codec(const char *id, const ferry_json *cfg, uint32_t itemsize, uint32_t *cid, uint32_t *param,
+                       const char **why) {
+    *param = 0;
+    if (!strncmp(id, "numcodecs.", 10)) id += 10;
+    if (!strcmp(id, "zlib")) *cid = FERRY_CODEC_ZLIB;
+    else if (!strcmp(id, "gzip")) *cid = FERRY_CODEC_GZIP;
+    else if (!strcmp(id, "zstd")) *cid = FERRY_CODEC_ZSTD;
+    else if (!strcmp(id, "lz4")) *cid = FERRY_CODEC_LZ4;
+    else if (!strcmp(id, "crc32c")) *cid = FERRY_CODEC_CRC32C;
+    else if (!strcmp(id, "blosc")) {
+        const char *cname = json_name(cfg, "cname");
+        if (*cname && !blosc_cname_ok(cname)) { *why = "blosc with an inner codec other than lz4, lz4hc, zlib, zstd"; return -1; }
+        *cid = FERRY_CODEC_BLOSC;
+    } else if (!strcmp(id, "shuffle")) {
+        uint64_t es = itemsize;
+        const ferry_json *e = ferry_json_get(cfg, "elementsize");
+        if (e && (ferry_json_u64(e, &es) < 0 || es == 0 || es > (1u << 20))) { *why = "shuffle with a bad elementsize"; return -1; }
+        *cid = FERRY_CODEC_SHUFFLE;
+        *param = (uint32_t)es;
+    } else { *why = NULL; return -1; }
+    return 0;
+}
+
+/* ---- the array description ------------------------------------------------- */
+
+static void arr_free(zarr_arr *a) {
+    free(a->name); free(a->dir); free(a->typestr); free(a->dims_json); free(a->attrs_json);
+    free(a->fill_json); free(a->codecs_desc); free(a->err);
+}
+
+/* Record why an array cannot be read (kept for plan time in groups). */
+__attribute__((format(printf, 3, 4)))
+static int arr_fail(zarr_arr *a, int code, const char *fmt, ...) {
+    char msg[768];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    free(a->err);
+    a->err = strdup(msg);
+    a->err_code = code;
+    return ferry_seterr(code, "%s", msg);
+}
+
+static int parse_shape(const char *file, const ferry_json *v, const char *what, uint64_t *out, int *ndim) {
+    if (!v || v->type != FERRY_JSON_ARRAY) return MERR(FERRY_EFORMAT, file, v, "%s must be an array of integers", what);
+    if (v->n > FERRY_MAX_DIMS) return MERR(FERRY_EUNSUPPORTED, file, v, "%s has %zu dimensions (at most %d)", what, v->n, FERRY_MAX_DIMS);
+    for (size_t i = 0; i < v->n; i++)
+        if (ferry_json_u64(&v->items[i], &out[i]) < 0 || out[i] > (uint64_t)INT64_MAX)
+            return MERR(FERRY_EFORMAT, file, &v->items[i], "%s[%zu] is not a non-negative integer", what, i);
+    if (*ndim >= 0 && (int)v->n != *ndim)
+        return MERR(FERRY_EFORMAT, file, v, "%s has %zu entries, the array has %d dimensions", what, v->n, *ndim);
+    *ndim = (int)v->n;
+    return 0;
+}
+
+/* Set typestr from kind/size/endianness and check the chunk's byte size fits. */
+static int finish_common(zarr_arr *a, const char *file, char kind, int big) {
+    char ts[32];
+    char order = (a->itemsize == 1 && kind != 'c') ? '|' : big ? '>' : '<';
+    snprintf(ts, sizeof ts, "%c%c%u", order, kind, a->itemsize);
+    if (!a->typestr && !(a->typestr = strdup(ts))) return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", file);
+    uint64_t n = a->itemsize;
+    const uint64_t *cs = a->sharded ? a->inner : a->chunk;
+    for (int k = 0; k < a->ndim; k++) {
+        if (cs[k] == 0 && a->shape[k] != 0)
+            return ferry_seterr(FERRY_EFORMAT, "%s: chunk shape has a zero dimension", file);
+        if (ferry_mul_overflow(n, cs[k], &n) || n > ((uint64_t)1 << 40))
+            return ferry_seterr(FERRY_EFORMAT, "%s: chunk byte size overflows", file);
+    }
+    return 0;
+}
+
+/* ---- v2 ----------------------------------------------------------------------- */
+
+static int parse_v2(zarr_arr *a, const char *file, const ferry_json *za, const ferry_json *attrs) {
+    if (!za || za->type != FERRY_JSON_OBJECT) return MERR(FERRY_EFORMAT, file, za, ".zarray must be an object");
+    uint64_t zf;
+    if (ferry_json_u64(ferry_json_get(za, "zarr_format"), &zf) < 0 || zf != 2)
+        return MERR(FERRY_EFORMAT, file, za, "zarr_format must be 2");
+    a->zf = 2;
+    a->ndim = -1;
+    int rc = parse_shape(file, ferry_json_get(za, "shape"), "shape", a->shape, &a->ndim);
+    if (rc < 0) return rc;
+    if ((rc = parse_shape(file, ferry_json_get(za, "chunks"), "chunks", a->chunk, &a->ndim)) < 0) return rc;
+    const ferry_json *dt = ferry_json_get(za, "dtype");
+    if (!dt) return MERR(FERRY_EFORMAT, file, za, "no dtype");
+    if (dt->type != FERRY_JSON_STRING) {
+        a->itemsize = 1;
+        return arr_fail(a, FERRY_EUNSUPPORTED, "%s: byte %llu: structured dtypes are not supported", file,
+                        (unsigned long long)dt->pos);
+    }
+    ferry_dtype fdt;
+    if (parse_typestr(dt->str, &fdt, &a->itemsize, &a->swap) < 0) {
+        a->itemsize = 1;
+        a->typestr = xstrdup(dt->str);
+        return arr_fail(a, FERRY_EUNSUPPORTED, "%s: byte %llu: dtype \"%s\" is not supported", file,
+                        (unsigned long long)dt->pos, dt->str);
+    }
+    a->typestr = xstrdup(dt->str);
+    const char *order = json_name(za, "order");
+    if (*order && strcmp(order, "C") && strcmp(order, "F"))
+        return MERR(FERRY_EFORMAT, file, ferry_json_get(za, "order"), "order must be \"C\" or \"F\"");
+    a->fortran = *order == 'F';
+    for (int k = 0; k < a->ndim; k++) a->perm[k] = a->fortran ? a->ndim - 1 - k : k;
+    const ferry_json *sepj = ferry_json_get(za, "dimension_separator");
+    a->sep = '.';
+    if (sepj && sepj->type != FERRY_JSON_NULL) {
+        const char *s = ferry_json_str(sepj);
+        if (!s || (strcmp(s, ".") && strcmp(s, "/")))
+            return MERR(FERRY_EFORMAT, file, sepj, "dimension_separator must be \".\" or \"/\"");
+        a->sep = s[0];
+    }
+    char kind = dt->str[1];
+    if (parse_fill(ferry_json_get(za, "fill_value"), kind, a->itemsize, a->fill) < 0)
+        return MERR(FERRY_EFORMAT, file, ferry_json_get(za, "fill_value"), "fill_value does not suit dtype %s", dt->str);
+    a->fill_json = to_json(ferry_json_get(za, "fill_value") ? ferry_json_get(za, "fill_value") : &(ferry_json){0});
+
+    /* decoding: compressor first, then the filters in reverse order */
+    chain_builder b = {0};
+    const ferry_json *comp = ferry_json_get(za, "compressor");
+    const ferry_json *filters = ferry_json_get(za, "filters");
+    if (filters && filters->type != FERRY_JSON_NULL && filters->type != FERRY_JSON_ARRAY)
+        return MERR(FERRY_EFORMAT, file, filters, "filters must be null or an array");
+    if (comp && comp->type != FERRY_JSON_NULL && comp->type != FERRY_JSON_OBJECT)
+        return MERR(FERRY_EFORMAT, file, comp, "compressor must be null or an object");
+    size_t nf = filters && filters->type == FERRY_JSON_ARRAY ? filters->n : 0;
+    for (size_t i = 0; i < nf; i++) {   /* description in storage order */
+        const char *id = json_name(&filters->items[i], "id");
+        ferry_sbuf_printf(&b.desc, "%s%s", b.desc.len ? " " : "", *id ? id : "?");
+    }
+    if (comp && comp->type == FERRY_JSON_OBJECT) {
+        const char *id = json_name(comp, "id");
+        if (!strcmp(id, "blosc"))
+            ferry_sbuf_printf(&b.desc, "%sblosc(%s,%s)", b.desc.len ? " " : "", json_name(comp, "cname"),
+                              ferry_json_get(comp, "shuffle") && ferry_json_get(comp, "shuffle")->num == 2 ? "bitshuffle"
+                              : ferry_json_get(comp, "shuffle") && ferry_json_get(comp, "shuffle")->num == 0 ? "noshuffle" : "shuffle");
+        else ferry_sbuf_printf(&b.desc, "%s%s", b.desc.len ? " " : "", *id ? id : "?");
+    }
+    a->codecs_desc = ferry_sbuf_take(&b.desc);
+    if (comp && comp->type == FERRY_JSON_OBJECT) {
+        const char *id = json_name(comp, "id"), *why = NULL;
+        uint32_t cid, param;
+        if (bytes_codec(id, comp, a->itemsize, &cid, &param, &why) < 0 || cid == FERRY_CODEC_SHUFFLE)
+            return arr_fail(a, FERRY_EUNSUPPORTED, "%s: byte %llu: compressor \"%s\" is not supported%s%s", file,
+                            (unsigned long long)comp->pos, id, why ? ": " : "", why ? why : "");
+        chain_push(&b, cid, param);
+    }
+    for (size_t i = nf; i-- > 0;) {
+        const ferry_json *f = &filters->items[i];
+        const char *id = json_name(f, "id"), *why = NULL;
+        uint32_t cid, param;
+        if (strcmp(id, "shuffle") || bytes_codec(id, f, a->itemsize, &cid, &param, &why) < 0)
+            return arr_fail(a, FERRY_EUNSUPPORTED, "%s: byte %llu: filter \"%s\" is not supported%s%s", file,
+                            (unsigned long long)f->pos, id, why ? ": " : "", why ? why : "");
+        if (chain_push(&b, cid, param) < 0)
+            return arr_fail(a, FERRY_EUNSUPPORTED, "%s: more than %d codecs", file, FERRY_MAX_CODECS);
+    }
+    a->ncodecs = b.n;
+    memcpy(a->codecs, b.c, sizeof a->codecs);
+    if (attrs) {
+        if (attrs->type != FERRY_JSON_OBJECT) return MERR(FERRY_EFORMAT, file, attrs, ".zattrs must be an object");
+        a->attrs_json = to_json(attrs);
+        const ferry_json *dims = ferry_json_get(attrs, "_ARRAY_DIMENSIONS");
+        if (dims && dims->type == FERRY_JSON_ARRAY && (int)dims->n == a->ndim) a->dims_json = to_json(dims);
+    }
+    return finish_common(a, file, kind, a->swap != 0);
+}
+
+/* ---- v3 ----------------------------------------------------------------------- */
+
+/* Named codec entry: {"name": ..., "configuration": {...}} (or a bare string). */
+static const char *codec_entry(const ferry_json *c, const ferry_json **cfg) {
+    *cfg = NULL;
+    if (c->type == FERRY_JSON_STRING) return c->str;
+    if (c->type != FERRY_JSON_OBJECT) return NULL;
+    *cfg = ferry_json_get(c, "configuration");
+    return ferry_json_str(ferry_json_get(c, "name"));
+}
+
+/* Parse a v3 codec list into: layout perm (transpose), endianness, and the
+ * bytes->bytes chain in decoding order. Sharding recurses once. */
+static int parse_v3_codecs(zarr_arr *a, const char *file, const ferry_json *list, int inner, chain_builder *b,
+                           int *big) {
+    if (!list || list->type != FERRY_JSON_ARRAY || list->n == 0)
+        return MERR(FERRY_EFORMAT, file, list, "codecs must be a non-empty array");
+    int stage = 0;   /* 0 array->array, 1 after array->bytes */
+    ferry_codec bb[FERRY_MAX_CODECS];
+    int nbb = 0;
+    for (size_t i = 0; i < list->n; i++) {
+        const ferry_json *cfg;
+        const char *name = codec_entry(&list->items[i], &cfg);
+        const ferry_json *at = &list->items[i];
+        if (!name) return MERR(FERRY_EFORMAT, file, at, "codec without a name");
+        ferry_sbuf_printf(&b->desc, "%s%s", b->desc.len && b->desc.p[b->desc.len - 1] != '[' ? " " : "", name);
+        if (!strcmp(name, "transpose")) {
+            if (stage) return MERR(FERRY_EFORMAT, file, at, "transpose after the array->bytes codec");
+            if (!inner && a->sharded) return MERR(FERRY_EFORMAT, file, at, "transpose after sharding");
+            const ferry_json *ord = ferry_json_get(cfg, "order");
+            int p[FERRY_MAX_DIMS];
+            if (ord && ord->type == FERRY_JSON_STRING && (!strcmp(ord->str, "C") || !strcmp(ord->str, "F"))) {
+                for (int k = 0; k < a->ndim; k++) p[k] = ord->str[0] == 'F' ? a->ndim - 1 - k : k;
+            } else {
+                if (!ord || ord->type != FERRY_JSON_ARRAY || (int)ord->n != a->ndim)
+                    return MERR(FERRY_EFORMAT, file, at, "transpose order must list every dimension once");
+                int seen[FERRY_MAX_DIMS] = {0};
+                for (int k = 0; k < a->ndim; k++) {
+                    uint64_t v;
+                    if (ferry_json_u64(&ord->items[k], &v) < 0 || v >= (uint64_t)a->ndim || seen[v])
+                        return MERR(FERRY_EFORMAT, file, at, "transpose order must list every dimension once");
+                    seen[v] = 1;
+                    p[k] = (int)v;
+                }
+            }
+            /* transposes compose: decoded = logical.transpose(perm) */
+            int np[FERRY_MAX_DIMS];
+            for (int k = 0; k < a->ndim; k++) np[k] = a->perm[p[k]];
+            memcpy(a->perm, np, sizeof np);
+        } else if (!strcmp(name, "bytes")) {
+            if (stage) return MERR(FERRY_EFORMAT, file, at, "two array->bytes codecs");
+            stage = 1;
+            const char *e = json_name(cfg, "endian");
+            if (*e && strcmp(e, "little") && strcmp(e, "big"))
+                return MERR(FERRY_EFORMAT, file, at, "bytes: endian must be \"little\" or \"big\"");
+            *big = !strcmp(e, "big");
+        } else if (!strcmp(name, "sharding_indexed")) {
+            if (stage) return MERR(FERRY_EFORMAT, file, at, "two array->bytes codecs");
+            if (inner) return arr_fail(a, FERRY_EUNSUPPORTED, "%s: byte %llu: nested sharding is not supported", file,
+                                       (unsigned long long)at->pos);
+            for (int k = 0; k < a->ndim; k++)
+                if (a->perm[k] != k)
+                    return arr_fail(a, FERRY_EUNSUPPORTED, "%s: byte %llu: transpose before sharding_indexed is not supported",
+                                    file, (unsigned long long)at->pos);
+            stage = 1;
+            a->sharded = 1;
+            int nd = a->ndim;
+            int rc = parse_shape(file, ferry_json_get(cfg, "chunk_shape"), "sharding chunk_shape", a->inner, &nd);
+            if (rc < 0) return rc;
+            for (int k = 0; k < a->ndim; k++)
+                if (a->inner[k] == 0 || a->chunk[k] % a->inner[k])
+                    return MERR(FERRY_EFORMAT, file, at, "sharding: inner chunk shape must divide the shard shape");
+            const char *loc = json_name(cfg, "index_location");
+            if (*loc && strcmp(loc, "start") && strcmp(loc, "end"))
+                return MERR(FERRY_EFORMAT, file, at, "sharding: index_location must be \"start\" or \"end\"");
+            a->index_at_start = !strcmp(loc, "start");
+            /* index codecs: bytes (either endian), then optionally crc32c */
+            const ferry_json *ic = ferry_json_get(cfg, "index_codecs");
+            if (!ic || ic->type != FERRY_JSON_ARRAY || ic->n == 0)
+                return MERR(FERRY_EFORMAT, file, at, "sharding: index_codecs must be a non-empty array");
+            for (size_t j = 0; j < ic->n; j++) {
+                const ferry_json *icfg;
+                const char *in = codec_entry(&ic->items[j], &icfg);
+                if (in && !strcmp(in, "bytes") && j == 0) a->index_big = !strcmp(json_name(icfg, "endian"), "big");
+                else if (in && !strcmp(in, "crc32c") && j == 1) a->index_crc = 1;
+                else return arr_fail(a, FERRY_EUNSUPPORTED, "%s: byte %llu: shard index codec \"%s\" is not supported",
+                                     file, (unsigned long long)ic->items[j].pos, in ? in : "?");
+            }
+            ferry_sbuf_puts(&b->desc, "[");
+            rc = parse_v3_codecs(a, file, ferry_json_get(cfg, "codecs"), 1, b, big);
+            ferry_sbuf_puts(&b->desc, "]");
+            if (rc < 0) return rc;
+        } else {
+            uint32_t cid, param;
+            const char *why = NULL;
+            if (!stage) return arr_fail(a, FERRY_EUNSUPPORTED, "%s: byte %llu: codec \"%s\" is not supported", file,
+                                        (unsigned long long)at->pos, name);
+            if (bytes_codec(name, cfg, a->itemsize, &cid, &param, &why) < 0)
+                return arr_fail(a, FERRY_EUNSUPPORTED, "%s: byte %llu: codec \"%s\" is not supported%s%s", file,
+                                (unsigned long long)at->pos, name, why ? ": " : "", why ? why : "");
+            if (a->sharded && !inner)
+                return arr_fail(a, FERRY_EUNSUPPORTED, "%s: byte %llu: codec \"%s\" applied to whole shards is not supported",
+                                file, (unsigned long long)at->pos, name);
+            if (nbb >= FERRY_MAX_CODECS) return arr_fail(a, FERRY_EUNSUPPORTED, "%s: too many codecs", file);
+            bb[nbb].id = cid;
+            bb[nbb].param = param;
+            nbb++;
+        }
+    }
+    if (!stage) return MERR(FERRY_EFORMAT, file, list, "no array->bytes codec (bytes or sharding_indexed)");
+    /* decoding order: the bytes->bytes codecs reversed */
+    if (inner || !a->sharded)
+        for (int k = nbb; k-- > 0;)
+            if (chain_push(b, bb[k].id, bb[k].param) < 0)
+                return arr_fail(a, FERRY_EUNSUPPORTED, "%s: more than %d codecs", file, FERRY_MAX_CODECS);
+    return 0;
+}
+
+static int parse_v3_array(zarr_arr *a, const char *file, const ferry_json *m) {
+    a->zf = 3;
+    a->ndim = -1;
+    int rc = parse_shape(file, ferry_json_get(m, "shape"), "shape", a->shape, &a->ndim);
+    if (rc < 0) return rc;
+    for (int k = 0; k < a->ndim; k++) a->perm[k] = k;
+    const ferry_json *grid = ferry_json_get(m, "chunk_grid");
+    if (strcmp(json_name(grid, "name"), "regular"))
+        return arr_fail(a, FERRY_EUNSUPPORTED, "%s: chunk grid \"%s\" is not supported (only regular)", file,
+                        json_name(grid, "name"));
+    if ((rc = parse_shape(file, ferry_json_get(ferry_json_get(grid, "configuration"), "chunk_shape"), "chunk_shape",
+                          a->chunk, &a->ndim)) < 0)
+        return rc;
+    const ferry_json *cke = ferry_json_get(m, "chunk_key_encoding");
+    const char *ck = json_name(cke, "name");
+    const char *sep = json_name(ferry_json_get(cke, "configuration"), "separator");
+    if (!strcmp(ck, "default")) { a->c_prefix = 1; a->sep = '/'; }
+    else if (!strcmp(ck, "v2")) { a->c_prefix = 0; a->sep = '.'; }
+    else return arr_fail(a, FERRY_EUNSUPPORTED, "%s: chunk_key_encoding \"%s\" is not supported", file, ck);
+    if (*sep) {
+        if (strcmp(sep, "/") && strcmp(sep, ".")) return MERR(FERRY_EFORMAT, file, cke, "separator must be \"/\" or \".\"");
+        a->sep = sep[0];
+    }
+    const ferry_json *st = ferry_json_get(m, "storage_transformers");
+    if (st && st->type == FERRY_JSON_ARRAY && st->n)
+        return arr_fail(a, FERRY_EUNSUPPORTED, "%s: storage transformers are not supported", file);
+    const ferry_json *dt = ferry_json_get(m, "data_type");
+    const char *dname = ferry_json_str(dt);
+    if (!dname && dt && dt->type == FERRY_JSON_OBJECT) dname = json_name(dt, "name");
+    char kind = 0;
+    if (!dname || v3_dtype(dname, &kind, &a->itemsize) < 0) {
+        a->itemsize = 1;
+        a->typestr = xstrdup(dname ? dname : "?");
+        return arr_fail(a, FERRY_EUNSUPPORTED, "%s: data_type \"%s\" is not supported", file, dname ? dname : "?");
+    }
+    chain_builder b = {0};
+    int big = 0;
+    rc = parse_v3_codecs(a, file, ferry_json_get(m, "codecs"), 0, &b, &big);
+    a->codecs_desc = ferry_sbuf_take(&b.desc);
+    if (rc < 0) return rc;
+    a->ncodecs = b.n;
+    memcpy(a->codecs, b.c, sizeof a->codecs);
+    uint32_t elem = kind == 'c' ? a->itemsize / 2 : a->itemsize;
+    a->swap = big && elem > 1 ? elem : 0;
+    if (parse_fill(ferry_json_get(m, "fill_value"), kind, a->itemsize, a->fill) < 0)
+        return MERR(FERRY_EFORMAT, file, ferry_json_get(m, "fill_value"), "fill_value does not suit data_type %s", dname);
+    const ferry_json *fv = ferry_json_get(m, "fill_value");
+    a->fill_json = to_json(fv ? fv : &(ferry_json){0});
+    const ferry_json *attrs = ferry_json_get(m, "attributes");
+    if (attrs && attrs->type == FERRY_JSON_OBJECT) a->attrs_json = to_json(attrs);
+    const ferry_json *dn = ferry_json_get(m, "dimension_names");
+    if (dn && dn->type == FERRY_JSON_ARRAY && (int)dn->n == a->ndim) a->dims_json = to_json(dn);
+    return finish_common(a, file, kind, big);
+}
+
+/* ---- nodes, groups ------------------------------------------------------------ */
+
+typedef struct open_ctx {
+    ferry_dataset *ds;
+    zarr_ds *z;
+    int capv;
+    ferry_sbuf groups;   /* JSON array being built */
+    int ngroups;
+    char **gnames;
+} open_ctx;
+
+static int add_array(open_ctx *o, const char *name, const char *dir, const char *file, int zf,
+                     const ferry_json *meta, const ferry_json *attrs, int strict) {
+    zarr_ds *z = o->z;
+    if (z->narrs == o->capv) {
+        int nc = o->capv ? o->capv * 2 : 8;
+        zarr_arr *na = realloc(z->arrs, (size_t)nc * sizeof *na);
+        if (!na) return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", file);
+        z->arrs = na;
+        o->capv = nc;
+    }
+    zarr_arr *a = &z->arrs[z->narrs++];
+    memset(a, 0, sizeof *a);
+    a->name = xstrdup(name);
+    a->dir = xstrdup(dir);
+    if (!a->name || !a->dir) return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", file);
+    int rc = zf == 2 ? parse_v2(a, file, meta, attrs) : parse_v3_array(a, file, meta);
+    if (rc < 0 && (a->err == NULL || strict)) return rc;   /* malformed, or a lone array */
+    if (rc < 0) {   /* unsupported array inside a group: keep it, fail at plan time */
+        if (a->ndim < 0) a->ndim = 0;
+        if (!a->itemsize) a->itemsize = 1;
+        if (!a->typestr) a->typestr = xstrdup("|V1");
+    }
+    return 0;
+}
+
+static int add_group(open_ctx *o, const char *name) {
+    char **ng = realloc(o->gnames, (size_t)(o->ngroups + 1) * sizeof *ng);
+    if (!ng) return FERRY_ENOMEM;
+    o->gnames = ng;
+    if (!(ng[o->ngroups] = strdup(name))) return FERRY_ENOMEM;
+    o->ngroups++;
+    return 0;
+}
+
+static int cmp_str(const void *x, const void *y) { return strcmp(*(char *const *)x, *(char *const *)y); }
+
+/* Child directory names of dir, sorted. */
+static int list_children(const char *dir, char ***out, int *n) {
+    *out = NULL; *n = 0;
+    DIR *d = opendir(dir);
+    if (!d) return ferry_seterr(-errno, "%s: %s", dir, strerror(errno));
+    struct dirent *e;
+    int cap = 0, rc = 0;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        char *p = join(dir, e->d_name);
+        struct stat st;
+        int isdir = p && stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+        free(p);
+        if (!isdir) continue;
+        if (*n >= ZARR_MAX_CHILDREN) { rc = ferry_seterr(FERRY_EFORMAT, "%s: too many children", dir); break; }
+        if (*n == cap) {
+            cap = cap ? cap * 2 : 16;
+            char **nv = realloc(*out, (size_t)cap * sizeof *nv);
+            if (!nv) { rc = FERRY_ENOMEM; break; }
+            *out = nv;
+        }
+        if (!((*out)[*n] = strdup(e->d_name))) { rc = FERRY_ENOMEM; break; }
+        (*n)++;
+    }
+    closedir(d);
+    if (*n > 1) qsort(*out, (size_t)*n, sizeof **out, cmp_str);
+    return rc;
+}
+
+static void free_names(char **v, int n) { for (int i = 0; i < n; i++) free(v[i]); free(v); }
+
+static const char *basename_of(const char *path, char *buf, size_t cap) {
+    size_t l = strlen(path);
+    while (l > 1 && path[l - 1] == '/') l--;
+    size_t s = l;
+    while (s > 0 && path[s - 1] != '/') s--;
+    size_t n = l - s;
+    if (n >= cap) n = cap - 1;
+    memcpy(buf, path + s, n);
+    buf[n] = 0;
+    if (!n) snprintf(buf, cap, "array");
+    return buf;
+}
+
+/* v3 node at dir. */
+static int open_v3(open_ctx *o, const char *dir) {
+    char *file = join(dir, "zarr.json");
+    if (!file) return FERRY_ENOMEM;
+    ferry_json *m = NULL;
+    int rc = load_json(o->ds->ctx, file, &m);
+    if (rc < 0) { free(file); return rc; }
+    uint64_t zf;
+    const char *nt = json_name(m, "node_type");
+    if (m->type != FERRY_JSON_OBJECT || ferry_json_u64(ferry_json_get(m, "zarr_format"), &zf) < 0 || zf != 3)
+        rc = MERR(FERRY_EFORMAT, file, m, "zarr_format must be 3");
+    else if (!strcmp(nt, "array")) {
+        char nm[256];
+        rc = add_array(o, basename_of(dir, nm, sizeof nm), dir, file, 3, m, NULL, 1);
+    } else if (!strcmp(nt, "group")) {
+        const ferry_json *attrs = ferry_json_get(m, "attributes");
+        if (attrs && attrs->type == FERRY_JSON_OBJECT && !(o->ds->attrs_json = to_json(attrs))) rc = FERRY_ENOMEM;
+        const ferry_json *cm = ferry_json_get(m, "consolidated_metadata");
+        const ferry_json *md = cm && cm->type == FERRY_JSON_OBJECT ? ferry_json_get(cm, "metadata") : NULL;
+        if (!rc && md && md->type == FERRY_JSON_OBJECT) {
+            for (size_t i = 0; i < md->n && !rc; i++) {
+                const ferry_json *c = &md->items[i];
+                if (strchr(c->key, '/') || !c->key[0]) continue;   /* not a direct child */
+                const char *cnt = json_name(c, "node_type");
+                char *cdir = join(dir, c->key);
+                if (!cdir) { rc = FERRY_ENOMEM; break; }
+                if (!strcmp(cnt, "array")) rc = add_array(o, c->key, cdir, file, 3, c, NULL, 0);
+                else if (!strcmp(cnt, "group")) rc = add_group(o, c->key);
+                else rc = MERR(FERRY_EFORMAT, file, c, "consolidated entry \"%s\": unknown node_type", c->key);
+                free(cdir);
+            }
+        } else if (!rc) {
+            char **kids; int nk;
+            rc = list_children(dir, &kids, &nk);
+            for (int i = 0; i < nk && !rc; i++) {
+                char *cdir = join(dir, kids[i]);
+                char *cf = cdir ? join(cdir, "zarr.json") : NULL;
+                if (!cf) { free(cdir); rc = FERRY_ENOMEM; break; }
+                if (is_file(cf)) {
+                    ferry_json *cm2 = NULL;
+                    rc = load_json(o->ds->ctx, cf, &cm2);
+                    if (!rc) {
+                        const char *cnt = json_name(cm2, "node_type");
+                        if (!strcmp(cnt, "array")) rc = add_array(o, kids[i], cdir, cf, 3, cm2, NULL, 0);
+                        else if (!strcmp(cnt, "group")) rc = add_group(o, kids[i]);
+                    }
+                    ferry_json_free(cm2);
+                }
+                free(cf); free(cdir);
+            }
+            free_names(kids, nk);
+        }
+    } else rc = MERR(FERRY_EFORMAT, file, m, "node_type must be \"array\" or \"group\"");
+    ferry_json_free(m);
+    free(file);
+    return rc;
+}
+
+/* Look up "<prefix><name>" in a v2 consolidated metadata object. */
+static const ferry_json *cons_get(const ferry_json *md, const char *prefix, const char *name) {
+    char key[4096];
+    if (snprintf(key, sizeof key, "%s%s", prefix, name) >= (int)sizeof key) return NULL;
+    return ferry_json_get(md, key);
+}
+
+/* v2 node at dir; `rel` is its path inside the store (for .zmetadata keys). */
+static int open_v2(open_ctx *o, const char *dir, const char *rel) {
+    ferry_ctx *ctx = o->ds->ctx;
+    int rc = 0;
+    char *zarray = join(dir, ".zarray"), *zattrs = join(dir, ".zattrs");
+    if (!zarray || !zattrs) { free(zarray); free(zattrs); return FERRY_ENOMEM; }
+    if (is_file(zarray)) {
+        ferry_json *za = NULL, *at = NULL;
+        rc = load_json(ctx, zarray, &za);
+        if (!rc && is_file(zattrs)) rc = load_json(ctx, zattrs, &at);
+        char nm[256];
+        if (!rc) rc = add_array(o, basename_of(dir, nm, sizeof nm), dir, zarray, 2, za, at, 1);
+        ferry_json_free(za); ferry_json_free(at);
+        free(zarray); free(zattrs);
+        return rc;
+    }
+    /* a group: consolidated metadata lives at the store root */
+    char *zmeta = join(o->ds->path, ".zmetadata");
+    ferry_json *cons = NULL;
+    if (zmeta && is_file(zmeta)) rc = load_json(ctx, zmeta, &cons);
+    const ferry_json *md = cons ? ferry_json_get(cons, "metadata") : NULL;
+    char prefix[4096];
+    snprintf(prefix, sizeof prefix, "%s%s", rel, *rel ? "/" : "");
+    if (!rc && md && md->type == FERRY_JSON_OBJECT) {
+        const ferry_json *gat = cons_get(md, prefix, ".zattrs");
+        if (gat && gat->type == FERRY_JSON_OBJECT && !(o->ds->attrs_json = to_json(gat))) rc = FERRY_ENOMEM;
+        size_t pl = strlen(prefix);
+        for (size_t i = 0; i < md->n && !rc; i++) {
+            const char *k = md->items[i].key;
+            if (strncmp(k, prefix, pl)) continue;
+            const char *rest = k + pl, *slash = strchr(rest, '/');
+            if (!slash || slash == rest || strchr(slash + 1, '/')) continue;
+            char child[1024];
+            size_t cl = (size_t)(slash - rest);
+            if (cl >= sizeof child) continue;
+            memcpy(child, rest, cl);
+            child[cl] = 0;
+            if (!strcmp(slash + 1, ".zarray")) {
+                char *cdir = join(dir, child);
+                char akey[1100];
+                snprintf(akey, sizeof akey, "%s/.zattrs", child);
+                if (!cdir) { rc = FERRY_ENOMEM; break; }
+                rc = add_array(o, child, cdir, zmeta, 2, &md->items[i], cons_get(md, prefix, akey), 0);
+                free(cdir);
+            } else if (!strcmp(slash + 1, ".zgroup")) rc = add_group(o, child);
+        }
+    } else if (!rc) {
+        ferry_json *at = NULL;
+        if (is_file(zattrs)) rc = load_json(ctx, zattrs, &at);
+        if (!rc && at && at->type == FERRY_JSON_OBJECT && !(o->ds->attrs_json = to_json(at))) rc = FERRY_ENOMEM;
+        ferry_json_free(at);
+        char **kids; int nk;
+        if (!rc) {
+            rc = list_children(dir, &kids, &nk);
+            for (int i = 0; i < nk && !rc; i++) {
+                char *cdir = join(dir, kids[i]);
+                if (!cdir) { rc = FERRY_ENOMEM; break; }
+                if (has_meta(cdir, ".zarray")) {
+                    char *cf = join(cdir, ".zarray"), *ca = join(cdir, ".zattrs");
+                    ferry_json *za = NULL, *cat = NULL;
+                    rc = cf && ca ? load_json(ctx, cf, &za) : FERRY_ENOMEM;
+                    if (!rc && is_file(ca)) rc = load_json(ctx, ca, &cat);
+                    if (!rc) rc = add_array(o, kids[i], cdir, cf, 2, za, cat, 0);
+                    ferry_json_free(za); ferry_json_free(cat);
+                    free(cf); free(ca);
+                } else if (has_meta(cdir, ".zgroup")) rc = add_group(o, kids[i]);
+                free(cdir);
+            }
+            free_names(kids, nk);
+        }
+    }
+    ferry_json_free(cons);
+    free(zmeta); free(zarray); free(zattrs);
+    return rc;
+}
+
+static int zarr_probe(const char *path, const uint8_t *head, size_t n, int is_dir) {
+    if (!is_dir) return 0;
+    return has_meta(path, "zarr.json") || has_meta(path, ".zarray") || has_meta(path, ".zgroup") ||
+           has_meta(path, ".zmetadata");
+}
+
+static void zarr_close(ferry_dataset *ds) {
+    zarr_ds *z = ds->fmt;
+    if (z) {
+        for (int i = 0; i < z->narrs; i++) arr_free(&z->arrs[i]);
+        free(z->arrs);
+        free(z);
+    }
+    free(ds->vars);
+    free(ds->attrs_json); free(ds->dims_json); free(ds->groups_json);
+    ds->vars = NULL; ds->nvars = 0; ds->fmt = NULL;
+    ds->attrs_json = ds->dims_json = ds->groups_json = NULL;
+}
+
+/* dataset dims: {"name": {"size": n, "unlimited": false}} from the arrays'
+ * dimension names (first size seen wins). */
+static char *build_dims(zarr_ds *z) {
+    ferry_sbuf b = {0};
+    ferry_sbuf_puts(&b, "{");
+    int first = 1;
+    char **seen = NULL;
+    int nseen = 0;
+    for (int i = 0; i < z->narrs; i++) {
+        zarr_arr *a = &z->arrs[i];
+        if (!a->dims_json || a->err) continue;
+        ferry_json *d = NULL;
+        if (ferry_json_parse(a->dims_json, strlen(a->dims_json), NULL, 0, &d) < 0) { ferry_clearerr(); continue; }
+        for (size_t k = 0; k < d->n && (int)k < a->ndim; k++) {
+            const char *nm = ferry_json_str(&d->items[k]);
+            if (!nm) continue;
+            int dup = 0;
+            for (int s = 0; s < nseen && !dup; s++) dup = !strcmp(seen[s], nm);
+            if (dup) continue;
+            char **ns = realloc(seen, (size_t)(nseen + 1) * sizeof *ns);
+            if (!ns) break;
+            seen = ns;
+            seen[nseen++] = strdup(nm);
+            ferry_sbuf_puts(&b, first ? "" : ",");
+            first = 0;
+            ferry_sbuf_json_string(&b, nm, d->items[k].len);
+            ferry_sbuf_printf(&b, ":{\"size\":%llu,\"unlimited\":false}", (unsigned long long)a->shape[k]);
+        }
+        ferry_json_free(d);
+    }
+    free_names(seen, nseen);
+    ferry_sbuf_puts(&b, "}");
+    return ferry_sbuf_take(&b);
+}
+
+static int cmp_arr(const void *x, const void *y) {
+    return strcmp(((const zarr_arr *)x)->name, ((const zarr_arr *)y)->name);
+}
+
+static int zarr_open(ferry_dataset *ds, const ferry_open_opts *opts) {
+    zarr_ds *z = calloc(1, sizeof *z);
+    if (!z) return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", ds->path);
+    ds->fmt = z;
+    const char *group = opts && opts->group ? opts->group : "";
+    while (*group == '/') group++;
+    char rel[4096];
+    snprintf(rel, sizeof rel, "%s", group);
+    size_t rl = strlen(rel);
+    while (rl && rel[rl - 1] == '/') rel[--rl] = 0;
+    if (strstr(rel, "..")) return ferry_seterr(FERRY_EINVAL, "%s: group \"%s\" may not contain \"..\"", ds->path, rel);
+    char *dir = *rel ? join(ds->path, rel) : xstrdup(ds->path);
+    if (!dir) return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", ds->path);
+    open_ctx o = {ds, z, 0, {0}, 0, NULL};
+    int rc;
+    if (has_meta(dir, "zarr.json")) rc = open_v3(&o, dir);
+    else if (has_meta(dir, ".zarray") || has_meta(dir, ".zgroup") || (!*rel && has_meta(dir, ".zmetadata"))) rc = open_v2(&o, dir, rel);
+    else rc = ferry_seterr(FERRY_ENOTFOUND, "%s: no Zarr array or group here (no zarr.json, .zarray or .zgroup)", dir);
+    free(dir);
+    if (rc == FERRY_ENOMEM && !ferry_lasterr()[0]) ferry_seterr(rc, "%s: out of memory", ds->path);
+    if (rc < 0) { free_names(o.gnames, o.ngroups); return rc; }
+    /* groups, sorted */
+    if (o.ngroups > 1) qsort(o.gnames, (size_t)o.ngroups, sizeof *o.gnames, cmp_str);
+    ferry_sbuf g = {0};
+    ferry_sbuf_puts(&g, "[");
+    for (int i = 0; i < o.ngroups; i++) {
+        if (i) ferry_sbuf_puts(&g, ",");
+        ferry_sbuf_json_string(&g, o.gnames[i], strlen(o.gnames[i]));
+    }
+    ferry_sbuf_puts(&g, "]");
+    ds->groups_json = ferry_sbuf_take(&g);
+    free_names(o.gnames, o.ngroups);
+    /* variables, sorted by name (directory order is arbitrary) */
+    if (z->narrs > 1) qsort(z->arrs, (size_t)z->narrs, sizeof *z->arrs, cmp_arr);
+    ds->vars = calloc((size_t)(z->narrs ? z->narrs : 1), sizeof *ds->vars);
+    ds->dims_json = build_dims(z);
+    if (!ds->vars || !ds->groups_json || !ds->dims_json) return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", ds->path);
+    for (int i = 0; i < z->narrs; i++) {
+        zarr_arr *a = &z->arrs[i];
+        ferry_var_info *vi = &ds->vars[i].info;
+        ferry_dtype dt = FERRY_DT_OTHER;
+        uint32_t isz, sw;
+        if (a->err || parse_typestr(a->typestr, &dt, &isz, &sw) < 0) dt = FERRY_DT_OTHER;
+        vi->name = a->name;
+        vi->dtype = dt;
+        vi->typestr = a->typestr;
+        vi->itemsize = a->itemsize;
+        vi->ndim = a->ndim;
+        memcpy(vi->shape, a->shape, sizeof vi->shape);
+        memcpy(vi->chunks, a->chunk, sizeof vi->chunks);
+        vi->fortran_order = a->fortran;
+        vi->dims_json = a->dims_json ? a->dims_json : "null";
+        vi->attrs_json = a->attrs_json ? a->attrs_json : "{}";
+        vi->fill_json = a->fill_json ? a->fill_json : "null";
+        vi->codecs = a->codecs_desc ? a->codecs_desc : "";
+        vi->path = a->dir;
+        ds->vars[i].fmt = a;
+    }
+    ds->nvars = z->narrs;
+    return 0;
+}
+
+/* ---- plans ---------------------------------------------------------------------- */
+
+/* The chunks of one dimension a selection touches, within [lo, hi) of that
+ * dimension: chunk index, first selected index in it, how many. */
+typedef struct dim_hit { uint64_t chunk, first, n; } dim_hit;
+
+static int dim_hits(ferry_slice s, uint64_t csize, uint64_t lo, uint64_t hi, dim_hit **out, size_t *nout) {
+    *out = NULL; *nout = 0;
+    uint64_t step = (uint64_t)s.step, start = (uint64_t)s.start, stop = (uint64_t)s.stop;
+    if (stop > hi) stop = hi;
+    /* first selected index >= lo */
+    uint64_t i = start;
+    if (i < lo) i = start + (lo - start + step - 1) / step * step;
+    size_t cap = 0;
+    while (i < stop) {
+        uint64_t c = i / csize, cend = (c + 1) * csize;
+        if (cend > stop) cend = stop;
+        uint64_t n = (cend - 1 - i) / step + 1;
+        if (*nout == cap) {
+            cap = cap ? cap * 2 : 8;
+            dim_hit *nv = realloc(*out, cap * sizeof *nv);
+            if (!nv) { free(*out); *out = NULL; return FERRY_ENOMEM; }
+            *out = nv;
+        }
+        (*out)[(*nout)++] = (dim_hit){c, i, n};
+        i += n * step;
+    }
+    return 0;
+}
+
+typedef struct plan_ctx {
+    ferry_dataset *ds;
+    zarr_arr *a;
+    const ferry_slice *sel;
+    ferry_buf dst;
+    ferry_plan *plan;
+    int64_t dstr[FERRY_MAX_DIMS];      /* destination byte strides */
+    int64_t cstr[FERRY_MAX_DIMS];      /* byte strides inside a decoded (inner) chunk */
+    uint64_t cbytes;                   /* decoded (inner) chunk size */
+    ferry_codec codecs[FERRY_MAX_CODECS];
+    int ncodecs;
+    int raw;                           /* chain has no size-changing codec */
+    uint8_t fill[16];
+    char path[PATH_MAX];
+} plan_ctx;
+
+/* One (inner) chunk's part of the selection: hits[k] per dimension. `file`
+ * is the chunk file (or shard), at `off` with `len` bytes; len == EMPTY_U64:
+ * missing -> fill. */
+static int emit(plan_ctx *p, const dim_hit *const *h, const uint64_t *origin, uint64_t off, uint64_t len) {
+    zarr_arr *a = p->a;
+    ferry_place pl;
+    memset(&pl, 0, sizeof pl);
+    pl.ndim = a->ndim;
+    pl.itemsize = a->itemsize;
+    uint64_t dst_off = 0, src_off = 0, span = a->itemsize;
+    for (int k = 0; k < a->ndim; k++) {
+        const ferry_slice *s = &p->sel[k];
+        pl.count[k] = h[k]->n;
+        pl.dst_stride[k] = p->dstr[k];
+        pl.src_stride[k] = p->cstr[k] * s->step;
+        dst_off += (h[k]->first - (uint64_t)s->start) / (uint64_t)s->step * (uint64_t)p->dstr[k];
+        src_off += (h[k]->first - origin[k]) * (uint64_t)p->cstr[k];
+        span += (h[k]->n - 1) * (uint64_t)pl.src_stride[k];
+    }
+    if (a->ndim == 0) {   /* a scalar: a one-element box */
+        pl.ndim = 1; pl.count[0] = 1; pl.dst_stride[0] = pl.src_stride[0] = a->itemsize;
+    }
+    ferry_extent e;
+    memset(&e, 0, sizeof e);
+    e.dst = p->dst;
+    e.dst_offset = dst_off;
+    e.label = a->name;
+    e.place = &pl;
+    if (len == EMPTY_U64) {
+        e.kind = FERRY_EXTENT_FILL;
+        if (a->itemsize > 16) {
+            /* fills repeat at most 16 bytes: a zero fill of wide elements
+             * becomes a fill of single bytes over one more dimension */
+            if (pl.ndim >= FERRY_MAX_DIMS)
+                return ferry_seterr(FERRY_EUNSUPPORTED, "%s: missing chunk of a %d-d array of %u-byte elements",
+                                    a->dir, a->ndim, a->itemsize);
+            pl.count[pl.ndim] = a->itemsize;
+            pl.dst_stride[pl.ndim] = 1;
+            pl.ndim++;
+            pl.itemsize = 1;
+            memset(e.fill, 0, sizeof e.fill);
+            return ferry_plan_add(p->plan, &e);
+        }
+        memcpy(e.fill, p->fill, a->itemsize);
+        return ferry_plan_add(p->plan, &e);
+    }
+    e.kind = FERRY_EXTENT_READ;
+    e.path = p->path;
+    e.ncodecs = p->ncodecs;
+    memcpy(e.codecs, p->codecs, sizeof e.codecs);
+    if (p->raw) {
+        /* stored as is: read only the span the selection covers */
+        if (len < p->cbytes)
+            return ferry_seterr(FERRY_EFORMAT, "%s: chunk holds %llu bytes, an uncompressed chunk needs %llu", p->path,
+                                (unsigned long long)len, (unsigned long long)p->cbytes);
+        e.offset = off + src_off;
+        e.length = span;
+        e.decoded_size = span;
+        pl.src_offset = 0;
+    } else {
+        e.offset = off;
+        e.length = len;
+        e.decoded_size = p->cbytes;
+        pl.src_offset = src_off;
+    }
+    return ferry_plan_add(p->plan, &e);
+}
+
+/* chunk key for grid index idx, appended to dir */
+static int chunk_path(plan_ctx *p, const uint64_t *idx) {
+    zarr_arr *a = p->a;
+    int n = snprintf(p->path, sizeof p->path, "%s/%s", a->dir, a->c_prefix ? "c" : "");
+    for (int k = 0; k < a->ndim && n < (int)sizeof p->path; k++)
+        n += snprintf(p->path + n, sizeof p->path - (size_t)n, "%s%llu", (k || a->c_prefix) ? (char[2]){a->sep, 0} : "",
+                      (unsigned long long)idx[k]);
+    if (a->ndim == 0 && !a->c_prefix && n < (int)sizeof p->path) n += snprintf(p->path + n, sizeof p->path - (size_t)n, "0");
+    if (n >= (int)sizeof p->path) return ferry_seterr(FERRY_EINVAL, "%s: chunk path too long", a->dir);
+    return 0;
+}
+
+/* Iterate the cartesian product of per-dimension hit lists. */
+typedef int (*hit_fn)(plan_ctx *p, const dim_hit *const *h, void *arg);
+
+static int for_each(plan_ctx *p, dim_hit *const *lists, const size_t *counts, hit_fn fn, void *arg) {
+    int nd = p->a->ndim;
+    size_t it[FERRY_MAX_DIMS] = {0};
+    for (int k = 0; k < nd; k++) if (!counts[k]) return 0;
+    for (;;) {
+        const dim_hit *h[FERRY_MAX_DIMS];
+        for (int k = 0; k < nd; k++) h[k] = &lists[k][it[k]];
+        int rc = fn(p, h, arg);
+        if (rc < 0) return rc;
+        int k = nd - 1;
+        while (k >= 0 && ++it[k] == counts[k]) it[k--] = 0;
+        if (k < 0) return 0;
+    }
+}
+
+static int plain_chunk(plan_ctx *p, const dim_hit *const *h, void *arg) {
+    zarr_arr *a = p->a;
+    uint64_t idx[FERRY_MAX_DIMS], origin[FERRY_MAX_DIMS];
+    for (int k = 0; k < a->ndim; k++) { idx[k] = h[k]->chunk; origin[k] = h[k]->chunk * a->chunk[k]; }
+    int rc = chunk_path(p, idx);
+    if (rc < 0) return rc;
+    struct stat st;
+    if (stat(p->path, &st) != 0) {
+        if (errno == ENOENT || errno == ENOTDIR) return emit(p, h, origin, 0, EMPTY_U64);
+        return ferry_seterr(-errno, "%s: %s", p->path, strerror(errno));
+    }
+    return emit(p, h, origin, 0, (uint64_t)st.st_size);
+}
+
+/* Sharded arrays: per shard, read and check the index, then emit its inner chunks. */
+typedef struct shard_arg { uint64_t *index; size_t cap; } shard_arg;
+
+static int shard_inner(plan_ctx *p, const dim_hit *const *h, void *arg);
+
+typedef struct inner_arg {
+    const uint64_t *index;      /* NULL: whole shard missing */
+    const uint64_t *shard_idx;
+    uint64_t file_size;
+} inner_arg;
+
+static int shard_chunk(plan_ctx *p, const dim_hit *const *h, void *varg) {
+    zarr_arr *a = p->a;
+    shard_arg *sa = varg;
+    uint64_t idx[FERRY_MAX_DIMS], n_inner = 1, per[FERRY_MAX_DIMS];
+    for (int k = 0; k < a->ndim; k++) {
+        idx[k] = h[k]->chunk;
+        per[k] = a->chunk[k] / a->inner[k];
+        if (ferry_mul_overflow(n_inner, per[k], &n_inner) || n_inner > ((uint64_t)1 << 40))
+            return ferry_seterr(FERRY_EFORMAT, "%s: too many inner chunks per shard", a->dir);
+    }
+    int rc = chunk_path(p, idx);
+    if (rc < 0) return rc;
+    inner_arg ia = {NULL, idx, 0};
+    struct stat st;
+    if (stat(p->path, &st) != 0) {
+        if (errno != ENOENT && errno != ENOTDIR) return ferry_seterr(-errno, "%s: %s", p->path, strerror(errno));
+    } else {
+        uint64_t fsz = (uint64_t)st.st_size, isz;
+        if (ferry_mul_overflow(n_inner, 16, &isz) || ferry_add_overflow(isz, a->index_crc ? 4 : 0, &isz) || isz > fsz)
+            return ferry_seterr(FERRY_EFORMAT, "%s: shard of %llu bytes is too small for its index of %llu inner chunks",
+                                p->path, (unsigned long long)fsz, (unsigned long long)n_inner);
+        if (sa->cap < isz) {   /* one buffer reused for every shard of the plan */
+            uint64_t *ni = realloc(sa->index, (size_t)isz);
+            if (!ni) return ferry_seterr(FERRY_ENOMEM, "%s: no memory for the shard index", p->path);
+            sa->index = ni;
+            sa->cap = (size_t)isz;
+        }
+        ferry_file *f;
+        if ((rc = ferry_file_open(p->ds->ctx, p->path, FERRY_READ, &f)) < 0) return rc;
+        uint64_t ioff = a->index_at_start ? 0 : fsz - isz;
+        int64_t got = ferry_pread(f, ferry_host_buf(sa->index, (size_t)isz), ioff, (size_t)isz, FERRY_NO_DIRECT);
+        ferry_file_close(f);
+        if (got < 0) return (int)got;
+        if ((uint64_t)got != isz) return ferry_seterr(FERRY_EFORMAT, "%s: shard index truncated", p->path);
+        uint8_t *ib = (uint8_t *)sa->index;
+        if (a->index_crc) {
+            uint32_t want = ferry_le32(ib + isz - 4), c = ferry_crc32c(0, ib, (size_t)(isz - 4));
+            if (want != c)
+                return ferry_seterr(FERRY_ECHECKSUM, "%s: byte %llu: shard index crc32c mismatch (stored %08x, computed %08x)",
+                                    p->path, (unsigned long long)ioff, want, c);
+        }
+        /* decode entries in place to host-order u64 */
+        for (uint64_t i = 0; i < 2 * n_inner; i++) {
+            uint64_t v = a->index_big ? ferry_be64(ib + 8 * i) : ferry_le64(ib + 8 * i);
+            memcpy(ib + 8 * i, &v, 8);
+        }
+        ia.index = sa->index;
+        ia.file_size = fsz;
+    }
+    /* inner chunks of this shard that the selection touches */
+    dim_hit *lists[FERRY_MAX_DIMS] = {0};
+    size_t counts[FERRY_MAX_DIMS];
+    for (int k = 0; k < a->ndim && !rc; k++) {
+        uint64_t lo = idx[k] * a->chunk[k], hi = lo + a->chunk[k];
+        rc = dim_hits(p->sel[k], a->inner[k], lo, hi, &lists[k], &counts[k]);
+    }
+    if (!rc) rc = for_each(p, lists, counts, shard_inner, &ia);
+    for (int k = 0; k < a->ndim; k++) free(lists[k]);
+    if (rc == FERRY_ENOMEM && !ferry_lasterr()[0]) ferry_seterr(rc, "%s: out of memory", p->path);
+    return rc;
+}
+
+static int shard_inner(plan_ctx *p, const dim_hit *const *h, void *varg) {
+    zarr_arr *a = p->a;
+    inner_arg *ia = varg;
+    uint64_t origin[FERRY_MAX_DIMS], lin = 0;
+    for (int k = 0; k < a->ndim; k++) {
+        origin[k] = h[k]->chunk * a->inner[k];
+        uint64_t per = a->chunk[k] / a->inner[k];
+        lin = lin * per + (h[k]->chunk - ia->shard_idx[k] * per);
+    }
+    if (!ia->index) return emit(p, h, origin, 0, EMPTY_U64);
+    uint64_t off = ia->index[2 * lin], nb = ia->index[2 * lin + 1];
+    if (off == EMPTY_U64 && nb == EMPTY_U64) return emit(p, h, origin, 0, EMPTY_U64);
+    if (off > ia->file_size || nb > ia->file_size - off)
+        return ferry_seterr(FERRY_EFORMAT, "%s: shard index entry %llu (offset %llu, %llu bytes) lies outside the %llu-byte shard",
+                            p->path, (unsigned long long)lin, (unsigned long long)off, (unsigned long long)nb,
+                            (unsigned long long)ia->file_size);
+    return emit(p, h, origin, off, nb);
+}
+
+static int64_t zarr_plan(ferry_dataset *ds, int var, const ferry_slice *sel, ferry_buf dst, unsigned flags,
+                         ferry_plan *plan) {
+    zarr_arr *a = ds->vars[var].fmt;
+    if (a->err) return ferry_seterr(a->err_code, "%s", a->err);
+    plan_ctx *p = calloc(1, sizeof *p);
+    if (!p) return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", ds->path);
+    p->ds = ds; p->a = a; p->sel = sel; p->dst = dst; p->plan = plan;
+    int nd = a->ndim;
+    /* destination strides: C order of the selection (F order when asked to
+     * keep a whole F-order array as stored) */
+    int whole = 1;
+    uint64_t cnt[FERRY_MAX_DIMS], total = a->itemsize;
+    for (int k = 0; k < nd; k++) {
+        cnt[k] = ferry_slice_count(sel[k]);
+        total *= cnt[k];
+        if (sel[k].start != 0 || (uint64_t)sel[k].stop != a->shape[k] || sel[k].step != 1) whole = 0;
+    }
+    int fdst = whole && a->fortran && (flags & FERRY_STORED_ORDER);
+    int64_t s = a->itemsize;
+    for (int j = 0; j < nd; j++) {
+        int k = fdst ? j : nd - 1 - j;
+        p->dstr[k] = s;
+        s *= (int64_t)cnt[k];
+    }
+    /* strides inside a decoded chunk: C order of the chunk transposed by perm */
+    const uint64_t *cs = a->sharded ? a->inner : a->chunk;
+    s = a->itemsize;
+    for (int j = nd - 1; j >= 0; j--) {
+        p->cstr[a->perm[j]] = s;
+        s *= (int64_t)cs[a->perm[j]];
+    }
+    p->cbytes = (uint64_t)s;
+    p->ncodecs = a->ncodecs;
+    memcpy(p->codecs, a->codecs, sizeof p->codecs);
+    /* big-endian data: swap to host order when asked, else keep it (and the
+     * fill value) as stored */
+    memcpy(p->fill, a->fill, sizeof p->fill);
+    int rc = 0;
+    if (a->swap) {
+        if (flags & FERRY_NATIVE) {
+            if (p->ncodecs >= FERRY_MAX_CODECS) rc = ferry_seterr(FERRY_EUNSUPPORTED, "%s: too many codecs", a->dir);
+            else p->codecs[p->ncodecs++] = (ferry_codec){FERRY_CODEC_BYTESWAP, a->swap};
+        } else {
+            for (uint32_t o = 0; o + a->swap <= a->itemsize && o + a->swap <= 16; o += a->swap)
+                for (uint32_t i = 0; i < a->swap / 2; i++) {
+                    uint8_t t = p->fill[o + i]; p->fill[o + i] = p->fill[o + a->swap - 1 - i]; p->fill[o + a->swap - 1 - i] = t;
+                }
+        }
+    }
+    p->raw = 1;
+    for (int i = 0; i < p->ncodecs; i++) if (p->codecs[i].id != FERRY_CODEC_BYTESWAP) p->raw = 0;
+    dim_hit *lists[FERRY_MAX_DIMS] = {0};
+    size_t counts[FERRY_MAX_DIMS];
+    for (int k = 0; k < nd && !rc; k++)
+        rc = dim_hits(sel[k], a->chunk[k], 0, a->shape[k], &lists[k], &counts[k]);
+    if (!rc) {
+        if (a->sharded) {
+            shard_arg sa = {NULL, 0};
+            rc = for_each(p, lists, counts, shard_chunk, &sa);
+            free(sa.index);
+        } else {
+            rc = for_each(p, lists, counts, plain_chunk, NULL);
+        }
+    }
+    if (rc == FERRY_ENOMEM && !ferry_lasterr()[0]) ferry_seterr(rc, "%s: out of memory", a->dir);
+    for (int k = 0; k < nd; k++) free(lists[k]);
+    free(p);
+    return rc < 0 ? rc : (int64_t)total;
+}
+
 const ferry_format_ops ferry_format_zarr = {"zarr", zarr_probe, zarr_open, zarr_close, zarr_plan};
