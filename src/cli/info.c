@@ -1,0 +1,186 @@
+/* info.c — `ferry info [--json] FILE|DIR...`.
+ *
+ * For each path: the format, global attributes and dimensions, and every
+ * variable with its dtype, shape, chunking, codecs, byte range and
+ * attributes. A file of no known format gets its size and how much of it is
+ * in the page cache. --json prints one object per path (an array when there
+ * are several), with the library's JSON strings (attrs, dims, fill) embedded
+ * as JSON values. */
+#include "cli/info.h"
+#include "formats/json.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static const char *dtype_name(ferry_dtype d) {
+    static const char *const names[] = {
+        [FERRY_DT_UNKNOWN] = "other", [FERRY_DT_BOOL] = "b1", [FERRY_DT_I8] = "i1", [FERRY_DT_U8] = "u1",
+        [FERRY_DT_I16] = "i2", [FERRY_DT_U16] = "u2", [FERRY_DT_I32] = "i4", [FERRY_DT_U32] = "u4",
+        [FERRY_DT_I64] = "i8", [FERRY_DT_U64] = "u8", [FERRY_DT_F16] = "f2", [FERRY_DT_BF16] = "bf16",
+        [FERRY_DT_F32] = "f4", [FERRY_DT_F64] = "f8", [FERRY_DT_C64] = "c8", [FERRY_DT_C128] = "c16",
+        [FERRY_DT_F8_E4M3] = "f8e4m3", [FERRY_DT_F8_E5M2] = "f8e5m2", [FERRY_DT_DATETIME64] = "M8",
+        [FERRY_DT_TIMEDELTA64] = "m8", [FERRY_DT_CHAR] = "S1", [FERRY_DT_BYTES] = "S", [FERRY_DT_OTHER] = "other",
+    };
+    return (unsigned)d < sizeof names / sizeof names[0] && names[d] ? names[d] : "other";
+}
+
+static void put_dims(ferry_sbuf *b, const uint64_t *v, int n, int json) {
+    ferry_sbuf_puts(b, json ? "[" : "(");
+    for (int k = 0; k < n; k++) ferry_sbuf_printf(b, "%s%llu", k ? ", " : "", (unsigned long long)v[k]);
+    ferry_sbuf_puts(b, json ? "]" : (n == 1 ? ",)" : ")"));
+}
+
+static void human_bytes(char *out, size_t cap, uint64_t n) {
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    double x = (double)n;
+    int i = 0;
+    while (x >= 1024 && i < 5) { x /= 1024; i++; }
+    if (i == 0) snprintf(out, cap, "%llu B", (unsigned long long)n);
+    else snprintf(out, cap, "%.1f %s", x, u[i]);
+}
+
+/* Size and page-cache residency of a file no format claims. */
+static int describe_other(ferry_ctx *ctx, const char *path, const char *why, int json, ferry_sbuf *out) {
+    ferry_file *f;
+    int rc = ferry_file_open(ctx, path, FERRY_READ, &f);
+    if (rc < 0) {
+        fprintf(stderr, "ferry info: %s: %s\n", path, ferry_errmsg(ctx)[0] ? ferry_errmsg(ctx) : ferry_strerror(rc));
+        return 1;
+    }
+    int64_t size = ferry_file_size(f);
+    int64_t cached = size > 0 ? ferry_file_cached(f, 0, (uint64_t)size) : 0;
+    ferry_file_close(f);
+    if (json) {
+        ferry_sbuf_puts(out, "{\"path\":");
+        ferry_sbuf_json_string(out, path, strlen(path));
+        ferry_sbuf_printf(out, ",\"format\":null,\"size\":%lld,\"cached\":%lld,\"note\":", (long long)size,
+                          (long long)cached);
+        ferry_sbuf_json_string(out, why, strlen(why));
+        ferry_sbuf_puts(out, "}");
+    } else {
+        char s1[32], s2[32];
+        human_bytes(s1, sizeof s1, size > 0 ? (uint64_t)size : 0);
+        human_bytes(s2, sizeof s2, cached > 0 ? (uint64_t)cached : 0);
+        ferry_sbuf_printf(out, "%s\n  size %s (%lld bytes)", why, s1, (long long)size);
+        if (cached >= 0)
+            ferry_sbuf_printf(out, ", in page cache %s (%.0f%%)\n", s2, size > 0 ? 100.0 * (double)cached / (double)size : 0.0);
+        else
+            ferry_sbuf_printf(out, ", page-cache residency unknown (%s)\n", ferry_strerror((int)cached));
+    }
+    return 0;
+}
+
+static void describe_json(ferry_dataset *ds, const char *path, ferry_sbuf *b) {
+    ferry_sbuf_puts(b, "{\"path\":");
+    ferry_sbuf_json_string(b, path, strlen(path));
+    ferry_sbuf_printf(b, ",\"format\":\"%s\",\"attrs\":%s,\"dims\":%s,\"groups\":%s,\"variables\":[",
+                      ferry_dataset_format(ds), ferry_dataset_attrs_json(ds), ferry_dataset_dims_json(ds),
+                      ferry_dataset_groups_json(ds));
+    for (int i = 0; i < ferry_dataset_nvars(ds); i++) {
+        ferry_var_info v;
+        if (ferry_dataset_var(ds, i, &v) < 0) continue;
+        ferry_sbuf_puts(b, i ? ",{\"name\":" : "{\"name\":");
+        ferry_sbuf_json_string(b, v.name, strlen(v.name));
+        ferry_sbuf_printf(b, ",\"dtype\":\"%s\",\"typestr\":", dtype_name(v.dtype));
+        ferry_sbuf_json_string(b, v.typestr, strlen(v.typestr));
+        ferry_sbuf_printf(b, ",\"itemsize\":%u,\"shape\":", v.itemsize);
+        put_dims(b, v.shape, v.ndim, 1);
+        ferry_sbuf_puts(b, ",\"chunks\":");
+        put_dims(b, v.chunks, v.ndim, 1);
+        ferry_sbuf_printf(b, ",\"fortran_order\":%s,\"dims\":%s,\"attrs\":%s,\"fill\":%s,\"codecs\":",
+                          v.fortran_order ? "true" : "false", v.dims_json, v.attrs_json, v.fill_json);
+        ferry_sbuf_json_string(b, v.codecs, strlen(v.codecs));
+        ferry_sbuf_puts(b, ",\"path\":");
+        ferry_sbuf_json_string(b, v.path, strlen(v.path));
+        ferry_sbuf_printf(b, ",\"data_offset\":%llu,\"data_bytes\":%llu}", (unsigned long long)v.data_offset,
+                          (unsigned long long)v.data_bytes);
+    }
+    ferry_sbuf_puts(b, "]}");
+}
+
+static void describe_text(ferry_dataset *ds, const char *path, ferry_sbuf *b) {
+    int n = ferry_dataset_nvars(ds);
+    ferry_sbuf_printf(b, "%s: %s, %d variable%s\n", path, ferry_dataset_format(ds), n, n == 1 ? "" : "s");
+    if (strcmp(ferry_dataset_attrs_json(ds), "{}")) ferry_sbuf_printf(b, "  attributes: %s\n", ferry_dataset_attrs_json(ds));
+    if (strcmp(ferry_dataset_dims_json(ds), "{}")) ferry_sbuf_printf(b, "  dimensions: %s\n", ferry_dataset_dims_json(ds));
+    if (strcmp(ferry_dataset_groups_json(ds), "[]")) ferry_sbuf_printf(b, "  groups: %s\n", ferry_dataset_groups_json(ds));
+    for (int i = 0; i < n; i++) {
+        ferry_var_info v;
+        if (ferry_dataset_var(ds, i, &v) < 0) continue;
+        ferry_sbuf shape = {0};
+        put_dims(&shape, v.shape, v.ndim, 0);
+        char *sh = ferry_sbuf_take(&shape);
+        ferry_sbuf_printf(b, "  %-24s %-12s %-18s", v.name, v.typestr, sh ? sh : "?");
+        free(sh);
+        if (memcmp(v.chunks, v.shape, sizeof(uint64_t) * (size_t)v.ndim)) {
+            ferry_sbuf_puts(b, " chunks ");
+            put_dims(b, v.chunks, v.ndim, 0);
+        }
+        if (v.fortran_order) ferry_sbuf_puts(b, " F-order");
+        if (v.codecs[0]) ferry_sbuf_printf(b, " codecs %s", v.codecs);
+        if (v.data_bytes) {
+            char hb[32];
+            human_bytes(hb, sizeof hb, v.data_bytes);
+            ferry_sbuf_printf(b, " bytes [%llu, %llu) %s", (unsigned long long)v.data_offset,
+                              (unsigned long long)(v.data_offset + v.data_bytes), hb);
+        }
+        if (v.path && strcmp(v.path, path)) ferry_sbuf_printf(b, " in %s", v.path);
+        ferry_sbuf_puts(b, "\n");
+        if (strcmp(v.dims_json, "null")) ferry_sbuf_printf(b, "      dims %s\n", v.dims_json);
+        if (strcmp(v.fill_json, "null")) ferry_sbuf_printf(b, "      fill %s\n", v.fill_json);
+        if (strcmp(v.attrs_json, "{}")) ferry_sbuf_printf(b, "      attrs %s\n", v.attrs_json);
+    }
+}
+
+static void usage(FILE *to) {
+    fprintf(to, "usage: ferry info [--json] FILE|DIR...\n"
+                "  Variables, tensors or arrays with dtype, shape, chunks, codecs, byte ranges and\n"
+                "  attributes; for other files, the size and how much is in the page cache.\n");
+}
+
+int ferry_cli_info(ferry_ctx *ctx, int argc, char **argv) {
+    int json = 0, npaths = 0, status = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--json")) json = 1;
+        else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) { usage(stdout); return 0; }
+        else if (argv[i][0] == '-' && argv[i][1]) { fprintf(stderr, "ferry info: unknown option %s\n", argv[i]); usage(stderr); return 2; }
+        else npaths++;
+    }
+    if (!npaths) { usage(stderr); return 2; }
+    if (json && npaths > 1) printf("[");
+    int printed = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *path = argv[i];
+        if (!strcmp(path, "--json")) continue;
+        ferry_sbuf out = {0};
+        ferry_dataset *ds = NULL;
+        int rc = ferry_dataset_open(ctx, path, NULL, &ds);
+        if (rc == 0) {
+            if (json) describe_json(ds, path, &out);
+            else describe_text(ds, path, &out);
+            ferry_dataset_close(ds);
+        } else {
+            struct stat st;
+            char msg[1100];
+            snprintf(msg, sizeof msg, "%s", ferry_errmsg(ctx)[0] ? ferry_errmsg(ctx) : ferry_strerror(rc));
+            if (rc == FERRY_EUNSUPPORTED && stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
+                status |= describe_other(ctx, path, msg, json, &out);
+            } else {
+                fprintf(stderr, "ferry info: %s\n", msg);
+                status = 1;
+            }
+        }
+        char *text = ferry_sbuf_take(&out);
+        if (text && *text) {
+            if (json && printed) printf(",");
+            fputs(text, stdout);
+            if (json && npaths == 1) printf("\n");
+            printed++;
+        }
+        free(text);
+    }
+    if (json && npaths > 1) printf("]\n");
+    fflush(stdout);
+    return status;
+}
