@@ -1,0 +1,439 @@
+"""ferry.torch.ArrayDataset on the host path: order, sharding, resume, contents, loaders.
+
+Golden files are written by numpy (np.save), safetensors.numpy and zarr; contents are checked
+against numpy's own reading of the same files. Every sample carries its global id (field "id"),
+so coverage and order are checked on what the engine actually read."""
+import contextlib
+import os
+import subprocess
+import sys
+import textwrap
+import types
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader  # noqa: E402
+
+import ferry.torch as ft  # noqa: E402
+from ferry.torch import ArrayDataset, epoch_order, global_state  # noqa: E402
+
+N = 103                     # samples; shards of uneven sizes
+SHARDS = [17, 40, 1, 45]
+
+
+def _write_npy(root, n=N, sizes=SHARDS, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 255, size=(n, 3, 4, 5), dtype=np.uint8)
+    f = rng.standard_normal((n, 6)).astype(np.float32)
+    ids = np.arange(n, dtype=np.int64)
+    lo = 0
+    for i, s in enumerate(sizes):
+        np.save(root / f"x_{i}.npy", x[lo:lo + s])
+        np.save(root / f"f_{i}.npy", f[lo:lo + s])
+        np.save(root / f"id_{i}.npy", ids[lo:lo + s])
+        lo += s
+    assert lo == n
+    return {"x": x, "f": f, "id": ids}
+
+
+@pytest.fixture(scope="module")
+def npy(tmp_path_factory):
+    root = tmp_path_factory.mktemp("npy")
+    ref = _write_npy(root)
+    fields = {"x": str(root / "x_*.npy"), "f": str(root / "f_*.npy"), "id": str(root / "id_*.npy")}
+    # numpy's own reading of the files, concatenated
+    got = {k: np.concatenate([np.load(p) for p in sorted(root.glob(f"{k}_*.npy"),
+                                                         key=lambda p: int(p.stem.split("_")[1]))])
+           for k in fields}
+    for k in fields:
+        np.testing.assert_array_equal(got[k], ref[k])
+    return types.SimpleNamespace(root=root, fields=fields, ref=got)
+
+
+def _ids(batch):
+    return batch["id"].reshape(-1).tolist()
+
+
+def _check_contents(batch, ref):
+    ids = batch["id"].numpy().reshape(-1)
+    for k, v in batch.items():
+        np.testing.assert_array_equal(v.numpy().reshape((len(ids),) + ref[k].shape[1:]), ref[k][ids])
+
+
+@contextlib.contextmanager
+def _as_worker(wid, nw):
+    """Run as if inside DataLoader worker `wid` of `nw` (no process)."""
+    saved = ft.get_worker_info
+    ft.get_worker_info = lambda: types.SimpleNamespace(id=wid, num_workers=nw)
+    try:
+        yield
+    finally:
+        ft.get_worker_info = saved
+
+
+def _rank_stream(fields, rank, world, workers, **kw):
+    """Batches of one rank in the order a DataLoader with `workers` workers delivers them."""
+    if workers == 0:
+        return list(ArrayDataset(fields=fields, rank=rank, world_size=world, device="cpu", **kw))
+    per = []
+    for w in range(workers):
+        ds = ArrayDataset(fields=fields, rank=rank, world_size=world, device="cpu", **kw)
+        with _as_worker(w, workers):
+            per.append(list(ds))
+    out = []
+    for i in range(max(len(p) for p in per)):     # the DataLoader's round-robin
+        out.extend(p[i] for p in per if i < len(p))
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+def test_contents_equal_numpy(npy):
+    ds = ArrayDataset(fields=npy.fields, batch_size=8, shuffle=True, seed=3, device="cpu")
+    assert ds.num_samples == N and len(ds) == -(-N // 8)
+    assert ds.fields["x"] == ((3, 4, 5), torch.uint8)
+    seen = []
+    for b in ds:
+        assert b["x"].dtype == torch.uint8 and b["f"].dtype == torch.float32
+        assert b["id"].dtype == torch.int64 and b["x"].device.type == "cpu"
+        _check_contents(b, npy.ref)
+        seen += _ids(b)
+    assert sorted(seen) == list(range(N))
+    assert seen == epoch_order(N, 3, 0).tolist()
+    assert ds.last_path == "host"
+
+
+def test_single_source_yields_tensors_and_per_sample_mode(npy):
+    ds = ArrayDataset(npy.fields["f"], batch_size=10, device="cpu")
+    bs = list(ds)
+    assert all(isinstance(b, torch.Tensor) for b in bs)
+    np.testing.assert_array_equal(torch.cat(bs).numpy(), npy.ref["f"])
+    ds = ArrayDataset(fields=npy.fields, batch_size=None, shuffle=True, seed=1, device="cpu",
+                      sample_group=7)
+    samples = list(ds)
+    assert len(samples) == N and samples[0]["x"].shape == (3, 4, 5) and samples[0]["id"].shape == ()
+    ids = [int(s["id"]) for s in samples]
+    assert ids == epoch_order(N, 1, 0).tolist()
+    for s in samples[:20]:
+        np.testing.assert_array_equal(s["x"].numpy(), npy.ref["x"][int(s["id"])])
+
+
+def test_epoch_order_is_a_stable_function_of_seed_and_epoch():
+    a = epoch_order(1000, seed=5, epoch=2)
+    assert sorted(a.tolist()) == list(range(1000))
+    assert np.array_equal(a, epoch_order(1000, seed=5, epoch=2))
+    assert not np.array_equal(a, epoch_order(1000, seed=5, epoch=3))
+    assert not np.array_equal(a, epoch_order(1000, seed=6, epoch=2))
+    # golden values: the order must not change between numpy versions or machines
+    assert epoch_order(10, seed=0, epoch=0).tolist() == GOLDEN_10
+    assert epoch_order(5, shuffle=False).tolist() == [0, 1, 2, 3, 4]
+    b = epoch_order(100, seed=1, epoch=0, block_size=8)
+    assert sorted(b.tolist()) == list(range(100))
+    runs = np.split(b, np.flatnonzero(np.diff(b) != 1) + 1)
+    assert all(r[0] % 8 == 0 and len(r) in (8, 4) for r in runs) and len(runs) == 13
+
+
+GOLDEN_10 = [8, 5, 9, 2, 3, 7, 0, 6, 1, 4]
+
+
+def test_determinism_across_runs(npy):
+    def run():
+        return [_ids(b) for b in ArrayDataset(fields=npy.fields, batch_size=16, shuffle=True,
+                                              seed=11, device="cpu")]
+    assert run() == run()
+    ds = ArrayDataset(fields=npy.fields, batch_size=16, shuffle=True, seed=11, device="cpu")
+    e0 = [_ids(b) for b in ds]
+    e1 = [_ids(b) for b in ds]        # the finished epoch rolled over to epoch 1
+    assert ds.epoch == 2 and e0 != e1 and sorted(sum(e1, [])) == list(range(N))
+    ds.set_epoch(1)
+    assert [_ids(b) for b in ds] == e1
+
+
+@pytest.mark.parametrize("batch,drop_last", [(4, False), (4, True), (5, False), (None, False),
+                                             (None, True)])
+def test_exactly_once_for_ranks_and_workers(npy, batch, drop_last):
+    b = batch or 1
+    order = epoch_order(N, 7, 0).tolist()
+    for world in range(1, 9):
+        full = N // (world * b)
+        per_rank = []
+        for rank in range(world):
+            workers_seen = []
+            for workers in range(0, 5):
+                out = _rank_stream(npy.fields, rank, world, workers, batch_size=batch,
+                                   drop_last=drop_last, shuffle=True, seed=7, prefetch=2)
+                workers_seen.append([_ids(x) for x in out])
+            # the number of workers changes nothing in what a rank receives, nor its order
+            assert all(w == workers_seen[0] for w in workers_seen), (world, rank)
+            per_rank.append(workers_seen[0])
+        # global step s consumes positions [s*W*B, (s+1)*W*B) of the epoch order
+        for s in range(full):
+            step = sum((per_rank[r][s] for r in range(world)), [])
+            assert step == order[s * world * b:(s + 1) * world * b], (world, s)
+        got = sorted(i for r in per_rank for x in r for i in x)
+        if drop_last:
+            assert got == sorted(order[:full * world * b])
+            assert all(len(r) == full for r in per_rank)
+        else:
+            assert got == list(range(N)), world       # each sample exactly once
+            assert all(len(x) <= b for r in per_rank for x in r)
+
+
+def test_resume_mid_epoch_exact(npy):
+    kw = dict(fields=npy.fields, batch_size=6, shuffle=True, seed=2, device="cpu")
+    ds = ArrayDataset(**kw)
+    it = iter(ds)
+    first = [_ids(next(it)) for _ in range(5)]
+    state = ds.state_dict()
+    assert state["epoch"] == 0 and state["samples_consumed"] == 30 and state["seed"] == 2
+    del it
+    ds2 = ArrayDataset(fields=npy.fields, batch_size=6, shuffle=True, seed=999, device="cpu")
+    ds2.load_state_dict(state)
+    ds2.set_epoch(0)                  # same epoch: keeps the position
+    rest = [_ids(b) for b in ds2]
+    assert sum(first + rest, []) == epoch_order(N, 2, 0).tolist()
+    assert ds2.state_dict()["epoch"] == 1 and ds2.state_dict()["samples_consumed"] == 0
+    # a state saved after the last batch of an epoch resumes with nothing left of it
+    ds3 = ArrayDataset(**kw)
+    ds3.load_state_dict(dict(state, samples_consumed=N))
+    assert list(ds3) == [] and ds3.epoch == 1
+
+
+@pytest.mark.parametrize("w_from,w_to", [(2, 3), (4, 1), (1, 8), (3, 2)])
+def test_resume_with_another_world_size(npy, w_from, w_to):
+    kw = dict(fields=npy.fields, batch_size=4, shuffle=True, seed=5, device="cpu")
+    sets = [ArrayDataset(rank=r, world_size=w_from, **kw) for r in range(w_from)]
+    its = [iter(d) for d in sets]
+    consumed = []
+    for _ in range(3):                # three global steps, all ranks in lock step
+        for it in its:
+            consumed += _ids(next(it))
+    states = [d.state_dict() for d in sets]
+    assert all(s == states[0] for s in states)          # the state is global
+    assert states[0]["samples_consumed"] == 3 * w_from * 4
+    new = [ArrayDataset(rank=r, world_size=w_to, **kw) for r in range(w_to)]
+    rest = []
+    for d in new:
+        d.load_state_dict(states[0])
+        rest += [i for b in d for i in _ids(b)]
+    assert sorted(consumed + rest) == list(range(N))   # neither repeats nor skips
+    assert consumed == epoch_order(N, 5, 0)[:len(consumed)].tolist()
+
+
+def test_set_epoch_and_len(npy):
+    ds = ArrayDataset(fields=npy.fields, batch_size=10, shuffle=True, seed=0, device="cpu",
+                      rank=1, world_size=3, drop_last=True)
+    assert len(ds) == N // 30
+    ds.set_epoch(4)
+    a = [_ids(b) for b in ds]
+    assert len(a) == len(ds) and ds.epoch == 5
+    ds.set_epoch(4)
+    assert [_ids(b) for b in ds] == a
+
+
+def test_safetensors_shards(tmp_path):
+    st = pytest.importorskip("safetensors.numpy")
+    rng = np.random.default_rng(1)
+    parts = []
+    lo = 0
+    for i, s in enumerate([9, 14, 10]):
+        d = {"img": rng.integers(0, 255, (s, 2, 3), dtype=np.uint8),
+             "emb": rng.standard_normal((s, 5)).astype(np.float16),
+             "id": np.arange(lo, lo + s, dtype=np.int64),
+             "other": np.zeros(3, dtype=np.float32)}
+        st.save_file(d, str(tmp_path / f"shard-{i:02d}.safetensors"))
+        parts.append(d)
+        lo += s
+    ref = {k: np.concatenate([p[k] for p in parts]) for k in ("img", "emb", "id")}
+    glob = str(tmp_path / "shard-*.safetensors")
+    ds = ArrayDataset(fields={k: (glob, k) for k in ("img", "emb", "id")}, batch_size=5,
+                      shuffle=True, seed=4, device="cpu")
+    assert ds.num_samples == 33
+    seen = []
+    for b in ds:
+        assert b["emb"].dtype == torch.float16
+        _check_contents(b, ref)
+        seen += _ids(b)
+    assert sorted(seen) == list(range(33))
+    with pytest.raises(ValueError, match="name one"):
+        ArrayDataset(glob, device="cpu")
+
+
+def test_zarr_arrays(tmp_path):
+    zarr = pytest.importorskip("zarr")
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((50, 4, 3)).astype(np.float32)
+    ids = np.arange(50, dtype=np.int64)
+    g = zarr.open_group(str(tmp_path / "train.zarr"), mode="w", zarr_format=2)
+    g.create_array("x", data=x, chunks=(8, 4, 3), compressors=None)
+    g.create_array("id", data=ids, chunks=(16,))
+    ref = {"x": x, "id": ids}
+    path = str(tmp_path / "train.zarr")
+    ds = ArrayDataset(fields={"x": (path, "x"), "id": (path, "id")}, batch_size=7, shuffle=True,
+                      seed=9, device="cpu")
+    seen = []
+    for b in ds:
+        _check_contents(b, ref)
+        seen += _ids(b)
+    assert sorted(seen) == list(range(50))
+
+
+def test_big_endian_and_fortran_npy(tmp_path):
+    a = np.arange(60, dtype=">i4").reshape(20, 3)
+    f = np.asfortranarray(np.arange(80, dtype=np.float64).reshape(20, 4))
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "f.npy", f)
+    ds = ArrayDataset(fields={"a": str(tmp_path / "a.npy"), "f": str(tmp_path / "f.npy")},
+                      batch_size=6, shuffle=True, seed=1, device="cpu")
+    order = epoch_order(20, 1, 0)
+    got = list(ds)
+    np.testing.assert_array_equal(torch.cat([b["a"] for b in got]).numpy(), a[order].astype("<i4"))
+    np.testing.assert_array_equal(torch.cat([b["f"] for b in got]).numpy(), f[order])
+
+
+def test_cast_normalize_transform_on_host(npy):
+    mean, std = (10.0, 20.0, 30.0), (2.0, 4.0, 8.0)
+    ds = ArrayDataset(fields=npy.fields, batch_size=8, device="cpu",
+                      dtype={"x": torch.float16}, normalize={"x": (mean, std)},
+                      transform=lambda b: dict(b, y=b["id"] * 2))
+    b = next(iter(ds))
+    assert b["x"].dtype == torch.float16
+    ref = (npy.ref["x"][:8].astype(np.float32) - np.array(mean)[:, None, None]) / np.array(std)[:, None, None]
+    np.testing.assert_allclose(b["x"].float().numpy(), ref, rtol=2e-3, atol=2e-3)
+    assert b["y"].tolist() == [2 * i for i in range(8)]
+    with pytest.raises(ValueError, match="channels"):
+        ArrayDataset(fields=npy.fields, normalize={"x": ((1, 2), (1, 2))}, device="cpu")
+
+
+def test_errors_are_clear(npy, tmp_path):
+    with pytest.raises(FileNotFoundError, match="no files match"):
+        ArrayDataset(str(tmp_path / "nothing_*.npy"))
+    np.save(tmp_path / "short.npy", np.zeros((5, 2)))
+    with pytest.raises(ValueError, match="different numbers of rows"):
+        ArrayDataset(fields={"a": npy.fields["x"], "b": str(tmp_path / "short.npy")})
+    with pytest.raises(TypeError):
+        ArrayDataset()
+    ds = ArrayDataset(fields=npy.fields)
+    with pytest.raises(ValueError, match="for 103 samples|this dataset has"):
+        ArrayDataset(str(tmp_path / "short.npy")).load_state_dict(ds.state_dict())
+
+
+# ------------------------------------------------------------------------------------------
+# DataLoader, StatefulDataLoader
+# ------------------------------------------------------------------------------------------
+def test_plain_dataloader_workers_exactly_once(npy):
+    ds = ArrayDataset(fields=npy.fields, batch_size=8, shuffle=True, seed=3, device="cpu")
+    for nw in (0, 2):
+        dl = DataLoader(ds, batch_size=None, num_workers=nw)
+        seen = []
+        for b in dl:
+            _check_contents(b, npy.ref)
+            seen += _ids(b)
+        assert seen == epoch_order(N, 3, 0).tolist()
+        ds.set_epoch(0)
+
+
+def test_cuda_device_in_worker_is_a_clear_error(npy):
+    ds = ArrayDataset(fields=npy.fields, batch_size=8, device="cuda")
+    with _as_worker(0, 2):
+        with pytest.raises(RuntimeError, match="forked"):
+            next(iter(ds))
+    ds = ArrayDataset(fields=npy.fields, batch_size=8, device="cuda")
+    with pytest.raises(RuntimeError, match="forked"):
+        next(iter(DataLoader(ds, batch_size=None, num_workers=1)))
+
+
+def _sdl():
+    return pytest.importorskip("torchdata.stateful_dataloader").StatefulDataLoader
+
+
+def test_stateful_dataloader_single_process(npy):
+    SDL = _sdl()
+    kw = dict(fields=npy.fields, batch_size=6, shuffle=True, seed=8, device="cpu")
+    dl = SDL(ArrayDataset(**kw), batch_size=None, num_workers=0)
+    it = iter(dl)
+    first = [_ids(next(it)) for _ in range(7)]
+    state = dl.state_dict()
+    dl2 = SDL(ArrayDataset(**kw), batch_size=None, num_workers=0)
+    dl2.load_state_dict(state)
+    rest = [_ids(b) for b in dl2]
+    assert sum(first + rest, []) == epoch_order(N, 8, 0).tolist()
+
+
+def test_stateful_dataloader_workers_exact_and_elastic(npy):
+    SDL = _sdl()
+    kw = dict(fields=npy.fields, batch_size=5, shuffle=True, seed=6, device="cpu")
+    order = epoch_order(N, 6, 0).tolist()
+    dl = SDL(ArrayDataset(**kw), batch_size=None, num_workers=2)
+    it = iter(dl)
+    first = [_ids(next(it)) for _ in range(7)]
+    state = dl.state_dict()
+    del it
+    # same layout: each worker resumes exactly
+    dl2 = SDL(ArrayDataset(**kw), batch_size=None, num_workers=2)
+    dl2.load_state_dict(state)
+    rest = [_ids(b) for b in dl2]
+    assert sum(first + rest, []) == order
+    # another layout: through the global state (here: 3 ranks, no workers)
+    g = global_state(state)
+    assert g["samples_consumed"] == 35 and "worker" not in g
+    rest = []
+    for r in range(3):
+        d = ArrayDataset(rank=r, world_size=3, **kw)
+        d.load_state_dict(g)
+        rest += [i for b in d for i in _ids(b)]
+    assert sorted(sum(first, []) + rest) == list(range(N))
+    # loading a worker state into another layout says what to do
+    d = ArrayDataset(**kw)
+    ws = []
+    ft._find_states(state, ws)
+    d.load_state_dict([s for s in ws if s.get("worker")][0])
+    with pytest.raises(ValueError, match="global_state"):
+        next(iter(d))
+
+
+# ------------------------------------------------------------------------------------------
+# Two processes, gloo backend on the CPU
+# ------------------------------------------------------------------------------------------
+_DIST_SCRIPT = """
+import json, os, sys
+import torch, torch.distributed as dist
+sys.path.insert(0, {python!r})
+from ferry.torch import ArrayDataset
+dist.init_process_group("gloo")
+r, w = dist.get_rank(), dist.get_world_size()
+ds = ArrayDataset(fields={fields!r}, batch_size=4, shuffle=True, seed=12, drop_last=True,
+                  device="cpu")
+seen, steps = [], 0
+for b in ds:
+    seen += b["id"].tolist()
+    steps += 1
+    t = torch.tensor([steps]); dist.all_reduce(t)       # lock step, as DDP would
+    if steps == 5:
+        state = ds.state_dict()
+got = [None] * w
+dist.all_gather_object(got, (seen, state))
+if r == 0:
+    with open({out!r}, "w") as f:
+        json.dump(got, f)
+dist.destroy_process_group()
+"""
+
+
+def test_two_process_gloo(npy, tmp_path):
+    out = tmp_path / "out.json"
+    script = tmp_path / "dist_worker.py"
+    here = os.path.dirname(os.path.abspath(ft.__file__))
+    script.write_text(_DIST_SCRIPT.format(python=os.path.dirname(here), fields=npy.fields, out=str(out)))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    import json
+    got = json.loads(out.read_text())
+    (s0, st0), (s1, st1) = got
+    assert st0 == st1 and st0["samples_consumed"] == 5 * 2 * 4
+    assert not set(s0) & set(s1)
+    full = N // 8 * 8
+    assert sorted(s0 + s1) == sorted(epoch_order(N, 12, 0)[:full].tolist())
