@@ -153,8 +153,8 @@ static int job_build(ferry_ctx *ctx, const ferry_plan *plan, const ferry_run_opt
     j->places = malloc((plan->nplaces ? plan->nplaces : 1) * sizeof *j->places);
     j->strings = malloc(plan->nstr ? plan->nstr : 1);
     if (!j->ext || !j->places || !j->strings) { job_free(j); return ferry_seterr(FERRY_ENOMEM, "out of memory"); }
-    memcpy(j->places, plan->places, plan->nplaces * sizeof *j->places);
-    memcpy(j->strings, plan->strings, plan->nstr);
+    if (plan->nplaces) memcpy(j->places, plan->places, plan->nplaces * sizeof *j->places);
+    if (plan->nstr) memcpy(j->strings, plan->strings, plan->nstr);
     int has_dev = 0, has_host = 0;
     for (size_t i = 0; i < n; i++) {
         ferry_extent e = plan->ext[i];
