@@ -316,6 +316,9 @@ class _Runtime:
         self.handles.clear()
 
 
+_FORKED = []   # runtimes inherited from a parent process: kept, never closed
+
+
 class _Group:
     """A set of units read by one plan/job."""
     __slots__ = ("units", "sizes", "bufs", "job", "handles", "path")
@@ -498,7 +501,14 @@ class ArrayDataset(IterableDataset):
                 return rt
             if rt is not None and rt.pid == pid:
                 rt.close()
-            if self._ctx_arg is not None and self._ctx_pid == pid:
+            elif rt is not None:
+                # inherited through fork: its engine threads do not exist here, so it must never
+                # be destroyed in this process (that would wait for them)
+                _FORKED.append(rt)
+            if self._ctx_arg is not None and self._ctx_pid != pid:
+                _FORKED.append(self._ctx_arg)
+                self._ctx_arg = None
+            if self._ctx_arg is not None:
                 ctx = self._ctx_arg
             else:
                 threads = self.threads
@@ -516,8 +526,7 @@ class ArrayDataset(IterableDataset):
         st["_rt"] = None
         st["_rt_lock"] = None
         st["_order_cache"] = None
-        if st["_ctx_pid"] != os.getpid() or st["_ctx_arg"] is not None:
-            st["_ctx_arg"] = None   # contexts do not travel between processes
+        st["_ctx_arg"] = None   # contexts do not travel between processes
         return st
 
     def __setstate__(self, st):
