@@ -307,6 +307,7 @@ static Py_ssize_t typestr_itemsize(const char *t) {
     char *end = NULL;
     long n = strtol(t + 2, &end, 10);
     if (end == t + 2 || n <= 0) return 0;
+    if (t[1] == 'U') n *= 4;   /* numpy's unicode: UCS-4 code points */
     return (Py_ssize_t)n;
 }
 
