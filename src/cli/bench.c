@@ -1,0 +1,378 @@
+/* bench.c — `ferry bench`: every path on this machine, warm and cold, each
+ * beside the limits measured in the same run (parallel pread into pinned
+ * memory, pinned host-to-device copies, raw parallel O_DIRECT read and write)
+ * and beside what users do today (one thread: pread into pinned, then copy).
+ * Every read is verified. */
+#include "cli/cli.h"
+#include "common.h"
+#include "cuda/cuda.h"
+#include "cuda/cufile.h"
+#include <stdatomic.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+int64_t ferry_parse_size(const char *s);
+
+typedef struct bench_opts {
+    uint64_t size;
+    const char *file;
+    int threads, device, reps, cold, keep, json, latency;
+} bench_opts;
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+static double cpu_seconds(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + ru.ru_stime.tv_sec + ru.ru_stime.tv_usec * 1e-6;
+}
+
+/* the file's contents: word i of 8 bytes is mix(i) */
+static inline uint64_t mix(uint64_t i) {
+    uint64_t z = i + 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    return z ^ (z >> 27);
+}
+static void fill_pattern(uint8_t *p, uint64_t off, uint64_t n) {   /* off, n multiples of 8 */
+    uint64_t *w = (uint64_t *)p;
+    for (uint64_t i = 0; i < n / 8; i++) w[i] = mix(off / 8 + i);
+}
+static int verify(const uint8_t *p, uint64_t off, uint64_t n) {
+    const uint64_t *w = (const uint64_t *)p;
+    for (uint64_t i = 0; i < n / 8; i++) if (w[i] != mix(off / 8 + i)) return 0;
+    return 1;
+}
+
+static int drop_cache(const char *path) {
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return -1;
+    fdatasync(fd);
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    close(fd);
+    if (geteuid() == 0) {   /* as root, also drop clean caches globally */
+        sync();
+        FILE *f = fopen("/proc/sys/vm/drop_caches", "w");
+        if (f) { fputs("1\n", f); fclose(f); }
+    }
+    return 0;
+}
+
+/* ---- raw baselines: plain threads, no engine ---------------------------- */
+typedef struct raw_arg {
+    int fd; uint64_t size, chunk; int tid, n; uint8_t *buf; int write; _Atomic uint64_t *next; int err;
+} raw_arg;
+
+static void *raw_worker(void *p) {
+    raw_arg *a = p;
+    for (;;) {
+        uint64_t i = atomic_fetch_add(a->next, 1);
+        uint64_t off = i * a->chunk;
+        if (off >= a->size) break;
+        uint64_t n = FERRY_MIN(a->chunk, a->size - off);
+        ssize_t r = a->write ? pwrite(a->fd, a->buf, n, (off_t)off) : pread(a->fd, a->buf, n, (off_t)off);
+        if (r < 0) { a->err = errno; break; }
+    }
+    return NULL;
+}
+
+/* Parallel pread (or pwrite) of the whole file by n threads into their own buffers. */
+static double raw_parallel(const char *path, uint64_t size, int n, int direct, int write, void **bufs, uint64_t chunk) {
+    int fd = open(path, (write ? O_WRONLY : O_RDONLY) | (direct ? O_DIRECT : 0));
+    if (fd < 0) return -1;
+    _Atomic uint64_t next = 0;
+    pthread_t t[256];
+    raw_arg a[256];
+    double t0 = now();
+    for (int i = 0; i < n; i++) {
+        a[i] = (raw_arg){fd, size, chunk, i, n, bufs[i], write, &next, 0};
+        pthread_create(&t[i], NULL, raw_worker, &a[i]);
+    }
+    int err = 0;
+    for (int i = 0; i < n; i++) { pthread_join(t[i], NULL); if (a[i].err) err = a[i].err; }
+    if (write) fsync(fd);
+    double dt = now() - t0;
+    close(fd);
+    return err ? -1 : size / dt / 1e9;
+}
+
+/* ---- report ---------------------------------------------------------------- */
+static int json_;
+static void row(const char *what, double gbs, double cpu_per_gb, const char *note) {
+    if (json_) {
+        printf("{\"what\": \"%s\", \"gbps\": %.3f, \"cpu_s_per_gb\": %.3f, \"note\": \"%s\"}\n", what, gbs, cpu_per_gb, note ? note : "");
+        return;
+    }
+    if (gbs < 0) printf("  %-52s %10s   %s\n", what, "failed", note ? note : "");
+    else if (cpu_per_gb >= 0) printf("  %-52s %7.2f GB/s  cpu %.2f s/GB  %s\n", what, gbs, cpu_per_gb, note ? note : "");
+    else printf("  %-52s %7.2f GB/s  %s\n", what, gbs, note ? note : "");
+}
+
+static void usage(FILE *to) {
+    fprintf(to, "usage: ferry bench [--size N[K|M|G]] [--file PATH] [--threads N] [--device N]\n"
+                "                   [--reps N] [--no-cold] [--no-latency] [--keep] [--json]\n"
+                "  Creates PATH (default ./ferry-bench.bin, size 512M), measures this machine's\n"
+                "  limits and every ferry path warm and cold (cold needs posix_fadvise or root),\n"
+                "  verifies every byte, prints GB/s (10^9 bytes/s, best of --reps) and ratios.\n");
+}
+
+typedef struct ctxs { ferry_ctx *ctx; ferry_file *f; } ctxs;
+
+/* best-of-reps ferry read of the whole file into dst; verifies; cold drops the cache first */
+static double ferry_read_rate(ferry_ctx *ctx, ferry_file *f, ferry_buf dst, uint64_t size, ferry_path path,
+                              int reps, int cold, const char *file, uint8_t *check, double *cpu_gb, char *why, size_t whylen) {
+    double best = -1, bestcpu = 0;
+    for (int r = 0; r < reps; r++) {
+        if (cold) drop_cache(file);
+        ferry_plan *plan;
+        ferry_plan_create(&plan);
+        ferry_plan_read(plan, f, 0, size, dst, 0);
+        ferry_run_opts o = {path, 0, 0};
+        double c0 = cpu_seconds(), t0 = now();
+        int64_t got = ferry_run(ctx, plan, &o);
+        double dt = now() - t0, dc = cpu_seconds() - c0;
+        ferry_plan_destroy(plan);
+        if (got != (int64_t)size) { snprintf(why, whylen, "%s", ferry_errmsg(ctx)); return -1; }
+        if (dst.kind == FERRY_MEM_CUDA) {
+            if (ferry_memcpy(ctx, ferry_host_buf(check, size), dst, size) != 0) { snprintf(why, whylen, "%s", ferry_errmsg(ctx)); return -1; }
+            if (!verify(check, 0, size)) { snprintf(why, whylen, "VERIFY FAILED"); return -1; }
+        } else if (!verify(dst.ptr, 0, size)) { snprintf(why, whylen, "VERIFY FAILED"); return -1; }
+        double gbs = size / dt / 1e9;
+        if (gbs > best) { best = gbs; bestcpu = dc / (size / 1e9); }
+        if (dst.kind == FERRY_MEM_HOST) memset(dst.ptr, 0, 4096);
+    }
+    *cpu_gb = bestcpu;
+    return best;
+}
+
+static int cmp_d(const void *a, const void *b) { double x = *(const double *)a, y = *(const double *)b; return x < y ? -1 : x > y; }
+
+int ferry_cli_bench(int argc, char **argv) {
+    bench_opts o = {512ull << 20, "ferry-bench.bin", 0, 0, 3, 1, 0, 0, 1};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
+        else if (!strcmp(a, "--no-cold")) o.cold = 0;
+        else if (!strcmp(a, "--no-latency")) o.latency = 0;
+        else if (!strcmp(a, "--keep")) o.keep = 1;
+        else if (!strcmp(a, "--json")) o.json = 1;
+        else if (v && !strcmp(a, "--size")) { int64_t s = ferry_parse_size(v); if (s <= 0) { fprintf(stderr, "ferry bench: bad --size \"%s\"\n", v); return 2; } o.size = (uint64_t)s; i++; }
+        else if (v && !strcmp(a, "--file")) { o.file = v; i++; }
+        else if (v && !strcmp(a, "--threads")) { o.threads = atoi(v); i++; }
+        else if (v && !strcmp(a, "--device")) { o.device = atoi(v); i++; }
+        else if (v && !strcmp(a, "--reps")) { o.reps = atoi(v) > 0 ? atoi(v) : 1; i++; }
+        else { fprintf(stderr, "ferry bench: unknown or incomplete option \"%s\"\n", a); usage(stderr); return 2; }
+    }
+    json_ = o.json;
+    o.size = (o.size + (4 << 20) - 1) & ~(uint64_t)((4 << 20) - 1);
+    ferry_config cfg;
+    ferry_config_init(&cfg);
+    cfg.threads = o.threads;
+    ferry_ctx *ctx;
+    if (ferry_ctx_create(&ctx, &cfg) != 0) { fprintf(stderr, "ferry bench: %s\n", ferry_errmsg(NULL)); return 1; }
+    ferry_ctx_config(ctx, &cfg);
+    int ndev = ferry_cuda_device_count(ctx);
+    int gpu = ndev > o.device;
+    if (!json_) {
+        printf("ferry bench %s: file %s, %.2f GB, %d threads, staging %d x %zu KiB per thread\n", ferry_version(), o.file,
+               o.size / 1e9, cfg.threads, cfg.staging_count, cfg.staging_size >> 10);
+        printf("  CUDA: %s\n", gpu ? "available" : (*ferry_cuda_status(ctx) ? ferry_cuda_status(ctx) : "no such device"));
+        printf("  cuFile: %s\n", *ferry_cufile_status(ctx) ? ferry_cufile_status(ctx) : "GDS available");
+    }
+    uint8_t *host = NULL;
+    if (posix_memalign((void **)&host, 4096, o.size) != 0) { fprintf(stderr, "ferry bench: out of memory\n"); return 1; }
+    int nraw = cfg.threads;
+    void *bufs[256];
+    uint64_t chunk = 4u << 20;
+    for (int i = 0; i < nraw; i++) if (ferry_pinned_alloc(ctx, chunk, &bufs[i]) != 0) return 1;
+    for (int i = 0; i < nraw; i++) fill_pattern(bufs[i], 0, chunk);
+
+    /* 1. write the file: raw parallel O_DIRECT (durable) is the write limit; ferry host->file */
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.raw", o.file);
+    { int fd = open(tmp, O_CREAT | O_TRUNC | O_WRONLY, 0644); if (fd >= 0) close(fd); }
+    double raw_w = raw_parallel(tmp, o.size, nraw < 8 ? nraw : 8, 1, 1, bufs, chunk);
+    if (raw_w < 0) raw_w = raw_parallel(tmp, o.size, nraw < 8 ? nraw : 8, 0, 1, bufs, chunk);
+    unlink(tmp);
+    fill_pattern(host, 0, o.size);
+    ferry_file *f;
+    if (ferry_file_open(ctx, o.file, FERRY_READ | FERRY_WRITE | FERRY_CREATE | FERRY_TRUNC, &f) != 0) {
+        fprintf(stderr, "ferry bench: %s\n", ferry_errmsg(ctx));
+        return 1;
+    }
+    if (!json_) printf("\nwrites (durable: fsync included)\n");
+    row("limit: raw parallel O_DIRECT write, 8 threads", raw_w, -1, "");
+    double c0 = cpu_seconds(), t0 = now();
+    int64_t w = ferry_pwrite(f, ferry_host_buf(host, o.size), 0, o.size, FERRY_SYNC);
+    double hw = w == (int64_t)o.size ? o.size / (now() - t0) / 1e9 : -1;
+    char note[512];
+    snprintf(note, sizeof note, "%.2fx the raw limit", raw_w > 0 ? hw / raw_w : 0);
+    row("ferry host memory -> file", hw, (cpu_seconds() - c0) / (o.size / 1e9), w < 0 ? ferry_errmsg(ctx) : note);
+
+    uintptr_t dptr = 0;
+    if (gpu && ferry_cuda_malloc(ctx, o.device, o.size, &dptr) != 0) { fprintf(stderr, "ferry bench: %s\n", ferry_errmsg(ctx)); gpu = 0; }
+    ferry_buf dbuf = ferry_cuda_buf(o.device, dptr, o.size);
+    if (gpu) {
+        ferry_memcpy(ctx, dbuf, ferry_host_buf(host, o.size), o.size);
+        char path2[4096];
+        snprintf(path2, sizeof path2, "%s.gpu", o.file);
+        ferry_file *g;
+        if (ferry_file_open(ctx, path2, FERRY_WRITE | FERRY_CREATE | FERRY_TRUNC, &g) == 0) {
+            c0 = cpu_seconds(); t0 = now();
+            w = ferry_pwrite(g, dbuf, 0, o.size, FERRY_SYNC);
+            double gw = w == (int64_t)o.size ? o.size / (now() - t0) / 1e9 : -1;
+            snprintf(note, sizeof note, "%.2fx the raw limit", raw_w > 0 ? gw / raw_w : 0);
+            row("ferry GPU memory -> file (staged)", gw, (cpu_seconds() - c0) / (o.size / 1e9), w < 0 ? ferry_errmsg(ctx) : note);
+            /* the GPU-written file must hold the same bytes */
+            memset(host, 0, o.size);
+            if (ferry_pread(g, ferry_host_buf(host, o.size), 0, o.size, 0) != (int64_t)o.size || !verify(host, 0, o.size))
+                row("ferry GPU memory -> file (staged)", -1, -1, "VERIFY FAILED");
+            ferry_file_close(g);
+            unlink(path2);
+        }
+    }
+
+    /* 2. warm page cache: limits */
+    if (ferry_pread(f, ferry_host_buf(host, o.size), 0, o.size, 0) != (int64_t)o.size) { fprintf(stderr, "ferry bench: %s\n", ferry_errmsg(ctx)); return 1; }
+    if (!json_) printf("\nreads, page cache warm (best of %d)\n", o.reps);
+    double lim_pread = 0;
+    for (int r = 0; r < o.reps; r++) { double x = raw_parallel(o.file, o.size, nraw, 0, 0, bufs, chunk); if (x > lim_pread) lim_pread = x; }
+    snprintf(note, sizeof note, "%d threads", nraw);
+    row("limit: parallel pread -> pinned memory", lim_pread, -1, note);
+    double lim_h2d = 0, user1 = 0;
+    const ferry_cuda_api *cu = gpu ? ferry_cuda_load(NULL) : NULL;
+    if (gpu) {
+        ferry_cuda_use_device(o.device);
+        CUstream s;
+        cu->StreamCreate(&s, FERRY_CU_STREAM_NON_BLOCKING);
+        uint64_t n = FERRY_MIN(o.size, (uint64_t)(1u << 30));
+        void *pin;
+        ferry_pinned_alloc(ctx, n, &pin);
+        for (int r = 0; r < o.reps; r++) {
+            double a = now();
+            for (uint64_t off = 0; off < o.size; off += n) cu->MemcpyHtoDAsync(dptr + off, pin, FERRY_MIN(n, o.size - off), s);
+            cu->StreamSynchronize(s);
+            double x = o.size / (now() - a) / 1e9;
+            if (x > lim_h2d) lim_h2d = x;
+        }
+        ferry_pinned_free(ctx, pin);
+        row("limit: pinned host -> device copy, one stream", lim_h2d, -1, "");
+        /* what users do today: one thread, pread into a pinned buffer, copy, repeat */
+        int fd = open(o.file, O_RDONLY);
+        for (int r = 0; r < o.reps && fd >= 0; r++) {
+            double a = now();
+            for (uint64_t off = 0; off < o.size; off += chunk) {
+                uint64_t m = FERRY_MIN(chunk, o.size - off);
+                if (pread(fd, bufs[0], m, (off_t)off) != (ssize_t)m) break;
+                cu->MemcpyHtoDAsync(dptr + off, bufs[0], m, s);
+                cu->StreamSynchronize(s);
+            }
+            double x = o.size / (now() - a) / 1e9;
+            if (x > user1) user1 = x;
+        }
+        if (fd >= 0) close(fd);
+        cu->StreamDestroy(s);
+        row("today: 1 thread pread -> pinned, then copy", user1, -1, "");
+    }
+    double cpu_gb;
+    char why[1024] = "";
+    double hwarm = ferry_read_rate(ctx, f, ferry_host_buf(host, o.size), o.size, FERRY_PATH_AUTO, o.reps, 0, o.file, NULL, &cpu_gb, why, sizeof why);
+    snprintf(note, sizeof note, "%.2fx parallel pread", lim_pread > 0 ? hwarm / lim_pread : 0);
+    row("ferry file -> host memory (host path)", hwarm, cpu_gb, hwarm < 0 ? why : note);
+    if (gpu) {
+        double sw = ferry_read_rate(ctx, f, dbuf, o.size, FERRY_PATH_STAGED, o.reps, 0, o.file, host, &cpu_gb, why, sizeof why);
+        snprintf(note, sizeof note, "%.2fx pread limit, %.2fx H2D limit, %.1fx today's 1-thread path",
+                 sw / lim_pread, lim_h2d > 0 ? sw / lim_h2d : 0, user1 > 0 ? sw / user1 : 0);
+        row("ferry file -> GPU memory (staged)", sw, cpu_gb, sw < 0 ? why : note);
+        double cw = ferry_read_rate(ctx, f, dbuf, o.size, FERRY_PATH_CUFILE, o.reps, 0, o.file, host, &cpu_gb, why, sizeof why);
+        row(ferry_cufile_native() ? "ferry file -> GPU memory (cufile, GDS)" : "ferry file -> GPU memory (cufile, compat mode)",
+            cw, cpu_gb, cw < 0 ? why : "");
+    }
+
+    /* 3. cold cache */
+    if (o.cold) {
+        if (!json_) printf("\nreads, page cache cold (posix_fadvise DONTNEED%s before each run)\n", geteuid() == 0 ? " + drop_caches" : "");
+        drop_cache(o.file);
+        ferry_file *probe;
+        ferry_file_open(ctx, o.file, FERRY_READ, &probe);
+        int64_t res = ferry_file_cached(probe, 0, o.size);
+        ferry_file_close(probe);
+        if (!json_) printf("  (after dropping: %.1f%% of the file still cached)\n", 100.0 * (double)res / (double)o.size);
+        double lim_cold = 0;
+        void *dbufs[256];
+        for (int i = 0; i < nraw; i++) dbufs[i] = bufs[i];
+        int nt[3] = {1, 8, 32};
+        for (int k = 0; k < 3; k++) {
+            int t = nt[k] > nraw ? nraw : nt[k];
+            drop_cache(o.file);
+            double x = raw_parallel(o.file, o.size, t, 1, 0, dbufs, chunk);
+            snprintf(note, sizeof note, "%d threads", t);
+            row("limit: raw parallel O_DIRECT read", x, -1, note);
+            if (x > lim_cold) lim_cold = x;
+        }
+        double hc = ferry_read_rate(ctx, f, ferry_host_buf(host, o.size), o.size, FERRY_PATH_AUTO, 1, 1, o.file, NULL, &cpu_gb, why, sizeof why);
+        snprintf(note, sizeof note, "%.2fx the raw O_DIRECT limit", lim_cold > 0 ? hc / lim_cold : 0);
+        row("ferry file -> host memory, cold", hc, cpu_gb, hc < 0 ? why : note);
+        if (gpu) {
+            double sc = ferry_read_rate(ctx, f, dbuf, o.size, FERRY_PATH_STAGED, 1, 1, o.file, host, &cpu_gb, why, sizeof why);
+            snprintf(note, sizeof note, "%.2fx the raw O_DIRECT limit", lim_cold > 0 ? sc / lim_cold : 0);
+            row("ferry file -> GPU memory (staged), cold", sc, cpu_gb, sc < 0 ? why : note);
+        }
+    }
+
+    /* 4. small reads into GPU memory: latency */
+    if (gpu && o.latency) {
+        if (!json_) printf("\nsmall reads into GPU memory, page cache warm: latency p50 / p99 (microseconds)\n");
+        ferry_pread(f, ferry_host_buf(host, o.size), 0, o.size, 0);
+        static const uint64_t sz[4] = {4096, 65536, 262144, 1 << 20};
+        int fd = open(o.file, O_RDONLY);
+        ferry_cuda_use_device(o.device);
+        for (int k = 0; k < 4; k++) {
+            enum { N = 300 };
+            double a[N], b[N];
+            for (int i = 0; i < N; i++) {
+                uint64_t off = (mix((uint64_t)i * 7 + k) % (o.size / 4096 - 256)) * 4096;
+                double t = now();
+                ferry_pread(f, ferry_cuda_buf(o.device, dptr, sz[k]), off, sz[k], 0);
+                a[i] = (now() - t) * 1e6;
+                t = now();
+                if (pread(fd, bufs[0], sz[k], (off_t)off) < 0) break;
+                cu->MemcpyHtoDAsync(dptr, bufs[0], sz[k], NULL);
+                cu->StreamSynchronize(NULL);
+                b[i] = (now() - t) * 1e6;
+            }
+            qsort(a, N, sizeof *a, cmp_d);
+            qsort(b, N, sizeof *b, cmp_d);
+            if (json_) printf("{\"what\": \"latency %" PRIu64 "\", \"ferry_p50_us\": %.1f, \"ferry_p99_us\": %.1f, \"pread_copy_p50_us\": %.1f, \"pread_copy_p99_us\": %.1f}\n",
+                              sz[k], a[N / 2], a[N * 99 / 100], b[N / 2], b[N * 99 / 100]);
+            else printf("  %7" PRIu64 " bytes: ferry %7.1f / %7.1f   pread + copy %7.1f / %7.1f\n", sz[k], a[N / 2], a[N * 99 / 100], b[N / 2], b[N * 99 / 100]);
+        }
+        if (fd >= 0) close(fd);
+    }
+
+    ferry_stats st;
+    ferry_stats_get(ctx, &st);
+    if (!json_) {
+        printf("\npaths used (ferry_stats): ");
+        for (int p = 1; p < FERRY_PATH_COUNT_; p++)
+            printf("%s %.2f GB in %" PRIu64 " ops; ", ferry_path_name((ferry_path)p), st.path[p].bytes / 1e9, st.path[p].ops);
+        printf("O_DIRECT %.2f GB, buffered %.2f GB\n", st.direct_bytes / 1e9, st.buffered_bytes / 1e9);
+    }
+    if (gpu) ferry_cuda_free(ctx, dptr);
+    for (int i = 0; i < nraw; i++) ferry_pinned_free(ctx, bufs[i]);
+    free(host);
+    ferry_file_close(f);
+    if (!o.keep) unlink(o.file);
+    ferry_ctx_destroy(ctx);
+    return 0;
+}

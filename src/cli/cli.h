@@ -1,0 +1,7 @@
+/* cli.h — subcommands of the `ferry` command. */
+#ifndef FERRY_CLI_H
+#define FERRY_CLI_H
+#include "ferry.h"
+/* argv[0] is the subcommand name. Return the process exit status. */
+int ferry_cli_bench(int argc, char **argv);
+#endif
