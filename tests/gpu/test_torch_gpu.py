@@ -1,0 +1,167 @@
+"""ferry.torch.ArrayDataset on CUDA: batches on cuda:0, stream hand-off, memory reuse, casting.
+
+Skips (with the reason) where torch or ferry cannot use a GPU."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device visible to torch", allow_module_level=True)
+
+from ferry import _ferry  # noqa: E402
+from ferry.torch import ArrayDataset, epoch_order  # noqa: E402
+
+_ctx = _ferry.Context()
+if _ctx.cuda_device_count() == 0:
+    pytest.skip(f"ferry cannot use CUDA: {_ctx.cuda_status}", allow_module_level=True)
+
+N = 517
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gpu")
+    rng = np.random.default_rng(0)
+    img = rng.integers(0, 255, (N, 3, 32, 32), dtype=np.uint8)
+    vec = rng.standard_normal((N, 1000)).astype(np.float32)
+    ids = np.arange(N, dtype=np.int64)
+    lo = 0
+    for i, s in enumerate([200, 117, 200]):
+        np.save(root / f"img_{i}.npy", img[lo:lo + s])
+        np.save(root / f"vec_{i}.npy", vec[lo:lo + s])
+        np.save(root / f"id_{i}.npy", ids[lo:lo + s])
+        lo += s
+    fields = {k: str(root / f"{k}_*.npy") for k in ("img", "vec", "id")}
+    return fields, {"img": img, "vec": vec, "id": ids}
+
+
+def test_batches_on_cuda_equal_numpy(data):
+    fields, ref = data
+    ds = ArrayDataset(fields=fields, batch_size=64, shuffle=True, seed=1, device="cuda:0")
+    seen = []
+    for b in ds:
+        assert all(v.device == torch.device("cuda", 0) for v in b.values())
+        ids = b["id"].cpu().numpy()
+        np.testing.assert_array_equal(b["img"].cpu().numpy(), ref["img"][ids])
+        np.testing.assert_array_equal(b["vec"].cpu().numpy(), ref["vec"][ids])
+        seen += ids.tolist()
+    assert seen == epoch_order(N, 1, 0).tolist()
+    assert ds.last_path in ("staged", "cufile")
+    # device=None picks the GPU
+    b = next(iter(ArrayDataset(fields=fields, batch_size=8)))
+    assert b["img"].is_cuda
+
+
+@pytest.mark.parametrize("busy", [False, True])
+def test_stream_handoff_and_memory_reuse_under_load(data, busy):
+    """The consumer works on its own (non-default) stream, delays every check behind a sleep
+    kernel and keeps another stream busy with matmuls; every batch must still hold its rows when
+    the delayed check runs (no early reuse of its memory, no read before ferry's copies)."""
+    fields, ref = data
+    img_ref = torch.from_numpy(ref["img"]).cuda()
+    vec_ref = torch.from_numpy(ref["vec"]).cuda()
+    kw = dict(dtype={"vec": torch.float64}, transform=lambda b: dict(b, twice=b["vec"] * 2)) if busy else {}
+    ds = ArrayDataset(fields=fields, batch_size=32, shuffle=True, seed=2, device="cuda:0",
+                      prefetch=6, **kw)
+    consumer, other = torch.cuda.Stream(), torch.cuda.Stream()
+    a = torch.randn(2048, 2048, device="cuda")
+    bad = torch.zeros((), dtype=torch.int64, device="cuda")
+    count = 0
+    consumer.wait_stream(torch.cuda.current_stream())
+    other.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(consumer):
+        for b in ds:
+            with torch.cuda.stream(other):
+                for _ in range(4):
+                    a = (a @ a).tanh_()
+            torch.cuda._sleep(2_000_000)          # the check runs late, on the consumer's stream
+            ids = b["id"]
+            bad += (b["img"] != img_ref[ids]).sum()
+            vec = vec_ref[ids].double() if busy else vec_ref[ids]
+            bad += (b["vec"] != vec).sum()
+            if busy:
+                bad += (b["twice"] != 2 * vec).sum()
+            count += 1
+            del b
+    torch.cuda.synchronize()
+    assert count == -(-N // 32)
+    assert int(bad) == 0
+
+
+def test_cast_normalize_transform_on_gpu(data):
+    fields, ref = data
+    mean, std = (100.0, 110.0, 120.0), (50.0, 60.0, 70.0)
+    stream_seen = []
+    def tf(b):
+        stream_seen.append(torch.cuda.current_stream().cuda_stream)
+        return {"img": b["img"].flip(-1), "id": b["id"]}
+    ds = ArrayDataset(fields={"img": fields["img"], "id": fields["id"]}, batch_size=50, device="cuda:0",
+                      dtype={"img": torch.float16}, normalize={"img": (mean, std)}, transform=tf)
+    for b in ds:
+        ids = b["id"].cpu().numpy()
+        x = (ref["img"][ids].astype(np.float32) - np.array(mean)[:, None, None]) / np.array(std)[:, None, None]
+        assert b["img"].dtype == torch.float16
+        np.testing.assert_allclose(b["img"].float().cpu().numpy(), x[..., ::-1], rtol=3e-3, atol=3e-3)
+    # the transform ran on ferry's stream, not the consumer's
+    assert stream_seen and all(s != torch.cuda.current_stream().cuda_stream for s in stream_seen)
+
+
+def test_per_sample_mode_and_resume_on_gpu(data):
+    fields, ref = data
+    ds = ArrayDataset(fields=fields, batch_size=None, shuffle=True, seed=3, device="cuda:0")
+    it = iter(ds)
+    first = [int(next(it)["id"]) for _ in range(100)]
+    state = ds.state_dict()
+    del it
+    ds2 = ArrayDataset(fields=fields, batch_size=None, shuffle=True, seed=3, device="cuda:0")
+    ds2.load_state_dict(state)
+    rest = []
+    for s in ds2:
+        i = int(s["id"])
+        rest.append(i)
+        if i % 50 == 0:
+            np.testing.assert_array_equal(s["img"].cpu().numpy(), ref["img"][i])
+    assert first + rest == epoch_order(N, 3, 0).tolist()
+
+
+_NCCL_SCRIPT = """
+import json, sys
+import torch, torch.distributed as dist
+sys.path.insert(0, {python!r})
+from ferry.torch import ArrayDataset
+dist.init_process_group("nccl")
+r = dist.get_rank(); torch.cuda.set_device(r)
+ds = ArrayDataset(fields={fields!r}, batch_size=16, shuffle=True, seed=4, drop_last=True)
+ids = []
+for b in ds:
+    assert b["img"].device == torch.device("cuda", r)
+    t = torch.ones((), device="cuda"); dist.all_reduce(t)
+    ids.append(b["id"])
+mine = torch.cat(ids)
+got = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+dist.all_gather(got, mine)
+if r == 0:
+    json.dump([g.tolist() for g in got], open({out!r}, "w"))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs for the NCCL test")
+def test_two_gpus_nccl(data, tmp_path):
+    import json
+    fields, _ = data
+    out = tmp_path / "out.json"
+    script = tmp_path / "nccl_worker.py"
+    here = os.path.dirname(os.path.dirname(os.path.abspath(_ferry.__file__)))
+    script.write_text(_NCCL_SCRIPT.format(python=here, fields=fields, out=str(out)))
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        "--nproc_per_node=2", str(script)], capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    g0, g1 = json.loads(out.read_text())
+    assert not set(g0) & set(g1)
+    full = N // 32 * 32
+    assert sorted(g0 + g1) == sorted(epoch_order(N, 4, 0)[:full].tolist())
