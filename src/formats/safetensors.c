@@ -427,8 +427,9 @@ static int st_open(ferry_dataset *ds, const ferry_open_opts *opts) {
         qsort(copy, (size_t)ds->nvars, sizeof *copy, cmp_name);
         for (int i = 1; i < ds->nvars && !rc; i++)
             if (!strcmp(copy[i - 1].info.name, copy[i].info.name))
-                rc = ferry_seterr(FERRY_EFORMAT, "%s: tensor \"%s\" appears in more than one shard", ds->path,
-                                  copy[i].info.name);
+                rc = ferry_seterr(FERRY_EFORMAT, "%s: byte %llu: tensor \"%s\" appears in more than one shard (%s)",
+                                  copy[i].info.path, (unsigned long long)((const st_tensor *)copy[i].fmt)->node->pos,
+                                  copy[i].info.name, ds->path);
         free(copy);
     }
     return rc;
