@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# gpu-run.sh STEP... — build and run on the GPU machine (no registry there):
+# the system python3, carried headers in .deps/include, the machine's own
+# zstd/lz4/zlib runtime libraries. Logs go to $OUT (or ./gpu-out).
+#   steps: build test bench pybench
+set -u
+OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/python
+export CUFILE_ENV_PATH_JSON=$PWD/tests/gpu/cufile-compat.json
+mkdir -p .deps/lib
+for l in zstd lz4 z; do
+    so=$(ls /usr/lib/x86_64-linux-gnu/lib$l.so.1 /lib/x86_64-linux-gnu/lib$l.so.1 /usr/lib64/lib$l.so.1 2>/dev/null | head -1)
+    [ -n "$so" ] && ln -sf "$so" .deps/lib/lib$l.so
+done
+for step in "$@"; do
+    case $step in
+    build)
+        { nvidia-smi -L; nproc; free -g | head -2; df -h . | tail -1; command -v nvcc; python3 -V;
+          python3 -c 'import torch, numpy; print("torch", torch.__version__, "numpy", numpy.__version__)'; } > "$OUT/machine.txt" 2>&1
+        make -j8 lib cli python PYTHON=python3 > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+        echo "build ok" ;;
+    test)
+        FERRY_TEST_DIR=$PWD timeout 400 tests/gpu/run.sh python3 > "$OUT/gpu-tests.log" 2>&1; echo "gpu tests exit $?"
+        grep -E "passed|failed|FAIL|skip" "$OUT/gpu-tests.log" | tail -25 ;;
+    bench)
+        timeout 300 ./build/ferry bench --size 4G --reps 3 --file "$PWD/ferry-bench.bin" > "$OUT/bench.txt" 2>&1; echo "bench exit $?"
+        cat "$OUT/bench.txt" ;;
+    pybench)
+        for b in bench/bench_*.py; do
+            timeout 240 python3 "$b" --smoke > "$OUT/$(basename "$b" .py).txt" 2>&1; echo "$b exit $?"
+            tail -15 "$OUT/$(basename "$b" .py).txt"
+        done ;;
+    esac
+done
