@@ -1352,6 +1352,7 @@ static PyObject *Plan_fill(PlanObject *self, PyObject *args, PyObject *kw) {
     e.dst = d.buf;
     e.dst_offset = doff;
     e.decoded_size = count * (unsigned long long)item;
+    e.length = e.decoded_size;   /* FILL: the bytes filled (the engine reads length) */
     memcpy(e.fill, val.buf, (size_t)item);
     ferry_place pl;
     memset(&pl, 0, sizeof pl);
@@ -1543,7 +1544,7 @@ static PyObject *Plan_extent(PlanObject *self, PyObject *args, PyObject *kw) {
                 e.decoded_size = len ? len : (d.buf.size > doff ? d.buf.size - doff : 0);
             }
         }
-        e.length = 0;
+        e.length = e.decoded_size;   /* FILL: the bytes filled (the engine reads length) */
     }
     /* Bounds check of a contiguous placement here: a clear Python error. */
     if (!e.place && e.kind != FERRY_EXTENT_WRITE &&

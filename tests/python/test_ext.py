@@ -1,0 +1,415 @@
+"""ferry._ferry and the ferry package on the host path: reads into numpy,
+bytearray and raw pointers, errors, jobs, DLPack / array-interface round trips,
+statistics. Golden data are written by numpy in the tests themselves."""
+import gc
+import os
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import ferry
+from ferry import _ferry
+
+
+@pytest.fixture(scope="module")
+def ctx():
+    c = ferry.Context(threads=4)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def blob(tmp_path):
+    rng = np.random.default_rng(0)
+    data = rng.integers(0, 256, size=1 << 20, dtype=np.uint8).tobytes() + b"tail!"
+    p = tmp_path / "blob.bin"
+    p.write_bytes(data)
+    return str(p), data
+
+
+def test_version_and_constants():
+    assert ferry.__version__ == _ferry.version() == "0.1.0"
+    assert ferry.PATHS == ("auto", "cufile", "staged", "host")
+    assert _ferry.strerror(_ferry.ENOTFOUND)
+    assert _ferry.CODEC_ZLIB == 1 and _ferry.MAX_DIMS == 16
+
+
+def test_context_config_and_status(ctx):
+    cfg = ctx.config()
+    assert cfg["threads"] == 4 and cfg["path"] == "auto"
+    assert isinstance(ctx.cuda_status, str) and isinstance(ctx.cufile_status, str)
+    assert ctx.cuda_device_count() >= 0
+    with pytest.raises(ValueError):
+        ferry.Context(path="warp")
+
+
+@pytest.mark.parametrize("off,n", [(0, 0), (0, 1), (1, 4095), (4095, 4097), (12345, 100000)])
+def test_pread_numpy(ctx, blob, off, n):
+    path, data = blob
+    f = ferry.File(ctx, path)
+    a = np.zeros(n, np.uint8)
+    assert f.pread(a, off) == n
+    assert a.tobytes() == data[off:off + n]
+    f.close()
+
+
+def test_pread_bytearray_memoryview_and_tuple(ctx, blob):
+    path, data = blob
+    with ferry.File(ctx, path) as f:
+        assert f.size == len(data)
+        b = bytearray(1000)
+        assert f.pread(b, 7) == 1000 and bytes(b) == data[7:1007]
+        mv = memoryview(bytearray(50))
+        assert f.pread(mv, 3) == 50 and mv.tobytes() == data[3:53]
+        a = np.zeros(300, np.uint8)
+        assert f.pread((a.ctypes.data, a.nbytes, -1), 99) == 300
+        assert a.tobytes() == data[99:399]
+        # past the end: a short count like pread
+        b = bytearray(100)
+        assert f.pread(b, len(data) - 10) == 10
+        assert bytes(b[:10]) == data[-10:]
+
+
+def test_pread_into_readonly_fails(ctx, blob):
+    path, _ = blob
+    with ferry.File(ctx, path) as f:
+        with pytest.raises((ValueError, TypeError, BufferError)):
+            f.pread(b"immutable bytes", 0)
+        a = np.zeros(10, np.uint8)
+        a.flags.writeable = False
+        with pytest.raises((ValueError, BufferError)):
+            f.pread(a, 0)
+        with pytest.raises((ValueError, BufferError)):
+            f.pread(np.zeros((10, 10), np.uint8)[:, ::2], 0)   # not contiguous
+        with pytest.raises(TypeError):
+            f.pread(12345, 0)
+
+
+def test_pwrite_roundtrip(ctx, tmp_path):
+    p = str(tmp_path / "w.bin")
+    src = np.arange(10000, dtype=np.int32)
+    with ferry.File(ctx, p, "w") as f:
+        assert f.pwrite(src, 0) == src.nbytes
+        assert f.pwrite(b"xyz", src.nbytes) == 3
+        f.sync()
+    raw = open(p, "rb").read()
+    assert raw[:src.nbytes] == src.tobytes() and raw[-3:] == b"xyz"
+    with ferry.File(ctx, p, "r+") as f:
+        f.truncate(16)
+        assert f.size == 16
+        assert 0 <= f.cached() <= 16
+
+
+def test_errors_name_the_file(ctx, tmp_path):
+    missing = str(tmp_path / "nope.bin")
+    with pytest.raises(ferry.FerryError) as ei:
+        ferry.File(ctx, missing)
+    e = ei.value
+    assert e.code < 0 and "nope.bin" in e.message and "nope.bin" in str(e)
+    assert isinstance(e, Exception) and not isinstance(e, OSError)
+    with pytest.raises(ferry.FerryError) as ei:
+        ferry.File(ctx, str(tmp_path))          # a directory
+    assert str(tmp_path) in ei.value.message
+    with pytest.raises(ferry.FerryError) as ei:
+        ferry.read(missing)
+    assert "nope.bin" in str(ei.value)
+    # a malformed file of a known format
+    bad = tmp_path / "bad.npy"
+    bad.write_bytes(b"\x93NUMPY\x01\x00\x10\x00{'descr': '<f4'")
+    with pytest.raises(ferry.FerryError) as ei:
+        ferry.Dataset(ctx, str(bad))
+    assert "bad.npy" in ei.value.message
+
+
+def test_plan_read_file_fill_extent(ctx, blob):
+    path, data = blob
+    f = ferry.File(ctx, path)
+    dst = np.zeros(4096, np.uint8)
+    plan = ferry.Plan()
+    plan.read_file(f, 100, 1000, dst)
+    plan.read_file(f, 5000, 1000, dst, 1000)
+    plan.fill(dst, b"\x07", 2000, 96)
+    plan.fill(dst, np.int32(-2).tobytes(), 2096, 100)
+    assert len(plan) == 4 and plan.file_bytes == 2000
+    assert ctx.run(plan) == 2000
+    assert dst[:1000].tobytes() == data[100:1100]
+    assert dst[1000:2000].tobytes() == data[5000:6000]
+    assert (dst[2000:2096] == 7).all()
+    assert (dst[2096:2496].view(np.int32) == -2).all()
+    assert (dst[2496:] == 0).all()
+    with pytest.raises(ValueError):
+        plan.read_file(f, 0, 5000, dst)            # does not fit
+    with pytest.raises(ValueError):
+        plan.fill(dst, b"", 0)
+
+
+def test_plan_extent_generic(ctx, tmp_path):
+    import zlib
+    a = np.arange(64 * 32, dtype=np.float32).reshape(64, 32)
+    comp = zlib.compress(a.tobytes())
+    p = tmp_path / "c.bin"
+    p.write_bytes(b"HEAD" + comp + a.astype(">f4").tobytes())
+    plan = ferry.Plan()
+    out = np.zeros((64, 32), np.float32)
+    plan.extent(path=str(p), offset=4, length=len(comp), codecs=[("zlib", 0)], decoded_size=a.nbytes, dst=out,
+                label="a")
+    # a tile: rows 10..19, cols 4..11 of the big-endian copy into a (10, 8) box
+    tile = np.zeros((10, 8), np.float32)
+    plan.extent(path=str(p), offset=4 + len(comp), length=a.nbytes, codecs=[("byteswap", 4)],
+                decoded_size=a.nbytes, dst=tile,
+                place={"itemsize": 4, "count": [10, 8], "src_stride": [128, 4], "dst_stride": [32, 4],
+                       "src_offset": (10 * 32 + 4) * 4})
+    fill = np.zeros((3, 5), np.float64)
+    plan.extent(kind="fill", dst=fill, fill=np.float64(1.5).tobytes(),
+                place={"itemsize": 8, "count": [3, 5], "src_stride": [0, 0], "dst_stride": [40, 8]})
+    ctx.run(plan)
+    np.testing.assert_array_equal(out, a)
+    np.testing.assert_array_equal(tile, a[10:20, 4:12])
+    assert (fill == 1.5).all()
+    with pytest.raises(ValueError):
+        plan.extent(path=str(p), offset=0, length=8, codecs=[("zlib", 0)], dst=out)   # decoded_size missing
+    with pytest.raises(ValueError):
+        plan.extent(kind="fill", dst=fill, fill=b"12")   # fill must be the element size (1 without place)
+    with pytest.raises(ValueError):
+        plan.extent(kind="teleport", dst=fill)
+
+
+def test_codec_error_is_ferry_error(ctx, tmp_path):
+    p = tmp_path / "junk.bin"
+    p.write_bytes(b"not zlib at all" * 10)
+    plan = ferry.Plan()
+    out = np.zeros(1000, np.uint8)
+    plan.extent(path=str(p), offset=0, length=150, codecs=["zlib"], decoded_size=1000, dst=out, label="junkvar")
+    with pytest.raises(ferry.FerryError) as ei:
+        ctx.run(plan)
+    assert ei.value.code < 0 and ei.value.message
+
+
+def test_jobs_keep_buffers_alive(ctx, blob):
+    path, data = blob
+    f = ferry.File(ctx, path)
+    plan = ferry.Plan()
+    dst = bytearray(len(data))
+    plan.read_file(f, 0, len(data), dst)
+    job = ctx.submit(plan, threads=2)
+    del plan
+    gc.collect()
+    with pytest.raises(BufferError):
+        dst.extend(b"x")              # exported while the job may run
+    assert job.wait() == len(data)
+    assert job.done() and job.path == "host"
+    assert bytes(dst) == data
+    dst.extend(b"x")                  # released after wait
+    # a job freed without wait completes first
+    plan = ferry.Plan()
+    a = np.zeros(len(data), np.uint8)
+    plan.read_file(f, 0, len(data), a)
+    j2 = ctx.submit(plan)
+    del j2
+    gc.collect()
+    assert a.tobytes() == data
+
+
+def test_job_failure_raises(ctx, tmp_path):
+    p = tmp_path / "short.bin"
+    p.write_bytes(b"12345")
+    f = ferry.File(ctx, str(p))
+    plan = ferry.Plan()
+    plan.read_file(f, 0, 100, bytearray(100))
+    job = ctx.submit(plan)
+    with pytest.raises(ferry.FerryError) as ei:
+        job.wait()
+    assert ei.value.code == _ferry.ESHORT and "short.bin" in ei.value.message
+    with pytest.raises(ferry.FerryError):
+        job.wait()                     # the result is kept
+
+
+def test_threads_release_gil(ctx, blob):
+    path, data = blob
+    errors = []
+
+    def work():
+        try:
+            for _ in range(20):
+                a = np.empty(len(data), np.uint8)
+                with ferry.File(ctx, path) as f:
+                    f.pread(a)
+                assert a.tobytes() == data
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+    ts = [threading.Thread(target=work) for _ in range(8)]
+    [t.start() for t in ts]
+    [t.join() for t in ts]
+    assert not errors
+
+
+def test_array_host_interfaces():
+    a = ferry.empty((3, 4), np.float32)
+    assert isinstance(a, ferry.Array)
+    assert a.shape == (3, 4) and a.typestr == "<f4" and a.device == -1 and a.nbytes == 48
+    assert a.ptr % 4096 == 0
+    n = np.asarray(a)
+    assert n.shape == (3, 4) and n.dtype == np.float32
+    n[...] = np.arange(12).reshape(3, 4)
+    ai = a.__array_interface__
+    assert ai["version"] == 3 and ai["data"][0] == a.ptr and ai["typestr"] == "<f4"
+    with pytest.raises(AttributeError):
+        a.__cuda_array_interface__
+    mv = memoryview(a)
+    assert mv.format in ("<f", "f") and mv.shape == (3, 4)
+    assert a.__dlpack_device__() == (1, 0)
+    back = np.from_dlpack(a)
+    np.testing.assert_array_equal(back, np.arange(12).reshape(3, 4))
+    back[0, 0] = 99                       # shared memory, no copy
+    assert n[0, 0] == 99
+    del a, n, mv
+    gc.collect()
+    assert back[0, 0] == 99               # the capsule keeps the memory alive
+
+
+def test_array_datetime_and_big_endian():
+    a = ferry.empty(5, "<M8[ns]")
+    assert np.asarray(a).dtype == np.dtype("<M8[ns]")
+    with pytest.raises(BufferError):
+        a.__dlpack__()
+    b = ferry.empty(5, ">i4")
+    with pytest.raises(BufferError):
+        b.__dlpack__()
+    u = ferry.empty(3, "<U4")
+    assert u.nbytes == 48
+
+
+def test_array_as_plan_destination(ctx, blob):
+    path, data = blob
+    a = ferry.empty(4096, np.uint8)
+    with ferry.File(ctx, path) as f:
+        assert f.pread(a, 10) == 4096
+    assert np.asarray(a).tobytes() == data[10:4106]
+
+
+def test_dlpack_torch_roundtrip(ctx):
+    torch = pytest.importorskip("torch")
+    a = ferry.empty((4, 5), np.float32)
+    np.asarray(a)[...] = np.arange(20, dtype=np.float32).reshape(4, 5)
+    t = torch.from_dlpack(a)
+    assert t.shape == (4, 5) and t.dtype == torch.float32 and t.device.type == "cpu"
+    assert t.data_ptr() == a.ptr
+    assert torch.equal(t, torch.arange(20, dtype=torch.float32).reshape(4, 5))
+    h = ferry.empty((2, 3), "bfloat16")
+    tb = torch.from_dlpack(h)
+    assert tb.dtype == torch.bfloat16
+    # legacy capsule protocol too
+    cap = a.__dlpack__()
+    t2 = torch.utils.dlpack.from_dlpack(cap)
+    assert t2.data_ptr() == a.ptr
+    del a, cap
+    gc.collect()
+    assert float(t2[3, 4]) == 19.0
+
+
+def test_read_into_torch_out(tmp_path):
+    torch = pytest.importorskip("torch")
+    x = np.random.default_rng(1).standard_normal((7, 9)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    out = torch.empty((7, 9), dtype=torch.float32)
+    r = ferry.read(tmp_path / "x.npy", out=out)
+    assert r is out
+    np.testing.assert_array_equal(out.numpy(), x)
+
+
+def test_unconsumed_capsule_frees():
+    a = ferry.empty(1000, np.uint8)
+    before = sys.getrefcount(a)
+    cap = a.__dlpack__()
+    assert sys.getrefcount(a) == before + 1
+    del cap
+    gc.collect()
+    assert sys.getrefcount(a) == before
+    capv = a.__dlpack__(max_version=(1, 0))
+    assert "dltensor_versioned" in repr(capv)
+    del capv
+    assert sys.getrefcount(a) == before
+
+
+def test_ferry_read_npy_and_selection(tmp_path):
+    x = np.arange(24, dtype=">i4").reshape(2, 3, 4)
+    np.save(tmp_path / "x.npy", x)
+    r = ferry.read(tmp_path / "x.npy")
+    assert isinstance(r, np.ndarray) and r.dtype == np.dtype("=i4")
+    np.testing.assert_array_equal(r, x)
+    np.testing.assert_array_equal(ferry.read(tmp_path / "x.npy", selection=(1, slice(0, 3, 2))), x[1, 0:3:2])
+    np.testing.assert_array_equal(ferry.read(tmp_path / "x.npy", selection=(Ellipsis, -1)), x[..., -1])
+    out = np.zeros((2, 3, 4), np.int32)
+    assert ferry.read(tmp_path / "x.npy", out=out) is out
+    np.testing.assert_array_equal(out, x)
+    with pytest.raises(ValueError):
+        ferry.read(tmp_path / "x.npy", out=np.zeros(5, np.int32))
+    with pytest.raises(IndexError):
+        ferry.read(tmp_path / "x.npy", selection=(5,))
+
+
+def test_ferry_read_raw_bytes(tmp_path, blob):
+    path, data = blob
+    r = ferry.read(path)
+    assert r.dtype == np.uint8 and r.tobytes() == data
+    r = ferry.read(path, selection=slice(10, 20))
+    assert r.tobytes() == data[10:20]
+
+
+def test_ferry_open_and_read_many(tmp_path):
+    safetensors = pytest.importorskip("safetensors.numpy")
+    w = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(3, np.int64)}
+    safetensors.save_file(w, str(tmp_path / "m.safetensors"))
+    np.save(tmp_path / "a.npy", np.arange(10.0))
+    f = ferry.open(tmp_path / "m.safetensors")
+    assert f.format == "safetensors" and set(f) == {"w", "b"}
+    assert f["w"].shape == (2, 3) and f["w"].dtype == np.float32
+    np.testing.assert_array_equal(f["w"][1], w["w"][1])
+    np.testing.assert_array_equal(np.asarray(f["b"]), w["b"])
+    with pytest.raises(ValueError):
+        ferry.read(tmp_path / "m.safetensors")        # name required
+    with pytest.raises((KeyError, ferry.FerryError)):
+        ferry.read(tmp_path / "m.safetensors", "nope")
+    ferry.reset_stats()
+    for q in (tmp_path / "m.safetensors", tmp_path / "a.npy"):   # header reads are jobs too
+        ferry.open(q).close()
+    jobs_open = ferry.stats()["jobs"]
+    ferry.reset_stats()
+    res = ferry.read_many([(tmp_path / "m.safetensors", "w", None), (tmp_path / "m.safetensors", "b", None),
+                           (tmp_path / "a.npy", None, (slice(2, 8, 3),))])
+    assert ferry.stats()["jobs"] == jobs_open + 1            # one plan, one job
+    np.testing.assert_array_equal(res[0], w["w"])
+    np.testing.assert_array_equal(res[1], w["b"])
+    np.testing.assert_array_equal(res[2], np.arange(10.0)[2:8:3])
+    f.close()
+
+
+def test_stats_show_host_path(tmp_path, blob):
+    path, data = blob
+    c = ferry.Context()
+    c.reset_stats()
+    with ferry.File(c, path) as f:
+        a = np.empty(len(data), np.uint8)
+        f.pread(a)
+    s = c.stats()
+    assert s["host"]["bytes"] >= len(data) and s["host"]["ops"] >= 1
+    assert s["staged"]["bytes"] == 0 and s["cufile"]["bytes"] == 0
+    assert s["jobs"] >= 1
+    assert s["direct_bytes"] + s["buffered_bytes"] >= len(data)
+
+
+def test_forced_device_path_without_gpu_is_an_error(ctx, blob):
+    if ctx.cuda_device_count() > 0:
+        pytest.skip("a GPU is present")
+    with pytest.raises(ferry.FerryError) as ei:
+        ferry.empty(10, np.uint8, device=0, ctx=ctx)
+    assert ei.value.code == _ferry.ENOCUDA
+
+
+def test_parse_device():
+    assert ferry.parse_device("cpu") == -1 and ferry.parse_device(None) == -1
+    assert ferry.parse_device(1) == 1 and ferry.parse_device("cuda:2") == 2 and ferry.parse_device("cuda") == 0
+    with pytest.raises(ValueError):
+        ferry.parse_device("tpu")
