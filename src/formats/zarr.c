@@ -348,7 +348,12 @@ static int bytes_codec(const char *id, const ferry_json *cfg, uint32_t itemsize,
     else if (!strcmp(id, "crc32c")) *cid = FERRY_CODEC_CRC32C;
     else if (!strcmp(id, "blosc")) {
         const char *cname = json_name(cfg, "cname");
-        if (*cname && !blosc_cname_ok(cname)) { *why = "blosc with an inner codec other than lz4, lz4hc, zlib, zstd"; return -1; }
+        if (*cname && !blosc_cname_ok(cname)) {
+            *why = !strcmp(cname, "blosclz") ? "its inner codec blosclz is not supported (lz4, lz4hc, zlib, zstd are)"
+                 : !strcmp(cname, "snappy") ? "its inner codec snappy is not supported (lz4, lz4hc, zlib, zstd are)"
+                 : "its inner codec is not supported (lz4, lz4hc, zlib, zstd are)";
+            return -1;
+        }
         *cid = FERRY_CODEC_BLOSC;
     } else if (!strcmp(id, "shuffle")) {
         uint64_t es = itemsize;
@@ -856,7 +861,7 @@ static int open_v2(open_ctx *o, const char *dir, const char *rel) {
     ferry_json *cons = NULL;
     if (zmeta && is_file(zmeta)) rc = load_json(ctx, zmeta, &cons);
     const ferry_json *md = cons ? ferry_json_get(cons, "metadata") : NULL;
-    char prefix[4096];
+    char prefix[4098];   /* rel is shorter than 4096 (zarr_open checks) */
     snprintf(prefix, sizeof prefix, "%s%s", rel, *rel ? "/" : "");
     if (!rc && md && md->type == FERRY_JSON_OBJECT) {
         const ferry_json *gat = cons_get(md, prefix, ".zattrs");
@@ -976,6 +981,7 @@ static int zarr_open(ferry_dataset *ds, const ferry_open_opts *opts) {
     const char *group = opts && opts->group ? opts->group : "";
     while (*group == '/') group++;
     char rel[4096];
+    if (strlen(group) >= sizeof rel) return ferry_seterr(FERRY_EINVAL, "%s: group name too long", ds->path);
     snprintf(rel, sizeof rel, "%s", group);
     size_t rl = strlen(rel);
     while (rl && rel[rl - 1] == '/') rel[--rl] = 0;

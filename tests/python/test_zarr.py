@@ -453,7 +453,7 @@ def test_blosclz_is_refused_by_name(ctx, tmp_path):
     z[...] = np.arange(3000, dtype="<i4")
     with pytest.raises(F.FerryError) as ei:
         F.Dataset(ctx, p)
-    assert "blosc" in str(ei.value)
+    assert "blosclz" in str(ei.value)
 
 
 def test_missing_store_and_bad_metadata(ctx, tmp_path):
