@@ -437,7 +437,7 @@ static int parse_v2(zarr_arr *a, const char *file, const ferry_json *za, const f
     ferry_dtype fdt;
     if (parse_typestr(dt->str, &fdt, &a->itemsize, &a->swap) < 0) {
         a->itemsize = 1;
-        a->typestr = xstrdup(dt->str);
+        a->typestr = xstrdup("|V1");   /* a placeholder numpy accepts; the message names the real one */
         return arr_fail(a, FERRY_EUNSUPPORTED, "%s: byte %llu: dtype \"%s\" is not supported", file,
                         (unsigned long long)dt->pos, dt->str);
     }
@@ -661,7 +661,7 @@ static int parse_v3_array(zarr_arr *a, const char *file, const ferry_json *m) {
     char kind = 0;
     if (!dname || v3_dtype(dname, &kind, &a->itemsize) < 0) {
         a->itemsize = 1;
-        a->typestr = xstrdup(dname ? dname : "?");
+        a->typestr = xstrdup("|V1");   /* a placeholder numpy accepts; the message names the real one */
         return arr_fail(a, FERRY_EUNSUPPORTED, "%s: data_type \"%s\" is not supported", file, dname ? dname : "?");
     }
     chain_builder b = {0};
