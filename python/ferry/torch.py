@@ -673,8 +673,6 @@ class ArrayDataset(IterableDataset):
                 g = pending.popleft()
                 outs = self._handoff(rt, g, retiring)
                 self._retire(retiring, block=False)
-                if self.prefetch == 0 and not exhausted:
-                    exhausted = not submit_next()   # nothing ahead: read on demand
                 for s, out in zip(g.units, outs):
                     if gen == self._generation:
                         taken += 1
@@ -873,10 +871,7 @@ def _apply_convert(t, conv, f):
         if len(_norm_cache) > 64:
             _norm_cache.clear()
         c = _norm_cache[key] = (m, s)
-    y = t.to(dt)
-    if y is t:
-        y = t.clone()
-    return y.sub_(c[0]).mul_(c[1])
+    return t.to(dt).sub_(c[0]).mul_(c[1])   # in place when t is already dt: t is ferry's own buffer
 
 
 def _record(o, stream):

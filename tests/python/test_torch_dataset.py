@@ -105,7 +105,7 @@ def test_contents_equal_numpy(npy):
 
 
 def test_single_source_yields_tensors_and_per_sample_mode(npy):
-    ds = ArrayDataset(npy.fields["f"], batch_size=10, device="cpu")
+    ds = ArrayDataset(npy.fields["f"], batch_size=10, device="cpu", prefetch=0)
     bs = list(ds)
     assert all(isinstance(b, torch.Tensor) for b in bs)
     np.testing.assert_array_equal(torch.cat(bs).numpy(), npy.ref["f"])
