@@ -773,7 +773,7 @@ def _arena_get(nbytes, pinned):
             if a[2] >= nbytes and a[3] == pinned and (best is None or a[2] < best[2]):
                 best = a
         if best is not None:
-            _free_arenas.remove(best)
+            del _free_arenas[next(i for i, a in enumerate(_free_arenas) if a is best)]
             return best
     raw = torch.empty(nbytes + 4096, dtype=torch.uint8)
     off = (-raw.data_ptr()) % 4096
