@@ -94,15 +94,16 @@ $(BA)/libferry.a: $(ASAN_LIB_OBJS)
 $(BA)/tests/%: tests/c/%.c tests/c/check.h $(BA)/libferry.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_COMMON) $(ASAN_FLAGS) -Itests/c -o $@ $< $(BA)/libferry.a $(LDLIBS)
-$(BA)/fuzz_replay: tests/fuzz/replay.c $(FUZZ_SRCS) $(BA)/libferry.a
+# every fuzz_*.c registers itself with the replay driver (tests/fuzz/replay.c says how)
+$(BA)/fuzz_replay: tests/fuzz/replay.c tests/fuzz/fuzz.h $(FUZZ_SRCS) $(BA)/libferry.a
 	@mkdir -p $(BA)
-	$(CC) $(CFLAGS_COMMON) $(ASAN_FLAGS) -o $@ tests/fuzz/replay.c $(BA)/libferry.a $(LDLIBS)
+	$(CC) $(CFLAGS_COMMON) $(ASAN_FLAGS) -Itests/fuzz -o $@ tests/fuzz/replay.c $(FUZZ_SRCS) $(BA)/libferry.a $(LDLIBS)
 
 test-c: $(TESTS)
 	@tools/run-c-tests.sh $(TESTS)
 test-asan: $(ASAN_TESTS) $(if $(FUZZ_SRCS),$(BA)/fuzz_replay)
 	@ASAN_OPTIONS=detect_leaks=1 tools/run-c-tests.sh $(ASAN_TESTS)
-	@if [ -x $(BA)/fuzz_replay ]; then $(BA)/fuzz_replay tests/fuzz/corpus; fi
+	@if [ -x $(BA)/fuzz_replay ]; then ASAN_OPTIONS=detect_leaks=1 $(BA)/fuzz_replay tests/fuzz/corpus; fi
 test-python: all
 	@PYTHONPATH=python $(PYTHON) -m pytest -q tests/python
 test-gpu: all

@@ -1,0 +1,101 @@
+/* fuzz.h — what every fuzz target includes. See replay.c for the convention.
+ *
+ * A target file tests/fuzz/fuzz_NAME.c defines
+ *     static int fuzz_NAME(const uint8_t *data, size_t size) { ...; return 0; }
+ *     FERRY_FUZZ_TARGET(NAME, fuzz_NAME)
+ * Built with -DFERRY_LIBFUZZER (tools/fuzz.sh) the macro defines libFuzzer's
+ * LLVMFuzzerTestOneInput; otherwise it registers the function under NAME so
+ * that the replay driver (replay.c, linked with every fuzz_*.c) runs the
+ * files of tests/fuzz/corpus/NAME/ through it. */
+#ifndef FERRY_FUZZ_H
+#define FERRY_FUZZ_H
+#include "ferry.h"
+#include <stddef.h>
+#include <stdint.h>
+
+typedef int (*ferry_fuzz_fn)(const uint8_t *data, size_t size);
+
+#ifdef FERRY_LIBFUZZER
+#define FERRY_FUZZ_TARGET(name, fn) \
+    int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) { (void)fn(data, size); return 0; }
+#else
+void ferry_fuzz_register(const char *name, ferry_fuzz_fn fn);
+#define FERRY_FUZZ_TARGET(name, fn) \
+    __attribute__((constructor)) static void ferry_fuzz_register_##name(void) { ferry_fuzz_register(#name, fn); }
+#endif
+
+/* Shared helpers (defined static inline so each target stays one file). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+/* One context per process, reused across inputs (made with 2 threads so runs
+ * are quick and still exercise the worker pool). */
+static inline ferry_ctx *ferry_fuzz_ctx(void) {
+    static ferry_ctx *ctx;
+    if (!ctx) {
+        ferry_config cfg;
+        ferry_config_init(&cfg);
+        cfg.threads = 2;
+        cfg.no_env = 1;
+        cfg.path = FERRY_PATH_HOST;
+        if (ferry_ctx_create(&ctx, &cfg)) abort();
+    }
+    return ctx;
+}
+
+/* A path whose contents are exactly data[0..size): a memfd, rewritten per input. */
+static inline const char *ferry_fuzz_file(const uint8_t *data, size_t size) {
+    static int fd = -1;
+    static char path[64];
+    if (fd < 0) {
+        fd = memfd_create("ferry-fuzz", 0);
+        if (fd < 0) abort();
+        snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    }
+    if (ftruncate(fd, 0) || (size && pwrite(fd, data, size, 0) != (ssize_t)size)) abort();
+    return path;
+}
+
+/* Open data as `format`, then exercise every accessor and read every
+ * variable (whole, and a strided selection) when it is small enough. */
+static inline int ferry_fuzz_dataset(const uint8_t *data, size_t size, const char *format) {
+    ferry_ctx *ctx = ferry_fuzz_ctx();
+    const char *path = ferry_fuzz_file(data, size);
+    ferry_open_opts o = {format, NULL};
+    ferry_dataset *ds = NULL;
+    if (ferry_dataset_open(ctx, path, &o, &ds) < 0) {
+        if (ds) abort();                       /* failure leaves *out NULL */
+        if (!ferry_errmsg(ctx)[0]) abort();     /* and always says why */
+        return 0;
+    }
+    (void)strlen(ferry_dataset_attrs_json(ds));
+    (void)strlen(ferry_dataset_dims_json(ds));
+    (void)strlen(ferry_dataset_groups_json(ds));
+    static uint8_t buf[1 << 20];
+    for (int i = 0; i < ferry_dataset_nvars(ds); i++) {
+        ferry_var_info vi;
+        if (ferry_dataset_var(ds, i, &vi)) abort();
+        (void)strlen(vi.name); (void)strlen(vi.typestr); (void)strlen(vi.dims_json);
+        (void)strlen(vi.attrs_json); (void)strlen(vi.fill_json); (void)strlen(vi.codecs);
+        if (ferry_dataset_find(ds, vi.name) < 0) abort();
+        ferry_slice sel[FERRY_MAX_DIMS];
+        for (int pass = 0; pass < 2; pass++) {
+            for (int k = 0; k < vi.ndim; k++) {
+                int64_t n = (int64_t)(vi.shape[k] > INT64_MAX ? INT64_MAX : vi.shape[k]);
+                sel[k] = pass ? (ferry_slice){n / 3, n, 2} : (ferry_slice){0, n, 1};
+            }
+            ferry_plan *plan;
+            if (ferry_plan_create(&plan)) abort();
+            int64_t got = ferry_dataset_plan_read(ds, i, sel, ferry_host_buf(buf, sizeof buf),
+                                                  pass ? FERRY_NATIVE : FERRY_STORED_ORDER, plan);
+            if (got >= 0 && ferry_plan_count(plan) < 100000) (void)ferry_run(ctx, plan, NULL);
+            ferry_plan_destroy(plan);
+        }
+    }
+    ferry_dataset_close(ds);
+    return 0;
+}
+#endif

@@ -1,0 +1,88 @@
+"""Write the fuzz seed corpus (tests/fuzz/corpus/NAME/) with the reference
+writers: numpy, safetensors (+torch when installed), netCDF4 and scipy.
+Run once with the project's .venv; the files are committed. Keep them small."""
+import json, os, sys, tempfile
+import numpy as np
+
+root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
+
+def out(target, name):
+    d = os.path.join(root, target)
+    os.makedirs(d, exist_ok=True)
+    return os.path.join(d, name)
+
+rng = np.random.default_rng(0)
+
+# npy: dtypes, orders, versions
+for i, (dt, shape, order) in enumerate([
+        ("<f4", (3, 4), "C"), (">i2", (5,), "C"), ("<f8", (2, 3, 2), "F"), ("|b1", (7,), "C"),
+        ("<c8", (2, 2), "C"), ("<M8[ns]", (3,), "C"), (">m8[s]", (2,), "C"), ("<f2", (4, 1), "F"),
+        ("|u1", (), "C"), ("|S3", (2,), "C"), ("<u8", (0, 3), "C")]):
+    a = np.zeros(shape, dtype=dt)
+    if a.dtype.kind in "fiuc":
+        a = (rng.standard_normal(shape) * 10).astype(dt)
+    np.save(out("npy", f"seed-{i:02d}.npy"), np.asarray(a, order=order))
+with open(out("npy", "seed-v2.npy"), "wb") as f:
+    np.lib.format.write_array(f, np.arange(6, dtype="<i4").reshape(2, 3), version=(2, 0))
+with open(out("npy", "seed-v3.npy"), "wb") as f:
+    np.lib.format.write_array(f, np.arange(6, dtype="<i4"), version=(3, 0))
+
+# safetensors: numpy flavour, and torch flavour for bf16 / fp8
+from safetensors.numpy import save_file
+save_file({"w": rng.standard_normal((4, 3)).astype("f4"), "b": np.arange(3, dtype="i8"),
+           "e": np.zeros((0, 2), "f2"), "m": np.array([True, False])},
+          out("safetensors", "seed-numpy.safetensors"), metadata={"format": "np", "note": "caf\u00e9"})
+save_file({"x": np.arange(4, dtype="u1")}, out("safetensors", "seed-small.safetensors"))
+try:
+    import torch
+    from safetensors.torch import save_file as tsave
+    t = {"bf": torch.arange(6, dtype=torch.float32).reshape(2, 3).to(torch.bfloat16),
+         "f8a": torch.arange(4, dtype=torch.float32).to(torch.float8_e4m3fn),
+         "f8b": torch.arange(4, dtype=torch.float32).to(torch.float8_e5m2),
+         "c": torch.ones(2, dtype=torch.complex64)}
+    tsave(t, out("safetensors", "seed-torch.safetensors"), metadata={"format": "pt"})
+except ImportError:
+    print("torch missing: no torch-flavoured safetensors seed", file=sys.stderr)
+
+# netCDF classic: netCDF4 in all three formats, and scipy
+import netCDF4
+for fmt, tag in [("NETCDF3_CLASSIC", "cdf1"), ("NETCDF3_64BIT_OFFSET", "cdf2"), ("NETCDF3_64BIT_DATA", "cdf5")]:
+    p = out("netcdf", f"seed-{tag}.nc")
+    with netCDF4.Dataset(p, "w", format=fmt) as nc:
+        nc.createDimension("time", None); nc.createDimension("x", 3); nc.createDimension("c", 4)
+        nc.title = "seed"; nc.setncattr("ints", np.array([1, 2], "i4")); nc.setncattr("nan", np.float32("nan"))
+        v = nc.createVariable("v", "f4", ("time", "x"), fill_value=np.float32(-1)); v.units = "m"
+        s = nc.createVariable("s", "i2", ("time",)); s[0:3] = [1, 2, 3]
+        v[0:3] = np.arange(9).reshape(3, 3)
+        k = nc.createVariable("k", "f8", ("x",)); k[:] = [0.5, 1.5, 2.5]
+        ch = nc.createVariable("name", "S1", ("x", "c")); ch[:] = np.array([list(b"abcd")] * 3, "S1")
+        if tag == "cdf5":
+            u = nc.createVariable("u", "u8", ("x",)); u[:] = [1, 2, 2**63]
+with netCDF4.Dataset(out("netcdf", "seed-single-record.nc"), "w", format="NETCDF3_CLASSIC") as nc:
+    nc.createDimension("t", None)
+    b = nc.createVariable("b", "i1", ("t",)); b[0:5] = np.arange(5)
+from scipy.io import netcdf_file
+with netcdf_file(out("netcdf", "seed-scipy.nc"), "w") as nc:
+    nc.createDimension("t", None); nc.createDimension("y", 2)
+    nc.history = b"scipy"
+    v = nc.createVariable("z", "i4", ("t", "y")); v[:] = np.arange(6).reshape(3, 2)
+
+# JSON: safetensors headers, Zarr metadata, and edge cases
+docs = {
+    "seed-st-header.json": '{"__metadata__":{"format":"pt"},"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}}',
+    "seed-zarray.json": json.dumps({"zarr_format": 2, "shape": [10, 10], "chunks": [5, 5], "dtype": "<f8",
+                                    "compressor": {"id": "blosc", "cname": "lz4", "clevel": 5, "shuffle": 1},
+                                    "fill_value": "NaN", "order": "C", "filters": None}),
+    "seed-zarr3.json": json.dumps({"zarr_format": 3, "node_type": "array", "shape": [4], "data_type": "float32",
+                                   "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [2]}},
+                                   "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
+                                   "fill_value": 0, "attributes": {"a": [1, 2.5e-3, -0.0, True]}}),
+    "seed-escapes.json": '["\\u00e9\\ud83d\\ude00", "a\\"b\\\\c\\/\\b\\f\\n\\r\\t", 18446744073709551615, -9223372036854775808, 1e308, null, false]',
+    "seed-utf8.json": '{"\u00e9t\u00e9": "\u2603", "k": {}}',
+}
+for name, text in docs.items():
+    with open(out("json", name), "w", encoding="utf-8") as f:
+        f.write(text)
+
+total = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs)
+print(f"corpus: {total} bytes")
