@@ -628,6 +628,8 @@ def _c_scan(path: str, fmt: str, group: str | None, ctx):
             if d is None:
                 d = attrs.get("_ARRAY_DIMENSIONS")
             attrs.pop("_ARRAY_DIMENSIONS", None)
+        if d is None and not v["shape"]:
+            d = []
         if d is None:
             d = [f"dim_{i}" for i in range(len(v["shape"]))] if actual != "zarr" else None
         if d is None:

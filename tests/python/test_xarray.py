@@ -1,0 +1,365 @@
+"""engine="ferry" against xarray's own engines, on files xarray writes in the
+test: netCDF classic (scipy, netcdf4 NETCDF3_*), netCDF-4 (netcdf4, h5netcdf;
+contiguous, chunked, compressed, big-endian, fill values), Zarr v2 and v3.
+Everything on the CPU here (device="cpu"); tests/gpu has the cupy side."""
+import logging
+
+import numpy as np
+import pandas as pd
+import pytest
+
+xr = pytest.importorskip("xarray")
+import ferry  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
+from ferry import xarray as fx  # noqa: E402
+
+
+def has(mod):
+    try:
+        __import__(mod)
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+HAS_NC4 = has("netCDF4")
+HAS_H5NC = has("h5netcdf")
+HAS_ZARR = has("zarr")
+HAS_SCIPY = has("scipy")
+
+
+def make_ds(seed=0, nt=12, ny=9, nx=7, *, strings=True, packed=True):
+    rng = np.random.default_rng(seed)
+    time = pd.date_range("2001-01-01", periods=nt, freq="6h")
+    lat = np.linspace(-60, 60, ny)
+    lon = np.linspace(0, 350, nx)
+    t = rng.standard_normal((nt, ny, nx)).astype(np.float32) * 10 + 280
+    t[0, 0, 0] = np.nan
+    ds = xr.Dataset(
+        {
+            "t2m": (("time", "lat", "lon"), t, {"units": "K", "long_name": "temperature"}),
+            "precip": (("time", "lat", "lon"), rng.random((nt, ny, nx)), {"units": "mm"}),
+            "count": (("time", "lat"), rng.integers(-100, 100, (nt, ny)).astype(np.int16)),
+            "mask": (("lat", "lon"), rng.integers(0, 2, (ny, nx)).astype(np.int8)),
+            "scalar": ((), np.float64(3.25), {"note": "a scalar"}),
+        },
+        coords={"time": time, "lat": ("lat", lat, {"units": "degrees_north"}),
+                "lon": ("lon", lon, {"units": "degrees_east"})},
+        attrs={"title": "ferry test", "version": np.int32(3), "scale": np.float64(0.5)},
+    )
+    if packed:
+        ds["packed"] = (("time", "lat", "lon"), (t - 273.15).astype(np.float32))
+        ds["packed"].encoding.update({"dtype": "int16", "scale_factor": 0.01, "add_offset": 10.0,
+                                      "_FillValue": np.int16(-32767)})
+    ds["t2m"].encoding["_FillValue"] = np.float32(-999.0)
+    if strings:
+        ds["station"] = (("lat",), np.array([f"st{i}" for i in range(ny)], dtype="S4"))
+    return ds
+
+
+def compare(path, ref_engine, **kw):
+    ref = xr.open_dataset(path, engine=ref_engine, **kw)
+    got = xr.open_dataset(path, engine="ferry", device="cpu", **kw)
+    try:
+        xr.testing.assert_identical(got.load(), ref.load())
+    finally:
+        ref.close()
+        got.close()
+
+
+# ---------------------------------------------------------------------------
+# entry point
+# ---------------------------------------------------------------------------
+def test_entrypoint_registered_and_opt_in(tmp_path):
+    eps = xr.backends.list_engines()
+    assert "ferry" in eps
+    ep = eps["ferry"]
+    assert ep.guess_can_open(str(tmp_path / "x.nc")) is False
+    assert ep.description and ep.url
+    assert {"device", "threads", "path", "group", "mask_and_scale"} <= set(ep.open_dataset_parameters)
+
+
+# ---------------------------------------------------------------------------
+# netCDF classic
+# ---------------------------------------------------------------------------
+@pytest.mark.skipif(not HAS_SCIPY, reason="scipy not installed")
+@pytest.mark.parametrize("fmt", ["NETCDF3_CLASSIC", "NETCDF3_64BIT"])
+def test_netcdf3_scipy(tmp_path, fmt):
+    p = tmp_path / "a.nc"
+    make_ds().to_netcdf(p, engine="scipy", format=fmt)
+    compare(p, "scipy")
+    if HAS_NC4:
+        compare(p, "netcdf4")
+
+
+@pytest.mark.skipif(not HAS_NC4, reason="netCDF4 not installed")
+@pytest.mark.parametrize("fmt", ["NETCDF3_CLASSIC", "NETCDF3_64BIT", "NETCDF3_64BIT_DATA"])
+def test_netcdf3_netcdf4_writer(tmp_path, fmt):
+    p = tmp_path / "a.nc"
+    make_ds(1).to_netcdf(p, engine="netcdf4", format=fmt, unlimited_dims=["time"])
+    compare(p, "netcdf4")
+    for kw in ({"mask_and_scale": False}, {"decode_times": False}, {"decode_cf": False} if False else {}):
+        compare(p, "netcdf4", **kw)
+
+
+# ---------------------------------------------------------------------------
+# netCDF-4 / HDF5
+# ---------------------------------------------------------------------------
+def nc4_encodings(ds, *, chunked, compress, shuffle=True, fletcher=False, endian=None):
+    enc = {}
+    for v in ds.data_vars:
+        if ds[v].ndim == 0 or ds[v].dtype.kind == "S":
+            continue
+        e = {}
+        if chunked:
+            e["chunksizes"] = tuple(max(1, (n + 1) // 2) for n in ds[v].shape)
+        else:
+            e["contiguous"] = True
+        if compress:
+            e.update({"zlib": True, "complevel": 4, "shuffle": shuffle})
+        if fletcher:
+            e["fletcher32"] = True
+        if endian:
+            e["endian"] = endian
+        enc[v] = e
+    return enc
+
+
+@pytest.mark.skipif(not HAS_NC4, reason="netCDF4 not installed")
+@pytest.mark.parametrize("layout", ["contiguous", "chunked", "zlib", "zlib-noshuffle", "fletcher"])
+def test_netcdf4(tmp_path, layout):
+    ds = make_ds(2)
+    kw = {"contiguous": dict(chunked=False, compress=False),
+          "chunked": dict(chunked=True, compress=False),
+          "zlib": dict(chunked=True, compress=True),
+          "zlib-noshuffle": dict(chunked=True, compress=True, shuffle=False),
+          "fletcher": dict(chunked=True, compress=True, fletcher=True),
+          "big": dict(chunked=True, compress=True, endian="big")}[layout]
+    p = tmp_path / "a.nc"
+    ds.to_netcdf(p, engine="netcdf4", format="NETCDF4", encoding=nc4_encodings(ds, **kw),
+                 unlimited_dims=["time"] if kw["chunked"] else None)
+    compare(p, "netcdf4")
+    if HAS_H5NC:
+        compare(p, "h5netcdf")
+    got = xr.open_dataset(p, engine="ferry")
+    assert got["t2m"].encoding["ferry_reader"] == "engine"
+    got.close()
+
+
+@pytest.mark.skipif(not HAS_NC4, reason="netCDF4 not installed")
+def test_netcdf4_strings_and_missing_chunks(tmp_path):
+    import netCDF4
+    p = tmp_path / "s.nc"
+    with netCDF4.Dataset(p, "w") as nc:
+        nc.createDimension("x", 10)
+        nc.createDimension("y", 8)
+        nc.createDimension("n", 3)
+        v = nc.createVariable("sparse", "f4", ("x", "y"), chunksizes=(3, 3), zlib=True, fill_value=-1.5)
+        v[0:3, 0:3] = np.arange(9, dtype=np.float32).reshape(3, 3)   # other chunks never written
+        w = nc.createVariable("nofill", "i4", ("x",))
+        w[:5] = np.arange(5)
+        s = nc.createVariable("names", str, ("n",))
+        s[:] = np.array(["alpha", "beta", "gamma"], dtype=object)
+        c = nc.createVariable("chars", "S1", ("n", "x"))
+        c[:] = netCDF4.stringtochar(np.array(["abc", "de", "f"], dtype="S10"))
+        b = nc.createVariable("big", ">f8", ("x", "y"), endian="big", zlib=True, chunksizes=(4, 8))
+        b[:] = np.arange(80.0).reshape(10, 8)
+        bc = nc.createVariable("bigc", ">i2", ("x",), endian="big", contiguous=True)
+        bc[:] = np.arange(10, dtype=np.int16) - 5
+        bc.setncattr("scale_factor", np.float32(0.5))
+        nc.setncattr("history", "made by a test")
+        nc.setncattr("numbers", np.array([1.5, 2.5], dtype=np.float32))
+    compare(p, "netcdf4")
+    store = fx.FerryStore(str(p))
+    assert store.specs["names"].kind == "h5py" and store.specs["sparse"].kind == "h5"
+    assert store.specs["big"].kind == "h5" and store.specs["bigc"].kind == "h5"
+    store.close()
+
+
+@pytest.mark.skipif(not HAS_H5NC, reason="h5netcdf not installed")
+def test_h5netcdf_writer_and_groups(tmp_path):
+    p = tmp_path / "h.nc"
+    ds = make_ds(3, strings=False)
+    ds.to_netcdf(p, engine="h5netcdf", encoding=nc4_encodings(ds, chunked=True, compress=True))
+    make_ds(4, strings=False).to_netcdf(p, engine="h5netcdf", group="sub", mode="a")
+    compare(p, "h5netcdf")
+    compare(p, "h5netcdf", group="sub")
+    if hasattr(xr, "open_groups"):
+        got = xr.open_groups(p, engine="ferry")
+        ref = xr.open_groups(p, engine="h5netcdf")
+        assert set(got) == set(ref)
+        for k in ref:
+            xr.testing.assert_identical(got[k].load(), ref[k].load())
+    if hasattr(xr, "open_datatree"):
+        tree = xr.open_datatree(p, engine="ferry")
+        xr.testing.assert_identical(tree["sub"].to_dataset().load(),
+                                    xr.open_dataset(p, engine="h5netcdf", group="sub").load())
+
+
+def test_h5py_fallback_is_logged(tmp_path, caplog):
+    h5py = pytest.importorskip("h5py")
+    p = tmp_path / "compact.h5"
+    with h5py.File(p, "w") as f:
+        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        dcpl.set_layout(h5py.h5d.COMPACT)
+        sp = h5py.h5s.create_simple((4,))
+        dsid = h5py.h5d.create(f.id, b"small", h5py.h5t.NATIVE_INT32, sp, dcpl=dcpl)
+        dsid.write(h5py.h5s.ALL, h5py.h5s.ALL, np.arange(4, dtype=np.int32))
+        f.create_dataset("big", data=np.arange(100.0))
+    with caplog.at_level(logging.INFO, logger="ferry.xarray"):
+        got = xr.open_dataset(p, engine="ferry").load()
+    assert "compact" in caplog.text
+    assert got["small"].encoding["ferry_reader"] == "h5py"
+    np.testing.assert_array_equal(got["small"].values, np.arange(4))
+    np.testing.assert_array_equal(got["big"].values, np.arange(100.0))
+
+
+# ---------------------------------------------------------------------------
+# Zarr
+# ---------------------------------------------------------------------------
+@pytest.mark.skipif(not HAS_ZARR, reason="zarr not installed")
+@pytest.mark.parametrize("zarr_format", [2, 3])
+@pytest.mark.parametrize("compressed", [False, True])
+def test_zarr(tmp_path, zarr_format, compressed):
+    ds = make_ds(5, strings=False)
+    enc = {}
+    for v in ds.data_vars:
+        if ds[v].ndim:
+            enc[v] = {"chunks": tuple(max(1, n // 2) for n in ds[v].shape)}
+            if not compressed:
+                enc[v]["compressors"] = None
+    p = tmp_path / "a.zarr"
+    ds.to_zarr(p, zarr_format=zarr_format, encoding=enc, consolidated=False)
+    ref = xr.open_dataset(p, engine="zarr", consolidated=False)
+    got = xr.open_dataset(p, engine="ferry")
+    xr.testing.assert_identical(got.load(), ref.load())
+
+
+@pytest.mark.skipif(not HAS_ZARR, reason="zarr not installed")
+def test_zarr_sharded_and_group(tmp_path):
+    ds = make_ds(6, strings=False, packed=False)
+    p = tmp_path / "s.zarr"
+    enc = {"t2m": {"chunks": (3, 3, 7), "shards": (6, 9, 7)}}
+    ds.to_zarr(p, zarr_format=3, encoding=enc, group="g1", consolidated=True)
+    ref = xr.open_dataset(p, engine="zarr", group="g1")
+    got = xr.open_dataset(p, engine="ferry", group="g1")
+    xr.testing.assert_identical(got.load(), ref.load())
+
+
+# ---------------------------------------------------------------------------
+# laziness, selections, batching, dask
+# ---------------------------------------------------------------------------
+def writers():
+    out = []
+    if HAS_SCIPY:
+        out.append(("scipy", "scipy", {}))
+    if HAS_NC4:
+        out.append(("netcdf4", "netcdf4", {"chunked": True}))
+        out.append(("netcdf4", "netcdf4", {"chunked": False}))
+    if HAS_ZARR:
+        out.append(("zarr", "zarr", {}))
+    return out
+
+
+def write(ds, tmp_path, writer, opts):
+    if writer == "zarr":
+        p = tmp_path / "r.zarr"
+        enc = {v: {"chunks": tuple(max(1, n // 3) for n in ds[v].shape)} for v in ds.data_vars if ds[v].ndim}
+        ds.to_zarr(p, zarr_format=2, encoding=enc, consolidated=False)
+        return p, "zarr", {"consolidated": False}
+    p = tmp_path / "r.nc"
+    if writer == "scipy":
+        ds.to_netcdf(p, engine="scipy")
+        return p, "scipy", {}
+    enc = nc4_encodings(ds, chunked=opts.get("chunked"), compress=opts.get("chunked"))
+    ds.to_netcdf(p, engine="netcdf4", encoding=enc)
+    return p, "netcdf4", {}
+
+
+@pytest.mark.parametrize("writer,engine,opts", writers())
+def test_random_isel(tmp_path, writer, engine, opts):
+    ds = make_ds(7, nt=20, ny=13, nx=11, strings=False)
+    p, eng, okw = write(ds, tmp_path, writer, opts)
+    ref = xr.open_dataset(p, engine=eng, **okw)
+    got = xr.open_dataset(p, engine="ferry")
+    rng = np.random.default_rng(0)
+    for _ in range(25):
+        sel = {}
+        for d, n in ref.sizes.items():
+            r = rng.integers(0, 5)
+            if r == 0:
+                sel[d] = int(rng.integers(-n, n))
+            elif r == 1:
+                a, b = sorted(rng.integers(0, n + 1, 2).tolist())
+                sel[d] = slice(a, b, int(rng.integers(1, 4)))
+            elif r == 2:
+                sel[d] = np.sort(rng.choice(n, size=min(n, int(rng.integers(1, 5))), replace=False))
+            elif r == 3:
+                sel[d] = slice(None, None, -1)
+        xr.testing.assert_identical(got.isel(sel).load(), ref.isel(sel).load())
+        # OUTER indexing of a single variable, through the lazy array
+        v = "t2m"
+        xr.testing.assert_identical(got[v].isel(sel), ref[v].isel(sel))
+    ref.close()
+    got.close()
+
+
+@pytest.mark.skipif(not HAS_NC4, reason="netCDF4 not installed")
+def test_load_is_one_plan(tmp_path):
+    ds = make_ds(8, strings=False)
+    p = tmp_path / "one.nc"
+    ds.to_netcdf(p, engine="netcdf4", encoding=nc4_encodings(ds, chunked=True, compress=True))
+    got = xr.open_dataset(p, engine="ferry")
+    ctx = ferry.default_context()
+    before = ctx.stats()["jobs"]
+    got.load()
+    assert ctx.stats()["jobs"] - before == 1
+    ref = xr.open_dataset(p, engine="netcdf4").load()
+    xr.testing.assert_identical(got, ref)
+
+
+@pytest.mark.skipif(not HAS_NC4, reason="netCDF4 not installed")
+def test_selected_chunks_only(tmp_path):
+    ds = xr.Dataset({"v": (("t", "x"), np.arange(100 * 50, dtype=np.float64).reshape(100, 50))})
+    p = tmp_path / "c.nc"
+    ds.to_netcdf(p, engine="netcdf4", encoding={"v": {"chunksizes": (10, 50), "zlib": True}})
+    got = xr.open_dataset(p, engine="ferry")
+    ctx = ferry.default_context()
+    ctx.reset_stats()
+    x = got["v"].isel(t=slice(20, 25)).values
+    np.testing.assert_array_equal(x, ds["v"].values[20:25])
+    s = ctx.stats()
+    size = xr.open_dataset(p, engine="netcdf4")["v"].encoding  # noqa: F841
+    total = s["host"]["bytes"]
+    assert 0 < total < 40000 / 5, total     # one compressed chunk of ten
+
+
+@pytest.mark.parametrize("writer,engine,opts", writers())
+def test_open_mfdataset(tmp_path, writer, engine, opts):
+    pytest.importorskip("dask")
+    full = make_ds(9, nt=24, strings=False)
+    paths = []
+    for i in range(3):
+        part = full.isel(time=slice(8 * i, 8 * i + 8))
+        sub = tmp_path / f"p{i}"
+        sub.mkdir()
+        p, eng, okw = write(part, sub, writer, opts)
+        paths.append(p)
+    ref = xr.open_mfdataset(paths, engine=eng, combine="by_coords", **okw)
+    got = xr.open_mfdataset(paths, engine="ferry", combine="by_coords", parallel=True)
+    assert got["t2m"].chunks is not None
+    xr.testing.assert_identical(got.compute(), ref.compute())
+
+
+@pytest.mark.skipif(not HAS_NC4, reason="netCDF4 not installed")
+def test_drop_variables_and_keywords(tmp_path):
+    p = tmp_path / "k.nc"
+    make_ds(10).to_netcdf(p, engine="netcdf4")
+    for kw in ({"drop_variables": ["precip"]}, {"mask_and_scale": False}, {"decode_times": False},
+               {"concat_characters": False}, {"decode_coords": False}):
+        compare(p, "netcdf4", **kw)
+    got = xr.open_dataset(p, engine="ferry", threads=2, path="host")
+    assert "t2m" in got
+    with pytest.raises(ValueError):
+        xr.open_dataset(p, engine="ferry", device="tpu")
