@@ -1,0 +1,210 @@
+"""ferry.checkpoint on the GPU: save/load/load_into of CUDA tensors through the engine's
+staged (or cuFile) path, non-contiguous tensors, a > 4 GiB tensor, async_save, DCP with
+NCCL on two GPUs. Everything skips with a reason where there is no GPU."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device visible to torch", allow_module_level=True)
+
+import ferry  # noqa: E402
+from ferry import checkpoint as ck  # noqa: E402
+
+_ctx = ck._io.context()
+if _ctx.cuda_device_count() < 1:
+    pytest.skip("ferry sees no CUDA device: %s" % _ctx.cuda_status, allow_module_level=True)
+
+PYDIR = os.path.dirname(os.path.dirname(os.path.abspath(ferry.__file__)))
+DEV = torch.device("cuda", 0)
+
+
+def _moved(stats):
+    return {k: stats[k]["bytes"] for k in ("cufile", "staged", "host")}
+
+
+def test_gpu_save_load_dtypes(tmp_path):
+    g = torch.Generator(device=DEV).manual_seed(0)
+    sd = {
+        "f32": torch.randn(333, 77, device=DEV, generator=g),
+        "bf16": torch.randn(1024, 1024, device=DEV, generator=g).to(torch.bfloat16),
+        "f16": torch.randn(5000, device=DEV, generator=g).half(),
+        "i64": torch.arange(12345, device=DEV),
+        "u8": torch.randint(0, 255, (4096 * 3 + 5,), device=DEV, dtype=torch.uint8),
+        "bool": torch.rand(999, device=DEV, generator=g) > 0.5,
+        "fp8": torch.randn(2048, 16, device=DEV, generator=g).to(torch.float8_e4m3fn),
+        "zero_d": torch.tensor(3.25, device=DEV),
+        "empty": torch.empty(0, 5, device=DEV),
+        "cpu_mixed": torch.randn(10, 10),
+    }
+    p = tmp_path / "g.safetensors"
+    _ctx.reset_stats()
+    ck.save(sd, p, crc32c=True)
+    st = _moved(_ctx.stats())
+    assert st["staged"] + st["cufile"] > 0, st
+    _ctx.reset_stats()
+    got = ck.load(p, device="cuda:0")
+    st = _moved(_ctx.stats())
+    assert st["staged"] + st["cufile"] > 0, st
+    for k, v in sd.items():
+        assert got[k].device == DEV
+        a = got[k].view(torch.uint8) if got[k].dtype == torch.float8_e4m3fn else got[k]
+        b = v.to(DEV)
+        b = b.view(torch.uint8) if b.dtype == torch.float8_e4m3fn else b
+        assert torch.equal(a, b), k
+    cpu = ck.load(p, device="cpu")
+    assert torch.equal(cpu["f32"], sd["f32"].cpu())
+    st_ref = pytest.importorskip("safetensors.torch").load_file(str(p), device="cuda:0")
+    assert torch.equal(st_ref["bf16"], sd["bf16"])
+
+
+def test_gpu_non_contiguous_and_load_into(tmp_path):
+    base = torch.randn(512, 256, device=DEV)
+    sd = {"t": base.t(), "s": base[::3, 5:100], "x": base}
+    p = tmp_path / "nc.safetensors"
+    ck.save(sd, p)
+    got = ck.load(p, device=0)
+    for k in sd:
+        assert torch.equal(got[k], sd[k])
+    targets = {k: torch.zeros_like(v, memory_format=torch.contiguous_format)
+               for k, v in sd.items()}
+    ptrs = {k: t.data_ptr() for k, t in targets.items()}
+    ck.load_into(targets, p)
+    for k in sd:
+        assert targets[k].data_ptr() == ptrs[k] and torch.equal(targets[k], sd[k])
+    # a non-contiguous GPU target and a dtype cast
+    big = torch.zeros(512, 256, device=DEV)
+    ck.load_into({"t": big.t(), "s": torch.zeros(171, 95, device=DEV, dtype=torch.float64),
+                  "x": torch.zeros(512, 256, device=DEV)}, p)
+    assert torch.equal(big, base)
+
+
+def test_gpu_model_roundtrip_and_slices(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(),
+                                torch.nn.Linear(1024, 256)).to(DEV)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(8, 256, device=DEV)).sum().backward()
+    opt.step()
+    p = tmp_path / "m.safetensors"
+    ck.save({"model": model.state_dict(), "optim": opt.state_dict()}, p)
+    got = ck.load(p, device=DEV)
+    m2 = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(),
+                             torch.nn.Linear(1024, 256)).to(DEV)
+    m2.load_state_dict(got["model"])
+    o2 = torch.optim.AdamW(m2.parameters())
+    o2.load_state_dict(got["optim"])
+    for a, b in zip(m2.parameters(), model.parameters()):
+        assert torch.equal(a, b)
+    with ck.safe_open(p, device="cuda:0") as f:
+        w = model.state_dict()["0.weight"]
+        assert torch.equal(f.get_slice("model.0.weight")[100:300, 7:9], w[100:300, 7:9])
+        assert torch.equal(f.get_slice("model.0.weight")[::5, 1], w[::5, 1])
+
+
+def test_gpu_async_save(tmp_path):
+    sd = {"w%d" % i: torch.randn(1024, 1024, device=DEV) for i in range(16)}
+    snap = {k: v.clone() for k, v in sd.items()}
+    p = tmp_path / "a.safetensors"
+    fut = ck.async_save(sd, p)
+    for v in sd.values():                    # the next "training step" on the same stream
+        v.add_(1)
+    fut.result(timeout=120)
+    got = ck.load(p, device=DEV)
+    for k in snap:
+        assert torch.equal(got[k], snap[k])
+    fut = ck.async_save(sd, p, snapshot="device")
+    fut.result(timeout=120)
+    got = ck.load(p, device=DEV)
+    for k in sd:
+        assert torch.equal(got[k], sd[k])
+
+
+def test_gpu_tensor_over_4gib(tmp_path):
+    free, _ = torch.cuda.mem_get_info(DEV)
+    n = (4 << 30) + (3 << 20) + 7           # > 4 GiB, odd length
+    if free < 2 * n + (1 << 30):
+        pytest.skip("needs %.1f GiB of free GPU memory" % ((2 * n + (1 << 30)) / 2 ** 30))
+    st = os.statvfs(str(tmp_path))
+    if st.f_bavail * st.f_frsize < n + (1 << 30):
+        pytest.skip("needs %.1f GiB of free disk in %s" % ((n + (1 << 30)) / 2 ** 30, tmp_path))
+    x = (torch.arange(n, device=DEV, dtype=torch.int64) % 251).to(torch.uint8)
+    p = tmp_path / "big.safetensors"
+    ck.save({"big": x, "tail": torch.ones(3, device=DEV)}, p)
+    got = ck.load(p, device=DEV)
+    assert got["big"].shape == (n,) and torch.equal(got["big"], x)
+    del got
+    y = torch.empty_like(x)
+    ck.load_into({"big": y, "tail": torch.zeros(3, device=DEV)}, p)
+    assert torch.equal(x, y)
+    del x, y
+    os.unlink(p)
+
+
+def test_gpu_dcp_single_process(tmp_path):
+    dcp = pytest.importorskip("torch.distributed.checkpoint")
+    sd = {"w": torch.randn(300, 200, device=DEV), "h": torch.randn(77, device=DEV).half(),
+          "step": 4}
+    d = tmp_path / "dcp"
+    dcp.save(sd, storage_writer=ck.FerryWriter(d))
+    out = {"w": torch.zeros(300, 200, device=DEV), "h": torch.zeros(77, device=DEV).half(),
+           "step": 0}
+    dcp.load(out, storage_reader=ck.FerryReader(d))
+    assert torch.equal(out["w"], sd["w"]) and torch.equal(out["h"], sd["h"]) and out["step"] == 4
+
+
+NCCL_WORKER = r"""
+import os, sys, datetime
+sys.path.insert(0, {pydir!r})
+import torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import distribute_tensor, Shard
+from ferry import checkpoint as ck
+
+def main(rank, world, d, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    mesh = init_device_mesh("cuda", (world,))
+    g = torch.Generator().manual_seed(1)
+    full = torch.randn(1024, 512, generator=g)
+    sd = {{"w": distribute_tensor(full.cuda(), mesh, [Shard(0)]), "step": 3}}
+    dcp.save(sd, storage_writer=ck.FerryWriter(d))
+    back = {{"w": distribute_tensor(torch.zeros(1024, 512).cuda(), mesh, [Shard(1)]), "step": 0}}
+    dcp.load(back, storage_reader=ck.FerryReader(d))
+    assert torch.equal(back["w"].full_tensor().cpu(), full) and back["step"] == 3
+    dist.barrier()
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    import torch.multiprocessing as mp
+    mp.spawn(main, args=(2, sys.argv[1], int(sys.argv[2])), nprocs=2, join=True)
+    print("OK")
+"""
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="DCP with NCCL needs 2 GPUs")
+def test_gpu_dcp_nccl_two_gpus(tmp_path):
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    script = tmp_path / "w.py"
+    script.write_text(NCCL_WORKER.format(pydir=PYDIR))
+    d = tmp_path / "dcp"
+    env = dict(os.environ, PYTHONPATH=PYDIR + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               NCCL_NVLS_ENABLE="0")
+    r = subprocess.run([sys.executable, str(script), str(d), str(port)], capture_output=True,
+                       env=env, timeout=300)
+    assert r.returncode == 0 and b"OK" in r.stdout, r.stderr.decode()[-3000:]
+    # world size 1 on cuda:0
+    out = {"w": torch.zeros(1024, 512, device=DEV), "step": 0}
+    import torch.distributed.checkpoint as dcp
+    dcp.load(out, storage_reader=ck.FerryReader(d))
+    g = torch.Generator().manual_seed(1)
+    assert torch.equal(out["w"].cpu(), torch.randn(1024, 512, generator=g))
