@@ -7,7 +7,7 @@ set -u
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/python
-export CUFILE_ENV_PATH_JSON=$PWD/tests/gpu/cufile-compat.json
+export CUFILE_ENV_PATH_JSON=$PWD/tests/gpu/cufile-compat.json CUFILE_ALLOW_COMPAT_MODE=true CUFILE_FORCE_COMPAT_MODE=true CUFILE_LOGFILE_PATH=$OUT/cufile.log
 mkdir -p .deps/lib
 for l in zstd lz4 z; do
     so=$(ls /usr/lib/x86_64-linux-gnu/lib$l.so.1 /lib/x86_64-linux-gnu/lib$l.so.1 /usr/lib64/lib$l.so.1 2>/dev/null | head -1)
@@ -26,6 +26,15 @@ for step in "$@"; do
     bench)
         timeout 300 ./build/ferry bench --size 4G --reps 3 --file "$PWD/ferry-bench.bin" > "$OUT/bench.txt" 2>&1; echo "bench exit $?"
         cat "$OUT/bench.txt" ;;
+    sweep)
+        # staged warm and cold rates under other thread / staging settings
+        for cfg in "16 4M 8M" "24 4M 8M" "32 4M 8M" "16 8M 16M" "16 2M 8M" "4 4M 8M"; do
+            set -- $cfg
+            echo "== threads $1 staging $2 task $3" >> "$OUT/sweep.txt"
+            FERRY_THREADS=$1 FERRY_STAGING_SIZE=$2 FERRY_TASK_SIZE=$3 timeout 120 ./build/ferry bench --size 4G --reps 2 \
+                --no-latency --file "$PWD/ferry-bench.bin" 2>&1 | grep -E "ferry file|O_DIRECT read" >> "$OUT/sweep.txt"
+        done
+        cat "$OUT/sweep.txt" ;;
     pybench)
         for b in bench/bench_*.py; do
             timeout 240 python3 "$b" --smoke > "$OUT/$(basename "$b" .py).txt" 2>&1; echo "$b exit $?"
