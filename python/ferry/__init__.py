@@ -268,10 +268,36 @@ def _prepare_dst(out, nbytes: int, shape: tuple, typestr: str, dev: int, ctx: Co
             o = out.numpy()
         elif not out.is_contiguous():
             raise ValueError("out must be contiguous")
+    _sync_producer(o)
     size = getattr(o, "nbytes", None)
     if size is not None and int(size) != nbytes:
         raise ValueError(f"out holds {size} bytes, the selection needs {nbytes}")
     return o, out
+
+
+def _sync_producer(obj) -> None:
+    """A caller's device array may still be written by work queued on its
+    producer's stream (cupy.zeros, a torch kernel): wait for that stream before
+    ferry's own streams write into it (__cuda_array_interface__ v3 "stream")."""
+    mod = type(obj).__module__
+    if mod.startswith("torch"):
+        if obj.device.type == "cuda":
+            import torch
+            torch.cuda.current_stream(obj.device).synchronize()
+        return
+    try:
+        cai = obj.__cuda_array_interface__
+    except AttributeError:
+        return
+    s = cai.get("stream") if isinstance(cai, dict) else None
+    if s is None:
+        return
+    cp = _cupy()
+    if cp is not None:
+        if s in (1, 2):
+            cp.cuda.Stream.null.synchronize() if s == 1 else cp.cuda.Stream.ptds.synchronize()
+        else:
+            cp.cuda.ExternalStream(int(s)).synchronize()
 
 
 def _add_read(plan: Plan, ds: Dataset | None, file: File | None, var: dict | None, selection, dev: int,

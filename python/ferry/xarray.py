@@ -722,11 +722,12 @@ class FerryStore(AbstractDataStore):
         for s in self.specs.values():
             if s.name in coords or not s.shape or s.kind not in ("ferry", "h5", "h5py"):
                 continue
-            if s.dtype.kind not in "iuf" or s.dtype.itemsize == 1 and s.dtype.kind == "S":
+            if s.dtype.kind not in "iuf":
                 continue
             if _is_time_like(s.attrs.get("units")) or "dtype" in s.attrs or "calendar" in s.attrs:
                 continue
             s.device = self.device
+            s.encoding["ferry_device"] = self.device
             if mask_and_scale:
                 self._plan_gpu_decode(s, decode_times, decode_timedelta)
 
@@ -1069,42 +1070,19 @@ def _zarr_groups(store: str, root: str) -> list:
 def cupy_meta(ds):
     """Give the dask arrays of ``ds`` cupy metadata where their chunks are on a GPU.
 
-    xarray builds dask arrays over lazy backend arrays with ``meta=np.ndarray``;
-    use as ``xr.open_mfdataset(..., engine="ferry", device=0, preprocess=ferry.xarray.cupy_meta)``
-    (or on the opened dataset) so that dask knows the chunks are cupy arrays."""
+    xarray builds dask arrays over lazy backend arrays with ``meta=np.ndarray``
+    even when the chunks they produce are cupy arrays. Use
+    ``xr.open_mfdataset(..., engine="ferry", device=0, preprocess=ferry.xarray.cupy_meta)``
+    (or call it on an opened, chunked dataset) so that dask knows."""
     import dask.array as da
     import cupy
     out = ds.copy()
-    for name, v in ds.variables.items():
+    for name, v in out.variables.items():
         data = v.data
-        if not isinstance(data, da.Array):
+        if not isinstance(data, da.Array) or v.encoding.get("ferry_device", -1) < 0:
             continue
-        found = _find_backend_in_dask(v)
-        if found is None or found.spec.device < 0:
+        if isinstance(getattr(data, "_meta", None), cupy.ndarray):
             continue
         meta = cupy.empty((0,) * data.ndim, dtype=data.dtype)
-        out[name].data = da.Array(data.dask, data.name, data.chunks, meta=meta)
+        v.data = da.Array(data.dask, data.name, data.chunks, meta=meta)
     return out
-
-
-def _find_backend_in_dask(v):
-    enc_dev = v.encoding.get("ferry_device")
-    del enc_dev
-    data = v.data
-    for layer in data.dask.layers.values() if hasattr(data.dask, "layers") else []:
-        for val in getattr(layer, "mapping", {}).values() if hasattr(layer, "mapping") else []:
-            found = _find_backend(getattr(val, "array", val))
-            if found is not None:
-                return found[0]
-    for val in dict(data.dask).values():
-        x = getattr(val, "array", val)
-        if hasattr(x, "array") or isinstance(x, indexing.ExplicitlyIndexed):
-            found = _find_backend(x)
-            if found is not None:
-                return found[0]
-            inner = getattr(x, "array", None)
-            while inner is not None:
-                if isinstance(inner, FerryBackendArray):
-                    return inner
-                inner = getattr(inner, "array", None)
-    return None

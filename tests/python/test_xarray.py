@@ -363,3 +363,41 @@ def test_drop_variables_and_keywords(tmp_path):
     assert "t2m" in got
     with pytest.raises(ValueError):
         xr.open_dataset(p, engine="ferry", device="tpu")
+
+
+@pytest.mark.skipif(not HAS_H5NC, reason="h5netcdf not installed")
+def test_plain_hdf5_written_by_h5py(tmp_path):
+    """HDF5 written by h5py (dimension scales, no netCDF-4 bookkeeping): big-endian,
+    fletcher32, never-written chunks (fill value), contiguous and chunked."""
+    import h5py
+    rng = np.random.default_rng(11)
+    t = rng.standard_normal((10, 12, 14)).astype(np.float32)
+    p = tmp_path / "plain.h5"
+    with h5py.File(p, "w") as f:
+        for name, n in (("time", 10), ("y", 12), ("x", 14)):
+            f.create_dataset(name, data=np.arange(n, dtype=np.float64)).make_scale(name)
+        specs = {"contig": dict(data=t), "chunked": dict(data=t, chunks=(3, 5, 14)),
+                 "gzip": dict(data=t, chunks=(4, 4, 4), compression="gzip", shuffle=True),
+                 "fletch": dict(data=t, chunks=(5, 12, 7), compression="gzip", fletcher32=True),
+                 "big": dict(data=t.astype(">f8"), chunks=(2, 12, 14), compression="gzip"),
+                 "bigint": dict(data=(t * 100).astype(">i4")),
+                 "sparse": dict(shape=t.shape, dtype="i2", chunks=(5, 6, 7), fillvalue=-7)}
+        for n, kw in specs.items():
+            d = f.create_dataset(n, **kw)
+            for i, dim in enumerate(("time", "y", "x")):
+                d.dims[i].attach_scale(f[dim])
+        f["sparse"][0:5, 0:6, 0:7] = np.ones((5, 6, 7), np.int16)
+        f["gzip"].attrs["units"] = "K"
+        f["gzip"].attrs["valid"] = np.array([1.0, 2.0])
+        f.attrs["title"] = "plain"
+    ref = xr.open_dataset(p, engine="h5netcdf")
+    got = xr.open_dataset(p, engine="ferry")
+    xr.testing.assert_identical(got.load(), ref.load())
+    for v in specs:
+        assert got[v].encoding["ferry_reader"] == "engine", v
+    rng = np.random.default_rng(0)
+    g2 = xr.open_dataset(p, engine="ferry")
+    for _ in range(15):
+        sel = {"time": slice(int(rng.integers(0, 5)), int(rng.integers(5, 11)), int(rng.integers(1, 3))),
+               "y": np.sort(rng.choice(12, 4, replace=False)), "x": int(rng.integers(0, 14))}
+        xr.testing.assert_identical(g2.isel(sel).load(), ref.isel(sel).load())
