@@ -407,7 +407,7 @@ static int finish_common(zarr_arr *a, const char *file, char kind, int big) {
     uint64_t n = a->itemsize;
     const uint64_t *cs = a->sharded ? a->inner : a->chunk;
     for (int k = 0; k < a->ndim; k++) {
-        if (cs[k] == 0 && a->shape[k] != 0)
+        if (cs[k] == 0 || a->chunk[k] == 0)
             return ferry_seterr(FERRY_EFORMAT, "%s: chunk shape has a zero dimension", file);
         if (ferry_mul_overflow(n, cs[k], &n) || n > ((uint64_t)1 << 40))
             return ferry_seterr(FERRY_EFORMAT, "%s: chunk byte size overflows", file);
