@@ -15,7 +15,7 @@ run() {  # name, command...
     echo "== $name"
     local log; log=$(mktemp)
     "$@" 2>&1 | tee "$log"; local r=${PIPESTATUS[0]}
-    local line; line=$(grep -E '([0-9]+ passed|[0-9]+ failed|[0-9]+ error)' "$log" | tail -n1)
+    local line; line=$(grep -E '([0-9]+ passed|[0-9]+ failed|[0-9]+ error|[0-9]+ skipped)' "$log" | tail -n1)
     count "$line"
     if [ "$r" -ne 0 ]; then echo "== $name: FAILED (exit $r)"; rc=1; [ -z "$line" ] && F=$((F + 1)); fi
     rm -f "$log"
