@@ -35,6 +35,9 @@ for step in "$@"; do
                 --no-latency --file "$PWD/ferry-bench.bin" 2>&1 | grep -E "ferry file|O_DIRECT read" >> "$OUT/sweep.txt"
         done
         cat "$OUT/sweep.txt" ;;
+    engine)
+        timeout 200 python3 bench/bench_engine.py --gib 4 > "$OUT/bench_engine.txt" 2>&1; echo "bench_engine exit $?"
+        cat "$OUT/bench_engine.txt" ;;
     pybench)
         for b in bench/bench_*.py; do
             timeout 240 python3 "$b" --smoke > "$OUT/$(basename "$b" .py).txt" 2>&1; echo "$b exit $?"
