@@ -170,7 +170,7 @@ def _crc_impl():
         return lambda b: _g.value(bytes(b))
     except ImportError:
         pass
-    return None
+    return crc32c_numpy          # slow (~100 MB/s) but everywhere numpy is
 
 
 _crc = None
@@ -283,3 +283,124 @@ def plan_box(plan, f, base, shape, dtype, itemsize, sel, dst):
     def fix():
         dst.copy_(tmp.as_strided(tuple(counts), [s[2] * st for s, st in zip(sel, strides)], 0))
     return fix
+
+
+# -------------------------------------------------- CRC32C fallback in numpy (no C, no pip)
+# Used only when neither ferry._ferry.crc32c nor the crc32c / google_crc32c packages exist.
+# The CRC without pre/post inversion ("raw") is linear over GF(2), so the data is cut into
+# L = 2^m lanes of B bytes, every lane is run at once (one table lookup per byte row), and the
+# lane CRCs are folded pairwise: raw(a || b) = shift(raw(a), len(b)) ^ raw(b), where shift by
+# k zero bytes is a 32x32 bit matrix applied through four 256-entry tables.
+_POLY = 0x82F63B78
+_np_tables = {}
+
+
+def _np_table():
+    import numpy as np
+    t = _np_tables.get("T")
+    if t is None:
+        t = []
+        for i in range(256):
+            c = i
+            for _ in range(8):
+                c = (c >> 1) ^ (_POLY if c & 1 else 0)
+            t.append(c)
+        t = _np_tables["T"] = np.array(t, dtype=np.uint32)
+    return t
+
+
+def _shift_tables(k):
+    """Four 256-entry tables applying 'process k zero bytes' to a raw CRC state."""
+    import numpy as np
+    key = ("S", k)
+    if key in _np_tables:
+        return _np_tables[key]
+    T = _np_table()
+
+    def apply(cols, v):
+        r = 0
+        i = 0
+        while v:
+            if v & 1:
+                r ^= cols[i]
+            v >>= 1
+            i += 1
+        return r
+
+    one = [int(T[(1 << i) & 0xff]) ^ ((1 << i) >> 8) for i in range(32)]   # one zero byte
+    result = [1 << i for i in range(32)]                                   # identity
+    base = one
+    e = k
+    while e:
+        if e & 1:
+            result = [apply(base, c) for c in result]
+        e >>= 1
+        if e:
+            base = [apply(base, c) for c in base]
+    cols = np.array(result, dtype=np.uint64)
+    tabs = []
+    v = np.arange(256, dtype=np.uint64)
+    for byte in range(4):
+        acc = np.zeros(256, dtype=np.uint64)
+        for bit in range(8):
+            acc ^= np.where((v >> np.uint64(bit)) & np.uint64(1), cols[8 * byte + bit], 0).astype(np.uint64)
+        tabs.append(acc.astype(np.uint32))
+    _np_tables[key] = tabs
+    return tabs
+
+
+def _np_shift(c, k):
+    if k == 0:
+        return c
+    t0, t1, t2, t3 = _shift_tables(k)
+    return t0[c & 0xff] ^ t1[(c >> 8) & 0xff] ^ t2[(c >> 16) & 0xff] ^ t3[c >> 24]
+
+
+def _lanes_crc(a, lanes, B):
+    """Raw CRC of a (lanes*B bytes) as lanes of B bytes run together (4 bytes a step,
+    slicing-by-4 tables), folded to one value."""
+    import numpy as np
+    T4 = _np_tables.get("T4")
+    if T4 is None:
+        T = _np_table()
+        T4 = [T]
+        for _ in range(3):
+            T4.append((T4[-1] >> np.uint32(8)) ^ T[T4[-1] & 0xff])
+        T4 = _np_tables["T4"] = T4
+    w = np.ascontiguousarray(a).view("<u4").reshape(lanes, B // 4).T.copy()
+    c = np.zeros(lanes, dtype=np.uint32)
+    v = c.view(np.uint8).reshape(lanes, 4)
+    t0, t1, t2, t3 = T4
+    for j in range(B // 4):
+        c ^= w[j]
+        c[:] = t3[v[:, 0]] ^ t2[v[:, 1]] ^ t1[v[:, 2]] ^ t0[v[:, 3]]
+    blk = B
+    while c.size > 1:
+        c = _np_shift(c[0::2], blk) ^ c[1::2]
+        blk *= 2
+    return int(c[0])
+
+
+def _raw_crc_np(a, raw=0):
+    """Raw CRC32C (no inversion) of uint8 array a, continuing from state raw."""
+    import numpy as np
+    B = 256
+    n = a.size
+    pos = 0
+    while n - pos >= 4 * B:
+        lanes = min(1 << (((n - pos) // B).bit_length() - 1), 1 << 14)
+        m = lanes * B
+        raw = int(_np_shift(np.array([raw], dtype=np.uint32), m)[0]) ^ \
+            _lanes_crc(a[pos:pos + m], lanes, B)
+        pos += m
+    T = _np_table()
+    for b in a[pos:].tobytes():
+        raw = int(T[(raw ^ b) & 0xff]) ^ (raw >> 8)
+    return raw
+
+
+def crc32c_numpy(data):
+    """CRC32C (Castagnoli, as the crc32c package computes it) of a bytes-like object."""
+    import numpy as np
+    a = np.frombuffer(data, dtype=np.uint8)
+    return _raw_crc_np(a, 0xFFFFFFFF) ^ 0xFFFFFFFF

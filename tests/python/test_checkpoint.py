@@ -786,3 +786,13 @@ def test_dcp_two_process_gloo_and_resharding(tmp_path):
     assert sd["step"] == 12
     # world size 2 with a different sharding
     _run_dcp_worker(tmp_path, d, "load")
+
+
+def test_crc32c_numpy_fallback_matches_reference():
+    crc32c = pytest.importorskip("crc32c")
+    from ferry import _ckpt_io as io
+    rng = random.Random(3)
+    for n in [0, 1, 3, 255, 1023, 1024, 4097, 70001, (1 << 20) + 13]:
+        b = bytes(rng.getrandbits(8) for _ in range(min(n, 5000))) * (n // 5000 + 1)
+        b = b[:n]
+        assert io.crc32c_numpy(b) == crc32c.crc32c(b), n
