@@ -42,39 +42,63 @@ int64_t ferry_select_plan(const ferry_select_src *src, const ferry_slice *sel,
     uint64_t s = src->itemsize;
     for (int k = n - 1; k >= 0; k--) { dstride[k] = s; s *= count[k]; }
 
-    /* dims k+1..n-1 merge into one block contiguous in file and destination */
-    uint64_t block = src->itemsize;
-    int k = n - 1;
-    while (k >= 0 && (count[k] == 1 || eff[k] == block)) { block *= count[k]; k--; }
+    /* Dims in the order of their file stride, smallest first (a C-order
+     * array: last dim first; Fortran order: first dim first). */
+    int order[FERRY_MAX_DIMS];
+    for (int k = 0; k < n; k++) order[k] = k;
+    for (int a = 1; a < n; a++)
+        for (int b = a; b > 0 && eff[order[b]] < eff[order[b - 1]]; b--) {
+            int t = order[b]; order[b] = order[b - 1]; order[b - 1] = t;
+        }
+    int in_group[FERRY_MAX_DIMS] = {0};
 
-    /* dims g..k grouped into one placed extent, while it pays */
-    int g = k + 1, placed_dims = 0;
+    /* 1. merge: dims contiguous both in the file and in the destination
+     *    become one block (single indices merge trivially) */
+    uint64_t block = src->itemsize;
+    int i = 0;
+    while (i < n) {
+        int d = order[i];
+        if (count[d] != 1 && !(eff[d] == block && dstride[d] == block)) break;
+        block *= count[d];
+        in_group[d] = 2;        /* inside the block */
+        i++;
+    }
+
+    /* 2. group: more dims into one placed extent, while it pays */
+    int placed_dims = 0;
     uint64_t span = block, useful = block;
     if (block < PLACE_BIG && block <= UINT32_MAX) {
-        while (g > 0) {
-            int d = g - 1;
-            if (count[d] == 1) { g--; continue; }
+        for (; i < n; i++) {
+            int d = order[i];
             if (src->ncodecs && eff[d] % src->itemsize) break;   /* byteswap needs element alignment */
-            uint64_t nspan, t, nuseful;
+            uint64_t nspan, t;
             if (ferry_mul_overflow(count[d] - 1, eff[d], &t) || ferry_add_overflow(span, t, &nspan)) break;
-            nuseful = useful * count[d];
+            uint64_t nuseful = useful * count[d];
             if (nspan > PLACE_MAX || (nspan > PLACE_SMALL && nspan / 4 > nuseful)) break;
-            span = nspan; useful = nuseful; g--; placed_dims++;
+            span = nspan; useful = nuseful;
+            in_group[d] = 1;
+            placed_dims++;
         }
     }
-    if (!placed_dims) { g = k + 1; span = block; }
 
     ferry_place pl;
     memset(&pl, 0, sizeof pl);
     if (placed_dims) {
-        pl.ndim = k - g + 1;
         pl.itemsize = (uint32_t)block;
-        for (int d = g; d <= k; d++) {
-            pl.count[d - g] = count[d];
-            pl.src_stride[d - g] = (int64_t)eff[d];
-            pl.dst_stride[d - g] = (int64_t)dstride[d];
-        }
+        for (int d = 0; d < n; d++)          /* destination order */
+            if (in_group[d] == 1) {
+                pl.count[pl.ndim] = count[d];
+                pl.src_stride[pl.ndim] = (int64_t)eff[d];
+                pl.dst_stride[pl.ndim] = (int64_t)dstride[d];
+                pl.ndim++;
+            }
     }
+
+    /* 3. the rest are iterated, the largest file stride outermost so the
+     *    extents come in file order */
+    int outer[FERRY_MAX_DIMS], g = 0;
+    for (int k = n - 1; k >= 0; k--)
+        if (!in_group[order[k]]) outer[g++] = order[k];
 
     ferry_extent e;
     memset(&e, 0, sizeof e);
@@ -89,18 +113,18 @@ int64_t ferry_select_plan(const ferry_select_src *src, const ferry_slice *sel,
     e.place = placed_dims ? &pl : NULL;
     e.label = src->label;
 
-    /* odometer over the outer dims 0..g-1 */
+    /* odometer over the outer dims: outer[g-1] (smallest stride) fastest */
     uint64_t idx[FERRY_MAX_DIMS] = {0};
     for (;;) {
         uint64_t off = base, doff = dst_offset;
-        for (int d = 0; d < g; d++) { off += idx[d] * eff[d]; doff += idx[d] * dstride[d]; }
+        for (int j = 0; j < g; j++) { off += idx[j] * eff[outer[j]]; doff += idx[j] * dstride[outer[j]]; }
         e.offset = off;
         e.dst_offset = doff;
         int rc = ferry_plan_add(plan, &e);
         if (rc < 0) return rc;
-        int d = g - 1;
-        while (d >= 0 && ++idx[d] == count[d]) idx[d--] = 0;
-        if (d < 0) break;
+        int j = g - 1;
+        while (j >= 0 && ++idx[j] == count[outer[j]]) idx[j--] = 0;
+        if (j < 0) break;
     }
     return (int64_t)total;
 

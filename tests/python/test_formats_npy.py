@@ -185,3 +185,41 @@ def test_malformed_files_raise_with_path(tmp_path, ctx):
     with pytest.raises(F.FerryError) as e:
         F.Dataset(ctx, str(q))
     assert e.value.code == F.EUNSUPPORTED
+
+
+def test_large_fortran_array_reads_whole_columns(tmp_path, ctx):
+    """A Fortran-order array larger than one placed read: one extent per
+    stored column (contiguous in the file), scattered into C order; never one
+    extent per element."""
+    a = np.asfortranarray(np.random.default_rng(7).standard_normal((3000, 2000)).astype(">f4"))
+    p = tmp_path / "fbig.npy"
+    np.save(p, a)
+    ds = F.Dataset(ctx, str(p))
+    out = np.empty(a.shape, "=f4")
+    plan = F.Plan()
+    plan.read(ds, 0, out)
+    assert len(plan) <= 2000
+    assert plan.file_bytes == a.nbytes
+    ctx.run(plan)
+    same_bits(out, np.load(p).astype("=f4"))
+    sel = [(10, 2990, 3), (7, 2000, 11)]
+    same_bits(read(ctx, ds, sel=sel), a[10:2990:3, 7:2000:11].astype("=f4"))
+
+
+def test_plans_read_only_what_is_touched(tmp_path, ctx):
+    a = np.arange(1000 * 1000, dtype="<i4").reshape(1000, 1000)
+    p = tmp_path / "t.npy"
+    np.save(p, a)
+    ds = F.Dataset(ctx, str(p))
+    for sel, max_extents, max_bytes in [
+            ([(0, 1000, 1), (0, 1000, 1)], 1, a.nbytes),          # whole: one read
+            ([(10, 20, 1), (0, 1000, 1)], 1, 10 * 4000),          # rows: one read
+            ([(0, 4, 1), (5, 6, 1)], 1, 64 << 10),                # a small column: one placed read
+            ([(0, 1000, 1), (5, 6, 1)], 1000, 1000 * 4)]:         # a long column: one small read per row
+        out = np.empty(tuple(len(range(*s)) for s in sel), "<i4")
+        plan = F.Plan()
+        plan.read(ds, 0, out, selection=sel)
+        assert len(plan) <= max_extents
+        assert plan.file_bytes <= max_bytes
+        ctx.run(plan)
+        same_bits(out, a[tuple(slice(*s) for s in sel)])
