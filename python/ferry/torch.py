@@ -316,6 +316,7 @@ class _Runtime:
         self.handles.clear()
 
 
+_IMPORT_PID = os.getpid()   # a forked child must not use the parent's default context
 _FORKED = []   # runtimes inherited from a parent process: kept, never closed
 
 
@@ -510,6 +511,9 @@ class ArrayDataset(IterableDataset):
                 self._ctx_arg = None
             if self._ctx_arg is not None:
                 ctx = self._ctx_arg
+            elif self.threads == 0 and not in_worker and pid == _IMPORT_PID and \
+                    hasattr(_ferry, "default_context"):
+                ctx = _ferry.default_context()      # one engine per process
             else:
                 threads = self.threads
                 if threads == 0 and in_worker:

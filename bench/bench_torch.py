@@ -1,0 +1,467 @@
+#!/usr/bin/env python3
+"""Issue 5's benchmark: ferry.torch.ArrayDataset vs DataLoader(np.load-mmap Dataset) + .cuda().
+
+Two sample kinds, both in .npy shards:
+  image  3x224x224 uint8 (150528 B/sample), batch 256
+  row    1 MiB float32 rows (262144 floats),  batch 32
+For each, warm and cold page cache (cold: posix_fadvise(DONTNEED) on every shard, or
+/proc/sys/vm/drop_caches as root): batches/s and GB/s of
+  - ferry       ArrayDataset(..., shuffle=True, device="cuda") (no worker processes)
+  - ferry-raw   the engine alone: the same batches as plans into one reused GPU buffer
+  - dataloader  DataLoader(map-style np.load(mmap_mode="r") Dataset, shuffle=True,
+                num_workers=8 / 16, pin_memory=True), then .cuda(non_blocking=True)
+then the GPU-idle fraction of a small training step fed by each loader, and ferry's host RSS.
+Every batch's sample ids are checked (each sample carries its id in its first 8 bytes).
+
+    python bench/bench_torch.py                 # default size (--gib 20: larger than 16 GiB)
+    python bench/bench_torch.py --gib 0.5 --seconds 3 --workers 4     # a smoke run
+Files are written once under --dir (default $FERRY_BENCH_DIR or /tmp/ferry-bench-torch) and
+reused while their sizes match.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "python"))
+
+import torch  # noqa: E402
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
+
+KINDS = {
+    "image": dict(shape=(3, 224, 224), dtype=np.uint8, batch=256),
+    "row": dict(shape=(262144,), dtype=np.float32, batch=32),
+}
+SHARD_BYTES = 1 << 30
+
+
+# ----------------------------------------------------------------------------------- data
+def make_data(root, kind, gib):
+    k = KINDS[kind]
+    d = os.path.join(root, kind)
+    os.makedirs(d, exist_ok=True)
+    sample = int(np.prod(k["shape"])) * np.dtype(k["dtype"]).itemsize
+    total = max(k["batch"] * 4, int(gib * (1 << 30)) // sample)
+    per = max(1, SHARD_BYTES // sample)
+    meta_path = os.path.join(d, "meta.json")
+    want = {"kind": kind, "samples": total, "per_shard": per}
+    if os.path.exists(meta_path):
+        with open(meta_path) as f:
+            if json.load(f) == want:
+                return sorted_shards(d), total, sample
+    for p in os.listdir(d):
+        os.remove(os.path.join(d, p))
+    rng = np.random.default_rng(0)
+    noise = rng.integers(0, 255, size=8 << 20, dtype=np.uint8)
+    t0 = time.time()
+    lo, i = 0, 0
+    while lo < total:
+        n = min(per, total - lo)
+        path = os.path.join(d, f"shard_{i:05d}.npy")
+        mm = np.lib.format.open_memmap(path, mode="w+", dtype=k["dtype"], shape=(n,) + k["shape"])
+        raw = mm.reshape(n, -1).view(np.uint8)
+        flat = raw.reshape(-1)
+        for off in range(0, flat.size, noise.size):       # bulk: tiled random bytes
+            m = min(noise.size, flat.size - off)
+            flat[off:off + m] = noise[:m]
+        raw[:, :8] = np.arange(lo, lo + n, dtype=np.int64).view(np.uint8).reshape(n, 8)   # the id
+        mm.flush()
+        del mm, raw, flat
+        lo += n
+        i += 1
+    with open(meta_path, "w") as f:
+        json.dump(want, f)
+    print(f"# wrote {total} {kind} samples ({total * sample / 1e9:.1f} GB) in {time.time() - t0:.0f} s",
+          flush=True)
+    return sorted_shards(d), total, sample
+
+
+def sorted_shards(d):
+    return sorted(os.path.join(d, p) for p in os.listdir(d) if p.endswith(".npy"))
+
+
+def drop_cache(paths):
+    try:
+        if os.geteuid() == 0:
+            os.sync()
+            with open("/proc/sys/vm/drop_caches", "w") as f:
+                f.write("1\n")
+    except OSError:
+        pass
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def cached_fraction(paths):
+    try:
+        from ferry import _ferry
+        ctx = _ferry.Context(threads=1)
+        tot = hit = 0
+        for p in paths:
+            f = _ferry.File(ctx, p)
+            tot += f.size
+            hit += f.cached()
+            f.close()
+        ctx.close()
+        return hit / max(1, tot)
+    except Exception:
+        return float("nan")
+
+
+# ----------------------------------------------------------------------------------- loaders
+class MmapDataset(Dataset):
+    """What users write today: np.load(mmap_mode="r") per shard, one sample per __getitem__."""
+
+    def __init__(self, paths):
+        self.paths = paths
+        self.counts = [np.load(p, mmap_mode="r").shape[0] for p in paths]
+        self.starts = np.concatenate(([0], np.cumsum(self.counts)[:-1]))
+        self.n = int(sum(self.counts))
+        self.mm = None
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.mm is None:
+            self.mm = [np.load(p, mmap_mode="r") for p in self.paths]
+        k = int(np.searchsorted(self.starts, i, side="right") - 1)
+        return torch.from_numpy(np.array(self.mm[k][i - self.starts[k]]))
+
+
+def ids_of(batch):
+    """The sample ids stamped in each sample's first 8 bytes (on the batch's device)."""
+    flat = batch.reshape(batch.shape[0], -1)
+    head = flat.view(torch.uint8)[:, :8] if flat.dtype != torch.uint8 else flat[:, :8]
+    return head.contiguous().view(torch.int64).reshape(-1)
+
+
+def small_model(kind, device):
+    torch.manual_seed(0)
+    if kind == "image":
+        m = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 32, 7, stride=4), torch.nn.ReLU(),
+            torch.nn.Conv2d(32, 64, 3, stride=2), torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(64, 10))
+    else:
+        m = torch.nn.Sequential(torch.nn.Linear(262144, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    m = m.to(device)
+    return m, torch.optim.SGD(m.parameters(), lr=1e-3)
+
+
+def train_step(model, opt, x, kind):
+    x = x.float() if kind == "row" else x.float().div_(255)
+    loss = model(x).square().mean()
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+
+
+class RssSampler:
+    def __init__(self):
+        self.peak = 0
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def rss():
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        return 0
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.rss())
+            time.sleep(0.05)
+
+    def __enter__(self):
+        self.base = self.rss()
+        self._t.start()
+        return self
+
+    def __exit__(self, *a):
+        self._stop.set()
+        self._t.join()
+        self.peak = max(self.peak, self.rss())
+
+
+def run_loader(it, n_batches, seconds, sample_bytes, expect=None, step=None, warmup=5):
+    """Iterate up to n_batches / seconds after `warmup` untimed batches (engine start, worker
+    start, allocator growth); returns (batches, bytes, wall, busy_gpu_seconds, bad)."""
+    stream = torch.cuda.current_stream()
+    events = []
+    bad = torch.zeros((), dtype=torch.int64, device="cuda")
+    want_all = torch.as_tensor(expect).cuda() if expect is not None else None
+    got = nbytes = 0
+    pos = 0
+    seen = 0
+    t0 = time.perf_counter()
+    for b in it:
+        x = b.cuda(non_blocking=True) if not b.is_cuda else b
+        if want_all is not None:
+            ids = ids_of(x)
+            want = want_all[pos:pos + len(ids)]
+            bad += (ids != want).sum() if len(want) == len(ids) else len(ids)
+            pos += len(ids)
+        seen += 1
+        if seen <= warmup:
+            if seen == warmup:
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+            continue
+        if step is not None:
+            e0 = torch.cuda.Event(enable_timing=True)
+            e1 = torch.cuda.Event(enable_timing=True)
+            e0.record(stream)
+            step(x)
+            e1.record(stream)
+            events.append((e0, e1))
+        got += 1
+        nbytes += x.shape[0] * sample_bytes
+        if got >= n_batches or time.perf_counter() - t0 > seconds:
+            break
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    busy = sum(a.elapsed_time(b) for a, b in events) / 1e3
+    return got, nbytes, wall, busy, int(bad)
+
+
+def bench_ferry(paths, kind, n, sample, args, cold, step=None, ferry_raw=False):
+    from ferry.torch import ArrayDataset, epoch_order
+    B = KINDS[kind]["batch"]
+    ds = ArrayDataset(paths, batch_size=B, shuffle=True, seed=1, device="cuda",
+                      prefetch=args.prefetch, threads=args.threads, drop_last=True)
+    order = epoch_order(n, 1, 0)
+    if cold:
+        drop_cache(paths)
+    with RssSampler() as rss:
+        r = run_loader(iter(ds), args.batches, args.seconds, sample, expect=order, step=step)
+    return r, rss, ds.last_path
+
+
+def bench_raw(paths, kind, n, sample, args, cold):
+    """The engine alone: the same batches' rows as plans (runs merged) into one GPU buffer."""
+    from ferry import _ferry
+    from ferry.torch import epoch_order
+    B = KINDS[kind]["batch"]
+    ctx = _ferry.default_context() if args.threads == 0 else _ferry.Context(threads=args.threads)
+    files, offs, counts = [], [], []
+    for p in paths:
+        d = _ferry.Dataset(ctx, p)
+        v = d.variables()[0]
+        d.close()
+        files.append(_ferry.File(ctx, p))
+        offs.append(v["data_offset"])
+        counts.append(v["shape"][0])
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    order = epoch_order(n, 1, 0)
+    depth = max(1, args.prefetch)
+    bufs = [torch.empty(B * sample, dtype=torch.uint8, device="cuda") for _ in range(depth + 1)]
+    if cold:
+        drop_cache(paths)
+    jobs = []
+    t0 = time.perf_counter()
+    done = 0
+    warmup = 5
+    for k in range(min(args.batches + warmup, n // B)):
+        if k == warmup:
+            for j in jobs:
+                j.wait()
+            jobs = []
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            done = 0
+        ids = order[k * B:(k + 1) * B]
+        buf = bufs[k % len(bufs)]
+        if len(jobs) > depth:
+            jobs.pop(0).wait()
+        plan = _ferry.Plan()
+        shard = np.searchsorted(starts, ids, side="right") - 1
+        for j, (s, i) in enumerate(zip(shard.tolist(), (ids - starts[shard]).tolist())):
+            plan.read_file(files[s], offs[s] + i * sample, sample, (buf.data_ptr(), buf.numel(), 0), j * sample)
+        jobs.append(ctx.submit(plan))
+        done += 1
+        if time.perf_counter() - t0 > args.seconds:
+            break
+    for j in jobs:
+        j.wait()
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    return done, done * B * sample, wall
+
+
+def bench_dataloader(paths, kind, n, sample, args, workers, cold, step=None):
+    B = KINDS[kind]["batch"]
+    ds = MmapDataset(paths)
+    g = torch.Generator()
+    g.manual_seed(1)
+    dl = DataLoader(ds, batch_size=B, shuffle=True, generator=g, num_workers=workers,
+                    pin_memory=True, drop_last=True, prefetch_factor=2 if workers else None,
+                    persistent_workers=False)
+    if cold:
+        drop_cache(paths)
+    it = iter(dl)
+    r = run_loader(it, args.batches, args.seconds, sample, expect=None, step=step)
+    del it
+    return r
+
+
+def rss_probe(args):
+    """In a fresh process: ferry's loader alone; prints its peak RSS (bytes) as JSON."""
+    kind = args.rss_probe
+    paths, n, sample = make_data(args.dir, kind, args.gib)
+    base = RssSampler.rss()
+    import torch.cuda  # noqa: F401
+    torch.zeros(1, device="cuda")
+    with RssSampler() as rss:
+        r = bench_ferry(paths, kind, n, sample, args, cold=False)
+    print(json.dumps({"base": base, "cuda": rss.base, "peak": rss.peak, "batches": r[0][0]}))
+
+
+def profile(args):
+    import cProfile
+    import pstats
+    kind = args.profile
+    paths, n, sample = make_data(args.dir, kind, args.gib)
+    from ferry.torch import ArrayDataset
+    ds = ArrayDataset(paths, batch_size=KINDS[kind]["batch"], shuffle=True, seed=1, device="cuda",
+                      prefetch=args.prefetch, threads=args.threads)
+    it = iter(ds)
+    for _ in range(10):
+        next(it)
+    torch.cuda.synchronize()
+    pr = cProfile.Profile()
+    t0 = time.perf_counter()
+    pr.enable()
+    k = 0
+    for _ in it:
+        k += 1
+        if k >= args.batches or time.perf_counter() - t0 > args.seconds:
+            break
+    torch.cuda.synchronize()
+    pr.disable()
+    dt = time.perf_counter() - t0
+    print(f"# profile {kind}: {k / dt:.1f} batches/s, {k * KINDS[kind]['batch'] * sample / dt / 1e9:.2f} GB/s")
+    pstats.Stats(pr).sort_stats("tottime").print_stats(18)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", default=os.environ.get("FERRY_BENCH_DIR", "/tmp/ferry-bench-torch"))
+    ap.add_argument("--gib", type=float, default=20.0, help="GiB of data per sample kind (default 20)")
+    ap.add_argument("--kinds", default="image,row")
+    ap.add_argument("--workers", default="8,16", help="DataLoader worker counts")
+    ap.add_argument("--seconds", type=float, default=20.0, help="time limit per measurement")
+    ap.add_argument("--batches", type=int, default=10**9, help="batch limit per measurement")
+    ap.add_argument("--prefetch", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=0, help="ferry engine threads (0: default)")
+    ap.add_argument("--cache", default="warm,cold")
+    ap.add_argument("--no-train", action="store_true", help="skip the GPU-idle measurement")
+    ap.add_argument("--profile", metavar="KIND", help="profile ferry's loader on KIND and exit")
+    ap.add_argument("--rss-probe", metavar="KIND", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_torch: needs a CUDA GPU")
+    if args.rss_probe:
+        return rss_probe(args)
+    if args.profile:
+        return profile(args)
+    torch.cuda.init()
+    workers = [int(w) for w in args.workers.split(",") if w]
+    caches = [c for c in args.cache.split(",") if c]
+    rows = []
+    print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} cpus {os.cpu_count()} "
+          f"{time.strftime('%Y-%m-%d %H:%M')}", flush=True)
+    for kind in args.kinds.split(","):
+        paths, n, sample = make_data(args.dir, kind, args.gib)
+        B = KINDS[kind]["batch"]
+        gb = n * sample / 1e9
+        print(f"# {kind}: {n} samples of {sample} B in {len(paths)} shards ({gb:.1f} GB), batch {B}",
+              flush=True)
+        import subprocess
+        probe = subprocess.run([sys.executable, os.path.abspath(__file__), "--rss-probe", kind,
+                                "--dir", args.dir, "--gib", str(args.gib), "--seconds", str(args.seconds),
+                                "--prefetch", str(args.prefetch), "--threads", str(args.threads)],
+                               capture_output=True, text=True)
+        try:
+            pr = json.loads(probe.stdout.strip().splitlines()[-1])
+            rows.append((kind, "warm", "ferry alone in a fresh process", float("nan"), float("nan"),
+                         f"host RSS peak {pr['peak'] / 2**30:.2f} GiB (torch+CUDA before: "
+                         f"{pr['cuda'] / 2**30:.2f} GiB)"))
+        except Exception:
+            print("# RSS probe failed:", probe.stderr[-2000:], flush=True)
+        # one warm-up pass over the files when warm numbers are wanted
+        for cache in caches:
+            cold = cache == "cold"
+            if not cold and cached_fraction(paths) < 0.99:
+                from ferry import _ferry
+                ctx = _ferry.Context()
+                for p in paths:
+                    f = _ferry.File(ctx, p)
+                    buf = np.empty(min(f.size, 64 << 20), dtype=np.uint8)
+                    for off in range(0, f.size, buf.nbytes):
+                        f.pread(buf, off, min(buf.nbytes, f.size - off))
+                    f.close()
+                ctx.close()
+            res = {}
+            (nb, nby, wall, _, bad), rss, path = bench_ferry(paths, kind, n, sample, args, cold)
+            res["ferry"] = (nb, nby, wall)
+            if bad:
+                print(f"!! ferry: {bad} wrong sample ids", flush=True)
+            rows.append((kind, cache, "ferry (%s)" % path, nb / wall, nby / wall / 1e9,
+                         f"RSS {rss.peak / 2**30:.2f} GiB (+{(rss.peak - rss.base) / 2**30:.2f})"))
+            nb, nby, wall = bench_raw(paths, kind, n, sample, args, cold)
+            res["raw"] = (nb, nby, wall)
+            rows.append((kind, cache, "ferry engine alone", nb / wall, nby / wall / 1e9, ""))
+            for w in workers:
+                nb, nby, wall, _, _ = bench_dataloader(paths, kind, n, sample, args, w, cold)
+                res[f"dl{w}"] = (nb, nby, wall)
+                rows.append((kind, cache, f"DataLoader w={w} pin .cuda()", nb / wall, nby / wall / 1e9, ""))
+            best = max((v[1] / v[2] for k, v in res.items() if k.startswith("dl")), default=float("nan"))
+            f_rate = res["ferry"][1] / res["ferry"][2]
+            raw = res["raw"][1] / res["raw"][2]
+            print(f"{kind:5s} {cache:4s}  ferry {f_rate / 1e9:6.2f} GB/s = {f_rate / best:5.1f}x best "
+                  f"DataLoader ({best / 1e9:.2f} GB/s), {f_rate / raw:4.2f}x engine alone "
+                  f"({raw / 1e9:.2f} GB/s)", flush=True)
+        if not args.no_train:
+            model, opt = small_model(kind, "cuda")
+            x = torch.empty((B,) + KINDS[kind]["shape"], dtype=torch.uint8 if kind == "image" else torch.float32,
+                            device="cuda")
+            for _ in range(3):
+                train_step(model, opt, x, kind)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(20):
+                train_step(model, opt, x, kind)
+            torch.cuda.synchronize()
+            step_s = (time.perf_counter() - t0) / 20
+            step = lambda b: train_step(model, opt, b, kind)  # noqa: E731
+            (nb, nby, wall, busy, _), _, _ = bench_ferry(paths, kind, n, sample, args, False, step=step)
+            rows.append((kind, "warm", "train step fed by ferry", nb / wall, nby / wall / 1e9,
+                         f"GPU idle {100 * (1 - busy / wall):.0f}% (step {step_s * 1e3:.1f} ms)"))
+            for w in workers:
+                nb, nby, wall, busy, _ = bench_dataloader(paths, kind, n, sample, args, w, False, step=step)
+                rows.append((kind, "warm", f"train step fed by DataLoader w={w}", nb / wall, nby / wall / 1e9,
+                             f"GPU idle {100 * (1 - busy / wall):.0f}%"))
+    print()
+    print(f"| {'kind':5s} | {'cache':5s} | {'loader':36s} | {'batches/s':>9s} | {'GB/s':>6s} | notes |")
+    print(f"|{'-' * 7}|{'-' * 7}|{'-' * 38}|{'-' * 11}|{'-' * 8}|-------|")
+    for kind, cache, name, bps, gbs, note in rows:
+        print(f"| {kind:5s} | {cache:5s} | {name:36s} | {bps:9.1f} | {gbs:6.2f} | {note} |")
+
+
+if __name__ == "__main__":
+    main()
