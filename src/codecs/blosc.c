@@ -35,8 +35,9 @@ static int inner_decode(ferry_decode_scratch *s, int codec, const uint8_t *in, s
     }
 }
 
-/* Undo the block's filter from tmp into dst (bsize bytes). */
-static void unfilter(int version, int flags, size_t ts, const uint8_t *tmp, uint8_t *dst, size_t bsize) {
+/* Undo the block's filter from tmp into dst (bsize bytes); tmp2: bsize bytes. */
+static void unfilter(int version, int flags, size_t ts, const uint8_t *tmp, uint8_t *dst, uint8_t *tmp2,
+                     size_t bsize) {
     if (flags & F_SHUFFLE) { ferry_unshuffle(tmp, dst, bsize, ts); return; }
     /* bitshuffle works on whole groups of 8 elements; the rest is stored as
      * is. Format version 2 frames bitshuffled a block only when its element
@@ -44,7 +45,7 @@ static void unfilter(int version, int flags, size_t ts, const uint8_t *tmp, uint
     size_t nel = bsize / ts;
     if (version <= 2 && nel % 8 != 0) nel = 0;
     nel -= nel % 8;
-    ferry_bitunshuffle(tmp, dst, nel, ts);
+    ferry_bitunshuffle(tmp, dst, tmp2, nel, ts);
     memcpy(dst + nel * ts, tmp + nel * ts, bsize - nel * ts);
 }
 
@@ -80,6 +81,8 @@ int64_t ferry_blosc_decode(ferry_decode_scratch *s, const uint8_t *in, size_t n,
     int filtered = (flags & F_BITSHUFFLE) || ((flags & F_SHUFFLE) && ts > 1);
     if (filtered && !ferry_scratch_reserve(&s->tmp, &s->tmp_cap, blocksize))
         return ferry_seterr(FERRY_ENOMEM, "blosc: no memory for a %zu-byte block", blocksize);
+    if ((flags & F_BITSHUFFLE) && !ferry_scratch_reserve(&s->tmp2, &s->tmp2_cap, blocksize))
+        return ferry_seterr(FERRY_ENOMEM, "blosc: no memory for a %zu-byte block", blocksize);
     size_t data0 = HDR + 4 * nblocks;
     for (size_t b = 0; b < nblocks; b++) {
         int last_short = leftover && b == nblocks - 1;
@@ -106,7 +109,7 @@ int64_t ferry_blosc_decode(ferry_decode_scratch *s, const uint8_t *in, size_t n,
             }
             pos += (size_t)csize;
         }
-        if (filtered) unfilter(version, flags, ts, s->tmp, out + b * blocksize, bsize);
+        if (filtered) unfilter(version, flags, ts, s->tmp, out + b * blocksize, s->tmp2, bsize);
     }
     return (int64_t)nbytes;
 }

@@ -22,6 +22,8 @@ typedef struct ferry_decode_scratch {
     size_t cap[2];
     uint8_t *tmp;        /* one blosc block while it is unshuffled */
     size_t tmp_cap;
+    uint8_t *tmp2;       /* one blosc block between bitshuffle's two passes */
+    size_t tmp2_cap;
     void *zstd;          /* ZSTD_DCtx *, created on first use */
     void *zlib;          /* z_stream *, inflateInit'ed on first use, inflateReset after */
 } ferry_decode_scratch;

@@ -21,7 +21,7 @@ void ferry_decode_scratch_init(ferry_decode_scratch *s) { memset(s, 0, sizeof *s
 
 void ferry_decode_scratch_free(ferry_decode_scratch *s) {
     if (!s) return;
-    free(s->buf[0]); free(s->buf[1]); free(s->tmp);
+    free(s->buf[0]); free(s->buf[1]); free(s->tmp); free(s->tmp2);
     if (s->zstd) ZSTD_freeDCtx(s->zstd);
     if (s->zlib) { inflateEnd(s->zlib); free(s->zlib); }
     memset(s, 0, sizeof *s);

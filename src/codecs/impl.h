@@ -27,8 +27,9 @@ int ferry_blosc_size(const uint8_t *in, size_t n, size_t *nbytes);
 
 /* Filters: out-of-place, n bytes. Bytes past the last whole element are copied. */
 void ferry_unshuffle(const uint8_t *in, uint8_t *out, size_t n, size_t elsize);
-/* Undo bitshuffle of nel elements (nel a multiple of 8) of elsize bytes. */
-void ferry_bitunshuffle(const uint8_t *in, uint8_t *out, size_t nel, size_t elsize);
+/* Undo bitshuffle of nel elements (nel a multiple of 8) of elsize bytes;
+ * tmp holds nel * elsize bytes. */
+void ferry_bitunshuffle(const uint8_t *in, uint8_t *out, uint8_t *tmp, size_t nel, size_t elsize);
 void ferry_byteswap(const uint8_t *in, uint8_t *out, size_t n, size_t elsize);
 
 /* HDF5 fletcher32 over n bytes (the value its filter appends). */
