@@ -20,6 +20,18 @@ static void dataset_free(ferry_dataset *ds) {
     free(ds);
 }
 
+static int has_suffix(const char *s, const char *suf) {
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && !strcmp(s + a - b, suf);
+}
+
+static const ferry_format_ops *by_name(const char *path) {
+    if (has_suffix(path, ".npy")) return &ferry_format_npy;
+    if (has_suffix(path, ".safetensors")) return &ferry_format_safetensors;
+    if (has_suffix(path, ".nc") || has_suffix(path, ".nc3") || has_suffix(path, ".cdf")) return &ferry_format_netcdf3;
+    return NULL;
+}
+
 static int read_head(ferry_ctx *ctx, const char *path, uint8_t *head, size_t *n) {
     ferry_file *f;
     int rc = ferry_file_open(ctx, path, FERRY_READ, &f);
@@ -62,6 +74,9 @@ int ferry_dataset_open(ferry_ctx *ctx, const char *path, const ferry_open_opts *
         }
         for (size_t i = 0; i < NFORMATS && !ops; i++)
             if (formats[i]->probe(path, head, n, is_dir)) ops = formats[i];
+        /* content matched nothing: a telling name still picks the parser, so
+         * a damaged "x.npy" gets npy's precise complaint, not a shrug */
+        if (!ops && !is_dir) ops = by_name(path);
         if (!ops)
             return ferry_seterr(FERRY_EUNSUPPORTED,
                                 "%s: not a file or store of a known format (npy, safetensors, "
