@@ -401,3 +401,20 @@ def test_plain_hdf5_written_by_h5py(tmp_path):
         sel = {"time": slice(int(rng.integers(0, 5)), int(rng.integers(5, 11)), int(rng.integers(1, 3))),
                "y": np.sort(rng.choice(12, 4, replace=False)), "x": int(rng.integers(0, 14))}
         xr.testing.assert_identical(g2.isel(sel).load(), ref.isel(sel).load())
+
+
+@pytest.mark.skipif(not HAS_ZARR, reason="zarr not installed")
+@pytest.mark.skipif(not hasattr(xr, "open_groups"), reason="xarray has no open_groups")
+def test_zarr_groups_and_datatree(tmp_path):
+    p = tmp_path / "g.zarr"
+    xr.Dataset({"a": (("x",), np.arange(5.0))}).to_zarr(p, mode="w", zarr_format=3, consolidated=False)
+    xr.Dataset({"b": (("y",), np.arange(3))}).to_zarr(p, group="g1", mode="a", zarr_format=3, consolidated=False)
+    xr.Dataset({"c": (("z",), np.arange(2.0))}).to_zarr(p, group="g1/g2", mode="a", zarr_format=3,
+                                                         consolidated=False)
+    got = xr.open_groups(p, engine="ferry")
+    ref = xr.open_groups(p, engine="zarr", consolidated=False)
+    assert sorted(got) == sorted(ref) == ["/", "/g1", "/g1/g2"]
+    for k in ref:
+        xr.testing.assert_identical(got[k].load(), ref[k].load())
+    tree = xr.open_datatree(p, engine="ferry")
+    np.testing.assert_array_equal(tree["g1/g2"]["c"].values, np.arange(2.0))
