@@ -690,6 +690,9 @@ class FerryStore(AbstractDataStore):
         self.threads = int(threads or 0)
         self.path_policy = path
         self.ctx = ctx or ferry.default_context()
+        if self.device >= 0 and ferry._cupy() is None:
+            raise ImportError(f"engine='ferry' with device={device!r} returns cupy arrays: install cupy "
+                              "(or use device='cpu')")
         self.format = _format_of(self.filename)
         self._lock = threading.Lock()
         self._cache: dict = {}

@@ -418,3 +418,12 @@ def test_zarr_groups_and_datatree(tmp_path):
         xr.testing.assert_identical(got[k].load(), ref[k].load())
     tree = xr.open_datatree(p, engine="ferry")
     np.testing.assert_array_equal(tree["g1/g2"]["c"].values, np.arange(2.0))
+
+
+def test_device_without_cupy_is_a_clear_error(tmp_path):
+    if has("cupy"):
+        pytest.skip("cupy is installed")
+    p = tmp_path / "q.nc"
+    xr.Dataset({"a": (("x",), np.arange(3.0))}).to_netcdf(p, engine="scipy" if HAS_SCIPY else None)
+    with pytest.raises(ImportError, match="cupy"):
+        xr.open_dataset(p, engine="ferry", device=0)
