@@ -195,6 +195,8 @@ static int npy_open(ferry_dataset *ds, const ferry_open_opts *opts) {
     uint8_t pre[12];
     int64_t got = ferry_pread(st->file, ferry_host_buf(pre, sizeof pre), 0, sizeof pre, FERRY_NO_DIRECT);
     if (got < 0) return ferry_preerr((int)got, "%s", path);
+    if (got < 6 && !memcmp(pre, "\x93NUMPY", (size_t)got))
+        return ferry_seterr(FERRY_EFORMAT, "%s: byte %lld: npy magic truncated", path, (long long)got);
     if (got < 6 || memcmp(pre, "\x93NUMPY", 6))
         return ferry_seterr(FERRY_EFORMAT, "%s: byte 0: not an npy file (bad magic)", path);
     if (got < 10) return ferry_seterr(FERRY_EFORMAT, "%s: byte %lld: npy preamble truncated", path, (long long)got);
