@@ -76,6 +76,7 @@ def make_data(root, kind, gib):
         del mm, raw, flat
         lo += n
         i += 1
+    os.sync()   # no writeback under the measurements
     with open(meta_path, "w") as f:
         json.dump(want, f)
     print(f"# wrote {total} {kind} samples ({total * sample / 1e9:.1f} GB) in {time.time() - t0:.0f} s",
@@ -239,12 +240,13 @@ def run_loader(it, n_batches, seconds, sample_bytes, expect=None, step=None, war
     return got, nbytes, wall, busy, int(bad)
 
 
-def bench_ferry(paths, kind, n, sample, args, cold, step=None, ferry_raw=False):
+def bench_ferry(paths, kind, n, sample, args, cold, step=None, block_size=None, device="cuda"):
     from ferry.torch import ArrayDataset, epoch_order
     B = KINDS[kind]["batch"]
-    ds = ArrayDataset(paths, batch_size=B, shuffle=True, seed=1, device="cuda",
-                      prefetch=args.prefetch, threads=args.threads, drop_last=True)
-    order = epoch_order(n, 1, 0)
+    ds = ArrayDataset(paths, batch_size=B, shuffle=True, seed=1, device=device,
+                      prefetch=args.prefetch, threads=args.threads, drop_last=True,
+                      block_size=block_size, pin_memory=device == "cpu")
+    order = epoch_order(n, 1, 0, block_size=block_size)
     if cold:
         drop_cache(paths)
     with RssSampler() as rss:
@@ -423,6 +425,15 @@ def main():
                 print(f"!! ferry: {bad} wrong sample ids", flush=True)
             rows.append((kind, cache, "ferry (%s)" % path, nb / wall, nby / wall / 1e9,
                          f"RSS {rss.peak / 2**30:.2f} GiB (+{(rss.peak - rss.base) / 2**30:.2f})"))
+            if not cold:
+                (nb, nby, wall, _, bad), _, path = bench_ferry(paths, kind, n, sample, args, cold,
+                                                                block_size=16)
+                rows.append((kind, cache, "ferry block_size=16 (%s)" % path, nb / wall, nby / wall / 1e9,
+                             "blocks of 16 rows shuffled" + (f" !! {bad} wrong ids" if bad else "")))
+                (nb, nby, wall, _, bad), _, path = bench_ferry(paths, kind, n, sample, args, cold,
+                                                                device="cpu")
+                rows.append((kind, cache, "ferry host path, pinned, .cuda()", nb / wall, nby / wall / 1e9,
+                             "device='cpu', pin_memory=True" + (f" !! {bad} wrong ids" if bad else "")))
             nb, nby, wall = bench_raw(paths, kind, n, sample, args, cold)
             res["raw"] = (nb, nby, wall)
             rows.append((kind, cache, "ferry engine alone", nb / wall, nby / wall / 1e9, ""))

@@ -647,7 +647,7 @@ class ArrayDataset(IterableDataset):
         if in_worker:
             self._worker_progress = {"id": wid, "num_workers": nw, "world_size": world, "rank": rank,
                                      "batch": batch, "start": start, "taken": taken, "epoch": epoch,
-                                     "ended": False}
+                                     "count": lay.count, "ended": False}
         order = self._order(epoch)
         per_sample = self.batch_size is None
         group_units = self.sample_group if per_sample else 1
@@ -680,7 +680,9 @@ class ArrayDataset(IterableDataset):
                 for s, out in zip(g.units, outs):
                     if gen == self._generation:
                         taken += 1
-                        self._consumed = lay.consumed_after(s)
+                        # the last batch of a drop_last epoch completes it (the tail is dropped)
+                        self._consumed = n if (self.drop_last and s == lay.count - 1) \
+                            else lay.consumed_after(s)
                         if in_worker:
                             self._worker_progress["taken"] = taken
                     yield out
@@ -933,5 +935,8 @@ def global_state(loader_state):
             steps = max(steps, w["id"] + (w["taken"] - 1) * w["num_workers"] + 1)
     w = cur[0]["worker"]
     consumed = min(n, w["start"] + steps * w["world_size"] * w["batch"])
-    base.update(epoch=epoch, samples_consumed=consumed)
+    if consumed >= n or steps >= w.get("count", steps + 1):     # the epoch was complete
+        base.update(epoch=epoch + 1, samples_consumed=0)
+    else:
+        base.update(epoch=epoch, samples_consumed=consumed)
     return base

@@ -437,3 +437,26 @@ def test_two_process_gloo(npy, tmp_path):
     assert not set(s0) & set(s1)
     full = N // 8 * 8
     assert sorted(s0 + s1) == sorted(epoch_order(N, 12, 0)[:full].tolist())
+
+
+def test_global_state_after_a_whole_epoch_in_workers(npy):
+    SDL = _sdl()
+    kw = dict(fields=npy.fields, batch_size=10, shuffle=True, seed=1, device="cpu")
+    dl = SDL(ArrayDataset(**kw), batch_size=None, num_workers=2)
+    seen = [i for b in dl for i in _ids(b)]
+    assert seen == epoch_order(N, 1, 0).tolist()
+    g = global_state(dl.state_dict())
+    assert (g["epoch"], g["samples_consumed"]) == (1, 0)
+
+
+def test_drop_last_state_after_the_last_batch(npy):
+    ds = ArrayDataset(fields=npy.fields, batch_size=10, shuffle=True, seed=1, device="cpu",
+                      drop_last=True, rank=0, world_size=2)
+    it = iter(ds)
+    for _ in range(len(ds)):
+        next(it)
+    # the dropped tail belongs to the finished epoch: a resume (any world size) starts the next
+    assert ds.state_dict()["samples_consumed"] == N
+    d = ArrayDataset(fields=npy.fields, batch_size=4, device="cpu")
+    d.load_state_dict(ds.state_dict())
+    assert list(d) == [] and d.epoch == 1
