@@ -659,7 +659,22 @@ static int parse_v3_array(zarr_arr *a, const char *file, const ferry_json *m) {
     const char *dname = ferry_json_str(dt);
     if (!dname && dt && dt->type == FERRY_JSON_OBJECT) dname = json_name(dt, "name");
     char kind = 0;
-    if (!dname || v3_dtype(dname, &kind, &a->itemsize) < 0) {
+    char unit[40] = "";
+    if (dname && (!strcmp(dname, "numpy.datetime64") || !strcmp(dname, "numpy.timedelta64"))) {
+        /* {"name": "numpy.datetime64", "configuration": {"unit": "ns", "scale_factor": 1}} */
+        const ferry_json *cfg = ferry_json_get(dt, "configuration");
+        const char *u = json_name(cfg, "unit");
+        uint64_t scale = 1;
+        const ferry_json *sf = ferry_json_get(cfg, "scale_factor");
+        size_t ul = strlen(u);
+        int ok = ul > 0 && ul < 12 && (!sf || (ferry_json_u64(sf, &scale) == 0 && scale >= 1 && scale < 1000000000));
+        for (size_t i = 0; ok && i < ul; i++) ok = (u[i] >= 'a' && u[i] <= 'z') || (u[i] >= 'A' && u[i] <= 'Z');
+        if (!ok) return MERR(FERRY_EFORMAT, file, dt, "%s: bad unit or scale_factor", dname);
+        if (scale > 1) snprintf(unit, sizeof unit, "[%llu%s]", (unsigned long long)scale, u);
+        else snprintf(unit, sizeof unit, "[%s]", u);
+        kind = dname[6] == 'd' ? 'M' : 'm';
+        a->itemsize = 8;
+    } else if (!dname || v3_dtype(dname, &kind, &a->itemsize) < 0) {
         a->itemsize = 1;
         a->typestr = xstrdup("|V1");   /* a placeholder numpy accepts; the message names the real one */
         return arr_fail(a, FERRY_EUNSUPPORTED, "%s: data_type \"%s\" is not supported", file, dname ? dname : "?");
@@ -681,6 +696,11 @@ static int parse_v3_array(zarr_arr *a, const char *file, const ferry_json *m) {
     if (attrs && attrs->type == FERRY_JSON_OBJECT) a->attrs_json = to_json(attrs);
     const ferry_json *dn = ferry_json_get(m, "dimension_names");
     if (dn && dn->type == FERRY_JSON_ARRAY && (int)dn->n == a->ndim) a->dims_json = to_json(dn);
+    if (unit[0]) {   /* numpy's form: "<M8[ns]" */
+        char ts[64];
+        snprintf(ts, sizeof ts, "%c%c8%s", big ? '>' : '<', kind, unit);
+        if (!(a->typestr = strdup(ts))) return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", file);
+    }
     return finish_common(a, file, kind, big);
 }
 
