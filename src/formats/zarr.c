@@ -1167,6 +1167,12 @@ static int emit(plan_ctx *p, const dim_hit *const *h, const uint64_t *origin, ui
         e.length = len;
         e.decoded_size = p->cbytes;
         pl.src_offset = src_off;
+        /* A whole chunk whose bytes land contiguously in dst needs no
+         * placement: the engine then decodes straight into host memory. */
+        int whole = src_off == 0 && span == p->cbytes;
+        for (int k = 0; k < a->ndim && whole; k++)
+            if (pl.count[k] > 1 && pl.src_stride[k] != pl.dst_stride[k]) whole = 0;
+        if (whole) e.place = NULL;
     }
     return ferry_plan_add(p->plan, &e);
 }
