@@ -240,12 +240,13 @@ def run_loader(it, n_batches, seconds, sample_bytes, expect=None, step=None, war
     return got, nbytes, wall, busy, int(bad)
 
 
-def bench_ferry(paths, kind, n, sample, args, cold, step=None, block_size=None, device="cuda"):
+def bench_ferry(paths, kind, n, sample, args, cold, step=None, block_size=None, device="cuda",
+                staging="engine"):
     from ferry.torch import ArrayDataset, epoch_order
     B = KINDS[kind]["batch"]
     ds = ArrayDataset(paths, batch_size=B, shuffle=True, seed=1, device=device,
                       prefetch=args.prefetch, threads=args.threads, drop_last=True,
-                      block_size=block_size, pin_memory=device == "cpu")
+                      block_size=block_size, pin_memory=device == "cpu", staging=staging)
     order = epoch_order(n, 1, 0, block_size=block_size)
     if cold:
         drop_cache(paths)
@@ -431,9 +432,9 @@ def main():
                 rows.append((kind, cache, "ferry block_size=16 (%s)" % path, nb / wall, nby / wall / 1e9,
                              "blocks of 16 rows shuffled" + (f" !! {bad} wrong ids" if bad else "")))
                 (nb, nby, wall, _, bad), _, path = bench_ferry(paths, kind, n, sample, args, cold,
-                                                                device="cpu")
-                rows.append((kind, cache, "ferry host path, pinned, .cuda()", nb / wall, nby / wall / 1e9,
-                             "device='cpu', pin_memory=True" + (f" !! {bad} wrong ids" if bad else "")))
+                                                                staging="pinned")
+                rows.append((kind, cache, "ferry staging='pinned' (%s)" % path, nb / wall, nby / wall / 1e9,
+                             "host path into pinned, torch copies" + (f" !! {bad} wrong ids" if bad else "")))
             nb, nby, wall = bench_raw(paths, kind, n, sample, args, cold)
             res["raw"] = (nb, nby, wall)
             rows.append((kind, cache, "ferry engine alone", nb / wall, nby / wall / 1e9, ""))

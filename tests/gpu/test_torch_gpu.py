@@ -56,8 +56,9 @@ def test_batches_on_cuda_equal_numpy(data):
     assert b["img"].is_cuda
 
 
+@pytest.mark.parametrize("staging", ["engine", "pinned"])
 @pytest.mark.parametrize("busy", [False, True])
-def test_stream_handoff_and_memory_reuse_under_load(data, busy):
+def test_stream_handoff_and_memory_reuse_under_load(data, busy, staging):
     """The consumer works on its own (non-default) stream, delays every check behind a sleep
     kernel and keeps another stream busy with matmuls; every batch must still hold its rows when
     the delayed check runs (no early reuse of its memory, no read before ferry's copies)."""
@@ -66,7 +67,7 @@ def test_stream_handoff_and_memory_reuse_under_load(data, busy):
     vec_ref = torch.from_numpy(ref["vec"]).cuda()
     kw = dict(dtype={"vec": torch.float64}, transform=lambda b: dict(b, twice=b["vec"] * 2)) if busy else {}
     ds = ArrayDataset(fields=fields, batch_size=32, shuffle=True, seed=2, device="cuda:0",
-                      prefetch=6, **kw)
+                      prefetch=6, staging=staging, **kw)
     consumer, other = torch.cuda.Stream(), torch.cuda.Stream()
     a = torch.randn(2048, 2048, device="cuda")
     bad = torch.zeros((), dtype=torch.int64, device="cuda")
