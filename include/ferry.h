@@ -104,7 +104,7 @@ typedef enum ferry_direct {
 typedef struct ferry_config {
     int threads;          /* workers; 0: default (16, or the CPU count if larger)  [FERRY_THREADS] */
     size_t task_size;     /* bytes per task a worker takes; 0: 8 MiB                [FERRY_TASK_SIZE] */
-    size_t staging_size;  /* bytes per pinned staging buffer; 0: 4 MiB              [FERRY_STAGING_SIZE] */
+    size_t staging_size;  /* bytes per pinned staging buffer; 0: 2 MiB              [FERRY_STAGING_SIZE] */
     int staging_count;    /* staging buffers per worker (>= 2); 0: 3                [FERRY_STAGING_COUNT] */
     ferry_path path;      /* default path                                          [FERRY_PATH] */
     ferry_direct direct;  /* O_DIRECT policy                                       [FERRY_DIRECT] */
