@@ -81,7 +81,6 @@ const char *ferry_cufile_errstr(int err) {
     case 5026: return "driver already open";
     case 5027: return "file descriptor is not registered (cuFile could not use this file)";
     case 5028: return "handle already registered";
-    case 5028: return "device not found";
     case 5029: return "internal error";
     case 5030: return "get new fd failed";
     case 5033: return "nvidia-fs setup error";
