@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""xarray → GPU: engine=engine_ferry() against the paths users have today (issue 4).
+"""xarray → GPU: engine="ferry" against the paths users have today (issue 4).
 
 Writes N float32 variables (time × lat × lon, about --gib GiB in all) as
 netCDF-3 (CDF-2), netCDF-4 (HDF5, contiguous), netCDF-4 compressed (zlib +
 shuffle, one chunk per time step) and Zarr v2 (when zarr is importable), then,
 page cache warm (each file read once before timing), measures
 
-  * whole dataset → GPU: ferry `open_dataset(engine=engine_ferry(), device=0).load()`
+  * whole dataset → GPU: ferry `open_dataset(engine="ferry", device=0).load()`
     vs `open_dataset(engine=E)` + `cupy.asarray(ds[v].values)` per variable for
     every importable engine E (scipy, netcdf4, h5netcdf, zarr) and plain h5py;
   * training-style access: --steps random time steps, all variables, one step
@@ -165,7 +165,7 @@ def best(fn, reps):
 
 
 def engine_ferry():
-    """engine=engine_ferry() when the package is installed (entry point), else the class itself."""
+    """engine="ferry" when the package is installed (entry point), else the class itself."""
     import xarray as xr
     from ferry.xarray import FerryBackendEntrypoint
     return "ferry" if "ferry" in xr.backends.list_engines() else FerryBackendEntrypoint

@@ -1,4 +1,4 @@
-"""engine=ENGINE with device=0: data variables as cupy arrays on the GPU,
+"""engine="ferry" with device=0: data variables as cupy arrays on the GPU,
 coordinates on the CPU, values identical to xarray's own engines (after
 .as_numpy()). Also the extension's device side: ferry.Array on a GPU through
 __cuda_array_interface__ and DLPack (cupy, torch), ferry.read(device=0).
@@ -19,7 +19,7 @@ import ferry  # noqa: E402
 from ferry import xarray as fx  # noqa: E402, F401
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
-# engine=ENGINE once the package is installed (entry point); the class works either way
+# engine="ferry" once the package is installed (entry point); the class works either way
 ENGINE = "ferry" if "ferry" in xr.backends.list_engines() else fx.FerryBackendEntrypoint
 
 
