@@ -1197,7 +1197,7 @@ static int for_each(plan_ctx *p, dim_hit *const *lists, const size_t *counts, hi
     size_t it[FERRY_MAX_DIMS] = {0};
     for (int k = 0; k < nd; k++) if (!counts[k]) return 0;
     for (;;) {
-        const dim_hit *h[FERRY_MAX_DIMS];
+        const dim_hit *h[FERRY_MAX_DIMS] = {0};
         for (int k = 0; k < nd; k++) h[k] = &lists[k][it[k]];
         int rc = fn(p, h, arg);
         if (rc < 0) return rc;
