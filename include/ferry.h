@@ -108,7 +108,8 @@ typedef struct ferry_config {
     int staging_count;    /* staging buffers per worker (>= 2); 0: 3                [FERRY_STAGING_COUNT] */
     ferry_path path;      /* default path                                          [FERRY_PATH] */
     ferry_direct direct;  /* O_DIRECT policy                                       [FERRY_DIRECT] */
-    size_t small_io;      /* requests below this run on the caller's thread; 0: 256 KiB [FERRY_SMALL_IO] */
+    size_t small_io;      /* plans of at most this many bytes (and 4 tasks) run on the caller's thread;
+                             0: staging_size                                     [FERRY_SMALL_IO] */
     int no_env;           /* nonzero: ignore FERRY_* environment variables */
 } ferry_config;
 

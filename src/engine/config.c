@@ -93,7 +93,9 @@ int ferry_config_resolve(ferry_config *c) {
     if (c->staging_count <= 0) c->staging_count = 3;
     if (c->staging_count < 2) c->staging_count = 2;
     if (c->staging_count > FERRY_MAX_STAGING) c->staging_count = FERRY_MAX_STAGING;
-    if (c->small_io == 0) c->small_io = 256u << 10;
+    /* A request that fits one staging buffer gains nothing from the pool (it
+     * is one pread and one copy either way): run it on the caller's thread. */
+    if (c->small_io == 0) c->small_io = c->staging_size;
     if (c->path < 0 || c->path >= FERRY_PATH_COUNT_) return ferry_seterr(FERRY_EINVAL, "bad path %d", c->path);
     return 0;
 }

@@ -256,7 +256,9 @@ static int submit_job(ferry_ctx *ctx, ferry_job *j, int allow_inline) {
     if (j->ntasks == 0) { job_complete(j); return 0; }
     uint64_t total = 0;
     for (size_t i = 0; i < j->next; i++) total += j->ext[i].length;
-    if (allow_inline && (total <= ctx->cfg.small_io || j->max_workers <= 1)) {
+    /* few small tasks: the caller's thread; many small extents (chunks to
+     * decompress) still go to the pool, where they run in parallel */
+    if (allow_inline && ((total <= ctx->cfg.small_io && j->ntasks <= 4) || j->max_workers <= 1)) {
         ferry_worker *w = inline_worker_get(ctx);
         if (w) {
             for (size_t t = 0; t < j->ntasks; t++) {
