@@ -34,6 +34,9 @@ for step in "$@"; do
     bench)
         timeout 300 ./build/ferry bench --size 4G --reps 3 --file "$PWD/ferry-bench.bin" > "$OUT/bench.txt" 2>&1; echo "bench exit $?"
         cat "$OUT/bench.txt" ;;
+    benchwarm)
+        timeout 200 ./build/ferry bench --size 4G --reps 3 --no-cold --file "$PWD/ferry-bench.bin" > "$OUT/bench-warm.txt" 2>&1; echo "bench exit $?"
+        cat "$OUT/bench-warm.txt" ;;
     sweep)
         # staged warm and cold rates under other thread / staging settings
         for cfg in "16 4M 8M" "24 4M 8M" "32 4M 8M" "16 8M 16M" "16 2M 8M" "4 4M 8M"; do
