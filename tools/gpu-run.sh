@@ -18,7 +18,7 @@ for step in "$@"; do
     build)
         { nvidia-smi -L; nproc; free -g | head -2; df -h . | tail -1; command -v nvcc; python3 -V;
           python3 -c 'import torch, numpy; print("torch", torch.__version__, "numpy", numpy.__version__)'; } > "$OUT/machine.txt" 2>&1
-        make -j8 lib cli python PYTHON=python3 > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+        make -j16 lib cli python build/tests/gpu/test_gpu_engine PYTHON=python3 > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
         echo "build ok" ;;
     test)
         # This VM has no udev database, and cuFile (even in compatibility mode)
@@ -34,8 +34,11 @@ for step in "$@"; do
     bench)
         timeout 300 ./build/ferry bench --size 4G --reps 3 --file "$PWD/ferry-bench.bin" > "$OUT/bench.txt" 2>&1; echo "bench exit $?"
         cat "$OUT/bench.txt" ;;
+    ctest)
+        FERRY_TEST_DIR=$PWD FERRY_GPU_BIG=0 timeout 120 build/tests/gpu/test_gpu_engine > "$OUT/gpu-ctest.log" 2>&1; echo "gpu C tests exit $?"
+        tail -3 "$OUT/gpu-ctest.log" ;;
     benchwarm)
-        timeout 200 ./build/ferry bench --size 4G --reps 3 --no-cold --file "$PWD/ferry-bench.bin" > "$OUT/bench-warm.txt" 2>&1; echo "bench exit $?"
+        timeout 200 ./build/ferry bench --size 4G --reps 2 --no-cold --file "$PWD/ferry-bench.bin" > "$OUT/bench-warm.txt" 2>&1; echo "bench exit $?"
         cat "$OUT/bench-warm.txt" ;;
     sweep)
         # staged warm and cold rates under other thread / staging settings
