@@ -460,3 +460,14 @@ def test_drop_last_state_after_the_last_batch(npy):
     d = ArrayDataset(fields=npy.fields, batch_size=4, device="cpu")
     d.load_state_dict(ds.state_dict())
     assert list(d) == [] and d.epoch == 1
+
+
+def test_pickles_without_its_engine(npy):
+    import pickle
+    ds = ArrayDataset(fields=npy.fields, batch_size=9, shuffle=True, seed=2, device="cpu")
+    it = iter(ds)
+    next(it)                                   # engine and files now open in this process
+    ds2 = pickle.loads(pickle.dumps(ds))       # what a spawn-started DataLoader worker gets
+    assert ds2._rt is None and ds2.state_dict() == ds.state_dict()
+    rest = [i for b in ds2 for i in _ids(b)]
+    assert rest == epoch_order(N, 2, 0)[9:].tolist()
