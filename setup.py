@@ -71,4 +71,6 @@ ext = Extension(
 if __name__ == "__main__":
     if sys.platform != "linux":
         sys.stderr.write("ferry builds on Linux only\n")
-    setup(version=version(), ext_modules=[ext], cmdclass={"build_ext": BuildExt})
+    # setuptools' own build tree lives apart from the Makefile's objects
+    setup(version=version(), ext_modules=[ext], cmdclass={"build_ext": BuildExt},
+          options={"build": {"build_base": os.path.join("build", "py")}})
