@@ -1087,5 +1087,12 @@ def cupy_meta(ds):
         if isinstance(getattr(data, "_meta", None), cupy.ndarray):
             continue
         meta = cupy.empty((0,) * data.ndim, dtype=data.dtype)
-        v.data = da.Array(data.dask, data.name, data.chunks, meta=meta)
+        # dask's getter hands back xarray's lazy adapters as chunks (they look array-like), and
+        # xarray would turn those into numpy when dask concatenates them: read them here instead
+        v.data = data.map_blocks(_duck_chunk, dtype=data.dtype, meta=meta)
     return out
+
+
+def _duck_chunk(x):
+    get = getattr(x, "get_duck_array", None)
+    return get() if get is not None else x
