@@ -316,6 +316,7 @@ class _Runtime:
         self.handles.clear()
 
 
+_PINNED_BELOW = 1 << 20     # staging="auto": rows smaller than this go through pinned batches
 _IMPORT_PID = os.getpid()   # a forked child must not use the parent's default context
 _FORKED = []   # runtimes inherited from a parent process: kept, never closed
 
@@ -368,16 +369,18 @@ class ArrayDataset(IterableDataset):
     sample_group
         Per-sample mode: samples read per plan.
     staging
-        CUDA only. "engine": the engine moves rows to the GPU itself (cuFile, or its pinned
-        staging buffers and one host-to-device copy per extent). "pinned": the engine reads on its
-        host path into pinned batches (torch's pinned caching allocator) and torch copies each
-        field to the GPU in one copy on ferry's stream — fewer, larger copies when rows are small.
+        CUDA only; one value or {field: value}. "engine": the engine moves rows to the GPU itself
+        (cuFile, or its pinned staging buffers and one host-to-device copy per run of rows).
+        "pinned": the engine reads on its host path into pinned batches (torch's pinned caching
+        allocator) and torch copies each field to the GPU in one copy on ferry's stream — fewer,
+        larger copies when rows are small. "auto" (default): "pinned" for fields whose rows are
+        under 1 MiB, else "engine".
     """
 
     def __init__(self, source=None, *, fields=None, batch_size=256, shuffle=False, seed=0,
                  drop_last=False, device=None, rank=None, world_size=None, prefetch=4,
                  block_size=None, dtype=None, normalize=None, transform=None, pin_memory=False,
-                 threads=0, ctx=None, sample_group=64, staging="engine"):
+                 threads=0, ctx=None, sample_group=64, staging="auto"):
         super().__init__()
         if (source is None) == (fields is None):
             raise TypeError("ArrayDataset: give exactly one of `source` or `fields`")
@@ -401,8 +404,6 @@ class ArrayDataset(IterableDataset):
         self.pin_memory = bool(pin_memory)
         self.threads = int(threads)
         self.sample_group = max(1, int(sample_group))
-        if staging not in ("engine", "pinned"):
-            raise ValueError(f"ArrayDataset: staging must be 'engine' or 'pinned', not {staging!r}")
         self.staging = staging
         self._ctx_arg, self._ctx_pid = ctx, os.getpid()
         self._rt = None
@@ -419,6 +420,7 @@ class ArrayDataset(IterableDataset):
             raise ValueError(f"ArrayDataset: fields have different numbers of rows: {n}")
         self.num_samples = self._fields[0].rows
         self._convert = self._conversions(dtype, normalize)
+        self._staging = self._staging_per_field(staging)
 
         # progress (global; see state_dict)
         self._epoch = 0
@@ -469,6 +471,22 @@ class ArrayDataset(IterableDataset):
                 nm = (mean, 1.0 / std)
             conv[f.name] = (dt, nm)
         return conv
+
+    def _staging_per_field(self, staging):
+        names = [f.name for f in self._fields]
+        spec = staging if isinstance(staging, dict) else {k: staging for k in names}
+        bad = set(spec) - set(names)
+        if bad:
+            raise KeyError(f"ArrayDataset: staging names unknown fields {sorted(bad)}")
+        out = {}
+        for f in self._fields:
+            v = spec.get(f.name, "auto")
+            if v not in ("auto", "engine", "pinned"):
+                raise ValueError(f"ArrayDataset: staging must be 'auto', 'engine' or 'pinned', not {v!r}")
+            if v == "auto":
+                v = "pinned" if f.row_bytes < _PINNED_BELOW else "engine"
+            out[f.name] = v == "pinned"
+        return out
 
     def _dist(self):
         rank, world = self.rank, self.world_size
@@ -712,8 +730,8 @@ class ArrayDataset(IterableDataset):
             self._retire(retiring, block=True, raise_errors=False)
 
     # ---------------------------------------------------------------- reading
-    def _alloc(self, rt, shape, dtype):
-        if rt.device.type == "cuda" and self.staging == "pinned":
+    def _alloc(self, rt, shape, dtype, pinned=False):
+        if rt.device.type == "cuda" and pinned:
             return torch.empty(shape, dtype=dtype, pin_memory=True)
         if rt.device.type == "cuda":
             with torch.cuda.stream(rt.alloc_stream):
@@ -731,12 +749,12 @@ class ArrayDataset(IterableDataset):
         total = len(ids)
         g = _Group()
         g.units, g.sizes, g.handles, g.job, g.path = units, [hi - lo for lo, hi in ranges], [], None, None
-        g.bufs = [self._alloc(rt, (total,) + f.shape, f.dtype) for f in self._fields]
-        dev = rt.device.index if g.bufs and g.bufs[0].is_cuda else -1
+        g.bufs = [self._alloc(rt, (total,) + f.shape, f.dtype, self._staging[f.name]) for f in self._fields]
         plan = _ferry.Plan()
         for f, buf in zip(self._fields, g.bufs):
             if f.row_bytes == 0 or total == 0:
                 continue
+            dev = buf.device.index if buf.is_cuda else -1
             self._plan_field(rt, plan, f, ids, buf.data_ptr(), total * f.row_bytes, dev, g.handles)
         if len(plan):
             g.job = rt.ctx.submit(plan)
@@ -803,49 +821,47 @@ class ArrayDataset(IterableDataset):
 
     def _handoff(self, rt, g, retiring):
         """Make group g's data usable by the consumer; returns one output per unit."""
-        cuda = rt.device.type == "cuda"
-        if g.job is not None:
-            g.path = g.job.path
+        job = g.job
+        if job is not None:
+            g.path = job.path
             self.last_path = g.path
-            if not cuda:
-                g.job.wait()
-        if cuda and self.staging == "pinned":
-            if g.job is not None:
-                g.job.wait()
+        if rt.device.type != "cuda":
+            if job is not None:
+                job.wait()
             self._release(rt, g)
-            consumer = torch.cuda.current_stream(rt.device)
-            with torch.cuda.stream(rt.work_stream):
-                # pinned blocks are reused only after these copies (torch records the stream)
-                g.bufs = [b.to(rt.device, non_blocking=True) for b in g.bufs]
-                outs = self._finish(g)
-            consumer.wait_stream(rt.work_stream)
-            for o in outs:
-                _record(o, consumer)
-            return outs
-        if cuda:
-            consumer = torch.cuda.current_stream(rt.device)
-            busy = self._convert or self.transform is not None
-            stream = rt.work_stream if busy else consumer
-            if g.job is not None:
-                g.job.stream_wait(stream.cuda_stream)
-                if g.job.done():
-                    g.job.wait()          # surfaces a read error now rather than later
-                retiring.append(g)
-            if busy:
-                with torch.cuda.stream(stream):
-                    outs = self._finish(g)
-                for b in g.bufs:
-                    b.record_stream(stream)
-                consumer.wait_stream(stream)
-            else:
-                outs = self._finish(g)
-            for o in outs:
-                _record(o, consumer)
-            if g.job is None:
+            return self._finish(g)
+        consumer = torch.cuda.current_stream(rt.device)
+        host = [not b.is_cuda for b in g.bufs]          # fields read into pinned host memory
+        pinned = any(host)
+        side = pinned or bool(self._convert) or self.transform is not None
+        stream = rt.work_stream if side else consumer
+        if job is not None:
+            if pinned:
+                job.wait()                    # host-path reads complete before torch copies them
+            if not all(host):
+                job.stream_wait(stream.cuda_stream)   # the engine's device copies, no host wait
+            if pinned or job.done():
+                if not pinned:
+                    job.wait()                # surfaces a read error now rather than later
                 self._release(rt, g)
-            return outs
-        self._release(rt, g)
-        return self._finish(g)
+            else:
+                retiring.append(g)            # buffers stay referenced until the job is done
+        else:
+            self._release(rt, g)
+        if side:
+            with torch.cuda.stream(stream):
+                for b, h in zip(g.bufs, host):
+                    if not h:
+                        b.record_stream(stream)
+                # pinned blocks are reused only after these copies (torch records the stream)
+                g.bufs = [b.to(rt.device, non_blocking=True) if h else b for b, h in zip(g.bufs, host)]
+                outs = self._finish(g)
+            consumer.wait_stream(stream)
+        else:
+            outs = self._finish(g)
+        for o in outs:
+            _record(o, consumer)
+        return outs
 
     def _finish(self, g):
         """Cast/normalise the group's buffers, split into units, apply the transform."""
