@@ -335,7 +335,7 @@ class ArrayDataset(IterableDataset):
     ArrayDataset(source=None, *, fields=None, batch_size=256, shuffle=False, seed=0,
                  drop_last=False, device=None, rank=None, world_size=None, prefetch=4,
                  block_size=None, dtype=None, normalize=None, transform=None,
-                 pin_memory=False, threads=0, ctx=None, sample_group=64)
+                 pin_memory=False, threads=0, ctx=None, sample_group=64, staging="auto")
 
     source / fields
         `source`: one field, batches are tensors. `fields={"x": ..., "y": ...}`: batches are dicts.
