@@ -6,7 +6,7 @@ set -u
 PY=${1:-python3}
 cd "$(dirname "$0")/../.."
 rc=0
-make --no-print-directory build/tests/gpu/test_gpu_engine >/dev/null || exit 1
+make --no-print-directory build/tests/gpu/test_gpu_engine PYTHON="$PY" >/dev/null || exit 1
 tools/run-c-tests.sh build/tests/gpu/test_gpu_engine || rc=1
 if ls tests/gpu/test_*.py >/dev/null 2>&1; then
     PYTHONPATH=python "$PY" -m pytest -q -p no:cacheprovider -rs tests/gpu; r=$?
