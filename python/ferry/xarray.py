@@ -1071,27 +1071,43 @@ def _zarr_groups(store: str, root: str) -> list:
 
 
 def cupy_meta(ds):
-    """Give the dask arrays of ``ds`` cupy metadata where their chunks are on a GPU.
+    """Make the dask arrays of ``ds`` that ferry reads into GPU memory real cupy-backed
+    dask arrays (chunks and ``meta`` cupy).
 
-    xarray builds dask arrays over lazy backend arrays with ``meta=np.ndarray``
-    even when the chunks they produce are cupy arrays. Use
-    ``xr.open_mfdataset(..., engine="ferry", device=0, preprocess=ferry.xarray.cupy_meta)``
-    (or call it on an opened, chunked dataset) so that dask knows."""
-    import dask.array as da
+    xarray builds dask arrays over lazy backend arrays with ``meta=np.ndarray`` and
+    ``asarray=True``, so dask turns each chunk into numpy (copying it to the host).
+    Use ``xr.open_mfdataset(..., engine="ferry", device=0, preprocess=ferry.xarray.cupy_meta)``
+    (or call it on a dataset opened with ``chunks=``)."""
     import cupy
     out = ds.copy()
     for name, v in out.variables.items():
-        data = v.data
-        if not isinstance(data, da.Array) or v.encoding.get("ferry_device", -1) < 0:
+        if v.encoding.get("ferry_device", -1) < 0:
             continue
-        if isinstance(getattr(data, "_meta", None), cupy.ndarray):
-            continue
-        meta = cupy.empty((0,) * data.ndim, dtype=data.dtype)
-        # dask's getter hands back xarray's lazy adapters as chunks (they look array-like), and
-        # xarray would turn those into numpy when dask concatenates them: read them here instead
-        v.data = data.map_blocks(_duck_chunk, dtype=data.dtype, meta=meta)
+        new = _rechunk_on_device(v.data, cupy.empty((0,) * v.ndim, dtype=v.dtype))
+        if new is not None:
+            v.data = new
     return out
 
+
+def _rechunk_on_device(data, meta):
+    """A dask array over the same lazy source as `data`, whose chunks are read
+    as the backend returns them (no np.asarray) and typed like `meta`."""
+    try:
+        import dask.array as da
+    except ImportError:
+        return None
+    if not isinstance(data, da.Array):
+        return None
+    src = None
+    for val in dict(data.__dask_graph__()).values():
+        val = getattr(val, "value", val)            # dask task-spec DataNode
+        if isinstance(val, indexing.ImplicitToExplicitIndexingAdapter) and tuple(val.shape) == data.shape:
+            src = val
+            break
+    if src is None:
+        return None
+    arr = da.from_array(src, chunks=data.chunks, asarray=False, meta=meta, name=data.name + "-ferry")
+    return arr.map_blocks(_duck_chunk, dtype=data.dtype, meta=meta)
 
 def _duck_chunk(x):
     get = getattr(x, "get_duck_array", None)

@@ -427,3 +427,16 @@ def test_device_without_cupy_is_a_clear_error(tmp_path):
     xr.Dataset({"a": (("x",), np.arange(3.0))}).to_netcdf(p, engine="scipy" if HAS_SCIPY else None)
     with pytest.raises(ImportError, match="cupy"):
         xr.open_dataset(p, engine="ferry", device=0)
+
+
+def test_rechunk_on_device_helper_keeps_values(tmp_path):
+    """The graph surgery behind ferry.xarray.cupy_meta, with a numpy meta on the CPU."""
+    pytest.importorskip("dask")
+    ds = xr.Dataset({"a": (("t", "x"), np.arange(40.0).reshape(8, 5))})
+    p = tmp_path / "dk.nc"
+    ds.to_netcdf(p, engine="scipy" if HAS_SCIPY else None)
+    g = xr.open_dataset(p, engine="ferry", chunks={"t": 3})
+    new = fx._rechunk_on_device(g["a"].data, np.empty((0, 0)))
+    assert new is not None and new.chunks == ((3, 3, 2), (5,))
+    assert isinstance(new.blocks[1].compute(), np.ndarray)
+    np.testing.assert_array_equal(new.compute(), ds["a"].values)
