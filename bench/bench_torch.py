@@ -6,15 +6,25 @@ Two sample kinds, both in .npy shards:
   row    1 MiB float32 rows (262144 floats),  batch 32
 For each, warm and cold page cache (cold: posix_fadvise(DONTNEED) on every shard, or
 /proc/sys/vm/drop_caches as root): batches/s and GB/s of
-  - ferry       ArrayDataset(..., shuffle=True, device="cuda") (no worker processes)
-  - ferry-raw   the engine alone: the same batches as plans into one reused GPU buffer
+  - ferry       ArrayDataset(..., shuffle=True, device="cuda") (no worker processes), with
+                staging="auto" (pinned batches for rows under 1 MiB), the other staging, and
+                block_size=16 (warm only)
+  - ferry-raw   the engine alone: the same batches as plans (one extent per row, engine
+                staging) into a few reused GPU buffers
   - dataloader  DataLoader(map-style np.load(mmap_mode="r") Dataset, shuffle=True,
                 num_workers=8 / 16, pin_memory=True), then .cuda(non_blocking=True)
 then the GPU-idle fraction of a small training step fed by each loader, and ferry's host RSS.
 Every batch's sample ids are checked (each sample carries its id in its first 8 bytes).
 
     python bench/bench_torch.py                 # default size (--gib 20: larger than 16 GiB)
-    python bench/bench_torch.py --gib 0.5 --seconds 3 --workers 4     # a smoke run
+    python bench/bench_torch.py --kinds image   # one kind per run keeps a run under 10 minutes
+    python bench/bench_torch.py --gib 1 --seconds 3 --workers 8 --cache warm --no-train  # smoke
+    python bench/bench_torch.py --profile image # cProfile of ferry's loader
+Measured on the H200 machine (2026-11-29, 4.3 GB of data, warm, 3-5 s per measurement, smoke
+runs): images 24.4 GB/s (633 batches/s) with staging="pinned", 13-14 GB/s with
+staging="engine", 35 GB/s with block_size=16, vs 2.2-2.5 GB/s for DataLoader(16 workers);
+1 MiB rows 28-41 GB/s vs 2.0 GB/s; cold: ~1.4 GB/s for ferry (engine-bound) vs ~2.1 for the
+DataLoader; ferry's loader process peaked at 0.8-0.9 GiB RSS (0.6 GiB of it torch + CUDA).
 Files are written once under --dir (default $FERRY_BENCH_DIR or /tmp/ferry-bench-torch) and
 reused while their sizes match.
 """
@@ -367,7 +377,7 @@ def main():
     ap.add_argument("--gib", type=float, default=20.0, help="GiB of data per sample kind (default 20)")
     ap.add_argument("--kinds", default="image,row")
     ap.add_argument("--workers", default="8,16", help="DataLoader worker counts")
-    ap.add_argument("--seconds", type=float, default=20.0, help="time limit per measurement")
+    ap.add_argument("--seconds", type=float, default=10.0, help="time limit per measurement")
     ap.add_argument("--batches", type=int, default=10**9, help="batch limit per measurement")
     ap.add_argument("--prefetch", type=int, default=4)
     ap.add_argument("--threads", type=int, default=0, help="ferry engine threads (0: default)")
