@@ -117,8 +117,11 @@ test: all
 demo: all
 	@PYTHONPATH=python $(PYTHON) tools/demo.py
 
+# Benchmarks (numbers for BENCHMARKS.md come from the GPU machine: tools/gpu-run.sh).
+# BENCH_ARGS=--smoke runs each Python benchmark small and quick.
 bench: all
-	@PYTHONPATH=python $(PYTHON) bench/run.py
+	$(B)/ferry bench --size $(or $(BENCH_SIZE),1G)
+	@for b in bench/bench_*.py; do echo "== $$b"; PYTHONPATH=python $(PYTHON) $$b $(BENCH_ARGS) || exit 1; done
 
 fuzz: lib
 	@tools/fuzz.sh
