@@ -471,3 +471,41 @@ def test_pickles_without_its_engine(npy):
     assert ds2._rt is None and ds2.state_dict() == ds.state_dict()
     rest = [i for b in ds2 for i in _ids(b)]
     assert rest == epoch_order(N, 2, 0)[9:].tolist()
+
+
+hyp = pytest.importorskip("hypothesis")
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(0, 300), world=st.integers(1, 9), batch=st.integers(1, 40),
+       workers=st.integers(1, 5), drop_last=st.booleans(), frac=st.floats(0, 1),
+       world2=st.integers(1, 9), batch2=st.integers(1, 40))
+def test_layout_arithmetic_exactly_once_and_elastic(n, world, batch, workers, drop_last, frac,
+                                                    world2, batch2):
+    """Positions handed out by the (rank, worker) layouts of one pass, then of a resumed pass
+    with another world size and batch size: a prefix of the order once, the rest once."""
+    def pass_positions(start, W, B, stop_after_steps=None):
+        taken, consumed = [], start
+        for r in range(W):
+            lay = ft._Layout(n, start, W, r, B, drop_last)
+            units = [s for w in range(workers) for s in range(w, lay.count, workers)]
+            for s in sorted(units):
+                if stop_after_steps is not None and s >= stop_after_steps:
+                    break
+                lo, hi = lay.unit(s)
+                taken += range(lo, hi)
+                consumed = max(consumed, n if (drop_last and s == lay.count - 1) else lay.consumed_after(s))
+        return taken, consumed
+    full = ft._Layout(n, 0, world, 0, batch, drop_last).full
+    k = int(frac * full)
+    first, consumed = pass_positions(0, world, batch, stop_after_steps=k)
+    assert sorted(first) == list(range(min(n, k * world * batch)))
+    assert consumed == (n if drop_last and 0 < k == full else min(n, k * world * batch))
+    rest, _ = pass_positions(consumed, world2, batch2)
+    got = sorted(first + rest)
+    assert len(got) == len(set(got))                      # nothing twice
+    if not drop_last:
+        assert got == list(range(n))                      # nothing skipped
+    else:                                                 # only a final tail (< W'*B') is dropped
+        assert got == list(range(len(got))) and n - len(got) < max(world * batch, world2 * batch2) + 1
