@@ -19,6 +19,7 @@
  * refused with a message naming it: at open for a single array, at plan time
  * for one array of a group (so the other arrays stay readable). */
 #include "formats/dataset.h"
+#include "formats/typestr.h"
 #include "formats/json.h"
 #include "formats/select.h"
 #include "codecs/codecs.h"
@@ -141,48 +142,6 @@ static int meta_err(int code, const char *file, const ferry_json *node, const ch
 }
 
 /* ---- dtypes ------------------------------------------------------------------ */
-
-/* A numpy typestr: fill dtype, itemsize, swap (element size when big-endian
- * and a swap is needed for host order). Returns 0, or -1 if unsupported. */
-static int parse_typestr(const char *t, ferry_dtype *dt, uint32_t *itemsize, uint32_t *swap) {
-    size_t len = strlen(t);
-    if (len < 3) return -1;
-    char order = t[0], kind = t[1];
-    if (order != '<' && order != '>' && order != '|') return -1;
-    size_t i = 2;
-    uint64_t size = 0;
-    while (i < len && t[i] >= '0' && t[i] <= '9') {
-        size = size * 10 + (uint64_t)(t[i] - '0');
-        if (size > (1u << 20)) return -1;
-        i++;
-    }
-    if (i == 2 || size == 0) return -1;
-    int rest = i < len;
-    uint32_t elem = (uint32_t)size;
-    *dt = FERRY_DT_UNKNOWN;
-    switch (kind) {
-    case 'b': if (size == 1) *dt = FERRY_DT_BOOL; break;
-    case 'i': *dt = size == 1 ? FERRY_DT_I8 : size == 2 ? FERRY_DT_I16 : size == 4 ? FERRY_DT_I32 : size == 8 ? FERRY_DT_I64 : FERRY_DT_UNKNOWN; break;
-    case 'u': *dt = size == 1 ? FERRY_DT_U8 : size == 2 ? FERRY_DT_U16 : size == 4 ? FERRY_DT_U32 : size == 8 ? FERRY_DT_U64 : FERRY_DT_UNKNOWN; break;
-    case 'f': *dt = size == 2 ? FERRY_DT_F16 : size == 4 ? FERRY_DT_F32 : size == 8 ? FERRY_DT_F64 : FERRY_DT_UNKNOWN; break;
-    case 'c': *dt = size == 8 ? FERRY_DT_C64 : size == 16 ? FERRY_DT_C128 : FERRY_DT_UNKNOWN; elem = (uint32_t)size / 2; break;
-    case 'M': case 'm':
-        if (size != 8) return -1;
-        *dt = kind == 'M' ? FERRY_DT_DATETIME64 : FERRY_DT_TIMEDELTA64;
-        if (rest) {
-            if (t[i] != '[' || t[len - 1] != ']' || len - i < 3) return -1;
-            rest = 0;
-        }
-        break;
-    case 'S': *dt = size == 1 ? FERRY_DT_CHAR : FERRY_DT_BYTES; elem = 1; break;
-    case 'V': *dt = FERRY_DT_BYTES; elem = 1; break;
-    default: return -1;
-    }
-    if (rest || *dt == FERRY_DT_UNKNOWN) return -1;
-    *itemsize = (uint32_t)size;
-    *swap = (order == '>' && elem > 1) ? elem : 0;
-    return 0;
-}
 
 /* v3 data_type names -> numpy kind and size (endianness comes from `bytes`). */
 static int v3_dtype(const char *name, char *kind, uint32_t *size) {
@@ -435,7 +394,7 @@ static int parse_v2(zarr_arr *a, const char *file, const ferry_json *za, const f
                         (unsigned long long)dt->pos);
     }
     ferry_dtype fdt;
-    if (parse_typestr(dt->str, &fdt, &a->itemsize, &a->swap) < 0) {
+    if (ferry_typestr_parse(dt->str, strlen(dt->str), &fdt, &a->itemsize, &a->swap) < 0) {
         a->itemsize = 1;
         a->typestr = xstrdup("|V1");   /* a placeholder numpy accepts; the message names the real one */
         return arr_fail(a, FERRY_EUNSUPPORTED, "%s: byte %llu: dtype \"%s\" is not supported", file,
@@ -1037,7 +996,7 @@ static int zarr_open(ferry_dataset *ds, const ferry_open_opts *opts) {
         ferry_var_info *vi = &ds->vars[i].info;
         ferry_dtype dt = FERRY_DT_OTHER;
         uint32_t isz, sw;
-        if (a->err || parse_typestr(a->typestr, &dt, &isz, &sw) < 0) dt = FERRY_DT_OTHER;
+        if (a->err || ferry_typestr_parse(a->typestr, strlen(a->typestr), &dt, &isz, &sw) < 0) dt = FERRY_DT_OTHER;
         vi->name = a->name;
         vi->dtype = dt;
         vi->typestr = a->typestr;
