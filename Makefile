@@ -28,12 +28,15 @@ ASAN_FLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-s
 ASAN_LIB_OBJS := $(LIB_SRCS:%.c=$(BA)/%.o) $(BA)/kernels_fatbin.o
 ASAN_TESTS := $(TEST_SRCS:tests/c/%.c=$(BA)/tests/%)
 
-EXT_SUFFIX = $(shell $(PYTHON) -c "import sysconfig;print(sysconfig.get_config_var('EXT_SUFFIX'))")
+EXT_SUFFIX = $(shell [ -x $(PYTHON) ] || command -v $(PYTHON) >/dev/null && $(PYTHON) -c "import sysconfig;print(sysconfig.get_config_var('EXT_SUFFIX'))")
 PY_INC = $(shell $(PYTHON) -c "import sysconfig;print(sysconfig.get_paths()['include'])")
 PY_EXT = python/ferry/_ferry$(EXT_SUFFIX)
 
 .PHONY: all setup lib cli python test test-c test-asan test-python test-gpu demo bench fuzz clean
-all: setup lib cli python
+# setup first, then a fresh make: the Python extension's file name comes from
+# the interpreter, which setup may have just created
+all: setup
+	@$(MAKE) --no-print-directory lib cli python PYTHON=$(PYTHON)
 
 setup:
 	@tools/setup.sh $(PYTHON)
