@@ -125,7 +125,8 @@ typedef struct ferry_ctx ferry_ctx;
  *  FERRY_* variables named in ferry_config override the struct's fields
  *  (sizes accept K/M/G suffixes). Workers and staging are created lazily. */
 int ferry_ctx_create(ferry_ctx **out, const ferry_config *cfg);
-/** Wait for outstanding jobs, free everything. NULL is a no-op. */
+/** Free the engine. Destroy every job (ferry_job_destroy) and close every
+ *  dataset first: this waits until no job of the context exists. NULL is a no-op. */
 void ferry_ctx_destroy(ferry_ctx *ctx);
 /** The effective configuration (defaults resolved, environment applied). */
 void ferry_ctx_config(const ferry_ctx *ctx, ferry_config *out);

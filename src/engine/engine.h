@@ -82,6 +82,7 @@ struct ferry_job {
     _Atomic uint64_t worker_mask[FERRY_MAX_WORKERS / 64]; /* workers that enqueued device work */
     _Atomic uint32_t dev_mask;    /* devices with enqueued work */
     double t_start;
+    uint64_t id;                  /* unique per context (addresses can be reused) */
     struct ferry_job *qnext;      /* context queue link */
 };
 
@@ -117,7 +118,7 @@ typedef struct ferry_worker {
     uint64_t stage_seq[FERRY_MAX_STAGING];/* seq recorded with each staging event */
     uint64_t dec_seq;
     ferry_file *pathfile;                 /* last file opened from an extent path ... */
-    const ferry_job *pathfile_job;        /* ... for this job (never reused across jobs) */
+    uint64_t pathfile_job;                /* ... for this job id (never reused across jobs) */
     int is_inline;
 } ferry_worker;
 
@@ -134,6 +135,7 @@ struct ferry_ctx {
     pthread_mutex_t stats_lock;
     ferry_stats stats;
     _Atomic int active_jobs;
+    _Atomic uint64_t next_job_id;
 };
 
 double ferry_now(void);

@@ -499,11 +499,11 @@ static int64_t exec_write(ferry_worker *w, ferry_job *j, const ferry_extent *e, 
 /* Files named by path are opened by the worker and kept for the rest of the
  * job's tasks on this worker (a shard read as many extents opens once). */
 static int path_file(ferry_worker *w, ferry_job *j, const char *path, ferry_file **out) {
-    if (w->pathfile && w->pathfile_job == j && strcmp(w->pathfile->path, path) == 0) { *out = w->pathfile; return 0; }
+    if (w->pathfile && w->pathfile_job == j->id && strcmp(w->pathfile->path, path) == 0) { *out = w->pathfile; return 0; }
     if (w->pathfile) { ferry_file_close(w->pathfile); w->pathfile = NULL; }
     int rc = ferry_file_open_internal(w->ctx, path, FERRY_READ, &w->pathfile);
     if (rc < 0) return rc;
-    w->pathfile_job = j;
+    w->pathfile_job = j->id;
     *out = w->pathfile;
     return 0;
 }

@@ -144,6 +144,7 @@ static int job_build(ferry_ctx *ctx, const ferry_plan *plan, const ferry_run_opt
     pthread_mutex_init(&j->lock, NULL);
     pthread_cond_init(&j->cond, NULL);
     j->ctx = ctx;
+    j->id = atomic_fetch_add(&ctx->next_job_id, 1) + 1;
     j->flags = opts ? opts->flags : 0;
     j->direct = (j->flags & FERRY_NO_DIRECT) ? FERRY_DIRECT_OFF : ctx->cfg.direct;
     j->max_workers = opts && opts->threads > 0 ? opts->threads : ctx->cfg.threads;
