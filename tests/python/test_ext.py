@@ -413,3 +413,37 @@ def test_parse_device():
     assert ferry.parse_device(1) == 1 and ferry.parse_device("cuda:2") == 2 and ferry.parse_device("cuda") == 0
     with pytest.raises(ValueError):
         ferry.parse_device("tpu")
+
+
+def test_memcpy_host_and_cancel(ctx, blob):
+    a = np.arange(1000, dtype=np.int32)
+    b = np.zeros_like(a)
+    assert ctx.memcpy(b, a) == a.nbytes
+    np.testing.assert_array_equal(a, b)
+    c = bytearray(8)
+    assert ctx.memcpy(c, a, 8) == 8 and bytes(c) == a[:2].tobytes()
+    with pytest.raises(ValueError):
+        ctx.memcpy(c, a, 4000)
+    path, data = blob
+    with ferry.File(ctx, path) as f:
+        plan = ferry.Plan()
+        out = np.zeros(len(data), np.uint8)
+        plan.read_file(f, 0, len(data), out)
+        job = ctx.submit(plan)
+        job.cancel()
+        try:
+            job.wait()                      # finished before the cancel, or canceled
+        except ferry.FerryError as e:
+            assert e.code == _ferry.ECANCELED
+        assert job.done()
+
+
+def test_plan_busy_and_clear(ctx, blob):
+    path, _ = blob
+    with ferry.File(ctx, path) as f:
+        plan = ferry.Plan()
+        buf = bytearray(100)
+        plan.read_file(f, 0, 100, buf)
+        plan.clear()
+        assert len(plan) == 0
+        buf.extend(b"x")                    # the export was released by clear()
