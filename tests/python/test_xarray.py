@@ -3,6 +3,7 @@ test: netCDF classic (scipy, netcdf4 NETCDF3_*), netCDF-4 (netcdf4, h5netcdf;
 contiguous, chunked, compressed, big-endian, fill values), Zarr v2 and v3.
 Everything on the CPU here (device="cpu"); tests/gpu has the cupy side."""
 import logging
+import sys
 
 import numpy as np
 import pandas as pd
@@ -440,3 +441,54 @@ def test_rechunk_on_device_helper_keeps_values(tmp_path):
     assert new is not None and new.chunks == ((3, 3, 2), (5,))
     assert isinstance(new.blocks[1].compute(), np.ndarray)
     np.testing.assert_array_equal(new.compute(), ds["a"].values)
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    """A stand-in 'cupy' whose arrays are numpy arrays: runs the backend's device
+    code paths (placement, CF decoding with xarray's transforms, cupy_meta) on the
+    CPU. The real thing is in tests/gpu/test_xarray_gpu.py."""
+    import contextlib
+    import types
+    if has("cupy"):
+        pytest.skip("real cupy installed: tests/gpu covers this")
+    m = types.ModuleType("cupy")
+    m.ndarray = np.ndarray
+    m.empty = np.empty
+    m.asarray = np.asarray
+    m.asnumpy = np.asarray
+    m.cuda = types.SimpleNamespace(Device=lambda d: contextlib.nullcontext())
+    monkeypatch.setitem(sys.modules, "cupy", m)
+    return m
+
+
+@pytest.mark.skipif(not HAS_SCIPY, reason="scipy not installed")
+def test_device_code_path_with_fake_cupy(tmp_path, fake_cupy):
+    p = tmp_path / "d.nc"
+    make_ds(12, strings=False).to_netcdf(p, engine="scipy")
+    ref = xr.open_dataset(p, engine="scipy").load()
+    got = xr.open_dataset(p, engine="ferry", device=0)
+    assert got["packed"].encoding.get("ferry_decoded_on_device") is True
+    assert got["t2m"].encoding.get("ferry_device") == 0 and "ferry_device" not in got["lat"].encoding
+    xr.testing.assert_identical(got.load(), ref)
+    g2 = xr.open_dataset(p, engine="ferry", device=0)
+    sel = {"time": [1, 4, 5], "lat": slice(1, 8, 3), "lon": 2}
+    xr.testing.assert_identical(g2.isel(sel).load(), ref.isel(sel))
+    g3 = xr.open_dataset(p, engine="ferry", device=0, mask_and_scale=False)
+    xr.testing.assert_identical(g3.load(), xr.open_dataset(p, engine="scipy", mask_and_scale=False).load())
+
+
+@pytest.mark.skipif(not HAS_SCIPY, reason="scipy not installed")
+def test_cupy_meta_with_fake_cupy(tmp_path, fake_cupy):
+    pytest.importorskip("dask")
+    full = make_ds(13, nt=16, strings=False)
+    paths = []
+    for i in range(2):
+        q = tmp_path / f"m{i}.nc"
+        full.isel(time=slice(8 * i, 8 * i + 8)).to_netcdf(q, engine="scipy")
+        paths.append(q)
+    ref = xr.open_mfdataset(paths, engine="scipy", combine="by_coords").compute()
+    got = xr.open_mfdataset(paths, engine="ferry", device=0, combine="by_coords", parallel=True,
+                            preprocess=fx.cupy_meta)
+    assert got["t2m"].data.name.endswith("-ferry") or "ferry" in str(got["t2m"].data.dask)
+    xr.testing.assert_identical(got.compute(), ref)
