@@ -362,6 +362,17 @@ class _H5Source:
                             codecs=[("byteswap", self.swap_size)] if self.swap else None,
                             decoded_size=n, dst=dst, label=label)
                 return
+            if nd >= 1 and all(a == 0 and c == n and st == 1
+                               for (a, b, st), c, n in zip(triples[1:], counts[1:], shape[1:])):
+                # whole rows of the leading axis: one read per run of rows
+                row = int(np.prod(shape[1:], dtype=np.int64)) * item
+                a0, _, s0 = triples[0]
+                swap = [("byteswap", self.swap_size)] if self.swap else None
+                runs = [(a0, counts[0], 0)] if s0 == 1 else [(a0 + k * s0, 1, k) for k in range(counts[0])]
+                for first, n, k in runs:
+                    plan.extent(path=self.path, offset=self.offset + first * row, length=n * row, codecs=swap,
+                                decoded_size=n * row, dst=dst, dst_offset=k * row, label=label)
+                return
             cshape = ((1,) + tuple(shape[1:])) if nd >= 2 else tuple(shape)
             slab = int(np.prod(cshape, dtype=np.int64)) * item
 
