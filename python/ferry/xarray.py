@@ -51,7 +51,7 @@ from ferry import _ferry
 
 log = logging.getLogger("ferry.xarray")
 
-__all__ = ["FerryBackendEntrypoint", "FerryStore", "FerryBackendArray", "cupy_meta"]
+__all__ = ["FerryBackendEntrypoint", "FerryStore", "FerryBackendArray", "cupy_meta", "open_mfdataset"]
 
 _HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 _H5_HIDDEN = {"CLASS", "DIMENSION_LIST", "NAME", "REFERENCE_LIST", "_Netcdf4Dimid", "_Netcdf4Coordinates",
@@ -1123,3 +1123,17 @@ def _rechunk_on_device(data, meta):
 def _duck_chunk(x):
     get = getattr(x, "get_duck_array", None)
     return get() if get is not None else x
+
+
+def open_mfdataset(paths, *, device: Any = 0, preprocess=None, **kwargs):
+    """``xr.open_mfdataset(paths, engine="ferry", device=device, ...)`` whose device
+    variables are dask arrays of cupy chunks (``cupy_meta`` applied after any
+    ``preprocess`` of yours)."""
+    import xarray as xr
+    dev = ferry.parse_device(device)
+
+    def pre(ds):
+        if preprocess is not None:
+            ds = preprocess(ds)
+        return cupy_meta(ds) if dev >= 0 else ds
+    return xr.open_mfdataset(paths, engine=FerryBackendEntrypoint, device=device, preprocess=pre, **kwargs)

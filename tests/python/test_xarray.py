@@ -492,3 +492,5 @@ def test_cupy_meta_with_fake_cupy(tmp_path, fake_cupy):
                             preprocess=fx.cupy_meta)
     assert got["t2m"].data.name.endswith("-ferry") or "ferry" in str(got["t2m"].data.dask)
     xr.testing.assert_identical(got.compute(), ref)
+    got2 = fx.open_mfdataset(paths, device=0, combine="by_coords", parallel=True)
+    xr.testing.assert_identical(got2.compute(), ref)
