@@ -622,6 +622,58 @@ def _zarr_version(store: str, group: str | None) -> int:
     return 2
 
 
+def _engine_readable(typestr: str) -> bool:
+    """Fixed-size numpy types the engine can move as bytes even when ferry names them "other"."""
+    try:
+        return np.dtype(typestr).kind == "U"
+    except TypeError:
+        return False
+
+
+def _zarr_py_spec(path: str, group: str | None, name: str, zv: int, shape: tuple):
+    """A variable whose type ferry's parser does not read (variable-length strings,
+    Zarr v3 string/bytes types): metadata and data through zarr-python, as xarray's
+    zarr backend has them. None (and a log line) when zarr is not importable."""
+    try:
+        import zarr
+    except ImportError:
+        log.warning("%s: variable %s has a type ferry cannot read and zarr is not installed: skipped",
+                    path, name)
+        return None
+    from xarray import coding
+    g = (group or "").strip("/")
+    arr = zarr.open_array(store=path, path=f"{g}/{name}" if g else name, mode="r")
+    attrs = dict(arr.attrs)
+    if zv == 3:
+        d = tuple(arr.metadata.dimension_names or ())
+    else:
+        d = tuple(attrs.get("_ARRAY_DIMENSIONS", ()))
+    attrs.pop("_ARRAY_DIMENSIONS", None)
+    if len(d) != len(arr.shape):
+        raise KeyError(f"{path}: Zarr array {name} has no dimension names")
+    dtype = arr.dtype
+    try:
+        ser = arr.serializer
+        if dtype.kind != "T" and ser is not None and ser.to_dict()["name"] == "vlen-utf8":
+            dtype = coding.strings.create_vlen_dtype(str)
+    except Exception:  # noqa: BLE001 — v2 arrays have no serializer
+        if dtype.kind == "O":
+            dtype = coding.strings.create_vlen_dtype(str)
+    encoding = {"source": path, "original_shape": tuple(arr.shape), "chunks": tuple(arr.chunks),
+                "preferred_chunks": dict(zip(d, arr.chunks)), "ferry_reader": "zarr-python"}
+    if dtype.kind == "T":
+        encoding["dtype"] = dtype
+    if zv == 2:
+        if arr.fill_value is not None:
+            attrs["_FillValue"] = arr.fill_value
+    else:
+        encoding["fill_value"] = arr.fill_value
+        if "_FillValue" in attrs:
+            attrs["_FillValue"] = _zarr3_attr_fill(attrs["_FillValue"], np.dtype(dtype))
+    log.info("%s: variable %s (%s) is read by zarr-python on the CPU", path, name, dtype)
+    return _VarSpec(name, d, arr.shape, dtype, attrs, encoding, "zarrpy", arr)
+
+
 def _c_scan(path: str, fmt: str, group: str | None, ctx):
     ds = ferry.Dataset(ctx, path, None, group if fmt == "zarr" else None)
     actual = ds.format
@@ -633,6 +685,13 @@ def _c_scan(path: str, fmt: str, group: str | None, ctx):
     specs = []
     for v in ds.variables():
         name = v["name"]
+        if actual == "zarr" and v["dtype"] == "other" and not _engine_readable(v["typestr"]):
+            sp = _zarr_py_spec(path, group, name, zv, tuple(v["shape"]))
+            if sp is not None:
+                for dn, n in zip(sp.dims, sp.shape):
+                    dims.setdefault(dn, int(n))
+                specs.append(sp)
+            continue
         attrs = ferry.decode_attrs(v["attrs"], actual)
         d = json.loads(v["dims"] or "null")
         if actual == "zarr":
@@ -650,7 +709,7 @@ def _c_scan(path: str, fmt: str, group: str | None, ctx):
         try:
             stored = np.dtype(typestr)
             dtype = _native(stored)
-            ok = v["dtype"] != "other" and stored.kind in "biufcSUmM"
+            ok = (v["dtype"] != "other" or _engine_readable(typestr)) and stored.kind in "biufcSUmM"
         except TypeError:
             stored = dtype = None
             ok = False
@@ -669,8 +728,6 @@ def _c_scan(path: str, fmt: str, group: str | None, ctx):
                     encoding["fill_value"] = _json_fill(json.loads(v["fill"] or "null"), stored)
                 if "_FillValue" in attrs and stored is not None:
                     attrs["_FillValue"] = _zarr3_attr_fill(attrs["_FillValue"], stored)
-        for k in list(gattrs):
-            pass
         if not ok:
             kind = "zarrpy" if actual == "zarr" else "unsupported"
             encoding["ferry_reader"] = "zarr-python" if kind == "zarrpy" else "none"
@@ -842,9 +899,14 @@ class FerryStore(AbstractDataStore):
                 if data.dtype != s.dtype:
                     data = data.astype(s.dtype)
         elif s.kind == "zarrpy":
-            import zarr
-            g = zarr.open_group(self.filename, mode="r", path=self.group or "")
-            data = np.asarray(g[s.name][sl] if s.shape else g[s.name][()])
+            arr = s.source if not isinstance(s.source, ferry.Dataset) else None
+            if arr is None:
+                import zarr
+                g = (self.group or "").strip("/")
+                arr = zarr.open_array(store=self.filename, path=f"{g}/{s.name}" if g else s.name, mode="r")
+            data = np.asarray(arr[sl] if s.shape else arr[()])
+            if s.dtype.kind == "O" and data.dtype != s.dtype:
+                data = data.astype(s.dtype)
         else:
             raise ferry.FerryError(_ferry.EUNSUPPORTED, f"{self.filename}: variable {s.name}: unsupported type")
 

@@ -494,3 +494,20 @@ def test_cupy_meta_with_fake_cupy(tmp_path, fake_cupy):
     xr.testing.assert_identical(got.compute(), ref)
     got2 = fx.open_mfdataset(paths, device=0, combine="by_coords", parallel=True)
     xr.testing.assert_identical(got2.compute(), ref)
+
+
+@pytest.mark.skipif(not HAS_ZARR, reason="zarr not installed")
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_zarr_strings_bool_timedelta(tmp_path, zarr_format):
+    ds = xr.Dataset({"u": (("x",), np.array(["ab", "cde", "f"])), "s": (("x",), np.array([b"ab", b"c", b"d"])),
+                     "o": (("x",), np.array(["x", "yy", "zzz"], dtype=object)),
+                     "b": (("x",), np.array([True, False, True])),
+                     "t": (("x",), np.array([1, 2, 3], dtype="timedelta64[s]"))})
+    p = tmp_path / "s.zarr"
+    ds.to_zarr(p, zarr_format=zarr_format, consolidated=False)
+    ref = xr.open_dataset(p, engine="zarr", consolidated=False).load()
+    got = xr.open_dataset(p, engine="ferry").load()
+    xr.testing.assert_identical(got, ref)
+    assert got["o"].encoding["ferry_reader"] == "zarr-python"
+    assert got["b"].encoding["ferry_reader"] == "engine"
