@@ -511,3 +511,40 @@ def test_zarr_strings_bool_timedelta(tmp_path, zarr_format):
     xr.testing.assert_identical(got, ref)
     assert got["o"].encoding["ferry_reader"] == "zarr-python"
     assert got["b"].encoding["ferry_reader"] == "engine"
+
+
+def rich_ds():
+    """CF features beyond the basics: cftime calendar, bounds, 2-d coordinates,
+    _Unsigned, flag attributes, list attributes, timedeltas, int64."""
+    rng = np.random.default_rng(0)
+    times = xr.date_range("2000-01-01", periods=6, freq="MS", calendar="noleap", use_cftime=True)
+    ds = xr.Dataset(
+        {"tas": (("time", "y", "x"), rng.standard_normal((6, 4, 5)).astype("f4"),
+                 {"cell_methods": "time: mean", "coordinates": "lat2d lon2d"}),
+         "flag": (("y", "x"), rng.integers(0, 255, (4, 5)).astype("u1"),
+                  {"flag_values": np.array([0, 1, 2], dtype="u1"), "flag_meanings": "a b c"}),
+         "big": (("time",), np.arange(6, dtype="i8") * 10**12),
+         "time_bnds": (("time", "nv"), np.zeros((6, 2))),
+         "dur": (("time",), pd.to_timedelta(np.arange(6), unit="h").values),
+         "u": (("x",), np.array([250, 251, 252, 253, 254], dtype="u1"))},
+        coords={"time": times, "lat2d": (("y", "x"), rng.random((4, 5))), "lon2d": (("y", "x"), rng.random((4, 5)))},
+        attrs={"Conventions": "CF-1.8", "list_attr": np.array([1, 2, 3], dtype="i2")},
+    )
+    ds["time"].attrs["bounds"] = "time_bnds"
+    ds["u"].encoding.update({"dtype": "i1", "_Unsigned": "true", "_FillValue": np.int8(-1)})
+    return ds
+
+
+@pytest.mark.skipif(not HAS_NC4, reason="netCDF4 not installed")
+@pytest.mark.skipif(not has("cftime"), reason="cftime not installed")
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("fmt", ["NETCDF4", "NETCDF4_CLASSIC", "NETCDF3_64BIT"])
+def test_rich_cf_features(tmp_path, fmt):
+    ds = rich_ds()
+    if fmt != "NETCDF4":
+        ds = ds.drop_vars(["flag", "big", "dur"])
+    p = tmp_path / "rich.nc"
+    ds.to_netcdf(p, engine="netcdf4", format=fmt)
+    for kw in ({}, {"use_cftime": True}, {"decode_times": False}, {"mask_and_scale": False},
+               {"decode_coords": "all"}):
+        compare(p, "netcdf4", **kw)
