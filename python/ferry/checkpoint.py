@@ -87,11 +87,9 @@ class _Prepared:
     the caller's order), the structure metadata, CRCs."""
 
     def __init__(self, state_dict, crc):
-        torch = _torch()
         flat = _tree.flatten(state_dict)
         self.struct_md = flat.metadata()
         self.tensors = collections.OrderedDict()
-        self.keep = []
         for name, t in flat.tensors.items():
             _st.st_dtype(t.dtype)                       # TypeError for unsupported dtypes
             if t.device.type not in ("cpu", "cuda"):
@@ -105,7 +103,6 @@ class _Prepared:
             for name, t in self.tensors.items():
                 self.crcs[name] = _io.u32hex(_io.crc32c_of(t))
         self.nbytes = sum(t.numel() * t.element_size() for t in self.tensors.values())
-        del torch
 
 
 def _check_user_metadata(metadata):
@@ -160,7 +157,6 @@ def _safe_member(d, name):
 
 def _write(prep, path, metadata, max_shard_size, threads, durable=True):
     """Write a prepared state dict to `path` (atomically), one engine plan for all files."""
-    torch = _torch()
     path = os.fspath(path)
     user_md = _check_user_metadata(metadata)
     max_bytes = _parse_size(max_shard_size)
@@ -255,7 +251,6 @@ def _write(prep, path, metadata, max_shard_size, threads, durable=True):
                 pass
         for tmp in temps:
             _unlink(tmp)
-    del torch
 
 
 def _is_ferry_index(p):
@@ -440,7 +435,6 @@ class _Checkpoint:
                 f.close()
         if verify:
             self.verify(out)
-        del torch
         return out
 
     def verify(self, tensors):
@@ -879,7 +873,6 @@ def async_save(state_dict, path, metadata=None, *, crc32c=False, max_shard_size=
             prep = _Prepared.__new__(_Prepared)
             prep.struct_md = struct_md
             prep.tensors = snap
-            prep.keep = []
             prep.crcs = {}
             if crc32c:
                 for n, t in snap.items():
