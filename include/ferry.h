@@ -15,8 +15,12 @@
  *    plan; the engine runs plans. ferry_pread/ferry_pwrite are one-extent plans.
  *  - Paths: `cufile` (GPUDirect Storage), `staged` (pread into pinned staging
  *    buffers, then host-to-device copies, overlapped), `host` (pread straight
- *    into host memory). AUTO picks per destination; a forced path that cannot
- *    run is an error, never a silent fallback. ferry_stats tells which ran.
+ *    into host memory). Host memory always takes the host path; for device
+ *    memory AUTO picks cufile where GDS really works, else staged, and a forced
+ *    path (cufile or staged) that cannot run is an error, never a silent
+ *    fallback; forcing `host` with device memory is FERRY_EPATH. Extents with
+ *    codecs or placements always use staged for device memory (they are
+ *    decoded on the CPU). ferry_stats tells which ran.
  *  - CUDA (libcuda.so.1) and cuFile (libcufile.so.0) are loaded at run time;
  *    nothing here links them. Without a GPU the host path still works.
  *
@@ -273,7 +277,9 @@ typedef struct ferry_extent {
     uint64_t dst_offset;     /* byte offset into dst */
     const ferry_place *place;/* NULL: decoded bytes go contiguously to dst+dst_offset */
     uint8_t fill[16];        /* FILL: the element value, `place->itemsize` bytes
-                                (or 1 byte when place == NULL)                   */
+                                repeated over the placement's box; without a
+                                placement, fill[0] repeated over `length` bytes
+                                at dst_offset                                    */
     const char *label;       /* optional: variable name used in error messages  */
 } ferry_extent;
 
