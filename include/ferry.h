@@ -125,7 +125,10 @@ void ferry_config_init(ferry_config *cfg);
 /* ------------------------------------------------------------------------- */
 typedef struct ferry_ctx ferry_ctx;
 
-/** Create an engine. cfg may be NULL (defaults). Unless cfg->no_env, the
+/** Create an engine. cfg may be NULL (defaults). A context belongs to the
+ *  process that created it: after fork(), the child must create its own
+ *  (submitting on an inherited one fails with FERRY_EINVAL; destroying one is a
+ *  no-op in the child). Unless cfg->no_env, the
  *  FERRY_* variables named in ferry_config override the struct's fields
  *  (sizes accept K/M/G suffixes). Workers and staging are created lazily. */
 int ferry_ctx_create(ferry_ctx **out, const ferry_config *cfg);

@@ -18,6 +18,7 @@
 #include <structmember.h>
 
 #include <errno.h>
+#include <unistd.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -517,6 +518,10 @@ typedef struct {
     ferry_path path;
 } JobObject;
 
+/* Files and datasets a running job reads must not be closed under it: count
+ * the jobs using each (defined after the File and Dataset types). */
+static void refs_users(PyObject *refs, int delta);
+
 static int parse_run_opts(PyObject *path, int threads, int sync, int no_direct, ferry_run_opts *o) {
     memset(o, 0, sizeof *o);
     if (parse_path_name(path, &o->path) < 0) return -1;
@@ -538,9 +543,11 @@ static PyObject *Context_run(ContextObject *self, PyObject *args, PyObject *kw) 
     if (parse_run_opts(path, threads, sync, no_direct, &o) < 0) return NULL;
     int64_t rc;
     plan->busy++;
+    refs_users(plan->refs, +1);
     Py_BEGIN_ALLOW_THREADS
     rc = ferry_run(self->ctx, plan->plan, &o);
     Py_END_ALLOW_THREADS
+    refs_users(plan->refs, -1);
     plan->busy--;
     if (rc < 0) return raise_ctx(self->ctx, (int)rc);
     return PyLong_FromLongLong(rc);
@@ -578,6 +585,7 @@ static PyObject *Context_submit(ContextObject *self, PyObject *args, PyObject *k
         return NULL;
     }
     job->job = j;
+    refs_users(job->refs, +1);   /* released when the job finishes or is freed */
     return (PyObject *)job;
 }
 
@@ -666,7 +674,11 @@ static PyTypeObject ContextType = {
 
 /* The module's default context, created on first use. Borrowed reference. */
 static ContextObject *get_default_ctx(void) {
+    /* after fork() the inherited context has no workers: the child gets its own */
+    static pid_t default_pid;
+    if (default_ctx && default_pid != getpid()) Py_CLEAR(default_ctx);   /* destroy is a no-op in a child */
     if (!default_ctx) {
+        default_pid = getpid();
         default_ctx = PyObject_CallNoArgs((PyObject *)&ContextType);
         if (!default_ctx) return NULL;
     }
@@ -693,6 +705,7 @@ typedef struct {
     ContextObject *ctx;
     ferry_file *f;
     PyObject *path;
+    int users;           /* running jobs whose extents name this file */
 } FileObject;
 
 static int file_check(FileObject *f) {
@@ -761,6 +774,9 @@ static void File_dealloc(FileObject *self) {
 }
 
 static PyObject *File_close(FileObject *self, PyObject *noarg) {
+    if (self->users > 0)
+        return PyErr_Format(PyExc_RuntimeError, "%U: cannot close: %d running job(s) read or write it; wait for them first",
+                            self->path, self->users);
     file_close_now(self);
     Py_RETURN_NONE;
 }
@@ -939,6 +955,7 @@ typedef struct {
     ContextObject *ctx;
     ferry_dataset *ds;
     PyObject *path;
+    int users;           /* running jobs whose extents name this dataset's files */
 } DatasetObject;
 
 static int ds_check(DatasetObject *d) {
@@ -1003,6 +1020,9 @@ static void Dataset_dealloc(DatasetObject *self) {
 }
 
 static PyObject *Dataset_close(DatasetObject *self, PyObject *noarg) {
+    if (self->users > 0)
+        return PyErr_Format(PyExc_RuntimeError, "%U: cannot close: %d running job(s) read it; wait for them first",
+                            self->path, self->users);
     ds_close_now(self);
     Py_RETURN_NONE;
 }
@@ -1629,6 +1649,16 @@ static PyTypeObject PlanType = {
     .tp_new = PyType_GenericNew,
 };
 
+static void refs_users(PyObject *refs, int delta) {
+    if (!refs) return;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(refs);
+    PyObject **items = PySequence_Fast_ITEMS(refs);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (PyObject_TypeCheck(items[i], &FileType)) ((FileObject *)items[i])->users += delta;
+        else if (PyObject_TypeCheck(items[i], &DatasetType)) ((DatasetObject *)items[i])->users += delta;
+    }
+}
+
 /* ------------------------------------------------------------------------- */
 /* Job                                                                        */
 /* ------------------------------------------------------------------------- */
@@ -1641,6 +1671,7 @@ static void job_finish(JobObject *self, int64_t rc) {
         snprintf(self->errmsg, sizeof self->errmsg, "%s", (m && *m) ? m : ferry_strerror((int)rc));
     }
     self->path = ferry_job_path(self->job);
+    if (self->refs) refs_users(self->refs, -1);
     Py_CLEAR(self->refs);
 }
 
@@ -1714,6 +1745,7 @@ static void Job_dealloc(JobObject *self) {
         Py_BEGIN_ALLOW_THREADS
         ferry_job_destroy(j);     /* waits for completion before the refs go */
         Py_END_ALLOW_THREADS
+        if (self->refs) refs_users(self->refs, -1);
     }
     Py_XDECREF(self->refs);
     Py_XDECREF(self->ctx);

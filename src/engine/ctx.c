@@ -3,6 +3,7 @@
 #include "engine/engine.h"
 #include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
 double ferry_now(void) {
     struct timespec ts;
@@ -20,6 +21,7 @@ int ferry_ctx_create(ferry_ctx **out, const ferry_config *cfg) {
     if (rc < 0) { free(c); return rc; }
     c->workers = calloc((size_t)c->cfg.threads, sizeof *c->workers);
     if (!c->workers) { free(c); return ferry_seterr(FERRY_ENOMEM, "out of memory"); }
+    c->pid = getpid();
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->work_cond, NULL);
     pthread_mutex_init(&c->stats_lock, NULL);
@@ -27,8 +29,17 @@ int ferry_ctx_create(ferry_ctx **out, const ferry_config *cfg) {
     return 0;
 }
 
+int ferry_ctx_check_pid(const ferry_ctx *c) {
+    if (c->pid == getpid()) return 0;
+    return ferry_seterr(FERRY_EINVAL, "this context was created in process %d and cannot be used after fork(): "
+                        "create a new one in the child", (int)c->pid);
+}
+
 void ferry_ctx_destroy(ferry_ctx *c) {
     if (!c) return;
+    /* In a forked child the workers do not exist and the pinned memory belongs
+     * to the parent's CUDA context: leave everything alone (a small leak). */
+    if (c->pid != getpid()) return;
     /* jobs hold no reference to the context beyond their lifetime: wait for them */
     pthread_mutex_lock(&c->lock);
     while (atomic_load(&c->active_jobs) > 0) {

@@ -8,6 +8,7 @@
 #include "codecs/codecs.h"
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sys/types.h>
 
 #define FERRY_ALIGN 4096          /* O_DIRECT and cuFile alignment */
 #define FERRY_MAX_WORKERS 256
@@ -136,7 +137,10 @@ struct ferry_ctx {
     ferry_stats stats;
     _Atomic int active_jobs;
     _Atomic uint64_t next_job_id;
+    pid_t pid;                    /* the creating process: a forked child has no workers */
 };
+/* FERRY_EINVAL with a message when called in a process forked from the creator. */
+int ferry_ctx_check_pid(const ferry_ctx *ctx);
 
 double ferry_now(void);
 void ferry_job_fail(ferry_job *job, int code);

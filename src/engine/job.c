@@ -252,6 +252,8 @@ static int start_workers(ferry_ctx *ctx, int want) {
 }
 
 static int submit_job(ferry_ctx *ctx, ferry_job *j, int allow_inline) {
+    int rc = ferry_ctx_check_pid(ctx);
+    if (rc < 0) return rc;
     j->t_start = ferry_now();
     atomic_fetch_add(&ctx->active_jobs, 1);
     if (j->ntasks == 0) { job_complete(j); return 0; }
@@ -279,7 +281,7 @@ static int submit_job(ferry_ctx *ctx, ferry_job *j, int allow_inline) {
     pthread_mutex_lock(&ctx->lock);
     int want = j->max_workers;
     if ((size_t)want > j->ntasks && ctx->nworkers < want) want = (int)(j->ntasks > (size_t)ctx->nworkers ? j->ntasks : (size_t)ctx->nworkers);
-    int rc = start_workers(ctx, want);
+    rc = start_workers(ctx, want);
     if (rc < 0 && ctx->nworkers == 0) {
         pthread_mutex_unlock(&ctx->lock);
         atomic_fetch_sub(&ctx->active_jobs, 1);

@@ -400,6 +400,36 @@ static void test_cached(void) {
     ferry_ctx_destroy(ctx);
 }
 
+/* A forked child cannot use the parent's engine (its workers do not exist
+ * there): submitting fails with a clear error and destroying is harmless. */
+static void test_fork_child(void) {
+    char path[512];
+    make_path(path, "pattern.bin");
+    ferry_ctx *ctx = make_ctx(2, FERRY_DIRECT_OFF);
+    ferry_file *f;
+    ferry_file_open(ctx, path, FERRY_READ, &f);
+    uint8_t *buf = malloc(1 << 20);
+    CHECK_EQ_I(ferry_pread(f, ferry_host_buf(buf, 1 << 20), 0, 1 << 20, 0), 1 << 20);   /* workers start */
+    pid_t pid = fork();
+    if (pid == 0) {
+        int64_t r = ferry_pread(f, ferry_host_buf(buf, 1 << 20), 0, 1 << 20, 0);
+        int ok = r == FERRY_EINVAL && strstr(ferry_errmsg(ctx), "fork") != NULL;
+        ferry_ctx_destroy(ctx);                       /* must not hang */
+        ferry_ctx *mine;                              /* a new context works */
+        ok = ok && ferry_ctx_create(&mine, NULL) == 0;
+        ferry_file *g;
+        ok = ok && ferry_file_open(mine, path, FERRY_READ, &g) == 0;
+        ok = ok && ferry_pread(g, ferry_host_buf(buf, 1 << 20), 7, 1 << 20, 0) == (1 << 20) && check_pattern(buf, 7, 1 << 20);
+        _exit(ok ? 0 : 1);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    free(buf);
+    ferry_file_close(f);
+    ferry_ctx_destroy(ctx);
+}
+
 int main(void) {
     snprintf(dir_, sizeof dir_, "%s/ferry-test-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     if (!mkdtemp(dir_)) { perror("mkdtemp"); return 1; }
@@ -418,6 +448,7 @@ int main(void) {
     RUN(test_async_and_timeout);
     RUN(test_config_env);
     RUN(test_cached);
+    RUN(test_fork_child);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir_);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir_);

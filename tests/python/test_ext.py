@@ -447,3 +447,55 @@ def test_plan_busy_and_clear(ctx, blob):
         plan.clear()
         assert len(plan) == 0
         buf.extend(b"x")                    # the export was released by clear()
+
+
+def test_close_while_a_job_runs_is_refused(tmp_path):
+    """A File or Dataset a running job reads cannot be closed under it."""
+    import numpy as np
+    import ferry
+    p = tmp_path / "a.npy"
+    np.save(p, np.arange(1 << 20, dtype=np.float32))
+    ctx = ferry.Context(threads=2)
+    f = ferry.File(ctx, str(p))
+    ds = ferry.Dataset(ctx, str(p))
+    out = np.empty(1 << 20, dtype=np.float32)
+    raw = np.empty(4 << 20, dtype=np.uint8)
+    plan = ferry.Plan()
+    plan.read(ds, 0, out)
+    plan.read_file(f, 0, 4 << 20, raw)
+    job = ctx.submit(plan)
+    with pytest.raises(RuntimeError, match="running job"):
+        f.close()
+    with pytest.raises(RuntimeError, match="running job"):
+        ds.close()
+    job.wait()
+    f.close()
+    ds.close()
+    assert np.array_equal(out, np.arange(1 << 20, dtype=np.float32))
+
+
+def test_forked_child_gets_its_own_default_context(tmp_path):
+    """After fork() the default context is recreated; an inherited one says why it cannot run."""
+    import os
+    import numpy as np
+    import ferry
+    p = tmp_path / "b.npy"
+    np.save(p, np.arange(1000, dtype=np.int64))
+    assert np.array_equal(ferry.read(str(p)), np.arange(1000))    # parent's engine has started
+    mine = ferry.Context(threads=2)
+    assert np.array_equal(ferry.read(str(p), ctx=mine), np.arange(1000))
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            ok = np.array_equal(ferry.read(str(p)), np.arange(1000))
+            try:
+                ferry.read(str(p), ctx=mine)
+                inherited_refused = False
+            except ferry.FerryError as e:
+                inherited_refused = "fork" in str(e)
+            code = 0 if ok and inherited_refused else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
