@@ -715,7 +715,7 @@ from ferry import checkpoint as ck
 
 def full():
     g = torch.Generator().manual_seed(3)
-    return {{"w": torch.randn(64, 48, generator=g), "b": torch.randn(50, generator=g),
+    return {{"w": torch.randn(64, 480, generator=g), "b": torch.randn(50, generator=g),
              "h": torch.randn(30, 16, generator=g).to(torch.bfloat16)}}
 
 def main(rank, world, d, port, mode):
@@ -731,11 +731,19 @@ def main(rank, world, d, port, mode):
                "step": 12, "r": f["b"] * 2}}
         dcp.save(sd, storage_writer=ck.FerryWriter(d))
     else:  # load resharded: Shard(1) where Shard(0) was saved and vice versa
-        sd = {{"w": distribute_tensor(torch.zeros(64, 48), mesh, [Shard(1)]),
+        sd = {{"w": distribute_tensor(torch.zeros(64, 480), mesh, [Shard(1)]),
                "b": distribute_tensor(torch.zeros(50), mesh, [Replicate()]),
                "h": distribute_tensor(torch.zeros(30, 16, dtype=torch.bfloat16), mesh, [Shard(0)]),
                "step": 0, "r": torch.zeros(50)}}
+        ctx = ck._io.context()
+        ctx.reset_stats()
         dcp.load(sd, storage_reader=ck.FerryReader(d))
+        st = ctx.stats()
+        moved = sum(st[k]["bytes"] for k in ("host", "staged", "cufile"))
+        # this rank needs half the columns of w (64 x 240 x 4 bytes), b, half of h, r and
+        # the pickled step: far less than w's 122880 stored bytes
+        need = 64 * 240 * 4 + 50 * 4 + 15 * 16 * 2 + 50 * 4 + 4096
+        assert 64 * 240 * 4 <= moved <= need, (moved, need)
         for k in ("w", "b", "h"):
             assert torch.equal(sd[k].full_tensor(), f[k]), k
         assert sd["step"] == 12 and torch.equal(sd["r"], f["b"] * 2)
@@ -776,9 +784,9 @@ def test_dcp_two_process_gloo_and_resharding(tmp_path):
     assert len(files) == 2 and files[0].startswith("__0_") and files[1].startswith("__1_")
     # world size 1: plain tensors assembled from both ranks' chunks
     g = torch.Generator().manual_seed(3)
-    ref = {"w": torch.randn(64, 48, generator=g), "b": torch.randn(50, generator=g),
+    ref = {"w": torch.randn(64, 480, generator=g), "b": torch.randn(50, generator=g),
            "h": torch.randn(30, 16, generator=g).to(torch.bfloat16)}
-    sd = {"w": torch.zeros(64, 48), "b": torch.zeros(50),
+    sd = {"w": torch.zeros(64, 480), "b": torch.zeros(50),
           "h": torch.zeros(30, 16, dtype=torch.bfloat16), "step": 0}
     dcp.load(sd, storage_reader=ck.FerryReader(d))
     for k in ref:
