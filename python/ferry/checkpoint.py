@@ -36,7 +36,7 @@ from . import _ferry
 FerryError = _ferry.FerryError
 
 __all__ = ["save", "load", "load_into", "safe_open", "async_save", "FerryWriter",
-           "FerryReader", "FerryError", "release_pinned"]
+           "FerryReader", "FerryError", "reserve_pinned", "release_pinned"]
 
 CRC_KEY = "ferry.crc32c"         # __metadata__: JSON {tensor name: "8 hex digits"}
 INDEX_SUFFIX = ".index.json"
@@ -796,6 +796,27 @@ def _arena_free(a):
             _torch().cuda.cudart().cudaHostUnregister(raw.data_ptr() + off)
         except Exception:
             pass
+
+
+def _snapshot_bytes(state_dict, snapshot="host"):
+    flat = _tree.flatten(state_dict)
+    total = 0
+    for t in flat.tensors.values():
+        if snapshot in ("device", "gpu") and t.device.type == "cuda":
+            continue
+        total += -(-(t.numel() * t.element_size()) // 4096) * 4096
+    return total
+
+
+def reserve_pinned(state_dict_or_nbytes, snapshot="host"):
+    """Allocate and page-lock the host buffer async_save will use for this state dict (or
+    this many bytes) now, e.g. at start-up, so the first async_save blocks only for its
+    copies (pinning 4 GiB takes ~1.4 s on the H200 machine)."""
+    torch = _torch()
+    n = state_dict_or_nbytes if isinstance(state_dict_or_nbytes, int) else \
+        _snapshot_bytes(state_dict_or_nbytes, snapshot)
+    if n > 0:
+        _arena_put(_arena_get(n, torch.cuda.is_available()))
 
 
 def release_pinned():

@@ -645,6 +645,13 @@ def test_async_save(tmp_path):
     f2.result(timeout=60)
     assert f1.done()
     assert torch.equal(ck.load(tmp_path / "one.safetensors")["x"], torch.zeros(4))
+    ck.reserve_pinned(sd)                      # the next async_save reuses this buffer
+    arena = ck._free_arenas[-1]
+    f3 = ck.async_save(sd, tmp_path / "three.safetensors")
+    f3.result(timeout=60)
+    assert any(a is arena for a in ck._free_arenas)
+    ck.release_pinned()
+    assert ck._free_arenas == []
     bad = ck.async_save({"x": torch.ones(2)}, tmp_path / "no" / "such" / "\0dir" / "f")
     with pytest.raises(Exception):
         bad.result(timeout=60)
