@@ -180,6 +180,11 @@ int ferry_memcpy(ferry_ctx *ctx, ferry_buf dst, ferry_buf src, size_t n);
 int ferry_pinned_alloc(ferry_ctx *ctx, size_t size, void **out);
 void ferry_pinned_free(ferry_ctx *ctx, void *ptr);
 
+/** CRC-32C (Castagnoli; the checksum of Zarr v3's crc32c codec and of
+ *  ferry.checkpoint). Start with crc = 0; pass the previous result to continue.
+ *  Uses the SSE4.2 instruction where the CPU has it. */
+uint32_t ferry_crc32c(uint32_t crc, const void *data, size_t n);
+
 /* ------------------------------------------------------------------------- */
 /* Files                                                                      */
 /* ------------------------------------------------------------------------- */

@@ -2200,6 +2200,23 @@ static PyObject *mod_strerror(PyObject *m, PyObject *arg) {
     return PyUnicode_FromString(ferry_strerror((int)c));
 }
 
+static PyObject *mod_crc32c(PyObject *m, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"data", "crc", NULL};
+    Py_buffer b;
+    unsigned long crc = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*|k", kwlist, &b, &crc)) return NULL;
+    uint32_t r;
+    if (b.len > (1 << 16)) {
+        Py_BEGIN_ALLOW_THREADS
+        r = ferry_crc32c((uint32_t)crc, b.buf, (size_t)b.len);
+        Py_END_ALLOW_THREADS
+    } else {
+        r = ferry_crc32c((uint32_t)crc, b.buf, (size_t)b.len);
+    }
+    PyBuffer_Release(&b);
+    return PyLong_FromUnsignedLong(r);
+}
+
 static PyObject *mod_default_context(PyObject *m, PyObject *noarg) {
     ContextObject *c = get_default_ctx();
     if (!c) return NULL;
@@ -2210,6 +2227,8 @@ static PyObject *mod_default_context(PyObject *m, PyObject *noarg) {
 static PyMethodDef module_methods[] = {
     {"version", mod_version, METH_NOARGS, "the library's version string"},
     {"strerror", mod_strerror, METH_O, "strerror(code) -> name of a return code"},
+    {"crc32c", (PyCFunction)(void (*)(void))mod_crc32c, METH_VARARGS | METH_KEYWORDS,
+     "crc32c(data, crc=0) -> CRC-32C of a contiguous buffer (continue from crc)"},
     {"default_context", mod_default_context, METH_NOARGS, "the process-wide Context, created on first use"},
     {"empty", (PyCFunction)(void (*)(void))mod_empty, METH_VARARGS | METH_KEYWORDS,
      "empty(shape, typestr, device=-1, ctx=None, pinned=False) -> Array "

@@ -499,3 +499,12 @@ def test_forked_child_gets_its_own_default_context(tmp_path):
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+def test_crc32c_matches_the_reference():
+    import crc32c as ref
+    data = np.random.default_rng(1).integers(0, 255, size=(1 << 20) + 3, dtype=np.uint8)
+    assert _ferry.crc32c(b"123456789") == 0xE3069283
+    assert _ferry.crc32c(data) == ref.crc32c(data.tobytes())
+    part = _ferry.crc32c(data[:1000])
+    assert _ferry.crc32c(data[1000:], part) == ref.crc32c(data.tobytes())
