@@ -76,7 +76,7 @@ $(B)/ferry: $(CLI_OBJS) $(B)/libferry.a
 $(PY_EXT): python/ferry/_ferry.c $(B)/libferry.a
 	$(CC) $(CFLAGS_COMMON) $(CFLAGS) -I$(PY_INC) -shared -o $@ python/ferry/_ferry.c $(B)/libferry.a $(LDLIBS)
 
-$(B)/tests/%: tests/c/%.c tests/c/check.h $(B)/libferry.a
+$(B)/tests/%: tests/c/%.c $(wildcard tests/c/*.h) $(B)/libferry.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_COMMON) $(CFLAGS) -Itests/c -o $@ $< $(B)/libferry.a $(LDLIBS)
 
@@ -94,7 +94,7 @@ $(BA)/kernels_fatbin.o: $(B)/kernels_fatbin.c
 $(BA)/libferry.a: $(ASAN_LIB_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
-$(BA)/tests/%: tests/c/%.c tests/c/check.h $(BA)/libferry.a
+$(BA)/tests/%: tests/c/%.c $(wildcard tests/c/*.h) $(BA)/libferry.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_COMMON) $(ASAN_FLAGS) -Itests/c -o $@ $< $(BA)/libferry.a $(LDLIBS)
 # every fuzz_*.c registers itself with the replay driver (tests/fuzz/replay.c says how)

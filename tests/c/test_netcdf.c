@@ -2,6 +2,7 @@
  * byte: dimensions, typed attributes, fixed and record variables, the single
  * record variable and streaming cases, and lying headers. */
 #include "check.h"
+#include "formats_check.h"
 #include "ferry.h"
 #include <stdlib.h>
 
@@ -95,27 +96,11 @@ static size_t build(uint8_t *out, knobs k) {
 }
 
 static int64_t read_var(ferry_dataset *ds, const char *var, const ferry_slice *sel, void *dst, size_t n, unsigned flags) {
-    ferry_plan *p;
-    ferry_plan_create(&p);
-    int64_t rc = ferry_dataset_plan_read(ds, ferry_dataset_find(ds, var), sel, ferry_host_buf(dst, n), flags, p);
-    if (rc >= 0) {
-        int64_t got = ferry_run(ctx, p, NULL);
-        if (got < 0) rc = got;
-    }
-    ferry_plan_destroy(p);
-    return rc;
+    return fc_read(ctx, ds, ferry_dataset_find(ds, var), sel, dst, n, flags);
 }
 
 static void expect_open_error(const char *path, const char *format, int code, const char *needle) {
-    ferry_open_opts o = {format, NULL};
-    ferry_dataset *ds = (ferry_dataset *)1;
-    int rc = ferry_dataset_open(ctx, path, &o, &ds);
-    CHECK_EQ_I(rc, code);
-    CHECK(ds == NULL);
-    CHECK_STR_CONTAINS(ferry_errmsg(ctx), path);
-    if (code == FERRY_EFORMAT) CHECK_STR_CONTAINS(ferry_errmsg(ctx), "byte ");
-    if (needle) CHECK_STR_CONTAINS(ferry_errmsg(ctx), needle);
-    if (rc == 0) ferry_dataset_close(ds);
+    fc_expect_open_error(ctx, path, format, code, needle);
 }
 
 static uint8_t file[8192];

@@ -1,6 +1,7 @@
 /* test_npy.c — npy files built byte by byte: every version, orders, dtypes,
  * selections, and malformed headers that must fail with the file and byte. */
 #include "check.h"
+#include "formats_check.h"
 #include "ferry.h"
 #include <stdlib.h>
 #include <errno.h>
@@ -43,28 +44,12 @@ static size_t make_npy(uint8_t *out, int major, const char *dict, const void *da
 }
 
 static int64_t read_var(ferry_dataset *ds, const ferry_slice *sel, void *dst, size_t n, unsigned flags) {
-    ferry_plan *p;
-    ferry_plan_create(&p);
-    int64_t rc = ferry_dataset_plan_read(ds, 0, sel, ferry_host_buf(dst, n), flags, p);
-    if (rc >= 0) {
-        int64_t got = ferry_run(ctx, p, NULL);
-        if (got < 0) rc = got;
-    }
-    ferry_plan_destroy(p);
-    return rc;
+    return fc_read(ctx, ds, 0, sel, dst, n, flags);
 }
 
 /* Open must fail with `code`, naming the file (and a byte position for EFORMAT). */
 static void expect_open_error(const char *path, const char *format, int code, const char *needle) {
-    ferry_open_opts o = {format, NULL};
-    ferry_dataset *ds = (ferry_dataset *)1;
-    int rc = ferry_dataset_open(ctx, path, &o, &ds);
-    CHECK_EQ_I(rc, code);
-    CHECK(ds == NULL);
-    CHECK_STR_CONTAINS(ferry_errmsg(ctx), path);
-    if (code == FERRY_EFORMAT) CHECK_STR_CONTAINS(ferry_errmsg(ctx), "byte ");
-    if (needle) CHECK_STR_CONTAINS(ferry_errmsg(ctx), needle);
-    if (rc == 0) ferry_dataset_close(ds);
+    fc_expect_open_error(ctx, path, format, code, needle);
 }
 
 static uint8_t file[1 << 16];

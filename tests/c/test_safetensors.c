@@ -1,6 +1,7 @@
 /* test_safetensors.c — safetensors files built byte by byte: dtypes,
  * metadata, slices, index shard sets, and hostile headers. */
 #include "check.h"
+#include "formats_check.h"
 #include "ferry.h"
 #include <stdlib.h>
 
@@ -35,27 +36,11 @@ static size_t make_st(uint8_t *out, const char *hdr, const void *data, size_t dl
 }
 
 static int64_t read_var(ferry_dataset *ds, int var, const ferry_slice *sel, void *dst, size_t n) {
-    ferry_plan *p;
-    ferry_plan_create(&p);
-    int64_t rc = ferry_dataset_plan_read(ds, var, sel, ferry_host_buf(dst, n), FERRY_NATIVE, p);
-    if (rc >= 0) {
-        int64_t got = ferry_run(ctx, p, NULL);
-        if (got < 0) rc = got;
-    }
-    ferry_plan_destroy(p);
-    return rc;
+    return fc_read(ctx, ds, var, sel, dst, n, FERRY_NATIVE);
 }
 
 static void expect_open_error(const char *path, const char *format, int code, const char *needle) {
-    ferry_open_opts o = {format, NULL};
-    ferry_dataset *ds = (ferry_dataset *)1;
-    int rc = ferry_dataset_open(ctx, path, &o, &ds);
-    CHECK_EQ_I(rc, code);
-    CHECK(ds == NULL);
-    CHECK_STR_CONTAINS(ferry_errmsg(ctx), path);
-    if (code == FERRY_EFORMAT) CHECK_STR_CONTAINS(ferry_errmsg(ctx), "byte ");
-    if (needle) CHECK_STR_CONTAINS(ferry_errmsg(ctx), needle);
-    if (rc == 0) ferry_dataset_close(ds);
+    fc_expect_open_error(ctx, path, format, code, needle);
 }
 
 static const char *GOOD_HDR =
