@@ -83,10 +83,10 @@ static int run_dir(ferry_fuzz_fn fn, const char *dir, int *count) {
     if (n) qsort(names, n, sizeof *names, cmp_str);
     int rc = 0;
     for (size_t i = 0; i < n; i++) {
-        char path[4096];
-        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        char path[8192];
+        int len = snprintf(path, sizeof path, "%s/%s", dir, names[i]);
         struct stat st;
-        if (stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
+        if (len > 0 && (size_t)len < sizeof path && stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
             if (run_file(fn, path)) rc = -1;
             else (*count)++;
         }
