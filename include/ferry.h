@@ -77,7 +77,8 @@ typedef enum ferry_status {
     FERRY_ENOTFOUND = -10013,   /* no such variable / tensor / array */
     FERRY_ETIMEDOUT = -10014,   /* ferry_job_wait timed out; the job goes on */
     FERRY_ECANCELED = -10015,   /* job canceled */
-    FERRY_EPATH = -10016        /* the forced path cannot serve this request */
+    FERRY_EPATH = -10016,       /* the forced path cannot serve this request */
+    FERRY_ENOFORMAT = -10017    /* ferry_dataset_open: not a file or store of a known format */
 } ferry_status;
 
 /** A static, human-readable name for any return code (ferry_status or -errno). */
@@ -417,7 +418,8 @@ typedef struct ferry_open_opts {
 
 typedef struct ferry_dataset ferry_dataset;
 
-/** Open and parse metadata. opts may be NULL. Errors name the file and byte position. */
+/** Open and parse metadata. opts may be NULL. Errors name the file and byte position;
+ *  FERRY_ENOFORMAT when the path is not a file or store of any supported format. */
 int ferry_dataset_open(ferry_ctx *ctx, const char *path, const ferry_open_opts *opts, ferry_dataset **out);
 void ferry_dataset_close(ferry_dataset *ds);
 const char *ferry_dataset_format(const ferry_dataset *ds);   /* "npy", "safetensors", ... */

@@ -241,7 +241,7 @@ def _open_dataset(path: str, ctx: Context):
     try:
         return Dataset(ctx, os.fspath(path))
     except FerryError as e:
-        if e.code == _ferry.EUNSUPPORTED and os.path.isfile(path) and "format" in e.message:
+        if e.code == _ferry.ENOFORMAT and os.path.isfile(path):
             return None
         raise
 

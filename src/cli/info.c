@@ -164,7 +164,7 @@ int ferry_cli_info(ferry_ctx *ctx, int argc, char **argv) {
             struct stat st;
             char msg[1100];
             snprintf(msg, sizeof msg, "%s", ferry_errmsg(ctx)[0] ? ferry_errmsg(ctx) : ferry_strerror(rc));
-            if (rc == FERRY_EUNSUPPORTED && stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
+            if (rc == FERRY_ENOFORMAT && stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
                 status |= describe_other(ctx, path, msg, json, &out);
             } else {
                 fprintf(stderr, "ferry info: %s\n", msg);

@@ -58,6 +58,7 @@ const char *ferry_strerror(int code) {
     case FERRY_ETIMEDOUT: return "timed out";
     case FERRY_ECANCELED: return "canceled";
     case FERRY_EPATH: return "the requested path cannot serve this request";
+    case FERRY_ENOFORMAT: return "not a file or store of a known format";
     default:
         if (code < 0 && code > -4096) return strerror(-code);
         return "unknown error";

@@ -78,7 +78,7 @@ int ferry_dataset_open(ferry_ctx *ctx, const char *path, const ferry_open_opts *
          * a damaged "x.npy" gets npy's precise complaint, not a shrug */
         if (!ops && !is_dir) ops = by_name(path);
         if (!ops)
-            return ferry_seterr(FERRY_EUNSUPPORTED,
+            return ferry_seterr(FERRY_ENOFORMAT,
                                 "%s: not a file or store of a known format (npy, safetensors, "
                                 "netCDF classic, Zarr)", path);
     }

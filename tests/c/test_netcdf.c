@@ -229,7 +229,7 @@ static void test_lying_headers(void) {
     expect_open_error(p, NULL, FERRY_EFORMAT, "bad magic");            /* by its name */
     const char *q = tpath("bad.dat");
     write_file(q, file, n);
-    expect_open_error(q, NULL, FERRY_EUNSUPPORTED, "known format");
+    expect_open_error(q, NULL, FERRY_ENOFORMAT, "known format");
     expect_open_error(q, "netcdf3", FERRY_EFORMAT, "bad magic");
 }
 

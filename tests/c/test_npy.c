@@ -253,7 +253,7 @@ static void test_bad_preamble_and_truncation(void) {
     expect_open_error(p, NULL, FERRY_EFORMAT, "bad magic");            /* by its name */
     const char *q = tpath("t.bin");
     write_file(q, bad, n);
-    expect_open_error(q, NULL, FERRY_EUNSUPPORTED, "not a file or store of a known format");
+    expect_open_error(q, NULL, FERRY_ENOFORMAT, "not a file or store of a known format");
     expect_open_error(q, "npy", FERRY_EFORMAT, "bad magic");
     memcpy(bad, file, n);
     bad[6] = 4;
@@ -283,7 +283,7 @@ static void test_open_errors(void) {
     CHECK_EQ_I(ferry_dataset_open(ctx, p, &o, &ds), FERRY_EINVAL);
     CHECK_STR_CONTAINS(ferry_errmsg(ctx), "unknown format");
     /* a directory nobody claims */
-    CHECK_EQ_I(ferry_dataset_open(ctx, dir, NULL, &ds), FERRY_EUNSUPPORTED);
+    CHECK_EQ_I(ferry_dataset_open(ctx, dir, NULL, &ds), FERRY_ENOFORMAT);
     CHECK_STR_CONTAINS(ferry_errmsg(ctx), dir);
 }
 

@@ -508,3 +508,19 @@ def test_crc32c_matches_the_reference():
     assert _ferry.crc32c(data) == ref.crc32c(data.tobytes())
     part = _ferry.crc32c(data[:1000])
     assert _ferry.crc32c(data[1000:], part) == ref.crc32c(data.tobytes())
+
+
+def test_unknown_format_reads_as_bytes_but_unsupported_npy_raises(tmp_path):
+    """Only "no known format" falls back to raw bytes; a recognised file ferry
+    cannot read (object dtype) is an error, never silently raw bytes."""
+    raw = tmp_path / "blob.bin"
+    raw.write_bytes(bytes(range(200)))
+    assert np.array_equal(ferry.read(str(raw)), np.arange(200, dtype=np.uint8))
+    with pytest.raises(ferry.FerryError) as e:
+        ferry.Dataset(ferry.default_context(), str(raw))
+    assert e.value.code == _ferry.ENOFORMAT
+    obj = tmp_path / "obj.npy"
+    np.save(obj, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(ferry.FerryError) as e:
+        ferry.read(str(obj))
+    assert e.value.code == _ferry.EUNSUPPORTED
