@@ -59,11 +59,11 @@ static inline const char *ferry_fuzz_file(const uint8_t *data, size_t size) {
     return path;
 }
 
-/* Open data as `format`, then exercise every accessor and read every
- * variable (whole, and a strided selection) when it is small enough. */
-static inline int ferry_fuzz_dataset(const uint8_t *data, size_t size, const char *format) {
+/* Open path as `format`, then exercise every accessor and read every
+ * variable (whole, and a strided selection) when its plan has fewer than
+ * max_extents extents. */
+static inline int ferry_fuzz_open_path(const char *path, const char *format, size_t max_extents) {
     ferry_ctx *ctx = ferry_fuzz_ctx();
-    const char *path = ferry_fuzz_file(data, size);
     ferry_open_opts o = {format, NULL};
     ferry_dataset *ds = NULL;
     if (ferry_dataset_open(ctx, path, &o, &ds) < 0) {
@@ -91,11 +91,16 @@ static inline int ferry_fuzz_dataset(const uint8_t *data, size_t size, const cha
             if (ferry_plan_create(&plan)) abort();
             int64_t got = ferry_dataset_plan_read(ds, i, sel, ferry_host_buf(buf, sizeof buf),
                                                   pass ? FERRY_NATIVE : FERRY_STORED_ORDER, plan);
-            if (got >= 0 && ferry_plan_count(plan) < 100000) (void)ferry_run(ctx, plan, NULL);
+            if (got >= 0 && ferry_plan_count(plan) < max_extents) (void)ferry_run(ctx, plan, NULL);
             ferry_plan_destroy(plan);
         }
     }
     ferry_dataset_close(ds);
     return 0;
+}
+
+/* Write data to a file and open it as `format` (ferry_fuzz_open_path). */
+static inline int ferry_fuzz_dataset(const uint8_t *data, size_t size, const char *format) {
+    return ferry_fuzz_open_path(ferry_fuzz_file(data, size), format, 100000);
 }
 #endif
