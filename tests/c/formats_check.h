@@ -1,10 +1,31 @@
-/* formats_check.h — helpers the format tests share: run a dataset read plan,
- * and expect an open to fail with a given code and a message naming the file
+/* formats_check.h — helpers the format tests share: a temporary directory and
+ * files in it, running a dataset read plan, and expecting an open to fail with a given code and a message naming the file
  * (and a byte position for FERRY_EFORMAT). Include after check.h. */
 #ifndef FERRY_TEST_FORMATS_CHECK_H
 #define FERRY_TEST_FORMATS_CHECK_H
 #include "check.h"
 #include "ferry.h"
+#include <stdio.h>
+#include <stdlib.h>
+
+/* The test's temporary directory (the test fills it with mkdtemp). */
+static char dir[64];
+
+/* dir/name, in one of 8 rotating buffers (so a few can be used at once). */
+static inline const char *tpath(const char *name) {
+    static char bufs[8][256];
+    static int k;
+    char *b = bufs[k++ % 8];
+    snprintf(b, 256, "%s/%s", dir, name);
+    return b;
+}
+
+static inline void write_file(const char *path, const void *p, size_t n) {
+    FILE *f = fopen(path, "wb");
+    if (!f) { perror(path); exit(1); }
+    if (n) fwrite(p, 1, n, f);
+    fclose(f);
+}
 
 /* Plan and run a read of variable `var` (selection sel, or NULL) into host memory. */
 static inline int64_t fc_read(ferry_ctx *ctx, ferry_dataset *ds, int var, const ferry_slice *sel, void *dst,

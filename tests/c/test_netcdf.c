@@ -7,22 +7,6 @@
 #include <stdlib.h>
 
 static ferry_ctx *ctx;
-static char dir[64];
-
-static const char *tpath(const char *name) {
-    static char bufs[8][256];
-    static int k;
-    char *b = bufs[k++ % 8];
-    snprintf(b, 256, "%s/%s", dir, name);
-    return b;
-}
-
-static void write_file(const char *path, const void *p, size_t n) {
-    FILE *f = fopen(path, "wb");
-    if (!f) { perror(path); exit(1); }
-    if (n) fwrite(p, 1, n, f);
-    fclose(f);
-}
 
 /* ---- a tiny big-endian writer --------------------------------------------- */
 typedef struct nb { uint8_t p[4096]; size_t n; int ver; } nb;

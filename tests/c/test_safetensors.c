@@ -6,22 +6,6 @@
 #include <stdlib.h>
 
 static ferry_ctx *ctx;
-static char dir[64];
-
-static const char *tpath(const char *name) {
-    static char bufs[8][256];
-    static int k;
-    char *b = bufs[k++ % 8];
-    snprintf(b, 256, "%s/%s", dir, name);
-    return b;
-}
-
-static void write_file(const char *path, const void *p, size_t n) {
-    FILE *f = fopen(path, "wb");
-    if (!f) { perror(path); exit(1); }
-    if (n) fwrite(p, 1, n, f);
-    fclose(f);
-}
 
 static uint8_t file[1 << 16];
 
