@@ -131,28 +131,25 @@ int ferry_plan_add(ferry_plan *p, const ferry_extent *e) {
     return 0;
 }
 
-int ferry_plan_read(ferry_plan *p, ferry_file *f, uint64_t offset, uint64_t len, ferry_buf dst, uint64_t dst_offset) {
+/* A plain extent: len bytes at offset, contiguous in memory at buf+buf_offset. */
+static int plan_plain(ferry_plan *p, ferry_extent_kind kind, ferry_file *f, uint64_t offset, uint64_t len,
+                      ferry_buf buf, uint64_t buf_offset) {
     ferry_extent e;
     memset(&e, 0, sizeof e);
-    e.kind = FERRY_EXTENT_READ;
+    e.kind = kind;
     e.file = f;
     e.offset = offset;
     e.length = len;
     e.decoded_size = len;
-    e.dst = dst;
-    e.dst_offset = dst_offset;
+    e.dst = buf;
+    e.dst_offset = buf_offset;
     return ferry_plan_add(p, &e);
 }
 
+int ferry_plan_read(ferry_plan *p, ferry_file *f, uint64_t offset, uint64_t len, ferry_buf dst, uint64_t dst_offset) {
+    return plan_plain(p, FERRY_EXTENT_READ, f, offset, len, dst, dst_offset);
+}
+
 int ferry_plan_write(ferry_plan *p, ferry_file *f, uint64_t offset, uint64_t len, ferry_buf src, uint64_t src_offset) {
-    ferry_extent e;
-    memset(&e, 0, sizeof e);
-    e.kind = FERRY_EXTENT_WRITE;
-    e.file = f;
-    e.offset = offset;
-    e.length = len;
-    e.decoded_size = len;
-    e.dst = src;
-    e.dst_offset = src_offset;
-    return ferry_plan_add(p, &e);
+    return plan_plain(p, FERRY_EXTENT_WRITE, f, offset, len, src, src_offset);
 }
