@@ -413,20 +413,33 @@ int ferry_job_stream_wait(ferry_job *j, void *stream) {
 }
 
 /* ---- blocking one-extent calls ------------------------------------------ */
-static int64_t one_extent(ferry_file *f, ferry_extent *e, unsigned flags, int allow_short) {
+/* ferry_pread/ferry_pwrite: a one-extent plan on the stack, run at once (small
+ * ones on the caller's thread). Reads may stop at EOF; writes may not. */
+static int64_t one_extent(ferry_file *f, ferry_extent_kind kind, ferry_buf buf, uint64_t offset, size_t len,
+                          unsigned flags) {
     if (!f) return ferry_seterr(FERRY_EINVAL, "NULL file");
+    if (len > buf.size)
+        return ferry_seterr(FERRY_EINVAL, "%s: %zu bytes %s a buffer of %zu", f->path, len,
+                            kind == FERRY_EXTENT_READ ? "into" : "from", buf.size);
     ferry_ctx *ctx = f->ctx;
+    ferry_extent e;
+    memset(&e, 0, sizeof e);
+    e.kind = kind;
+    e.file = f;
+    e.offset = offset;
+    e.length = e.decoded_size = len;
+    e.dst = buf;
     ferry_plan plan;
     memset(&plan, 0, sizeof plan);
-    plan.ext = e;
+    plan.ext = &e;
     plan.n = plan.cap = 1;
-    int rc = ferry_buf_resolve(&e->dst);
+    int rc = ferry_buf_resolve(&e.dst);
     if (rc < 0) return rc;
     ferry_run_opts o = {FERRY_PATH_AUTO, 0, flags};
     ferry_job *j;
     rc = job_build(ctx, &plan, &o, &j);
     if (rc < 0) return rc;
-    j->allow_short = allow_short;
+    j->allow_short = kind == FERRY_EXTENT_READ;
     rc = submit_job(ctx, j, 1);
     if (rc < 0) { job_free(j); return rc; }
     int64_t r = ferry_job_wait(j, -1);
@@ -435,25 +448,9 @@ static int64_t one_extent(ferry_file *f, ferry_extent *e, unsigned flags, int al
 }
 
 int64_t ferry_pread(ferry_file *f, ferry_buf dst, uint64_t offset, size_t len, unsigned flags) {
-    if (len > dst.size) return ferry_seterr(FERRY_EINVAL, "ferry_pread: %zu bytes into a buffer of %zu", len, dst.size);
-    ferry_extent e;
-    memset(&e, 0, sizeof e);
-    e.kind = FERRY_EXTENT_READ;
-    e.file = f;
-    e.offset = offset;
-    e.length = e.decoded_size = len;
-    e.dst = dst;
-    return one_extent(f, &e, flags, 1);
+    return one_extent(f, FERRY_EXTENT_READ, dst, offset, len, flags);
 }
 
 int64_t ferry_pwrite(ferry_file *f, ferry_buf src, uint64_t offset, size_t len, unsigned flags) {
-    if (len > src.size) return ferry_seterr(FERRY_EINVAL, "ferry_pwrite: %zu bytes from a buffer of %zu", len, src.size);
-    ferry_extent e;
-    memset(&e, 0, sizeof e);
-    e.kind = FERRY_EXTENT_WRITE;
-    e.file = f;
-    e.offset = offset;
-    e.length = e.decoded_size = len;
-    e.dst = src;
-    return one_extent(f, &e, flags, 0);
+    return one_extent(f, FERRY_EXTENT_WRITE, src, offset, len, flags);
 }
