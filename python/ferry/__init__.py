@@ -13,6 +13,7 @@ when present and imported lazily.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -421,11 +422,22 @@ class Variable:
         self.name: str = info["name"]
         self.shape: tuple = tuple(info["shape"])
         self.typestr: str = info["typestr"]
-        self.dtype = _numpy_dtype(_native_typestr(info["typestr"])) or info["typestr"]
-        d = json.loads(info.get("dims") or "null")
-        self.dims: tuple = tuple(d) if isinstance(d, list) else ()
-        self.attrs: dict = decode_attrs(info.get("attrs") or "{}", owner.format)
         self.chunks: tuple = tuple(info["chunks"])
+
+    # dtype, dims and attrs are decoded on first use: opening a 1,000-tensor
+    # checkpoint must not pay 1,000 JSON decodes nobody asked for.
+    @functools.cached_property
+    def dtype(self):
+        return _numpy_dtype(_native_typestr(self.typestr)) or self.typestr
+
+    @functools.cached_property
+    def dims(self) -> tuple:
+        d = json.loads(self.info.get("dims") or "null")
+        return tuple(d) if isinstance(d, list) else ()
+
+    @functools.cached_property
+    def attrs(self) -> dict:
+        return decode_attrs(self.info.get("attrs") or "{}", self._owner.format)
 
     @property
     def ndim(self) -> int:
@@ -466,29 +478,45 @@ class Opened:
         self.attrs: dict = decode_attrs(self._ds.attrs, self.format)
         self.dims: dict = json.loads(self._ds.dims)
         self.groups: list = json.loads(self._ds.groups)
-        self.variables: dict = {v["name"]: Variable(self, v) for v in self._ds.variables()}
+        # Names now, Variable objects on first use: opening is metadata only
+        # and a 1,000-tensor file must open in milliseconds.
+        self._names: dict = dict.fromkeys(self._ds.names())
+        self._vars: dict = {}
+
+    @property
+    def variables(self) -> dict:
+        """{name: Variable} for every variable (built on first use)."""
+        for n in self._names:
+            if n not in self._vars:
+                self[n]
+        return {n: self._vars[n] for n in self._names}
 
     def __getitem__(self, name: str) -> Variable:
-        return self.variables[name]
+        v = self._vars.get(name)
+        if v is None:
+            if name not in self._names:
+                raise KeyError(f"{self.path}: no variable named {name!r}")
+            v = self._vars[name] = Variable(self, self._ds.variable(name))
+        return v
 
     def __contains__(self, name) -> bool:
-        return name in self.variables
+        return name in self._names
 
     def __iter__(self):
-        return iter(self.variables)
+        return iter(self._names)
 
     def __len__(self) -> int:
-        return len(self.variables)
+        return len(self._names)
 
     def keys(self):
-        return self.variables.keys()
+        return self._names.keys()
 
     def read(self, name: str | None = None, selection: Any = None, *, device: Any = None, out: Any = None):
         if name is None:
-            if len(self.variables) != 1:
-                raise ValueError(f"{self.path} holds {len(self.variables)} variables; name one")
-            name = next(iter(self.variables))
-        return self.variables[name].read(selection, device=device, out=out)
+            if len(self._names) != 1:
+                raise ValueError(f"{self.path} holds {len(self._names)} variables; name one")
+            name = next(iter(self._names))
+        return self[name].read(selection, device=device, out=out)
 
     def close(self) -> None:
         self._ds.close()
@@ -500,7 +528,7 @@ class Opened:
         self.close()
 
     def __repr__(self) -> str:
-        return f"<ferry.Opened {self.path!r} format={self.format} variables={list(self.variables)[:10]}>"
+        return f"<ferry.Opened {self.path!r} format={self.format} variables={list(self._names)[:10]}>"
 
 
 def open(path, *, device: Any = "cpu", ctx: Context | None = None, format: str | None = None,

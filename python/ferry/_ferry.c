@@ -1126,6 +1126,26 @@ static PyObject *Dataset_variables(DatasetObject *self, PyObject *noarg) {
     return l;
 }
 
+/* Only the names: what ferry.open() needs up front (a 1,000-tensor checkpoint
+ * opens without building 1,000 info dicts). */
+static PyObject *Dataset_names(DatasetObject *self, PyObject *noarg) {
+    if (ds_check(self) < 0) return NULL;
+    int n = ferry_dataset_nvars(self->ds);
+    if (n < 0) return raise_ctx(self->ctx->ctx, n);
+    PyObject *l = PyList_New(n);
+    if (!l) return NULL;
+    for (int i = 0; i < n; i++) {
+        ferry_var_info vi;
+        memset(&vi, 0, sizeof vi);
+        int rc = ferry_dataset_var(self->ds, i, &vi);
+        if (rc < 0) { Py_DECREF(l); return raise_ctx(self->ctx->ctx, rc); }
+        PyObject *s = PyUnicode_FromString(vi.name ? vi.name : "");
+        if (!s) { Py_DECREF(l); return NULL; }
+        PyList_SET_ITEM(l, i, s);
+    }
+    return l;
+}
+
 /* Index of a variable given by name or index; raises KeyError/IndexError. */
 static int ds_var_index(DatasetObject *self, PyObject *var) {
     if (PyLong_Check(var)) {
@@ -1172,6 +1192,7 @@ static PyObject *Dataset_repr(DatasetObject *self) {
 
 static PyMethodDef Dataset_methods[] = {
     {"variables", (PyCFunction)Dataset_variables, METH_NOARGS, "list of dicts, one per variable"},
+    {"names", (PyCFunction)Dataset_names, METH_NOARGS, "list of the variables' names, in file order"},
     {"variable", (PyCFunction)Dataset_variable, METH_O, "variable(name_or_index) -> dict"},
     {"find", (PyCFunction)Dataset_find, METH_O, "find(name) -> index (KeyError if missing)"},
     {"close", (PyCFunction)Dataset_close, METH_NOARGS, "close the dataset"},

@@ -365,6 +365,11 @@ def test_ferry_open_and_read_many(tmp_path):
     np.save(tmp_path / "a.npy", np.arange(10.0))
     f = ferry.open(tmp_path / "m.safetensors")
     assert f.format == "safetensors" and set(f) == {"w", "b"}
+    # names come in file order (safetensors sorts its header by offset), Variables on demand
+    assert list(f.keys()) == f._ds.names() and len(f) == 2 and "w" in f and "nope" not in f
+    with pytest.raises(KeyError, match="nope"):
+        f["nope"]
+    assert set(f.variables) == {"w", "b"} and f.variables["w"] is f["w"]
     assert f["w"].shape == (2, 3) and f["w"].dtype == np.float32
     np.testing.assert_array_equal(f["w"][1], w["w"][1])
     np.testing.assert_array_equal(np.asarray(f["b"]), w["b"])
