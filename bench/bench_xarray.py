@@ -3,7 +3,7 @@
 
 Writes N float32 variables (time × lat × lon, about --gib GiB in all) as
 netCDF-3 (CDF-2), netCDF-4 (HDF5, contiguous), netCDF-4 compressed (zlib +
-shuffle, one chunk per time step) and Zarr v2 (when zarr is importable), then,
+shuffle, one chunk per time step) and Zarr v2 uncompressed and zstd (when zarr is importable), then,
 page cache warm (each file read once before timing), measures
 
   * whole dataset → GPU: ferry `open_dataset(engine="ferry", device=0).load()`
@@ -106,13 +106,16 @@ def write_h5(path, names, nt, ny, nx, compress):
     return "h5py"
 
 
-def write_zarr(path, names, nt, ny, nx):
+def write_zarr(path, names, nt, ny, nx, compress):
+    """Zarr v2 written by xarray: uncompressed, or zstd (level 1) when compress."""
+    import numcodecs
     import xarray as xr
     t, la, lo = coords(nt, ny, nx)
     ds = xr.Dataset({n: (("time", "lat", "lon"), var_data(i, nt, ny, nx)) for i, n in enumerate(names)},
                     coords={"time": t, "lat": la, "lon": lo})
-    ds.to_zarr(path, zarr_format=2, encoding={n: {"chunks": (max(1, nt // 8), ny, nx)} for n in names},
-               consolidated=True)
+    comp = numcodecs.Zstd(level=1) if compress else None
+    ds.to_zarr(path, zarr_format=2, consolidated=True,
+               encoding={n: {"chunks": (max(1, nt // 8), ny, nx), "compressors": comp} for n in names})
 
 
 def warm(path):
@@ -243,7 +246,8 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--device", default="0", help="GPU ordinal, or 'cpu'")
     ap.add_argument("--dir", default=None, help="where to write the files (default: a temp dir)")
-    ap.add_argument("--formats", default="nc3,nc4,nc4z,zarr")
+    ap.add_argument("--formats", default="nc3,nc4,nc4z,zarr,zarrz",
+                    help="nc3, nc4, nc4z (zlib), zarr (v2 uncompressed), zarrz (v2 zstd)")
     ap.add_argument("--keep", action="store_true", help="keep the files")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, one rep")
     a = ap.parse_args()
@@ -273,12 +277,12 @@ def main():
           f"{nt * step_bytes * a.nvars / 1e9:.2f} GB, device {a.device}, best of {a.reps}, warm page cache")
     try:
         for fmt in fmts:
-            if fmt == "zarr" and not have("zarr"):
+            if fmt in ("zarr", "zarrz") and not have("zarr"):
                 print("# zarr: skipped (zarr not importable)")
                 continue
-            n_t = ntz if fmt == "nc4z" else nt
+            n_t = ntz if fmt in ("nc4z", "zarrz") else nt
             total = n_t * step_bytes * a.nvars
-            path = os.path.join(root, {"nc3": "a.nc", "nc4": "b.nc", "nc4z": "c.nc", "zarr": "d.zarr"}[fmt])
+            path = os.path.join(root, {"nc3": "a.nc", "nc4": "b.nc", "nc4z": "c.nc", "zarr": "d.zarr", "zarrz": "e.zarr"}[fmt])
             t0 = time.perf_counter()
             if not os.path.exists(path):
                 if fmt == "nc3":
@@ -287,17 +291,17 @@ def main():
                 elif fmt in ("nc4", "nc4z"):
                     writer = write_h5(path, names, n_t, a.ny, a.nx, compress=(fmt == "nc4z"))
                 else:
-                    write_zarr(path, names, n_t, a.ny, a.nx)
+                    write_zarr(path, names, n_t, a.ny, a.nx, compress=(fmt == "zarrz"))
                     writer = "zarr"
             else:
                 writer = "existing"
             log(f"{fmt}: wrote {path} ({writer}) in {time.perf_counter() - t0:.1f}s")
             warm(path)
             engines = {"nc3": ["scipy", "netcdf4"], "nc4": ["netcdf4", "h5netcdf"], "nc4z": ["netcdf4", "h5netcdf"],
-                       "zarr": ["zarr"]}[fmt]
+                       "zarr": ["zarr"], "zarrz": ["zarr"]}[fmt]
             engines = [e for e in engines if have({"scipy": "scipy", "netcdf4": "netCDF4", "h5netcdf": "h5netcdf",
                                                    "zarr": "zarr"}[e])]
-            kw_for = {"zarr": {"consolidated": True}}
+            kw_for = {"zarr": {"consolidated": True}}  # engine="zarr" for both Zarr stores
             # whole dataset
             t_f, got = best(lambda: ferry_load(path, names, dev), a.reps)
             base = []
@@ -306,7 +310,7 @@ def main():
                 ok = all(dev.equal(got[n], ref[n]) for n in names)
                 base.append((f"engine={e} + asarray", t_e, ok))
                 del ref
-            if fmt != "nc3" and fmt != "zarr" and have("h5py"):
+            if fmt in ("nc4", "nc4z") and have("h5py"):
                 t_h, ref = best(lambda: h5py_load(path, names, dev), a.reps)
                 ok = all(dev.equal(got[n], ref[n]) for n in names)
                 base.append(("h5py + asarray", t_h, ok))
