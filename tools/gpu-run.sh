@@ -2,11 +2,16 @@
 # gpu-run.sh STEP... — build and run on the GPU machine (no registry there):
 # the system python3, carried headers in .deps/include, the machine's own
 # zstd/lz4/zlib runtime libraries. Logs go to $OUT (or ./gpu-out).
-#   steps: build test bench pybench
+#   steps: wheels build test ctest bench benchwarm sweep engine pybench
+#          formats xbench (bench_xarray, BXARGS) torchbench (bench_torch, BTARGS)
+#          ckptbench (bench_checkpoint, BCARGS) nccl (the two-GPU tests)
+#   wheels: pip-installs .gpu/whl/*.whl (carry ".gpu/whl": zarr, numcodecs,
+#           netCDF4, dask, ... downloaded here for Python 3.12) into /tmp/site.
 set -u
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/python
+[ -d /tmp/site ] && export PYTHONPATH=$PYTHONPATH:/tmp/site
 export CUFILE_ENV_PATH_JSON=$PWD/tests/gpu/cufile-compat.json CUFILE_ALLOW_COMPAT_MODE=true CUFILE_FORCE_COMPAT_MODE=true CUFILE_LOGFILE_PATH=$OUT/cufile.log
 mkdir -p .deps/lib
 for l in zstd lz4 z; do
@@ -15,6 +20,13 @@ for l in zstd lz4 z; do
 done
 for step in "$@"; do
     case $step in
+    wheels)
+        if ls .gpu/whl/*.whl >/dev/null 2>&1; then
+            python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+                .gpu/whl/*.whl > "$OUT/wheels.log" 2>&1; echo "wheels exit $?"
+            export PYTHONPATH=$PWD/python:/tmp/site
+            python3 -c 'import zarr, numcodecs, netCDF4, dask; print("zarr", zarr.__version__, "netCDF4", netCDF4.__version__, "dask", dask.__version__)'
+        fi ;;
     build)
         { nvidia-smi -L; nproc; free -g | head -2; df -h . | tail -1; command -v nvcc; python3 -V;
           python3 -c 'import torch, numpy; print("torch", torch.__version__, "numpy", numpy.__version__)'; } > "$OUT/machine.txt" 2>&1
@@ -52,6 +64,23 @@ for step in "$@"; do
     engine)
         timeout 200 python3 bench/bench_engine.py --gib 4 > "$OUT/bench_engine.txt" 2>&1; echo "bench_engine exit $?"
         cat "$OUT/bench_engine.txt" ;;
+    formats)
+        timeout 400 python3 bench/bench_formats.py ${BFARGS:-} > "$OUT/bench_formats.txt" 2>&1; echo "bench_formats exit $?"
+        tail -25 "$OUT/bench_formats.txt" ;;
+    xbench)
+        timeout 500 python3 bench/bench_xarray.py ${BXARGS:-} > "$OUT/bench_xarray.txt" 2>&1; echo "bench_xarray exit $?"
+        tail -25 "$OUT/bench_xarray.txt" ;;
+    torchbench)
+        timeout 500 python3 bench/bench_torch.py ${BTARGS:-} > "$OUT/bench_torch.txt" 2>&1; echo "bench_torch exit $?"
+        tail -30 "$OUT/bench_torch.txt" ;;
+    ckptbench)
+        timeout 500 python3 bench/bench_checkpoint.py ${BCARGS:-} > "$OUT/bench_checkpoint.txt" 2>&1; echo "bench_checkpoint exit $?"
+        tail -30 "$OUT/bench_checkpoint.txt" ;;
+    nccl)
+        PYTHONPATH=$PYTHONPATH timeout 300 python3 -m pytest -q -p no:cacheprovider -rs \
+            tests/gpu/test_torch_gpu.py::test_two_gpus_nccl tests/gpu/test_checkpoint_gpu.py::test_gpu_dcp_nccl_two_gpus \
+            > "$OUT/nccl.log" 2>&1; echo "nccl tests exit $?"
+        tail -15 "$OUT/nccl.log" ;;
     pybench)
         for b in bench/bench_*.py; do
             timeout 240 python3 "$b" --smoke > "$OUT/$(basename "$b" .py).txt" 2>&1; echo "$b exit $?"

@@ -9,7 +9,7 @@ rc=0
 make --no-print-directory build/tests/gpu/test_gpu_engine PYTHON="$PY" >/dev/null || exit 1
 tools/run-c-tests.sh build/tests/gpu/test_gpu_engine || rc=1
 if ls tests/gpu/test_*.py >/dev/null 2>&1; then
-    PYTHONPATH=python "$PY" -m pytest -q -p no:cacheprovider -rs tests/gpu; r=$?
+    PYTHONPATH=python${PYTHONPATH:+:$PYTHONPATH} "$PY" -m pytest -q -p no:cacheprovider -rs tests/gpu; r=$?
     # exit 5: nothing collected is not a failure here
     [ $r -eq 0 ] || [ $r -eq 5 ] || rc=1
 fi
