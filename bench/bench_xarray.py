@@ -107,7 +107,8 @@ def write_h5(path, names, nt, ny, nx, compress):
 
 
 def write_zarr(path, names, nt, ny, nx, compress):
-    """Zarr v2 written by xarray: uncompressed, or zstd (level 1) when compress."""
+    """Zarr v2 written by xarray, one chunk per time step (as nc4z): uncompressed,
+    or zstd (level 1) when compress."""
     import numcodecs
     import xarray as xr
     t, la, lo = coords(nt, ny, nx)
@@ -115,7 +116,7 @@ def write_zarr(path, names, nt, ny, nx, compress):
                     coords={"time": t, "lat": la, "lon": lo})
     comp = numcodecs.Zstd(level=1) if compress else None
     ds.to_zarr(path, zarr_format=2, consolidated=True,
-               encoding={n: {"chunks": (max(1, nt // 8), ny, nx), "compressors": comp} for n in names})
+               encoding={n: {"chunks": (1, ny, nx), "compressors": comp} for n in names})
 
 
 def warm(path):
