@@ -396,8 +396,11 @@ typedef struct ferry_var_info {
     ferry_dtype dtype;
     const char *typestr;           /* numpy-style, as stored: "<f4", ">i2", "|b1",
                                       "<M8[ns]", "|S1"; "bfloat16", "float8_e4m3fn",
-                                      "float8_e5m2" for types numpy lacks */
-    uint32_t itemsize;
+                                      "float8_e5m2" for types numpy lacks; for a type
+                                      ferry cannot read, as written in the metadata
+                                      (Zarr: "|O", "string", JSON of a structured or
+                                      configured type) */
+    uint32_t itemsize;             /* 1 when the type is unknown (see error) */
     int ndim;
     uint64_t shape[FERRY_MAX_DIMS];
     uint64_t chunks[FERRY_MAX_DIMS];  /* chunk (or record) shape; = shape if unchunked */
@@ -409,6 +412,11 @@ typedef struct ferry_var_info {
     const char *path;              /* file holding the data (first one for stores) */
     uint64_t data_offset;          /* contiguous data: byte range in `path`, else 0,0 */
     uint64_t data_bytes;
+    const char *error;             /* NULL, or why ferry cannot read this variable (a Zarr
+                                      dtype, codec, chunk grid... it lacks), naming the file
+                                      and byte position: the rest is described as far as the
+                                      metadata goes, and every ferry_dataset_plan_read of it
+                                      fails with FERRY_EUNSUPPORTED and this message */
 } ferry_var_info;
 
 typedef struct ferry_open_opts {

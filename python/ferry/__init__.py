@@ -84,7 +84,7 @@ def _numpy_dtype(typestr: str):
         return None
     try:
         return np.dtype(typestr)
-    except TypeError:
+    except (TypeError, ValueError, SyntaxError):   # e.g. a Zarr type ferry lacks, named as written
         return None
 
 
@@ -316,6 +316,8 @@ def _add_read(plan: Plan, ds: Dataset | None, file: File | None, var: dict | Non
         if n:
             plan.read_file(file, start, n, dst)
         return ret, (lambda r: r[0] if squeeze and not isinstance(r, Array) else r)
+    if var.get("error"):  # a type, codec... ferry cannot read: the parser's message, before any allocation
+        raise FerryError(_ferry.EUNSUPPORTED, var["error"])
     shape = tuple(var["shape"])
     typestr = _native_typestr(var["typestr"])
     triples, sel_shape, squeeze = normalize_selection(selection, shape)
@@ -423,11 +425,15 @@ class Variable:
         self.shape: tuple = tuple(info["shape"])
         self.typestr: str = info["typestr"]
         self.chunks: tuple = tuple(info["chunks"])
+        #: None, or why ferry cannot read this variable (reading raises FerryError with it)
+        self.error: str | None = info.get("error")
 
     # dtype, dims and attrs are decoded on first use: opening a 1,000-tensor
     # checkpoint must not pay 1,000 JSON decodes nobody asked for.
     @functools.cached_property
     def dtype(self):
+        if self.error and self.typestr[:1] not in "<>|=":   # a type ferry lacks, in the metadata's own terms
+            return self.typestr
         return _numpy_dtype(_native_typestr(self.typestr)) or self.typestr
 
     @functools.cached_property

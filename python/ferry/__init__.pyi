@@ -33,6 +33,7 @@ class Variable:
     dims: tuple
     attrs: dict
     chunks: tuple
+    error: Optional[str]
     info: dict
     @property
     def ndim(self) -> int: ...

@@ -1097,14 +1097,14 @@ static PyObject *var_dict(const ferry_var_info *v) {
     PyObject *chunks = shape ? u64_tuple(v->chunks, nd) : NULL;
     if (!chunks) { Py_XDECREF(shape); return NULL; }
     PyObject *d = Py_BuildValue(
-        "{s:s,s:s,s:s,s:I,s:N,s:N,s:O,s:s,s:s,s:s,s:s,s:s,s:K,s:K,s:i}",
+        "{s:s,s:s,s:s,s:I,s:N,s:N,s:O,s:s,s:s,s:s,s:s,s:s,s:K,s:K,s:i,s:z}",
         "name", v->name ? v->name : "", "dtype", dtype_name(v->dtype), "typestr",
         v->typestr ? v->typestr : "", "itemsize", (unsigned)v->itemsize, "shape", shape, "chunks",
         chunks, "fortran_order", v->fortran_order ? Py_True : Py_False, "dims",
         v->dims_json ? v->dims_json : "null", "attrs", v->attrs_json ? v->attrs_json : "{}", "fill",
         v->fill_json ? v->fill_json : "null", "codecs", v->codecs ? v->codecs : "", "path",
         v->path ? v->path : "", "data_offset", (unsigned long long)v->data_offset, "data_bytes",
-        (unsigned long long)v->data_bytes, "ndim", nd);
+        (unsigned long long)v->data_bytes, "ndim", nd, "error", v->error);
     return d;
 }
 

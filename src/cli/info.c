@@ -93,8 +93,11 @@ static void describe_json(ferry_dataset *ds, const char *path, ferry_sbuf *b) {
         ferry_sbuf_json_string(b, v.codecs, strlen(v.codecs));
         ferry_sbuf_puts(b, ",\"path\":");
         ferry_sbuf_json_string(b, v.path, strlen(v.path));
-        ferry_sbuf_printf(b, ",\"data_offset\":%llu,\"data_bytes\":%llu}", (unsigned long long)v.data_offset,
+        ferry_sbuf_printf(b, ",\"data_offset\":%llu,\"data_bytes\":%llu,\"error\":", (unsigned long long)v.data_offset,
                           (unsigned long long)v.data_bytes);
+        if (v.error) ferry_sbuf_json_string(b, v.error, strlen(v.error));
+        else ferry_sbuf_puts(b, "null");
+        ferry_sbuf_puts(b, "}");
     }
     ferry_sbuf_puts(b, "]}");
 }
@@ -130,6 +133,7 @@ static void describe_text(ferry_dataset *ds, const char *path, ferry_sbuf *b) {
         if (strcmp(v.dims_json, "null")) ferry_sbuf_printf(b, "      dims %s\n", v.dims_json);
         if (strcmp(v.fill_json, "null")) ferry_sbuf_printf(b, "      fill %s\n", v.fill_json);
         if (strcmp(v.attrs_json, "{}")) ferry_sbuf_printf(b, "      attrs %s\n", v.attrs_json);
+        if (v.error) ferry_sbuf_printf(b, "      unreadable: %s\n", v.error);
     }
 }
 

@@ -141,6 +141,7 @@ int64_t ferry_dataset_plan_read(ferry_dataset *ds, int var, const ferry_slice *s
         return ferry_seterr(FERRY_EINVAL, "%s: variable index %d out of range (%d variables)", ds->path, var,
                             ds->nvars);
     const ferry_var_info *vi = &ds->vars[var].info;
+    if (vi->error) return ferry_seterr(FERRY_EUNSUPPORTED, "%s", vi->error);   /* even an empty selection */
     /* Normalise: NULL is everything; a stop past the end is clipped (like a
      * Python slice); a negative start/stop, a start past the end or a step
      * below 1 is a caller error, not something to guess about. */

@@ -15,9 +15,12 @@
  * one extent at its offset inside the shard file. Uncompressed chunks read only
  * the byte span the selection needs.
  *
- * Anything that would be read wrongly — an unknown codec, filter or dtype — is
- * refused with a message naming it: at open for a single array, at plan time
- * for one array of a group (so the other arrays stay readable). */
+ * Anything that would be read wrongly — an unknown codec, filter, dtype, chunk
+ * grid or key encoding — is refused with a message naming the file, the byte
+ * position and the thing (zarr_arr.err, the variable's `error`), at plan time:
+ * the open goes on, so the array is still described (shape, chunks, dimension
+ * names, attributes, fill value, dtype as written) and the other arrays of its
+ * group stay readable. Malformed metadata fails the open. */
 #include "formats/dataset.h"
 #include "formats/typestr.h"
 #include "formats/json.h"
@@ -38,7 +41,7 @@
 typedef struct zarr_arr {
     char *name, *dir, *typestr, *dims_json, *attrs_json, *fill_json, *codecs_desc;
     char *err;             /* non-NULL: the array cannot be read; plan_read fails with this */
-    int err_code;
+    int irregular;         /* chunk grid not regular: chunk[] is the shape */
     int zf;                /* 2 or 3 */
     int ndim;
     uint64_t shape[FERRY_MAX_DIMS];
@@ -331,19 +334,27 @@ static void arr_free(zarr_arr *a) {
     free(a->fill_json); free(a->codecs_desc); free(a->err);
 }
 
-/* Record why an array cannot be read (kept for plan time in groups). */
-__attribute__((format(printf, 3, 4)))
-static int arr_fail(zarr_arr *a, int code, const char *fmt, ...) {
+/* Byte position of a metadata node, or of its parent when it is absent. */
+static unsigned long long pos_of(const ferry_json *node, const ferry_json *parent) {
+    return (unsigned long long)(node ? node->pos : parent ? parent->pos : 0);
+}
+
+/* Record why an array cannot be read and go on parsing: the array keeps the
+ * rest of its description (shape, chunks, dims, attributes, fill, dtype as
+ * written) and every read of it fails with this message. The first reason
+ * found is the one kept. Returns 0, or FERRY_ENOMEM. */
+__attribute__((format(printf, 2, 3)))
+static int arr_unsupported(zarr_arr *a, const char *fmt, ...) {
+    if (a->err) return 0;
     char msg[768];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    free(a->err);
-    a->err = strdup(msg);
-    a->err_code = code;
-    return ferry_seterr(code, "%s", msg);
+    if (!(a->err = strdup(msg))) return ferry_seterr(FERRY_ENOMEM, "out of memory");
+    return 0;
 }
+#define UNSUP(...) do { int unsup_rc_ = arr_unsupported(a, __VA_ARGS__); if (unsup_rc_ < 0) return unsup_rc_; } while (0)
 
 static int parse_shape(const char *file, const ferry_json *v, const char *what, uint64_t *out, int *ndim) {
     if (!v || v->type != FERRY_JSON_ARRAY) return MERR(FERRY_EFORMAT, file, v, "%s must be an array of integers", what);
@@ -357,12 +368,33 @@ static int parse_shape(const char *file, const ferry_json *v, const char *what, 
     return 0;
 }
 
-/* Set typestr from kind/size/endianness and check the chunk's byte size fits. */
-static int finish_common(zarr_arr *a, const char *file, char kind, int big) {
-    char ts[32];
+/* What needs only the shape: attributes, dimension names (`dims`: v3
+ * dimension_names, or NULL to take _ARRAY_DIMENSIONS from v2 attributes) and
+ * the fill value as written. Collected before the dtype and codecs, so an
+ * array that cannot be read is still described. */
+static int collect_desc(zarr_arr *a, const ferry_json *attrs, const ferry_json *dims, const ferry_json *fill) {
+    if (attrs && attrs->type == FERRY_JSON_OBJECT && !(a->attrs_json = to_json(attrs))) return FERRY_ENOMEM;
+    if (!dims) dims = ferry_json_get(attrs, "_ARRAY_DIMENSIONS");
+    if (dims && dims->type == FERRY_JSON_ARRAY && (int)dims->n == a->ndim && !(a->dims_json = to_json(dims)))
+        return FERRY_ENOMEM;
+    if (!(a->fill_json = to_json(fill ? fill : &(ferry_json){0}))) return FERRY_ENOMEM;
+    return 0;
+}
+
+/* The numpy typestr of a known kind/size/endianness ("<f4", "|b1", "<M8[ns]"). */
+static int set_typestr(zarr_arr *a, const char *file, char kind, int big, const char *unit) {
+    char ts[64];
     char order = (a->itemsize == 1 && kind != 'c') ? '|' : big ? '>' : '<';
-    snprintf(ts, sizeof ts, "%c%c%u", order, kind, a->itemsize);
-    if (!a->typestr && !(a->typestr = strdup(ts))) return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", file);
+    snprintf(ts, sizeof ts, "%c%c%u%s", order, kind, a->itemsize, unit ? unit : "");
+    free(a->typestr);
+    if (!(a->typestr = strdup(ts))) return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", file);
+    return 0;
+}
+
+/* Check the chunk's byte size fits (skipped when the grid is not regular:
+ * there the chunk shape reported is the whole shape). */
+static int finish_common(zarr_arr *a, const char *file) {
+    if (a->irregular) return 0;
     uint64_t n = a->itemsize;
     const uint64_t *cs = a->sharded ? a->inner : a->chunk;
     for (int k = 0; k < a->ndim; k++) {
@@ -386,21 +418,9 @@ static int parse_v2(zarr_arr *a, const char *file, const ferry_json *za, const f
     int rc = parse_shape(file, ferry_json_get(za, "shape"), "shape", a->shape, &a->ndim);
     if (rc < 0) return rc;
     if ((rc = parse_shape(file, ferry_json_get(za, "chunks"), "chunks", a->chunk, &a->ndim)) < 0) return rc;
-    const ferry_json *dt = ferry_json_get(za, "dtype");
-    if (!dt) return MERR(FERRY_EFORMAT, file, za, "no dtype");
-    if (dt->type != FERRY_JSON_STRING) {
-        a->itemsize = 1;
-        return arr_fail(a, FERRY_EUNSUPPORTED, "%s: byte %llu: structured dtypes are not supported", file,
-                        (unsigned long long)dt->pos);
-    }
-    ferry_dtype fdt;
-    if (ferry_typestr_parse(dt->str, strlen(dt->str), &fdt, &a->itemsize, &a->swap) < 0) {
-        a->itemsize = 1;
-        a->typestr = xstrdup("|V1");   /* a placeholder numpy accepts; the message names the real one */
-        return arr_fail(a, FERRY_EUNSUPPORTED, "%s: byte %llu: dtype \"%s\" is not supported", file,
-                        (unsigned long long)dt->pos, dt->str);
-    }
-    a->typestr = xstrdup(dt->str);
+    if (attrs && attrs->type != FERRY_JSON_OBJECT) return MERR(FERRY_EFORMAT, file, attrs, ".zattrs must be an object");
+    const ferry_json *fv = ferry_json_get(za, "fill_value");
+    if ((rc = collect_desc(a, attrs, NULL, fv)) < 0) return ferry_seterr(rc, "%s: out of memory", file);
     const char *order = json_name(za, "order");
     if (*order && strcmp(order, "C") && strcmp(order, "F"))
         return MERR(FERRY_EFORMAT, file, ferry_json_get(za, "order"), "order must be \"C\" or \"F\"");
@@ -414,10 +434,26 @@ static int parse_v2(zarr_arr *a, const char *file, const ferry_json *za, const f
             return MERR(FERRY_EFORMAT, file, sepj, "dimension_separator must be \".\" or \"/\"");
         a->sep = s[0];
     }
-    char kind = dt->str[1];
-    if (parse_fill(ferry_json_get(za, "fill_value"), kind, a->itemsize, a->fill) < 0)
-        return MERR(FERRY_EFORMAT, file, ferry_json_get(za, "fill_value"), "fill_value does not suit dtype %s", dt->str);
-    a->fill_json = to_json(ferry_json_get(za, "fill_value") ? ferry_json_get(za, "fill_value") : &(ferry_json){0});
+
+    /* the dtype, kept as written even when ferry cannot read it */
+    const ferry_json *dt = ferry_json_get(za, "dtype");
+    if (!dt) return MERR(FERRY_EFORMAT, file, za, "no dtype");
+    char kind = 0;
+    ferry_dtype fdt;
+    a->typestr = dt->type == FERRY_JSON_STRING ? xstrdup(dt->str) : to_json(dt);
+    if (!a->typestr) return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", file);
+    if (dt->type != FERRY_JSON_STRING) {
+        a->itemsize = 1;   /* unknown; reads fail before using it */
+        UNSUP("%s: byte %llu: structured dtype %s is not supported", file, pos_of(dt, za), a->typestr);
+    } else if (ferry_typestr_parse(dt->str, strlen(dt->str), &fdt, &a->itemsize, &a->swap) < 0) {
+        a->itemsize = 1;
+        a->swap = 0;
+        UNSUP("%s: byte %llu: dtype \"%s\" is not supported", file, pos_of(dt, za), dt->str);
+    } else {
+        kind = dt->str[1];
+        if (parse_fill(fv, kind, a->itemsize, a->fill) < 0)
+            return MERR(FERRY_EFORMAT, file, fv, "fill_value does not suit dtype %s", dt->str);
+    }
 
     /* decoding: compressor first, then the filters in reverse order */
     chain_builder b = {0};
@@ -445,29 +481,23 @@ static int parse_v2(zarr_arr *a, const char *file, const ferry_json *za, const f
         const char *id = json_name(comp, "id"), *why = NULL;
         uint32_t cid, param;
         if (bytes_codec(id, comp, a->itemsize, &cid, &param, &why) < 0 || cid == FERRY_CODEC_SHUFFLE)
-            return arr_fail(a, FERRY_EUNSUPPORTED, "%s: byte %llu: compressor \"%s\" is not supported%s%s", file,
-                            (unsigned long long)comp->pos, id, why ? ": " : "", why ? why : "");
-        chain_push(&b, cid, param);
+            UNSUP("%s: byte %llu: compressor \"%s\" is not supported%s%s", file, (unsigned long long)comp->pos, id,
+                  why ? ": " : "", why ? why : "");
+        else chain_push(&b, cid, param);
     }
     for (size_t i = nf; i-- > 0;) {
         const ferry_json *f = &filters->items[i];
         const char *id = json_name(f, "id"), *why = NULL;
         uint32_t cid, param;
         if (strcmp(id, "shuffle") || bytes_codec(id, f, a->itemsize, &cid, &param, &why) < 0)
-            return arr_fail(a, FERRY_EUNSUPPORTED, "%s: byte %llu: filter \"%s\" is not supported%s%s", file,
-                            (unsigned long long)f->pos, id, why ? ": " : "", why ? why : "");
-        if (chain_push(&b, cid, param) < 0)
-            return arr_fail(a, FERRY_EUNSUPPORTED, "%s: more than %d codecs", file, FERRY_MAX_CODECS);
+            UNSUP("%s: byte %llu: filter \"%s\" is not supported%s%s", file, (unsigned long long)f->pos, id,
+                  why ? ": " : "", why ? why : "");
+        else if (chain_push(&b, cid, param) < 0)
+            UNSUP("%s: byte %llu: more than %d codecs", file, (unsigned long long)filters->pos, FERRY_MAX_CODECS);
     }
     a->ncodecs = b.n;
     memcpy(a->codecs, b.c, sizeof a->codecs);
-    if (attrs) {
-        if (attrs->type != FERRY_JSON_OBJECT) return MERR(FERRY_EFORMAT, file, attrs, ".zattrs must be an object");
-        a->attrs_json = to_json(attrs);
-        const ferry_json *dims = ferry_json_get(attrs, "_ARRAY_DIMENSIONS");
-        if (dims && dims->type == FERRY_JSON_ARRAY && (int)dims->n == a->ndim) a->dims_json = to_json(dims);
-    }
-    return finish_common(a, file, kind, a->swap != 0);
+    return finish_common(a, file);
 }
 
 /* ---- v3 ----------------------------------------------------------------------- */
@@ -482,18 +512,23 @@ static const char *codec_entry(const ferry_json *c, const ferry_json **cfg) {
 }
 
 /* Parse a v3 codec list into: layout perm (transpose), endianness, and the
- * bytes->bytes chain in decoding order. Sharding recurses once. */
+ * bytes->bytes chain in decoding order. Sharding recurses once. A codec ferry
+ * lacks marks the array unreadable and the rest of the list is still read
+ * (for the description); since an unknown codec may be the array->bytes one,
+ * a list without a known one is then no error. */
 static int parse_v3_codecs(zarr_arr *a, const char *file, const ferry_json *list, int inner, chain_builder *b,
                            int *big) {
     if (!list || list->type != FERRY_JSON_ARRAY || list->n == 0)
         return MERR(FERRY_EFORMAT, file, list, "codecs must be a non-empty array");
     int stage = 0;   /* 0 array->array, 1 after array->bytes */
+    int unknown = 0;
     ferry_codec bb[FERRY_MAX_CODECS];
     int nbb = 0;
     for (size_t i = 0; i < list->n; i++) {
         const ferry_json *cfg;
         const char *name = codec_entry(&list->items[i], &cfg);
         const ferry_json *at = &list->items[i];
+        unsigned long long pos = (unsigned long long)at->pos;
         if (!name) return MERR(FERRY_EFORMAT, file, at, "codec without a name");
         ferry_sbuf_printf(&b->desc, "%s%s", b->desc.len && b->desc.p[b->desc.len - 1] != '[' ? " " : "", name);
         if (!strcmp(name, "transpose")) {
@@ -528,19 +563,22 @@ static int parse_v3_codecs(zarr_arr *a, const char *file, const ferry_json *list
             *big = !strcmp(e, "big");
         } else if (!strcmp(name, "sharding_indexed")) {
             if (stage) return MERR(FERRY_EFORMAT, file, at, "two array->bytes codecs");
-            if (inner) return arr_fail(a, FERRY_EUNSUPPORTED, "%s: byte %llu: nested sharding is not supported", file,
-                                       (unsigned long long)at->pos);
-            for (int k = 0; k < a->ndim; k++)
-                if (a->perm[k] != k)
-                    return arr_fail(a, FERRY_EUNSUPPORTED, "%s: byte %llu: transpose before sharding_indexed is not supported",
-                                    file, (unsigned long long)at->pos);
             stage = 1;
+            if (inner) {   /* not descended into */
+                UNSUP("%s: byte %llu: nested sharding is not supported", file, pos);
+                continue;
+            }
+            for (int k = 0; k < a->ndim; k++)
+                if (a->perm[k] != k) {
+                    UNSUP("%s: byte %llu: transpose before sharding_indexed is not supported", file, pos);
+                    break;
+                }
             a->sharded = 1;
             int nd = a->ndim;
             int rc = parse_shape(file, ferry_json_get(cfg, "chunk_shape"), "sharding chunk_shape", a->inner, &nd);
             if (rc < 0) return rc;
             for (int k = 0; k < a->ndim; k++)
-                if (a->inner[k] == 0 || a->chunk[k] % a->inner[k])
+                if (a->inner[k] == 0 || (!a->irregular && a->chunk[k] % a->inner[k]))
                     return MERR(FERRY_EFORMAT, file, at, "sharding: inner chunk shape must divide the shard shape");
             const char *loc = json_name(cfg, "index_location");
             if (*loc && strcmp(loc, "start") && strcmp(loc, "end"))
@@ -555,8 +593,8 @@ static int parse_v3_codecs(zarr_arr *a, const char *file, const ferry_json *list
                 const char *in = codec_entry(&ic->items[j], &icfg);
                 if (in && !strcmp(in, "bytes") && j == 0) a->index_big = !strcmp(json_name(icfg, "endian"), "big");
                 else if (in && !strcmp(in, "crc32c") && j == 1) a->index_crc = 1;
-                else return arr_fail(a, FERRY_EUNSUPPORTED, "%s: byte %llu: shard index codec \"%s\" is not supported",
-                                     file, (unsigned long long)ic->items[j].pos, in ? in : "?");
+                else UNSUP("%s: byte %llu: shard index codec \"%s\" is not supported", file,
+                           (unsigned long long)ic->items[j].pos, in ? in : "?");
             }
             ferry_sbuf_puts(&b->desc, "[");
             rc = parse_v3_codecs(a, file, ferry_json_get(cfg, "codecs"), 1, b, big);
@@ -565,26 +603,32 @@ static int parse_v3_codecs(zarr_arr *a, const char *file, const ferry_json *list
         } else {
             uint32_t cid, param;
             const char *why = NULL;
-            if (!stage) return arr_fail(a, FERRY_EUNSUPPORTED, "%s: byte %llu: codec \"%s\" is not supported", file,
-                                        (unsigned long long)at->pos, name);
-            if (bytes_codec(name, cfg, a->itemsize, &cid, &param, &why) < 0)
-                return arr_fail(a, FERRY_EUNSUPPORTED, "%s: byte %llu: codec \"%s\" is not supported%s%s", file,
-                                (unsigned long long)at->pos, name, why ? ": " : "", why ? why : "");
-            if (a->sharded && !inner)
-                return arr_fail(a, FERRY_EUNSUPPORTED, "%s: byte %llu: codec \"%s\" applied to whole shards is not supported",
-                                file, (unsigned long long)at->pos, name);
-            if (nbb >= FERRY_MAX_CODECS) return arr_fail(a, FERRY_EUNSUPPORTED, "%s: too many codecs", file);
-            bb[nbb].id = cid;
-            bb[nbb].param = param;
-            nbb++;
+            if (!stage) {   /* an array->array (or array->bytes) codec ferry lacks */
+                unknown = 1;
+                UNSUP("%s: byte %llu: codec \"%s\" is not supported", file, pos, name);
+            } else if (bytes_codec(name, cfg, a->itemsize, &cid, &param, &why) < 0) {
+                unknown = 1;
+                UNSUP("%s: byte %llu: codec \"%s\" is not supported%s%s", file, pos, name, why ? ": " : "",
+                      why ? why : "");
+            } else if (a->sharded && !inner) {
+                UNSUP("%s: byte %llu: codec \"%s\" applied to whole shards is not supported", file, pos, name);
+            } else if (nbb >= FERRY_MAX_CODECS) {
+                UNSUP("%s: byte %llu: more than %d codecs", file, pos, FERRY_MAX_CODECS);
+            } else {
+                bb[nbb].id = cid;
+                bb[nbb].param = param;
+                nbb++;
+            }
         }
     }
-    if (!stage) return MERR(FERRY_EFORMAT, file, list, "no array->bytes codec (bytes or sharding_indexed)");
+    if (!stage && !unknown) return MERR(FERRY_EFORMAT, file, list, "no array->bytes codec (bytes or sharding_indexed)");
     /* decoding order: the bytes->bytes codecs reversed */
     if (inner || !a->sharded)
         for (int k = nbb; k-- > 0;)
-            if (chain_push(b, bb[k].id, bb[k].param) < 0)
-                return arr_fail(a, FERRY_EUNSUPPORTED, "%s: more than %d codecs", file, FERRY_MAX_CODECS);
+            if (chain_push(b, bb[k].id, bb[k].param) < 0) {
+                UNSUP("%s: byte %llu: more than %d codecs", file, (unsigned long long)list->pos, FERRY_MAX_CODECS);
+                break;
+            }
     return 0;
 }
 
@@ -594,26 +638,33 @@ static int parse_v3_array(zarr_arr *a, const char *file, const ferry_json *m) {
     int rc = parse_shape(file, ferry_json_get(m, "shape"), "shape", a->shape, &a->ndim);
     if (rc < 0) return rc;
     for (int k = 0; k < a->ndim; k++) a->perm[k] = k;
+    const ferry_json *fv = ferry_json_get(m, "fill_value");
+    if ((rc = collect_desc(a, ferry_json_get(m, "attributes"), ferry_json_get(m, "dimension_names"), fv)) < 0)
+        return ferry_seterr(rc, "%s: out of memory", file);
     const ferry_json *grid = ferry_json_get(m, "chunk_grid");
-    if (strcmp(json_name(grid, "name"), "regular"))
-        return arr_fail(a, FERRY_EUNSUPPORTED, "%s: chunk grid \"%s\" is not supported (only regular)", file,
-                        json_name(grid, "name"));
-    if ((rc = parse_shape(file, ferry_json_get(ferry_json_get(grid, "configuration"), "chunk_shape"), "chunk_shape",
-                          a->chunk, &a->ndim)) < 0)
-        return rc;
+    if (!strcmp(json_name(grid, "name"), "regular")) {
+        if ((rc = parse_shape(file, ferry_json_get(ferry_json_get(grid, "configuration"), "chunk_shape"), "chunk_shape",
+                              a->chunk, &a->ndim)) < 0)
+            return rc;
+    } else {   /* described as one chunk */
+        a->irregular = 1;
+        memcpy(a->chunk, a->shape, sizeof a->chunk);
+        UNSUP("%s: byte %llu: chunk grid \"%s\" is not supported (only regular)", file, pos_of(grid, m),
+              json_name(grid, "name"));
+    }
     const ferry_json *cke = ferry_json_get(m, "chunk_key_encoding");
     const char *ck = json_name(cke, "name");
     const char *sep = json_name(ferry_json_get(cke, "configuration"), "separator");
     if (!strcmp(ck, "default")) { a->c_prefix = 1; a->sep = '/'; }
     else if (!strcmp(ck, "v2")) { a->c_prefix = 0; a->sep = '.'; }
-    else return arr_fail(a, FERRY_EUNSUPPORTED, "%s: chunk_key_encoding \"%s\" is not supported", file, ck);
-    if (*sep) {
+    else UNSUP("%s: byte %llu: chunk_key_encoding \"%s\" is not supported", file, pos_of(cke, m), ck);
+    if (*sep && a->sep) {
         if (strcmp(sep, "/") && strcmp(sep, ".")) return MERR(FERRY_EFORMAT, file, cke, "separator must be \"/\" or \".\"");
         a->sep = sep[0];
     }
     const ferry_json *st = ferry_json_get(m, "storage_transformers");
     if (st && st->type == FERRY_JSON_ARRAY && st->n)
-        return arr_fail(a, FERRY_EUNSUPPORTED, "%s: storage transformers are not supported", file);
+        UNSUP("%s: byte %llu: storage transformers are not supported", file, (unsigned long long)st->pos);
     const ferry_json *dt = ferry_json_get(m, "data_type");
     const char *dname = ferry_json_str(dt);
     if (!dname && dt && dt->type == FERRY_JSON_OBJECT) dname = json_name(dt, "name");
@@ -634,10 +685,15 @@ static int parse_v3_array(zarr_arr *a, const char *file, const ferry_json *m) {
         kind = dname[6] == 'd' ? 'M' : 'm';
         a->itemsize = 8;
     } else if (!dname || v3_dtype(dname, &kind, &a->itemsize) < 0) {
-        a->itemsize = 1;
-        a->typestr = xstrdup("|V1");   /* a placeholder numpy accepts; the message names the real one */
-        return arr_fail(a, FERRY_EUNSUPPORTED, "%s: data_type \"%s\" is not supported", file, dname ? dname : "?");
+        /* kept as written: the name, or the whole JSON of a configured type */
+        kind = 0;
+        a->itemsize = 1;   /* unknown; reads fail before using it */
+        a->typestr = !dt ? xstrdup("?") : dt->type == FERRY_JSON_STRING ? xstrdup(dt->str) : to_json(dt);
+        if (!a->typestr) return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", file);
+        UNSUP("%s: byte %llu: data_type \"%s\" is not supported", file, pos_of(dt, m), dname ? dname : "?");
     }
+    /* little-endian until the codecs say otherwise */
+    if (kind && (rc = set_typestr(a, file, kind, 0, unit)) < 0) return rc;
     chain_builder b = {0};
     int big = 0;
     rc = parse_v3_codecs(a, file, ferry_json_get(m, "codecs"), 0, &b, &big);
@@ -645,22 +701,14 @@ static int parse_v3_array(zarr_arr *a, const char *file, const ferry_json *m) {
     if (rc < 0) return rc;
     a->ncodecs = b.n;
     memcpy(a->codecs, b.c, sizeof a->codecs);
-    uint32_t elem = kind == 'c' ? a->itemsize / 2 : a->itemsize;
-    a->swap = big && elem > 1 ? elem : 0;
-    if (parse_fill(ferry_json_get(m, "fill_value"), kind, a->itemsize, a->fill) < 0)
-        return MERR(FERRY_EFORMAT, file, ferry_json_get(m, "fill_value"), "fill_value does not suit data_type %s", dname);
-    const ferry_json *fv = ferry_json_get(m, "fill_value");
-    a->fill_json = to_json(fv ? fv : &(ferry_json){0});
-    const ferry_json *attrs = ferry_json_get(m, "attributes");
-    if (attrs && attrs->type == FERRY_JSON_OBJECT) a->attrs_json = to_json(attrs);
-    const ferry_json *dn = ferry_json_get(m, "dimension_names");
-    if (dn && dn->type == FERRY_JSON_ARRAY && (int)dn->n == a->ndim) a->dims_json = to_json(dn);
-    if (unit[0]) {   /* numpy's form: "<M8[ns]" */
-        char ts[64];
-        snprintf(ts, sizeof ts, "%c%c8%s", big ? '>' : '<', kind, unit);
-        if (!(a->typestr = strdup(ts))) return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", file);
+    if (kind) {
+        uint32_t elem = kind == 'c' ? a->itemsize / 2 : a->itemsize;
+        a->swap = big && elem > 1 ? elem : 0;
+        if (big && (rc = set_typestr(a, file, kind, 1, unit)) < 0) return rc;
+        if (parse_fill(fv, kind, a->itemsize, a->fill) < 0)
+            return MERR(FERRY_EFORMAT, file, fv, "fill_value does not suit data_type %s", dname);
     }
-    return finish_common(a, file, kind, big);
+    return finish_common(a, file);
 }
 
 /* ---- nodes, groups ------------------------------------------------------------ */
@@ -674,8 +722,12 @@ typedef struct open_ctx {
     char **gnames;
 } open_ctx;
 
+/* Parse one array's metadata. Malformed metadata fails the open; an array
+ * ferry cannot read (a->err) is kept, described as far as its metadata goes,
+ * and fails at plan time, so its neighbours in a group stay readable and
+ * `ferry info` still shows it. */
 static int add_array(open_ctx *o, const char *name, const char *dir, const char *file, int zf,
-                     const ferry_json *meta, const ferry_json *attrs, int strict) {
+                     const ferry_json *meta, const ferry_json *attrs) {
     zarr_ds *z = o->z;
     if (z->narrs == o->capv) {
         int nc = o->capv ? o->capv * 2 : 8;
@@ -690,11 +742,14 @@ static int add_array(open_ctx *o, const char *name, const char *dir, const char 
     a->dir = xstrdup(dir);
     if (!a->name || !a->dir) return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", file);
     int rc = zf == 2 ? parse_v2(a, file, meta, attrs) : parse_v3_array(a, file, meta);
-    if (rc < 0 && (a->err == NULL || strict)) return rc;   /* malformed, or a lone array */
-    if (rc < 0) {   /* unsupported array inside a group: keep it, fail at plan time */
+    /* malformed metadata after something unsupported: the array is unreadable
+     * either way; keep it with the first reason, as a group keeps it */
+    if (rc < 0 && (!a->err || rc == FERRY_ENOMEM)) return rc;
+    if (rc < 0) ferry_clearerr();
+    if (a->err) {
         if (a->ndim < 0) a->ndim = 0;
         if (!a->itemsize) a->itemsize = 1;
-        if (!a->typestr) a->typestr = xstrdup("|V1");
+        if (!a->typestr && !(a->typestr = xstrdup("?"))) return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", file);
     }
     return 0;
 }
@@ -767,7 +822,7 @@ static int open_v3(open_ctx *o, const char *dir) {
         rc = MERR(FERRY_EFORMAT, file, m, "zarr_format must be 3");
     else if (!strcmp(nt, "array")) {
         char nm[256];
-        rc = add_array(o, basename_of(dir, nm, sizeof nm), dir, file, 3, m, NULL, 1);
+        rc = add_array(o, basename_of(dir, nm, sizeof nm), dir, file, 3, m, NULL);
     } else if (!strcmp(nt, "group")) {
         const ferry_json *attrs = ferry_json_get(m, "attributes");
         if (attrs && attrs->type == FERRY_JSON_OBJECT && !(o->ds->attrs_json = to_json(attrs))) rc = FERRY_ENOMEM;
@@ -780,7 +835,7 @@ static int open_v3(open_ctx *o, const char *dir) {
                 const char *cnt = json_name(c, "node_type");
                 char *cdir = join(dir, c->key);
                 if (!cdir) { rc = FERRY_ENOMEM; break; }
-                if (!strcmp(cnt, "array")) rc = add_array(o, c->key, cdir, file, 3, c, NULL, 0);
+                if (!strcmp(cnt, "array")) rc = add_array(o, c->key, cdir, file, 3, c, NULL);
                 else if (!strcmp(cnt, "group")) rc = add_group(o, c->key);
                 else rc = MERR(FERRY_EFORMAT, file, c, "consolidated entry \"%s\": unknown node_type", c->key);
                 free(cdir);
@@ -797,7 +852,7 @@ static int open_v3(open_ctx *o, const char *dir) {
                     rc = load_json(o->ds->ctx, cf, &cm2);
                     if (!rc) {
                         const char *cnt = json_name(cm2, "node_type");
-                        if (!strcmp(cnt, "array")) rc = add_array(o, kids[i], cdir, cf, 3, cm2, NULL, 0);
+                        if (!strcmp(cnt, "array")) rc = add_array(o, kids[i], cdir, cf, 3, cm2, NULL);
                         else if (!strcmp(cnt, "group")) rc = add_group(o, kids[i]);
                     }
                     ferry_json_free(cm2);
@@ -830,7 +885,7 @@ static int open_v2(open_ctx *o, const char *dir, const char *rel) {
         rc = load_json(ctx, zarray, &za);
         if (!rc && is_file(zattrs)) rc = load_json(ctx, zattrs, &at);
         char nm[256];
-        if (!rc) rc = add_array(o, basename_of(dir, nm, sizeof nm), dir, zarray, 2, za, at, 1);
+        if (!rc) rc = add_array(o, basename_of(dir, nm, sizeof nm), dir, zarray, 2, za, at);
         ferry_json_free(za); ferry_json_free(at);
         free(zarray); free(zattrs);
         return rc;
@@ -861,7 +916,7 @@ static int open_v2(open_ctx *o, const char *dir, const char *rel) {
                 char akey[1100];
                 snprintf(akey, sizeof akey, "%s/.zattrs", child);
                 if (!cdir) { rc = FERRY_ENOMEM; break; }
-                rc = add_array(o, child, cdir, zmeta, 2, &md->items[i], cons_get(md, prefix, akey), 0);
+                rc = add_array(o, child, cdir, zmeta, 2, &md->items[i], cons_get(md, prefix, akey));
                 free(cdir);
             } else if (!strcmp(slash + 1, ".zgroup")) rc = add_group(o, child);
         }
@@ -881,7 +936,7 @@ static int open_v2(open_ctx *o, const char *dir, const char *rel) {
                     ferry_json *za = NULL, *cat = NULL;
                     rc = cf && ca ? load_json(ctx, cf, &za) : FERRY_ENOMEM;
                     if (!rc && is_file(ca)) rc = load_json(ctx, ca, &cat);
-                    if (!rc) rc = add_array(o, kids[i], cdir, cf, 2, za, cat, 0);
+                    if (!rc) rc = add_array(o, kids[i], cdir, cf, 2, za, cat);
                     ferry_json_free(za); ferry_json_free(cat);
                     free(cf); free(ca);
                 } else if (has_meta(cdir, ".zgroup")) rc = add_group(o, kids[i]);
@@ -924,7 +979,7 @@ static char *build_dims(zarr_ds *z) {
     int nseen = 0;
     for (int i = 0; i < z->narrs; i++) {
         zarr_arr *a = &z->arrs[i];
-        if (!a->dims_json || a->err) continue;
+        if (!a->dims_json) continue;   /* unreadable arrays' names count too */
         ferry_json *d = NULL;
         if (ferry_json_parse(a->dims_json, strlen(a->dims_json), NULL, 0, &d) < 0) { ferry_clearerr(); continue; }
         for (size_t k = 0; k < d->n && (int)k < a->ndim; k++) {
@@ -996,7 +1051,7 @@ static int zarr_open(ferry_dataset *ds, const ferry_open_opts *opts) {
         ferry_var_info *vi = &ds->vars[i].info;
         ferry_dtype dt = FERRY_DT_OTHER;
         uint32_t isz, sw;
-        if (a->err || ferry_typestr_parse(a->typestr, strlen(a->typestr), &dt, &isz, &sw) < 0) dt = FERRY_DT_OTHER;
+        if (ferry_typestr_parse(a->typestr, strlen(a->typestr), &dt, &isz, &sw) < 0) dt = FERRY_DT_OTHER;
         vi->name = a->name;
         vi->dtype = dt;
         vi->typestr = a->typestr;
@@ -1010,6 +1065,7 @@ static int zarr_open(ferry_dataset *ds, const ferry_open_opts *opts) {
         vi->fill_json = a->fill_json ? a->fill_json : "null";
         vi->codecs = a->codecs_desc ? a->codecs_desc : "";
         vi->path = a->dir;
+        vi->error = a->err;
         ds->vars[i].fmt = a;
     }
     ds->nvars = z->narrs;
@@ -1275,7 +1331,7 @@ static int shard_inner(plan_ctx *p, const dim_hit *const *h, void *varg) {
 static int64_t zarr_plan(ferry_dataset *ds, int var, const ferry_slice *sel, ferry_buf dst, unsigned flags,
                          ferry_plan *plan) {
     zarr_arr *a = ds->vars[var].fmt;
-    if (a->err) return ferry_seterr(a->err_code, "%s", a->err);
+    if (a->err) return ferry_seterr(FERRY_EUNSUPPORTED, "%s", a->err);
     plan_ctx *p = calloc(1, sizeof *p);
     if (!p) return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", ds->path);
     p->ds = ds; p->a = a; p->sel = sel; p->dst = dst; p->plan = plan;

@@ -4,6 +4,7 @@ read: whole arrays and seeded-random selections (with steps)."""
 import json
 import os
 import random
+import sys
 import warnings
 
 import numpy as np
@@ -428,8 +429,13 @@ def test_unsupported_filter_is_refused_by_name(ctx, tmp_path):
     z = zarr.create_array(p, shape=(30,), chunks=(10,), dtype="<i4", zarr_format=2,
                           filters=[numcodecs.Delta(dtype="<i4")], compressors=numcodecs.Zlib())
     z[...] = np.arange(30, dtype="<i4")
+    # it opens, described; reading it fails by name
+    ds = F.Dataset(ctx, p)
+    v = ds.variables()[0]
+    ds.close()
+    assert v["typestr"] == "<i4" and v["shape"] == (30,) and "delta" in v["error"]
     with pytest.raises(F.FerryError) as ei:
-        F.Dataset(ctx, p)
+        ferry_read(ctx, p)
     assert "delta" in str(ei.value)
     # in a group, the other arrays stay readable and reading this one fails by name
     g = str(tmp_path / "g.zarr")
@@ -452,7 +458,7 @@ def test_blosclz_is_refused_by_name(ctx, tmp_path):
                           compressors=numcodecs.Blosc(cname="blosclz"))
     z[...] = np.arange(3000, dtype="<i4")
     with pytest.raises(F.FerryError) as ei:
-        F.Dataset(ctx, p)
+        ferry_read(ctx, p)
     assert "blosclz" in str(ei.value)
 
 
@@ -522,9 +528,13 @@ def test_unsupported_v3_dtype_in_group(ctx, tmp_path):
     n[...] = [1.0, 2.0, 3.0]
     got, _ = ferry_read(ctx, g, "n")
     assert same(got, np.array([1.0, 2.0, 3.0]))
+    ds = F.Dataset(ctx, g)
+    v = ds.variables()[ds.find("s")]
+    ds.close()
+    assert v["typestr"] == "string" and v["shape"] == (3,)   # the type as written in zarr.json
     with pytest.raises(F.FerryError) as ei:
-        ferry_read(ctx, g, "s")
-    assert "not supported" in str(ei.value)
+        ferry_read_raw(ctx, g, "s")
+    assert "not supported" in str(ei.value) and "string" in str(ei.value)
 
 
 @pytest.mark.parametrize("fmt", [2, 3])
@@ -537,3 +547,125 @@ def test_datetime_dtypes(ctx, tmp_path, fmt, dtype):
     got, v = ferry_read(ctx, p)
     assert np.dtype(v["typestr"]) == np.dtype(dtype)
     assert same(got.view("i8"), z[...].view("i8"))
+
+
+# ---------------------------------------------------------------------------
+# Arrays ferry cannot read (a codec, filter or dtype it lacks): described all
+# the same — shape, chunks, dimension names, attributes, fill value, dtype as
+# written — and every read of them fails with the parser's message.
+# ---------------------------------------------------------------------------
+def unreadable_store(p, fmt, consolidated=False):
+    """A group holding `delta` (a Delta filter), `s` (v3: a fixed-length string
+    type; v2: a FixedScaleOffset filter) and a readable `good`; zarr's arrays."""
+    root = zarr.open_group(p, mode="w", zarr_format=fmt)
+    a = np.arange(120, dtype="<i4").reshape(30, 4)
+    if fmt == 3:
+        nz3 = pytest.importorskip("numcodecs.zarr3")
+        delta = root.create_array("delta", shape=a.shape, chunks=(10, 4), dtype=a.dtype, fill_value=-1,
+                                  filters=[nz3.Delta(dtype="<i4")], dimension_names=["x", "y"],
+                                  attributes={"units": "m"})
+        s = root.create_array("s", shape=(6,), chunks=(3,), dtype="<U4", dimension_names=["z"],
+                              attributes={"long_name": "labels"})
+        s[...] = np.array(["a", "bb", "ccc", "dddd", "e", "f"])
+        good = root.create_array("good", shape=(4,), chunks=(2,), dtype="<f4", dimension_names=["y"])
+    else:
+        delta = root.create_array("delta", shape=a.shape, chunks=(10, 4), dtype=a.dtype, fill_value=7,
+                                  filters=[numcodecs.Delta(dtype="<i4")], compressors=numcodecs.Zlib(level=1),
+                                  attributes={"_ARRAY_DIMENSIONS": ["x", "y"], "units": "m"})
+        s = root.create_array("s", shape=(6,), chunks=(3,), dtype="<f8", fill_value=-9.0,
+                              filters=[numcodecs.FixedScaleOffset(offset=0, scale=10, dtype="<f8", astype="<i4")],
+                              attributes={"_ARRAY_DIMENSIONS": ["z"], "long_name": "labels"})
+        s[...] = np.array([0.5, 1.5, 2.5, 3.5, 4.5, 5.5])
+        good = root.create_array("good", shape=(4,), chunks=(2,), dtype="<f4",
+                                 attributes={"_ARRAY_DIMENSIONS": ["y"]})
+    delta[:20] = a[:20]             # the last chunk stays missing
+    good[...] = np.array([1, 2, 3, 4], dtype="<f4")
+    if consolidated:
+        zarr.consolidate_metadata(p)
+    return delta, s, good
+
+
+def ferry_read_raw(ctx, path, name, selection=None):
+    """A read into a byte buffer (for types numpy has no name for here)."""
+    ds = F.Dataset(ctx, path)
+    try:
+        idx = ds.find(name)
+        plan = F.Plan()
+        plan.read(ds, idx, np.zeros(1 << 12, np.uint8), selection=selection, native=True)
+        ctx.run(plan)
+    finally:
+        ds.close()
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+@pytest.mark.parametrize("consolidated", [False, True])
+def test_unreadable_arrays_are_described(ctx, tmp_path, fmt, consolidated):
+    p = str(tmp_path / "u.zarr")
+    unreadable_store(p, fmt, consolidated)
+    ds = F.Dataset(ctx, p)
+    vs = {v["name"]: v for v in ds.variables()}
+    dims = json.loads(ds.dims)
+    ds.close()
+    assert sorted(vs) == ["delta", "good", "s"]
+    d = vs["delta"]
+    assert d["typestr"] == "<i4" and d["dtype"] == "i4" and d["itemsize"] == 4
+    assert d["shape"] == (30, 4) and d["chunks"] == (10, 4)
+    assert json.loads(d["dims"]) == ["x", "y"]
+    assert json.loads(d["attrs"])["units"] == "m"
+    assert json.loads(d["fill"]) == (-1 if fmt == 3 else 7)
+    assert "delta" in d["codecs"]
+    # the message names the metadata file, the byte position and the filter
+    meta = "zarr.json" if fmt == 3 else (".zmetadata" if consolidated else ".zarray")
+    assert p in d["error"] and meta in d["error"] and ": byte " in d["error"]
+    assert "delta" in d["error"] and "not supported" in d["error"]
+    s = vs["s"]
+    assert s["shape"] == (6,) and s["chunks"] == (3,) and json.loads(s["dims"]) == ["z"]
+    assert json.loads(s["attrs"])["long_name"] == "labels"
+    if fmt == 3:   # the type as written in zarr.json
+        assert json.loads(s["typestr"])["name"] == "fixed_length_utf32" and s["dtype"] == "other"
+        assert "fixed_length_utf32" in s["error"] and json.loads(s["fill"]) == ""
+    else:
+        assert s["typestr"] == "<f8" and "fixedscaleoffset" in s["error"] and json.loads(s["fill"]) == -9.0
+    assert vs["good"]["error"] is None
+    assert dims["x"]["size"] == 30 and dims["y"]["size"] == 4 and dims["z"]["size"] == 6
+    # reading fails with that message, never with bytes of the wrong meaning
+    for name in ("delta", "s"):
+        with pytest.raises(F.FerryError) as ei:
+            ferry_read_raw(ctx, p, name)
+        assert vs[name]["error"] in str(ei.value)
+        with pytest.raises(F.FerryError) as ei:
+            ferry_read_raw(ctx, p, name, selection=[(0, 0, 1)] * len(vs[name]["shape"]))   # even nothing
+        assert vs[name]["error"] in str(ei.value)
+    got, _ = ferry_read(ctx, p, "good")
+    assert same(got, np.array([1, 2, 3, 4], dtype="<f4"))
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_unreadable_arrays_through_ferry_open(tmp_path, fmt):
+    import ferry
+    p = str(tmp_path / "u.zarr")
+    unreadable_store(p, fmt)
+    o = ferry.open(p)
+    d = o.variables["delta"]
+    assert d.dims == ("x", "y") and d.shape == (30, 4) and d.chunks == (10, 4)
+    assert d.attrs["units"] == "m" and d.dtype == np.dtype("<i4")
+    assert "delta" in d.error
+    for name in ("delta", "s"):
+        v = o.variables[name]
+        with pytest.raises(ferry.FerryError) as ei:
+            v.read()
+        assert v.error in str(ei.value)
+        with pytest.raises(ferry.FerryError):
+            v[0:0]                  # even an empty selection
+        with pytest.raises(ferry.FerryError):
+            ferry.read(p, name)
+    if fmt == 3:
+        assert o.variables["s"].dtype == o.variables["s"].typestr   # numpy has no name for it here
+    assert o.variables["good"].error is None
+    assert list(o.variables["good"].read()) == [1, 2, 3, 4]
+    # a store that is one such array opens too (it used to fail at open)
+    lone = os.path.join(p, "delta")
+    v = ferry.open(lone).variables["delta"]
+    assert v.dims == ("x", "y") and "delta" in v.error
+    with pytest.raises(ferry.FerryError):
+        ferry.read(lone)

@@ -1,0 +1,356 @@
+/* test_zarr.c — Zarr arrays ferry cannot read (dtypes, codecs, filters, chunk
+ * grids, key encodings, nested sharding it lacks), from metadata written by
+ * hand: they open, are described as far as their metadata goes (shape,
+ * chunks, dimension names, attributes, fill value, dtype as written), carry
+ * the reason in ferry_var_info.error, and every read of them fails with it,
+ * while malformed metadata still fails the open. (Stores written by
+ * zarr-python are checked in tests/python/test_zarr.py.) */
+#include "check.h"
+#include "formats_check.h"
+#include "ferry.h"
+#include <stdlib.h>
+#include <sys/stat.h>
+
+static ferry_ctx *ctx;
+
+static void put(const char *rel, const char *text) { write_file(tpath(rel), text, strlen(text)); }
+static void mk(const char *rel) { mkdir(tpath(rel), 0755); }
+
+static ferry_dataset *open_ok(const char *rel) {
+    ferry_dataset *ds = NULL;
+    int rc = ferry_dataset_open(ctx, tpath(rel), NULL, &ds);
+    CHECK_EQ_I(rc, 0);
+    if (rc) fprintf(stderr, "    %s\n", ferry_errmsg(ctx));
+    return rc ? NULL : ds;
+}
+
+static int find(ferry_dataset *ds, const char *name, ferry_var_info *vi) {
+    int i = ferry_dataset_find(ds, name);
+    CHECK(i >= 0);
+    if (i < 0) return -1;
+    CHECK_EQ_I(ferry_dataset_var(ds, i, vi), 0);
+    return i;
+}
+
+/* Reading var fails with FERRY_EUNSUPPORTED and the variable's own message
+ * (which names `needle`) — the whole array and an empty selection alike. */
+static void expect_unreadable(ferry_dataset *ds, int var, const char *needle) {
+    ferry_var_info vi;
+    CHECK_EQ_I(ferry_dataset_var(ds, var, &vi), 0);
+    CHECK(vi.error != NULL);
+    if (!vi.error) return;
+    CHECK_STR_CONTAINS(vi.error, needle);
+    static uint8_t buf[4096];
+    CHECK_EQ_I(fc_read(ctx, ds, var, NULL, buf, sizeof buf, FERRY_NATIVE), FERRY_EUNSUPPORTED);
+    CHECK_STR_CONTAINS(ferry_errmsg(ctx), needle);
+    CHECK(!strcmp(ferry_errmsg(ctx), vi.error));
+    ferry_slice none[FERRY_MAX_DIMS];
+    for (int k = 0; k < FERRY_MAX_DIMS; k++) none[k] = (ferry_slice){0, 0, 1};
+    CHECK_EQ_I(fc_read(ctx, ds, var, none, buf, sizeof buf, 0), FERRY_EUNSUPPORTED);
+    CHECK_STR_CONTAINS(ferry_errmsg(ctx), needle);
+}
+
+#define V3_HEAD "{\"zarr_format\": 3, \"node_type\": \"array\", "
+#define V3_GRID(c) "\"chunk_grid\": {\"name\": \"regular\", \"configuration\": {\"chunk_shape\": " c "}}, "
+#define V3_KEYS "\"chunk_key_encoding\": {\"name\": \"default\", \"configuration\": {\"separator\": \"/\"}}, "
+
+static void test_v3_unknown_codec_keeps_the_description(void) {
+    mk("d.zarr");
+    put("d.zarr/zarr.json",
+        V3_HEAD "\"shape\": [6, 4], \"data_type\": \"int32\", " V3_GRID("[3, 4]") V3_KEYS
+        "\"fill_value\": -1, \"codecs\": [{\"name\": \"numcodecs.delta\", \"configuration\": {\"dtype\": \"<i4\"}}, "
+        "{\"name\": \"bytes\", \"configuration\": {\"endian\": \"little\"}}, {\"name\": \"zstd\"}], "
+        "\"attributes\": {\"units\": \"m\"}, \"dimension_names\": [\"x\", \"y\"]}");
+    ferry_dataset *ds = open_ok("d.zarr");   /* a lone array opens too */
+    if (!ds) return;
+    ferry_var_info vi;
+    CHECK_EQ_I(ferry_dataset_var(ds, 0, &vi), 0);
+    CHECK(!strcmp(vi.typestr, "<i4"));
+    CHECK_EQ_I(vi.dtype, FERRY_DT_I32);
+    CHECK_EQ_I(vi.itemsize, 4);
+    CHECK_EQ_I(vi.ndim, 2);
+    CHECK_EQ_I(vi.shape[0], 6);
+    CHECK_EQ_I(vi.shape[1], 4);
+    CHECK_EQ_I(vi.chunks[0], 3);
+    CHECK_EQ_I(vi.chunks[1], 4);
+    CHECK(!strcmp(vi.dims_json, "[\"x\",\"y\"]"));
+    CHECK_STR_CONTAINS(vi.attrs_json, "\"units\":\"m\"");
+    CHECK(!strcmp(vi.fill_json, "-1"));
+    CHECK(!strcmp(vi.codecs, "numcodecs.delta bytes zstd"));
+    CHECK_STR_CONTAINS(ferry_dataset_dims_json(ds), "\"x\":{\"size\":6");
+    CHECK_STR_CONTAINS(ferry_dataset_dims_json(ds), "\"y\":{\"size\":4");
+    CHECK(vi.error != NULL);
+    if (vi.error) {
+        CHECK_STR_CONTAINS(vi.error, tpath("d.zarr/zarr.json"));
+        CHECK_STR_CONTAINS(vi.error, ": byte ");
+    }
+    expect_unreadable(ds, 0, "codec \"numcodecs.delta\" is not supported");
+    ferry_dataset_close(ds);
+
+    /* after the array->bytes codec, big-endian: the typestr keeps the order */
+    mk("b.zarr");
+    put("b.zarr/zarr.json",
+        V3_HEAD "\"shape\": [5], \"data_type\": \"float64\", " V3_GRID("[5]") V3_KEYS
+        "\"fill_value\": \"NaN\", \"codecs\": [{\"name\": \"bytes\", \"configuration\": {\"endian\": \"big\"}}, "
+        "{\"name\": \"bitround\"}], \"dimension_names\": [\"t\"]}");
+    if (!(ds = open_ok("b.zarr"))) return;
+    CHECK_EQ_I(ferry_dataset_var(ds, 0, &vi), 0);
+    CHECK(!strcmp(vi.typestr, ">f8"));
+    CHECK_EQ_I(vi.dtype, FERRY_DT_F64);
+    CHECK(!strcmp(vi.fill_json, "\"NaN\""));
+    CHECK(!strcmp(vi.codecs, "bytes bitround"));
+    expect_unreadable(ds, 0, "codec \"bitround\" is not supported");
+    ferry_dataset_close(ds);
+}
+
+static void test_v3_unknown_dtype_as_written(void) {
+    mk("s.zarr");
+    put("s.zarr/zarr.json",
+        V3_HEAD "\"shape\": [6], "
+        "\"data_type\": {\"name\": \"fixed_length_utf32\", \"configuration\": {\"length_bytes\": 16}}, "
+        V3_GRID("[3]") V3_KEYS "\"fill_value\": \"\", \"codecs\": [{\"name\": \"bytes\"}, {\"name\": \"zstd\"}], "
+        "\"attributes\": {\"a\": 1}, \"dimension_names\": [\"z\"]}");
+    ferry_dataset *ds = open_ok("s.zarr");
+    if (!ds) return;
+    ferry_var_info vi;
+    CHECK_EQ_I(ferry_dataset_var(ds, 0, &vi), 0);
+    CHECK(!strcmp(vi.typestr, "{\"name\":\"fixed_length_utf32\",\"configuration\":{\"length_bytes\":16}}"));
+    CHECK_EQ_I(vi.dtype, FERRY_DT_OTHER);
+    CHECK_EQ_I(vi.itemsize, 1);
+    CHECK_EQ_I(vi.shape[0], 6);
+    CHECK_EQ_I(vi.chunks[0], 3);
+    CHECK(!strcmp(vi.dims_json, "[\"z\"]"));
+    CHECK(!strcmp(vi.attrs_json, "{\"a\":1}"));
+    CHECK(!strcmp(vi.fill_json, "\"\""));
+    CHECK(!strcmp(vi.codecs, "bytes zstd"));
+    expect_unreadable(ds, 0, "data_type \"fixed_length_utf32\" is not supported");
+    ferry_dataset_close(ds);
+
+    /* variable-length strings: an unknown type and its array->bytes codec */
+    mk("v.zarr");
+    put("v.zarr/zarr.json",
+        V3_HEAD "\"shape\": [3], \"data_type\": \"string\", " V3_GRID("[3]") V3_KEYS
+        "\"fill_value\": \"\", \"codecs\": [{\"name\": \"vlen-utf8\"}, {\"name\": \"zstd\"}], "
+        "\"dimension_names\": [\"n\"]}");
+    if (!(ds = open_ok("v.zarr"))) return;
+    CHECK_EQ_I(ferry_dataset_var(ds, 0, &vi), 0);
+    CHECK(!strcmp(vi.typestr, "string"));
+    CHECK(!strcmp(vi.codecs, "vlen-utf8 zstd"));
+    CHECK(!strcmp(vi.dims_json, "[\"n\"]"));
+    expect_unreadable(ds, 0, "data_type \"string\" is not supported");   /* the first reason found */
+    ferry_dataset_close(ds);
+}
+
+static void test_v3_group_grids_keys_sharding(void) {
+    mk("g.zarr");
+    put("g.zarr/zarr.json", "{\"zarr_format\": 3, \"node_type\": \"group\", \"attributes\": {\"title\": \"t\"}}");
+    mk("g.zarr/grid");
+    put("g.zarr/grid/zarr.json",
+        V3_HEAD "\"shape\": [10, 3], \"data_type\": \"float32\", "
+        "\"chunk_grid\": {\"name\": \"rectilinear\", \"configuration\": {\"chunk_shapes\": [[4, 6], [3]]}}, " V3_KEYS
+        "\"fill_value\": 0.5, \"codecs\": [{\"name\": \"bytes\"}], \"dimension_names\": [\"row\", \"col\"], "
+        "\"attributes\": {\"k\": \"grid\"}}");
+    mk("g.zarr/keys");
+    put("g.zarr/keys/zarr.json",
+        V3_HEAD "\"shape\": [8], \"data_type\": \"uint16\", " V3_GRID("[2]")
+        "\"chunk_key_encoding\": {\"name\": \"hashed\", \"configuration\": {\"levels\": 2}}, "
+        "\"fill_value\": 3, \"codecs\": [{\"name\": \"bytes\"}], \"dimension_names\": [\"k\"]}");
+    mk("g.zarr/nested");
+    put("g.zarr/nested/zarr.json",
+        V3_HEAD "\"shape\": [16], \"data_type\": \"int8\", " V3_GRID("[8]") V3_KEYS
+        "\"fill_value\": 0, \"codecs\": [{\"name\": \"sharding_indexed\", \"configuration\": {\"chunk_shape\": [4], "
+        "\"codecs\": [{\"name\": \"sharding_indexed\", \"configuration\": {\"chunk_shape\": [2], "
+        "\"codecs\": [{\"name\": \"bytes\"}], \"index_codecs\": [{\"name\": \"bytes\"}]}}], "
+        "\"index_codecs\": [{\"name\": \"bytes\"}, {\"name\": \"crc32c\"}]}}], \"dimension_names\": [\"s\"]}");
+    mk("g.zarr/st");
+    put("g.zarr/st/zarr.json",
+        V3_HEAD "\"shape\": [4], \"data_type\": \"int64\", " V3_GRID("[4]") V3_KEYS
+        "\"fill_value\": 0, \"codecs\": [{\"name\": \"bytes\"}], \"storage_transformers\": [{\"name\": \"x\"}], "
+        "\"dimension_names\": [\"q\"]}");
+    mk("g.zarr/good");
+    put("g.zarr/good/zarr.json",
+        V3_HEAD "\"shape\": [4], \"data_type\": \"float32\", " V3_GRID("[2]") V3_KEYS
+        "\"fill_value\": 2.5, \"codecs\": [{\"name\": \"bytes\"}], \"dimension_names\": [\"k\"]}");
+    ferry_dataset *ds = open_ok("g.zarr");
+    if (!ds) return;
+    CHECK_EQ_I(ferry_dataset_nvars(ds), 5);
+    ferry_var_info vi;
+    int i = find(ds, "grid", &vi);
+    if (i >= 0) {
+        CHECK_EQ_I(vi.chunks[0], 10);   /* one chunk: the shape */
+        CHECK_EQ_I(vi.chunks[1], 3);
+        CHECK(!strcmp(vi.typestr, "<f4"));
+        CHECK(!strcmp(vi.fill_json, "0.5"));
+        CHECK(!strcmp(vi.attrs_json, "{\"k\":\"grid\"}"));
+        expect_unreadable(ds, i, "chunk grid \"rectilinear\" is not supported");
+    }
+    if ((i = find(ds, "keys", &vi)) >= 0) {
+        CHECK_EQ_I(vi.chunks[0], 2);
+        CHECK(!strcmp(vi.typestr, "<u2"));
+        CHECK(!strcmp(vi.dims_json, "[\"k\"]"));
+        expect_unreadable(ds, i, "chunk_key_encoding \"hashed\" is not supported");
+    }
+    if ((i = find(ds, "nested", &vi)) >= 0) {
+        CHECK_EQ_I(vi.chunks[0], 8);
+        CHECK(!strcmp(vi.typestr, "|i1"));
+        CHECK(!strcmp(vi.codecs, "sharding_indexed[sharding_indexed]"));
+        expect_unreadable(ds, i, "nested sharding is not supported");
+    }
+    if ((i = find(ds, "st", &vi)) >= 0) {
+        CHECK(!strcmp(vi.dims_json, "[\"q\"]"));
+        expect_unreadable(ds, i, "storage transformers are not supported");
+    }
+    /* every array's dimension names count, unreadable or not */
+    const char *dims = ferry_dataset_dims_json(ds);
+    CHECK_STR_CONTAINS(dims, "\"row\":{\"size\":10");
+    CHECK_STR_CONTAINS(dims, "\"col\"");
+    CHECK_STR_CONTAINS(dims, "\"s\":{\"size\":16");
+    CHECK_STR_CONTAINS(dims, "\"q\"");
+    CHECK_STR_CONTAINS(ferry_dataset_attrs_json(ds), "\"title\"");
+    /* the neighbour stays readable (its chunks are missing: fills) */
+    if ((i = find(ds, "good", &vi)) >= 0) {
+        CHECK(vi.error == NULL);
+        float got[4] = {0};
+        CHECK_EQ_I(fc_read(ctx, ds, i, NULL, got, sizeof got, FERRY_NATIVE), (int64_t)sizeof got);
+        for (int k = 0; k < 4; k++) CHECK(got[k] == 2.5f);
+    }
+    ferry_dataset_close(ds);
+}
+
+#define DELTA_ZARRAY \
+    "{\"zarr_format\": 2, \"shape\": [30, 4], \"chunks\": [10, 4], \"dtype\": \"<i4\", \"fill_value\": 7, " \
+    "\"order\": \"C\", \"filters\": [{\"id\": \"delta\", \"dtype\": \"<i4\"}], \"compressor\": {\"id\": \"zlib\", \"level\": 1}}"
+#define DELTA_ZATTRS "{\"_ARRAY_DIMENSIONS\": [\"x\", \"y\"], \"units\": \"m\"}"
+#define OBJ_ZARRAY \
+    "{\"zarr_format\": 2, \"shape\": [3], \"chunks\": [3], \"dtype\": \"|O\", \"fill_value\": 0, \"order\": \"C\", " \
+    "\"filters\": [{\"id\": \"vlen-utf8\"}], \"compressor\": null}"
+#define REC_ZARRAY \
+    "{\"zarr_format\": 2, \"shape\": [5], \"chunks\": [5], \"dtype\": [[\"a\", \"<i4\"], [\"b\", \"<f8\"]], " \
+    "\"fill_value\": \"AAAAAAAAAAAAAAAA\", \"order\": \"C\", \"filters\": null, \"compressor\": null}"
+#define BLOSCLZ_ZARRAY \
+    "{\"zarr_format\": 2, \"shape\": [100], \"chunks\": [50], \"dtype\": \">f8\", \"fill_value\": \"NaN\", \"order\": \"F\", " \
+    "\"filters\": null, \"compressor\": {\"id\": \"blosc\", \"cname\": \"blosclz\", \"clevel\": 5, \"shuffle\": 1}}"
+
+static void check_v2_group(ferry_dataset *ds, const char *meta_file) {
+    CHECK_EQ_I(ferry_dataset_nvars(ds), 4);
+    ferry_var_info vi;
+    int i = find(ds, "delta", &vi);
+    if (i >= 0) {
+        CHECK(!strcmp(vi.typestr, "<i4"));
+        CHECK_EQ_I(vi.dtype, FERRY_DT_I32);
+        CHECK_EQ_I(vi.chunks[0], 10);
+        CHECK(!strcmp(vi.dims_json, "[\"x\",\"y\"]"));
+        CHECK_STR_CONTAINS(vi.attrs_json, "\"units\":\"m\"");
+        CHECK(!strcmp(vi.fill_json, "7"));
+        CHECK(!strcmp(vi.codecs, "delta zlib"));
+        expect_unreadable(ds, i, "filter \"delta\" is not supported");
+        CHECK_STR_CONTAINS(vi.error, meta_file);
+        CHECK_STR_CONTAINS(vi.error, ": byte ");
+    }
+    if ((i = find(ds, "obj", &vi)) >= 0) {
+        CHECK(!strcmp(vi.typestr, "|O"));
+        CHECK_EQ_I(vi.dtype, FERRY_DT_OTHER);
+        CHECK(!strcmp(vi.dims_json, "[\"n\"]"));
+        CHECK(!strcmp(vi.fill_json, "0"));
+        expect_unreadable(ds, i, "dtype \"|O\" is not supported");
+    }
+    if ((i = find(ds, "rec", &vi)) >= 0) {
+        CHECK(!strcmp(vi.typestr, "[[\"a\",\"<i4\"],[\"b\",\"<f8\"]]"));
+        CHECK(!strcmp(vi.dims_json, "[\"r\"]"));
+        CHECK(!strcmp(vi.fill_json, "\"AAAAAAAAAAAAAAAA\""));
+        expect_unreadable(ds, i, "structured dtype");
+    }
+    if ((i = find(ds, "blosclz", &vi)) >= 0) {
+        CHECK(!strcmp(vi.typestr, ">f8"));
+        CHECK_EQ_I(vi.fortran_order, 1);
+        CHECK(!strcmp(vi.fill_json, "\"NaN\""));
+        CHECK(!strcmp(vi.codecs, "blosc(blosclz,shuffle)"));
+        expect_unreadable(ds, i, "blosclz is not supported");
+    }
+    const char *dims = ferry_dataset_dims_json(ds);
+    CHECK_STR_CONTAINS(dims, "\"x\":{\"size\":30");
+    CHECK_STR_CONTAINS(dims, "\"n\":{\"size\":3");
+    CHECK_STR_CONTAINS(dims, "\"r\":{\"size\":5");
+    CHECK_STR_CONTAINS(dims, "\"p\":{\"size\":100");
+}
+
+static void test_v2_unsupported_dtypes_filters_compressors(void) {
+    mk("g2.zarr");
+    put("g2.zarr/.zgroup", "{\"zarr_format\": 2}");
+    const char *names[] = {"delta", "obj", "rec", "blosclz"};
+    const char *zarrays[] = {DELTA_ZARRAY, OBJ_ZARRAY, REC_ZARRAY, BLOSCLZ_ZARRAY};
+    const char *zattrs[] = {DELTA_ZATTRS, "{\"_ARRAY_DIMENSIONS\": [\"n\"]}", "{\"_ARRAY_DIMENSIONS\": [\"r\"]}",
+                            "{\"_ARRAY_DIMENSIONS\": [\"p\"]}"};
+    char rel[64];
+    for (int k = 0; k < 4; k++) {
+        snprintf(rel, sizeof rel, "g2.zarr/%s", names[k]);
+        mk(rel);
+        snprintf(rel, sizeof rel, "g2.zarr/%s/.zarray", names[k]);
+        put(rel, zarrays[k]);
+        snprintf(rel, sizeof rel, "g2.zarr/%s/.zattrs", names[k]);
+        put(rel, zattrs[k]);
+    }
+    ferry_dataset *ds = open_ok("g2.zarr");
+    if (ds) { check_v2_group(ds, tpath("g2.zarr/delta/.zarray")); ferry_dataset_close(ds); }
+    /* the same from consolidated metadata: the positions are in .zmetadata */
+    put("g2.zarr/.zmetadata",
+        "{\"zarr_consolidated_format\": 1, \"metadata\": {\".zgroup\": {\"zarr_format\": 2}, "
+        "\"delta/.zarray\": " DELTA_ZARRAY ", \"delta/.zattrs\": " DELTA_ZATTRS ", "
+        "\"obj/.zarray\": " OBJ_ZARRAY ", \"obj/.zattrs\": {\"_ARRAY_DIMENSIONS\": [\"n\"]}, "
+        "\"rec/.zarray\": " REC_ZARRAY ", \"rec/.zattrs\": {\"_ARRAY_DIMENSIONS\": [\"r\"]}, "
+        "\"blosclz/.zarray\": " BLOSCLZ_ZARRAY ", \"blosclz/.zattrs\": {\"_ARRAY_DIMENSIONS\": [\"p\"]}}}");
+    ds = open_ok("g2.zarr");
+    if (ds) { check_v2_group(ds, tpath("g2.zarr/.zmetadata")); ferry_dataset_close(ds); }
+    /* a lone v2 array opens as well */
+    ds = open_ok("g2.zarr/delta");
+    if (ds) {
+        ferry_var_info vi;
+        CHECK_EQ_I(ferry_dataset_var(ds, 0, &vi), 0);
+        CHECK(!strcmp(vi.dims_json, "[\"x\",\"y\"]"));
+        expect_unreadable(ds, 0, "filter \"delta\"");
+        ferry_dataset_close(ds);
+    }
+}
+
+static void test_malformed_metadata_still_fails(void) {
+    mk("m1.zarr");   /* a malformed shape beside an unknown codec */
+    put("m1.zarr/zarr.json",
+        V3_HEAD "\"shape\": [6, \"x\"], \"data_type\": \"int32\", " V3_GRID("[3, 4]") V3_KEYS
+        "\"fill_value\": 0, \"codecs\": [{\"name\": \"numcodecs.delta\"}, {\"name\": \"bytes\"}]}");
+    fc_expect_open_error(ctx, tpath("m1.zarr"), NULL, FERRY_EFORMAT, "shape[1]");
+    mk("m2.zarr");   /* an empty codec list */
+    put("m2.zarr/zarr.json",
+        V3_HEAD "\"shape\": [6], \"data_type\": \"int32\", " V3_GRID("[3]") V3_KEYS "\"fill_value\": 0, \"codecs\": []}");
+    fc_expect_open_error(ctx, tpath("m2.zarr"), NULL, FERRY_EFORMAT, "codecs must be a non-empty array");
+    mk("m3.zarr");   /* a fill that does not suit a known dtype */
+    put("m3.zarr/.zarray",
+        "{\"zarr_format\": 2, \"shape\": [4], \"chunks\": [2], \"dtype\": \"<i4\", \"fill_value\": \"abc\", "
+        "\"order\": \"C\", \"filters\": null, \"compressor\": null}");
+    fc_expect_open_error(ctx, tpath("m3.zarr"), NULL, FERRY_EFORMAT, "fill_value does not suit dtype <i4");
+    mk("m4.zarr");   /* malformed in a group: the whole open fails, as before */
+    put("m4.zarr/.zgroup", "{\"zarr_format\": 2}");
+    mk("m4.zarr/a");
+    put("m4.zarr/a/.zarray",
+        "{\"zarr_format\": 2, \"shape\": [4], \"chunks\": [2], \"dtype\": \"<i4\", \"fill_value\": 0, "
+        "\"order\": \"X\", \"filters\": [{\"id\": \"delta\"}], \"compressor\": null}");
+    fc_expect_open_error(ctx, tpath("m4.zarr"), NULL, FERRY_EFORMAT, "order must be");
+}
+
+int main(void) {
+    snprintf(dir, sizeof dir, "/tmp/ferry_test_zarr_XXXXXX");
+    if (!mkdtemp(dir)) { perror("mkdtemp"); return 1; }
+    ferry_config cfg;
+    ferry_config_init(&cfg);
+    cfg.no_env = 1;
+    if (ferry_ctx_create(&ctx, &cfg)) { fprintf(stderr, "ctx\n"); return 1; }
+    RUN(test_v3_unknown_codec_keeps_the_description);
+    RUN(test_v3_unknown_dtype_as_written);
+    RUN(test_v3_group_grids_keys_sharding);
+    RUN(test_v2_unsupported_dtypes_filters_compressors);
+    RUN(test_malformed_metadata_still_fails);
+    ferry_ctx_destroy(ctx);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd)) {}
+    return check_summary();
+}
