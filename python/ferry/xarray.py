@@ -16,6 +16,12 @@ Formats
                                and then copied; this is logged on the
                                "ferry.xarray" logger and recorded in the
                                variable's ``encoding["ferry_reader"]``.
+                               Zarr arrays ferry cannot read (types, codecs,
+                               chunk grids it lacks) go the same way through
+                               zarr-python; without zarr installed they keep
+                               ferry's description (dims, attributes) and
+                               loading them raises ferry.FerryError with the
+                               parser's message (ferry_reader "none").
 
 Laziness: every variable is a BackendArray with OUTER indexing; a read becomes
 one plan that touches only the chunks / records the selection needs.
@@ -207,8 +213,9 @@ class _VarSpec:
         self.dtype = np.dtype(dtype)          # what a raw read returns (native order)
         self.attrs = attrs
         self.encoding = encoding
-        self.kind = kind                      # "ferry" | "h5" | "h5py" | "zarrpy"
+        self.kind = kind                      # "ferry" | "h5" | "h5py" | "zarrpy" | "unsupported"
         self.source = source                  # format-specific handle / info
+        self.error = None                     # "unsupported": why (the C parser's message)
         self.device = -1                      # -1: CPU
         self.gpu_decode = None                # list of transforms applied on the device
         self.out_dtype = self.dtype           # dtype after gpu_decode
@@ -622,6 +629,17 @@ def _zarr_version(store: str, group: str | None) -> int:
     return 2
 
 
+def _zarr_is_array(node: str) -> bool:
+    """Whether the Zarr node at this directory is an array (not a group)."""
+    if os.path.exists(os.path.join(node, ".zarray")):
+        return True
+    try:
+        with open(os.path.join(node, "zarr.json"), "rb") as f:
+            return json.load(f).get("node_type") == "array"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def _engine_readable(typestr: str) -> bool:
     """Fixed-size numpy types the engine can move as bytes even when ferry names them "other"."""
     try:
@@ -630,19 +648,29 @@ def _engine_readable(typestr: str) -> bool:
         return False
 
 
-def _zarr_py_spec(path: str, group: str | None, name: str, zv: int, shape: tuple):
-    """A variable whose type ferry's parser does not read (variable-length strings,
-    Zarr v3 string/bytes types): metadata and data through zarr-python, as xarray's
-    zarr backend has them. None (and a log line) when zarr is not importable."""
+def _zarr_py_spec(path: str, group: str | None, name: str, zv: int, shape: tuple, why: str | None = None):
+    """A variable ferry's parser does not read (variable-length strings, Zarr v3
+    string/bytes types, codecs, filters or chunk grids ferry lacks; `why` is the
+    parser's message): metadata and data through zarr-python, as xarray's zarr
+    backend has them. None (and a log line) when zarr is not importable or cannot
+    open the array either; the caller then keeps ferry's description."""
     try:
         import zarr
     except ImportError:
-        log.warning("%s: variable %s has a type ferry cannot read and zarr is not installed: skipped",
-                    path, name)
+        log.warning("%s: variable %s cannot be read by ferry (%s) and zarr is not installed: "
+                    "loading it raises FerryError", path, name, why or "its type")
         return None
     from xarray import coding
     g = (group or "").strip("/")
-    arr = zarr.open_array(store=path, path=f"{g}/{name}" if g else name, mode="r")
+    apath = f"{g}/{name}" if g else name
+    if _zarr_is_array(os.path.join(path, g) if g else path):   # a store of one array: it is the node itself
+        apath = g
+    try:
+        arr = zarr.open_array(store=path, path=apath, mode="r")
+    except Exception as e:  # noqa: BLE001 — zarr lacks it too: ferry's description, reads raise
+        log.warning("%s: variable %s cannot be read by ferry (%s) nor opened by zarr (%s): "
+                    "loading it raises FerryError", path, name, why or "its type", e)
+        return None
     attrs = dict(arr.attrs)
     if zv == 3:
         d = tuple(arr.metadata.dimension_names or ())
@@ -670,7 +698,8 @@ def _zarr_py_spec(path: str, group: str | None, name: str, zv: int, shape: tuple
         encoding["fill_value"] = arr.fill_value
         if "_FillValue" in attrs:
             attrs["_FillValue"] = _zarr3_attr_fill(attrs["_FillValue"], np.dtype(dtype))
-    log.info("%s: variable %s (%s) is read by zarr-python on the CPU", path, name, dtype)
+    log.info("%s: variable %s (%s) is read by zarr-python on the CPU%s", path, name, dtype,
+             f" ({why})" if why else "")
     return _VarSpec(name, d, arr.shape, dtype, attrs, encoding, "zarrpy", arr)
 
 
@@ -685,13 +714,16 @@ def _c_scan(path: str, fmt: str, group: str | None, ctx):
     specs = []
     for v in ds.variables():
         name = v["name"]
-        if actual == "zarr" and v["dtype"] == "other" and not _engine_readable(v["typestr"]):
-            sp = _zarr_py_spec(path, group, name, zv, tuple(v["shape"]))
+        err = v.get("error")    # the C parser describes it but cannot read it
+        if actual == "zarr" and (err or (v["dtype"] == "other" and not _engine_readable(v["typestr"]))):
+            sp = _zarr_py_spec(path, group, name, zv, tuple(v["shape"]), err)
             if sp is not None:
                 for dn, n in zip(sp.dims, sp.shape):
                     dims.setdefault(dn, int(n))
                 specs.append(sp)
-            continue
+                continue
+            if not err:
+                continue
         attrs = ferry.decode_attrs(v["attrs"], actual)
         d = json.loads(v["dims"] or "null")
         if actual == "zarr":
@@ -707,10 +739,12 @@ def _c_scan(path: str, fmt: str, group: str | None, ctx):
         shape = tuple(v["shape"])
         typestr = v["typestr"]
         try:
+            if err and typestr[:1] not in "<>|=":   # written in the metadata's own terms, not numpy's
+                raise TypeError(typestr)
             stored = np.dtype(typestr)
             dtype = _native(stored)
-            ok = (v["dtype"] != "other" or _engine_readable(typestr)) and stored.kind in "biufcSUmM"
-        except TypeError:
+            ok = not err and (v["dtype"] != "other" or _engine_readable(typestr)) and stored.kind in "biufcSUmM"
+        except (TypeError, ValueError, SyntaxError):
             stored = dtype = None
             ok = False
         encoding = {"source": path, "original_shape": shape, "ferry_reader": "engine"}
@@ -729,15 +763,21 @@ def _c_scan(path: str, fmt: str, group: str | None, ctx):
                 if "_FillValue" in attrs and stored is not None:
                     attrs["_FillValue"] = _zarr3_attr_fill(attrs["_FillValue"], stored)
         if not ok:
-            kind = "zarrpy" if actual == "zarr" else "unsupported"
+            kind = "zarrpy" if actual == "zarr" and not err else "unsupported"
             encoding["ferry_reader"] = "zarr-python" if kind == "zarrpy" else "none"
-            log.info("%s: variable %s (%s) is read by zarr-python on the CPU", path, name, typestr)
-            dtype = np.dtype(object) if dtype is None else dtype
+            if kind == "zarrpy":
+                log.info("%s: variable %s (%s) is read by zarr-python on the CPU", path, name, typestr)
+            if dtype is None:   # a type numpy has no name for: an opaque placeholder keeps the open lazy
+                dtype = np.dtype(object) if kind == "zarrpy" else np.dtype("V1")
+            if err:
+                encoding["ferry_error"] = err
         else:
             kind = "ferry"
         for dn, n in zip(d, shape):
             dims.setdefault(dn, int(n))
-        specs.append(_VarSpec(name, d, shape, dtype, attrs, encoding, kind, ds))
+        spec = _VarSpec(name, d, shape, dtype, attrs, encoding, kind, ds)
+        spec.error = err
+        specs.append(spec)
     if actual == "zarr":
         gattrs = {k: v for k, v in gattrs.items() if not k.lower().startswith("_nc")}
     return specs, gattrs, dims, unlimited, ds
@@ -908,7 +948,8 @@ class FerryStore(AbstractDataStore):
             if s.dtype.kind == "O" and data.dtype != s.dtype:
                 data = data.astype(s.dtype)
         else:
-            raise ferry.FerryError(_ferry.EUNSUPPORTED, f"{self.filename}: variable {s.name}: unsupported type")
+            raise ferry.FerryError(_ferry.EUNSUPPORTED,
+                                   s.error or f"{self.filename}: variable {s.name}: unsupported type")
 
         def finish():
             r = _apply_post(data, post)

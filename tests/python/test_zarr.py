@@ -669,3 +669,46 @@ def test_unreadable_arrays_through_ferry_open(tmp_path, fmt):
     assert v.dims == ("x", "y") and "delta" in v.error
     with pytest.raises(ferry.FerryError):
         ferry.read(lone)
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+@pytest.mark.parametrize("consolidated", [False, True])
+def test_xarray_reads_unreadable_arrays_through_zarr_python(tmp_path, fmt, consolidated):
+    """Like netCDF-4 datasets the engine cannot read (h5py on the CPU): zarr-python
+    reads them, the rest goes through the engine."""
+    xr = pytest.importorskip("xarray")
+    p = str(tmp_path / "u.zarr")
+    unreadable_store(p, fmt, consolidated)
+    ref = xr.open_dataset(p, engine="zarr", consolidated=consolidated).load()
+    got = xr.open_dataset(p, engine="ferry")
+    assert got["delta"].encoding["ferry_reader"] == "zarr-python"
+    assert got["s"].encoding["ferry_reader"] == "zarr-python"
+    assert got["good"].encoding["ferry_reader"] == "engine"
+    xr.testing.assert_identical(got.load(), ref)
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_xarray_unreadable_arrays_without_zarr(tmp_path, fmt, monkeypatch):
+    """Without zarr-python the store still opens with every variable, its dims and
+    attributes from ferry's parser; loading one ferry cannot read raises FerryError
+    with the parser's message."""
+    xr = pytest.importorskip("xarray")
+    import ferry
+    p = str(tmp_path / "u.zarr")
+    _, _, good = unreadable_store(p, fmt)
+    ref = xr.open_dataset(p, engine="zarr", consolidated=False)
+    monkeypatch.setitem(sys.modules, "zarr", None)   # `import zarr` now fails
+    got = xr.open_dataset(p, engine="ferry")
+    assert set(got.variables) == {"delta", "s", "good"}
+    for name in ("delta", "s"):
+        assert got[name].dims == ref[name].dims
+        assert got[name].attrs == ref[name].attrs
+        assert got[name].encoding["ferry_reader"] == "none"
+        assert "not supported" in got[name].encoding["ferry_error"]
+    assert got["delta"].dtype == ref["delta"].dtype and got.sizes == ref.sizes
+    np.testing.assert_array_equal(got["good"].values, [1, 2, 3, 4])
+    with pytest.raises(ferry.FerryError) as ei:
+        got["delta"].load()
+    assert "delta" in str(ei.value) and ": byte " in str(ei.value)
+    with pytest.raises(ferry.FerryError):
+        got.load()
