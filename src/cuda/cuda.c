@@ -115,6 +115,19 @@ int ferry_cuda_use_device(int dev) {
     return 0;
 }
 
+CUcontext ferry_cuda_current(void) {
+    CUcontext cur = NULL;
+    if (ferry_cuda_load(NULL)) api_.CtxGetCurrent(&cur);
+    return cur;
+}
+
+void ferry_cuda_restore(CUcontext saved) {
+    if (!ferry_cuda_load(NULL)) return;
+    CUcontext cur = NULL;
+    api_.CtxGetCurrent(&cur);
+    if (cur != saved) api_.CtxSetCurrent(saved);
+}
+
 int ferry_cuda_pointer_device(uintptr_t ptr) {
     const char *why;
     if (!ferry_cuda_load(&why)) return ferry_seterr(FERRY_ENOCUDA, "%s", why);

@@ -89,6 +89,14 @@ const char *ferry_cuda_errstr(CUresult r);
 /* Make device `dev`'s primary context current on this thread (retained once
  * per process and device, released at exit by the driver). */
 int ferry_cuda_use_device(int dev);
+/* The calling thread's current CUDA context (NULL when none or no CUDA), to
+ * hand back to ferry_cuda_restore. Work ferry runs on the application's own
+ * thread (small plans, memory helpers, teardown) switches contexts; the CUDA
+ * runtime (torch, cupy) takes its current device from that thread's context,
+ * so those calls must leave it as they found it — else torch on rank 1 of a
+ * two-GPU job finds itself on device 0 after a ferry call. */
+CUcontext ferry_cuda_current(void);
+void ferry_cuda_restore(CUcontext saved);
 /* Device ordinal owning a device pointer, or a negative code. */
 int ferry_cuda_pointer_device(uintptr_t ptr);
 

@@ -28,9 +28,12 @@ static void load_once(void) {
     S(Read, "cuFileRead");
     S(Write, "cuFileWrite");
 #undef S
-    /* The driver needs a current context on some versions. */
-    ferry_cuda_use_device(0);
+    /* The driver needs a current context on some versions; the thread's own
+     * one is handed back (this runs on whichever thread asks first). */
+    CUcontext saved = ferry_cuda_current();
+    if (!saved) ferry_cuda_use_device(0);
     ferry_cufile_error e = api_.DriverOpen();
+    ferry_cuda_restore(saved);
     if (e.err != 0) {
         static char buf[160];
         snprintf(buf, sizeof buf, "cuFileDriverOpen failed: %s (%d)", ferry_cufile_errstr(e.err), e.err);

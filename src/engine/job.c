@@ -208,8 +208,10 @@ static void job_complete(ferry_job *j) {
 }
 
 void ferry_task_finished(ferry_job *j) {
+    /* read ntasks first: once the last task is counted the waiter may free j */
+    size_t n = j->ntasks;
     size_t d = atomic_fetch_add(&j->tasks_done, 1) + 1;
-    if (d == j->ntasks) job_complete(j);
+    if (d == n) job_complete(j);
 }
 
 /* Small plans run on the caller's thread with a borrowed worker. */
@@ -262,6 +264,7 @@ static int submit_job(ferry_ctx *ctx, ferry_job *j, int allow_inline) {
     /* few small tasks: the caller's thread; many small extents (chunks to
      * decompress) still go to the pool, where they run in parallel */
     if (allow_inline && ((total <= ctx->cfg.small_io && j->ntasks <= 4) || j->max_workers <= 1)) {
+        CUcontext saved = ferry_cuda_current();    /* the caller's thread: hand its context back */
         ferry_worker *w = inline_worker_get(ctx);
         if (w) {
             for (size_t t = 0; t < j->ntasks; t++) {
@@ -275,8 +278,10 @@ static int submit_job(ferry_ctx *ctx, ferry_job *j, int allow_inline) {
             }
             ferry_worker_drain(w);
             inline_worker_put(ctx, w);
+            ferry_cuda_restore(saved);
             return 0;
         }
+        ferry_cuda_restore(saved);
     }
     pthread_mutex_lock(&ctx->lock);
     int want = j->max_workers;

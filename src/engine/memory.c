@@ -9,7 +9,9 @@ static int need_cuda(const ferry_cuda_api **cu) {
     return *cu ? 0 : ferry_seterr(FERRY_ENOCUDA, "%s", why);
 }
 
-int ferry_cuda_malloc(ferry_ctx *ctx, int device, size_t size, uintptr_t *out) {
+/* Each helper runs on the caller's thread and hands its CUDA context back
+ * unchanged (ferry_cuda_current/restore). */
+static int cuda_malloc(int device, size_t size, uintptr_t *out) {
     const ferry_cuda_api *cu;
     int rc = need_cuda(&cu);
     if (rc < 0) return rc;
@@ -21,7 +23,14 @@ int ferry_cuda_malloc(ferry_ctx *ctx, int device, size_t size, uintptr_t *out) {
     return 0;
 }
 
-int ferry_cuda_free(ferry_ctx *ctx, uintptr_t p) {
+int ferry_cuda_malloc(ferry_ctx *ctx, int device, size_t size, uintptr_t *out) {
+    CUcontext saved = ferry_cuda_current();
+    int rc = cuda_malloc(device, size, out);
+    ferry_cuda_restore(saved);
+    return rc;
+}
+
+static int cuda_free(uintptr_t p) {
     const ferry_cuda_api *cu;
     int rc = need_cuda(&cu);
     if (rc < 0) return rc;
@@ -32,11 +41,27 @@ int ferry_cuda_free(ferry_ctx *ctx, uintptr_t p) {
     return r ? ferry_seterr(FERRY_ECUDA, "cuMemFree: %s", ferry_cuda_errstr(r)) : 0;
 }
 
+int ferry_cuda_free(ferry_ctx *ctx, uintptr_t p) {
+    CUcontext saved = ferry_cuda_current();
+    int rc = cuda_free(p);
+    ferry_cuda_restore(saved);
+    return rc;
+}
+
 int ferry_cuda_device_of(ferry_ctx *ctx, uintptr_t ptr) { return ferry_cuda_pointer_device(ptr); }
+
+static int cuda_memcpy(ferry_buf dst, ferry_buf src, size_t n);
 
 int ferry_memcpy(ferry_ctx *ctx, ferry_buf dst, ferry_buf src, size_t n) {
     if (n > dst.size || n > src.size) return ferry_seterr(FERRY_EINVAL, "ferry_memcpy: %zu bytes exceed a buffer", n);
     if (dst.kind == FERRY_MEM_HOST && src.kind == FERRY_MEM_HOST) { memmove(dst.ptr, src.ptr, n); return 0; }
+    CUcontext saved = ferry_cuda_current();
+    int rc = cuda_memcpy(dst, src, n);
+    ferry_cuda_restore(saved);
+    return rc;
+}
+
+static int cuda_memcpy(ferry_buf dst, ferry_buf src, size_t n) {
     const ferry_cuda_api *cu;
     int rc = need_cuda(&cu);
     if (rc < 0) return rc;
@@ -51,8 +76,13 @@ int ferry_memcpy(ferry_ctx *ctx, ferry_buf dst, ferry_buf src, size_t n) {
 
 int ferry_pinned_alloc(ferry_ctx *ctx, size_t size, void **out) {
     const ferry_cuda_api *cu = ferry_cuda_load(NULL);
-    if (cu && ferry_cuda_use_device(0) == 0 && cu->MemHostAlloc(out, size ? size : 1, FERRY_CU_MEMHOSTALLOC_PORTABLE) == 0)
-        return 0;
+    CUcontext saved = ferry_cuda_current();
+    /* portable pinned memory: any context will do; device 0's only when the
+     * thread has none */
+    int ok = cu && (saved || ferry_cuda_use_device(0) == 0) &&
+             cu->MemHostAlloc(out, size ? size : 1, FERRY_CU_MEMHOSTALLOC_PORTABLE) == 0;
+    ferry_cuda_restore(saved);
+    if (ok) return 0;
     if (posix_memalign(out, FERRY_ALIGN, size ? size : 1) != 0) return ferry_seterr(FERRY_ENOMEM, "out of memory");
     return 0;
 }

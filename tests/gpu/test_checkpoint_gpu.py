@@ -156,6 +156,54 @@ def test_gpu_dcp_single_process(tmp_path):
     assert torch.equal(out["w"], sd["w"]) and torch.equal(out["h"], sd["h"]) and out["step"] == 4
 
 
+def test_gpu_caller_cuda_context_is_handed_back(tmp_path):
+    """ferry runs small plans on the caller's thread and switches CUDA contexts
+    there; it must hand the thread's context back unchanged (here: none), or the
+    CUDA runtime (torch, cupy) changes its current device under the caller."""
+    import ctypes
+    cu = ctypes.CDLL("libcuda.so.1")
+    p = tmp_path / "small.bin"
+    data = os.urandom(4096)
+    p.write_bytes(data)
+    out = torch.zeros(4096, dtype=torch.uint8, device=DEV)
+    torch.cuda.synchronize()
+    ctx = ferry.default_context()
+    f = ferry.File(ctx, str(p))
+    saved = ctypes.c_void_p()
+    assert cu.cuCtxGetCurrent(ctypes.byref(saved)) == 0
+    cur = ctypes.c_void_p()
+    try:
+        assert cu.cuCtxSetCurrent(None) == 0
+        plan = ferry.Plan()
+        plan.read_file(f, 0, 4096, out)
+        ctx.run(plan)                                 # small: on this thread
+        pinned = ferry.empty((64,), "u1", device="cpu", pinned=True)   # page-locked helper
+        del pinned
+        assert cu.cuCtxGetCurrent(ctypes.byref(cur)) == 0
+        left = cur.value
+    finally:
+        cu.cuCtxSetCurrent(saved)
+        f.close()
+    assert left is None, "ferry left a CUDA context current on the caller's thread"
+    assert bytes(out.cpu().numpy()) == data
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_gpu_second_device_keeps_torch_device(tmp_path):
+    """Save from and load into cuda:1 with cuda:1 current (rank 1 of a job):
+    torch's current device is still 1 afterwards and the data round-trips."""
+    with torch.cuda.device(1):
+        x = torch.randn(1000, 37, device="cuda:1")
+        small = torch.arange(10, device="cuda:1")
+        p = tmp_path / "d1.safetensors"
+        ck.save({"x": x, "small": small}, p)
+        assert torch.cuda.current_device() == 1
+        back = ck.load(p, device="cuda:1")
+        assert torch.cuda.current_device() == 1
+        assert back["x"].device == torch.device("cuda", 1)
+        assert torch.equal(back["x"], x) and torch.equal(back["small"], small)
+
+
 NCCL_WORKER = r"""
 import os, sys, datetime
 sys.path.insert(0, {pydir!r})
@@ -165,15 +213,18 @@ from torch.distributed.tensor import distribute_tensor, Shard
 from ferry import checkpoint as ck
 
 def main(rank, world, d, port):
+    import faulthandler
+    faulthandler.dump_traceback_later(75)      # where a rank hangs, if one does
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=120))
+                            timeout=datetime.timedelta(seconds=90))
     mesh = init_device_mesh("cuda", (world,))
     g = torch.Generator().manual_seed(1)
     full = torch.randn(1024, 512, generator=g)
     sd = {{"w": distribute_tensor(full.cuda(), mesh, [Shard(0)]), "step": 3}}
     dcp.save(sd, storage_writer=ck.FerryWriter(d))
+    assert torch.cuda.current_device() == rank, "device changed under torch"
     back = {{"w": distribute_tensor(torch.zeros(1024, 512).cuda(), mesh, [Shard(1)]), "step": 0}}
     dcp.load(back, storage_reader=ck.FerryReader(d))
     assert torch.equal(back["w"].full_tensor().cpu(), full) and back["step"] == 3
@@ -201,7 +252,7 @@ def test_gpu_dcp_nccl_two_gpus(tmp_path):
                NCCL_NVLS_ENABLE="0")
     r = subprocess.run([sys.executable, str(script), str(d), str(port)], capture_output=True,
                        env=env, timeout=300)
-    assert r.returncode == 0 and b"OK" in r.stdout, r.stderr.decode()[-3000:]
+    assert r.returncode == 0 and b"OK" in r.stdout, r.stderr.decode()[-12000:]
     # world size 1 on cuda:0
     out = {"w": torch.zeros(1024, 512, device=DEV), "step": 0}
     import torch.distributed.checkpoint as dcp
