@@ -77,8 +77,10 @@ static int cuda_memcpy(ferry_buf dst, ferry_buf src, size_t n) {
 int ferry_pinned_alloc(ferry_ctx *ctx, size_t size, void **out) {
     const ferry_cuda_api *cu = ferry_cuda_load(NULL);
     CUcontext saved = ferry_cuda_current();
-    /* portable pinned memory: any context will do; device 0's only when the
-     * thread has none */
+    /* portable pinned memory: any context will do, so the thread's own (in
+     * practice torch's or cupy's primary context, which lives as long as the
+     * process; it also spares rank 1 a context on device 0); device 0's primary
+     * context only when the thread has none */
     int ok = cu && (saved || ferry_cuda_use_device(0) == 0) &&
              cu->MemHostAlloc(out, size ? size : 1, FERRY_CU_MEMHOSTALLOC_PORTABLE) == 0;
     ferry_cuda_restore(saved);
