@@ -13,13 +13,6 @@ import ferry
 from ferry import _ferry
 
 
-@pytest.fixture(scope="module")
-def ctx():
-    c = ferry.Context(threads=4)
-    yield c
-    c.close()
-
-
 @pytest.fixture
 def blob(tmp_path):
     rng = np.random.default_rng(0)

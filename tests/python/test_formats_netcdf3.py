@@ -10,14 +10,9 @@ import random
 import numpy as np
 import pytest
 
+from selections import random_selection
+
 F = pytest.importorskip("ferry._ferry")
-
-
-@pytest.fixture(scope="module")
-def ctx():
-    c = F.Context(threads=4)
-    yield c
-    c.close()
 
 
 def read(ctx, ds, name, sel=None, native=True):
@@ -40,17 +35,6 @@ def same_bits(got, want):
     if want.dtype.byteorder == ">" and got.dtype.byteorder != ">":
         want = want.astype(want.dtype.newbyteorder("="))
     assert got.tobytes() == want.tobytes()
-
-
-def random_selection(rng, shape):
-    sel = []
-    for n in shape:
-        if n == 0:
-            sel.append((0, 0, 1))
-            continue
-        start = rng.randrange(0, n)
-        sel.append((start, rng.randrange(start, n + 1), rng.choice([1, 1, 2, 3])))
-    return sel
 
 
 CLASSIC_TYPES = ["i1", "S1", "i2", "i4", "f4", "f8"]

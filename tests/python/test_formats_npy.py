@@ -9,14 +9,9 @@ import zlib
 import numpy as np
 import pytest
 
+from selections import random_selection
+
 F = pytest.importorskip("ferry._ferry")
-
-
-@pytest.fixture(scope="module")
-def ctx():
-    c = F.Context(threads=4)
-    yield c
-    c.close()
 
 
 def native(dt):
@@ -46,19 +41,6 @@ def same_bits(a, b):
     assert a.shape == b.shape
     assert a.dtype.itemsize == b.dtype.itemsize
     assert a.tobytes() == b.tobytes()
-
-
-def random_selection(rng, shape):
-    sel = []
-    for n in shape:
-        if n == 0:
-            sel.append((0, 0, 1))
-            continue
-        start = rng.randrange(0, n)
-        stop = rng.randrange(start, n + 1)
-        step = rng.choice([1, 1, 2, 3, 7])
-        sel.append((start, stop, step))
-    return sel
 
 
 DTYPES = ["|b1", "|i1", "|u1", "<i2", ">i2", "<u2", ">u2", "<i4", ">i4", "<u4", "<i8", ">i8", "<u8", ">u8",

@@ -8,15 +8,10 @@ import random
 import numpy as np
 import pytest
 
+from selections import random_selection
+
 F = pytest.importorskip("ferry._ferry")
 st_numpy = pytest.importorskip("safetensors.numpy")
-
-
-@pytest.fixture(scope="module")
-def ctx():
-    c = F.Context(threads=4)
-    yield c
-    c.close()
 
 
 # typestrs numpy lacks: read them as same-size unsigned integers
@@ -41,17 +36,6 @@ def same_bits(a, b):
     b = np.ascontiguousarray(b)
     assert a.shape == b.shape
     assert a.tobytes() == b.tobytes()
-
-
-def random_selection(rng, shape):
-    sel = []
-    for n in shape:
-        if n == 0:
-            sel.append((0, 0, 1))
-            continue
-        start = rng.randrange(0, n)
-        sel.append((start, rng.randrange(start, n + 1), rng.choice([1, 1, 2, 5])))
-    return sel
 
 
 NUMPY_DTYPES = ["bool", "uint8", "int8", "int16", "uint16", "float16", "int32", "uint32", "float32",

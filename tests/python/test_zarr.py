@@ -25,13 +25,6 @@ except AttributeError:
     pass
 
 
-@pytest.fixture(scope="module")
-def ctx():
-    c = F.Context(threads=4)
-    yield c
-    c.close()
-
-
 def data(shape, dtype, seed=0):
     rng = np.random.default_rng(seed)
     dt = np.dtype(dtype)
