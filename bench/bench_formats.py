@@ -22,7 +22,6 @@ Every ferry result is compared with the writer's own reading.
     python3 bench/bench_formats.py --smoke         # tiny, quick
 """
 import argparse
-import gc
 import os
 import shutil
 import statistics
@@ -33,18 +32,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-
-
-def have(mod):
-    try:
-        __import__(mod)
-        return True
-    except Exception:  # noqa: BLE001
-        return False
-
-
-def log(*a):
-    print(*a, file=sys.stderr, flush=True)
+from harness import Dev, best, files_of, have, log, warm  # noqa: E402
 
 
 def field(n, seed):
@@ -56,48 +44,8 @@ def field(n, seed):
     return (np.round(a * 1024) / 1024).astype(np.float32)
 
 
-def warm(path):
-    files = [path] if os.path.isfile(path) else [os.path.join(r, f) for r, _, fs in os.walk(path) for f in fs]
-    for p in files:
-        with open(p, "rb") as f:
-            while f.read(64 << 20):
-                pass
-
-
 def du(path):
-    if os.path.isfile(path):
-        return os.path.getsize(path)
-    return sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path) for f in fs)
-
-
-class Dev:
-    def __init__(self, device):
-        self.cpu = device == "cpu"
-        self.device = "cpu" if self.cpu else int(str(device).split(":")[-1])
-        if not self.cpu:
-            import cupy
-            self.cp = cupy
-
-    def to(self, a):
-        return np.array(a, copy=True) if self.cpu else self.cp.asarray(a)
-
-    def sync(self):
-        if not self.cpu:
-            self.cp.cuda.Device(self.device).synchronize()
-
-    def host(self, a):
-        return np.asarray(a) if self.cpu else self.cp.asnumpy(self.cp.asarray(a))
-
-
-def best(fn, reps):
-    times, out = [], None
-    for k in range(reps):
-        out = None
-        gc.collect()
-        t0 = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t0)
-    return min(times), out
+    return sum(os.path.getsize(p) for p in files_of(path))
 
 
 def same(dev, got, ref):

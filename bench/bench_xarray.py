@@ -30,18 +30,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-
-
-def have(mod):
-    try:
-        __import__(mod)
-        return True
-    except Exception:  # noqa: BLE001
-        return False
-
-
-def log(*a):
-    print(*a, file=sys.stderr, flush=True)
+from harness import Dev, best, have, log, warm  # noqa: E402
 
 
 # ---------------------------------------------------------------------------
@@ -119,55 +108,9 @@ def write_zarr(path, names, nt, ny, nx, compress):
                encoding={n: {"chunks": (1, ny, nx), "compressors": comp} for n in names})
 
 
-def warm(path):
-    files = [path] if os.path.isfile(path) else [os.path.join(r, f) for r, _, fs in os.walk(path) for f in fs]
-    for p in files:
-        with open(p, "rb") as f:
-            while f.read(64 << 20):
-                pass
-
-
 # ---------------------------------------------------------------------------
-# timing
+# the readers compared
 # ---------------------------------------------------------------------------
-class Dev:
-    def __init__(self, device):
-        self.cpu = device == "cpu"
-        self.device = -1 if self.cpu else int(str(device).split(":")[-1])
-        if not self.cpu:
-            import cupy
-            self.cp = cupy
-
-    def to(self, a):
-        return np.array(a, copy=True) if self.cpu else self.cp.asarray(a)
-
-    def sync(self):
-        if not self.cpu:
-            self.cp.cuda.Device(self.device).synchronize()
-
-    def host(self, a):
-        return np.asarray(a) if self.cpu else self.cp.asnumpy(a)
-
-    def equal(self, a, b):
-        if self.cpu:
-            return np.array_equal(np.asarray(a), np.asarray(b), equal_nan=True)
-        return bool(self.cp.array_equal(self.cp.asarray(a), self.cp.asarray(b), equal_nan=True))
-
-
-def best(fn, reps):
-    out, best_t = None, float("inf")
-    for _ in range(reps):
-        gc.collect()
-        t0 = time.perf_counter()
-        out = fn()
-        dt = time.perf_counter() - t0
-        best_t = min(best_t, dt)
-        if _ < reps - 1:
-            del out
-            out = None
-    return best_t, out
-
-
 def engine_ferry():
     """engine="ferry" when the package is installed (entry point), else the class itself."""
     import xarray as xr
@@ -177,7 +120,7 @@ def engine_ferry():
 
 def ferry_load(path, names, dev, **kw):
     import xarray as xr
-    dv = "cpu" if dev.cpu else dev.device
+    dv = dev.device
     ds = xr.open_dataset(path, engine=engine_ferry(), device=dv, **kw)
     ds.load()
     dev.sync()
@@ -203,7 +146,7 @@ def h5py_load(path, names, dev):
 
 def ferry_steps(path, names, dev, steps, **kw):
     import xarray as xr
-    dv = "cpu" if dev.cpu else dev.device
+    dv = dev.device
     ds = xr.open_dataset(path, engine=engine_ferry(), device=dv, **kw)
     last = None
     for i in steps:
