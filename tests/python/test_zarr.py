@@ -3,12 +3,13 @@ engine, codecs) into host memory, and compared bit for bit with zarr's own
 read: whole arrays and seeded-random selections (with steps)."""
 import json
 import os
-import random
 import sys
 import warnings
 
 import numpy as np
 import pytest
+
+from selections import nonempty_selections
 
 zarr = pytest.importorskip("zarr")
 numcodecs = pytest.importorskip("numcodecs")
@@ -75,23 +76,11 @@ def same(a, b, native=True):
     return a.shape == b.shape and a.dtype.itemsize == b.dtype.itemsize and a.tobytes() == b.tobytes()
 
 
-def random_selections(shape, n, seed):
-    rnd = random.Random(seed)
-    for _ in range(n):
-        sel = []
-        for s in shape:
-            a = rnd.randrange(0, s)
-            b = rnd.randrange(a + 1, s + 1)
-            step = rnd.choice([1, 1, 1, 2, 3, 7])
-            sel.append((a, b, step))
-        yield sel
-
-
 def check_store(ctx, path, z, name=None, group=None, nsel=6, seed=1):
     want = z[...]
     got, v = ferry_read(ctx, path, name, group=group)
     assert same(got, want), (path, v)
-    for sel in random_selections(z.shape, nsel, seed):
+    for sel in nonempty_selections(z.shape, nsel, seed):
         w = z[tuple(slice(a, b, c) for a, b, c in sel)]
         g, _ = ferry_read(ctx, path, name, selection=sel, group=group)
         assert same(g, w), (path, sel)
@@ -218,7 +207,7 @@ def test_missing_chunks_fill(ctx, tmp_path, fmt, fill):
     z[30:40, 30:33] = data((10, 3), "<f4")
     got, v = ferry_read(ctx, p)
     assert same(got, z[...])
-    for sel in random_selections(z.shape, 8, 3):
+    for sel in nonempty_selections(z.shape, 8, 3):
         w = z[tuple(slice(a, b, c) for a, b, c in sel)]
         g, _ = ferry_read(ctx, p, selection=sel)
         assert same(g, w), sel
