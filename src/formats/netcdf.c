@@ -110,46 +110,26 @@ static int rd_u32(nc_rd *r, uint32_t *v, const char *what) {
     return 0;
 }
 
-/* NON_NEG: 4 bytes (CDF-1/2, must be >= 0) or 8 bytes (CDF-5) */
-static int rd_nonneg(nc_rd *r, uint64_t *v, const char *what) {
+/* A big-endian signed count or offset of `width` bytes (4 or 8) that must not be negative. */
+static int rd_nonneg_width(nc_rd *r, int width, uint64_t *v, const char *what) {
     uint64_t at = r->pos;
-    if (r->version == 5) {
-        int rc = rd_need(r, 8, what);
-        if (rc) return rc;
-        *v = ferry_be64(r->buf + r->pos);
-        r->pos += 8;
-        if (*v > (uint64_t)INT64_MAX)
-            return ferry_seterr(FERRY_EFORMAT, "%s: byte %llu: negative %s", r->path, (unsigned long long)at, what);
-        return 0;
-    }
-    uint32_t x;
-    int rc = rd_u32(r, &x, what);
+    int rc = rd_need(r, (uint64_t)width, what);
     if (rc) return rc;
-    if (x > (uint32_t)INT32_MAX)
+    *v = width == 8 ? ferry_be64(r->buf + r->pos) : ferry_be32(r->buf + r->pos);
+    r->pos += (uint64_t)width;
+    if (*v > (width == 8 ? (uint64_t)INT64_MAX : (uint64_t)INT32_MAX))
         return ferry_seterr(FERRY_EFORMAT, "%s: byte %llu: negative %s", r->path, (unsigned long long)at, what);
-    *v = x;
     return 0;
 }
 
+/* NON_NEG: 4 bytes (CDF-1/2) or 8 bytes (CDF-5) */
+static int rd_nonneg(nc_rd *r, uint64_t *v, const char *what) {
+    return rd_nonneg_width(r, r->version == 5 ? 8 : 4, v, what);
+}
+
+/* OFFSET: 4 bytes (CDF-1) or 8 bytes (CDF-2, CDF-5) */
 static int rd_offset(nc_rd *r, uint64_t *v, const char *what) {
-    if (r->version == 1) {
-        uint32_t x;
-        uint64_t at = r->pos;
-        int rc = rd_u32(r, &x, what);
-        if (rc) return rc;
-        if (x > (uint32_t)INT32_MAX)
-            return ferry_seterr(FERRY_EFORMAT, "%s: byte %llu: negative %s", r->path, (unsigned long long)at, what);
-        *v = x;
-        return 0;
-    }
-    uint64_t at = r->pos;
-    int rc = rd_need(r, 8, what);
-    if (rc) return rc;
-    *v = ferry_be64(r->buf + r->pos);
-    r->pos += 8;
-    if (*v > (uint64_t)INT64_MAX)
-        return ferry_seterr(FERRY_EFORMAT, "%s: byte %llu: negative %s", r->path, (unsigned long long)at, what);
-    return 0;
+    return rd_nonneg_width(r, r->version == 1 ? 4 : 8, v, what);
 }
 
 static uint64_t pad4(uint64_t n) { return (n + 3) & ~(uint64_t)3; }
