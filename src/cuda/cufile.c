@@ -6,6 +6,8 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 static ferry_cufile_api api_;
@@ -14,8 +16,11 @@ static const char *why_ = "";
 static pthread_once_t once_ = PTHREAD_ONCE_INIT;
 
 static void load_once(void) {
-    const char *cwhy;
+    const char *cwhy, *env = getenv("FERRY_CUFILE");
     if (!ferry_cuda_load(&cwhy)) { why_ = cwhy; return; }
+    /* FERRY_CUFILE=off: never load cuFile (its set-up costs time and logs, and
+     * tests on the simulated driver of tests/cudasim must not reach the real one) */
+    if (env && !strcmp(env, "off")) { why_ = "cuFile disabled (FERRY_CUFILE=off)"; return; }
     void *h = dlopen("libcufile.so.0", RTLD_NOW | RTLD_LOCAL);
     if (!h) h = dlopen("libcufile.so", RTLD_NOW | RTLD_LOCAL);
     if (!h) { why_ = "libcufile.so.0 not found"; return; }
