@@ -32,7 +32,7 @@ EXT_SUFFIX = $(shell [ -x $(PYTHON) ] || command -v $(PYTHON) >/dev/null && $(PY
 PY_INC = $(shell $(PYTHON) -c "import sysconfig;print(sysconfig.get_paths()['include'])")
 PY_EXT = python/ferry/_ferry$(EXT_SUFFIX)
 
-.PHONY: all setup lib cli python test test-c test-asan test-python test-gpu demo bench fuzz clean
+.PHONY: all setup lib cli python test test-c test-asan test-python test-gpu test-cudasim demo bench fuzz clean
 # setup first, then a fresh make: the Python extension's file name comes from
 # the interpreter, which setup may have just created
 all: setup
@@ -84,6 +84,12 @@ $(B)/tests/gpu/%: tests/gpu/%.c tests/c/check.h $(B)/libferry.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_COMMON) $(CFLAGS) -Itests/c -o $@ $< $(B)/libferry.a $(LDLIBS)
 
+# A stand-in CUDA driver (tests/cudasim/cudasim.c says what it checks): the GPU
+# engine tests run on it where there is no GPU, LD_LIBRARY_PATH=$(B)/cudasim.
+$(B)/cudasim/libcuda.so.1: tests/cudasim/cudasim.c src/cuda/cuda.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_COMMON) $(CFLAGS) -shared -Wl,-soname,libcuda.so.1 -o $@ $< -lpthread
+
 # AddressSanitizer + UndefinedBehaviorSanitizer build of the library and C tests
 $(BA)/%.o: %.c include/ferry.h $(wildcard src/*/*.h)
 	@mkdir -p $(dir $@)
@@ -94,6 +100,9 @@ $(BA)/kernels_fatbin.o: $(B)/kernels_fatbin.c
 $(BA)/libferry.a: $(ASAN_LIB_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
+$(BA)/tests/gpu/%: tests/gpu/%.c tests/c/check.h $(BA)/libferry.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_COMMON) $(ASAN_FLAGS) -Itests/c -o $@ $< $(BA)/libferry.a $(LDLIBS)
 $(BA)/tests/%: tests/c/%.c $(wildcard tests/c/*.h) $(BA)/libferry.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_COMMON) $(ASAN_FLAGS) -Itests/c -o $@ $< $(BA)/libferry.a $(LDLIBS)
@@ -111,6 +120,12 @@ test-python: all
 	@PYTHONPATH=python $(PYTHON) -m pytest -q tests/python
 test-gpu: all
 	@PYTHONPATH=python FERRY_BIN=$(B)/ferry tests/gpu/run.sh $(PYTHON)
+# The GPU tests again on the simulated driver (tests/cudasim), also under ASan:
+# the device paths are checked on machines without a GPU too.
+SIM_ENV := LD_LIBRARY_PATH=$(abspath $(B)/cudasim) FERRY_CUFILE=off FERRY_GPU_BIG=0
+test-cudasim: all $(B)/cudasim/libcuda.so.1 $(BA)/tests/gpu/test_gpu_engine
+	@$(SIM_ENV) ASAN_OPTIONS=detect_leaks=1 tools/run-c-tests.sh $(BA)/tests/gpu/test_gpu_engine
+	@$(SIM_ENV) PYTHONPATH=python FERRY_BIN=$(B)/ferry tests/gpu/run.sh $(PYTHON)
 
 # The whole suite: C tests, the same under ASan+UBSan, the fuzz corpus, pytest,
 # and the GPU tests (which skip with a reason where there is no GPU).

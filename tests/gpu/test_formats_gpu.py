@@ -1,12 +1,14 @@
 """npy, safetensors and netCDF classic files written by their reference
 libraries, read by ferry straight into CUDA memory through the engine
 (byteswaps and strided placements done on the device side), compared bit for
-bit with numpy. Skips with a reason where there is no GPU or no cupy/torch."""
+bit with numpy. Skips with a reason where there is no GPU (cupy or torch
+arrays where installed, else ferry's own device arrays)."""
 import random
 
 import numpy as np
 import pytest
 
+import ferry_arrays
 from ferry import _ferry as F
 
 
@@ -23,7 +25,7 @@ def _backend():
             return "cupy"
     except Exception:
         pass
-    return None
+    return "ferry"   # ferry's own device arrays (tests/gpu/ferry_arrays.py)
 
 
 BACKEND = _backend()
@@ -34,14 +36,14 @@ def ctx():
     c = F.Context()
     if c.cuda_device_count() == 0:
         pytest.skip("no CUDA device: " + (c.cuda_status or "driver not available"))
-    if BACKEND is None:
-        pytest.skip("neither torch with CUDA nor cupy is available")
     yield c
     c.close()
 
 
-def device_bytes(n):
+def device_bytes(ctx, n):
     """A CUDA byte buffer, filled with a marker so unwritten bytes show."""
+    if BACKEND == "ferry":
+        return ferry_arrays.full(ctx, (max(n, 1),), np.uint8)
     if BACKEND == "torch":
         import torch
         return torch.full((max(n, 1),), 0x5A, dtype=torch.uint8, device="cuda")
@@ -49,7 +51,9 @@ def device_bytes(n):
     return cupy.full((max(n, 1),), 0x5A, dtype=cupy.uint8)
 
 
-def to_host(buf, n):
+def to_host(ctx, buf, n):
+    if BACKEND == "ferry":
+        return ferry_arrays.to_numpy(ctx, buf, np.uint8)[:n].tobytes()
     if BACKEND == "torch":
         return buf[:n].cpu().numpy().tobytes()
     import cupy
@@ -60,14 +64,14 @@ def read_to_gpu(ctx, ds, name, sel=None, native=True):
     info = ds.variables()[ds.find(name) if isinstance(name, str) else name]
     shape = info["shape"] if sel is None else tuple(len(range(*s)) for s in sel)
     n = int(np.prod(shape)) * info["itemsize"]
-    buf = device_bytes(n)
+    buf = device_bytes(ctx, n)
     plan = F.Plan()
     assert plan.read(ds, name, buf, selection=sel, native=native) == n
     if n:
         job = ctx.submit(plan)
         job.wait()
         assert job.path in ("staged", "cufile")
-    return to_host(buf, n)
+    return to_host(ctx, buf, n)
 
 
 def expect(a):

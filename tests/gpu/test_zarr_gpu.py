@@ -1,7 +1,7 @@
 """Zarr stores written by zarr-python, read by ferry straight into CUDA memory
-(cupy arrays and torch tensors) through the engine, compared bit for bit with
-zarr's own read. Skips with a reason where there is no GPU, no cupy/torch or
-no zarr."""
+(cupy arrays, torch tensors and ferry's own device arrays) through the engine,
+compared bit for bit with zarr's own read. Skips with a reason where there is
+no GPU or no zarr (and per backend where cupy/torch lack CUDA)."""
 import random
 
 import numpy as np
@@ -11,6 +11,7 @@ zarr = pytest.importorskip("zarr", reason="zarr-python is not installed")
 numcodecs = pytest.importorskip("numcodecs", reason="numcodecs is not installed")
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec  # noqa: E402
 
+import ferry_arrays  # noqa: E402
 from ferry import _ferry as F  # noqa: E402
 
 
@@ -28,7 +29,7 @@ def _backends():
             out.append("torch")
     except Exception:
         pass
-    return out
+    return out + ["ferry"]   # ferry's own device arrays (tests/gpu/ferry_arrays.py)
 
 
 BACKENDS = _backends()
@@ -39,13 +40,13 @@ def ctx():
     c = F.Context()
     if c.cuda_device_count() == 0:
         pytest.skip("no CUDA device: " + (c.cuda_status or "driver not available"))
-    if not BACKENDS:
-        pytest.skip("neither cupy nor torch with CUDA is available")
     yield c
     c.close()
 
 
-def device_empty(backend, shape, dtype):
+def device_empty(ctx, backend, shape, dtype):
+    if backend == "ferry":
+        return ferry_arrays.full(ctx, shape, dtype)
     if backend == "cupy":
         import cupy
         return cupy.full(shape, 0x5A, dtype=dtype)
@@ -55,7 +56,9 @@ def device_empty(backend, shape, dtype):
     return torch.full(shape, 0x5A, dtype=tdt, device="cuda")
 
 
-def to_host(backend, arr):
+def to_host(ctx, backend, arr, dtype):
+    if backend == "ferry":
+        return ferry_arrays.to_numpy(ctx, arr, dtype)
     if backend == "cupy":
         import cupy
         return cupy.asnumpy(arr)
@@ -67,12 +70,12 @@ def read_gpu(ctx, backend, path, selection=None):
     v = ds.variables()[0]
     shape = v["shape"] if selection is None else tuple(len(range(*s)) for s in selection)
     ts = "<" + v["typestr"][1:] if v["typestr"][0] == ">" else v["typestr"]
-    dst = device_empty(backend, shape, np.dtype(ts))
+    dst = device_empty(ctx, backend, shape, np.dtype(ts))
     plan = F.Plan()
     plan.read(ds, 0, dst, selection=selection, native=True)
     ctx.run(plan)
     ds.close()
-    return to_host(backend, dst)
+    return to_host(ctx, backend, dst, np.dtype(ts))
 
 
 def same(a, b):
@@ -130,7 +133,7 @@ def make_store(tmp_path, kind):
 KINDS = ["v2_blosc", "v2_uncompressed_F", "v3_zstd_missing_nan", "v3_big_endian", "v3_sharded", "v3_crc32c"]
 
 
-@pytest.mark.parametrize("backend", ["cupy", "torch"])
+@pytest.mark.parametrize("backend", ["cupy", "torch", "ferry"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_zarr_to_gpu(ctx, tmp_path, kind, backend):
     if backend not in BACKENDS:

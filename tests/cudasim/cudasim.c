@@ -1,0 +1,563 @@
+/* cudasim.c — a stand-in for libcuda.so.1 so that ferry's device paths run in
+ * `make test` on machines without a GPU. It is not an emulator of the
+ * hardware; it keeps the rules of the driver API that ferry's correctness
+ * rests on, and is stricter where a real driver would only be slow:
+ *
+ * - "Device" memory is host memory handed out by cuMemAlloc and known by
+ *   range, so every copy checks that its device side lies inside one
+ *   allocation (a real GPU would fault or corrupt silently).
+ * - Streams are FIFO queues run by their own thread, each operation after a
+ *   random delay (FERRY_CUDASIM_DELAY_US, default 100): a buffer reused before
+ *   its asynchronous copy ran, or an event not waited for, shows up as wrong
+ *   bytes instead of passing by luck.
+ * - Pageable host memory behaves as the driver documents: H2D copies take the
+ *   source before returning, D2H copies return when done. Pinned memory
+ *   (cuMemHostAlloc / cuMemHostRegister) is read and written asynchronously.
+ * - Every call that needs a context fails with CUDA_ERROR_INVALID_CONTEXT
+ *   when the thread has none; a stream or event used under another device's
+ *   context fails with CUDA_ERROR_INVALID_HANDLE ("invalid resource handle").
+ * - The legacy stream (NULL) runs synchronously on the calling thread.
+ * - The four byteswap kernels of src/cuda/kernels.cu run by name.
+ *
+ * Tests read what happened through cudasim_count() (dlsym on the loaded
+ * library): primary-context retains and pinned allocations per device, and
+ * copies made under one device's context into another device's memory.
+ * FERRY_CUDASIM_DEVICES sets the device count (default 2). */
+
+#include "cuda/cuda.h"
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+enum {
+    OK = 0, E_INVALID_VALUE = 1, E_OUT_OF_MEMORY = 2, E_NOT_INITIALIZED = 3,
+    E_NO_DEVICE = 100, E_INVALID_DEVICE = 101, E_INVALID_CONTEXT = 201,
+    E_INVALID_HANDLE = 400, E_NOT_FOUND = 500, E_NOT_READY = 600
+};
+#define MAXDEV 16
+
+struct CUctx_st { int dev; int refs; };
+struct CUmod_st { int dev; };
+struct CUfunc_st { int swap; };   /* element size of ferry_bswapN */
+
+typedef struct op {
+    enum { OP_COPY, OP_RECORD, OP_WAIT, OP_SWAP } kind;
+    uint8_t *dst; const uint8_t *src; size_t n;    /* COPY (src may be owned) */
+    void *owned;                                   /* freed after the copy */
+    ferry_cu_memcpy2d c2;                          /* 2D copy when c2.Height */
+    struct CUevent_st *ev; uint64_t gen;           /* RECORD, WAIT */
+    unsigned size;                                 /* SWAP */
+    struct op *next;
+} op;
+
+struct CUstream_st {
+    CUcontext ctx;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv, idle_cv;
+    op *head, *tail;
+    int busy, stop;
+    unsigned seed;
+};
+
+struct CUevent_st {
+    CUcontext ctx;
+    uint64_t recorded, completed;
+};
+
+typedef struct region { uintptr_t base; size_t size; int kind, dev; struct region *next; } region;
+enum { R_DEVICE = 1, R_PINNED = 2, R_REGISTERED = 3 };
+
+static int ndev_ = 2, inited_;
+static struct CUctx_st primary_[MAXDEV];
+static region *regions_;
+static pthread_mutex_t lock_ = PTHREAD_MUTEX_INITIALIZER;   /* regions, contexts */
+static pthread_mutex_t ev_mu_ = PTHREAD_MUTEX_INITIALIZER;  /* every event */
+static pthread_cond_t ev_cv_ = PTHREAD_COND_INITIALIZER;
+static __thread CUcontext cur_;
+static long delay_us_ = 100;
+static atomic_long count_retains_[MAXDEV], count_pinned_[MAXDEV], count_cross_[MAXDEV];
+
+/* ---- what tests can ask ------------------------------------------------ */
+long cudasim_count(const char *what, int dev) {
+    if (dev < 0 || dev >= MAXDEV) return -1;
+    if (!strcmp(what, "retains")) return atomic_load(&count_retains_[dev]);
+    if (!strcmp(what, "pinned_allocs")) return atomic_load(&count_pinned_[dev]);
+    /* copies issued under device dev's context into another device's memory */
+    if (!strcmp(what, "cross_device_copies")) return atomic_load(&count_cross_[dev]);
+    return -1;
+}
+
+/* ---- memory registry ---------------------------------------------------- */
+static region *find_locked(uintptr_t p) {
+    for (region *r = regions_; r; r = r->next)
+        if (p >= r->base && p < r->base + (r->size ? r->size : 1)) return r;
+    return NULL;
+}
+
+static int lookup(uintptr_t p, size_t n, int *kind, int *dev) {
+    pthread_mutex_lock(&lock_);
+    region *r = find_locked(p);
+    int ok = r && p + n <= r->base + r->size + (r->size == 0);
+    if (r) { *kind = r->kind; *dev = r->dev; }
+    pthread_mutex_unlock(&lock_);
+    return r ? (ok ? 1 : -1) : 0;   /* 1 inside, -1 runs past the end, 0 unknown */
+}
+
+static void add_region(uintptr_t base, size_t size, int kind, int dev) {
+    region *r = malloc(sizeof *r);
+    *r = (region){base, size, kind, dev, NULL};
+    pthread_mutex_lock(&lock_);
+    r->next = regions_;
+    regions_ = r;
+    pthread_mutex_unlock(&lock_);
+}
+
+static int drop_region(uintptr_t base, int kind) {
+    pthread_mutex_lock(&lock_);
+    for (region **pp = &regions_; *pp; pp = &(*pp)->next)
+        if ((*pp)->base == base && (*pp)->kind == kind) {
+            region *r = *pp;
+            *pp = r->next;
+            free(r);
+            pthread_mutex_unlock(&lock_);
+            return 1;
+        }
+    pthread_mutex_unlock(&lock_);
+    return 0;
+}
+
+/* A device range [p, p+n) inside one cuMemAlloc allocation; counts copies
+ * into another device's memory than the current context's. */
+static int device_range(CUdeviceptr p, size_t n) {
+    int kind = 0, dev = -1;
+    if (lookup((uintptr_t)p, n, &kind, &dev) != 1 || kind != R_DEVICE) return E_INVALID_VALUE;
+    if (cur_ && dev != cur_->dev) atomic_fetch_add(&count_cross_[cur_->dev], 1);
+    return OK;
+}
+
+static int host_pinned(const void *p, size_t n) {
+    int kind = 0, dev = -1;
+    return lookup((uintptr_t)p, n, &kind, &dev) == 1 && (kind == R_PINNED || kind == R_REGISTERED);
+}
+
+/* ---- streams --------------------------------------------------------------- */
+static void run_op(op *o) {
+    if (o->kind == OP_COPY) {
+        if (o->c2.Height) {
+            const ferry_cu_memcpy2d *c = &o->c2;
+            const uint8_t *s = c->srcMemoryType == FERRY_CU_MEMORYTYPE_HOST ? (const uint8_t *)c->srcHost
+                                                                             : (const uint8_t *)(uintptr_t)c->srcDevice;
+            uint8_t *d = c->dstMemoryType == FERRY_CU_MEMORYTYPE_HOST ? (uint8_t *)c->dstHost
+                                                                       : (uint8_t *)(uintptr_t)c->dstDevice;
+            if (o->owned) s = o->owned;
+            for (size_t y = 0; y < c->Height; y++)
+                memmove(d + c->dstXInBytes + (c->dstY + y) * c->dstPitch,
+                        s + (o->owned ? y * c->WidthInBytes : c->srcXInBytes + (c->srcY + y) * c->srcPitch),
+                        c->WidthInBytes);
+        } else if (o->n) {
+            memmove(o->dst, o->src, o->n);
+        }
+    } else if (o->kind == OP_SWAP) {
+        uint8_t *p = o->dst;
+        for (size_t i = 0; i < o->n; i++, p += o->size)
+            for (unsigned a = 0, b = o->size - 1; a < b; a++, b--) { uint8_t t = p[a]; p[a] = p[b]; p[b] = t; }
+    } else if (o->kind == OP_RECORD) {
+        pthread_mutex_lock(&ev_mu_);
+        if (o->gen > o->ev->completed) o->ev->completed = o->gen;
+        pthread_cond_broadcast(&ev_cv_);
+        pthread_mutex_unlock(&ev_mu_);
+    } else if (o->kind == OP_WAIT) {
+        pthread_mutex_lock(&ev_mu_);
+        while (o->ev->completed < o->gen) pthread_cond_wait(&ev_cv_, &ev_mu_);
+        pthread_mutex_unlock(&ev_mu_);
+    }
+    free(o->owned);
+}
+
+static void *stream_main(void *arg) {
+    struct CUstream_st *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (!s->head && !s->stop) pthread_cond_wait(&s->cv, &s->mu);
+        if (!s->head) break;
+        op *o = s->head;
+        s->head = o->next;
+        if (!s->head) s->tail = NULL;
+        s->busy = 1;
+        unsigned d = delay_us_ > 0 ? (unsigned)(rand_r(&s->seed) % (unsigned)(delay_us_ + 1)) : 0;
+        pthread_mutex_unlock(&s->mu);
+        if (d) usleep(d);
+        run_op(o);
+        free(o);
+        pthread_mutex_lock(&s->mu);
+        s->busy = 0;
+        if (!s->head) pthread_cond_broadcast(&s->idle_cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+static void drain(struct CUstream_st *s) {
+    pthread_mutex_lock(&s->mu);
+    while (s->head || s->busy) pthread_cond_wait(&s->idle_cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Check the stream against the current context; NULL is the legacy stream. */
+static int stream_ok(CUstream s) {
+    if (!cur_) return E_INVALID_CONTEXT;
+    if (s && s->ctx != cur_) return E_INVALID_HANDLE;
+    return OK;
+}
+
+/* Queue o on s, or run it now on the legacy stream. */
+static void submit(CUstream s, op *o) {
+    if (!s) { run_op(o); free(o); return; }
+    o->next = NULL;
+    pthread_mutex_lock(&s->mu);
+    if (s->tail) s->tail->next = o; else s->head = o;
+    s->tail = o;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+static op *new_op(int kind) {
+    op *o = calloc(1, sizeof *o);
+    o->kind = kind;
+    return o;
+}
+
+/* ---- the driver API ------------------------------------------------------- */
+CUresult cuInit(unsigned flags) {
+    (void)flags;
+    const char *n = getenv("FERRY_CUDASIM_DEVICES");
+    const char *d = getenv("FERRY_CUDASIM_DELAY_US");
+    pthread_mutex_lock(&lock_);
+    if (!inited_) {
+        if (n) ndev_ = atoi(n);
+        if (ndev_ < 0) ndev_ = 0;
+        if (ndev_ > MAXDEV) ndev_ = MAXDEV;
+        if (d) delay_us_ = atol(d);
+        for (int i = 0; i < MAXDEV; i++) primary_[i].dev = i;
+        inited_ = 1;
+    }
+    pthread_mutex_unlock(&lock_);
+    return OK;
+}
+
+CUresult cuDriverGetVersion(int *v) { *v = 13000; return OK; }
+CUresult cuDeviceGetCount(int *n) { if (!inited_) return E_NOT_INITIALIZED; *n = ndev_; return OK; }
+CUresult cuDeviceGet(CUdevice *d, int ord) {
+    if (!inited_) return E_NOT_INITIALIZED;
+    if (ord < 0 || ord >= ndev_) return E_INVALID_DEVICE;
+    *d = ord;
+    return OK;
+}
+
+CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
+    if (d < 0 || d >= ndev_) return E_INVALID_DEVICE;
+    pthread_mutex_lock(&lock_);
+    primary_[d].refs++;
+    pthread_mutex_unlock(&lock_);
+    atomic_fetch_add(&count_retains_[d], 1);
+    *c = &primary_[d];
+    return OK;
+}
+
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
+    if (d < 0 || d >= ndev_) return E_INVALID_DEVICE;
+    pthread_mutex_lock(&lock_);
+    int bad = primary_[d].refs <= 0;
+    if (!bad) primary_[d].refs--;
+    pthread_mutex_unlock(&lock_);
+    return bad ? E_INVALID_CONTEXT : OK;
+}
+
+/* Whether device d's primary context is alive (retained and not released). */
+CUresult cuDevicePrimaryCtxGetState(CUdevice d, unsigned *flags, int *active) {
+    if (d < 0 || d >= ndev_) return E_INVALID_DEVICE;
+    pthread_mutex_lock(&lock_);
+    *flags = 0;
+    *active = primary_[d].refs > 0;
+    pthread_mutex_unlock(&lock_);
+    return OK;
+}
+
+CUresult cuCtxSetCurrent(CUcontext c) { cur_ = c; return OK; }
+CUresult cuCtxGetCurrent(CUcontext *c) { *c = cur_; return OK; }
+
+CUresult cuStreamCreate(CUstream *out, unsigned flags) {
+    (void)flags;
+    if (!cur_) return E_INVALID_CONTEXT;
+    struct CUstream_st *s = calloc(1, sizeof *s);
+    s->ctx = cur_;
+    s->seed = (unsigned)(uintptr_t)s ^ (unsigned)time(NULL);
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    pthread_cond_init(&s->idle_cv, NULL);
+    if (pthread_create(&s->thread, NULL, stream_main, s) != 0) { free(s); return E_OUT_OF_MEMORY; }
+    *out = s;
+    return OK;
+}
+
+CUresult cuStreamDestroy_v2(CUstream s) {
+    if (!s) return E_INVALID_HANDLE;
+    drain(s);   /* the driver lets queued work finish */
+    pthread_mutex_lock(&s->mu);
+    s->stop = 1;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->thread, NULL);
+    free(s);
+    return OK;
+}
+
+CUresult cuStreamSynchronize(CUstream s) {
+    if (!cur_) return E_INVALID_CONTEXT;
+    if (s) drain(s);
+    return OK;
+}
+
+CUresult cuEventCreate(CUevent *e, unsigned flags) {
+    (void)flags;
+    if (!cur_) return E_INVALID_CONTEXT;
+    *e = calloc(1, sizeof **e);
+    (*e)->ctx = cur_;
+    return OK;
+}
+
+CUresult cuEventDestroy_v2(CUevent e) { free(e); return OK; }
+
+CUresult cuEventRecord(CUevent e, CUstream s) {
+    int rc = stream_ok(s);
+    if (rc) return rc;
+    if (e->ctx != (s ? s->ctx : cur_)) return E_INVALID_HANDLE;
+    op *o = new_op(OP_RECORD);
+    pthread_mutex_lock(&ev_mu_);
+    o->ev = e;
+    o->gen = ++e->recorded;
+    pthread_mutex_unlock(&ev_mu_);
+    submit(s, o);
+    return OK;
+}
+
+CUresult cuEventQuery(CUevent e) {
+    pthread_mutex_lock(&ev_mu_);
+    int done = e->completed >= e->recorded;
+    pthread_mutex_unlock(&ev_mu_);
+    return done ? OK : E_NOT_READY;
+}
+
+CUresult cuEventSynchronize(CUevent e) {
+    pthread_mutex_lock(&ev_mu_);
+    uint64_t want = e->recorded;
+    while (e->completed < want) pthread_cond_wait(&ev_cv_, &ev_mu_);
+    pthread_mutex_unlock(&ev_mu_);
+    return OK;
+}
+
+/* The event may belong to any context (the driver allows cross-device waits). */
+CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned flags) {
+    (void)flags;
+    int rc = stream_ok(s);
+    if (rc) return rc;
+    op *o = new_op(OP_WAIT);
+    pthread_mutex_lock(&ev_mu_);
+    o->ev = e;
+    o->gen = e->recorded;
+    pthread_mutex_unlock(&ev_mu_);
+    submit(s, o);
+    return OK;
+}
+
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
+    int rc = stream_ok(s);
+    if (rc) return rc;
+    if (n && (rc = device_range(dst, n))) return rc;
+    op *o = new_op(OP_COPY);
+    o->dst = (uint8_t *)(uintptr_t)dst;
+    o->n = n;
+    if (host_pinned(src, n) || !n) {
+        o->src = src;
+    } else {                 /* pageable: the driver takes the bytes now */
+        o->owned = malloc(n);
+        memcpy(o->owned, src, n);
+        o->src = o->owned;
+    }
+    submit(s, o);
+    return OK;
+}
+
+CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s) {
+    int rc = stream_ok(s);
+    if (rc) return rc;
+    if (n && (rc = device_range(src, n))) return rc;
+    op *o = new_op(OP_COPY);
+    o->dst = dst;
+    o->src = (const uint8_t *)(uintptr_t)src;
+    o->n = n;
+    int pinned = host_pinned(dst, n) || !n;
+    submit(s, o);
+    if (!pinned && s) drain(s);   /* pageable: returns when the copy is done */
+    return OK;
+}
+
+static int range2d(int type, const void *host, CUdeviceptr dev, size_t x, size_t y, size_t pitch,
+                   size_t w, size_t h) {
+    if (type == FERRY_CU_MEMORYTYPE_DEVICE)
+        return h ? device_range(dev + x + y * pitch, (h - 1) * pitch + w) : OK;
+    if (type == FERRY_CU_MEMORYTYPE_HOST) return host ? OK : E_INVALID_VALUE;
+    return E_INVALID_VALUE;
+}
+
+CUresult cuMemcpy2DAsync_v2(const ferry_cu_memcpy2d *c, CUstream s) {
+    int rc = stream_ok(s);
+    if (rc) return rc;
+    if (!c->Height || !c->WidthInBytes) return OK;
+    if (c->srcPitch < c->WidthInBytes || c->dstPitch < c->WidthInBytes) return E_INVALID_VALUE;
+    if ((rc = range2d(c->srcMemoryType, c->srcHost, c->srcDevice, c->srcXInBytes, c->srcY, c->srcPitch,
+                      c->WidthInBytes, c->Height)) ||
+        (rc = range2d(c->dstMemoryType, c->dstHost, c->dstDevice, c->dstXInBytes, c->dstY, c->dstPitch,
+                      c->WidthInBytes, c->Height)))
+        return rc;
+    op *o = new_op(OP_COPY);
+    o->c2 = *c;
+    int src_host = c->srcMemoryType == FERRY_CU_MEMORYTYPE_HOST;
+    int dst_host = c->dstMemoryType == FERRY_CU_MEMORYTYPE_HOST;
+    const uint8_t *sh = src_host ? (const uint8_t *)c->srcHost + c->srcXInBytes + c->srcY * c->srcPitch : NULL;
+    size_t span = (c->Height - 1) * c->srcPitch + c->WidthInBytes;
+    if (src_host && !host_pinned(sh, span)) {   /* pageable source: taken now, packed */
+        uint8_t *b = malloc(c->WidthInBytes * c->Height);
+        for (size_t y = 0; y < c->Height; y++) memcpy(b + y * c->WidthInBytes, sh + y * c->srcPitch, c->WidthInBytes);
+        o->owned = b;
+    }
+    int dst_pageable = dst_host &&
+        !host_pinned((uint8_t *)c->dstHost + c->dstXInBytes + c->dstY * c->dstPitch,
+                     (c->Height - 1) * c->dstPitch + c->WidthInBytes);
+    submit(s, o);
+    if (dst_pageable && s) drain(s);
+    return OK;
+}
+
+/* cuMemcpy: synchronous, on the legacy stream, device or host on either side. */
+CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+    if (!cur_) return E_INVALID_CONTEXT;
+    int k1 = 0, k2 = 0, d1, d2;
+    if (!n) return OK;
+    int a = lookup((uintptr_t)dst, n, &k1, &d1), b = lookup((uintptr_t)src, n, &k2, &d2);
+    if (a < 0 || b < 0) return E_INVALID_VALUE;
+    memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+    return OK;
+}
+
+CUresult cuMemHostAlloc(void **p, size_t n, unsigned flags) {
+    (void)flags;
+    if (!cur_) return E_INVALID_CONTEXT;
+    if (posix_memalign(p, 4096, n ? n : 1) != 0) return E_OUT_OF_MEMORY;
+    add_region((uintptr_t)*p, n, R_PINNED, cur_->dev);
+    atomic_fetch_add(&count_pinned_[cur_->dev], 1);
+    return OK;
+}
+
+CUresult cuMemFreeHost(void *p) {
+    if (!drop_region((uintptr_t)p, R_PINNED)) return E_INVALID_VALUE;
+    free(p);
+    return OK;
+}
+
+CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned flags) {
+    (void)flags;
+    if (!cur_) return E_INVALID_CONTEXT;
+    add_region((uintptr_t)p, n, R_REGISTERED, cur_->dev);
+    return OK;
+}
+
+CUresult cuMemHostUnregister(void *p) {
+    return drop_region((uintptr_t)p, R_REGISTERED) ? OK : E_INVALID_VALUE;
+}
+
+CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
+    if (!cur_) return E_INVALID_CONTEXT;
+    if (!n) return E_INVALID_VALUE;
+    void *m;
+    if (posix_memalign(&m, 256, n) != 0) return E_OUT_OF_MEMORY;
+    memset(m, 0xA5, n);   /* device memory starts as garbage, not zeros */
+    add_region((uintptr_t)m, n, R_DEVICE, cur_->dev);
+    *p = (CUdeviceptr)(uintptr_t)m;
+    return OK;
+}
+
+CUresult cuMemFree_v2(CUdeviceptr p) {
+    if (!drop_region((uintptr_t)p, R_DEVICE)) return E_INVALID_VALUE;
+    free((void *)(uintptr_t)p);
+    return OK;
+}
+
+CUresult cuPointerGetAttribute(void *out, int attr, CUdeviceptr p) {
+    int kind = 0, dev = -1;
+    if (lookup((uintptr_t)p, 1, &kind, &dev) == 0) return E_INVALID_VALUE;
+    if (attr == FERRY_CU_POINTER_ATTRIBUTE_MEMORY_TYPE)
+        *(unsigned *)out = kind == R_DEVICE ? FERRY_CU_MEMORYTYPE_DEVICE : FERRY_CU_MEMORYTYPE_HOST;
+    else if (attr == FERRY_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)
+        *(int *)out = dev;
+    else
+        return E_INVALID_VALUE;
+    return OK;
+}
+
+CUresult cuGetErrorString(CUresult r, const char **s) {
+    switch (r) {
+    case OK: *s = "no error"; break;
+    case E_INVALID_VALUE: *s = "invalid argument"; break;
+    case E_OUT_OF_MEMORY: *s = "out of memory"; break;
+    case E_NOT_INITIALIZED: *s = "initialization error"; break;
+    case E_INVALID_DEVICE: *s = "invalid device ordinal"; break;
+    case E_INVALID_CONTEXT: *s = "invalid device context"; break;
+    case E_INVALID_HANDLE: *s = "invalid resource handle"; break;
+    case E_NOT_FOUND: *s = "named symbol not found"; break;
+    case E_NOT_READY: *s = "device not ready"; break;
+    default: return E_INVALID_VALUE;
+    }
+    return OK;
+}
+
+CUresult cuModuleLoadData(CUmodule *m, const void *image) {
+    (void)image;
+    if (!cur_) return E_INVALID_CONTEXT;
+    static struct CUmod_st mods[MAXDEV];   /* never unloaded, as by ferry */
+    mods[cur_->dev].dev = cur_->dev;
+    *m = &mods[cur_->dev];
+    return OK;
+}
+
+CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
+    (void)m;
+    static struct CUfunc_st swaps[5] = {{0}, {2}, {4}, {8}, {16}};
+    if (!strcmp(name, "ferry_bswap2")) *f = &swaps[1];
+    else if (!strcmp(name, "ferry_bswap4")) *f = &swaps[2];
+    else if (!strcmp(name, "ferry_bswap8")) *f = &swaps[3];
+    else if (!strcmp(name, "ferry_bswap16")) *f = &swaps[4];
+    else return E_NOT_FOUND;
+    return OK;
+}
+
+/* The byteswap kernels: (pointer, element count). */
+CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                        unsigned bz, unsigned shmem, CUstream s, void **args, void **extra) {
+    (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)shmem; (void)extra;
+    int rc = stream_ok(s);
+    if (rc) return rc;
+    CUdeviceptr p = *(CUdeviceptr *)args[0];
+    unsigned long long n = *(unsigned long long *)args[1];
+    if (n && (rc = device_range(p, n * f->swap))) return rc;
+    op *o = new_op(OP_SWAP);
+    o->dst = (uint8_t *)(uintptr_t)p;
+    o->n = n;
+    o->size = f->swap;
+    submit(s, o);
+    return OK;
+}
