@@ -123,8 +123,9 @@ test-gpu: all
 # The GPU tests again on the simulated driver (tests/cudasim), also under ASan:
 # the device paths are checked on machines without a GPU too.
 SIM_ENV := LD_LIBRARY_PATH=$(abspath $(B)/cudasim) FERRY_CUFILE=off FERRY_GPU_BIG=0
-test-cudasim: all $(B)/cudasim/libcuda.so.1 $(BA)/tests/gpu/test_gpu_engine
-	@$(SIM_ENV) ASAN_OPTIONS=detect_leaks=1 tools/run-c-tests.sh $(BA)/tests/gpu/test_gpu_engine
+GPU_C_TESTS := $(patsubst tests/gpu/%.c,$(BA)/tests/gpu/%,$(wildcard tests/gpu/test_*.c))
+test-cudasim: all $(B)/cudasim/libcuda.so.1 $(GPU_C_TESTS)
+	@$(SIM_ENV) ASAN_OPTIONS=detect_leaks=1 tools/run-c-tests.sh $(GPU_C_TESTS)
 	@$(SIM_ENV) PYTHONPATH=python FERRY_BIN=$(B)/ferry tests/gpu/run.sh $(PYTHON)
 
 # The whole suite: C tests, the same under ASan+UBSan, the fuzz corpus, pytest,

@@ -106,11 +106,12 @@ typedef struct ferry_worker {
     int id;
     pthread_t thread;
     uint8_t *stage[FERRY_MAX_STAGING];  /* pinned (or aligned host) staging buffers */
-    int stage_pinned;
+    int stage_pinned[FERRY_MAX_STAGING];
+    int pin_failed;                     /* cuMemHostAlloc failed once: plain memory from now on */
     int stage_dev[FERRY_MAX_STAGING];   /* device whose stream last used the buffer, -1 none */
     int next_stage;
     ferry_devstate dev[FERRY_MAX_DEVICES];
-    uint8_t *in_buf; size_t in_cap;     /* encoded bytes of one extent (aligned) */
+    uint8_t *in_buf; size_t in_cap; int in_pinned; /* encoded bytes of one extent (aligned) */
     uint8_t *dec_buf; size_t dec_cap; int dec_pinned; int dec_dev; /* decoded bytes */
     ferry_decode_scratch scratch;
     ferry_pending *pending; size_t npending, cap_pending;
@@ -151,8 +152,10 @@ void ferry_worker_free(ferry_worker *w);
  * 0 when its device copies are still running (it completes from w's pending
  * list). Errors are recorded in the job. */
 int ferry_exec_task(ferry_worker *w, ferry_job *job, const ferry_task *t);
-int ferry_worker_staging(ferry_worker *w);
-int ferry_worker_grow(ferry_worker *w, uint8_t **buf, size_t *cap, int *pinned, size_t n);
+/* Buffers for work that feeds device dev (pinned in dev's context), or host
+ * work (dev < 0: plain memory, CUDA untouched). */
+int ferry_worker_staging(ferry_worker *w, int dev);
+int ferry_worker_grow(ferry_worker *w, int dev, uint8_t **buf, size_t *cap, int *pinned, size_t n);
 int ferry_worker_device(ferry_worker *w, int d, ferry_devstate **out);
 void ferry_worker_completed(ferry_worker *w, int d, uint64_t seq);
 int ferry_worker_defer(ferry_worker *w, ferry_job *job, int d);

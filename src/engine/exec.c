@@ -69,7 +69,7 @@ static int64_t read_to_host(ferry_worker *w, ferry_job *j, ferry_file *f, uint64
         count_io(w->ctx, 0, (uint64_t)t, 0);
         return r + t;
     }
-    int rc = ferry_worker_staging(w);
+    int rc = ferry_worker_staging(w, -1);
     if (rc < 0) return rc;
     int i = w->next_stage;
     w->next_stage = (i + 1) % w->ctx->cfg.staging_count;
@@ -168,7 +168,7 @@ static int64_t read_staged(ferry_worker *w, ferry_job *j, ferry_file *f, uint64_
     ferry_devstate *ds;
     int rc = ferry_worker_device(w, d, &ds);
     if (rc < 0) return rc;
-    if ((rc = ferry_worker_staging(w)) < 0) return rc;
+    if ((rc = ferry_worker_staging(w, d)) < 0) return rc;
     const ferry_cuda_api *cu = ferry_cuda_load(NULL);
     int gpu_swap = swap > 1 && (dst % swap) == 0 && (len % swap) == 0 && ferry_cuda_kernels_ready(d);
     /* A CPU swap needs chunks of whole elements: chunk from `off`, buffered.
@@ -301,19 +301,19 @@ static int64_t exec_read_plain(ferry_worker *w, ferry_job *j, const ferry_extent
 static int64_t exec_read_coded(ferry_worker *w, ferry_job *j, const ferry_extent *e, ferry_file *f, int *deferred) {
     int rc = dec_wait(w);
     if (rc < 0) return rc;
-    if ((rc = ferry_worker_grow(w, &w->in_buf, &w->in_cap, &w->dec_pinned, e->length ? e->length : 1)) < 0) return rc;
+    int host = e->dst.kind == FERRY_MEM_HOST, dev = host ? -1 : e->dst.device;
+    if ((rc = ferry_worker_grow(w, dev, &w->in_buf, &w->in_cap, &w->in_pinned, e->length ? e->length : 1)) < 0) return rc;
     int64_t got = read_to_host(w, j, f, e->offset, e->length, w->in_buf);
     if (got < 0) return got;
     if ((uint64_t)got < e->length) return short_error(j, e, f, e->offset, e->length, (uint64_t)got);
     const uint8_t *dec = w->in_buf;
     uint64_t dlen = e->length;
-    int host = e->dst.kind == FERRY_MEM_HOST;
     uint8_t *hdst = host ? (uint8_t *)e->dst.ptr + e->dst_offset : NULL;
     if (e->ncodecs) {
         uint8_t *out;
         if (host && !e->place) out = hdst;
         else {
-            if ((rc = ferry_worker_grow(w, &w->dec_buf, &w->dec_cap, &w->dec_pinned, e->decoded_size ? e->decoded_size : 1)) < 0)
+            if ((rc = ferry_worker_grow(w, dev, &w->dec_buf, &w->dec_cap, &w->dec_pinned, e->decoded_size ? e->decoded_size : 1)) < 0)
                 return rc;
             out = w->dec_buf;
         }
@@ -359,7 +359,7 @@ static int exec_fill(ferry_worker *w, ferry_job *j, const ferry_extent *e, uint6
     if (!e->place) {
         /* a pattern buffer copied repeatedly */
         uint64_t n = hi - lo, chunk = FERRY_MIN(n, (uint64_t)(4u << 20));
-        if ((rc = ferry_worker_grow(w, &w->dec_buf, &w->dec_cap, &w->dec_pinned, chunk ? chunk : 1)) < 0) return rc;
+        if ((rc = ferry_worker_grow(w, d, &w->dec_buf, &w->dec_cap, &w->dec_pinned, chunk ? chunk : 1)) < 0) return rc;
         memset(w->dec_buf, e->fill[0], chunk);
         for (uint64_t c = 0; c < n; c += chunk) {
             rc = to_device(w, j, d, w->dec_buf, FERRY_MIN(chunk, n - c), dst + lo + c, NULL);
@@ -373,7 +373,7 @@ static int exec_fill(ferry_worker *w, ferry_job *j, const ferry_extent *e, uint6
         uint64_t bytes;
         if (ferry_mul_overflow(elems, size, &bytes)) return ferry_seterr(FERRY_EINVAL, "fill too large");
         if (!bytes) return 0;
-        if ((rc = ferry_worker_grow(w, &w->dec_buf, &w->dec_cap, &w->dec_pinned, bytes)) < 0) return rc;
+        if ((rc = ferry_worker_grow(w, d, &w->dec_buf, &w->dec_cap, &w->dec_pinned, bytes)) < 0) return rc;
         ferry_place flat = {1, size, {elems}, {size}, {size}, 0};
         ferry_fill_host(w->dec_buf, e->fill, size, &flat, 0);
         int64_t stride = size;
@@ -421,7 +421,7 @@ static int64_t exec_write(ferry_worker *w, ferry_job *j, const ferry_extent *e, 
             if (r < 0) return r;
         } else {
             /* O_DIRECT needs an aligned source: bounce through staging */
-            if ((rc = ferry_worker_staging(w)) < 0) return rc;
+            if ((rc = ferry_worker_staging(w, -1)) < 0) return rc;
             int i = w->next_stage;
             w->next_stage = (i + 1) % k;
             if ((rc = stage_wait(w, i)) < 0) return rc;
@@ -461,7 +461,7 @@ static int64_t exec_write(ferry_worker *w, ferry_job *j, const ferry_extent *e, 
             /* device -> staging i (async) while staging i-1 is written */
             ferry_devstate *ds;
             if ((rc = ferry_worker_device(w, d, &ds)) < 0) return rc;
-            if ((rc = ferry_worker_staging(w)) < 0) return rc;
+            if ((rc = ferry_worker_staging(w, d)) < 0) return rc;
             const ferry_cuda_api *cu = ferry_cuda_load(NULL);
             uint64_t nchunks = (len + S - 1) / S;
             int first = w->next_stage;

@@ -5,14 +5,25 @@
 #include "engine/engine.h"
 #include <stdlib.h>
 
-static int alloc_host(ferry_worker *w, uint8_t **p, size_t n, int *pinned) {
-    const ferry_cuda_api *cu = ferry_cuda_load(NULL);
+/* A 4 KiB-aligned host buffer of n bytes. For work that feeds device dev it is
+ * pinned, in dev's primary context: pinned memory belongs to the context that
+ * allocated it, and a process that serves only device 1 must never open a
+ * context on device 0 (hundreds of MB of that GPU, in every rank). For
+ * host-only work (dev < 0) plain memory does and CUDA is not touched. Portable
+ * pinned memory serves copies to every device. A failed pin is not retried. */
+static int alloc_host(ferry_worker *w, int dev, uint8_t **p, size_t n, int *pinned) {
     *p = NULL;
     *pinned = 0;
-    if (cu && ferry_cuda_use_device(0) == 0 &&
-        cu->MemHostAlloc((void **)p, n, FERRY_CU_MEMHOSTALLOC_PORTABLE) == 0) {
-        *pinned = 1;
-        return 0;
+    const ferry_cuda_api *cu = dev >= 0 && !w->pin_failed ? ferry_cuda_load(NULL) : NULL;
+    if (cu) {
+        if (ferry_cuda_use_device(dev) == 0 &&
+            cu->MemHostAlloc((void **)p, n, FERRY_CU_MEMHOSTALLOC_PORTABLE) == 0) {
+            *pinned = 1;
+            return 0;
+        }
+        *p = NULL;
+        w->pin_failed = 1;
+        ferry_clearerr();
     }
     if (posix_memalign((void **)p, FERRY_ALIGN, n) != 0) { *p = NULL; return ferry_seterr(FERRY_ENOMEM, "staging: out of memory"); }
     return 0;
@@ -26,6 +37,12 @@ static void free_host(uint8_t *p, int pinned) {
     } else free(p);
 }
 
+/* Whether a buffer that is plain host memory should be pinned now: it is
+ * about to feed device dev, and pinning has not failed before. */
+static int want_pin(const ferry_worker *w, int dev, int pinned) {
+    return !pinned && dev >= 0 && !w->pin_failed;
+}
+
 int ferry_worker_init(ferry_ctx *ctx, ferry_worker *w, int id) {
     memset(w, 0, sizeof *w);
     w->ctx = ctx;
@@ -36,29 +53,29 @@ int ferry_worker_init(ferry_ctx *ctx, ferry_worker *w, int id) {
     return 0;
 }
 
-/* Staging buffers are allocated on first use (pinned when CUDA is present). */
-int ferry_worker_staging(ferry_worker *w) {
-    if (w->stage[0]) return 0;
-    int n = w->ctx->cfg.staging_count;
-    for (int i = 0; i < n; i++) {
-        int pinned;
-        int rc = alloc_host(w, &w->stage[i], w->ctx->cfg.staging_size, &pinned);
+/* Staging buffers are allocated on first use, and pinned again once device
+ * work needs them: plain ones were only used by host work (nothing in flight). */
+int ferry_worker_staging(ferry_worker *w, int dev) {
+    if (w->stage[0] && !want_pin(w, dev, w->stage_pinned[0])) return 0;
+    for (int i = 0; i < w->ctx->cfg.staging_count; i++) {
+        free_host(w->stage[i], w->stage_pinned[i]);
+        int rc = alloc_host(w, dev, &w->stage[i], w->ctx->cfg.staging_size, &w->stage_pinned[i]);
         if (rc < 0) return rc;
-        w->stage_pinned = pinned;
     }
     return 0;
 }
 
-/* A buffer of at least n bytes, 4 KiB aligned, pinned when CUDA is present;
- * previous contents are not kept. The caller has waited for copies from it. */
-int ferry_worker_grow(ferry_worker *w, uint8_t **buf, size_t *cap, int *pinned, size_t n) {
-    if (*cap >= n && *buf) return 0;
+/* A buffer of at least n bytes, 4 KiB aligned, pinned when it feeds device
+ * dev (>= 0); previous contents are not kept. The caller has waited for
+ * copies from it. */
+int ferry_worker_grow(ferry_worker *w, int dev, uint8_t **buf, size_t *cap, int *pinned, size_t n) {
+    if (*cap >= n && *buf && !want_pin(w, dev, *pinned)) return 0;
     size_t nc = *cap ? *cap : (1u << 20);
     while (nc < n) nc *= 2;
     free_host(*buf, *pinned);
     *buf = NULL;
     *cap = 0;
-    int rc = alloc_host(w, buf, nc, pinned);
+    int rc = alloc_host(w, dev, buf, nc, pinned);
     if (rc < 0) return rc;
     *cap = nc;
     return 0;
@@ -74,8 +91,8 @@ void ferry_worker_free(ferry_worker *w) {
         if (w->dev[d].dec_ev) cu->EventDestroy(w->dev[d].dec_ev);
         cu->StreamDestroy(w->dev[d].stream);
     }
-    for (int i = 0; i < FERRY_MAX_STAGING; i++) free_host(w->stage[i], w->stage_pinned);
-    free_host(w->in_buf, w->dec_pinned);
+    for (int i = 0; i < FERRY_MAX_STAGING; i++) free_host(w->stage[i], w->stage_pinned[i]);
+    free_host(w->in_buf, w->in_pinned);
     free_host(w->dec_buf, w->dec_pinned);
     if (w->pathfile) ferry_file_close(w->pathfile);
     ferry_decode_scratch_free(&w->scratch);

@@ -6,8 +6,9 @@ set -u
 PY=${1:-python3}
 cd "$(dirname "$0")/../.."
 rc=0
-make --no-print-directory build/tests/gpu/test_gpu_engine PYTHON="$PY" >/dev/null || exit 1
-tools/run-c-tests.sh build/tests/gpu/test_gpu_engine || rc=1
+ctests=$(ls tests/gpu/test_*.c | sed 's|^tests/gpu/\(.*\)\.c$|build/tests/gpu/\1|')
+make --no-print-directory $ctests PYTHON="$PY" >/dev/null || exit 1
+tools/run-c-tests.sh $ctests || rc=1
 if ls tests/gpu/test_*.py >/dev/null 2>&1; then
     PYTHONPATH=python${PYTHONPATH:+:$PYTHONPATH} "$PY" -m pytest -q -p no:cacheprovider -rs tests/gpu; r=$?
     # exit 5: nothing collected is not a failure here
