@@ -16,14 +16,15 @@ static int alloc_host(ferry_worker *w, int dev, uint8_t **p, size_t n, int *pinn
     *pinned = 0;
     const ferry_cuda_api *cu = dev >= 0 && !w->pin_failed ? ferry_cuda_load(NULL) : NULL;
     if (cu) {
-        if (ferry_cuda_use_device(dev) == 0 &&
-            cu->MemHostAlloc((void **)p, n, FERRY_CU_MEMHOSTALLOC_PORTABLE) == 0) {
-            *pinned = 1;
-            return 0;
+        if (ferry_cuda_use_device(dev) == 0) {
+            if (cu->MemHostAlloc((void **)p, n, FERRY_CU_MEMHOSTALLOC_PORTABLE) == 0) {
+                *pinned = 1;
+                return 0;
+            }
+            *p = NULL;
+            w->pin_failed = 1;   /* e.g. the locked-memory limit: do not ask each time */
         }
-        *p = NULL;
-        w->pin_failed = 1;
-        ferry_clearerr();
+        ferry_clearerr();        /* a device that cannot be used fails the task later, with its reason */
     }
     if (posix_memalign((void **)p, FERRY_ALIGN, n) != 0) { *p = NULL; return ferry_seterr(FERRY_ENOMEM, "staging: out of memory"); }
     return 0;
