@@ -190,15 +190,6 @@ def normalize_selection(selection: Any, shape: Sequence[int]):
     return triples, tuple(out_shape), tuple(squeeze)
 
 
-def _squeezed(arr, full_shape: tuple, squeeze: tuple):
-    if not squeeze:
-        return arr
-    shape = tuple(n for i, n in enumerate(full_shape) if i not in squeeze)
-    if isinstance(arr, Array):   # ferry.Array has no reshape: it keeps the full shape
-        return arr
-    return arr.reshape(shape)
-
-
 # ---------------------------------------------------------------------------
 # attributes (JSON from the C parsers) -> Python values
 # ---------------------------------------------------------------------------
@@ -323,12 +314,13 @@ def _add_read(plan: Plan, ds: Dataset | None, file: File | None, var: dict | Non
     triples, sel_shape, squeeze = normalize_selection(selection, shape)
     itemsize = int(var["itemsize"])
     nbytes = int(np.prod(sel_shape, dtype=np.int64)) * itemsize if sel_shape else itemsize
-    dst, ret = _prepare_dst(out, nbytes, sel_shape, typestr, dev, ctx)
+    # integer indices drop their axes (as numpy's do): the new array gets the
+    # squeezed shape from the start, the same bytes
+    final = tuple(n for i, n in enumerate(sel_shape) if i not in squeeze)
+    dst, ret = _prepare_dst(out, nbytes, final, typestr, dev, ctx)
     if nbytes:
         plan.read(ds, var["name"], dst, triples, True)
-    if out is not None:
-        return ret, (lambda r: r)
-    return ret, (lambda r: _squeezed(r, sel_shape, squeeze))
+    return ret, (lambda r: r)
 
 
 def read(path, name: str | None = None, *, device: Any = "cpu", selection: Any = None, out: Any = None,
