@@ -124,8 +124,11 @@ test-gpu: all
 # the device paths are checked on machines without a GPU too.
 SIM_ENV := LD_LIBRARY_PATH=$(abspath $(B)/cudasim) FERRY_CUFILE=off FERRY_GPU_BIG=0
 GPU_C_TESTS := $(patsubst tests/gpu/%.c,$(BA)/tests/gpu/%,$(wildcard tests/gpu/test_*.c))
-test-cudasim: all $(B)/cudasim/libcuda.so.1 $(GPU_C_TESTS)
+test-cudasim: all $(B)/cudasim/libcuda.so.1 $(GPU_C_TESTS) $(B)/tests/gpu/test_gpu_engine
 	@$(SIM_ENV) ASAN_OPTIONS=detect_leaks=1 tools/run-c-tests.sh $(GPU_C_TESTS)
+	@echo "  again with 3 workers, 2 staging buffers of 64 KiB, 1 MiB tasks (more hand-offs per byte):"
+	@$(SIM_ENV) FERRY_THREADS=3 FERRY_STAGING_COUNT=2 FERRY_STAGING_SIZE=64K FERRY_TASK_SIZE=1M \
+	    tools/run-c-tests.sh $(B)/tests/gpu/test_gpu_engine
 	@$(SIM_ENV) PYTHONPATH=python FERRY_BIN=$(B)/ferry tests/gpu/run.sh $(PYTHON)
 
 # The whole suite: C tests, the same under ASan+UBSan, the fuzz corpus, pytest,
