@@ -290,7 +290,15 @@ typedef struct ferry_extent {
                                 placement, fill[0] repeated over `length` bytes
                                 at dst_offset                                    */
     const char *label;       /* optional: variable name used in error messages  */
+    unsigned flags;          /* FERRY_EXTENT_* below                             */
 } ferry_extent;
+
+enum {
+    /* READ by path with a placement: a file that does not exist is not an
+     * error; the placement's box is filled with `fill` (place->itemsize <= 16)
+     * instead. Zarr's absent chunks: no stat per chunk while the plan is built. */
+    FERRY_EXTENT_MISSING_FILLS = 1u << 0
+};
 
 typedef struct ferry_plan ferry_plan;
 

@@ -515,7 +515,10 @@ int ferry_exec_task(ferry_worker *w, ferry_job *j, const ferry_task *t) {
     int64_t r = 0;
     ferry_file *f = e->file;
     if (e->kind != FERRY_EXTENT_FILL && !f) r = path_file(w, j, e->path, &f);
-    if (r >= 0) {
+    if ((r == -ENOENT || r == -ENOTDIR) && (e->flags & FERRY_EXTENT_MISSING_FILLS)) {
+        ferry_clearerr();   /* an absent chunk: its box gets the fill value */
+        r = exec_fill(w, j, e, 0, 0, &deferred);
+    } else if (r >= 0) {
         switch (e->kind) {
         case FERRY_EXTENT_WRITE: r = exec_write(w, j, e, f, t->lo, t->hi); break;
         case FERRY_EXTENT_FILL: r = exec_fill(w, j, e, t->lo, t->hi, &deferred); break;

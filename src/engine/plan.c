@@ -70,6 +70,12 @@ static int validate(const ferry_extent *e) {
         return ferry_seterr(FERRY_EINVAL, "write extents take no placement and no codecs");
     if (e->kind == FERRY_EXTENT_WRITE && !e->file)
         return ferry_seterr(FERRY_EINVAL, "write extents need an open file");
+    if (e->flags & ~(unsigned)FERRY_EXTENT_MISSING_FILLS)
+        return ferry_seterr(FERRY_EINVAL, "extent: unknown flags 0x%x", e->flags);
+    if ((e->flags & FERRY_EXTENT_MISSING_FILLS) &&
+        (e->kind != FERRY_EXTENT_READ || e->file || !e->place || e->place->itemsize > 16))
+        return ferry_seterr(FERRY_EINVAL, "extent: MISSING_FILLS needs a read by path with a placement "
+                                          "of elements of at most 16 bytes");
     if (e->ncodecs < 0 || e->ncodecs > FERRY_MAX_CODECS)
         return ferry_seterr(FERRY_EINVAL, "extent: %d codecs (at most %d)", e->ncodecs, FERRY_MAX_CODECS);
     if (e->ncodecs) {

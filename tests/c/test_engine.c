@@ -287,6 +287,43 @@ static void test_plan_paths(void) {
     ferry_plan_add(plan, &e);
     CHECK_EQ_I(ferry_run(ctx, plan, NULL), -ENOENT);
     CHECK_STR_CONTAINS(ferry_errmsg(ctx), "chunk-missing");
+
+    /* FERRY_EXTENT_MISSING_FILLS: an absent file fills the box, a present one
+     * is read into it; every other failure stays an error */
+    ferry_place pl = {2, 2, {3, 4}, {2 * 100, 2}, {2 * 4, 2}, 0};   /* 3 rows of 4 int16 */
+    const char *paths[3] = {missing, path, "/dev/null/x"};             /* ENOENT, file, ENOTDIR */
+    for (int k = 0; k < 3; k++) {
+        ferry_plan_clear(plan);
+        memset(buf, 0x11, 64 * 1000);
+        memset(&e, 0, sizeof e);
+        e.kind = FERRY_EXTENT_READ; e.path = paths[k]; e.offset = 0; e.length = 2 * 100 * 2 + 8;
+        e.dst = ferry_host_buf(buf, 64 * 1000); e.dst_offset = 6; e.place = &pl;
+        e.flags = FERRY_EXTENT_MISSING_FILLS;
+        e.fill[0] = 0xCD; e.fill[1] = 0xAB;
+        CHECK_EQ_I(ferry_plan_add(plan, &e), 0);
+        int64_t r = ferry_run(ctx, plan, NULL);
+        CHECK_EQ_I(r, k == 1 ? (int64_t)e.length : 0);
+        int ok = 1;
+        for (int row = 0; row < 3; row++)
+            for (int c = 0; c < 8; c++) {
+                uint8_t want = k == 1 ? byte_at((uint64_t)row * 200 + (uint64_t)c) : (c % 2 ? 0xAB : 0xCD);
+                if (buf[6 + row * 8 + c] != want) ok = 0;
+            }
+        CHECK(ok && buf[5] == 0x11 && buf[6 + 24] == 0x11);
+    }
+    ferry_plan_clear(plan);
+    e.place = NULL;                                   /* needs a placement */
+    CHECK_EQ_I(ferry_plan_add(plan, &e), FERRY_EINVAL);
+    e.place = &pl; e.kind = FERRY_EXTENT_FILL;        /* only for reads */
+    CHECK_EQ_I(ferry_plan_add(plan, &e), FERRY_EINVAL);
+    e.kind = FERRY_EXTENT_READ; e.flags = 1u << 7;    /* unknown flag */
+    CHECK_EQ_I(ferry_plan_add(plan, &e), FERRY_EINVAL);
+    e.flags = FERRY_EXTENT_MISSING_FILLS; e.path = path; make_path(missing, "dir-not-file");
+    mkdir(missing, 0755);                             /* a directory is an error, not absent */
+    e.path = missing;
+    CHECK_EQ_I(ferry_plan_add(plan, &e), 0);
+    CHECK(ferry_run(ctx, plan, NULL) < 0);
+    rmdir(missing);
     ferry_plan_destroy(plan);
     free(buf);
     ferry_ctx_destroy(ctx);

@@ -199,9 +199,12 @@ def test_v3_transpose(ctx, tmp_path, order):
 
 @pytest.mark.parametrize("fmt", [2, 3])
 @pytest.mark.parametrize("fill", [42.5, float("nan"), float("-inf"), None])
-def test_missing_chunks_fill(ctx, tmp_path, fmt, fill):
+@pytest.mark.parametrize("compressed", [True, False])   # uncompressed: absent files found at run time
+def test_missing_chunks_fill(ctx, tmp_path, fmt, fill, compressed):
     p = str(tmp_path / "a.zarr")
     kw = {} if fill is None else {"fill_value": fill}
+    if not compressed:
+        kw["compressors"] = None
     z = zarr.create_array(p, shape=(40, 33), chunks=(9, 10), dtype="<f4", zarr_format=fmt, **kw)
     z[3:12, 4:9] = 1.25
     z[30:40, 30:33] = data((10, 3), "<f4")
@@ -224,6 +227,21 @@ def test_missing_chunks_int_fill(ctx, tmp_path):
         check_store(ctx, p, z)
 
 
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_truncated_uncompressed_chunk_names_the_file(ctx, tmp_path, fmt):
+    p = str(tmp_path / "t.zarr")
+    z = zarr.create_array(p, shape=(20, 8), chunks=(10, 8), dtype="<i4", zarr_format=fmt, compressors=None)
+    z[:] = np.arange(160, dtype="<i4").reshape(20, 8)
+    chunk = os.path.join(p, "1.0" if fmt == 2 else os.path.join("c", "1", "0"))
+    with open(chunk, "r+b") as f:
+        f.truncate(100)   # 320 bytes expected
+    with pytest.raises(F.FerryError) as ei:
+        ferry_read(ctx, p)
+    assert chunk in str(ei.value)
+    g, _ = ferry_read(ctx, p, selection=[(0, 10, 1), (0, 8, 1)])   # the intact chunk still reads
+    assert same(g, z[:10])
+
+
 def test_all_chunks_missing(ctx, tmp_path):
     p = str(tmp_path / "a.zarr")
     z = zarr.create_array(p, shape=(12, 12), chunks=(5, 5), dtype="<f8", zarr_format=3, fill_value=3.5)
@@ -231,15 +249,17 @@ def test_all_chunks_missing(ctx, tmp_path):
 
 
 @pytest.mark.parametrize("fmt", [2, 3])
-def test_big_endian(ctx, tmp_path, fmt):
+@pytest.mark.parametrize("compressed", [True, False])
+def test_big_endian(ctx, tmp_path, fmt, compressed):
     a = data((25, 12), ">f8" if fmt == 2 else "<f8")
     p = str(tmp_path / "a.zarr")
     if fmt == 2:
         z = zarr.create_array(p, shape=a.shape, chunks=(10, 5), dtype=">f8", zarr_format=2, fill_value=2.5,
-                              compressors=numcodecs.Zlib(level=1))
+                              compressors=numcodecs.Zlib(level=1) if compressed else None)
     else:
         z = zarr.create_array(p, shape=a.shape, chunks=(10, 5), dtype="<f8", zarr_format=3, fill_value=2.5,
-                              serializer=BytesCodec(endian="big"), compressors=[ZstdCodec(level=1)])
+                              serializer=BytesCodec(endian="big"),
+                              compressors=[ZstdCodec(level=1)] if compressed else None)
     z[:20] = a[:20]   # rows 20.. of chunk row 2 are written; rows 20..24 partly: leave one chunk row missing
     z[20:, :5] = a[20:, :5]
     v = check_store(ctx, p, z)
