@@ -11,14 +11,6 @@ import ferry_arrays
 from ferry import _ferry as F
 
 
-@pytest.fixture(scope="module")
-def ctx():
-    c = ferry.default_context()
-    if c.cuda_device_count() == 0:
-        pytest.skip("no CUDA device: " + (c.cuda_status or "driver not available"))
-    return c
-
-
 def host(ctx, a):
     """A device result as numpy (cupy array or ferry.Array)."""
     if isinstance(a, F.Array):

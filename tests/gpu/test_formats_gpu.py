@@ -31,15 +31,6 @@ def _backend():
 BACKEND = _backend()
 
 
-@pytest.fixture(scope="module")
-def ctx():
-    c = F.Context()
-    if c.cuda_device_count() == 0:
-        pytest.skip("no CUDA device: " + (c.cuda_status or "driver not available"))
-    yield c
-    c.close()
-
-
 def device_bytes(ctx, n):
     """A CUDA byte buffer, filled with a marker so unwritten bytes show."""
     if BACKEND == "ferry":

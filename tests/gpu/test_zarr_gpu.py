@@ -35,15 +35,6 @@ def _backends():
 BACKENDS = _backends()
 
 
-@pytest.fixture(scope="module")
-def ctx():
-    c = F.Context()
-    if c.cuda_device_count() == 0:
-        pytest.skip("no CUDA device: " + (c.cuda_status or "driver not available"))
-    yield c
-    c.close()
-
-
 def device_empty(ctx, backend, shape, dtype):
     if backend == "ferry":
         return ferry_arrays.full(ctx, shape, dtype)
