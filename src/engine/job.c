@@ -405,11 +405,15 @@ int ferry_job_stream_wait(ferry_job *j, void *stream) {
         for (int d = 0; d < FERRY_MAX_DEVICES && rc == 0; d++) {
             if (!(devs & (1u << d)) || !ctx->workers[w].dev[d].ready) continue;
             if ((rc = ferry_cuda_use_device(d)) < 0) break;
-            CUevent ev;
+            CUevent ev = NULL;
             CUresult r = cu->EventCreate(&ev, FERRY_CU_EVENT_DISABLE_TIMING);
             if (r == 0) r = cu->EventRecord(ev, ctx->workers[w].dev[d].stream);
+            /* the caller's stream (or its legacy stream, NULL) lives in the
+             * caller's context, which may be another device's: wait there.
+             * An event of any device may be waited for. */
+            if (r == 0 && saved) r = cu->CtxSetCurrent(saved);
             if (r == 0) r = cu->StreamWaitEvent((CUstream)stream, ev, 0);
-            if (r == 0) cu->EventDestroy(ev);
+            if (ev && ferry_cuda_use_device(d) == 0) cu->EventDestroy(ev);   /* freed once the wait is met */
             if (r != 0) rc = ferry_seterr(FERRY_ECUDA, "ferry_job_stream_wait: %s", ferry_cuda_errstr(r));
         }
     }

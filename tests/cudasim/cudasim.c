@@ -17,6 +17,7 @@
  *   when the thread has none; a stream or event used under another device's
  *   context fails with CUDA_ERROR_INVALID_HANDLE ("invalid resource handle").
  * - The legacy stream (NULL) runs synchronously on the calling thread.
+ * - A destroyed event lives on until the queued work naming it has run.
  * - The four byteswap kernels of src/cuda/kernels.cu run by name.
  *
  * Tests read what happened through cudasim_count() (dlsym on the loaded
@@ -66,7 +67,15 @@ struct CUstream_st {
 struct CUevent_st {
     CUcontext ctx;
     uint64_t recorded, completed;
+    int refs;          /* queued operations that name it */
+    int destroyed;     /* cuEventDestroy'd: freed when refs reaches 0 (as the driver does) */
 };
+
+/* Under ev_mu_: an operation names / stops naming e. */
+static void ev_ref(struct CUevent_st *e) { e->refs++; }
+static void ev_unref(struct CUevent_st *e) {
+    if (--e->refs == 0 && e->destroyed) free(e);
+}
 
 typedef struct region { uintptr_t base; size_t size; int kind, dev; struct region *next; } region;
 enum { R_DEVICE = 1, R_PINNED = 2, R_REGISTERED = 3 };
@@ -169,10 +178,12 @@ static void run_op(op *o) {
         pthread_mutex_lock(&ev_mu_);
         if (o->gen > o->ev->completed) o->ev->completed = o->gen;
         pthread_cond_broadcast(&ev_cv_);
+        ev_unref(o->ev);
         pthread_mutex_unlock(&ev_mu_);
     } else if (o->kind == OP_WAIT) {
         pthread_mutex_lock(&ev_mu_);
         while (o->ev->completed < o->gen) pthread_cond_wait(&ev_cv_, &ev_mu_);
+        ev_unref(o->ev);
         pthread_mutex_unlock(&ev_mu_);
     }
     free(o->owned);
@@ -330,7 +341,13 @@ CUresult cuEventCreate(CUevent *e, unsigned flags) {
     return OK;
 }
 
-CUresult cuEventDestroy_v2(CUevent e) { free(e); return OK; }
+CUresult cuEventDestroy_v2(CUevent e) {
+    pthread_mutex_lock(&ev_mu_);
+    e->destroyed = 1;
+    if (e->refs == 0) free(e);
+    pthread_mutex_unlock(&ev_mu_);
+    return OK;
+}
 
 CUresult cuEventRecord(CUevent e, CUstream s) {
     int rc = stream_ok(s);
@@ -340,6 +357,7 @@ CUresult cuEventRecord(CUevent e, CUstream s) {
     pthread_mutex_lock(&ev_mu_);
     o->ev = e;
     o->gen = ++e->recorded;
+    ev_ref(e);
     pthread_mutex_unlock(&ev_mu_);
     submit(s, o);
     return OK;
@@ -369,6 +387,7 @@ CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned flags) {
     pthread_mutex_lock(&ev_mu_);
     o->ev = e;
     o->gen = e->recorded;
+    ev_ref(e);
     pthread_mutex_unlock(&ev_mu_);
     submit(s, o);
     return OK;

@@ -4,6 +4,7 @@
  * with a reason where there is no GPU. FERRY_GPU_BIG=0 skips the multi-GiB case. */
 #include "check.h"
 #include "ferry.h"
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -197,6 +198,59 @@ static void test_stream_wait(void) {
     ferry_file_close(f);
 }
 
+/* A job that fills memory on two devices; the caller's own stream, created
+ * in device 0's context, must wait for the copies of both. The caller's
+ * stream is used in the caller's context (a stream used under another
+ * device's context is an invalid handle). */
+static void test_stream_wait_two_devices(void) {
+    if (ferry_cuda_device_count(ctx_) < 2) { printf("  skip: one CUDA device\n"); return; }
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    int (*retain)(void **, int) = lib ? (int (*)(void **, int))dlsym(lib, "cuDevicePrimaryCtxRetain") : NULL;
+    int (*release)(int) = lib ? (int (*)(int))dlsym(lib, "cuDevicePrimaryCtxRelease_v2") : NULL;
+    int (*set_current)(void *) = lib ? (int (*)(void *))dlsym(lib, "cuCtxSetCurrent") : NULL;
+    int (*stream_create)(void **, unsigned) = lib ? (int (*)(void **, unsigned))dlsym(lib, "cuStreamCreate") : NULL;
+    int (*stream_destroy)(void *) = lib ? (int (*)(void *))dlsym(lib, "cuStreamDestroy_v2") : NULL;
+    int (*stream_sync)(void *) = lib ? (int (*)(void *))dlsym(lib, "cuStreamSynchronize") : NULL;
+    int (*d2h)(void *, unsigned long long, size_t, void *) =
+        lib ? (int (*)(void *, unsigned long long, size_t, void *))dlsym(lib, "cuMemcpyDtoHAsync_v2") : NULL;
+    CHECK(retain && release && set_current && stream_create && stream_destroy && stream_sync && d2h);
+    if (!(retain && release && set_current && stream_create && stream_destroy && stream_sync && d2h)) return;
+    void *c0 = NULL, *stream = NULL;
+    CHECK_EQ_I(retain(&c0, 0), 0);
+    CHECK_EQ_I(set_current(c0), 0);
+    CHECK_EQ_I(stream_create(&stream, 1), 0);
+    const uint64_t n = 24 << 20;
+    uintptr_t d0, d1;
+    CHECK_EQ_I(ferry_cuda_malloc(ctx_, 0, n, &d0), 0);
+    CHECK_EQ_I(ferry_cuda_malloc(ctx_, 1, n, &d1), 0);
+    ferry_file *f;
+    ferry_file_open(ctx_, path_, FERRY_READ, &f);
+    ferry_plan *plan;
+    ferry_plan_create(&plan);
+    ferry_plan_read(plan, f, 100, n, ferry_cuda_buf(0, d0, n), 0);
+    ferry_plan_read(plan, f, 300, n, ferry_cuda_buf(1, d1, n), 0);
+    ferry_job *job;
+    CHECK_EQ_I(ferry_submit(ctx_, plan, NULL, &job), 0);
+    CHECK_EQ_I(ferry_job_stream_wait(job, stream), 0);
+    uint8_t *h = malloc(2 * n);
+    CHECK_EQ_I(d2h(h, d0, n, stream), 0);        /* ordered after the job by the wait */
+    CHECK_EQ_I(d2h(h + n, d1, n, stream), 0);
+    CHECK_EQ_I(stream_sync(stream), 0);
+    int ok = 1;
+    for (uint64_t i = 0; i < n && ok; i++) ok = h[i] == byte_at(100 + i) && h[n + i] == byte_at(300 + i);
+    CHECK(ok);
+    CHECK_EQ_I(ferry_job_wait(job, -1), (int64_t)(2 * n));
+    ferry_job_destroy(job);
+    ferry_plan_destroy(plan);
+    ferry_file_close(f);
+    free(h);
+    stream_destroy(stream);
+    ferry_cuda_free(ctx_, d0);
+    ferry_cuda_free(ctx_, d1);
+    set_current(NULL);
+    release(0);
+}
+
 static void test_big(void) {
     const char *big = getenv("FERRY_GPU_BIG");
     if (big && !strcmp(big, "0")) return;
@@ -242,6 +296,7 @@ int main(void) {
     RUN(test_staged_writes);
     RUN(test_cufile_writes);
     RUN(test_stream_wait);
+    RUN(test_stream_wait_two_devices);
     RUN(test_big);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir_);
