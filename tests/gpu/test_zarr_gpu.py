@@ -135,3 +135,25 @@ def test_zarr_to_gpu(ctx, tmp_path, kind, backend):
     for sel in selections(z.shape, 5, hash(kind) & 0xFFFF):
         w = z[tuple(slice(*s) for s in sel)]
         assert same(read_gpu(ctx, backend, p, sel), w), sel
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+def test_zarr_with_holes_to_each_device(ctx, tmp_path, compressed):
+    """Big-endian chunks (swapped on the device), absent chunks filled there,
+    into every device's memory (ferry's own device arrays)."""
+    p = str(tmp_path / "h.zarr")
+    z = zarr.create_array(p, shape=(40, 33), chunks=(9, 10), dtype=">f8", zarr_format=3, fill_value=7.5,
+                          compressors=[ZstdCodec(level=1)] if compressed else None,
+                          serializer=BytesCodec(endian="big"))
+    z[3:12, 4:9] = 1.25
+    z[30:40, 30:33] = np.arange(30.0).reshape(10, 3)
+    want = z[...].astype("<f8")
+    ds = F.Dataset(ctx, p)
+    for dev in range(min(ctx.cuda_device_count(), 2)):
+        a = F.empty((40, 33), "<f8", dev, ctx)
+        plan = F.Plan()
+        plan.read(ds, 0, a, None, True)
+        ctx.run(plan)
+        assert ctx.cuda_device_of(a.ptr) == dev
+        np.testing.assert_array_equal(ferry_arrays.to_numpy(ctx, a, "<f8"), want)
+    ds.close()
