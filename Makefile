@@ -90,6 +90,10 @@ $(B)/cudasim/libcuda.so.1: tests/cudasim/cudasim.c src/cuda/cuda.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_COMMON) $(CFLAGS) -shared -Wl,-soname,libcuda.so.1 -o $@ $< -lpthread
 
+$(B)/cudasim/cufile/libcufile.so.0: tests/cudasim/cufilesim.c src/cuda/cuda.h src/cuda/cufile.h $(B)/cudasim/libcuda.so.1
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_COMMON) $(CFLAGS) -shared -Wl,-soname,libcufile.so.0 -o $@ $< -L$(B)/cudasim -l:libcuda.so.1
+
 # AddressSanitizer + UndefinedBehaviorSanitizer build of the library and C tests
 $(BA)/%.o: %.c include/ferry.h $(wildcard src/*/*.h)
 	@mkdir -p $(dir $@)
@@ -122,12 +126,15 @@ test-gpu: all
 	@PYTHONPATH=python FERRY_BIN=$(B)/ferry tests/gpu/run.sh $(PYTHON)
 # The GPU tests again on the simulated driver (tests/cudasim), also under ASan:
 # the device paths are checked on machines without a GPU too.
+# The C tests also get the stand-in cuFile (its own directory: torch, imported
+# by pytest, must not find it); pytest runs with cuFile off.
 SIM_ENV := LD_LIBRARY_PATH=$(abspath $(B)/cudasim) FERRY_CUFILE=off FERRY_GPU_BIG=0
+SIM_C_ENV := LD_LIBRARY_PATH=$(abspath $(B)/cudasim):$(abspath $(B)/cudasim/cufile) FERRY_GPU_BIG=0
 GPU_C_TESTS := $(patsubst tests/gpu/%.c,$(BA)/tests/gpu/%,$(wildcard tests/gpu/test_*.c))
-test-cudasim: all $(B)/cudasim/libcuda.so.1 $(GPU_C_TESTS) $(B)/tests/gpu/test_gpu_engine
-	@$(SIM_ENV) ASAN_OPTIONS=detect_leaks=1 tools/run-c-tests.sh $(GPU_C_TESTS)
+test-cudasim: all $(B)/cudasim/libcuda.so.1 $(B)/cudasim/cufile/libcufile.so.0 $(GPU_C_TESTS) $(B)/tests/gpu/test_gpu_engine
+	@$(SIM_C_ENV) ASAN_OPTIONS=detect_leaks=1 tools/run-c-tests.sh $(GPU_C_TESTS)
 	@echo "  again with 3 workers, 2 staging buffers of 64 KiB, 1 MiB tasks (more hand-offs per byte):"
-	@$(SIM_ENV) FERRY_THREADS=3 FERRY_STAGING_COUNT=2 FERRY_STAGING_SIZE=64K FERRY_TASK_SIZE=1M \
+	@$(SIM_C_ENV) FERRY_THREADS=3 FERRY_STAGING_COUNT=2 FERRY_STAGING_SIZE=64K FERRY_TASK_SIZE=1M \
 	    tools/run-c-tests.sh $(B)/tests/gpu/test_gpu_engine
 	@$(SIM_ENV) PYTHONPATH=python FERRY_BIN=$(B)/ferry tests/gpu/run.sh $(PYTHON)
 

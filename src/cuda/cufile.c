@@ -13,9 +13,14 @@
 static ferry_cufile_api api_;
 static const ferry_cufile_api *loaded_;
 static const char *why_ = "";
-static pthread_once_t once_ = PTHREAD_ONCE_INIT;
+static pthread_mutex_t lock_ = PTHREAD_MUTEX_INITIALIZER;
+static int tried_;
 
-static void load_once(void) {
+/* Load and open cuFile once. cuFileDriverOpen wants a current context on some
+ * versions: the thread's own, else the primary context of `dev` — the device
+ * the asking plan uses, so a process that serves device 1 opens nothing on
+ * device 0 — and the thread's context is handed back. */
+static void load_locked(int dev) {
     const char *cwhy, *env = getenv("FERRY_CUFILE");
     if (!ferry_cuda_load(&cwhy)) { why_ = cwhy; return; }
     /* FERRY_CUFILE=off: never load cuFile (its set-up costs time and logs, and
@@ -33,10 +38,8 @@ static void load_once(void) {
     S(Read, "cuFileRead");
     S(Write, "cuFileWrite");
 #undef S
-    /* The driver needs a current context on some versions; the thread's own
-     * one is handed back (this runs on whichever thread asks first). */
     CUcontext saved = ferry_cuda_current();
-    if (!saved) ferry_cuda_use_device(0);
+    if (!saved) ferry_cuda_use_device(dev >= 0 ? dev : 0);
     ferry_cufile_error e = api_.DriverOpen();
     ferry_cuda_restore(saved);
     if (e.err != 0) {
@@ -48,10 +51,21 @@ static void load_once(void) {
     loaded_ = &api_;
 }
 
-const ferry_cufile_api *ferry_cufile_load(const char **why) {
-    pthread_once(&once_, load_once);
+const ferry_cufile_api *ferry_cufile_load_on(int dev, const char **why) {
+    if (!__atomic_load_n(&tried_, __ATOMIC_ACQUIRE)) {
+        pthread_mutex_lock(&lock_);
+        if (!tried_) {
+            load_locked(dev);
+            __atomic_store_n(&tried_, 1, __ATOMIC_RELEASE);
+        }
+        pthread_mutex_unlock(&lock_);
+    }
     if (why) *why = loaded_ ? "" : why_;
     return loaded_;
+}
+
+const ferry_cufile_api *ferry_cufile_load(const char **why) {
+    return ferry_cufile_load_on(-1, why);
 }
 
 int ferry_cufile_native(void) {

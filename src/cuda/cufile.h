@@ -27,7 +27,10 @@ typedef struct ferry_cufile_api {
 } ferry_cufile_api;
 
 /* Load libcufile.so.0 and cuFileDriverOpen once (CUDA must load first).
- * NULL with *why set when cuFile cannot be used at all. */
+ * NULL with *why set when cuFile cannot be used at all. The driver is opened
+ * in the calling thread's context, else in device dev's primary context
+ * (ferry_cufile_load: device 0). */
+const ferry_cufile_api *ferry_cufile_load_on(int dev, const char **why);
 const ferry_cufile_api *ferry_cufile_load(const char **why);
 /* 1 when real GDS can work on this machine (the nvidia-fs module is loaded,
  * or the driver reports P2PDMA); 0 when only cuFile's compatibility mode (POSIX

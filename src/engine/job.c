@@ -54,7 +54,7 @@ int ferry_buf_resolve(ferry_buf *b) {
 }
 
 /* AUTO and forced paths for plain device extents. Host memory has one path. */
-static int choose_path(ferry_ctx *ctx, ferry_path want, int has_device, int has_host, ferry_path *out, int *forced) {
+static int choose_path(ferry_ctx *ctx, ferry_path want, int has_device, int dev, ferry_path *out, int *forced) {
     if (want == FERRY_PATH_AUTO) want = ctx->cfg.path;
     *forced = want != FERRY_PATH_AUTO;
     const char *why;
@@ -69,19 +69,18 @@ static int choose_path(ferry_ctx *ctx, ferry_path want, int has_device, int has_
         *out = FERRY_PATH_STAGED;
         return 0;
     case FERRY_PATH_CUFILE:
-        if (has_device && !ferry_cufile_load(&why))
+        if (has_device && !ferry_cufile_load_on(dev, &why))
             return ferry_seterr(FERRY_EPATH, "path \"cufile\" was forced but cuFile cannot run: %s", why);
         *out = FERRY_PATH_CUFILE;
         return 0;
     default:
         *out = FERRY_PATH_STAGED;
-        if (has_device && ferry_cufile_native() && ferry_cufile_load(NULL)) *out = FERRY_PATH_CUFILE;
-        else if (has_device && ferry_cufile_load(NULL)) {
+        if (has_device && ferry_cufile_native() && ferry_cufile_load_on(dev, NULL)) *out = FERRY_PATH_CUFILE;
+        else if (has_device && ferry_cufile_load_on(dev, NULL)) {
             pthread_mutex_lock(&ctx->stats_lock);
             ctx->stats.fallbacks++;
             pthread_mutex_unlock(&ctx->stats_lock);
         }
-        (void)has_host;
         return 0;
     }
 }
@@ -156,7 +155,7 @@ static int job_build(ferry_ctx *ctx, const ferry_plan *plan, const ferry_run_opt
     if (!j->ext || !j->places || !j->strings) { job_free(j); return ferry_seterr(FERRY_ENOMEM, "out of memory"); }
     if (plan->nplaces) memcpy(j->places, plan->places, plan->nplaces * sizeof *j->places);
     if (plan->nstr) memcpy(j->strings, plan->strings, plan->nstr);
-    int has_dev = 0, has_host = 0;
+    int has_dev = 0, first_dev = -1;
     for (size_t i = 0; i < n; i++) {
         ferry_extent e = plan->ext[i];
         if (e.place) e.place = &j->places[(uintptr_t)e.place - 1];
@@ -164,12 +163,11 @@ static int job_build(ferry_ctx *ctx, const ferry_plan *plan, const ferry_run_opt
         if (e.label) e.label = j->strings + ((uintptr_t)e.label - 1);
         int rc = ferry_buf_resolve(&e.dst);
         if (rc < 0) { job_free(j); return rc; }
-        if (e.dst.kind == FERRY_MEM_CUDA) has_dev = 1;
-        else has_host = 1;
+        if (e.dst.kind == FERRY_MEM_CUDA && !has_dev++) first_dev = e.dst.device;
         if (j->next > 0 && try_merge(&j->ext[j->next - 1], &e)) continue;
         j->ext[j->next++] = e;
     }
-    int rc = choose_path(ctx, opts ? opts->path : FERRY_PATH_AUTO, has_dev, has_host, &j->path, &j->forced);
+    int rc = choose_path(ctx, opts ? opts->path : FERRY_PATH_AUTO, has_dev, first_dev, &j->path, &j->forced);
     if (rc < 0) { job_free(j); return rc; }
     rc = make_tasks(j, ctx->cfg.task_size);
     if (rc < 0) { job_free(j); return rc; }
