@@ -76,6 +76,12 @@ $(B)/ferry: $(CLI_OBJS) $(B)/libferry.a
 $(PY_EXT): python/ferry/_ferry.c $(B)/libferry.a
 	$(CC) $(CFLAGS_COMMON) $(CFLAGS) -I$(PY_INC) -shared -o $@ python/ferry/_ferry.c $(B)/libferry.a $(LDLIBS)
 
+# test_cuda_abi checks src/cuda's declarations against the toolkit's cuda.h and
+# cufile.h where they are installed (else it reports a skip)
+ABI_INC := $(patsubst %/cuda.h,-isystem %,$(firstword $(wildcard /usr/local/cuda/include/cuda.h))) \
+           $(patsubst %/cufile.h,-idirafter %,$(firstword $(wildcard /usr/local/cuda/include/cufile.h \
+             .venv/lib/python3*/site-packages/nvidia/cu*/include/cufile.h)))
+$(B)/tests/test_cuda_abi $(BA)/tests/test_cuda_abi: CFLAGS_COMMON += $(ABI_INC)
 $(B)/tests/%: tests/c/%.c $(wildcard tests/c/*.h) $(B)/libferry.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_COMMON) $(CFLAGS) -Itests/c -o $@ $< $(B)/libferry.a $(LDLIBS)

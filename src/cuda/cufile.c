@@ -72,17 +72,18 @@ int ferry_cufile_native(void) {
     return access("/proc/driver/nvidia-fs/stats", F_OK) == 0 || access("/sys/module/nvidia_fs", F_OK) == 0;
 }
 
+/* cuFile's CU_FILE_* codes (cufile.h; checked by tests/c/test_cuda_abi.c). */
 const char *ferry_cufile_errstr(int err) {
     switch (err) {
     case 0: return "success";
-    case 5001: return "driver not initialized";
-    case 5002: return "invalid value";
-    case 5003: return "resource limit exceeded";
+    case 5001: return "driver not initialized (nvidia-fs not loaded and compatibility mode off)";
+    case 5002: return "invalid driver property";
+    case 5003: return "driver limit not supported";
     case 5004: return "driver version mismatch";
     case 5005: return "driver version read error";
     case 5006: return "driver closing";
     case 5007: return "platform not supported";
-    case 5008: return "I/O not supported";
+    case 5008: return "I/O not supported on this file system";
     case 5009: return "device not supported";
     case 5010: return "nvidia-fs driver error";
     case 5011: return "CUDA driver error";
@@ -91,22 +92,24 @@ const char *ferry_cufile_errstr(int err) {
     case 5014: return "CUDA pointer range error";
     case 5015: return "CUDA context mismatch";
     case 5016: return "invalid mapping size";
-    case 5017: return "mapping range error";
+    case 5017: return "invalid mapping range";
     case 5018: return "invalid file type";
     case 5019: return "invalid file open flag";
     case 5020: return "file not opened with O_DIRECT";
-    case 5021: return "invalid file";
-    case 5022: return "memory already registered";
-    case 5023: return "memory not registered";
-    case 5024: return "permission denied";
-    case 5025: return "driver already open";
+    case 5022: return "invalid value";
+    case 5023: return "memory already registered";
+    case 5024: return "memory not registered";
+    case 5025: return "permission denied";
     case 5026: return "driver already open";
-    case 5027: return "file descriptor is not registered (cuFile could not use this file)";
+    case 5027: return "file handle not registered (cuFile could not use this file)";
     case 5028: return "handle already registered";
-    case 5029: return "internal error";
-    case 5030: return "get new fd failed";
+    case 5029: return "device not found";
+    case 5030: return "internal error";
+    case 5031: return "getting a new file descriptor failed";
     case 5033: return "nvidia-fs setup error";
     case 5034: return "I/O disabled (no GDS, compatibility mode off)";
+    case 5035: return "batch submit failed";
+    case 5036: return "GPU memory pinning failed";
     default: return "cuFile error";
     }
 }

@@ -22,7 +22,7 @@ CUresult cuCtxGetCurrent(CUcontext *c);
 CUresult cuPointerGetAttribute(void *out, int attr, CUdeviceptr p);
 
 /* cuFile's codes (the texts are in src/cuda/cufile.c) */
-enum { CU_FILE_SUCCESS = 0, CU_FILE_DRIVER_NOT_INITIALIZED = 5001, CU_FILE_INVALID_VALUE = 5002,
+enum { CU_FILE_SUCCESS = 0, CU_FILE_DRIVER_NOT_INITIALIZED = 5001, CU_FILE_INVALID_VALUE = 5022,
        CU_FILE_CUDA_DRIVER_ERROR = 5011, CU_FILE_CUDA_POINTER_RANGE_ERROR = 5014,
        CU_FILE_O_DIRECT_NOT_SET = 5020 };
 

@@ -1,0 +1,121 @@
+/* test_cuda_abi.c — ferry declares the few CUDA driver and cuFile types it
+ * uses itself (src/cuda/cuda.h, cufile.h: nothing links CUDA). Here, where the
+ * toolkit's headers are installed, those declarations are checked against
+ * them: struct sizes and field offsets, enum values. Without the headers the
+ * test says it skipped. */
+#include "check.h"
+#include <stddef.h>
+
+#if defined(__has_include)
+#if __has_include(<cuda.h>)
+#define HAVE_CUDA_H 1
+#endif
+#if __has_include(<cufile.h>)
+#define HAVE_CUFILE_H 1
+#endif
+#endif
+
+#ifdef HAVE_CUDA_H
+#include <cuda.h>
+#ifdef HAVE_CUFILE_H
+#include <cufile.h>
+#endif
+/* ferry's header next to the toolkit's: its typedef names renamed (the
+ * struct tags are the same incomplete types in both) */
+#define CUresult f_CUresult
+#define CUdevice f_CUdevice
+#define CUcontext f_CUcontext
+#define CUstream f_CUstream
+#define CUevent f_CUevent
+#define CUmodule f_CUmodule
+#define CUfunction f_CUfunction
+#define CUdeviceptr f_CUdeviceptr
+#include "cuda/cuda.h"
+#include "cuda/cufile.h"
+#undef CUresult
+#undef CUdevice
+#undef CUcontext
+#undef CUstream
+#undef CUevent
+#undef CUmodule
+#undef CUfunction
+#undef CUdeviceptr
+
+#define SAME_FIELD(a, fa, b, fb) CHECK(offsetof(a, fa) == offsetof(b, fb) && sizeof(((a *)0)->fa) == sizeof(((b *)0)->fb))
+
+static void test_driver_types(void) {
+    CHECK(sizeof(f_CUdeviceptr) == sizeof(CUdeviceptr));
+    CHECK(sizeof(f_CUresult) == sizeof(CUresult));
+    CHECK(sizeof(f_CUdevice) == sizeof(CUdevice));
+    CHECK(sizeof(ferry_cu_memcpy2d) == sizeof(CUDA_MEMCPY2D));
+    SAME_FIELD(ferry_cu_memcpy2d, srcXInBytes, CUDA_MEMCPY2D, srcXInBytes);
+    SAME_FIELD(ferry_cu_memcpy2d, srcY, CUDA_MEMCPY2D, srcY);
+    SAME_FIELD(ferry_cu_memcpy2d, srcMemoryType, CUDA_MEMCPY2D, srcMemoryType);
+    SAME_FIELD(ferry_cu_memcpy2d, srcHost, CUDA_MEMCPY2D, srcHost);
+    SAME_FIELD(ferry_cu_memcpy2d, srcDevice, CUDA_MEMCPY2D, srcDevice);
+    SAME_FIELD(ferry_cu_memcpy2d, srcPitch, CUDA_MEMCPY2D, srcPitch);
+    SAME_FIELD(ferry_cu_memcpy2d, dstXInBytes, CUDA_MEMCPY2D, dstXInBytes);
+    SAME_FIELD(ferry_cu_memcpy2d, dstY, CUDA_MEMCPY2D, dstY);
+    SAME_FIELD(ferry_cu_memcpy2d, dstMemoryType, CUDA_MEMCPY2D, dstMemoryType);
+    SAME_FIELD(ferry_cu_memcpy2d, dstHost, CUDA_MEMCPY2D, dstHost);
+    SAME_FIELD(ferry_cu_memcpy2d, dstDevice, CUDA_MEMCPY2D, dstDevice);
+    SAME_FIELD(ferry_cu_memcpy2d, dstPitch, CUDA_MEMCPY2D, dstPitch);
+    SAME_FIELD(ferry_cu_memcpy2d, WidthInBytes, CUDA_MEMCPY2D, WidthInBytes);
+    SAME_FIELD(ferry_cu_memcpy2d, Height, CUDA_MEMCPY2D, Height);
+}
+
+static void test_driver_constants(void) {
+    CHECK_EQ_I(FERRY_CU_MEMORYTYPE_HOST, CU_MEMORYTYPE_HOST);
+    CHECK_EQ_I(FERRY_CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_DEVICE);
+    CHECK_EQ_I(FERRY_CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_MEMORY_TYPE);
+    CHECK_EQ_I(FERRY_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL);
+    CHECK_EQ_I(FERRY_CU_EVENT_DISABLE_TIMING, CU_EVENT_DISABLE_TIMING);
+    CHECK_EQ_I(FERRY_CU_STREAM_NON_BLOCKING, CU_STREAM_NON_BLOCKING);
+    CHECK_EQ_I(FERRY_CU_MEMHOSTALLOC_PORTABLE, CU_MEMHOSTALLOC_PORTABLE);
+    CHECK_EQ_I(FERRY_CU_MEMHOSTREGISTER_PORTABLE, CU_MEMHOSTREGISTER_PORTABLE);
+    CHECK_EQ_I(FERRY_CUDA_ERROR_NOT_READY, CUDA_ERROR_NOT_READY);
+}
+
+static void test_cufile_types(void) {
+#ifdef HAVE_CUFILE_H
+    CHECK(sizeof(ferry_cufile_error) == sizeof(CUfileError_t));
+    SAME_FIELD(ferry_cufile_error, err, CUfileError_t, err);
+    SAME_FIELD(ferry_cufile_error, cu_err, CUfileError_t, cu_err);
+    CHECK(sizeof(ferry_cufile_descr) == sizeof(CUfileDescr_t));
+    SAME_FIELD(ferry_cufile_descr, type, CUfileDescr_t, type);
+    SAME_FIELD(ferry_cufile_descr, handle, CUfileDescr_t, handle);
+    SAME_FIELD(ferry_cufile_descr, fs_ops, CUfileDescr_t, fs_ops);
+    CHECK_EQ_I(1, CU_FILE_HANDLE_TYPE_OPAQUE_FD);
+    /* the texts ferry gives cuFile's codes belong to those codes */
+    static const struct { int code; const char *text; } t[] = {
+        {CU_FILE_DRIVER_NOT_INITIALIZED, "driver not initialized"}, {CU_FILE_DRIVER_INVALID_PROPS, "invalid driver property"},
+        {CU_FILE_IO_NOT_SUPPORTED, "I/O not supported"}, {CU_FILE_CUDA_DRIVER_ERROR, "CUDA driver error"},
+        {CU_FILE_CUDA_POINTER_RANGE_ERROR, "pointer range"}, {CU_FILE_CUDA_CONTEXT_MISMATCH, "context mismatch"},
+        {CU_FILE_INVALID_FILE_TYPE, "invalid file type"}, {CU_FILE_INVALID_FILE_OPEN_FLAG, "open flag"},
+        {CU_FILE_DIO_NOT_SET, "O_DIRECT"}, {CU_FILE_INVALID_VALUE, "invalid value"},
+        {CU_FILE_MEMORY_ALREADY_REGISTERED, "already registered"}, {CU_FILE_MEMORY_NOT_REGISTERED, "memory not registered"},
+        {CU_FILE_PERMISSION_DENIED, "permission denied"}, {CU_FILE_DRIVER_ALREADY_OPEN, "already open"},
+        {CU_FILE_HANDLE_NOT_REGISTERED, "handle not registered"}, {CU_FILE_HANDLE_ALREADY_REGISTERED, "handle already"},
+        {CU_FILE_DEVICE_NOT_FOUND, "device not found"}, {CU_FILE_INTERNAL_ERROR, "internal error"},
+        {CU_FILE_GETNEWFD_FAILED, "file descriptor"}, {CU_FILE_NVFS_SETUP_ERROR, "nvidia-fs setup"},
+        {CU_FILE_IO_DISABLED, "I/O disabled"},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof *t; i++) CHECK_STR_CONTAINS(ferry_cufile_errstr(t[i].code), t[i].text);
+#else
+    printf("  cufile.h not found: cuFile types not checked\n");
+#endif
+}
+
+int main(void) {
+    RUN(test_driver_types);
+    RUN(test_driver_constants);
+    RUN(test_cufile_types);
+    return check_summary();
+}
+#else
+int main(void) {
+    printf("skipped: the CUDA toolkit's cuda.h is not installed\n");
+    printf("0 passed, 0 failed, 1 skipped\n");
+    return 0;
+}
+#endif
