@@ -63,6 +63,7 @@ static void load_once(void) {
     S(LaunchKernel, "cuLaunchKernel");
 #undef S
     if (miss) { why_ = "libcuda.so.1 lacks a required function (driver too old)"; return; }
+    *(void **)&api_.StreamGetCtx = dlsym(h, "cuStreamGetCtx");
     CUresult r = api_.Init(0);
     if (r != 0) {
         static char buf[160];

@@ -79,6 +79,7 @@ typedef struct ferry_cuda_api {
     CUresult (*ModuleGetFunction)(CUfunction *, CUmodule, const char *);
     CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                              unsigned, CUstream, void **, void **);
+    CUresult (*StreamGetCtx)(CUstream, CUcontext *);   /* optional (CUDA 9.2+): may be NULL */
 } ferry_cuda_api;
 
 /* Load libcuda.so.1 and cuInit(0) once (thread-safe). Returns the table, or

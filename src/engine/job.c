@@ -395,6 +395,13 @@ int ferry_job_stream_wait(ferry_job *j, void *stream) {
     if (done) return 0;
     CUcontext saved = NULL;
     cu->CtxGetCurrent(&saved);
+    /* The caller's stream is used in its own context, which may be another
+     * device's than the job's (events of any device may be waited for). The
+     * default streams (NULL, legacy 0x1, per-thread 0x2) are the caller's
+     * context's; with no context current, the job's device's. */
+    CUcontext sctx = saved;
+    if ((uintptr_t)stream > 2 && cu->StreamGetCtx && cu->StreamGetCtx((CUstream)stream, &sctx) != 0)
+        return ferry_seterr(FERRY_EINVAL, "ferry_job_stream_wait: not a CUDA stream");
     int rc = 0;
     ferry_ctx *ctx = j->ctx;
     uint32_t devs = atomic_load(&j->dev_mask);
@@ -406,10 +413,7 @@ int ferry_job_stream_wait(ferry_job *j, void *stream) {
             CUevent ev = NULL;
             CUresult r = cu->EventCreate(&ev, FERRY_CU_EVENT_DISABLE_TIMING);
             if (r == 0) r = cu->EventRecord(ev, ctx->workers[w].dev[d].stream);
-            /* the caller's stream (or its legacy stream, NULL) lives in the
-             * caller's context, which may be another device's: wait there.
-             * An event of any device may be waited for. */
-            if (r == 0 && saved) r = cu->CtxSetCurrent(saved);
+            if (r == 0 && sctx) r = cu->CtxSetCurrent(sctx);
             if (r == 0) r = cu->StreamWaitEvent((CUstream)stream, ev, 0);
             if (ev && ferry_cuda_use_device(d) == 0) cu->EventDestroy(ev);   /* freed once the wait is met */
             if (r != 0) rc = ferry_seterr(FERRY_ECUDA, "ferry_job_stream_wait: %s", ferry_cuda_errstr(r));

@@ -327,6 +327,12 @@ CUresult cuStreamDestroy_v2(CUstream s) {
     return OK;
 }
 
+CUresult cuStreamGetCtx(CUstream s, CUcontext *c) {
+    if (!s) { *c = cur_; return cur_ ? OK : E_INVALID_CONTEXT; }
+    *c = s->ctx;
+    return OK;
+}
+
 CUresult cuStreamSynchronize(CUstream s) {
     if (!cur_) return E_INVALID_CONTEXT;
     if (s) drain(s);

@@ -231,7 +231,13 @@ static void test_stream_wait_two_devices(void) {
     ferry_plan_read(plan, f, 300, n, ferry_cuda_buf(1, d1, n), 0);
     ferry_job *job;
     CHECK_EQ_I(ferry_submit(ctx_, plan, NULL, &job), 0);
+    /* asked from a thread whose current context is device 1's: the wait is
+     * still made in the stream's own context */
+    void *c1 = NULL;
+    CHECK_EQ_I(retain(&c1, 1), 0);
+    CHECK_EQ_I(set_current(c1), 0);
     CHECK_EQ_I(ferry_job_stream_wait(job, stream), 0);
+    CHECK_EQ_I(set_current(c0), 0);
     uint8_t *h = malloc(2 * n);
     CHECK_EQ_I(d2h(h, d0, n, stream), 0);        /* ordered after the job by the wait */
     CHECK_EQ_I(d2h(h + n, d1, n, stream), 0);
@@ -249,6 +255,7 @@ static void test_stream_wait_two_devices(void) {
     ferry_cuda_free(ctx_, d1);
     set_current(NULL);
     release(0);
+    release(1);
 }
 
 static void test_big(void) {
