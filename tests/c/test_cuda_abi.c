@@ -5,6 +5,7 @@
  * test says it skipped. */
 #include "check.h"
 #include <stddef.h>
+#include <stdint.h>
 
 #if defined(__has_include)
 #if __has_include(<cuda.h>)
@@ -74,6 +75,8 @@ static void test_driver_constants(void) {
     CHECK_EQ_I(FERRY_CU_MEMHOSTALLOC_PORTABLE, CU_MEMHOSTALLOC_PORTABLE);
     CHECK_EQ_I(FERRY_CU_MEMHOSTREGISTER_PORTABLE, CU_MEMHOSTREGISTER_PORTABLE);
     CHECK_EQ_I(FERRY_CUDA_ERROR_NOT_READY, CUDA_ERROR_NOT_READY);
+    /* ferry_job_stream_wait takes handles 0..2 for the default streams */
+    CHECK((uintptr_t)CU_STREAM_LEGACY == 1 && (uintptr_t)CU_STREAM_PER_THREAD == 2);
 }
 
 static void test_cufile_types(void) {
