@@ -142,6 +142,9 @@ test-cudasim: all $(B)/cudasim/libcuda.so.1 $(B)/cudasim/cufile/libcufile.so.0 $
 	@echo "  again with 3 workers, 2 staging buffers of 64 KiB, 1 MiB tasks (more hand-offs per byte):"
 	@$(SIM_C_ENV) FERRY_THREADS=3 FERRY_STAGING_COUNT=2 FERRY_STAGING_SIZE=64K FERRY_TASK_SIZE=1M \
 	    tools/run-c-tests.sh $(B)/tests/gpu/test_gpu_engine
+	@echo "  ferry bench on the stand-in driver (every path's bytes verified):"
+	@$(SIM_C_ENV) $(B)/ferry bench --size 16M --reps 1 --no-cold --no-latency --file $(B)/cudasim-bench.bin \
+	    > $(B)/cudasim-bench.log 2>&1 && echo "  1 passed, 0 failed" || { cat $(B)/cudasim-bench.log; echo "  0 passed, 1 failed"; exit 1; }
 	@$(SIM_ENV) PYTHONPATH=python FERRY_BIN=$(B)/ferry tests/gpu/run.sh $(PYTHON)
 
 # The whole suite: C tests, the same under ASan+UBSan, the fuzz corpus, pytest,

@@ -47,6 +47,10 @@ static void fill_pattern(uint8_t *p, uint64_t off, uint64_t n) {   /* off, n mul
     uint64_t *w = (uint64_t *)p;
     for (uint64_t i = 0; i < n / 8; i++) w[i] = mix(off / 8 + i);
 }
+/* Measurements whose bytes did not verify: the command then exits 1 (a path
+ * that cannot run on this machine is reported, not counted). */
+static int failed_;
+
 static int verify(const uint8_t *p, uint64_t off, uint64_t n) {
     const uint64_t *w = (const uint64_t *)p;
     for (uint64_t i = 0; i < n / 8; i++) if (w[i] != mix(off / 8 + i)) return 0;
@@ -171,8 +175,8 @@ static double ferry_read_rate(ferry_ctx *ctx, ferry_file *f, ferry_buf dst, uint
         if (got != (int64_t)size) { snprintf(why, whylen, "%s", ferry_errmsg(ctx)); return -1; }
         if (dst.kind == FERRY_MEM_CUDA) {
             if (ferry_memcpy(ctx, ferry_host_buf(check, size), dst, size) != 0) { snprintf(why, whylen, "%s", ferry_errmsg(ctx)); return -1; }
-            if (!verify(check, 0, size)) { snprintf(why, whylen, "VERIFY FAILED"); return -1; }
-        } else if (!verify(dst.ptr, 0, size)) { snprintf(why, whylen, "VERIFY FAILED"); return -1; }
+            if (!verify(check, 0, size)) { failed_++; snprintf(why, whylen, "VERIFY FAILED"); return -1; }
+        } else if (!verify(dst.ptr, 0, size)) { failed_++; snprintf(why, whylen, "VERIFY FAILED"); return -1; }
         double gbs = size / dt / 1e9;
         if (gbs > best) { best = gbs; bestcpu = dc / (size / 1e9); }
         if (dst.kind == FERRY_MEM_HOST) memset(dst.ptr, 0, 4096);
@@ -263,7 +267,7 @@ int ferry_cli_bench(int argc, char **argv) {
             /* the GPU-written file must hold the same bytes */
             memset(host, 0, o.size);
             if (ferry_pread(g, ferry_host_buf(host, o.size), 0, o.size, 0) != (int64_t)o.size || !verify(host, 0, o.size))
-                row("ferry GPU memory -> file (staged)", -1, -1, "VERIFY FAILED");
+                { failed_++; row("ferry GPU memory -> file (staged)", -1, -1, "VERIFY FAILED"); }
             ferry_file_close(g);
             unlink(path2);
         }
@@ -412,5 +416,6 @@ int ferry_cli_bench(int argc, char **argv) {
     ferry_file_close(f);
     if (!o.keep) unlink(o.file);
     ferry_ctx_destroy(ctx);
-    return 0;
+    if (failed_) fprintf(stderr, "ferry bench: %d measurement(s) did not verify\n", failed_);
+    return failed_ ? 1 : 0;
 }
