@@ -520,20 +520,10 @@ static int64_t nc_plan_read(ferry_dataset *ds, int var, const ferry_slice *sel, 
     nc_state *st = ds->fmt;
     const nc_var *v = &st->vars[var];
     const ferry_var_info *vi = &ds->vars[var].info;
-    ferry_select_src src = {0};
-    src.file = st->file;
-    src.label = vi->name;
-    src.offset = v->begin;
-    src.ndim = vi->ndim;
-    src.itemsize = vi->itemsize;
-    memcpy(src.shape, vi->shape, sizeof src.shape);
-    ferry_select_contiguous(&src, 0);
+    ferry_select_src src;
+    /* big-endian on disk: swapped to host order when asked */
+    ferry_select_src_init(&src, st->file, vi, v->begin, 0, (flags & FERRY_NATIVE) ? vi->itemsize : 0);
     if (v->is_record) src.stride[0] = st->recsize;
-    if ((flags & FERRY_NATIVE) && vi->itemsize > 1) {
-        src.ncodecs = 1;
-        src.codecs[0].id = FERRY_CODEC_BYTESWAP;
-        src.codecs[0].param = vi->itemsize;
-    }
     return ferry_select_plan(&src, sel, dst, 0, plan);
 }
 

@@ -288,19 +288,9 @@ static int64_t npy_plan_read(ferry_dataset *ds, int var, const ferry_slice *sel,
                              ferry_plan *plan) {
     npy_state *st = ds->fmt;
     const ferry_var_info *vi = &ds->vars[0].info;
-    ferry_select_src src = {0};
-    src.file = st->file;
-    src.label = vi->name;
-    src.offset = vi->data_offset;
-    src.ndim = vi->ndim;
-    src.itemsize = vi->itemsize;
-    memcpy(src.shape, vi->shape, sizeof src.shape);
-    if ((flags & FERRY_NATIVE) && st->big_endian) {
-        src.ncodecs = 1;
-        src.codecs[0].id = FERRY_CODEC_BYTESWAP;
-        src.codecs[0].param = st->swap_size;
-    }
-    ferry_select_contiguous(&src, vi->fortran_order);
+    ferry_select_src src;
+    ferry_select_src_init(&src, st->file, vi, vi->data_offset, vi->fortran_order,
+                          (flags & FERRY_NATIVE) && st->big_endian ? st->swap_size : 0);
     int whole = 1;
     for (int k = 0; k < vi->ndim; k++)
         if (sel[k].start != 0 || (uint64_t)sel[k].stop != vi->shape[k] || sel[k].step != 1) whole = 0;

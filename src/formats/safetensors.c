@@ -440,14 +440,8 @@ static int64_t st_plan_read(ferry_dataset *ds, int var, const ferry_slice *sel, 
     st_state *st = ds->fmt;
     const ferry_var_info *vi = &ds->vars[var].info;
     const st_tensor *t = ds->vars[var].fmt;
-    ferry_select_src src = {0};
-    src.file = st->shards[t->shard].file;
-    src.label = vi->name;
-    src.offset = vi->data_offset;
-    src.ndim = vi->ndim;
-    src.itemsize = vi->itemsize;
-    memcpy(src.shape, vi->shape, sizeof src.shape);
-    ferry_select_contiguous(&src, 0);
+    ferry_select_src src;
+    ferry_select_src_init(&src, st->shards[t->shard].file, vi, vi->data_offset, 0, 0);
     return ferry_select_plan(&src, sel, dst, 0, plan);
 }
 

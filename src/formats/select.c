@@ -20,6 +20,22 @@ int64_t ferry_select_contiguous(ferry_select_src *src, int fortran) {
     return s > (uint64_t)INT64_MAX ? -1 : (int64_t)s;
 }
 
+int64_t ferry_select_src_init(ferry_select_src *src, ferry_file *f, const ferry_var_info *vi, uint64_t offset,
+                              int fortran, uint32_t swap) {
+    memset(src, 0, sizeof *src);
+    src->file = f;
+    src->label = vi->name;
+    src->offset = offset;
+    src->ndim = vi->ndim;
+    src->itemsize = vi->itemsize;
+    memcpy(src->shape, vi->shape, sizeof src->shape);
+    if (swap > 1) {
+        src->ncodecs = 1;
+        src->codecs[0] = (ferry_codec){FERRY_CODEC_BYTESWAP, swap};
+    }
+    return ferry_select_contiguous(src, fortran);
+}
+
 int64_t ferry_select_plan(const ferry_select_src *src, const ferry_slice *sel,
                           ferry_buf dst, uint64_t dst_offset, ferry_plan *plan) {
     int n = src->ndim;

@@ -35,6 +35,13 @@ typedef struct ferry_select_src {
  * src->shape and src->itemsize. Returns the array's byte size, or -1 on overflow. */
 int64_t ferry_select_contiguous(ferry_select_src *src, int fortran);
 
+/* src for variable vi stored contiguously in f from byte offset (C order, or F
+ * order when fortran): its name, shape and itemsize; swap > 1 adds a byteswap of
+ * swap-byte elements (big-endian data read in host order). Returns as
+ * ferry_select_contiguous. */
+int64_t ferry_select_src_init(ferry_select_src *src, ferry_file *f, const ferry_var_info *vi, uint64_t offset,
+                              int fortran, uint32_t swap);
+
 /* Append extents reading sel (src->ndim slices, already validated: 0 <= start
  * <= stop <= shape, step >= 1) into dst at dst_offset, C order. Returns bytes
  * placed, or a negative code (FERRY_ENOMEM, FERRY_EINVAL on overflow). */
