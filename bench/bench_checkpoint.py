@@ -225,6 +225,16 @@ def run(gib, args):
     def skip(name):
         return name in args.skip
 
+    def load_warm_cold(path, name, fn):
+        """fn() loads the state dict from path: timed warm, then cold, each verified."""
+        for cold in (False, True):
+            (evict if cold else warm)(path)
+            dt, got = timed(fn)
+            verify(sd, got, name)
+            rec("load_cold" if cold else "load_warm", name, dt)
+            del got
+            torch.cuda.empty_cache()
+
     # ---- raw disk rates
     raw = os.path.join(d, "raw.bin")
     pair_w = raw_direct_write(raw, n)
@@ -315,13 +325,8 @@ def run(gib, args):
         sp = os.path.join(d, "st.safetensors")
         dt, _ = timed(lambda: (st.save_file(sd, sp), fsync_path(sp)))
         rec("save", "safetensors.save_file (+fsync)", dt)
-        for cold in (False, True):
-            (evict if cold else warm)(sp)
-            dt, got = timed(lambda: st.load_file(sp, device="cuda:%d" % args.device))
-            verify(sd, got, "safetensors.load_file")
-            rec("load_cold" if cold else "load_warm", "safetensors.load_file(cuda)", dt)
-            del got
-            torch.cuda.empty_cache()
+        load_warm_cold(sp, "safetensors.load_file(cuda)",
+                       lambda: st.load_file(sp, device="cuda:%d" % args.device))
         rm(sp)
 
     # ---- torch.save / torch.load(mmap)
@@ -333,13 +338,7 @@ def run(gib, args):
         def tload():
             m = torch.load(tp, mmap=True, weights_only=True)
             return {k: v.cuda(dev) for k, v in m.items()}
-        for cold in (False, True):
-            (evict if cold else warm)(tp)
-            dt, got = timed(tload)
-            verify(sd, got, "torch.load(mmap)")
-            rec("load_cold" if cold else "load_warm", "torch.load(mmap) + .cuda()", dt)
-            del got
-            torch.cuda.empty_cache()
+        load_warm_cold(tp, "torch.load(mmap) + .cuda()", tload)
         rm(tp)
 
     # ---- DCP: FileSystemWriter/Reader vs FerryWriter/Reader
@@ -354,13 +353,8 @@ def run(gib, args):
             dt, _ = timed(lambda: dcp.save(sd, storage_writer=W(dd)))
             rec("save", label + "Writer", dt)
             dst = {k: torch.empty_like(v) for k, v in sd.items()}
-            for cold in (False, True):
-                (evict if cold else warm)(dd)
-                dt, _ = timed(lambda: dcp.load(dst, storage_reader=R(dd)))
-                verify(sd, dst, label + " load")
-                rec("load_cold" if cold else "load_warm", label + "Reader", dt)
+            load_warm_cold(dd, label + "Reader", lambda: (dcp.load(dst, storage_reader=R(dd)), dst)[1])
             del dst
-            torch.cuda.empty_cache()
             rm(dd)
 
     if not skip("cold-load-into"):
