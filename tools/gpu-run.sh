@@ -18,6 +18,12 @@ for l in zstd lz4 z; do
     so=$(ls /usr/lib/x86_64-linux-gnu/lib$l.so.1 /lib/x86_64-linux-gnu/lib$l.so.1 /usr/lib64/lib$l.so.1 2>/dev/null | head -1)
     [ -n "$so" ] && ln -sf "$so" .deps/lib/lib$l.so
 done
+# bench NAME SECONDS LINES ARGS...: bench/NAME.py into $OUT/NAME.txt, show its last LINES
+bench() {
+    local name=$1 secs=$2 lines=$3; shift 3
+    timeout "$secs" python3 "bench/$name.py" "$@" > "$OUT/$name.txt" 2>&1; echo "$name exit $?"
+    tail -n "$lines" "$OUT/$name.txt"
+}
 for step in "$@"; do
     case $step in
     wheels)
@@ -61,21 +67,11 @@ for step in "$@"; do
                 --no-latency --file "$PWD/ferry-bench.bin" 2>&1 | grep -E "ferry file|O_DIRECT read" >> "$OUT/sweep.txt"
         done
         cat "$OUT/sweep.txt" ;;
-    engine)
-        timeout 200 python3 bench/bench_engine.py --gib 4 > "$OUT/bench_engine.txt" 2>&1; echo "bench_engine exit $?"
-        cat "$OUT/bench_engine.txt" ;;
-    formats)
-        timeout 400 python3 bench/bench_formats.py ${BFARGS:-} > "$OUT/bench_formats.txt" 2>&1; echo "bench_formats exit $?"
-        tail -25 "$OUT/bench_formats.txt" ;;
-    xbench)
-        timeout 500 python3 bench/bench_xarray.py ${BXARGS:-} > "$OUT/bench_xarray.txt" 2>&1; echo "bench_xarray exit $?"
-        tail -25 "$OUT/bench_xarray.txt" ;;
-    torchbench)
-        timeout 500 python3 bench/bench_torch.py ${BTARGS:-} > "$OUT/bench_torch.txt" 2>&1; echo "bench_torch exit $?"
-        tail -30 "$OUT/bench_torch.txt" ;;
-    ckptbench)
-        timeout 500 python3 bench/bench_checkpoint.py ${BCARGS:-} > "$OUT/bench_checkpoint.txt" 2>&1; echo "bench_checkpoint exit $?"
-        tail -30 "$OUT/bench_checkpoint.txt" ;;
+    engine) bench bench_engine 200 1000 --gib 4 ;;
+    formats) bench bench_formats 400 25 ${BFARGS:-} ;;
+    xbench) bench bench_xarray 500 25 ${BXARGS:-} ;;
+    torchbench) bench bench_torch 500 30 ${BTARGS:-} ;;
+    ckptbench) bench bench_checkpoint 500 30 ${BCARGS:-} ;;
     nccl)
         PYTHONPATH=$PYTHONPATH timeout 300 python3 -m pytest -q -p no:cacheprovider -rs \
             tests/gpu/test_torch_gpu.py::test_two_gpus_nccl tests/gpu/test_checkpoint_gpu.py::test_gpu_dcp_nccl_two_gpus \
