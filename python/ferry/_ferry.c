@@ -698,15 +698,50 @@ static ContextObject *ctx_arg(PyObject *o) {
 }
 
 /* ------------------------------------------------------------------------- */
+/* File and Dataset: each owns one ferry handle, closed by close() or when the  */
+/* object goes, and never while a running job uses it. The same layout up to   */
+/* the handle lets one set of lifetime functions serve both.                   */
+/* ------------------------------------------------------------------------- */
+#define HANDLE_HEAD                                                            \
+    PyObject_HEAD                                                              \
+    ContextObject *ctx;                                                        \
+    PyObject *path;                                                            \
+    int users;           /* running jobs whose extents name the handle's files */
+typedef struct { HANDLE_HEAD void *h; } HandleObject;
+typedef void (*handle_close_fn)(void *h);
+
+static void handle_close_now(HandleObject *self, handle_close_fn close_fn) {
+    if (self->h) {
+        void *h = self->h;
+        self->h = NULL;
+        Py_BEGIN_ALLOW_THREADS
+        close_fn(h);
+        Py_END_ALLOW_THREADS
+    }
+}
+
+static void handle_dealloc(HandleObject *self, handle_close_fn close_fn) {
+    handle_close_now(self, close_fn);
+    Py_XDECREF(self->path);
+    Py_XDECREF(self->ctx);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* uses: what the running jobs do with it, for the error ("read", "read or write") */
+static PyObject *handle_close(HandleObject *self, handle_close_fn close_fn, const char *uses) {
+    if (self->users > 0)
+        return PyErr_Format(PyExc_RuntimeError, "%U: cannot close: %d running job(s) %s it; wait for them first",
+                            self->path, self->users, uses);
+    handle_close_now(self, close_fn);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Handle_enter(PyObject *self, PyObject *noarg) { Py_INCREF(self); return self; }
+
+/* ------------------------------------------------------------------------- */
 /* File                                                                       */
 /* ------------------------------------------------------------------------- */
-typedef struct {
-    PyObject_HEAD
-    ContextObject *ctx;
-    ferry_file *f;
-    PyObject *path;
-    int users;           /* running jobs whose extents name this file */
-} FileObject;
+typedef struct { HANDLE_HEAD ferry_file *f; } FileObject;
 
 static int file_check(FileObject *f) {
     if (!f->f) { PyErr_SetString(PyExc_ValueError, "ferry File is closed"); return -1; }
@@ -756,32 +791,11 @@ static int File_init(FileObject *self, PyObject *args, PyObject *kw) {
     return 0;
 }
 
-static void file_close_now(FileObject *self) {
-    if (self->f) {
-        ferry_file *f = self->f;
-        self->f = NULL;
-        Py_BEGIN_ALLOW_THREADS
-        ferry_file_close(f);
-        Py_END_ALLOW_THREADS
-    }
-}
-
-static void File_dealloc(FileObject *self) {
-    file_close_now(self);
-    Py_XDECREF(self->path);
-    Py_XDECREF(self->ctx);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
+static void file_close_fn(void *f) { ferry_file_close(f); }
+static void File_dealloc(FileObject *self) { handle_dealloc((HandleObject *)self, file_close_fn); }
 static PyObject *File_close(FileObject *self, PyObject *noarg) {
-    if (self->users > 0)
-        return PyErr_Format(PyExc_RuntimeError, "%U: cannot close: %d running job(s) read or write it; wait for them first",
-                            self->path, self->users);
-    file_close_now(self);
-    Py_RETURN_NONE;
+    return handle_close((HandleObject *)self, file_close_fn, "read or write");
 }
-
-static PyObject *File_enter(PyObject *self, PyObject *noarg) { Py_INCREF(self); return self; }
 static PyObject *File_exit(FileObject *self, PyObject *args) { return File_close(self, NULL); }
 
 static PyObject *File_get_size(FileObject *self, void *closure) {
@@ -923,7 +937,7 @@ static PyMethodDef File_methods[] = {
     {"cached", (PyCFunction)(void (*)(void))File_cached, METH_VARARGS | METH_KEYWORDS,
      "cached(offset=0, length=None) -> bytes of the range resident in the page cache."},
     {"close", (PyCFunction)File_close, METH_NOARGS, "Close (do not close a file a running job uses)."},
-    {"__enter__", File_enter, METH_NOARGS, NULL},
+    {"__enter__", Handle_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)File_exit, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL}};
 
@@ -950,13 +964,7 @@ static PyTypeObject FileType = {
 /* ------------------------------------------------------------------------- */
 /* Dataset                                                                    */
 /* ------------------------------------------------------------------------- */
-typedef struct {
-    PyObject_HEAD
-    ContextObject *ctx;
-    ferry_dataset *ds;
-    PyObject *path;
-    int users;           /* running jobs whose extents name this dataset's files */
-} DatasetObject;
+typedef struct { HANDLE_HEAD ferry_dataset *ds; } DatasetObject;
 
 static int ds_check(DatasetObject *d) {
     if (!d->ds) { PyErr_SetString(PyExc_ValueError, "ferry Dataset is closed"); return -1; }
@@ -1002,32 +1010,11 @@ static int Dataset_init(DatasetObject *self, PyObject *args, PyObject *kw) {
     return 0;
 }
 
-static void ds_close_now(DatasetObject *self) {
-    if (self->ds) {
-        ferry_dataset *ds = self->ds;
-        self->ds = NULL;
-        Py_BEGIN_ALLOW_THREADS
-        ferry_dataset_close(ds);
-        Py_END_ALLOW_THREADS
-    }
-}
-
-static void Dataset_dealloc(DatasetObject *self) {
-    ds_close_now(self);
-    Py_XDECREF(self->path);
-    Py_XDECREF(self->ctx);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
+static void ds_close_fn(void *ds) { ferry_dataset_close(ds); }
+static void Dataset_dealloc(DatasetObject *self) { handle_dealloc((HandleObject *)self, ds_close_fn); }
 static PyObject *Dataset_close(DatasetObject *self, PyObject *noarg) {
-    if (self->users > 0)
-        return PyErr_Format(PyExc_RuntimeError, "%U: cannot close: %d running job(s) read it; wait for them first",
-                            self->path, self->users);
-    ds_close_now(self);
-    Py_RETURN_NONE;
+    return handle_close((HandleObject *)self, ds_close_fn, "read");
 }
-
-static PyObject *Dataset_enter(PyObject *self, PyObject *noarg) { Py_INCREF(self); return self; }
 static PyObject *Dataset_exit(DatasetObject *self, PyObject *args) { return Dataset_close(self, NULL); }
 
 static PyObject *Dataset_get_format(DatasetObject *self, void *c) {
@@ -1196,7 +1183,7 @@ static PyMethodDef Dataset_methods[] = {
     {"variable", (PyCFunction)Dataset_variable, METH_O, "variable(name_or_index) -> dict"},
     {"find", (PyCFunction)Dataset_find, METH_O, "find(name) -> index (KeyError if missing)"},
     {"close", (PyCFunction)Dataset_close, METH_NOARGS, "close the dataset"},
-    {"__enter__", Dataset_enter, METH_NOARGS, NULL},
+    {"__enter__", Handle_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)Dataset_exit, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL}};
 
@@ -1675,8 +1662,8 @@ static void refs_users(PyObject *refs, int delta) {
     Py_ssize_t n = PySequence_Fast_GET_SIZE(refs);
     PyObject **items = PySequence_Fast_ITEMS(refs);
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (PyObject_TypeCheck(items[i], &FileType)) ((FileObject *)items[i])->users += delta;
-        else if (PyObject_TypeCheck(items[i], &DatasetType)) ((DatasetObject *)items[i])->users += delta;
+        if (PyObject_TypeCheck(items[i], &FileType) || PyObject_TypeCheck(items[i], &DatasetType))
+            ((HandleObject *)items[i])->users += delta;
     }
 }
 
