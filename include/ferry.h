@@ -469,6 +469,106 @@ int64_t ferry_dataset_plan_read(ferry_dataset *ds, int var, const ferry_slice *s
                                 ferry_buf dst, unsigned flags, ferry_plan *plan);
 
 /* ------------------------------------------------------------------------- */
+/* Chunked layouts: the one planner for chunked arrays                       */
+/* ------------------------------------------------------------------------- */
+/* ferry_plan_layout plans a selection of any regularly chunked array from a
+ * description of its layout and a table (or a callback) saying where each
+ * chunk is stored. Zarr's parser plans through it, and so does the xarray
+ * backend for HDF5 / netCDF-4, whose chunk tables h5py reads. Only the chunks
+ * the selection touches are visited:
+ *   - a stored chunk is one READ extent: its encoded bytes, the layout's codec
+ *     chain (less the codecs its `skip` mask drops), and a placement copying
+ *     its part of the selection into dst; a chunk whose chain is element-wise
+ *     only (none, or BYTESWAP) reads only the byte span the selection needs;
+ *   - an absent chunk is a FILL extent of the fill value over its part.
+ * A table that lies (offsets or lengths outside `file_size`, an uncompressed
+ * chunk shorter than a chunk, origins off the grid, duplicates) gives
+ * FERRY_EFORMAT naming the chunk; data that decodes to the wrong size fails
+ * when the plan runs (FERRY_ECODEC). No extent ever reaches outside dst. */
+
+/* ferry_chunk.length values that are not lengths */
+#define FERRY_CHUNK_ABSENT UINT64_MAX         /* never written: the fill value */
+#define FERRY_CHUNK_UNSIZED (UINT64_MAX - 1)  /* not looked at (a chunk file by path, element-wise
+                                                 chain only): read the span the selection needs,
+                                                 fill it if the file does not exist (no stat per
+                                                 chunk while planning; elements of <= 16 bytes) */
+
+/** Where one chunk is stored. */
+typedef struct ferry_chunk {
+    const char *path;    /* file holding it; NULL: the layout's `path`. A lookup
+                            callback's string need only live until the next call
+                            (the plan copies it) */
+    uint64_t offset;     /* byte offset of the stored chunk in that file */
+    uint64_t length;     /* stored (encoded) bytes, or FERRY_CHUNK_ABSENT / _UNSIZED */
+    uint32_t skip;       /* bit i set: layout codecs[i] does not apply to this chunk (HDF5's
+                            filter mask, renumbered in decoding order); 0 for most formats */
+} ferry_chunk;
+
+/** Look up chunk `idx` (ndim chunk-grid coordinates) into *out. Returns 0, or a
+ *  negative code (with ferry's message set, e.g. through a failed ferry call)
+ *  that ends the planning and is returned by ferry_plan_layout. */
+typedef int (*ferry_chunk_fn)(void *arg, const uint64_t *idx, ferry_chunk *out);
+
+typedef enum ferry_order {
+    FERRY_ORDER_C = 0,   /* decoded chunk in C order (last axis fastest)        */
+    FERRY_ORDER_F = 1,   /* Fortran order (first axis fastest)                  */
+    FERRY_ORDER_PERM = 2 /* C order of the chunk transposed by perm: axis perm[0]
+                            slowest ... perm[ndim-1] fastest (Zarr v3 transpose) */
+} ferry_order;
+
+typedef struct ferry_layout {
+    int ndim;                          /* 0..FERRY_MAX_DIMS (0: a scalar, one chunk) */
+    uint64_t shape[FERRY_MAX_DIMS];    /* array shape */
+    uint64_t chunks[FERRY_MAX_DIMS];   /* chunk shape, each >= 1; edge chunks are stored full size */
+    ferry_order order;
+    int perm[FERRY_MAX_DIMS];          /* FERRY_ORDER_PERM only: a permutation of 0..ndim-1 */
+    uint32_t itemsize;                 /* bytes per element, 1..2^20 */
+    uint32_t swap;                     /* stored data is byte-reversed in groups of `swap` bytes
+                                          (big-endian elements; complex: half the itemsize), else
+                                          0. FERRY_NATIVE appends a BYTESWAP; without it the data
+                                          stays as stored and the fill is swapped to match */
+    int ncodecs;                       /* codec chain, in decoding order */
+    ferry_codec codecs[FERRY_MAX_CODECS];
+    uint8_t fill[16];                  /* fill element in host order (the first itemsize bytes);
+                                          absent chunks of wider elements are filled with zeros */
+    const char *path;                  /* the file of chunks whose `path` is NULL */
+    uint64_t file_size;                /* its size when known: chunk offsets and lengths are
+                                          checked against it; 0: not checked */
+    const char *label;                 /* variable name for error messages (may be NULL) */
+    /* The chunk table, either a table ... */
+    const ferry_chunk *table;          /* ntable entries */
+    const uint64_t *table_index;       /* each entry's C-order linear chunk-grid index, strictly
+                                          ascending (ferry_layout_sort_table makes one); NULL:
+                                          the table is dense, entry i is grid chunk i. A grid
+                                          chunk not in the table is absent */
+    size_t ntable;
+    ferry_chunk_fn lookup;             /* ... or (table NULL) called for each chunk touched */
+    void *lookup_arg;
+} ferry_layout;
+
+/** Append to `plan` the extents that read sel (ndim slices; NULL: everything;
+ *  the same rules as ferry_dataset_plan_read: a stop past the end is clipped,
+ *  a negative index or step < 1 is FERRY_EINVAL) of the array `layout`
+ *  describes into dst as a C-order array of the selection's shape
+ *  (FERRY_STORED_ORDER: a whole read of an F-order array stays F order).
+ *  flags: FERRY_NATIVE, FERRY_STORED_ORDER. Returns the bytes placed in dst, or
+ *  a negative code (extents appended before an error stay in the plan: clear
+ *  it). layout, its table and the strings it names are only read during the
+ *  call; dst must live until the plan has run. */
+int64_t ferry_plan_layout(const ferry_layout *layout, const ferry_slice *sel, ferry_buf dst, unsigned flags,
+                          ferry_plan *plan);
+
+/** Build a sparse chunk table from entries keyed by chunk origin (element
+ *  coordinates, ndim values per entry, as h5py's chunk_iter gives them): checks
+ *  each origin lies on the grid of `layout` (a multiple of the chunk shape,
+ *  inside the shape) and writes its linear grid index to index[i], then sorts
+ *  table[] and index[] together (ascending) and refuses duplicates. Returns 0,
+ *  or FERRY_EFORMAT naming the entry; then set layout->table = table,
+ *  table_index = index, ntable = n. */
+int ferry_layout_sort_table(const ferry_layout *layout, const uint64_t *origins, ferry_chunk *table,
+                            uint64_t *index, size_t n);
+
+/* ------------------------------------------------------------------------- */
 /* Per-format notes                                                           */
 /* ------------------------------------------------------------------------- */
 /* attrs_json

@@ -3,6 +3,7 @@
  * plan_read sees them. */
 #include "formats/dataset.h"
 #include "formats/select.h"
+#include "formats/layout.h"
 #include <errno.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -146,20 +147,9 @@ int64_t ferry_dataset_plan_read(ferry_dataset *ds, int var, const ferry_slice *s
      * Python slice); a negative start/stop, a start past the end or a step
      * below 1 is a caller error, not something to guess about. */
     ferry_slice norm[FERRY_MAX_DIMS];
-    uint64_t bytes = vi->itemsize;
-    for (int k = 0; k < vi->ndim; k++) {
-        ferry_slice s = sel ? sel[k] : (ferry_slice){0, (int64_t)vi->shape[k], 1};
-        if (s.step < 1 || s.start < 0 || s.stop < 0 || (uint64_t)s.start > vi->shape[k])
-            return ferry_seterr(FERRY_EINVAL,
-                                "%s: variable \"%s\": dimension %d: selection %lld:%lld:%lld outside 0..%llu",
-                                ds->path, vi->name, k, (long long)s.start, (long long)s.stop, (long long)s.step,
-                                (unsigned long long)vi->shape[k]);
-        if ((uint64_t)s.stop > vi->shape[k]) s.stop = (int64_t)vi->shape[k];
-        if (s.stop < s.start) s.stop = s.start;
-        norm[k] = s;
-        if (ferry_mul_overflow(bytes, ferry_slice_count(s), &bytes))
-            return ferry_seterr(FERRY_EINVAL, "%s: variable \"%s\": selection size overflows", ds->path, vi->name);
-    }
+    int64_t nbytes = ferry_selection_normalize(vi->ndim, vi->shape, vi->itemsize, sel, norm, ds->path, vi->name);
+    if (nbytes < 0) return nbytes;
+    uint64_t bytes = (uint64_t)nbytes;
     if (dst.size < bytes)
         return ferry_seterr(FERRY_EINVAL, "%s: variable \"%s\": destination holds %llu bytes, selection needs %llu",
                             ds->path, vi->name, (unsigned long long)dst.size, (unsigned long long)bytes);

@@ -25,6 +25,7 @@
 #include "formats/typestr.h"
 #include "formats/json.h"
 #include "formats/select.h"
+#include "formats/layout.h"
 #include "codecs/codecs.h"
 #include <dirent.h>
 #include <errno.h>
@@ -1074,132 +1075,29 @@ static int zarr_open(ferry_dataset *ds, const ferry_open_opts *opts) {
 }
 
 /* ---- plans ---------------------------------------------------------------------- */
+/* Planning is ferry_plan_layout's (layout.c): the array's description becomes
+ * a ferry_layout, and chunks are found by key (plain arrays: a stat per
+ * compressed chunk file) or through each shard's index (sharded arrays). */
 
-/* The chunks of one dimension a selection touches, within [lo, hi) of that
- * dimension: chunk index, first selected index in it, how many. */
-typedef struct dim_hit { uint64_t chunk, first, n; } dim_hit;
-
-static int dim_hits(ferry_slice s, uint64_t csize, uint64_t lo, uint64_t hi, dim_hit **out, size_t *nout) {
-    *out = NULL; *nout = 0;
-    uint64_t step = (uint64_t)s.step, start = (uint64_t)s.start, stop = (uint64_t)s.stop;
-    if (stop > hi) stop = hi;
-    /* first selected index >= lo */
-    uint64_t i = start;
-    if (i < lo) i = start + (lo - start + step - 1) / step * step;
-    size_t cap = 0;
-    while (i < stop) {
-        uint64_t c = i / csize, cend = (c + 1) * csize;
-        if (cend > stop) cend = stop;
-        uint64_t n = (cend - 1 - i) / step + 1;
-        if (*nout == cap) {
-            cap = cap ? cap * 2 : 8;
-            dim_hit *nv = realloc(*out, cap * sizeof *nv);
-            if (!nv) { free(*out); *out = NULL; return FERRY_ENOMEM; }
-            *out = nv;
-        }
-        (*out)[(*nout)++] = (dim_hit){c, i, n};
-        i += n * step;
-    }
-    return 0;
-}
-
-typedef struct plan_ctx {
-    ferry_dataset *ds;
+typedef struct zarr_plan_ctx {
     zarr_arr *a;
+    ferry_ctx *ctx;
+    int raw;                           /* the chain is element-wise only */
+    char path[PATH_MAX];
+    /* sharded arrays: the shard being planned */
+    ferry_layout inner;                /* inner-chunk layout, path = the shard */
     const ferry_slice *sel;
     ferry_buf dst;
+    unsigned flags;
     ferry_plan *plan;
-    int64_t dstr[FERRY_MAX_DIMS];      /* destination byte strides */
-    int64_t cstr[FERRY_MAX_DIMS];      /* byte strides inside a decoded (inner) chunk */
-    uint64_t cbytes;                   /* decoded (inner) chunk size */
-    ferry_codec codecs[FERRY_MAX_CODECS];
-    int ncodecs;
-    int raw;                           /* chain has no size-changing codec */
-    uint8_t fill[16];
-    char path[PATH_MAX];
-} plan_ctx;
-
-/* One (inner) chunk's part of the selection: hits[k] per dimension. `file`
- * is the chunk file (or shard), at `off` with `len` bytes; len == EMPTY_U64:
- * missing -> fill; len == UNKNOWN_U64 (uncompressed chunks only): the engine
- * fills the box if the file turns out to be absent, and a file too short for
- * the span is a short read naming it. */
-static int emit(plan_ctx *p, const dim_hit *const *h, const uint64_t *origin, uint64_t off, uint64_t len) {
-    zarr_arr *a = p->a;
-    ferry_place pl;
-    memset(&pl, 0, sizeof pl);
-    pl.ndim = a->ndim;
-    pl.itemsize = a->itemsize;
-    uint64_t dst_off = 0, src_off = 0, span = a->itemsize;
-    for (int k = 0; k < a->ndim; k++) {
-        const ferry_slice *s = &p->sel[k];
-        pl.count[k] = h[k]->n;
-        pl.dst_stride[k] = p->dstr[k];
-        pl.src_stride[k] = p->cstr[k] * s->step;
-        dst_off += (h[k]->first - (uint64_t)s->start) / (uint64_t)s->step * (uint64_t)p->dstr[k];
-        src_off += (h[k]->first - origin[k]) * (uint64_t)p->cstr[k];
-        span += (h[k]->n - 1) * (uint64_t)pl.src_stride[k];
-    }
-    if (a->ndim == 0) {   /* a scalar: a one-element box */
-        pl.ndim = 1; pl.count[0] = 1; pl.dst_stride[0] = pl.src_stride[0] = a->itemsize;
-    }
-    ferry_extent e;
-    memset(&e, 0, sizeof e);
-    e.dst = p->dst;
-    e.dst_offset = dst_off;
-    e.label = a->name;
-    e.place = &pl;
-    if (len == EMPTY_U64) {
-        e.kind = FERRY_EXTENT_FILL;
-        if (a->itemsize > 16) {
-            /* fills repeat at most 16 bytes: a zero fill of wide elements
-             * becomes a fill of single bytes over one more dimension */
-            if (pl.ndim >= FERRY_MAX_DIMS)
-                return ferry_seterr(FERRY_EUNSUPPORTED, "%s: missing chunk of a %d-d array of %u-byte elements",
-                                    a->dir, a->ndim, a->itemsize);
-            pl.count[pl.ndim] = a->itemsize;
-            pl.dst_stride[pl.ndim] = 1;
-            pl.ndim++;
-            pl.itemsize = 1;
-            memset(e.fill, 0, sizeof e.fill);
-            return ferry_plan_add(p->plan, &e);
-        }
-        memcpy(e.fill, p->fill, a->itemsize);
-        return ferry_plan_add(p->plan, &e);
-    }
-    e.kind = FERRY_EXTENT_READ;
-    e.path = p->path;
-    e.ncodecs = p->ncodecs;
-    memcpy(e.codecs, p->codecs, sizeof e.codecs);
-    if (p->raw) {
-        /* stored as is: read only the span the selection covers */
-        if (len == UNKNOWN_U64) {
-            e.flags = FERRY_EXTENT_MISSING_FILLS;
-            memcpy(e.fill, p->fill, a->itemsize);
-        } else if (len < p->cbytes)
-            return ferry_seterr(FERRY_EFORMAT, "%s: chunk holds %llu bytes, an uncompressed chunk needs %llu", p->path,
-                                (unsigned long long)len, (unsigned long long)p->cbytes);
-        e.offset = off + src_off;
-        e.length = span;
-        e.decoded_size = span;
-        pl.src_offset = 0;
-    } else {
-        e.offset = off;
-        e.length = len;
-        e.decoded_size = p->cbytes;
-        pl.src_offset = src_off;
-        /* A whole chunk whose bytes land contiguously in dst needs no
-         * placement: the engine then decodes straight into host memory. */
-        int whole = src_off == 0 && span == p->cbytes;
-        for (int k = 0; k < a->ndim && whole; k++)
-            if (pl.count[k] > 1 && pl.src_stride[k] != pl.dst_stride[k]) whole = 0;
-        if (whole) e.place = NULL;
-    }
-    return ferry_plan_add(p->plan, &e);
-}
+    uint64_t *index;                   /* the shard's index, host order; NULL: shard absent */
+    uint64_t *index_buf;              /* its buffer, reused for every shard */
+    size_t cap;
+    uint64_t shard_idx[FERRY_MAX_DIMS], file_size;
+} zarr_plan_ctx;
 
 /* chunk key for grid index idx, appended to dir */
-static int chunk_path(plan_ctx *p, const uint64_t *idx) {
+static int chunk_path(zarr_plan_ctx *p, const uint64_t *idx) {
     zarr_arr *a = p->a;
     int n = snprintf(p->path, sizeof p->path, "%s/%s", a->dir, a->c_prefix ? "c" : "");
     for (int k = 0; k < a->ndim && n < (int)sizeof p->path; k++)
@@ -1210,66 +1108,62 @@ static int chunk_path(plan_ctx *p, const uint64_t *idx) {
     return 0;
 }
 
-/* Iterate the cartesian product of per-dimension hit lists. */
-typedef int (*hit_fn)(plan_ctx *p, const dim_hit *const *h, void *arg);
-
-static int for_each(plan_ctx *p, dim_hit *const *lists, const size_t *counts, hit_fn fn, void *arg) {
-    int nd = p->a->ndim;
-    size_t it[FERRY_MAX_DIMS] = {0};
-    for (int k = 0; k < nd; k++) if (!counts[k]) return 0;
-    for (;;) {
-        const dim_hit *h[FERRY_MAX_DIMS] = {0};
-        for (int k = 0; k < nd; k++) h[k] = &lists[k][it[k]];
-        int rc = fn(p, h, arg);
-        if (rc < 0) return rc;
-        int k = nd - 1;
-        while (k >= 0 && ++it[k] == counts[k]) it[k--] = 0;
-        if (k < 0) return 0;
-    }
-}
-
-static int plain_chunk(plan_ctx *p, const dim_hit *const *h, void *arg) {
-    zarr_arr *a = p->a;
-    uint64_t idx[FERRY_MAX_DIMS], origin[FERRY_MAX_DIMS];
-    for (int k = 0; k < a->ndim; k++) { idx[k] = h[k]->chunk; origin[k] = h[k]->chunk * a->chunk[k]; }
+/* A plain array's chunk: its file. An uncompressed chunk's bytes are known
+ * without looking at its file (a stat costs ~1 µs, most of the plan's time for
+ * many chunks): the engine fills its box if the file is absent. Compressed
+ * ones need their size. */
+static int plain_chunk(void *arg, const uint64_t *idx, ferry_chunk *c) {
+    zarr_plan_ctx *p = arg;
     int rc = chunk_path(p, idx);
     if (rc < 0) return rc;
-    /* An uncompressed chunk's bytes are known without looking at its file (a
-     * stat costs ~1 µs, most of the plan's time for many chunks): the engine
-     * fills its box if the file is absent. Compressed ones need their size. */
-    if (p->raw && a->itemsize <= 16) return emit(p, h, origin, 0, UNKNOWN_U64);
+    c->path = p->path;
+    if (p->raw && p->a->itemsize <= 16) { c->length = FERRY_CHUNK_UNSIZED; return 0; }
     struct stat st;
     if (stat(p->path, &st) != 0) {
-        if (errno == ENOENT || errno == ENOTDIR) return emit(p, h, origin, 0, EMPTY_U64);
+        if (errno == ENOENT || errno == ENOTDIR) { c->length = FERRY_CHUNK_ABSENT; return 0; }
         return ferry_seterr(-errno, "%s: %s", p->path, strerror(errno));
     }
-    return emit(p, h, origin, 0, (uint64_t)st.st_size);
+    c->length = (uint64_t)st.st_size;
+    return 0;
 }
 
-/* Sharded arrays: per shard, read and check the index, then emit its inner chunks. */
-typedef struct shard_arg { uint64_t *index; size_t cap; } shard_arg;
-
-static int shard_inner(plan_ctx *p, const dim_hit *const *h, void *arg);
-
-typedef struct inner_arg {
-    const uint64_t *index;      /* NULL: whole shard missing */
-    const uint64_t *shard_idx;
-    uint64_t file_size;
-} inner_arg;
-
-static int shard_chunk(plan_ctx *p, const dim_hit *const *h, void *varg) {
+/* An inner chunk of the shard being planned: its index entry. */
+static int shard_inner(void *arg, const uint64_t *idx, ferry_chunk *c) {
+    zarr_plan_ctx *p = arg;
     zarr_arr *a = p->a;
-    shard_arg *sa = varg;
-    uint64_t idx[FERRY_MAX_DIMS], n_inner = 1, per[FERRY_MAX_DIMS];
+    c->length = FERRY_CHUNK_ABSENT;
+    if (!p->index) return 0;
+    uint64_t lin = 0;
     for (int k = 0; k < a->ndim; k++) {
-        idx[k] = h[k]->chunk;
-        per[k] = a->chunk[k] / a->inner[k];
-        if (ferry_mul_overflow(n_inner, per[k], &n_inner) || n_inner > ((uint64_t)1 << 40))
+        uint64_t per = a->chunk[k] / a->inner[k];
+        lin = lin * per + (idx[k] - p->shard_idx[k] * per);
+    }
+    uint64_t off = p->index[2 * lin], nb = p->index[2 * lin + 1];
+    if (off == EMPTY_U64 && nb == EMPTY_U64) return 0;
+    if (off > p->file_size || nb > p->file_size - off)
+        return ferry_seterr(FERRY_EFORMAT, "%s: shard index entry %llu (offset %llu, %llu bytes) lies outside the %llu-byte shard",
+                            p->path, (unsigned long long)lin, (unsigned long long)off, (unsigned long long)nb,
+                            (unsigned long long)p->file_size);
+    c->offset = off;
+    c->length = nb;
+    return 0;
+}
+
+/* One shard the selection touches: read and check its index, then plan the
+ * inner chunks inside it. */
+static int shard_chunk(void *arg, const uint64_t *idx) {
+    zarr_plan_ctx *p = arg;
+    zarr_arr *a = p->a;
+    uint64_t n_inner = 1;
+    for (int k = 0; k < a->ndim; k++) {
+        p->shard_idx[k] = idx[k];
+        if (ferry_mul_overflow(n_inner, a->chunk[k] / a->inner[k], &n_inner) || n_inner > ((uint64_t)1 << 40))
             return ferry_seterr(FERRY_EFORMAT, "%s: too many inner chunks per shard", a->dir);
     }
     int rc = chunk_path(p, idx);
     if (rc < 0) return rc;
-    inner_arg ia = {NULL, idx, 0};
+    p->index = NULL;
+    p->file_size = 0;
     struct stat st;
     if (stat(p->path, &st) != 0) {
         if (errno != ENOENT && errno != ENOTDIR) return ferry_seterr(-errno, "%s: %s", p->path, strerror(errno));
@@ -1278,20 +1172,20 @@ static int shard_chunk(plan_ctx *p, const dim_hit *const *h, void *varg) {
         if (ferry_mul_overflow(n_inner, 16, &isz) || ferry_add_overflow(isz, a->index_crc ? 4 : 0, &isz) || isz > fsz)
             return ferry_seterr(FERRY_EFORMAT, "%s: shard of %llu bytes is too small for its index of %llu inner chunks",
                                 p->path, (unsigned long long)fsz, (unsigned long long)n_inner);
-        if (sa->cap < isz) {   /* one buffer reused for every shard of the plan */
-            uint64_t *ni = realloc(sa->index, (size_t)isz);
+        if (p->cap < isz) {   /* one buffer reused for every shard of the plan */
+            uint64_t *ni = realloc(p->index_buf, (size_t)isz);
             if (!ni) return ferry_seterr(FERRY_ENOMEM, "%s: no memory for the shard index", p->path);
-            sa->index = ni;
-            sa->cap = (size_t)isz;
+            p->index_buf = ni;
+            p->cap = (size_t)isz;
         }
         ferry_file *f;
-        if ((rc = ferry_file_open(p->ds->ctx, p->path, FERRY_READ, &f)) < 0) return rc;
+        if ((rc = ferry_file_open(p->ctx, p->path, FERRY_READ, &f)) < 0) return rc;
         uint64_t ioff = a->index_at_start ? 0 : fsz - isz;
-        int64_t got = ferry_pread(f, ferry_host_buf(sa->index, (size_t)isz), ioff, (size_t)isz, FERRY_NO_DIRECT);
+        int64_t got = ferry_pread(f, ferry_host_buf(p->index_buf, (size_t)isz), ioff, (size_t)isz, FERRY_NO_DIRECT);
         ferry_file_close(f);
         if (got < 0) return (int)got;
         if ((uint64_t)got != isz) return ferry_seterr(FERRY_EFORMAT, "%s: shard index truncated", p->path);
-        uint8_t *ib = (uint8_t *)sa->index;
+        uint8_t *ib = (uint8_t *)p->index_buf;
         if (a->index_crc) {
             uint32_t want = ferry_le32(ib + isz - 4), c = ferry_crc32c(0, ib, (size_t)(isz - 4));
             if (want != c)
@@ -1303,107 +1197,55 @@ static int shard_chunk(plan_ctx *p, const dim_hit *const *h, void *varg) {
             uint64_t v = a->index_big ? ferry_be64(ib + 8 * i) : ferry_le64(ib + 8 * i);
             memcpy(ib + 8 * i, &v, 8);
         }
-        ia.index = sa->index;
-        ia.file_size = fsz;
+        p->index = p->index_buf;
+        p->file_size = fsz;
     }
-    /* inner chunks of this shard that the selection touches */
-    dim_hit *lists[FERRY_MAX_DIMS] = {0};
-    size_t counts[FERRY_MAX_DIMS];
-    for (int k = 0; k < a->ndim && !rc; k++) {
-        uint64_t lo = idx[k] * a->chunk[k], hi = lo + a->chunk[k];
-        rc = dim_hits(p->sel[k], a->inner[k], lo, hi, &lists[k], &counts[k]);
-    }
-    if (!rc) rc = for_each(p, lists, counts, shard_inner, &ia);
-    for (int k = 0; k < a->ndim; k++) free(lists[k]);
+    uint64_t lo[FERRY_MAX_DIMS], hi[FERRY_MAX_DIMS];
+    for (int k = 0; k < a->ndim; k++) { lo[k] = idx[k] * a->chunk[k]; hi[k] = lo[k] + a->chunk[k]; }
+    p->inner.path = p->path;
+    p->inner.file_size = p->file_size;
+    rc = ferry_layout_plan_box(&p->inner, p->sel, lo, hi, p->dst, p->flags, p->plan);
     if (rc == FERRY_ENOMEM && !ferry_lasterr()[0]) ferry_seterr(rc, "%s: out of memory", p->path);
     return rc;
-}
-
-static int shard_inner(plan_ctx *p, const dim_hit *const *h, void *varg) {
-    zarr_arr *a = p->a;
-    inner_arg *ia = varg;
-    uint64_t origin[FERRY_MAX_DIMS], lin = 0;
-    for (int k = 0; k < a->ndim; k++) {
-        origin[k] = h[k]->chunk * a->inner[k];
-        uint64_t per = a->chunk[k] / a->inner[k];
-        lin = lin * per + (h[k]->chunk - ia->shard_idx[k] * per);
-    }
-    if (!ia->index) return emit(p, h, origin, 0, EMPTY_U64);
-    uint64_t off = ia->index[2 * lin], nb = ia->index[2 * lin + 1];
-    if (off == EMPTY_U64 && nb == EMPTY_U64) return emit(p, h, origin, 0, EMPTY_U64);
-    if (off > ia->file_size || nb > ia->file_size - off)
-        return ferry_seterr(FERRY_EFORMAT, "%s: shard index entry %llu (offset %llu, %llu bytes) lies outside the %llu-byte shard",
-                            p->path, (unsigned long long)lin, (unsigned long long)off, (unsigned long long)nb,
-                            (unsigned long long)ia->file_size);
-    return emit(p, h, origin, off, nb);
 }
 
 static int64_t zarr_plan(ferry_dataset *ds, int var, const ferry_slice *sel, ferry_buf dst, unsigned flags,
                          ferry_plan *plan) {
     zarr_arr *a = ds->vars[var].fmt;
     if (a->err) return ferry_seterr(FERRY_EUNSUPPORTED, "%s", a->err);
-    plan_ctx *p = calloc(1, sizeof *p);
+    zarr_plan_ctx *p = calloc(1, sizeof *p);
     if (!p) return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", ds->path);
-    p->ds = ds; p->a = a; p->sel = sel; p->dst = dst; p->plan = plan;
-    int nd = a->ndim;
-    /* destination strides: C order of the selection (F order when asked to
-     * keep a whole F-order array as stored) */
-    int whole = 1;
-    uint64_t cnt[FERRY_MAX_DIMS], total = a->itemsize;
-    for (int k = 0; k < nd; k++) {
-        cnt[k] = ferry_slice_count(sel[k]);
-        total *= cnt[k];
-        if (sel[k].start != 0 || (uint64_t)sel[k].stop != a->shape[k] || sel[k].step != 1) whole = 0;
-    }
-    int fdst = whole && a->fortran && (flags & FERRY_STORED_ORDER);
-    int64_t s = a->itemsize;
-    for (int j = 0; j < nd; j++) {
-        int k = fdst ? j : nd - 1 - j;
-        p->dstr[k] = s;
-        s *= (int64_t)cnt[k];
-    }
-    /* strides inside a decoded chunk: C order of the chunk transposed by perm */
-    const uint64_t *cs = a->sharded ? a->inner : a->chunk;
-    s = a->itemsize;
-    for (int j = nd - 1; j >= 0; j--) {
-        p->cstr[a->perm[j]] = s;
-        s *= (int64_t)cs[a->perm[j]];
-    }
-    p->cbytes = (uint64_t)s;
-    p->ncodecs = a->ncodecs;
-    memcpy(p->codecs, a->codecs, sizeof p->codecs);
-    /* big-endian data: swap to host order when asked, else keep it (and the
-     * fill value) as stored */
-    memcpy(p->fill, a->fill, sizeof p->fill);
-    int rc = 0;
-    if (a->swap) {
-        if (flags & FERRY_NATIVE) {
-            if (p->ncodecs >= FERRY_MAX_CODECS) rc = ferry_seterr(FERRY_EUNSUPPORTED, "%s: too many codecs", a->dir);
-            else p->codecs[p->ncodecs++] = (ferry_codec){FERRY_CODEC_BYTESWAP, a->swap};
-        } else {
-            for (uint32_t o = 0; o + a->swap <= a->itemsize && o + a->swap <= 16; o += a->swap)
-                for (uint32_t i = 0; i < a->swap / 2; i++) {
-                    uint8_t t = p->fill[o + i]; p->fill[o + i] = p->fill[o + a->swap - 1 - i]; p->fill[o + a->swap - 1 - i] = t;
-                }
-        }
-    }
+    p->a = a; p->ctx = ds->ctx; p->sel = sel; p->dst = dst; p->flags = flags; p->plan = plan;
+    ferry_layout *l = &p->inner;
+    l->ndim = a->ndim;
+    memcpy(l->shape, a->shape, sizeof l->shape);
+    memcpy(l->chunks, a->sharded ? a->inner : a->chunk, sizeof l->chunks);
+    l->order = a->fortran ? FERRY_ORDER_F : FERRY_ORDER_PERM;
+    memcpy(l->perm, a->perm, sizeof l->perm);
+    l->itemsize = a->itemsize;
+    l->swap = a->swap;
+    l->ncodecs = a->ncodecs;
+    memcpy(l->codecs, a->codecs, sizeof l->codecs);
+    memcpy(l->fill, a->fill, sizeof l->fill);
+    l->label = a->name;
     p->raw = 1;
-    for (int i = 0; i < p->ncodecs; i++) if (p->codecs[i].id != FERRY_CODEC_BYTESWAP) p->raw = 0;
-    dim_hit *lists[FERRY_MAX_DIMS] = {0};
-    size_t counts[FERRY_MAX_DIMS];
-    for (int k = 0; k < nd && !rc; k++)
-        rc = dim_hits(sel[k], a->chunk[k], 0, a->shape[k], &lists[k], &counts[k]);
-    if (!rc) {
-        if (a->sharded) {
-            shard_arg sa = {NULL, 0};
-            rc = for_each(p, lists, counts, shard_chunk, &sa);
-            free(sa.index);
-        } else {
-            rc = for_each(p, lists, counts, plain_chunk, NULL);
-        }
+    for (int i = 0; i < a->ncodecs; i++) if (a->codecs[i].id != FERRY_CODEC_BYTESWAP) p->raw = 0;
+    uint64_t total = a->itemsize;
+    for (int k = 0; k < a->ndim; k++) total *= ferry_slice_count(sel[k]);
+    int rc = ferry_layout_check(l);
+    if (!rc && a->sharded) {
+        l->lookup = shard_inner;
+        l->lookup_arg = p;
+        ferry_layout shards = *l;   /* the shard grid, to visit the shards touched */
+        memcpy(shards.chunks, a->chunk, sizeof shards.chunks);
+        rc = ferry_layout_visit(&shards, sel, shard_chunk, p);
+    } else if (!rc) {
+        l->lookup = plain_chunk;
+        l->lookup_arg = p;
+        rc = ferry_layout_plan_box(l, sel, NULL, NULL, dst, flags, plan);
     }
     if (rc == FERRY_ENOMEM && !ferry_lasterr()[0]) ferry_seterr(rc, "%s: out of memory", a->dir);
-    for (int k = 0; k < nd; k++) free(lists[k]);
+    free(p->index_buf);
     free(p);
     return rc < 0 ? rc : (int64_t)total;
 }
