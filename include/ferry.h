@@ -29,15 +29,32 @@
  *  Functions return 0 (or a count) on success and a negative value on
  *  failure: either a ferry_status below or -errno from the operating system.
  *  ferry_strerror(code) names the code; ferry_errmsg(ctx) gives the message of
- *  the most recent failing call made *by the calling thread* on ctx, naming the
- *  file, offset and variable involved. The library never prints, never exits
- *  and never aborts on bad input.
+ *  the most recent failing ferry call made *by the calling thread*, naming the
+ *  file, offset and variable involved. Messages are kept per thread, not per
+ *  context: threads sharing one context never see each other's errors, and
+ *  calls that take no context (ferry_plan_add, ferry_plan_layout, ...) leave
+ *  their message in the same place (ctx may be NULL). The library never
+ *  prints, never exits and never aborts on bad input.
  *
  * Memory
  * ------
  *  The caller owns all destination and source memory and keeps it alive until
  *  the call returns (blocking calls) or the job completes (asynchronous calls).
  *  ferry allocates only its own staging buffers.
+ *
+ * Lifetimes
+ * ---------
+ *  - Memory, files (ferry_file) and datasets a plan names: alive and open
+ *    until every job running the plan has completed (ferry_job_wait or
+ *    ferry_job_destroy returned); the plan itself may go once ferry_submit
+ *    returns (it is copied), and ferry_plan_add copies each extent, its
+ *    placement and its strings.
+ *  - Strings ferry returns live as long as the object they came from (a
+ *    file's path, a dataset's names and JSON), are static (ferry_strerror,
+ *    names of formats and paths, CUDA status), or are the thread's error
+ *    message (ferry_errmsg); each declaration below says which.
+ *  - Destroy jobs and close datasets before ferry_ctx_destroy (it waits for
+ *    the jobs); destroy(NULL) and close(NULL) are no-ops everywhere.
  */
 #ifndef FERRY_H
 #define FERRY_H
@@ -48,6 +65,22 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* What libferry.so exports is exactly what this header declares: the library
+ * is built with -fvisibility=hidden, and FERRY_API_BEGIN / FERRY_API_END
+ * (around every declaration below) give these names default visibility. A
+ * function not declared here is internal, whatever its prefix (src/common.h
+ * says how internal names are marked); `make test-c` checks `nm -D`. */
+#if defined(__GNUC__) || defined(__clang__)
+#define FERRY_API __attribute__((visibility("default")))
+#define FERRY_API_BEGIN _Pragma("GCC visibility push(default)")
+#define FERRY_API_END _Pragma("GCC visibility pop")
+#else
+#define FERRY_API
+#define FERRY_API_BEGIN
+#define FERRY_API_END
+#endif
+FERRY_API_BEGIN
 
 #define FERRY_VERSION_MAJOR 0
 #define FERRY_VERSION_MINOR 1
@@ -138,12 +171,16 @@ int ferry_ctx_create(ferry_ctx **out, const ferry_config *cfg);
 void ferry_ctx_destroy(ferry_ctx *ctx);
 /** The effective configuration (defaults resolved, environment applied). */
 void ferry_ctx_config(const ferry_ctx *ctx, ferry_config *out);
-/** Message of the most recent failing call by this thread on ctx ("" if none). */
+/** Message of the calling thread's most recent failing ferry call, on any
+ *  context or none ("" if none): per thread, not per context (ctx is not
+ *  used and may be NULL). The string lives in thread-local storage, valid
+ *  until the thread's next failing call; a successful call leaves it as is. */
 const char *ferry_errmsg(const ferry_ctx *ctx);
 
 /** Number of CUDA devices (0 when the driver is absent); never fails. */
 int ferry_cuda_device_count(ferry_ctx *ctx);
-/** Why CUDA or cuFile is unavailable, or "" when it is available. */
+/** Why CUDA or cuFile is unavailable, or "" when it is available (a static
+ *  string: valid for the life of the process). */
 const char *ferry_cuda_status(ferry_ctx *ctx);
 const char *ferry_cufile_status(ferry_ctx *ctx);
 
@@ -204,6 +241,7 @@ int ferry_file_open(ferry_ctx *ctx, const char *path, int flags, ferry_file **ou
 int ferry_file_close(ferry_file *f);
 /** Current size in bytes (fstat), or a negative code. */
 int64_t ferry_file_size(ferry_file *f);
+/** The path given to ferry_file_open; valid until ferry_file_close. */
 const char *ferry_file_path(const ferry_file *f);
 /** fsync the file. */
 int ferry_file_sync(ferry_file *f);
@@ -437,10 +475,15 @@ typedef struct ferry_dataset ferry_dataset;
 /** Open and parse metadata. opts may be NULL. Errors name the file and byte position;
  *  FERRY_ENOFORMAT when the path is not a file or store of any supported format. */
 int ferry_dataset_open(ferry_ctx *ctx, const char *path, const ferry_open_opts *opts, ferry_dataset **out);
+/** Close and free. Plans made by ferry_dataset_plan_read may name the files
+ *  the dataset keeps open (npy, safetensors, netcdf3): close it only after
+ *  every job running such a plan has completed. Every string the dataset
+ *  returned (ferry_var_info's, the *_json ones) dies with it. NULL: no-op. */
 void ferry_dataset_close(ferry_dataset *ds);
-const char *ferry_dataset_format(const ferry_dataset *ds);   /* "npy", "safetensors", ... */
+const char *ferry_dataset_format(const ferry_dataset *ds);   /* "npy", "safetensors", ... (static) */
 /** JSON object of global attributes (netCDF global attributes, Zarr group
- *  attributes, safetensors __metadata__), "{}" if none. */
+ *  attributes, safetensors __metadata__), "{}" if none. This and the two
+ *  below are valid while the dataset is open. */
 const char *ferry_dataset_attrs_json(const ferry_dataset *ds);
 /** JSON object of dimensions: {"name": {"size": n, "unlimited": bool}}, "{}" if none. */
 const char *ferry_dataset_dims_json(const ferry_dataset *ds);
@@ -464,7 +507,9 @@ enum {
  *  (ndim slices, already clipped to the shape; NULL: everything), into dst as
  *  a C-order array of the selection's shape (dst.size >= product × itemsize).
  *  Only the chunks / records / rows the selection touches are read; missing
- *  Zarr chunks become fills. Returns the number of bytes placed in dst. */
+ *  Zarr chunks become fills. Returns the number of bytes placed in dst.
+ *  Lifetimes: dst must live until a job running the plan completes, and so
+ *  must the dataset (the plan may name its open files; see ferry_dataset_close). */
 int64_t ferry_dataset_plan_read(ferry_dataset *ds, int var, const ferry_slice *sel,
                                 ferry_buf dst, unsigned flags, ferry_plan *plan);
 
@@ -579,6 +624,8 @@ int ferry_layout_sort_table(const ferry_layout *layout, const uint64_t *origins,
  *   safetensors: {} per tensor; the file's __metadata__ as dataset attrs.
  *   npy:     {}.
  */
+
+FERRY_API_END
 
 #ifdef __cplusplus
 }

@@ -18,12 +18,6 @@ static const char *inner_name(int c) {
     return names[c & 7];
 }
 
-int ferry_blosc_size(const uint8_t *in, size_t n, size_t *nbytes) {
-    if (n < HDR) return ferry_seterr(FERRY_ECODEC, "blosc: %zu bytes, too short for the 16-byte header", n);
-    *nbytes = ferry_le32(in + 4);
-    return 0;
-}
-
 static int inner_decode(ferry_decode_scratch *s, int codec, const uint8_t *in, size_t n,
                         uint8_t *out, size_t want) {
     switch (codec) {

@@ -22,8 +22,6 @@ int ferry_zlib_exact(ferry_decode_scratch *s, const uint8_t *in, size_t n, uint8
 int ferry_zstd_exact(ferry_decode_scratch *s, const uint8_t *in, size_t n, uint8_t *out, size_t want);
 int64_t ferry_blosc_decode(ferry_decode_scratch *s, const uint8_t *in, size_t n,
                            uint8_t *out, size_t cap);
-/* Fill *nbytes with the decoded size a blosc frame announces (header only). */
-int ferry_blosc_size(const uint8_t *in, size_t n, size_t *nbytes);
 
 /* Filters: out-of-place, n bytes. Bytes past the last whole element are copied. */
 void ferry_unshuffle(const uint8_t *in, uint8_t *out, size_t n, size_t elsize);

@@ -47,11 +47,11 @@ typedef struct ferry_cu_memcpy2d {
 /* One table of function pointers, filled once. */
 typedef struct ferry_cuda_api {
     CUresult (*Init)(unsigned);
-    CUresult (*DriverGetVersion)(int *);
+    CUresult (*DriverGetVersion)(int *);   /* optional: may be NULL (unused) */
     CUresult (*DeviceGetCount)(int *);
     CUresult (*DeviceGet)(CUdevice *, int);
     CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
-    CUresult (*DevicePrimaryCtxRelease)(CUdevice);
+    CUresult (*DevicePrimaryCtxRelease)(CUdevice);   /* optional: may be NULL (unused) */
     CUresult (*CtxSetCurrent)(CUcontext);
     CUresult (*CtxGetCurrent)(CUcontext *);
     CUresult (*StreamCreate)(CUstream *, unsigned);
@@ -62,15 +62,15 @@ typedef struct ferry_cuda_api {
     CUresult (*EventDestroy)(CUevent);
     CUresult (*EventRecord)(CUevent, CUstream);
     CUresult (*EventSynchronize)(CUevent);
-    CUresult (*EventQuery)(CUevent);
+    CUresult (*EventQuery)(CUevent);   /* optional: may be NULL (unused) */
     CUresult (*MemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
     CUresult (*MemcpyDtoHAsync)(void *, CUdeviceptr, size_t, CUstream);
     CUresult (*Memcpy2DAsync)(const ferry_cu_memcpy2d *, CUstream);
     CUresult (*Memcpy)(CUdeviceptr, CUdeviceptr, size_t);
     CUresult (*MemHostAlloc)(void **, size_t, unsigned);
     CUresult (*MemFreeHost)(void *);
-    CUresult (*MemHostRegister)(void *, size_t, unsigned);
-    CUresult (*MemHostUnregister)(void *);
+    CUresult (*MemHostRegister)(void *, size_t, unsigned);   /* optional: may be NULL (unused) */
+    CUresult (*MemHostUnregister)(void *);   /* optional: may be NULL (unused) */
     CUresult (*MemAlloc)(CUdeviceptr *, size_t);
     CUresult (*MemFree)(CUdeviceptr);
     CUresult (*PointerGetAttribute)(void *, int, CUdeviceptr);
