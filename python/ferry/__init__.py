@@ -248,22 +248,94 @@ def _pick_var(ds: Dataset, name: str | None) -> dict:
     return ds.variable(name)
 
 
-def _prepare_dst(out, nbytes: int, shape: tuple, typestr: str, dev: int, ctx: Context):
+def _out_layout(out):
+    """(typestr or None, shape or None) of an out= array: numpy, cupy, torch,
+    ferry.Array or anything with an array interface. None where unknown."""
+    mod = type(out).__module__
+    if mod.startswith("torch"):
+        name = str(out.dtype).rpartition(".")[2]          # torch.float32 -> float32
+        try:
+            import numpy as np
+            ts = np.dtype(name).str
+        except TypeError:                                  # bfloat16, float8_*: ferry's own names
+            ts = name
+        return ts, tuple(int(n) for n in out.shape)
+    if isinstance(out, Array):
+        return out.typestr, tuple(out.shape)
+    for attr in ("__cuda_array_interface__", "__array_interface__"):
+        try:
+            d = getattr(out, attr)
+        except Exception:  # noqa: BLE001 — e.g. a torch tensor needing grad
+            continue
+        if isinstance(d, dict) and "typestr" in d:
+            return d["typestr"], tuple(int(n) for n in d.get("shape", ()))
+    dt = getattr(out, "dtype", None)
+    if dt is not None:
+        try:
+            import numpy as np
+            return np.dtype(dt).str, tuple(int(n) for n in out.shape)
+        except TypeError:
+            pass
+    return None, None
+
+
+def _same_type(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    da, db = _numpy_dtype(a), _numpy_dtype(b)
+    return da is not None and db is not None and da == db
+
+
+def _check_out(out, nbytes: int, shape: tuple, typestr: str, where: str, out_bytes: bool) -> None:
+    """out= must have the selection's dtype and shape (as numpy's and torch's
+    out= do): filling a float64 array with float32 bytes reinterprets them.
+    out_bytes=True asks for the bytes as they are: then only the size counts."""
+    ots, oshape = _out_layout(out)
+    size = getattr(out, "nbytes", None)
+    if size is None and ots is not None and oshape is not None:
+        size = math.prod(oshape) * (typestr_itemsize(ots) or 0)
+    if size is not None and int(size) != nbytes:
+        raise FerryError(_ferry.EINVAL, f"{where}: out holds {size} bytes, the selection needs {nbytes} "
+                                        f"(shape {shape}, {typestr})")
+    if out_bytes:
+        return
+    if ots is None:
+        raise FerryError(_ferry.EINVAL, f"{where}: cannot tell the dtype of out ({type(out).__name__}); "
+                                        "pass out_bytes=True to fill its bytes as they are")
+    if not _same_type(ots, typestr):
+        raise FerryError(_ferry.EINVAL, f"{where}: out has dtype {ots}, the data is {typestr} "
+                                        "(pass out_bytes=True to fill out's bytes as they are)")
+    if oshape != tuple(shape):
+        raise FerryError(_ferry.EINVAL, f"{where}: out has shape {oshape}, the selection is {tuple(shape)} "
+                                        "(pass out_bytes=True to fill out's bytes as they are)")
+
+
+def typestr_itemsize(ts: str) -> int:
+    """Bytes per element of a typestr ("<f4" -> 4, "bfloat16" -> 2), 0 if unknown."""
+    special = {"bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
+    if ts in special:
+        return special[ts]
+    dt = _numpy_dtype(ts)
+    return dt.itemsize if dt is not None else 0
+
+
+def _prepare_dst(out, nbytes: int, shape: tuple, typestr: str, dev: int, ctx: Context,
+                 where: str = "ferry.read", out_bytes: bool = False):
     """(destination object for the plan, value to return)."""
     if out is None:
         arr = _alloc(shape, typestr, dev, ctx)
         return arr, arr
+    _check_out(out, nbytes, shape, typestr, where, out_bytes)
     o = out
     mod = type(out).__module__
     if mod.startswith("torch"):
+        if not out.is_contiguous():
+            raise FerryError(_ferry.EINVAL, f"{where}: out must be contiguous")
         if out.device.type == "cpu":
-            o = out.numpy()
-        elif not out.is_contiguous():
-            raise ValueError("out must be contiguous")
+            # a view of the same bytes (numpy has no bfloat16 / float8)
+            import torch
+            o = out.reshape(-1).view(torch.uint8).numpy()
     _sync_producer(o)
-    size = getattr(o, "nbytes", None)
-    if size is not None and int(size) != nbytes:
-        raise ValueError(f"out holds {size} bytes, the selection needs {nbytes}")
     return o, out
 
 
@@ -293,7 +365,7 @@ def _sync_producer(obj) -> None:
 
 
 def _add_read(plan: Plan, ds: Dataset | None, file: File | None, var: dict | None, selection, dev: int,
-              out, ctx: Context):
+              out, ctx: Context, out_bytes: bool = False):
     """Append one array read to plan; returns (result object, post-processing)."""
     import numpy as np
     if ds is None:  # raw file: uint8 bytes
@@ -303,7 +375,7 @@ def _add_read(plan: Plan, ds: Dataset | None, file: File | None, var: dict | Non
         if step != 1:
             raise ValueError("raw files take contiguous byte ranges only")
         n = max(0, stop - start)
-        dst, ret = _prepare_dst(out, n, (n,), "|u1", dev, ctx)
+        dst, ret = _prepare_dst(out, n, (n,), "|u1", dev, ctx, f"{file.path}", out_bytes)
         if n:
             plan.read_file(file, start, n, dst)
         return ret, (lambda r: r[0] if squeeze and not isinstance(r, Array) else r)
@@ -317,19 +389,23 @@ def _add_read(plan: Plan, ds: Dataset | None, file: File | None, var: dict | Non
     # integer indices drop their axes (as numpy's do): the new array gets the
     # squeezed shape from the start, the same bytes
     final = tuple(n for i, n in enumerate(sel_shape) if i not in squeeze)
-    dst, ret = _prepare_dst(out, nbytes, final, typestr, dev, ctx)
+    dst, ret = _prepare_dst(out, nbytes, final, typestr, dev, ctx, f"{ds.path}: {var['name']}", out_bytes)
     if nbytes:
         plan.read(ds, var["name"], dst, triples, True)
     return ret, (lambda r: r)
 
 
 def read(path, name: str | None = None, *, device: Any = "cpu", selection: Any = None, out: Any = None,
-         ctx: Context | None = None, path_policy: str | None = None, threads: int = 0):
+         ctx: Context | None = None, path_policy: str | None = None, threads: int = 0,
+         out_bytes: bool = False):
     """Read one whole array / tensor / variable (or a selection of it).
 
     device: "cpu" (numpy), an int or "cuda:N" (cupy when importable, else a
     ferry.Array usable through DLPack). out: a numpy / cupy / torch array to
-    fill in place (C-contiguous, exactly the selection's bytes). A file with no
+    fill in place (C-contiguous, the selection's dtype and shape, as numpy's
+    and torch's out= demand: anything else is a FerryError). out_bytes=True
+    fills out with the selection's bytes as they are, whatever its dtype and
+    shape (a byte view; only the byte count must match). A file with no
     format ferry knows reads as uint8 bytes.
     """
     c = _ctx_of(ctx)
@@ -343,7 +419,7 @@ def read(path, name: str | None = None, *, device: Any = "cpu", selection: Any =
         else:
             var = _pick_var(ds, name)
         plan = Plan()
-        ret, post = _add_read(plan, ds, f, var, selection, dev, out, c)
+        ret, post = _add_read(plan, ds, f, var, selection, dev, out, c, out_bytes)
         if len(plan):
             c.run(plan, path=path_policy, threads=threads)
         return post(ret)
@@ -441,12 +517,13 @@ class Variable:
     def ndim(self) -> int:
         return len(self.shape)
 
-    def read(self, selection: Any = None, *, device: Any = None, out: Any = None):
+    def read(self, selection: Any = None, *, device: Any = None, out: Any = None, out_bytes: bool = False):
+        """The selection (see ferry.read for out= and out_bytes=)."""
         dev = self._owner.device if device is None else device
         o = self._owner
         plan = Plan()
         ret, post = _add_read(plan, o._ds, None, self.info, selection,
-                              parse_device(dev) if out is None else _device_of(out), out, o._ctx)
+                              parse_device(dev) if out is None else _device_of(out), out, o._ctx, out_bytes)
         if len(plan):
             o._ctx.run(plan)
         return post(ret)
@@ -509,12 +586,13 @@ class Opened:
     def keys(self):
         return self._names.keys()
 
-    def read(self, name: str | None = None, selection: Any = None, *, device: Any = None, out: Any = None):
+    def read(self, name: str | None = None, selection: Any = None, *, device: Any = None, out: Any = None,
+             out_bytes: bool = False):
         if name is None:
             if len(self._names) != 1:
                 raise ValueError(f"{self.path} holds {len(self._names)} variables; name one")
             name = next(iter(self._names))
-        return self[name].read(selection, device=device, out=out)
+        return self[name].read(selection, device=device, out=out, out_bytes=out_bytes)
 
     def close(self) -> None:
         self._ds.close()
