@@ -2248,15 +2248,34 @@ static struct PyModuleDef moduledef = {
     "ferry's C extension: contexts, files, datasets, plans, jobs and arrays (see docs/python-extension.md).",
     -1, module_methods, NULL, NULL, NULL, NULL};
 
+/* FerryError(code, message) is how the library raises it; FerryError(message)
+ * and FerryError(message=...) must work too, because torch's DataLoader
+ * re-raises a worker's exception in the main process as type(e)(text) (once the
+ * code was taken for the message and str() was empty). __reduce__ keeps code,
+ * message and every keyword attribute (path=, ...) across pickling. */
 static const char ferror_src[] =
     "class FerryError(Exception):\n"
-    "    \"\"\"An error from the ferry library: .code (negative ferry_status or -errno) and .message.\"\"\"\n"
-    "    def __init__(self, code, message=''):\n"
-    "        super().__init__(code, message)\n"
+    "    \"\"\"An error from the ferry library: .code (a negative ferry_status or -errno; None\n"
+    "    when made from a message alone), .message (also str()), and any keyword attributes\n"
+    "    (e.g. path=). FerryError(code, message), FerryError(message) and\n"
+    "    FerryError(message=..., code=...) all work; pickling keeps every attribute.\"\"\"\n"
+    "    def __init__(self, *args, **attrs):\n"
+    "        code = attrs.pop('code', None)\n"
+    "        message = attrs.pop('message', None)\n"
+    "        rest = list(args)\n"
+    "        if code is None and rest and type(rest[0]) is int:\n"
+    "            code = rest.pop(0)\n"
+    "        if message is None and rest:\n"
+    "            message = rest.pop(0)\n"
+    "        message = '' if message is None else str(message)\n"
+    "        super().__init__(code, message, *rest)\n"
     "        self.code = code\n"
     "        self.message = message\n"
+    "        self.__dict__.update(attrs)\n"
     "    def __str__(self):\n"
-    "        return self.message\n"
+    "        return self.message if self.message or self.code is None else 'ferry error %s' % (self.code,)\n"
+    "    def __reduce__(self):\n"
+    "        return (type(self), (self.code, self.message), dict(self.__dict__))\n"
     "FerryError.__module__ = 'ferry'\n";
 
 static int make_ferry_error(PyObject *m) {

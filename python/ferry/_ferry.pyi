@@ -39,9 +39,9 @@ CODEC_FLETCHER32: int
 CODEC_BYTESWAP: int
 
 class FerryError(Exception):
-    code: int
+    code: Optional[int]
     message: str
-    def __init__(self, code: int, message: str = ...) -> None: ...
+    def __init__(self, *args: Any, **attrs: Any) -> None: ...
 
 class Context:
     def __init__(self, threads: int = 0, path: Optional[str] = "auto", direct: Union[str, bool, None] = "auto",
