@@ -438,6 +438,13 @@ typedef struct ferry_dataset ferry_dataset;
  *  FERRY_ENOFORMAT when the path is not a file or store of any supported format. */
 int ferry_dataset_open(ferry_ctx *ctx, const char *path, const ferry_open_opts *opts, ferry_dataset **out);
 void ferry_dataset_close(ferry_dataset *ds);
+/** Byte offset of the HDF5 superblock signature "\x89HDF\r\n\x1a\n" (the
+ *  container of netCDF-4) in the file at path: 0, or 512, 1024, 2048, ... after
+ *  a user block. FERRY_ENOFORMAT when the file has none, -errno when it cannot
+ *  be read. ferry does not parse HDF5 in C: ferry_dataset_open fails on such a
+ *  file with FERRY_EUNSUPPORTED and a message naming the readers that work
+ *  (the Python package reads it through h5py). */
+int64_t ferry_hdf5_signature(ferry_ctx *ctx, const char *path);
 const char *ferry_dataset_format(const ferry_dataset *ds);   /* "npy", "safetensors", ... */
 /** JSON object of global attributes (netCDF global attributes, Zarr group
  *  attributes, safetensors __metadata__), "{}" if none. */

@@ -410,7 +410,13 @@ def read(path, name: str | None = None, *, device: Any = "cpu", selection: Any =
     """
     c = _ctx_of(ctx)
     dev = parse_device(device) if out is None else _device_of(out)
-    ds = _open_dataset(os.fspath(path), c)
+    try:
+        ds = _open_dataset(os.fspath(path), c)
+    except FerryError as e:
+        if not _is_hdf5(path, e):
+            raise
+        with _H5Opened(path, device=device, ctx=c) as h:
+            return h.read(name, selection, device=device if out is None else None, out=out, out_bytes=out_bytes)
     f = None
     try:
         if ds is None:
@@ -609,5 +615,94 @@ class Opened:
 
 def open(path, *, device: Any = "cpu", ctx: Context | None = None, format: str | None = None,
          group: str | None = None) -> Opened:  # noqa: A001 — the public name the design asks for
-    """Open a file or store (npy, safetensors, netCDF classic, Zarr) and list its variables."""
-    return Opened(path, device=device, ctx=ctx, format=format, group=group)
+    """Open a file or store (npy, safetensors, netCDF classic, Zarr; netCDF-4/HDF5
+    through h5py, as the xarray backend reads it) and list its variables."""
+    try:
+        return Opened(path, device=device, ctx=ctx, format=format, group=group)
+    except FerryError as e:
+        if format is not None or not _is_hdf5(path, e):
+            raise
+    return _H5Opened(path, device=device, ctx=ctx, group=group)
+
+
+# ---------------------------------------------------------------------------
+# netCDF-4 / HDF5: the C library recognises the signature and refuses
+# (FERRY_EUNSUPPORTED); Python reads it through the xarray backend's h5py
+# scan (ferry.xarray.FerryStore), so both see the same variables and chunks.
+# ---------------------------------------------------------------------------
+def _is_hdf5(path, err: FerryError) -> bool:
+    return err.code == _ferry.EUNSUPPORTED and _ferry.hdf5_signature(path) >= 0
+
+
+class _H5Variable(Variable):
+    """A Variable of a netCDF-4/HDF5 file, read through the xarray backend's store."""
+
+    def __init__(self, owner: "_H5Opened", spec):
+        enc = spec.encoding
+        info = {"name": spec.name, "shape": spec.shape, "typestr": spec.dtype.str,
+                "chunks": tuple(enc.get("chunksizes") or spec.shape), "error": None,
+                "itemsize": spec.dtype.itemsize}
+        super().__init__(owner, info)
+        self._spec = spec
+        self.__dict__["dims"] = tuple(spec.dims)
+        self.__dict__["attrs"] = dict(spec.attrs)
+        self.__dict__["dtype"] = spec.dtype
+
+    def read(self, selection: Any = None, *, device: Any = None, out: Any = None, out_bytes: bool = False):
+        import numpy as np
+        o = self._owner
+        triples, sel_shape, squeeze = normalize_selection(selection, self.shape)
+        if triples is None:
+            triples = [(0, n, 1) for n in self.shape]
+        key = tuple(a if ax in squeeze else slice(a, b, st) for ax, (a, b, st) in enumerate(triples))
+        final = tuple(n for i, n in enumerate(sel_shape) if i not in squeeze)
+        host = np.ascontiguousarray(o._store.read(self._spec, key)).reshape(final)
+        if out is not None:
+            _check_out(out, host.nbytes, final, host.dtype.str, f"{o.path}: {self.name}", out_bytes)
+            _sync_producer(out)
+            if host.nbytes:
+                o._ctx.memcpy(out if not type(out).__module__.startswith("torch") or out.device.type != "cpu"
+                              else out.numpy(), host)
+            return out
+        dev = parse_device(o.device if device is None else device)
+        if dev < 0:
+            return host
+        dst = _alloc(final, host.dtype.str, dev, o._ctx)
+        if host.nbytes:
+            o._ctx.memcpy(dst, host)
+        return dst
+
+
+class _H5Opened(Opened):
+    """ferry.open of a netCDF-4/HDF5 file (format "hdf5"): h5py reads the
+    metadata, ferry's engine the data it can (the xarray backend's path)."""
+
+    def __init__(self, path, *, device: Any = "cpu", ctx: Context | None = None, group: str | None = None):
+        try:
+            from .xarray import FerryStore, _h5_groups
+        except ImportError as e:
+            raise FerryError(_ferry.EUNSUPPORTED, f"{os.fsdecode(path)}: netCDF-4/HDF5 file: reading it needs "
+                                                  f"h5py and xarray ({e})") from None
+        self._ctx = _ctx_of(ctx)
+        self.path = os.fsdecode(os.fspath(path))
+        self.device = device
+        self._store = FerryStore(self.path, group=group, device="cpu", ctx=self._ctx)
+        self._ds = None
+        self.format = "hdf5"
+        self.attrs = dict(self._store.attrs)
+        self.dims = {d: {"size": int(n), "unlimited": d in self._store.unlimited}
+                     for d, n in self._store.dims.items()}
+        self.groups = [g for g in _h5_groups(self.path) if g != "/"]
+        self._names = dict.fromkeys(self._store.specs)
+        self._vars = {}
+
+    def __getitem__(self, name: str) -> Variable:
+        v = self._vars.get(name)
+        if v is None:
+            if name not in self._names:
+                raise KeyError(f"{self.path}: no variable named {name!r}")
+            v = self._vars[name] = _H5Variable(self, self._store.specs[name])
+        return v
+
+    def close(self) -> None:
+        self._store.close()

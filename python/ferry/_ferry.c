@@ -2225,6 +2225,21 @@ static PyObject *mod_crc32c(PyObject *m, PyObject *args, PyObject *kw) {
     return PyLong_FromUnsignedLong(r);
 }
 
+/* hdf5_signature(path) -> byte offset of the HDF5 signature, or -1: the C
+ * library decides what is netCDF-4/HDF5, the package then reads it by h5py. */
+static PyObject *mod_hdf5_signature(PyObject *m, PyObject *arg) {
+    PyObject *patho;
+    if (!PyUnicode_FSConverter(arg, &patho)) return NULL;
+    ContextObject *c = get_default_ctx();
+    if (!c) { Py_DECREF(patho); return NULL; }
+    int64_t at;
+    Py_BEGIN_ALLOW_THREADS
+    at = ferry_hdf5_signature(c->ctx, PyBytes_AS_STRING(patho));
+    Py_END_ALLOW_THREADS
+    Py_DECREF(patho);
+    return PyLong_FromLongLong(at >= 0 ? at : -1);
+}
+
 static PyObject *mod_default_context(PyObject *m, PyObject *noarg) {
     ContextObject *c = get_default_ctx();
     if (!c) return NULL;
@@ -2238,6 +2253,8 @@ static PyMethodDef module_methods[] = {
     {"crc32c", (PyCFunction)(void (*)(void))mod_crc32c, METH_VARARGS | METH_KEYWORDS,
      "crc32c(data, crc=0) -> CRC-32C of a contiguous buffer (continue from crc)"},
     {"default_context", mod_default_context, METH_NOARGS, "the process-wide Context, created on first use"},
+    {"hdf5_signature", mod_hdf5_signature, METH_O,
+     "hdf5_signature(path) -> byte offset of the HDF5 (netCDF-4) signature, or -1 when there is none"},
     {"empty", (PyCFunction)(void (*)(void))mod_empty, METH_VARARGS | METH_KEYWORDS,
      "empty(shape, typestr, device=-1, ctx=None, pinned=False) -> Array "
      "(host: 4 KiB-aligned; device: cuMemAlloc; pinned: page-locked host memory)"},
