@@ -28,7 +28,7 @@ __version__: str = _ferry.__version__
 __all__ = [
     "FerryError", "Context", "Dataset", "File", "Plan", "Job", "Array", "PATHS",
     "empty", "read", "open", "read_many", "stats", "reset_stats", "default_context",
-    "parse_device", "__version__",
+    "parse_device", "parse_size", "__version__",
 ]
 
 _lock = threading.Lock()
@@ -40,8 +40,18 @@ def default_context() -> Context:
 
 
 def stats(ctx: Context | None = None) -> dict:
-    """Statistics of the default (or given) context: bytes, ops and seconds per path."""
-    return (ctx or default_context()).stats()
+    """Statistics of the default (or given) context: bytes, ops and seconds per
+    path; "kernels": the GPU kernel image in use ("embedded fatbin", or "none":
+    device data is then byteswapped on the CPU)."""
+    d = (ctx or default_context()).stats()
+    d["kernels"] = _ferry.kernels_source()
+    return d
+
+
+def parse_size(s) -> int:
+    """Bytes of a size, as the C library reads every size (ferry_size_parse):
+    "8M" = "8MiB" = 8·2²⁰, "5GB" = 5·10⁹ (as Hugging Face reads it); ints pass."""
+    return _ferry.size_parse(s)
 
 
 def reset_stats(ctx: Context | None = None) -> None:
@@ -77,10 +87,14 @@ def parse_device(device: Any) -> int:
     raise ValueError(f"unknown device {device!r} (use 'cpu', an int or 'cuda:N')")
 
 
+# types numpy lacks, by the library's long names (ferry_dtype_name)
+_NUMPY_LACKS = frozenset(_ferry.dtype_name(n, "long") for n in ("bf16", "f8e4m3", "f8e5m2"))
+
+
 def _numpy_dtype(typestr: str):
     """numpy dtype for a ferry typestr, or None for types numpy lacks (bf16, fp8)."""
     import numpy as np
-    if typestr in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
+    if typestr in _NUMPY_LACKS:
         return None
     try:
         return np.dtype(typestr)
@@ -111,7 +125,7 @@ def empty(shape, dtype: Any = "u1", device: Any = "cpu", *, ctx: Context | None 
           pinned: bool = False) -> Array:
     """ferry-owned memory: host (4 KiB-aligned, or page-locked with pinned=True) or device."""
     import numpy as np
-    if isinstance(dtype, str) and dtype in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
+    if isinstance(dtype, str) and dtype in _NUMPY_LACKS:
         ts = dtype
     else:
         ts = np.dtype(dtype).str
@@ -312,9 +326,8 @@ def _check_out(out, nbytes: int, shape: tuple, typestr: str, where: str, out_byt
 
 def typestr_itemsize(ts: str) -> int:
     """Bytes per element of a typestr ("<f4" -> 4, "bfloat16" -> 2), 0 if unknown."""
-    special = {"bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
-    if ts in special:
-        return special[ts]
+    if ts in _NUMPY_LACKS:
+        return _ferry.dtype_itemsize(ts)
     dt = _numpy_dtype(ts)
     return dt.itemsize if dt is not None else 0
 

@@ -123,20 +123,14 @@ static int parse_direct_name(PyObject *o, ferry_direct *out) {
     if (PyBool_Check(o)) { *out = (o == Py_True) ? FERRY_DIRECT_ON : FERRY_DIRECT_OFF; return 0; }
     const char *s = PyUnicode_AsUTF8(o);
     if (!s) return -1;
-    if (!strcmp(s, "auto")) *out = FERRY_DIRECT_AUTO;
-    else if (!strcmp(s, "on")) *out = FERRY_DIRECT_ON;
-    else if (!strcmp(s, "off")) *out = FERRY_DIRECT_OFF;
-    else { PyErr_Format(PyExc_ValueError, "unknown direct policy %R (auto, on, off)", o); return -1; }
+    if (ferry_direct_parse(s, out) < 0) {
+        PyErr_Format(PyExc_ValueError, "unknown direct policy %R (auto, on, off)", o);
+        return -1;
+    }
     return 0;
 }
 
-static const char *direct_name(ferry_direct d) {
-    switch (d) {
-    case FERRY_DIRECT_ON: return "on";
-    case FERRY_DIRECT_OFF: return "off";
-    default: return "auto";
-    }
-}
+static const char *direct_name(ferry_direct d) { return ferry_direct_name(d); }
 
 static int Context_init(ContextObject *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"threads", "path", "direct", "task_size", "staging_size",
@@ -1040,32 +1034,8 @@ static PyObject *Dataset_get_groups(DatasetObject *self, void *c) {
 }
 static PyObject *Dataset_get_closed(DatasetObject *self, void *c) { return PyBool_FromLong(self->ds == NULL); }
 
-static const char *dtype_name(ferry_dtype t) {
-    switch (t) {
-    case FERRY_DT_BOOL: return "b1";
-    case FERRY_DT_I8: return "i1";
-    case FERRY_DT_U8: return "u1";
-    case FERRY_DT_I16: return "i2";
-    case FERRY_DT_U16: return "u2";
-    case FERRY_DT_I32: return "i4";
-    case FERRY_DT_U32: return "u4";
-    case FERRY_DT_I64: return "i8";
-    case FERRY_DT_U64: return "u8";
-    case FERRY_DT_F16: return "f2";
-    case FERRY_DT_BF16: return "bf16";
-    case FERRY_DT_F32: return "f4";
-    case FERRY_DT_F64: return "f8";
-    case FERRY_DT_C64: return "c8";
-    case FERRY_DT_C128: return "c16";
-    case FERRY_DT_F8_E4M3: return "f8e4m3";
-    case FERRY_DT_F8_E5M2: return "f8e5m2";
-    case FERRY_DT_DATETIME64: return "M8";
-    case FERRY_DT_TIMEDELTA64: return "m8";
-    case FERRY_DT_CHAR: return "S1";
-    case FERRY_DT_BYTES: return "S";
-    default: return "other";
-    }
-}
+/* the library's one name table (ferry_dtype_name, src/engine/names.c) */
+static const char *dtype_name(ferry_dtype t) { return ferry_dtype_name(t, FERRY_NAME_SHORT); }
 
 static PyObject *u64_tuple(const uint64_t *v, int n) {
     PyObject *t = PyTuple_New(n);
@@ -1403,18 +1373,12 @@ fail:
     return NULL;
 }
 
-static const struct { const char *name; int id; } codec_names[] = {
-    {"none", FERRY_CODEC_NONE}, {"zlib", FERRY_CODEC_ZLIB}, {"deflate", FERRY_CODEC_ZLIB},
-    {"gzip", FERRY_CODEC_GZIP}, {"zstd", FERRY_CODEC_ZSTD}, {"lz4", FERRY_CODEC_LZ4},
-    {"blosc", FERRY_CODEC_BLOSC}, {"shuffle", FERRY_CODEC_SHUFFLE}, {"crc32c", FERRY_CODEC_CRC32C},
-    {"fletcher32", FERRY_CODEC_FLETCHER32}, {"byteswap", FERRY_CODEC_BYTESWAP}, {NULL, 0}};
-
 static int parse_codec_id(PyObject *o, uint32_t *out) {
     if (PyUnicode_Check(o)) {
         const char *s = PyUnicode_AsUTF8(o);
         if (!s) return -1;
-        for (int i = 0; codec_names[i].name; i++)
-            if (!strcmp(codec_names[i].name, s)) { *out = (uint32_t)codec_names[i].id; return 0; }
+        ferry_codec_id id;
+        if (ferry_codec_parse(s, &id) == 0) { *out = (uint32_t)id; return 0; }
         PyErr_Format(PyExc_ValueError, "unknown codec %R", o);
         return -1;
     }
@@ -2240,6 +2204,59 @@ static PyObject *mod_hdf5_signature(PyObject *m, PyObject *arg) {
     return PyLong_FromLongLong(at >= 0 ? at : -1);
 }
 
+/* Names and sizes from the library's one table (src/engine/names.c), so the
+ * Python modules keep no tables of their own. */
+static PyObject *mod_dtype_name(PyObject *m, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"name", "style", NULL};
+    const char *name, *style = "short";
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|s", kwlist, &name, &style)) return NULL;
+    ferry_name_style st;
+    if (!strcmp(style, "short")) st = FERRY_NAME_SHORT;
+    else if (!strcmp(style, "long")) st = FERRY_NAME_LONG;
+    else if (!strcmp(style, "safetensors")) st = FERRY_NAME_SAFETENSORS;
+    else return PyErr_Format(PyExc_ValueError, "unknown name style %s (short, long, safetensors)", style);
+    ferry_dtype d;
+    if (ferry_dtype_parse(name, &d) < 0) return PyErr_Format(PyExc_ValueError, "unknown dtype %s", name);
+    const char *r = ferry_dtype_name(d, st);
+    if (!r) Py_RETURN_NONE;
+    return PyUnicode_FromString(r);
+}
+
+static PyObject *mod_dtype_itemsize(PyObject *m, PyObject *arg) {
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (!name) return NULL;
+    ferry_dtype d;
+    if (ferry_dtype_parse(name, &d) < 0) return PyErr_Format(PyExc_ValueError, "unknown dtype %s", name);
+    return PyLong_FromUnsignedLong(ferry_dtype_itemsize(d));
+}
+
+static PyObject *mod_codec_name(PyObject *m, PyObject *arg) {
+    uint32_t id;
+    if (parse_codec_id(arg, &id) < 0) return NULL;
+    return PyUnicode_FromString(ferry_codec_name((ferry_codec_id)id));
+}
+
+static PyObject *mod_size_parse(PyObject *m, PyObject *arg) {
+    if (PyLong_Check(arg)) {
+        long long v = PyLong_AsLongLong(arg);
+        if (v == -1 && PyErr_Occurred()) return NULL;
+        if (v < 0) return PyErr_Format(PyExc_ValueError, "%lld: a size cannot be negative", v);
+        return PyLong_FromLongLong(v);
+    }
+    const char *s = PyUnicode_AsUTF8(arg);
+    if (!s) return NULL;
+    uint64_t v;
+    if (ferry_size_parse(s, &v) < 0) {
+        PyErr_SetString(PyExc_ValueError, ferry_errmsg(NULL));
+        return NULL;
+    }
+    return PyLong_FromUnsignedLongLong(v);
+}
+
+static PyObject *mod_kernels_source(PyObject *m, PyObject *noarg) {
+    return PyUnicode_FromString(ferry_kernels_source());
+}
+
 static PyObject *mod_default_context(PyObject *m, PyObject *noarg) {
     ContextObject *c = get_default_ctx();
     if (!c) return NULL;
@@ -2253,6 +2270,15 @@ static PyMethodDef module_methods[] = {
     {"crc32c", (PyCFunction)(void (*)(void))mod_crc32c, METH_VARARGS | METH_KEYWORDS,
      "crc32c(data, crc=0) -> CRC-32C of a contiguous buffer (continue from crc)"},
     {"default_context", mod_default_context, METH_NOARGS, "the process-wide Context, created on first use"},
+    {"dtype_name", (PyCFunction)(void (*)(void))mod_dtype_name, METH_VARARGS | METH_KEYWORDS,
+     "dtype_name(name, style='short') -> the dtype's name in style short ('f4'), long ('float32') or "
+     "safetensors ('F32'; None where safetensors has none); name may be of any style"},
+    {"dtype_itemsize", mod_dtype_itemsize, METH_O, "dtype_itemsize(name) -> bytes per element (0: varies)"},
+    {"codec_name", mod_codec_name, METH_O, "codec_name(id or name) -> the codec's name"},
+    {"size_parse", mod_size_parse, METH_O,
+     "size_parse(s) -> bytes: '8M'/'8MiB' = 8*2**20, '5GB' = 5*10**9 (ferry_size_parse); ints pass through"},
+    {"kernels_source", mod_kernels_source, METH_NOARGS,
+     "kernels_source() -> 'embedded fatbin' or 'none' (GPU byteswaps then run on the CPU)"},
     {"hdf5_signature", mod_hdf5_signature, METH_O,
      "hdf5_signature(path) -> byte offset of the HDF5 (netCDF-4) signature, or -1 when there is none"},
     {"empty", (PyCFunction)(void (*)(void))mod_empty, METH_VARARGS | METH_KEYWORDS,
