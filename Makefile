@@ -32,7 +32,7 @@ EXT_SUFFIX = $(shell [ -x $(PYTHON) ] || command -v $(PYTHON) >/dev/null && $(PY
 PY_INC = $(shell $(PYTHON) -c "import sysconfig;print(sysconfig.get_paths()['include'])")
 PY_EXT = python/ferry/_ferry$(EXT_SUFFIX)
 
-.PHONY: all setup lib cli python test test-c test-asan test-python test-gpu test-cudasim demo bench fuzz clean
+.PHONY: all setup lib cli python test test-c test-asan test-python test-gpu test-cudasim test-install demo bench fuzz clean
 # setup first, then a fresh make: the Python extension's file name comes from
 # the interpreter, which setup may have just created
 all: setup
@@ -126,6 +126,9 @@ test-c: $(TESTS)
 test-asan: $(ASAN_TESTS) $(if $(FUZZ_SRCS),$(BA)/fuzz_replay)
 	@ASAN_OPTIONS=detect_leaks=1 tools/run-c-tests.sh $(ASAN_TESTS)
 	@if [ -x $(BA)/fuzz_replay ]; then ASAN_OPTIONS=detect_leaks=1 $(BA)/fuzz_replay tests/fuzz/corpus; fi
+# pip install . into a temporary --target, then run its `ferry` and import ferry from there
+test-install:
+	@tools/test-install.sh $(PYTHON)
 test-python: all
 	@PYTHONPATH=python $(PYTHON) -m pytest -q tests/python
 test-gpu: all
