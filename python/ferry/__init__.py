@@ -242,6 +242,29 @@ def _ctx_of(ctx: Context | None) -> Context:
     return ctx if ctx is not None else default_context()
 
 
+def _fspath(path) -> str:
+    """str, bytes or PathLike -> str; bytes that are not UTF-8 (os.fsencode'd
+    names) become surrogate escapes, which the extension encodes back exactly."""
+    return os.fsdecode(os.fspath(path))
+
+
+_MAX_BYTES = 2**63 - 1
+
+
+def _check_representable(shape: tuple, itemsize: int, where: str) -> None:
+    """numpy's and torch's rule: the non-zero dimensions times the item size fit
+    in a signed 64-bit byte count, also for a zero-size array (a file may say
+    (0, 2**63-1)): anything else is a FerryError naming the file and variable,
+    not numpy's ValueError or OverflowError later."""
+    span = itemsize
+    for n in shape:
+        if n:
+            span *= int(n)
+    if span > _MAX_BYTES:
+        raise FerryError(_ferry.EUNSUPPORTED, f"{where}: shape {tuple(shape)} of {itemsize}-byte elements spans "
+                                              f"more than 2**63-1 bytes: no array library can hold it")
+
+
 def _open_dataset(path: str, ctx: Context):
     """A ferry Dataset, or None when the file has no format ferry knows (raw bytes)."""
     try:
@@ -398,7 +421,8 @@ def _add_read(plan: Plan, ds: Dataset | None, file: File | None, var: dict | Non
     typestr = _native_typestr(var["typestr"])
     triples, sel_shape, squeeze = normalize_selection(selection, shape)
     itemsize = int(var["itemsize"])
-    nbytes = int(np.prod(sel_shape, dtype=np.int64)) * itemsize if sel_shape else itemsize
+    _check_representable(sel_shape, itemsize, f"{ds.path}: {var['name']}")
+    nbytes = math.prod(sel_shape) * itemsize
     # integer indices drop their axes (as numpy's do): the new array gets the
     # squeezed shape from the start, the same bytes
     final = tuple(n for i, n in enumerate(sel_shape) if i not in squeeze)
@@ -423,8 +447,9 @@ def read(path, name: str | None = None, *, device: Any = "cpu", selection: Any =
     """
     c = _ctx_of(ctx)
     dev = parse_device(device) if out is None else _device_of(out)
+    path = _fspath(path)
     try:
-        ds = _open_dataset(os.fspath(path), c)
+        ds = _open_dataset(path, c)
     except FerryError as e:
         if not _is_hdf5(path, e):
             raise
@@ -433,7 +458,7 @@ def read(path, name: str | None = None, *, device: Any = "cpu", selection: Any =
     f = None
     try:
         if ds is None:
-            f = File(c, os.fspath(path))
+            f = File(c, path)
             var = None
         else:
             var = _pick_var(ds, name)
@@ -476,7 +501,7 @@ def read_many(items: Iterable, *, device: Any = "cpu", ctx: Context | None = Non
     try:
         for it in items:
             it = tuple(it)
-            p = os.fspath(it[0])
+            p = _fspath(it[0])
             name = it[1] if len(it) > 1 else None
             sel = it[2] if len(it) > 2 else None
             if p not in opened:
@@ -565,7 +590,7 @@ class Opened:
     def __init__(self, path, *, device: Any = "cpu", ctx: Context | None = None, format: str | None = None,
                  group: str | None = None):
         self._ctx = _ctx_of(ctx)
-        self.path = os.fspath(path)
+        self.path = _fspath(path)
         self.device = device
         self._ds = Dataset(self._ctx, self.path, format, group)
         self.format: str = self._ds.format
@@ -697,7 +722,7 @@ class _H5Opened(Opened):
             raise FerryError(_ferry.EUNSUPPORTED, f"{os.fsdecode(path)}: netCDF-4/HDF5 file: reading it needs "
                                                   f"h5py and xarray ({e})") from None
         self._ctx = _ctx_of(ctx)
-        self.path = os.fsdecode(os.fspath(path))
+        self.path = _fspath(path)
         self.device = device
         self._store = FerryStore(self.path, group=group, device="cpu", ctx=self._ctx)
         self._ds = None

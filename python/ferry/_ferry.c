@@ -67,10 +67,14 @@ static PyObject *default_ctx;       /* lazily created Context (default_context()
 
 static PyTypeObject ContextType, FileType, DatasetType, PlanType, JobType, ArrayType, BufRefType;
 
-/* Raise FerryError(code, message). msg may be NULL or "": then strerror(code). */
+/* Raise FerryError(code, message). msg may be NULL or "": then strerror(code).
+ * Messages name files, and a path need not be UTF-8 (os.fsencode'd names):
+ * undecodable bytes become \xNN escapes instead of a UnicodeDecodeError. */
 static PyObject *raise_code_msg(int code, const char *msg) {
     if (!msg || !*msg) msg = ferry_strerror(code);
-    PyObject *exc = PyObject_CallFunction(FerryError, "is", code, msg);
+    PyObject *text = PyUnicode_DecodeUTF8(msg, (Py_ssize_t)strlen(msg), "backslashreplace");
+    if (!text) return NULL;
+    PyObject *exc = PyObject_CallFunction(FerryError, "iN", code, text);
     if (exc) {
         PyErr_SetObject(FerryError, exc);
         Py_DECREF(exc);
@@ -1053,15 +1057,22 @@ static PyObject *var_dict(const ferry_var_info *v) {
     PyObject *shape = u64_tuple(v->shape, nd);
     PyObject *chunks = shape ? u64_tuple(v->chunks, nd) : NULL;
     if (!chunks) { Py_XDECREF(shape); return NULL; }
+    /* the data file's path in the file system's encoding (str with surrogate
+     * escapes for non-UTF-8 bytes, as os.fsdecode gives), the error readable */
+    PyObject *path = PyUnicode_DecodeFSDefault(v->path ? v->path : "");
+    PyObject *error = !path ? NULL : v->error ? PyUnicode_DecodeUTF8(v->error, (Py_ssize_t)strlen(v->error),
+                                                                      "backslashreplace")
+                                              : (Py_INCREF(Py_None), Py_None);
+    if (!error) { Py_XDECREF(path); Py_DECREF(shape); Py_DECREF(chunks); return NULL; }
     PyObject *d = Py_BuildValue(
-        "{s:s,s:s,s:s,s:I,s:N,s:N,s:O,s:s,s:s,s:s,s:s,s:s,s:K,s:K,s:i,s:z}",
+        "{s:s,s:s,s:s,s:I,s:N,s:N,s:O,s:s,s:s,s:s,s:s,s:N,s:K,s:K,s:i,s:N}",
         "name", v->name ? v->name : "", "dtype", dtype_name(v->dtype), "typestr",
         v->typestr ? v->typestr : "", "itemsize", (unsigned)v->itemsize, "shape", shape, "chunks",
         chunks, "fortran_order", v->fortran_order ? Py_True : Py_False, "dims",
         v->dims_json ? v->dims_json : "null", "attrs", v->attrs_json ? v->attrs_json : "{}", "fill",
         v->fill_json ? v->fill_json : "null", "codecs", v->codecs ? v->codecs : "", "path",
-        v->path ? v->path : "", "data_offset", (unsigned long long)v->data_offset, "data_bytes",
-        (unsigned long long)v->data_bytes, "ndim", nd, "error", v->error);
+        path, "data_offset", (unsigned long long)v->data_offset, "data_bytes",
+        (unsigned long long)v->data_bytes, "ndim", nd, "error", error);
     return d;
 }
 
@@ -1117,7 +1128,7 @@ static int ds_var_index(DatasetObject *self, PyObject *var) {
     if (!name) return -1;
     int i = ferry_dataset_find(self->ds, name);
     if (i < 0) {
-        PyErr_Format(PyExc_KeyError, "%s: no variable named %R", PyUnicode_AsUTF8(self->path), var);
+        PyErr_Format(PyExc_KeyError, "%U: no variable named %R", self->path, var);
         return -1;
     }
     return i;
@@ -2108,14 +2119,20 @@ static PyObject *mod_empty(PyObject *m, PyObject *args, PyObject *kw) {
         nd = (int)n;
         if (seq_to_i64(shapeo, "shape", dims, nd) < 0) return NULL;
     }
-    uint64_t total = (uint64_t)item;
+    /* numpy's rule: the product of the non-zero dimensions times the item size
+     * fits in Py_ssize_t (also for a zero-size array), so the C-order strides
+     * below cannot overflow either (UBSan once caught that for (0, 2**63-1)) */
+    uint64_t span = (uint64_t)item;
+    int empty_ = 0;
     for (int i = 0; i < nd; i++) {
         if (dims[i] < 0) { PyErr_SetString(PyExc_ValueError, "negative dimension"); return NULL; }
-        if (__builtin_mul_overflow(total, (uint64_t)dims[i], &total) || total > (uint64_t)PY_SSIZE_T_MAX) {
+        if (dims[i] == 0) { empty_ = 1; continue; }
+        if (__builtin_mul_overflow(span, (uint64_t)dims[i], &span) || span > (uint64_t)PY_SSIZE_T_MAX) {
             PyErr_SetString(PyExc_OverflowError, "array too large");
             return NULL;
         }
     }
+    uint64_t total = empty_ ? 0 : span;
     ContextObject *c = NULL;
     if (device >= 0 || pinned || ctxo != Py_None) {
         c = ctx_arg(ctxo);
