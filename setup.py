@@ -100,11 +100,23 @@ class BuildExt(build_ext):
         lib_objs = self.compiler.object_filenames(LIB_SOURCES + [kernels_src], output_dir=self.build_temp)
         cli_objs = self.compiler.compile(CLI_SOURCES, output_dir=self.build_temp, include_dirs=ext.include_dirs,
                                          extra_postargs=ext.extra_compile_args)
-        bindir = os.path.join(self.build_lib if not self.inplace else os.path.join(HERE, "python"), "ferry", "_bin")
+        bindir = os.path.dirname(self.cli_path())
         os.makedirs(bindir, exist_ok=True)
         self.compiler.link_executable(cli_objs + lib_objs, "ferry", output_dir=bindir,
                                       libraries=ext.libraries, library_dirs=ext.library_dirs,
                                       extra_postargs=ext.extra_link_args)
+
+    def cli_path(self):
+        return os.path.join(self.build_lib, "ferry", "_bin", "ferry")
+
+    def get_outputs(self):   # the wheel (and an editable install) carry the command too
+        return super().get_outputs() + [self.cli_path()]
+
+    def copy_extensions_to_source(self):   # --inplace / editable: beside the extension
+        super().copy_extensions_to_source()
+        pkg = self.get_finalized_command("build_py").get_package_dir("ferry")
+        os.makedirs(os.path.join(pkg, "_bin"), exist_ok=True)
+        self.copy_file(self.cli_path(), os.path.join(pkg, "_bin", "ferry"))
 
 
 deps = os.path.join(HERE, ".deps")
