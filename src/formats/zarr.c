@@ -64,6 +64,7 @@ typedef struct zarr_arr {
 typedef struct zarr_ds {
     zarr_arr *arrs;
     int narrs;
+    char *root;            /* realpath of the store: every file read must resolve under it */
 } zarr_ds;
 
 /* ---- small helpers ---------------------------------------------------------- */
@@ -79,6 +80,72 @@ static char *join(const char *a, const char *b) {
     p[la] = '/';
     memcpy(p + la + 1, b, lb + 1);
     return p;
+}
+
+/* ---- staying inside the store ----------------------------------------------
+ * A store names paths in its metadata (consolidated keys, the group= option)
+ * and by its layout (member directories, chunk keys, shard files). A key is
+ * taken only when it is a plain relative path: non-empty, no leading "/", no
+ * empty, "." or ".." component, no NUL, valid UTF-8 (zarr-python refuses
+ * "." and ".." segments the same way: "The path '..' is invalid").
+ * Symlinks inside a store are followed only while they stay inside it: every
+ * array directory (at open) and every chunk or shard file (at plan time) is
+ * resolved with realpath(3) and must lie under the store's own resolved path;
+ * one that leads outside is refused. (A store rewritten while it is read is
+ * outside this promise: the check and the engine's open are two steps.) */
+static int key_ok(const char *k, size_t len) {
+    if (!len || strlen(k) != len || k[0] == '/' || !ferry_utf8_valid(k, len)) return 0;
+    for (const char *c = k;;) {
+        const char *e = strchr(c, '/');
+        size_t n = e ? (size_t)(e - c) : strlen(c);
+        if (n == 0 || (n == 1 && c[0] == '.') || (n == 2 && c[0] == '.' && c[1] == '.')) return 0;
+        if (!e) return 1;
+        c = e + 1;
+    }
+}
+
+/* 1: path resolves under the store root; 0: it does not exist (nothing to
+ * read); a negative code (message set) when it leads outside the store. */
+static int inside_store(const zarr_ds *z, const char *path) {
+    char *r = realpath(path, NULL);
+    if (!r) {
+        if (errno == ENOENT || errno == ENOTDIR) return 0;
+        return ferry_seterr(-errno, "%s: %s", path, strerror(errno));
+    }
+    size_t rl = strlen(z->root);
+    int ok = !strncmp(r, z->root, rl) && (r[rl] == 0 || r[rl] == '/' || (rl == 1 && z->root[0] == '/'));
+    int rc = ok ? 1 : ferry_seterr(-EACCES, "%s: resolves to %s, outside the store %s (a symlink leading out is refused)",
+                                   path, r, z->root);
+    free(r);
+    return rc;
+}
+
+/* A chunk or shard file at plan time: 1 (present and inside, *st filled), 0
+ * (absent: a fill), or a negative code when it, or a directory on its way,
+ * resolves outside the store. `okdir` (PATH_MAX bytes, "" at first) caches
+ * the last directory found inside, so a plan of many chunks resolves each
+ * directory once and costs one lstat per chunk beyond that. */
+static int chunk_inside(const zarr_ds *z, const char *path, char *okdir, struct stat *st) {
+    if (lstat(path, st) != 0) {
+        if (errno == ENOENT || errno == ENOTDIR) return 0;
+        return ferry_seterr(-errno, "%s: %s", path, strerror(errno));
+    }
+    const char *slash = strrchr(path, '/');
+    size_t dl = slash ? (size_t)(slash - path) : 0;
+    if (dl && dl < PATH_MAX && (strncmp(okdir, path, dl) || okdir[dl])) {
+        char dir[PATH_MAX];
+        memcpy(dir, path, dl);
+        dir[dl] = 0;
+        int rc = inside_store(z, dir);
+        if (rc < 0) return rc;
+        memcpy(okdir, dir, dl + 1);
+    }
+    if (S_ISLNK(st->st_mode)) {
+        int rc = inside_store(z, path);
+        if (rc <= 0) return rc;   /* a dangling link: absent */
+        if (stat(path, st) != 0) return 0;
+    }
+    return 1;
 }
 
 static int is_file(const char *path) {
@@ -116,10 +183,13 @@ static int read_whole(ferry_ctx *ctx, const char *path, char **out, size_t *len)
     return 0;
 }
 
-static int load_json(ferry_ctx *ctx, const char *path, ferry_json **out) {
+/* A metadata document of the store at ds (refused when it resolves outside). */
+static int load_json(ferry_dataset *ds, const char *path, ferry_json **out) {
     char *text = NULL; size_t len = 0;
     *out = NULL;
-    int rc = read_whole(ctx, path, &text, &len);
+    int rc = inside_store(ds->fmt, path);
+    if (rc < 0) return rc;
+    rc = read_whole(ds->ctx, path, &text, &len);
     if (rc < 0) return rc;
     rc = ferry_json_parse(text, len, path, 0, out);
     free(text);
@@ -421,6 +491,9 @@ static int parse_v2(zarr_arr *a, const char *file, const ferry_json *za, const f
     if ((rc = parse_shape(file, ferry_json_get(za, "chunks"), "chunks", a->chunk, &a->ndim)) < 0) return rc;
     if (attrs && attrs->type != FERRY_JSON_OBJECT) return MERR(FERRY_EFORMAT, file, attrs, ".zattrs must be an object");
     const ferry_json *fv = ferry_json_get(za, "fill_value");
+    /* required by the v2 spec (null is a value): reading missing chunks as 0
+     * for a key that is absent would invent data zarr-python refuses to */
+    if (!fv) return MERR(FERRY_EFORMAT, file, za, "no fill_value (required; null means none)");
     if ((rc = collect_desc(a, attrs, NULL, fv)) < 0) return ferry_seterr(rc, "%s: out of memory", file);
     const char *order = json_name(za, "order");
     if (*order && strcmp(order, "C") && strcmp(order, "F"))
@@ -730,6 +803,8 @@ typedef struct open_ctx {
 static int add_array(open_ctx *o, const char *name, const char *dir, const char *file, int zf,
                      const ferry_json *meta, const ferry_json *attrs) {
     zarr_ds *z = o->z;
+    int rc = inside_store(z, dir);
+    if (rc < 0) return rc;
     if (z->narrs == o->capv) {
         int nc = o->capv ? o->capv * 2 : 8;
         zarr_arr *na = realloc(z->arrs, (size_t)nc * sizeof *na);
@@ -742,7 +817,7 @@ static int add_array(open_ctx *o, const char *name, const char *dir, const char 
     a->name = xstrdup(name);
     a->dir = xstrdup(dir);
     if (!a->name || !a->dir) return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", file);
-    int rc = zf == 2 ? parse_v2(a, file, meta, attrs) : parse_v3_array(a, file, meta);
+    rc = zf == 2 ? parse_v2(a, file, meta, attrs) : parse_v3_array(a, file, meta);
     /* malformed metadata after something unsupported: the array is unreadable
      * either way; keep it with the first reason, as a group keeps it */
     if (rc < 0 && (!a->err || rc == FERRY_ENOMEM)) return rc;
@@ -795,6 +870,24 @@ static int list_children(const char *dir, char ***out, int *n) {
     return rc;
 }
 
+/* A member directory's name must be a UTF-8 string (Zarr keys are; Python
+ * gets them as str): one that is not fails the open with the store and the
+ * name's bytes, not a UnicodeDecodeError later for the whole store. */
+static int member_name_ok(const char *dir, const char *name) {
+    size_t n = strlen(name);
+    if (ferry_utf8_valid(name, n)) return 0;
+    char esc[1024];
+    size_t o = 0;
+    for (size_t i = 0; i < n && o + 5 < sizeof esc; i++) {
+        unsigned char c = (unsigned char)name[i];
+        if (c >= 0x20 && c < 0x7f) esc[o++] = (char)c;
+        else o += (size_t)snprintf(esc + o, sizeof esc - o, "\\x%02x", c);
+    }
+    esc[o] = 0;
+    return ferry_seterr(FERRY_EFORMAT, "%s: member \"%s\" has a name that is not valid UTF-8 (Zarr keys are strings)",
+                        dir, esc);
+}
+
 static void free_names(char **v, int n) { for (int i = 0; i < n; i++) free(v[i]); free(v); }
 
 static const char *basename_of(const char *path, char *buf, size_t cap) {
@@ -815,7 +908,7 @@ static int open_v3(open_ctx *o, const char *dir) {
     char *file = join(dir, "zarr.json");
     if (!file) return FERRY_ENOMEM;
     ferry_json *m = NULL;
-    int rc = load_json(o->ds->ctx, file, &m);
+    int rc = load_json(o->ds, file, &m);
     if (rc < 0) { free(file); return rc; }
     uint64_t zf;
     const char *nt = json_name(m, "node_type");
@@ -830,9 +923,14 @@ static int open_v3(open_ctx *o, const char *dir) {
         const ferry_json *cm = ferry_json_get(m, "consolidated_metadata");
         const ferry_json *md = cm && cm->type == FERRY_JSON_OBJECT ? ferry_json_get(cm, "metadata") : NULL;
         if (!rc && md && md->type == FERRY_JSON_OBJECT) {
+            for (size_t i = 0; i < md->n && !rc; i++)
+                if (!key_ok(md->items[i].key, md->items[i].keylen))
+                    rc = MERR(FERRY_EFORMAT, file, &md->items[i],
+                              "consolidated_metadata key \"%s\" is not a relative path inside the store "
+                              "(empty, absolute, or with an empty, \".\" or \"..\" component)", md->items[i].key);
             for (size_t i = 0; i < md->n && !rc; i++) {
                 const ferry_json *c = &md->items[i];
-                if (strchr(c->key, '/') || !c->key[0]) continue;   /* not a direct child */
+                if (strchr(c->key, '/')) continue;   /* not a direct child */
                 const char *cnt = json_name(c, "node_type");
                 char *cdir = join(dir, c->key);
                 if (!cdir) { rc = FERRY_ENOMEM; break; }
@@ -850,11 +948,21 @@ static int open_v3(open_ctx *o, const char *dir) {
                 if (!cf) { free(cdir); rc = FERRY_ENOMEM; break; }
                 if (is_file(cf)) {
                     ferry_json *cm2 = NULL;
-                    rc = load_json(o->ds->ctx, cf, &cm2);
+                    rc = member_name_ok(dir, kids[i]);
+                    if (!rc) rc = load_json(o->ds, cf, &cm2);
                     if (!rc) {
+                        /* a member's zarr.json is as required as the root's:
+                         * a damaged one fails the open (as in zarr-python), it
+                         * does not make the array vanish from its group */
                         const char *cnt = json_name(cm2, "node_type");
-                        if (!strcmp(cnt, "array")) rc = add_array(o, kids[i], cdir, cf, 3, cm2, NULL);
+                        uint64_t czf;
+                        if (cm2->type != FERRY_JSON_OBJECT || ferry_json_u64(ferry_json_get(cm2, "zarr_format"), &czf) < 0 ||
+                            czf != 3)
+                            rc = MERR(FERRY_EFORMAT, cf, cm2, "zarr_format must be 3");
+                        else if (!strcmp(cnt, "array")) rc = add_array(o, kids[i], cdir, cf, 3, cm2, NULL);
                         else if (!strcmp(cnt, "group")) rc = add_group(o, kids[i]);
+                        else rc = MERR(FERRY_EFORMAT, cf, ferry_json_get(cm2, "node_type") ? ferry_json_get(cm2, "node_type") : cm2,
+                                       "node_type must be \"array\" or \"group\"");
                     }
                     ferry_json_free(cm2);
                 }
@@ -877,14 +985,13 @@ static const ferry_json *cons_get(const ferry_json *md, const char *prefix, cons
 
 /* v2 node at dir; `rel` is its path inside the store (for .zmetadata keys). */
 static int open_v2(open_ctx *o, const char *dir, const char *rel) {
-    ferry_ctx *ctx = o->ds->ctx;
     int rc = 0;
     char *zarray = join(dir, ".zarray"), *zattrs = join(dir, ".zattrs");
     if (!zarray || !zattrs) { free(zarray); free(zattrs); return FERRY_ENOMEM; }
     if (is_file(zarray)) {
         ferry_json *za = NULL, *at = NULL;
-        rc = load_json(ctx, zarray, &za);
-        if (!rc && is_file(zattrs)) rc = load_json(ctx, zattrs, &at);
+        rc = load_json(o->ds, zarray, &za);
+        if (!rc && is_file(zattrs)) rc = load_json(o->ds, zattrs, &at);
         char nm[256];
         if (!rc) rc = add_array(o, basename_of(dir, nm, sizeof nm), dir, zarray, 2, za, at);
         ferry_json_free(za); ferry_json_free(at);
@@ -894,13 +1001,18 @@ static int open_v2(open_ctx *o, const char *dir, const char *rel) {
     /* a group: consolidated metadata lives at the store root */
     char *zmeta = join(o->ds->path, ".zmetadata");
     ferry_json *cons = NULL;
-    if (zmeta && is_file(zmeta)) rc = load_json(ctx, zmeta, &cons);
+    if (zmeta && is_file(zmeta)) rc = load_json(o->ds, zmeta, &cons);
     const ferry_json *md = cons ? ferry_json_get(cons, "metadata") : NULL;
     char prefix[4098];   /* rel is shorter than 4096 (zarr_open checks) */
     snprintf(prefix, sizeof prefix, "%s%s", rel, *rel ? "/" : "");
     if (!rc && md && md->type == FERRY_JSON_OBJECT) {
         const ferry_json *gat = cons_get(md, prefix, ".zattrs");
         if (gat && gat->type == FERRY_JSON_OBJECT && !(o->ds->attrs_json = to_json(gat))) rc = FERRY_ENOMEM;
+        for (size_t i = 0; i < md->n && !rc; i++)
+            if (!key_ok(md->items[i].key, md->items[i].keylen))
+                rc = MERR(FERRY_EFORMAT, zmeta, &md->items[i],
+                          ".zmetadata key \"%s\" is not a relative path inside the store "
+                          "(empty, absolute, or with an empty, \".\" or \"..\" component)", md->items[i].key);
         size_t pl = strlen(prefix);
         for (size_t i = 0; i < md->n && !rc; i++) {
             const char *k = md->items[i].key;
@@ -923,7 +1035,7 @@ static int open_v2(open_ctx *o, const char *dir, const char *rel) {
         }
     } else if (!rc) {
         ferry_json *at = NULL;
-        if (is_file(zattrs)) rc = load_json(ctx, zattrs, &at);
+        if (is_file(zattrs)) rc = load_json(o->ds, zattrs, &at);
         if (!rc && at && at->type == FERRY_JSON_OBJECT && !(o->ds->attrs_json = to_json(at))) rc = FERRY_ENOMEM;
         ferry_json_free(at);
         char **kids; int nk;
@@ -932,15 +1044,17 @@ static int open_v2(open_ctx *o, const char *dir, const char *rel) {
             for (int i = 0; i < nk && !rc; i++) {
                 char *cdir = join(dir, kids[i]);
                 if (!cdir) { rc = FERRY_ENOMEM; break; }
-                if (has_meta(cdir, ".zarray")) {
+                int isarr = has_meta(cdir, ".zarray"), isgrp = !isarr && has_meta(cdir, ".zgroup");
+                if ((isarr || isgrp) && (rc = member_name_ok(dir, kids[i])) < 0) { free(cdir); break; }
+                if (isarr) {
                     char *cf = join(cdir, ".zarray"), *ca = join(cdir, ".zattrs");
                     ferry_json *za = NULL, *cat = NULL;
-                    rc = cf && ca ? load_json(ctx, cf, &za) : FERRY_ENOMEM;
-                    if (!rc && is_file(ca)) rc = load_json(ctx, ca, &cat);
+                    rc = cf && ca ? load_json(o->ds, cf, &za) : FERRY_ENOMEM;
+                    if (!rc && is_file(ca)) rc = load_json(o->ds, ca, &cat);
                     if (!rc) rc = add_array(o, kids[i], cdir, cf, 2, za, cat);
                     ferry_json_free(za); ferry_json_free(cat);
                     free(cf); free(ca);
-                } else if (has_meta(cdir, ".zgroup")) rc = add_group(o, kids[i]);
+                } else if (isgrp) rc = add_group(o, kids[i]);
                 free(cdir);
             }
             free_names(kids, nk);
@@ -962,6 +1076,7 @@ static void zarr_close(ferry_dataset *ds) {
     if (z) {
         for (int i = 0; i < z->narrs; i++) arr_free(&z->arrs[i]);
         free(z->arrs);
+        free(z->root);
         free(z);
     }
     free(ds->vars);
@@ -1020,11 +1135,21 @@ static int zarr_open(ferry_dataset *ds, const ferry_open_opts *opts) {
     snprintf(rel, sizeof rel, "%s", group);
     size_t rl = strlen(rel);
     while (rl && rel[rl - 1] == '/') rel[--rl] = 0;
-    if (strstr(rel, "..")) return ferry_seterr(FERRY_EINVAL, "%s: group \"%s\" may not contain \"..\"", ds->path, rel);
+    if (rl && !key_ok(rel, rl))
+        return ferry_seterr(FERRY_EINVAL, "%s: group \"%s\" is not a path inside the store (no empty, \".\" or \"..\" "
+                            "component)", ds->path, rel);
+    if (!(z->root = realpath(ds->path, NULL))) {
+        int e = errno;
+        return ferry_seterr(-e, "%s: %s", ds->path, strerror(e));
+    }
     char *dir = *rel ? join(ds->path, rel) : xstrdup(ds->path);
     if (!dir) return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", ds->path);
     open_ctx o = {ds, z, 0, {0}, 0, NULL};
     int rc;
+    if ((rc = inside_store(z, dir)) < 0) {   /* a group that is a symlink leading out */
+        free(dir);
+        return rc;
+    }
     if (has_meta(dir, "zarr.json")) rc = open_v3(&o, dir);
     else if (has_meta(dir, ".zarray") || has_meta(dir, ".zgroup") || (!*rel && has_meta(dir, ".zmetadata"))) rc = open_v2(&o, dir, rel);
     else rc = ferry_seterr(FERRY_ENOTFOUND, "%s: no Zarr array or group here (no zarr.json, .zarray or .zgroup)", dir);
@@ -1117,6 +1242,7 @@ typedef struct plan_ctx {
     int raw;                           /* chain has no size-changing codec */
     uint8_t fill[16];
     char path[PATH_MAX];
+    char okdir[PATH_MAX];              /* chunk_inside's cache */
 } plan_ctx;
 
 /* One (inner) chunk's part of the selection: hits[k] per dimension. `file`
@@ -1237,12 +1363,10 @@ static int plain_chunk(plan_ctx *p, const dim_hit *const *h, void *arg) {
     /* An uncompressed chunk's bytes are known without looking at its file (a
      * stat costs ~1 µs, most of the plan's time for many chunks): the engine
      * fills its box if the file is absent. Compressed ones need their size. */
-    if (p->raw && a->itemsize <= 16) return emit(p, h, origin, 0, UNKNOWN_U64);
     struct stat st;
-    if (stat(p->path, &st) != 0) {
-        if (errno == ENOENT || errno == ENOTDIR) return emit(p, h, origin, 0, EMPTY_U64);
-        return ferry_seterr(-errno, "%s: %s", p->path, strerror(errno));
-    }
+    if ((rc = chunk_inside(p->ds->fmt, p->path, p->okdir, &st)) < 0) return rc;
+    if (p->raw && a->itemsize <= 16) return emit(p, h, origin, 0, UNKNOWN_U64);
+    if (rc == 0) return emit(p, h, origin, 0, EMPTY_U64);
     return emit(p, h, origin, 0, (uint64_t)st.st_size);
 }
 
@@ -1271,9 +1395,11 @@ static int shard_chunk(plan_ctx *p, const dim_hit *const *h, void *varg) {
     if (rc < 0) return rc;
     inner_arg ia = {NULL, idx, 0};
     struct stat st;
-    if (stat(p->path, &st) != 0) {
-        if (errno != ENOENT && errno != ENOTDIR) return ferry_seterr(-errno, "%s: %s", p->path, strerror(errno));
+    if ((rc = chunk_inside(p->ds->fmt, p->path, p->okdir, &st)) < 0) return rc;
+    if (rc == 0) {
+        rc = 0;   /* the whole shard is missing */
     } else {
+        rc = 0;
         uint64_t fsz = (uint64_t)st.st_size, isz;
         if (ferry_mul_overflow(n_inner, 16, &isz) || ferry_add_overflow(isz, a->index_crc ? 4 : 0, &isz) || isz > fsz)
             return ferry_seterr(FERRY_EFORMAT, "%s: shard of %llu bytes is too small for its index of %llu inner chunks",
