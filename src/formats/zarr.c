@@ -215,6 +215,71 @@ static int meta_err(int code, const char *file, const ferry_json *node, const ch
     return ferry_seterr(code, "%s: %s", file, msg);
 }
 
+/* ---- keys a metadata document may hold ----------------------------------------
+ * zarr-python refuses a document with a key it does not know (a flipped bit
+ * in "attributes" or a codec's "level" is damage, not an extension): v3 top
+ * level keys beyond the spec's must be objects with "must_understand": false
+ * (the spec's extension rule); a known codec's configuration may hold only
+ * that codec's parameters. */
+static int in_list(const char *k, const char *const *allowed) {
+    for (; *allowed; allowed++)
+        if (!strcmp(k, *allowed)) return 1;
+    return 0;
+}
+
+static int only_keys(const char *file, const ferry_json *obj, const char *const *allowed, const char *what) {
+    if (!obj || obj->type != FERRY_JSON_OBJECT) return 0;
+    for (size_t i = 0; i < obj->n; i++)
+        if (!in_list(obj->items[i].key, allowed))
+            return MERR(FERRY_EFORMAT, file, &obj->items[i], "%s: unknown key \"%s\"", what, obj->items[i].key);
+    return 0;
+}
+
+static int v3_extensions_ok(const char *file, const ferry_json *doc, const char *const *known) {
+    if (!doc || doc->type != FERRY_JSON_OBJECT) return 0;
+    for (size_t i = 0; i < doc->n; i++) {
+        const ferry_json *v = &doc->items[i];
+        if (in_list(v->key, known)) continue;
+        const ferry_json *mu = ferry_json_get(v, "must_understand");
+        if (v->type != FERRY_JSON_OBJECT || !mu || mu->type != FERRY_JSON_BOOL || mu->boolean)
+            return MERR(FERRY_EFORMAT, file, v, "unknown key \"%s\" (an extension must be an object with "
+                        "\"must_understand\": false)", v->key);
+    }
+    return 0;
+}
+
+static const char *const V3_ARRAY_KEYS[] = {"zarr_format", "node_type", "shape", "data_type", "chunk_grid",
+                                            "chunk_key_encoding", "fill_value", "codecs", "attributes",
+                                            "storage_transformers", "dimension_names", NULL};
+static const char *const V3_GROUP_KEYS[] = {"zarr_format", "node_type", "attributes", "consolidated_metadata", NULL};
+
+/* The parameters of a v3 codec ferry knows (numcodecs.* take their own). */
+static int v3_codec_config_ok(const char *file, const char *name, const ferry_json *entry, const ferry_json *cfg) {
+    static const char *const entry_keys[] = {"name", "configuration", NULL};
+    static const struct { const char *name; const char *keys[6]; } t[] = {
+        {"bytes", {"endian", NULL}},
+        {"transpose", {"order", NULL}},
+        {"gzip", {"level", NULL}},
+        {"zstd", {"level", "checksum", NULL}},
+        {"crc32c", {NULL}},
+        {"blosc", {"typesize", "cname", "clevel", "shuffle", "blocksize", NULL}},
+        {"sharding_indexed", {"chunk_shape", "codecs", "index_codecs", "index_location", NULL}},
+    };
+    if (entry->type == FERRY_JSON_OBJECT) {
+        int rc = only_keys(file, entry, entry_keys, "codec");
+        if (rc < 0) return rc;
+    }
+    if (cfg && cfg->type != FERRY_JSON_OBJECT)
+        return MERR(FERRY_EFORMAT, file, cfg, "codec \"%s\": configuration must be an object", name);
+    for (size_t i = 0; i < sizeof t / sizeof *t; i++)
+        if (!strcmp(name, t[i].name)) {
+            char what[64];
+            snprintf(what, sizeof what, "codec \"%s\" configuration", name);
+            return only_keys(file, cfg, t[i].keys, what);
+        }
+    return 0;
+}
+
 /* ---- dtypes ------------------------------------------------------------------ */
 
 /* v3 data_type names -> numpy kind and size (endianness comes from `bytes`). */
@@ -604,6 +669,8 @@ static int parse_v3_codecs(zarr_arr *a, const char *file, const ferry_json *list
         const ferry_json *at = &list->items[i];
         unsigned long long pos = (unsigned long long)at->pos;
         if (!name) return MERR(FERRY_EFORMAT, file, at, "codec without a name");
+        int crc = v3_codec_config_ok(file, name, at, cfg);
+        if (crc < 0) return crc;
         ferry_sbuf_printf(&b->desc, "%s%s", b->desc.len && b->desc.p[b->desc.len - 1] != '[' ? " " : "", name);
         if (!strcmp(name, "transpose")) {
             if (stage) return MERR(FERRY_EFORMAT, file, at, "transpose after the array->bytes codec");
@@ -707,9 +774,24 @@ static int parse_v3_codecs(zarr_arr *a, const char *file, const ferry_json *list
 }
 
 static int parse_v3_array(zarr_arr *a, const char *file, const ferry_json *m) {
+    static const char *const grid_keys[] = {"name", "configuration", NULL}, *const shape_key[] = {"chunk_shape", NULL},
+                             *const sep_key[] = {"separator", NULL};
     a->zf = 3;
     a->ndim = -1;
-    int rc = parse_shape(file, ferry_json_get(m, "shape"), "shape", a->shape, &a->ndim);
+    int rc = v3_extensions_ok(file, m, V3_ARRAY_KEYS);
+    if (rc < 0) return rc;
+    const ferry_json *at = ferry_json_get(m, "attributes");
+    if (at && at->type != FERRY_JSON_OBJECT) return MERR(FERRY_EFORMAT, file, at, "attributes must be an object");
+    const ferry_json *g0 = ferry_json_get(m, "chunk_grid"), *k0 = ferry_json_get(m, "chunk_key_encoding");
+    if ((rc = only_keys(file, g0, grid_keys, "chunk_grid")) < 0 || (rc = only_keys(file, k0, grid_keys, "chunk_key_encoding")) < 0)
+        return rc;
+    if (!strcmp(json_name(g0, "name"), "regular") &&
+        (rc = only_keys(file, ferry_json_get(g0, "configuration"), shape_key, "chunk_grid configuration")) < 0)
+        return rc;
+    if ((!strcmp(json_name(k0, "name"), "default") || !strcmp(json_name(k0, "name"), "v2")) &&
+        (rc = only_keys(file, ferry_json_get(k0, "configuration"), sep_key, "chunk_key_encoding configuration")) < 0)
+        return rc;
+    rc = parse_shape(file, ferry_json_get(m, "shape"), "shape", a->shape, &a->ndim);
     if (rc < 0) return rc;
     for (int k = 0; k < a->ndim; k++) a->perm[k] = k;
     const ferry_json *fv = ferry_json_get(m, "fill_value");
@@ -917,6 +999,10 @@ static int open_v3(open_ctx *o, const char *dir) {
     else if (!strcmp(nt, "array")) {
         char nm[256];
         rc = add_array(o, basename_of(dir, nm, sizeof nm), dir, file, 3, m, NULL);
+    } else if (!strcmp(nt, "group") && (rc = v3_extensions_ok(file, m, V3_GROUP_KEYS)) < 0) {
+    } else if (!strcmp(nt, "group") && ferry_json_get(m, "attributes") &&
+               ferry_json_get(m, "attributes")->type != FERRY_JSON_OBJECT) {
+        rc = MERR(FERRY_EFORMAT, file, ferry_json_get(m, "attributes"), "attributes must be an object");
     } else if (!strcmp(nt, "group")) {
         const ferry_json *attrs = ferry_json_get(m, "attributes");
         if (attrs && attrs->type == FERRY_JSON_OBJECT && !(o->ds->attrs_json = to_json(attrs))) rc = FERRY_ENOMEM;
@@ -1001,7 +1087,48 @@ static int open_v2(open_ctx *o, const char *dir, const char *rel) {
     /* a group: consolidated metadata lives at the store root */
     char *zmeta = join(o->ds->path, ".zmetadata");
     ferry_json *cons = NULL;
-    if (zmeta && is_file(zmeta)) rc = load_json(o->ds, zmeta, &cons);
+    if (!zmeta) rc = FERRY_ENOMEM;
+    /* the group's own documents are read even when consolidated metadata
+     * stands in for them, as zarr-python reads them: damage there fails */
+    char *zgroup = join(dir, ".zgroup");
+    if (!zgroup) rc = FERRY_ENOMEM;
+    else if (!rc && is_file(zgroup)) {
+        ferry_json *zg = NULL;
+        uint64_t zf;
+        rc = load_json(o->ds, zgroup, &zg);
+        if (!rc && (zg->type != FERRY_JSON_OBJECT || ferry_json_u64(ferry_json_get(zg, "zarr_format"), &zf) < 0 || zf != 2))
+            rc = MERR(FERRY_EFORMAT, zgroup, zg, "zarr_format must be 2");
+        ferry_json_free(zg);
+    }
+    free(zgroup);
+    if (!rc && is_file(zattrs)) {
+        ferry_json *za = NULL;
+        rc = load_json(o->ds, zattrs, &za);
+        if (!rc && za->type != FERRY_JSON_OBJECT) rc = MERR(FERRY_EFORMAT, zattrs, za, ".zattrs must be an object");
+        ferry_json_free(za);
+    }
+    if (!rc && is_file(zmeta)) {
+        rc = load_json(o->ds, zmeta, &cons);
+        uint64_t cf;
+        const ferry_json *m0 = cons ? ferry_json_get(cons, "metadata") : NULL;
+        if (!rc && (cons->type != FERRY_JSON_OBJECT || !m0 || m0->type != FERRY_JSON_OBJECT ||
+                    ferry_json_u64(ferry_json_get(cons, "zarr_consolidated_format"), &cf) < 0 || cf != 1))
+            rc = MERR(FERRY_EFORMAT, zmeta, cons, "consolidated metadata must be an object with "
+                      "\"zarr_consolidated_format\": 1 and a \"metadata\" object");
+        for (size_t i = 0; !rc && i < m0->n; i++) {   /* every entry a document of its kind */
+            const ferry_json *e = &m0->items[i];
+            const char *base = strrchr(e->key, '/');
+            base = base ? base + 1 : e->key;
+            uint64_t zf;
+            if (e->type != FERRY_JSON_OBJECT)
+                rc = MERR(FERRY_EFORMAT, zmeta, e, "entry \"%s\" is not an object", e->key);
+            else if (!strcmp(base, ".zgroup") &&
+                     (ferry_json_u64(ferry_json_get(e, "zarr_format"), &zf) < 0 || zf != 2))
+                rc = MERR(FERRY_EFORMAT, zmeta, e, "entry \"%s\": zarr_format must be 2", e->key);
+            else if (strcmp(base, ".zgroup") && strcmp(base, ".zattrs") && strcmp(base, ".zarray"))
+                rc = MERR(FERRY_EFORMAT, zmeta, e, "entry \"%s\" is not a .zgroup, .zattrs or .zarray", e->key);
+        }
+    }
     const ferry_json *md = cons ? ferry_json_get(cons, "metadata") : NULL;
     char prefix[4098];   /* rel is shorter than 4096 (zarr_open checks) */
     snprintf(prefix, sizeof prefix, "%s%s", rel, *rel ? "/" : "");
