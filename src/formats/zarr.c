@@ -1062,11 +1062,21 @@ static int open_v3(open_ctx *o, const char *dir) {
     return rc;
 }
 
-/* Look up "<prefix><name>" in a v2 consolidated metadata object. */
-static const ferry_json *cons_get(const ferry_json *md, const char *prefix, const char *name) {
+/* "<prefix><name>" in a v2 consolidated metadata object, through `sorted`
+ * (its items sorted by key): a store of 40,000 arrays looks up 40,000
+ * .zattrs, and a linear ferry_json_get each made the open take 23 s. */
+static int cmp_item_key(const void *x, const void *y) {
+    return strcmp((*(const ferry_json *const *)x)->key, (*(const ferry_json *const *)y)->key);
+}
+
+static const ferry_json *cons_get(const ferry_json *const *sorted, size_t n, const char *prefix, const char *name) {
     char key[4096];
-    if (snprintf(key, sizeof key, "%s%s", prefix, name) >= (int)sizeof key) return NULL;
-    return ferry_json_get(md, key);
+    if (!sorted || snprintf(key, sizeof key, "%s%s", prefix, name) >= (int)sizeof key) return NULL;
+    ferry_json probe;
+    probe.key = key;
+    const ferry_json *pp = &probe;
+    const ferry_json *const *hit = bsearch(&pp, sorted, n, sizeof *sorted, cmp_item_key);
+    return hit ? *hit : NULL;
 }
 
 /* v2 node at dir; `rel` is its path inside the store (for .zmetadata keys). */
@@ -1133,7 +1143,11 @@ static int open_v2(open_ctx *o, const char *dir, const char *rel) {
     char prefix[4098];   /* rel is shorter than 4096 (zarr_open checks) */
     snprintf(prefix, sizeof prefix, "%s%s", rel, *rel ? "/" : "");
     if (!rc && md && md->type == FERRY_JSON_OBJECT) {
-        const ferry_json *gat = cons_get(md, prefix, ".zattrs");
+        const ferry_json **sorted = malloc((md->n ? md->n : 1) * sizeof *sorted);
+        if (!sorted) rc = FERRY_ENOMEM;
+        for (size_t i = 0; sorted && i < md->n; i++) sorted[i] = &md->items[i];
+        if (sorted) qsort(sorted, md->n, sizeof *sorted, cmp_item_key);
+        const ferry_json *gat = cons_get(sorted, md->n, prefix, ".zattrs");
         if (gat && gat->type == FERRY_JSON_OBJECT && !(o->ds->attrs_json = to_json(gat))) rc = FERRY_ENOMEM;
         for (size_t i = 0; i < md->n && !rc; i++)
             if (!key_ok(md->items[i].key, md->items[i].keylen))
@@ -1156,10 +1170,11 @@ static int open_v2(open_ctx *o, const char *dir, const char *rel) {
                 char akey[1100];
                 snprintf(akey, sizeof akey, "%s/.zattrs", child);
                 if (!cdir) { rc = FERRY_ENOMEM; break; }
-                rc = add_array(o, child, cdir, zmeta, 2, &md->items[i], cons_get(md, prefix, akey));
+                rc = add_array(o, child, cdir, zmeta, 2, &md->items[i], cons_get(sorted, md->n, prefix, akey));
                 free(cdir);
             } else if (!strcmp(slash + 1, ".zgroup")) rc = add_group(o, child);
         }
+        free(sorted);
     } else if (!rc) {
         ferry_json *at = NULL;
         if (is_file(zattrs)) rc = load_json(o->ds, zattrs, &at);
