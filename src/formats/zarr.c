@@ -430,7 +430,8 @@ static const char *json_name(const ferry_json *c, const char *key) {
 
 /* blosc's inner codec must be one we decode */
 static int blosc_cname_ok(const char *cname) {
-    return !strcmp(cname, "lz4") || !strcmp(cname, "lz4hc") || !strcmp(cname, "zlib") || !strcmp(cname, "zstd");
+    return !strcmp(cname, "blosclz") || !strcmp(cname, "lz4") || !strcmp(cname, "lz4hc") || !strcmp(cname, "zlib") ||
+           !strcmp(cname, "zstd");
 }
 
 /* A bytes->bytes codec (v3 name or numcodecs id) -> ferry codec step.
@@ -447,9 +448,8 @@ static int bytes_codec(const char *id, const ferry_json *cfg, uint32_t itemsize,
     else if (!strcmp(id, "blosc")) {
         const char *cname = json_name(cfg, "cname");
         if (*cname && !blosc_cname_ok(cname)) {
-            *why = !strcmp(cname, "blosclz") ? "its inner codec blosclz is not supported (lz4, lz4hc, zlib, zstd are)"
-                 : !strcmp(cname, "snappy") ? "its inner codec snappy is not supported (lz4, lz4hc, zlib, zstd are)"
-                 : "its inner codec is not supported (lz4, lz4hc, zlib, zstd are)";
+            *why = !strcmp(cname, "snappy") ? "its inner codec snappy is not supported (blosclz, lz4, lz4hc, zlib, zstd are)"
+                 : "its inner codec is not supported (blosclz, lz4, lz4hc, zlib, zstd are)";
             return -1;
         }
         *cid = FERRY_CODEC_BLOSC;

@@ -229,9 +229,9 @@ static void test_v3_group_grids_keys_sharding(void) {
 #define REC_ZARRAY \
     "{\"zarr_format\": 2, \"shape\": [5], \"chunks\": [5], \"dtype\": [[\"a\", \"<i4\"], [\"b\", \"<f8\"]], " \
     "\"fill_value\": \"AAAAAAAAAAAAAAAA\", \"order\": \"C\", \"filters\": null, \"compressor\": null}"
-#define BLOSCLZ_ZARRAY \
+#define SNAPPY_ZARRAY \
     "{\"zarr_format\": 2, \"shape\": [100], \"chunks\": [50], \"dtype\": \">f8\", \"fill_value\": \"NaN\", \"order\": \"F\", " \
-    "\"filters\": null, \"compressor\": {\"id\": \"blosc\", \"cname\": \"blosclz\", \"clevel\": 5, \"shuffle\": 1}}"
+    "\"filters\": null, \"compressor\": {\"id\": \"blosc\", \"cname\": \"snappy\", \"clevel\": 5, \"shuffle\": 1}}"
 
 static void check_v2_group(ferry_dataset *ds, const char *meta_file) {
     CHECK_EQ_I(ferry_dataset_nvars(ds), 4);
@@ -262,12 +262,12 @@ static void check_v2_group(ferry_dataset *ds, const char *meta_file) {
         CHECK(!strcmp(vi.fill_json, "\"AAAAAAAAAAAAAAAA\""));
         expect_unreadable(ds, i, "structured dtype");
     }
-    if ((i = find(ds, "blosclz", &vi)) >= 0) {
+    if ((i = find(ds, "snappy", &vi)) >= 0) {
         CHECK(!strcmp(vi.typestr, ">f8"));
         CHECK_EQ_I(vi.fortran_order, 1);
         CHECK(!strcmp(vi.fill_json, "\"NaN\""));
-        CHECK(!strcmp(vi.codecs, "blosc(blosclz,shuffle)"));
-        expect_unreadable(ds, i, "blosclz is not supported");
+        CHECK(!strcmp(vi.codecs, "blosc(snappy,shuffle)"));
+        expect_unreadable(ds, i, "snappy is not supported");
     }
     const char *dims = ferry_dataset_dims_json(ds);
     CHECK_STR_CONTAINS(dims, "\"x\":{\"size\":30");
@@ -279,8 +279,8 @@ static void check_v2_group(ferry_dataset *ds, const char *meta_file) {
 static void test_v2_unsupported_dtypes_filters_compressors(void) {
     mk("g2.zarr");
     put("g2.zarr/.zgroup", "{\"zarr_format\": 2}");
-    const char *names[] = {"delta", "obj", "rec", "blosclz"};
-    const char *zarrays[] = {DELTA_ZARRAY, OBJ_ZARRAY, REC_ZARRAY, BLOSCLZ_ZARRAY};
+    const char *names[] = {"delta", "obj", "rec", "snappy"};
+    const char *zarrays[] = {DELTA_ZARRAY, OBJ_ZARRAY, REC_ZARRAY, SNAPPY_ZARRAY};
     const char *zattrs[] = {DELTA_ZATTRS, "{\"_ARRAY_DIMENSIONS\": [\"n\"]}", "{\"_ARRAY_DIMENSIONS\": [\"r\"]}",
                             "{\"_ARRAY_DIMENSIONS\": [\"p\"]}"};
     char rel[64];
@@ -300,7 +300,7 @@ static void test_v2_unsupported_dtypes_filters_compressors(void) {
         "\"delta/.zarray\": " DELTA_ZARRAY ", \"delta/.zattrs\": " DELTA_ZATTRS ", "
         "\"obj/.zarray\": " OBJ_ZARRAY ", \"obj/.zattrs\": {\"_ARRAY_DIMENSIONS\": [\"n\"]}, "
         "\"rec/.zarray\": " REC_ZARRAY ", \"rec/.zattrs\": {\"_ARRAY_DIMENSIONS\": [\"r\"]}, "
-        "\"blosclz/.zarray\": " BLOSCLZ_ZARRAY ", \"blosclz/.zattrs\": {\"_ARRAY_DIMENSIONS\": [\"p\"]}}}");
+        "\"snappy/.zarray\": " SNAPPY_ZARRAY ", \"snappy/.zattrs\": {\"_ARRAY_DIMENSIONS\": [\"p\"]}}}");
     ds = open_ok("g2.zarr");
     if (ds) { check_v2_group(ds, tpath("g2.zarr/.zmetadata")); ferry_dataset_close(ds); }
     /* a lone v2 array opens as well */
