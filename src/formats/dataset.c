@@ -123,6 +123,19 @@ int ferry_dataset_open(ferry_ctx *ctx, const char *path, const ferry_open_opts *
     ds->ctx = ctx;
     ds->ops = ops;
     int rc = ops->open(ds, opts);
+    /* Every format: a shape whose non-zero dimensions times the item size
+     * overflow a signed 64-bit size (numpy's and torch's limit, even when
+     * another dimension is 0) is refused at open, not by numpy later. */
+    for (int v = 0; rc >= 0 && v < ds->nvars; v++) {
+        const ferry_var_info *vi = &ds->vars[v].info;
+        uint64_t n = vi->itemsize ? vi->itemsize : 1;
+        int over = 0;
+        for (int k = 0; k < vi->ndim; k++)
+            if (vi->shape[k]) over |= ferry_mul_overflow(n, vi->shape[k], &n);
+        if (over || n > (uint64_t)INT64_MAX)
+            rc = ferry_seterr(FERRY_EFORMAT, "%s: variable \"%s\": shape × itemsize overflows 2^63 bytes "
+                              "(numpy and torch cannot hold it)", path, vi->name ? vi->name : "?");
+    }
     if (rc >= 0) rc = build_name_index(ds);
     if (rc < 0) {
         ops->close(ds);

@@ -308,3 +308,28 @@ def test_zarr_bit_flips(tmp_path, fmt):
           lambda p: os.path.getsize(p) if os.path.basename(p) in metas else 0, seed=4 + fmt,
           owner=lambda p: (os.path.relpath(p, store).split(os.sep) + [None])[0] if os.sep in os.path.relpath(p, store)
           else None)
+
+
+# ---- shapes numpy cannot hold (issue 16.6) ----------------------------------------------
+
+@pytest.mark.parametrize("shape", [[0, 2**62, 2**62], [0, 2**63 - 1], [2**40, 2**40]])
+def test_shapes_numpy_cannot_hold_are_ferry_errors(tmp_path, shape):
+    """A zero-size array with a huge dimension: numpy raises ValueError ("array is
+    too big"), safetensors' own parser accepts it; ferry refuses it at open with
+    a FerryError naming the file, in every format."""
+    import struct
+    st = str(tmp_path / "t.safetensors")
+    h = json.dumps({"t": {"dtype": "F32", "shape": shape, "data_offsets": [0, 0]}}).encode()
+    open(st, "wb").write(struct.pack("<Q", len(h)) + h)
+    z = str(tmp_path / "z.zarr")
+    os.makedirs(z)
+    json.dump({"zarr_format": 2, "shape": shape, "chunks": [1] * len(shape), "dtype": "<f4", "fill_value": 0,
+               "order": "C", "filters": None, "compressor": None}, open(os.path.join(z, ".zarray"), "w"))
+    npy = str(tmp_path / "n.npy")
+    hd = "{'descr': '<f4', 'fortran_order': False, 'shape': %s, }" % (tuple(shape),)
+    hd = hd + " " * (118 - len(hd)) + "\n"
+    open(npy, "wb").write(b"\x93NUMPY\x01\x00" + len(hd).to_bytes(2, "little") + hd.encode())
+    for p in (st, z, npy):
+        with pytest.raises(ferry.FerryError, match="overflows") as ei:
+            ferry.read(p)
+        assert p in str(ei.value)
