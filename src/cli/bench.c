@@ -151,6 +151,7 @@ static void row(const char *what, double gbs, double cpu_per_gb, const char *not
 static void usage(FILE *to) {
     fprintf(to, "usage: ferry bench [--size N[K|M|G]] [--file PATH] [--threads N] [--device N]\n"
                 "                   [--reps N] [--no-cold] [--no-latency] [--keep] [--json]\n"
+                "       ferry bench --records SIZE[,SIZE...] [--count N] [--batch N] ...  (small random records)\n"
                 "  Creates PATH (default ./ferry-bench.bin, size 512M), measures this machine's\n"
                 "  limits and every ferry path warm and cold (cold needs posix_fadvise or root),\n"
                 "  verifies every byte, prints GB/s (10^9 bytes/s, best of --reps) and ratios.\n");
@@ -189,6 +190,8 @@ static int cmp_d(const void *a, const void *b) { double x = *(const double *)a, 
 
 int ferry_cli_bench(int argc, char **argv) {
     bench_opts o = {512ull << 20, "ferry-bench.bin", 0, 0, 3, 1, 0, 0, 1};
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--records")) return ferry_cli_bench_records(argc, argv);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;

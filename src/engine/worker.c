@@ -30,6 +30,10 @@ static int alloc_host(ferry_worker *w, int dev, uint8_t **p, size_t n, int *pinn
     return 0;
 }
 
+int ferry_worker_alloc(ferry_worker *w, int dev, uint8_t **p, size_t n, int *pinned) {
+    return alloc_host(w, dev, p, n, pinned);
+}
+
 static void free_host(uint8_t *p, int pinned) {
     if (!p) return;
     if (pinned) {
@@ -49,6 +53,7 @@ int ferry_worker_init(ferry_ctx *ctx, ferry_worker *w, int id) {
     w->ctx = ctx;
     w->id = id;
     w->dec_dev = -1;
+    w->pack_i = -1;
     for (int i = 0; i < FERRY_MAX_STAGING; i++) w->stage_dev[i] = -1;
     ferry_decode_scratch_init(&w->scratch);
     return 0;
@@ -89,10 +94,15 @@ void ferry_worker_free(ferry_worker *w) {
         if (!w->dev[d].ready || !cu) continue;
         ferry_cuda_use_device(d);
         for (int i = 0; i < FERRY_MAX_STAGING; i++) if (w->dev[d].ev[i]) cu->EventDestroy(w->dev[d].ev[i]);
+        for (int i = 0; i < FERRY_MAX_STAGING; i++) {
+            if (w->dev[d].scratch[i]) cu->MemFree(w->dev[d].scratch[i]);
+            if (w->dev[d].dtab[i]) cu->MemFree(w->dev[d].dtab[i]);
+        }
         if (w->dev[d].dec_ev) cu->EventDestroy(w->dev[d].dec_ev);
         cu->StreamDestroy(w->dev[d].stream);
     }
     for (int i = 0; i < FERRY_MAX_STAGING; i++) free_host(w->stage[i], w->stage_pinned[i]);
+    for (int i = 0; i < FERRY_MAX_STAGING; i++) free_host((uint8_t *)w->tab[i], w->tab_pinned[i]);
     free_host(w->in_buf, w->in_pinned);
     free_host(w->dec_buf, w->dec_pinned);
     if (w->pathfile) ferry_file_close(w->pathfile);
