@@ -6,6 +6,7 @@
 #include "cuda/cuda.h"
 #include "cuda/cufile.h"
 #include "codecs/codecs.h"
+#include "engine/fcache.h"
 #include <pthread.h>
 #include <stdatomic.h>
 #include <sys/types.h>
@@ -23,6 +24,8 @@ struct ferry_file {
     ferry_ctx *ctx;
     char *path;
     int fd;                       /* buffered descriptor */
+    dev_t dev;                    /* the file it opened: every other descriptor */
+    ino_t ino;                    /* (O_DIRECT, cuFile's) must be this inode */
     int flags;                    /* FERRY_READ/WRITE/... */
     pthread_mutex_t lock;         /* guards the lazy members below */
     int dfd;                      /* O_DIRECT descriptor: -1 not tried, -2 refused */
@@ -150,8 +153,9 @@ typedef struct ferry_worker {
     uint64_t done_seq[FERRY_MAX_DEVICES]; /* known complete */
     uint64_t stage_seq[FERRY_MAX_STAGING];/* seq recorded with each staging event */
     uint64_t dec_seq;
-    ferry_file *pathfile;                 /* last file opened from an extent path ... */
-    uint64_t pathfile_job;                /* ... for this job id (never reused across jobs) */
+    ferry_file *pathfile;                 /* last file an extent named by path ... */
+    ferry_fc_entry *pathfile_entry;       /* ... its open-file cache entry (held) ... */
+    uint64_t pathfile_job;                /* ... checked for this job id (never reused across jobs) */
     int is_inline;
 } ferry_worker;
 
@@ -170,6 +174,7 @@ struct ferry_ctx {
     _Atomic int active_jobs;
     _Atomic uint64_t next_job_id;
     pid_t pid;                    /* the creating process: a forked child has no workers */
+    ferry_fcache files;           /* files opened by path (fcache.c) */
 };
 /* FERRY_EINVAL with a message when called in a process forked from the creator. */
 int ferry_ctx_check_pid(const ferry_ctx *ctx);
@@ -210,6 +215,8 @@ int ferry_pack_flush(ferry_worker *w, ferry_job *j, int d);
 int ferry_pack_scratch(ferry_worker *w, int d, int i, CUdeviceptr *out);
 void ferry_worker_completed(ferry_worker *w, int d, uint64_t seq);
 int ferry_worker_defer(ferry_worker *w, ferry_job *job, int d);
+/* The worker has no job: let go of the file it held. */
+void ferry_worker_idle(ferry_worker *w);
 /* Complete every pending device task of w (wait for its streams). */
 void ferry_worker_drain(ferry_worker *w);
 /* A task's device work (if any) is complete. */

@@ -496,12 +496,14 @@ static int64_t exec_write(ferry_worker *w, ferry_job *j, const ferry_extent *e, 
     return (int64_t)len;
 }
 
-/* Files named by path are opened by the worker and kept for the rest of the
- * job's tasks on this worker (a shard read as many extents opens once). */
+/* Files named by path come from the context's open-file cache (opened by the
+ * worker that first needs one, so many files open in parallel); the worker
+ * holds the last one for the rest of the job's tasks (a shard read as many
+ * extents looks it up once). */
 int ferry_path_file(ferry_worker *w, ferry_job *j, const char *path, ferry_file **out) {
     if (w->pathfile && w->pathfile_job == j->id && strcmp(w->pathfile->path, path) == 0) { *out = w->pathfile; return 0; }
-    if (w->pathfile) { ferry_file_close(w->pathfile); w->pathfile = NULL; }
-    int rc = ferry_file_open_internal(w->ctx, path, FERRY_READ, &w->pathfile);
+    ferry_worker_idle(w);
+    int rc = ferry_fcache_get(&w->ctx->files, w->ctx, path, j->id, &w->pathfile, &w->pathfile_entry);
     if (rc < 0) return rc;
     w->pathfile_job = j->id;
     *out = w->pathfile;

@@ -261,6 +261,7 @@ static ferry_worker *inline_worker_get(ferry_ctx *ctx) {
 }
 
 static void inline_worker_put(ferry_ctx *ctx, ferry_worker *w) {
+    ferry_worker_idle(w);
     pthread_mutex_lock(&ctx->lock);
     if (ctx->ninline_free < (int)(sizeof ctx->inline_free / sizeof ctx->inline_free[0])) {
         ctx->inline_free[ctx->ninline_free++] = w;

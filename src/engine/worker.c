@@ -105,7 +105,7 @@ void ferry_worker_free(ferry_worker *w) {
     for (int i = 0; i < FERRY_MAX_STAGING; i++) free_host((uint8_t *)w->tab[i], w->tab_pinned[i]);
     free_host(w->in_buf, w->in_pinned);
     free_host(w->dec_buf, w->dec_pinned);
-    if (w->pathfile) ferry_file_close(w->pathfile);
+    ferry_worker_idle(w);
     ferry_decode_scratch_free(&w->scratch);
     free(w->pending);
     memset(w, 0, sizeof *w);
@@ -157,6 +157,12 @@ int ferry_worker_defer(ferry_worker *w, ferry_job *job, int d) {
     return 0;
 }
 
+void ferry_worker_idle(ferry_worker *w) {
+    if (w->pathfile_entry) ferry_fcache_put(&w->ctx->files, w->pathfile_entry);
+    w->pathfile_entry = NULL;
+    w->pathfile = NULL;
+}
+
 void ferry_worker_drain(ferry_worker *w) {
     if (!w->npending) return;
     const ferry_cuda_api *cu = ferry_cuda_load(NULL);
@@ -188,6 +194,12 @@ void *ferry_worker_main(void *arg) {
                 /* nothing to claim: complete our own outstanding copies first */
                 pthread_mutex_unlock(&ctx->lock);
                 ferry_worker_drain(w);
+                pthread_mutex_lock(&ctx->lock);
+                continue;
+            }
+            if (w->pathfile_entry) {   /* nothing to do: no file held open for nothing */
+                pthread_mutex_unlock(&ctx->lock);
+                ferry_worker_idle(w);
                 pthread_mutex_lock(&ctx->lock);
                 continue;
             }
