@@ -109,4 +109,10 @@ extern const size_t ferry_kernels_fatbin_size;
 /* 1 when the embedded kernels load on device dev. */
 int ferry_cuda_kernels_ready(int dev);
 int ferry_cuda_byteswap(int dev, CUdeviceptr p, size_t n, unsigned size, CUstream stream);
+/* The GPU decoder's kernels (src/cuda/kernels.cu), device dev current:
+ * Adler-32 of n device buffers (ptrs, sizes: device arrays of n pointers and
+ * 64-bit sizes) into out (n uint32); HDF5/blosc byte unshuffle of n bytes,
+ * in -> out (not overlapping). FERRY_EUNSUPPORTED without those kernels. */
+int ferry_cuda_adler32_batch(int dev, CUdeviceptr ptrs, CUdeviceptr sizes, CUdeviceptr out, size_t n, CUstream stream);
+int ferry_cuda_unshuffle(int dev, CUdeviceptr in, CUdeviceptr out, size_t n, unsigned size, CUstream stream);
 #endif

@@ -85,6 +85,7 @@ struct ferry_job {
     double t_start;
     uint64_t id;                  /* unique per context (addresses can be reused) */
     struct ferry_job *qnext;      /* context queue link */
+    struct ferry_gpudecode_job *gpu; /* gpudecode.c: batches of chunks decoded by nvCOMP, or NULL */
 };
 
 /* ---- workers ------------------------------------------------------------- */
@@ -122,6 +123,7 @@ typedef struct ferry_worker {
     ferry_file *pathfile;                 /* last file opened from an extent path ... */
     uint64_t pathfile_job;                /* ... for this job id (never reused across jobs) */
     int is_inline;
+    struct ferry_gpudecode_worker *gpu; /* gpudecode.c: its pinned/device buffers, or NULL */
 } ferry_worker;
 
 struct ferry_ctx {

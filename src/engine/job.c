@@ -3,6 +3,7 @@
  * caller's thread), and wait. */
 #include "engine/engine.h"
 #include "engine/io.h"
+#include "engine/gpudecode.h"
 #include <errno.h>
 #include <stdlib.h>
 #include <time.h>
@@ -91,6 +92,7 @@ static void job_free(ferry_job *j) {
     free(j->places);
     free(j->strings);
     free(j->tasks);
+    ferry_gpudecode_job_free(j);
     pthread_mutex_destroy(&j->lock);
     pthread_cond_destroy(&j->cond);
     free(j);
@@ -115,6 +117,7 @@ static int make_tasks(ferry_job *j, size_t task_size) {
     size_t cap = 0;
     for (size_t i = 0; i < j->next; i++) {
         const ferry_extent *e = &j->ext[i];
+        if (ferry_gpudecode_owns(j, i)) continue;   /* decoded on the GPU: in a batch task below */
         uint64_t len = e->kind == FERRY_EXTENT_FILL ? e->length : e->length;
         if (!is_plain(e) || len <= task_size) {
             if (add_task(j, &cap, (uint32_t)i, 0, e->kind == FERRY_EXTENT_READ && !is_plain(e) ? e->length : len) < 0)
@@ -133,6 +136,8 @@ static int make_tasks(ferry_job *j, size_t task_size) {
             lo = hi;
         }
     }
+    for (size_t b = 0; b < ferry_gpudecode_batches(j); b++)   /* gpudecode.c: one task per batch */
+        if (add_task(j, &cap, FERRY_GPU_TASK, b, b + 1) < 0) return FERRY_ENOMEM;
     return 0;
 }
 
@@ -168,6 +173,8 @@ static int job_build(ferry_ctx *ctx, const ferry_plan *plan, const ferry_run_opt
         j->ext[j->next++] = e;
     }
     int rc = choose_path(ctx, opts ? opts->path : FERRY_PATH_AUTO, has_dev, first_dev, &j->path, &j->forced);
+    if (rc < 0) { job_free(j); return rc; }
+    rc = ferry_gpudecode_plan(j, opts ? opts->decode : FERRY_DECODE_AUTO);   /* gpudecode.c */
     if (rc < 0) { job_free(j); return rc; }
     rc = make_tasks(j, ctx->cfg.task_size);
     if (rc < 0) { job_free(j); return rc; }
@@ -446,7 +453,7 @@ static int64_t one_extent(ferry_file *f, ferry_extent_kind kind, ferry_buf buf, 
     plan.n = plan.cap = 1;
     int rc = ferry_buf_resolve(&e.dst);
     if (rc < 0) return rc;
-    ferry_run_opts o = {FERRY_PATH_AUTO, 0, flags};
+    ferry_run_opts o = {FERRY_PATH_AUTO, 0, flags, FERRY_DECODE_AUTO};
     ferry_job *j;
     rc = job_build(ctx, &plan, &o, &j);
     if (rc < 0) return rc;

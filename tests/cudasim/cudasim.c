@@ -18,7 +18,10 @@
  *   context fails with CUDA_ERROR_INVALID_HANDLE ("invalid resource handle").
  * - The legacy stream (NULL) runs synchronously on the calling thread.
  * - A destroyed event lives on until the queued work naming it has run.
- * - The four byteswap kernels of src/cuda/kernels.cu run by name.
+ * - The kernels of src/cuda/kernels.cu run by name, on the CPU: byteswaps,
+ *   ferry_adler32_batch and ferry_unshuffle (their device arguments checked).
+ * - cuLaunchHostFunc runs a host function on the stream's thread in order:
+ *   the stand-in nvCOMP (nvcompsim.c) queues its decoding that way.
  *
  * Tests read what happened through cudasim_count() (dlsym on the loaded
  * library): primary-context retains and pinned allocations per device, and
@@ -42,10 +45,13 @@ enum {
 
 struct CUctx_st { int dev; int refs; };
 struct CUmod_st { int dev; };
-struct CUfunc_st { int swap; };   /* element size of ferry_bswapN */
+struct CUfunc_st { int swap; int kind; };   /* element size of ferry_bswapN; kind: K_* */
+enum { K_SWAP = 0, K_ADLER = 1, K_UNSHUFFLE = 2 };
 
 typedef struct op {
-    enum { OP_COPY, OP_RECORD, OP_WAIT, OP_SWAP } kind;
+    enum { OP_COPY, OP_RECORD, OP_WAIT, OP_SWAP, OP_HOST, OP_ADLER, OP_UNSHUFFLE } kind;
+    void (*fn)(void *); void *arg;                 /* HOST */
+    uint32_t *out;                                 /* ADLER: ptrs in dst, sizes in src, n */
     uint8_t *dst; const uint8_t *src; size_t n;    /* COPY (src may be owned) */
     void *owned;                                   /* freed after the copy */
     ferry_cu_memcpy2d c2;                          /* 2D copy when c2.Height */
@@ -174,6 +180,19 @@ static void run_op(op *o) {
         uint8_t *p = o->dst;
         for (size_t i = 0; i < o->n; i++, p += o->size)
             for (unsigned a = 0, b = o->size - 1; a < b; a++, b--) { uint8_t t = p[a]; p[a] = p[b]; p[b] = t; }
+    } else if (o->kind == OP_HOST) {
+        o->fn(o->arg);
+    } else if (o->kind == OP_ADLER) {
+        const uint8_t *const *ptrs = (const uint8_t *const *)o->dst;
+        const unsigned long long *sizes = (const unsigned long long *)o->src;
+        for (size_t c = 0; c < o->n; c++) {
+            uint32_t a = 1, b = 0;
+            for (unsigned long long k = 0; k < sizes[c]; k++) { a = (a + ptrs[c][k]) % 65521u; b = (b + a) % 65521u; }
+            o->out[c] = (b << 16) | a;
+        }
+    } else if (o->kind == OP_UNSHUFFLE) {
+        size_t nel = o->n / o->size, body = nel * o->size;
+        for (size_t i = 0; i < o->n; i++) o->dst[i] = i < body ? o->src[(i % o->size) * nel + i / o->size] : o->src[i];
     } else if (o->kind == OP_RECORD) {
         pthread_mutex_lock(&ev_mu_);
         if (o->gen > o->ev->completed) o->ev->completed = o->gen;
@@ -561,11 +580,13 @@ CUresult cuModuleLoadData(CUmodule *m, const void *image) {
 
 CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
     (void)m;
-    static struct CUfunc_st swaps[5] = {{0}, {2}, {4}, {8}, {16}};
+    static struct CUfunc_st swaps[5] = {{0, K_SWAP}, {2, K_SWAP}, {4, K_SWAP}, {8, K_SWAP}, {16, K_SWAP}};
     if (!strcmp(name, "ferry_bswap2")) *f = &swaps[1];
     else if (!strcmp(name, "ferry_bswap4")) *f = &swaps[2];
     else if (!strcmp(name, "ferry_bswap8")) *f = &swaps[3];
     else if (!strcmp(name, "ferry_bswap16")) *f = &swaps[4];
+    else if (!strcmp(name, "ferry_adler32_batch")) { static struct CUfunc_st k = {0, K_ADLER}; *f = &k; }
+    else if (!strcmp(name, "ferry_unshuffle")) { static struct CUfunc_st k = {0, K_UNSHUFFLE}; *f = &k; }
     else return E_NOT_FOUND;
     return OK;
 }
@@ -576,6 +597,33 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
     (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)shmem; (void)extra;
     int rc = stream_ok(s);
     if (rc) return rc;
+    if (f->kind == K_ADLER) {   /* (ptrs, sizes, out, n): the arrays are device memory, read when it runs */
+        CUdeviceptr ptrs = *(CUdeviceptr *)args[0], sizes = *(CUdeviceptr *)args[1], out = *(CUdeviceptr *)args[2];
+        unsigned long long n = *(unsigned long long *)args[3];
+        if (n && ((rc = device_range(ptrs, n * 8)) || (rc = device_range(sizes, n * 8)) || (rc = device_range(out, n * 4))))
+            return rc;
+        op *o = new_op(OP_ADLER);
+        o->dst = (uint8_t *)(uintptr_t)ptrs;
+        o->src = (const uint8_t *)(uintptr_t)sizes;
+        o->out = (uint32_t *)(uintptr_t)out;
+        o->n = n;
+        submit(s, o);
+        return OK;
+    }
+    if (f->kind == K_UNSHUFFLE) {   /* (in, out, n, size) */
+        CUdeviceptr in = *(CUdeviceptr *)args[0], out = *(CUdeviceptr *)args[1];
+        unsigned long long n = *(unsigned long long *)args[2];
+        unsigned size = *(unsigned *)args[3];
+        if (!size) return E_INVALID_VALUE;
+        if (n && ((rc = device_range(in, n)) || (rc = device_range(out, n)))) return rc;
+        op *o = new_op(OP_UNSHUFFLE);
+        o->src = (const uint8_t *)(uintptr_t)in;
+        o->dst = (uint8_t *)(uintptr_t)out;
+        o->n = n;
+        o->size = size;
+        submit(s, o);
+        return OK;
+    }
     CUdeviceptr p = *(CUdeviceptr *)args[0];
     unsigned long long n = *(unsigned long long *)args[1];
     if (n && (rc = device_range(p, n * f->swap))) return rc;
@@ -585,4 +633,22 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
     o->size = f->swap;
     submit(s, o);
     return OK;
+}
+
+/* cuLaunchHostFunc: fn(arg) on the stream's thread, after the work queued before it. */
+CUresult cuLaunchHostFunc(CUstream s, void (*fn)(void *), void *arg) {
+    int rc = stream_ok(s);
+    if (rc) return rc;
+    if (!fn) return E_INVALID_VALUE;
+    op *o = new_op(OP_HOST);
+    o->fn = fn;
+    o->arg = arg;
+    submit(s, o);
+    return OK;
+}
+
+/* For the stand-in nvCOMP: 1 when [p, p+n) lies inside one device allocation. */
+int cudasim_is_device(CUdeviceptr p, size_t n) {
+    int kind = 0, dev = -1;
+    return lookup((uintptr_t)p, n ? n : 1, &kind, &dev) == 1 && kind == R_DEVICE;
 }
