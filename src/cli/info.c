@@ -140,7 +140,8 @@ static void describe_text(ferry_dataset *ds, const char *path, ferry_sbuf *b) {
 static void usage(FILE *to) {
     fprintf(to, "usage: ferry info [--json] FILE|DIR...\n"
                 "  Variables, tensors or arrays with dtype, shape, chunks, codecs, byte ranges and\n"
-                "  attributes; for other files, the size and how much is in the page cache.\n");
+                "  attributes; for other files, the size and how much is in the page cache.\n"
+                "  Without a path: what the engine can use here (CUDA, cuFile, nvCOMP, decode policy).\n");
 }
 
 int ferry_cli_info(ferry_ctx *ctx, int argc, char **argv) {
@@ -151,7 +152,15 @@ int ferry_cli_info(ferry_ctx *ctx, int argc, char **argv) {
         else if (argv[i][0] == '-' && argv[i][1]) { fprintf(stderr, "ferry info: unknown option %s\n", argv[i]); usage(stderr); return 2; }
         else npaths++;
     }
-    if (!npaths) { usage(stderr); return 2; }
+    if (!npaths) {   /* the machine: which devices and libraries the engine found */
+        ferry_config c;
+        ferry_ctx_config(ctx, &c);
+        const char *cu = ferry_cuda_status(ctx), *cf = ferry_cufile_status(ctx), *nv = ferry_nvcomp_status(ctx);
+        printf("CUDA: %s (%d devices)\ncuFile: %s\nnvCOMP: %s\ndecode: %s (FERRY_DECODE)\n", *cu ? cu : "available",
+               ferry_cuda_device_count(ctx), *cf ? cf : "GDS available", nv,
+               ferry_decode_policy_name((ferry_decode_policy)c.decode));
+        return 0;
+    }
     if (json && npaths > 1) printf("[");
     int printed = 0;
     for (int i = 1; i < argc; i++) {
