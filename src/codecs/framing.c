@@ -21,6 +21,8 @@ int ferry_frame_zstd(const uint8_t *p, size_t n, ferry_frame *out) {
     size_t pos = 5 + (single ? 0 : 1);
     size_t flen = fcs_flag == 0 ? (single ? 1 : 0) : fcs_len[fcs_flag];
     if (pos + dict_len[dict_flag] + flen > n) return ferry_seterr(FERRY_ECODEC, "zstd: frame header truncated");
+    if (!single && (p[5] >> 3) + 10 > 31)   /* Window_Descriptor: windowLog above zstd's maximum */
+        return ferry_seterr(FERRY_ECODEC, "zstd: window of 2^%u bytes (at most 2^31)", (unsigned)(p[5] >> 3) + 10);
     uint32_t dict = 0;
     for (unsigned i = 0; i < dict_len[dict_flag]; i++) dict |= (uint32_t)p[pos + i] << (8 * i);
     pos += dict_len[dict_flag];
