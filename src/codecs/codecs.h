@@ -26,6 +26,7 @@ typedef struct ferry_decode_scratch {
     size_t tmp2_cap;
     void *zstd;          /* ZSTD_DCtx *, created on first use */
     void *zlib;          /* z_stream *, inflateInit'ed on first use, inflateReset after */
+    void *deflate;       /* struct libdeflate_decompressor * (builds with libdeflate), on first use */
 } ferry_decode_scratch;
 
 void ferry_decode_scratch_init(ferry_decode_scratch *s);

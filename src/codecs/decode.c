@@ -24,6 +24,7 @@ void ferry_decode_scratch_free(ferry_decode_scratch *s) {
     free(s->buf[0]); free(s->buf[1]); free(s->tmp); free(s->tmp2);
     if (s->zstd) ZSTD_freeDCtx(s->zstd);
     if (s->zlib) { inflateEnd(s->zlib); free(s->zlib); }
+    ferry_zlib_scratch_free(s);
     memset(s, 0, sizeof *s);
 }
 
