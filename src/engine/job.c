@@ -115,6 +115,10 @@ static int add_task(ferry_job *j, size_t *cap, uint32_t ext, uint64_t lo, uint64
  * from the extent start. Other extents are one task each. */
 static int make_tasks(ferry_job *j, size_t task_size) {
     size_t cap = 0;
+    /* gpudecode.c: one task per batch, queued first so that the CPU's tasks
+     * run on the other workers while batches are read and decoded */
+    for (size_t b = 0; b < ferry_gpudecode_batches(j); b++)
+        if (add_task(j, &cap, FERRY_GPU_TASK, b, b + 1) < 0) return FERRY_ENOMEM;
     for (size_t i = 0; i < j->next; i++) {
         const ferry_extent *e = &j->ext[i];
         if (ferry_gpudecode_owns(j, i)) continue;   /* decoded on the GPU: in a batch task below */
@@ -136,8 +140,6 @@ static int make_tasks(ferry_job *j, size_t task_size) {
             lo = hi;
         }
     }
-    for (size_t b = 0; b < ferry_gpudecode_batches(j); b++)   /* gpudecode.c: one task per batch */
-        if (add_task(j, &cap, FERRY_GPU_TASK, b, b + 1) < 0) return FERRY_ENOMEM;
     return 0;
 }
 

@@ -188,6 +188,24 @@ static void test_auto_policy(void) {
     CHECK_EQ_I(stats_().gpu_chunks, 0);
 }
 
+/* AUTO splits deflate chunks between the CPU and the GPU by their measured
+ * rates (both decoders at once); FERRY_GPU_CPU_SHARE overrides the share. */
+static void test_auto_splits_deflate(void) {
+    ferry_stats_reset(ctx_);
+    grid_case(C_ZLIB_SHUF, 64, 64, 8, 8, 0, "auto");   /* 64 chunks */
+    ferry_stats s = stats_();
+    CHECK(s.gpu_chunks > 0 && s.gpu_chunks < 64);
+    CHECK(s.decoded_bytes > s.gpu_decoded_bytes);
+    setenv("FERRY_GPU_CPU_SHARE", "0.25", 1);
+    ferry_stats_reset(ctx_);
+    grid_case(C_ZLIB_SHUF, 64, 64, 8, 8, 0, "auto");
+    CHECK_EQ_I(stats_().gpu_chunks, 48);
+    unsetenv("FERRY_GPU_CPU_SHARE");
+    ferry_stats_reset(ctx_);
+    grid_case(C_ZLIB_SHUF, 64, 64, 8, 8, 0, "gpu");    /* forced: every chunk on the GPU */
+    CHECK_EQ_I(stats_().gpu_chunks, 64);
+}
+
 /* one chunk file, corrupted in one way, read onto the GPU: an error that names
  * the file, the chunk and the codec */
 static void corrupt_case(int codec, int how, const char *want_msg) {
@@ -350,6 +368,7 @@ int main(void) {
     RUN(test_zstd_contiguous);
     RUN(test_every_codec_gpu_equals_cpu);
     RUN(test_auto_policy);
+    RUN(test_auto_splits_deflate);
     RUN(test_corrupt_chunks_fail_clearly);
     RUN(test_fallbacks_counted);
     RUN(test_many_chunks_one_file);
