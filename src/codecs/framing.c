@@ -145,6 +145,77 @@ int ferry_frame_parse(uint32_t codec, const uint8_t *p, size_t n, uint64_t want,
     return rc;
 }
 
+/* Layout as src/codecs/blosc.c describes it (the CPU decoder of the same frames). */
+int ferry_frame_blosc(const uint8_t *p, size_t n, uint64_t want, ferry_blosc_frame *out,
+                      ferry_blosc_stream *streams, size_t cap) {
+    memset(out, 0, sizeof *out);
+    if (n < 16) return ferry_seterr(FERRY_ECODEC, "blosc: %zu bytes, too short for the 16-byte header", n);
+    int version = p[0], flags = p[2];
+    size_t ts = p[3];
+    uint64_t nbytes = ferry_le32(p + 4), blocksize = ferry_le32(p + 8), cbytes = ferry_le32(p + 12);
+    if (version == 0 || version > 4) return ferry_seterr(FERRY_ECODEC, "blosc: unknown format version %d", version);
+    if (version >= 3 && (flags & 0x05) == 0x05)
+        return ferry_seterr(FERRY_EUNSUPPORTED, "blosc: blosc2 extended-header frame");
+    if (cbytes < 16 || cbytes > n) return ferry_seterr(FERRY_ECODEC, "blosc: frame says %llu bytes, %zu available", (unsigned long long)cbytes, n);
+    if (nbytes != want)
+        return ferry_seterr(FERRY_ECODEC, "blosc: frame holds %llu bytes, the chunk needs %llu", (unsigned long long)nbytes,
+                            (unsigned long long)want);
+    out->nbytes = nbytes;
+    out->typesize = (unsigned)ts;
+    static const int inner[8] = {0, FERRY_CODEC_LZ4, 0, FERRY_CODEC_ZLIB, FERRY_CODEC_ZSTD, 0, 0, 0};
+    out->inner = inner[(flags >> 5) & 7];
+    if (nbytes == 0) return 0;
+    if (flags & 0x02) {
+        if (cbytes - 16 < nbytes) return ferry_seterr(FERRY_ECODEC, "blosc: stored frame of %llu bytes holds fewer than %llu",
+                                                      (unsigned long long)cbytes, (unsigned long long)nbytes);
+        out->memcpyed = 1;
+        return 0;
+    }
+    if (ts == 0) return ferry_seterr(FERRY_ECODEC, "blosc: typesize 0");
+    if (blocksize == 0) return ferry_seterr(FERRY_ECODEC, "blosc: blocksize 0");
+    if (blocksize > nbytes) blocksize = nbytes;
+    uint64_t nblocks = nbytes / blocksize, leftover = nbytes % blocksize;
+    if (leftover) nblocks++;
+    if (nblocks > (cbytes - 16) / 4)
+        return ferry_seterr(FERRY_ECODEC, "blosc: %llu block offsets do not fit in a %llu-byte frame",
+                            (unsigned long long)nblocks, (unsigned long long)cbytes);
+    out->blocksize = blocksize;
+    out->nblocks = nblocks;
+    out->bitshuffle = (flags & 0x04) != 0;
+    out->shuffle = !out->bitshuffle && (flags & 0x01) && ts > 1;
+    uint64_t data0 = 16 + 4 * nblocks;
+    size_t k = 0;
+    for (uint64_t b = 0; b < nblocks; b++) {
+        int last_short = leftover && b == nblocks - 1;
+        uint64_t bsize = last_short ? leftover : blocksize;
+        uint64_t pos = ferry_le32(p + 16 + 4 * b);
+        if (pos < data0 || pos > cbytes)
+            return ferry_seterr(FERRY_ECODEC, "blosc: block %llu starts at %llu, outside the frame", (unsigned long long)b,
+                                (unsigned long long)pos);
+        uint64_t nsplits = (!(flags & 0x10) && !last_short) ? ts : 1;
+        if (bsize % nsplits) nsplits = 1;
+        uint64_t neblock = bsize / nsplits;
+        for (uint64_t sp = 0; sp < nsplits; sp++) {
+            if (cbytes - pos < 4) return ferry_seterr(FERRY_ECODEC, "blosc: block %llu truncated", (unsigned long long)b);
+            int32_t csize = (int32_t)ferry_le32(p + pos);
+            pos += 4;
+            if (csize < 0 || (uint64_t)csize > cbytes - pos)
+                return ferry_seterr(FERRY_ECODEC, "blosc: block %llu: stream of %d bytes overruns the frame",
+                                    (unsigned long long)b, (int)csize);
+            if (k == cap) return ferry_seterr(FERRY_EUNSUPPORTED, "blosc: more than %zu streams in one frame", cap);
+            streams[k++] = (ferry_blosc_stream){pos, (uint64_t)csize, b * blocksize + sp * neblock, neblock,
+                                                (uint64_t)csize == neblock};
+            pos += (uint64_t)csize;
+        }
+    }
+    out->nstreams = k;
+    if (!out->inner) {   /* valid, but blosclz / snappy have no GPU decoder: only raw streams could go */
+        for (size_t i = 0; i < k; i++)
+            if (!streams[i].raw) return ferry_seterr(FERRY_EUNSUPPORTED, "blosc: inner codec %d has no GPU decoder", (flags >> 5) & 7);
+    }
+    return 0;
+}
+
 uint32_t ferry_adler32(uint32_t adler, const uint8_t *p, size_t n) {
     uint32_t a = adler & 0xffff, b = adler >> 16;
     while (n) {

@@ -44,6 +44,30 @@ int ferry_frame_lz4(const uint8_t *p, size_t n, ferry_frame *out);
  * decoded size, which an announced size must equal. Other ids: EUNSUPPORTED. */
 int ferry_frame_parse(uint32_t codec, const uint8_t *p, size_t n, uint64_t want, ferry_frame *out);
 
+/* A blosc v1 frame (numcodecs Blosc, Zarr v2's default), split into the
+ * streams a GPU decodes: each block's splits, in order. */
+typedef struct ferry_blosc_stream {
+    uint64_t src_off, src_len;   /* the stream's bytes in the frame */
+    uint64_t dst_off, dst_len;   /* where it decodes to, before the block's unshuffle */
+    int raw;                     /* stored as is: copied, not decoded */
+} ferry_blosc_stream;
+
+typedef struct ferry_blosc_frame {
+    int inner;                   /* FERRY_CODEC_LZ4 / ZSTD / ZLIB, or 0 for blosclz, snappy, ... */
+    int memcpyed;                /* the whole frame is raw bytes at offset 16 */
+    int shuffle;                 /* each block byte-shuffled with typesize (0: no filter) */
+    int bitshuffle;              /* each block bit-shuffled (then the CPU decodes it) */
+    unsigned typesize;
+    uint64_t nbytes, blocksize, nblocks;
+    size_t nstreams;             /* streams[0..nstreams) filled (when memcpyed: 0) */
+} ferry_blosc_frame;
+
+/* Parse the header and every block's split headers of a blosc v1 frame
+ * that must decode to `want` bytes, writing at most `cap` streams.
+ * EUNSUPPORTED: blosc2 extended headers, more streams than cap. */
+int ferry_frame_blosc(const uint8_t *p, size_t n, uint64_t want, ferry_blosc_frame *out,
+                      ferry_blosc_stream *streams, size_t cap);
+
 /* Adler-32 (zlib's checksum), for tests and the CPU-side check. */
 uint32_t ferry_adler32(uint32_t adler, const uint8_t *p, size_t n);
 #endif

@@ -157,7 +157,7 @@ static int load_kernels(int dev) {
                 if (api_.ModuleGetFunction(&dev_swap_[dev][i], dev_mod_[dev], names[i]) != 0) ok = -1;
             /* the GPU decoder's kernels (gpudecode.c): optional, NULL when absent */
             if (api_.ModuleGetFunction(&dev_adler_[dev], dev_mod_[dev], "ferry_adler32_batch") != 0) dev_adler_[dev] = NULL;
-            if (api_.ModuleGetFunction(&dev_unshuffle_[dev], dev_mod_[dev], "ferry_unshuffle") != 0) dev_unshuffle_[dev] = NULL;
+            if (api_.ModuleGetFunction(&dev_unshuffle_[dev], dev_mod_[dev], "ferry_unshuffle_batch") != 0) dev_unshuffle_[dev] = NULL;
         }
         dev_mod_state_[dev] = ok;
     }
@@ -195,14 +195,13 @@ int ferry_cuda_adler32_batch(int dev, CUdeviceptr ptrs, CUdeviceptr sizes, CUdev
     return 0;
 }
 
-int ferry_cuda_unshuffle(int dev, CUdeviceptr in, CUdeviceptr out, size_t n, unsigned size, CUstream stream) {
+int ferry_cuda_unshuffle_batch(int dev, CUdeviceptr desc, size_t count, CUstream stream) {
     if (dev < 0 || dev >= MAX_DEVICES || load_kernels(dev) != 1 || !dev_unshuffle_[dev]) return FERRY_EUNSUPPORTED;
-    if (n == 0) return 0;
-    unsigned long long count = n;
-    void *args[] = {&in, &out, &count, &size};
-    unsigned long long blocks = (count + 255) / 256;
-    if (blocks > 65535ull * 8) blocks = 65535ull * 8;
-    CUresult r = api_.LaunchKernel(dev_unshuffle_[dev], (unsigned)blocks, 1, 1, 256, 1, 1, 0, stream, args, NULL);
+    if (count == 0) return 0;
+    unsigned long long n = count;
+    void *args[] = {&desc, &n};
+    unsigned blocks = count > 65535 ? 65535 : (unsigned)count;
+    CUresult r = api_.LaunchKernel(dev_unshuffle_[dev], blocks, 1, 1, 256, 1, 1, 0, stream, args, NULL);
     if (r != 0) return ferry_seterr(FERRY_ECUDA, "unshuffle kernel launch: %s", ferry_cuda_errstr(r));
     return 0;
 }

@@ -73,19 +73,19 @@ extern "C" __global__ void ferry_adler32_batch(const unsigned char *const *ptrs,
     }
 }
 
-// Undo HDF5's / blosc's byte shuffle, out of place: n bytes of elements of
-// `size` bytes were stored as size planes of n/size bytes each; the bytes
-// past the last whole element are copied as they are. Grid-stride over output bytes.
-extern "C" __global__ void ferry_unshuffle(const unsigned char *in, unsigned char *out, unsigned long long n,
-                                           unsigned size) {
-    unsigned long long nel = n / size, body = nel * size;
-    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
-         i += (unsigned long long)gridDim.x * blockDim.x) {
-        if (i < body) {
-            unsigned long long e = i / size, b = i % size;
-            out[i] = in[b * nel + e];
-        } else {
-            out[i] = in[i];
-        }
+// Undo HDF5's / blosc's byte shuffle, out of place, for `count` buffers at
+// once: desc[4 i .. 4 i + 3] = (in, out, n, size). n bytes of elements of
+// `size` bytes were stored as `size` planes of n / size bytes; the bytes past
+// the last whole element are copied as they are. size 1 is a plain copy
+// (blosc's raw streams). One block per buffer (grid-stride over buffers),
+// threads over its output bytes.
+extern "C" __global__ void ferry_unshuffle_batch(const unsigned long long *desc, unsigned long long count) {
+    for (unsigned long long d = blockIdx.x; d < count; d += gridDim.x) {
+        const unsigned char *in = (const unsigned char *)desc[4 * d];
+        unsigned char *out = (unsigned char *)desc[4 * d + 1];
+        unsigned long long n = desc[4 * d + 2], size = desc[4 * d + 3];
+        unsigned long long nel = n / size, body = nel * size;
+        for (unsigned long long i = threadIdx.x; i < n; i += blockDim.x)
+            out[i] = i < body ? in[(i % size) * nel + i / size] : in[i];
     }
 }

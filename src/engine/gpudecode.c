@@ -46,11 +46,13 @@ void ferry_nvcomp_search_dir(const char *dir) { ferry_nvcomp_set_dir(dir); }
 /* ---- which chains the GPU decodes ------------------------------------------ */
 typedef struct chain_info {
     int ncheck;          /* leading crc32c / fletcher32 steps (verified on the CPU) */
-    uint32_t codec;      /* FERRY_CODEC_ZSTD / ZLIB / GZIP / LZ4 */
-    int alg;             /* ferry_nvcomp_alg */
+    uint32_t codec;      /* FERRY_CODEC_ZSTD / ZLIB / LZ4 / BLOSC */
+    int alg;             /* batch class: a ferry_nvcomp_alg, or CLASS_BLOSC (its inner codec decides) */
     unsigned shuffle;    /* element size of a SHUFFLE step after it, 0 none */
     unsigned swap;       /* element size of a BYTESWAP step after that, 0 none */
 } chain_info;
+
+enum { CLASS_BLOSC = FERRY_NVCOMP_NALG, NCLASS };
 
 static int is_check(uint32_t id) { return id == FERRY_CODEC_CRC32C || id == FERRY_CODEC_FLETCHER32; }
 
@@ -66,7 +68,8 @@ static int gpu_chain(const ferry_extent *e, chain_info *ci) {
     case FERRY_CODEC_ZSTD: ci->alg = FERRY_NVCOMP_ZSTD; break;
     case FERRY_CODEC_ZLIB: ci->alg = FERRY_NVCOMP_DEFLATE; break;
     case FERRY_CODEC_LZ4: ci->alg = FERRY_NVCOMP_LZ4; break;
-    default: return 0;   /* gzip: CRC-32 has no GPU kernel here; blosc: framing not batched yet */
+    case FERRY_CODEC_BLOSC: ci->alg = CLASS_BLOSC; break;
+    default: return 0;   /* gzip: CRC-32 has no GPU kernel here */
     }
     i++;
     if (i < n && e->codecs[i].id == FERRY_CODEC_SHUFFLE) ci->shuffle = e->codecs[i++].param;
@@ -82,14 +85,15 @@ static int gpu_chain(const ferry_extent *e, chain_info *ci) {
  *   zstd     nvCOMP 48.0 (level 1) / 47.6 (level 3)  vs CPU 11.2-12.6 / 7.1  -> GPU
  *   deflate  nvCOMP 5.9 (5.2 shuffled)               vs CPU zlib 0.98        -> GPU
  *   LZ4      nvCOMP 24.1                             vs CPU 24.1             -> CPU (a tie)
- * decode="gpu" sends LZ4 to the GPU too.
+ *   blosc-lz4+shuffle  nvCOMP LZ4 24.1               vs CPU 27.7             -> CPU
+ * decode="gpu" sends LZ4 and blosc (lz4, zstd inner codecs) to the GPU too.
  * Deflate is where both decoders together beat either: CPU inflate on 16
  * cores runs 3.39 GB/s with libdeflate (0.98 with zlib) beside nvCOMP's 5.2
  * (HDF5-shuffled chunks). AUTO leaves the CPU its share of the chunks, by
  * those rates (the CPU's scaled by the job's workers / 16), and the pool runs
  * both at once: batch tasks are queued first, so while some workers read and
  * wait on GPU batches the others inflate chunks. */
-static const int auto_gpu[FERRY_NVCOMP_NALG] = {1 /* zstd */, 0 /* LZ4 */, 1 /* deflate */};
+static const int auto_gpu[NCLASS] = {1 /* zstd */, 0 /* LZ4 */, 1 /* deflate */, 0 /* blosc */};
 static const double gpu_deflate_gbs = 5.2;
 #ifdef FERRY_HAVE_LIBDEFLATE
 static const double cpu_deflate_gbs16 = 3.39;
@@ -158,7 +162,7 @@ int ferry_gpudecode_plan(ferry_job *j, int policy) {
     /* one pass per (device, algorithm): chunks keep plan order inside a batch */
     size_t k = 0;
     for (int d = 0; d < FERRY_MAX_DEVICES && k < cand; d++)
-        for (int a = 0; a < FERRY_NVCOMP_NALG; a++) {
+        for (int a = 0; a < NCLASS; a++) {
             uint64_t bytes = 0;
             gd_batch *cur = NULL;
             for (size_t i = 0; i < n; i++) {
@@ -196,7 +200,7 @@ void ferry_gpudecode_job_free(ferry_job *j) {
 
 /* ---- per-worker buffers -------------------------------------------------------- */
 typedef struct gd_dev {
-    uint8_t *h; size_t hcap; int hpinned;         /* packed chunks + pointer/size arrays (pinned) */
+    uint8_t *h; size_t hcap; int hpinned;         /* packed chunks, arrays, descriptors (pinned) */
     uint8_t *hres; size_t hres_cap; int hres_pinned; /* statuses, sizes, checks back from the device */
     uint8_t *hcpu; size_t hcpu_cap; int hcpu_pinned; /* chunks decoded on the CPU, before their copy */
     uint8_t *hfb; size_t hfb_cap; int hfb_pinned;    /* one chunk the CPU decodes after nvCOMP failed it */
@@ -208,25 +212,39 @@ typedef struct gd_dev {
 
 typedef struct gd_chunk {
     uint32_t ext;
-    int kind;            /* K_GPU, K_CPU (decoded on the CPU), K_FILL (missing file) */
+    int kind;            /* K_GPU, K_CPU (decoded on the CPU), K_FILL (missing file), K_DONE */
     uint64_t slot;       /* offset of its bytes in h */
-    uint64_t in_pos, in_len;     /* nvCOMP input in h / din */
-    ferry_frame fr;
     chain_info ci;
-    CUdeviceptr out;     /* nvCOMP's output (dst or scratch) */
-    CUdeviceptr fin;     /* after filters: dst, or scratch to place from */
-    uint64_t cpu_pos;    /* K_CPU / K_FILL: offset in hcpu */
-    int placed;          /* fin is scratch: place into dst */
+    ferry_frame fr;      /* zstd / zlib / LZ4 framing */
+    CUdeviceptr out;     /* where nvCOMP writes (dst, or scratch before an unshuffle) */
+    CUdeviceptr fin;     /* the decoded chunk after filters: dst, or scratch to place from */
     int out_scr, fin_scr;/* out / fin hold offsets into dscr until it is allocated */
+    int placed;          /* fin is scratch: copy (place) it into dst */
+    size_t item0, nitems;/* its nvCOMP inputs */
+    uint64_t cpu_pos;    /* K_CPU / K_FILL: offset in hcpu */
 } gd_chunk;
+
+typedef struct gd_item {  /* one nvCOMP input: a frame, or one split of a blosc block */
+    uint32_t chunk;
+    int alg;              /* ferry_nvcomp_alg */
+    uint64_t in_pos, in_len;   /* in h / din */
+    uint64_t out_off, out_len; /* from its chunk's `out` */
+    size_t q;             /* its index in the batch's arrays and results */
+} gd_item;
+
+typedef struct gd_desc { uint64_t in, out, n, size; int in_din, in_scr, out_scr; } gd_desc;  /* copy / unshuffle */
 
 struct ferry_gpudecode_worker {
     gd_dev dev[FERRY_MAX_DEVICES];
-    gd_chunk *ch;
-    size_t ch_cap;
+    gd_chunk *ch; size_t ch_cap;
+    gd_item *it; size_t it_n, it_cap;
+    gd_desc *cp; size_t cp_n, cp_cap;   /* copies before decoding (blosc raw streams, memcpyed frames) */
+    gd_desc *un; size_t un_n, un_cap;   /* unshuffles after decoding */
+    ferry_blosc_stream *bs;             /* one frame's streams while it is parsed */
 };
 
 enum { K_GPU = 0, K_CPU = 1, K_FILL = 2, K_DONE = 3 /* nvCOMP failed it, the CPU's result is in place */ };
+#define MAX_BLOSC_STREAMS 65536
 
 void ferry_gpudecode_worker_free(ferry_worker *w) {
     struct ferry_gpudecode_worker *gw = w->gpu;
@@ -245,7 +263,7 @@ void ferry_gpudecode_worker_free(ferry_worker *w) {
         int ps[4] = {g->hpinned, g->hres_pinned, g->hcpu_pinned, g->hfb_pinned};
         for (int i = 0; i < 4; i++) if (hs[i]) { if (ps[i]) cu->MemFreeHost(hs[i]); else free(hs[i]); }
     }
-    free(gw->ch);
+    free(gw->ch); free(gw->it); free(gw->cp); free(gw->un); free(gw->bs);
     free(gw);
     w->gpu = NULL;
 }
@@ -260,6 +278,17 @@ static int dev_grow(CUdeviceptr *p, size_t *cap, size_t n) {
     *p = 0; *cap = 0;
     CUresult r = cu->MemAlloc(p, nc);
     if (r) { *p = 0; return ferry_seterr(FERRY_ENOMEM, "GPU decode: cuMemAlloc(%zu): %s", nc, ferry_cuda_errstr(r)); }
+    *cap = nc;
+    return 0;
+}
+
+/* Room for one more element in a growing array. */
+static int push(void **arr, size_t *n, size_t *cap, size_t size) {
+    if (*n < *cap) return 0;
+    size_t nc = *cap ? *cap * 2 : 256;
+    void *p = realloc(*arr, nc * size);
+    if (!p) return ferry_seterr(FERRY_ENOMEM, "out of memory");
+    *arr = p;
     *cap = nc;
     return 0;
 }
@@ -312,7 +341,10 @@ static int place_rec(const ferry_cuda_api *cu, CUstream s, CUdeviceptr dst, CUde
     return 0;
 }
 
-static int place_dev(const ferry_cuda_api *cu, CUstream s, CUdeviceptr dst, CUdeviceptr src, const ferry_place *place) {
+/* Copy the decoded chunk at src into its box of dst (all of it when there is no placement). */
+static int place_dev(const ferry_cuda_api *cu, CUstream s, CUdeviceptr dst, CUdeviceptr src, const ferry_place *place,
+                     uint64_t decoded) {
+    if (!place) return copy_dd(cu, s, dst, (int64_t)decoded, src, (int64_t)decoded, decoded, 1);
     for (int k = 0; k < place->ndim; k++) if (place->count[k] == 0) return 0;
     ferry_place p;
     if (ferry_place_normalize(place, &p) == 0) { p.ndim = 1; p.count[0] = 1; p.src_stride[0] = p.dst_stride[0] = p.itemsize; }
@@ -369,13 +401,146 @@ static void fill_pattern(uint8_t *out, uint64_t n, const ferry_extent *e) {
     for (uint64_t i = 0; i < n; i++) out[i] = e->fill[i % size];
 }
 
+static int add_desc(gd_desc **arr, size_t *n, size_t *cap, gd_desc d) {
+    int rc = push((void **)arr, n, cap, sizeof **arr);
+    if (rc < 0) return rc;
+    (*arr)[(*n)++] = d;
+    return 0;
+}
+
+/* Read every chunk of the batch into its slot of h. */
+static int read_chunks(ferry_worker *w, ferry_job *j, gd_dev *g, gd_chunk *ch, size_t n, uint64_t *file_bytes) {
+    ferry_file *pf = NULL;
+    int rc = 0;
+    for (size_t k = 0; k < n && rc >= 0; k++) {
+        const ferry_extent *e = &j->ext[ch[k].ext];
+        ferry_file *f = e->file;
+        if (!f) {
+            if (!pf || strcmp(pf->path, e->path) != 0) {
+                if (pf) ferry_file_close(pf);
+                pf = NULL;
+                rc = ferry_file_open_internal(w->ctx, e->path, FERRY_READ, &pf);
+                if ((rc == -ENOENT || rc == -ENOTDIR) && (e->flags & FERRY_EXTENT_MISSING_FILLS)) {
+                    ferry_clearerr();   /* an absent chunk: its box gets the fill value */
+                    rc = 0;
+                    ch[k].kind = K_FILL;
+                    continue;
+                }
+                if (rc < 0) { ferry_preerr(rc, "%s", e->path); break; }
+            }
+            f = pf;
+        }
+        int64_t got = ferry_pread_full(f->fd, g->h + ch[k].slot, e->length, e->offset);
+        if (got < 0) { rc = ferry_preerr((int)got, "%s: byte %llu", f->path, (unsigned long long)e->offset); break; }
+        if ((uint64_t)got < e->length) {
+            rc = ferry_seterr(FERRY_ESHORT, "%s: file ends at byte %llu but the chunk at byte %llu has %llu bytes",
+                              f->path, (unsigned long long)(e->offset + (uint64_t)got), (unsigned long long)e->offset,
+                              (unsigned long long)e->length);
+            break;
+        }
+        *file_bytes += (uint64_t)got;
+    }
+    if (pf) ferry_file_close(pf);
+    return rc;
+}
+
+/* Decide, for one chunk read into h, how the GPU decodes it: its items,
+ * copies and unshuffles, its output and final places (scratch as offsets
+ * from *scr). K_CPU when the GPU cannot take it; an error when it is corrupt. */
+static int classify(struct ferry_gpudecode_worker *gw, gd_dev *g, const ferry_nvcomp_api *nv, const ferry_extent *e,
+                    gd_chunk *c, uint32_t ci_idx, int kernels, uint64_t *scr) {
+    CUdeviceptr dst = (CUdeviceptr)(uintptr_t)e->dst.ptr + e->dst_offset;
+    int contig = place_is_contiguous(e->place, e->decoded_size);
+    size_t len = e->length;
+    const uint8_t *p = g->h + c->slot;
+    int rc;
+    for (int i = 0; i < c->ci.ncheck; i++)
+        if ((rc = ferry_codecs_verify_trailer(e->codecs[i].id, p, &len)) < 0) return rc;
+    ferry_blosc_frame bf;
+    memset(&bf, 0, sizeof bf);
+    int unshuffle_size = 0;   /* element size of the unshuffle after decoding, 0 none */
+    if (c->ci.codec == FERRY_CODEC_BLOSC) {
+        if (!gw->bs && !(gw->bs = malloc(MAX_BLOSC_STREAMS * sizeof *gw->bs))) return ferry_seterr(FERRY_ENOMEM, "out of memory");
+        rc = ferry_frame_blosc(p, len, e->decoded_size, &bf, gw->bs, MAX_BLOSC_STREAMS);
+        if (rc == 0 && (bf.bitshuffle || c->ci.shuffle || bf.inner == FERRY_CODEC_ZLIB)) {
+            rc = FERRY_EUNSUPPORTED;   /* bitshuffle (no kernel yet), zlib inside blosc (unaligned payloads) */
+        }
+        if (bf.shuffle) unshuffle_size = (int)bf.typesize;
+    } else {
+        rc = ferry_frame_parse(c->ci.codec, p, len, e->decoded_size, &c->fr);
+        if (rc == 0 && c->fr.check == FERRY_FRAME_CHECK_CRC32) rc = FERRY_EUNSUPPORTED;   /* no GPU CRC-32 (gzip) */
+        unshuffle_size = (int)c->ci.shuffle;
+    }
+    if (rc == FERRY_EUNSUPPORTED) { ferry_clearerr(); c->kind = K_CPU; }
+    else if (rc < 0) return rc;
+    int need_kernels = unshuffle_size || c->ci.swap || c->fr.check == FERRY_FRAME_CHECK_ADLER32 ||
+                       (c->ci.codec == FERRY_CODEC_BLOSC && (bf.memcpyed || bf.nstreams));
+    if (c->kind == K_GPU && need_kernels && !kernels) c->kind = K_CPU;   /* no embedded kernels: the CPU does it all */
+    int alg = c->ci.codec == FERRY_CODEC_BLOSC ? (bf.inner == FERRY_CODEC_ZSTD ? FERRY_NVCOMP_ZSTD : FERRY_NVCOMP_LZ4) : c->ci.alg;
+    const ferry_nvcomp_align *al = &nv->alg[alg].align;
+    if (c->kind == K_GPU) {   /* inputs as nvCOMP wants them aligned */
+        if (c->ci.codec == FERRY_CODEC_BLOSC) {
+            for (size_t i = 0; i < bf.nstreams; i++)
+                if (!gw->bs[i].raw && ((c->slot + gw->bs[i].src_off) % al->input || gw->bs[i].dst_off % al->output)) c->kind = K_CPU;
+        } else if ((c->slot + c->fr.payload_off) % al->input) {
+            c->kind = K_CPU;   /* an unusual header length: not worth a copy */
+        }
+    }
+    /* where it ends: dst when the chunk is one contiguous run of it, aligned
+     * for the swap kernel; else scratch, placed afterwards */
+    int fin_dst = contig && (!c->ci.swap || dst % c->ci.swap == 0);
+    if (c->kind == K_GPU && !unshuffle_size && dst % al->output) fin_dst = 0;   /* nvCOMP writes there itself */
+    if (fin_dst) c->fin = dst;
+    else { c->fin = *scr; c->fin_scr = 1; *scr += up(e->decoded_size, 256); c->placed = 1; }
+    if (c->kind != K_GPU) return 0;
+    if (unshuffle_size) { c->out = *scr; c->out_scr = 1; *scr += up(e->decoded_size, 256); }
+    else { c->out = c->fin; c->out_scr = c->fin_scr; }
+    /* nvCOMP items, copies, unshuffles (addresses relative to out/fin/din: fixed up later) */
+    c->item0 = gw->it_n;
+    if (c->ci.codec != FERRY_CODEC_BLOSC) {
+        if ((rc = push((void **)&gw->it, &gw->it_n, &gw->it_cap, sizeof *gw->it)) < 0) return rc;
+        gw->it[gw->it_n++] = (gd_item){ci_idx, alg, c->slot + c->fr.payload_off, c->fr.payload_len, 0, e->decoded_size, 0};
+    } else if (bf.memcpyed) {
+        if ((rc = add_desc(&gw->cp, &gw->cp_n, &gw->cp_cap, (gd_desc){c->slot + 16, 0, e->decoded_size, 1, 1, 0, 0})) < 0) return rc;
+        gw->cp[gw->cp_n - 1].out = ci_idx;   /* resolved to the chunk's fin below (memcpyed frames are not shuffled) */
+        gw->cp[gw->cp_n - 1].out_scr = -1;
+        unshuffle_size = 0;
+    } else {
+        for (size_t i = 0; i < bf.nstreams; i++) {
+            const ferry_blosc_stream *st = &gw->bs[i];
+            if (st->raw) {
+                if ((rc = add_desc(&gw->cp, &gw->cp_n, &gw->cp_cap, (gd_desc){c->slot + st->src_off, st->dst_off, st->dst_len, 1, 1, 0, 0})) < 0)
+                    return rc;
+                gw->cp[gw->cp_n - 1].out_scr = -2 - (int)ci_idx;   /* relative to the chunk's out */
+                continue;
+            }
+            if ((rc = push((void **)&gw->it, &gw->it_n, &gw->it_cap, sizeof *gw->it)) < 0) return rc;
+            gw->it[gw->it_n++] = (gd_item){ci_idx, alg, c->slot + st->src_off, st->src_len, st->dst_off, st->dst_len, 0};
+        }
+    }
+    c->nitems = gw->it_n - c->item0;
+    if (unshuffle_size) {
+        if (c->ci.codec == FERRY_CODEC_BLOSC) {   /* blosc shuffles each block by itself */
+            for (uint64_t b = 0; b < bf.nblocks; b++) {
+                uint64_t bsize = FERRY_MIN(bf.blocksize, bf.nbytes - b * bf.blocksize);
+                if ((rc = add_desc(&gw->un, &gw->un_n, &gw->un_cap, (gd_desc){b * bf.blocksize, b * bf.blocksize, bsize, (uint64_t)unshuffle_size, 0, 0, 0})) < 0)
+                    return rc;
+                gw->un[gw->un_n - 1].in_scr = (int)ci_idx;
+            }
+        } else {
+            if ((rc = add_desc(&gw->un, &gw->un_n, &gw->un_cap, (gd_desc){0, 0, e->decoded_size, (uint64_t)unshuffle_size, 0, 0, 0})) < 0) return rc;
+            gw->un[gw->un_n - 1].in_scr = (int)ci_idx;
+        }
+    }
+    return 0;
+}
+
 int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t bi, int *deferred) {
     const gd_batch *B = &j->gpu->b[bi];
     const int d = B->dev;
     const size_t n = B->count;
     const ferry_cuda_api *cu = ferry_cuda_load(NULL);
     const ferry_nvcomp_api *nv = ferry_nvcomp_load(NULL);
-    const ferry_nvcomp_alg_api *A = &nv->alg[B->alg];
     ferry_devstate *ds;
     int rc = ferry_worker_device(w, d, &ds);
     if (rc < 0) return rc;
@@ -399,159 +564,141 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t bi, int *defer
     gd_chunk *ch = gw->ch;
     const uint32_t *idx = j->gpu->idx + B->first;
     int kernels = ferry_cuda_kernels_ready(d);
+    gw->it_n = gw->cp_n = gw->un_n = 0;
 
-    /* layout of h: chunk slots (8-aligned), then the four arrays */
+    /* slots: each chunk starts `lead` bytes into an 8-aligned slot so that the
+     * payload after its header (zlib: 2 bytes, numcodecs LZ4: 4) is aligned
+     * as nvCOMP requires, and the framed bytes stay intact for the CPU */
     uint64_t hsize = 0, file_bytes = 0;
     for (size_t k = 0; k < n; k++) {
         const ferry_extent *e = &j->ext[idx[k]];
-        ch[k] = (gd_chunk){0};
+        memset(&ch[k], 0, sizeof ch[k]);
         ch[k].ext = idx[k];
         gpu_chain(e, &ch[k].ci);
-        /* the chunk starts `lead` bytes into its 8-aligned slot so that the
-         * payload after its header (zlib: 2 bytes, numcodecs LZ4: 4) is aligned
-         * as nvCOMP requires, and the framed bytes stay intact for the CPU */
         unsigned hdr = ch[k].ci.codec == FERRY_CODEC_ZLIB ? 2 : ch[k].ci.codec == FERRY_CODEC_LZ4 ? 4 : 0;
         ch[k].slot = hsize + (8 - hdr) % 8;
         hsize += up(e->length + 8, 8);
     }
-    const uint64_t arr = up(hsize, 64), htotal = arr + 4 * 8 * (uint64_t)n;
-    if ((rc = ferry_worker_grow(w, d, &g->h, &g->hcap, &g->hpinned, htotal)) < 0) return rc;
+    if ((rc = ferry_worker_grow(w, d, &g->h, &g->hcap, &g->hpinned, hsize ? hsize : 1)) < 0) return rc;
+    if ((rc = read_chunks(w, j, g, ch, n, &file_bytes)) < 0) return rc;
 
-    /* read every chunk (files named by path opened once per run of chunks) */
-    ferry_file *pf = NULL;
-    for (size_t k = 0; k < n && rc >= 0; k++) {
-        const ferry_extent *e = &j->ext[idx[k]];
-        ferry_file *f = e->file;
-        if (!f) {
-            if (!pf || strcmp(pf->path, e->path) != 0) {
-                if (pf) ferry_file_close(pf);
-                pf = NULL;
-                rc = ferry_file_open_internal(w->ctx, e->path, FERRY_READ, &pf);
-                if ((rc == -ENOENT || rc == -ENOTDIR) && (e->flags & FERRY_EXTENT_MISSING_FILLS)) {
-                    ferry_clearerr();
-                    rc = 0;
-                    ch[k].kind = K_FILL;
-                    continue;
-                }
-                if (rc < 0) { ferry_preerr(rc, "%s", e->path); break; }
-            }
-            f = pf;
-        }
-        int64_t got = ferry_pread_full(f->fd, g->h + ch[k].slot, e->length, e->offset);
-        if (got < 0) { rc = ferry_preerr((int)got, "%s: byte %llu", f->path, (unsigned long long)e->offset); break; }
-        if ((uint64_t)got < e->length) {
-            rc = ferry_seterr(FERRY_ESHORT, "%s: file ends at byte %llu but the chunk at byte %llu has %llu bytes",
-                              f->path, (unsigned long long)(e->offset + (uint64_t)got), (unsigned long long)e->offset,
-                              (unsigned long long)e->length);
-            break;
-        }
-        file_bytes += (uint64_t)got;
-    }
-    if (pf) ferry_file_close(pf);
-    if (rc < 0) return rc;
-
-    /* CPU checks and framing; outputs and scratch */
-    uint64_t scr = 0, cpu_total = 0, max_out = 0, gpu_out = 0;
-    size_t ngpu = 0;
+    /* CPU checks and framing: items, descriptors, outputs */
+    uint64_t scr = 0, cpu_total = 0;
     for (size_t k = 0; k < n; k++) {
         gd_chunk *c = &ch[k];
         const ferry_extent *e = &j->ext[c->ext];
-        CUdeviceptr dst = (CUdeviceptr)(uintptr_t)e->dst.ptr + e->dst_offset;
-        int contig = place_is_contiguous(e->place, e->decoded_size);
-        if (c->kind == K_GPU) {
-            size_t len = e->length;
-            const uint8_t *p = g->h + c->slot;
-            for (int i = 0; i < c->ci.ncheck; i++)
-                if ((rc = ferry_codecs_verify_trailer(e->codecs[i].id, p, &len)) < 0) return chunk_err(rc, e, ext_path(e), &c->ci);
-            rc = ferry_frame_parse(c->ci.codec, p, len, e->decoded_size, &c->fr);
-            if (rc == FERRY_EUNSUPPORTED) { ferry_clearerr(); c->kind = K_CPU; rc = 0; }
-            else if (rc < 0) return chunk_err(rc, e, ext_path(e), &c->ci);
-            int need_kernels = c->ci.shuffle || c->ci.swap || c->fr.check == FERRY_FRAME_CHECK_ADLER32;
-            if (c->kind == K_GPU && need_kernels && !kernels) c->kind = K_CPU;   /* no embedded kernels: the CPU filters */
-            if (c->fr.check == FERRY_FRAME_CHECK_CRC32) c->kind = K_CPU;           /* no GPU CRC-32 (gzip) */
-        }
-        if (c->kind == K_GPU) {
-            c->in_pos = c->slot + c->fr.payload_off;
-            c->in_len = c->fr.payload_len;
-            if (c->in_pos % A->align.input) c->kind = K_CPU;   /* an unusual header length: not worth a copy */
-        }
-        if (c->kind == K_GPU) {
-            /* nvCOMP writes straight into the destination when the chunk is one
-             * aligned contiguous run of it and no out-of-place filter follows */
-            int direct = contig && !c->ci.shuffle && dst % A->align.output == 0 && (!c->ci.swap || dst % c->ci.swap == 0);
-            if (direct) c->out = dst;
-            else { c->out = scr; c->out_scr = 1; scr += up(e->decoded_size, 256); }   /* offsets into dscr for now */
-            if (c->ci.shuffle) {
-                if (contig && (!c->ci.swap || dst % c->ci.swap == 0)) c->fin = dst;
-                else { c->fin = scr; c->fin_scr = 1; scr += up(e->decoded_size, 256); c->placed = 1; }
-            } else {
-                c->fin = c->out;
-                c->fin_scr = c->out_scr;
-                c->placed = !direct;
-            }
-            if (e->decoded_size > max_out) max_out = e->decoded_size;
-            gpu_out += e->decoded_size;
-            ngpu++;
-        } else {
-            c->cpu_pos = cpu_total;
-            cpu_total += up(e->decoded_size, 64);
-            if (contig) c->fin = dst;
+        if (c->kind == K_GPU && (rc = classify(gw, g, nv, e, c, (uint32_t)k, kernels, &scr)) < 0)
+            return chunk_err(rc, e, ext_path(e), &c->ci);
+        if (c->kind == K_GPU) continue;
+        if (c->kind == K_FILL) {   /* classify chose the others' places */
+            CUdeviceptr dst = (CUdeviceptr)(uintptr_t)e->dst.ptr + e->dst_offset;
+            if (place_is_contiguous(e->place, e->decoded_size)) c->fin = dst;
             else { c->fin = scr; c->fin_scr = 1; scr += up(e->decoded_size, 256); c->placed = 1; }
         }
+        c->cpu_pos = cpu_total;
+        cpu_total += up(e->decoded_size, 64);
     }
-    /* scratch offsets -> device addresses */
     if (scr && (rc = dev_grow(&g->dscr, &g->dscr_cap, scr)) < 0) return rc;
     for (size_t k = 0; k < n; k++) {
         if (ch[k].out_scr) ch[k].out += g->dscr;
         if (ch[k].fin_scr) ch[k].fin += g->dscr;
     }
 
-    /* one copy of payloads + arrays, one nvCOMP call, Adler-32s, one copy back */
-    const uint64_t res_status = 0, res_size = up(4 * (uint64_t)n, 8), res_adler = res_size + 8 * (uint64_t)n;
-    const uint64_t res_total = res_adler + 4 * (uint64_t)n + 8;
-    if (ngpu) {
+    /* the arrays nvCOMP reads, per algorithm, then the descriptors, after the payloads */
+    size_t na[FERRY_NVCOMP_NALG] = {0, 0, 0}, q0[FERRY_NVCOMP_NALG];
+    uint64_t max_out[FERRY_NVCOMP_NALG] = {0, 0, 0}, tot_out[FERRY_NVCOMP_NALG] = {0, 0, 0};
+    for (size_t i = 0; i < gw->it_n; i++) {
+        gd_item *it = &gw->it[i];
+        na[it->alg]++;
+        tot_out[it->alg] += it->out_len;
+        if (it->out_len > max_out[it->alg]) max_out[it->alg] = it->out_len;
+    }
+    size_t nitems = gw->it_n, q = 0;
+    for (int a = 0; a < FERRY_NVCOMP_NALG; a++) { q0[a] = q; q += na[a]; }
+    const uint64_t arr = up(hsize, 64);
+    const uint64_t a_cp = arr + 32 * (uint64_t)nitems, a_un = a_cp + 32 * (uint64_t)gw->cp_n;
+    const uint64_t htotal = a_un + 32 * (uint64_t)gw->un_n;
+    const uint64_t res_size = up(4 * (uint64_t)nitems, 8), res_adler = res_size + 8 * (uint64_t)nitems;
+    const uint64_t res_total = res_adler + 4 * (uint64_t)nitems + 8;
+    int any_gpu = nitems || gw->cp_n || gw->un_n;
+    size_t temp = 0;
+    ferry_nvcomp_opts opts;
+    memset(&opts, 0, sizeof opts);
+    if (any_gpu) {
+        if (htotal > g->hcap) {   /* the arrays did not fit behind the payloads: grow, keeping the chunks */
+            uint8_t *nb = NULL; size_t ncap = 0; int npin = 0;
+            if ((rc = ferry_worker_grow(w, d, &nb, &ncap, &npin, htotal)) < 0) return rc;
+            memcpy(nb, g->h, hsize);
+            uint8_t *ob = g->h; int opin = g->hpinned;
+            g->h = nb; g->hcap = ncap; g->hpinned = npin;
+            if (opin) cu->MemFreeHost(ob); else free(ob);
+        }
+        for (int a = 0; a < FERRY_NVCOMP_NALG; a++) {
+            if (!na[a]) continue;
+            size_t t = 0;
+            ferry_nvcomp_status_t st = nv->alg[a].GetTempSizeAsync(na[a], max_out[a], opts, &t, tot_out[a]);
+            if (st) return ferry_seterr(FERRY_ECUDA, "nvCOMP batched decompress: temp size for %zu chunks: %s", na[a], ferry_nvcomp_errstr(st));
+            if (t > temp) temp = t;   /* the calls run one after another on one stream: one temp serves all */
+        }
         if ((rc = dev_grow(&g->din, &g->din_cap, htotal)) < 0) return rc;
         if ((rc = dev_grow(&g->dres, &g->dres_cap, res_total)) < 0) return rc;
-        if ((rc = ferry_worker_grow(w, d, &g->hres, &g->hres_cap, &g->hres_pinned, res_total)) < 0) return rc;
-        /* four arrays of ngpu entries after the payloads: input pointers, input
-         * sizes, output pointers, output sizes (device addresses, 64-bit) */
-        uint64_t *in_ptrs = (uint64_t *)(g->h + arr), *in_bytes = in_ptrs + ngpu, *out_ptrs = in_bytes + ngpu,
-                 *out_caps = out_ptrs + ngpu;
-        size_t q = 0;
-        for (size_t k = 0; k < n; k++) {
-            if (ch[k].kind != K_GPU) continue;
-            in_ptrs[q] = g->din + ch[k].in_pos;
-            in_bytes[q] = ch[k].in_len;
-            out_ptrs[q] = ch[k].out;
-            out_caps[q] = j->ext[ch[k].ext].decoded_size;
-            q++;
-        }
-        const uint64_t a_in = arr, a_inb = arr + 8 * (uint64_t)ngpu, a_out = arr + 16 * (uint64_t)ngpu, a_cap = arr + 24 * (uint64_t)ngpu;
-        uint64_t hbytes = arr + 32 * (uint64_t)ngpu;
-        size_t temp = 0;
-        ferry_nvcomp_opts opts;
-        memset(&opts, 0, sizeof opts);
-        ferry_nvcomp_status_t st = A->GetTempSizeAsync(ngpu, max_out, opts, &temp, gpu_out);
-        if (st) return ferry_seterr(FERRY_ECUDA, "nvCOMP %sDecompressGetTempSizeAsync: %s", ferry_codec_name(ch[0].ci.codec), ferry_nvcomp_errstr(st));
         if (temp && (rc = dev_grow(&g->dtemp, &g->dtemp_cap, temp)) < 0) return rc;
-        if ((r = cu->MemcpyHtoDAsync(g->din, g->h, hbytes, s)))
+        if ((rc = ferry_worker_grow(w, d, &g->hres, &g->hres_cap, &g->hres_pinned, res_total)) < 0) return rc;
+        /* items: q ordered by algorithm; four arrays of nitems u64 entries */
+        uint64_t *in_ptrs = (uint64_t *)(g->h + arr), *in_bytes = in_ptrs + nitems, *out_ptrs = in_bytes + nitems,
+                 *out_caps = out_ptrs + nitems;
+        size_t next[FERRY_NVCOMP_NALG];
+        memcpy(next, q0, sizeof next);
+        for (size_t i = 0; i < nitems; i++) {
+            gd_item *it = &gw->it[i];
+            it->q = next[it->alg]++;
+            in_ptrs[it->q] = g->din + it->in_pos;
+            in_bytes[it->q] = it->in_len;
+            out_ptrs[it->q] = ch[it->chunk].out + it->out_off;
+            out_caps[it->q] = it->out_len;
+        }
+        uint64_t *cp = (uint64_t *)(g->h + a_cp), *un = (uint64_t *)(g->h + a_un);
+        for (size_t i = 0; i < gw->cp_n; i++) {
+            const gd_desc *dd = &gw->cp[i];
+            uint64_t out = dd->out_scr == -1 ? ch[dd->out].fin : ch[-2 - dd->out_scr].out + dd->out;
+            cp[4 * i] = g->din + dd->in; cp[4 * i + 1] = out; cp[4 * i + 2] = dd->n; cp[4 * i + 3] = 1;
+        }
+        for (size_t i = 0; i < gw->un_n; i++) {
+            const gd_desc *dd = &gw->un[i];
+            un[4 * i] = ch[dd->in_scr].out + dd->in; un[4 * i + 1] = ch[dd->in_scr].fin + dd->out;
+            un[4 * i + 2] = dd->n; un[4 * i + 3] = dd->size;
+        }
+        /* one copy up; copies, one nvCOMP call per algorithm, Adler-32s,
+         * unshuffles, byteswaps; one copy of the results back */
+        if ((r = cu->MemcpyHtoDAsync(g->din, g->h, htotal, s)))
             return ferry_seterr(FERRY_ECUDA, "cuMemcpyHtoDAsync: %s", ferry_cuda_errstr(r));
-        st = A->DecompressAsync((const void *const *)(uintptr_t)(g->din + a_in), (const size_t *)(uintptr_t)(g->din + a_inb),
-                                (const size_t *)(uintptr_t)(g->din + a_cap), (size_t *)(uintptr_t)(g->dres + res_size), ngpu,
-                                temp ? (void *)(uintptr_t)g->dtemp : NULL, temp, (void *const *)(uintptr_t)(g->din + a_out), opts,
-                                (ferry_nvcomp_status_t *)(uintptr_t)(g->dres + res_status), s);
-        if (st) {
-            cu->StreamSynchronize(s);
-            return ferry_seterr(FERRY_ECUDA, "nvCOMP batched %s decompress of %zu chunks: %s", ferry_codec_name(ch[0].ci.codec),
-                                ngpu, ferry_nvcomp_errstr(st));
+        if (gw->cp_n && (rc = ferry_cuda_unshuffle_batch(d, g->din + a_cp, gw->cp_n, s)) < 0) goto fail_sync;
+        for (int a = 0; a < FERRY_NVCOMP_NALG; a++) {
+            if (!na[a]) continue;
+            CUdeviceptr base = g->din + arr;
+            ferry_nvcomp_status_t st = nv->alg[a].DecompressAsync(
+                (const void *const *)(uintptr_t)(base + 8 * q0[a]), (const size_t *)(uintptr_t)(base + 8 * (nitems + q0[a])),
+                (const size_t *)(uintptr_t)(base + 8 * (3 * nitems + q0[a])), (size_t *)(uintptr_t)(g->dres + res_size + 8 * q0[a]),
+                na[a], temp ? (void *)(uintptr_t)g->dtemp : NULL, temp, (void *const *)(uintptr_t)(base + 8 * (2 * nitems + q0[a])),
+                opts, (ferry_nvcomp_status_t *)(uintptr_t)(g->dres + 4 * q0[a]), s);
+            if (st) {
+                rc = ferry_seterr(FERRY_ECUDA, "nvCOMP batched %s decompress of %zu chunks: %s",
+                                  a == FERRY_NVCOMP_ZSTD ? "zstd" : a == FERRY_NVCOMP_LZ4 ? "LZ4" : "Deflate", na[a], ferry_nvcomp_errstr(st));
+                goto fail_sync;
+            }
+            if (a == FERRY_NVCOMP_DEFLATE &&
+                (rc = ferry_cuda_adler32_batch(d, base + 8 * (2 * nitems + q0[a]), base + 8 * (3 * nitems + q0[a]),
+                                               g->dres + res_adler + 4 * q0[a], na[a], s)) < 0)
+                goto fail_sync;
         }
-        if (B->alg == FERRY_NVCOMP_DEFLATE) {
-            rc = ferry_cuda_adler32_batch(d, g->din + a_out, g->din + a_cap, g->dres + res_adler, ngpu, s);
-            if (rc < 0) { cu->StreamSynchronize(s); return rc; }
-        }
+        if (gw->un_n && (rc = ferry_cuda_unshuffle_batch(d, g->din + a_un, gw->un_n, s)) < 0) goto fail_sync;
+        for (size_t k = 0; k < n; k++)
+            if (ch[k].kind == K_GPU && ch[k].ci.swap &&
+                (rc = ferry_cuda_byteswap(d, ch[k].fin, j->ext[ch[k].ext].decoded_size / ch[k].ci.swap, ch[k].ci.swap, s)) < 0)
+                goto fail_sync;
         if ((r = cu->MemcpyDtoHAsync(g->hres, g->dres, res_total, s)) || (r = cu->EventRecord(g->done, s))) {
-            cu->StreamSynchronize(s);
-            return ferry_seterr(FERRY_ECUDA, "cuMemcpyDtoHAsync: %s", ferry_cuda_errstr(r));
+            rc = ferry_seterr(FERRY_ECUDA, "cuMemcpyDtoHAsync: %s", ferry_cuda_errstr(r));
+            goto fail_sync;
         }
     }
 
@@ -568,27 +715,31 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t bi, int *defer
         }
     }
 
-    /* results: statuses, sizes, Adler-32s */
+    /* results: statuses, sizes, Adler-32s of every item */
     uint64_t gpu_bytes = 0, gpu_chunks = 0;
-    if (ngpu) {
+    if (any_gpu) {
         if ((r = cu->EventSynchronize(g->done))) { rc = ferry_seterr(FERRY_ECUDA, "device %d: GPU decode failed: %s", d, ferry_cuda_errstr(r)); goto fail_sync; }
-        const int32_t *sts = (const int32_t *)(g->hres + res_status);
+        const int32_t *sts = (const int32_t *)g->hres;
         const uint64_t *sizes = (const uint64_t *)(g->hres + res_size);
         const uint32_t *adl = (const uint32_t *)(g->hres + res_adler);
-        size_t q = 0;
         for (size_t k = 0; k < n; k++) {
             gd_chunk *c = &ch[k];
             if (c->kind != K_GPU) continue;
             const ferry_extent *e = &j->ext[c->ext];
             const char *why = NULL;
             char buf[96];
-            if (sts[q]) why = ferry_nvcomp_errstr(sts[q]);
-            else if (sizes[q] != e->decoded_size) { snprintf(buf, sizeof buf, "decoded %llu bytes", (unsigned long long)sizes[q]); why = buf; }
-            else if (c->fr.check == FERRY_FRAME_CHECK_ADLER32 && adl[q] != c->fr.check_value) {
-                snprintf(buf, sizeof buf, "Adler-32 %08x, the stream says %08x", adl[q], c->fr.check_value);
-                why = buf;
+            for (size_t i = c->item0; i < c->item0 + c->nitems && !why; i++) {
+                const gd_item *it = &gw->it[i];
+                if (sts[it->q]) why = ferry_nvcomp_errstr(sts[it->q]);
+                else if (sizes[it->q] != it->out_len) {
+                    snprintf(buf, sizeof buf, "decoded %llu bytes where %llu were expected", (unsigned long long)sizes[it->q],
+                             (unsigned long long)it->out_len);
+                    why = buf;
+                } else if (it->alg == FERRY_NVCOMP_DEFLATE && c->fr.check == FERRY_FRAME_CHECK_ADLER32 && adl[it->q] != c->fr.check_value) {
+                    snprintf(buf, sizeof buf, "Adler-32 %08x, the stream says %08x", adl[it->q], c->fr.check_value);
+                    why = buf;
+                }
             }
-            q++;
             if (!why) { gpu_bytes += e->decoded_size; gpu_chunks++; continue; }
             /* nvCOMP could not, or its output fails the check: the CPU decodes
              * it (nvCOMP's limits) or names the corruption */
@@ -598,7 +749,7 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t bi, int *defer
                 chunk_err(rc, e, ext_path(e), &c->ci);
                 goto fail_sync;
             }
-            /* the CPU ran the whole chain: its bytes go where the filters' would */
+            /* the CPU ran the whole chain: its bytes go where the filters' went */
             if ((r = cu->MemcpyHtoDAsync(c->fin, g->hfb, e->decoded_size, s)) || (r = cu->StreamSynchronize(s))) {
                 rc = ferry_seterr(FERRY_ECUDA, "cuMemcpyHtoDAsync: %s", ferry_cuda_errstr(r));
                 goto fail_sync;
@@ -608,23 +759,17 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t bi, int *defer
         }
     }
 
-    /* filters on the GPU, CPU-decoded chunks up, placement into the boxes */
+    /* CPU-decoded chunks up, scratch placed into the boxes */
     for (size_t k = 0; k < n; k++) {
         gd_chunk *c = &ch[k];
         const ferry_extent *e = &j->ext[c->ext];
-        if (c->kind == K_GPU) {
-            if (c->ci.shuffle && (rc = ferry_cuda_unshuffle(d, c->out, c->fin, e->decoded_size, c->ci.shuffle, s)) < 0) goto fail_sync;
-            if (c->ci.swap && (rc = ferry_cuda_byteswap(d, c->fin, e->decoded_size / c->ci.swap, c->ci.swap, s)) < 0) goto fail_sync;
-        } else if (c->kind == K_CPU || c->kind == K_FILL) {
-            if ((r = cu->MemcpyHtoDAsync(c->fin, g->hcpu + c->cpu_pos, e->decoded_size, s))) {
-                rc = ferry_seterr(FERRY_ECUDA, "cuMemcpyHtoDAsync: %s", ferry_cuda_errstr(r));
-                goto fail_sync;
-            }
+        if ((c->kind == K_CPU || c->kind == K_FILL) && (r = cu->MemcpyHtoDAsync(c->fin, g->hcpu + c->cpu_pos, e->decoded_size, s))) {
+            rc = ferry_seterr(FERRY_ECUDA, "cuMemcpyHtoDAsync: %s", ferry_cuda_errstr(r));
+            goto fail_sync;
         }
-        if (c->placed) {
-            CUdeviceptr base = (CUdeviceptr)(uintptr_t)e->dst.ptr + e->dst_offset;
-            if ((rc = place_dev(cu, s, base, c->fin, e->place)) < 0) goto fail_sync;
-        }
+        if (c->placed &&
+            (rc = place_dev(cu, s, (CUdeviceptr)(uintptr_t)e->dst.ptr + e->dst_offset, c->fin, e->place, e->decoded_size)) < 0)
+            goto fail_sync;
     }
     if ((r = cu->EventRecord(g->done, s))) { rc = ferry_seterr(FERRY_ECUDA, "cuEventRecord: %s", ferry_cuda_errstr(r)); goto fail_sync; }
     g->pending = 1;

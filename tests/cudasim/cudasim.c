@@ -19,7 +19,9 @@
  * - The legacy stream (NULL) runs synchronously on the calling thread.
  * - A destroyed event lives on until the queued work naming it has run.
  * - The kernels of src/cuda/kernels.cu run by name, on the CPU: byteswaps,
- *   ferry_adler32_batch and ferry_unshuffle (their device arguments checked).
+ *   ferry_adler32_batch and ferry_unshuffle_batch (their device arguments
+ *   checked; a descriptor naming memory outside a device allocation is
+ *   counted as "bad_kernel_args", where a real GPU would fault).
  * - cuLaunchHostFunc runs a host function on the stream's thread in order:
  *   the stand-in nvCOMP (nvcompsim.c) queues its decoding that way.
  *
@@ -95,6 +97,8 @@ static pthread_cond_t ev_cv_ = PTHREAD_COND_INITIALIZER;
 static __thread CUcontext cur_;
 static long delay_us_ = 100;
 static atomic_long count_retains_[MAXDEV], count_pinned_[MAXDEV], count_cross_[MAXDEV];
+static atomic_long count_bad_kernel_;
+int cudasim_is_device(CUdeviceptr p, size_t n);
 
 /* ---- what tests can ask ------------------------------------------------ */
 long cudasim_count(const char *what, int dev) {
@@ -103,6 +107,7 @@ long cudasim_count(const char *what, int dev) {
     if (!strcmp(what, "pinned_allocs")) return atomic_load(&count_pinned_[dev]);
     /* copies issued under device dev's context into another device's memory */
     if (!strcmp(what, "cross_device_copies")) return atomic_load(&count_cross_[dev]);
+    if (!strcmp(what, "bad_kernel_args")) return atomic_load(&count_bad_kernel_);
     return -1;
 }
 
@@ -190,9 +195,19 @@ static void run_op(op *o) {
             for (unsigned long long k = 0; k < sizes[c]; k++) { a = (a + ptrs[c][k]) % 65521u; b = (b + a) % 65521u; }
             o->out[c] = (b << 16) | a;
         }
-    } else if (o->kind == OP_UNSHUFFLE) {
-        size_t nel = o->n / o->size, body = nel * o->size;
-        for (size_t i = 0; i < o->n; i++) o->dst[i] = i < body ? o->src[(i % o->size) * nel + i / o->size] : o->src[i];
+    } else if (o->kind == OP_UNSHUFFLE) {   /* descriptors (in, out, n, size), read when it runs */
+        const unsigned long long *desc = (const unsigned long long *)o->src;
+        for (size_t d = 0; d < o->n; d++) {
+            const uint8_t *in = (const uint8_t *)(uintptr_t)desc[4 * d];
+            uint8_t *out = (uint8_t *)(uintptr_t)desc[4 * d + 1];
+            size_t n = desc[4 * d + 2], size = desc[4 * d + 3];
+            if (!size || !cudasim_is_device((CUdeviceptr)(uintptr_t)in, n) || !cudasim_is_device((CUdeviceptr)(uintptr_t)out, n)) {
+                atomic_fetch_add(&count_bad_kernel_, 1);   /* a real GPU would fault */
+                continue;
+            }
+            size_t nel = n / size, body = nel * size;
+            for (size_t i = 0; i < n; i++) out[i] = i < body ? in[(i % size) * nel + i / size] : in[i];
+        }
     } else if (o->kind == OP_RECORD) {
         pthread_mutex_lock(&ev_mu_);
         if (o->gen > o->ev->completed) o->ev->completed = o->gen;
@@ -586,7 +601,7 @@ CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
     else if (!strcmp(name, "ferry_bswap8")) *f = &swaps[3];
     else if (!strcmp(name, "ferry_bswap16")) *f = &swaps[4];
     else if (!strcmp(name, "ferry_adler32_batch")) { static struct CUfunc_st k = {0, K_ADLER}; *f = &k; }
-    else if (!strcmp(name, "ferry_unshuffle")) { static struct CUfunc_st k = {0, K_UNSHUFFLE}; *f = &k; }
+    else if (!strcmp(name, "ferry_unshuffle_batch")) { static struct CUfunc_st k = {0, K_UNSHUFFLE}; *f = &k; }
     else return E_NOT_FOUND;
     return OK;
 }
@@ -610,17 +625,13 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
         submit(s, o);
         return OK;
     }
-    if (f->kind == K_UNSHUFFLE) {   /* (in, out, n, size) */
-        CUdeviceptr in = *(CUdeviceptr *)args[0], out = *(CUdeviceptr *)args[1];
-        unsigned long long n = *(unsigned long long *)args[2];
-        unsigned size = *(unsigned *)args[3];
-        if (!size) return E_INVALID_VALUE;
-        if (n && ((rc = device_range(in, n)) || (rc = device_range(out, n)))) return rc;
+    if (f->kind == K_UNSHUFFLE) {   /* (desc, count) */
+        CUdeviceptr desc = *(CUdeviceptr *)args[0];
+        unsigned long long n = *(unsigned long long *)args[1];
+        if (n && (rc = device_range(desc, n * 32))) return rc;
         op *o = new_op(OP_UNSHUFFLE);
-        o->src = (const uint8_t *)(uintptr_t)in;
-        o->dst = (uint8_t *)(uintptr_t)out;
+        o->src = (const uint8_t *)(uintptr_t)desc;
         o->n = n;
-        o->size = size;
         submit(s, o);
         return OK;
     }

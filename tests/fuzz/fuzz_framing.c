@@ -12,6 +12,23 @@
 
 static int fuzz_framing(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
+    if ((data[0] & 7) >= 4) {   /* blosc: every stream inside the frame and inside the decoded chunk */
+        static ferry_blosc_stream st[4096];
+        ferry_blosc_frame bf;
+        uint64_t want = size >= 9 ? ferry_le32(data + 5) : 0;
+        ferry_clearerr();
+        int rc = ferry_frame_blosc(data + 1, size - 1, want, &bf, st, 4096);
+        if (rc < 0) {
+            if (!ferry_lasterr()[0] || (rc != FERRY_ECODEC && rc != FERRY_EUNSUPPORTED)) abort();
+            return 0;
+        }
+        if (bf.nbytes != want || bf.nstreams > 4096) abort();
+        for (size_t i = 0; i < bf.nstreams; i++) {
+            if (st[i].src_off > size - 1 || st[i].src_len > size - 1 - st[i].src_off) abort();
+            if (st[i].dst_off > bf.nbytes || st[i].dst_len > bf.nbytes - st[i].dst_off) abort();
+        }
+        return 0;
+    }
     static const uint32_t ids[4] = {FERRY_CODEC_ZSTD, FERRY_CODEC_ZLIB, FERRY_CODEC_GZIP, FERRY_CODEC_LZ4};
     uint32_t id = ids[data[0] & 3];
     const uint8_t *p = data + 1;

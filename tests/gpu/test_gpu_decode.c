@@ -44,6 +44,7 @@ static void shuffle(const uint8_t *in, uint8_t *out, size_t n, size_t es) {
     for (size_t i = 0; i < nel; i++) for (size_t b = 0; b < es; b++) out[b * nel + i] = in[i * es + b];
     memcpy(out + nel * es, in + nel * es, n - nel * es);
 }
+static void put_le32_(uint8_t *p, uint32_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); p[2] = (uint8_t)(v >> 16); p[3] = (uint8_t)(v >> 24); }
 static void put_le32(uint8_t *p, uint32_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); p[2] = (uint8_t)(v >> 16); p[3] = (uint8_t)(v >> 24); }
 
 static int write_file(const char *path, const uint8_t *p, size_t n) {
@@ -60,7 +61,33 @@ static ferry_stats stats_(void) { ferry_stats s; ferry_stats_get(ctx_, &s); retu
  * encoded by `codec` and stored as its own file (Zarr-like: edge chunks stored
  * full size, chunk (1,1) missing when `hole`), read into device memory with
  * each chunk a tile; checked against the source. */
-enum { C_ZSTD, C_ZLIB_SHUF, C_LZ4, C_ZSTD_CRC, C_ZSTD_BE };
+/* A blosc v1 frame as c-blosc writes it (blosc.c has the layout): LZ4 inner
+ * codec, byte shuffle of each block, one stream per byte plane (split), a
+ * split LZ4 cannot shrink stored raw. */
+static size_t blosc_enc(const uint8_t *in, size_t n, uint8_t *out, size_t cap, size_t ts, size_t blocksize) {
+    size_t nblocks = (n + blocksize - 1) / blocksize, pos = 16 + 4 * nblocks;
+    uint8_t *tmp = malloc(blocksize);
+    out[0] = 2; out[1] = 1; out[2] = 0x01 | (1 << 5); out[3] = (uint8_t)ts;
+    put_le32_(out + 4, (uint32_t)n); put_le32_(out + 8, (uint32_t)blocksize);
+    for (size_t b = 0; b < nblocks; b++) {
+        size_t bsize = b == nblocks - 1 ? n - b * blocksize : blocksize;
+        int last_short = bsize != blocksize;
+        shuffle(in + b * blocksize, tmp, bsize, ts);
+        put_le32_(out + 16 + 4 * b, (uint32_t)pos);
+        size_t nsplits = !last_short && bsize % ts == 0 ? ts : 1, ne = bsize / nsplits;
+        for (size_t k = 0; k < nsplits; k++) {
+            int c = LZ4_compress_default((const char *)tmp + k * ne, (char *)out + pos + 4, (int)ne, (int)(cap - pos - 4));
+            if (c <= 0 || (size_t)c >= ne) { memcpy(out + pos + 4, tmp + k * ne, ne); c = (int)ne; }
+            put_le32_(out + pos, (uint32_t)c);
+            pos += 4 + (size_t)c;
+        }
+    }
+    put_le32_(out + 12, (uint32_t)pos);
+    free(tmp);
+    return pos;
+}
+
+enum { C_ZSTD, C_ZLIB_SHUF, C_LZ4, C_ZSTD_CRC, C_ZSTD_BE, C_BLOSC };
 static void grid_case(int codec, uint64_t R, uint64_t C, uint64_t r, uint64_t c, int hole, const char *decode) {
     const size_t es = 4, chunk_bytes = r * c * es;
     uint64_t gr = (R + r - 1) / r, gc = (C + c - 1) / c;
@@ -104,6 +131,13 @@ static void grid_case(int codec, uint64_t R, uint64_t C, uint64_t r, uint64_t c,
                 e.codecs[0] = (ferry_codec){FERRY_CODEC_ZLIB, 0}; e.codecs[1] = (ferry_codec){FERRY_CODEC_SHUFFLE, 4}; e.ncodecs = 2;
                 break;
             case C_LZ4: n = lz4_enc(raw, chunk_bytes, enc, cap); e.codecs[0] = (ferry_codec){FERRY_CODEC_LZ4, 0}; e.ncodecs = 1; break;
+            case C_BLOSC:   /* noise in the low bytes: their planes stay raw */
+                for (size_t q = 0; q < chunk_bytes; q += 4) raw[q] ^= (uint8_t)(q * 2654435761u >> 24);
+                if (!(hole && i == 1 && k == 1))
+                    for (uint64_t y = 0; y < rows; y++) memcpy(src + ((i * r + y) * C + k * c) * es, raw + y * c * es, cols * es);
+                n = blosc_enc(raw, chunk_bytes, enc, cap, es, chunk_bytes > 1024 ? 512 : chunk_bytes);
+                e.codecs[0] = (ferry_codec){FERRY_CODEC_BLOSC, 0}; e.ncodecs = 1;
+                break;
             }
             CHECK(n > 0);
             if (!(hole && i == 1 && k == 1)) CHECK_EQ_I(write_file(path, enc, n), 0);
@@ -166,7 +200,7 @@ static void test_zstd_contiguous(void) {
 }
 
 static void test_every_codec_gpu_equals_cpu(void) {
-    static const int codecs[] = {C_ZSTD, C_ZLIB_SHUF, C_LZ4, C_ZSTD_CRC, C_ZSTD_BE};
+    static const int codecs[] = {C_ZSTD, C_ZLIB_SHUF, C_LZ4, C_ZSTD_CRC, C_ZSTD_BE, C_BLOSC};
     for (size_t i = 0; i < sizeof codecs / sizeof *codecs; i++) {
         ferry_stats_reset(ctx_);
         grid_case(codecs[i], 33, 47, 8, 16, 1, "gpu");
