@@ -659,13 +659,14 @@ class FerryStore(AbstractDataStore):
     """A file or store opened for xarray; reads go through one ferry Context."""
 
     def __init__(self, filename: str, *, group: str | None = None, device: Any = "cpu", threads: int = 0,
-                 path: str | None = None, mask_and_scale: bool = True, decode_times: Any = True,
+                 path: str | None = None, decode: str | None = None, mask_and_scale: bool = True, decode_times: Any = True,
                  decode_timedelta: Any = None, ctx=None):
         self.filename = os.fspath(filename)
         self.group = group
         self.device = ferry.parse_device(device)
         self.threads = int(threads or 0)
         self.path_policy = path
+        self.decode = decode   # where compressed chunks decode: None/"auto", "gpu" (nvCOMP), "cpu"
         self.ctx = ctx or ferry.default_context()
         if self.device >= 0 and ferry._cupy() is None:
             raise ImportError(f"engine='ferry' with device={device!r} returns cupy arrays: install cupy "
@@ -847,7 +848,7 @@ class FerryStore(AbstractDataStore):
 
     def run(self, plan):
         if len(plan):
-            self.ctx.run(plan, path=self.path_policy, threads=self.threads)
+            self.ctx.run(plan, path=self.path_policy, threads=self.threads, decode=self.decode)
 
     def read(self, s: _VarSpec, key: tuple):
         ck = (s.name, _norm_key(key))
@@ -977,7 +978,7 @@ class FerryBackendEntrypoint(BackendEntrypoint):
     url = "https://github.com/ferry-io/ferry"
     open_dataset_parameters = ("filename_or_obj", "mask_and_scale", "decode_times", "concat_characters",
                                "decode_coords", "drop_variables", "use_cftime", "decode_timedelta", "group",
-                               "device", "threads", "path")
+                               "device", "threads", "path", "decode")
 
     def guess_can_open(self, filename_or_obj) -> bool:
         return False   # opt-in only: never take files from xarray's own engines
@@ -985,14 +986,14 @@ class FerryBackendEntrypoint(BackendEntrypoint):
     def open_dataset(self, filename_or_obj, *, mask_and_scale=True, decode_times=True, concat_characters=True,
                      decode_coords=True, drop_variables: str | Iterable[str] | None = None, use_cftime=None,
                      decode_timedelta=None, group: str | None = None, device: Any = "cpu", threads: int = 0,
-                     path: str | None = None):
+                     path: str | None = None, decode: str | None = None):
         if isinstance(filename_or_obj, FerryStore):
             store = filename_or_obj
         else:
             if not isinstance(filename_or_obj, (str, os.PathLike)):
                 raise TypeError("engine='ferry' opens paths (str or os.PathLike)")
             store = FerryStore(os.fspath(filename_or_obj), group=group, device=device, threads=threads,
-                               path=path, mask_and_scale=mask_and_scale, decode_times=decode_times,
+                               path=path, decode=decode, mask_and_scale=mask_and_scale, decode_times=decode_times,
                                decode_timedelta=decode_timedelta)
         ds = StoreBackendEntrypoint().open_dataset(
             store, mask_and_scale=mask_and_scale, decode_times=decode_times, concat_characters=concat_characters,
