@@ -36,13 +36,16 @@ exact parameters xarray's coders choose (same dtypes, same operations).
 from __future__ import annotations
 
 import base64
+import collections
 import itertools
 import json
 import logging
 import os
+import pickle
 import struct
 import sys
 import threading
+import weakref
 from typing import Any, Iterable
 
 import numpy as np
@@ -784,38 +787,203 @@ def _c_scan(path: str, fmt: str, group: str | None, ctx):
 
 
 # ---------------------------------------------------------------------------
+# file identity, reopening (pickle, fork, close)
+# ---------------------------------------------------------------------------
+def _file_identity(path) -> tuple:
+    """What says "the same file, unchanged": device, inode, size, mtime (ns)."""
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _h5_identity(h5file, path) -> tuple:
+    """Identity of the file h5py holds open, checked against what `path` names now:
+    the engine reads chunk bytes by path, so both must be one file."""
+    try:
+        st = os.fstat(int(h5file.id.get_vfd_handle()))
+        held = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    except Exception:  # noqa: BLE001 — a driver without a descriptor: the path's stat
+        held = _file_identity(path)
+    if _file_identity(path) != held:
+        h5file.close()
+        raise ferry.FerryError(_ferry.EIO, f"{path}: the file was replaced while it was being opened")
+    return held
+
+
+def _describe_ident(ident) -> str:
+    if ident is None:
+        return "a store"
+    return f"inode {ident[1]}, {ident[2]} bytes, mtime {ident[3] / 1e9:.6f}"
+
+
+_reopen_mutex = threading.Lock()
+
+
+def _reopen_lock():
+    return _reopen_mutex
+
+
+def _new_reopen_lock_in_child():
+    # a lock held by another thread at fork() would stay held forever in the child
+    global _reopen_mutex
+    _reopen_mutex = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_reopen_lock_in_child)
+
+# Stores reopened from pickles, per process: a dask worker unpickles the same
+# store for many tasks, and should parse the file once (CachingFileManager's
+# cache does the same for xarray's engines). Weak, plus a few strong references
+# so that a store survives between two tasks.
+_STORES: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
+_RECENT: collections.deque = collections.deque(maxlen=32)
+
+
+def _store_key(args, expect):
+    try:
+        return pickle.dumps((args, expect), protocol=4)
+    except Exception:  # noqa: BLE001 — unpicklable decoder objects: no sharing
+        return None
+
+
+def _remember_store(args, expect, store):
+    key = _store_key(args, expect)
+    if key is not None:
+        with _reopen_lock():
+            _STORES.setdefault(key, store)
+
+
+def _reopen_store(args, expect):
+    """Unpickling a FerryStore: the store of this process for these arguments, or a
+    new one opened by path and checked against what the pickling process saw."""
+    key = _store_key(args, expect)
+    with _reopen_lock():
+        s = _STORES.get(key) if key is not None else None
+    if s is not None:
+        return s
+    filename, group, device, threads, path = args[:5]
+    mask_and_scale, decode_times, decode_timedelta = args[5:]
+    s = FerryStore(filename, group=group, device=device, threads=threads, path=path,
+                   mask_and_scale=mask_and_scale, decode_times=decode_times, decode_timedelta=decode_timedelta,
+                   _expect=expect)
+    with _reopen_lock():
+        if key is not None:
+            s = _STORES.setdefault(key, s)
+        _RECENT.append(s)
+    return s
+
+
+# ---------------------------------------------------------------------------
 # the store
 # ---------------------------------------------------------------------------
 class FerryStore(AbstractDataStore):
-    """A file or store opened for xarray; reads go through one ferry Context."""
+    """A file or store opened for xarray; reads go through one ferry Context.
+
+    Like xarray's CachingFileManager, a store is a recipe as much as a handle:
+    it pickles as its open arguments plus what it found (the file's identity
+    and every variable's shape and dtype), reopens by path in a new process
+    (or after ``close()``, or in a forked child, whose inherited context and
+    HDF5 handles belong to the parent) with that process's default context,
+    and refuses with FerryError when the file it finds is not the one it
+    parsed (replaced, or changed in place)."""
 
     def __init__(self, filename: str, *, group: str | None = None, device: Any = "cpu", threads: int = 0,
                  path: str | None = None, mask_and_scale: bool = True, decode_times: Any = True,
-                 decode_timedelta: Any = None, ctx=None):
+                 decode_timedelta: Any = None, ctx=None, _expect=None):
         self.filename = os.fspath(filename)
         self.group = group
         self.device = ferry.parse_device(device)
         self.threads = int(threads or 0)
         self.path_policy = path
-        self.ctx = ctx or ferry.default_context()
+        self._ctx = ctx          # None: the default context of whichever process reads
+        self._decoding = (mask_and_scale, decode_times, decode_timedelta)
         if self.device >= 0 and ferry._cupy() is None:
             raise ImportError(f"engine='ferry' with device={device!r} returns cupy arrays: install cupy "
                               "(or use device='cpu')")
-        self.format = _format_of(self.filename)
-        self._lock = threading.Lock()
-        self._cache: dict = {}
+        self._closed = False
         self._h5 = None
         self._cds = None
+        self._open(_expect)
+
+    @property
+    def ctx(self):
+        return self._ctx if self._ctx is not None else ferry.default_context()
+
+    def _open(self, expect=None):
+        """Parse the file (again): specs, attributes, dimensions and its identity."""
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._cache: dict = {}
+        self.format = _format_of(self.filename)
         if self.format == "hdf5":
-            specs, gattrs, dims, unlimited, self._h5 = _h5_scan(self.filename, group)
+            specs, gattrs, dims, unlimited, self._h5 = _h5_scan(self.filename, self.group)
+            self._ident = _h5_identity(self._h5, self.filename)
         else:
-            specs, gattrs, dims, unlimited, self._cds = _c_scan(self.filename, self.format, group, self.ctx)
+            before = _file_identity(self.filename) if self.format != "zarr" else None
+            specs, gattrs, dims, unlimited, self._cds = _c_scan(self.filename, self.format, self.group, self.ctx)
             self.format = self._cds.format
+            self._ident = before
+            if before is not None and _file_identity(self.filename) != before:
+                raise ferry.FerryError(_ferry.EIO, f"{self.filename}: the file changed while it was being opened")
         self.specs = {s.name: s for s in specs}
         self.attrs = gattrs
         self.dims = dims
         self.unlimited = unlimited
-        self._assign_devices(mask_and_scale, decode_times, decode_timedelta)
+        self._assign_devices(*self._decoding)
+        if expect is not None:
+            ident, summary = expect
+            if ident != self._ident or summary != self._summary():
+                self.close()
+                raise ferry.FerryError(_ferry.EIO, f"{self.filename}: the file changed since it was opened "
+                                       f"(found {_describe_ident(self._ident)}, expected {_describe_ident(ident)}"
+                                       f"{'' if summary == self._summary() else ', other variables'}): "
+                                       "open it again")
+
+    def _summary(self) -> tuple:
+        return tuple(sorted((s.name, s.shape, s.dtype.str, s.out_dtype.str, s.device) for s in self.specs.values()))
+
+    def _live(self):
+        """Make this store usable in the calling process: reopen after fork(),
+        unpickling elsewhere or close()."""
+        if self._pid == os.getpid() and not self._closed:
+            return
+        with _reopen_lock():
+            if self._pid == os.getpid() and not self._closed:
+                return
+            expect = (self._ident, self._summary())
+            if self._pid != os.getpid():
+                # the parent's handles: leave them to the parent (closing an inherited
+                # HDF5 file or C dataset here would act on the parent's state)
+                self._h5 = None
+                self._cds = None
+            else:
+                self.close()
+            self._closed = False
+            self._open(expect)
+
+    def spec(self, name) -> _VarSpec:
+        self._live()
+        return self.specs[name]
+
+    def _check_unchanged(self):
+        """The file at our path is still the one whose metadata we parsed."""
+        if self._ident is None:
+            return
+        try:
+            now = _file_identity(self.filename)
+        except OSError as e:
+            raise ferry.FerryError(_ferry.EIO, f"{self.filename}: the file is gone since it was opened ({e})") \
+                from None
+        if now != self._ident:
+            raise ferry.FerryError(_ferry.EIO, f"{self.filename}: the file changed since it was opened "
+                                   f"(found {_describe_ident(now)}, expected {_describe_ident(self._ident)}): "
+                                   "open it again")
+
+    def __reduce__(self):
+        args = (self.filename, self.group, self.device, self.threads, self.path_policy) + tuple(self._decoding)
+        expect = (self._ident, self._summary())
+        _remember_store(args, expect, self)
+        return (_reopen_store, (args, expect))
 
     # -- which variables go to the GPU ---------------------------------------
     def _assign_devices(self, mask_and_scale, decode_times, decode_timedelta):
@@ -869,6 +1037,7 @@ class FerryStore(AbstractDataStore):
 
     # -- AbstractDataStore ---------------------------------------------------
     def get_variables(self):
+        self._live()
         out = {}
         for name, s in self.specs.items():
             arr = FerryBackendArray(self, s)
@@ -886,6 +1055,11 @@ class FerryStore(AbstractDataStore):
         return {"unlimited_dims": set(self.unlimited)} if self.unlimited else {}
 
     def close(self):
+        """Close the file; a later read reopens it (as xarray's own engines do)."""
+        self._closed = True
+        if self._pid != os.getpid():     # a forked child: the handles are the parent's
+            self._h5 = self._cds = None
+            return
         if self._h5 is not None:
             try:
                 self._h5.close()
@@ -978,9 +1152,14 @@ class FerryStore(AbstractDataStore):
 
     def run(self, plan):
         if len(plan):
+            # before and after: a replace or an in-place write of the file in between
+            # would pair this metadata with other bytes; the reader sees an error instead
+            self._check_unchanged()
             self.ctx.run(plan, path=self.path_policy, threads=self.threads)
+            self._check_unchanged()
 
-    def read(self, s: _VarSpec, key: tuple):
+    def read(self, name, key: tuple):
+        s = self.spec(name)
         ck = (s.name, _norm_key(key))
         with self._lock:
             hit = self._cache.pop(ck, None)
@@ -997,9 +1176,10 @@ class FerryStore(AbstractDataStore):
         return fin()
 
     def read_many(self, requests: list) -> list:
-        """[(spec, key)] -> arrays, with ONE plan."""
+        """[(variable name, key)] -> arrays, with ONE plan."""
+        self._live()
         plan = ferry.Plan()
-        fins = [self._add(plan, s, k) for s, k in requests]
+        fins = [self._add(plan, self.specs[n], k) for n, k in requests]
         self.run(plan)
         return [f() for f in fins]
 
@@ -1021,11 +1201,11 @@ class FerryStore(AbstractDataStore):
                 bk, _ = indexing.decompose_indexer(lkey, arr.shape, indexing.IndexingSupport.OUTER)
             except Exception:  # noqa: BLE001 — anything unusual: read it on its own later
                 continue
-            ck = (arr.spec.name, _norm_key(bk.tuple))
+            ck = (arr.name, _norm_key(bk.tuple))
             if ck in seen:
                 continue
             seen.add(ck)
-            reqs.append((arr.spec, bk.tuple, ck))
+            reqs.append((arr.name, bk.tuple, ck))
         if len(reqs) < 2:
             return
         results = self.read_many([(sp, k) for sp, k, _ in reqs])
@@ -1082,15 +1262,19 @@ class FerryBackendArray(BackendArray):
 
     def __init__(self, store: FerryStore, spec: _VarSpec):
         self.store = store
-        self.spec = spec
+        self.name = spec.name     # not the spec: the store may reopen (fork, pickle) and parse anew
         self.shape = spec.shape
         self.dtype = spec.out_dtype
+
+    @property
+    def spec(self) -> _VarSpec:
+        return self.store.spec(self.name)
 
     def __getitem__(self, key: indexing.ExplicitIndexer):
         return indexing.explicit_indexing_adapter(key, self.shape, indexing.IndexingSupport.OUTER, self._raw)
 
     def _raw(self, key: tuple):
-        return self.store.read(self.spec, key)
+        return self.store.read(self.name, key)
 
     def get_duck_array(self):
         return self[indexing.BasicIndexer((slice(None),) * len(self.shape))]
