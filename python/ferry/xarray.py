@@ -257,8 +257,8 @@ def _h5_attrs(obj) -> dict:
             continue
         try:
             v = obj.attrs[k]
-        except (OSError, TypeError):
-            continue
+        except Exception as e:  # noqa: BLE001 — netCDF4 and h5netcdf refuse it too
+            raise _h5_error(obj.file.filename, f"{obj.name}: attribute {k!r}", e) from None
         v = _h5_attr_value(v)
         if v is None:
             continue
@@ -494,11 +494,66 @@ def _h5_dims(dset, dimid_names: dict) -> tuple | None:
     return None
 
 
-def _h5_scan(path: str, group: str | None):
-    """(specs, attrs, dims, unlimited, h5file) of an HDF5 / netCDF-4 group."""
+def _h5_error(path: str, what: str, e: BaseException) -> ferry.FerryError:
+    """h5py's exception (damaged or truncated file) as FerryError naming the file and the object."""
+    msg = str(e) or type(e).__name__
+    return ferry.FerryError(_ferry.EFORMAT, f"{path}: {what}: {msg}")
+
+
+def _h5_member(grp, k: str, path: str):
+    """grp[k], or FerryError naming the object: h5py's Group.items() yields None
+    for a member it cannot open, which would drop the variable without a word."""
+    try:
+        obj = grp[k]
+    except Exception as e:  # noqa: BLE001
+        raise _h5_error(path, f"cannot open object {grp.name.rstrip('/')}/{k}", e) from None
+    if obj is None:
+        raise ferry.FerryError(_ferry.EFORMAT, f"{path}: cannot open object {grp.name.rstrip('/')}/{k}")
+    return obj
+
+
+def _h5_open(path: str):
     import h5py
-    f = h5py.File(path, "r")
-    g = f[group] if group not in (None, "", "/") else f
+    try:
+        return h5py.File(path, "r")
+    except Exception as e:  # noqa: BLE001 — truncated, damaged, not HDF5 after all
+        raise _h5_error(path, "cannot open as HDF5/netCDF-4", e) from None
+
+
+def _h5_scan(path: str, group: str | None):
+    """(specs, attrs, dims, unlimited, h5file) of an HDF5 / netCDF-4 group. Any
+    object or attribute h5py cannot read is a FerryError naming it (netCDF4 and
+    h5netcdf refuse such files too): a variable is never silently dropped."""
+    f = _h5_open(path)
+    try:
+        return _h5_scan_open(f, path, group)
+    except ferry.FerryError:
+        f.close()
+        raise
+    except Exception as e:  # noqa: BLE001
+        f.close()
+        raise _h5_error(path, "damaged HDF5 metadata", e) from None
+
+
+def _h5_scan_open(f, path: str, group: str | None):
+    import h5py
+    # Every object header of the file, as netCDF4 reads them all at open: a damaged
+    # group elsewhere in the file makes netCDF4 refuse the file, so ferry does too.
+    try:
+        f.visit(lambda name: None)
+    except Exception as e:  # noqa: BLE001
+        raise _h5_error(path, "damaged HDF5 metadata", e) from None
+    g = f
+    if group not in (None, "", "/"):
+        node = f
+        for part in group.strip("/").split("/"):
+            if part not in node:
+                raise ferry.FerryError(_ferry.ENOTFOUND, f"{path}: no group {group!r} "
+                                       f"({node.name!r} has {sorted(node.keys())!r})")
+            node = _h5_member(node, part, path)
+            if not isinstance(node, h5py.Group):
+                raise ferry.FerryError(_ferry.ENOTFOUND, f"{path}: {group!r} is not a group")
+        g = node
     # dimension ids of every dimension scale visible from this group
     dimid_names = {}
     dims, unlimited = {}, set()
@@ -509,8 +564,12 @@ def _h5_scan(path: str, group: str | None):
         if node.name == "/":
             break
         node = node.parent
+    members = {}
     for grp in reversed(chain):
-        for k, obj in grp.items():
+        for k in grp.keys():
+            obj = _h5_member(grp, k, path)
+            if grp is g:
+                members[k] = obj
             if isinstance(obj, h5py.Dataset) and obj.attrs.get("CLASS", b"") == b"DIMENSION_SCALE":
                 name = k[len(_NON_COORD):] if k.startswith(_NON_COORD) else k
                 if "_Netcdf4Dimid" in obj.attrs:
@@ -521,50 +580,55 @@ def _h5_scan(path: str, group: str | None):
                         unlimited.add(name)
     specs = []
     phony = 0
-    for k, obj in g.items():
+    for k, obj in members.items():
         if not isinstance(obj, h5py.Dataset):
             continue
-        nm = obj.attrs.get("NAME", b"")
-        if isinstance(nm, bytes) and nm.startswith(_NC_DIM_ONLY):
-            continue
-        name = k[len(_NON_COORD):] if k.startswith(_NON_COORD) else k
-        vd = _h5_dims(obj, dimid_names)
-        if vd is None:
-            vd = tuple(f"phony_dim_{phony + i}" for i in range(obj.ndim))
-            phony += obj.ndim
-        for d, n in zip(vd, obj.shape):
-            dims.setdefault(d, int(n))
-        attrs = _h5_attrs(obj)
-        stored = obj.dtype
-        encoding = {"source": path, "original_shape": tuple(obj.shape)}
-        vlen = h5py.check_dtype(vlen=stored)
-        if vlen is str or vlen is bytes or stored.kind == "O":
-            dtype = np.dtype(object)
-            src, kind, why = obj, "h5py", "variable-length strings"
-            encoding["dtype"] = str if vlen is str else stored
-        else:
-            dtype = _native(stored)
-            encoding["dtype"] = stored
-            s = _H5Source(path, obj, dtype)
-            if s.supported:
-                src, kind, why = s, "h5", ""
+        try:
+            nm = obj.attrs.get("NAME", b"")
+            if isinstance(nm, bytes) and nm.startswith(_NC_DIM_ONLY):
+                continue
+            name = k[len(_NON_COORD):] if k.startswith(_NON_COORD) else k
+            vd = _h5_dims(obj, dimid_names)
+            if vd is None:
+                vd = tuple(f"phony_dim_{phony + i}" for i in range(obj.ndim))
+                phony += obj.ndim
+            for d, n in zip(vd, obj.shape):
+                dims.setdefault(d, int(n))
+            attrs = _h5_attrs(obj)
+            stored = obj.dtype
+            encoding = {"source": path, "original_shape": tuple(obj.shape)}
+            vlen = h5py.check_dtype(vlen=stored)
+            if vlen is str or vlen is bytes or stored.kind == "O":
+                dtype = np.dtype(object)
+                src, kind, why = obj, "h5py", "variable-length strings"
+                encoding["dtype"] = str if vlen is str else stored
             else:
-                src, kind, why = obj, "h5py", s.why
-        if obj.chunks:
-            encoding["chunksizes"] = tuple(obj.chunks)
-            encoding["contiguous"] = False
-            if obj.compression == "gzip":
-                encoding["zlib"] = True
-                encoding["complevel"] = obj.compression_opts
-            encoding["shuffle"] = bool(obj.shuffle)
-            encoding["fletcher32"] = bool(obj.fletcher32)
-        else:
-            encoding["contiguous"] = True
-            encoding["chunksizes"] = None
-        encoding["ferry_reader"] = "engine" if kind == "h5" else "h5py"
-        if kind == "h5py":
-            log.info("%s: variable %s is read by h5py on the CPU (%s)", path, name, why)
-        specs.append(_VarSpec(name, vd, obj.shape, dtype, attrs, encoding, kind, src))
+                dtype = _native(stored)
+                encoding["dtype"] = stored
+                s = _H5Source(path, obj, dtype)
+                if s.supported:
+                    src, kind, why = s, "h5", ""
+                else:
+                    src, kind, why = obj, "h5py", s.why
+            if obj.chunks:
+                encoding["chunksizes"] = tuple(obj.chunks)
+                encoding["contiguous"] = False
+                if obj.compression == "gzip":
+                    encoding["zlib"] = True
+                    encoding["complevel"] = obj.compression_opts
+                encoding["shuffle"] = bool(obj.shuffle)
+                encoding["fletcher32"] = bool(obj.fletcher32)
+            else:
+                encoding["contiguous"] = True
+                encoding["chunksizes"] = None
+            encoding["ferry_reader"] = "engine" if kind == "h5" else "h5py"
+            if kind == "h5py":
+                log.info("%s: variable %s is read by h5py on the CPU (%s)", path, name, why)
+            specs.append(_VarSpec(name, vd, obj.shape, dtype, attrs, encoding, kind, src))
+        except ferry.FerryError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise _h5_error(path, f"variable {obj.name}", e) from None
     gattrs = _h5_attrs(g)
     return specs, gattrs, dims, unlimited, f
 
@@ -572,11 +636,14 @@ def _h5_scan(path: str, group: str | None):
 def _h5_groups(path: str) -> list:
     import h5py
     out = []
-    with h5py.File(path, "r") as f:
+    with _h5_open(path) as f:
         def visit(name, obj):
             if isinstance(obj, h5py.Group):
                 out.append("/" + name)
-        f.visititems(visit)
+        try:
+            f.visititems(visit)
+        except Exception as e:  # noqa: BLE001
+            raise _h5_error(path, "damaged HDF5 metadata", e) from None
     return ["/"] + out
 
 
@@ -1093,7 +1160,12 @@ class FerryStore(AbstractDataStore):
             if s.kind == "ferry":
                 plan.read(s.source, s.name, out, triples if s.shape else None, True)
             else:
-                s.source.add_to_plan(plan, triples, out, s.name)
+                try:
+                    s.source.add_to_plan(plan, triples, out, s.name)
+                except (ferry.FerryError, MemoryError):
+                    raise
+                except Exception as e:  # noqa: BLE001 — h5py reading a damaged chunk index
+                    raise _h5_error(self.filename, f"variable {s.name}: chunk index", e) from None
 
         def finish():
             r = _apply_post(out, post)
@@ -1104,14 +1176,19 @@ class FerryStore(AbstractDataStore):
         sl = tuple(slice(a, b, st) for a, b, st in triples)
         if s.kind == "h5py":
             import h5py
-            if h5py.check_dtype(vlen=s.source.dtype) is str:
-                data = s.source.asstr()[sl] if s.shape else s.source.asstr()[()]
-                data = np.asarray(data, dtype=object)
-            else:
-                data = s.source[sl] if s.shape else s.source[()]
-                data = np.asarray(data)
-                if data.dtype != s.dtype:
-                    data = data.astype(s.dtype)
+            try:
+                if h5py.check_dtype(vlen=s.source.dtype) is str:
+                    data = s.source.asstr()[sl] if s.shape else s.source.asstr()[()]
+                    data = np.asarray(data, dtype=object)
+                else:
+                    data = s.source[sl] if s.shape else s.source[()]
+                    data = np.asarray(data)
+                    if data.dtype != s.dtype:
+                        data = data.astype(s.dtype)
+            except MemoryError:
+                raise
+            except Exception as e:  # noqa: BLE001 — h5py's errors on damaged data
+                raise _h5_error(self.filename, f"variable {s.name}", e) from None
         elif s.kind == "zarrpy":
             arr = s.source if not isinstance(s.source, ferry.Dataset) else None
             if arr is None:
