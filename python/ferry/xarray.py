@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import base64
 import collections
+import contextlib
 import itertools
 import json
 import logging
@@ -219,6 +220,7 @@ class _VarSpec:
         self.kind = kind                      # "ferry" | "h5" | "h5py" | "zarrpy" | "unsupported"
         self.source = source                  # format-specific handle / info
         self.error = None                     # "unsupported": why (the C parser's message)
+        self.index = None                     # "ferry": the C dataset's variable index (names may not be UTF-8)
         self.device = -1                      # -1: CPU
         self.gpu_decode = None                # list of transforms applied on the device
         self.out_dtype = self.dtype           # dtype after gpu_decode
@@ -774,8 +776,38 @@ def _zarr_py_spec(path: str, group: str | None, name: str, zv: int, shape: tuple
     return _VarSpec(name, d, arr.shape, dtype, attrs, encoding, "zarrpy", arr)
 
 
-def _c_scan(path: str, fmt: str, group: str | None, ctx):
-    ds = ferry.Dataset(ctx, path, None, group if fmt == "zarr" else None)
+def _c_variables(ds) -> list:
+    """[(index, info dict | None, raw name | None)]: ds.variables(), or one by one
+    when the C parser hands over bytes that are not UTF-8 (a Zarr member named by
+    a non-UTF-8 directory): that variable comes back as (i, None, its raw name)
+    instead of one UnicodeDecodeError making the whole store unreadable."""
+    try:
+        return [(i, v, None) for i, v in enumerate(ds.variables())]
+    except UnicodeDecodeError:
+        pass
+    out = []
+    for i in itertools.count():
+        try:
+            out.append((i, ds.variable(i), None))
+        except IndexError:
+            return out
+        except UnicodeDecodeError as e:
+            out.append((i, None, bytes(e.object)))
+    return out
+
+
+def _utf8_path(path: str) -> bool:
+    try:
+        os.fsencode(path).decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def _c_scan(path: str, fmt: str, group: str | None, ctx, cpath: str | None = None):
+    """cpath: what the C parser opens when `path` itself cannot be handed to it
+    (a /proc/self/fd alias of a path that is not UTF-8)."""
+    ds = ferry.Dataset(ctx, cpath or path, None, group if fmt == "zarr" else None)
     actual = ds.format
     gattrs = ferry.decode_attrs(ds.attrs, actual)
     dims_j = json.loads(ds.dims)
@@ -783,7 +815,20 @@ def _c_scan(path: str, fmt: str, group: str | None, ctx):
     unlimited = {k for k, v in dims_j.items() if isinstance(v, dict) and v.get("unlimited")}
     zv = _zarr_version(path, group) if actual == "zarr" else 0
     specs = []
-    for v in ds.variables():
+    for index, v, raw in _c_variables(ds):
+        if v is None:
+            name = raw.decode("utf-8", "surrogateescape")
+            base = os.fsencode(os.path.join(path, group.strip("/")) if group else path)
+            sp = None
+            if actual == "zarr" and os.path.isdir(os.path.join(base, raw)):
+                sp = _zarr_py_spec(path, group, name, zv, (), "its name is not UTF-8")
+            if sp is None:
+                raise ferry.FerryError(_ferry.EFORMAT, f"{path}: variable {name!r} (#{index}): its metadata is "
+                                       "not UTF-8" + (" and zarr-python cannot read it" if actual == "zarr" else ""))
+            for dn, n in zip(sp.dims, sp.shape):
+                dims.setdefault(dn, int(n))
+            specs.append(sp)
+            continue
         name = v["name"]
         err = v.get("error")    # the C parser describes it but cannot read it
         if actual == "zarr" and (err or (v["dtype"] == "other" and not _engine_readable(v["typestr"]))):
@@ -848,6 +893,7 @@ def _c_scan(path: str, fmt: str, group: str | None, ctx):
             dims.setdefault(dn, int(n))
         spec = _VarSpec(name, d, shape, dtype, attrs, encoding, kind, ds)
         spec.error = err
+        spec.index = index
         specs.append(spec)
     if actual == "zarr":
         gattrs = {k: v for k, v in gattrs.items() if not k.lower().startswith("_nc")}
@@ -957,8 +1003,11 @@ class FerryStore(AbstractDataStore):
 
     def __init__(self, filename: str, *, group: str | None = None, device: Any = "cpu", threads: int = 0,
                  path: str | None = None, mask_and_scale: bool = True, decode_times: Any = True,
-                 decode_timedelta: Any = None, ctx=None, _expect=None):
+                 decode_timedelta: Any = None, ctx=None, lock=None, _expect=None):
         self.filename = os.fspath(filename)
+        # lock= as xarray's engines take it: held around every read when given (a
+        # lock is not pickled: another process has its own)
+        self._user_lock = lock if hasattr(lock, "acquire") and hasattr(lock, "release") else None
         self.group = group
         self.device = ferry.parse_device(device)
         self.threads = int(threads or 0)
@@ -971,6 +1020,7 @@ class FerryStore(AbstractDataStore):
         self._closed = False
         self._h5 = None
         self._cds = None
+        self._alias = self._alias_fd = None
         self._open(_expect)
 
     @property
@@ -988,7 +1038,15 @@ class FerryStore(AbstractDataStore):
             self._ident = _h5_identity(self._h5, self.filename)
         else:
             before = _file_identity(self.filename) if self.format != "zarr" else None
-            specs, gattrs, dims, unlimited, self._cds = _c_scan(self.filename, self.format, self.group, self.ctx)
+            cpath = None
+            if not _utf8_path(self.filename) and os.path.isdir("/proc/self/fd"):
+                # the extension hands C strings back as UTF-8: give the parser an
+                # ASCII name of the same file (the descriptor lives as long as the store)
+                self._alias_fd = os.open(self.filename, os.O_RDONLY | os.O_CLOEXEC)
+                cpath = f"/proc/self/fd/{self._alias_fd}"
+            self._alias = cpath
+            specs, gattrs, dims, unlimited, self._cds = _c_scan(self.filename, self.format, self.group, self.ctx,
+                                                                cpath)
             self.format = self._cds.format
             self._ident = before
             if before is not None and _file_identity(self.filename) != before:
@@ -1024,6 +1082,7 @@ class FerryStore(AbstractDataStore):
                 # HDF5 file or C dataset here would act on the parent's state)
                 self._h5 = None
                 self._cds = None
+                self._alias_fd = None
             else:
                 self.close()
             self._closed = False
@@ -1137,6 +1196,9 @@ class FerryStore(AbstractDataStore):
         if self._cds is not None:
             self._cds.close()
             self._cds = None
+        if self._alias_fd is not None:
+            os.close(self._alias_fd)
+            self._alias_fd = None
 
     # -- reading -------------------------------------------------------------
     def _alloc(self, shape, dtype: np.dtype, device: int):
@@ -1155,11 +1217,13 @@ class FerryStore(AbstractDataStore):
         triples, post = _key_triples(key, s.shape)
         counts = tuple(max(0, (b - a + st - 1) // st) for a, b, st in triples)
         if s.kind in ("h5py", "zarrpy", "unsupported"):
-            return self._direct(s, triples, counts, post)
+            with self._user_lock if self._user_lock is not None else contextlib.nullcontext():
+                return self._direct(s, triples, counts, post)
         out = self._alloc(counts, s.dtype, s.device)
         if out.size:
             if s.kind == "ferry":
-                plan.read(s.source, s.name, out, triples if s.shape else None, True)
+                plan.read(s.source, s.index if s.index is not None else s.name, out,
+                          triples if s.shape else None, True)
             else:
                 try:
                     s.source.add_to_plan(plan, triples, out, s.name)
@@ -1232,9 +1296,15 @@ class FerryStore(AbstractDataStore):
         if len(plan):
             # before and after: a replace or an in-place write of the file in between
             # would pair this metadata with other bytes; the reader sees an error instead
-            self._check_unchanged()
-            self.ctx.run(plan, path=self.path_policy, threads=self.threads)
-            self._check_unchanged()
+            with self._user_lock if self._user_lock is not None else contextlib.nullcontext():
+                self._check_unchanged()
+                try:
+                    self.ctx.run(plan, path=self.path_policy, threads=self.threads)
+                except ferry.FerryError as e:
+                    if not self._alias:
+                        raise
+                    raise ferry.FerryError(e.code, str(e).replace(self._alias, self.filename)) from None
+                self._check_unchanged()
 
     def read(self, name, key: tuple):
         s = self.spec(name)
@@ -1354,8 +1424,86 @@ class FerryBackendArray(BackendArray):
     def _raw(self, key: tuple):
         return self.store.read(self.name, key)
 
+    async def async_getitem(self, key: indexing.ExplicitIndexer):
+        """For ``Dataset.load_async()``: the read runs in a worker thread (the engine
+        releases the GIL), so the event loop goes on meanwhile."""
+        import asyncio
+        return await asyncio.to_thread(self.__getitem__, key)
+
     def get_duck_array(self):
         return self[indexing.BasicIndexer((slice(None),) * len(self.shape))]
+
+
+# ---------------------------------------------------------------------------
+# what a user may pass as the file
+# ---------------------------------------------------------------------------
+def _remote_error(what, proto: str) -> ferry.FerryError:
+    return ferry.FerryError(_ferry.EUNSUPPORTED,
+                            f"{what}: ferry reads local files only, not {proto}:// (copy the data to a local "
+                            "disk, or open it with another engine, e.g. engine='h5netcdf' or 'zarr' with fsspec)")
+
+
+def _local_path(obj, storage_options=None) -> str:
+    """The local path named by what xarray's engines accept as a file: str,
+    bytes (os.fsencode'd names that are not UTF-8 too), os.PathLike, file://
+    URLs, fsspec mappers of a local file system, zarr's LocalStore (and v2's
+    DirectoryStore). A remote URL or store is a FerryError: it must never become
+    a local path (``s3://b/x`` is not ``./s3:/b/x``)."""
+    if isinstance(obj, FerryStore):
+        return obj.filename
+    if isinstance(obj, (str, bytes, os.PathLike)):
+        p = os.fspath(obj)
+        path = os.fsdecode(p) if isinstance(p, bytes) else p
+    else:
+        fs, root = getattr(obj, "fs", None), getattr(obj, "root", None)
+        if fs is not None and root is None:
+            root = getattr(obj, "path", None)                 # zarr's FsspecStore
+        if fs is not None and root is not None:            # fsspec FSMap, zarr FsspecStore
+            protos = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+            if not {"file", "local"} & set(protos):
+                raise _remote_error(f"{type(obj).__name__}({root!r})", protos[0])
+            path = os.fspath(root)
+        elif type(obj).__name__ in ("LocalStore", "DirectoryStore", "NestedDirectoryStore"):
+            path = os.fspath(root if root is not None else obj.path)
+        else:
+            raise TypeError(f"engine='ferry' opens local files and stores: a path (str, bytes, os.PathLike), "
+                            f"a file:// URL, or an fsspec mapper / zarr LocalStore of a local directory; "
+                            f"not {type(obj).__name__}")
+        path = os.fsdecode(path) if isinstance(path, bytes) else path
+    if "://" in path:
+        proto = path.split("://", 1)[0]
+        if proto.lower() != "file":
+            raise _remote_error(path, proto)
+        from urllib.parse import unquote, urlsplit
+        u = urlsplit(path)
+        if u.netloc not in ("", "localhost"):
+            raise _remote_error(path, f"file://{u.netloc}")
+        path = unquote(u.path, errors="surrogateescape")
+    return path
+
+
+def _check_consolidated(path: str, fmt: str, group, consolidated):
+    """consolidated= as the zarr engine reads it: True requires consolidated
+    metadata; False asks to ignore it, which ferry's parser cannot do, so it is
+    refused when the store has some (and is what ferry does when it has none)."""
+    if consolidated is None:
+        return
+    if fmt != "zarr":
+        raise ValueError(f"{path}: consolidated= applies to Zarr stores only")
+    has = os.path.exists(os.path.join(path, ".zmetadata"))
+    if not has:
+        try:
+            with open(os.path.join(path, "zarr.json"), "rb") as f:
+                has = json.load(f).get("consolidated_metadata") is not None
+        except (OSError, ValueError, AttributeError):
+            has = False
+    if consolidated and not has:
+        raise ferry.FerryError(_ferry.ENOTFOUND, f"{path}: consolidated=True but the store has no consolidated "
+                               "metadata (.zmetadata or zarr.json consolidated_metadata)")
+    if not consolidated and has:
+        raise ferry.FerryError(_ferry.EUNSUPPORTED, f"{path}: consolidated=False: ferry reads the consolidated "
+                               "metadata the store has and cannot ignore it; omit consolidated= (or use "
+                               "consolidated=True)")
 
 
 # ---------------------------------------------------------------------------
@@ -1363,14 +1511,14 @@ class FerryBackendArray(BackendArray):
 # ---------------------------------------------------------------------------
 class FerryBackendEntrypoint(BackendEntrypoint):
     """ferry: netCDF classic, netCDF-4/HDF5 and Zarr read by ferry's engine, into
-    GPU memory (``device=0`` / ``"cuda:N"``: cupy arrays) or host memory
-    (``device="cpu"``: numpy)."""
+    host memory (``device="cpu"``, the default: numpy, as every xarray engine) or
+    GPU memory (``device=0`` / ``"cuda:N"``: cupy arrays)."""
 
     description = "Read netCDF (classic and netCDF-4/HDF5) and Zarr with ferry, straight into GPU memory"
     url = "https://github.com/ferry-io/ferry"
     open_dataset_parameters = ("filename_or_obj", "mask_and_scale", "decode_times", "concat_characters",
                                "decode_coords", "drop_variables", "use_cftime", "decode_timedelta", "group",
-                               "device", "threads", "path")
+                               "device", "threads", "path", "lock", "storage_options", "consolidated")
 
     def guess_can_open(self, filename_or_obj) -> bool:
         return False   # opt-in only: never take files from xarray's own engines
@@ -1378,15 +1526,17 @@ class FerryBackendEntrypoint(BackendEntrypoint):
     def open_dataset(self, filename_or_obj, *, mask_and_scale=True, decode_times=True, concat_characters=True,
                      decode_coords=True, drop_variables: str | Iterable[str] | None = None, use_cftime=None,
                      decode_timedelta=None, group: str | None = None, device: Any = "cpu", threads: int = 0,
-                     path: str | None = None):
+                     path: str | None = None, lock=None, storage_options: dict | None = None,
+                     consolidated: bool | None = None):
         if isinstance(filename_or_obj, FerryStore):
             store = filename_or_obj
         else:
-            if not isinstance(filename_or_obj, (str, os.PathLike)):
-                raise TypeError("engine='ferry' opens paths (str or os.PathLike)")
-            store = FerryStore(os.fspath(filename_or_obj), group=group, device=device, threads=threads,
-                               path=path, mask_and_scale=mask_and_scale, decode_times=decode_times,
-                               decode_timedelta=decode_timedelta)
+            p = _local_path(filename_or_obj, storage_options)
+            if consolidated is not None:
+                _check_consolidated(p, _format_of(p), group, consolidated)
+            store = FerryStore(p, group=group, device=device, threads=threads, path=path,
+                               mask_and_scale=mask_and_scale, decode_times=decode_times,
+                               decode_timedelta=decode_timedelta, lock=lock)
         ds = StoreBackendEntrypoint().open_dataset(
             store, mask_and_scale=mask_and_scale, decode_times=decode_times, concat_characters=concat_characters,
             decode_coords=decode_coords, drop_variables=drop_variables, use_cftime=use_cftime,
@@ -1397,8 +1547,9 @@ class FerryBackendEntrypoint(BackendEntrypoint):
     def open_groups_as_dict(self, filename_or_obj, *, mask_and_scale=True, decode_times=True,
                             concat_characters=True, decode_coords=True, drop_variables=None, use_cftime=None,
                             decode_timedelta=None, group: str | None = None, device: Any = "cpu",
-                            threads: int = 0, path: str | None = None) -> dict:
-        p = os.fspath(filename_or_obj)
+                            threads: int = 0, path: str | None = None, lock=None,
+                            storage_options: dict | None = None, consolidated: bool | None = None) -> dict:
+        p = _local_path(filename_or_obj, storage_options)
         fmt = _format_of(p)
         root = (group or "/").rstrip("/") or "/"
         if fmt == "hdf5":
@@ -1413,20 +1564,23 @@ class FerryBackendEntrypoint(BackendEntrypoint):
                                    concat_characters=concat_characters, decode_coords=decode_coords,
                                    drop_variables=drop_variables, use_cftime=use_cftime,
                                    decode_timedelta=decode_timedelta, group=None if g == "/" else g,
-                                   device=device, threads=threads, path=path)
+                                   device=device, threads=threads, path=path, lock=lock,
+                                   consolidated=consolidated)
             rel = "/" + g[len(root):].lstrip("/") if root != "/" else g
             out[rel] = ds
         return out
 
     def open_datatree(self, filename_or_obj, *, mask_and_scale=True, decode_times=True, concat_characters=True,
                       decode_coords=True, drop_variables=None, use_cftime=None, decode_timedelta=None,
-                      group: str | None = None, device: Any = "cpu", threads: int = 0, path: str | None = None):
+                      group: str | None = None, device: Any = "cpu", threads: int = 0, path: str | None = None,
+                      lock=None, storage_options: dict | None = None, consolidated: bool | None = None):
         from xarray import DataTree
         d = self.open_groups_as_dict(filename_or_obj, mask_and_scale=mask_and_scale, decode_times=decode_times,
                                      concat_characters=concat_characters, decode_coords=decode_coords,
                                      drop_variables=drop_variables, use_cftime=use_cftime,
                                      decode_timedelta=decode_timedelta, group=group, device=device,
-                                     threads=threads, path=path)
+                                     threads=threads, path=path, lock=lock, storage_options=storage_options,
+                                     consolidated=consolidated)
         return DataTree.from_dict(d)
 
 
@@ -1554,10 +1708,12 @@ def _duck_chunk(x):
     return get() if get is not None else x
 
 
-def open_mfdataset(paths, *, device: Any = 0, preprocess=None, **kwargs):
-    """``xr.open_mfdataset(paths, engine="ferry", device=device, ...)`` whose device
-    variables are dask arrays of cupy chunks (``cupy_meta`` applied after any
-    ``preprocess`` of yours)."""
+def open_mfdataset(paths, *, device: Any = "cpu", preprocess=None, **kwargs):
+    """``xr.open_mfdataset(paths, engine="ferry", device=device, ...)``.
+
+    ``device`` defaults to ``"cpu"`` here as in ``open_dataset``: engine="ferry"
+    returns numpy as every xarray engine does unless a GPU is asked for
+    (``device=0``, ``"cuda:1"``); GPU variables are then dask arrays of cupy chunks."""
     import xarray as xr
     dev = ferry.parse_device(device)
 
