@@ -32,6 +32,23 @@ CF decoding (mask/scale/times/strings) is xarray's own: the backend hands
 xarray the attributes the netCDF4/h5netcdf/zarr backends hand it. For data
 variables on a GPU, masking and scaling are applied to the cupy array with the
 exact parameters xarray's coders choose (same dtypes, same operations).
+
+Device: ``"cpu"`` by default, for open_dataset and open_mfdataset alike (numpy,
+as every xarray engine); ``device=0`` / ``"cuda:N"`` puts data variables on
+that GPU, and under dask their chunks are cupy with cupy meta
+(_install_dask_hook). netCDF-4 encodings carry preferred_chunks from the HDF5
+chunks, so ``chunks={}`` follows them as with h5netcdf.
+
+Processes: a FerryStore pickles as its open arguments plus what it parsed and
+reopens by path (with the new process's context) in another process, in a
+forked child and after close(); the file must still be the one parsed (inode,
+size, mtime), else FerryError. Every engine run is bracketed by that check.
+
+Input: local paths only (str, bytes, os.PathLike, file://, fsspec mappers and
+zarr stores of local directories); remote URLs are FerryError. Damaged
+netCDF-4: any object, attribute or chunk index h5py cannot read is FerryError
+naming the file and the object (never a dropped variable, never h5py's own
+exception).
 """
 from __future__ import annotations
 
