@@ -674,7 +674,7 @@ class _H5Variable(Variable):
             triples = [(0, n, 1) for n in self.shape]
         key = tuple(a if ax in squeeze else slice(a, b, st) for ax, (a, b, st) in enumerate(triples))
         final = tuple(n for i, n in enumerate(sel_shape) if i not in squeeze)
-        host = np.ascontiguousarray(o._store.read(self._spec, key)).reshape(final)
+        host = np.ascontiguousarray(o._store.read(self._spec.name, key)).reshape(final)
         if out is not None:
             _check_out(out, host.nbytes, final, host.dtype.str, f"{o.path}: {self.name}", out_bytes)
             _sync_producer(out)
