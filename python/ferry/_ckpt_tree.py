@@ -207,7 +207,11 @@ def _numpy_array_tensor(x, path):
         raise TypeError("ferry.checkpoint: cannot store the numpy array at %s: dtype %s has "
                         "no torch equivalent" % (".".join(map(str, path)) or "<root>", x.dtype))
     from . import _ckpt_st
-    _ckpt_st.st_dtype(t.dtype)           # complex128 and friends: TypeError naming the dtype
+    try:
+        _ckpt_st.st_dtype(t.dtype)
+    except TypeError as e:               # complex128: no safetensors dtype
+        raise TypeError("ferry.checkpoint: cannot store the numpy array at %s: %s"
+                        % (".".join(map(str, path)) or "<root>", e))
     return t, x.dtype.str
 
 
