@@ -682,8 +682,9 @@ def test_dcp_single_process(tmp_path):
     assert sd2["extra"] == {"step": 5, "blob": b"xyz", "name": "run1"}
     # raw, aligned tensor bytes in the data file
     md = ck.FerryReader(d).read_metadata()
-    for idx, info in md.storage_data.items():
-        assert info.offset % 4096 == 0
+    assert md.ferry_layout
+    for idx, (at, dtype, shape) in md.ferry_layout.items():
+        assert at % 4096 == 0
     # overwrite: old data files are replaced, the checkpoint id form works, async_save
     dcp.save(sd, checkpoint_id=str(d), storage_writer=ck.FerryWriter())
     fut = dcp.async_save(sd, storage_writer=ck.FerryWriter(d))
