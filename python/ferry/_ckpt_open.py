@@ -158,21 +158,6 @@ class Checkpoint:
                      % (self.path, what, v))
 
     # ---------------------------------------------------------------- reading
-    def add_reads(self, plan, names, device, dests=None, out=None):
-        """Add the reads of the named tensors to `plan`; returns {name: tensor} (the
-        destinations, allocated on `device` unless dests gives them)."""
-        torch = _io.torch()
-        out = {} if out is None else out
-        for n in names:
-            e = self.entries[n]
-            t = None if dests is None else dests.get(n)
-            if t is None:
-                t = torch.empty(e.shape, dtype=e.torch_dtype(), device=device)
-            out[n] = t
-            if e.nbytes:
-                plan.read(self.ds, e.index, _io.buf(t))
-        return out
-
     def read_box(self, plan, e, sel, dst):
         """Add the read of selection sel [(start, stop, step)] of tensor e into dst."""
         plan.read(self.ds, e.index, _io.buf(dst), selection=[tuple(s) for s in sel])

@@ -191,13 +191,24 @@ def _bytes_ck(data, name, verify=True):
     return ck
 
 
+def _empty(e, device, shape=None):
+    """torch.empty for tensor e, or FerryError naming the file and tensor (a damaged
+    shape torch cannot lay out, e.g. a zero-size tensor whose strides overflow)."""
+    shape = e.shape if shape is None else shape
+    try:
+        return _torch().empty(shape, dtype=e.torch_dtype(), device=device)
+    except (RuntimeError, OverflowError, ValueError) as err:
+        _io.fail("%s: tensor %r of shape %s cannot be allocated: %s"
+                 % (e.path, e.name, list(shape), err), _io.EFORMAT)
+
+
 def _read_all(ck, names, device, threads, verify, dests=None, progress=None, what="load"):
     ops, out, devs = [], {}, set()
     for n in names:
         t = None if dests is None else dests.get(n)
         e = ck.entries[n]
         if t is None:
-            t = _torch().empty(e.shape, dtype=e.torch_dtype(), device=device)
+            t = _empty(e, device)
         out[n] = t
         if t.device.type == "cuda":
             devs.add(_io.cuda_index(t.device))
@@ -290,7 +301,7 @@ def _load_into(ck, state_dict, strict, threads, verify, progress):
         if t.dtype == e.dtype and t.is_contiguous() and t.device.type in ("cpu", "cuda"):
             dests[name] = t
         else:
-            tmp = torch.empty(e.shape, dtype=e.dtype, device=t.device)
+            tmp = _empty(e, t.device)
             dests[name] = tmp
             copies.append((t, name))
     unexpected = [n for n in ck.entries if n not in used and n not in values]
@@ -444,7 +455,7 @@ class safe_open:
         torch = _torch()
         sel, out_shape = _normalize_key(key, e.shape)
         box_shape = tuple(len(range(*s)) for s in sel)
-        dst = torch.empty(box_shape, dtype=e.torch_dtype(), device=self._dev)
+        dst = _empty(e, self._dev, box_shape)
         if dst.numel() == 0:
             return dst.reshape(out_shape)
         self._live()

@@ -155,3 +155,15 @@ def test_deep_tree_bounded(tmp_path):
     for _ in range(150):
         got = got["k"]
     assert got == {"k": 1}
+
+
+@pytest.mark.parametrize("shape", [[0, 2 ** 63 - 1, 2 ** 63 - 1], [2 ** 63 - 1, 0, 3, 2 ** 62]])
+def test_zero_size_shapes_torch_cannot_lay_out(tmp_path, shape):
+    h = json.dumps({"x": {"dtype": "F32", "shape": shape, "data_offsets": [0, 0]}}).encode()
+    p = tmp_path / "z.safetensors"
+    p.write_bytes(struct.pack("<Q", len(h)) + h)
+    with pytest.raises(FerryError, match="z.safetensors: tensor 'x' of shape"):
+        ck.load(p)
+    with pytest.raises(FerryError, match="z.safetensors"):
+        with ck.safe_open(p) as f:
+            f.get_slice("x")[:]
