@@ -29,21 +29,18 @@ class Entry:
     """One tensor: where the C parser found it, and its torch dtype."""
     __slots__ = ("name", "index", "ds", "st", "dtype", "shape", "offset", "nbytes", "path")
 
-    def __init__(self, ds, index, v):
+    def __init__(self, ds, index, row):
+        """row: one tuple of Dataset.table()."""
         self.ds, self.index = ds, index
-        self.name = v["name"]
-        self.path = v["path"]
-        self.offset = int(v["data_offset"])
-        self.nbytes = int(v["data_bytes"])
-        self.st = _st.st_of_typestr(v["typestr"])
-        self.shape = tuple(int(s) for s in v["shape"])
+        self.name, typestr, self.shape, self.offset, self.nbytes, self.path, attrs = row
+        self.st = _st.st_of_typestr(typestr)
         if self.st is None:              # sub-byte dtypes: the parser gives bytes + attrs
             try:
-                a = json.loads(v["attrs"])
+                a = json.loads(attrs)
                 self.st = a["safetensors_dtype"]
                 self.shape = tuple(int(s) for s in a["shape"])
             except (ValueError, KeyError, TypeError):
-                self.st = v["typestr"]
+                self.st = typestr
         self.dtype = _st.torch_dtype(self.st)
 
     def torch_dtype(self):
@@ -105,8 +102,8 @@ class Checkpoint:
 
     def _describe(self, target):
         self.entries = collections.OrderedDict()
-        for i, v in enumerate(self.ds.variables()):
-            self.entries[v["name"]] = Entry(self.ds, i, v)
+        for i, row in enumerate(self.ds.table()):
+            self.entries[row[0]] = Entry(self.ds, i, row)
         raw = json.loads(self.ds.attrs)
         # the index's metadata may hold numbers (total_size); a file's holds strings
         self.metadata = {k: v if isinstance(v, str) else json.dumps(v)

@@ -50,12 +50,19 @@ def st_of_typestr(typestr):
     return _BY_TYPESTR.get(typestr)
 
 
+_TORCH = {}
+
+
 def torch_dtype(st):
+    """The torch dtype of a safetensors dtype name, or None (unknown here or to torch)."""
+    hit = _TORCH.get(st, _TORCH)
+    if hit is not _TORCH:
+        return hit
     import torch
     ent = ST_DTYPES.get(st)
-    if ent is None:
-        return None
-    return getattr(torch, ent[0], None)
+    dt = getattr(torch, ent[0], None) if ent is not None else None
+    _TORCH[st] = dt
+    return dt
 
 
 def st_dtype(dtype):
