@@ -31,6 +31,9 @@ def _child_calls(d):
     fut = ck.async_save(sd, os.path.join(d, "child_async.safetensors"))
     assert fut.result(timeout=30) == os.path.join(d, "child_async.safetensors")
     assert ck.load_bytes(ck.save_bytes(sd))["step"] == 3
+    ck.reserve_pinned(sd)
+    ck.async_save(sd, os.path.join(d, "child_async.safetensors")).result(timeout=30)
+    ck.release_pinned()
     import torch.distributed.checkpoint as dcp
     dcp.save({"w": sd["model"]["w"]}, storage_writer=ck.FerryWriter(os.path.join(d, "dcp")),
              no_dist=True)
