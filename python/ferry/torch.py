@@ -315,7 +315,18 @@ def _plan_sample_files(rt, plan, f, paths, dst, handles, alloc=None):
     seen = set()
     for j, p in enumerate(paths):
         key = ("ds", p, None)
+        # a file replaced since it was cached (another inode, size or mtime) is opened again:
+        # its new header decides, never the old one (stat first: a replace racing the open
+        # below is caught at the next batch)
+        st = os.stat(p)
+        sig = (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns)
         e = rt.handle(key, lambda p=p: _ferry.Dataset(rt.ctx, p))
+        if len(e) < 3:
+            e.append(sig)
+        elif e[2] != sig:
+            rt.handles.pop(key, None)
+            e = rt.handle(key, lambda p=p: _ferry.Dataset(rt.ctx, p))
+            e.append(sig)
         if key not in seen:
             seen.add(key)
             e[1] += 1
@@ -498,7 +509,8 @@ class _Runtime:
         return e
 
     def close(self):
-        for h, _ in self.handles.values():
+        for e in self.handles.values():
+            h = e[0]
             try:
                 h.close()
             except Exception:
