@@ -890,6 +890,7 @@ class _BatchStream(IterableDataset):
         per_sample = self.batch_size is None
         group_units = self.sample_group if per_sample else 1
         unit_iter = iter(mine)
+        ids_for = _IdsAhead(order, lay, mine) if hasattr(order, "take") else None
 
         pending = collections.deque()
         retiring = collections.deque()
@@ -902,7 +903,8 @@ class _BatchStream(IterableDataset):
                     break
             if not units:
                 return False
-            pending.append(self._submit(rt, order, lay, units))
+            pending.append(self._submit(rt, order, lay, units,
+                                        None if ids_for is None else ids_for(units)))
             return True
 
         def end_of_pass():
@@ -965,10 +967,11 @@ class _BatchStream(IterableDataset):
             return torch.empty(shape, dtype=dtype, pin_memory=True)
         return torch.empty(shape, dtype=dtype)
 
-    def _submit(self, rt, order, lay, units):
+    def _submit(self, rt, order, lay, units, ids=None):
         ranges = [lay.unit(s) for s in units]
-        ids = order[ranges[0][0]:ranges[0][1]] if len(ranges) == 1 else \
-            np.concatenate([order[lo:hi] for lo, hi in ranges])
+        if ids is None:
+            ids = order[ranges[0][0]:ranges[0][1]] if len(ranges) == 1 else \
+                np.concatenate([order[lo:hi] for lo, hi in ranges])
         g = _Group()
         g.units, g.sizes, g.handles, g.job, g.path = units, [hi - lo for lo, hi in ranges], [], None, None
         plan = _ferry.Plan()
@@ -1083,6 +1086,33 @@ class _BatchStream(IterableDataset):
         return (f"{type(self).__name__}({self.num_samples} samples, fields={self._fields}, "
                 f"batch_size={self.batch_size}, shuffle={self.shuffle}, epoch={self._epoch}, "
                 f"consumed={self._consumed})")
+
+
+class _IdsAhead:
+    """Sample ids of the coming units, computed CHUNK units at a time from an order evaluated
+    on the fly (FeistelOrder): numpy's per-call cost then falls on 16 batches, not one
+    (dev box: 256 ids 220 us in one call, 4096 ids 610 us)."""
+    CHUNK = 16
+
+    def __init__(self, order, lay, mine):
+        self.order, self.lay, self.mine, self.cache = order, lay, mine, {}
+
+    def __call__(self, units):
+        parts = []
+        for s in units:
+            if s not in self.cache:
+                self._fill(s)
+            parts.append(self.cache.pop(s))
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def _fill(self, s):
+        k = self.mine.index(s)
+        nxt = self.mine[k:k + self.CHUNK]
+        ranges = [self.lay.unit(u) for u in nxt]
+        ids = self.order.take(np.concatenate([np.arange(lo, hi, dtype=np.int64) for lo, hi in ranges]))
+        sizes = np.cumsum([hi - lo for lo, hi in ranges])[:-1]
+        self.cache.clear()
+        self.cache.update(zip(nxt, np.split(ids, sizes)))
 
 
 class InaccurateStateWarning(UserWarning):
