@@ -506,7 +506,16 @@ class _Runtime:
         e = self.handles.get(key)
         if e is None:
             if len(self.handles) >= self.max_handles:
-                for k in [k for k, v in self.handles.items() if v[1] == 0][: len(self.handles) - self.max_handles + 1]:
+                # the oldest idle handles go, a batch's worth at a time (per-sample files open
+                # hundreds per batch: one scan per eviction would be quadratic)
+                want = len(self.handles) - self.max_handles + max(1, self.max_handles // 8)
+                idle = []
+                for k, v in self.handles.items():
+                    if v[1] == 0:
+                        idle.append(k)
+                        if len(idle) >= want:
+                            break
+                for k in idle:
                     h = self.handles.pop(k)[0]
                     try:
                         h.close()
