@@ -1,7 +1,10 @@
-"""ferry.torch — a PyTorch streaming dataset fed by ferry's engine.
+"""ferry.torch — PyTorch streaming datasets fed by ferry's engine.
 
 ``ArrayDataset`` is a ``torch.utils.data.IterableDataset`` whose samples are the rows (the first
-axis) of one or more arrays stored in ``.npy`` files, safetensors shards or Zarr arrays. A batch
+axis) of one or more arrays stored in ``.npy`` files, safetensors shards or Zarr arrays, or
+(``samples="files"``) whole files, one per sample. ``TokenDataset`` yields (x, y) windows of
+flat token files. Both share one contract (_BatchStream: order, sharding, epochs, resume,
+prefetch, CUDA hand-off), which a dataset over other samples reuses by describing its fields. A batch
 of sample ids becomes one ferry plan (one extent per run of consecutive rows) that the engine's
 native threads read straight into tensors allocated by torch on ``device``; no worker processes,
 no pickling, no pageable copies. See docs/torch.md for the full guide.
@@ -16,6 +19,12 @@ Order and sharding (W ranks, batch B, N samples)
     whose slice is empty yield one batch fewer (use drop_last=True with DDP).
     Inside a DataLoader with num_workers=n, worker w of a rank takes that rank's batches
     w, w+n, w+2n, ...: the DataLoader's round-robin hands them to the training loop in order.
+
+Epochs
+    Handing over a pass's last batch ends the epoch (Lightning never asks for StopIteration).
+    Worker copies learn their epoch from a shared-memory board (_torch_loader.EpochBoard): each
+    new DataLoader pass is the next epoch unless set_epoch/load_state_dict in the main process
+    chose one.
 """
 from __future__ import annotations
 
