@@ -33,7 +33,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from . import _ferry
 
-__all__ = ["ArrayDataset", "epoch_order", "global_state"]
+__all__ = ["ArrayDataset", "XarrayDataset", "epoch_order", "global_state"]
 
 _STATE_TAG = "ferry.torch.ArrayDataset"
 _STATE_VERSION = 1
@@ -979,3 +979,11 @@ def global_state(loader_state):
     else:
         base.update(epoch=epoch, samples_consumed=consumed)
     return base
+
+
+def __getattr__(name):
+    # XarrayDataset lives in its own module (it needs xarray, which ArrayDataset does not)
+    if name == "XarrayDataset":
+        from ._xarray_dataset import XarrayDataset
+        return XarrayDataset
+    raise AttributeError(f"module 'ferry.torch' has no attribute {name!r}")
