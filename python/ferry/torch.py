@@ -44,7 +44,7 @@ from . import _ferry
 from ._torch_loader import EpochBoard, auto_collation, pass_tag
 from ._torch_order import FeistelOrder, Layout as _Layout, epoch_order
 
-__all__ = ["ArrayDataset", "TokenDataset", "epoch_order", "global_state", "pad_collate"]
+__all__ = ["ArrayDataset", "TokenDataset", "XarrayDataset", "epoch_order", "global_state", "pad_collate"]
 
 _STATE_TAG = "ferry.torch.ArrayDataset"
 _STATE_VERSION = 1
@@ -1444,3 +1444,11 @@ def global_state(loader_state):
     else:
         base.update(epoch=epoch, samples_consumed=consumed)
     return base
+
+
+def __getattr__(name):
+    # XarrayDataset lives in its own module (it needs xarray, which ArrayDataset does not)
+    if name == "XarrayDataset":
+        from ._xarray_dataset import XarrayDataset
+        return XarrayDataset
+    raise AttributeError(f"module 'ferry.torch' has no attribute {name!r}")

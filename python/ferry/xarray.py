@@ -1110,21 +1110,37 @@ class FerryStore(AbstractDataStore):
                 return self._direct(s, triples, counts, post)
         out = self._alloc(counts, s.dtype, s.device)
         if out.size:
-            if s.kind == "ferry":
-                plan.read(s.source, s.index if s.index is not None else s.name, out,
-                          triples if s.shape else None, True)
-            else:
-                try:
-                    s.source.add_to_plan(plan, triples, out, s.name)
-                except (ferry.FerryError, MemoryError):
-                    raise
-                except Exception as e:  # noqa: BLE001 — h5py reading a damaged chunk index
-                    raise _h5_error(self.filename, f"variable {s.name}: chunk index", e) from None
+            self._plan_triples(plan, s, triples, out)
 
         def finish():
             r = _apply_post(out, post)
             return self._decode(s, r)
         return finish
+
+    def _plan_triples(self, plan, s: _VarSpec, triples, dst):
+        if s.kind == "ferry":
+            plan.read(s.source, s.index if s.index is not None else s.name, dst,
+                      triples if s.shape else None, True)
+        else:
+            try:
+                s.source.add_to_plan(plan, triples, dst, s.name)
+            except (ferry.FerryError, MemoryError):
+                raise
+            except Exception as e:  # noqa: BLE001 — h5py reading a damaged chunk index
+                raise _h5_error(self.filename, f"variable {s.name}: chunk index", e) from None
+
+    def _plan_into(self, plan, s: _VarSpec, key: tuple, dst):
+        """Plan the raw read (stored values, native byte order, C order, no CF decoding) of
+        `key` — slices only — of s into dst: an array or a (ptr, nbytes, device) tuple of
+        exactly the selection's bytes. For ferry.torch.XarrayDataset, which decodes on its own
+        device."""
+        if s.kind not in ("ferry", "h5"):
+            raise ferry.FerryError(_ferry.EUNSUPPORTED, s.error or f"{self.filename}: variable {s.name}: "
+                                   f"read by {s.kind}, not by ferry's engine")
+        triples, post = _key_triples(key, s.shape)
+        if post is not None:
+            raise ValueError("_plan_into takes slices only")
+        self._plan_triples(plan, s, triples, dst)
 
     def _direct(self, s: _VarSpec, triples, counts, post):
         sl = tuple(slice(a, b, st) for a, b, st in triples)

@@ -1,0 +1,165 @@
+"""ferry.dali — ferry datasets as the source of NVIDIA DALI pipelines.
+
+``DALISource(dataset)`` is a batch source for ``nvidia.dali.fn.external_source`` (batch mode,
+``batch_info=True``): each call returns the next batch of a ferry dataset (``XarrayDataset``,
+``ArrayDataset``), already in GPU memory for ``device="gpu"`` — DALI takes it from there with one
+device-to-device copy on the stream the batch is ordered on (torch's current stream, which ferry
+makes wait for its reads), no host round trip. ``pipeline(dataset, then=...)`` builds a ready
+pipeline with the source wired in; ``then`` adds your DALI operators after it::
+
+    import ferry.dali, nvidia.dali.fn as fn
+    ds = ferry.torch.XarrayDataset(xr.open_mfdataset("era5_*.nc", engine="ferry"), ["t2m", "z"],
+                                   batch_size=16, shuffle=True, device="cuda")
+    pipe = ferry.dali.pipeline(ds, outputs=("x", "y"),
+                               then=lambda x, y: (fn.flip(x, horizontal=1), y))
+    pipe.build()
+    x, y = pipe.run()           # TensorListGPU; or wrap it in DALIGenericIterator
+
+Epochs: the source raises StopIteration at the end of the dataset's epoch (DALI's end of data);
+``pipe.reset()`` starts the next one (DALI passes the epoch index to the source, and the source
+sets the dataset's epoch from it: epoch = the dataset's epoch when the source was made + DALI's
+epoch index).
+
+Resume: the source is a pure function of DALI's (epoch index, iteration), so DALI's own
+checkpoints carry its position: build the pipeline with ``enable_checkpointing=True`` (the default
+of ``pipeline()``), save ``pipe.checkpoint()``, and rebuild with ``checkpoint=saved``: the next
+batch is the one the saved run would have produced next. (ferry's ``dataset.state_dict()`` is
+ahead of what the pipeline has returned by DALI's prefetch depth; use DALI's checkpoint.)
+
+DALI is optional (``pip install ferry-io[dali]`` or ``nvidia-dali-cuda130``) and imported only here.
+"""
+from __future__ import annotations
+
+import collections
+
+__all__ = ["DALISource", "pipeline"]
+
+
+def _dali():
+    try:
+        import nvidia.dali as dali
+        import nvidia.dali.fn as fn
+    except ImportError as e:   # pragma: no cover - depends on the environment
+        raise ImportError("ferry.dali needs NVIDIA DALI (pip install nvidia-dali-cuda130)") from e
+    return dali, fn
+
+
+class DALISource:
+    """A batch-mode, ``batch_info=True`` source for ``fn.external_source`` over a ferry dataset.
+
+    DALISource(dataset, outputs=None, keep=4)
+
+    dataset
+        A ferry.torch dataset yielding batches: tensors, or dicts of tensors.
+    outputs
+        For dict batches, the keys in the order the external source returns them (give
+        ``num_outputs=len(outputs)`` to external_source); None for tensor batches.
+    keep
+        Batches kept referenced after being handed to DALI (their memory must not be reused
+        while DALI's copy of them may still be in flight; DALI copies on the batch's stream, so
+        a few suffice).
+    """
+
+    def __init__(self, dataset, outputs=None, keep=4):
+        self.dataset = dataset
+        self.outputs = None if outputs is None else tuple(outputs)
+        self._epoch0 = int(getattr(dataset, "epoch", 0))
+        self._it = None
+        self._pos = None                 # (DALI epoch index, iteration) of the next batch of _it
+        self._kept = collections.deque(maxlen=max(1, int(keep)))
+
+    @property
+    def num_outputs(self):
+        return None if self.outputs is None else len(self.outputs)
+
+    def _seek(self, epoch_idx, iteration):
+        ds = self.dataset
+        st = ds.state_dict()
+        rank, world = ds._dist()
+        per_step = world * int(ds.batch_size or 1)
+        st["epoch"] = self._epoch0 + int(epoch_idx)
+        st["samples_consumed"] = min(int(st["num_samples"]), int(iteration) * per_step)
+        st.pop("worker", None)
+        ds.load_state_dict(st)
+        self._it = iter(ds)
+        self._pos = (int(epoch_idx), int(iteration))
+
+    def __call__(self, info=None):
+        if info is None:                       # plain callable use: the next batch
+            want = self._pos or (0, 0)
+        elif isinstance(info, int):            # a per-iteration index source
+            want = ((self._pos or (0, 0))[0], int(info))
+        else:                                  # nvidia.dali.types.BatchInfo
+            want = (int(info.epoch_idx), int(info.iteration))
+        if self._it is None or self._pos != want:
+            self._seek(*want)
+        try:
+            batch = next(self._it)
+        except StopIteration:
+            self._it = None
+            self._pos = (want[0] + 1, 0)
+            raise
+        self._pos = (want[0], want[1] + 1)
+        self._kept.append(batch)
+        if self.outputs is None:
+            if isinstance(batch, dict):
+                raise TypeError("DALISource: the dataset yields dicts; name the keys with outputs=(...)")
+            return _for_dali(batch)
+        if not isinstance(batch, dict):
+            raise TypeError("DALISource: outputs= given but the dataset yields "
+                            f"{type(batch).__name__}, not dicts")
+        missing = [k for k in self.outputs if k not in batch]
+        if missing:
+            raise KeyError(f"DALISource: batches have no {missing} (they have {sorted(batch)})")
+        return tuple(_for_dali(batch[k]) for k in self.outputs)
+
+
+def _for_dali(t):
+    """GPU tensors go as they are (DALI copies them on torch's current stream, which ferry's
+    dataset made wait for the batch); host tensors as numpy views (DALI would otherwise ask
+    torch for a CUDA stream even for host data)."""
+    if getattr(t, "is_cuda", False):
+        return t
+    if hasattr(t, "numpy"):
+        return t.numpy()
+    return t
+
+
+def pipeline(dataset, *, outputs=None, then=None, device_id=None, num_threads=2, prefetch_queue_depth=2,
+             layout=None, enable_checkpointing=True, checkpoint=None, **pipeline_kwargs):
+    """A DALI Pipeline whose input is `dataset` through a DALISource.
+
+    outputs: the batch dict keys to feed (None: tensor batches); then: a function of the source's
+    DataNodes returning the pipeline's outputs (your DALI operators), default: the source's
+    outputs as they are. device_id: the GPU (default: the dataset's device; None and a CPU
+    dataset give a CPU-only pipeline). layout: DALI layout string(s) of a sample, e.g. "CHW".
+    The source object is the pipeline's ``ferry_source`` attribute."""
+    dali, fn = _dali()
+    dev = getattr(dataset, "device", None)
+    if device_id is None and dev is not None and getattr(dev, "type", None) == "cuda":
+        device_id = dev.index if dev.index is not None else 0
+    if device_id is None and dev is None:
+        import torch
+        if torch.cuda.is_available():
+            device_id = torch.cuda.current_device()
+    src = DALISource(dataset, outputs)
+    bs = int(getattr(dataset, "batch_size", None) or 1)
+    pipe = dali.Pipeline(batch_size=bs, num_threads=num_threads, device_id=device_id,
+                         prefetch_queue_depth=prefetch_queue_depth,
+                         enable_checkpointing=enable_checkpointing, checkpoint=checkpoint, **pipeline_kwargs)
+    where = "gpu" if device_id is not None and (dev is None or getattr(dev, "type", "cuda") == "cuda") else "cpu"
+    with pipe:
+        kw = {}
+        if layout is not None:
+            kw["layout"] = layout
+        if src.num_outputs is None:
+            nodes = (fn.external_source(source=src, batch=True, batch_info=True, device=where, **kw),)
+        else:
+            nodes = tuple(fn.external_source(source=src, num_outputs=src.num_outputs, batch=True,
+                                             batch_info=True, device=where, **kw))
+        outs = then(*nodes) if then is not None else nodes
+        if not isinstance(outs, (tuple, list)):
+            outs = (outs,)
+        pipe.set_outputs(*outs)
+    pipe.ferry_source = src
+    return pipe

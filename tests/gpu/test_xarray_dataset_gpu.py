@@ -1,0 +1,107 @@
+"""XarrayDataset batches on the GPU equal xarray's own reads (netCDF-3 via scipy, netCDF-4 zlib +
+shuffle with int16 packing when netCDF4 is installed), normalisation and patches on the device,
+and the DALI source in a GPU pipeline (when DALI imports). Skips without a CUDA device."""
+import numpy as np
+import pandas as pd
+import pytest
+
+torch = pytest.importorskip("torch")
+xr = pytest.importorskip("xarray")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device for torch", allow_module_level=True)
+
+from ferry.torch import XarrayDataset  # noqa: E402
+
+T, L, H, W = 20, 2, 33, 48
+
+
+def _era(seed):
+    rng = np.random.default_rng(seed)
+    t2m = rng.normal(280, 10, (T, H, W)).astype(np.float32)
+    t2m[2, 1, 1] = np.nan
+    z = rng.normal(5000, 100, (T, L, H, W)).astype(np.float32)
+    return xr.Dataset({"t2m": (("time", "lat", "lon"), t2m), "z": (("time", "level", "lat", "lon"), z)},
+                      coords={"time": pd.date_range("2001-01-01", periods=T, freq="h"), "level": [500, 850],
+                              "lat": np.linspace(-90, 90, H), "lon": np.arange(W) * 7.5})
+
+
+def _files(tmp_path, fmt):
+    full = _era(1)
+    paths = []
+    for i in range(2):
+        p = str(tmp_path / f"e{fmt}_{i}.nc")
+        part = full.isel(time=slice(10 * i, 10 * i + 10))
+        if fmt == "nc3":
+            part.to_netcdf(p, engine="scipy")
+        else:
+            pytest.importorskip("netCDF4")
+            part.to_netcdf(p, engine="netcdf4", encoding={
+                "t2m": {"zlib": True, "shuffle": True, "chunksizes": (1, H, W), "dtype": "int16",
+                        "scale_factor": 0.01, "add_offset": 280.0, "_FillValue": -32767},
+                "z": {"zlib": True, "shuffle": True, "chunksizes": (1, L, H, W)}})
+        paths.append(p)
+    ref = xr.concat([xr.open_dataset(p, engine="scipy" if fmt == "nc3" else "netcdf4").load() for p in paths],
+                    dim="time")
+    return paths, ref
+
+
+@pytest.mark.parametrize("fmt", ["nc3", "nc4"])
+def test_gpu_batches_equal_xarray(tmp_path, fmt):
+    paths, ref = _files(tmp_path, fmt)
+    ds = XarrayDataset(xr.open_mfdataset(paths, engine="ferry", device="cpu"), ["t2m", "z"], batch_size=3,
+                       input_steps=2, target_steps=1, lead=2, shuffle=True, device="cuda", return_time=True)
+    n = 0
+    for b in ds:
+        assert b["x"].is_cuda and b["y"].is_cuda and b["x"].shape[1:] == (6, H, W)
+        x, y = b["x"].cpu().numpy(), b["y"].cpu().numpy()
+        for k, t in enumerate(b["time"].cpu().numpy()):
+            i = int(np.searchsorted(ref.time.values, np.int64(t).astype("datetime64[ns]")))
+            want = np.concatenate([np.concatenate([ref.t2m.values[i + s][None], ref.z.values[i + s]]) for s in (0, 1)])
+            np.testing.assert_allclose(x[k], want, rtol=1e-6, equal_nan=True)
+            wy = np.concatenate([ref.t2m.values[i + 3][None], ref.z.values[i + 3]])
+            np.testing.assert_allclose(y[k], wy, rtol=1e-6, equal_nan=True)
+            n += 1
+    assert n == T - 4 + 1
+
+
+def test_gpu_normalised_patches(tmp_path):
+    paths, ref = _files(tmp_path, "nc3")
+    m, s = 280.0, 10.0
+    ds = XarrayDataset(paths, ["t2m"], batch_size=4, patch=(11, 16), patch_mode="tile", device="cuda",
+                       normalize={"t2m": (m, s)}, nan_to=0.0, return_time=True, shuffle=True)
+    assert ds.num_samples == T * 9
+    for b in ds:
+        x = b["x"].cpu().numpy()
+        for k, t in enumerate(b["time"].cpu().numpy()):
+            i = int(np.searchsorted(ref.time.values, np.int64(t).astype("datetime64[ns]")))
+            full = np.nan_to_num((ref.t2m.values[i] - m) / s, nan=0.0)
+            assert any(np.allclose(full[a:a + 11, c:c + 16], x[k, 0], atol=1e-5)
+                       for a in (0, 11, 22) for c in (0, 16, 32))
+
+
+def test_dali_gpu_pipeline(tmp_path):
+    try:
+        import nvidia.dali.fn as fn
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"DALI does not import: {e}")
+    import ferry.dali
+    paths, ref = _files(tmp_path, "nc3")
+
+    def make():
+        return XarrayDataset(paths, ["t2m", "z"], batch_size=4, shuffle=True, seed=2, device="cuda",
+                             target_steps=1)
+    want = [(b["x"].cpu().numpy(), b["y"].cpu().numpy()) for b in make()]
+    pipe = ferry.dali.pipeline(make(), outputs=("x", "y"), layout="CHW",
+                               then=lambda x, y: (fn.flip(x, horizontal=1), y))
+    pipe.build()
+    got = []
+    try:
+        while True:
+            x, y = pipe.run()
+            got.append((x.as_cpu().as_array(), y.as_cpu().as_array()))
+    except StopIteration:
+        pass
+    assert len(got) == len(want)
+    for (x, y), (wx, wy) in zip(got, want):
+        np.testing.assert_array_equal(x, wx[..., ::-1])
+        np.testing.assert_array_equal(y, wy)
