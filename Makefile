@@ -40,7 +40,7 @@ EXT_SUFFIX = $(shell [ -x $(PYTHON) ] || command -v $(PYTHON) >/dev/null && $(PY
 PY_INC = $(shell $(PYTHON) -c "import sysconfig;print(sysconfig.get_paths()['include'])")
 PY_EXT = python/ferry/_ferry$(EXT_SUFFIX)
 
-.PHONY: all setup lib cli python test test-c test-asan test-python test-gpu test-cudasim demo bench fuzz clean
+.PHONY: all setup lib cli python test test-c test-asan test-python test-gpu test-cudasim test-install test-asan-python demo bench fuzz clean
 # setup first, then a fresh make: the Python extension's file name comes from
 # the interpreter, which setup may have just created
 all: setup
@@ -129,6 +129,18 @@ $(BA)/fuzz_replay: tests/fuzz/replay.c tests/fuzz/fuzz.h $(FUZZ_SRCS) $(BA)/libf
 	@mkdir -p $(BA)
 	$(CC) $(CFLAGS_COMMON) $(ASAN_FLAGS) -Itests/fuzz -o $@ tests/fuzz/replay.c $(FUZZ_SRCS) $(BA)/libferry.a $(LDLIBS)
 
+# The Python extension under ASan+UBSan: its own copy of the package in
+# $(BA)/py (the .py files linked, _ferry built from $(BA)/libferry.a), run by a
+# focused pytest subset with libasan preloaded (Python itself is not
+# instrumented; leaks are CPython's business: detect_leaks=0).
+ASAN_PY_EXT = $(BA)/py/ferry/_ferry$(EXT_SUFFIX)
+$(ASAN_PY_EXT): python/ferry/_ferry.c $(BA)/libferry.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_COMMON) $(ASAN_FLAGS) -I$(PY_INC) -shared -o $@ python/ferry/_ferry.c $(BA)/libferry.a $(LDLIBS)
+	@for f in python/ferry/*.py python/ferry/*.pyi; do ln -sf $(abspath .)/$$f $(dir $@); done
+test-asan-python: $(ASAN_PY_EXT)
+	@tools/asan-pytest.sh $(PYTHON) $(BA)/py
+
 # first: libferry.so exports exactly ferry.h (src/common.h says why)
 test-c: $(TESTS) $(B)/libferry.so
 	@tools/check-exports.sh $(B)/libferry.so include/ferry.h
@@ -136,6 +148,10 @@ test-c: $(TESTS) $(B)/libferry.so
 test-asan: $(ASAN_TESTS) $(if $(FUZZ_SRCS),$(BA)/fuzz_replay)
 	@ASAN_OPTIONS=detect_leaks=1 tools/run-c-tests.sh $(ASAN_TESTS)
 	@if [ -x $(BA)/fuzz_replay ]; then ASAN_OPTIONS=detect_leaks=1 $(BA)/fuzz_replay tests/fuzz/corpus; fi
+	@$(MAKE) --no-print-directory test-asan-python PYTHON=$(PYTHON)
+# pip install . into a temporary --target, then run its `ferry` and import ferry from there
+test-install:
+	@tools/test-install.sh $(PYTHON)
 test-python: all
 	@PYTHONPATH=python $(PYTHON) -m pytest -q tests/python
 test-gpu: all

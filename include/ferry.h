@@ -139,6 +139,20 @@ typedef enum ferry_direct {
     FERRY_DIRECT_OFF = 2   /* never O_DIRECT */
 } ferry_direct;
 
+/** "auto", "on", "off". */
+const char *ferry_direct_name(ferry_direct d);
+/** Parse an O_DIRECT policy name (case-insensitive); FERRY_EINVAL for an unknown name. */
+int ferry_direct_parse(const char *name, ferry_direct *out);
+
+/** Sizes, everywhere ferry reads one (FERRY_* variables, `ferry bench --size`,
+ *  the Python package): a byte count with an optional unit. K, M, G, T, P
+ *  alone or with "iB" are binary (8M = 8MiB = 8·2^20: the FERRY_* variables'
+ *  meaning); with "B" they are SI (5GB = 5·10^9, as Hugging Face's
+ *  max_shard_size reads it). Case-insensitive, spaces allowed around the
+ *  unit ("b" is bytes, never bits); a fraction must give whole bytes
+ *  ("1.5K" = 1536). Returns 0, or FERRY_EINVAL for garbage or overflow. */
+int ferry_size_parse(const char *s, uint64_t *out);
+
 typedef struct ferry_config {
     int threads;          /* workers; 0: default (16, or the CPU count if larger)  [FERRY_THREADS] */
     size_t task_size;     /* bytes per task a worker takes; 0: 8 MiB                [FERRY_TASK_SIZE] */
@@ -183,6 +197,11 @@ int ferry_cuda_device_count(ferry_ctx *ctx);
  *  string: valid for the life of the process). */
 const char *ferry_cuda_status(ferry_ctx *ctx);
 const char *ferry_cufile_status(ferry_ctx *ctx);
+/** Where the GPU kernels (byteswap) come from: "embedded fatbin" (nvcc ran at
+ *  build time: `make`, or `pip install .` with nvcc found) or "none" (device
+ *  data is then byteswapped on the CPU, in host staging, before the copy). A
+ *  static string. */
+const char *ferry_kernels_source(void);
 
 /* ------------------------------------------------------------------------- */
 /* Memory descriptors                                                         */
@@ -282,6 +301,12 @@ typedef enum ferry_codec_id {
     FERRY_CODEC_FLETCHER32 = 8, /* strip and verify HDF5's trailing fletcher32  */
     FERRY_CODEC_BYTESWAP = 9    /* reverse each param-byte element (1,2,4,8,16) */
 } ferry_codec_id;
+
+/** "none", "zlib", "gzip", "zstd", "lz4", "blosc", "shuffle", "crc32c",
+ *  "fletcher32", "byteswap"; "unknown" for an id out of range. */
+const char *ferry_codec_name(ferry_codec_id id);
+/** Parse a codec name (also "deflate" for zlib); FERRY_EINVAL if unknown. */
+int ferry_codec_parse(const char *name, ferry_codec_id *out);
 
 typedef struct ferry_codec {
     uint32_t id;      /* ferry_codec_id */
@@ -437,6 +462,21 @@ typedef enum ferry_dtype {
     FERRY_DT_OTHER         /* any other fixed-size type; see typestr */
 } ferry_dtype;
 
+/** Name styles for ferry_dtype_name. */
+typedef enum ferry_name_style {
+    FERRY_NAME_SHORT = 0,       /* "f4", "bf16", "f8e4m3", "M8" (ferry info, Dataset.variables()) */
+    FERRY_NAME_LONG = 1,        /* "float32", "bfloat16", "float8_e4m3fn" (numpy / torch names) */
+    FERRY_NAME_SAFETENSORS = 2  /* "F32", "BF16", "F8_E4M3"; NULL where safetensors has none */
+} ferry_name_style;
+
+/** A static name of d in the given style ("other" for UNKNOWN/OTHER; NULL
+ *  only for a safetensors name safetensors lacks). */
+const char *ferry_dtype_name(ferry_dtype d, ferry_name_style style);
+/** Parse a name of any style ("f4", "float32", "F32"); FERRY_EINVAL if unknown. */
+int ferry_dtype_parse(const char *name, ferry_dtype *out);
+/** Bytes per element, 0 where it varies (BYTES) or is unknown. */
+uint32_t ferry_dtype_itemsize(ferry_dtype d);
+
 typedef struct ferry_var_info {
     const char *name;              /* valid while the dataset is open */
     ferry_dtype dtype;
@@ -481,6 +521,13 @@ int ferry_dataset_open(ferry_ctx *ctx, const char *path, const ferry_open_opts *
  *  returned (ferry_var_info's, the *_json ones) dies with it. NULL: no-op. */
 void ferry_dataset_close(ferry_dataset *ds);
 const char *ferry_dataset_format(const ferry_dataset *ds);   /* "npy", "safetensors", ... (static) */
+/** Byte offset of the HDF5 superblock signature "\x89HDF\r\n\x1a\n" (the
+ *  container of netCDF-4) in the file at path: 0, or 512, 1024, 2048, ... after
+ *  a user block. FERRY_ENOFORMAT when the file has none, -errno when it cannot
+ *  be read. ferry does not parse HDF5 in C: ferry_dataset_open fails on such a
+ *  file with FERRY_EUNSUPPORTED and a message naming the readers that work
+ *  (the Python package reads it through h5py). */
+int64_t ferry_hdf5_signature(ferry_ctx *ctx, const char *path);
 /** JSON object of global attributes (netCDF global attributes, Zarr group
  *  attributes, safetensors __metadata__), "{}" if none. This and the two
  *  below are valid while the dataset is open. */

@@ -67,10 +67,14 @@ static PyObject *default_ctx;       /* lazily created Context (default_context()
 
 static PyTypeObject ContextType, FileType, DatasetType, PlanType, JobType, ArrayType, BufRefType;
 
-/* Raise FerryError(code, message). msg may be NULL or "": then strerror(code). */
+/* Raise FerryError(code, message). msg may be NULL or "": then strerror(code).
+ * Messages name files, and a path need not be UTF-8 (os.fsencode'd names):
+ * undecodable bytes become \xNN escapes instead of a UnicodeDecodeError. */
 static PyObject *raise_code_msg(int code, const char *msg) {
     if (!msg || !*msg) msg = ferry_strerror(code);
-    PyObject *exc = PyObject_CallFunction(FerryError, "is", code, msg);
+    PyObject *text = PyUnicode_DecodeUTF8(msg, (Py_ssize_t)strlen(msg), "backslashreplace");
+    if (!text) return NULL;
+    PyObject *exc = PyObject_CallFunction(FerryError, "iN", code, text);
     if (exc) {
         PyErr_SetObject(FerryError, exc);
         Py_DECREF(exc);
@@ -123,20 +127,14 @@ static int parse_direct_name(PyObject *o, ferry_direct *out) {
     if (PyBool_Check(o)) { *out = (o == Py_True) ? FERRY_DIRECT_ON : FERRY_DIRECT_OFF; return 0; }
     const char *s = PyUnicode_AsUTF8(o);
     if (!s) return -1;
-    if (!strcmp(s, "auto")) *out = FERRY_DIRECT_AUTO;
-    else if (!strcmp(s, "on")) *out = FERRY_DIRECT_ON;
-    else if (!strcmp(s, "off")) *out = FERRY_DIRECT_OFF;
-    else { PyErr_Format(PyExc_ValueError, "unknown direct policy %R (auto, on, off)", o); return -1; }
+    if (ferry_direct_parse(s, out) < 0) {
+        PyErr_Format(PyExc_ValueError, "unknown direct policy %R (auto, on, off)", o);
+        return -1;
+    }
     return 0;
 }
 
-static const char *direct_name(ferry_direct d) {
-    switch (d) {
-    case FERRY_DIRECT_ON: return "on";
-    case FERRY_DIRECT_OFF: return "off";
-    default: return "auto";
-    }
-}
+static const char *direct_name(ferry_direct d) { return ferry_direct_name(d); }
 
 static int Context_init(ContextObject *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"threads", "path", "direct", "task_size", "staging_size",
@@ -1040,32 +1038,8 @@ static PyObject *Dataset_get_groups(DatasetObject *self, void *c) {
 }
 static PyObject *Dataset_get_closed(DatasetObject *self, void *c) { return PyBool_FromLong(self->ds == NULL); }
 
-static const char *dtype_name(ferry_dtype t) {
-    switch (t) {
-    case FERRY_DT_BOOL: return "b1";
-    case FERRY_DT_I8: return "i1";
-    case FERRY_DT_U8: return "u1";
-    case FERRY_DT_I16: return "i2";
-    case FERRY_DT_U16: return "u2";
-    case FERRY_DT_I32: return "i4";
-    case FERRY_DT_U32: return "u4";
-    case FERRY_DT_I64: return "i8";
-    case FERRY_DT_U64: return "u8";
-    case FERRY_DT_F16: return "f2";
-    case FERRY_DT_BF16: return "bf16";
-    case FERRY_DT_F32: return "f4";
-    case FERRY_DT_F64: return "f8";
-    case FERRY_DT_C64: return "c8";
-    case FERRY_DT_C128: return "c16";
-    case FERRY_DT_F8_E4M3: return "f8e4m3";
-    case FERRY_DT_F8_E5M2: return "f8e5m2";
-    case FERRY_DT_DATETIME64: return "M8";
-    case FERRY_DT_TIMEDELTA64: return "m8";
-    case FERRY_DT_CHAR: return "S1";
-    case FERRY_DT_BYTES: return "S";
-    default: return "other";
-    }
-}
+/* the library's one name table (ferry_dtype_name, src/engine/names.c) */
+static const char *dtype_name(ferry_dtype t) { return ferry_dtype_name(t, FERRY_NAME_SHORT); }
 
 static PyObject *u64_tuple(const uint64_t *v, int n) {
     PyObject *t = PyTuple_New(n);
@@ -1083,15 +1057,22 @@ static PyObject *var_dict(const ferry_var_info *v) {
     PyObject *shape = u64_tuple(v->shape, nd);
     PyObject *chunks = shape ? u64_tuple(v->chunks, nd) : NULL;
     if (!chunks) { Py_XDECREF(shape); return NULL; }
+    /* the data file's path in the file system's encoding (str with surrogate
+     * escapes for non-UTF-8 bytes, as os.fsdecode gives), the error readable */
+    PyObject *path = PyUnicode_DecodeFSDefault(v->path ? v->path : "");
+    PyObject *error = !path ? NULL : v->error ? PyUnicode_DecodeUTF8(v->error, (Py_ssize_t)strlen(v->error),
+                                                                      "backslashreplace")
+                                              : (Py_INCREF(Py_None), Py_None);
+    if (!error) { Py_XDECREF(path); Py_DECREF(shape); Py_DECREF(chunks); return NULL; }
     PyObject *d = Py_BuildValue(
-        "{s:s,s:s,s:s,s:I,s:N,s:N,s:O,s:s,s:s,s:s,s:s,s:s,s:K,s:K,s:i,s:z}",
+        "{s:s,s:s,s:s,s:I,s:N,s:N,s:O,s:s,s:s,s:s,s:s,s:N,s:K,s:K,s:i,s:N}",
         "name", v->name ? v->name : "", "dtype", dtype_name(v->dtype), "typestr",
         v->typestr ? v->typestr : "", "itemsize", (unsigned)v->itemsize, "shape", shape, "chunks",
         chunks, "fortran_order", v->fortran_order ? Py_True : Py_False, "dims",
         v->dims_json ? v->dims_json : "null", "attrs", v->attrs_json ? v->attrs_json : "{}", "fill",
         v->fill_json ? v->fill_json : "null", "codecs", v->codecs ? v->codecs : "", "path",
-        v->path ? v->path : "", "data_offset", (unsigned long long)v->data_offset, "data_bytes",
-        (unsigned long long)v->data_bytes, "ndim", nd, "error", v->error);
+        path, "data_offset", (unsigned long long)v->data_offset, "data_bytes",
+        (unsigned long long)v->data_bytes, "ndim", nd, "error", error);
     return d;
 }
 
@@ -1147,7 +1128,7 @@ static int ds_var_index(DatasetObject *self, PyObject *var) {
     if (!name) return -1;
     int i = ferry_dataset_find(self->ds, name);
     if (i < 0) {
-        PyErr_Format(PyExc_KeyError, "%s: no variable named %R", PyUnicode_AsUTF8(self->path), var);
+        PyErr_Format(PyExc_KeyError, "%U: no variable named %R", self->path, var);
         return -1;
     }
     return i;
@@ -1408,18 +1389,12 @@ fail:
     return NULL;
 }
 
-static const struct { const char *name; int id; } codec_names[] = {
-    {"none", FERRY_CODEC_NONE}, {"zlib", FERRY_CODEC_ZLIB}, {"deflate", FERRY_CODEC_ZLIB},
-    {"gzip", FERRY_CODEC_GZIP}, {"zstd", FERRY_CODEC_ZSTD}, {"lz4", FERRY_CODEC_LZ4},
-    {"blosc", FERRY_CODEC_BLOSC}, {"shuffle", FERRY_CODEC_SHUFFLE}, {"crc32c", FERRY_CODEC_CRC32C},
-    {"fletcher32", FERRY_CODEC_FLETCHER32}, {"byteswap", FERRY_CODEC_BYTESWAP}, {NULL, 0}};
-
 static int parse_codec_id(PyObject *o, uint32_t *out) {
     if (PyUnicode_Check(o)) {
         const char *s = PyUnicode_AsUTF8(o);
         if (!s) return -1;
-        for (int i = 0; codec_names[i].name; i++)
-            if (!strcmp(codec_names[i].name, s)) { *out = (uint32_t)codec_names[i].id; return 0; }
+        ferry_codec_id id;
+        if (ferry_codec_parse(s, &id) == 0) { *out = (uint32_t)id; return 0; }
         PyErr_Format(PyExc_ValueError, "unknown codec %R", o);
         return -1;
     }
@@ -2430,14 +2405,20 @@ static PyObject *mod_empty(PyObject *m, PyObject *args, PyObject *kw) {
         nd = (int)n;
         if (seq_to_i64(shapeo, "shape", dims, nd) < 0) return NULL;
     }
-    uint64_t total = (uint64_t)item;
+    /* numpy's rule: the product of the non-zero dimensions times the item size
+     * fits in Py_ssize_t (also for a zero-size array), so the C-order strides
+     * below cannot overflow either (UBSan once caught that for (0, 2**63-1)) */
+    uint64_t span = (uint64_t)item;
+    int empty_ = 0;
     for (int i = 0; i < nd; i++) {
         if (dims[i] < 0) { PyErr_SetString(PyExc_ValueError, "negative dimension"); return NULL; }
-        if (__builtin_mul_overflow(total, (uint64_t)dims[i], &total) || total > (uint64_t)PY_SSIZE_T_MAX) {
+        if (dims[i] == 0) { empty_ = 1; continue; }
+        if (__builtin_mul_overflow(span, (uint64_t)dims[i], &span) || span > (uint64_t)PY_SSIZE_T_MAX) {
             PyErr_SetString(PyExc_OverflowError, "array too large");
             return NULL;
         }
     }
+    uint64_t total = empty_ ? 0 : span;
     ContextObject *c = NULL;
     if (device >= 0 || pinned || ctxo != Py_None) {
         c = ctx_arg(ctxo);
@@ -2511,6 +2492,74 @@ static PyObject *mod_crc32c(PyObject *m, PyObject *args, PyObject *kw) {
     return PyLong_FromUnsignedLong(r);
 }
 
+/* hdf5_signature(path) -> byte offset of the HDF5 signature, or -1: the C
+ * library decides what is netCDF-4/HDF5, the package then reads it by h5py. */
+static PyObject *mod_hdf5_signature(PyObject *m, PyObject *arg) {
+    PyObject *patho;
+    if (!PyUnicode_FSConverter(arg, &patho)) return NULL;
+    ContextObject *c = get_default_ctx();
+    if (!c) { Py_DECREF(patho); return NULL; }
+    int64_t at;
+    Py_BEGIN_ALLOW_THREADS
+    at = ferry_hdf5_signature(c->ctx, PyBytes_AS_STRING(patho));
+    Py_END_ALLOW_THREADS
+    Py_DECREF(patho);
+    return PyLong_FromLongLong(at >= 0 ? at : -1);
+}
+
+/* Names and sizes from the library's one table (src/engine/names.c), so the
+ * Python modules keep no tables of their own. */
+static PyObject *mod_dtype_name(PyObject *m, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"name", "style", NULL};
+    const char *name, *style = "short";
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|s", kwlist, &name, &style)) return NULL;
+    ferry_name_style st;
+    if (!strcmp(style, "short")) st = FERRY_NAME_SHORT;
+    else if (!strcmp(style, "long")) st = FERRY_NAME_LONG;
+    else if (!strcmp(style, "safetensors")) st = FERRY_NAME_SAFETENSORS;
+    else return PyErr_Format(PyExc_ValueError, "unknown name style %s (short, long, safetensors)", style);
+    ferry_dtype d;
+    if (ferry_dtype_parse(name, &d) < 0) return PyErr_Format(PyExc_ValueError, "unknown dtype %s", name);
+    const char *r = ferry_dtype_name(d, st);
+    if (!r) Py_RETURN_NONE;
+    return PyUnicode_FromString(r);
+}
+
+static PyObject *mod_dtype_itemsize(PyObject *m, PyObject *arg) {
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (!name) return NULL;
+    ferry_dtype d;
+    if (ferry_dtype_parse(name, &d) < 0) return PyErr_Format(PyExc_ValueError, "unknown dtype %s", name);
+    return PyLong_FromUnsignedLong(ferry_dtype_itemsize(d));
+}
+
+static PyObject *mod_codec_name(PyObject *m, PyObject *arg) {
+    uint32_t id;
+    if (parse_codec_id(arg, &id) < 0) return NULL;
+    return PyUnicode_FromString(ferry_codec_name((ferry_codec_id)id));
+}
+
+static PyObject *mod_size_parse(PyObject *m, PyObject *arg) {
+    if (PyLong_Check(arg)) {
+        long long v = PyLong_AsLongLong(arg);
+        if (v == -1 && PyErr_Occurred()) return NULL;
+        if (v < 0) return PyErr_Format(PyExc_ValueError, "%lld: a size cannot be negative", v);
+        return PyLong_FromLongLong(v);
+    }
+    const char *s = PyUnicode_AsUTF8(arg);
+    if (!s) return NULL;
+    uint64_t v;
+    if (ferry_size_parse(s, &v) < 0) {
+        PyErr_SetString(PyExc_ValueError, ferry_errmsg(NULL));
+        return NULL;
+    }
+    return PyLong_FromUnsignedLongLong(v);
+}
+
+static PyObject *mod_kernels_source(PyObject *m, PyObject *noarg) {
+    return PyUnicode_FromString(ferry_kernels_source());
+}
+
 static PyObject *mod_default_context(PyObject *m, PyObject *noarg) {
     ContextObject *c = get_default_ctx();
     if (!c) return NULL;
@@ -2529,6 +2578,17 @@ static PyMethodDef module_methods[] = {
      "Plan.layout (uint64 origins: n x ndim element coordinates; uint64 offsets, lengths; uint32 skips)"},
     {"normalize_selection", mod_normalize_selection, METH_VARARGS,
      "normalize_selection(shape, selection) -> (triples or None, out_shape, squeeze_axes)"},
+    {"dtype_name", (PyCFunction)(void (*)(void))mod_dtype_name, METH_VARARGS | METH_KEYWORDS,
+     "dtype_name(name, style='short') -> the dtype's name in style short ('f4'), long ('float32') or "
+     "safetensors ('F32'; None where safetensors has none); name may be of any style"},
+    {"dtype_itemsize", mod_dtype_itemsize, METH_O, "dtype_itemsize(name) -> bytes per element (0: varies)"},
+    {"codec_name", mod_codec_name, METH_O, "codec_name(id or name) -> the codec's name"},
+    {"size_parse", mod_size_parse, METH_O,
+     "size_parse(s) -> bytes: '8M'/'8MiB' = 8*2**20, '5GB' = 5*10**9 (ferry_size_parse); ints pass through"},
+    {"kernels_source", mod_kernels_source, METH_NOARGS,
+     "kernels_source() -> 'embedded fatbin' or 'none' (GPU byteswaps then run on the CPU)"},
+    {"hdf5_signature", mod_hdf5_signature, METH_O,
+     "hdf5_signature(path) -> byte offset of the HDF5 (netCDF-4) signature, or -1 when there is none"},
     {"empty", (PyCFunction)(void (*)(void))mod_empty, METH_VARARGS | METH_KEYWORDS,
      "empty(shape, typestr, device=-1, ctx=None, pinned=False) -> Array "
      "(host: 4 KiB-aligned; device: cuMemAlloc; pinned: page-locked host memory)"},
@@ -2539,15 +2599,34 @@ static struct PyModuleDef moduledef = {
     "ferry's C extension: contexts, files, datasets, plans, jobs and arrays (see docs/python-extension.md).",
     -1, module_methods, NULL, NULL, NULL, NULL};
 
+/* FerryError(code, message) is how the library raises it; FerryError(message)
+ * and FerryError(message=...) must work too, because torch's DataLoader
+ * re-raises a worker's exception in the main process as type(e)(text) (once the
+ * code was taken for the message and str() was empty). __reduce__ keeps code,
+ * message and every keyword attribute (path=, ...) across pickling. */
 static const char ferror_src[] =
     "class FerryError(Exception):\n"
-    "    \"\"\"An error from the ferry library: .code (negative ferry_status or -errno) and .message.\"\"\"\n"
-    "    def __init__(self, code, message=''):\n"
-    "        super().__init__(code, message)\n"
+    "    \"\"\"An error from the ferry library: .code (a negative ferry_status or -errno; None\n"
+    "    when made from a message alone), .message (also str()), and any keyword attributes\n"
+    "    (e.g. path=). FerryError(code, message), FerryError(message) and\n"
+    "    FerryError(message=..., code=...) all work; pickling keeps every attribute.\"\"\"\n"
+    "    def __init__(self, *args, **attrs):\n"
+    "        code = attrs.pop('code', None)\n"
+    "        message = attrs.pop('message', None)\n"
+    "        rest = list(args)\n"
+    "        if code is None and rest and type(rest[0]) is int:\n"
+    "            code = rest.pop(0)\n"
+    "        if message is None and rest:\n"
+    "            message = rest.pop(0)\n"
+    "        message = '' if message is None else str(message)\n"
+    "        super().__init__(code, message, *rest)\n"
     "        self.code = code\n"
     "        self.message = message\n"
+    "        self.__dict__.update(attrs)\n"
     "    def __str__(self):\n"
-    "        return self.message\n"
+    "        return self.message if self.message or self.code is None else 'ferry error %s' % (self.code,)\n"
+    "    def __reduce__(self):\n"
+    "        return (type(self), (self.code, self.message), dict(self.__dict__))\n"
     "FerryError.__module__ = 'ferry'\n";
 
 static int make_ferry_error(PyObject *m) {

@@ -53,8 +53,7 @@ int ferry_codecs_only_byteswap(const ferry_codec *chain, int n);
  * Returns 0 or FERRY_EINVAL / FERRY_EUNSUPPORTED with a message. */
 int ferry_codecs_validate(const ferry_codec *chain, int n);
 
-/* A short name for a codec id ("zstd", "blosc", ...), for messages and `ferry info`. */
-const char *ferry_codec_name(uint32_t id);
+/* ferry_codec_name (a codec id's name, for messages) is public: ferry.h, src/engine/names.c. */
 
 /* CRC-32C (Castagnoli), as used by Zarr v3's crc32c codec: crc starts at 0
  * for a fresh computation; feed the previous result to continue. */

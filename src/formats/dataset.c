@@ -44,6 +44,30 @@ static int read_head(ferry_ctx *ctx, const char *path, uint8_t *head, size_t *n)
     return 0;
 }
 
+/* HDF5 (netCDF-4's container) is not parsed in C, but it is the format xarray
+ * writes by default: recognise its superblock signature, at byte 0 or after a
+ * user block of 512, 1024, 2048, ... bytes (HDF5 File Format Specification,
+ * "Format Signature"), so that users are told what reads it instead of a
+ * netCDF-3 "bad magic". */
+int64_t ferry_hdf5_signature(ferry_ctx *ctx, const char *path) {
+    static const uint8_t sig[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+    if (!ctx || !path) return ferry_seterr(FERRY_EINVAL, "ferry_hdf5_signature: no context or path");
+    ferry_file *f;
+    int rc = ferry_file_open(ctx, path, FERRY_READ, &f);
+    if (rc < 0) return rc;
+    int64_t size = ferry_file_size(f), found = FERRY_ENOFORMAT;
+    for (uint64_t off = 0; size >= 0 && off + sizeof sig <= (uint64_t)size; off = off ? off * 2 : 512) {
+        uint8_t got[sizeof sig];
+        if (ferry_pread(f, ferry_host_buf(got, sizeof got), off, sizeof got, FERRY_NO_DIRECT) != (int64_t)sizeof got)
+            break;
+        if (!memcmp(got, sig, sizeof sig)) { found = (int64_t)off; break; }
+    }
+    ferry_file_close(f);
+    if (size < 0) return size;
+    if (found < 0) return ferry_seterr(FERRY_ENOFORMAT, "%s: no HDF5 signature", path);
+    return found;
+}
+
 int ferry_dataset_open(ferry_ctx *ctx, const char *path, const ferry_open_opts *opts, ferry_dataset **out) {
     if (!out) return ferry_seterr(FERRY_EINVAL, "ferry_dataset_open: out is NULL");
     *out = NULL;
@@ -75,6 +99,13 @@ int ferry_dataset_open(ferry_ctx *ctx, const char *path, const ferry_open_opts *
         }
         for (size_t i = 0; i < NFORMATS && !ops; i++)
             if (formats[i]->probe(path, head, n, is_dir)) ops = formats[i];
+        if (!ops && !is_dir) {
+            int64_t at = ferry_hdf5_signature(ctx, path);
+            if (at >= 0)
+                return ferry_seterr(FERRY_EUNSUPPORTED,
+                                    "%s: netCDF-4/HDF5 file%s: read it with xr.open_dataset(path, engine=\"ferry\") "
+                                    "or ferry.open in Python", path, at ? " (after a user block)" : "");
+        }
         /* content matched nothing: a telling name still picks the parser, so
          * a damaged "x.npy" gets npy's precise complaint, not a shrug */
         if (!ops && !is_dir) ops = by_name(path);
