@@ -538,7 +538,8 @@ const char *ferry_dataset_dims_json(const ferry_dataset *ds);
 const char *ferry_dataset_groups_json(const ferry_dataset *ds);
 int ferry_dataset_nvars(const ferry_dataset *ds);
 int ferry_dataset_var(const ferry_dataset *ds, int index, ferry_var_info *out);
-/** Index of the variable named `name`, or FERRY_ENOTFOUND. */
+/** Index of the variable named `name`, or FERRY_ENOTFOUND. Constant time (a table built at
+ *  open); safe to call from several threads on one open dataset. */
 int ferry_dataset_find(const ferry_dataset *ds, const char *name);
 
 /** One dimension of a selection: indices start, start+step, ... < stop. */

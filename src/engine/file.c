@@ -98,8 +98,24 @@ int ferry_file_direct_fd(ferry_file *f) {
         else if (f->flags & FERRY_WRITE) oflags |= O_WRONLY;
         else oflags |= O_RDONLY;
         /* Reopen by path (not /proc/self/fd) so the O_DIRECT fd shares nothing
-         * with the buffered one; tmpfs and some FUSE file systems refuse O_DIRECT. */
+         * with the buffered one; tmpfs and some FUSE file systems refuse O_DIRECT.
+         * The path may name another file by now (a checkpoint replaced by
+         * rename after its header was parsed): the new descriptor must be the
+         * same inode, else data would come from the other file (issue 15.0).
+         * Then /proc/self/fd reopens this very inode; failing that, the file is
+         * read buffered through the descriptor whose header was parsed. */
         int fd = open(f->path, oflags);
+        struct stat a, b;
+        if (fd >= 0 && (fstat(f->fd, &a) != 0 || fstat(fd, &b) != 0 || a.st_dev != b.st_dev || a.st_ino != b.st_ino)) {
+            close(fd);
+            char self[64];
+            snprintf(self, sizeof self, "/proc/self/fd/%d", f->fd);
+            fd = open(self, oflags);
+            if (fd >= 0 && (fstat(fd, &b) != 0 || a.st_dev != b.st_dev || a.st_ino != b.st_ino)) {
+                close(fd);
+                fd = -1;
+            }
+        }
         __atomic_store_n(&f->dfd, fd >= 0 ? fd : -2, __ATOMIC_RELEASE);
     }
     d = f->dfd;
