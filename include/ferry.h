@@ -660,6 +660,51 @@ int64_t ferry_plan_layout(const ferry_layout *layout, const ferry_slice *sel, fe
  *  table_index = index, ntable = n. */
 int ferry_layout_sort_table(const ferry_layout *layout, const uint64_t *origins, ferry_chunk *table,
                             uint64_t *index, size_t n);
+/* Many .npy files, one sample each (DALI's and MONAI's layout)              */
+/* ------------------------------------------------------------------------- */
+/* n .npy files of one dtype and shape become one batch: file i's array goes
+ * to dst + i * stride. The first file's header is parsed when the batch is
+ * submitted; every file's header and data are then read in one job (by path,
+ * through the context's open-file cache, opened by the workers in parallel;
+ * into host memory each file's header and data are one preadv). When the job
+ * is done every header is checked against the first: byte-identical headers
+ * are the common case and cost a memcmp; any other header is parsed and must
+ * give the same dtype, shape and order (its data is then re-read from its own
+ * offset), else the batch fails with FERRY_EFORMAT naming that file, its dtype
+ * and shape and the first file's. A header and the data after it are read
+ * from one open file, so a file replaced meanwhile is read whole or not at all. */
+typedef struct ferry_npy_info {
+    ferry_dtype dtype;
+    char typestr[64];             /* as stored, e.g. "<f4", ">i2", "|u1" */
+    uint32_t itemsize;
+    int ndim;
+    uint64_t shape[FERRY_MAX_DIMS];
+    int fortran_order;
+    uint64_t nbytes;              /* bytes of one file's array */
+} ferry_npy_info;
+
+typedef struct ferry_npy_batch ferry_npy_batch;
+
+/** Start reading the n files paths[0..n-1] into dst (host or device memory):
+ *  file i's array at byte i * stride of dst (stride 0: the array's size;
+ *  otherwise at least it). flags: FERRY_NATIVE converts big-endian data to
+ *  host order; FERRY_STORED_ORDER accepts Fortran-order files and copies them
+ *  as stored (without it they are FERRY_EUNSUPPORTED). info (may be NULL)
+ *  receives the first file's dtype and shape. paths are copied; dst must live
+ *  until ferry_npy_batch_wait returns. Errors of the first file, bad
+ *  arguments and a dst too small are returned here. */
+int ferry_npy_batch_submit(ferry_ctx *ctx, const char *const *paths, size_t n, ferry_buf dst, uint64_t stride,
+                           unsigned flags, ferry_npy_info *info, ferry_npy_batch **out);
+/** Wait for the batch and check every file's header (see above). Returns the
+ *  data bytes placed (n * nbytes) or a negative code naming the file at fault.
+ *  Device memory is complete when it returns (the copies were waited for).
+ *  Call once; then destroy. */
+int64_t ferry_npy_batch_wait(ferry_npy_batch *b);
+/** Wait (if not yet waited for) and free. NULL: no-op. */
+void ferry_npy_batch_destroy(ferry_npy_batch *b);
+/** submit + wait + destroy. */
+int64_t ferry_npy_read_many(ferry_ctx *ctx, const char *const *paths, size_t n, ferry_buf dst, uint64_t stride,
+                            unsigned flags, ferry_npy_info *info);
 
 /* ------------------------------------------------------------------------- */
 /* Per-format notes                                                           */

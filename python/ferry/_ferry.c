@@ -2567,6 +2567,54 @@ static PyObject *mod_default_context(PyObject *m, PyObject *noarg) {
     return (PyObject *)c;
 }
 
+/* npy_read_many(ctx, paths, dst, stride=0, native=True, stored_order=False)
+ * -> {"typestr", "shape", "fortran_order", "nbytes"}: ferry_npy_read_many (n
+ * one-sample .npy files into one batch; the GIL is released while it runs). */
+static PyObject *mod_npy_read_many(PyObject *m, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"ctx", "paths", "dst", "stride", "native", "stored_order", NULL};
+    ContextObject *c;
+    PyObject *pathso, *dsto;
+    unsigned long long stride = 0;
+    int native = 1, stored = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!OO|Kpp", kwlist, &ContextType, &c, &pathso, &dsto, &stride,
+                                     &native, &stored))
+        return NULL;
+    if (ctx_check(c) < 0) return NULL;
+    PyObject *seq = PySequence_Fast(pathso, "paths must be a sequence of str, bytes or os.PathLike");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **enc = PyMem_Calloc((size_t)(n ? n : 1), sizeof *enc);
+    const char **paths = PyMem_Calloc((size_t)(n ? n : 1), sizeof *paths);
+    PyObject *res = NULL;
+    parsed_buf d;
+    d.keep = NULL;
+    if (!enc || !paths) { PyErr_NoMemory(); goto out; }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyUnicode_FSConverter(PySequence_Fast_GET_ITEM(seq, i), &enc[i])) goto out;
+        paths[i] = PyBytes_AS_STRING(enc[i]);
+    }
+    if (parse_buffer(dsto, 1, &d) < 0) goto out;
+    unsigned flags = (native ? FERRY_NATIVE : 0) | (stored ? FERRY_STORED_ORDER : 0);
+    ferry_npy_info info;
+    int64_t rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ferry_npy_read_many(c->ctx, paths, (size_t)n, d.buf, stride, flags, &info);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) { raise_ctx(c->ctx, (int)rc); goto out; }
+    PyObject *shape = PyTuple_New(info.ndim);
+    if (!shape) goto out;
+    for (int k = 0; k < info.ndim; k++) PyTuple_SET_ITEM(shape, k, PyLong_FromUnsignedLongLong(info.shape[k]));
+    res = Py_BuildValue("{s:s,s:N,s:O,s:K}", "typestr", info.typestr, "shape", shape, "fortran_order",
+                        info.fortran_order ? Py_True : Py_False, "nbytes", (unsigned long long)info.nbytes);
+out:
+    Py_XDECREF(d.keep);
+    for (Py_ssize_t i = 0; enc && i < n; i++) Py_XDECREF(enc[i]);
+    PyMem_Free(enc);
+    PyMem_Free(paths);
+    Py_DECREF(seq);
+    return res;
+}
+
 static PyMethodDef module_methods[] = {
     {"version", mod_version, METH_NOARGS, "the library's version string"},
     {"strerror", mod_strerror, METH_O, "strerror(code) -> name of a return code"},
@@ -2592,6 +2640,10 @@ static PyMethodDef module_methods[] = {
     {"empty", (PyCFunction)(void (*)(void))mod_empty, METH_VARARGS | METH_KEYWORDS,
      "empty(shape, typestr, device=-1, ctx=None, pinned=False) -> Array "
      "(host: 4 KiB-aligned; device: cuMemAlloc; pinned: page-locked host memory)"},
+    {"npy_read_many", (PyCFunction)(void (*)(void))mod_npy_read_many, METH_VARARGS | METH_KEYWORDS,
+     "npy_read_many(ctx, paths, dst, stride=0, native=True, stored_order=False) -> dict: n one-sample .npy "
+     "files of one dtype and shape into dst (file i at byte i*stride; 0: packed), every header checked "
+     "(FerryError naming a file whose dtype or shape differs); returns typestr, shape, fortran_order, nbytes"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef moduledef = {

@@ -109,4 +109,14 @@ extern const size_t ferry_kernels_fatbin_size;
 /* 1 when the embedded kernels load on device dev. */
 int ferry_cuda_kernels_ready(int dev);
 int ferry_cuda_byteswap(int dev, CUdeviceptr p, size_t n, unsigned size, CUstream stream);
+
+/* One run of a packed staging buffer: len bytes at packed + src go to the
+ * device address dst (the layout kernels.cu's ferry_scatter reads). */
+typedef struct ferry_scatter_entry { uint64_t src, dst, len; } ferry_scatter_entry;
+/* 1 when the scatter kernel is loaded on device dev. */
+int ferry_cuda_scatter_ready(int dev);
+/* Enqueue on `stream` (device dev current): for each of the n entries of tab
+ * (device memory), copy entry.len bytes from packed + entry.src to entry.dst.
+ * FERRY_EUNSUPPORTED when no kernels are embedded. */
+int ferry_cuda_scatter(int dev, CUdeviceptr packed, CUdeviceptr tab, size_t n, CUstream stream);
 #endif
