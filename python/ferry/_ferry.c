@@ -1284,6 +1284,30 @@ static int plan_keep(PlanObject *p, PyObject *o) {
     return rc;
 }
 
+/* selection: None, or a sequence of (start, stop[, step]) */
+static int parse_triples(PyObject *sel, ferry_slice *out, int ndim, const char *name) {
+    PyObject *seq = PySequence_Fast(sel, "selection must be a sequence of (start, stop, step)");
+    if (!seq) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n != ndim) {
+        Py_DECREF(seq);
+        PyErr_Format(PyExc_ValueError, "selection has %zd dimensions, variable %s has %d", n, name ? name : "?", ndim);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *it = PySequence_Fast_GET_ITEM(seq, i);
+        long long a, b, c = 1;
+        if (!PyTuple_Check(it) || !PyArg_ParseTuple(it, "LL|L", &a, &b, &c)) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "selection items are (start, stop[, step]) tuples");
+            Py_DECREF(seq);
+            return -1;
+        }
+        out[i] = (ferry_slice){a, b, c};
+    }
+    Py_DECREF(seq);
+    return 0;
+}
+
 static PyObject *Plan_read(PlanObject *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"dataset", "var", "dst", "selection", "native", "stored_order", NULL};
     DatasetObject *ds;
@@ -1298,29 +1322,10 @@ static PyObject *Plan_read(PlanObject *self, PyObject *args, PyObject *kw) {
     ferry_slice slices[FERRY_MAX_DIMS];
     ferry_slice *sp = NULL;
     if (sel != Py_None) {
-        PyObject *seq = PySequence_Fast(sel, "selection must be a sequence of (start, stop, step)");
-        if (!seq) return NULL;
-        Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-        if (n > FERRY_MAX_DIMS) { Py_DECREF(seq); PyErr_SetString(PyExc_ValueError, "too many dimensions"); return NULL; }
-        for (Py_ssize_t i = 0; i < n; i++) {
-            PyObject *it = PySequence_Fast_GET_ITEM(seq, i);
-            long long a, b, c = 1;
-            if (!PyTuple_Check(it) || !PyArg_ParseTuple(it, "LL|L", &a, &b, &c)) {
-                if (!PyErr_Occurred())
-                    PyErr_SetString(PyExc_TypeError, "selection items are (start, stop[, step]) tuples");
-                Py_DECREF(seq);
-                return NULL;
-            }
-            slices[i].start = a; slices[i].stop = b; slices[i].step = c;
-        }
-        Py_DECREF(seq);
         ferry_var_info info;
         memset(&info, 0, sizeof info);
-        if (ferry_dataset_var(ds->ds, vi, &info) == 0 && info.ndim != (int)n) {
-            PyErr_Format(PyExc_ValueError, "selection has %zd dimensions, variable %s has %d", n,
-                         info.name ? info.name : "?", info.ndim);
-            return NULL;
-        }
+        if (ferry_dataset_var(ds->ds, vi, &info) < 0) return raise_code_msg(FERRY_EINVAL, ferry_errmsg(NULL));
+        if (parse_triples(sel, slices, info.ndim, info.name) < 0) return NULL;
         sp = slices;
     }
     parsed_buf d;
@@ -1749,30 +1754,6 @@ done:
     return result;
 }
 
-/* selection: None, or a sequence of (start, stop[, step]) */
-static int parse_triples(PyObject *sel, ferry_slice *out, int ndim) {
-    PyObject *seq = PySequence_Fast(sel, "selection must be a sequence of (start, stop, step)");
-    if (!seq) return -1;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    if (n != ndim) {
-        Py_DECREF(seq);
-        PyErr_Format(PyExc_ValueError, "selection has %zd dimensions, the array has %d", n, ndim);
-        return -1;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *it = PySequence_Fast_GET_ITEM(seq, i);
-        long long a, b, c = 1;
-        if (!PyTuple_Check(it) || !PyArg_ParseTuple(it, "LL|L", &a, &b, &c)) {
-            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "selection items are (start, stop[, step]) tuples");
-            Py_DECREF(seq);
-            return -1;
-        }
-        out[i] = (ferry_slice){a, b, c};
-    }
-    Py_DECREF(seq);
-    return 0;
-}
-
 static PyObject *Plan_layout(PlanObject *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"dst", "shape", "chunks", "itemsize", "table", "path", "codecs", "swap", "fill",
                              "order", "selection", "native", "label", "file_size", NULL};
@@ -1829,7 +1810,7 @@ static PyObject *Plan_layout(PlanObject *self, PyObject *args, PyObject *kw) {
         l.ntable = t->n;
     }
     ferry_slice slices[FERRY_MAX_DIMS];
-    if (sel != Py_None && parse_triples(sel, slices, nd) < 0) goto done;
+    if (sel != Py_None && parse_triples(sel, slices, nd, label) < 0) goto done;
     if (parse_buffer(dsto, 1, &d) < 0) goto done;
     int64_t rc;
     Py_BEGIN_ALLOW_THREADS

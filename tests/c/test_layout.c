@@ -138,28 +138,28 @@ static void check_random(const ferry_layout *l, int count, int big_native) {
     }
 }
 
+/* The whole array, read without FERRY_NATIVE (swapped back here when big). */
+static void check_whole(const ferry_layout *l, int big) {
+    int32_t got[NY * NX];
+    CHECK_EQ_I(read_sel(l, NULL, got, sizeof got, 0), NY * NX * 4);
+    if (big) bswap32(got, sizeof got);
+    int bad = 0;
+    for (int y = 0; y < NY; y++) for (int x = 0; x < NX; x++) bad += got[y * NX + x] != expect_at(y, x);
+    CHECK_EQ_I(bad, 0);
+}
+
 static void test_dense_table_c_order(void) {
     write_chunks(0, 0);
     ferry_layout l = base_layout(0, 0);
     check_random(&l, 300, 0);
-    int32_t got[NY * NX];
-    CHECK_EQ_I(read_sel(&l, NULL, got, sizeof got, 0), NY * NX * 4);
-    int bad = 0;
-    for (int y = 0; y < NY; y++) for (int x = 0; x < NX; x++) bad += got[y * NX + x] != expect_at(y, x);
-    CHECK_EQ_I(bad, 0);
+    check_whole(&l, 0);
 }
 
 static void test_f_order_and_big_endian(void) {
     write_chunks(1, 1);
     ferry_layout l = base_layout(1, 1);
     check_random(&l, 200, 1);
-    /* without FERRY_NATIVE the data (and the fill) stay big-endian */
-    int32_t got[NY * NX];
-    CHECK_EQ_I(read_sel(&l, NULL, got, sizeof got, 0), NY * NX * 4);
-    bswap32(got, sizeof got);
-    int bad = 0;
-    for (int y = 0; y < NY; y++) for (int x = 0; x < NX; x++) bad += got[y * NX + x] != expect_at(y, x);
-    CHECK_EQ_I(bad, 0);
+    check_whole(&l, 1);   /* without FERRY_NATIVE the data (and the fill) stay big-endian */
 }
 
 static void test_sparse_table_from_origins(void) {
