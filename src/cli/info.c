@@ -9,6 +9,7 @@
 #include "cli/info.h"
 #include "cli/args.h"
 #include "formats/json.h"
+#include "engine/numa.h"
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -155,6 +156,10 @@ static int describe_library(ferry_ctx *ctx, int json) {
         ferry_sbuf_json_string(&b, cufile, strlen(cufile));
         ferry_sbuf_puts(&b, ",\"nvcomp\":");
         ferry_sbuf_json_string(&b, nv, strlen(nv));
+        char numa[1024];   /* multigpu: the NUMA line of the text form */
+        ferry_numa_describe(numa, sizeof numa, ndev);
+        ferry_sbuf_puts(&b, ",\"numa\":");
+        ferry_sbuf_json_string(&b, numa, strlen(numa));
         ferry_sbuf_printf(&b, ",\"decode\":\"%s\"", ferry_decode_policy_name((ferry_decode_policy)cfg.decode));
         ferry_sbuf_printf(&b, ",\"kernels\":\"%s\",\"threads\":%d,\"path\":\"%s\",\"direct\":\"%s\"}\n", kern,
                           cfg.threads, ferry_path_name(cfg.path), ferry_direct_name(cfg.direct));
@@ -168,6 +173,9 @@ static int describe_library(ferry_ctx *ctx, int json) {
         printf("  nvCOMP: %s\n", nv);
         printf("  decode: %s (FERRY_DECODE)\n", ferry_decode_policy_name((ferry_decode_policy)cfg.decode));
         printf("  GPU kernels: %s%s\n", kern, kern_note);
+        char numa[1024];   /* multigpu: the host's NUMA topology and each GPU's node */
+        ferry_numa_describe(numa, sizeof numa, ndev);
+        printf("  NUMA: %s\n", numa);
         printf("  engine: %d threads, path %s, O_DIRECT %s, staging %d x %zu KiB per thread\n", cfg.threads,
                ferry_path_name(cfg.path), ferry_direct_name(cfg.direct), cfg.staging_count, cfg.staging_size >> 10);
     }

@@ -1,5 +1,6 @@
 /* config.c — defaults, FERRY_* environment overrides, path names. */
 #include "engine/engine.h"
+#include "engine/numa.h"
 #include <ctype.h>
 #include <stdlib.h>
 #include <strings.h>
@@ -56,6 +57,7 @@ int ferry_config_resolve(ferry_config *c) {
         if (p && (rc = ferry_path_parse(p, &c->path)) < 0) return rc;
         const char *dp = getenv("FERRY_DECODE");   /* gpudecode.c has the names */
         if (dp && (rc = ferry_decode_policy_parse(dp, (ferry_decode_policy *)&c->decode)) < 0) return rc;
+        if ((rc = ferry_numa_check_env()) < 0) return rc;   /* multigpu: FERRY_NUMA=auto|off (numa.c) */
         const char *d = getenv("FERRY_DIRECT");
         if (d) {
             if (!strcasecmp(d, "auto")) c->direct = FERRY_DIRECT_AUTO;

@@ -4,6 +4,7 @@
  * it sleeps waits for its own outstanding copies, so every task completes. */
 #include "engine/engine.h"
 #include "engine/gpudecode.h"
+#include "engine/numa.h"   /* multigpu: worker placement */
 #include <stdlib.h>
 
 /* A 4 KiB-aligned host buffer of n bytes. For work that feeds device dev it is
@@ -17,6 +18,9 @@ static int alloc_host(ferry_worker *w, int dev, uint8_t **p, size_t n, int *pinn
     *pinned = 0;
     const ferry_cuda_api *cu = dev >= 0 && !w->pin_failed ? ferry_cuda_load(NULL) : NULL;
     if (cu) {
+        /* multigpu (numa.c): a pool worker moves to dev's NUMA node before its
+         * first pinned allocation, so its staging is first touched there */
+        if (!w->is_inline) ferry_numa_place_thread(dev);
         if (ferry_cuda_use_device(dev) == 0) {
             if (cu->MemHostAlloc((void **)p, n, FERRY_CU_MEMHOSTALLOC_PORTABLE) == 0) {
                 *pinned = 1;

@@ -32,7 +32,8 @@
  * library): primary-context retains and pinned allocations per device, and
  * copies made under one device's context into another device's memory,
  * host-to-device copies, kernel launches and cuPointerGetAttribute calls.
- * FERRY_CUDASIM_DEVICES sets the device count (default 2). */
+ * FERRY_CUDASIM_DEVICES sets the device count (default 2); device d reports
+ * PCI bus id 0000:<0x10 + d>:00.0 (cuDeviceGetPCIBusId). */
 
 #include "cuda/cuda.h"
 #include <pthread.h>
@@ -324,6 +325,15 @@ CUresult cuDeviceGet(CUdevice *d, int ord) {
     if (!inited_) return E_NOT_INITIALIZED;
     if (ord < 0 || ord >= ndev_) return E_INVALID_DEVICE;
     *d = ord;
+    return OK;
+}
+
+/* Device d sits at PCI 0000:<0x10 + d>:00.0: a test's fake sysfs
+ * (FERRY_SYSFS_ROOT, numa.c) gives those functions their NUMA nodes. */
+CUresult cuDeviceGetPCIBusId(char *out, int len, CUdevice d) {
+    if (!inited_) return E_NOT_INITIALIZED;
+    if (d < 0 || d >= ndev_ || !out || len < 13) return E_INVALID_VALUE;
+    snprintf(out, (size_t)len, "0000:%02X:00.0", 0x10 + d);
     return OK;
 }
 
