@@ -200,7 +200,7 @@ def test_resume_mid_epoch_exact(npy):
     assert list(ds3) == [] and ds3.epoch == 1
 
 
-@pytest.mark.parametrize("w_from,w_to", [(2, 3), (4, 1), (1, 8), (3, 2), (8, 4), (8, 3)])
+@pytest.mark.parametrize("w_from,w_to", [(2, 3), (4, 1), (1, 8), (3, 2)])
 def test_resume_with_another_world_size(npy, w_from, w_to):
     kw = dict(fields=npy.fields, batch_size=4, shuffle=True, seed=5, device="cpu")
     sets = [ArrayDataset(rank=r, world_size=w_from, **kw) for r in range(w_from)]
