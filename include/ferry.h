@@ -165,6 +165,11 @@ typedef struct ferry_config {
     int no_env;           /* nonzero: ignore FERRY_* environment variables */
     int decode;           /* ferry_decode_policy for compressed chunks         [FERRY_DECODE] */
 } ferry_config;
+/* NUMA (process-wide, not a field) [FERRY_NUMA=auto|off]: on a host with several NUMA nodes,
+ * each pool worker moves, before its first pinned staging allocation, to the CPUs of the
+ * node of the device it feeds (its first one: staging serves every device after that) and
+ * prefers that node's memory; work run on the caller's thread never moves the caller. One
+ * node: nothing happens. `ferry info` prints the topology; docs/multigpu.md says more. */
 
 /** Where compressed chunks are decoded (FERRY_DECODE=auto|gpu|cpu).
  *  CPU: ferry's own decoders on the worker threads, then a copy to the device.

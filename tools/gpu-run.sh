@@ -5,6 +5,7 @@
 #   steps: wheels build test ctest bench benchwarm sweep engine pybench
 #          formats xbench (bench_xarray, BXARGS) torchbench (bench_torch, BTARGS)
 #          ckptbench (bench_checkpoint, BCARGS) nccl (the two-GPU tests)
+#          multigpu (issue 11's tests on 2..8 GPUs) mgbench (bench_multigpu, MGARGS)
 #   wheels: pip-installs .gpu/whl/*.whl (carry ".gpu/whl": zarr, numcodecs,
 #           netCDF4, dask, ... downloaded here for Python 3.12) into /tmp/site.
 set -u
@@ -77,6 +78,26 @@ for step in "$@"; do
             tests/gpu/test_torch_gpu.py::test_two_gpus_nccl tests/gpu/test_checkpoint_gpu.py::test_gpu_dcp_nccl_two_gpus \
             > "$OUT/nccl.log" 2>&1; echo "nccl tests exit $?"
         tail -15 "$OUT/nccl.log" ;;
+    multigpu|mgbench)
+        # nvidia-h200-x2/x4/x8: NVLink multicast (NVLS) must stay off on those machines
+        export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+        { nvidia-smi topo -m; numactl --hardware; for f in /sys/bus/pci/devices/*/numa_node; do
+              d=${f%/numa_node}; [ "$(cat "$d/vendor" 2>/dev/null)" = 0x10de ] && echo "${d##*/} $(cat "$d/class") node $(cat "$f")"
+          done; ./build/ferry info; } > "$OUT/multigpu-topology.txt" 2>&1
+        grep -E "NUMA|CUDA" "$OUT/multigpu-topology.txt"
+        if [ "$step" = multigpu ]; then
+            make --no-print-directory build/tests/gpu/test_multigpu build/tests/gpu/test_gpu_contexts PYTHON=python3 > /dev/null || exit 1
+            FERRY_TEST_DIR=$PWD timeout 120 tools/run-c-tests.sh build/tests/gpu/test_multigpu build/tests/gpu/test_gpu_contexts \
+                > "$OUT/multigpu-ctest.log" 2>&1; echo "multigpu C tests exit $?"; tail -4 "$OUT/multigpu-ctest.log"
+            # two runs: node ids of a module that skips as a whole fail collection
+            timeout 300 python3 -m pytest -q -p no:cacheprovider -rs tests/gpu/test_multigpu_ranks.py \
+                > "$OUT/multigpu-pytest.log" 2>&1; echo "multigpu ranks pytest exit $?"; tail -5 "$OUT/multigpu-pytest.log"
+            timeout 280 python3 -m pytest -q -p no:cacheprovider -rs tests/gpu/test_torch_gpu.py::test_two_gpus_nccl \
+                tests/gpu/test_checkpoint_gpu.py::test_gpu_dcp_nccl_two_gpus \
+                > "$OUT/multigpu-nccl.log" 2>&1; echo "two-GPU nccl pytest exit $?"; tail -5 "$OUT/multigpu-nccl.log"
+        else
+            bench bench_multigpu 590 40 --dir "$PWD" --json "$OUT/bench_multigpu.json" ${MGARGS:-}
+        fi ;;
     pybench)
         for b in bench/bench_*.py; do
             timeout 240 python3 "$b" --smoke > "$OUT/$(basename "$b" .py).txt" 2>&1; echo "$b exit $?"
