@@ -5,7 +5,8 @@ GPUs (or --ranks N CPU ranks with --smoke / without CUDA), every result verified
     PYTHONPATH=python python3 bench/bench_multigpu.py --gib 4 --dir /path/on/real/disk --json mg.json
     PYTHONPATH=python python3 bench/bench_multigpu.py --smoke          # tiny, CPU ranks, gloo
 
-1. The host's limits: parallel pread of a warm file from 16 / 32 / 64 threads; pinned
+1. The host's limits: parallel pread of a warm file from 16 / 32 / 64 threads (random 8 MiB
+   preads for 3 s, bench/pread_limit.c compiled with cc; Python os.preadv too); pinned
    host->device copies per device alone, then on every device at once (a thread per device).
 2. ferry file -> GPU, warm and cold (posix_fadvise DONTNEED, and /proc/sys/vm/drop_caches
    where writable): one GPU alone (the one-GPU rate), (a) one process whose one plan's
@@ -137,6 +138,20 @@ def pread_parallel(path, threads):
     os.close(fd)
     assert sum(got) == size
     return size / dt / GB
+
+
+def pread_c(path, threads, seconds, workdir):
+    """GB/s of bench/pread_limit.c (random 8 MiB preads of the warm file from `threads`
+    threads for `seconds`: no Python between the reads), or None without a C compiler."""
+    exe = os.path.join(workdir, "pread_limit")
+    if not os.path.exists(exe):
+        cc = shutil.which("cc") or shutil.which("gcc")
+        if cc is None:
+            return None
+        subprocess.run([cc, "-O2", "-pthread", os.path.join(HERE, "pread_limit.c"), "-o", exe], check=True)
+    out = subprocess.run([exe, path, str(CHUNK), str(CHUNK), str(threads), str(seconds)],
+                         check=True, capture_output=True, text=True).stdout
+    return float(out.strip())
 
 
 def h2d_rates(ndev, nbytes, reps):
@@ -686,7 +701,10 @@ def main():
             log("1. host limits")
             warm(path)
             for t in (16, 32, 64):
-                limits[f"pread_{t}"] = max(pread_parallel(path, t) for _ in range(args.reps))
+                # the C reader where there is a compiler (the limit), Python's os.preadv too
+                limits[f"pread_py_{t}"] = max(pread_parallel(path, t) for _ in range(args.reps))
+                c = pread_c(path, t, 0.5 if args.smoke else 3, work)
+                limits[f"pread_{t}"] = c if c is not None else limits[f"pread_py_{t}"]
             limits["pread_best"] = max(limits[f"pread_{t}"] for t in (16, 32, 64))
             if not cpu:
                 limits["h2d_alone"], limits["h2d_all"] = h2d_rates(N, min(args.per_dev, 1 << 30), args.reps + 1)
