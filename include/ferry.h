@@ -167,9 +167,10 @@ typedef struct ferry_config {
 } ferry_config;
 /* NUMA (process-wide, not a field) [FERRY_NUMA=auto|off]: on a host with several NUMA nodes,
  * each pool worker moves, before its first pinned staging allocation, to the CPUs of the
- * node of the device it feeds (its first one: staging serves every device after that) and
- * prefers that node's memory; work run on the caller's thread never moves the caller. One
- * node: nothing happens. `ferry info` prints the topology; docs/multigpu.md says more. */
+ * node of the device it feeds and prefers that node's memory, when every GPU the process
+ * holds a context on is on that node (a DDP rank); work run on the caller's thread never
+ * moves the caller. One node: nothing happens. `ferry info` prints the topology;
+ * docs/multigpu.md says more. */
 
 /** Where compressed chunks are decoded (FERRY_DECODE=auto|gpu|cpu).
  *  CPU: ferry's own decoders on the worker threads, then a copy to the device.

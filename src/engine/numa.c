@@ -177,6 +177,29 @@ static void load_once(void) {
  * not need it for anything else; a driver without it falls back to sysfs). */
 typedef CUresult (*busid_fn)(char *, int, CUdevice);
 typedef CUresult (*devget_fn)(CUdevice *, int);
+typedef CUresult (*ctxstate_fn)(CUdevice, unsigned *, int *);
+
+/* 1 when every device with a live primary context in this process is on node: the
+ * process serves one node's GPUs (a DDP rank, or a job over one socket's GPUs). A
+ * process that holds contexts on both sockets (one plan filling all GPUs) gets no
+ * placement: its workers serve every device, and pinning them all to the node of the
+ * first device they fed would put every staging buffer on one socket. */
+static int process_on_one_node(int node) {
+    const ferry_cuda_api *cu = ferry_cuda_load(NULL);
+    void *h = cu ? dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD) : NULL;
+    ctxstate_fn state = h ? (ctxstate_fn)dlsym(h, "cuDevicePrimaryCtxGetState") : NULL;
+    devget_fn devget = h ? (devget_fn)dlsym(h, "cuDeviceGet") : NULL;
+    int n = 0, ok = state && devget && cu->DeviceGetCount(&n) == 0;
+    for (int d = 0; ok && d < n && d < MAX_DEV; d++) {
+        CUdevice dv;
+        unsigned flags;
+        int active = 0;
+        if (devget(&dv, d) != 0 || state(dv, &flags, &active) != 0) { ok = 0; break; }
+        if (active && ferry_numa_device_node(d) != node) ok = 0;
+    }
+    if (h) dlclose(h);
+    return ok;
+}
 
 static void resolve_locked(int dev) {
     dev_done_[dev] = 1;
@@ -211,7 +234,7 @@ int ferry_numa_place_thread(int dev) {
     pthread_once(&once_, load_once);
     if (policy_() != 1 || nnodes_ < 2) return -1;
     int node = ferry_numa_device_node(dev);
-    if (node < 0) return -1;
+    if (node < 0 || !process_on_one_node(node)) return -1;
     cpu_set_t allowed, set;
     if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return -1;
     if (ferry_numa_choose(root_(), node, &allowed, &set) == 0) return -1;

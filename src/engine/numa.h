@@ -45,7 +45,8 @@ int ferry_numa_device_node(int dev);
 /* Called by a pool worker before it allocates staging that feeds device dev:
  * the first call on a thread moves the thread to dev's node's CPUs and
  * prefers that node for its memory (set_mempolicy MPOL_PREFERRED), where
- * FERRY_NUMA=auto and the host has several nodes. Later calls on the thread do
+ * FERRY_NUMA=auto, the host has several nodes and every device with a live
+ * primary context in the process is on that node. Later calls on the thread do
  * nothing: staging buffers are allocated once and serve every device, so a
  * worker stays where its buffers are. Never fails (placement is an
  * optimisation); returns the node moved to, or -1. */

@@ -3,7 +3,8 @@
  * bus id 0000:<0x10 + d>:00.0), under a fake sysfs (FERRY_SYSFS_ROOT) of two
  * nodes, CPU 0 and CPU 1, device 0 on node 0 and device 1 on node 1: a pool
  * worker feeding device 1 ends up allowed CPU 1 only; the caller's thread
- * (inline work) keeps its CPUs; FERRY_NUMA=off moves nobody. On a real GPU
+ * (inline work) keeps its CPUs; FERRY_NUMA=off moves nobody, nor does a
+ * process holding contexts on both nodes' GPUs. On a real GPU
  * host the topology is the machine's: bench_multigpu.py reports it. */
 #include "check.h"
 #include "ferry.h"
@@ -110,6 +111,20 @@ static void test_numa_off_moves_nobody(void) {
     unsetenv("FERRY_NUMA");
 }
 
+/* Device 0 now has a context too (the test above): a process holding
+ * contexts on both nodes' GPUs (one plan filling every GPU) moves nobody. */
+static void test_contexts_on_two_nodes_move_nobody(void) {
+    long before = ferry_numa_placed(0) + ferry_numa_placed(1);
+    ferry_config cfg;
+    ferry_config_init(&cfg);
+    cfg.threads = 2;
+    ferry_ctx *c;
+    CHECK_EQ_I(ferry_ctx_create(&c, &cfg), 0);
+    CHECK_EQ_I(read_to(c, 1, N), N);
+    CHECK_EQ_I(ferry_numa_placed(0) + ferry_numa_placed(1), before);
+    ferry_ctx_destroy(c);
+}
+
 int main(void) {
     cpu_set_t mine;
     sched_getaffinity(0, sizeof mine, &mine);
@@ -138,6 +153,7 @@ int main(void) {
     free(b);
     RUN(test_worker_moves_to_its_devices_node);
     RUN(test_numa_off_moves_nobody);
+    RUN(test_contexts_on_two_nodes_move_nobody);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", root_);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", root_);
