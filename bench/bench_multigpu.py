@@ -15,8 +15,9 @@ GPUs (or --ranks N CPU ranks with --smoke / without CUDA), every result verified
    min(N x the one-GPU rate, the parallel-pread limit), the issue's bar being 0.8 (warm).
 3. torchrun-style ranks (torch.multiprocessing spawn, NCCL where there is a GPU per rank,
    gloo otherwise): ArrayDataset rows, per-sample files (samples="files"), TokenDataset and
-   XarrayDataset, one epoch per rank on 1 rank and on N ranks: per-rank GB/s and samples/s,
-   the N-rank / 1-rank ratio (bar 0.8), and every sample exactly once over the ranks.
+   XarrayDataset on 1 rank (--epochs epochs) and on N ranks (N times as many epochs: the same
+   bytes per rank): per-rank GB/s and samples/s, the N-rank / 1-rank ratio (bar 0.8), and
+   every sample exactly once per epoch over the ranks.
 4. Checkpoints on N ranks at once: the disk's raw parallel write (O_DIRECT + fsync, one
    file per rank, the same bytes), dcp.save through ferry.checkpoint.FerryWriter of a
    Shard(0) DTensor state dict, dcp.load through FerryReader resharded to Shard(1) (warm),
@@ -229,13 +230,13 @@ def ferry_fill(path, parts, devs, ctx, prep):
     return dt, bufs
 
 
-def _proc_reader(rank, path, part, dev, cold, barrier, q):
+def _proc_reader(rank, path, part, dev, cold, threads, barrier, q):
     """(b): one process per device, its own ferry context; an untimed run first (as in
     ferry_fill), its part evicted again when cold; start together, report the span."""
     try:
         if dev >= 0:
             torch.cuda.set_device(dev)
-        ctx = ferry.Context()
+        ctx = ferry.Context(threads=threads)
         buf = _dest(dev, part[1])
         with ferry.File(ctx, path) as f:
             plan = ferry.Plan()
@@ -254,10 +255,10 @@ def _proc_reader(rank, path, part, dev, cold, barrier, q):
         q.put((rank, 0.0, 0.0, False, repr(e)))
 
 
-def ferry_processes(path, parts, devs, cold):
+def ferry_processes(path, parts, devs, cold, threads):
     mpc = mp.get_context("spawn")
     barrier, q = mpc.Barrier(len(parts)), mpc.Queue()
-    ps = [mpc.Process(target=_proc_reader, args=(r, path, parts[r], devs[r], cold, barrier, q))
+    ps = [mpc.Process(target=_proc_reader, args=(r, path, parts[r], devs[r], cold, threads, barrier, q))
           for r in range(len(parts))]
     for p in ps:
         p.start()
@@ -291,7 +292,7 @@ def aggregate(args, path, out, N, devs, limits):
             del bufs
             prep()
             r["cached_before_processes"] = cached_fraction(path)
-            bestB = min(bestB, ferry_processes(path, parts, devs, mode == "cold"))
+            bestB = min(bestB, ferry_processes(path, parts, devs, mode == "cold", args.proc_threads))
         r["stats"] = ctx.stats()
         ctx.close()
         r["one_gpu"] = per / best1 / GB
@@ -441,19 +442,25 @@ def _rank_main(rank, world, port, job, resdir):
 
 
 def _rank_dataset(job, dev, dist):
+    """`epochs` epochs on this rank (a rank of N reads N times as many epochs as the rank
+    alone, so both runs move about the same bytes per rank); ids per epoch."""
     ds = make_dataset(job["kind"], job["spec"], str(dev), job["batch"])
-    ids, nbytes = [], 0
+    per_epoch, nbytes = [], 0
     dist.barrier()
     t0 = time.monotonic()
-    for b in ds:
-        i, n = _sample_ids(job["kind"], b)
-        ids.append(i.to(torch.int64, copy=True))
-        nbytes += n
+    for e in range(job["epochs"]):
+        ds.set_epoch(e)
+        ids = []
+        for b in ds:
+            i, n = _sample_ids(job["kind"], b)
+            ids.append(i.to(torch.int64, copy=True))
+            nbytes += n
+        per_epoch.append(ids)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     t1 = time.monotonic()
     dist.barrier()
-    ids = torch.cat(ids).cpu().tolist() if ids else []
+    ids = [torch.cat(x).cpu().tolist() if x else [] for x in per_epoch]
     return {"ids": ids, "bytes": nbytes, "t0": t0, "t1": t1}
 
 
@@ -573,16 +580,20 @@ def datasets(args, work, out, N, cpu):
         spec = specs[kind]
         batch = 8 if args.smoke else {"rows": 256, "files": 256, "tokens": 16, "xarray": 8}[kind]
         r = {}
+        want = sorted(spec["starts"]) if kind == "tokens" else list(range(spec["n"]))
         for world in sorted({1, N}):
-            ranks = run_ranks(world, {"what": "dataset", "kind": kind, "spec": spec, "batch": batch}, cpu)
-            got = sorted(i for o in ranks for i in o["ids"])
-            want = sorted(spec["starts"]) if kind == "tokens" else list(range(spec["n"]))
-            once = got == want
+            epochs = args.epochs * world
+            ranks = run_ranks(world, {"what": "dataset", "kind": kind, "spec": spec, "batch": batch,
+                                      "epochs": epochs}, cpu)
+            once = True
+            for e in range(epochs):
+                got = sorted(i for o in ranks for i in o["ids"][e])
+                once = once and got == want
+                assert got == want, f"{kind} on {world} ranks, epoch {e}: {len(got)} samples, {len(want)} wanted, or repeats"
             rates = [o["bytes"] / (o["t1"] - o["t0"]) / GB for o in ranks]
-            sps = [len(o["ids"]) / (o["t1"] - o["t0"]) for o in ranks]
+            sps = [sum(map(len, o["ids"])) / (o["t1"] - o["t0"]) for o in ranks]
             r[world] = {"per_rank_gbs": rates, "per_rank_samples_s": sps, "exactly_once": once,
-                        "backend": ranks[0]["backend"], "samples": len(got)}
-            assert once, f"{kind} on {world} ranks: {len(got)} samples, {len(want)} wanted, or repeats"
+                        "epochs": epochs, "backend": ranks[0]["backend"], "seconds": max(o["t1"] - o["t0"] for o in ranks)}
         r["ratio_min_rank_to_one"] = min(r[N]["per_rank_gbs"]) / r[1]["per_rank_gbs"][0]
         res[kind] = r
         log(f"  {kind}: 1 rank {r[1]['per_rank_gbs'][0]:.2f} GB/s; {N} ranks min "
@@ -650,6 +661,7 @@ def table(out, N):
         lines.append(f"ferry {mode}, one process, {N} devices | {r['one_process']:.2f} | {r['ratio_one_process']:.2f}{bar}")
         lines.append(f"ferry {mode}, {N} processes | {r['n_processes']:.2f} | {r['ratio_n_processes']:.2f}{bar}")
     for kind, r in out.get("datasets", {}).items():
+        lines.append(f"{kind}: one rank alone | {r[1]['per_rank_gbs'][0]:.2f} |")
         lines.append(f"{kind}: per rank on {N} ranks (min), exactly once {r[N]['exactly_once']} | "
                      f"{min(r[N]['per_rank_gbs']):.2f} | {r['ratio_min_rank_to_one']:.2f} (0.8)")
     c = out.get("checkpoint")
@@ -674,6 +686,10 @@ def main():
     ap.add_argument("--ranks", type=int, default=0, help="N (default: the CUDA device count; CPU ranks without CUDA)")
     ap.add_argument("--cpu", action="store_true", help="CPU ranks and host destinations even with GPUs")
     ap.add_argument("--kinds", default="rows,files,tokens,xarray")
+    ap.add_argument("--epochs", type=int, default=2,
+                    help="epochs of the one-rank dataset runs (N ranks run N times as many: the same bytes per rank)")
+    ap.add_argument("--proc-threads", type=int, default=0,
+                    help="ferry threads per process in the N-process runs (0: ferry's default)")
     ap.add_argument("--skip", default="", help="comma list of: limits,aggregate,datasets,checkpoint")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, CPU ranks (gloo): a quick check of the code")
     args = ap.parse_args()
