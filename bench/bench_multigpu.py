@@ -4,6 +4,8 @@ GPUs (or --ranks N CPU ranks with --smoke / without CUDA), every result verified
 
     PYTHONPATH=python python3 bench/bench_multigpu.py --gib 4 --dir /path/on/real/disk --json mg.json
     PYTHONPATH=python python3 bench/bench_multigpu.py --smoke          # tiny, CPU ranks, gloo
+    ... --skip datasets,checkpoint --json io.json; ... --skip limits,aggregate,decode \
+        --aggregate-from io.json --json ranks.json     # the same in two commands of < 10 min
 
 1. The host's limits: parallel pread of a warm file from 16 / 32 / 64 threads (random 8 MiB
    preads for 3 s, bench/pread_limit.c compiled with cc; Python os.preadv too); pinned
@@ -23,6 +25,9 @@ GPUs (or --ranks N CPU ranks with --smoke / without CUDA), every result verified
    Shard(0) DTensor state dict, dcp.load through FerryReader resharded to Shard(1) (warm),
    every element checked; ferry.checkpoint.save(max_shard_size=...) by every rank at once.
    Bars: save >= 0.9 x raw parallel write; load warm >= 0.8 x the aggregate rate of 2(b).
+5. GPU decode per rank (run after 2): zlib (HDF5-deflate-like) 1 MiB chunks, each rank decoding its own
+   chunks into its GPU, FERRY_DECODE auto / gpu (nvCOMP; "not run" with the reason where it
+   is not loaded) / cpu, on 1 rank and on N ranks at once; every chunk checked.
 GB/s are 10^9 bytes per second. A short table goes to stdout, everything to --json.
 """
 from __future__ import annotations
@@ -426,6 +431,8 @@ def _rank_main(rank, world, port, job, resdir):
     try:
         if job["what"] == "dataset":
             res.update(_rank_dataset(job, dev, dist))
+        elif job["what"] == "decode":
+            res.update(_rank_decode(job, dev, dist, rank, world))
         else:
             res.update(_rank_checkpoint(job, dev, dist, rank, world))
     except Exception as e:  # noqa: BLE001
@@ -462,6 +469,101 @@ def _rank_dataset(job, dev, dist):
     dist.barrier()
     ids = [torch.cat(x).cpu().tolist() if x else [] for x in per_epoch]
     return {"ids": ids, "bytes": nbytes, "t0": t0, "t1": t1}
+
+
+DCH = 1 << 20        # decoded bytes per compressed chunk
+DISTINCT = 16        # distinct chunk contents (compressing is the slow part of the setup)
+
+
+def _distinct_chunks():
+    """DISTINCT 1 MiB float32 random walks (compressible, like smooth fields)."""
+    rng = np.random.default_rng(5)
+    return [np.cumsum(rng.normal(size=DCH // 4)).astype(np.float32).round(2) for _ in range(DISTINCT)]
+
+
+def make_decode_file(path, nchunks):
+    """nchunks zlib (HDF5-deflate-like) chunks, chunk i holding distinct chunk i % DISTINCT."""
+    import zlib
+    comp = [zlib.compress(c.tobytes(), 1) for c in _distinct_chunks()]
+    offs = []
+    with open(path, "wb") as f:
+        at = 0
+        for i in range(nchunks):
+            c = comp[i % DISTINCT]
+            f.write(c)
+            offs.append((at, len(c)))
+            at += len(c)
+    return offs
+
+
+def _rank_decode(job, dev, dist, rank, world):
+    """This rank decodes its own chunks (rank, rank + world, ...) into one buffer, per decode
+    policy: an untimed run, then the timed one (ranks together), every chunk checked."""
+    ref = [torch.from_numpy(c.view(np.uint8)).to(dev) for c in _distinct_chunks()]
+    mine = list(range(rank, len(job["offs"]), world))
+    buf = torch.empty(len(mine) * DCH, dtype=torch.uint8, device=dev)
+    out = {"chunks": len(mine), "decoded_bytes": len(mine) * DCH}
+    ctx = ferry.Context()
+    with ferry.File(ctx, job["path"]) as f:
+        plan = ferry.Plan()
+        for k, i in enumerate(mine):
+            off, n = job["offs"][i]
+            plan.extent(file=f, offset=off, length=n, codecs=["zlib"], decoded_size=DCH, dst=_mem(buf),
+                        dst_offset=k * DCH)
+        for pol in job["policies"]:
+            try:
+                ctx.run(plan, decode=pol)
+                err = None
+            except ferry.FerryError as e:   # gpu without nvCOMP: FERRY_EPATH, say so
+                err = str(e)
+            dist.barrier()
+            if err:                      # the two barriers _timed makes on the other ranks
+                dist.barrier()
+                dist.barrier()
+                out[pol] = {"error": err}
+                continue
+            ctx.reset_stats()
+            buf.zero_()
+            t0, t1, _ = _timed(dist, dev, lambda: ctx.run(plan, decode=pol))
+            ok = all(torch.equal(buf[k * DCH:(k + 1) * DCH], ref[i % DISTINCT]) for k, i in enumerate(mine))
+            st = ctx.stats()
+            out[pol] = {"t0": t0, "t1": t1, "ok": ok, "gpu_decoded_bytes": st.get("gpu_decoded_bytes"),
+                        "gpu_cpu_fallbacks": st.get("gpu_cpu_fallbacks")}
+    ctx.close()
+    return out
+
+
+def decode(args, work, out, N, cpu):
+    path = os.path.join(work, "chunks.zlib")
+    nchunks = max(N, int(args.decode_gib * (1 << 30)) // DCH)
+    offs = make_decode_file(path, nchunks)
+    warm(path)
+    policies = args.decode_policies.split(",") if args.decode_policies else (["auto"] if cpu else ["auto", "gpu", "cpu"])
+    res = {"chunks": nchunks, "compressed_bytes": os.path.getsize(path)}
+    for world in sorted({1, N}):
+        ranks = run_ranks(world, {"what": "decode", "path": path, "offs": offs, "policies": policies}, cpu)
+        r = {}
+        for pol in policies:
+            if "error" in ranks[0][pol]:
+                r[pol] = {"error": ranks[0][pol]["error"]}
+                continue
+            assert all(o[pol]["ok"] for o in ranks), f"decode {pol} on {world} ranks: wrong bytes"
+            span = max(o[pol]["t1"] for o in ranks) - min(o[pol]["t0"] for o in ranks)
+            r[pol] = {"aggregate_gbs": nchunks * DCH / span / GB,
+                      "per_rank_gbs": [o["decoded_bytes"] / (o[pol]["t1"] - o[pol]["t0"]) / GB for o in ranks],
+                      "gpu_decoded_bytes": sum(o[pol]["gpu_decoded_bytes"] or 0 for o in ranks),
+                      "gpu_cpu_fallbacks": sum(o[pol]["gpu_cpu_fallbacks"] or 0 for o in ranks)}
+        res[world] = r
+    for pol in policies:
+        one, many = res[1].get(pol, {}), res[N].get(pol, {})
+        if "aggregate_gbs" in one and "aggregate_gbs" in many:
+            res[f"ratio_{pol}_per_rank_to_one"] = min(many["per_rank_gbs"]) / one["per_rank_gbs"][0]
+            log(f"  zlib decode {pol}: 1 rank {one['aggregate_gbs']:.2f}, {N} ranks {many['aggregate_gbs']:.2f} GB/s "
+                f"decoded (per rank min {min(many['per_rank_gbs']):.2f})")
+        else:
+            log(f"  zlib decode {pol}: {one.get('error') or many.get('error')}")
+    out["decode"] = res
+    os.unlink(path)
 
 
 def _grid(rows, cols, r0, r1, c0, c1, dev):
@@ -664,6 +766,14 @@ def table(out, N):
         lines.append(f"{kind}: one rank alone | {r[1]['per_rank_gbs'][0]:.2f} |")
         lines.append(f"{kind}: per rank on {N} ranks (min), exactly once {r[N]['exactly_once']} | "
                      f"{min(r[N]['per_rank_gbs']):.2f} | {r['ratio_min_rank_to_one']:.2f} (0.8)")
+    dec = out.get("decode")
+    for pol in ("auto", "gpu", "cpu"):
+        if dec and "aggregate_gbs" in dec.get(N, {}).get(pol, {}):
+            lines.append(f"zlib chunks decoded ({pol}), 1 rank | {dec[1][pol]['aggregate_gbs']:.2f} |")
+            lines.append(f"zlib chunks decoded ({pol}), {N} ranks own chunks, aggregate | "
+                         f"{dec[N][pol]['aggregate_gbs']:.2f} | {dec[f'ratio_{pol}_per_rank_to_one']:.2f} per rank")
+        elif dec and pol in dec.get(N, {}):
+            lines.append(f"zlib chunks decoded ({pol}) | not run: {dec[N][pol]['error'][:60]} |")
     c = out.get("checkpoint")
     if c:
         lines.append(f"raw parallel write, {N} files + fsync | {c['raw_parallel_write']:.2f} |")
@@ -676,21 +786,33 @@ def table(out, N):
     return "\n".join(lines)
 
 
+def save(args, out):
+    if args.json:
+        with open(args.json + ".tmp", "w") as f:
+            json.dump(out, f, indent=1, default=str)
+        os.replace(args.json + ".tmp", args.json)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gib", type=float, default=4, help="GiB per device for the aggregate runs")
     ap.add_argument("--ckpt-gib", type=float, default=2, help="GiB per rank for the checkpoint runs")
     ap.add_argument("--dir", default=None, help="a directory on the disk to measure (default: a temp dir)")
-    ap.add_argument("--json", default=None)
+    ap.add_argument("--json", default=None, help="written after every section (a run cut short keeps what it has)")
+    ap.add_argument("--aggregate-from", default=None,
+                    help="a JSON of an earlier run on the same machine whose aggregate rates the checkpoint "
+                         "load is compared with (when this run skips aggregate)")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--ranks", type=int, default=0, help="N (default: the CUDA device count; CPU ranks without CUDA)")
     ap.add_argument("--cpu", action="store_true", help="CPU ranks and host destinations even with GPUs")
     ap.add_argument("--kinds", default="rows,files,tokens,xarray")
+    ap.add_argument("--decode-gib", type=float, default=4, help="GiB decoded in all by the decode runs")
+    ap.add_argument("--decode-policies", default=None, help="default: auto,gpu,cpu on GPUs, auto on CPU ranks")
     ap.add_argument("--epochs", type=int, default=2,
                     help="epochs of the one-rank dataset runs (N ranks run N times as many: the same bytes per rank)")
     ap.add_argument("--proc-threads", type=int, default=0,
                     help="ferry threads per process in the N-process runs (0: ferry's default)")
-    ap.add_argument("--skip", default="", help="comma list of: limits,aggregate,datasets,checkpoint")
+    ap.add_argument("--skip", default="", help="comma list of: limits,aggregate,datasets,decode,checkpoint")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, CPU ranks (gloo): a quick check of the code")
     args = ap.parse_args()
     ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -699,7 +821,7 @@ def main():
     if not cpu and N > ngpu:
         ap.error(f"--ranks {N}: only {ngpu} GPUs")
     if args.smoke:
-        args.gib, args.ckpt_gib, args.reps = 16 / 1024, 4 / 1024, 1
+        args.gib, args.ckpt_gib, args.reps, args.decode_gib = 16 / 1024, 4 / 1024, 1, 24 / 1024
     args.per_dev = int(args.gib * (1 << 30)) // 4096 * 4096
     args.ckpt_per_rank = int(args.ckpt_gib * (1 << 30))
     skip = set(filter(None, args.skip.split(",")))
@@ -726,23 +848,32 @@ def main():
                 limits["h2d_alone"], limits["h2d_all"] = h2d_rates(N, min(args.per_dev, 1 << 30), args.reps + 1)
             log("  " + ", ".join(f"{k} {v if isinstance(v, list) else round(v, 2)}" for k, v in limits.items()))
         out["limits"] = limits
+        save(args, out)
         if "aggregate" not in skip:
             log("2. ferry file -> GPU")
             aggregate(args, path, out, N, devs, limits)
+            save(args, out)
+        elif args.aggregate_from:
+            with open(args.aggregate_from) as f:
+                out["aggregate"] = json.load(f).get("aggregate", {})
+            out["aggregate_from"] = args.aggregate_from
         if os.path.exists(path):
             os.unlink(path)
+        if "decode" not in skip:
+            log("3. compressed chunks decoded per rank")
+            decode(args, work, out, N, cpu)
+            save(args, out)
         if "datasets" not in skip:
-            log("3. datasets on ranks")
+            log("4. datasets on ranks")
             datasets(args, work, out, N, cpu)
+            save(args, out)
         if "checkpoint" not in skip:
-            log("4. checkpoints on ranks")
+            log("5. checkpoints on ranks")
             checkpoints(args, work, out, N, cpu)
+            save(args, out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(table(out, N))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1, default=str)
 
 
 if __name__ == "__main__":

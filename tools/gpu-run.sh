@@ -5,7 +5,8 @@
 #   steps: wheels build test ctest bench benchwarm sweep engine pybench
 #          formats xbench (bench_xarray, BXARGS) torchbench (bench_torch, BTARGS)
 #          ckptbench (bench_checkpoint, BCARGS) nccl (the two-GPU tests)
-#          multigpu (issue 11's tests on 2..8 GPUs) mgbench (bench_multigpu, MGARGS)
+#          multigpu (issue 11's tests on 2..8 GPUs) mgbench, then mgranks (bench_multigpu in
+#          two commands: limits/file->GPU/decode, then datasets/checkpoints; MGARGS)
 #   wheels: pip-installs .gpu/whl/*.whl (carry ".gpu/whl": zarr, numcodecs,
 #           netCDF4, dask, ... downloaded here for Python 3.12) into /tmp/site.
 set -u
@@ -95,9 +96,15 @@ for step in "$@"; do
             timeout 280 python3 -m pytest -q -p no:cacheprovider -rs tests/gpu/test_torch_gpu.py::test_two_gpus_nccl \
                 tests/gpu/test_checkpoint_gpu.py::test_gpu_dcp_nccl_two_gpus \
                 > "$OUT/multigpu-nccl.log" 2>&1; echo "two-GPU nccl pytest exit $?"; tail -5 "$OUT/multigpu-nccl.log"
-        else
-            bench bench_multigpu 590 40 --dir "$PWD" --json "$OUT/bench_multigpu.json" ${MGARGS:-}
+        else   # two commands of < 10 min: mgbench (limits, file->GPU, decode), then mgranks
+            bench bench_multigpu 590 40 --dir "$PWD" --skip datasets,checkpoint --json "$OUT/bench_multigpu_io.json" ${MGARGS:-}
         fi ;;
+    mgranks)
+        export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+        agg=; [ -f "$OUT/bench_multigpu_io.json" ] && agg="--aggregate-from $OUT/bench_multigpu_io.json"
+        timeout 590 python3 bench/bench_multigpu.py --dir "$PWD" --skip limits,aggregate,decode $agg \
+            --json "$OUT/bench_multigpu_ranks.json" ${MGARGS:-} > "$OUT/bench_multigpu_ranks.txt" 2>&1
+        echo "bench_multigpu (ranks) exit $?"; tail -n 30 "$OUT/bench_multigpu_ranks.txt" ;;
     pybench)
         for b in bench/bench_*.py; do
             timeout 240 python3 "$b" --smoke > "$OUT/$(basename "$b" .py).txt" 2>&1; echo "$b exit $?"
