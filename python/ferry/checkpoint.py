@@ -24,6 +24,7 @@ Progress goes to progress= (off by default) and the "ferry.checkpoint" logger.
 """
 from __future__ import annotations
 
+import collections
 import os
 import re
 
@@ -46,8 +47,6 @@ CRC_KEY = _open.CRC_KEY
 INDEX_SUFFIX = _open.INDEX_SUFFIX
 reserve_pinned = _async.reserve_pinned
 release_pinned = _async.release_pinned
-
-import collections  # noqa: E402
 
 IncompatibleKeys = collections.namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
 
