@@ -383,13 +383,25 @@ typedef struct ferry_extent {
                                 at dst_offset                                    */
     const char *label;       /* optional: variable name used in error messages  */
     unsigned flags;          /* FERRY_EXTENT_* below                             */
+    const char *root;        /* FERRY_EXTENT_NOFOLLOW: the directory a symlinked file
+                                must resolve under (see below); ferry_plan_add copies it */
 } ferry_extent;
 
 enum {
     /* READ by path with a placement: a file that does not exist is not an
      * error; the placement's box is filled with `fill` (place->itemsize <= 16)
      * instead. Zarr's absent chunks: no stat per chunk while the plan is built. */
-    FERRY_EXTENT_MISSING_FILLS = 1u << 0
+    FERRY_EXTENT_MISSING_FILLS = 1u << 0,
+    /* READ by path: the engine opens the file with O_NOFOLLOW and reads it
+     * only if it is a regular file (a FIFO or device fails at once with
+     * FERRY_EINVAL, it never blocks). When the file itself is a symlink it is
+     * followed only if `root` is set (an absolute path without symlinks, as
+     * realpath(3) gives) and the link resolves under root; otherwise the read
+     * fails with -EACCES ("outside the store") or, root NULL, -ELOOP, naming
+     * the file. A dangling link counts as absent (MISSING_FILLS fills it).
+     * The directories on the way are the planner's to check: Zarr resolves
+     * each once per plan, so its chunk files need no stat at plan time. */
+    FERRY_EXTENT_NOFOLLOW = 1u << 1
 };
 
 typedef struct ferry_plan ferry_plan;
@@ -671,6 +683,8 @@ typedef struct ferry_layout {
     size_t ntable;
     ferry_chunk_fn lookup;             /* ... or (table NULL) called for each chunk touched */
     void *lookup_arg;
+    const char *root;                  /* non-NULL: every read by path gets FERRY_EXTENT_NOFOLLOW
+                                          with this root (a store's chunk files); NULL: none */
 } ferry_layout;
 
 /** Append to `plan` the extents that read sel (ndim slices; NULL: everything;

@@ -41,6 +41,12 @@ int ferry_file_direct_fd(ferry_file *f);
 int ferry_file_cufile(ferry_file *f, ferry_cufile_handle *out);
 int64_t ferry_file_cached_fd(int fd, uint64_t offset, uint64_t len, uint64_t fsize);
 int ferry_file_open_internal(ferry_ctx *ctx, const char *path, int flags, ferry_file **out);
+/* Read-only open for a FERRY_EXTENT_NOFOLLOW extent (see ferry.h): a regular
+ * file, or a symlink resolving under root. *linked (may be NULL) is set when
+ * the path was a symlink, followed. */
+int ferry_file_open_nofollow(ferry_ctx *ctx, const char *path, const char *root, ferry_file **out, int *linked);
+/* The file an extent names by path, opened read-only as its flags say. */
+int ferry_file_open_extent(ferry_ctx *ctx, const ferry_extent *e, ferry_file **out);
 
 /* ---- plans --------------------------------------------------------------- */
 struct ferry_plan {
@@ -49,6 +55,7 @@ struct ferry_plan {
     size_t n, cap, nplaces, cap_places;
     char *strings;                /* copied paths and labels, offsets stored in the pointers' place */
     size_t nstr, cap_str;
+    uintptr_t last_root;          /* the last NOFOLLOW root copied (index+1), 0: none */
 };
 
 /* ---- jobs and tasks ------------------------------------------------------ */
@@ -157,6 +164,8 @@ typedef struct ferry_worker {
     ferry_file *pathfile;                 /* last file an extent named by path ... */
     ferry_fc_entry *pathfile_entry;       /* ... its open-file cache entry (held) ... */
     uint64_t pathfile_job;                /* ... checked for this job id (never reused across jobs) */
+    const char *pathfile_root;            /* ... opened NOFOLLOW (pathfile_nofollow) under this root */
+    int pathfile_nofollow;
     int is_inline;
     struct ferry_gpudecode_worker *gpu; /* gpudecode.c: its pinned/device buffers, or NULL */
 } ferry_worker;
@@ -204,7 +213,7 @@ void ferry_count_io(ferry_ctx *ctx, uint64_t direct, uint64_t buffered, uint64_t
 /* Note that w enqueued device work for job j on device d. */
 void ferry_mark_device(ferry_worker *w, ferry_job *j, int d);
 /* The open file an extent names by path (opened by the worker, kept for the job). */
-int ferry_path_file(ferry_worker *w, ferry_job *j, const char *path, ferry_file **out);
+int ferry_path_file(ferry_worker *w, ferry_job *j, const ferry_extent *e, ferry_file **out);
 /* Run a pack task (n >= 2 small plain reads): returns bytes or a negative
  * code with the message naming the file and byte that failed. */
 int64_t ferry_exec_pack(ferry_worker *w, ferry_job *j, const ferry_task *t, int *deferred);

@@ -9,6 +9,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+static int file_from_fd(ferry_ctx *ctx, int fd, const char *path, int flags, ferry_file **out);
+
 int ferry_file_open_internal(ferry_ctx *ctx, const char *path, int flags, ferry_file **out) {
     *out = NULL;
     if (!path || !*path) return ferry_seterr(FERRY_EINVAL, "empty path");
@@ -25,6 +27,10 @@ int ferry_file_open_internal(ferry_ctx *ctx, const char *path, int flags, ferry_
         int e = errno;
         return ferry_seterr(-e, "%s: cannot open: %s", path, strerror(e));
     }
+    return file_from_fd(ctx, fd, path, flags, out);
+}
+
+static int file_from_fd(ferry_ctx *ctx, int fd, const char *path, int flags, ferry_file **out) {
     struct stat st;
     if (fstat(fd, &st) != 0) {
         int e = errno;
@@ -48,6 +54,71 @@ int ferry_file_open_internal(ferry_ctx *ctx, const char *path, int flags, ferry_
     pthread_mutex_init(&f->lock, NULL);
     *out = f;
     return 0;
+}
+
+/* 1 when the resolved path r lies under root (itself resolved). */
+static int under_root(const char *r, const char *root) {
+    size_t rl = strlen(root);
+    while (rl > 1 && root[rl - 1] == '/') rl--;
+    return !strncmp(r, root, rl) && (r[rl] == 0 || r[rl] == '/' || rl == 1);
+}
+
+/* O_NOFOLLOW: a chunk file that is a symlink cannot lead the read out of its
+ * store (the directories on the way were checked by the planner). Only a
+ * symlink costs a realpath; then the resolved path, which has no links left,
+ * is opened (a link swapped in meanwhile fails with ELOOP). O_NONBLOCK keeps
+ * a FIFO from blocking the open; it is refused, as is any non-regular file. */
+int ferry_file_open_nofollow(ferry_ctx *ctx, const char *path, const char *root, ferry_file **out, int *linked) {
+    *out = NULL;
+    if (linked) *linked = 0;
+    if (!path || !*path) return ferry_seterr(FERRY_EINVAL, "empty path");
+    const int oflags = O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK;
+    int fd = open(path, oflags);
+    if (fd < 0 && errno == ELOOP) {
+        char *r = realpath(path, NULL);
+        if (!r) {
+            int e = errno;   /* a dangling link: ENOENT, absent */
+            return ferry_seterr(-e, "%s: cannot open: %s", path, strerror(e));
+        }
+        int rc = 0;
+        if (!root) rc = ferry_seterr(-ELOOP, "%s: is a symlink (to %s); not followed for this read", path, r);
+        else if (!under_root(r, root))
+            rc = ferry_seterr(-EACCES, "%s: resolves to %s, outside the store %s (a symlink leading out is refused)",
+                              path, r, root);
+        else if ((fd = open(r, oflags)) < 0) {
+            int e = errno;
+            rc = ferry_seterr(-e, "%s: cannot open %s: %s", path, r, strerror(e));
+        }
+        free(r);
+        if (rc < 0) return rc;
+        if (linked) *linked = 1;
+    } else if (fd < 0) {
+        int e = errno;
+        return ferry_seterr(-e, "%s: cannot open: %s", path, strerror(e));
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return ferry_seterr(-e, "%s: fstat: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        if (S_ISDIR(st.st_mode)) return ferry_seterr(-EISDIR, "%s: is a directory", path);
+        return ferry_seterr(FERRY_EINVAL, "%s: not a regular file (mode 0%o)", path, (unsigned)(st.st_mode & S_IFMT));
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
+        int e = errno;
+        close(fd);
+        return ferry_seterr(-e, "%s: fcntl: %s", path, strerror(e));
+    }
+    return file_from_fd(ctx, fd, path, FERRY_READ, out);
+}
+
+int ferry_file_open_extent(ferry_ctx *ctx, const ferry_extent *e, ferry_file **out) {
+    if (e->flags & FERRY_EXTENT_NOFOLLOW) return ferry_file_open_nofollow(ctx, e->path, e->root, out, NULL);
+    return ferry_file_open_internal(ctx, e->path, FERRY_READ, out);
 }
 
 int ferry_file_open(ferry_ctx *ctx, const char *path, int flags, ferry_file **out) {

@@ -411,15 +411,17 @@ static int add_desc(gd_desc **arr, size_t *n, size_t *cap, gd_desc d) {
 /* Read every chunk of the batch into its slot of h. */
 static int read_chunks(ferry_worker *w, ferry_job *j, gd_dev *g, gd_chunk *ch, size_t n, uint64_t *file_bytes) {
     ferry_file *pf = NULL;
-    int rc = 0;
+    int rc = 0, pf_nofollow = 0;
     for (size_t k = 0; k < n && rc >= 0; k++) {
         const ferry_extent *e = &j->ext[ch[k].ext];
         ferry_file *f = e->file;
         if (!f) {
-            if (!pf || strcmp(pf->path, e->path) != 0) {
+            int nofollow = (e->flags & FERRY_EXTENT_NOFOLLOW) != 0;
+            if (!pf || strcmp(pf->path, e->path) != 0 || (nofollow && !pf_nofollow)) {
                 if (pf) ferry_file_close(pf);
                 pf = NULL;
-                rc = ferry_file_open_internal(w->ctx, e->path, FERRY_READ, &pf);
+                pf_nofollow = nofollow;
+                rc = ferry_file_open_extent(w->ctx, e, &pf);
                 if ((rc == -ENOENT || rc == -ENOTDIR) && (e->flags & FERRY_EXTENT_MISSING_FILLS)) {
                     ferry_clearerr();   /* an absent chunk: its box gets the fill value */
                     rc = 0;

@@ -204,6 +204,7 @@ static int job_build(ferry_ctx *ctx, const ferry_plan *plan, const ferry_run_opt
         if (e.place) e.place = &j->places[(uintptr_t)e.place - 1];
         if (e.path) e.path = j->strings + ((uintptr_t)e.path - 1);
         if (e.label) e.label = j->strings + ((uintptr_t)e.label - 1);
+        if (e.root) e.root = j->strings + ((uintptr_t)e.root - 1);
         int rc = ferry_buf_resolve(&e.dst);
         if (rc < 0) { job_free(j); return rc; }
         if (e.dst.kind == FERRY_MEM_CUDA && !has_dev++) first_dev = e.dst.device;

@@ -22,7 +22,7 @@
 static ferry_file *ext_file(ferry_worker *w, ferry_job *j, const ferry_extent *e, int *rc) {
     ferry_file *f = e->file;
     *rc = 0;
-    if (!f) *rc = ferry_path_file(w, j, e->path, &f);
+    if (!f) *rc = ferry_path_file(w, j, e, &f);
     return f;
 }
 
@@ -48,6 +48,7 @@ static size_t file_run(const ferry_job *j, size_t k, size_t end, ferry_file *f, 
     while (m < end && m - k < max_n) {
         const ferry_extent *x = &j->ext[m];
         if (x->file != e->file || (x->file == NULL && strcmp(x->path, e->path) != 0)) break;
+        if ((x->flags ^ e->flags) & FERRY_EXTENT_NOFOLLOW) break;   /* opened differently */
         if (x->offset != j->ext[m - 1].offset + j->ext[m - 1].length || b + x->length > max_bytes) break;
         b += x->length;
         m++;
