@@ -181,6 +181,14 @@ int ferry_memcpy(ferry_ctx *ctx, ferry_buf dst, ferry_buf src, size_t n);
 int ferry_pinned_alloc(ferry_ctx *ctx, size_t size, void **out);
 void ferry_pinned_free(ferry_ctx *ctx, void *ptr);
 
+/** Host memory for arrays that ferry fills: from 2 MiB on, a 2 MiB-aligned
+ *  anonymous mapping advised for transparent huge pages and left untouched (the
+ *  workers that fill it fault its pages in, in parallel); below that, 4 KiB
+ *  aligned. Contents are zero for mappings, undefined otherwise. Plain 4 KiB
+ *  pages where THP is off. Free with ferry_host_free and the same size. */
+int ferry_host_alloc(ferry_ctx *ctx, size_t size, void **out);
+void ferry_host_free(ferry_ctx *ctx, void *ptr, size_t size);
+
 /** CRC-32C (Castagnoli; the checksum of Zarr v3's crc32c codec and of
  *  ferry.checkpoint). Start with crc = 0; pass the previous result to continue.
  *  Uses the SSE4.2 instruction where the CPU has it. */
@@ -195,10 +203,14 @@ enum {
     FERRY_READ = 1,
     FERRY_WRITE = 2,      /* open for writing (with FERRY_READ: both) */
     FERRY_CREATE = 4,     /* create if missing (mode 0644) */
-    FERRY_TRUNC = 8       /* truncate to zero on open */
+    FERRY_TRUNC = 8,      /* truncate to zero on open */
+    FERRY_ANY_FILE = 16   /* also open FIFOs, devices and sockets (they may block
+                             or have no size); without it they are FERRY_EINVAL */
 };
 
-/** Open path. Errors: -ENOENT, -EACCES, -EISDIR (directories are refused), ... */
+/** Open path. Errors: -ENOENT, -EACCES, -EISDIR (directories are refused),
+ *  FERRY_EINVAL for a FIFO, device or socket unless flags has FERRY_ANY_FILE
+ *  (a FIFO would block a read forever), ... */
 int ferry_file_open(ferry_ctx *ctx, const char *path, int flags, ferry_file **out);
 /** Close (waits for nothing: do not close a file a running job uses). NULL: no-op. */
 int ferry_file_close(ferry_file *f);
@@ -467,6 +479,18 @@ enum {
  *  Zarr chunks become fills. Returns the number of bytes placed in dst. */
 int64_t ferry_dataset_plan_read(ferry_dataset *ds, int var, const ferry_slice *sel,
                                 ferry_buf dst, unsigned flags, ferry_plan *plan);
+
+/* ------------------------------------------------------------------------- */
+/* Testing seam: fault injection                                              */
+/* ------------------------------------------------------------------------- */
+/** Replace the system call `name` under ferry's file I/O and allocations —
+ *  "open", "close", "pread", "preadv", "pwrite", "fsync", "fstat", "stat",
+ *  "ftruncate", "madvise" — with fn, a function of libc's signature (open:
+ *  int (*)(const char *, int, mode_t)); fn NULL restores libc's, name NULL
+ *  restores all. Tests use it to make reads short, interrupted or failing
+ *  (as SQLite's xSetSystemCall does). Process-wide and not synchronised: change
+ *  it only while no job runs. Returns 0 or FERRY_EINVAL for an unknown name. */
+int ferry_test_set_syscall(const char *name, void *fn);
 
 /* ------------------------------------------------------------------------- */
 /* Many .npy files, one sample each (DALI's and MONAI's layout)              */

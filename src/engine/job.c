@@ -2,6 +2,7 @@
  * work into tasks, queue it for the workers (or run a small one on the
  * caller's thread), and wait. */
 #include "engine/engine.h"
+#include "engine/sysio.h"
 #include "engine/io.h"
 #include <errno.h>
 #include <stdlib.h>
@@ -218,7 +219,7 @@ static void job_complete(ferry_job *j) {
         for (size_t i = 0; i < j->next; i++) {
             ferry_file *f = j->ext[i].kind == FERRY_EXTENT_WRITE ? j->ext[i].file : NULL;
             if (!f || !atomic_exchange(&f->written, 0)) continue;
-            if (fsync(f->fd) != 0) {
+            if (ferry_sys()->fsync(f->fd) != 0) {
                 ferry_seterr(-errno, "%s: fsync: %s", f->path, strerror(errno));
                 ferry_job_fail(j, -errno);
             }
