@@ -1,7 +1,7 @@
-/* worker.c — the worker threads: each owns its staging buffers, a stream and
- * events per device, and a list of tasks whose device copies may still run.
- * A worker claims tasks from the context queue in order, runs them, and before
- * it sleeps waits for its own outstanding copies, so every task completes. */
+/* worker.c — a worker's resources: its staging buffers, a stream and
+ * events per device, and the list of tasks whose device copies may still run
+ * (completed as their events pass). The threads and their task loop are in
+ * pool.c. */
 #include "engine/engine.h"
 #include <stdlib.h>
 
@@ -182,60 +182,3 @@ void ferry_worker_drain(ferry_worker *w) {
     finish_completed(w);
 }
 
-void *ferry_worker_main(void *arg) {
-    ferry_worker *w = arg;
-    ferry_ctx *ctx = w->ctx;
-    pthread_mutex_lock(&ctx->lock);
-    for (;;) {
-        ferry_job *job = NULL;
-        for (ferry_job *j = ctx->q_head; j; j = j->qnext)
-            if (j->next_task < j->ntasks && j->active_workers < j->max_workers) { job = j; break; }
-        if (!job) {
-            if (ctx->stop) break;
-            if (w->npending) {
-                /* nothing to claim: complete our own outstanding copies first */
-                pthread_mutex_unlock(&ctx->lock);
-                ferry_worker_drain(w);
-                pthread_mutex_lock(&ctx->lock);
-                continue;
-            }
-            if (w->pathfile_entry) {   /* nothing to do: no file held open for nothing */
-                pthread_mutex_unlock(&ctx->lock);
-                ferry_worker_idle(w);
-                pthread_mutex_lock(&ctx->lock);
-                continue;
-            }
-            pthread_cond_wait(&ctx->work_cond, &ctx->lock);
-            continue;
-        }
-        size_t t = job->next_task++;
-        job->active_workers++;
-        if (job->next_task == job->ntasks) {
-            /* fully claimed: unlink from the queue (destroy also unlinks, harmlessly) */
-            ferry_job **pp = &ctx->q_head, *prev = NULL;
-            while (*pp && *pp != job) { prev = *pp; pp = &(*pp)->qnext; }
-            if (*pp) { *pp = job->qnext; if (ctx->q_tail == job) ctx->q_tail = prev; }
-        }
-        pthread_mutex_unlock(&ctx->lock);
-        if (atomic_load(&job->error) || atomic_load(&job->canceled)) {
-            if (atomic_load(&job->canceled)) { ferry_seterr(FERRY_ECANCELED, "job canceled"); ferry_job_fail(job, FERRY_ECANCELED); }
-            atomic_fetch_add(&job->tasks_issued, 1);
-            pthread_mutex_lock(&ctx->lock);
-            job->active_workers--;
-            pthread_mutex_unlock(&ctx->lock);
-            ferry_task_finished(job);
-        } else {
-            int finished = ferry_exec_task(w, job, &job->tasks[t]);
-            /* release the per-call thread slot before the task can complete:
-             * completion lets the owner free the job */
-            pthread_mutex_lock(&ctx->lock);
-            job->active_workers--;
-            pthread_mutex_unlock(&ctx->lock);
-            if (finished) ferry_task_finished(job);
-        }
-        pthread_mutex_lock(&ctx->lock);
-    }
-    pthread_mutex_unlock(&ctx->lock);
-    ferry_worker_drain(w);
-    return NULL;
-}
