@@ -13,6 +13,14 @@
  *    decode them, place the result at DST" (or, for writes, the other way).
  *    Formats (npy, safetensors, netCDF classic, Zarr) turn a selection into a
  *    plan; the engine runs plans. ferry_pread/ferry_pwrite are one-extent plans.
+ *  - Small plain reads (up to 1 MiB; for device memory up to one staging
+ *    buffer) are packed: cut into tasks by bytes, read back to back into one
+ *    staging buffer and sent to the device in one copy per contiguous
+ *    destination run (or one copy and one scatter kernel when the rows land
+ *    in arbitrary order); into host memory, reads adjacent in a file are one
+ *    preadv. Files named by path are kept open in the context (bounded by
+ *    RLIMIT_NOFILE) and reopened when the path names another file, or its
+ *    size or mtime changed.
  *  - Paths: `cufile` (GPUDirect Storage), `staged` (pread into pinned staging
  *    buffers, then host-to-device copies, overlapped), `host` (pread straight
  *    into host memory). Host memory always takes the host path; for device

@@ -13,7 +13,7 @@
  * kind and device (any files). Packs are cut by bytes (make_tasks in job.c):
  * a batch of a thousand 8 KiB records is a few tasks, not a thousand.
  *
- * Packing interface (exec_pack_* in exec.c; a device-decode stage reads
+ * Packing interface (pack.c; a device-decode stage reads
  * compressed batches through the same calls):
  *   - ferry_pack_begin(w, d): take the worker's next staging buffer for
  *     device d (waiting for its previous copies), position 0;
