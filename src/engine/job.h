@@ -66,6 +66,7 @@ struct ferry_job {
     double t_start;
     uint64_t id;                  /* unique per context (addresses can be reused) */
     struct ferry_job *qnext;      /* context queue link */
+    struct ferry_gpudecode_job *gpu; /* gpudecode.c: batches of chunks decoded by nvCOMP, or NULL */
 };
 
 double ferry_now(void);

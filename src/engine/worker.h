@@ -55,6 +55,7 @@ typedef struct ferry_worker {
     ferry_fc_entry *pathfile_entry;       /* ... its open-file cache entry (held) ... */
     uint64_t pathfile_job;                /* ... checked for this job id (never reused across jobs) */
     int is_inline;
+    struct ferry_gpudecode_worker *gpu; /* gpudecode.c: its pinned/device buffers, or NULL */
 } ferry_worker;
 
 int ferry_worker_init(ferry_ctx *ctx, ferry_worker *w, int id);
