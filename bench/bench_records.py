@@ -8,7 +8,8 @@
    ferry into host batches, ferry into GPU batches with the rows in order (packed
    staging, one copy per staging buffer) and scattered (one copy plus one scatter
    kernel per staging buffer), and the pinned host-to-device copy limit. Every batch
-   ferry fills is verified there.
+   ferry fills is verified there. Run twice: workers spinning on their staging events
+   (the default) and sleeping on them (FERRY_EVENT_SYNC=blocking).
 2. ferry.read(path, device="cpu") of a --gib GiB .npy into memory ferry allocates
    (transparent huge pages, first touched by the workers) vs 16 threads of os.preadv
    into a fresh np.empty (numpy's own huge pages): pairs run back to back, best of
@@ -38,8 +39,14 @@ def records(a) -> int:
         return 0
     cmd = [exe, "bench", "--records", a.records, "--file", os.path.join(a.dir, "ferry-records.bin"),
            "--size", f"{int(a.gib * (1 << 30))}", "--count", str(a.count), "--reps", str(a.reps)]
-    print("$ " + " ".join(cmd), flush=True)
-    return subprocess.call(cmd)
+    rc = 0
+    for sync in (["spin", "blocking"] if a.event_sync == "both" else [a.event_sync]):
+        # FERRY_EVENT_SYNC=blocking: pool workers sleep on their staging events
+        # instead of spinning (src/engine/worker.c); measured both ways
+        env = dict(os.environ, FERRY_EVENT_SYNC=sync)
+        print(f"$ FERRY_EVENT_SYNC={sync} " + " ".join(cmd), flush=True)
+        rc |= subprocess.call(cmd, env=env)
+    return rc
 
 
 def preadv_into(path: str, out: np.ndarray, offset: int, threads: int) -> None:
@@ -116,10 +123,11 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--dir", default=".")
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--event-sync", default="both", choices=["both", "spin", "blocking"])
     ap.add_argument("--smoke", action="store_true", help="small and quick (CI-sized)")
     a = ap.parse_args()
     if a.smoke:
-        a.gib, a.count, a.reps = 0.25, 2048, 1
+        a.gib, a.count, a.reps, a.event_sync = 0.25, 2048, 1, "spin"
     rc = records(a)
     host_read(a)
     if not a.keep:

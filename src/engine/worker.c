@@ -115,6 +115,25 @@ void ferry_worker_free(ferry_worker *w) {
     memset(w, 0, sizeof *w);
 }
 
+/* How a pool worker waits for a staging buffer's copies: spinning in
+ * cuEventSynchronize (the context's default, what ferry has always done), or,
+ * with FERRY_EVENT_SYNC=blocking, sleeping on events made with
+ * CU_EVENT_BLOCKING_SYNC, which leaves the core to the workers still reading
+ * (16 spinning waiters on 16 cores compete with the preads they wait for).
+ * Callers' threads (small reads) always spin: their latency is the point.
+ * An experiment for the H200 (bench/bench_records.py runs both); the default
+ * changes only with its numbers. */
+static int blocking_events(void) {
+    static _Atomic int v = -1;
+    int x = atomic_load(&v);
+    if (x < 0) {
+        const char *e = getenv("FERRY_EVENT_SYNC");
+        x = e && !strcmp(e, "blocking");
+        atomic_store(&v, x);
+    }
+    return x;
+}
+
 /* The worker's stream and events on device d (created once). */
 int ferry_worker_device(ferry_worker *w, int d, ferry_devstate **out) {
     int rc = ferry_cuda_use_device(d);
@@ -123,8 +142,9 @@ int ferry_worker_device(ferry_worker *w, int d, ferry_devstate **out) {
     if (!s->ready) {
         const ferry_cuda_api *cu = ferry_cuda_load(NULL);
         CUresult r = cu->StreamCreate(&s->stream, FERRY_CU_STREAM_NON_BLOCKING);
-        for (int i = 0; r == 0 && i < FERRY_MAX_STAGING; i++) r = cu->EventCreate(&s->ev[i], FERRY_CU_EVENT_DISABLE_TIMING);
-        if (r == 0) r = cu->EventCreate(&s->dec_ev, FERRY_CU_EVENT_DISABLE_TIMING);
+        unsigned ef = FERRY_CU_EVENT_DISABLE_TIMING | (!w->is_inline && blocking_events() ? FERRY_CU_EVENT_BLOCKING_SYNC : 0);
+        for (int i = 0; r == 0 && i < FERRY_MAX_STAGING; i++) r = cu->EventCreate(&s->ev[i], ef);
+        if (r == 0) r = cu->EventCreate(&s->dec_ev, ef);
         if (r != 0) return ferry_seterr(FERRY_ECUDA, "device %d: creating stream/events: %s", d, ferry_cuda_errstr(r));
         s->ready = 1;
     }

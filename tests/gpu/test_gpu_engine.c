@@ -312,7 +312,7 @@ static void packed_records(int mode, size_t n, uint64_t max_len, uint64_t seed) 
     ferry_ctx_config(ctx_, &cfg);
     uint64_t big = 0;   /* records larger than a staging buffer are tasks of their own */
     for (size_t i = 0; i < n; i++) big += s.r[i].len > cfg.staging_size;
-    CHECK(tasks * 8 <= n || tasks <= big + pk_bytes(&s) / (128 << 10) + 2);
+    CHECK(tasks * 8 <= n || tasks <= big + pk_bytes(&s) / (64 << 10) + 2);
     if (c0 >= 0) {
         long copies = sim_count("htod_copies", 0) - c0, launches = sim_count("launches", 0) - l0;
         /* every staging buffer filled is sent once: one run when the
