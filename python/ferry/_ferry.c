@@ -401,6 +401,7 @@ typedef struct {
     int device;           /* -1: host */
     int owns;             /* 1: free on dealloc */
     int pinned;           /* host memory from ferry_pinned_alloc */
+    size_t alloc;         /* bytes of a ferry_host_alloc block (owned, host, not pinned) */
     int ndim;
     Py_ssize_t shape[FERRY_MAX_DIMS];
     Py_ssize_t strides[FERRY_MAX_DIMS];
@@ -2148,7 +2149,7 @@ static void Array_dealloc(ArrayObject *self) {
         } else if (self->pinned && self->ctx && self->ctx->ctx) {
             ferry_pinned_free(self->ctx->ctx, (void *)self->ptr);
         } else {
-            free((void *)self->ptr);
+            ferry_host_free(NULL, (void *)self->ptr, self->alloc);
         }
     }
     self->ptr = 0;
@@ -2513,10 +2514,11 @@ static PyObject *mod_empty(PyObject *m, PyObject *args, PyObject *kw) {
         a->ptr = (uintptr_t)p;
         a->pinned = 1;
     } else {
+        /* huge pages from 2 MiB on, untouched until ferry's workers fill it */
         void *p = NULL;
-        size_t rounded = (alloc + 4095) & ~(size_t)4095;
-        if (posix_memalign(&p, 4096, rounded) != 0) { Py_DECREF(a); return PyErr_NoMemory(); }
+        if (ferry_host_alloc(NULL, alloc, &p) < 0) { Py_DECREF(a); return PyErr_NoMemory(); }
         a->ptr = (uintptr_t)p;
+        a->alloc = alloc;
     }
     return (PyObject *)a;
 }
