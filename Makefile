@@ -19,13 +19,13 @@ TEST_SRCS := $(sort $(wildcard tests/c/test_*.c))
 FUZZ_SRCS := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 
 B := build
-LIB_OBJS := $(LIB_SRCS:%.c=$(B)/%.o) $(B)/kernels_fatbin.o
+LIB_OBJS := $(LIB_SRCS:%.c=$(B)/%.o) $(B)/kernels_fatbin.o $(B)/kernels_cu.o
 CLI_OBJS := $(CLI_SRCS:%.c=$(B)/%.o)
 TESTS := $(TEST_SRCS:tests/c/%.c=$(B)/tests/%)
 
 BA := build-asan
 ASAN_FLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
-ASAN_LIB_OBJS := $(LIB_SRCS:%.c=$(BA)/%.o) $(BA)/kernels_fatbin.o
+ASAN_LIB_OBJS := $(LIB_SRCS:%.c=$(BA)/%.o) $(BA)/kernels_fatbin.o $(BA)/kernels_cu.o
 ASAN_TESTS := $(TEST_SRCS:tests/c/%.c=$(BA)/tests/%)
 
 EXT_SUFFIX = $(shell [ -x $(PYTHON) ] || command -v $(PYTHON) >/dev/null && $(PYTHON) -c "import sysconfig;print(sysconfig.get_config_var('EXT_SUFFIX'))")
@@ -63,6 +63,12 @@ $(B)/kernels.fatbin: src/cuda/kernels.cu
 $(B)/kernels_fatbin.c: $(B)/kernels.fatbin tools/embed.sh
 	tools/embed.sh ferry_kernels_fatbin $< > $@
 $(B)/kernels_fatbin.o: $(B)/kernels_fatbin.c
+	$(CC) $(CFLAGS_COMMON) $(CFLAGS) -c $< -o $@
+# the kernels' source as text, for NVRTC when no fatbin was embedded (src/cuda/nvrtc.c)
+$(B)/kernels_cu.c: src/cuda/kernels.cu tools/embed.sh
+	@mkdir -p $(B)
+	tools/embed.sh ferry_kernels_cu $< > $@
+$(B)/kernels_cu.o: $(B)/kernels_cu.c
 	$(CC) $(CFLAGS_COMMON) $(CFLAGS) -c $< -o $@
 
 $(B)/libferry.a: $(LIB_OBJS)
@@ -105,6 +111,9 @@ $(BA)/%.o: %.c include/ferry.h $(wildcard src/*/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_COMMON) $(ASAN_FLAGS) -c $< -o $@
 $(BA)/kernels_fatbin.o: $(B)/kernels_fatbin.c
+	@mkdir -p $(BA)
+	$(CC) $(CFLAGS_COMMON) $(ASAN_FLAGS) -c $< -o $@
+$(BA)/kernels_cu.o: $(B)/kernels_cu.c
 	@mkdir -p $(BA)
 	$(CC) $(CFLAGS_COMMON) $(ASAN_FLAGS) -c $< -o $@
 $(BA)/libferry.a: $(ASAN_LIB_OBJS)
