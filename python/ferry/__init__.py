@@ -678,6 +678,8 @@ def open(path, *, device: Any = "cpu", ctx: Context | None = None, format: str |
          group: str | None = None) -> Opened:  # noqa: A001 — the public name the design asks for
     """Open a file or store (npy, safetensors, netCDF classic, Zarr; netCDF-4/HDF5
     through h5py, as the xarray backend reads it) and list its variables."""
+    if format == "hdf5":
+        return _H5Opened(path, device=device, ctx=ctx, group=group)
     try:
         return Opened(path, device=device, ctx=ctx, format=format, group=group)
     except FerryError as e:
