@@ -11,6 +11,14 @@ OPT ?= -O2
 CFLAGS_COMMON := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Wshadow \
                  -Iinclude -Isrc -I$(DEPS)/include -fPIC -pthread
 CFLAGS ?= $(OPT) -g
+# WERROR=1 (what `make test`, and so CI, builds with): warnings are errors.
+# Local builds stay lenient.
+ifeq ($(WERROR),1)
+CFLAGS_COMMON += -Werror
+endif
+# The library's objects hide every symbol ferry.h does not declare (ferry.h
+# gives its own default visibility; src/libferry.map is the version script).
+VISIBILITY := -fvisibility=hidden
 LDLIBS := -L$(DEPS)/lib -lzstd -llz4 -lz -ldl -lpthread -lm
 
 LIB_SRCS := $(sort $(wildcard src/engine/*.c src/cuda/*.c src/formats/*.c src/codecs/*.c))
@@ -47,7 +55,7 @@ python: $(PY_EXT)
 
 $(B)/%.o: %.c include/ferry.h $(wildcard src/*/*.h)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_COMMON) $(CFLAGS) -c $< -o $@
+	$(CC) $(CFLAGS_COMMON) $(VISIBILITY) $(CFLAGS) -c $< -o $@
 
 # GPU kernels: compiled by nvcc to a fatbin and embedded as bytes; loaded at
 # run time with cuModuleLoadData. Without nvcc the blob is empty and ferry
@@ -63,19 +71,19 @@ $(B)/kernels.fatbin: src/cuda/kernels.cu
 $(B)/kernels_fatbin.c: $(B)/kernels.fatbin tools/embed.sh
 	tools/embed.sh ferry_kernels_fatbin $< > $@
 $(B)/kernels_fatbin.o: $(B)/kernels_fatbin.c
-	$(CC) $(CFLAGS_COMMON) $(CFLAGS) -c $< -o $@
+	$(CC) $(CFLAGS_COMMON) $(VISIBILITY) $(CFLAGS) -c $< -o $@
 # the kernels' source as text, for NVRTC when no fatbin was embedded (src/cuda/nvrtc.c)
 $(B)/kernels_cu.c: src/cuda/kernels.cu tools/embed.sh
 	@mkdir -p $(B)
 	tools/embed.sh ferry_kernels_cu $< > $@
 $(B)/kernels_cu.o: $(B)/kernels_cu.c
-	$(CC) $(CFLAGS_COMMON) $(CFLAGS) -c $< -o $@
+	$(CC) $(CFLAGS_COMMON) $(VISIBILITY) $(CFLAGS) -c $< -o $@
 
 $(B)/libferry.a: $(LIB_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
-$(B)/libferry.so: $(LIB_OBJS)
-	$(CC) -shared -o $@ $^ $(LDLIBS)
+$(B)/libferry.so: $(LIB_OBJS) src/libferry.map
+	$(CC) -shared -Wl,--version-script=src/libferry.map -o $@ $(LIB_OBJS) $(LDLIBS)
 $(B)/ferry: $(CLI_OBJS) $(B)/libferry.a
 	$(CC) -o $@ $(CLI_OBJS) $(B)/libferry.a $(LDLIBS)
 
@@ -109,13 +117,13 @@ $(B)/cudasim/cufile/libcufile.so.0: tests/cudasim/cufilesim.c src/cuda/cuda.h sr
 # AddressSanitizer + UndefinedBehaviorSanitizer build of the library and C tests
 $(BA)/%.o: %.c include/ferry.h $(wildcard src/*/*.h)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_COMMON) $(ASAN_FLAGS) -c $< -o $@
+	$(CC) $(CFLAGS_COMMON) $(VISIBILITY) $(ASAN_FLAGS) -c $< -o $@
 $(BA)/kernels_fatbin.o: $(B)/kernels_fatbin.c
 	@mkdir -p $(BA)
-	$(CC) $(CFLAGS_COMMON) $(ASAN_FLAGS) -c $< -o $@
+	$(CC) $(CFLAGS_COMMON) $(VISIBILITY) $(ASAN_FLAGS) -c $< -o $@
 $(BA)/kernels_cu.o: $(B)/kernels_cu.c
 	@mkdir -p $(BA)
-	$(CC) $(CFLAGS_COMMON) $(ASAN_FLAGS) -c $< -o $@
+	$(CC) $(CFLAGS_COMMON) $(VISIBILITY) $(ASAN_FLAGS) -c $< -o $@
 $(BA)/libferry.a: $(ASAN_LIB_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
@@ -142,7 +150,9 @@ $(ASAN_PY_EXT): python/ferry/_ferry.c $(BA)/libferry.a
 test-asan-python: $(ASAN_PY_EXT)
 	@tools/asan-pytest.sh $(PYTHON) $(BA)/py
 
-test-c: $(TESTS)
+# first: libferry.so exports exactly ferry.h (src/common.h says why)
+test-c: $(TESTS) $(B)/libferry.so
+	@tools/check-exports.sh $(B)/libferry.so include/ferry.h
 	@tools/run-c-tests.sh $(TESTS)
 test-asan: $(ASAN_TESTS) $(if $(FUZZ_SRCS),$(BA)/fuzz_replay)
 	@ASAN_OPTIONS=detect_leaks=1 tools/run-c-tests.sh $(ASAN_TESTS)
@@ -174,6 +184,7 @@ test-cudasim: all $(B)/cudasim/libcuda.so.1 $(B)/cudasim/cufile/libcufile.so.0 $
 
 # The whole suite: C tests, the same under ASan+UBSan, the fuzz corpus, pytest,
 # and the GPU tests (which skip with a reason where there is no GPU).
+test: export WERROR := 1
 test: all
 	@PYTHON=$(PYTHON) tools/test-all.sh
 

@@ -181,50 +181,10 @@ def normalize_selection(selection: Any, shape: Sequence[int]):
 
     selection: None; a tuple of ints / slices (step > 0) / Ellipsis; or a
     sequence of (start, stop[, step]) triples. Negative indices count from the
-    end; slices are clipped like numpy's.
+    end; slices are clipped like numpy's. (The C extension decides:
+    _ferry.normalize_selection.)
     """
-    nd = len(shape)
-    if selection is None:
-        return None, tuple(int(s) for s in shape), ()
-    if not isinstance(selection, tuple):
-        if isinstance(selection, list) and selection and all(isinstance(x, (tuple, list)) for x in selection):
-            selection = tuple(slice(*x) for x in selection)
-        else:
-            selection = (selection,)
-    if any(s is Ellipsis for s in selection):
-        i = selection.index(Ellipsis)
-        fill = nd - (len(selection) - 1)
-        selection = selection[:i] + (slice(None),) * fill + selection[i + 1:]
-    if len(selection) > nd:
-        raise IndexError(f"too many indices: {len(selection)} for {nd} dimensions")
-    selection = tuple(selection) + (slice(None),) * (nd - len(selection))
-    triples, out_shape, squeeze = [], [], []
-    for ax, (s, n) in enumerate(zip(selection, shape)):
-        n = int(n)
-        if isinstance(s, (tuple, list)):
-            s = slice(*s)
-        if isinstance(s, slice):
-            start, stop, step = s.indices(n)
-            if step <= 0:
-                raise IndexError("only positive slice steps are supported")
-            count = max(0, (stop - start + step - 1) // step)
-            if count == 0:
-                start, stop = 0, 0
-            triples.append((start, stop, step))
-            out_shape.append(count)
-        else:
-            try:
-                i = int(s)  # numpy ints too
-            except TypeError:
-                raise TypeError(f"unsupported index {s!r} (ints and slices only)") from None
-            if i < 0:
-                i += n
-            if not 0 <= i < n:
-                raise IndexError(f"index {s} out of range for dimension {ax} of size {n}")
-            triples.append((i, i + 1, 1))
-            out_shape.append(1)
-            squeeze.append(ax)
-    return triples, tuple(out_shape), tuple(squeeze)
+    return _ferry.normalize_selection(shape, selection)
 
 
 # ---------------------------------------------------------------------------

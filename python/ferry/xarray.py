@@ -36,7 +36,6 @@ exact parameters xarray's coders choose (same dtypes, same operations).
 from __future__ import annotations
 
 import base64
-import itertools
 import json
 import logging
 import os
@@ -95,63 +94,36 @@ def _native(dt: np.dtype) -> np.dtype:
     return dt.newbyteorder("=")
 
 
-def _c_strides(shape, itemsize: int) -> list:
-    st = [0] * len(shape)
-    acc = itemsize
-    for i in range(len(shape) - 1, -1, -1):
-        st[i] = acc
-        acc *= int(shape[i])
-    return st
-
-
 def _key_triples(key: tuple, shape: tuple):
     """An OUTER backend key -> (triples, post) where post re-indexes what the
     triples read: integer axes are dropped and arrays that are not regular
-    progressions are taken from their bounding range."""
-    triples, post, squeeze = [], [], []
+    progressions are taken from their bounding range. Arrays become slices
+    here (xarray's convention); the slices and ints are normalised in C."""
+    items, post = [], []
     need_post = False
-    for ax, (k, n) in enumerate(zip(key, shape)):
-        n = int(n)
-        if isinstance(k, slice):
-            start, stop, step = k.indices(n)
-            if step < 0:   # decompose_indexer gives positive steps; be safe
-                idx = np.arange(start, stop, step)
-                k = idx
-            else:
-                cnt = max(0, (stop - start + step - 1) // step)
-                if cnt == 0:
-                    start = stop = 0
-                triples.append((start, stop, step))
-                post.append(slice(None))
-                continue
-        if isinstance(k, (int, np.integer)):
-            i = int(k)
-            if i < 0:
-                i += n
-            triples.append((i, i + 1, 1))
-            post.append(0)
-            squeeze.append(ax)
-            need_post = True
+    for k, n in zip(key, shape):
+        if isinstance(k, slice) and (k.step or 1) < 0:   # decompose_indexer gives positive steps; be safe
+            k = np.arange(*k.indices(int(n)))
+        if isinstance(k, (slice, int, np.integer)):
+            items.append(k)
+            post.append(slice(None) if isinstance(k, slice) else 0)
+            need_post = need_post or not isinstance(k, slice)
             continue
         k = np.asarray(k, dtype=np.int64).ravel()
-        k = np.where(k < 0, k + n, k)
-        if k.size == 0:
-            triples.append((0, 0, 1))
-            post.append(slice(None))
-            continue
-        lo, hi = int(k.min()), int(k.max())
-        if k.size == 1:
-            triples.append((lo, lo + 1, 1))
-            post.append(slice(None))
-            continue
+        k = np.where(k < 0, k + int(n), k)
         d = np.diff(k)
-        if (d > 0).all() and (d == d[0]).all():
-            triples.append((lo, hi + 1, int(d[0])))
-            post.append(slice(None))
+        if k.size == 0:
+            items.append(slice(0, 0))
+        elif k.size == 1 or ((d > 0).all() and (d == d[0]).all()):
+            items.append(slice(int(k[0]), int(k[-1]) + 1, int(d[0]) if k.size > 1 else 1))
+        else:
+            lo = int(k.min())
+            items.append(slice(lo, int(k.max()) + 1))
+            post.append(k - lo)
+            need_post = True
             continue
-        triples.append((lo, hi + 1, 1))
-        post.append(k - lo)
-        need_post = True
+        post.append(slice(None))
+    triples, _, _ = _ferry.normalize_selection(shape, tuple(items))
     return triples, (post if need_post else None)
 
 
@@ -317,152 +289,49 @@ class _H5Source:
             if len(fb) > 16:
                 self.supported, self.why = False, "fill value wider than 16 bytes"
         self.chunks = tuple(dset.chunks) if dset.chunks else None
+        self.file_size = os.path.getsize(path)
         self._table = None
         self._lock = threading.Lock()
+        self.offset = self.nbytes = None
         if self.layout == h5py.h5d.CONTIGUOUS and self.supported:
             self.offset = dset.id.get_offset()
             self.nbytes = dset.id.get_storage_size()
 
     def table(self):
-        """chunk offset tuple -> (file offset, size, filter mask)."""
+        """The chunk table (ferry_plan_layout's), built once from h5py's chunk_iter."""
         with self._lock:
             if self._table is None:
-                t = {}
-                dsid = self.dset.id
-                if hasattr(dsid, "chunk_iter"):
-                    def cb(info):
-                        t[tuple(info.chunk_offset)] = (info.byte_offset, info.size, info.filter_mask)
-                    dsid.chunk_iter(cb)
+                nd = len(self.shape)
+                if self.chunks is None:     # contiguous: one chunk, the whole array (absent if never written)
+                    rows = [] if self.offset is None or 0 in self.shape else [((0,) * nd, self.offset, self.nbytes, 0)]
                 else:
-                    for i in range(dsid.get_num_chunks()):
-                        info = dsid.get_chunk_info(i)
-                        t[tuple(info.chunk_offset)] = (info.byte_offset, info.size, info.filter_mask)
-                self._table = t
+                    rows = []
+                    dsid = self.dset.id
+                    if hasattr(dsid, "chunk_iter"):
+                        dsid.chunk_iter(lambda i: rows.append((i.chunk_offset, i.byte_offset, i.size, i.filter_mask)))
+                    else:
+                        for i in range(dsid.get_num_chunks()):
+                            i = dsid.get_chunk_info(i)
+                            rows.append((i.chunk_offset, i.byte_offset, i.size, i.filter_mask))
+                n = len(rows)
+                origins = np.array([r[0] for r in rows], dtype=np.uint64).reshape(n, nd)
+                mask = np.array([r[3] for r in rows], dtype=np.uint32)
+                # HDF5 numbers filters in the order they encode; the layout's
+                # codecs are in decoding order
+                nf = len(self.filters)
+                skips = np.zeros(n, dtype=np.uint32)
+                for i in range(nf):
+                    skips |= ((mask >> i) & 1) << (nf - 1 - i)
+                self._table = _ferry.chunk_table(self.shape, self.chunks or self.shape, origins,
+                                                 np.array([r[1] for r in rows], dtype=np.uint64),
+                                                 np.array([r[2] for r in rows], dtype=np.uint64), skips)
             return self._table
 
-    def codecs_for(self, mask: int) -> list:
-        cs = [f for i, f in enumerate(self.filters) if not (mask >> i) & 1]
-        cs.reverse()      # the pipeline runs backwards when reading
-        if self.swap:
-            cs.append(("byteswap", self.swap_size))
-        return cs
-
-    # -- plan building -------------------------------------------------------
     def add_to_plan(self, plan: ferry.Plan, triples, dst, label: str):
-        import h5py
-        shape = self.shape
-        nd = len(shape)
-        item = self.itemsize
-        counts = [max(0, (b - a + s - 1) // s) for a, b, s in triples]
-        if any(c == 0 for c in counts):
-            return
-        dst_c = _c_strides(counts, item)
-        whole = all(a == 0 and c == n and s == 1 for (a, b, s), c, n in zip(triples, counts, shape))
-        if self.layout == h5py.h5d.CONTIGUOUS:
-            if self.offset is None:         # never written: all fill
-                plan.extent(kind="fill", dst=dst, place=_place_fill(counts, dst_c, item), fill=self.fill,
-                            label=label)
-                return
-            if whole:
-                n = int(np.prod(shape, dtype=np.int64)) * item
-                plan.extent(path=self.path, offset=self.offset, length=n,
-                            codecs=[("byteswap", self.swap_size)] if self.swap else None,
-                            decoded_size=n, dst=dst, label=label)
-                return
-            if nd >= 1 and all(a == 0 and c == n and st == 1
-                               for (a, b, st), c, n in zip(triples[1:], counts[1:], shape[1:])):
-                # whole rows of the leading axis: one read per run of rows
-                row = int(np.prod(shape[1:], dtype=np.int64)) * item
-                a0, _, s0 = triples[0]
-                swap = [("byteswap", self.swap_size)] if self.swap else None
-                runs = [(a0, counts[0], 0)] if s0 == 1 else [(a0 + k * s0, 1, k) for k in range(counts[0])]
-                for first, n, k in runs:
-                    plan.extent(path=self.path, offset=self.offset + first * row, length=n * row, codecs=swap,
-                                decoded_size=n * row, dst=dst, dst_offset=k * row, label=label)
-                return
-            cshape = ((1,) + tuple(shape[1:])) if nd >= 2 else tuple(shape)
-            slab = int(np.prod(cshape, dtype=np.int64)) * item
-
-            def lookup(off):
-                j = off[0] // cshape[0] if nd else 0
-                return (self.offset + j * slab, slab, 0)
-            _plan_chunks(plan, self.path, shape, cshape, item, triples, counts, dst, dst_c, lookup,
-                         lambda m: [("byteswap", self.swap_size)] if self.swap else [], self.fill, label)
-            return
-        table = self.table()
-        _plan_chunks(plan, self.path, shape, self.chunks, item, triples, counts, dst, dst_c, table.get,
-                     self.codecs_for, self.fill, label)
-
-
-def _place_fill(counts, dst_c, item):
-    return {"itemsize": item, "count": list(counts), "src_stride": [0] * len(counts),
-            "dst_stride": list(dst_c), "src_offset": 0}
-
-
-def _chunk_ids(a, s, cnt, c):
-    """Chunk indices (of size c) holding indices a, a+s, ..., for cnt items."""
-    last = a + (cnt - 1) * s
-    if s < c:
-        return range(a // c, last // c + 1)
-    return sorted(set(((a + np.arange(cnt, dtype=np.int64) * s) // c).tolist()))
-
-
-def _plan_chunks(plan, path, shape, cshape, item, triples, counts, dst, dst_c, lookup, codecs_for, fill, label):
-    nd = len(shape)
-    src_c = _c_strides(cshape, item)
-    chunk_bytes = int(np.prod(cshape, dtype=np.int64)) * item
-    per_axis = []
-    for ax in range(nd):
-        a, _, s = triples[ax]
-        cnt = counts[ax]
-        c = int(cshape[ax])
-        opts = []
-        for j in _chunk_ids(a, s, cnt, c):
-            lo = j * c
-            hi = min(lo + c, int(shape[ax]))
-            k0 = max(0, -(-(lo - a) // s))
-            k1 = min(cnt - 1, (hi - 1 - a) // s)
-            if k1 < k0:
-                continue
-            within = a + k0 * s - lo
-            opts.append((lo, k0, k1 - k0 + 1, within))
-        per_axis.append(opts)
-    for combo in itertools.product(*per_axis):
-        key = tuple(o[0] for o in combo)
-        cnt = [o[2] for o in combo]
-        src_off = sum(o[3] * src_c[i] for i, o in enumerate(combo))
-        src_st = [triples[i][2] * src_c[i] for i in range(nd)]
-        dst_off = sum(o[1] * dst_c[i] for i, o in enumerate(combo))
-        ent = lookup(key)
-        if ent is None:
-            plan.extent(kind="fill", dst=dst, dst_offset=dst_off, place=_place_fill(cnt, dst_c, item),
-                        fill=fill, label=label)
-            continue
-        foff, fsize, mask = ent
-        codecs = codecs_for(mask)
-        only_swap = all(cd[0] == "byteswap" for cd in codecs)
-        if only_swap:
-            # uncompressed: read only the span the box covers
-            span = sum((n - 1) * st for n, st in zip(cnt, src_st)) + item
-            place = {"itemsize": item, "count": cnt, "src_stride": src_st, "dst_stride": dst_c, "src_offset": 0}
-            if _contiguous(cnt, src_st, item) and _contiguous(cnt, dst_c, item):
-                place = None
-            plan.extent(path=path, offset=foff + src_off, length=span, codecs=codecs or None,
-                        decoded_size=span, dst=dst, dst_offset=dst_off, place=place, label=label)
-        else:
-            place = {"itemsize": item, "count": cnt, "src_stride": src_st, "dst_stride": dst_c,
-                     "src_offset": src_off}
-            plan.extent(path=path, offset=foff, length=fsize, codecs=codecs, decoded_size=chunk_bytes,
-                        dst=dst, dst_offset=dst_off, place=place, label=label)
-
-
-def _contiguous(cnt, strides, item) -> bool:
-    expect = item
-    for n, st in zip(reversed(cnt), reversed(strides)):
-        if n > 1 and st != expect:
-            return False
-        expect *= n
-    return True
+        """Plan the selection `triples` into dst (C order): ferry_plan_layout."""
+        plan.layout(dst, self.shape, self.chunks or self.shape, self.itemsize, table=self.table(), path=self.path,
+                    codecs=self.filters[::-1], swap=self.swap_size if self.swap else 0, fill=self.fill,
+                    selection=triples if self.shape else None, label=label, file_size=self.file_size)
 
 
 def _h5_dims(dset, dimid_names: dict) -> tuple | None:

@@ -154,6 +154,7 @@ static void row(const char *what, double gbs, double cpu_per_gb, const char *not
 static void usage(FILE *to) {
     fprintf(to, "usage: ferry bench [--size SIZE] [--file PATH] [--threads N] [--device N]\n"
                 "                   [--reps N] [--no-cold] [--no-latency] [--keep] [--json]\n"
+                "       ferry bench --records SIZE[,SIZE...] [--count N] [--batch N] ...  (small random records)\n"
                 "  --opt VALUE and --opt=VALUE both work. SIZE: 4G or 4GiB = 4*2^30, 4GB = 4*10^9.\n"
                 "  --threads 1..256 (default: the engine's), --reps >= 1 (default 3).\n"
                 "  Creates PATH (default ./ferry-bench.bin, size 512M), measures this machine's\n"
@@ -194,6 +195,9 @@ static int cmp_d(const void *a, const void *b) { double x = *(const double *)a, 
 
 int ferry_cli_bench(int argc, char **argv) {
     bench_opts o = {512ull << 20, "ferry-bench.bin", 0, 0, 3, 1, 0, 0, 1};
+    /* --records: the small-record benchmark (bench_records.c) parses its own options */
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--records") || !strncmp(argv[i], "--records=", 10)) return ferry_cli_bench_records(argc, argv);
     static const struct option longopts[] = {
         {"help", no_argument, NULL, 'h'},       {"no-cold", no_argument, NULL, 'C'},
         {"no-latency", no_argument, NULL, 'L'}, {"keep", no_argument, NULL, 'k'},

@@ -4,7 +4,7 @@
  * big-endian data) then run on the CPU, correct but slower, and `ferry info`
  * and ferry.stats() say so. FERRY_KERNELS=nvrtc|none overrides the choice
  * (tests of the NVRTC path on a build that has a fatbin; bisecting). */
-#include "ferry.h"
+#include "ferry.h"      /* the declarations, with their export attribute */
 #include "cuda/cuda.h"
 #include <stdlib.h>
 #include <string.h>

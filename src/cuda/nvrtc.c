@@ -34,12 +34,14 @@ static struct {
 
 static pthread_once_t once_ = PTHREAD_ONCE_INIT;
 static char *ptx_;
-static char why_[512] = "not tried";
+static char why_[1200] = "not tried";
 
 /* NVRTC has no C library headers of its own: kernels.cu's <stdint.h> is this. */
 static const char stdint_h[] =
     "typedef unsigned char uint8_t; typedef unsigned short uint16_t;\n"
-    "typedef unsigned int uint32_t; typedef unsigned long long uint64_t;\n";
+    "typedef unsigned int uint32_t; typedef unsigned long long uint64_t;\n"
+    "typedef signed char int8_t; typedef short int16_t; typedef int int32_t; typedef long long int64_t;\n"
+    "typedef unsigned long long uintptr_t; typedef long long intptr_t;\n";
 
 static void *open_nvrtc(void) {
     const char *env = getenv("FERRY_NVRTC");
@@ -77,7 +79,7 @@ static void compile_once(void) {
     r = nv_.Compile(prog, 1, opts);
     if (r != 0) {
         size_t n = 0;
-        char log[400] = "";
+        char log[1000] = "";
         if (nv_.LogSize(prog, &n) == 0 && n > 0 && n < sizeof log) nv_.Log(prog, log);
         snprintf(why_, sizeof why_, "nvrtcCompileProgram: %s %s", nv_.ErrorString(r), log);
     } else {
