@@ -157,7 +157,6 @@ test-c: $(TESTS) $(B)/libferry.so
 test-asan: $(ASAN_TESTS) $(if $(FUZZ_SRCS),$(BA)/fuzz_replay)
 	@ASAN_OPTIONS=detect_leaks=1 tools/run-c-tests.sh $(ASAN_TESTS)
 	@if [ -x $(BA)/fuzz_replay ]; then ASAN_OPTIONS=detect_leaks=1 $(BA)/fuzz_replay tests/fuzz/corpus; fi
-	@$(MAKE) --no-print-directory test-asan-python PYTHON=$(PYTHON)
 # pip install . into a temporary --target, then run its `ferry` and import ferry from there
 test-install:
 	@tools/test-install.sh $(PYTHON)
