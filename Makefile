@@ -146,8 +146,8 @@ ASAN_PY_EXT = $(BA)/py/ferry/_ferry$(EXT_SUFFIX)
 $(ASAN_PY_EXT): python/ferry/_ferry.c $(BA)/libferry.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_COMMON) $(ASAN_FLAGS) -I$(PY_INC) -shared -o $@ python/ferry/_ferry.c $(BA)/libferry.a $(LDLIBS)
-	@for f in python/ferry/*.py python/ferry/*.pyi; do ln -sf $(abspath .)/$$f $(dir $@); done
 test-asan-python: $(ASAN_PY_EXT)
+	@for f in python/ferry/*.py python/ferry/*.pyi; do ln -sf $(abspath .)/$$f $(BA)/py/ferry/; done
 	@tools/asan-pytest.sh $(PYTHON) $(BA)/py
 
 # first: libferry.so exports exactly ferry.h (src/common.h says why)
