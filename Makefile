@@ -20,6 +20,11 @@ endif
 # gives its own default visibility; src/libferry.map is the version script).
 VISIBILITY := -fvisibility=hidden
 LDLIBS := -L$(DEPS)/lib -lzstd -llz4 -lz -ldl -lpthread -lm
+# libdeflate inflates zlib/gzip 3.5x faster than zlib (H200, BENCHMARKS.md); used where installed
+ifneq ($(wildcard /usr/include/libdeflate.h $(DEPS)/include/libdeflate.h),)
+CFLAGS_COMMON += -DFERRY_HAVE_LIBDEFLATE
+LDLIBS += -ldeflate
+endif
 
 LIB_SRCS := $(sort $(wildcard src/engine/*.c src/cuda/*.c src/formats/*.c src/codecs/*.c))
 CLI_SRCS := $(sort $(wildcard src/cli/*.c))
@@ -95,7 +100,10 @@ $(PY_EXT): python/ferry/_ferry.c $(B)/libferry.a
 ABI_INC := $(patsubst %/cuda.h,-isystem %,$(firstword $(wildcard /usr/local/cuda/include/cuda.h))) \
            $(patsubst %/cufile.h,-idirafter %,$(firstword $(wildcard /usr/local/cuda/include/cufile.h \
              .venv/lib/python3*/site-packages/nvidia/cu*/include/cufile.h)))
-$(B)/tests/test_cuda_abi $(BA)/tests/test_cuda_abi: CFLAGS_COMMON += $(ABI_INC)
+NVCOMP_INC := $(patsubst %/nvcomp/zstd.h,-idirafter %,$(firstword $(wildcard \
+             .venv/lib/python3*/site-packages/nvidia/libnvcomp/include/nvcomp/zstd.h \
+             $(dir $(PYTHON))../lib/python3*/site-packages/nvidia/libnvcomp/include/nvcomp/zstd.h)))
+$(B)/tests/test_cuda_abi $(BA)/tests/test_cuda_abi: CFLAGS_COMMON += $(ABI_INC) $(NVCOMP_INC)
 $(B)/tests/%: tests/c/%.c $(wildcard tests/c/*.h) $(B)/libferry.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_COMMON) $(CFLAGS) -Itests/c -o $@ $< $(B)/libferry.a $(LDLIBS)
@@ -113,6 +121,12 @@ $(B)/cudasim/libcuda.so.1: tests/cudasim/cudasim.c src/cuda/cuda.h
 $(B)/cudasim/cufile/libcufile.so.0: tests/cudasim/cufilesim.c src/cuda/cuda.h src/cuda/cufile.h $(B)/cudasim/libcuda.so.1
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_COMMON) $(CFLAGS) -shared -Wl,-soname,libcufile.so.0 -o $@ $< -L$(B)/cudasim -l:libcuda.so.1
+
+# A stand-in nvCOMP (tests/cudasim/nvcompsim.c: the batched decompressors on
+# the CPU, queued on the stand-in driver's streams); FERRY_NVCOMP names it.
+$(B)/cudasim/nvcomp/libnvcomp.so.6: tests/cudasim/nvcompsim.c src/cuda/cuda.h $(B)/cudasim/libcuda.so.1
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_COMMON) $(CFLAGS) -shared -Wl,-soname,libnvcomp.so.6 -o $@ $< -L$(B)/cudasim -l:libcuda.so.1 $(LDLIBS)
 
 # AddressSanitizer + UndefinedBehaviorSanitizer build of the library and C tests
 $(BA)/%.o: %.c include/ferry.h $(wildcard src/*/*.h)
@@ -168,10 +182,11 @@ test-gpu: all
 # the device paths are checked on machines without a GPU too.
 # The C tests also get the stand-in cuFile (its own directory: torch, imported
 # by pytest, must not find it); pytest runs with cuFile off.
-SIM_ENV := LD_LIBRARY_PATH=$(abspath $(B)/cudasim) FERRY_CUFILE=off FERRY_GPU_BIG=0
-SIM_C_ENV := LD_LIBRARY_PATH=$(abspath $(B)/cudasim):$(abspath $(B)/cudasim/cufile) FERRY_GPU_BIG=0
+SIM_NVCOMP := FERRY_NVCOMP=$(abspath $(B)/cudasim/nvcomp/libnvcomp.so.6)
+SIM_ENV := LD_LIBRARY_PATH=$(abspath $(B)/cudasim) FERRY_CUFILE=off FERRY_GPU_BIG=0 $(SIM_NVCOMP)
+SIM_C_ENV := LD_LIBRARY_PATH=$(abspath $(B)/cudasim):$(abspath $(B)/cudasim/cufile) FERRY_GPU_BIG=0 $(SIM_NVCOMP)
 GPU_C_TESTS := $(patsubst tests/gpu/%.c,$(BA)/tests/gpu/%,$(wildcard tests/gpu/test_*.c))
-test-cudasim: all $(B)/cudasim/libcuda.so.1 $(B)/cudasim/cufile/libcufile.so.0 $(GPU_C_TESTS) $(B)/tests/gpu/test_gpu_engine
+test-cudasim: all $(B)/cudasim/libcuda.so.1 $(B)/cudasim/cufile/libcufile.so.0 $(B)/cudasim/nvcomp/libnvcomp.so.6 $(GPU_C_TESTS) $(B)/tests/gpu/test_gpu_engine
 	@$(SIM_C_ENV) ASAN_OPTIONS=detect_leaks=1 tools/run-c-tests.sh $(GPU_C_TESTS)
 	@echo "  again with 3 workers, 2 staging buffers of 64 KiB, 1 MiB tasks (more hand-offs per byte):"
 	@$(SIM_C_ENV) FERRY_THREADS=3 FERRY_STAGING_COUNT=2 FERRY_STAGING_SIZE=64K FERRY_TASK_SIZE=1M \

@@ -163,7 +163,29 @@ typedef struct ferry_config {
     size_t small_io;      /* plans of at most this many bytes (and 4 tasks) run on the caller's thread;
                              0: staging_size                                     [FERRY_SMALL_IO] */
     int no_env;           /* nonzero: ignore FERRY_* environment variables */
+    int decode;           /* ferry_decode_policy for compressed chunks         [FERRY_DECODE] */
 } ferry_config;
+
+/** Where compressed chunks are decoded (FERRY_DECODE=auto|gpu|cpu).
+ *  CPU: ferry's own decoders on the worker threads, then a copy to the device.
+ *  GPU: chunks bound for device memory whose codec nvCOMP decodes (zstd, LZ4,
+ *       zlib/gzip/raw deflate) are read packed into pinned staging, copied
+ *       once per batch and decoded by one batched nvCOMP call; filters
+ *       (byteswap) run on the GPU. A chunk nvCOMP cannot decode goes to the
+ *       CPU and is counted in ferry_stats.gpu_cpu_fallbacks. Forcing GPU when
+ *       nvCOMP is not loaded is FERRY_EPATH (ferry_nvcomp_status says why).
+ *  AUTO: the GPU only for device destinations and only for codecs where it
+ *       measured faster than the CPU (see README "Which decoder runs"). Host
+ *       destinations always decode on the CPU. */
+typedef enum ferry_decode {
+    FERRY_DECODE_AUTO = 0,
+    FERRY_DECODE_GPU = 1,
+    FERRY_DECODE_CPU = 2
+} ferry_decode_policy;
+/** "auto", "gpu", "cpu". */
+const char *ferry_decode_policy_name(ferry_decode_policy d);
+/** Parse a decode policy name; FERRY_EINVAL for an unknown name. */
+int ferry_decode_policy_parse(const char *name, ferry_decode_policy *out);
 
 /** Fill *cfg with defaults (all zero means "default"). */
 void ferry_config_init(ferry_config *cfg);
@@ -219,6 +241,13 @@ int ferry_kernels_ready(int device);
  *  string lives until exit. */
 const char *ferry_nvrtc_ptx(void);
 const char *ferry_nvrtc_status(void);
+/** nvCOMP (GPU decompression, dlopen'ed on first use): "loaded nvCOMP 5.3.0
+ *  from /path/libnvcomp.so.5", or why it is not used. Never fails. */
+const char *ferry_nvcomp_status(ferry_ctx *ctx);
+/** A directory holding libnvcomp.so.6 / .so.5 (the nvidia-libnvcomp wheel's
+ *  lib64; the Python package passes it) to try after FERRY_NVCOMP and before
+ *  the system paths. Effective only before nvCOMP is first loaded. */
+void ferry_nvcomp_search_dir(const char *dir);
 
 /* ------------------------------------------------------------------------- */
 /* Memory descriptors                                                         */
@@ -407,6 +436,7 @@ typedef struct ferry_run_opts {
     ferry_path path;   /* FERRY_PATH_AUTO: the context's path */
     int threads;       /* 0: the context's; else at most this many workers */
     unsigned flags;    /* FERRY_SYNC, FERRY_NO_DIRECT */
+    int decode;        /* ferry_decode_policy; FERRY_DECODE_AUTO: the context's policy */
 } ferry_run_opts;
 
 /** Start running plan; returns at once. The plan is copied: it may be
@@ -451,6 +481,10 @@ typedef struct ferry_stats {
     uint64_t decoded_bytes;   /* bytes produced by codecs */
     uint64_t fallbacks;       /* AUTO chose staged because cuFile could not run */
     uint64_t jobs;
+    uint64_t gpu_decoded_bytes;   /* bytes produced by nvCOMP on the GPU */
+    uint64_t gpu_chunks;          /* chunks decoded by nvCOMP */
+    uint64_t gpu_batches;         /* batched nvCOMP calls */
+    uint64_t gpu_cpu_fallbacks;   /* chunks bound for the GPU decoder that the CPU decoded */
 } ferry_stats;
 
 void ferry_stats_get(ferry_ctx *ctx, ferry_stats *out);

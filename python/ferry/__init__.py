@@ -57,6 +57,24 @@ __all__ = [
 _lock = threading.Lock()
 
 
+def _nvcomp_wheel_dir() -> None:
+    """Tell the library where the nvidia-libnvcomp wheel keeps libnvcomp.so.6/.5
+    (found by name, nothing imported); FERRY_NVCOMP still comes first."""
+    import importlib.util
+    try:
+        spec = importlib.util.find_spec("nvidia.libnvcomp")
+    except (ImportError, ValueError):
+        return
+    for d in (spec.submodule_search_locations or []) if spec else []:
+        lib = os.path.join(d, "lib64")
+        if os.path.isdir(lib):
+            _ferry.nvcomp_search_dir(lib)
+            return
+
+
+_nvcomp_wheel_dir()
+
+
 def default_context() -> Context:
     """The process-wide Context (created on first use; FERRY_* variables apply)."""
     return _ferry.default_context()
@@ -417,7 +435,7 @@ def _add_read(plan: Plan, ds: Dataset | None, file: File | None, var: dict | Non
 
 def read(path, name: str | None = None, *, device: Any = "cpu", selection: Any = None, out: Any = None,
          ctx: Context | None = None, path_policy: str | None = None, threads: int = 0,
-         out_bytes: bool = False):
+         out_bytes: bool = False, decode: str | None = None):
     """Read one whole array / tensor / variable (or a selection of it).
 
     device: "cpu" (numpy), an int or "cuda:N" (cupy when importable, else a
@@ -427,6 +445,8 @@ def read(path, name: str | None = None, *, device: Any = "cpu", selection: Any =
     fills out with the selection's bytes as they are, whatever its dtype and
     shape (a byte view; only the byte count must match). A file with no
     format ferry knows reads as uint8 bytes.
+    decode: where compressed chunks are decoded, "auto" (default; FERRY_DECODE),
+    "gpu" (nvCOMP) or "cpu".
     """
     c = _ctx_of(ctx)
     dev = parse_device(device) if out is None else _device_of(out)
@@ -448,7 +468,7 @@ def read(path, name: str | None = None, *, device: Any = "cpu", selection: Any =
         plan = Plan()
         ret, post = _add_read(plan, ds, f, var, selection, dev, out, c, out_bytes)
         if len(plan):
-            c.run(plan, path=path_policy, threads=threads)
+            c.run(plan, path=path_policy, threads=threads, decode=decode)
         return post(ret)
     finally:
         if f is not None:
@@ -470,7 +490,7 @@ def _device_of(obj) -> int:
 
 
 def read_many(items: Iterable, *, device: Any = "cpu", ctx: Context | None = None,
-              path_policy: str | None = None, threads: int = 0) -> list:
+              path_policy: str | None = None, threads: int = 0, decode: str | None = None) -> list:
     """Read many (path, name, selection) triples with ONE plan (one engine run).
 
     Returns a list of arrays in the order given. name may be None for
@@ -500,7 +520,7 @@ def read_many(items: Iterable, *, device: Any = "cpu", ctx: Context | None = Non
                 var = _pick_var(ds, name)
             pending.append(_add_read(plan, ds, f, var, sel, dev, None, c))
         if len(plan):
-            c.run(plan, path=path_policy, threads=threads)
+            c.run(plan, path=path_policy, threads=threads, decode=decode)
         return [post(r) for r, post in pending]
     finally:
         for f in files.values():
@@ -679,7 +699,7 @@ class _H5Variable(Variable):
             triples = [(0, n, 1) for n in self.shape]
         key = tuple(a if ax in squeeze else slice(a, b, st) for ax, (a, b, st) in enumerate(triples))
         final = tuple(n for i, n in enumerate(sel_shape) if i not in squeeze)
-        host = np.ascontiguousarray(o._store.read(self._spec, key)).reshape(final)
+        host = np.ascontiguousarray(o._store.read(self._spec.name, key)).reshape(final)
         if out is not None:
             _check_out(out, host.nbytes, final, host.dtype.str, f"{o.path}: {self.name}", out_bytes)
             _sync_producer(out)

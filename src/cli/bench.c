@@ -173,7 +173,7 @@ static double ferry_read_rate(ferry_ctx *ctx, ferry_file *f, ferry_buf dst, uint
         ferry_plan *plan;
         ferry_plan_create(&plan);
         ferry_plan_read(plan, f, 0, size, dst, 0);
-        ferry_run_opts o = {path, 0, 0};
+        ferry_run_opts o = {path, 0, 0, FERRY_DECODE_AUTO};
         double c0 = cpu_seconds(), t0 = now();
         int64_t got = ferry_run(ctx, plan, &o);
         double dt = now() - t0, dc = cpu_seconds() - c0;

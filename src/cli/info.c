@@ -134,13 +134,14 @@ static void usage(FILE *to) {
     fprintf(to, "usage: ferry info [--json] [FILE|DIR...]\n"
                 "  Variables, tensors or arrays with dtype, shape, chunks, codecs, byte ranges and\n"
                 "  attributes; for other files, the size and how much is in the page cache.\n"
-                "  Without a path: this build and machine (version, CUDA, cuFile, GPU kernels).\n");
+                "  Without a path: this build and machine (version, CUDA, cuFile, nvCOMP, GPU kernels,\n"
+                "  decode policy).\n");
 }
 
 /* `ferry info` alone: what this build and machine can do, and which GPU
  * kernel image is in use (a build without nvcc byteswaps on the CPU). */
 static int describe_library(ferry_ctx *ctx, int json) {
-    const char *cuda = ferry_cuda_status(ctx), *cufile = ferry_cufile_status(ctx);
+    const char *cuda = ferry_cuda_status(ctx), *cufile = ferry_cufile_status(ctx), *nv = ferry_nvcomp_status(ctx);
     int ndev = ferry_cuda_device_count(ctx);
     ferry_config cfg;
     ferry_ctx_config(ctx, &cfg);
@@ -155,6 +156,9 @@ static int describe_library(ferry_ctx *ctx, int json) {
         ferry_sbuf_json_string(&b, cuda, strlen(cuda));
         ferry_sbuf_puts(&b, ",\"cufile\":");
         ferry_sbuf_json_string(&b, cufile, strlen(cufile));
+        ferry_sbuf_puts(&b, ",\"nvcomp\":");
+        ferry_sbuf_json_string(&b, nv, strlen(nv));
+        ferry_sbuf_printf(&b, ",\"decode\":\"%s\"", ferry_decode_policy_name((ferry_decode_policy)cfg.decode));
         ferry_sbuf_printf(&b, ",\"kernels\":\"%s\",\"kernels_status\":", kern);
         ferry_sbuf_json_string(&b, kern_why, strlen(kern_why));
         ferry_sbuf_printf(&b, ",\"threads\":%d,\"path\":\"%s\",\"direct\":\"%s\"}\n",
@@ -166,6 +170,8 @@ static int describe_library(ferry_ctx *ctx, int json) {
         printf("ferry %s\n", ferry_version());
         printf("  CUDA: %s (%d device%s)\n", *cuda ? cuda : "available", ndev, ndev == 1 ? "" : "s");
         printf("  cuFile: %s\n", *cufile ? cufile : "GDS available");
+        printf("  nvCOMP: %s\n", nv);
+        printf("  decode: %s (FERRY_DECODE)\n", ferry_decode_policy_name((ferry_decode_policy)cfg.decode));
         printf("  GPU kernels: %s%s\n", kern, kern_note);
         printf("  engine: %d threads, path %s, O_DIRECT %s, staging %d x %zu KiB per thread\n", cfg.threads,
                ferry_path_name(cfg.path), ferry_direct_name(cfg.direct), cfg.staging_count, cfg.staging_size >> 10);

@@ -11,6 +11,8 @@ uint8_t *ferry_scratch_reserve(uint8_t **buf, size_t *cap, size_t need);
 
 int64_t ferry_zlib_decode(ferry_decode_scratch *s, int gzip, const uint8_t *in, size_t n,
                           uint8_t *out, size_t cap);
+/* Free the libdeflate decompressor of a scratch (zlib.c), if any. */
+void ferry_zlib_scratch_free(ferry_decode_scratch *s);
 int64_t ferry_zstd_decode(ferry_decode_scratch *s, const uint8_t *in, size_t n,
                           uint8_t *out, size_t cap);
 /* numcodecs LZ4: u32 LE decoded size, then one LZ4 block */

@@ -16,6 +16,7 @@ static pthread_mutex_t dev_lock_ = PTHREAD_MUTEX_INITIALIZER;
 static CUcontext dev_ctx_[MAX_DEVICES];
 static CUmodule dev_mod_[MAX_DEVICES];
 static CUfunction dev_swap_[MAX_DEVICES][5];   /* by log2(size): 2, 4, 8, 16 */
+static CUfunction dev_adler_[MAX_DEVICES], dev_unshuffle_[MAX_DEVICES];
 static int dev_mod_state_[MAX_DEVICES];        /* 0 untried, 1 ok, -1 failed */
 static CUfunction dev_scatter_[MAX_DEVICES];   /* NULL: a fatbin without ferry_scatter */
 
@@ -159,6 +160,9 @@ static int load_kernels(int dev) {
             for (int i = 1; i < 5; i++)
                 if (api_.ModuleGetFunction(&dev_swap_[dev][i], dev_mod_[dev], names[i]) != 0) ok = -1;
             if (api_.ModuleGetFunction(&dev_scatter_[dev], dev_mod_[dev], "ferry_scatter") != 0) dev_scatter_[dev] = NULL;
+            /* the GPU decoder's kernels (gpudecode.c): optional, NULL when absent */
+            if (api_.ModuleGetFunction(&dev_adler_[dev], dev_mod_[dev], "ferry_adler32_batch") != 0) dev_adler_[dev] = NULL;
+            if (api_.ModuleGetFunction(&dev_unshuffle_[dev], dev_mod_[dev], "ferry_unshuffle_batch") != 0) dev_unshuffle_[dev] = NULL;
         }
         dev_mod_state_[dev] = ok;
     }
@@ -199,5 +203,27 @@ int ferry_cuda_scatter(int dev, CUdeviceptr packed, CUdeviceptr tab, size_t n, C
     unsigned blocks = n < 65535 ? (unsigned)n : 65535;
     CUresult r = api_.LaunchKernel(dev_scatter_[dev], blocks, 1, 1, 256, 1, 1, 0, stream, args, NULL);
     if (r != 0) return ferry_seterr(FERRY_ECUDA, "scatter kernel launch: %s", ferry_cuda_errstr(r));
+    return 0;
+}
+
+int ferry_cuda_adler32_batch(int dev, CUdeviceptr ptrs, CUdeviceptr sizes, CUdeviceptr out, size_t n, CUstream stream) {
+    if (dev < 0 || dev >= MAX_DEVICES || load_kernels(dev) != 1 || !dev_adler_[dev]) return FERRY_EUNSUPPORTED;
+    if (n == 0) return 0;
+    unsigned long long count = n;
+    void *args[] = {&ptrs, &sizes, &out, &count};
+    unsigned blocks = n > 65535 ? 65535 : (unsigned)n;
+    CUresult r = api_.LaunchKernel(dev_adler_[dev], blocks, 1, 1, 256, 1, 1, 0, stream, args, NULL);
+    if (r != 0) return ferry_seterr(FERRY_ECUDA, "adler32 kernel launch: %s", ferry_cuda_errstr(r));
+    return 0;
+}
+
+int ferry_cuda_unshuffle_batch(int dev, CUdeviceptr desc, size_t count, CUstream stream) {
+    if (dev < 0 || dev >= MAX_DEVICES || load_kernels(dev) != 1 || !dev_unshuffle_[dev]) return FERRY_EUNSUPPORTED;
+    if (count == 0) return 0;
+    unsigned long long n = count;
+    void *args[] = {&desc, &n};
+    unsigned blocks = count > 65535 ? 65535 : (unsigned)count;
+    CUresult r = api_.LaunchKernel(dev_unshuffle_[dev], blocks, 1, 1, 256, 1, 1, 0, stream, args, NULL);
+    if (r != 0) return ferry_seterr(FERRY_ECUDA, "unshuffle kernel launch: %s", ferry_cuda_errstr(r));
     return 0;
 }

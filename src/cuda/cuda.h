@@ -123,4 +123,12 @@ int ferry_cuda_scatter_ready(int dev);
  * (device memory), copy entry.len bytes from packed + entry.src to entry.dst.
  * FERRY_EUNSUPPORTED when no kernels are embedded. */
 int ferry_cuda_scatter(int dev, CUdeviceptr packed, CUdeviceptr tab, size_t n, CUstream stream);
+/* The GPU decoder's kernels (src/cuda/kernels.cu), device dev current:
+ * Adler-32 of n device buffers (ptrs, sizes: device arrays of n pointers and
+ * 64-bit sizes) into out (n uint32); HDF5/blosc byte unshuffle of `count`
+ * buffers described by the device array desc of (in, out, n, size) u64
+ * quadruples (in and out not overlapping; size 1 copies).
+ * FERRY_EUNSUPPORTED without those kernels. */
+int ferry_cuda_adler32_batch(int dev, CUdeviceptr ptrs, CUdeviceptr sizes, CUdeviceptr out, size_t n, CUstream stream);
+int ferry_cuda_unshuffle_batch(int dev, CUdeviceptr desc, size_t count, CUstream stream);
 #endif

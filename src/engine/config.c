@@ -54,6 +54,8 @@ int ferry_config_resolve(ferry_config *c) {
         if ((rc = env_size("FERRY_SMALL_IO", &c->small_io)) < 0) return rc;
         const char *p = getenv("FERRY_PATH");
         if (p && (rc = ferry_path_parse(p, &c->path)) < 0) return rc;
+        const char *dp = getenv("FERRY_DECODE");   /* gpudecode.c has the names */
+        if (dp && (rc = ferry_decode_policy_parse(dp, (ferry_decode_policy *)&c->decode)) < 0) return rc;
         const char *d = getenv("FERRY_DIRECT");
         if (d) {
             if (!strcasecmp(d, "auto")) c->direct = FERRY_DIRECT_AUTO;
@@ -81,6 +83,7 @@ int ferry_config_resolve(ferry_config *c) {
     /* A request that fits one staging buffer gains nothing from the pool (it
      * is one pread and one copy either way): run it on the caller's thread. */
     if (c->small_io == 0) c->small_io = c->staging_size;
+    if (c->decode < 0 || c->decode > FERRY_DECODE_CPU) return ferry_seterr(FERRY_EINVAL, "bad decode policy %d", c->decode);
     if (c->path < 0 || c->path >= FERRY_PATH_COUNT_) return ferry_seterr(FERRY_EINVAL, "bad path %d", c->path);
     return 0;
 }

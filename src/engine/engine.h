@@ -110,6 +110,7 @@ struct ferry_job {
     double t_start;
     uint64_t id;                  /* unique per context (addresses can be reused) */
     struct ferry_job *qnext;      /* context queue link */
+    struct ferry_gpudecode_job *gpu; /* gpudecode.c: batches of chunks decoded by nvCOMP, or NULL */
 };
 
 /* ---- workers ------------------------------------------------------------- */
@@ -157,6 +158,7 @@ typedef struct ferry_worker {
     ferry_fc_entry *pathfile_entry;       /* ... its open-file cache entry (held) ... */
     uint64_t pathfile_job;                /* ... checked for this job id (never reused across jobs) */
     int is_inline;
+    struct ferry_gpudecode_worker *gpu; /* gpudecode.c: its pinned/device buffers, or NULL */
 } ferry_worker;
 
 struct ferry_ctx {

@@ -4,6 +4,7 @@
  * cuFile path, decoded/placed extents, fills and writes. */
 #include "engine/engine.h"
 #include "engine/io.h"
+#include "engine/gpudecode.h"
 #include <errno.h>
 #include <unistd.h>
 
@@ -511,10 +512,16 @@ int ferry_path_file(ferry_worker *w, ferry_job *j, const char *path, ferry_file 
 }
 
 int ferry_exec_task(ferry_worker *w, ferry_job *j, const ferry_task *t) {
-    const ferry_extent *e = &j->ext[t->ext];
     ferry_clearerr();
     int deferred = 0;
     int64_t r = 0;
+    if (t->ext == FERRY_GPU_TASK) {   /* gpudecode.c: a batch of chunks nvCOMP decodes; its errors name the chunk */
+        r = ferry_gpudecode_run(w, j, (size_t)t->lo, &deferred);
+        if (r < 0) ferry_job_fail(j, (int)r);
+        else atomic_fetch_add(&j->bytes, (uint64_t)r);
+        goto issued;
+    }
+    const ferry_extent *e = &j->ext[t->ext];
     ferry_file *f = e->file;
     if (t->n > 1) {   /* a pack: its errors already name the extent's file and byte */
         r = ferry_exec_pack(w, j, t, &deferred);

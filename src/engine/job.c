@@ -3,6 +3,7 @@
  * caller's thread), and wait. */
 #include "engine/engine.h"
 #include "engine/io.h"
+#include "engine/gpudecode.h"
 #include <errno.h>
 #include <stdlib.h>
 #include <time.h>
@@ -91,6 +92,7 @@ static void job_free(ferry_job *j) {
     free(j->places);
     free(j->strings);
     free(j->tasks);
+    ferry_gpudecode_job_free(j);
     pthread_mutex_destroy(&j->lock);
     pthread_cond_destroy(&j->cond);
     free(j);
@@ -127,20 +129,25 @@ static int packable(const ferry_job *j, const ferry_extent *e, size_t staging) {
  * Other extents are one task each. */
 static int make_tasks(ferry_job *j, size_t task_size, size_t staging) {
     size_t cap = 0;
+    /* gpudecode.c: one task per batch, queued first so that the CPU's tasks
+     * run on the other workers while batches are read and decoded */
+    for (size_t b = 0; b < ferry_gpudecode_batches(j); b++)
+        if (add_task(j, &cap, FERRY_GPU_TASK, 1, b, b + 1) < 0) return FERRY_ENOMEM;
     uint64_t packed = 0;
     for (size_t i = 0; i < j->next; i++)
-        if (packable(j, &j->ext[i], staging)) packed += j->ext[i].length;
+        if (!ferry_gpudecode_owns(j, i) && packable(j, &j->ext[i], staging)) packed += j->ext[i].length;
     uint64_t pack = packed / (2 * (uint64_t)(j->max_workers > 0 ? j->max_workers : 1));
     if (pack < (256u << 10)) pack = 256u << 10;
     if (pack > task_size) pack = task_size;
     for (size_t i = 0; i < j->next;) {
         const ferry_extent *e = &j->ext[i];
+        if (ferry_gpudecode_owns(j, i)) { i++; continue; }   /* decoded on the GPU: in a batch task above */
         if (packable(j, e, staging)) {
             size_t m = i + 1;
             uint64_t bytes = e->length;
             while (m < j->next && m - i < UINT32_MAX && bytes < pack) {
                 const ferry_extent *x = &j->ext[m];
-                if (!packable(j, x, staging) || x->dst.kind != e->dst.kind || x->dst.device != e->dst.device) break;
+                if (ferry_gpudecode_owns(j, m) || !packable(j, x, staging) || x->dst.kind != e->dst.kind || x->dst.device != e->dst.device) break;
                 bytes += x->length;
                 m++;
             }
@@ -204,6 +211,8 @@ static int job_build(ferry_ctx *ctx, const ferry_plan *plan, const ferry_run_opt
         j->ext[j->next++] = e;
     }
     int rc = choose_path(ctx, opts ? opts->path : FERRY_PATH_AUTO, has_dev, first_dev, &j->path, &j->forced);
+    if (rc < 0) { job_free(j); return rc; }
+    rc = ferry_gpudecode_plan(j, opts ? opts->decode : FERRY_DECODE_AUTO);   /* gpudecode.c */
     if (rc < 0) { job_free(j); return rc; }
     rc = make_tasks(j, ctx->cfg.task_size, ctx->cfg.staging_size);
     if (rc < 0) { job_free(j); return rc; }
@@ -483,7 +492,7 @@ static int64_t one_extent(ferry_file *f, ferry_extent_kind kind, ferry_buf buf, 
     plan.n = plan.cap = 1;
     int rc = ferry_buf_resolve(&e.dst);
     if (rc < 0) return rc;
-    ferry_run_opts o = {FERRY_PATH_AUTO, 0, flags};
+    ferry_run_opts o = {FERRY_PATH_AUTO, 0, flags, FERRY_DECODE_AUTO};
     ferry_job *j;
     rc = job_build(ctx, &plan, &o, &j);
     if (rc < 0) return rc;

@@ -3,6 +3,7 @@
  * A worker claims tasks from the context queue in order, runs them, and before
  * it sleeps waits for its own outstanding copies, so every task completes. */
 #include "engine/engine.h"
+#include "engine/gpudecode.h"
 #include <stdlib.h>
 
 /* A 4 KiB-aligned host buffer of n bytes. For work that feeds device dev it is
@@ -90,6 +91,7 @@ int ferry_worker_grow(ferry_worker *w, int dev, uint8_t **buf, size_t *cap, int 
 void ferry_worker_free(ferry_worker *w) {
     const ferry_cuda_api *cu = ferry_cuda_load(NULL);
     ferry_worker_drain(w);
+    ferry_gpudecode_worker_free(w);   /* gpudecode.c's buffers */
     for (int d = 0; d < FERRY_MAX_DEVICES; d++) {
         if (!w->dev[d].ready || !cu) continue;
         ferry_cuda_use_device(d);

@@ -50,7 +50,7 @@ static void reads_on(ferry_path path) {
                 ferry_plan *p;
                 ferry_plan_create(&p);
                 ferry_plan_read(p, f, offs[oi], sizes[si], ferry_cuda_buf(0, d, 64 << 20), (uint64_t)dst_off * 3);
-                ferry_run_opts o = {path, 0, 0};
+                ferry_run_opts o = {.path = path, .threads = 0, .flags = 0};
                 int64_t r = ferry_run(ctx_, p, &o);
                 ferry_plan_destroy(p);
                 CHECK_EQ_I(r, (int64_t)sizes[si]);
@@ -95,7 +95,7 @@ static void test_auto_reports_path(void) {
     ferry_plan *p;
     ferry_plan_create(&p);
     ferry_plan_read(p, f, 0, 100, ferry_cuda_buf(0, d, 100), 0);
-    ferry_run_opts o = {FERRY_PATH_HOST, 0, 0};
+    ferry_run_opts o = {.path = FERRY_PATH_HOST, .threads = 0, .flags = 0};
     CHECK_EQ_I(ferry_run(ctx_, p, &o), FERRY_EPATH);
     ferry_plan_destroy(p);
     ferry_cuda_free(ctx_, d);
@@ -161,7 +161,7 @@ static void test_writes(ferry_path path) {
     ferry_plan_create(&plan);
     ferry_plan_write(plan, f, 0, 8 << 20, ferry_cuda_buf(0, d, n), 0);
     ferry_plan_write(plan, f, 8 << 20, n - (8 << 20), ferry_cuda_buf(0, d, n), 8 << 20);
-    ferry_run_opts o = {path, 0, FERRY_SYNC};
+    ferry_run_opts o = {.path = path, .threads = 0, .flags = FERRY_SYNC};
     int64_t r = ferry_run(ctx_, plan, &o);
     CHECK_EQ_I(r, (int64_t)n);
     if (r < 0) fprintf(stderr, "  %s\n", ferry_errmsg(ctx_));
@@ -298,7 +298,7 @@ static void packed_records(int mode, size_t n, uint64_t max_len, uint64_t seed) 
     CHECK_EQ_I(pk_plan(&s, p, f, ferry_cuda_buf(0, d, s.dst_size)), 0);
     long c0 = sim_count("htod_copies", 0), l0 = sim_count("launches", 0);
     ferry_stats_reset(ctx_);
-    ferry_run_opts o = {FERRY_PATH_STAGED, 0, 0};
+    ferry_run_opts o = {.path = FERRY_PATH_STAGED, .threads = 0, .flags = 0};
     int64_t r = ferry_run(ctx_, p, &o);
     CHECK_EQ_I(r, (int64_t)pk_bytes(&s));
     if (r < 0) fprintf(stderr, "  %s\n", ferry_errmsg(ctx_));
