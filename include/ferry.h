@@ -228,10 +228,27 @@ int ferry_cuda_device_count(ferry_ctx *ctx);
 const char *ferry_cuda_status(ferry_ctx *ctx);
 const char *ferry_cufile_status(ferry_ctx *ctx);
 /** Where the GPU kernels (byteswap) come from: "embedded fatbin" (nvcc ran at
- *  build time: `make`, or `pip install .` with nvcc found) or "none" (device
- *  data is then byteswapped on the CPU, in host staging, before the copy). A
- *  static string. */
+ *  build time: `make`, or `pip install .` with nvcc found), "NVRTC" (no
+ *  fatbin: src/cuda/kernels.cu compiled at run time by libnvrtc, found through
+ *  $FERRY_NVRTC or the loader's path; the first call compiles it, once per
+ *  process) or "none" (device data is then byteswapped on the CPU, in host
+ *  staging, before the copy). FERRY_KERNELS=nvrtc or =none overrides the
+ *  choice (for tests of the NVRTC path and for bisecting). A static string. */
 const char *ferry_kernels_source(void);
+/** "" when the kernels are available, else why NVRTC could not compile them. */
+const char *ferry_kernels_status(void);
+/** 1 when the kernel image loads on CUDA device `device` (loading it once,
+ *  with that device's primary context borrowed and the caller's restored),
+ *  0 when there is none, no CUDA, or the driver refuses it (e.g. PTX newer
+ *  than the driver): then that device's byteswaps run on the CPU. */
+int ferry_kernels_ready(int device);
+/** The PTX libnvrtc makes of src/cuda/kernels.cu (compute_75; the driver
+ *  JITs it for the device), whether or not a fatbin is embedded: NULL when
+ *  libnvrtc is missing or fails, and ferry_nvrtc_status() says why ("" when
+ *  it worked). Compiled on the first call, once per process (thread-safe); the
+ *  string lives until exit. */
+const char *ferry_nvrtc_ptx(void);
+const char *ferry_nvrtc_status(void);
 /** nvCOMP (GPU decompression, dlopen'ed on first use): "loaded nvCOMP 5.3.0
  *  from /path/libnvcomp.so.5", or why it is not used. Never fails. */
 const char *ferry_nvcomp_status(ferry_ctx *ctx);

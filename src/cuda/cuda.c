@@ -153,8 +153,8 @@ static int load_kernels(int dev) {
     pthread_mutex_lock(&dev_lock_);
     if (!dev_mod_state_[dev]) {
         int ok = -1;
-        if (ferry_kernels_fatbin_size > 0 &&
-            api_.ModuleLoadData(&dev_mod_[dev], ferry_kernels_fatbin) == 0) {
+        const void *image = ferry_kernels_image();   /* fatbin, NVRTC's PTX or none: kernels_source.c */
+        if (image && api_.ModuleLoadData(&dev_mod_[dev], image) == 0) {
             static const char *names[5] = {NULL, "ferry_bswap2", "ferry_bswap4", "ferry_bswap8", "ferry_bswap16"};
             ok = 1;
             for (int i = 1; i < 5; i++)

@@ -107,6 +107,10 @@ extern const unsigned char ferry_kernels_fatbin[];
 extern const size_t ferry_kernels_fatbin_size;
 /* Byte-swap n elements of `size` bytes in device memory, on `stream`, with
  * device `dev` current. Returns FERRY_EUNSUPPORTED when no kernels are embedded. */
+/* The image load_kernels hands to cuModuleLoadData: the embedded fatbin, else
+ * NVRTC's PTX (nvrtc.c), else NULL (CPU byteswaps); FERRY_KERNELS=nvrtc|none
+ * overrides. Decided in kernels_source.c, reported by ferry_kernels_source(). */
+const void *ferry_kernels_image(void);
 /* 1 when the embedded kernels load on device dev. */
 int ferry_cuda_kernels_ready(int dev);
 int ferry_cuda_byteswap(int dev, CUdeviceptr p, size_t n, unsigned size, CUstream stream);

@@ -301,6 +301,15 @@ static op *new_op(int kind) {
 }
 
 /* ---- the driver API ------------------------------------------------------- */
+/* The driver's private tables: libnvrtc (ferry's run-time kernels, src/cuda/
+ * nvrtc.c) looks this up in whatever libcuda.so.1 is loaded and crashed when it
+ * was missing. The stand-in has none to offer. */
+CUresult cuGetExportTable(const void **table, const void *id) {
+    (void)id;
+    if (table) *table = NULL;
+    return E_NOT_FOUND;
+}
+
 CUresult cuInit(unsigned flags) {
     (void)flags;
     const char *n = getenv("FERRY_CUDASIM_DEVICES");
