@@ -763,7 +763,8 @@ class _BatchStream(IterableDataset):
         self._sync_from_workers()
         if epoch != self._epoch:
             self._epoch, self._consumed, self._resume = epoch, 0, None
-            self._board.publish(self._epoch, self._consumed)
+            if get_worker_info() is None:      # the board is the main process's to publish
+                self._board.publish(self._epoch, self._consumed)
 
     @property
     def epoch(self):
