@@ -131,3 +131,16 @@ def test_file_replaced_between_batches_never_mixes(tmp_path):
     np.save(tmp_path / "t1.npy", np.full(9, 7, dtype=np.int16))
     with pytest.raises(ferry.FerryError, match="t1.npy"):
         list(ds)
+
+
+def test_dataloader_workers_two_epochs(per_sample):
+    from torch.utils.data import DataLoader
+    ds = ArrayDataset(fields=per_sample.fields, samples="files", batch_size=8, shuffle=True,
+                      seed=6, device="cpu")
+    dl = DataLoader(ds, batch_size=None, num_workers=2)
+    for e in range(2):
+        seen = []
+        for b in dl:
+            _check(b, per_sample.ref)
+            seen += b["id"].tolist()
+        assert seen == epoch_order(N, 6, e).tolist()
