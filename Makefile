@@ -11,7 +11,20 @@ OPT ?= -O2
 CFLAGS_COMMON := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Wshadow \
                  -Iinclude -Isrc -I$(DEPS)/include -fPIC -pthread
 CFLAGS ?= $(OPT) -g
+# WERROR=1 (what `make test`, and so CI, builds with): warnings are errors.
+# Local builds stay lenient.
+ifeq ($(WERROR),1)
+CFLAGS_COMMON += -Werror
+endif
+# The library's objects hide every symbol ferry.h does not declare (ferry.h
+# gives its own default visibility; src/libferry.map is the version script).
+VISIBILITY := -fvisibility=hidden
 LDLIBS := -L$(DEPS)/lib -lzstd -llz4 -lz -ldl -lpthread -lm
+# libdeflate inflates zlib/gzip 3.5x faster than zlib (H200, BENCHMARKS.md); used where installed
+ifneq ($(wildcard /usr/include/libdeflate.h $(DEPS)/include/libdeflate.h),)
+CFLAGS_COMMON += -DFERRY_HAVE_LIBDEFLATE
+LDLIBS += -ldeflate
+endif
 
 LIB_SRCS := $(sort $(wildcard src/engine/*.c src/cuda/*.c src/formats/*.c src/codecs/*.c))
 CLI_SRCS := $(sort $(wildcard src/cli/*.c))
@@ -32,7 +45,7 @@ EXT_SUFFIX = $(shell [ -x $(PYTHON) ] || command -v $(PYTHON) >/dev/null && $(PY
 PY_INC = $(shell $(PYTHON) -c "import sysconfig;print(sysconfig.get_paths()['include'])")
 PY_EXT = python/ferry/_ferry$(EXT_SUFFIX)
 
-.PHONY: all setup lib cli python test test-c test-asan test-python test-gpu test-cudasim demo bench fuzz clean
+.PHONY: all setup lib cli python test test-c test-asan test-python test-gpu test-cudasim test-install test-asan-python demo bench fuzz clean
 # setup first, then a fresh make: the Python extension's file name comes from
 # the interpreter, which setup may have just created
 all: setup
@@ -47,7 +60,7 @@ python: $(PY_EXT)
 
 $(B)/%.o: %.c include/ferry.h $(wildcard src/*/*.h)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_COMMON) $(CFLAGS) -c $< -o $@
+	$(CC) $(CFLAGS_COMMON) $(VISIBILITY) $(CFLAGS) -c $< -o $@
 
 # GPU kernels: compiled by nvcc to a fatbin and embedded as bytes; loaded at
 # run time with cuModuleLoadData. Without nvcc the blob is empty and ferry
@@ -63,13 +76,13 @@ $(B)/kernels.fatbin: src/cuda/kernels.cu
 $(B)/kernels_fatbin.c: $(B)/kernels.fatbin tools/embed.sh
 	tools/embed.sh ferry_kernels_fatbin $< > $@
 $(B)/kernels_fatbin.o: $(B)/kernels_fatbin.c
-	$(CC) $(CFLAGS_COMMON) $(CFLAGS) -c $< -o $@
+	$(CC) $(CFLAGS_COMMON) $(VISIBILITY) $(CFLAGS) -c $< -o $@
 
 $(B)/libferry.a: $(LIB_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
-$(B)/libferry.so: $(LIB_OBJS)
-	$(CC) -shared -o $@ $^ $(LDLIBS)
+$(B)/libferry.so: $(LIB_OBJS) src/libferry.map
+	$(CC) -shared -Wl,--version-script=src/libferry.map -o $@ $(LIB_OBJS) $(LDLIBS)
 $(B)/ferry: $(CLI_OBJS) $(B)/libferry.a
 	$(CC) -o $@ $(CLI_OBJS) $(B)/libferry.a $(LDLIBS)
 
@@ -81,7 +94,10 @@ $(PY_EXT): python/ferry/_ferry.c $(B)/libferry.a
 ABI_INC := $(patsubst %/cuda.h,-isystem %,$(firstword $(wildcard /usr/local/cuda/include/cuda.h))) \
            $(patsubst %/cufile.h,-idirafter %,$(firstword $(wildcard /usr/local/cuda/include/cufile.h \
              .venv/lib/python3*/site-packages/nvidia/cu*/include/cufile.h)))
-$(B)/tests/test_cuda_abi $(BA)/tests/test_cuda_abi: CFLAGS_COMMON += $(ABI_INC)
+NVCOMP_INC := $(patsubst %/nvcomp/zstd.h,-idirafter %,$(firstword $(wildcard \
+             .venv/lib/python3*/site-packages/nvidia/libnvcomp/include/nvcomp/zstd.h \
+             $(dir $(PYTHON))../lib/python3*/site-packages/nvidia/libnvcomp/include/nvcomp/zstd.h)))
+$(B)/tests/test_cuda_abi $(BA)/tests/test_cuda_abi: CFLAGS_COMMON += $(ABI_INC) $(NVCOMP_INC)
 $(B)/tests/%: tests/c/%.c $(wildcard tests/c/*.h) $(B)/libferry.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_COMMON) $(CFLAGS) -Itests/c -o $@ $< $(B)/libferry.a $(LDLIBS)
@@ -100,13 +116,19 @@ $(B)/cudasim/cufile/libcufile.so.0: tests/cudasim/cufilesim.c src/cuda/cuda.h sr
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_COMMON) $(CFLAGS) -shared -Wl,-soname,libcufile.so.0 -o $@ $< -L$(B)/cudasim -l:libcuda.so.1
 
+# A stand-in nvCOMP (tests/cudasim/nvcompsim.c: the batched decompressors on
+# the CPU, queued on the stand-in driver's streams); FERRY_NVCOMP names it.
+$(B)/cudasim/nvcomp/libnvcomp.so.6: tests/cudasim/nvcompsim.c src/cuda/cuda.h $(B)/cudasim/libcuda.so.1
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_COMMON) $(CFLAGS) -shared -Wl,-soname,libnvcomp.so.6 -o $@ $< -L$(B)/cudasim -l:libcuda.so.1 $(LDLIBS)
+
 # AddressSanitizer + UndefinedBehaviorSanitizer build of the library and C tests
 $(BA)/%.o: %.c include/ferry.h $(wildcard src/*/*.h)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_COMMON) $(ASAN_FLAGS) -c $< -o $@
+	$(CC) $(CFLAGS_COMMON) $(VISIBILITY) $(ASAN_FLAGS) -c $< -o $@
 $(BA)/kernels_fatbin.o: $(B)/kernels_fatbin.c
 	@mkdir -p $(BA)
-	$(CC) $(CFLAGS_COMMON) $(ASAN_FLAGS) -c $< -o $@
+	$(CC) $(CFLAGS_COMMON) $(VISIBILITY) $(ASAN_FLAGS) -c $< -o $@
 $(BA)/libferry.a: $(ASAN_LIB_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
@@ -121,11 +143,29 @@ $(BA)/fuzz_replay: tests/fuzz/replay.c tests/fuzz/fuzz.h $(FUZZ_SRCS) $(BA)/libf
 	@mkdir -p $(BA)
 	$(CC) $(CFLAGS_COMMON) $(ASAN_FLAGS) -Itests/fuzz -o $@ tests/fuzz/replay.c $(FUZZ_SRCS) $(BA)/libferry.a $(LDLIBS)
 
-test-c: $(TESTS)
+# The Python extension under ASan+UBSan: its own copy of the package in
+# $(BA)/py (the .py files linked, _ferry built from $(BA)/libferry.a), run by a
+# focused pytest subset with libasan preloaded (Python itself is not
+# instrumented; leaks are CPython's business: detect_leaks=0).
+ASAN_PY_EXT = $(BA)/py/ferry/_ferry$(EXT_SUFFIX)
+$(ASAN_PY_EXT): python/ferry/_ferry.c $(BA)/libferry.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_COMMON) $(ASAN_FLAGS) -I$(PY_INC) -shared -o $@ python/ferry/_ferry.c $(BA)/libferry.a $(LDLIBS)
+	@for f in python/ferry/*.py python/ferry/*.pyi; do ln -sf $(abspath .)/$$f $(dir $@); done
+test-asan-python: $(ASAN_PY_EXT)
+	@tools/asan-pytest.sh $(PYTHON) $(BA)/py
+
+# first: libferry.so exports exactly ferry.h (src/common.h says why)
+test-c: $(TESTS) $(B)/libferry.so
+	@tools/check-exports.sh $(B)/libferry.so include/ferry.h
 	@tools/run-c-tests.sh $(TESTS)
 test-asan: $(ASAN_TESTS) $(if $(FUZZ_SRCS),$(BA)/fuzz_replay)
 	@ASAN_OPTIONS=detect_leaks=1 tools/run-c-tests.sh $(ASAN_TESTS)
 	@if [ -x $(BA)/fuzz_replay ]; then ASAN_OPTIONS=detect_leaks=1 $(BA)/fuzz_replay tests/fuzz/corpus; fi
+	@$(MAKE) --no-print-directory test-asan-python PYTHON=$(PYTHON)
+# pip install . into a temporary --target, then run its `ferry` and import ferry from there
+test-install:
+	@tools/test-install.sh $(PYTHON)
 test-python: all
 	@PYTHONPATH=python $(PYTHON) -m pytest -q tests/python
 test-gpu: all
@@ -134,10 +174,11 @@ test-gpu: all
 # the device paths are checked on machines without a GPU too.
 # The C tests also get the stand-in cuFile (its own directory: torch, imported
 # by pytest, must not find it); pytest runs with cuFile off.
-SIM_ENV := LD_LIBRARY_PATH=$(abspath $(B)/cudasim) FERRY_CUFILE=off FERRY_GPU_BIG=0
-SIM_C_ENV := LD_LIBRARY_PATH=$(abspath $(B)/cudasim):$(abspath $(B)/cudasim/cufile) FERRY_GPU_BIG=0
+SIM_NVCOMP := FERRY_NVCOMP=$(abspath $(B)/cudasim/nvcomp/libnvcomp.so.6)
+SIM_ENV := LD_LIBRARY_PATH=$(abspath $(B)/cudasim) FERRY_CUFILE=off FERRY_GPU_BIG=0 $(SIM_NVCOMP)
+SIM_C_ENV := LD_LIBRARY_PATH=$(abspath $(B)/cudasim):$(abspath $(B)/cudasim/cufile) FERRY_GPU_BIG=0 $(SIM_NVCOMP)
 GPU_C_TESTS := $(patsubst tests/gpu/%.c,$(BA)/tests/gpu/%,$(wildcard tests/gpu/test_*.c))
-test-cudasim: all $(B)/cudasim/libcuda.so.1 $(B)/cudasim/cufile/libcufile.so.0 $(GPU_C_TESTS) $(B)/tests/gpu/test_gpu_engine
+test-cudasim: all $(B)/cudasim/libcuda.so.1 $(B)/cudasim/cufile/libcufile.so.0 $(B)/cudasim/nvcomp/libnvcomp.so.6 $(GPU_C_TESTS) $(B)/tests/gpu/test_gpu_engine
 	@$(SIM_C_ENV) ASAN_OPTIONS=detect_leaks=1 tools/run-c-tests.sh $(GPU_C_TESTS)
 	@echo "  again with 3 workers, 2 staging buffers of 64 KiB, 1 MiB tasks (more hand-offs per byte):"
 	@$(SIM_C_ENV) FERRY_THREADS=3 FERRY_STAGING_COUNT=2 FERRY_STAGING_SIZE=64K FERRY_TASK_SIZE=1M \
@@ -149,6 +190,7 @@ test-cudasim: all $(B)/cudasim/libcuda.so.1 $(B)/cudasim/cufile/libcufile.so.0 $
 
 # The whole suite: C tests, the same under ASan+UBSan, the fuzz corpus, pytest,
 # and the GPU tests (which skip with a reason where there is no GPU).
+test: export WERROR := 1
 test: all
 	@PYTHON=$(PYTHON) tools/test-all.sh
 

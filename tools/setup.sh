@@ -16,6 +16,7 @@ have_hdr() { [ -e "/usr/include/$1" ] || [ -e ".deps/include/$1" ]; }
 have_hdr zlib.h || need_pkgs+=(zlib1g-dev)
 have_hdr zstd.h || need_pkgs+=(libzstd-dev)
 have_hdr lz4.h  || need_pkgs+=(liblz4-dev)
+have_hdr libdeflate.h || need_pkgs+=(libdeflate-dev)   # CPU inflate, 3.5x zlib (optional: zlib serves without it)
 command -v cc >/dev/null || need_pkgs+=(gcc)
 command -v make >/dev/null || need_pkgs+=(make)
 command -v clang >/dev/null || need_pkgs+=(clang)

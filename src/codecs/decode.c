@@ -24,23 +24,8 @@ void ferry_decode_scratch_free(ferry_decode_scratch *s) {
     free(s->buf[0]); free(s->buf[1]); free(s->tmp); free(s->tmp2);
     if (s->zstd) ZSTD_freeDCtx(s->zstd);
     if (s->zlib) { inflateEnd(s->zlib); free(s->zlib); }
+    ferry_zlib_scratch_free(s);
     memset(s, 0, sizeof *s);
-}
-
-const char *ferry_codec_name(uint32_t id) {
-    switch (id) {
-    case FERRY_CODEC_NONE: return "none";
-    case FERRY_CODEC_ZLIB: return "zlib";
-    case FERRY_CODEC_GZIP: return "gzip";
-    case FERRY_CODEC_ZSTD: return "zstd";
-    case FERRY_CODEC_LZ4: return "lz4";
-    case FERRY_CODEC_BLOSC: return "blosc";
-    case FERRY_CODEC_SHUFFLE: return "shuffle";
-    case FERRY_CODEC_CRC32C: return "crc32c";
-    case FERRY_CODEC_FLETCHER32: return "fletcher32";
-    case FERRY_CODEC_BYTESWAP: return "byteswap";
-    default: return "unknown";
-    }
 }
 
 int ferry_codecs_validate(const ferry_codec *chain, int n) {
@@ -66,7 +51,7 @@ int ferry_codecs_only_byteswap(const ferry_codec *chain, int n) {
 
 static int is_check(uint32_t id) { return id == FERRY_CODEC_CRC32C || id == FERRY_CODEC_FLETCHER32; }
 
-static int verify_trailer(uint32_t id, const uint8_t *p, size_t *len) {
+int ferry_codecs_verify_trailer(uint32_t id, const uint8_t *p, size_t *len) {
     const char *name = ferry_codec_name(id);
     if (*len < 4) return ferry_seterr(FERRY_ECODEC, "%s: %zu bytes, too short for the 4-byte checksum", name, *len);
     size_t n = *len - 4;
@@ -102,7 +87,7 @@ int64_t ferry_decode(const ferry_codec *chain, int n, const uint8_t *in, size_t 
         uint32_t id = chain[i].id;
         if (id == FERRY_CODEC_NONE) continue;
         if (is_check(id)) {
-            rc = verify_trailer(id, cur, &len);
+            rc = ferry_codecs_verify_trailer(id, cur, &len);
             if (rc < 0) return rc;
             continue;
         }

@@ -32,3 +32,96 @@ extern "C" __global__ void ferry_bswap16(uint64_t *p, unsigned long long n) {
         p[2 * i + 1] = ((uint64_t)__byte_perm(alo, 0, 0x0123) << 32) | __byte_perm(ahi, 0, 0x0123);
     }
 }
+
+// Scatter packed records: entry i copies len bytes from packed + src to the
+// device address dst (ferry_scatter_entry in cuda.h). One block per entry
+// (grid-stride over entries); 16-byte words where source and destination
+// share their alignment modulo 16, else 4-byte words, else bytes. The packed
+// buffer is a device copy of one staging buffer: the many small runs of a
+// batch whose rows land in arbitrary order cost one host-to-device copy and
+// this one launch instead of one copy each.
+struct ferry_scatter_entry { unsigned long long src, dst, len; };
+
+extern "C" __global__ void ferry_scatter(const uint8_t *packed, const ferry_scatter_entry *tab,
+                                         unsigned long long n) {
+    for (unsigned long long i = blockIdx.x; i < n; i += gridDim.x) {
+        const uint8_t *s = packed + tab[i].src;
+        uint8_t *d = (uint8_t *)tab[i].dst;
+        unsigned long long len = tab[i].len;
+        unsigned long long head = 0;
+        unsigned w = ((uintptr_t)s ^ (uintptr_t)d) & 15 ? (((uintptr_t)s ^ (uintptr_t)d) & 3 ? 1 : 4) : 16;
+        if (w > 1) {
+            head = (w - ((uintptr_t)d & (w - 1))) & (w - 1);
+            if (head > len) head = len;
+        }
+        for (unsigned long long k = threadIdx.x; k < head; k += blockDim.x) d[k] = s[k];
+        unsigned long long body = w > 1 ? (len - head) / w : 0;
+        if (w == 16) {
+            const uint4 *s4 = (const uint4 *)(s + head);
+            uint4 *d4 = (uint4 *)(d + head);
+            for (unsigned long long k = threadIdx.x; k < body; k += blockDim.x) d4[k] = s4[k];
+        } else if (w == 4) {
+            const uint32_t *s4 = (const uint32_t *)(s + head);
+            uint32_t *d4 = (uint32_t *)(d + head);
+            for (unsigned long long k = threadIdx.x; k < body; k += blockDim.x) d4[k] = s4[k];
+        }
+        for (unsigned long long k = head + body * w + threadIdx.x; k < len; k += blockDim.x) d[k] = s[k];
+    }
+}
+
+// Adler-32 of each of n device buffers (ptrs[i], sizes[i] bytes) into out[i]:
+// the zlib trailer check of chunks nvCOMP inflated, computed where the bytes
+// are. One block per buffer (grid-stride over buffers). Each thread sums a
+// contiguous segment: with b_k the byte at position k of a buffer of len
+// bytes, A = 1 + sum b_k and B = len + sum (len - k) b_k (mod 65521).
+extern "C" __global__ void ferry_adler32_batch(const unsigned char *const *ptrs, const unsigned long long *sizes,
+                                               unsigned *out, unsigned long long n) {
+    __shared__ unsigned long long s1[256], s2[256];
+    const unsigned M = 65521u;
+    for (unsigned long long c = blockIdx.x; c < n; c += gridDim.x) {
+        const unsigned char *p = ptrs[c];
+        unsigned long long len = sizes[c];
+        unsigned long long seg = (len + blockDim.x - 1) / blockDim.x;
+        unsigned long long lo = threadIdx.x * seg, hi = lo + seg < len ? lo + seg : len;
+        unsigned long long a = 0, b = 0;
+        unsigned w = (unsigned)((len - (lo < len ? lo : len)) % M);   // (len - k) mod M for k = lo
+        for (unsigned long long k = lo; k < hi; k++) {
+            unsigned v = p[k];
+            a += v;
+            b += (unsigned long long)w * v;   // < 2^24 per step: no overflow before 2^40 steps
+            w = w ? w - 1 : M - 1;
+        }
+        s1[threadIdx.x] = a % M;
+        s2[threadIdx.x] = b % M;
+        __syncthreads();
+        for (unsigned h = blockDim.x / 2; h > 0; h /= 2) {
+            if (threadIdx.x < h) {
+                s1[threadIdx.x] = (s1[threadIdx.x] + s1[threadIdx.x + h]) % M;
+                s2[threadIdx.x] = (s2[threadIdx.x] + s2[threadIdx.x + h]) % M;
+            }
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) {
+            unsigned A = (unsigned)((1 + s1[0]) % M), B = (unsigned)((len % M + s2[0]) % M);
+            out[c] = (B << 16) | A;
+        }
+        __syncthreads();
+    }
+}
+
+// Undo HDF5's / blosc's byte shuffle, out of place, for `count` buffers at
+// once: desc[4 i .. 4 i + 3] = (in, out, n, size). n bytes of elements of
+// `size` bytes were stored as `size` planes of n / size bytes; the bytes past
+// the last whole element are copied as they are. size 1 is a plain copy
+// (blosc's raw streams). One block per buffer (grid-stride over buffers),
+// threads over its output bytes.
+extern "C" __global__ void ferry_unshuffle_batch(const unsigned long long *desc, unsigned long long count) {
+    for (unsigned long long d = blockIdx.x; d < count; d += gridDim.x) {
+        const unsigned char *in = (const unsigned char *)desc[4 * d];
+        unsigned char *out = (unsigned char *)desc[4 * d + 1];
+        unsigned long long n = desc[4 * d + 2], size = desc[4 * d + 3];
+        unsigned long long nel = n / size, body = nel * size;
+        for (unsigned long long i = threadIdx.x; i < n; i += blockDim.x)
+            out[i] = i < body ? in[(i % size) * nel + i / size] : in[i];
+    }
+}

@@ -14,6 +14,9 @@
 #if __has_include(<cufile.h>)
 #define HAVE_CUFILE_H 1
 #endif
+#if __has_include(<nvcomp/zstd.h>)   /* the nvidia-libnvcomp wheel's include/ (Makefile: ABI_INC) */
+#define HAVE_NVCOMP_H 1
+#endif
 #endif
 
 #ifdef HAVE_CUDA_H
@@ -33,6 +36,13 @@
 #define CUdeviceptr f_CUdeviceptr
 #include "cuda/cuda.h"
 #include "cuda/cufile.h"
+#include "cuda/nvcomp.h"
+#ifdef HAVE_NVCOMP_H
+#include <nvcomp/deflate.h>
+#include <nvcomp/lz4.h>
+#include <nvcomp/version.h>
+#include <nvcomp/zstd.h>
+#endif
 #undef CUresult
 #undef CUdevice
 #undef CUcontext
@@ -42,6 +52,7 @@
 #undef CUfunction
 #undef CUdeviceptr
 
+typedef struct CUstream_st *CUstream_st_ptr_;
 #define SAME_FIELD(a, fa, b, fb) CHECK(offsetof(a, fa) == offsetof(b, fb) && sizeof(((a *)0)->fa) == sizeof(((b *)0)->fb))
 
 static void test_driver_types(void) {
@@ -109,7 +120,73 @@ static void test_cufile_types(void) {
 #endif
 }
 
+/* nvCOMP's batched decompressors as src/cuda/nvcomp.h declares them: the
+ * options structs (one 64-byte layout for all three), the alignment and
+ * properties structs, the status codes, and each function's whole signature
+ * (ferry's parameter list written with nvCOMP's own types must be the type
+ * of nvCOMP's function). */
+static void test_nvcomp_types(void) {
+#ifdef HAVE_NVCOMP_H
+    CHECK(sizeof(ferry_nvcomp_status_t) == sizeof(nvcompStatus_t));
+    CHECK(sizeof(ferry_nvcomp_opts) == sizeof(nvcompBatchedZstdDecompressOpts_t));
+    CHECK(sizeof(ferry_nvcomp_opts) == sizeof(nvcompBatchedLZ4DecompressOpts_t));
+    CHECK(sizeof(ferry_nvcomp_opts) == sizeof(nvcompBatchedDeflateDecompressOpts_t));
+    SAME_FIELD(ferry_nvcomp_opts, backend, nvcompBatchedZstdDecompressOpts_t, backend);
+    SAME_FIELD(ferry_nvcomp_opts, backend, nvcompBatchedLZ4DecompressOpts_t, backend);
+    SAME_FIELD(ferry_nvcomp_opts, backend, nvcompBatchedDeflateDecompressOpts_t, backend);
+    /* ferry passes all-zero options: that must be each default */
+    CHECK_EQ_I(NVCOMP_DECOMPRESS_BACKEND_DEFAULT, 0);
+    CHECK_EQ_I(nvcompBatchedLZ4DecompressDefaultOpts.data_type, 0);
+    CHECK_EQ_I(nvcompBatchedLZ4DecompressDefaultOpts.bitshuffle_mode, 0);
+    CHECK_EQ_I(nvcompBatchedLZ4DecompressDefaultOpts.sort_before_hw_decompress, 0);
+    CHECK_EQ_I(nvcompBatchedDeflateDecompressDefaultOpts.sort_before_hw_decompress, 0);
+    CHECK(sizeof(ferry_nvcomp_align) == sizeof(nvcompAlignmentRequirements_t));
+    SAME_FIELD(ferry_nvcomp_align, input, nvcompAlignmentRequirements_t, input);
+    SAME_FIELD(ferry_nvcomp_align, output, nvcompAlignmentRequirements_t, output);
+    SAME_FIELD(ferry_nvcomp_align, temp, nvcompAlignmentRequirements_t, temp);
+    CHECK(sizeof(ferry_nvcomp_props) == sizeof(nvcompProperties_t));
+    SAME_FIELD(ferry_nvcomp_props, version, nvcompProperties_t, version);
+    SAME_FIELD(ferry_nvcomp_props, cudart_version, nvcompProperties_t, cudart_version);
+    CHECK_EQ_I(FERRY_NVCOMP_SUCCESS, nvcompSuccess);
+    CHECK_EQ_I(FERRY_NVCOMP_INVALID_VALUE, nvcompErrorInvalidValue);
+    CHECK_EQ_I(FERRY_NVCOMP_NOT_SUPPORTED, nvcompErrorNotSupported);
+    CHECK_EQ_I(FERRY_NVCOMP_CANNOT_DECOMPRESS, nvcompErrorCannotDecompress);
+    CHECK_EQ_I(FERRY_NVCOMP_BAD_CHECKSUM, nvcompErrorBadChecksum);
+    CHECK_EQ_I(FERRY_NVCOMP_OUTPUT_TOO_SMALL, nvcompErrorOutputBufferTooSmall);
+    CHECK_EQ_I(FERRY_NVCOMP_ALIGNMENT, nvcompErrorAlignment);
+    CHECK_EQ_I(FERRY_NVCOMP_CHUNK_TOO_LARGE, nvcompErrorChunkSizeTooLarge);
+    CHECK_EQ_I(FERRY_NVCOMP_WRONG_INPUT_LENGTH, nvcompErrorWrongInputLength);
+    CHECK_EQ_I(FERRY_NVCOMP_CUDA_ERROR, nvcompErrorCudaError);
+    CHECK_EQ_I(FERRY_NVCOMP_INTERNAL, nvcompErrorInternal);
+    CHECK_STR_CONTAINS(ferry_nvcomp_errstr(nvcompErrorCannotDecompress), "cannot decompress");
+    /* the version arithmetic nvcomp.c undoes */
+    CHECK_EQ_I(NVCOMP_VER, NVCOMP_VER_MAJOR * 1000 + NVCOMP_VER_MINOR * 100 + NVCOMP_VER_PATCH);
+    CHECK(NVCOMP_VER_MAJOR == 5 || NVCOMP_VER_MAJOR == 6);
+#define SIGS(X, Opts) do { \
+        typedef nvcompStatus_t (*temp_t)(size_t, size_t, Opts, size_t *, size_t); \
+        typedef nvcompStatus_t (*dec_t)(const void *const *, const size_t *, const size_t *, size_t *, size_t, void *const, \
+                                        size_t, void *const *, Opts, nvcompStatus_t *, cudaStream_t); \
+        typedef nvcompStatus_t (*size_t_)(const void *const *, const size_t *, size_t *, size_t, cudaStream_t); \
+        typedef nvcompStatus_t (*align_t)(Opts, nvcompAlignmentRequirements_t *); \
+        CHECK(__builtin_types_compatible_p(__typeof__(&nvcompBatched##X##DecompressGetTempSizeAsync), temp_t)); \
+        CHECK(__builtin_types_compatible_p(__typeof__(&nvcompBatched##X##DecompressAsync), dec_t)); \
+        CHECK(__builtin_types_compatible_p(__typeof__(&nvcompBatched##X##GetDecompressSizeAsync), size_t_)); \
+        CHECK(__builtin_types_compatible_p(__typeof__(&nvcompBatched##X##DecompressGetRequiredAlignments), align_t)); \
+    } while (0)
+    SIGS(Zstd, nvcompBatchedZstdDecompressOpts_t);
+    SIGS(LZ4, nvcompBatchedLZ4DecompressOpts_t);
+    SIGS(Deflate, nvcompBatchedDeflateDecompressOpts_t);
+#undef SIGS
+    CHECK(sizeof(cudaStream_t) == sizeof(CUstream_st_ptr_));
+    CHECK(__builtin_types_compatible_p(__typeof__(&nvcompGetProperties), nvcompStatus_t (*)(nvcompProperties_t *)));
+    printf("  checked against nvCOMP %d.%d.%d headers\n", NVCOMP_VER_MAJOR, NVCOMP_VER_MINOR, NVCOMP_VER_PATCH);
+#else
+    printf("  nvcomp/zstd.h not found: nvCOMP declarations not checked\n");
+#endif
+}
+
 int main(void) {
+    RUN(test_nvcomp_types);
     RUN(test_driver_types);
     RUN(test_driver_constants);
     RUN(test_cufile_types);

@@ -18,16 +18,26 @@
  *   context fails with CUDA_ERROR_INVALID_HANDLE ("invalid resource handle").
  * - The legacy stream (NULL) runs synchronously on the calling thread.
  * - A destroyed event lives on until the queued work naming it has run.
- * - The four byteswap kernels of src/cuda/kernels.cu run by name.
+ * - The kernels of src/cuda/kernels.cu run by name, on the CPU: byteswaps,
+ *   ferry_scatter (packed records to scattered destinations: it reads its
+ *   table from "device" memory when it runs, and a destination outside every
+ *   allocation aborts the process, as a real GPU faults), ferry_adler32_batch
+ *   and ferry_unshuffle_batch (their device arguments checked; a descriptor
+ *   naming memory outside a device allocation is counted as
+ *   "bad_kernel_args", where a real GPU would fault).
+ * - cuLaunchHostFunc runs a host function on the stream's thread in order:
+ *   the stand-in nvCOMP (nvcompsim.c) queues its decoding that way.
  *
  * Tests read what happened through cudasim_count() (dlsym on the loaded
  * library): primary-context retains and pinned allocations per device, and
- * copies made under one device's context into another device's memory.
+ * copies made under one device's context into another device's memory,
+ * host-to-device copies, kernel launches and cuPointerGetAttribute calls.
  * FERRY_CUDASIM_DEVICES sets the device count (default 2). */
 
 #include "cuda/cuda.h"
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -42,15 +52,19 @@ enum {
 
 struct CUctx_st { int dev; int refs; };
 struct CUmod_st { int dev; };
-struct CUfunc_st { int swap; };   /* element size of ferry_bswapN */
+struct CUfunc_st { int swap; int kind; };   /* element size of ferry_bswapN; kind: K_* */
+enum { K_SWAP = 0, K_ADLER = 1, K_UNSHUFFLE = 2, K_SCATTER = 3 };
 
 typedef struct op {
-    enum { OP_COPY, OP_RECORD, OP_WAIT, OP_SWAP } kind;
+    enum { OP_COPY, OP_RECORD, OP_WAIT, OP_SWAP, OP_SCATTER, OP_HOST, OP_ADLER, OP_UNSHUFFLE } kind;
+    void (*fn)(void *); void *arg;                 /* HOST */
+    uint32_t *out;                                 /* ADLER: ptrs in dst, sizes in src, n */
     uint8_t *dst; const uint8_t *src; size_t n;    /* COPY (src may be owned) */
     void *owned;                                   /* freed after the copy */
     ferry_cu_memcpy2d c2;                          /* 2D copy when c2.Height */
     struct CUevent_st *ev; uint64_t gen;           /* RECORD, WAIT */
     unsigned size;                                 /* SWAP */
+    const uint8_t *tab;                            /* SCATTER: entries (src, dst, len), n of them */
     struct op *next;
 } op;
 
@@ -89,6 +103,9 @@ static pthread_cond_t ev_cv_ = PTHREAD_COND_INITIALIZER;
 static __thread CUcontext cur_;
 static long delay_us_ = 100;
 static atomic_long count_retains_[MAXDEV], count_pinned_[MAXDEV], count_cross_[MAXDEV];
+static atomic_long count_htod_[MAXDEV], count_launch_[MAXDEV], count_ptrattr_;
+static atomic_long count_bad_kernel_;
+int cudasim_is_device(CUdeviceptr p, size_t n);
 
 /* ---- what tests can ask ------------------------------------------------ */
 long cudasim_count(const char *what, int dev) {
@@ -97,6 +114,12 @@ long cudasim_count(const char *what, int dev) {
     if (!strcmp(what, "pinned_allocs")) return atomic_load(&count_pinned_[dev]);
     /* copies issued under device dev's context into another device's memory */
     if (!strcmp(what, "cross_device_copies")) return atomic_load(&count_cross_[dev]);
+    /* host-to-device copies (1D and 2D) and kernel launches under device dev's context */
+    if (!strcmp(what, "htod_copies")) return atomic_load(&count_htod_[dev]);
+    if (!strcmp(what, "launches")) return atomic_load(&count_launch_[dev]);
+    /* cuPointerGetAttribute calls, any device */
+    if (!strcmp(what, "pointer_attributes")) return atomic_load(&count_ptrattr_);
+    if (!strcmp(what, "bad_kernel_args")) return atomic_load(&count_bad_kernel_);
     return -1;
 }
 
@@ -174,6 +197,41 @@ static void run_op(op *o) {
         uint8_t *p = o->dst;
         for (size_t i = 0; i < o->n; i++, p += o->size)
             for (unsigned a = 0, b = o->size - 1; a < b; a++, b--) { uint8_t t = p[a]; p[a] = p[b]; p[b] = t; }
+    } else if (o->kind == OP_SCATTER) {
+        for (size_t i = 0; i < o->n; i++) {
+            uint64_t e[3];
+            memcpy(e, o->tab + 24 * i, sizeof e);
+            int kind = 0, dev = -1;
+            if (e[2] && (lookup((uintptr_t)e[1], e[2], &kind, &dev) != 1 || kind != R_DEVICE)) {
+                fprintf(stderr, "cudasim: ferry_scatter entry %zu writes %llu bytes at 0x%llx outside device memory\n",
+                        i, (unsigned long long)e[2], (unsigned long long)e[1]);
+                abort();
+            }
+            memmove((void *)(uintptr_t)e[1], o->src + e[0], e[2]);
+        }
+    } else if (o->kind == OP_HOST) {
+        o->fn(o->arg);
+    } else if (o->kind == OP_ADLER) {
+        const uint8_t *const *ptrs = (const uint8_t *const *)o->dst;
+        const unsigned long long *sizes = (const unsigned long long *)o->src;
+        for (size_t c = 0; c < o->n; c++) {
+            uint32_t a = 1, b = 0;
+            for (unsigned long long k = 0; k < sizes[c]; k++) { a = (a + ptrs[c][k]) % 65521u; b = (b + a) % 65521u; }
+            o->out[c] = (b << 16) | a;
+        }
+    } else if (o->kind == OP_UNSHUFFLE) {   /* descriptors (in, out, n, size), read when it runs */
+        const unsigned long long *desc = (const unsigned long long *)o->src;
+        for (size_t d = 0; d < o->n; d++) {
+            const uint8_t *in = (const uint8_t *)(uintptr_t)desc[4 * d];
+            uint8_t *out = (uint8_t *)(uintptr_t)desc[4 * d + 1];
+            size_t n = desc[4 * d + 2], size = desc[4 * d + 3];
+            if (!size || !cudasim_is_device((CUdeviceptr)(uintptr_t)in, n) || !cudasim_is_device((CUdeviceptr)(uintptr_t)out, n)) {
+                atomic_fetch_add(&count_bad_kernel_, 1);   /* a real GPU would fault */
+                continue;
+            }
+            size_t nel = n / size, body = nel * size;
+            for (size_t i = 0; i < n; i++) out[i] = i < body ? in[(i % size) * nel + i / size] : in[i];
+        }
     } else if (o->kind == OP_RECORD) {
         pthread_mutex_lock(&ev_mu_);
         if (o->gen > o->ev->completed) o->ev->completed = o->gen;
@@ -402,6 +460,7 @@ CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned flags) {
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
     int rc = stream_ok(s);
     if (rc) return rc;
+    atomic_fetch_add(&count_htod_[cur_->dev], 1);
     if (n && (rc = device_range(dst, n))) return rc;
     op *o = new_op(OP_COPY);
     o->dst = (uint8_t *)(uintptr_t)dst;
@@ -443,6 +502,7 @@ CUresult cuMemcpy2DAsync_v2(const ferry_cu_memcpy2d *c, CUstream s) {
     int rc = stream_ok(s);
     if (rc) return rc;
     if (!c->Height || !c->WidthInBytes) return OK;
+    if (c->dstMemoryType == FERRY_CU_MEMORYTYPE_DEVICE) atomic_fetch_add(&count_htod_[cur_->dev], 1);
     if (c->srcPitch < c->WidthInBytes || c->dstPitch < c->WidthInBytes) return E_INVALID_VALUE;
     if ((rc = range2d(c->srcMemoryType, c->srcHost, c->srcDevice, c->srcXInBytes, c->srcY, c->srcPitch,
                       c->WidthInBytes, c->Height)) ||
@@ -524,6 +584,7 @@ CUresult cuMemFree_v2(CUdeviceptr p) {
 
 CUresult cuPointerGetAttribute(void *out, int attr, CUdeviceptr p) {
     int kind = 0, dev = -1;
+    atomic_fetch_add(&count_ptrattr_, 1);
     if (lookup((uintptr_t)p, 1, &kind, &dev) == 0) return E_INVALID_VALUE;
     if (attr == FERRY_CU_POINTER_ATTRIBUTE_MEMORY_TYPE)
         *(unsigned *)out = kind == R_DEVICE ? FERRY_CU_MEMORYTYPE_DEVICE : FERRY_CU_MEMORYTYPE_HOST;
@@ -561,21 +622,61 @@ CUresult cuModuleLoadData(CUmodule *m, const void *image) {
 
 CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
     (void)m;
-    static struct CUfunc_st swaps[5] = {{0}, {2}, {4}, {8}, {16}};
+    static struct CUfunc_st swaps[5] = {{0, K_SWAP}, {2, K_SWAP}, {4, K_SWAP}, {8, K_SWAP}, {16, K_SWAP}};
+    static struct CUfunc_st scatter = {0, K_SCATTER};
+    if (!strcmp(name, "ferry_scatter")) { *f = &scatter; return OK; }
     if (!strcmp(name, "ferry_bswap2")) *f = &swaps[1];
     else if (!strcmp(name, "ferry_bswap4")) *f = &swaps[2];
     else if (!strcmp(name, "ferry_bswap8")) *f = &swaps[3];
     else if (!strcmp(name, "ferry_bswap16")) *f = &swaps[4];
+    else if (!strcmp(name, "ferry_adler32_batch")) { static struct CUfunc_st k = {0, K_ADLER}; *f = &k; }
+    else if (!strcmp(name, "ferry_unshuffle_batch")) { static struct CUfunc_st k = {0, K_UNSHUFFLE}; *f = &k; }
     else return E_NOT_FOUND;
     return OK;
 }
 
-/* The byteswap kernels: (pointer, element count). */
+/* The byteswap kernels: (pointer, element count); ferry_scatter: (packed,
+ * table, entry count), the table read when the kernel runs. */
 CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                         unsigned bz, unsigned shmem, CUstream s, void **args, void **extra) {
     (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)shmem; (void)extra;
     int rc = stream_ok(s);
     if (rc) return rc;
+    atomic_fetch_add(&count_launch_[cur_->dev], 1);
+    if (f->kind == K_SCATTER) {
+        CUdeviceptr packed = *(CUdeviceptr *)args[0], tab = *(CUdeviceptr *)args[1];
+        unsigned long long n = *(unsigned long long *)args[2];
+        if (n && ((rc = device_range(tab, n * 24)) || (rc = device_range(packed, 1)))) return rc;
+        op *o = new_op(OP_SCATTER);
+        o->src = (const uint8_t *)(uintptr_t)packed;
+        o->tab = (const uint8_t *)(uintptr_t)tab;
+        o->n = n;
+        submit(s, o);
+        return OK;
+    }
+    if (f->kind == K_ADLER) {   /* (ptrs, sizes, out, n): the arrays are device memory, read when it runs */
+        CUdeviceptr ptrs = *(CUdeviceptr *)args[0], sizes = *(CUdeviceptr *)args[1], out = *(CUdeviceptr *)args[2];
+        unsigned long long n = *(unsigned long long *)args[3];
+        if (n && ((rc = device_range(ptrs, n * 8)) || (rc = device_range(sizes, n * 8)) || (rc = device_range(out, n * 4))))
+            return rc;
+        op *o = new_op(OP_ADLER);
+        o->dst = (uint8_t *)(uintptr_t)ptrs;
+        o->src = (const uint8_t *)(uintptr_t)sizes;
+        o->out = (uint32_t *)(uintptr_t)out;
+        o->n = n;
+        submit(s, o);
+        return OK;
+    }
+    if (f->kind == K_UNSHUFFLE) {   /* (desc, count) */
+        CUdeviceptr desc = *(CUdeviceptr *)args[0];
+        unsigned long long n = *(unsigned long long *)args[1];
+        if (n && (rc = device_range(desc, n * 32))) return rc;
+        op *o = new_op(OP_UNSHUFFLE);
+        o->src = (const uint8_t *)(uintptr_t)desc;
+        o->n = n;
+        submit(s, o);
+        return OK;
+    }
     CUdeviceptr p = *(CUdeviceptr *)args[0];
     unsigned long long n = *(unsigned long long *)args[1];
     if (n && (rc = device_range(p, n * f->swap))) return rc;
@@ -585,4 +686,22 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
     o->size = f->swap;
     submit(s, o);
     return OK;
+}
+
+/* cuLaunchHostFunc: fn(arg) on the stream's thread, after the work queued before it. */
+CUresult cuLaunchHostFunc(CUstream s, void (*fn)(void *), void *arg) {
+    int rc = stream_ok(s);
+    if (rc) return rc;
+    if (!fn) return E_INVALID_VALUE;
+    op *o = new_op(OP_HOST);
+    o->fn = fn;
+    o->arg = arg;
+    submit(s, o);
+    return OK;
+}
+
+/* For the stand-in nvCOMP: 1 when [p, p+n) lies inside one device allocation. */
+int cudasim_is_device(CUdeviceptr p, size_t n) {
+    int kind = 0, dev = -1;
+    return lookup((uintptr_t)p, n ? n : 1, &kind, &dev) == 1 && kind == R_DEVICE;
 }

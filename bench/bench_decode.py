@@ -1,0 +1,379 @@
+#!/usr/bin/env python3
+"""Compressed chunks → GPU: nvCOMP's own batched rate (the limit), ferry's CPU
+decode, ferry's GPU decode (nvCOMP behind the engine) and AUTO, on the same
+chunks in one run (issue 12).
+
+Datasets (float32, ERA5-like: a smooth field plus noise in the low mantissa
+bits), about --mib MiB decoded each, page cache warm:
+  * Zarr v3 zstd, levels 0 and 3, 1 MiB and 4 MiB chunks
+  * Zarr v2 blosc-lz4 + shuffle, 1 MiB chunks (needs numcodecs)
+  * netCDF-4 zlib + shuffle (HDF5 chunks of one time step, written with
+    netCDF4/h5netcdf through xarray, or h5py), read through
+    xr.open_dataset(engine="ferry", device=0, decode=...).load()
+
+Zarr stores are written by zarr-python when it is importable, else by this
+script (zarr.json + zstd frames from numcodecs or libzstd through ctypes), so
+the rows run on a machine without zarr. The limit row calls libnvcomp's
+nvcompBatched*DecompressAsync through ctypes on every chunk at once, the
+compressed bytes already in device memory (only the decode is timed).
+Every ferry result is compared with the source array. GB/s of decoded bytes
+(10^9/s), best of --reps.
+
+    python3 bench/bench_decode.py                 # about 1 GiB per dataset, device 0
+    python3 bench/bench_decode.py --smoke         # tiny, one rep (also on the stand-in driver)
+"""
+import argparse
+import ctypes
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import best, have, log, warm  # noqa: E402
+
+from ferry import _ferry as F  # noqa: E402
+
+
+# ---------------------------------------------------------------------------
+# data and writers
+# ---------------------------------------------------------------------------
+def field(rows, cols, seed=0):
+    rng = np.random.default_rng(seed)
+    y = np.linspace(-1, 1, rows, dtype=np.float32)[:, None]
+    x = np.linspace(0, 6.28, cols, dtype=np.float32)[None, :]
+    a = 250 + 20 * y * y + 5 * np.sin(x + 3 * y)
+    return (a + rng.standard_normal((rows, cols)).astype(np.float32) * 0.05).astype("<f4")
+
+
+def zstd_compress(level):
+    if have("numcodecs"):
+        import numcodecs
+        c = numcodecs.Zstd(level=level)
+        return lambda b: bytes(c.encode(b))
+    lib = ctypes.CDLL("libzstd.so.1")
+    lib.ZSTD_compressBound.restype = ctypes.c_size_t
+    lib.ZSTD_compress.restype = ctypes.c_size_t
+    lib.ZSTD_compress.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+
+    def enc(b):
+        b = bytes(b)
+        out = ctypes.create_string_buffer(lib.ZSTD_compressBound(len(b)))
+        n = lib.ZSTD_compress(out, len(out), b, len(b), level)
+        return out.raw[:n]
+    return enc
+
+
+def write_zarr_v3_zstd(path, a, chunks, level):
+    if have("zarr"):
+        import zarr
+        from zarr.codecs import ZstdCodec
+        z = zarr.create_array(path, shape=a.shape, chunks=chunks, dtype="<f4", zarr_format=3,
+                              compressors=[ZstdCodec(level=level)])
+        z[...] = a
+        return "zarr-python"
+    enc = zstd_compress(level)
+    os.makedirs(path, exist_ok=True)
+    meta = {"zarr_format": 3, "node_type": "array", "shape": list(a.shape), "data_type": "float32",
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(chunks)}},
+            "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+            "fill_value": 0.0, "attributes": {},
+            "codecs": [{"name": "bytes", "configuration": {"endian": "little"}},
+                       {"name": "zstd", "configuration": {"level": level, "checksum": False}}]}
+    with open(os.path.join(path, "zarr.json"), "w") as f:
+        json.dump(meta, f)
+    for i in range(0, a.shape[0], chunks[0]):
+        for j in range(0, a.shape[1], chunks[1]):
+            blk = np.zeros(chunks, "<f4")
+            part = a[i:i + chunks[0], j:j + chunks[1]]
+            blk[:part.shape[0], :part.shape[1]] = part
+            d = os.path.join(path, "c", str(i // chunks[0]))
+            os.makedirs(d, exist_ok=True)
+            with open(os.path.join(d, str(j // chunks[1])), "wb") as f:
+                f.write(enc(blk.tobytes()))
+    return "this script (zarr.json + zstd frames)"
+
+
+def write_zarr_v2_blosc(path, a, chunks):
+    import numcodecs
+    comp = numcodecs.Blosc(cname="lz4", clevel=5, shuffle=numcodecs.Blosc.SHUFFLE)
+    if have("zarr"):
+        import zarr
+        z = zarr.create_array(path, shape=a.shape, chunks=chunks, dtype="<f4", zarr_format=2, compressors=comp)
+        z[...] = a
+        return "zarr-python"
+    os.makedirs(path, exist_ok=True)
+    meta = {"zarr_format": 2, "shape": list(a.shape), "chunks": list(chunks), "dtype": "<f4",
+            "compressor": comp.get_config(), "fill_value": 0.0, "order": "C", "filters": None}
+    with open(os.path.join(path, ".zarray"), "w") as f:
+        json.dump(meta, f)
+    for i in range(0, a.shape[0], chunks[0]):
+        for j in range(0, a.shape[1], chunks[1]):
+            blk = np.zeros(chunks, "<f4")
+            part = a[i:i + chunks[0], j:j + chunks[1]]
+            blk[:part.shape[0], :part.shape[1]] = part
+            with open(os.path.join(path, f"{i // chunks[0]}.{j // chunks[1]}"), "wb") as f:
+                f.write(bytes(comp.encode(blk.tobytes())))
+    return "this script (numcodecs)"
+
+
+# ---------------------------------------------------------------------------
+# ferry
+# ---------------------------------------------------------------------------
+def ferry_read(ctx, path, dst, decode):
+    ds = F.Dataset(ctx, path)
+    plan = F.Plan()
+    plan.read(ds, 0, dst, native=True)
+    ctx.run(plan, decode=decode)
+    ds.close()
+
+
+def ferry_row(ctx, path, a, dev, decode, reps):
+    dst = F.empty(a.shape, "<f4", device=dev, ctx=ctx)
+    ctx.reset_stats()
+    t, _ = best(lambda: ferry_read(ctx, path, dst, decode), reps)
+    st = ctx.stats()
+    h = np.empty(a.shape, "<f4")
+    ctx.memcpy(h, dst)
+    ok = h.tobytes() == a.tobytes()
+    gpu_share = st["gpu_decoded_bytes"] / max(1, st["decoded_bytes"])
+    return a.nbytes / t / 1e9, ok, gpu_share, st["gpu_cpu_fallbacks"]
+
+
+# ---------------------------------------------------------------------------
+# the limit: libnvcomp's batched decoder on every chunk at once
+# ---------------------------------------------------------------------------
+class Opts(ctypes.Structure):
+    _fields_ = [("backend", ctypes.c_int), ("reserved", ctypes.c_char * 60)]
+
+
+class Cuda:
+    def __init__(self, dev):
+        self.cu = ctypes.CDLL("libcuda.so.1")
+        self.cu.cuInit(0)
+        d = ctypes.c_int()
+        self.cu.cuDeviceGet(ctypes.byref(d), dev)
+        self.ctx = ctypes.c_void_p()
+        self.cu.cuDevicePrimaryCtxRetain(ctypes.byref(self.ctx), d)
+        self.cu.cuCtxSetCurrent(self.ctx)
+        self.cu.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
+        self.cu.cuMemFree_v2.argtypes = [ctypes.c_uint64]
+        self.cu.cuMemcpyHtoDAsync_v2.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+        self.cu.cuMemcpyDtoHAsync_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
+        self.cu.cuStreamSynchronize.argtypes = [ctypes.c_void_p]
+
+    def alloc(self, n):
+        p = ctypes.c_uint64()
+        if self.cu.cuMemAlloc_v2(ctypes.byref(p), max(1, n)):
+            raise MemoryError(f"cuMemAlloc({n})")
+        return p.value
+
+    def h2d(self, d, b):
+        self.cu.cuMemcpyHtoDAsync_v2(d, b, len(b), None)
+        self.sync()
+
+    def d2h(self, n, d):
+        buf = ctypes.create_string_buffer(n)
+        self.cu.cuMemcpyDtoHAsync_v2(buf, d, n, None)
+        self.sync()
+        return buf.raw
+
+    def sync(self):
+        self.cu.cuStreamSynchronize(None)
+
+
+def payloads(path, alg):
+    """Every chunk file's nvCOMP input (zstd: the frame; deflate: the zlib
+    stream without its 2-byte header and Adler-32) and decoded size."""
+    out = []
+    for root, _, fs in os.walk(path):
+        for fn in fs:
+            if fn.startswith(".") or fn.endswith(".json"):
+                continue
+            b = open(os.path.join(root, fn), "rb").read()
+            out.append(b[2:-4] if alg == "Deflate" else b)
+    return out
+
+
+def nvcomp_limit(lib_path, cuda, chunks, chunk_bytes, alg, reps):
+    lib = ctypes.CDLL(lib_path)
+    n = len(chunks)
+    align = 256
+    offs, pos = [], 0
+    for c in chunks:
+        offs.append(pos)
+        pos += (len(c) + align - 1) // align * align
+    blob = bytearray(pos)
+    for o, c in zip(offs, chunks):
+        blob[o:o + len(c)] = c
+    din, dout = cuda.alloc(pos), cuda.alloc(n * chunk_bytes)
+    arrays = np.zeros((4, n), np.uint64)
+    arrays[0] = [din + o for o in offs]
+    arrays[1] = [len(c) for c in chunks]
+    arrays[2] = [dout + i * chunk_bytes for i in range(n)]
+    arrays[3] = chunk_bytes
+    darr, dres = cuda.alloc(arrays.nbytes), cuda.alloc(n * 12)
+    cuda.h2d(din, bytes(blob))
+    cuda.h2d(darr, arrays.tobytes())
+    temp = ctypes.c_size_t()
+    f_temp = getattr(lib, f"nvcompBatched{alg}DecompressGetTempSizeAsync")
+    f_temp.argtypes = [ctypes.c_size_t, ctypes.c_size_t, Opts, ctypes.POINTER(ctypes.c_size_t), ctypes.c_size_t]
+    if f_temp(n, chunk_bytes, Opts(), ctypes.byref(temp), n * chunk_bytes):
+        raise RuntimeError("GetTempSizeAsync failed")
+    dtemp = cuda.alloc(temp.value) if temp.value else 0
+    f = getattr(lib, f"nvcompBatched{alg}DecompressAsync")
+    f.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t,
+                  ctypes.c_uint64, ctypes.c_size_t, ctypes.c_uint64, Opts, ctypes.c_uint64, ctypes.c_void_p]
+    stride = n * 8
+
+    def run():
+        rc = f(darr, darr + stride, darr + 3 * stride, dres + n * 4, n, dtemp, temp.value, darr + 2 * stride,
+               Opts(), dres, None)
+        cuda.sync()
+        if rc:
+            raise RuntimeError(f"nvcompBatched{alg}DecompressAsync: status {rc}")
+    t, _ = best(run, reps)
+    st = np.frombuffer(cuda.d2h(n * 4, dres), np.int32)
+    bad = int((st != 0).sum())
+    for p in (din, dout, darr, dres) + ((dtemp,) if dtemp else ()):
+        cuda.cu.cuMemFree_v2(p)
+    return n * chunk_bytes / t / 1e9, bad
+
+
+# ---------------------------------------------------------------------------
+# netCDF-4 through xarray (one process per decode policy: a clean context)
+# ---------------------------------------------------------------------------
+XR_CHILD = r"""
+import sys, time, json
+sys.path[:0] = [sys.argv[1], sys.argv[2]]
+import numpy as np, xarray as xr
+from ferry.xarray import FerryBackendEntrypoint
+import ferry
+path, names, dev, decode, reps = sys.argv[3], sys.argv[4].split(","), int(sys.argv[5]), sys.argv[6], int(sys.argv[7])
+best = 1e9
+for _ in range(reps):
+    t0 = time.perf_counter()
+    ds = xr.open_dataset(path, engine=FerryBackendEntrypoint, device=dev, decode=None if decode == "auto" else decode)
+    ds.load()
+    vals = [ds[n].data for n in names]
+    try:
+        import cupy; cupy.cuda.Device(dev).synchronize()
+    except Exception:
+        pass
+    best = min(best, time.perf_counter() - t0)
+st = ferry.stats()
+sums = []
+for v in vals:
+    h = v.get() if hasattr(v, "get") else np.asarray(v)
+    sums.append(float(np.asarray(h, dtype=np.float64).sum()))
+print(json.dumps({"t": best, "sums": sums, "gpu": st["gpu_decoded_bytes"], "dec": st["decoded_bytes"]}))
+"""
+
+
+def netcdf_rows(tmp, mib, dev, reps, rows_out):
+    if not have("xarray") or not (have("h5py") or have("netCDF4")):
+        log("netCDF-4: needs xarray and h5py or netCDF4: skipped")
+        return
+    if not have("cupy"):
+        log("netCDF-4 through xarray: device reads return cupy arrays; cupy is not installed: skipped")
+        return
+    from bench_xarray import var_data, write_h5
+    nt, ny, nx = max(2, int(mib * 2**20 / (4 * 721 * 1440) / 2)), 721, 1440
+    names = ["t2m", "u10"]
+    path = os.path.join(tmp, "era5_like.nc")
+    how = write_h5(path, names, nt, ny, nx, True)
+    warm(path)
+    total = len(names) * nt * ny * nx * 4
+    want = [float(var_data(i, nt, ny, nx).astype(np.float64).sum()) for i in range(len(names))]
+    here = os.path.dirname(os.path.abspath(__file__))
+    for decode in ("cpu", "gpu", "auto"):
+        r = subprocess.run([sys.executable, "-c", XR_CHILD, os.path.join(here, "..", "python"), here, path,
+                            ",".join(names), str(dev), decode, str(reps)], capture_output=True, text=True)
+        if r.returncode:
+            log(f"netCDF-4 decode={decode}: failed: {r.stderr.strip().splitlines()[-1:]}")
+            continue
+        o = json.loads(r.stdout.strip().splitlines()[-1])
+        ok = all(abs(a - b) <= 1e-6 * abs(b) for a, b in zip(o["sums"], want))
+        rows_out.append((f"netCDF-4 zlib+shuffle ({how}), xarray .load()", f"ferry {decode}",
+                         total / o["t"] / 1e9, ok, o["gpu"] / max(1, o["dec"])))
+
+
+# ---------------------------------------------------------------------------
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mib", type=float, default=1024, help="decoded MiB per dataset (default 1024)")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--device", type=int, default=0)
+    ap.add_argument("--dir", default=None, help="where to write the data (default: a temporary directory)")
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes, one rep")
+    args = ap.parse_args()
+    if args.smoke:
+        args.mib, args.reps = 16, 1
+    ctx = F.Context()
+    if ctx.cuda_device_count() <= args.device:
+        log("no CUDA device: " + (ctx.cuda_status or "?"))
+        return 0
+    log("nvCOMP: " + ctx.nvcomp_status)
+    m = re.match(r"loaded nvCOMP (\S+) from (.*)$", ctx.nvcomp_status)
+    lib_path = m.group(2) if m else None
+    cuda = Cuda(args.device) if lib_path else None
+    tmp = tempfile.mkdtemp(prefix="ferry_bench_decode_", dir=args.dir)
+    rows = []   # (dataset, reader, GB/s, verified, GPU share of decoded bytes)
+    try:
+        cols = 2048
+        for chunk_mib in (1, 4):
+            crow = chunk_mib * 2**20 // (4 * cols)
+            nrow = max(crow, int(args.mib * 2**20 / (4 * cols)) // crow * crow)
+            a = field(nrow, cols, seed=chunk_mib)
+            for level in (0, 3):
+                path = os.path.join(tmp, f"z3_zstd{level}_{chunk_mib}m.zarr")
+                how = write_zarr_v3_zstd(path, a, (crow, cols), level)
+                warm(path)
+                comp = sum(os.path.getsize(p) for p in (os.path.join(r, f) for r, _, fs in os.walk(path) for f in fs))
+                name = f"Zarr v3 zstd-{level}, {chunk_mib} MiB chunks (ratio {a.nbytes / comp:.2f}, {how})"
+                if lib_path:
+                    gbs, bad = nvcomp_limit(lib_path, cuda, payloads(path, "Zstd"), crow * cols * 4, "Zstd", args.reps)
+                    rows.append((name, "nvCOMP batched (limit)", gbs, bad == 0, 1.0))
+                for decode in ("cpu", "gpu", "auto"):
+                    gbs, ok, share, fb = ferry_row(ctx, path, a, args.device, decode, args.reps)
+                    rows.append((name, f"ferry {decode}" + (f" ({fb} CPU fallbacks)" if fb else ""), gbs, ok, share))
+                shutil.rmtree(path)
+        if have("numcodecs"):
+            crow = 2**20 // (4 * cols)
+            nrow = max(crow, int(args.mib * 2**20 / (4 * cols)) // crow * crow)
+            a = field(nrow, cols, seed=5)
+            path = os.path.join(tmp, "z2_blosc_lz4.zarr")
+            how = write_zarr_v2_blosc(path, a, (crow, cols))
+            warm(path)
+            name = f"Zarr v2 blosc-lz4+shuffle, 1 MiB chunks ({how})"
+            for decode in ("cpu", "gpu", "auto"):
+                gbs, ok, share, fb = ferry_row(ctx, path, a, args.device, decode, args.reps)
+                rows.append((name, f"ferry {decode}", gbs, ok, share))
+            shutil.rmtree(path)
+        else:
+            log("Zarr v2 blosc-lz4: needs numcodecs to write the store: skipped")
+        netcdf_rows(tmp, args.mib, args.device, args.reps, rows)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"\n{'dataset':<72} {'reader':<28} {'GB/s':>7} {'GPU share':>9}  verified")
+    last, base = None, None
+    for ds, reader, gbs, ok, share in rows:
+        if ds != last:
+            print()
+            last, base = ds, None
+        if reader.startswith("ferry cpu"):
+            base = gbs
+        ratio = f"  {gbs / base:5.2f}x cpu" if base and not reader.startswith("ferry cpu") else ""
+        print(f"{ds:<72} {reader:<28} {gbs:7.2f} {share:9.0%}  {'yes' if ok else 'NO'}{ratio}")
+    return 0 if all(r[3] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

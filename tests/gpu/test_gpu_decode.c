@@ -1,0 +1,414 @@
+/* test_gpu_decode.c — compressed chunks decoded on the GPU (gpudecode.c):
+ * zstd, zlib (+ HDF5 shuffle, fletcher32), LZ4 and Zarr's crc32c, into device
+ * memory contiguously and as tiles of a larger array, with byteswap, missing
+ * chunks and edge chunks; every result equal to the CPU decoder's and to the
+ * source data; corrupt chunks fail naming the file, the chunk and the codec;
+ * chunks nvCOMP refuses fall back to the CPU and are counted. Runs on the
+ * real GPU with real nvCOMP, and in `make test-cudasim` on the stand-in driver
+ * and the stand-in nvCOMP (tests/cudasim/nvcompsim.c). Skips (exit 0, with the
+ * reason) without a GPU or without nvCOMP. */
+#include "check.h"
+#include "ferry.h"
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <lz4.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+#define FERRY_MIN_(a, b) ((a) < (b) ? (a) : (b))
+#include <zstd.h>
+
+static ferry_ctx *ctx_;
+static char dir_[256];
+
+/* float32-like data with some structure (compressible, not trivially) */
+static void make_data(uint8_t *p, size_t n, unsigned seed) {
+    for (size_t i = 0; i < n; i++) p[i] = (uint8_t)(((i / 4) * 7 + seed) % 251 ^ ((i % 4 == 3) ? 0x3f : 0));
+}
+
+static size_t zstd_enc(const uint8_t *in, size_t n, uint8_t *out, size_t cap, int level) {
+    size_t r = ZSTD_compress(out, cap, in, n, level);
+    return ZSTD_isError(r) ? 0 : r;
+}
+static size_t zlib_enc(const uint8_t *in, size_t n, uint8_t *out, size_t cap) {
+    uLongf m = cap;
+    return compress2(out, &m, in, n, 4) == Z_OK ? (size_t)m : 0;
+}
+static size_t lz4_enc(const uint8_t *in, size_t n, uint8_t *out, size_t cap) {
+    out[0] = (uint8_t)n; out[1] = (uint8_t)(n >> 8); out[2] = (uint8_t)(n >> 16); out[3] = (uint8_t)(n >> 24);
+    int r = LZ4_compress_default((const char *)in, (char *)out + 4, (int)n, (int)cap - 4);
+    return r > 0 ? (size_t)r + 4 : 0;
+}
+static void shuffle(const uint8_t *in, uint8_t *out, size_t n, size_t es) {
+    size_t nel = n / es;
+    for (size_t i = 0; i < nel; i++) for (size_t b = 0; b < es; b++) out[b * nel + i] = in[i * es + b];
+    memcpy(out + nel * es, in + nel * es, n - nel * es);
+}
+static void put_le32_(uint8_t *p, uint32_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); p[2] = (uint8_t)(v >> 16); p[3] = (uint8_t)(v >> 24); }
+static void put_le32(uint8_t *p, uint32_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); p[2] = (uint8_t)(v >> 16); p[3] = (uint8_t)(v >> 24); }
+
+static int write_file(const char *path, const uint8_t *p, size_t n) {
+    int fd = open(path, O_CREAT | O_TRUNC | O_WRONLY, 0644);
+    if (fd < 0) return -1;
+    int ok = write(fd, p, n) == (ssize_t)n;
+    close(fd);
+    return ok ? 0 : -1;
+}
+
+static ferry_stats stats_(void) { ferry_stats s; ferry_stats_get(ctx_, &s); return s; }
+
+/* A 2-D float32 array of R x C elements in chunks of r x c, every chunk
+ * encoded by `codec` and stored as its own file (Zarr-like: edge chunks stored
+ * full size, chunk (1,1) missing when `hole`), read into device memory with
+ * each chunk a tile; checked against the source. */
+/* A blosc v1 frame as c-blosc writes it (blosc.c has the layout): LZ4 inner
+ * codec, byte shuffle of each block, one stream per byte plane (split), a
+ * split LZ4 cannot shrink stored raw. */
+static size_t blosc_enc(const uint8_t *in, size_t n, uint8_t *out, size_t cap, size_t ts, size_t blocksize) {
+    size_t nblocks = (n + blocksize - 1) / blocksize, pos = 16 + 4 * nblocks;
+    uint8_t *tmp = malloc(blocksize);
+    out[0] = 2; out[1] = 1; out[2] = 0x01 | (1 << 5); out[3] = (uint8_t)ts;
+    put_le32_(out + 4, (uint32_t)n); put_le32_(out + 8, (uint32_t)blocksize);
+    for (size_t b = 0; b < nblocks; b++) {
+        size_t bsize = b == nblocks - 1 ? n - b * blocksize : blocksize;
+        int last_short = bsize != blocksize;
+        shuffle(in + b * blocksize, tmp, bsize, ts);
+        put_le32_(out + 16 + 4 * b, (uint32_t)pos);
+        size_t nsplits = !last_short && bsize % ts == 0 ? ts : 1, ne = bsize / nsplits;
+        for (size_t k = 0; k < nsplits; k++) {
+            int c = LZ4_compress_default((const char *)tmp + k * ne, (char *)out + pos + 4, (int)ne, (int)(cap - pos - 4));
+            if (c <= 0 || (size_t)c >= ne) { memcpy(out + pos + 4, tmp + k * ne, ne); c = (int)ne; }
+            put_le32_(out + pos, (uint32_t)c);
+            pos += 4 + (size_t)c;
+        }
+    }
+    put_le32_(out + 12, (uint32_t)pos);
+    free(tmp);
+    return pos;
+}
+
+enum { C_ZSTD, C_ZLIB_SHUF, C_LZ4, C_ZSTD_CRC, C_ZSTD_BE, C_BLOSC };
+static void grid_case(int codec, uint64_t R, uint64_t C, uint64_t r, uint64_t c, int hole, const char *decode) {
+    const size_t es = 4, chunk_bytes = r * c * es;
+    uint64_t gr = (R + r - 1) / r, gc = (C + c - 1) / c;
+    uint8_t *src = malloc(R * C * es), *raw = malloc(chunk_bytes), *tmp = malloc(chunk_bytes);
+    size_t cap = chunk_bytes * 2 + 1024;
+    uint8_t *enc = malloc(cap);
+    make_data(src, R * C * es, (unsigned)codec);
+    ferry_plan *plan;
+    ferry_plan_create(&plan);
+    uintptr_t d;
+    CHECK_EQ_I(ferry_cuda_malloc(ctx_, 0, R * C * es + 8, &d), 0);
+    float nanfill = -1.0f;
+    for (uint64_t i = 0; i < gr; i++)
+        for (uint64_t k = 0; k < gc; k++) {
+            /* the chunk as stored: full size, the array's values where they exist */
+            memset(raw, 0, chunk_bytes);
+            uint64_t rows = FERRY_MIN_(r, R - i * r), cols = FERRY_MIN_(c, C - k * c);
+            for (uint64_t y = 0; y < rows; y++)
+                memcpy(raw + y * c * es, src + ((i * r + y) * C + k * c) * es, cols * es);
+            ferry_extent e;
+            memset(&e, 0, sizeof e);
+            e.kind = FERRY_EXTENT_READ;
+            char path[600];
+            snprintf(path, sizeof path, "%s/c%d.%llu.%llu", dir_, codec, (unsigned long long)i, (unsigned long long)k);
+            size_t n = 0;
+            switch (codec) {
+            case C_ZSTD: n = zstd_enc(raw, chunk_bytes, enc, cap, 3); e.codecs[0] = (ferry_codec){FERRY_CODEC_ZSTD, 0}; e.ncodecs = 1; break;
+            case C_ZSTD_BE:
+                for (size_t q = 0; q < chunk_bytes; q += 4) { uint8_t t[4]; memcpy(t, raw + q, 4); for (int b = 0; b < 4; b++) tmp[q + b] = t[3 - b]; }
+                n = zstd_enc(tmp, chunk_bytes, enc, cap, 1);
+                e.codecs[0] = (ferry_codec){FERRY_CODEC_ZSTD, 0}; e.codecs[1] = (ferry_codec){FERRY_CODEC_BYTESWAP, 4}; e.ncodecs = 2;
+                break;
+            case C_ZSTD_CRC:
+                n = zstd_enc(raw, chunk_bytes, enc, cap, 0);
+                put_le32(enc + n, ferry_crc32c(0, enc, n)); n += 4;
+                e.codecs[0] = (ferry_codec){FERRY_CODEC_CRC32C, 0}; e.codecs[1] = (ferry_codec){FERRY_CODEC_ZSTD, 0}; e.ncodecs = 2;
+                break;
+            case C_ZLIB_SHUF:
+                shuffle(raw, tmp, chunk_bytes, es);
+                n = zlib_enc(tmp, chunk_bytes, enc, cap);
+                e.codecs[0] = (ferry_codec){FERRY_CODEC_ZLIB, 0}; e.codecs[1] = (ferry_codec){FERRY_CODEC_SHUFFLE, 4}; e.ncodecs = 2;
+                break;
+            case C_LZ4: n = lz4_enc(raw, chunk_bytes, enc, cap); e.codecs[0] = (ferry_codec){FERRY_CODEC_LZ4, 0}; e.ncodecs = 1; break;
+            case C_BLOSC:   /* noise in the low bytes: their planes stay raw */
+                for (size_t q = 0; q < chunk_bytes; q += 4) raw[q] ^= (uint8_t)(q * 2654435761u >> 24);
+                if (!(hole && i == 1 && k == 1))
+                    for (uint64_t y = 0; y < rows; y++) memcpy(src + ((i * r + y) * C + k * c) * es, raw + y * c * es, cols * es);
+                n = blosc_enc(raw, chunk_bytes, enc, cap, es, chunk_bytes > 1024 ? 512 : chunk_bytes);
+                e.codecs[0] = (ferry_codec){FERRY_CODEC_BLOSC, 0}; e.ncodecs = 1;
+                break;
+            }
+            CHECK(n > 0);
+            if (!(hole && i == 1 && k == 1)) CHECK_EQ_I(write_file(path, enc, n), 0);
+            else unlink(path);
+            e.path = path;
+            e.offset = 0;
+            e.length = n;
+            e.decoded_size = chunk_bytes;
+            e.dst = ferry_cuda_buf(0, d, R * C * es);
+            e.dst_offset = (i * r * C + k * c) * es;
+            e.flags = FERRY_EXTENT_MISSING_FILLS;
+            memcpy(e.fill, &nanfill, 4);
+            ferry_place pl;
+            memset(&pl, 0, sizeof pl);
+            pl.ndim = 2; pl.itemsize = 4;
+            pl.count[0] = rows; pl.count[1] = cols;
+            pl.src_stride[0] = (int64_t)(c * es); pl.src_stride[1] = 4;
+            pl.dst_stride[0] = (int64_t)(C * es); pl.dst_stride[1] = 4;
+            e.place = &pl;
+            e.label = "v";
+            CHECK_EQ_I(ferry_plan_add(plan, &e), 0);
+        }
+    ferry_run_opts o;
+    memset(&o, 0, sizeof o);
+    ferry_decode_policy_parse(decode, (ferry_decode_policy *)&o.decode);
+    int64_t got = ferry_run(ctx_, plan, &o);
+    if (got < 0) fprintf(stderr, "  %s\n", ferry_errmsg(ctx_));
+    CHECK(got > 0);
+    uint8_t *back = malloc(R * C * es);
+    ferry_memcpy(ctx_, ferry_host_buf(back, R * C * es), ferry_cuda_buf(0, d, R * C * es), R * C * es);
+    size_t bad = 0;
+    for (uint64_t y = 0; y < R; y++)
+        for (uint64_t x = 0; x < C; x++) {
+            const uint8_t *want = src + (y * C + x) * es;
+            if (hole && y / r == 1 && x / c == 1) want = (const uint8_t *)&nanfill;
+            if (memcmp(back + (y * C + x) * es, want, es)) bad++;
+        }
+    if (bad) fprintf(stderr, "  codec %d %llux%llu/%llux%llu %s: %zu wrong elements\n", codec, (unsigned long long)R,
+                     (unsigned long long)C, (unsigned long long)r, (unsigned long long)c, decode, bad);
+    CHECK_EQ_I(bad, 0);
+    ferry_cuda_free(ctx_, d);
+    ferry_plan_destroy(plan);
+    free(src); free(raw); free(tmp); free(enc); free(back);
+}
+static void test_zstd_tiles_on_gpu(void) {
+    ferry_stats_reset(ctx_);
+    grid_case(C_ZSTD, 100, 70, 32, 16, 1, "gpu");
+    ferry_stats s = stats_();
+    CHECK(s.gpu_chunks >= 15);            /* 4 x 5 chunks, one missing */
+    CHECK(s.gpu_batches >= 1);
+    CHECK_EQ_I(s.gpu_cpu_fallbacks, 0);   /* the missing chunk is a fill, not a fallback */
+}
+
+/* one chunk = the whole array: nvCOMP writes straight into the destination */
+static void test_zstd_contiguous(void) {
+    ferry_stats_reset(ctx_);
+    grid_case(C_ZSTD, 64, 256, 8, 256, 0, "gpu");
+    CHECK_EQ_I(stats_().gpu_chunks, 8);
+    CHECK_EQ_I(stats_().gpu_cpu_fallbacks, 0);
+}
+
+static void test_every_codec_gpu_equals_cpu(void) {
+    static const int codecs[] = {C_ZSTD, C_ZLIB_SHUF, C_LZ4, C_ZSTD_CRC, C_ZSTD_BE, C_BLOSC};
+    for (size_t i = 0; i < sizeof codecs / sizeof *codecs; i++) {
+        ferry_stats_reset(ctx_);
+        grid_case(codecs[i], 33, 47, 8, 16, 1, "gpu");
+        CHECK(stats_().gpu_chunks > 0);
+        grid_case(codecs[i], 33, 47, 8, 16, 1, "cpu");
+        grid_case(codecs[i], 40, 32, 40, 32, 0, "auto");
+    }
+}
+
+/* AUTO: LZ4 stays on the CPU (a tie measured), zstd goes to the GPU */
+static void test_auto_policy(void) {
+    ferry_stats_reset(ctx_);
+    grid_case(C_LZ4, 16, 16, 8, 8, 0, "auto");
+    CHECK_EQ_I(stats_().gpu_chunks, 0);
+    grid_case(C_ZSTD, 16, 16, 8, 8, 0, "auto");
+    CHECK_EQ_I(stats_().gpu_chunks, 4);
+    ferry_stats_reset(ctx_);
+    grid_case(C_ZSTD, 16, 16, 8, 8, 0, "cpu");
+    CHECK_EQ_I(stats_().gpu_chunks, 0);
+}
+
+/* AUTO splits deflate chunks between the CPU and the GPU by their measured
+ * rates (both decoders at once); FERRY_GPU_CPU_SHARE overrides the share. */
+static void test_auto_splits_deflate(void) {
+    ferry_stats_reset(ctx_);
+    grid_case(C_ZLIB_SHUF, 64, 64, 8, 8, 0, "auto");   /* 64 chunks */
+    ferry_stats s = stats_();
+    CHECK(s.gpu_chunks > 0 && s.gpu_chunks < 64);
+    CHECK(s.decoded_bytes > s.gpu_decoded_bytes);
+    setenv("FERRY_GPU_CPU_SHARE", "0.25", 1);
+    ferry_stats_reset(ctx_);
+    grid_case(C_ZLIB_SHUF, 64, 64, 8, 8, 0, "auto");
+    CHECK_EQ_I(stats_().gpu_chunks, 48);
+    unsetenv("FERRY_GPU_CPU_SHARE");
+    ferry_stats_reset(ctx_);
+    grid_case(C_ZLIB_SHUF, 64, 64, 8, 8, 0, "gpu");    /* forced: every chunk on the GPU */
+    CHECK_EQ_I(stats_().gpu_chunks, 64);
+}
+
+/* one chunk file, corrupted in one way, read onto the GPU: an error that names
+ * the file, the chunk and the codec */
+static void corrupt_case(int codec, int how, const char *want_msg) {
+    uint8_t raw[4096], enc[8192], tmp[4096];
+    make_data(raw, sizeof raw, 9);
+    size_t n;
+    ferry_extent e;
+    memset(&e, 0, sizeof e);
+    if (codec == C_ZSTD) { n = zstd_enc(raw, sizeof raw, enc, sizeof enc, 3); e.codecs[0] = (ferry_codec){FERRY_CODEC_ZSTD, 0}; e.ncodecs = 1; }
+    else if (codec == C_ZSTD_CRC) {
+        n = zstd_enc(raw, sizeof raw, enc, sizeof enc, 3); put_le32(enc + n, ferry_crc32c(0, enc, n)); n += 4;
+        e.codecs[0] = (ferry_codec){FERRY_CODEC_CRC32C, 0}; e.codecs[1] = (ferry_codec){FERRY_CODEC_ZSTD, 0}; e.ncodecs = 2;
+    } else if (codec == C_ZLIB_SHUF) {
+        shuffle(raw, tmp, sizeof raw, 4); n = zlib_enc(tmp, sizeof raw, enc, sizeof enc);
+        e.codecs[0] = (ferry_codec){FERRY_CODEC_ZLIB, 0}; e.codecs[1] = (ferry_codec){FERRY_CODEC_SHUFFLE, 4}; e.ncodecs = 2;
+    } else { n = lz4_enc(raw, sizeof raw, enc, sizeof enc); e.codecs[0] = (ferry_codec){FERRY_CODEC_LZ4, 0}; e.ncodecs = 1; }
+    e.decoded_size = sizeof raw;
+    if (how == 0) n -= 7;                       /* truncated */
+    /* a flipped bit: in the middle where a checksum covers it (crc32c, zlib's
+     * Adler-32), in the header where none does (zstd without its optional
+     * content checksum and LZ4 decode a flipped literal to other bytes of the
+     * right size, on the CPU too: nothing can tell) */
+    else if (how == 1) enc[codec == C_ZSTD || codec == C_LZ4 ? 1 : n / 2] ^= 0x10;
+    else e.decoded_size = sizeof raw - 4;       /* the chunk's declared size is wrong */
+    char path[600];
+    snprintf(path, sizeof path, "%s/corrupt.bin", dir_);
+    write_file(path, enc, n);
+    ferry_file *f;
+    CHECK_EQ_I(ferry_file_open(ctx_, path, FERRY_READ, &f), 0);
+    uintptr_t d;
+    ferry_cuda_malloc(ctx_, 0, sizeof raw, &d);
+    e.kind = FERRY_EXTENT_READ;
+    e.file = f;
+    e.length = n;
+    e.dst = ferry_cuda_buf(0, d, sizeof raw);
+    e.label = "temp";
+    ferry_plan *p;
+    ferry_plan_create(&p);
+    ferry_plan_add(p, &e);
+    ferry_run_opts o;
+    memset(&o, 0, sizeof o);
+    o.decode = FERRY_DECODE_GPU;
+    int64_t r = ferry_run(ctx_, p, &o);
+    if (r >= 0) fprintf(stderr, "  codec %d corruption %d decoded without an error\n", codec, how);
+    CHECK(r < 0);
+    if (r < 0) {
+        const char *m = ferry_errmsg(ctx_);
+        CHECK_STR_CONTAINS(m, "corrupt.bin");
+        CHECK_STR_CONTAINS(m, "variable temp");
+        CHECK_STR_CONTAINS(m, "chunk at byte 0");
+        CHECK_STR_CONTAINS(m, want_msg);
+    }
+    ferry_plan_destroy(p);
+    ferry_file_close(f);
+    ferry_cuda_free(ctx_, d);
+}
+
+static void test_corrupt_chunks_fail_clearly(void) {
+    static const int codecs[] = {C_ZSTD, C_ZSTD_CRC, C_ZLIB_SHUF, C_LZ4};
+    static const char *names[] = {"zstd", "crc32c", "zlib", "lz4"};
+    for (int c = 0; c < 4; c++)
+        for (int how = 0; how < 3; how++) {
+            corrupt_case(codecs[c], how, c == 1 && how < 2 ? "crc32c" : c == 1 ? "zstd" : names[c]);
+        }
+}
+
+/* The stand-in's fault switches: chunks nvCOMP says it cannot decode are
+ * decoded by the CPU and counted; nvCOMP output that fails zlib's Adler-32 is
+ * caught (the CPU then decodes the chunk). */
+static void test_fallbacks_counted(void) {
+    if (!dlsym(RTLD_DEFAULT, "nvcompsim_count") && !getenv("FERRY_NVCOMP")) { printf("  (fault switches need the stand-in nvCOMP)\n"); return; }
+    void *sim = dlopen(getenv("FERRY_NVCOMP"), RTLD_NOW | RTLD_NOLOAD);
+    if (!sim || !dlsym(sim, "nvcompsim_count")) { printf("  (fault switches need the stand-in nvCOMP)\n"); return; }
+    setenv("FERRY_NVCOMPSIM_FAIL", "notsupported", 1);
+    ferry_stats_reset(ctx_);
+    grid_case(C_ZSTD, 32, 32, 16, 16, 0, "gpu");
+    CHECK_EQ_I(stats_().gpu_cpu_fallbacks, 4);
+    CHECK_EQ_I(stats_().gpu_chunks, 0);
+    setenv("FERRY_NVCOMPSIM_FAIL", "garbage", 1);
+    ferry_stats_reset(ctx_);
+    grid_case(C_ZLIB_SHUF, 32, 32, 16, 16, 0, "gpu");
+    CHECK_EQ_I(stats_().gpu_cpu_fallbacks, 4);   /* every Adler-32 failed: the CPU decoded them */
+    unsetenv("FERRY_NVCOMPSIM_FAIL");
+    long (*count)(const char *) = (long (*)(const char *))dlsym(sim, "nvcompsim_count");
+    CHECK_EQ_I(count("temp_too_small"), 0);
+    CHECK_EQ_I(count("bad_pointer"), 0);
+    dlclose(sim);
+}
+
+/* many small chunks of one file: batches split over workers, one H2D each */
+static void test_many_chunks_one_file(void) {
+    const size_t nchunk = 300, cb = 4096;
+    uint8_t *src = malloc(nchunk * cb), *file = malloc(nchunk * (cb + 64));
+    make_data(src, nchunk * cb, 5);
+    uint64_t *off = malloc(nchunk * 8), *len = malloc(nchunk * 8), pos = 0;
+    for (size_t i = 0; i < nchunk; i++) {
+        size_t n = zstd_enc(src + i * cb, cb, file + pos, cb + 64, (int)(i % 4));
+        off[i] = pos; len[i] = n; pos += n;
+    }
+    char path[600];
+    snprintf(path, sizeof path, "%s/many.bin", dir_);
+    write_file(path, file, pos);
+    ferry_file *f;
+    ferry_file_open(ctx_, path, FERRY_READ, &f);
+    uintptr_t d;
+    ferry_cuda_malloc(ctx_, 0, nchunk * cb + 1, &d);
+    ferry_plan *p;
+    ferry_plan_create(&p);
+    for (size_t i = 0; i < nchunk; i++) {
+        size_t k = (i * 7) % nchunk;   /* out of file order */
+        ferry_extent e;
+        memset(&e, 0, sizeof e);
+        e.kind = FERRY_EXTENT_READ; e.file = f; e.offset = off[k]; e.length = len[k];
+        e.codecs[0] = (ferry_codec){FERRY_CODEC_ZSTD, 0}; e.ncodecs = 1;
+        e.decoded_size = cb;
+        e.dst = ferry_cuda_buf(0, d + 1, nchunk * cb);   /* odd address: outputs go through scratch */
+        e.dst_offset = k * cb;
+        ferry_plan_add(p, &e);
+    }
+    setenv("FERRY_GPU_BATCH", "64K", 1);
+    ferry_stats_reset(ctx_);
+    ferry_run_opts o;
+    memset(&o, 0, sizeof o);
+    o.decode = FERRY_DECODE_GPU;
+    int64_t r = ferry_run(ctx_, p, &o);
+    unsetenv("FERRY_GPU_BATCH");
+    if (r < 0) fprintf(stderr, "  %s\n", ferry_errmsg(ctx_));
+    CHECK_EQ_I(r, (int64_t)pos);
+    CHECK_EQ_I(stats_().gpu_chunks, nchunk);
+    CHECK(stats_().gpu_batches >= 10);
+    uint8_t *back = malloc(nchunk * cb);
+    ferry_memcpy(ctx_, ferry_host_buf(back, nchunk * cb), ferry_cuda_buf(0, d + 1, nchunk * cb), nchunk * cb);
+    CHECK(memcmp(back, src, nchunk * cb) == 0);
+    ferry_plan_destroy(p);
+    ferry_file_close(f);
+    ferry_cuda_free(ctx_, d);
+    free(src); free(file); free(off); free(len); free(back);
+}
+
+static void test_status_says_what_loaded(void) {
+    const char *s = ferry_nvcomp_status(ctx_);
+    CHECK_STR_CONTAINS(s, "loaded nvCOMP");
+    printf("  %s\n", s);
+}
+
+int main(void) {
+    if (ferry_ctx_create(&ctx_, NULL) < 0 || ferry_cuda_device_count(ctx_) < 1) {
+        printf("skipped: no CUDA device (%s)\n0 passed, 0 failed\n", ctx_ ? ferry_cuda_status(ctx_) : "no context");
+        return 0;
+    }
+    if (strncmp(ferry_nvcomp_status(ctx_), "loaded", 6) != 0) {
+        printf("skipped: nvCOMP not loaded (%s)\n0 passed, 0 failed\n", ferry_nvcomp_status(ctx_));
+        ferry_ctx_destroy(ctx_);
+        return 0;
+    }
+    snprintf(dir_, sizeof dir_, "/tmp/ferry_gpudecode_%d", (int)getpid());
+    mkdir(dir_, 0755);
+    RUN(test_status_says_what_loaded);
+    RUN(test_zstd_tiles_on_gpu);
+    RUN(test_zstd_contiguous);
+    RUN(test_every_codec_gpu_equals_cpu);
+    RUN(test_auto_policy);
+    RUN(test_auto_splits_deflate);
+    RUN(test_corrupt_chunks_fail_clearly);
+    RUN(test_fallbacks_counted);
+    RUN(test_many_chunks_one_file);
+    ferry_ctx_destroy(ctx_);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir_);
+    if (system(cmd)) {}
+    return check_summary();
+}
