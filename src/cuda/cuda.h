@@ -113,8 +113,9 @@ int ferry_cuda_byteswap(int dev, CUdeviceptr p, size_t n, unsigned size, CUstrea
  * Adler-32 of n device buffers (ptrs, sizes: device arrays of n pointers and
  * 64-bit sizes) into out (n uint32); HDF5/blosc byte unshuffle of `count`
  * buffers described by the device array desc of (in, out, n, size) u64
- * quadruples (in and out not overlapping; size 1 copies).
+ * quadruples (in and out not overlapping; size 1 copies); bits: blosc's
+ * bitshuffle instead (rows of nel/8 bytes, nel rounded down to 8).
  * FERRY_EUNSUPPORTED without those kernels. */
 int ferry_cuda_adler32_batch(int dev, CUdeviceptr ptrs, CUdeviceptr sizes, CUdeviceptr out, size_t n, CUstream stream);
-int ferry_cuda_unshuffle_batch(int dev, CUdeviceptr desc, size_t count, CUstream stream);
+int ferry_cuda_unshuffle_batch(int dev, CUdeviceptr desc, size_t count, int bits, CUstream stream);
 #endif

@@ -79,6 +79,27 @@ extern "C" __global__ void ferry_adler32_batch(const unsigned char *const *ptrs,
 // the last whole element are copied as they are. size 1 is a plain copy
 // (blosc's raw streams). One block per buffer (grid-stride over buffers),
 // threads over its output bytes.
+// Undo blosc's bitshuffle, out of place, for `count` blocks: desc as above.
+// Byte j of element i, bit k, is bit i % 8 of byte i / 8 of row 8 j + k, each
+// row nel / 8 bytes (nel: the block's elements, rounded down to 8); bytes past
+// nel elements are copied. One thread per output byte.
+extern "C" __global__ void ferry_bitunshuffle_batch(const unsigned long long *desc, unsigned long long count) {
+    for (unsigned long long d = blockIdx.x; d < count; d += gridDim.x) {
+        const unsigned char *in = (const unsigned char *)desc[4 * d];
+        unsigned char *out = (unsigned char *)desc[4 * d + 1];
+        unsigned long long n = desc[4 * d + 2], size = desc[4 * d + 3];
+        unsigned long long nel = (n / size) & ~7ull, rowbytes = nel / 8, body = nel * size;
+        for (unsigned long long o = threadIdx.x; o < n; o += blockDim.x) {
+            if (o >= body) { out[o] = in[o]; continue; }
+            unsigned long long i = o / size, j = o % size;
+            const unsigned char *row = in + 8 * j * rowbytes + i / 8;
+            unsigned shift = (unsigned)(i % 8), v = 0;
+            for (unsigned k = 0; k < 8; k++) v |= ((row[k * rowbytes] >> shift) & 1u) << k;
+            out[o] = (unsigned char)v;
+        }
+    }
+}
+
 extern "C" __global__ void ferry_unshuffle_batch(const unsigned long long *desc, unsigned long long count) {
     for (unsigned long long d = blockIdx.x; d < count; d += gridDim.x) {
         const unsigned char *in = (const unsigned char *)desc[4 * d];

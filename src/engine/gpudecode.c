@@ -232,7 +232,7 @@ typedef struct gd_item {  /* one nvCOMP input: a frame, or one split of a blosc 
     size_t q;             /* its index in the batch's arrays and results */
 } gd_item;
 
-typedef struct gd_desc { uint64_t in, out, n, size; int in_din, in_scr, out_scr; } gd_desc;  /* copy / unshuffle */
+typedef struct gd_desc { uint64_t in, out, n, size; int in_din, in_scr, out_scr; } gd_desc;  /* copy / (bit)unshuffle */
 
 struct ferry_gpudecode_worker {
     gd_dev dev[FERRY_MAX_DEVICES];
@@ -240,6 +240,7 @@ struct ferry_gpudecode_worker {
     gd_item *it; size_t it_n, it_cap;
     gd_desc *cp; size_t cp_n, cp_cap;   /* copies before decoding (blosc raw streams, memcpyed frames) */
     gd_desc *un; size_t un_n, un_cap;   /* unshuffles after decoding */
+    gd_desc *bu; size_t bu_n, bu_cap;   /* blosc bit-unshuffles after decoding */
     ferry_blosc_stream *bs;             /* one frame's streams while it is parsed */
 };
 
@@ -263,7 +264,7 @@ void ferry_gpudecode_worker_free(ferry_worker *w) {
         int ps[4] = {g->hpinned, g->hres_pinned, g->hcpu_pinned, g->hfb_pinned};
         for (int i = 0; i < 4; i++) if (hs[i]) { if (ps[i]) cu->MemFreeHost(hs[i]); else free(hs[i]); }
     }
-    free(gw->ch); free(gw->it); free(gw->cp); free(gw->un); free(gw->bs);
+    free(gw->ch); free(gw->it); free(gw->cp); free(gw->un); free(gw->bu); free(gw->bs);
     free(gw);
     w->gpu = NULL;
 }
@@ -462,10 +463,9 @@ static int classify(struct ferry_gpudecode_worker *gw, gd_dev *g, const ferry_nv
     if (c->ci.codec == FERRY_CODEC_BLOSC) {
         if (!gw->bs && !(gw->bs = malloc(MAX_BLOSC_STREAMS * sizeof *gw->bs))) return ferry_seterr(FERRY_ENOMEM, "out of memory");
         rc = ferry_frame_blosc(p, len, e->decoded_size, &bf, gw->bs, MAX_BLOSC_STREAMS);
-        if (rc == 0 && (bf.bitshuffle || c->ci.shuffle || bf.inner == FERRY_CODEC_ZLIB)) {
-            rc = FERRY_EUNSUPPORTED;   /* bitshuffle (no kernel yet), zlib inside blosc (unaligned payloads) */
-        }
-        if (bf.shuffle) unshuffle_size = (int)bf.typesize;
+        if (rc == 0 && (c->ci.shuffle || bf.inner == FERRY_CODEC_ZLIB))
+            rc = FERRY_EUNSUPPORTED;   /* a shuffle after blosc; zlib inside blosc (unaligned payloads) */
+        if (bf.shuffle || bf.bitshuffle) unshuffle_size = (int)bf.typesize;
     } else {
         rc = ferry_frame_parse(c->ci.codec, p, len, e->decoded_size, &c->fr);
         if (rc == 0 && c->fr.check == FERRY_FRAME_CHECK_CRC32) rc = FERRY_EUNSUPPORTED;   /* no GPU CRC-32 (gzip) */
@@ -520,12 +520,14 @@ static int classify(struct ferry_gpudecode_worker *gw, gd_dev *g, const ferry_nv
     }
     c->nitems = gw->it_n - c->item0;
     if (unshuffle_size) {
-        if (c->ci.codec == FERRY_CODEC_BLOSC) {   /* blosc shuffles each block by itself */
+        if (c->ci.codec == FERRY_CODEC_BLOSC) {   /* blosc (bit)shuffles each block by itself */
             for (uint64_t b = 0; b < bf.nblocks; b++) {
                 uint64_t bsize = FERRY_MIN(bf.blocksize, bf.nbytes - b * bf.blocksize);
-                if ((rc = add_desc(&gw->un, &gw->un_n, &gw->un_cap, (gd_desc){b * bf.blocksize, b * bf.blocksize, bsize, (uint64_t)unshuffle_size, 0, 0, 0})) < 0)
-                    return rc;
-                gw->un[gw->un_n - 1].in_scr = (int)ci_idx;
+                gd_desc dd = {b * bf.blocksize, b * bf.blocksize, bsize, (uint64_t)unshuffle_size, 0, (int)ci_idx, 0};
+                if (bf.bitshuffle && bf.version <= 2 && (bsize / bf.typesize) % 8) dd.size = 1;   /* left as is: copied */
+                if (bf.bitshuffle && dd.size > 1) rc = add_desc(&gw->bu, &gw->bu_n, &gw->bu_cap, dd);
+                else rc = add_desc(&gw->un, &gw->un_n, &gw->un_cap, dd);
+                if (rc < 0) return rc;
             }
         } else {
             if ((rc = add_desc(&gw->un, &gw->un_n, &gw->un_cap, (gd_desc){0, 0, e->decoded_size, (uint64_t)unshuffle_size, 0, 0, 0})) < 0) return rc;
@@ -564,7 +566,7 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t bi, int *defer
     gd_chunk *ch = gw->ch;
     const uint32_t *idx = j->gpu->idx + B->first;
     int kernels = ferry_cuda_kernels_ready(d);
-    gw->it_n = gw->cp_n = gw->un_n = 0;
+    gw->it_n = gw->cp_n = gw->un_n = gw->bu_n = 0;
 
     /* slots: each chunk starts `lead` bytes into an 8-aligned slot so that the
      * payload after its header (zlib: 2 bytes, numcodecs LZ4: 4) is aligned
@@ -617,10 +619,10 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t bi, int *defer
     for (int a = 0; a < FERRY_NVCOMP_NALG; a++) { q0[a] = q; q += na[a]; }
     const uint64_t arr = up(hsize, 64);
     const uint64_t a_cp = arr + 32 * (uint64_t)nitems, a_un = a_cp + 32 * (uint64_t)gw->cp_n;
-    const uint64_t htotal = a_un + 32 * (uint64_t)gw->un_n;
+    const uint64_t a_bu = a_un + 32 * (uint64_t)gw->un_n, htotal = a_bu + 32 * (uint64_t)gw->bu_n;
     const uint64_t res_size = up(4 * (uint64_t)nitems, 8), res_adler = res_size + 8 * (uint64_t)nitems;
     const uint64_t res_total = res_adler + 4 * (uint64_t)nitems + 8;
-    int any_gpu = nitems || gw->cp_n || gw->un_n;
+    int any_gpu = nitems || gw->cp_n || gw->un_n || gw->bu_n;
     size_t temp = 0;
     ferry_nvcomp_opts opts;
     memset(&opts, 0, sizeof opts);
@@ -657,7 +659,7 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t bi, int *defer
             out_ptrs[it->q] = ch[it->chunk].out + it->out_off;
             out_caps[it->q] = it->out_len;
         }
-        uint64_t *cp = (uint64_t *)(g->h + a_cp), *un = (uint64_t *)(g->h + a_un);
+        uint64_t *cp = (uint64_t *)(g->h + a_cp), *un = (uint64_t *)(g->h + a_un), *bu = (uint64_t *)(g->h + a_bu);
         for (size_t i = 0; i < gw->cp_n; i++) {
             const gd_desc *dd = &gw->cp[i];
             uint64_t out = dd->out_scr == -1 ? ch[dd->out].fin : ch[-2 - dd->out_scr].out + dd->out;
@@ -668,11 +670,16 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t bi, int *defer
             un[4 * i] = ch[dd->in_scr].out + dd->in; un[4 * i + 1] = ch[dd->in_scr].fin + dd->out;
             un[4 * i + 2] = dd->n; un[4 * i + 3] = dd->size;
         }
+        for (size_t i = 0; i < gw->bu_n; i++) {
+            const gd_desc *dd = &gw->bu[i];
+            bu[4 * i] = ch[dd->in_scr].out + dd->in; bu[4 * i + 1] = ch[dd->in_scr].fin + dd->out;
+            bu[4 * i + 2] = dd->n; bu[4 * i + 3] = dd->size;
+        }
         /* one copy up; copies, one nvCOMP call per algorithm, Adler-32s,
          * unshuffles, byteswaps; one copy of the results back */
         if ((r = cu->MemcpyHtoDAsync(g->din, g->h, htotal, s)))
             return ferry_seterr(FERRY_ECUDA, "cuMemcpyHtoDAsync: %s", ferry_cuda_errstr(r));
-        if (gw->cp_n && (rc = ferry_cuda_unshuffle_batch(d, g->din + a_cp, gw->cp_n, s)) < 0) goto fail_sync;
+        if (gw->cp_n && (rc = ferry_cuda_unshuffle_batch(d, g->din + a_cp, gw->cp_n, 0, s)) < 0) goto fail_sync;
         for (int a = 0; a < FERRY_NVCOMP_NALG; a++) {
             if (!na[a]) continue;
             CUdeviceptr base = g->din + arr;
@@ -691,7 +698,8 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t bi, int *defer
                                                g->dres + res_adler + 4 * q0[a], na[a], s)) < 0)
                 goto fail_sync;
         }
-        if (gw->un_n && (rc = ferry_cuda_unshuffle_batch(d, g->din + a_un, gw->un_n, s)) < 0) goto fail_sync;
+        if (gw->un_n && (rc = ferry_cuda_unshuffle_batch(d, g->din + a_un, gw->un_n, 0, s)) < 0) goto fail_sync;
+        if (gw->bu_n && (rc = ferry_cuda_unshuffle_batch(d, g->din + a_bu, gw->bu_n, 1, s)) < 0) goto fail_sync;
         for (size_t k = 0; k < n; k++)
             if (ch[k].kind == K_GPU && ch[k].ci.swap &&
                 (rc = ferry_cuda_byteswap(d, ch[k].fin, j->ext[ch[k].ext].decoded_size / ch[k].ci.swap, ch[k].ci.swap, s)) < 0)

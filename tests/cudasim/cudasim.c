@@ -48,7 +48,7 @@ enum {
 struct CUctx_st { int dev; int refs; };
 struct CUmod_st { int dev; };
 struct CUfunc_st { int swap; int kind; };   /* element size of ferry_bswapN; kind: K_* */
-enum { K_SWAP = 0, K_ADLER = 1, K_UNSHUFFLE = 2 };
+enum { K_SWAP = 0, K_ADLER = 1, K_UNSHUFFLE = 2, K_BITUNSHUFFLE = 3 };
 
 typedef struct op {
     enum { OP_COPY, OP_RECORD, OP_WAIT, OP_SWAP, OP_HOST, OP_ADLER, OP_UNSHUFFLE } kind;
@@ -203,6 +203,17 @@ static void run_op(op *o) {
             size_t n = desc[4 * d + 2], size = desc[4 * d + 3];
             if (!size || !cudasim_is_device((CUdeviceptr)(uintptr_t)in, n) || !cudasim_is_device((CUdeviceptr)(uintptr_t)out, n)) {
                 atomic_fetch_add(&count_bad_kernel_, 1);   /* a real GPU would fault */
+                continue;
+            }
+            if (o->size) {   /* bitshuffle, as kernels.cu's ferry_bitunshuffle_batch */
+                size_t nel8 = (n / size) & ~(size_t)7, rowbytes = nel8 / 8, body8 = nel8 * size;
+                for (size_t x = 0; x < n; x++) {
+                    if (x >= body8) { out[x] = in[x]; continue; }
+                    size_t i = x / size, j = x % size;
+                    unsigned v = 0;
+                    for (unsigned k = 0; k < 8; k++) v |= ((in[(8 * j + k) * rowbytes + i / 8] >> (i % 8)) & 1u) << k;
+                    out[x] = (uint8_t)v;
+                }
                 continue;
             }
             size_t nel = n / size, body = nel * size;
@@ -601,6 +612,7 @@ CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
     else if (!strcmp(name, "ferry_bswap8")) *f = &swaps[3];
     else if (!strcmp(name, "ferry_bswap16")) *f = &swaps[4];
     else if (!strcmp(name, "ferry_adler32_batch")) { static struct CUfunc_st k = {0, K_ADLER}; *f = &k; }
+    else if (!strcmp(name, "ferry_bitunshuffle_batch")) { static struct CUfunc_st k = {1, K_BITUNSHUFFLE}; *f = &k; }
     else if (!strcmp(name, "ferry_unshuffle_batch")) { static struct CUfunc_st k = {0, K_UNSHUFFLE}; *f = &k; }
     else return E_NOT_FOUND;
     return OK;
@@ -625,13 +637,14 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
         submit(s, o);
         return OK;
     }
-    if (f->kind == K_UNSHUFFLE) {   /* (desc, count) */
+    if (f->kind == K_UNSHUFFLE || f->kind == K_BITUNSHUFFLE) {   /* (desc, count) */
         CUdeviceptr desc = *(CUdeviceptr *)args[0];
         unsigned long long n = *(unsigned long long *)args[1];
         if (n && (rc = device_range(desc, n * 32))) return rc;
         op *o = new_op(OP_UNSHUFFLE);
         o->src = (const uint8_t *)(uintptr_t)desc;
         o->n = n;
+        o->size = f->kind == K_BITUNSHUFFLE;   /* 1: bits */
         submit(s, o);
         return OK;
     }
