@@ -387,11 +387,11 @@ static void test_status_says_what_loaded(void) {
 
 int main(void) {
     if (ferry_ctx_create(&ctx_, NULL) < 0 || ferry_cuda_device_count(ctx_) < 1) {
-        printf("skipped: no CUDA device (%s)\n0 passed, 0 failed\n", ctx_ ? ferry_cuda_status(ctx_) : "no context");
+        printf("skipped: no CUDA device (%s)\n0 passed, 0 failed, 1 skipped\n", ctx_ ? ferry_cuda_status(ctx_) : "no context");
         return 0;
     }
     if (strncmp(ferry_nvcomp_status(ctx_), "loaded", 6) != 0) {
-        printf("skipped: nvCOMP not loaded (%s)\n0 passed, 0 failed\n", ferry_nvcomp_status(ctx_));
+        printf("skipped: nvCOMP not loaded (%s)\n0 passed, 0 failed, 1 skipped\n", ferry_nvcomp_status(ctx_));
         ferry_ctx_destroy(ctx_);
         return 0;
     }
