@@ -118,4 +118,8 @@ int ferry_cuda_byteswap(int dev, CUdeviceptr p, size_t n, unsigned size, CUstrea
  * FERRY_EUNSUPPORTED without those kernels. */
 int ferry_cuda_adler32_batch(int dev, CUdeviceptr ptrs, CUdeviceptr sizes, CUdeviceptr out, size_t n, CUstream stream);
 int ferry_cuda_unshuffle_batch(int dev, CUdeviceptr desc, size_t count, int bits, CUstream stream);
+/* The tile scatter: `count` chunks placed into their boxes, desc a device
+ * array of 16 u64 each (src, dst, width, rows0..2, src strides 0..2, dst
+ * strides 0..2, 4 unused): rows0 x rows1 x rows2 runs of width bytes. */
+int ferry_cuda_place_batch(int dev, CUdeviceptr desc, size_t count, CUstream stream);
 #endif

@@ -110,3 +110,26 @@ extern "C" __global__ void ferry_unshuffle_batch(const unsigned long long *desc,
             out[i] = i < body ? in[(i % size) * nel + i / size] : in[i];
     }
 }
+
+// Place decoded chunks into their boxes of the destination (the tile
+// scatter), `count` at once: desc[16 i ..] = (src, dst, width, rows0, rows1,
+// rows2, sstride0..2, dstride0..2): rows0 x rows1 x rows2 runs of `width`
+// bytes, run (a, b, c) from src + a ss0 + b ss1 + c ss2 to dst + a ds0 + ...
+// (strides signed). One block per chunk, threads over each run's bytes.
+extern "C" __global__ void ferry_place_batch(const unsigned long long *desc, unsigned long long count) {
+    for (unsigned long long d = blockIdx.x; d < count; d += gridDim.x) {
+        const unsigned long long *q = desc + 16 * d;
+        const unsigned char *src = (const unsigned char *)q[0];
+        unsigned char *dst = (unsigned char *)q[1];
+        unsigned long long width = q[2], r0 = q[3], r1 = q[4], r2 = q[5];
+        long long ss0 = (long long)q[6], ss1 = (long long)q[7], ss2 = (long long)q[8];
+        long long ds0 = (long long)q[9], ds1 = (long long)q[10], ds2 = (long long)q[11];
+        unsigned long long rows = r0 * r1 * r2;
+        for (unsigned long long row = 0; row < rows; row++) {
+            unsigned long long c = row % r2, b = (row / r2) % r1, a = row / (r1 * r2);
+            const unsigned char *s = src + (long long)a * ss0 + (long long)b * ss1 + (long long)c * ss2;
+            unsigned char *t = dst + (long long)a * ds0 + (long long)b * ds1 + (long long)c * ds2;
+            for (unsigned long long x = threadIdx.x; x < width; x += blockDim.x) t[x] = s[x];
+        }
+    }
+}

@@ -17,7 +17,8 @@
  * result is used and counted in ferry_stats.gpu_cpu_fallbacks, otherwise the
  * job fails naming the file, the chunk and the codec. Filters then run on the
  * GPU (unshuffle, byteswap) and scratch outputs are placed into the
- * destination by device-to-device 2D copies. Batches of one job run on many
+ * destination by one tile-scatter kernel per batch (device copies where a
+ * box has more than three dimensions of runs, or without the kernels). Batches of one job run on many
  * workers at once, each on its own stream: while one batch decodes, others
  * are being read (the pipeline), and a worker's next batch waits only for its
  * own previous batch's event before reusing its buffers. */
@@ -350,6 +351,32 @@ static int place_dev(const ferry_cuda_api *cu, CUstream s, CUdeviceptr dst, CUde
     ferry_place p;
     if (ferry_place_normalize(place, &p) == 0) { p.ndim = 1; p.count[0] = 1; p.src_stride[0] = p.dst_stride[0] = p.itemsize; }
     return place_rec(cu, s, dst, src + p.src_offset, &p, 0);
+}
+
+/* The tile-scatter descriptor (16 u64, ferry_cuda_place_batch) of a chunk
+ * at src whose box goes to dst; 0 when the box needs more than 3 dimensions
+ * of runs (then place_dev's copies do it). */
+static int place_desc(uint64_t *q, CUdeviceptr dst, CUdeviceptr src, const ferry_place *place, uint64_t decoded) {
+    memset(q, 0, 16 * sizeof *q);
+    q[3] = q[4] = q[5] = 1;
+    if (!place) { q[0] = src; q[1] = dst; q[2] = decoded; return 1; }
+    ferry_place p;
+    int m = ferry_place_normalize(place, &p);
+    for (int k = 0; k < place->ndim; k++) if (place->count[k] == 0) { q[2] = 0; q[0] = src; q[1] = dst; return 1; }
+    if (m == 0) { p.ndim = m = 1; p.count[0] = 1; p.src_stride[0] = p.dst_stride[0] = p.itemsize; }
+    int inner = p.src_stride[m - 1] == (int64_t)p.itemsize && p.dst_stride[m - 1] == (int64_t)p.itemsize;
+    int rows = inner ? m - 1 : m;
+    if (rows > 3) return 0;
+    q[0] = src + p.src_offset;
+    q[1] = dst;
+    q[2] = inner ? p.count[m - 1] * p.itemsize : p.itemsize;
+    for (int k = 0; k < rows; k++) {   /* right-aligned into the three row dimensions */
+        int slot = 3 - rows + k;
+        q[3 + slot] = p.count[k];
+        q[6 + slot] = (uint64_t)p.src_stride[k];
+        q[9 + slot] = (uint64_t)p.dst_stride[k];
+    }
+    return 1;
 }
 
 /* A placement that copies the whole decoded chunk to one contiguous run. */
@@ -767,7 +794,18 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t bi, int *defer
         }
     }
 
-    /* CPU-decoded chunks up, scratch placed into the boxes */
+    /* CPU-decoded chunks up, then scratch placed into the boxes: one tile
+     * scatter kernel for the batch (its descriptors through h and din, both
+     * free again: the decode is complete), copies where it cannot */
+    size_t nplace = 0;
+    uint64_t *pd = NULL;
+    for (size_t k = 0; k < n; k++) nplace += ch[k].placed;
+    if (nplace && kernels) {
+        if ((rc = ferry_worker_grow(w, d, &g->h, &g->hcap, &g->hpinned, 128 * nplace)) < 0) goto fail_sync;
+        if ((rc = dev_grow(&g->din, &g->din_cap, 128 * nplace)) < 0) goto fail_sync;
+        pd = (uint64_t *)g->h;
+    }
+    size_t np = 0;
     for (size_t k = 0; k < n; k++) {
         gd_chunk *c = &ch[k];
         const ferry_extent *e = &j->ext[c->ext];
@@ -775,9 +813,17 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t bi, int *defer
             rc = ferry_seterr(FERRY_ECUDA, "cuMemcpyHtoDAsync: %s", ferry_cuda_errstr(r));
             goto fail_sync;
         }
-        if (c->placed &&
-            (rc = place_dev(cu, s, (CUdeviceptr)(uintptr_t)e->dst.ptr + e->dst_offset, c->fin, e->place, e->decoded_size)) < 0)
+        if (!c->placed) continue;
+        CUdeviceptr base = (CUdeviceptr)(uintptr_t)e->dst.ptr + e->dst_offset;
+        if (pd && place_desc(pd + 16 * np, base, c->fin, e->place, e->decoded_size)) { np++; continue; }
+        if ((rc = place_dev(cu, s, base, c->fin, e->place, e->decoded_size)) < 0) goto fail_sync;
+    }
+    if (np) {
+        if ((r = cu->MemcpyHtoDAsync(g->din, g->h, 128 * np, s))) {
+            rc = ferry_seterr(FERRY_ECUDA, "cuMemcpyHtoDAsync: %s", ferry_cuda_errstr(r));
             goto fail_sync;
+        }
+        if ((rc = ferry_cuda_place_batch(d, g->din, np, s)) < 0) goto fail_sync;
     }
     if ((r = cu->EventRecord(g->done, s))) { rc = ferry_seterr(FERRY_ECUDA, "cuEventRecord: %s", ferry_cuda_errstr(r)); goto fail_sync; }
     g->pending = 1;

@@ -19,7 +19,8 @@
  * - The legacy stream (NULL) runs synchronously on the calling thread.
  * - A destroyed event lives on until the queued work naming it has run.
  * - The kernels of src/cuda/kernels.cu run by name, on the CPU: byteswaps,
- *   ferry_adler32_batch and ferry_unshuffle_batch (their device arguments
+ *   ferry_adler32_batch, ferry_unshuffle_batch, ferry_bitunshuffle_batch and
+ *   ferry_place_batch (their device arguments
  *   checked; a descriptor naming memory outside a device allocation is
  *   counted as "bad_kernel_args", where a real GPU would fault).
  * - cuLaunchHostFunc runs a host function on the stream's thread in order:
@@ -48,10 +49,10 @@ enum {
 struct CUctx_st { int dev; int refs; };
 struct CUmod_st { int dev; };
 struct CUfunc_st { int swap; int kind; };   /* element size of ferry_bswapN; kind: K_* */
-enum { K_SWAP = 0, K_ADLER = 1, K_UNSHUFFLE = 2, K_BITUNSHUFFLE = 3 };
+enum { K_SWAP = 0, K_ADLER = 1, K_UNSHUFFLE = 2, K_BITUNSHUFFLE = 3, K_PLACE = 4 };
 
 typedef struct op {
-    enum { OP_COPY, OP_RECORD, OP_WAIT, OP_SWAP, OP_HOST, OP_ADLER, OP_UNSHUFFLE } kind;
+    enum { OP_COPY, OP_RECORD, OP_WAIT, OP_SWAP, OP_HOST, OP_ADLER, OP_UNSHUFFLE, OP_PLACE } kind;
     void (*fn)(void *); void *arg;                 /* HOST */
     uint32_t *out;                                 /* ADLER: ptrs in dst, sizes in src, n */
     uint8_t *dst; const uint8_t *src; size_t n;    /* COPY (src may be owned) */
@@ -194,6 +195,20 @@ static void run_op(op *o) {
             uint32_t a = 1, b = 0;
             for (unsigned long long k = 0; k < sizes[c]; k++) { a = (a + ptrs[c][k]) % 65521u; b = (b + a) % 65521u; }
             o->out[c] = (b << 16) | a;
+        }
+    } else if (o->kind == OP_PLACE) {   /* as kernels.cu's ferry_place_batch; every run checked */
+        const unsigned long long *q0 = (const unsigned long long *)o->src;
+        for (size_t d = 0; d < o->n; d++) {
+            const unsigned long long *q = q0 + 16 * d;
+            unsigned long long width = q[2], r0 = q[3], r1 = q[4], r2 = q[5];
+            for (unsigned long long a = 0; a < r0; a++)
+                for (unsigned long long b = 0; b < r1; b++)
+                    for (unsigned long long c = 0; c < r2; c++) {
+                        uintptr_t s = (uintptr_t)(q[0] + a * q[6] + b * q[7] + c * q[8]);
+                        uintptr_t t = (uintptr_t)(q[1] + a * q[9] + b * q[10] + c * q[11]);
+                        if (!cudasim_is_device(s, width) || !cudasim_is_device(t, width)) { atomic_fetch_add(&count_bad_kernel_, 1); continue; }
+                        memmove((void *)t, (const void *)s, width);
+                    }
         }
     } else if (o->kind == OP_UNSHUFFLE) {   /* descriptors (in, out, n, size), read when it runs */
         const unsigned long long *desc = (const unsigned long long *)o->src;
@@ -612,6 +627,7 @@ CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
     else if (!strcmp(name, "ferry_bswap8")) *f = &swaps[3];
     else if (!strcmp(name, "ferry_bswap16")) *f = &swaps[4];
     else if (!strcmp(name, "ferry_adler32_batch")) { static struct CUfunc_st k = {0, K_ADLER}; *f = &k; }
+    else if (!strcmp(name, "ferry_place_batch")) { static struct CUfunc_st k = {0, K_PLACE}; *f = &k; }
     else if (!strcmp(name, "ferry_bitunshuffle_batch")) { static struct CUfunc_st k = {1, K_BITUNSHUFFLE}; *f = &k; }
     else if (!strcmp(name, "ferry_unshuffle_batch")) { static struct CUfunc_st k = {0, K_UNSHUFFLE}; *f = &k; }
     else return E_NOT_FOUND;
@@ -633,6 +649,16 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
         o->dst = (uint8_t *)(uintptr_t)ptrs;
         o->src = (const uint8_t *)(uintptr_t)sizes;
         o->out = (uint32_t *)(uintptr_t)out;
+        o->n = n;
+        submit(s, o);
+        return OK;
+    }
+    if (f->kind == K_PLACE) {   /* (desc, count): 16 u64 per chunk, read when it runs */
+        CUdeviceptr desc = *(CUdeviceptr *)args[0];
+        unsigned long long n = *(unsigned long long *)args[1];
+        if (n && (rc = device_range(desc, n * 128))) return rc;
+        op *o = new_op(OP_PLACE);
+        o->src = (const uint8_t *)(uintptr_t)desc;
         o->n = n;
         submit(s, o);
         return OK;
