@@ -11,6 +11,14 @@ OPT ?= -O2
 CFLAGS_COMMON := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Wshadow \
                  -Iinclude -Isrc -I$(DEPS)/include -fPIC -pthread
 CFLAGS ?= $(OPT) -g
+# WERROR=1 (what `make test`, and so CI, builds with): warnings are errors.
+# Local builds stay lenient.
+ifeq ($(WERROR),1)
+CFLAGS_COMMON += -Werror
+endif
+# The library's objects hide every symbol ferry.h does not declare (ferry.h
+# gives its own default visibility; src/libferry.map is the version script).
+VISIBILITY := -fvisibility=hidden
 LDLIBS := -L$(DEPS)/lib -lzstd -llz4 -lz -ldl -lpthread -lm
 # libdeflate inflates zlib/gzip 3.5x faster than zlib (H200, BENCHMARKS.md); used where installed
 ifneq ($(wildcard /usr/include/libdeflate.h $(DEPS)/include/libdeflate.h),)
@@ -37,7 +45,7 @@ EXT_SUFFIX = $(shell [ -x $(PYTHON) ] || command -v $(PYTHON) >/dev/null && $(PY
 PY_INC = $(shell $(PYTHON) -c "import sysconfig;print(sysconfig.get_paths()['include'])")
 PY_EXT = python/ferry/_ferry$(EXT_SUFFIX)
 
-.PHONY: all setup lib cli python test test-c test-asan test-python test-gpu test-cudasim demo bench fuzz clean
+.PHONY: all setup lib cli python test test-c test-asan test-python test-gpu test-cudasim test-install test-asan-python demo bench fuzz clean
 # setup first, then a fresh make: the Python extension's file name comes from
 # the interpreter, which setup may have just created
 all: setup
@@ -52,7 +60,7 @@ python: $(PY_EXT)
 
 $(B)/%.o: %.c include/ferry.h $(wildcard src/*/*.h)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_COMMON) $(CFLAGS) -c $< -o $@
+	$(CC) $(CFLAGS_COMMON) $(VISIBILITY) $(CFLAGS) -c $< -o $@
 
 # GPU kernels: compiled by nvcc to a fatbin and embedded as bytes; loaded at
 # run time with cuModuleLoadData. Without nvcc the blob is empty and ferry
@@ -68,13 +76,13 @@ $(B)/kernels.fatbin: src/cuda/kernels.cu
 $(B)/kernels_fatbin.c: $(B)/kernels.fatbin tools/embed.sh
 	tools/embed.sh ferry_kernels_fatbin $< > $@
 $(B)/kernels_fatbin.o: $(B)/kernels_fatbin.c
-	$(CC) $(CFLAGS_COMMON) $(CFLAGS) -c $< -o $@
+	$(CC) $(CFLAGS_COMMON) $(VISIBILITY) $(CFLAGS) -c $< -o $@
 
 $(B)/libferry.a: $(LIB_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
-$(B)/libferry.so: $(LIB_OBJS)
-	$(CC) -shared -o $@ $^ $(LDLIBS)
+$(B)/libferry.so: $(LIB_OBJS) src/libferry.map
+	$(CC) -shared -Wl,--version-script=src/libferry.map -o $@ $(LIB_OBJS) $(LDLIBS)
 $(B)/ferry: $(CLI_OBJS) $(B)/libferry.a
 	$(CC) -o $@ $(CLI_OBJS) $(B)/libferry.a $(LDLIBS)
 
@@ -117,10 +125,10 @@ $(B)/cudasim/nvcomp/libnvcomp.so.6: tests/cudasim/nvcompsim.c src/cuda/cuda.h $(
 # AddressSanitizer + UndefinedBehaviorSanitizer build of the library and C tests
 $(BA)/%.o: %.c include/ferry.h $(wildcard src/*/*.h)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_COMMON) $(ASAN_FLAGS) -c $< -o $@
+	$(CC) $(CFLAGS_COMMON) $(VISIBILITY) $(ASAN_FLAGS) -c $< -o $@
 $(BA)/kernels_fatbin.o: $(B)/kernels_fatbin.c
 	@mkdir -p $(BA)
-	$(CC) $(CFLAGS_COMMON) $(ASAN_FLAGS) -c $< -o $@
+	$(CC) $(CFLAGS_COMMON) $(VISIBILITY) $(ASAN_FLAGS) -c $< -o $@
 $(BA)/libferry.a: $(ASAN_LIB_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
@@ -135,11 +143,29 @@ $(BA)/fuzz_replay: tests/fuzz/replay.c tests/fuzz/fuzz.h $(FUZZ_SRCS) $(BA)/libf
 	@mkdir -p $(BA)
 	$(CC) $(CFLAGS_COMMON) $(ASAN_FLAGS) -Itests/fuzz -o $@ tests/fuzz/replay.c $(FUZZ_SRCS) $(BA)/libferry.a $(LDLIBS)
 
-test-c: $(TESTS)
+# The Python extension under ASan+UBSan: its own copy of the package in
+# $(BA)/py (the .py files linked, _ferry built from $(BA)/libferry.a), run by a
+# focused pytest subset with libasan preloaded (Python itself is not
+# instrumented; leaks are CPython's business: detect_leaks=0).
+ASAN_PY_EXT = $(BA)/py/ferry/_ferry$(EXT_SUFFIX)
+$(ASAN_PY_EXT): python/ferry/_ferry.c $(BA)/libferry.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_COMMON) $(ASAN_FLAGS) -I$(PY_INC) -shared -o $@ python/ferry/_ferry.c $(BA)/libferry.a $(LDLIBS)
+	@for f in python/ferry/*.py python/ferry/*.pyi; do ln -sf $(abspath .)/$$f $(dir $@); done
+test-asan-python: $(ASAN_PY_EXT)
+	@tools/asan-pytest.sh $(PYTHON) $(BA)/py
+
+# first: libferry.so exports exactly ferry.h (src/common.h says why)
+test-c: $(TESTS) $(B)/libferry.so
+	@tools/check-exports.sh $(B)/libferry.so include/ferry.h
 	@tools/run-c-tests.sh $(TESTS)
 test-asan: $(ASAN_TESTS) $(if $(FUZZ_SRCS),$(BA)/fuzz_replay)
 	@ASAN_OPTIONS=detect_leaks=1 tools/run-c-tests.sh $(ASAN_TESTS)
 	@if [ -x $(BA)/fuzz_replay ]; then ASAN_OPTIONS=detect_leaks=1 $(BA)/fuzz_replay tests/fuzz/corpus; fi
+	@$(MAKE) --no-print-directory test-asan-python PYTHON=$(PYTHON)
+# pip install . into a temporary --target, then run its `ferry` and import ferry from there
+test-install:
+	@tools/test-install.sh $(PYTHON)
 test-python: all
 	@PYTHONPATH=python $(PYTHON) -m pytest -q tests/python
 test-gpu: all
@@ -164,6 +190,7 @@ test-cudasim: all $(B)/cudasim/libcuda.so.1 $(B)/cudasim/cufile/libcufile.so.0 $
 
 # The whole suite: C tests, the same under ASan+UBSan, the fuzz corpus, pytest,
 # and the GPU tests (which skip with a reason where there is no GPU).
+test: export WERROR := 1
 test: all
 	@PYTHON=$(PYTHON) tools/test-all.sh
 

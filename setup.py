@@ -1,7 +1,17 @@
-"""Build ferry's Python package: the extension ferry._ferry is compiled from the
-library's C sources (src/) and python/ferry/_ferry.c into one module, so a
-plain `pip install .` needs only a C compiler and the zstd, lz4 and zlib
-development files. The version comes from include/ferry.h.
+"""Build ferry's Python package (distribution name `ferry-io`; import name `ferry`).
+
+- The extension ferry._ferry is compiled from the library's C sources (src/)
+  and python/ferry/_ferry.c into one module, so a plain `pip install .` needs
+  only a C compiler and the zstd, lz4 and zlib development files. The version
+  comes from include/ferry.h.
+- The `ferry` command (src/cli/*.c, the real C program) is linked from the
+  same objects and installed inside the package as ferry/_bin/ferry; the
+  `ferry` console script (ferry._cli) execs it.
+- GPU kernels (src/cuda/kernels.cu): compiled by nvcc when it is found ($NVCC,
+  PATH, /usr/local/cuda/bin) and embedded; else a fatbin `make` already built
+  (build/kernels.fatbin) is embedded; else none (device-side steps such as
+  byteswapping then run on the CPU). `ferry info` and ferry.stats()["kernels"]
+  say which.
 
 The Makefile builds the same module in place (python/ferry/_ferry$(EXT_SUFFIX))
 from build/libferry.a; an editable install (`pip install -e .`, tools/setup.sh)
@@ -10,6 +20,7 @@ same sources."""
 import glob
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -33,32 +44,83 @@ def rel(p):
 
 LIB_SOURCES = sorted(rel(p) for d in ("engine", "cuda", "formats", "codecs")
                      for p in glob.glob(os.path.join(HERE, "src", d, "*.c")))
+CLI_SOURCES = sorted(rel(p) for p in glob.glob(os.path.join(HERE, "src", "cli", "*.c")))
+# the same architectures as the Makefile's nvcc rule
+NVCC_ARCH = ["-gencode", "arch=compute_90,code=sm_90", "-gencode", "arch=compute_80,code=sm_80",
+             "-gencode", "arch=compute_75,code=compute_75"]
+
+
+def find_nvcc():
+    """$NVCC (NVCC=none: build without kernels), else nvcc on PATH or in /usr/local/cuda."""
+    if os.environ.get("NVCC") == "none":
+        return None
+    for c in (os.environ.get("NVCC"), shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
+        if c and os.path.isfile(c) and os.access(c, os.X_OK):
+            return c
+    return None
 
 
 class BuildExt(build_ext):
-    """Adds the embedded GPU kernels: build/kernels_fatbin.c when `make` made
-    it (nvcc present), else tools/embed.sh of an empty blob (CPU fallbacks)."""
+    """Embeds the GPU kernels, builds the extension, then links the `ferry`
+    command from the extension's library objects and puts it in ferry/_bin."""
+
+    def kernels_source(self):
+        os.makedirs(self.build_temp, exist_ok=True)
+        blob = os.path.join(self.build_temp, "kernels.fatbin")
+        nvcc = find_nvcc()
+        made = os.path.join(HERE, "build", "kernels.fatbin")
+        if nvcc:
+            self.announce(f"nvcc {nvcc}: compiling src/cuda/kernels.cu", level=2)
+            subprocess.check_call([nvcc, "-fatbin", "-O3", *NVCC_ARCH, "-o", blob,
+                                   os.path.join(HERE, "src", "cuda", "kernels.cu")])
+        elif os.environ.get("NVCC") != "none" and os.path.isfile(made) and os.path.getsize(made) > 0:
+            shutil.copyfile(made, blob)
+        else:
+            sys.stderr.write("ferry: no nvcc found: GPU kernels not embedded (byteswaps of device data run on "
+                             "the CPU; `ferry info` says so). Set NVCC=/path/to/nvcc to build them.\n")
+            open(blob, "wb").close()
+        src = os.path.join(self.build_temp, "kernels_fatbin.c")
+        text = subprocess.check_output(["bash", os.path.join(HERE, "tools", "embed.sh"),
+                                        "ferry_kernels_fatbin", blob], text=True)
+        old = open(src).read() if os.path.exists(src) else None
+        if text != old:   # unchanged: keep the mtime, so an up-to-date extension is not rebuilt
+            with open(src, "w") as out:
+                out.write(text)
+        return src
 
     def build_extensions(self):
-        made = os.path.join(HERE, "build", "kernels_fatbin.c")
-        if os.path.exists(made):
-            src = made
-        else:
-            os.makedirs(self.build_temp, exist_ok=True)
-            blob = os.path.join(self.build_temp, "kernels.fatbin")
-            open(blob, "wb").close()
-            src = os.path.join(self.build_temp, "kernels_fatbin.c")
-            with open(src, "w") as out:
-                subprocess.check_call(["bash", os.path.join(HERE, "tools", "embed.sh"),
-                                       "ferry_kernels_fatbin", blob], stdout=out)
+        src = self.kernels_source()
         for ext in self.extensions:
             if src not in ext.sources:
                 ext.sources.append(src)
         super().build_extensions()
+        self.build_cli(ext_modules[0], src)
+
+    def build_cli(self, ext, kernels_src):
+        lib_objs = self.compiler.object_filenames(LIB_SOURCES + [kernels_src], output_dir=self.build_temp)
+        cli_objs = self.compiler.compile(CLI_SOURCES, output_dir=self.build_temp, include_dirs=ext.include_dirs,
+                                         extra_postargs=ext.extra_compile_args)
+        bindir = os.path.dirname(self.cli_path())
+        os.makedirs(bindir, exist_ok=True)
+        self.compiler.link_executable(cli_objs + lib_objs, "ferry", output_dir=bindir,
+                                      libraries=ext.libraries, library_dirs=ext.library_dirs,
+                                      extra_postargs=ext.extra_link_args)
+
+    def cli_path(self):
+        return os.path.join(self.build_lib, "ferry", "_bin", "ferry")
+
+    def get_outputs(self):   # the wheel (and an editable install) carry the command too
+        return super().get_outputs() + [self.cli_path()]
+
+    def copy_extensions_to_source(self):   # --inplace / editable: beside the extension
+        super().copy_extensions_to_source()
+        pkg = self.get_finalized_command("build_py").get_package_dir("ferry")
+        os.makedirs(os.path.join(pkg, "_bin"), exist_ok=True)
+        self.copy_file(self.cli_path(), os.path.join(pkg, "_bin", "ferry"))
 
 
 deps = os.path.join(HERE, ".deps")
-ext = Extension(
+ext_modules = [Extension(
     "ferry._ferry",
     sources=["python/ferry/_ferry.c"] + LIB_SOURCES,
     include_dirs=["include", "src", os.path.join(deps, "include")],
@@ -66,11 +128,13 @@ ext = Extension(
     libraries=["zstd", "lz4", "z", "dl", "pthread", "m"],
     extra_compile_args=["-std=c11", "-D_GNU_SOURCE", "-pthread", "-O2", "-fvisibility=hidden"],
     extra_link_args=["-pthread"],
-)
+)]
 
 if __name__ == "__main__":
     if sys.platform != "linux":
         sys.stderr.write("ferry builds on Linux only\n")
-    # setuptools' own build tree lives apart from the Makefile's objects
-    setup(version=version(), ext_modules=[ext], cmdclass={"build_ext": BuildExt},
-          options={"build": {"build_base": os.path.join("build", "py")}})
+    # setuptools' own build tree lives apart from the Makefile's objects;
+    # parallel compiles (the library is ~30 files)
+    setup(version=version(), ext_modules=ext_modules, cmdclass={"build_ext": BuildExt},
+          options={"build": {"build_base": os.path.join("build", "py")},
+                   "build_ext": {"parallel": os.cpu_count() or 1}})

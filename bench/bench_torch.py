@@ -332,6 +332,225 @@ def bench_dataloader(paths, kind, n, sample, args, workers, cold, step=None):
     return r
 
 
+# ------------------------------------------------- issue 13: per-sample files and token windows
+# (a) one .npy per sample (DALI's numpy-reader layout): ArrayDataset(samples="files") vs DALI's
+#     fn.readers.numpy (GPU reader, and CPU reader + .gpu(); only when nvidia.dali imports) vs
+#     ferry.read_many of the batch's files vs a DataLoader of np.load per file.
+# (b) random 8 KiB token windows: TokenDataset vs the machine's random 8 KiB pread limit
+#     (bench/pread_limit.c, 16 threads, the same file, the same run).
+def _dev():
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def make_sample_files(root, n, shape):
+    d = os.path.join(root, f"files_{n}_{'x'.join(map(str, shape))}")
+    meta = os.path.join(d, "done.json")
+    if os.path.exists(meta):
+        return d
+    os.makedirs(d, exist_ok=True)
+    rng = np.random.default_rng(0)
+    noise = rng.integers(0, 255, size=int(np.prod(shape)) + 4096, dtype=np.uint8)
+    for i in range(n):
+        a = np.empty(shape, dtype=np.uint8)
+        flat = a.reshape(-1)
+        k = i % 4096
+        flat[:] = noise[k:k + flat.size]
+        flat[:8] = np.frombuffer(np.int64(i).tobytes(), dtype=np.uint8)    # the sample's id
+        np.save(os.path.join(d, f"s_{i:06d}.npy"), a)
+    with open(meta, "w") as f:
+        json.dump({"n": n, "shape": shape}, f)
+    return d
+
+
+def _timed(it, seconds, nbytes_of, check=None, warmup=3):
+    """(batches, bytes, wall) of `it` after `warmup` batches, up to `seconds`."""
+    got = nb = 0
+    t0 = None
+    for k, b in enumerate(it):
+        if check is not None:
+            check(k, b)
+        if k + 1 == warmup:
+            _sync()
+            t0 = time.perf_counter()
+            continue
+        if t0 is None:
+            continue
+        got += 1
+        nb += nbytes_of(b)
+        if time.perf_counter() - t0 > seconds:
+            break
+    _sync()
+    return got, nb, (time.perf_counter() - t0) if t0 else float("nan")
+
+
+class FileDataset(Dataset):
+    """What users write for per-sample files: np.load(path) in __getitem__."""
+
+    def __init__(self, paths):
+        self.paths = paths
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        return torch.from_numpy(np.load(self.paths[i]))
+
+
+def bench_files(args, rows):
+    n = 600 if args.smoke else args.files
+    B = 32 if args.smoke else 256
+    shape = (3, 224, 224)
+    d = make_sample_files(args.dir, n, shape)
+    paths = sorted(os.path.join(d, p) for p in os.listdir(d) if p.endswith(".npy"))
+    sample = int(np.prod(shape))
+    dev = _dev()
+    print(f"# files: {n} .npy files of {shape} uint8 ({n * sample / 1e9:.2f} GB) in {d}, batch {B}, "
+          f"device {dev}", flush=True)
+    # warm the page cache once (rows below are warm)
+    for p in paths:
+        with open(p, "rb") as f:
+            while f.read(1 << 24):
+                pass
+    from ferry.torch import ArrayDataset, epoch_order
+    secs = args.seconds
+    nbytes = lambda b: b.shape[0] * sample  # noqa: E731
+    for staging in ("auto", "engine") if dev == "cuda" else ("auto",):
+        ds = ArrayDataset(d, samples="files", batch_size=B, shuffle=True, seed=1, device=dev,
+                          drop_last=True, prefetch=args.prefetch, threads=args.threads,
+                          staging=staging)
+        order = torch.as_tensor(epoch_order(n, 1, 0))
+        bad = [0]
+
+        def check(k, b, order=order, bad=bad):
+            want = order[k * B:(k + 1) * B].to(b.device)
+            bad[0] += int((ids_of(b) != want).sum())
+        r = _timed(ds, secs, nbytes, check)
+        rows.append(("files", "warm", f"ArrayDataset(samples='files', staging='{staging}')",
+                     r[0] / r[2], r[1] / r[2] / 1e9, f"!! {bad[0]} wrong ids" if bad[0] else ""))
+    # ferry.read_many of each batch's files (the issue's 3.30 GB/s baseline)
+    import ferry
+    perm = np.random.default_rng(1).permutation(n)
+
+    def read_many_batches():
+        for k in range(n // B):
+            arrs = ferry.read_many([(paths[i], None, None) for i in perm[k * B:(k + 1) * B]],
+                                   device=0 if dev == "cuda" else "cpu")
+            yield arrs
+    r = _timed(read_many_batches(), secs, lambda a: len(a) * sample)
+    rows.append(("files", "warm", "ferry.read_many per batch", r[0] / r[2], r[1] / r[2] / 1e9, ""))
+    # DALI
+    try:
+        from nvidia.dali import fn, pipeline_def
+        have_dali = True
+    except Exception as e:          # noqa: BLE001
+        have_dali = False
+        rows.append(("files", "warm", "DALI fn.readers.numpy", float("nan"), float("nan"),
+                     f"skipped: nvidia.dali does not import ({type(e).__name__})"))
+    if have_dali:
+        for reader_dev in (("gpu", "cpu") if dev == "cuda" else ("cpu",)):
+            try:
+                @pipeline_def(batch_size=B, num_threads=16, device_id=0 if dev == "cuda" else None,
+                              prefetch_queue_depth=2)
+                def pipe():
+                    x = fn.readers.numpy(device=reader_dev, file_root=d, file_filter="*.npy",
+                                         random_shuffle=True, seed=1, name="r")
+                    return x.gpu() if (reader_dev == "cpu" and dev == "cuda") else x
+                p = pipe()
+                p.build()
+
+                def dali_batches(p=p):
+                    while True:
+                        (out,) = p.run()
+                        yield out
+                name = ("DALI readers.numpy(device='gpu')" if reader_dev == "gpu" else
+                        "DALI readers.numpy CPU" + (" + .gpu()" if dev == "cuda" else ""))
+                r = _timed(dali_batches(), secs, lambda o: len(o) * sample)
+                rows.append(("files", "warm", name, r[0] / r[2], r[1] / r[2] / 1e9, ""))
+                del p
+            except Exception as e:  # noqa: BLE001
+                rows.append(("files", "warm", f"DALI readers.numpy({reader_dev})", float("nan"),
+                             float("nan"), f"failed: {str(e).splitlines()[0][:120]}"))
+    # DataLoader, np.load per file
+    for w in ([2] if args.smoke else [int(x) for x in args.workers.split(",") if x]):
+        dl = DataLoader(FileDataset(paths), batch_size=B, shuffle=True, num_workers=w,
+                        pin_memory=dev == "cuda", drop_last=True)
+        it = (b.to(dev, non_blocking=True) for b in dl)
+        r = _timed(it, secs, nbytes)
+        rows.append(("files", "warm", f"DataLoader w={w} np.load" + (" pin .cuda()" if dev == "cuda" else ""),
+                     r[0] / r[2], r[1] / r[2] / 1e9, ""))
+
+
+def pread_limit(path, length, stride, threads, seconds):
+    """GB/s of bench/pread_limit.c (compiled here with cc), or None when there is no compiler."""
+    import shutil
+    import subprocess
+    exe = os.path.join(os.path.dirname(path), "pread_limit")
+    src = os.path.join(HERE, "pread_limit.c")
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not os.path.exists(exe) or os.path.getmtime(exe) < os.path.getmtime(src):
+        if cc is None:
+            return None
+        subprocess.run([cc, "-O2", "-pthread", src, "-o", exe], check=True)
+    out = subprocess.run([exe, path, str(length), str(stride), str(threads), str(seconds)],
+                         check=True, capture_output=True, text=True).stdout
+    return float(out.strip())
+
+
+def bench_tokens(args, rows):
+    seq_len = 4095                       # windows of 4096 uint16 tokens: 8 KiB records
+    B = 256
+    gib = 0.05 if args.smoke else args.token_gib
+    path = os.path.join(args.dir, f"tokens_{gib:g}g.bin")
+    ntok = int(gib * (1 << 30)) // 2
+    if not os.path.exists(path) or os.path.getsize(path) != ntok * 2:
+        rng = np.random.default_rng(0)
+        with open(path, "wb") as f:
+            left = ntok
+            while left:
+                k = min(left, 1 << 26)
+                rng.integers(0, 50257, k, dtype=np.uint16).tofile(f)
+                left -= k
+    with open(path, "rb") as f:                       # warm
+        while f.read(1 << 26):
+            pass
+    dev = _dev()
+    print(f"# tokens: {path} ({ntok * 2 / 1e9:.2f} GB), windows of {seq_len + 1} tokens "
+          f"({(seq_len + 1) * 2} B), batch {B}, device {dev}", flush=True)
+    from ferry.torch import TokenDataset
+    secs = args.seconds
+    rec = (seq_len + 1) * 2
+    mm = np.memmap(path, dtype=np.uint16, mode="r")
+    for staging in ("auto", "engine") if dev == "cuda" else ("auto",):
+        ds = TokenDataset(path, seq_len, B, shuffle=True, seed=1, device=dev, prefetch=args.prefetch,
+                          threads=args.threads, staging=staging)
+        bad = [0]
+
+        def check(k, b, mm=mm, bad=bad):
+            if k % 50 == 0:                             # spot-check against numpy's view of the file
+                x, y = b
+                first = x[0].cpu().numpy()
+                starts = np.flatnonzero(mm[:len(mm) - seq_len][::seq_len][:] == first[0]) * seq_len
+                ok = any(np.array_equal(mm[s:s + seq_len], first) and
+                         np.array_equal(mm[s + 1:s + seq_len + 1], y[0].cpu().numpy()) for s in starts)
+                bad[0] += 0 if ok else 1
+        r = _timed(ds, secs, lambda b: b[0].shape[0] * rec, check)
+        rows.append(("tokens", "warm", f"TokenDataset 8 KiB windows (staging='{staging}')",
+                     r[0] / r[2], r[1] / r[2] / 1e9, f"!! {bad[0]} wrong windows" if bad[0] else ""))
+    lim = pread_limit(path, rec, seq_len * 2, 16, max(1.0, secs))
+    rows.append(("tokens", "warm", "random 8 KiB pread limit, 16 threads", float("nan"),
+                 float("nan") if lim is None else lim,
+                 "bench/pread_limit.c" if lim is not None else "no C compiler"))
+    if lim:
+        best = max(r[4] for r in rows if r[0] == "tokens" and r[2].startswith("TokenDataset"))
+        print(f"tokens: TokenDataset {best:.2f} GB/s = {best / lim:.2f}x the random 8 KiB pread "
+              f"limit ({lim:.2f} GB/s)", flush=True)
+
+
 def rss_probe(args):
     """In a fresh process: ferry's loader alone; prints its peak RSS (bytes) as JSON."""
     kind = args.rss_probe
@@ -385,7 +604,26 @@ def main():
     ap.add_argument("--no-train", action="store_true", help="skip the GPU-idle measurement")
     ap.add_argument("--profile", metavar="KIND", help="profile ferry's loader on KIND and exit")
     ap.add_argument("--rss-probe", metavar="KIND", help=argparse.SUPPRESS)
+    ap.add_argument("--files", type=int, default=24000, help="per-sample .npy files (kind 'files')")
+    ap.add_argument("--token-gib", type=float, default=8.0, help="GiB of tokens (kind 'tokens')")
+    ap.add_argument("--smoke", action="store_true",
+                    help="tiny 'files' and 'tokens' rows, 1 s each; runs without a GPU")
     args = ap.parse_args()
+    if args.smoke:
+        args.seconds = min(args.seconds, 1.0)
+        if args.kinds == "image,row":
+            args.kinds = "files,tokens"
+    new_kinds = {"files": bench_files, "tokens": bench_tokens}
+    if set(args.kinds.split(",")) <= set(new_kinds):
+        os.makedirs(args.dir, exist_ok=True)
+        rows = []
+        print(f"# {torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'} "
+              f"torch {torch.__version__} cpus {os.cpu_count()} {time.strftime('%Y-%m-%d %H:%M')}",
+              flush=True)
+        for kind in args.kinds.split(","):
+            new_kinds[kind](args, rows)
+        _print_rows(rows)
+        return
     if not torch.cuda.is_available():
         sys.exit("bench_torch: needs a CUDA GPU")
     if args.rss_probe:
@@ -479,6 +717,10 @@ def main():
                 nb, nby, wall, busy, _ = bench_dataloader(paths, kind, n, sample, args, w, False, step=step)
                 rows.append((kind, "warm", f"train step fed by DataLoader w={w}", nb / wall, nby / wall / 1e9,
                              f"GPU idle {100 * (1 - busy / wall):.0f}%"))
+    _print_rows(rows)
+
+
+def _print_rows(rows):
     print()
     print(f"| {'kind':5s} | {'cache':5s} | {'loader':36s} | {'batches/s':>9s} | {'GB/s':>6s} | notes |")
     print(f"|{'-' * 7}|{'-' * 7}|{'-' * 38}|{'-' * 11}|{'-' * 8}|-------|")

@@ -11,6 +11,8 @@ page cache warm (each file read once before timing), measures
     every importable engine E (scipy, netcdf4, h5netcdf, zarr) and plain h5py;
   * training-style access: --steps random time steps, all variables, one step
     at a time (`ds.isel(time=i).load()` vs per-variable cupy.asarray),
+  * the same under dask on the compressed netCDF-4 file: `chunks={}` (the HDF5
+    chunks), --dask-steps steps of `isel(time=i).compute()`,
 
 verifies ferry's data against the reference read, and prints a table with
 GB/s and ferry's ratio to each baseline. Best of --reps.
@@ -167,6 +169,31 @@ def engine_steps(path, names, dev, steps, engine, **kw):
     return last
 
 
+def ferry_dask_steps(path, names, dev, steps):
+    """chunks={} (dask, one chunk per HDF5 chunk), then one time step at a time:
+    a training loop over a dask-backed dataset. GPU chunks are cupy with no
+    preprocess (issue 15 item 7)."""
+    import xarray as xr
+    ds = xr.open_dataset(path, engine=engine_ferry(), device=dev.device, chunks={})
+    last = None
+    for i in steps:
+        last = ds.isel(time=int(i)).compute(scheduler="threads")
+    dev.sync()
+    return last
+
+
+def engine_dask_steps(path, names, dev, steps, engine):
+    import xarray as xr
+    ds = xr.open_dataset(path, engine=engine, chunks={})
+    last = None
+    for i in steps:
+        sub = ds.isel(time=int(i)).compute(scheduler="threads")
+        last = {n: dev.to(sub[n].values) for n in names}
+    dev.sync()
+    ds.close()
+    return last
+
+
 def h5py_steps(path, names, dev, steps):
     import h5py
     with h5py.File(path, "r") as f:
@@ -188,6 +215,8 @@ def main():
     ap.add_argument("--nx", type=int, default=720)
     ap.add_argument("--steps", type=int, default=1000, help="random time steps for the access-pattern test")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--dask-steps", type=int, default=200,
+                    help="time steps of the chunks={} (dask) loop over the compressed netCDF-4 file")
     ap.add_argument("--device", default="0", help="GPU ordinal, or 'cpu'")
     ap.add_argument("--dir", default=None, help="where to write the files (default: a temp dir)")
     ap.add_argument("--formats", default="nc3,nc4,nc4z,zarr,zarrz",
@@ -278,6 +307,15 @@ def main():
                 ok = all(dev.equal(last_f[n].data, last_h[n]) for n in names)
                 rows.append((fmt, f"{len(steps)} steps", "h5py + asarray", sb / t_hs / 1e9, t_hs / t_fs, ok))
             rows.append((fmt, f"{len(steps)} steps", "ferry steps/s", len(steps) / t_fs, None, None))
+            if fmt == "nc4z" and have("dask") and engines:
+                ds_steps = steps[:max(1, min(len(steps), a.dask_steps))]
+                sbd = step_bytes * a.nvars * len(ds_steps)
+                t_fd, last_fd = best(lambda: ferry_dask_steps(path, names, dev, ds_steps), 1)
+                acc = f"{len(ds_steps)} dask st"
+                rows.append((fmt, acc, "ferry chunks={} isel", sbd / t_fd / 1e9, None, None))
+                t_ed, last_ed = best(lambda: engine_dask_steps(path, names, dev, ds_steps, engines[0]), 1)
+                ok = all(dev.equal(last_fd[n].data, last_ed[n]) for n in names)
+                rows.append((fmt, acc, f"engine={engines[0]} chunks={{}}", sbd / t_ed / 1e9, t_ed / t_fd, ok))
             if not a.keep and not a.dir:
                 shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.unlink(path)
     finally:

@@ -29,15 +29,32 @@
  *  Functions return 0 (or a count) on success and a negative value on
  *  failure: either a ferry_status below or -errno from the operating system.
  *  ferry_strerror(code) names the code; ferry_errmsg(ctx) gives the message of
- *  the most recent failing call made *by the calling thread* on ctx, naming the
- *  file, offset and variable involved. The library never prints, never exits
- *  and never aborts on bad input.
+ *  the most recent failing ferry call made *by the calling thread*, naming the
+ *  file, offset and variable involved. Messages are kept per thread, not per
+ *  context: threads sharing one context never see each other's errors, and
+ *  calls that take no context (ferry_plan_add, ferry_plan_layout, ...) leave
+ *  their message in the same place (ctx may be NULL). The library never
+ *  prints, never exits and never aborts on bad input.
  *
  * Memory
  * ------
  *  The caller owns all destination and source memory and keeps it alive until
  *  the call returns (blocking calls) or the job completes (asynchronous calls).
  *  ferry allocates only its own staging buffers.
+ *
+ * Lifetimes
+ * ---------
+ *  - Memory, files (ferry_file) and datasets a plan names: alive and open
+ *    until every job running the plan has completed (ferry_job_wait or
+ *    ferry_job_destroy returned); the plan itself may go once ferry_submit
+ *    returns (it is copied), and ferry_plan_add copies each extent, its
+ *    placement and its strings.
+ *  - Strings ferry returns live as long as the object they came from (a
+ *    file's path, a dataset's names and JSON), are static (ferry_strerror,
+ *    names of formats and paths, CUDA status), or are the thread's error
+ *    message (ferry_errmsg); each declaration below says which.
+ *  - Destroy jobs and close datasets before ferry_ctx_destroy (it waits for
+ *    the jobs); destroy(NULL) and close(NULL) are no-ops everywhere.
  */
 #ifndef FERRY_H
 #define FERRY_H
@@ -48,6 +65,22 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* What libferry.so exports is exactly what this header declares: the library
+ * is built with -fvisibility=hidden, and FERRY_API_BEGIN / FERRY_API_END
+ * (around every declaration below) give these names default visibility. A
+ * function not declared here is internal, whatever its prefix (src/common.h
+ * says how internal names are marked); `make test-c` checks `nm -D`. */
+#if defined(__GNUC__) || defined(__clang__)
+#define FERRY_API __attribute__((visibility("default")))
+#define FERRY_API_BEGIN _Pragma("GCC visibility push(default)")
+#define FERRY_API_END _Pragma("GCC visibility pop")
+#else
+#define FERRY_API
+#define FERRY_API_BEGIN
+#define FERRY_API_END
+#endif
+FERRY_API_BEGIN
 
 #define FERRY_VERSION_MAJOR 0
 #define FERRY_VERSION_MINOR 1
@@ -106,6 +139,20 @@ typedef enum ferry_direct {
     FERRY_DIRECT_OFF = 2   /* never O_DIRECT */
 } ferry_direct;
 
+/** "auto", "on", "off". */
+const char *ferry_direct_name(ferry_direct d);
+/** Parse an O_DIRECT policy name (case-insensitive); FERRY_EINVAL for an unknown name. */
+int ferry_direct_parse(const char *name, ferry_direct *out);
+
+/** Sizes, everywhere ferry reads one (FERRY_* variables, `ferry bench --size`,
+ *  the Python package): a byte count with an optional unit. K, M, G, T, P
+ *  alone or with "iB" are binary (8M = 8MiB = 8·2^20: the FERRY_* variables'
+ *  meaning); with "B" they are SI (5GB = 5·10^9, as Hugging Face's
+ *  max_shard_size reads it). Case-insensitive, spaces allowed around the
+ *  unit ("b" is bytes, never bits); a fraction must give whole bytes
+ *  ("1.5K" = 1536). Returns 0, or FERRY_EINVAL for garbage or overflow. */
+int ferry_size_parse(const char *s, uint64_t *out);
+
 typedef struct ferry_config {
     int threads;          /* workers; 0: default (16, or the CPU count if larger)  [FERRY_THREADS] */
     size_t task_size;     /* bytes per task a worker takes; 0: 8 MiB                [FERRY_TASK_SIZE] */
@@ -160,14 +207,23 @@ int ferry_ctx_create(ferry_ctx **out, const ferry_config *cfg);
 void ferry_ctx_destroy(ferry_ctx *ctx);
 /** The effective configuration (defaults resolved, environment applied). */
 void ferry_ctx_config(const ferry_ctx *ctx, ferry_config *out);
-/** Message of the most recent failing call by this thread on ctx ("" if none). */
+/** Message of the calling thread's most recent failing ferry call, on any
+ *  context or none ("" if none): per thread, not per context (ctx is not
+ *  used and may be NULL). The string lives in thread-local storage, valid
+ *  until the thread's next failing call; a successful call leaves it as is. */
 const char *ferry_errmsg(const ferry_ctx *ctx);
 
 /** Number of CUDA devices (0 when the driver is absent); never fails. */
 int ferry_cuda_device_count(ferry_ctx *ctx);
-/** Why CUDA or cuFile is unavailable, or "" when it is available. */
+/** Why CUDA or cuFile is unavailable, or "" when it is available (a static
+ *  string: valid for the life of the process). */
 const char *ferry_cuda_status(ferry_ctx *ctx);
 const char *ferry_cufile_status(ferry_ctx *ctx);
+/** Where the GPU kernels (byteswap) come from: "embedded fatbin" (nvcc ran at
+ *  build time: `make`, or `pip install .` with nvcc found) or "none" (device
+ *  data is then byteswapped on the CPU, in host staging, before the copy). A
+ *  static string. */
+const char *ferry_kernels_source(void);
 /** nvCOMP (GPU decompression, dlopen'ed on first use): "loaded nvCOMP 5.3.0
  *  from /path/libnvcomp.so.5", or why it is not used. Never fails. */
 const char *ferry_nvcomp_status(ferry_ctx *ctx);
@@ -233,6 +289,7 @@ int ferry_file_open(ferry_ctx *ctx, const char *path, int flags, ferry_file **ou
 int ferry_file_close(ferry_file *f);
 /** Current size in bytes (fstat), or a negative code. */
 int64_t ferry_file_size(ferry_file *f);
+/** The path given to ferry_file_open; valid until ferry_file_close. */
 const char *ferry_file_path(const ferry_file *f);
 /** fsync the file. */
 int ferry_file_sync(ferry_file *f);
@@ -273,6 +330,12 @@ typedef enum ferry_codec_id {
     FERRY_CODEC_FLETCHER32 = 8, /* strip and verify HDF5's trailing fletcher32  */
     FERRY_CODEC_BYTESWAP = 9    /* reverse each param-byte element (1,2,4,8,16) */
 } ferry_codec_id;
+
+/** "none", "zlib", "gzip", "zstd", "lz4", "blosc", "shuffle", "crc32c",
+ *  "fletcher32", "byteswap"; "unknown" for an id out of range. */
+const char *ferry_codec_name(ferry_codec_id id);
+/** Parse a codec name (also "deflate" for zlib); FERRY_EINVAL if unknown. */
+int ferry_codec_parse(const char *name, ferry_codec_id *out);
 
 typedef struct ferry_codec {
     uint32_t id;      /* ferry_codec_id */
@@ -433,6 +496,21 @@ typedef enum ferry_dtype {
     FERRY_DT_OTHER         /* any other fixed-size type; see typestr */
 } ferry_dtype;
 
+/** Name styles for ferry_dtype_name. */
+typedef enum ferry_name_style {
+    FERRY_NAME_SHORT = 0,       /* "f4", "bf16", "f8e4m3", "M8" (ferry info, Dataset.variables()) */
+    FERRY_NAME_LONG = 1,        /* "float32", "bfloat16", "float8_e4m3fn" (numpy / torch names) */
+    FERRY_NAME_SAFETENSORS = 2  /* "F32", "BF16", "F8_E4M3"; NULL where safetensors has none */
+} ferry_name_style;
+
+/** A static name of d in the given style ("other" for UNKNOWN/OTHER; NULL
+ *  only for a safetensors name safetensors lacks). */
+const char *ferry_dtype_name(ferry_dtype d, ferry_name_style style);
+/** Parse a name of any style ("f4", "float32", "F32"); FERRY_EINVAL if unknown. */
+int ferry_dtype_parse(const char *name, ferry_dtype *out);
+/** Bytes per element, 0 where it varies (BYTES) or is unknown. */
+uint32_t ferry_dtype_itemsize(ferry_dtype d);
+
 typedef struct ferry_var_info {
     const char *name;              /* valid while the dataset is open */
     ferry_dtype dtype;
@@ -471,10 +549,22 @@ typedef struct ferry_dataset ferry_dataset;
 /** Open and parse metadata. opts may be NULL. Errors name the file and byte position;
  *  FERRY_ENOFORMAT when the path is not a file or store of any supported format. */
 int ferry_dataset_open(ferry_ctx *ctx, const char *path, const ferry_open_opts *opts, ferry_dataset **out);
+/** Close and free. Plans made by ferry_dataset_plan_read may name the files
+ *  the dataset keeps open (npy, safetensors, netcdf3): close it only after
+ *  every job running such a plan has completed. Every string the dataset
+ *  returned (ferry_var_info's, the *_json ones) dies with it. NULL: no-op. */
 void ferry_dataset_close(ferry_dataset *ds);
-const char *ferry_dataset_format(const ferry_dataset *ds);   /* "npy", "safetensors", ... */
+const char *ferry_dataset_format(const ferry_dataset *ds);   /* "npy", "safetensors", ... (static) */
+/** Byte offset of the HDF5 superblock signature "\x89HDF\r\n\x1a\n" (the
+ *  container of netCDF-4) in the file at path: 0, or 512, 1024, 2048, ... after
+ *  a user block. FERRY_ENOFORMAT when the file has none, -errno when it cannot
+ *  be read. ferry does not parse HDF5 in C: ferry_dataset_open fails on such a
+ *  file with FERRY_EUNSUPPORTED and a message naming the readers that work
+ *  (the Python package reads it through h5py). */
+int64_t ferry_hdf5_signature(ferry_ctx *ctx, const char *path);
 /** JSON object of global attributes (netCDF global attributes, Zarr group
- *  attributes, safetensors __metadata__), "{}" if none. */
+ *  attributes, safetensors __metadata__), "{}" if none. This and the two
+ *  below are valid while the dataset is open. */
 const char *ferry_dataset_attrs_json(const ferry_dataset *ds);
 /** JSON object of dimensions: {"name": {"size": n, "unlimited": bool}}, "{}" if none. */
 const char *ferry_dataset_dims_json(const ferry_dataset *ds);
@@ -482,7 +572,8 @@ const char *ferry_dataset_dims_json(const ferry_dataset *ds);
 const char *ferry_dataset_groups_json(const ferry_dataset *ds);
 int ferry_dataset_nvars(const ferry_dataset *ds);
 int ferry_dataset_var(const ferry_dataset *ds, int index, ferry_var_info *out);
-/** Index of the variable named `name`, or FERRY_ENOTFOUND. */
+/** Index of the variable named `name`, or FERRY_ENOTFOUND. Constant time (a table built at
+ *  open); safe to call from several threads on one open dataset. */
 int ferry_dataset_find(const ferry_dataset *ds, const char *name);
 
 /** One dimension of a selection: indices start, start+step, ... < stop. */
@@ -498,9 +589,156 @@ enum {
  *  (ndim slices, already clipped to the shape; NULL: everything), into dst as
  *  a C-order array of the selection's shape (dst.size >= product × itemsize).
  *  Only the chunks / records / rows the selection touches are read; missing
- *  Zarr chunks become fills. Returns the number of bytes placed in dst. */
+ *  Zarr chunks become fills. Returns the number of bytes placed in dst.
+ *  Lifetimes: dst must live until a job running the plan completes, and so
+ *  must the dataset (the plan may name its open files; see ferry_dataset_close). */
 int64_t ferry_dataset_plan_read(ferry_dataset *ds, int var, const ferry_slice *sel,
                                 ferry_buf dst, unsigned flags, ferry_plan *plan);
+
+/* ------------------------------------------------------------------------- */
+/* Chunked layouts: the one planner for chunked arrays                       */
+/* ------------------------------------------------------------------------- */
+/* ferry_plan_layout plans a selection of any regularly chunked array from a
+ * description of its layout and a table (or a callback) saying where each
+ * chunk is stored. Zarr's parser plans through it, and so does the xarray
+ * backend for HDF5 / netCDF-4, whose chunk tables h5py reads. Only the chunks
+ * the selection touches are visited:
+ *   - a stored chunk is one READ extent: its encoded bytes, the layout's codec
+ *     chain (less the codecs its `skip` mask drops), and a placement copying
+ *     its part of the selection into dst; a chunk whose chain is element-wise
+ *     only (none, or BYTESWAP) reads only the byte span the selection needs;
+ *   - an absent chunk is a FILL extent of the fill value over its part.
+ * A table that lies (offsets or lengths outside `file_size`, an uncompressed
+ * chunk shorter than a chunk, origins off the grid, duplicates) gives
+ * FERRY_EFORMAT naming the chunk; data that decodes to the wrong size fails
+ * when the plan runs (FERRY_ECODEC). No extent ever reaches outside dst. */
+
+/* ferry_chunk.length values that are not lengths */
+#define FERRY_CHUNK_ABSENT UINT64_MAX         /* never written: the fill value */
+#define FERRY_CHUNK_UNSIZED (UINT64_MAX - 1)  /* not looked at (a chunk file by path, element-wise
+                                                 chain only): read the span the selection needs,
+                                                 fill it if the file does not exist (no stat per
+                                                 chunk while planning; elements of <= 16 bytes) */
+
+/** Where one chunk is stored. */
+typedef struct ferry_chunk {
+    const char *path;    /* file holding it; NULL: the layout's `path`. A lookup
+                            callback's string need only live until the next call
+                            (the plan copies it) */
+    uint64_t offset;     /* byte offset of the stored chunk in that file */
+    uint64_t length;     /* stored (encoded) bytes, or FERRY_CHUNK_ABSENT / _UNSIZED */
+    uint32_t skip;       /* bit i set: layout codecs[i] does not apply to this chunk (HDF5's
+                            filter mask, renumbered in decoding order); 0 for most formats */
+} ferry_chunk;
+
+/** Look up chunk `idx` (ndim chunk-grid coordinates) into *out. Returns 0, or a
+ *  negative code (with ferry's message set, e.g. through a failed ferry call)
+ *  that ends the planning and is returned by ferry_plan_layout. */
+typedef int (*ferry_chunk_fn)(void *arg, const uint64_t *idx, ferry_chunk *out);
+
+typedef enum ferry_order {
+    FERRY_ORDER_C = 0,   /* decoded chunk in C order (last axis fastest)        */
+    FERRY_ORDER_F = 1,   /* Fortran order (first axis fastest)                  */
+    FERRY_ORDER_PERM = 2 /* C order of the chunk transposed by perm: axis perm[0]
+                            slowest ... perm[ndim-1] fastest (Zarr v3 transpose) */
+} ferry_order;
+
+typedef struct ferry_layout {
+    int ndim;                          /* 0..FERRY_MAX_DIMS (0: a scalar, one chunk) */
+    uint64_t shape[FERRY_MAX_DIMS];    /* array shape */
+    uint64_t chunks[FERRY_MAX_DIMS];   /* chunk shape, each >= 1; edge chunks are stored full size */
+    ferry_order order;
+    int perm[FERRY_MAX_DIMS];          /* FERRY_ORDER_PERM only: a permutation of 0..ndim-1 */
+    uint32_t itemsize;                 /* bytes per element, 1..2^20 */
+    uint32_t swap;                     /* stored data is byte-reversed in groups of `swap` bytes
+                                          (big-endian elements; complex: half the itemsize), else
+                                          0. FERRY_NATIVE appends a BYTESWAP; without it the data
+                                          stays as stored and the fill is swapped to match */
+    int ncodecs;                       /* codec chain, in decoding order */
+    ferry_codec codecs[FERRY_MAX_CODECS];
+    uint8_t fill[16];                  /* fill element in host order (the first itemsize bytes);
+                                          absent chunks of wider elements are filled with zeros */
+    const char *path;                  /* the file of chunks whose `path` is NULL */
+    uint64_t file_size;                /* its size when known: chunk offsets and lengths are
+                                          checked against it; 0: not checked */
+    const char *label;                 /* variable name for error messages (may be NULL) */
+    /* The chunk table, either a table ... */
+    const ferry_chunk *table;          /* ntable entries */
+    const uint64_t *table_index;       /* each entry's C-order linear chunk-grid index, strictly
+                                          ascending (ferry_layout_sort_table makes one); NULL:
+                                          the table is dense, entry i is grid chunk i. A grid
+                                          chunk not in the table is absent */
+    size_t ntable;
+    ferry_chunk_fn lookup;             /* ... or (table NULL) called for each chunk touched */
+    void *lookup_arg;
+} ferry_layout;
+
+/** Append to `plan` the extents that read sel (ndim slices; NULL: everything;
+ *  the same rules as ferry_dataset_plan_read: a stop past the end is clipped,
+ *  a negative index or step < 1 is FERRY_EINVAL) of the array `layout`
+ *  describes into dst as a C-order array of the selection's shape
+ *  (FERRY_STORED_ORDER: a whole read of an F-order array stays F order).
+ *  flags: FERRY_NATIVE, FERRY_STORED_ORDER. Returns the bytes placed in dst, or
+ *  a negative code (extents appended before an error stay in the plan: clear
+ *  it). layout, its table and the strings it names are only read during the
+ *  call; dst must live until the plan has run. */
+int64_t ferry_plan_layout(const ferry_layout *layout, const ferry_slice *sel, ferry_buf dst, unsigned flags,
+                          ferry_plan *plan);
+
+/** Build a sparse chunk table from entries keyed by chunk origin (element
+ *  coordinates, ndim values per entry, as h5py's chunk_iter gives them): checks
+ *  each origin lies on the grid of `layout` (a multiple of the chunk shape,
+ *  inside the shape) and writes its linear grid index to index[i], then sorts
+ *  table[] and index[] together (ascending) and refuses duplicates. Returns 0,
+ *  or FERRY_EFORMAT naming the entry; then set layout->table = table,
+ *  table_index = index, ntable = n. */
+int ferry_layout_sort_table(const ferry_layout *layout, const uint64_t *origins, ferry_chunk *table,
+                            uint64_t *index, size_t n);
+/* Many .npy files, one sample each (DALI's and MONAI's layout)              */
+/* ------------------------------------------------------------------------- */
+/* n .npy files of one dtype and shape become one batch: file i's array goes
+ * to dst + i * stride. The first file's header is parsed when the batch is
+ * submitted; every file's header and data are then read in one job (by path,
+ * through the context's open-file cache, opened by the workers in parallel;
+ * into host memory each file's header and data are one preadv). When the job
+ * is done every header is checked against the first: byte-identical headers
+ * are the common case and cost a memcmp; any other header is parsed and must
+ * give the same dtype, shape and order (its data is then re-read from its own
+ * offset), else the batch fails with FERRY_EFORMAT naming that file, its dtype
+ * and shape and the first file's. A header and the data after it are read
+ * from one open file, so a file replaced meanwhile is read whole or not at all. */
+typedef struct ferry_npy_info {
+    ferry_dtype dtype;
+    char typestr[64];             /* as stored, e.g. "<f4", ">i2", "|u1" */
+    uint32_t itemsize;
+    int ndim;
+    uint64_t shape[FERRY_MAX_DIMS];
+    int fortran_order;
+    uint64_t nbytes;              /* bytes of one file's array */
+} ferry_npy_info;
+
+typedef struct ferry_npy_batch ferry_npy_batch;
+
+/** Start reading the n files paths[0..n-1] into dst (host or device memory):
+ *  file i's array at byte i * stride of dst (stride 0: the array's size;
+ *  otherwise at least it). flags: FERRY_NATIVE converts big-endian data to
+ *  host order; FERRY_STORED_ORDER accepts Fortran-order files and copies them
+ *  as stored (without it they are FERRY_EUNSUPPORTED). info (may be NULL)
+ *  receives the first file's dtype and shape. paths are copied; dst must live
+ *  until ferry_npy_batch_wait returns. Errors of the first file, bad
+ *  arguments and a dst too small are returned here. */
+int ferry_npy_batch_submit(ferry_ctx *ctx, const char *const *paths, size_t n, ferry_buf dst, uint64_t stride,
+                           unsigned flags, ferry_npy_info *info, ferry_npy_batch **out);
+/** Wait for the batch and check every file's header (see above). Returns the
+ *  data bytes placed (n * nbytes) or a negative code naming the file at fault.
+ *  Device memory is complete when it returns (the copies were waited for).
+ *  Call once; then destroy. */
+int64_t ferry_npy_batch_wait(ferry_npy_batch *b);
+/** Wait (if not yet waited for) and free. NULL: no-op. */
+void ferry_npy_batch_destroy(ferry_npy_batch *b);
+/** submit + wait + destroy. */
+int64_t ferry_npy_read_many(ferry_ctx *ctx, const char *const *paths, size_t n, ferry_buf dst, uint64_t stride,
+                            unsigned flags, ferry_npy_info *info);
 
 /* ------------------------------------------------------------------------- */
 /* Per-format notes                                                           */
@@ -513,6 +751,8 @@ int64_t ferry_dataset_plan_read(ferry_dataset *ds, int var, const ferry_slice *s
  *   safetensors: {} per tensor; the file's __metadata__ as dataset attrs.
  *   npy:     {}.
  */
+
+FERRY_API_END
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,17 @@
 /* common.h — small helpers every part of the library uses: error messages,
- * overflow-checked arithmetic, little/big-endian loads. Internal. */
+ * overflow-checked arithmetic, little/big-endian loads. Internal.
+ *
+ * Public and internal names. One rule: a name is public if and only if
+ * include/ferry.h declares it (inside its FERRY_API_BEGIN/END region);
+ * everything declared in a header under src/ is internal, whatever its
+ * prefix. Internal names share the `ferry_` prefix (renaming them all would
+ * collide with everyone's work for no gain to users), so they are marked by
+ * where they live and by the build: the library's objects are compiled with
+ * -fvisibility=hidden and linked with src/libferry.map, so libferry.so
+ * exports exactly ferry.h's functions, and `make test-c` checks that with
+ * nm -D (tools/check-exports.sh). Every header under src/ says "Internal" in
+ * its first comment; a function moving into ferry.h becomes API and needs its
+ * lifetimes and errors documented there. */
 #ifndef FERRY_COMMON_H
 #define FERRY_COMMON_H
 #include "ferry.h"

@@ -28,7 +28,7 @@ __version__: str = _ferry.__version__
 __all__ = [
     "FerryError", "Context", "Dataset", "File", "Plan", "Job", "Array", "PATHS",
     "empty", "read", "open", "read_many", "stats", "reset_stats", "default_context",
-    "parse_device", "__version__",
+    "parse_device", "parse_size", "__version__",
 ]
 
 _lock = threading.Lock()
@@ -58,8 +58,18 @@ def default_context() -> Context:
 
 
 def stats(ctx: Context | None = None) -> dict:
-    """Statistics of the default (or given) context: bytes, ops and seconds per path."""
-    return (ctx or default_context()).stats()
+    """Statistics of the default (or given) context: bytes, ops and seconds per
+    path; "kernels": the GPU kernel image in use ("embedded fatbin", or "none":
+    device data is then byteswapped on the CPU)."""
+    d = (ctx or default_context()).stats()
+    d["kernels"] = _ferry.kernels_source()
+    return d
+
+
+def parse_size(s) -> int:
+    """Bytes of a size, as the C library reads every size (ferry_size_parse):
+    "8M" = "8MiB" = 8·2²⁰, "5GB" = 5·10⁹ (as Hugging Face reads it); ints pass."""
+    return _ferry.size_parse(s)
 
 
 def reset_stats(ctx: Context | None = None) -> None:
@@ -95,10 +105,14 @@ def parse_device(device: Any) -> int:
     raise ValueError(f"unknown device {device!r} (use 'cpu', an int or 'cuda:N')")
 
 
+# types numpy lacks, by the library's long names (ferry_dtype_name)
+_NUMPY_LACKS = frozenset(_ferry.dtype_name(n, "long") for n in ("bf16", "f8e4m3", "f8e5m2"))
+
+
 def _numpy_dtype(typestr: str):
     """numpy dtype for a ferry typestr, or None for types numpy lacks (bf16, fp8)."""
     import numpy as np
-    if typestr in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
+    if typestr in _NUMPY_LACKS:
         return None
     try:
         return np.dtype(typestr)
@@ -129,7 +143,7 @@ def empty(shape, dtype: Any = "u1", device: Any = "cpu", *, ctx: Context | None 
           pinned: bool = False) -> Array:
     """ferry-owned memory: host (4 KiB-aligned, or page-locked with pinned=True) or device."""
     import numpy as np
-    if isinstance(dtype, str) and dtype in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
+    if isinstance(dtype, str) and dtype in _NUMPY_LACKS:
         ts = dtype
     else:
         ts = np.dtype(dtype).str
@@ -162,50 +176,10 @@ def normalize_selection(selection: Any, shape: Sequence[int]):
 
     selection: None; a tuple of ints / slices (step > 0) / Ellipsis; or a
     sequence of (start, stop[, step]) triples. Negative indices count from the
-    end; slices are clipped like numpy's.
+    end; slices are clipped like numpy's. (The C extension decides:
+    _ferry.normalize_selection.)
     """
-    nd = len(shape)
-    if selection is None:
-        return None, tuple(int(s) for s in shape), ()
-    if not isinstance(selection, tuple):
-        if isinstance(selection, list) and selection and all(isinstance(x, (tuple, list)) for x in selection):
-            selection = tuple(slice(*x) for x in selection)
-        else:
-            selection = (selection,)
-    if any(s is Ellipsis for s in selection):
-        i = selection.index(Ellipsis)
-        fill = nd - (len(selection) - 1)
-        selection = selection[:i] + (slice(None),) * fill + selection[i + 1:]
-    if len(selection) > nd:
-        raise IndexError(f"too many indices: {len(selection)} for {nd} dimensions")
-    selection = tuple(selection) + (slice(None),) * (nd - len(selection))
-    triples, out_shape, squeeze = [], [], []
-    for ax, (s, n) in enumerate(zip(selection, shape)):
-        n = int(n)
-        if isinstance(s, (tuple, list)):
-            s = slice(*s)
-        if isinstance(s, slice):
-            start, stop, step = s.indices(n)
-            if step <= 0:
-                raise IndexError("only positive slice steps are supported")
-            count = max(0, (stop - start + step - 1) // step)
-            if count == 0:
-                start, stop = 0, 0
-            triples.append((start, stop, step))
-            out_shape.append(count)
-        else:
-            try:
-                i = int(s)  # numpy ints too
-            except TypeError:
-                raise TypeError(f"unsupported index {s!r} (ints and slices only)") from None
-            if i < 0:
-                i += n
-            if not 0 <= i < n:
-                raise IndexError(f"index {s} out of range for dimension {ax} of size {n}")
-            triples.append((i, i + 1, 1))
-            out_shape.append(1)
-            squeeze.append(ax)
-    return triples, tuple(out_shape), tuple(squeeze)
+    return _ferry.normalize_selection(shape, selection)
 
 
 # ---------------------------------------------------------------------------
@@ -246,6 +220,29 @@ def _ctx_of(ctx: Context | None) -> Context:
     return ctx if ctx is not None else default_context()
 
 
+def _fspath(path) -> str:
+    """str, bytes or PathLike -> str; bytes that are not UTF-8 (os.fsencode'd
+    names) become surrogate escapes, which the extension encodes back exactly."""
+    return os.fsdecode(os.fspath(path))
+
+
+_MAX_BYTES = 2**63 - 1
+
+
+def _check_representable(shape: tuple, itemsize: int, where: str) -> None:
+    """numpy's and torch's rule: the non-zero dimensions times the item size fit
+    in a signed 64-bit byte count, also for a zero-size array (a file may say
+    (0, 2**63-1)): anything else is a FerryError naming the file and variable,
+    not numpy's ValueError or OverflowError later."""
+    span = itemsize
+    for n in shape:
+        if n:
+            span *= int(n)
+    if span > _MAX_BYTES:
+        raise FerryError(_ferry.EUNSUPPORTED, f"{where}: shape {tuple(shape)} of {itemsize}-byte elements spans "
+                                              f"more than 2**63-1 bytes: no array library can hold it")
+
+
 def _open_dataset(path: str, ctx: Context):
     """A ferry Dataset, or None when the file has no format ferry knows (raw bytes)."""
     try:
@@ -266,22 +263,93 @@ def _pick_var(ds: Dataset, name: str | None) -> dict:
     return ds.variable(name)
 
 
-def _prepare_dst(out, nbytes: int, shape: tuple, typestr: str, dev: int, ctx: Context):
+def _out_layout(out):
+    """(typestr or None, shape or None) of an out= array: numpy, cupy, torch,
+    ferry.Array or anything with an array interface. None where unknown."""
+    mod = type(out).__module__
+    if mod.startswith("torch"):
+        name = str(out.dtype).rpartition(".")[2]          # torch.float32 -> float32
+        try:
+            import numpy as np
+            ts = np.dtype(name).str
+        except TypeError:                                  # bfloat16, float8_*: ferry's own names
+            ts = name
+        return ts, tuple(int(n) for n in out.shape)
+    if isinstance(out, Array):
+        return out.typestr, tuple(out.shape)
+    for attr in ("__cuda_array_interface__", "__array_interface__"):
+        try:
+            d = getattr(out, attr)
+        except Exception:  # noqa: BLE001 — e.g. a torch tensor needing grad
+            continue
+        if isinstance(d, dict) and "typestr" in d:
+            return d["typestr"], tuple(int(n) for n in d.get("shape", ()))
+    dt = getattr(out, "dtype", None)
+    if dt is not None:
+        try:
+            import numpy as np
+            return np.dtype(dt).str, tuple(int(n) for n in out.shape)
+        except TypeError:
+            pass
+    return None, None
+
+
+def _same_type(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    da, db = _numpy_dtype(a), _numpy_dtype(b)
+    return da is not None and db is not None and da == db
+
+
+def _check_out(out, nbytes: int, shape: tuple, typestr: str, where: str, out_bytes: bool) -> None:
+    """out= must have the selection's dtype and shape (as numpy's and torch's
+    out= do): filling a float64 array with float32 bytes reinterprets them.
+    out_bytes=True asks for the bytes as they are: then only the size counts."""
+    ots, oshape = _out_layout(out)
+    size = getattr(out, "nbytes", None)
+    if size is None and ots is not None and oshape is not None:
+        size = math.prod(oshape) * (typestr_itemsize(ots) or 0)
+    if size is not None and int(size) != nbytes:
+        raise FerryError(_ferry.EINVAL, f"{where}: out holds {size} bytes, the selection needs {nbytes} "
+                                        f"(shape {shape}, {typestr})")
+    if out_bytes:
+        return
+    if ots is None:
+        raise FerryError(_ferry.EINVAL, f"{where}: cannot tell the dtype of out ({type(out).__name__}); "
+                                        "pass out_bytes=True to fill its bytes as they are")
+    if not _same_type(ots, typestr):
+        raise FerryError(_ferry.EINVAL, f"{where}: out has dtype {ots}, the data is {typestr} "
+                                        "(pass out_bytes=True to fill out's bytes as they are)")
+    if oshape != tuple(shape):
+        raise FerryError(_ferry.EINVAL, f"{where}: out has shape {oshape}, the selection is {tuple(shape)} "
+                                        "(pass out_bytes=True to fill out's bytes as they are)")
+
+
+def typestr_itemsize(ts: str) -> int:
+    """Bytes per element of a typestr ("<f4" -> 4, "bfloat16" -> 2), 0 if unknown."""
+    if ts in _NUMPY_LACKS:
+        return _ferry.dtype_itemsize(ts)
+    dt = _numpy_dtype(ts)
+    return dt.itemsize if dt is not None else 0
+
+
+def _prepare_dst(out, nbytes: int, shape: tuple, typestr: str, dev: int, ctx: Context,
+                 where: str = "ferry.read", out_bytes: bool = False):
     """(destination object for the plan, value to return)."""
     if out is None:
         arr = _alloc(shape, typestr, dev, ctx)
         return arr, arr
+    _check_out(out, nbytes, shape, typestr, where, out_bytes)
     o = out
     mod = type(out).__module__
     if mod.startswith("torch"):
+        if not out.is_contiguous():
+            raise FerryError(_ferry.EINVAL, f"{where}: out must be contiguous")
         if out.device.type == "cpu":
-            o = out.numpy()
-        elif not out.is_contiguous():
-            raise ValueError("out must be contiguous")
+            # a view of the same bytes (numpy has no bfloat16 / float8)
+            import torch
+            o = out.reshape(-1).view(torch.uint8).numpy()
     _sync_producer(o)
-    size = getattr(o, "nbytes", None)
-    if size is not None and int(size) != nbytes:
-        raise ValueError(f"out holds {size} bytes, the selection needs {nbytes}")
     return o, out
 
 
@@ -311,7 +379,7 @@ def _sync_producer(obj) -> None:
 
 
 def _add_read(plan: Plan, ds: Dataset | None, file: File | None, var: dict | None, selection, dev: int,
-              out, ctx: Context):
+              out, ctx: Context, out_bytes: bool = False):
     """Append one array read to plan; returns (result object, post-processing)."""
     import numpy as np
     if ds is None:  # raw file: uint8 bytes
@@ -321,7 +389,7 @@ def _add_read(plan: Plan, ds: Dataset | None, file: File | None, var: dict | Non
         if step != 1:
             raise ValueError("raw files take contiguous byte ranges only")
         n = max(0, stop - start)
-        dst, ret = _prepare_dst(out, n, (n,), "|u1", dev, ctx)
+        dst, ret = _prepare_dst(out, n, (n,), "|u1", dev, ctx, f"{file.path}", out_bytes)
         if n:
             plan.read_file(file, start, n, dst)
         return ret, (lambda r: r[0] if squeeze and not isinstance(r, Array) else r)
@@ -331,11 +399,12 @@ def _add_read(plan: Plan, ds: Dataset | None, file: File | None, var: dict | Non
     typestr = _native_typestr(var["typestr"])
     triples, sel_shape, squeeze = normalize_selection(selection, shape)
     itemsize = int(var["itemsize"])
-    nbytes = int(np.prod(sel_shape, dtype=np.int64)) * itemsize if sel_shape else itemsize
+    _check_representable(sel_shape, itemsize, f"{ds.path}: {var['name']}")
+    nbytes = math.prod(sel_shape) * itemsize
     # integer indices drop their axes (as numpy's do): the new array gets the
     # squeezed shape from the start, the same bytes
     final = tuple(n for i, n in enumerate(sel_shape) if i not in squeeze)
-    dst, ret = _prepare_dst(out, nbytes, final, typestr, dev, ctx)
+    dst, ret = _prepare_dst(out, nbytes, final, typestr, dev, ctx, f"{ds.path}: {var['name']}", out_bytes)
     if nbytes:
         plan.read(ds, var["name"], dst, triples, True)
     return ret, (lambda r: r)
@@ -343,27 +412,38 @@ def _add_read(plan: Plan, ds: Dataset | None, file: File | None, var: dict | Non
 
 def read(path, name: str | None = None, *, device: Any = "cpu", selection: Any = None, out: Any = None,
          ctx: Context | None = None, path_policy: str | None = None, threads: int = 0,
-         decode: str | None = None):
+         out_bytes: bool = False, decode: str | None = None):
     """Read one whole array / tensor / variable (or a selection of it).
 
     device: "cpu" (numpy), an int or "cuda:N" (cupy when importable, else a
     ferry.Array usable through DLPack). out: a numpy / cupy / torch array to
-    fill in place (C-contiguous, exactly the selection's bytes). A file with no
-    format ferry knows reads as uint8 bytes. decode: where compressed chunks
-    are decoded, "auto" (default; FERRY_DECODE), "gpu" (nvCOMP) or "cpu".
+    fill in place (C-contiguous, the selection's dtype and shape, as numpy's
+    and torch's out= demand: anything else is a FerryError). out_bytes=True
+    fills out with the selection's bytes as they are, whatever its dtype and
+    shape (a byte view; only the byte count must match). A file with no
+    format ferry knows reads as uint8 bytes.
+    decode: where compressed chunks are decoded, "auto" (default; FERRY_DECODE),
+    "gpu" (nvCOMP) or "cpu".
     """
     c = _ctx_of(ctx)
     dev = parse_device(device) if out is None else _device_of(out)
-    ds = _open_dataset(os.fspath(path), c)
+    path = _fspath(path)
+    try:
+        ds = _open_dataset(path, c)
+    except FerryError as e:
+        if not _is_hdf5(path, e):
+            raise
+        with _H5Opened(path, device=device, ctx=c) as h:
+            return h.read(name, selection, device=device if out is None else None, out=out, out_bytes=out_bytes)
     f = None
     try:
         if ds is None:
-            f = File(c, os.fspath(path))
+            f = File(c, path)
             var = None
         else:
             var = _pick_var(ds, name)
         plan = Plan()
-        ret, post = _add_read(plan, ds, f, var, selection, dev, out, c)
+        ret, post = _add_read(plan, ds, f, var, selection, dev, out, c, out_bytes)
         if len(plan):
             c.run(plan, path=path_policy, threads=threads, decode=decode)
         return post(ret)
@@ -401,7 +481,7 @@ def read_many(items: Iterable, *, device: Any = "cpu", ctx: Context | None = Non
     try:
         for it in items:
             it = tuple(it)
-            p = os.fspath(it[0])
+            p = _fspath(it[0])
             name = it[1] if len(it) > 1 else None
             sel = it[2] if len(it) > 2 else None
             if p not in opened:
@@ -461,12 +541,13 @@ class Variable:
     def ndim(self) -> int:
         return len(self.shape)
 
-    def read(self, selection: Any = None, *, device: Any = None, out: Any = None):
+    def read(self, selection: Any = None, *, device: Any = None, out: Any = None, out_bytes: bool = False):
+        """The selection (see ferry.read for out= and out_bytes=)."""
         dev = self._owner.device if device is None else device
         o = self._owner
         plan = Plan()
         ret, post = _add_read(plan, o._ds, None, self.info, selection,
-                              parse_device(dev) if out is None else _device_of(out), out, o._ctx)
+                              parse_device(dev) if out is None else _device_of(out), out, o._ctx, out_bytes)
         if len(plan):
             o._ctx.run(plan)
         return post(ret)
@@ -489,7 +570,7 @@ class Opened:
     def __init__(self, path, *, device: Any = "cpu", ctx: Context | None = None, format: str | None = None,
                  group: str | None = None):
         self._ctx = _ctx_of(ctx)
-        self.path = os.fspath(path)
+        self.path = _fspath(path)
         self.device = device
         self._ds = Dataset(self._ctx, self.path, format, group)
         self.format: str = self._ds.format
@@ -529,12 +610,13 @@ class Opened:
     def keys(self):
         return self._names.keys()
 
-    def read(self, name: str | None = None, selection: Any = None, *, device: Any = None, out: Any = None):
+    def read(self, name: str | None = None, selection: Any = None, *, device: Any = None, out: Any = None,
+             out_bytes: bool = False):
         if name is None:
             if len(self._names) != 1:
                 raise ValueError(f"{self.path} holds {len(self._names)} variables; name one")
             name = next(iter(self._names))
-        return self[name].read(selection, device=device, out=out)
+        return self[name].read(selection, device=device, out=out, out_bytes=out_bytes)
 
     def close(self) -> None:
         self._ds.close()
@@ -551,5 +633,94 @@ class Opened:
 
 def open(path, *, device: Any = "cpu", ctx: Context | None = None, format: str | None = None,
          group: str | None = None) -> Opened:  # noqa: A001 — the public name the design asks for
-    """Open a file or store (npy, safetensors, netCDF classic, Zarr) and list its variables."""
-    return Opened(path, device=device, ctx=ctx, format=format, group=group)
+    """Open a file or store (npy, safetensors, netCDF classic, Zarr; netCDF-4/HDF5
+    through h5py, as the xarray backend reads it) and list its variables."""
+    try:
+        return Opened(path, device=device, ctx=ctx, format=format, group=group)
+    except FerryError as e:
+        if format is not None or not _is_hdf5(path, e):
+            raise
+    return _H5Opened(path, device=device, ctx=ctx, group=group)
+
+
+# ---------------------------------------------------------------------------
+# netCDF-4 / HDF5: the C library recognises the signature and refuses
+# (FERRY_EUNSUPPORTED); Python reads it through the xarray backend's h5py
+# scan (ferry.xarray.FerryStore), so both see the same variables and chunks.
+# ---------------------------------------------------------------------------
+def _is_hdf5(path, err: FerryError) -> bool:
+    return err.code == _ferry.EUNSUPPORTED and _ferry.hdf5_signature(path) >= 0
+
+
+class _H5Variable(Variable):
+    """A Variable of a netCDF-4/HDF5 file, read through the xarray backend's store."""
+
+    def __init__(self, owner: "_H5Opened", spec):
+        enc = spec.encoding
+        info = {"name": spec.name, "shape": spec.shape, "typestr": spec.dtype.str,
+                "chunks": tuple(enc.get("chunksizes") or spec.shape), "error": None,
+                "itemsize": spec.dtype.itemsize}
+        super().__init__(owner, info)
+        self._spec = spec
+        self.__dict__["dims"] = tuple(spec.dims)
+        self.__dict__["attrs"] = dict(spec.attrs)
+        self.__dict__["dtype"] = spec.dtype
+
+    def read(self, selection: Any = None, *, device: Any = None, out: Any = None, out_bytes: bool = False):
+        import numpy as np
+        o = self._owner
+        triples, sel_shape, squeeze = normalize_selection(selection, self.shape)
+        if triples is None:
+            triples = [(0, n, 1) for n in self.shape]
+        key = tuple(a if ax in squeeze else slice(a, b, st) for ax, (a, b, st) in enumerate(triples))
+        final = tuple(n for i, n in enumerate(sel_shape) if i not in squeeze)
+        host = np.ascontiguousarray(o._store.read(self._spec.name, key)).reshape(final)
+        if out is not None:
+            _check_out(out, host.nbytes, final, host.dtype.str, f"{o.path}: {self.name}", out_bytes)
+            _sync_producer(out)
+            if host.nbytes:
+                o._ctx.memcpy(out if not type(out).__module__.startswith("torch") or out.device.type != "cpu"
+                              else out.numpy(), host)
+            return out
+        dev = parse_device(o.device if device is None else device)
+        if dev < 0:
+            return host
+        dst = _alloc(final, host.dtype.str, dev, o._ctx)
+        if host.nbytes:
+            o._ctx.memcpy(dst, host)
+        return dst
+
+
+class _H5Opened(Opened):
+    """ferry.open of a netCDF-4/HDF5 file (format "hdf5"): h5py reads the
+    metadata, ferry's engine the data it can (the xarray backend's path)."""
+
+    def __init__(self, path, *, device: Any = "cpu", ctx: Context | None = None, group: str | None = None):
+        try:
+            from .xarray import FerryStore, _h5_groups
+        except ImportError as e:
+            raise FerryError(_ferry.EUNSUPPORTED, f"{os.fsdecode(path)}: netCDF-4/HDF5 file: reading it needs "
+                                                  f"h5py and xarray ({e})") from None
+        self._ctx = _ctx_of(ctx)
+        self.path = _fspath(path)
+        self.device = device
+        self._store = FerryStore(self.path, group=group, device="cpu", ctx=self._ctx)
+        self._ds = None
+        self.format = "hdf5"
+        self.attrs = dict(self._store.attrs)
+        self.dims = {d: {"size": int(n), "unlimited": d in self._store.unlimited}
+                     for d, n in self._store.dims.items()}
+        self.groups = [g for g in _h5_groups(self.path) if g != "/"]
+        self._names = dict.fromkeys(self._store.specs)
+        self._vars = {}
+
+    def __getitem__(self, name: str) -> Variable:
+        v = self._vars.get(name)
+        if v is None:
+            if name not in self._names:
+                raise KeyError(f"{self.path}: no variable named {name!r}")
+            v = self._vars[name] = _H5Variable(self, self._store.specs[name])
+        return v
+
+    def close(self) -> None:
+        self._store.close()

@@ -38,6 +38,10 @@ from torch.distributed.checkpoint.planner import (LoadItemType, LoadPlan, LoadPl
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+from . import _ckpt_dcp_blob as _blob
+from . import _ckpt_dcp_pickle as _pickle
 from . import _ckpt_io as _io
 from . import _ckpt_st as _st
 from . import _ferry
@@ -49,12 +53,19 @@ _DATA_RE = re.compile(r"^__\d+_[0-9a-f]+\.ferry$")
 @dataclasses.dataclass(frozen=True)
 class FerryStorageInfo:
     """Where one item of a DCP checkpoint lies: bytes [offset, offset+length) of
-    relative_path. Tensors: raw C-order bytes of a chunk of `shape` and `dtype`."""
+    relative_path. Tensors: raw C-order bytes of a chunk of `shape` and `dtype` at
+    data_offset (None: at offset, the layout of checkpoints written before the torch.save
+    framing). Travels from the ranks to the coordinator; directories written now store
+    torch's _StorageInfo (see FerryWriter.finish); older ones store this."""
     relative_path: str
     offset: int
     length: int
     dtype: str | None = None          # "float32", ...; None for BYTE_IO items
     shape: tuple | None = None
+    data_offset: int | None = None
+
+
+LAYOUT_ATTR = "ferry_layout"      # Metadata attribute: {MetadataIndex: (data offset, dtype, shape)}
 
 
 def _is_local_path(checkpoint_id):
@@ -78,6 +89,46 @@ def _dtype_of(name):
     if not isinstance(dt, torch.dtype):
         raise _io.error("FerryReader: unknown dtype %r in checkpoint metadata" % (name,))
     return dt
+
+
+def _plan_box(plan, f, base, shape, itemsize, sel, dst):
+    """Add to `plan` the reads of box sel [(start, stop, 1)] of the C-order array of
+    `shape` stored at byte `base` of f into the contiguous dst. A box is read as one
+    extent over its covering byte range, scattered into dst by the engine's strided
+    placement; where that range would be mostly unwanted bytes (a column split), the box
+    is cut along its first dimension and each part planned the same way."""
+    counts = [b - a for a, b, _ in sel]
+    if any(c == 0 for c in counts):
+        return
+    strides = [itemsize] * len(shape)
+    for d in range(len(shape) - 2, -1, -1):
+        strides[d] = strides[d + 1] * shape[d + 1]
+    dst_strides = [itemsize] * len(counts)
+    for d in range(len(counts) - 2, -1, -1):
+        dst_strides[d] = dst_strides[d + 1] * counts[d + 1]
+    b = _io.buf(dst)
+
+    def add(dim, src, dst_off):
+        box = [c for c in counts[dim:]]
+        first = sum(a * st for (a, _, _), st in zip(sel[dim:], strides[dim:]))
+        last = sum((a + c - 1) * st for (a, _, _), c, st in
+                   zip(sel[dim:], box, strides[dim:])) + itemsize
+        want = itemsize
+        for c in box:
+            want *= c
+        if not box or last - first == want:                 # contiguous: a plain read
+            plan.read_file(f, src + first, want, b, dst_off)
+        elif last - first <= want + 4096 or dim == len(counts) - 1 or counts[dim] > 65536:
+            plan.extent(file=f, offset=src + first, length=last - first, dst=b,
+                        dst_offset=dst_off,
+                        place={"itemsize": itemsize, "count": box,
+                               "src_stride": strides[dim:], "dst_stride": dst_strides[dim:]})
+        else:
+            a0 = sel[dim][0]
+            for i in range(counts[dim]):
+                add(dim + 1, src + (a0 + i) * strides[dim], dst_off + i * dst_strides[dim])
+
+    add(0, base, 0)
 
 
 class FerryWriter(StorageWriter):
@@ -136,8 +187,8 @@ class FerryWriter(StorageWriter):
             "__%d_" % (self.rank or 0)
         fname = "%s%s.ferry" % (prefix, _gen_id())
         fpath = os.path.join(self.path, fname)
-        keep = []
-        layout = []                   # (item, buffer, offset, nbytes, info kwargs)
+        pieces = []          # (file offset, buffer): the frames and BYTE_IO blobs, tensors
+        results = []
         off = 0
         devices = set()
         for item in plan.items:
@@ -149,33 +200,41 @@ class FerryWriter(StorageWriter):
                     b = io.BytesIO()
                     torch.save(data, b)
                     raw = bytearray(b.getbuffer())
-                keep.append(raw)
-                nb = len(raw)
-                layout.append((item, raw, off, nb, {}))
+                pieces.append((off, raw))
+                info = FerryStorageInfo(fname, off, len(raw))
+                off += len(raw)
             else:
-                t = planner.resolve_data(item)
-                t = t.detach()
+                t = planner.resolve_data(item).detach()
                 if t.device.type not in ("cpu", "cuda"):
                     t = t.cpu()
                 if not t.is_contiguous():
                     t = t.contiguous()
-                keep.append(t)
                 nb = t.numel() * t.element_size()
                 if t.device.type == "cuda":
                     devices.add(_io.cuda_index(t.device))
-                layout.append((item, t, off, nb, {"dtype": _dtype_name(t.dtype),
-                                                  "shape": tuple(int(s) for s in t.shape)}))
-            off = -(-(off + nb) // _st.ALIGN) * _st.ALIGN
+                head, tail = _blob.framing(t.dtype, t.shape)
+                # the archive starts where its raw bytes land 4 KiB-aligned
+                data_at = -(-(off + len(head)) // _st.ALIGN) * _st.ALIGN
+                start = data_at - len(head)
+                pieces += [(start, bytearray(head)), (data_at, t),
+                           (data_at + nb, bytearray(tail))]
+                info = FerryStorageInfo(fname, start, len(head) + nb + len(tail),
+                                        _dtype_name(t.dtype), tuple(int(x) for x in t.shape),
+                                        data_at)
+                off = data_at + nb + len(tail)
+            results.append(WriteResult(index=item.index, size_in_bytes=info.length,
+                                       storage_data=info))
         ctx = _io.context()
         f = _ferry.File(ctx, fpath, "w")
         try:
-            end = max((o + n for _, _, o, n, _ in layout), default=0)
-            f.truncate(end)
+            f.truncate(off)
             p = _ferry.Plan()
-            for item, src, o, n, _ in layout:
-                if n == 0:
-                    continue
-                p.write_file(f, o, n, _io.buf(src) if isinstance(src, torch.Tensor) else src)
+            for o, src in pieces:
+                n = src.numel() * src.element_size() if isinstance(src, torch.Tensor) \
+                    else len(src)
+                if n:
+                    p.write_file(f, o, n, _io.buf(src) if isinstance(src, torch.Tensor)
+                                 else src)
             if devices:
                 _io.sync_devices(devices)
             if len(p):
@@ -190,19 +249,23 @@ class FerryWriter(StorageWriter):
                 pass
             raise
         f.close()
-        results = [WriteResult(index=item.index, size_in_bytes=n,
-                               storage_data=FerryStorageInfo(fname, o, n, **kw))
-                   for item, _, o, n, kw in layout]
         fut = Future()
         fut.set_result(results)
         return fut
 
     def finish(self, metadata: Metadata, results) -> None:
-        storage = {}
+        # storage_data holds torch's own _StorageInfo, so FileSystemReader (and
+        # dcp_to_torch_save) read the directory; where ferry's raw bytes start inside each
+        # archive goes in an extra attribute torch ignores: builtins and MetadataIndex only.
+        storage, layout = {}, {}
         for rs in results:
             for wr in rs:
-                storage[wr.index] = wr.storage_data
+                i = wr.storage_data
+                storage[wr.index] = _StorageInfo(i.relative_path, i.offset, i.length)
+                if i.dtype is not None:
+                    layout[wr.index] = (i.data_offset, i.dtype, tuple(i.shape))
         metadata.storage_data = storage
+        setattr(metadata, LAYOUT_ATTR, layout)
         metadata.storage_meta = self.storage_meta()
         if self.use_collectives or self.rank is None:
             name = METADATA
@@ -221,13 +284,20 @@ class FerryWriter(StorageWriter):
 
 
 class FerryReader(StorageReader):
-    """StorageReader for checkpoints written by FerryWriter. threads: engine workers."""
+    """StorageReader for checkpoints written by FerryWriter. threads: engine workers.
 
-    def __init__(self, path=None, *, threads=0):
+    .metadata is a pickle, read as torch's FileSystemReader reads it: unpickling a file
+    from someone else can run code. safe=True reads it with a restricted unpickler that
+    builds only DCP's metadata types (FerryError for anything else): use it for
+    directories you do not trust."""
+
+    def __init__(self, path=None, *, threads=0, safe=False):
         super().__init__()
         self.path = os.fspath(path) if path is not None else None
         self.threads = threads
+        self.safe = safe
         self.storage_data = {}
+        self.layout = {}
         self.load_id = _gen_id()
         self.rank = None
 
@@ -247,11 +317,12 @@ class FerryReader(StorageReader):
         p = os.path.join(self.path, name)
         try:
             with open(p, "rb") as f:
-                md = pickle.load(f)
+                md = _pickle.load(f, p, self.safe)
         except FileNotFoundError:
             raise _io.error("%s: no DCP metadata (not a checkpoint, or the save did not "
                             "finish)" % p, -2)
-        except (pickle.UnpicklingError, EOFError, AttributeError, ImportError) as e:
+        except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError,
+                ValueError, IndexError, KeyError, RecursionError) as e:
             raise _io.error("%s: corrupted DCP metadata: %s" % (p, e))
         if not isinstance(md, Metadata):
             raise _io.error("%s: not DCP metadata" % p)
@@ -262,6 +333,9 @@ class FerryReader(StorageReader):
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator, *args, **kwargs):
         self.storage_data = metadata.storage_data
+        self.layout = getattr(metadata, LAYOUT_ATTR, None) or {}
+        if not isinstance(self.layout, dict):
+            raise _io.error("%s: corrupted ferry layout in the DCP metadata" % self.path)
         self.rank = kwargs.get("rank")
         if not isinstance(self.storage_data, dict):
             raise _io.error("%s: DCP metadata without ferry storage data" % self.path)
@@ -281,9 +355,22 @@ class FerryReader(StorageReader):
         try:
             for item in plan.items:
                 info = self.storage_data.get(item.storage_index)
-                if not isinstance(info, FerryStorageInfo):
+                raw_at, dtype_name, shape = None, None, None
+                if isinstance(info, FerryStorageInfo):          # before the torch framing
+                    raw_at, dtype_name, shape = info.offset, info.dtype, info.shape
+                elif isinstance(info, _StorageInfo) and (
+                        item.type == LoadItemType.BYTE_IO or item.storage_index in self.layout):
+                    if item.type != LoadItemType.BYTE_IO:
+                        try:
+                            raw_at, dtype_name, shape = self.layout[item.storage_index]
+                            raw_at, shape = int(raw_at), tuple(int(x) for x in shape)
+                        except (TypeError, ValueError):
+                            raise _io.error("%s: corrupted ferry layout for %s"
+                                            % (self.path, item.storage_index))
+                else:
                     raise _io.error("%s: no ferry storage entry for %s (checkpoint not "
-                                    "written by FerryWriter?)" % (self.path, item.storage_index))
+                                    "written by FerryWriter? torch's FileSystemReader "
+                                    "reads those)" % (self.path, item.storage_index))
                 f = files.get(info.relative_path)
                 if f is None:
                     fp = os.path.join(self.path, os.path.basename(info.relative_path))
@@ -299,16 +386,20 @@ class FerryReader(StorageReader):
                         p.read_file(f, info.offset, info.length, b)
                     after.append(("bytes", item, b))
                     continue
-                dtype = _dtype_of(info.dtype)
-                shape = tuple(info.shape)
+                dtype = _dtype_of(dtype_name)
+                shape = tuple(shape)
                 itemsize = torch.empty((), dtype=dtype).element_size()
                 n = 1
                 for s in shape:
                     n *= s
-                if n * itemsize != info.length:
-                    raise _io.error("%s: corrupted metadata for %s: shape %s of %s is not %d "
-                                    "bytes" % (self.path, item.storage_index.fqn, list(shape),
-                                               info.dtype, info.length))
+                inside = info.offset <= raw_at and \
+                    raw_at + n * itemsize <= info.offset + info.length
+                if not inside or (isinstance(info, FerryStorageInfo) and
+                                  n * itemsize != info.length):
+                    raise _io.error("%s: corrupted metadata for %s: shape %s of %s at byte %d "
+                                    "is not inside the item's %d bytes at %d"
+                                    % (self.path, item.storage_index.fqn, list(shape),
+                                       dtype_name, raw_at, info.length, info.offset))
                 target = planner.resolve_tensor(item).detach()
                 lengths = tuple(int(x) for x in item.lengths)
                 sel = [(int(o), int(o) + L, 1) for o, L in zip(item.storage_offsets, lengths)]
@@ -325,8 +416,8 @@ class FerryReader(StorageReader):
                     dst = torch.empty(lengths, dtype=dtype, device=dev)
                 if dst.device.type == "cuda":
                     devices.add(_io.cuda_index(dst.device))
-                fix = _io.plan_box(p, f, info.offset, shape, dtype, itemsize, sel, dst)
-                after.append(("tensor", item, (target, dst, fix)))
+                _plan_box(p, f, raw_at, shape, itemsize, sel, dst)
+                after.append(("tensor", item, (target, dst)))
             if devices:
                 _io.sync_devices(devices)
             if len(p):
@@ -338,9 +429,7 @@ class FerryReader(StorageReader):
             if kind == "bytes":
                 planner.load_bytes(item, io.BytesIO(bytes(payload)))
             else:
-                target, dst, fix = payload
-                if fix is not None:
-                    fix()
+                target, dst = payload
                 if dst is not target:
                     with torch.no_grad():
                         target.copy_(dst)

@@ -1,4 +1,7 @@
-"""safetensors layout for ferry.checkpoint: dtypes, 4 KiB-aligned layout, header build/parse.
+"""safetensors layout for ferry.checkpoint: dtypes, 4 KiB-aligned layout, header build,
+and the canonical description of a header that crc32c=True checksums.
+
+Headers are parsed by the C library only (ferry._ferry.Dataset); this module writes them.
 
 File layout written by ferry (a valid safetensors file):
 
@@ -18,39 +21,58 @@ from __future__ import annotations
 import json
 import struct
 
+from . import _ferry
+
 ALIGN = 4096
 MAX_HEADER = 100 * 1000 * 1000   # safetensors' own bound on N
 BIG = 64 * 1024                  # "large" tensor for the layout
 
-# safetensors dtype string -> (torch dtype attribute name, itemsize)
+# safetensors dtype string -> (torch dtype attribute name, itemsize, the type string the C
+# parser reports for it in Dataset.variables()).
 ST_DTYPES = {
-    "BOOL": ("bool", 1), "U8": ("uint8", 1), "I8": ("int8", 1),
-    "F8_E5M2": ("float8_e5m2", 1), "F8_E4M3": ("float8_e4m3fn", 1),
-    "F8_E4M3FNUZ": ("float8_e4m3fnuz", 1), "F8_E5M2FNUZ": ("float8_e5m2fnuz", 1),
-    "F8_E8M0": ("float8_e8m0fnu", 1),
-    "I16": ("int16", 2), "U16": ("uint16", 2), "F16": ("float16", 2), "BF16": ("bfloat16", 2),
-    "I32": ("int32", 4), "U32": ("uint32", 4), "F32": ("float32", 4),
-    "I64": ("int64", 8), "U64": ("uint64", 8), "F64": ("float64", 8),
-    "C64": ("complex64", 8),
+    "BOOL": ("bool", 1, "|b1"), "U8": ("uint8", 1, "|u1"), "I8": ("int8", 1, "|i1"),
+    "F8_E5M2": ("float8_e5m2", 1, "float8_e5m2"), "F8_E4M3": ("float8_e4m3fn", 1, "float8_e4m3fn"),
+    "F8_E4M3FNUZ": ("float8_e4m3fnuz", 1, "float8_e4m3fnuz"),
+    "F8_E5M2FNUZ": ("float8_e5m2fnuz", 1, "float8_e5m2fnuz"),
+    "F8_E8M0": ("float8_e8m0fnu", 1, "float8_e8m0fnu"),
+    "I16": ("int16", 2, "<i2"), "U16": ("uint16", 2, "<u2"), "F16": ("float16", 2, "<f2"),
+    "BF16": ("bfloat16", 2, "bfloat16"),
+    "I32": ("int32", 4, "<i4"), "U32": ("uint32", 4, "<u4"), "F32": ("float32", 4, "<f4"),
+    "I64": ("int64", 8, "<i8"), "U64": ("uint64", 8, "<u8"), "F64": ("float64", 8, "<f8"),
+    "C64": ("complex64", 8, "<c8"),
 }
+_BY_TYPESTR = {v[2]: k for k, v in ST_DTYPES.items()}
+
+
+def st_of_typestr(typestr):
+    """safetensors dtype name of a tensor the C parser describes by `typestr`, or None
+    (sub-byte dtypes, which the C parser exposes as bytes)."""
+    return _BY_TYPESTR.get(typestr)
+
+
+_TORCH = {}
 
 
 def torch_dtype(st):
+    """The torch dtype of a safetensors dtype name, or None (unknown here or to torch)."""
+    hit = _TORCH.get(st, _TORCH)
+    if hit is not _TORCH:
+        return hit
     import torch
     ent = ST_DTYPES.get(st)
-    if ent is None:
-        return None
-    return getattr(torch, ent[0], None)
+    dt = getattr(torch, ent[0], None) if ent is not None else None
+    _TORCH[st] = dt
+    return dt
 
 
 def st_dtype(dtype):
     """safetensors name of a torch dtype, or raise TypeError."""
     name = str(dtype).replace("torch.", "")
-    for st, (tname, _) in ST_DTYPES.items():
+    for st, (tname, _, _) in ST_DTYPES.items():
         if tname == name:
             return st
     raise TypeError("ferry.checkpoint: dtype %s has no safetensors name (supported: %s)"
-                    % (dtype, ", ".join(sorted(t for t, _ in ST_DTYPES.values()))))
+                    % (dtype, ", ".join(sorted(v[0] for v in ST_DTYPES.values()))))
 
 
 def layout(entries):
@@ -113,104 +135,17 @@ def build_header(tensors, metadata):
     return struct.pack("<Q", n) + js + b" " * (n - len(js))
 
 
-class Entry:
-    __slots__ = ("name", "dtype", "st", "shape", "begin", "end", "itemsize", "file", "path",
-                 "data_start")
-
-    def __init__(self, name, st, dtype, shape, begin, end, itemsize):
-        self.name, self.st, self.dtype, self.shape = name, st, dtype, shape
-        self.begin, self.end, self.itemsize = begin, end, itemsize
-        self.file = self.path = None
-        self.data_start = 0
-
-    @property
-    def nbytes(self):
-        return self.end - self.begin
-
-    @property
-    def offset(self):
-        """Absolute byte offset in the file."""
-        return self.data_start + self.begin
+HEADER_CRC_KEY = "ferry.crc32c.header"   # __metadata__ (or index metadata): 8 hex digits
 
 
-class Header:
-    def __init__(self, path, data_start, entries, metadata, file_size):
-        self.path, self.data_start, self.file_size = path, data_start, file_size
-        self.entries = entries            # name -> Entry, in header order
-        self.metadata = metadata          # {str: str} or None
-
-
-def _no_dups(pairs):
-    d = {}
-    for k, v in pairs:
-        if k in d:
-            raise ValueError("duplicate key %r" % (k,))
-        d[k] = v
-    return d
-
-
-def parse_header(path, head, file_size, fail):
-    """Parse and check a safetensors header. `head` holds at least the first 8 bytes
-    (and ideally the whole header); `fail(msg)` raises. Returns Header, or the number
-    of bytes needed if `head` is too short."""
-    if file_size < 8 or len(head) < 8:
-        fail("%s: not a safetensors file: %d bytes, the 8-byte header length is missing"
-             % (path, file_size))
-    n, = struct.unpack("<Q", head[:8])
-    if n > MAX_HEADER:
-        fail("%s: not a safetensors file or corrupted: header length %d exceeds %d"
-             % (path, n, MAX_HEADER))
-    if 8 + n > file_size:
-        fail("%s: truncated or corrupted: header of %d bytes but the file has %d bytes"
-             % (path, n, file_size))
-    if len(head) < 8 + n:
-        return 8 + n
-    raw = bytes(head[8:8 + n])
-    try:
-        text = raw.decode("utf-8")
-        h = json.loads(text, object_pairs_hook=_no_dups)
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        fail("%s: corrupted safetensors header (bytes 8..%d): %s" % (path, 8 + n, e))
-    if not isinstance(h, dict):
-        fail("%s: corrupted safetensors header: JSON is not an object" % path)
-    data_start = 8 + n
-    data_len = file_size - data_start
-    meta = h.pop("__metadata__", None)
-    if meta is not None:
-        if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
-            fail("%s: corrupted safetensors header: __metadata__ must map strings to strings"
-                 % path)
-    entries = {}
-    for name, info in h.items():
-        where = "%s: tensor %r" % (path, name)
-        if not isinstance(info, dict):
-            fail("%s: corrupted header entry (not an object)" % where)
-        st = info.get("dtype")
-        shape = info.get("shape")
-        offs = info.get("data_offsets")
-        if not isinstance(st, str) or st not in ST_DTYPES:
-            fail("%s: unsupported or corrupted dtype %r" % (where, st))
-        dtype = torch_dtype(st)
-        if dtype is None:
-            fail("%s: dtype %s is not available in this torch" % (where, st))
-        if (not isinstance(shape, list) or len(shape) > 64 or
-                not all(type(s) is int and s >= 0 for s in shape)):
-            fail("%s: corrupted shape %r" % (where, shape))
-        if (not isinstance(offs, list) or len(offs) != 2 or
-                not all(type(o) is int for o in offs) or not 0 <= offs[0] <= offs[1]):
-            fail("%s: corrupted data_offsets %r" % (where, offs))
-        itemsize = ST_DTYPES[st][1]
-        count = 1
-        for s in shape:
-            count *= s
-        if count * itemsize != offs[1] - offs[0]:
-            fail("%s: corrupted header: shape %s of %s needs %d bytes but data_offsets %s "
-                 "span %d" % (where, shape, st, count * itemsize, offs, offs[1] - offs[0]))
-        if offs[1] > data_len:
-            fail("%s: truncated: the tensor needs bytes [%d, %d) of the file but the file has "
-                 "%d bytes" % (where, data_start + offs[0], data_start + offs[1], file_size))
-        e = Entry(name, st, dtype, tuple(shape), offs[0], offs[1], itemsize)
-        e.path = path
-        e.data_start = data_start
-        entries[name] = e
-    return Header(path, data_start, entries, meta, file_size)
+def header_digest(metadata, tensors):
+    """CRC32C of the canonical description of a header: its metadata (all keys but
+    HEADER_CRC_KEY) and every tensor as (name, safetensors dtype, shape, absolute byte
+    offset, byte length, shard file name or ""). Computed by save from what it writes and
+    by load from what the C parser read, so a flipped bit anywhere in the structure (a
+    tensor name, a shape, ferry.tree's values) fails the check."""
+    md = sorted((str(k), v) for k, v in (metadata or {}).items() if k != HEADER_CRC_KEY)
+    ts = sorted([str(n), str(dt), [int(x) for x in shape], int(off), int(nb), str(shard)]
+                for n, dt, shape, off, nb, shard in tensors)
+    text = json.dumps([md, ts], separators=(",", ":"), sort_keys=True, ensure_ascii=True)
+    return _ferry.crc32c(text.encode("ascii"))

@@ -119,7 +119,7 @@ def flatten(obj):
                 seen[key] = k
         return out
 
-    depth_limit = 200
+    depth_limit = MAX_DEPTH
 
     def enc(x, path, depth):
         if depth > depth_limit:
@@ -162,9 +162,15 @@ def flatten(obj):
         np_scalar = _numpy_scalar(x)
         if np_scalar is not None:
             return np_scalar
+        arr = _numpy_array_tensor(x, path)
+        if arr is not None:
+            t, dtype_str = arr
+            name, _ = add_tensor(t, path)
+            return {"nd": [name, dtype_str]}
         raise TypeError("ferry.checkpoint: cannot store %s at %s (a %s); tensors, dicts, "
                         "lists, tuples, str, int, float, bool, None, bytes, torch.dtype/"
-                        "device/Size and numpy scalars are supported"
+                        "device/Size, numpy scalars and numpy arrays of numeric dtypes "
+                        "are supported"
                         % (repr(x)[:60], ".".join(map(str, path)) or "<root>", type(x).__name__))
 
     def enc_key(k, path):
@@ -174,6 +180,59 @@ def flatten(obj):
         return enc(k, path, 0)
 
     out.tree = enc(obj, (), 0)
+    return out
+
+
+def _numpy_array_tensor(x, path):
+    """(tensor, dtype string) for a numpy array of a dtype torch holds, or None if x is no
+    numpy array; TypeError for arrays of other dtypes (object, str, datetime, ...)."""
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover
+        return None
+    if not isinstance(x, np.ndarray):
+        return None
+    torch = _torch()
+    native = x.dtype.newbyteorder("=")
+    if x.dtype.kind not in "biufc" or type(x) is not np.ndarray:
+        raise TypeError("ferry.checkpoint: cannot store the numpy array at %s: dtype %s (%s); "
+                        "numpy arrays of bool, integer, float and complex64 dtypes are stored"
+                        % (".".join(map(str, path)) or "<root>", x.dtype, type(x).__name__))
+    a = np.ascontiguousarray(x, dtype=native)
+    if not a.flags.writeable:
+        a = a.copy()                     # torch.from_numpy wants writeable memory
+    try:
+        t = torch.from_numpy(a)
+    except TypeError:
+        raise TypeError("ferry.checkpoint: cannot store the numpy array at %s: dtype %s has "
+                        "no torch equivalent" % (".".join(map(str, path)) or "<root>", x.dtype))
+    from . import _ckpt_st
+    try:
+        _ckpt_st.st_dtype(t.dtype)
+    except TypeError as e:               # complex128: no safetensors dtype
+        raise TypeError("ferry.checkpoint: cannot store the numpy array at %s: %s"
+                        % (".".join(map(str, path)) or "<root>", e))
+    return t, x.dtype.str
+
+
+def numpy_names(tree):
+    """Names of the tensors that hold numpy arrays (not load_into targets)."""
+    out = set()
+
+    def walk(x, depth):
+        if depth > MAX_DEPTH:
+            return
+        if isinstance(x, dict):
+            for k, v in x.items():
+                if k == "nd" and isinstance(v, list) and v and isinstance(v[0], str):
+                    out.add(v[0])
+                else:
+                    walk(v, depth + 1)
+        elif isinstance(x, list):
+            for v in x:
+                walk(v, depth + 1)
+
+    walk(tree, 0)
     return out
 
 
@@ -192,71 +251,156 @@ def _numpy_scalar(x):
     return None
 
 
-class TreeError(ValueError):
-    pass
+MAX_DEPTH = 200            # nesting flatten() writes and decode() accepts
+_DT_NAMES = None
 
 
-def decode(tree, get_tensor):
-    """Rebuild the object from a skeleton; get_tensor(name) gives the loaded tensor."""
+def _fail(target, path, msg):
+    from . import _ckpt_io as _io
+    where = ".".join(str(p) for p in path) or "<root>"
+    _io.fail("%s: corrupted %s metadata at %s: %s" % (target, TREE_KEY, where, msg))
+
+
+def parse(text, target):
+    """The skeleton stored under TREE_KEY, as JSON; FerryError naming the file if it is not
+    JSON or nests deeper than json and MAX_DEPTH allow."""
+    if not isinstance(text, str):
+        _fail(target, (), "not a string")
+    depth = cur = 0
+    for ch in text:                  # bound the nesting before json's recursion does
+        if ch in "[{":
+            cur += 1
+            depth = max(depth, cur)
+        elif ch in "]}":
+            cur -= 1
+    if depth > 3 * MAX_DEPTH + 4:    # a level of nesting is at most 3 JSON levels
+        _fail(target, (), "nested %d levels deep (at most %d)" % (depth, MAX_DEPTH))
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as e:
+        _fail(target, (), "not JSON: %s" % (str(e)[:80],))
+
+
+def decode(tree, tensors, target):
+    """Rebuild the object from a skeleton; tensors: {name: loaded tensor}. Every node is
+    checked: a damaged skeleton raises FerryError naming the file and the key path."""
     torch = _torch()
 
-    def dec(x, depth):
-        if depth > 1000:
-            raise TreeError("skeleton nested too deep")
-        if x is None or isinstance(x, (bool, int, float, str)):
+    def want(cond, path, msg):
+        if not cond:
+            _fail(target, path, msg)
+
+    def seq(v, path):
+        want(isinstance(v, list), path, "a sequence node without a list")
+        return v
+
+    def dec(x, path, depth):
+        want(depth <= MAX_DEPTH, path, "nested deeper than %d" % MAX_DEPTH)
+        if x is None or isinstance(x, (bool, str)):
             return x
-        if isinstance(x, list):
-            raise TreeError("bare JSON array in skeleton")
-        if not isinstance(x, dict) or len(x) != 1:
-            raise TreeError("malformed skeleton node %r" % (str(x)[:60],))
+        if type(x) is int or type(x) is float:
+            return x
+        want(isinstance(x, dict) and len(x) == 1, path,
+             "malformed node %s" % (json.dumps(x)[:60] if not isinstance(x, dict) else
+                                    "with %d keys" % len(x)))
         (tag, v), = x.items()
         if tag == "T":
-            return get_tensor(v)
+            want(isinstance(v, str) and v in tensors, path,
+                 "names tensor %r, which the file lacks" % (v,))
+            return tensors[v]
+        if tag == "nd":
+            want(isinstance(v, list) and len(v) == 2 and isinstance(v[0], str) and
+                 v[0] in tensors and isinstance(v[1], str), path, "malformed numpy array node")
+            return _numpy_array(tensors[v[0]], v[1], lambda m: _fail(target, path, m))
         if tag in ("d", "od"):
-            if not isinstance(v, list):
-                raise TreeError("malformed dict node")
             d = collections.OrderedDict() if tag == "od" else {}
-            for item in v:
-                if not isinstance(item, list) or len(item) != 2:
-                    raise TreeError("malformed dict item")
-                k = dec(item[0], depth + 1)
+            for item in seq(v, path):
+                want(isinstance(item, list) and len(item) == 2, path, "malformed dict item")
+                k = dec(item[0], path, depth + 1)
+                want(not isinstance(k, (torch.Tensor, list, dict, bytearray)), path,
+                     "a dict key of type %s" % type(k).__name__)
                 try:
                     hash(k)
                 except TypeError:
-                    raise TreeError("unhashable dict key in skeleton")
-                d[k] = dec(item[1], depth + 1)
+                    _fail(target, path, "an unhashable dict key")
+                d[k] = dec(item[1], path + (k,), depth + 1)
             return d
-        if tag in ("l", "t", "S"):
-            if not isinstance(v, list):
-                raise TreeError("malformed sequence node")
-            seq = [dec(e, depth + 1) for e in v]
-            if tag == "l":
-                return seq
-            if tag == "S":
-                return torch.Size(seq)
-            return tuple(seq)
+        if tag in ("l", "t"):
+            out = [dec(e, path + (i,), depth + 1) for i, e in enumerate(seq(v, path))]
+            return out if tag == "l" else tuple(out)
+        if tag == "S":
+            want(all(type(e) is int and e >= 0 for e in seq(v, path)), path,
+                 "a torch.Size of non-integers")
+            return torch.Size(v)
         if tag == "f":
+            want(v in ("nan", "inf", "-inf"), path, "float %r" % (v,))
             return float(v)
         if tag == "b":
-            return base64.b64decode(v)
+            want(isinstance(v, str), path, "bytes not in base64")
+            try:
+                return base64.b64decode(v.encode("ascii"), validate=True)
+            except (ValueError, UnicodeEncodeError):
+                _fail(target, path, "bytes not in base64")
         if tag == "dt":
-            dt = getattr(torch, str(v), None)
-            if not isinstance(dt, torch.dtype):
-                raise TreeError("unknown torch dtype %r" % (v,))
+            dt = getattr(torch, v, None) if isinstance(v, str) else None
+            want(isinstance(dt, torch.dtype), path, "unknown torch dtype %r" % (v,))
             return dt
         if tag == "dev":
-            return torch.device(v)
+            want(isinstance(v, str) and len(v) < 64, path, "malformed torch.device")
+            try:
+                return torch.device(v)
+            except (RuntimeError, ValueError, TypeError):
+                _fail(target, path, "malformed torch.device %r" % (v,))
         if tag == "np":
-            import numpy as np
-            dtype, val = v
-            if isinstance(val, list):
-                val = complex(val[0], val[1])
-            elif isinstance(val, str):
-                val = float(val)
-            return np.dtype(dtype).type(val)
-        raise TreeError("unknown skeleton tag %r" % (tag,))
+            return _numpy_scalar_decode(v, lambda m: _fail(target, path, m))
+        _fail(target, path, "unknown tag %r" % (tag,))
 
-    return dec(tree, 0)
+    return dec(tree, (), 0)
+
+
+def _numpy_scalar_decode(v, fail):
+    import numpy as np
+    if not (isinstance(v, list) and len(v) == 2 and isinstance(v[0], str) and len(v[0]) < 16):
+        fail("malformed numpy scalar")
+    try:
+        dt = np.dtype(v[0])
+    except (TypeError, ValueError):
+        fail("unknown numpy dtype %r" % (v[0],))
+    val = v[1]
+    if dt.kind not in "biufc":
+        fail("numpy scalar of dtype %s" % dt)
+    if dt.kind == "c":
+        if not (isinstance(val, list) and len(val) == 2 and
+                all(type(x) in (int, float) for x in val)):
+            fail("malformed complex numpy scalar")
+        val = complex(val[0], val[1])
+    elif isinstance(val, str) and dt.kind == "f":
+        if val not in ("nan", "inf", "-inf"):
+            fail("numpy float %r" % (val,))
+        val = float(val)
+    elif type(val) not in (int, float, bool):
+        fail("numpy scalar value of type %s" % type(val).__name__)
+    try:
+        with np.errstate(all="raise"):
+            out = dt.type(val)
+        if dt.kind in "iub" and out != val:
+            raise OverflowError
+        return out
+    except (OverflowError, ValueError, TypeError, FloatingPointError):
+        fail("%r does not fit numpy %s" % (val, dt))
+
+
+def _numpy_array(t, dtype_str, fail):
+    """A numpy array stored as tensor t (native byte order), back in its own dtype."""
+    import numpy as np
+    try:
+        dt = np.dtype(dtype_str)
+    except (TypeError, ValueError):
+        fail("unknown numpy dtype %r" % (dtype_str,))
+    a = t.detach().cpu().numpy()
+    if a.dtype.newbyteorder("=") != dt.newbyteorder("="):
+        fail("numpy dtype %s stored as a %s tensor" % (dt, t.dtype))
+    return a.astype(dt, copy=False)
 
 
 def tensor_paths(tree):
@@ -264,7 +408,7 @@ def tensor_paths(tree):
     out = {}
 
     def walk(x, path, depth):
-        if depth > 1000 or not isinstance(x, dict) or len(x) != 1:
+        if depth > MAX_DEPTH or not isinstance(x, dict) or len(x) != 1:
             return
         (tag, v), = x.items()
         if tag == "T":
@@ -272,11 +416,9 @@ def tensor_paths(tree):
         elif tag in ("d", "od") and isinstance(v, list):
             for item in v:
                 if isinstance(item, list) and len(item) == 2:
-                    try:
-                        k = decode(item[0], lambda n: None)
-                        hash(k)
-                    except Exception:
-                        continue
+                    k = item[0]
+                    if isinstance(k, dict) or isinstance(k, list):
+                        continue         # tensors sit under plain keys (str/int)
                     walk(item[1], path + (k,), depth + 1)
         elif tag in ("l", "t") and isinstance(v, list):
             for i, e in enumerate(v):

@@ -32,17 +32,38 @@ CF decoding (mask/scale/times/strings) is xarray's own: the backend hands
 xarray the attributes the netCDF4/h5netcdf/zarr backends hand it. For data
 variables on a GPU, masking and scaling are applied to the cupy array with the
 exact parameters xarray's coders choose (same dtypes, same operations).
+
+Device: ``"cpu"`` by default, for open_dataset and open_mfdataset alike (numpy,
+as every xarray engine); ``device=0`` / ``"cuda:N"`` puts data variables on
+that GPU, and under dask their chunks are cupy with cupy meta
+(_install_dask_hook). netCDF-4 encodings carry preferred_chunks from the HDF5
+chunks, so ``chunks={}`` follows them as with h5netcdf.
+
+Processes: a FerryStore pickles as its open arguments plus what it parsed and
+reopens by path (with the new process's context) in another process, in a
+forked child and after close(); the file must still be the one parsed (inode,
+size, mtime), else FerryError. Every engine run is bracketed by that check.
+
+Input: local paths only (str, bytes, os.PathLike, file://, fsspec mappers and
+zarr stores of local directories); remote URLs are FerryError. Damaged
+netCDF-4: any object, attribute or chunk index h5py cannot read is FerryError
+naming the file and the object (never a dropped variable, never h5py's own
+exception).
 """
 from __future__ import annotations
 
 import base64
+import collections
+import contextlib
 import itertools
 import json
 import logging
 import os
+import pickle
 import struct
 import sys
 import threading
+import weakref
 from typing import Any, Iterable
 
 import numpy as np
@@ -95,63 +116,36 @@ def _native(dt: np.dtype) -> np.dtype:
     return dt.newbyteorder("=")
 
 
-def _c_strides(shape, itemsize: int) -> list:
-    st = [0] * len(shape)
-    acc = itemsize
-    for i in range(len(shape) - 1, -1, -1):
-        st[i] = acc
-        acc *= int(shape[i])
-    return st
-
-
 def _key_triples(key: tuple, shape: tuple):
     """An OUTER backend key -> (triples, post) where post re-indexes what the
     triples read: integer axes are dropped and arrays that are not regular
-    progressions are taken from their bounding range."""
-    triples, post, squeeze = [], [], []
+    progressions are taken from their bounding range. Arrays become slices
+    here (xarray's convention); the slices and ints are normalised in C."""
+    items, post = [], []
     need_post = False
-    for ax, (k, n) in enumerate(zip(key, shape)):
-        n = int(n)
-        if isinstance(k, slice):
-            start, stop, step = k.indices(n)
-            if step < 0:   # decompose_indexer gives positive steps; be safe
-                idx = np.arange(start, stop, step)
-                k = idx
-            else:
-                cnt = max(0, (stop - start + step - 1) // step)
-                if cnt == 0:
-                    start = stop = 0
-                triples.append((start, stop, step))
-                post.append(slice(None))
-                continue
-        if isinstance(k, (int, np.integer)):
-            i = int(k)
-            if i < 0:
-                i += n
-            triples.append((i, i + 1, 1))
-            post.append(0)
-            squeeze.append(ax)
-            need_post = True
+    for k, n in zip(key, shape):
+        if isinstance(k, slice) and (k.step or 1) < 0:   # decompose_indexer gives positive steps; be safe
+            k = np.arange(*k.indices(int(n)))
+        if isinstance(k, (slice, int, np.integer)):
+            items.append(k)
+            post.append(slice(None) if isinstance(k, slice) else 0)
+            need_post = need_post or not isinstance(k, slice)
             continue
         k = np.asarray(k, dtype=np.int64).ravel()
-        k = np.where(k < 0, k + n, k)
-        if k.size == 0:
-            triples.append((0, 0, 1))
-            post.append(slice(None))
-            continue
-        lo, hi = int(k.min()), int(k.max())
-        if k.size == 1:
-            triples.append((lo, lo + 1, 1))
-            post.append(slice(None))
-            continue
+        k = np.where(k < 0, k + int(n), k)
         d = np.diff(k)
-        if (d > 0).all() and (d == d[0]).all():
-            triples.append((lo, hi + 1, int(d[0])))
-            post.append(slice(None))
+        if k.size == 0:
+            items.append(slice(0, 0))
+        elif k.size == 1 or ((d > 0).all() and (d == d[0]).all()):
+            items.append(slice(int(k[0]), int(k[-1]) + 1, int(d[0]) if k.size > 1 else 1))
+        else:
+            lo = int(k.min())
+            items.append(slice(lo, int(k.max()) + 1))
+            post.append(k - lo)
+            need_post = True
             continue
-        triples.append((lo, hi + 1, 1))
-        post.append(k - lo)
-        need_post = True
+        post.append(slice(None))
+    triples, _, _ = _ferry.normalize_selection(shape, tuple(items))
     return triples, (post if need_post else None)
 
 
@@ -216,6 +210,7 @@ class _VarSpec:
         self.kind = kind                      # "ferry" | "h5" | "h5py" | "zarrpy" | "unsupported"
         self.source = source                  # format-specific handle / info
         self.error = None                     # "unsupported": why (the C parser's message)
+        self.index = None                     # "ferry": the C dataset's variable index (names may not be UTF-8)
         self.device = -1                      # -1: CPU
         self.gpu_decode = None                # list of transforms applied on the device
         self.out_dtype = self.dtype           # dtype after gpu_decode
@@ -254,8 +249,8 @@ def _h5_attrs(obj) -> dict:
             continue
         try:
             v = obj.attrs[k]
-        except (OSError, TypeError):
-            continue
+        except Exception as e:  # noqa: BLE001 — netCDF4 and h5netcdf refuse it too
+            raise _h5_error(obj.file.filename, f"{obj.name}: attribute {k!r}", e) from None
         v = _h5_attr_value(v)
         if v is None:
             continue
@@ -317,152 +312,49 @@ class _H5Source:
             if len(fb) > 16:
                 self.supported, self.why = False, "fill value wider than 16 bytes"
         self.chunks = tuple(dset.chunks) if dset.chunks else None
+        self.file_size = os.path.getsize(path)
         self._table = None
         self._lock = threading.Lock()
+        self.offset = self.nbytes = None
         if self.layout == h5py.h5d.CONTIGUOUS and self.supported:
             self.offset = dset.id.get_offset()
             self.nbytes = dset.id.get_storage_size()
 
     def table(self):
-        """chunk offset tuple -> (file offset, size, filter mask)."""
+        """The chunk table (ferry_plan_layout's), built once from h5py's chunk_iter."""
         with self._lock:
             if self._table is None:
-                t = {}
-                dsid = self.dset.id
-                if hasattr(dsid, "chunk_iter"):
-                    def cb(info):
-                        t[tuple(info.chunk_offset)] = (info.byte_offset, info.size, info.filter_mask)
-                    dsid.chunk_iter(cb)
+                nd = len(self.shape)
+                if self.chunks is None:     # contiguous: one chunk, the whole array (absent if never written)
+                    rows = [] if self.offset is None or 0 in self.shape else [((0,) * nd, self.offset, self.nbytes, 0)]
                 else:
-                    for i in range(dsid.get_num_chunks()):
-                        info = dsid.get_chunk_info(i)
-                        t[tuple(info.chunk_offset)] = (info.byte_offset, info.size, info.filter_mask)
-                self._table = t
+                    rows = []
+                    dsid = self.dset.id
+                    if hasattr(dsid, "chunk_iter"):
+                        dsid.chunk_iter(lambda i: rows.append((i.chunk_offset, i.byte_offset, i.size, i.filter_mask)))
+                    else:
+                        for i in range(dsid.get_num_chunks()):
+                            i = dsid.get_chunk_info(i)
+                            rows.append((i.chunk_offset, i.byte_offset, i.size, i.filter_mask))
+                n = len(rows)
+                origins = np.array([r[0] for r in rows], dtype=np.uint64).reshape(n, nd)
+                mask = np.array([r[3] for r in rows], dtype=np.uint32)
+                # HDF5 numbers filters in the order they encode; the layout's
+                # codecs are in decoding order
+                nf = len(self.filters)
+                skips = np.zeros(n, dtype=np.uint32)
+                for i in range(nf):
+                    skips |= ((mask >> i) & 1) << (nf - 1 - i)
+                self._table = _ferry.chunk_table(self.shape, self.chunks or self.shape, origins,
+                                                 np.array([r[1] for r in rows], dtype=np.uint64),
+                                                 np.array([r[2] for r in rows], dtype=np.uint64), skips)
             return self._table
 
-    def codecs_for(self, mask: int) -> list:
-        cs = [f for i, f in enumerate(self.filters) if not (mask >> i) & 1]
-        cs.reverse()      # the pipeline runs backwards when reading
-        if self.swap:
-            cs.append(("byteswap", self.swap_size))
-        return cs
-
-    # -- plan building -------------------------------------------------------
     def add_to_plan(self, plan: ferry.Plan, triples, dst, label: str):
-        import h5py
-        shape = self.shape
-        nd = len(shape)
-        item = self.itemsize
-        counts = [max(0, (b - a + s - 1) // s) for a, b, s in triples]
-        if any(c == 0 for c in counts):
-            return
-        dst_c = _c_strides(counts, item)
-        whole = all(a == 0 and c == n and s == 1 for (a, b, s), c, n in zip(triples, counts, shape))
-        if self.layout == h5py.h5d.CONTIGUOUS:
-            if self.offset is None:         # never written: all fill
-                plan.extent(kind="fill", dst=dst, place=_place_fill(counts, dst_c, item), fill=self.fill,
-                            label=label)
-                return
-            if whole:
-                n = int(np.prod(shape, dtype=np.int64)) * item
-                plan.extent(path=self.path, offset=self.offset, length=n,
-                            codecs=[("byteswap", self.swap_size)] if self.swap else None,
-                            decoded_size=n, dst=dst, label=label)
-                return
-            if nd >= 1 and all(a == 0 and c == n and st == 1
-                               for (a, b, st), c, n in zip(triples[1:], counts[1:], shape[1:])):
-                # whole rows of the leading axis: one read per run of rows
-                row = int(np.prod(shape[1:], dtype=np.int64)) * item
-                a0, _, s0 = triples[0]
-                swap = [("byteswap", self.swap_size)] if self.swap else None
-                runs = [(a0, counts[0], 0)] if s0 == 1 else [(a0 + k * s0, 1, k) for k in range(counts[0])]
-                for first, n, k in runs:
-                    plan.extent(path=self.path, offset=self.offset + first * row, length=n * row, codecs=swap,
-                                decoded_size=n * row, dst=dst, dst_offset=k * row, label=label)
-                return
-            cshape = ((1,) + tuple(shape[1:])) if nd >= 2 else tuple(shape)
-            slab = int(np.prod(cshape, dtype=np.int64)) * item
-
-            def lookup(off):
-                j = off[0] // cshape[0] if nd else 0
-                return (self.offset + j * slab, slab, 0)
-            _plan_chunks(plan, self.path, shape, cshape, item, triples, counts, dst, dst_c, lookup,
-                         lambda m: [("byteswap", self.swap_size)] if self.swap else [], self.fill, label)
-            return
-        table = self.table()
-        _plan_chunks(plan, self.path, shape, self.chunks, item, triples, counts, dst, dst_c, table.get,
-                     self.codecs_for, self.fill, label)
-
-
-def _place_fill(counts, dst_c, item):
-    return {"itemsize": item, "count": list(counts), "src_stride": [0] * len(counts),
-            "dst_stride": list(dst_c), "src_offset": 0}
-
-
-def _chunk_ids(a, s, cnt, c):
-    """Chunk indices (of size c) holding indices a, a+s, ..., for cnt items."""
-    last = a + (cnt - 1) * s
-    if s < c:
-        return range(a // c, last // c + 1)
-    return sorted(set(((a + np.arange(cnt, dtype=np.int64) * s) // c).tolist()))
-
-
-def _plan_chunks(plan, path, shape, cshape, item, triples, counts, dst, dst_c, lookup, codecs_for, fill, label):
-    nd = len(shape)
-    src_c = _c_strides(cshape, item)
-    chunk_bytes = int(np.prod(cshape, dtype=np.int64)) * item
-    per_axis = []
-    for ax in range(nd):
-        a, _, s = triples[ax]
-        cnt = counts[ax]
-        c = int(cshape[ax])
-        opts = []
-        for j in _chunk_ids(a, s, cnt, c):
-            lo = j * c
-            hi = min(lo + c, int(shape[ax]))
-            k0 = max(0, -(-(lo - a) // s))
-            k1 = min(cnt - 1, (hi - 1 - a) // s)
-            if k1 < k0:
-                continue
-            within = a + k0 * s - lo
-            opts.append((lo, k0, k1 - k0 + 1, within))
-        per_axis.append(opts)
-    for combo in itertools.product(*per_axis):
-        key = tuple(o[0] for o in combo)
-        cnt = [o[2] for o in combo]
-        src_off = sum(o[3] * src_c[i] for i, o in enumerate(combo))
-        src_st = [triples[i][2] * src_c[i] for i in range(nd)]
-        dst_off = sum(o[1] * dst_c[i] for i, o in enumerate(combo))
-        ent = lookup(key)
-        if ent is None:
-            plan.extent(kind="fill", dst=dst, dst_offset=dst_off, place=_place_fill(cnt, dst_c, item),
-                        fill=fill, label=label)
-            continue
-        foff, fsize, mask = ent
-        codecs = codecs_for(mask)
-        only_swap = all(cd[0] == "byteswap" for cd in codecs)
-        if only_swap:
-            # uncompressed: read only the span the box covers
-            span = sum((n - 1) * st for n, st in zip(cnt, src_st)) + item
-            place = {"itemsize": item, "count": cnt, "src_stride": src_st, "dst_stride": dst_c, "src_offset": 0}
-            if _contiguous(cnt, src_st, item) and _contiguous(cnt, dst_c, item):
-                place = None
-            plan.extent(path=path, offset=foff + src_off, length=span, codecs=codecs or None,
-                        decoded_size=span, dst=dst, dst_offset=dst_off, place=place, label=label)
-        else:
-            place = {"itemsize": item, "count": cnt, "src_stride": src_st, "dst_stride": dst_c,
-                     "src_offset": src_off}
-            plan.extent(path=path, offset=foff, length=fsize, codecs=codecs, decoded_size=chunk_bytes,
-                        dst=dst, dst_offset=dst_off, place=place, label=label)
-
-
-def _contiguous(cnt, strides, item) -> bool:
-    expect = item
-    for n, st in zip(reversed(cnt), reversed(strides)):
-        if n > 1 and st != expect:
-            return False
-        expect *= n
-    return True
+        """Plan the selection `triples` into dst (C order): ferry_plan_layout."""
+        plan.layout(dst, self.shape, self.chunks or self.shape, self.itemsize, table=self.table(), path=self.path,
+                    codecs=self.filters[::-1], swap=self.swap_size if self.swap else 0, fill=self.fill,
+                    selection=triples if self.shape else None, label=label, file_size=self.file_size)
 
 
 def _h5_dims(dset, dimid_names: dict) -> tuple | None:
@@ -491,11 +383,66 @@ def _h5_dims(dset, dimid_names: dict) -> tuple | None:
     return None
 
 
-def _h5_scan(path: str, group: str | None):
-    """(specs, attrs, dims, unlimited, h5file) of an HDF5 / netCDF-4 group."""
+def _h5_error(path: str, what: str, e: BaseException) -> ferry.FerryError:
+    """h5py's exception (damaged or truncated file) as FerryError naming the file and the object."""
+    msg = str(e) or type(e).__name__
+    return ferry.FerryError(_ferry.EFORMAT, f"{path}: {what}: {msg}")
+
+
+def _h5_member(grp, k: str, path: str):
+    """grp[k], or FerryError naming the object: h5py's Group.items() yields None
+    for a member it cannot open, which would drop the variable without a word."""
+    try:
+        obj = grp[k]
+    except Exception as e:  # noqa: BLE001
+        raise _h5_error(path, f"cannot open object {grp.name.rstrip('/')}/{k}", e) from None
+    if obj is None:
+        raise ferry.FerryError(_ferry.EFORMAT, f"{path}: cannot open object {grp.name.rstrip('/')}/{k}")
+    return obj
+
+
+def _h5_open(path: str):
     import h5py
-    f = h5py.File(path, "r")
-    g = f[group] if group not in (None, "", "/") else f
+    try:
+        return h5py.File(path, "r")
+    except Exception as e:  # noqa: BLE001 — truncated, damaged, not HDF5 after all
+        raise _h5_error(path, "cannot open as HDF5/netCDF-4", e) from None
+
+
+def _h5_scan(path: str, group: str | None):
+    """(specs, attrs, dims, unlimited, h5file) of an HDF5 / netCDF-4 group. Any
+    object or attribute h5py cannot read is a FerryError naming it (netCDF4 and
+    h5netcdf refuse such files too): a variable is never silently dropped."""
+    f = _h5_open(path)
+    try:
+        return _h5_scan_open(f, path, group)
+    except ferry.FerryError:
+        f.close()
+        raise
+    except Exception as e:  # noqa: BLE001
+        f.close()
+        raise _h5_error(path, "damaged HDF5 metadata", e) from None
+
+
+def _h5_scan_open(f, path: str, group: str | None):
+    import h5py
+    # Every object header of the file, as netCDF4 reads them all at open: a damaged
+    # group elsewhere in the file makes netCDF4 refuse the file, so ferry does too.
+    try:
+        f.visit(lambda name: None)
+    except Exception as e:  # noqa: BLE001
+        raise _h5_error(path, "damaged HDF5 metadata", e) from None
+    g = f
+    if group not in (None, "", "/"):
+        node = f
+        for part in group.strip("/").split("/"):
+            if part not in node:
+                raise ferry.FerryError(_ferry.ENOTFOUND, f"{path}: no group {group!r} "
+                                       f"({node.name!r} has {sorted(node.keys())!r})")
+            node = _h5_member(node, part, path)
+            if not isinstance(node, h5py.Group):
+                raise ferry.FerryError(_ferry.ENOTFOUND, f"{path}: {group!r} is not a group")
+        g = node
     # dimension ids of every dimension scale visible from this group
     dimid_names = {}
     dims, unlimited = {}, set()
@@ -506,8 +453,12 @@ def _h5_scan(path: str, group: str | None):
         if node.name == "/":
             break
         node = node.parent
+    members = {}
     for grp in reversed(chain):
-        for k, obj in grp.items():
+        for k in grp.keys():
+            obj = _h5_member(grp, k, path)
+            if grp is g:
+                members[k] = obj
             if isinstance(obj, h5py.Dataset) and obj.attrs.get("CLASS", b"") == b"DIMENSION_SCALE":
                 name = k[len(_NON_COORD):] if k.startswith(_NON_COORD) else k
                 if "_Netcdf4Dimid" in obj.attrs:
@@ -518,50 +469,56 @@ def _h5_scan(path: str, group: str | None):
                         unlimited.add(name)
     specs = []
     phony = 0
-    for k, obj in g.items():
+    for k, obj in members.items():
         if not isinstance(obj, h5py.Dataset):
             continue
-        nm = obj.attrs.get("NAME", b"")
-        if isinstance(nm, bytes) and nm.startswith(_NC_DIM_ONLY):
-            continue
-        name = k[len(_NON_COORD):] if k.startswith(_NON_COORD) else k
-        vd = _h5_dims(obj, dimid_names)
-        if vd is None:
-            vd = tuple(f"phony_dim_{phony + i}" for i in range(obj.ndim))
-            phony += obj.ndim
-        for d, n in zip(vd, obj.shape):
-            dims.setdefault(d, int(n))
-        attrs = _h5_attrs(obj)
-        stored = obj.dtype
-        encoding = {"source": path, "original_shape": tuple(obj.shape)}
-        vlen = h5py.check_dtype(vlen=stored)
-        if vlen is str or vlen is bytes or stored.kind == "O":
-            dtype = np.dtype(object)
-            src, kind, why = obj, "h5py", "variable-length strings"
-            encoding["dtype"] = str if vlen is str else stored
-        else:
-            dtype = _native(stored)
-            encoding["dtype"] = stored
-            s = _H5Source(path, obj, dtype)
-            if s.supported:
-                src, kind, why = s, "h5", ""
+        try:
+            nm = obj.attrs.get("NAME", b"")
+            if isinstance(nm, bytes) and nm.startswith(_NC_DIM_ONLY):
+                continue
+            name = k[len(_NON_COORD):] if k.startswith(_NON_COORD) else k
+            vd = _h5_dims(obj, dimid_names)
+            if vd is None:
+                vd = tuple(f"phony_dim_{phony + i}" for i in range(obj.ndim))
+                phony += obj.ndim
+            for d, n in zip(vd, obj.shape):
+                dims.setdefault(d, int(n))
+            attrs = _h5_attrs(obj)
+            stored = obj.dtype
+            encoding = {"source": path, "original_shape": tuple(obj.shape)}
+            vlen = h5py.check_dtype(vlen=stored)
+            if vlen is str or vlen is bytes or stored.kind == "O":
+                dtype = np.dtype(object)
+                src, kind, why = obj, "h5py", "variable-length strings"
+                encoding["dtype"] = str if vlen is str else stored
             else:
-                src, kind, why = obj, "h5py", s.why
-        if obj.chunks:
-            encoding["chunksizes"] = tuple(obj.chunks)
-            encoding["contiguous"] = False
-            if obj.compression == "gzip":
-                encoding["zlib"] = True
-                encoding["complevel"] = obj.compression_opts
-            encoding["shuffle"] = bool(obj.shuffle)
-            encoding["fletcher32"] = bool(obj.fletcher32)
-        else:
-            encoding["contiguous"] = True
-            encoding["chunksizes"] = None
-        encoding["ferry_reader"] = "engine" if kind == "h5" else "h5py"
-        if kind == "h5py":
-            log.info("%s: variable %s is read by h5py on the CPU (%s)", path, name, why)
-        specs.append(_VarSpec(name, vd, obj.shape, dtype, attrs, encoding, kind, src))
+                dtype = _native(stored)
+                encoding["dtype"] = stored
+                s = _H5Source(path, obj, dtype)
+                if s.supported:
+                    src, kind, why = s, "h5", ""
+                else:
+                    src, kind, why = obj, "h5py", s.why
+            if obj.chunks:
+                encoding["chunksizes"] = tuple(obj.chunks)
+                encoding["preferred_chunks"] = dict(zip(vd, obj.chunks))   # as h5netcdf: chunks={} follows them
+                encoding["contiguous"] = False
+                if obj.compression == "gzip":
+                    encoding["zlib"] = True
+                    encoding["complevel"] = obj.compression_opts
+                encoding["shuffle"] = bool(obj.shuffle)
+                encoding["fletcher32"] = bool(obj.fletcher32)
+            else:
+                encoding["contiguous"] = True
+                encoding["chunksizes"] = None
+            encoding["ferry_reader"] = "engine" if kind == "h5" else "h5py"
+            if kind == "h5py":
+                log.info("%s: variable %s is read by h5py on the CPU (%s)", path, name, why)
+            specs.append(_VarSpec(name, vd, obj.shape, dtype, attrs, encoding, kind, src))
+        except ferry.FerryError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise _h5_error(path, f"variable {obj.name}", e) from None
     gattrs = _h5_attrs(g)
     return specs, gattrs, dims, unlimited, f
 
@@ -569,11 +526,14 @@ def _h5_scan(path: str, group: str | None):
 def _h5_groups(path: str) -> list:
     import h5py
     out = []
-    with h5py.File(path, "r") as f:
+    with _h5_open(path) as f:
         def visit(name, obj):
             if isinstance(obj, h5py.Group):
                 out.append("/" + name)
-        f.visititems(visit)
+        try:
+            f.visititems(visit)
+        except Exception as e:  # noqa: BLE001
+            raise _h5_error(path, "damaged HDF5 metadata", e) from None
     return ["/"] + out
 
 
@@ -703,8 +663,38 @@ def _zarr_py_spec(path: str, group: str | None, name: str, zv: int, shape: tuple
     return _VarSpec(name, d, arr.shape, dtype, attrs, encoding, "zarrpy", arr)
 
 
-def _c_scan(path: str, fmt: str, group: str | None, ctx):
-    ds = ferry.Dataset(ctx, path, None, group if fmt == "zarr" else None)
+def _c_variables(ds) -> list:
+    """[(index, info dict | None, raw name | None)]: ds.variables(), or one by one
+    when the C parser hands over bytes that are not UTF-8 (a Zarr member named by
+    a non-UTF-8 directory): that variable comes back as (i, None, its raw name)
+    instead of one UnicodeDecodeError making the whole store unreadable."""
+    try:
+        return [(i, v, None) for i, v in enumerate(ds.variables())]
+    except UnicodeDecodeError:
+        pass
+    out = []
+    for i in itertools.count():
+        try:
+            out.append((i, ds.variable(i), None))
+        except IndexError:
+            return out
+        except UnicodeDecodeError as e:
+            out.append((i, None, bytes(e.object)))
+    return out
+
+
+def _utf8_path(path: str) -> bool:
+    try:
+        os.fsencode(path).decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def _c_scan(path: str, fmt: str, group: str | None, ctx, cpath: str | None = None):
+    """cpath: what the C parser opens when `path` itself cannot be handed to it
+    (a /proc/self/fd alias of a path that is not UTF-8)."""
+    ds = ferry.Dataset(ctx, cpath or path, None, group if fmt == "zarr" else None)
     actual = ds.format
     gattrs = ferry.decode_attrs(ds.attrs, actual)
     dims_j = json.loads(ds.dims)
@@ -712,7 +702,20 @@ def _c_scan(path: str, fmt: str, group: str | None, ctx):
     unlimited = {k for k, v in dims_j.items() if isinstance(v, dict) and v.get("unlimited")}
     zv = _zarr_version(path, group) if actual == "zarr" else 0
     specs = []
-    for v in ds.variables():
+    for index, v, raw in _c_variables(ds):
+        if v is None:
+            name = raw.decode("utf-8", "surrogateescape")
+            base = os.fsencode(os.path.join(path, group.strip("/")) if group else path)
+            sp = None
+            if actual == "zarr" and os.path.isdir(os.path.join(base, raw)):
+                sp = _zarr_py_spec(path, group, name, zv, (), "its name is not UTF-8")
+            if sp is None:
+                raise ferry.FerryError(_ferry.EFORMAT, f"{path}: variable {name!r} (#{index}): its metadata is "
+                                       "not UTF-8" + (" and zarr-python cannot read it" if actual == "zarr" else ""))
+            for dn, n in zip(sp.dims, sp.shape):
+                dims.setdefault(dn, int(n))
+            specs.append(sp)
+            continue
         name = v["name"]
         err = v.get("error")    # the C parser describes it but cannot read it
         if actual == "zarr" and (err or (v["dtype"] == "other" and not _engine_readable(v["typestr"]))):
@@ -777,6 +780,7 @@ def _c_scan(path: str, fmt: str, group: str | None, ctx):
             dims.setdefault(dn, int(n))
         spec = _VarSpec(name, d, shape, dtype, attrs, encoding, kind, ds)
         spec.error = err
+        spec.index = index
         specs.append(spec)
     if actual == "zarr":
         gattrs = {k: v for k, v in gattrs.items() if not k.lower().startswith("_nc")}
@@ -784,39 +788,218 @@ def _c_scan(path: str, fmt: str, group: str | None, ctx):
 
 
 # ---------------------------------------------------------------------------
+# file identity, reopening (pickle, fork, close)
+# ---------------------------------------------------------------------------
+def _file_identity(path) -> tuple:
+    """What says "the same file, unchanged": device, inode, size, mtime (ns)."""
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _h5_identity(h5file, path) -> tuple:
+    """Identity of the file h5py holds open, checked against what `path` names now:
+    the engine reads chunk bytes by path, so both must be one file."""
+    try:
+        st = os.fstat(int(h5file.id.get_vfd_handle()))
+        held = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    except Exception:  # noqa: BLE001 — a driver without a descriptor: the path's stat
+        held = _file_identity(path)
+    if _file_identity(path) != held:
+        h5file.close()
+        raise ferry.FerryError(_ferry.EIO, f"{path}: the file was replaced while it was being opened")
+    return held
+
+
+def _describe_ident(ident) -> str:
+    if ident is None:
+        return "a store"
+    return f"inode {ident[1]}, {ident[2]} bytes, mtime {ident[3] / 1e9:.6f}"
+
+
+_reopen_mutex = threading.Lock()
+
+
+def _reopen_lock():
+    return _reopen_mutex
+
+
+def _new_reopen_lock_in_child():
+    # a lock held by another thread at fork() would stay held forever in the child
+    global _reopen_mutex
+    _reopen_mutex = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_reopen_lock_in_child)
+
+# Stores reopened from pickles, per process: a dask worker unpickles the same
+# store for many tasks, and should parse the file once (CachingFileManager's
+# cache does the same for xarray's engines). Weak, plus a few strong references
+# so that a store survives between two tasks.
+_STORES: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
+_RECENT: collections.deque = collections.deque(maxlen=32)
+
+
+def _store_key(args, expect):
+    try:
+        return pickle.dumps((args, expect), protocol=4)
+    except Exception:  # noqa: BLE001 — unpicklable decoder objects: no sharing
+        return None
+
+
+def _remember_store(args, expect, store):
+    key = _store_key(args, expect)
+    if key is not None:
+        with _reopen_lock():
+            _STORES.setdefault(key, store)
+
+
+def _reopen_store(args, expect):
+    """Unpickling a FerryStore: the store of this process for these arguments, or a
+    new one opened by path and checked against what the pickling process saw."""
+    key = _store_key(args, expect)
+    with _reopen_lock():
+        s = _STORES.get(key) if key is not None else None
+    if s is not None:
+        return s
+    filename, group, device, threads, path = args[:5]
+    mask_and_scale, decode_times, decode_timedelta, decode = args[5:9]
+    s = FerryStore(filename, group=group, device=device, threads=threads, path=path, decode=decode,
+                   mask_and_scale=mask_and_scale, decode_times=decode_times, decode_timedelta=decode_timedelta,
+                   _expect=expect)
+    with _reopen_lock():
+        if key is not None:
+            s = _STORES.setdefault(key, s)
+        _RECENT.append(s)
+    return s
+
+
+# ---------------------------------------------------------------------------
 # the store
 # ---------------------------------------------------------------------------
 class FerryStore(AbstractDataStore):
-    """A file or store opened for xarray; reads go through one ferry Context."""
+    """A file or store opened for xarray; reads go through one ferry Context.
+
+    Like xarray's CachingFileManager, a store is a recipe as much as a handle:
+    it pickles as its open arguments plus what it found (the file's identity
+    and every variable's shape and dtype), reopens by path in a new process
+    (or after ``close()``, or in a forked child, whose inherited context and
+    HDF5 handles belong to the parent) with that process's default context,
+    and refuses with FerryError when the file it finds is not the one it
+    parsed (replaced, or changed in place)."""
 
     def __init__(self, filename: str, *, group: str | None = None, device: Any = "cpu", threads: int = 0,
-                 path: str | None = None, decode: str | None = None, mask_and_scale: bool = True, decode_times: Any = True,
-                 decode_timedelta: Any = None, ctx=None):
+                 path: str | None = None, decode: str | None = None, mask_and_scale: bool = True,
+                 decode_times: Any = True, decode_timedelta: Any = None, ctx=None, lock=None, _expect=None):
         self.filename = os.fspath(filename)
+        # lock= as xarray's engines take it: held around every read when given (a
+        # lock is not pickled: another process has its own)
+        self._user_lock = lock if hasattr(lock, "acquire") and hasattr(lock, "release") else None
         self.group = group
         self.device = ferry.parse_device(device)
         self.threads = int(threads or 0)
         self.path_policy = path
         self.decode = decode   # where compressed chunks decode: None/"auto", "gpu" (nvCOMP), "cpu"
-        self.ctx = ctx or ferry.default_context()
+        self._ctx = ctx          # None: the default context of whichever process reads
+        self._decoding = (mask_and_scale, decode_times, decode_timedelta)
         if self.device >= 0 and ferry._cupy() is None:
             raise ImportError(f"engine='ferry' with device={device!r} returns cupy arrays: install cupy "
                               "(or use device='cpu')")
-        self.format = _format_of(self.filename)
-        self._lock = threading.Lock()
-        self._cache: dict = {}
+        self._closed = False
         self._h5 = None
         self._cds = None
+        self._alias = self._alias_fd = None
+        self._open(_expect)
+
+    @property
+    def ctx(self):
+        return self._ctx if self._ctx is not None else ferry.default_context()
+
+    def _open(self, expect=None):
+        """Parse the file (again): specs, attributes, dimensions and its identity."""
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._cache: dict = {}
+        self.format = _format_of(self.filename)
         if self.format == "hdf5":
-            specs, gattrs, dims, unlimited, self._h5 = _h5_scan(self.filename, group)
+            specs, gattrs, dims, unlimited, self._h5 = _h5_scan(self.filename, self.group)
+            self._ident = _h5_identity(self._h5, self.filename)
         else:
-            specs, gattrs, dims, unlimited, self._cds = _c_scan(self.filename, self.format, group, self.ctx)
+            before = _file_identity(self.filename) if self.format != "zarr" else None
+            cpath = None
+            if not _utf8_path(self.filename) and os.path.isdir("/proc/self/fd"):
+                # the extension hands C strings back as UTF-8: give the parser an
+                # ASCII name of the same file (the descriptor lives as long as the store)
+                self._alias_fd = os.open(self.filename, os.O_RDONLY | os.O_CLOEXEC)
+                cpath = f"/proc/self/fd/{self._alias_fd}"
+            self._alias = cpath
+            specs, gattrs, dims, unlimited, self._cds = _c_scan(self.filename, self.format, self.group, self.ctx,
+                                                                cpath)
             self.format = self._cds.format
+            self._ident = before
+            if before is not None and _file_identity(self.filename) != before:
+                raise ferry.FerryError(_ferry.EIO, f"{self.filename}: the file changed while it was being opened")
         self.specs = {s.name: s for s in specs}
         self.attrs = gattrs
         self.dims = dims
         self.unlimited = unlimited
-        self._assign_devices(mask_and_scale, decode_times, decode_timedelta)
+        self._assign_devices(*self._decoding)
+        if expect is not None:
+            ident, summary = expect
+            if ident != self._ident or summary != self._summary():
+                self.close()
+                raise ferry.FerryError(_ferry.EIO, f"{self.filename}: the file changed since it was opened "
+                                       f"(found {_describe_ident(self._ident)}, expected {_describe_ident(ident)}"
+                                       f"{'' if summary == self._summary() else ', other variables'}): "
+                                       "open it again")
+
+    def _summary(self) -> tuple:
+        return tuple(sorted((s.name, s.shape, s.dtype.str, s.out_dtype.str, s.device) for s in self.specs.values()))
+
+    def _live(self):
+        """Make this store usable in the calling process: reopen after fork(),
+        unpickling elsewhere or close()."""
+        if self._pid == os.getpid() and not self._closed:
+            return
+        with _reopen_lock():
+            if self._pid == os.getpid() and not self._closed:
+                return
+            expect = (self._ident, self._summary())
+            if self._pid != os.getpid():
+                # the parent's handles: leave them to the parent (closing an inherited
+                # HDF5 file or C dataset here would act on the parent's state)
+                self._h5 = None
+                self._cds = None
+                self._alias_fd = None
+            else:
+                self.close()
+            self._closed = False
+            self._open(expect)
+
+    def spec(self, name) -> _VarSpec:
+        self._live()
+        return self.specs[name]
+
+    def _check_unchanged(self):
+        """The file at our path is still the one whose metadata we parsed."""
+        if self._ident is None:
+            return
+        try:
+            now = _file_identity(self.filename)
+        except OSError as e:
+            raise ferry.FerryError(_ferry.EIO, f"{self.filename}: the file is gone since it was opened ({e})") \
+                from None
+        if now != self._ident:
+            raise ferry.FerryError(_ferry.EIO, f"{self.filename}: the file changed since it was opened "
+                                   f"(found {_describe_ident(now)}, expected {_describe_ident(self._ident)}): "
+                                   "open it again")
+
+    def __reduce__(self):
+        args = (self.filename, self.group, self.device, self.threads, self.path_policy) + tuple(self._decoding) \
+            + (self.decode,)
+        expect = (self._ident, self._summary())
+        _remember_store(args, expect, self)
+        return (_reopen_store, (args, expect))
 
     # -- which variables go to the GPU ---------------------------------------
     def _assign_devices(self, mask_and_scale, decode_times, decode_timedelta):
@@ -870,6 +1053,7 @@ class FerryStore(AbstractDataStore):
 
     # -- AbstractDataStore ---------------------------------------------------
     def get_variables(self):
+        self._live()
         out = {}
         for name, s in self.specs.items():
             arr = FerryBackendArray(self, s)
@@ -887,6 +1071,11 @@ class FerryStore(AbstractDataStore):
         return {"unlimited_dims": set(self.unlimited)} if self.unlimited else {}
 
     def close(self):
+        """Close the file; a later read reopens it (as xarray's own engines do)."""
+        self._closed = True
+        if self._pid != os.getpid():     # a forked child: the handles are the parent's
+            self._h5 = self._cds = None
+            return
         if self._h5 is not None:
             try:
                 self._h5.close()
@@ -896,6 +1085,9 @@ class FerryStore(AbstractDataStore):
         if self._cds is not None:
             self._cds.close()
             self._cds = None
+        if self._alias_fd is not None:
+            os.close(self._alias_fd)
+            self._alias_fd = None
 
     # -- reading -------------------------------------------------------------
     def _alloc(self, shape, dtype: np.dtype, device: int):
@@ -914,13 +1106,20 @@ class FerryStore(AbstractDataStore):
         triples, post = _key_triples(key, s.shape)
         counts = tuple(max(0, (b - a + st - 1) // st) for a, b, st in triples)
         if s.kind in ("h5py", "zarrpy", "unsupported"):
-            return self._direct(s, triples, counts, post)
+            with self._user_lock if self._user_lock is not None else contextlib.nullcontext():
+                return self._direct(s, triples, counts, post)
         out = self._alloc(counts, s.dtype, s.device)
         if out.size:
             if s.kind == "ferry":
-                plan.read(s.source, s.name, out, triples if s.shape else None, True)
+                plan.read(s.source, s.index if s.index is not None else s.name, out,
+                          triples if s.shape else None, True)
             else:
-                s.source.add_to_plan(plan, triples, out, s.name)
+                try:
+                    s.source.add_to_plan(plan, triples, out, s.name)
+                except (ferry.FerryError, MemoryError):
+                    raise
+                except Exception as e:  # noqa: BLE001 — h5py reading a damaged chunk index
+                    raise _h5_error(self.filename, f"variable {s.name}: chunk index", e) from None
 
         def finish():
             r = _apply_post(out, post)
@@ -931,14 +1130,19 @@ class FerryStore(AbstractDataStore):
         sl = tuple(slice(a, b, st) for a, b, st in triples)
         if s.kind == "h5py":
             import h5py
-            if h5py.check_dtype(vlen=s.source.dtype) is str:
-                data = s.source.asstr()[sl] if s.shape else s.source.asstr()[()]
-                data = np.asarray(data, dtype=object)
-            else:
-                data = s.source[sl] if s.shape else s.source[()]
-                data = np.asarray(data)
-                if data.dtype != s.dtype:
-                    data = data.astype(s.dtype)
+            try:
+                if h5py.check_dtype(vlen=s.source.dtype) is str:
+                    data = s.source.asstr()[sl] if s.shape else s.source.asstr()[()]
+                    data = np.asarray(data, dtype=object)
+                else:
+                    data = s.source[sl] if s.shape else s.source[()]
+                    data = np.asarray(data)
+                    if data.dtype != s.dtype:
+                        data = data.astype(s.dtype)
+            except MemoryError:
+                raise
+            except Exception as e:  # noqa: BLE001 — h5py's errors on damaged data
+                raise _h5_error(self.filename, f"variable {s.name}", e) from None
         elif s.kind == "zarrpy":
             arr = s.source if not isinstance(s.source, ferry.Dataset) else None
             if arr is None:
@@ -979,9 +1183,20 @@ class FerryStore(AbstractDataStore):
 
     def run(self, plan):
         if len(plan):
-            self.ctx.run(plan, path=self.path_policy, threads=self.threads, decode=self.decode)
+            # before and after: a replace or an in-place write of the file in between
+            # would pair this metadata with other bytes; the reader sees an error instead
+            with self._user_lock if self._user_lock is not None else contextlib.nullcontext():
+                self._check_unchanged()
+                try:
+                    self.ctx.run(plan, path=self.path_policy, threads=self.threads, decode=self.decode)
+                except ferry.FerryError as e:
+                    if not self._alias:
+                        raise
+                    raise ferry.FerryError(e.code, str(e).replace(self._alias, self.filename)) from None
+                self._check_unchanged()
 
-    def read(self, s: _VarSpec, key: tuple):
+    def read(self, name, key: tuple):
+        s = self.spec(name)
         ck = (s.name, _norm_key(key))
         with self._lock:
             hit = self._cache.pop(ck, None)
@@ -998,9 +1213,10 @@ class FerryStore(AbstractDataStore):
         return fin()
 
     def read_many(self, requests: list) -> list:
-        """[(spec, key)] -> arrays, with ONE plan."""
+        """[(variable name, key)] -> arrays, with ONE plan."""
+        self._live()
         plan = ferry.Plan()
-        fins = [self._add(plan, s, k) for s, k in requests]
+        fins = [self._add(plan, self.specs[n], k) for n, k in requests]
         self.run(plan)
         return [f() for f in fins]
 
@@ -1022,11 +1238,11 @@ class FerryStore(AbstractDataStore):
                 bk, _ = indexing.decompose_indexer(lkey, arr.shape, indexing.IndexingSupport.OUTER)
             except Exception:  # noqa: BLE001 — anything unusual: read it on its own later
                 continue
-            ck = (arr.spec.name, _norm_key(bk.tuple))
+            ck = (arr.name, _norm_key(bk.tuple))
             if ck in seen:
                 continue
             seen.add(ck)
-            reqs.append((arr.spec, bk.tuple, ck))
+            reqs.append((arr.name, bk.tuple, ck))
         if len(reqs) < 2:
             return
         results = self.read_many([(sp, k) for sp, k, _ in reqs])
@@ -1083,18 +1299,100 @@ class FerryBackendArray(BackendArray):
 
     def __init__(self, store: FerryStore, spec: _VarSpec):
         self.store = store
-        self.spec = spec
+        self.name = spec.name     # not the spec: the store may reopen (fork, pickle) and parse anew
         self.shape = spec.shape
         self.dtype = spec.out_dtype
+
+    @property
+    def spec(self) -> _VarSpec:
+        return self.store.spec(self.name)
 
     def __getitem__(self, key: indexing.ExplicitIndexer):
         return indexing.explicit_indexing_adapter(key, self.shape, indexing.IndexingSupport.OUTER, self._raw)
 
     def _raw(self, key: tuple):
-        return self.store.read(self.spec, key)
+        return self.store.read(self.name, key)
+
+    async def async_getitem(self, key: indexing.ExplicitIndexer):
+        """For ``Dataset.load_async()``: the read runs in a worker thread (the engine
+        releases the GIL), so the event loop goes on meanwhile."""
+        import asyncio
+        return await asyncio.to_thread(self.__getitem__, key)
 
     def get_duck_array(self):
         return self[indexing.BasicIndexer((slice(None),) * len(self.shape))]
+
+
+# ---------------------------------------------------------------------------
+# what a user may pass as the file
+# ---------------------------------------------------------------------------
+def _remote_error(what, proto: str) -> ferry.FerryError:
+    return ferry.FerryError(_ferry.EUNSUPPORTED,
+                            f"{what}: ferry reads local files only, not {proto}:// (copy the data to a local "
+                            "disk, or open it with another engine, e.g. engine='h5netcdf' or 'zarr' with fsspec)")
+
+
+def _local_path(obj, storage_options=None) -> str:
+    """The local path named by what xarray's engines accept as a file: str,
+    bytes (os.fsencode'd names that are not UTF-8 too), os.PathLike, file://
+    URLs, fsspec mappers of a local file system, zarr's LocalStore (and v2's
+    DirectoryStore). A remote URL or store is a FerryError: it must never become
+    a local path (``s3://b/x`` is not ``./s3:/b/x``)."""
+    if isinstance(obj, FerryStore):
+        return obj.filename
+    if isinstance(obj, (str, bytes, os.PathLike)):
+        p = os.fspath(obj)
+        path = os.fsdecode(p) if isinstance(p, bytes) else p
+    else:
+        fs, root = getattr(obj, "fs", None), getattr(obj, "root", None)
+        if fs is not None and root is None:
+            root = getattr(obj, "path", None)                 # zarr's FsspecStore
+        if fs is not None and root is not None:            # fsspec FSMap, zarr FsspecStore
+            protos = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+            if not {"file", "local"} & set(protos):
+                raise _remote_error(f"{type(obj).__name__}({root!r})", protos[0])
+            path = os.fspath(root)
+        elif type(obj).__name__ in ("LocalStore", "DirectoryStore", "NestedDirectoryStore"):
+            path = os.fspath(root if root is not None else obj.path)
+        else:
+            raise TypeError(f"engine='ferry' opens local files and stores: a path (str, bytes, os.PathLike), "
+                            f"a file:// URL, or an fsspec mapper / zarr LocalStore of a local directory; "
+                            f"not {type(obj).__name__}")
+        path = os.fsdecode(path) if isinstance(path, bytes) else path
+    if "://" in path:
+        proto = path.split("://", 1)[0]
+        if proto.lower() != "file":
+            raise _remote_error(path, proto)
+        from urllib.parse import unquote, urlsplit
+        u = urlsplit(path)
+        if u.netloc not in ("", "localhost"):
+            raise _remote_error(path, f"file://{u.netloc}")
+        path = unquote(u.path, errors="surrogateescape")
+    return path
+
+
+def _check_consolidated(path: str, fmt: str, group, consolidated):
+    """consolidated= as the zarr engine reads it: True requires consolidated
+    metadata; False asks to ignore it, which ferry's parser cannot do, so it is
+    refused when the store has some (and is what ferry does when it has none)."""
+    if consolidated is None:
+        return
+    if fmt != "zarr":
+        raise ValueError(f"{path}: consolidated= applies to Zarr stores only")
+    has = os.path.exists(os.path.join(path, ".zmetadata"))
+    if not has:
+        try:
+            with open(os.path.join(path, "zarr.json"), "rb") as f:
+                has = json.load(f).get("consolidated_metadata") is not None
+        except (OSError, ValueError, AttributeError):
+            has = False
+    if consolidated and not has:
+        raise ferry.FerryError(_ferry.ENOTFOUND, f"{path}: consolidated=True but the store has no consolidated "
+                               "metadata (.zmetadata or zarr.json consolidated_metadata)")
+    if not consolidated and has:
+        raise ferry.FerryError(_ferry.EUNSUPPORTED, f"{path}: consolidated=False: ferry reads the consolidated "
+                               "metadata the store has and cannot ignore it; omit consolidated= (or use "
+                               "consolidated=True)")
 
 
 # ---------------------------------------------------------------------------
@@ -1102,14 +1400,14 @@ class FerryBackendArray(BackendArray):
 # ---------------------------------------------------------------------------
 class FerryBackendEntrypoint(BackendEntrypoint):
     """ferry: netCDF classic, netCDF-4/HDF5 and Zarr read by ferry's engine, into
-    GPU memory (``device=0`` / ``"cuda:N"``: cupy arrays) or host memory
-    (``device="cpu"``: numpy)."""
+    host memory (``device="cpu"``, the default: numpy, as every xarray engine) or
+    GPU memory (``device=0`` / ``"cuda:N"``: cupy arrays)."""
 
     description = "Read netCDF (classic and netCDF-4/HDF5) and Zarr with ferry, straight into GPU memory"
     url = "https://github.com/ferry-io/ferry"
     open_dataset_parameters = ("filename_or_obj", "mask_and_scale", "decode_times", "concat_characters",
                                "decode_coords", "drop_variables", "use_cftime", "decode_timedelta", "group",
-                               "device", "threads", "path", "decode")
+                               "device", "threads", "path", "decode", "lock", "storage_options", "consolidated")
 
     def guess_can_open(self, filename_or_obj) -> bool:
         return False   # opt-in only: never take files from xarray's own engines
@@ -1117,15 +1415,17 @@ class FerryBackendEntrypoint(BackendEntrypoint):
     def open_dataset(self, filename_or_obj, *, mask_and_scale=True, decode_times=True, concat_characters=True,
                      decode_coords=True, drop_variables: str | Iterable[str] | None = None, use_cftime=None,
                      decode_timedelta=None, group: str | None = None, device: Any = "cpu", threads: int = 0,
-                     path: str | None = None, decode: str | None = None):
+                     path: str | None = None, decode: str | None = None, lock=None,
+                     storage_options: dict | None = None, consolidated: bool | None = None):
         if isinstance(filename_or_obj, FerryStore):
             store = filename_or_obj
         else:
-            if not isinstance(filename_or_obj, (str, os.PathLike)):
-                raise TypeError("engine='ferry' opens paths (str or os.PathLike)")
-            store = FerryStore(os.fspath(filename_or_obj), group=group, device=device, threads=threads,
-                               path=path, decode=decode, mask_and_scale=mask_and_scale, decode_times=decode_times,
-                               decode_timedelta=decode_timedelta)
+            p = _local_path(filename_or_obj, storage_options)
+            if consolidated is not None:
+                _check_consolidated(p, _format_of(p), group, consolidated)
+            store = FerryStore(p, group=group, device=device, threads=threads, path=path, decode=decode,
+                               mask_and_scale=mask_and_scale, decode_times=decode_times,
+                               decode_timedelta=decode_timedelta, lock=lock)
         ds = StoreBackendEntrypoint().open_dataset(
             store, mask_and_scale=mask_and_scale, decode_times=decode_times, concat_characters=concat_characters,
             decode_coords=decode_coords, drop_variables=drop_variables, use_cftime=use_cftime,
@@ -1136,8 +1436,9 @@ class FerryBackendEntrypoint(BackendEntrypoint):
     def open_groups_as_dict(self, filename_or_obj, *, mask_and_scale=True, decode_times=True,
                             concat_characters=True, decode_coords=True, drop_variables=None, use_cftime=None,
                             decode_timedelta=None, group: str | None = None, device: Any = "cpu",
-                            threads: int = 0, path: str | None = None) -> dict:
-        p = os.fspath(filename_or_obj)
+                            threads: int = 0, path: str | None = None, lock=None,
+                            storage_options: dict | None = None, consolidated: bool | None = None) -> dict:
+        p = _local_path(filename_or_obj, storage_options)
         fmt = _format_of(p)
         root = (group or "/").rstrip("/") or "/"
         if fmt == "hdf5":
@@ -1152,20 +1453,23 @@ class FerryBackendEntrypoint(BackendEntrypoint):
                                    concat_characters=concat_characters, decode_coords=decode_coords,
                                    drop_variables=drop_variables, use_cftime=use_cftime,
                                    decode_timedelta=decode_timedelta, group=None if g == "/" else g,
-                                   device=device, threads=threads, path=path)
+                                   device=device, threads=threads, path=path, lock=lock,
+                                   consolidated=consolidated)
             rel = "/" + g[len(root):].lstrip("/") if root != "/" else g
             out[rel] = ds
         return out
 
     def open_datatree(self, filename_or_obj, *, mask_and_scale=True, decode_times=True, concat_characters=True,
                       decode_coords=True, drop_variables=None, use_cftime=None, decode_timedelta=None,
-                      group: str | None = None, device: Any = "cpu", threads: int = 0, path: str | None = None):
+                      group: str | None = None, device: Any = "cpu", threads: int = 0, path: str | None = None,
+                      lock=None, storage_options: dict | None = None, consolidated: bool | None = None):
         from xarray import DataTree
         d = self.open_groups_as_dict(filename_or_obj, mask_and_scale=mask_and_scale, decode_times=decode_times,
                                      concat_characters=concat_characters, decode_coords=decode_coords,
                                      drop_variables=drop_variables, use_cftime=use_cftime,
                                      decode_timedelta=decode_timedelta, group=group, device=device,
-                                     threads=threads, path=path)
+                                     threads=threads, path=path, lock=lock, storage_options=storage_options,
+                                     consolidated=consolidated)
         return DataTree.from_dict(d)
 
 
@@ -1185,18 +1489,82 @@ def _zarr_groups(store: str, root: str) -> list:
     return out
 
 
-def cupy_meta(ds):
-    """Make the dask arrays of ``ds`` that ferry reads into GPU memory real cupy-backed
-    dask arrays (chunks and ``meta`` cupy).
+# ---------------------------------------------------------------------------
+# dask chunks of device variables: cupy, with cupy meta
+# ---------------------------------------------------------------------------
+_DEVICE_CHUNK_PREFIX = "ferry-device-"
 
-    xarray builds dask arrays over lazy backend arrays with ``meta=np.ndarray`` and
-    ``asarray=True``, so dask turns each chunk into numpy (copying it to the host).
-    Use ``xr.open_mfdataset(..., engine="ferry", device=0, preprocess=ferry.xarray.cupy_meta)``
-    (or call it on a dataset opened with ``chunks=``)."""
+
+def _device_meta(data):
+    """A zero-size cupy array typed like `data` (what xarray hands
+    dask.array.from_array) when it is a ferry variable read into GPU memory; else None."""
+    if not isinstance(data, indexing.ImplicitToExplicitIndexingAdapter):
+        return None
+    inner = data.array
+    for _ in range(8):   # only xarray's pass-through wrappers: a decoding step in between may be numpy-only
+        if isinstance(inner, (indexing.CopyOnWriteArray, indexing.MemoryCachedArray)):
+            inner = inner.array
+        else:
+            break
+    if not isinstance(inner, indexing.LazilyIndexedArray) or not isinstance(inner.array, FerryBackendArray):
+        return None
+    arr = inner.array
+    if arr.store.device < 0 or arr.spec.device < 0:
+        return None
+    cupy = ferry._cupy()
+    if cupy is None:
+        return None
+    with cupy.cuda.Device(arr.spec.device):
+        return cupy.empty((0,) * len(data.shape), dtype=data.dtype)
+
+
+def _install_dask_hook():
+    """xarray's DaskManager.from_array gives every lazy backend array ``meta=np.ndarray``
+    and dask then calls ``np.asarray`` on each chunk: for a GPU variable a copy to the
+    host, or an error. For ferry's GPU variables (only those) build the dask array
+    with cupy meta and the chunks as the backend returns them; every other array goes
+    to xarray's method unchanged. xarray has no backend hook for this (it chunks after
+    the backend returns), hence the wrapper."""
+    try:
+        from xarray.namedarray.daskmanager import DaskManager
+    except ImportError:
+        return
+    orig = DaskManager.from_array
+    if getattr(orig, "_ferry_wrapped", False):
+        return
+
+    def from_array(self, data, chunks, **kwargs):
+        meta = _device_meta(data)
+        if meta is None:
+            return orig(self, data, chunks, **kwargs)
+        import dask.array as da
+        kw = dict(kwargs)
+        name = kw.pop("name", None)
+        kw.update(meta=meta, asarray=False)
+        lazy = da.from_array(data, chunks, name=name if name else True, **kw)
+        return lazy.map_blocks(_duck_chunk, dtype=data.dtype, meta=meta, name=_DEVICE_CHUNK_PREFIX + lazy.name)
+
+    from_array._ferry_wrapped = True
+    from_array.__wrapped__ = orig
+    from_array.__doc__ = orig.__doc__
+    DaskManager.from_array = from_array
+
+
+_install_dask_hook()
+
+
+def cupy_meta(ds):
+    """Kept for code written before GPU variables had cupy dask chunks by default:
+    make the dask arrays of ``ds`` that ferry reads into GPU memory cupy-backed dask
+    arrays (chunks and ``meta`` cupy). Arrays that already are (what
+    ``open_dataset(..., engine="ferry", device=0, chunks=...)`` and ``open_mfdataset``
+    give now) are left as they are."""
     import cupy
     out = ds.copy()
     for name, v in out.variables.items():
         if v.encoding.get("ferry_device", -1) < 0:
+            continue
+        if str(getattr(v.data, "name", "")).startswith(_DEVICE_CHUNK_PREFIX):
             continue
         new = _rechunk_on_device(v.data, cupy.empty((0,) * v.ndim, dtype=v.dtype))
         if new is not None:
@@ -1229,10 +1597,12 @@ def _duck_chunk(x):
     return get() if get is not None else x
 
 
-def open_mfdataset(paths, *, device: Any = 0, preprocess=None, **kwargs):
-    """``xr.open_mfdataset(paths, engine="ferry", device=device, ...)`` whose device
-    variables are dask arrays of cupy chunks (``cupy_meta`` applied after any
-    ``preprocess`` of yours)."""
+def open_mfdataset(paths, *, device: Any = "cpu", preprocess=None, **kwargs):
+    """``xr.open_mfdataset(paths, engine="ferry", device=device, ...)``.
+
+    ``device`` defaults to ``"cpu"`` here as in ``open_dataset``: engine="ferry"
+    returns numpy as every xarray engine does unless a GPU is asked for
+    (``device=0``, ``"cuda:1"``); GPU variables are then dask arrays of cupy chunks."""
     import xarray as xr
     dev = ferry.parse_device(device)
 

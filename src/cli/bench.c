@@ -4,12 +4,14 @@
  * and beside what users do today (one thread: pread into pinned, then copy).
  * Every read is verified. */
 #include "cli/cli.h"
+#include "cli/args.h"
 #include "common.h"
 #include "cuda/cuda.h"
 #include "cuda/cufile.h"
 #include <stdatomic.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <getopt.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -17,8 +19,6 @@
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
-
-int64_t ferry_parse_size(const char *s);
 
 typedef struct bench_opts {
     uint64_t size;
@@ -148,9 +148,15 @@ static void row(const char *what, double gbs, double cpu_per_gb, const char *not
     else printf("  %-52s %7.2f GB/s  %s\n", what, gbs, note ? note : "");
 }
 
+/* bufs[256] below holds one staging buffer per raw-baseline thread */
+#define FERRY_MAX_WORKERS_CLI 256
+
 static void usage(FILE *to) {
-    fprintf(to, "usage: ferry bench [--size N[K|M|G]] [--file PATH] [--threads N] [--device N]\n"
+    fprintf(to, "usage: ferry bench [--size SIZE] [--file PATH] [--threads N] [--device N]\n"
                 "                   [--reps N] [--no-cold] [--no-latency] [--keep] [--json]\n"
+                "       ferry bench --records SIZE[,SIZE...] [--count N] [--batch N] ...  (small random records)\n"
+                "  --opt VALUE and --opt=VALUE both work. SIZE: 4G or 4GiB = 4*2^30, 4GB = 4*10^9.\n"
+                "  --threads 1..256 (default: the engine's), --reps >= 1 (default 3).\n"
                 "  Creates PATH (default ./ferry-bench.bin, size 512M), measures this machine's\n"
                 "  limits and every ferry path warm and cold (cold needs posix_fadvise or root),\n"
                 "  verifies every byte, prints GB/s (10^9 bytes/s, best of --reps) and ratios.\n");
@@ -189,20 +195,38 @@ static int cmp_d(const void *a, const void *b) { double x = *(const double *)a, 
 
 int ferry_cli_bench(int argc, char **argv) {
     bench_opts o = {512ull << 20, "ferry-bench.bin", 0, 0, 3, 1, 0, 0, 1};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
-        else if (!strcmp(a, "--no-cold")) o.cold = 0;
-        else if (!strcmp(a, "--no-latency")) o.latency = 0;
-        else if (!strcmp(a, "--keep")) o.keep = 1;
-        else if (!strcmp(a, "--json")) o.json = 1;
-        else if (v && !strcmp(a, "--size")) { int64_t s = ferry_parse_size(v); if (s <= 0) { fprintf(stderr, "ferry bench: bad --size \"%s\"\n", v); return 2; } o.size = (uint64_t)s; i++; }
-        else if (v && !strcmp(a, "--file")) { o.file = v; i++; }
-        else if (v && !strcmp(a, "--threads")) { o.threads = atoi(v); i++; }
-        else if (v && !strcmp(a, "--device")) { o.device = atoi(v); i++; }
-        else if (v && !strcmp(a, "--reps")) { o.reps = atoi(v) > 0 ? atoi(v) : 1; i++; }
-        else { fprintf(stderr, "ferry bench: unknown or incomplete option \"%s\"\n", a); usage(stderr); return 2; }
+    /* --records: the small-record benchmark (bench_records.c) parses its own options */
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--records") || !strncmp(argv[i], "--records=", 10)) return ferry_cli_bench_records(argc, argv);
+    static const struct option longopts[] = {
+        {"help", no_argument, NULL, 'h'},       {"no-cold", no_argument, NULL, 'C'},
+        {"no-latency", no_argument, NULL, 'L'}, {"keep", no_argument, NULL, 'k'},
+        {"json", no_argument, NULL, 'j'},       {"size", required_argument, NULL, 's'},
+        {"file", required_argument, NULL, 'f'}, {"threads", required_argument, NULL, 't'},
+        {"device", required_argument, NULL, 'd'}, {"reps", required_argument, NULL, 'r'},
+        {NULL, 0, NULL, 0}};
+    optind = 0;   /* full reset: main() may have parsed before */
+    opterr = 0;
+    for (int c; (c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1;) {
+        int bad = 0;
+        switch (c) {
+        case 'h': usage(stdout); return 0;
+        case 'C': o.cold = 0; break;
+        case 'L': o.latency = 0; break;
+        case 'k': o.keep = 1; break;
+        case 'j': o.json = 1; break;
+        case 's': bad = cli_size("bench", "size", optarg, 1, &o.size); break;
+        case 'f': o.file = optarg; break;
+        case 't': bad = cli_int("bench", "threads", optarg, 1, FERRY_MAX_WORKERS_CLI, &o.threads); break;
+        case 'd': bad = cli_int("bench", "device", optarg, 0, 1023, &o.device); break;
+        case 'r': bad = cli_int("bench", "reps", optarg, 1, 1000, &o.reps); break;
+        default: cli_bad_option("bench", c, optopt, argv[optind - 1]); return 2;
+        }
+        if (bad) return 2;
+    }
+    if (optind < argc) {
+        fprintf(stderr, "ferry bench: unexpected argument \"%s\" (ferry bench --help)\n", argv[optind]);
+        return 2;
     }
     json_ = o.json;
     o.size = (o.size + (4 << 20) - 1) & ~(uint64_t)((4 << 20) - 1);

@@ -4,4 +4,6 @@
 #include "ferry.h"
 /* argv[0] is the subcommand name. Return the process exit status. */
 int ferry_cli_bench(int argc, char **argv);
+/* ferry bench --records ...: small random records (bench_records.c). */
+int ferry_cli_bench_records(int argc, char **argv);
 #endif

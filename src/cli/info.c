@@ -7,23 +7,16 @@
  * are several), with the library's JSON strings (attrs, dims, fill) embedded
  * as JSON values. */
 #include "cli/info.h"
+#include "cli/args.h"
 #include "formats/json.h"
+#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
-static const char *dtype_name(ferry_dtype d) {
-    static const char *const names[] = {
-        [FERRY_DT_UNKNOWN] = "other", [FERRY_DT_BOOL] = "b1", [FERRY_DT_I8] = "i1", [FERRY_DT_U8] = "u1",
-        [FERRY_DT_I16] = "i2", [FERRY_DT_U16] = "u2", [FERRY_DT_I32] = "i4", [FERRY_DT_U32] = "u4",
-        [FERRY_DT_I64] = "i8", [FERRY_DT_U64] = "u8", [FERRY_DT_F16] = "f2", [FERRY_DT_BF16] = "bf16",
-        [FERRY_DT_F32] = "f4", [FERRY_DT_F64] = "f8", [FERRY_DT_C64] = "c8", [FERRY_DT_C128] = "c16",
-        [FERRY_DT_F8_E4M3] = "f8e4m3", [FERRY_DT_F8_E5M2] = "f8e5m2", [FERRY_DT_DATETIME64] = "M8",
-        [FERRY_DT_TIMEDELTA64] = "m8", [FERRY_DT_CHAR] = "S1", [FERRY_DT_BYTES] = "S", [FERRY_DT_OTHER] = "other",
-    };
-    return (unsigned)d < sizeof names / sizeof names[0] && names[d] ? names[d] : "other";
-}
+/* the library's one name table (src/engine/names.c) */
+static const char *dtype_name(ferry_dtype d) { return ferry_dtype_name(d, FERRY_NAME_SHORT); }
 
 static void put_dims(ferry_sbuf *b, const uint64_t *v, int n, int json) {
     ferry_sbuf_puts(b, json ? "[" : "(");
@@ -138,34 +131,68 @@ static void describe_text(ferry_dataset *ds, const char *path, ferry_sbuf *b) {
 }
 
 static void usage(FILE *to) {
-    fprintf(to, "usage: ferry info [--json] FILE|DIR...\n"
+    fprintf(to, "usage: ferry info [--json] [FILE|DIR...]\n"
                 "  Variables, tensors or arrays with dtype, shape, chunks, codecs, byte ranges and\n"
                 "  attributes; for other files, the size and how much is in the page cache.\n"
-                "  Without a path: what the engine can use here (CUDA, cuFile, nvCOMP, decode policy).\n");
+                "  Without a path: this build and machine (version, CUDA, cuFile, nvCOMP, GPU kernels,\n"
+                "  decode policy).\n");
+}
+
+/* `ferry info` alone: what this build and machine can do, and which GPU
+ * kernel image is in use (a build without nvcc byteswaps on the CPU). */
+static int describe_library(ferry_ctx *ctx, int json) {
+    const char *cuda = ferry_cuda_status(ctx), *cufile = ferry_cufile_status(ctx), *nv = ferry_nvcomp_status(ctx);
+    int ndev = ferry_cuda_device_count(ctx);
+    ferry_config cfg;
+    ferry_ctx_config(ctx, &cfg);
+    const char *kern = ferry_kernels_source();
+    const char *kern_note = strcmp(kern, "none") ? "" : " (device data is byteswapped on the CPU before the copy)";
+    if (json) {
+        ferry_sbuf b = {0};
+        ferry_sbuf_printf(&b, "{\"version\":\"%s\",\"cuda_devices\":%d,\"cuda\":", ferry_version(), ndev);
+        ferry_sbuf_json_string(&b, cuda, strlen(cuda));
+        ferry_sbuf_puts(&b, ",\"cufile\":");
+        ferry_sbuf_json_string(&b, cufile, strlen(cufile));
+        ferry_sbuf_puts(&b, ",\"nvcomp\":");
+        ferry_sbuf_json_string(&b, nv, strlen(nv));
+        ferry_sbuf_printf(&b, ",\"decode\":\"%s\"", ferry_decode_policy_name((ferry_decode_policy)cfg.decode));
+        ferry_sbuf_printf(&b, ",\"kernels\":\"%s\",\"threads\":%d,\"path\":\"%s\",\"direct\":\"%s\"}\n", kern,
+                          cfg.threads, ferry_path_name(cfg.path), ferry_direct_name(cfg.direct));
+        char *t = ferry_sbuf_take(&b);
+        if (t) fputs(t, stdout);
+        free(t);
+    } else {
+        printf("ferry %s\n", ferry_version());
+        printf("  CUDA: %s (%d device%s)\n", *cuda ? cuda : "available", ndev, ndev == 1 ? "" : "s");
+        printf("  cuFile: %s\n", *cufile ? cufile : "GDS available");
+        printf("  nvCOMP: %s\n", nv);
+        printf("  decode: %s (FERRY_DECODE)\n", ferry_decode_policy_name((ferry_decode_policy)cfg.decode));
+        printf("  GPU kernels: %s%s\n", kern, kern_note);
+        printf("  engine: %d threads, path %s, O_DIRECT %s, staging %d x %zu KiB per thread\n", cfg.threads,
+               ferry_path_name(cfg.path), ferry_direct_name(cfg.direct), cfg.staging_count, cfg.staging_size >> 10);
+    }
+    fflush(stdout);
+    return 0;
 }
 
 int ferry_cli_info(ferry_ctx *ctx, int argc, char **argv) {
-    int json = 0, npaths = 0, status = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--json")) json = 1;
-        else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) { usage(stdout); return 0; }
-        else if (argv[i][0] == '-' && argv[i][1]) { fprintf(stderr, "ferry info: unknown option %s\n", argv[i]); usage(stderr); return 2; }
-        else npaths++;
+    int json = 0, status = 0;
+    static const struct option longopts[] = {
+        {"help", no_argument, NULL, 'h'}, {"json", no_argument, NULL, 'j'}, {NULL, 0, NULL, 0}};
+    optind = 0;
+    opterr = 0;
+    for (int c; (c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1;) {
+        if (c == 'h') { usage(stdout); return 0; }
+        if (c == 'j') { json = 1; continue; }
+        cli_bad_option("info", c, optopt, argv[optind - 1]);
+        return 2;
     }
-    if (!npaths) {   /* the machine: which devices and libraries the engine found */
-        ferry_config c;
-        ferry_ctx_config(ctx, &c);
-        const char *cu = ferry_cuda_status(ctx), *cf = ferry_cufile_status(ctx), *nv = ferry_nvcomp_status(ctx);
-        printf("CUDA: %s (%d devices)\ncuFile: %s\nnvCOMP: %s\ndecode: %s (FERRY_DECODE)\n", *cu ? cu : "available",
-               ferry_cuda_device_count(ctx), *cf ? cf : "GDS available", nv,
-               ferry_decode_policy_name((ferry_decode_policy)c.decode));
-        return 0;
-    }
+    int npaths = argc - optind;
+    if (!npaths) return describe_library(ctx, json);
     if (json && npaths > 1) printf("[");
     int printed = 0;
-    for (int i = 1; i < argc; i++) {
+    for (int i = optind; i < argc; i++) {
         const char *path = argv[i];
-        if (!strcmp(path, "--json")) continue;
         ferry_sbuf out = {0};
         ferry_dataset *ds = NULL;
         int rc = ferry_dataset_open(ctx, path, NULL, &ds);

@@ -4,7 +4,8 @@
  *   4 nbytes (u32, decoded size)  8 blocksize (u32)  12 cbytes (u32, frame size)
  *   flags: 0x01 byte shuffle, 0x02 memcpyed (raw data follows the header),
  *          0x04 bitshuffle, 0x10 blocks not split, bits 5-7 inner codec
- *          (0 blosclz, 1 lz4/lz4hc, 2 snappy, 3 zlib, 4 zstd).
+ *          (0 blosclz, 1 lz4/lz4hc, 2 snappy, 3 zlib, 4 zstd; all but snappy,
+ *          which numcodecs does not build, are decoded).
  *   Then one u32 start offset per block; at each start, one stream per split
  *   (typesize splits unless 0x10 is set or the block is the short last one):
  *   i32 compressed size, then that many bytes; a size equal to the split's
@@ -18,15 +19,10 @@ static const char *inner_name(int c) {
     return names[c & 7];
 }
 
-int ferry_blosc_size(const uint8_t *in, size_t n, size_t *nbytes) {
-    if (n < HDR) return ferry_seterr(FERRY_ECODEC, "blosc: %zu bytes, too short for the 16-byte header", n);
-    *nbytes = ferry_le32(in + 4);
-    return 0;
-}
-
 static int inner_decode(ferry_decode_scratch *s, int codec, const uint8_t *in, size_t n,
                         uint8_t *out, size_t want) {
     switch (codec) {
+    case 0: return ferry_blosclz_block(in, n, out, want);
     case 1: return ferry_lz4_block(in, n, out, want);
     case 3: return ferry_zlib_exact(s, in, n, out, want);
     case 4: return ferry_zstd_exact(s, in, n, out, want);

@@ -54,14 +54,12 @@ int ferry_codecs_only_byteswap(const ferry_codec *chain, int n);
  * Returns 0 or FERRY_EINVAL / FERRY_EUNSUPPORTED with a message. */
 int ferry_codecs_validate(const ferry_codec *chain, int n);
 
+/* ferry_codec_name (a codec id's name, for messages) is public: ferry.h, src/engine/names.c. */
 /* Verify the trailing 4-byte checksum of a CRC32C or FLETCHER32 step over
  * p[0..*len-4) and shorten *len by 4 (the GPU decoder checks encoded bytes
  * on the CPU with this before their payload goes to the device).
  * FERRY_ECHECKSUM / FERRY_ECODEC with a message. */
 int ferry_codecs_verify_trailer(uint32_t id, const uint8_t *p, size_t *len);
-
-/* A short name for a codec id ("zstd", "blosc", ...), for messages and `ferry info`. */
-const char *ferry_codec_name(uint32_t id);
 
 /* CRC-32C (Castagnoli), as used by Zarr v3's crc32c codec: crc starts at 0
  * for a fresh computation; feed the previous result to continue. */

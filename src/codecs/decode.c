@@ -28,22 +28,6 @@ void ferry_decode_scratch_free(ferry_decode_scratch *s) {
     memset(s, 0, sizeof *s);
 }
 
-const char *ferry_codec_name(uint32_t id) {
-    switch (id) {
-    case FERRY_CODEC_NONE: return "none";
-    case FERRY_CODEC_ZLIB: return "zlib";
-    case FERRY_CODEC_GZIP: return "gzip";
-    case FERRY_CODEC_ZSTD: return "zstd";
-    case FERRY_CODEC_LZ4: return "lz4";
-    case FERRY_CODEC_BLOSC: return "blosc";
-    case FERRY_CODEC_SHUFFLE: return "shuffle";
-    case FERRY_CODEC_CRC32C: return "crc32c";
-    case FERRY_CODEC_FLETCHER32: return "fletcher32";
-    case FERRY_CODEC_BYTESWAP: return "byteswap";
-    default: return "unknown";
-    }
-}
-
 int ferry_codecs_validate(const ferry_codec *chain, int n) {
     if (n < 0 || n > FERRY_MAX_CODECS)
         return ferry_seterr(FERRY_EINVAL, "codec chain of %d steps (at most %d)", n, FERRY_MAX_CODECS);

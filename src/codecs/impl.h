@@ -19,13 +19,13 @@ int64_t ferry_zstd_decode(ferry_decode_scratch *s, const uint8_t *in, size_t n,
 int64_t ferry_lz4_decode(const uint8_t *in, size_t n, uint8_t *out, size_t cap);
 /* A raw LZ4 block that must decode to exactly `want` bytes (blosc's inner codec). */
 int ferry_lz4_block(const uint8_t *in, size_t n, uint8_t *out, size_t want);
+/* A BloscLZ stream (blosc's default inner codec) that must decode to exactly `want` bytes. */
+int ferry_blosclz_block(const uint8_t *in, size_t n, uint8_t *out, size_t want);
 /* A zlib stream / zstd frame that must decode to exactly `want` bytes. */
 int ferry_zlib_exact(ferry_decode_scratch *s, const uint8_t *in, size_t n, uint8_t *out, size_t want);
 int ferry_zstd_exact(ferry_decode_scratch *s, const uint8_t *in, size_t n, uint8_t *out, size_t want);
 int64_t ferry_blosc_decode(ferry_decode_scratch *s, const uint8_t *in, size_t n,
                            uint8_t *out, size_t cap);
-/* Fill *nbytes with the decoded size a blosc frame announces (header only). */
-int ferry_blosc_size(const uint8_t *in, size_t n, size_t *nbytes);
 
 /* Filters: out-of-place, n bytes. Bytes past the last whole element are copied. */
 void ferry_unshuffle(const uint8_t *in, uint8_t *out, size_t n, size_t elsize);

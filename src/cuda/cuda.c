@@ -18,6 +18,7 @@ static CUmodule dev_mod_[MAX_DEVICES];
 static CUfunction dev_swap_[MAX_DEVICES][5];   /* by log2(size): 2, 4, 8, 16 */
 static CUfunction dev_adler_[MAX_DEVICES], dev_unshuffle_[MAX_DEVICES], dev_bitunshuffle_[MAX_DEVICES], dev_place_[MAX_DEVICES];
 static int dev_mod_state_[MAX_DEVICES];        /* 0 untried, 1 ok, -1 failed */
+static CUfunction dev_scatter_[MAX_DEVICES];   /* NULL: a fatbin without ferry_scatter */
 
 static void *sym(void *h, const char *name, int *missing) {
     void *p = dlsym(h, name);
@@ -31,11 +32,9 @@ static void load_once(void) {
     int miss = 0;
 #define S(field, name) *(void **)&api_.field = sym(h, name, &miss)
     S(Init, "cuInit");
-    S(DriverGetVersion, "cuDriverGetVersion");
     S(DeviceGetCount, "cuDeviceGetCount");
     S(DeviceGet, "cuDeviceGet");
     S(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
-    S(DevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2");
     S(CtxSetCurrent, "cuCtxSetCurrent");
     S(CtxGetCurrent, "cuCtxGetCurrent");
     S(StreamCreate, "cuStreamCreate");
@@ -46,15 +45,12 @@ static void load_once(void) {
     S(EventDestroy, "cuEventDestroy_v2");
     S(EventRecord, "cuEventRecord");
     S(EventSynchronize, "cuEventSynchronize");
-    S(EventQuery, "cuEventQuery");
     S(MemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2");
     S(MemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2");
     S(Memcpy2DAsync, "cuMemcpy2DAsync_v2");
     S(Memcpy, "cuMemcpy");
     S(MemHostAlloc, "cuMemHostAlloc");
     S(MemFreeHost, "cuMemFreeHost");
-    S(MemHostRegister, "cuMemHostRegister_v2");
-    S(MemHostUnregister, "cuMemHostUnregister");
     S(MemAlloc, "cuMemAlloc_v2");
     S(MemFree, "cuMemFree_v2");
     S(PointerGetAttribute, "cuPointerGetAttribute");
@@ -64,7 +60,15 @@ static void load_once(void) {
     S(LaunchKernel, "cuLaunchKernel");
 #undef S
     if (miss) { why_ = "libcuda.so.1 lacks a required function (driver too old)"; return; }
+    /* optional: NULL where the driver lacks them. Nothing calls the last five
+     * today; they are kept for the staging and polling work that will, and a
+     * driver without them must not make the GPU unusable. */
     *(void **)&api_.StreamGetCtx = dlsym(h, "cuStreamGetCtx");
+    *(void **)&api_.DriverGetVersion = dlsym(h, "cuDriverGetVersion");
+    *(void **)&api_.DevicePrimaryCtxRelease = dlsym(h, "cuDevicePrimaryCtxRelease_v2");
+    *(void **)&api_.EventQuery = dlsym(h, "cuEventQuery");
+    *(void **)&api_.MemHostRegister = dlsym(h, "cuMemHostRegister_v2");
+    *(void **)&api_.MemHostUnregister = dlsym(h, "cuMemHostUnregister");
     CUresult r = api_.Init(0);
     if (r != 0) {
         static char buf[160];
@@ -155,6 +159,7 @@ static int load_kernels(int dev) {
             ok = 1;
             for (int i = 1; i < 5; i++)
                 if (api_.ModuleGetFunction(&dev_swap_[dev][i], dev_mod_[dev], names[i]) != 0) ok = -1;
+            if (api_.ModuleGetFunction(&dev_scatter_[dev], dev_mod_[dev], "ferry_scatter") != 0) dev_scatter_[dev] = NULL;
             /* the GPU decoder's kernels (gpudecode.c): optional, NULL when absent */
             if (api_.ModuleGetFunction(&dev_adler_[dev], dev_mod_[dev], "ferry_adler32_batch") != 0) dev_adler_[dev] = NULL;
             if (api_.ModuleGetFunction(&dev_unshuffle_[dev], dev_mod_[dev], "ferry_unshuffle_batch") != 0) dev_unshuffle_[dev] = NULL;
@@ -183,6 +188,23 @@ int ferry_cuda_byteswap(int dev, CUdeviceptr p, size_t n, unsigned size, CUstrea
     if (blocks > 65535ull * 8) blocks = 65535ull * 8;   /* grid-stride loop covers the rest */
     CUresult r = api_.LaunchKernel(dev_swap_[dev][idx], (unsigned)blocks, 1, 1, threads, 1, 1, 0, stream, args, NULL);
     if (r != 0) return ferry_seterr(FERRY_ECUDA, "byteswap kernel launch: %s", ferry_cuda_errstr(r));
+    return 0;
+}
+
+int ferry_cuda_scatter_ready(int dev) {
+    return ferry_cuda_kernels_ready(dev) && dev_scatter_[dev] != NULL;
+}
+
+int ferry_cuda_scatter(int dev, CUdeviceptr packed, CUdeviceptr tab, size_t n, CUstream stream) {
+    if (!ferry_cuda_scatter_ready(dev)) return FERRY_EUNSUPPORTED;
+    if (n == 0) return 0;
+    unsigned long long count = n;
+    void *args[] = {&packed, &tab, &count};
+    /* one block per run: runs are records of kilobytes, 256 threads move one
+     * in a few passes; the grid-stride loop covers more than 65535 runs */
+    unsigned blocks = n < 65535 ? (unsigned)n : 65535;
+    CUresult r = api_.LaunchKernel(dev_scatter_[dev], blocks, 1, 1, 256, 1, 1, 0, stream, args, NULL);
+    if (r != 0) return ferry_seterr(FERRY_ECUDA, "scatter kernel launch: %s", ferry_cuda_errstr(r));
     return 0;
 }
 

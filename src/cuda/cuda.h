@@ -47,11 +47,11 @@ typedef struct ferry_cu_memcpy2d {
 /* One table of function pointers, filled once. */
 typedef struct ferry_cuda_api {
     CUresult (*Init)(unsigned);
-    CUresult (*DriverGetVersion)(int *);
+    CUresult (*DriverGetVersion)(int *);   /* optional: may be NULL (unused) */
     CUresult (*DeviceGetCount)(int *);
     CUresult (*DeviceGet)(CUdevice *, int);
     CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
-    CUresult (*DevicePrimaryCtxRelease)(CUdevice);
+    CUresult (*DevicePrimaryCtxRelease)(CUdevice);   /* optional: may be NULL (unused) */
     CUresult (*CtxSetCurrent)(CUcontext);
     CUresult (*CtxGetCurrent)(CUcontext *);
     CUresult (*StreamCreate)(CUstream *, unsigned);
@@ -62,15 +62,15 @@ typedef struct ferry_cuda_api {
     CUresult (*EventDestroy)(CUevent);
     CUresult (*EventRecord)(CUevent, CUstream);
     CUresult (*EventSynchronize)(CUevent);
-    CUresult (*EventQuery)(CUevent);
+    CUresult (*EventQuery)(CUevent);   /* optional: may be NULL (unused) */
     CUresult (*MemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
     CUresult (*MemcpyDtoHAsync)(void *, CUdeviceptr, size_t, CUstream);
     CUresult (*Memcpy2DAsync)(const ferry_cu_memcpy2d *, CUstream);
     CUresult (*Memcpy)(CUdeviceptr, CUdeviceptr, size_t);
     CUresult (*MemHostAlloc)(void **, size_t, unsigned);
     CUresult (*MemFreeHost)(void *);
-    CUresult (*MemHostRegister)(void *, size_t, unsigned);
-    CUresult (*MemHostUnregister)(void *);
+    CUresult (*MemHostRegister)(void *, size_t, unsigned);   /* optional: may be NULL (unused) */
+    CUresult (*MemHostUnregister)(void *);   /* optional: may be NULL (unused) */
     CUresult (*MemAlloc)(CUdeviceptr *, size_t);
     CUresult (*MemFree)(CUdeviceptr);
     CUresult (*PointerGetAttribute)(void *, int, CUdeviceptr);
@@ -109,6 +109,16 @@ extern const size_t ferry_kernels_fatbin_size;
 /* 1 when the embedded kernels load on device dev. */
 int ferry_cuda_kernels_ready(int dev);
 int ferry_cuda_byteswap(int dev, CUdeviceptr p, size_t n, unsigned size, CUstream stream);
+
+/* One run of a packed staging buffer: len bytes at packed + src go to the
+ * device address dst (the layout kernels.cu's ferry_scatter reads). */
+typedef struct ferry_scatter_entry { uint64_t src, dst, len; } ferry_scatter_entry;
+/* 1 when the scatter kernel is loaded on device dev. */
+int ferry_cuda_scatter_ready(int dev);
+/* Enqueue on `stream` (device dev current): for each of the n entries of tab
+ * (device memory), copy entry.len bytes from packed + entry.src to entry.dst.
+ * FERRY_EUNSUPPORTED when no kernels are embedded. */
+int ferry_cuda_scatter(int dev, CUdeviceptr packed, CUdeviceptr tab, size_t n, CUstream stream);
 /* The GPU decoder's kernels (src/cuda/kernels.cu), device dev current:
  * Adler-32 of n device buffers (ptrs, sizes: device arrays of n pointers and
  * 64-bit sizes) into out (n uint32); HDF5/blosc byte unshuffle of `count`

@@ -33,11 +33,12 @@ static void load_locked(int dev) {
     S(DriverOpen, "cuFileDriverOpen");
     S(HandleRegister, "cuFileHandleRegister");
     S(HandleDeregister, "cuFileHandleDeregister");
-    S(BufRegister, "cuFileBufRegister");
-    S(BufDeregister, "cuFileBufDeregister");
     S(Read, "cuFileRead");
     S(Write, "cuFileWrite");
 #undef S
+    /* optional (nothing registers buffers today): NULL when absent */
+    *(void **)&api_.BufRegister = dlsym(h, "cuFileBufRegister");
+    *(void **)&api_.BufDeregister = dlsym(h, "cuFileBufDeregister");
     CUcontext saved = ferry_cuda_current();
     if (!saved) ferry_cuda_use_device(dev >= 0 ? dev : 0);
     ferry_cufile_error e = api_.DriverOpen();

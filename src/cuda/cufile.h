@@ -20,8 +20,8 @@ typedef struct ferry_cufile_api {
     ferry_cufile_error (*DriverOpen)(void);
     ferry_cufile_error (*HandleRegister)(ferry_cufile_handle *, ferry_cufile_descr *);
     void (*HandleDeregister)(ferry_cufile_handle);
-    ferry_cufile_error (*BufRegister)(const void *, size_t, int);
-    ferry_cufile_error (*BufDeregister)(const void *);
+    ferry_cufile_error (*BufRegister)(const void *, size_t, int);   /* optional: may be NULL (unused) */
+    ferry_cufile_error (*BufDeregister)(const void *);   /* optional: may be NULL (unused) */
     ssize_t (*Read)(ferry_cufile_handle, void *, size_t, off_t, off_t);
     ssize_t (*Write)(ferry_cufile_handle, const void *, size_t, off_t, off_t);
 } ferry_cufile_api;

@@ -33,6 +33,42 @@ extern "C" __global__ void ferry_bswap16(uint64_t *p, unsigned long long n) {
     }
 }
 
+// Scatter packed records: entry i copies len bytes from packed + src to the
+// device address dst (ferry_scatter_entry in cuda.h). One block per entry
+// (grid-stride over entries); 16-byte words where source and destination
+// share their alignment modulo 16, else 4-byte words, else bytes. The packed
+// buffer is a device copy of one staging buffer: the many small runs of a
+// batch whose rows land in arbitrary order cost one host-to-device copy and
+// this one launch instead of one copy each.
+struct ferry_scatter_entry { unsigned long long src, dst, len; };
+
+extern "C" __global__ void ferry_scatter(const uint8_t *packed, const ferry_scatter_entry *tab,
+                                         unsigned long long n) {
+    for (unsigned long long i = blockIdx.x; i < n; i += gridDim.x) {
+        const uint8_t *s = packed + tab[i].src;
+        uint8_t *d = (uint8_t *)tab[i].dst;
+        unsigned long long len = tab[i].len;
+        unsigned long long head = 0;
+        unsigned w = ((uintptr_t)s ^ (uintptr_t)d) & 15 ? (((uintptr_t)s ^ (uintptr_t)d) & 3 ? 1 : 4) : 16;
+        if (w > 1) {
+            head = (w - ((uintptr_t)d & (w - 1))) & (w - 1);
+            if (head > len) head = len;
+        }
+        for (unsigned long long k = threadIdx.x; k < head; k += blockDim.x) d[k] = s[k];
+        unsigned long long body = w > 1 ? (len - head) / w : 0;
+        if (w == 16) {
+            const uint4 *s4 = (const uint4 *)(s + head);
+            uint4 *d4 = (uint4 *)(d + head);
+            for (unsigned long long k = threadIdx.x; k < body; k += blockDim.x) d4[k] = s4[k];
+        } else if (w == 4) {
+            const uint32_t *s4 = (const uint32_t *)(s + head);
+            uint32_t *d4 = (uint32_t *)(d + head);
+            for (unsigned long long k = threadIdx.x; k < body; k += blockDim.x) d4[k] = s4[k];
+        }
+        for (unsigned long long k = head + body * w + threadIdx.x; k < len; k += blockDim.x) d[k] = s[k];
+    }
+}
+
 // Adler-32 of each of n device buffers (ptrs[i], sizes[i] bytes) into out[i]:
 // the zlib trailer check of chunks nvCOMP inflated, computed where the bytes
 // are. One block per buffer (grid-stride over buffers). Each thread sums a

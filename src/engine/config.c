@@ -19,26 +19,11 @@ int ferry_path_parse(const char *name, ferry_path *out) {
 
 void ferry_config_init(ferry_config *cfg) { memset(cfg, 0, sizeof *cfg); }
 
-/* "8M", "4096", "1G" -> bytes; returns -1 on garbage. */
+/* Bytes, or -1 on garbage: the one size grammar of ferry_size_parse (names.c). */
 int64_t ferry_parse_size(const char *s) {
-    if (!s || !*s) return -1;
-    char *end;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (end == s) return -1;
-    unsigned long long mul = 1;
-    switch (toupper((unsigned char)*end)) {
-    case 0: break;
-    case 'K': mul = 1ull << 10; end++; break;
-    case 'M': mul = 1ull << 20; end++; break;
-    case 'G': mul = 1ull << 30; end++; break;
-    default: return -1;
-    }
-    if (*end == 'i' || *end == 'I') end++;
-    if (*end == 'b' || *end == 'B') end++;
-    if (*end) return -1;
-    uint64_t r;
-    if (ferry_mul_overflow(v, mul, &r) || r > (uint64_t)INT64_MAX) return -1;
-    return (int64_t)r;
+    uint64_t v;
+    if (ferry_size_parse(s, &v) < 0 || v > (uint64_t)INT64_MAX) return -1;
+    return (int64_t)v;
 }
 
 static int env_size(const char *name, size_t *field) {

@@ -21,6 +21,7 @@ int ferry_ctx_create(ferry_ctx **out, const ferry_config *cfg) {
     if (rc < 0) { free(c); return rc; }
     c->workers = calloc((size_t)c->cfg.threads, sizeof *c->workers);
     if (!c->workers) { free(c); return ferry_seterr(FERRY_ENOMEM, "out of memory"); }
+    if ((rc = ferry_fcache_init(&c->files)) < 0) { free(c->workers); free(c); return rc; }
     c->pid = getpid();
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->work_cond, NULL);
@@ -56,6 +57,7 @@ void ferry_ctx_destroy(ferry_ctx *c) {
     for (int i = 0; i < c->nworkers; i++) ferry_worker_free(&c->workers[i]);
     for (int i = 0; i < c->ninline_free; i++) { ferry_worker_free(c->inline_free[i]); free(c->inline_free[i]); }
     ferry_cuda_restore(saved);
+    ferry_fcache_free(&c->files);
     free(c->workers);
     pthread_mutex_destroy(&c->lock);
     pthread_cond_destroy(&c->work_cond);

@@ -8,7 +8,7 @@
 #include <errno.h>
 #include <unistd.h>
 
-static void count_io(ferry_ctx *ctx, uint64_t direct, uint64_t buffered, uint64_t decoded) {
+void ferry_count_io(ferry_ctx *ctx, uint64_t direct, uint64_t buffered, uint64_t decoded) {
     pthread_mutex_lock(&ctx->stats_lock);
     ctx->stats.direct_bytes += direct;
     ctx->stats.buffered_bytes += buffered;
@@ -22,7 +22,7 @@ static void swap_host(uint8_t *p, uint64_t n, unsigned size) {
 }
 
 /* Wait until staging buffer i is no longer the source or target of a copy. */
-static int stage_wait(ferry_worker *w, int i) {
+int ferry_stage_wait(ferry_worker *w, int i) {
     int d = w->stage_dev[i];
     if (d < 0 || w->done_seq[d] >= w->stage_seq[i]) return 0;
     const ferry_cuda_api *cu = ferry_cuda_load(NULL);
@@ -42,7 +42,7 @@ static int dec_wait(ferry_worker *w) {
     return 0;
 }
 
-static void mark_device(ferry_worker *w, ferry_job *j, int d) {
+void ferry_mark_device(ferry_worker *w, ferry_job *j, int d) {
     if (!w->is_inline) atomic_fetch_or(&j->worker_mask[w->id / 64], 1ull << (w->id % 64));
     atomic_fetch_or(&j->dev_mask, 1u << d);
 }
@@ -54,27 +54,27 @@ static int64_t read_to_host(ferry_worker *w, ferry_job *j, ferry_file *f, uint64
     int dfd = direct ? ferry_file_direct_fd(f) : -1;
     if (dfd < 0) {
         int64_t r = ferry_pread_full(f->fd, dst, len, off);
-        if (r > 0) count_io(w->ctx, 0, (uint64_t)r, 0);
+        if (r > 0) ferry_count_io(w->ctx, 0, (uint64_t)r, 0);
         return r;
     }
     uint64_t end = off + len, done = 0;
     if (off % FERRY_ALIGN == 0 && ((uintptr_t)dst % FERRY_ALIGN) == 0) {
         uint64_t mid = ferry_align_down(len);
         int64_t r = mid ? ferry_pread_full(dfd, dst, mid, off) : 0;
-        if (r == -EINVAL) { r = ferry_pread_full(f->fd, dst, len, off); if (r > 0) count_io(w->ctx, 0, (uint64_t)r, 0); return r; }
+        if (r == -EINVAL) { r = ferry_pread_full(f->fd, dst, len, off); if (r > 0) ferry_count_io(w->ctx, 0, (uint64_t)r, 0); return r; }
         if (r < 0) return r;
-        count_io(w->ctx, (uint64_t)r, 0, 0);
+        ferry_count_io(w->ctx, (uint64_t)r, 0, 0);
         if ((uint64_t)r < mid) return r;
         int64_t t = len > mid ? ferry_pread_full(f->fd, dst + mid, len - mid, off + mid) : 0;
         if (t < 0) return t;
-        count_io(w->ctx, 0, (uint64_t)t, 0);
+        ferry_count_io(w->ctx, 0, (uint64_t)t, 0);
         return r + t;
     }
     int rc = ferry_worker_staging(w, -1);
     if (rc < 0) return rc;
     int i = w->next_stage;
     w->next_stage = (i + 1) % w->ctx->cfg.staging_count;
-    if ((rc = stage_wait(w, i)) < 0) return rc;
+    if ((rc = ferry_stage_wait(w, i)) < 0) return rc;
     size_t S = w->ctx->cfg.staging_size;
     for (uint64_t c = ferry_align_down(off); c < end; c += S) {
         uint64_t want = FERRY_MIN((uint64_t)S, ferry_align_up(end) - c);
@@ -87,7 +87,7 @@ static int64_t read_to_host(ferry_worker *w, ferry_job *j, ferry_file *f, uint64
         uint64_t lo = FERRY_MAX(c, off), avail_end = c + (uint64_t)r;
         uint64_t hi = FERRY_MIN(FERRY_MIN(c + S, end), avail_end);
         if (hi > lo) { memcpy(dst + (lo - off), w->stage[i] + (lo - c), hi - lo); done += hi - lo; }
-        count_io(w->ctx, (uint64_t)r, 0, 0);
+        ferry_count_io(w->ctx, (uint64_t)r, 0, 0);
         if (avail_end < FERRY_MIN(c + S, end)) break;   /* end of file */
     }
     return (int64_t)done;
@@ -159,7 +159,7 @@ static int to_device(ferry_worker *w, ferry_job *j, int d, const uint8_t *src, u
     if (r) return ferry_seterr(FERRY_ECUDA, "cuEventRecord: %s", ferry_cuda_errstr(r));
     w->dec_seq = w->seq[d];
     w->dec_dev = d;
-    mark_device(w, j, d);
+    ferry_mark_device(w, j, d);
     return 0;
 }
 
@@ -184,7 +184,7 @@ restart:;
     for (uint64_t c = base; c < end; c += S) {
         int i = w->next_stage;
         w->next_stage = (i + 1) % k;
-        if ((rc = stage_wait(w, i)) < 0) return rc;
+        if ((rc = ferry_stage_wait(w, i)) < 0) return rc;
         uint64_t lo = FERRY_MAX(c, off), hi = FERRY_MIN(c + S, end);
         uint8_t *src;
         if (dfd >= 0) {
@@ -217,9 +217,9 @@ restart:;
         if ((rc = ferry_cuda_byteswap(d, dst, done / swap, swap, ds->stream)) < 0) return rc;
         w->seq[d]++;
     }
-    count_io(w->ctx, ndirect, nbuf, 0);
+    ferry_count_io(w->ctx, ndirect, nbuf, 0);
     if (done) {
-        mark_device(w, j, d);
+        ferry_mark_device(w, j, d);
         if ((rc = ferry_worker_defer(w, j, d)) < 0) return rc;
         *deferred = 1;
     }
@@ -243,7 +243,7 @@ static int64_t read_cufile(ferry_worker *w, ferry_job *j, ferry_file *f, uint64_
         if (r == 0) break;
         done += (uint64_t)r;
     }
-    count_io(w->ctx, done, 0, 0);
+    ferry_count_io(w->ctx, done, 0, 0);
     if (swap > 1 && done) {
         if (!ferry_cuda_kernels_ready(d) || (base + dst_off) % swap)
             return ferry_seterr(FERRY_EUNSUPPORTED, "byteswap on the GPU needs the embedded kernels and aligned memory; use the staged path");
@@ -252,7 +252,7 @@ static int64_t read_cufile(ferry_worker *w, ferry_job *j, ferry_file *f, uint64_
         rc = ferry_cuda_byteswap(d, base + dst_off, done / swap, swap, ds->stream);
         if (rc < 0) return rc;
         w->seq[d]++;
-        mark_device(w, j, d);
+        ferry_mark_device(w, j, d);
         if ((rc = ferry_worker_defer(w, j, d)) < 0) return rc;
         *deferred = 1;
     }
@@ -323,7 +323,7 @@ static int64_t exec_read_coded(ferry_worker *w, ferry_job *j, const ferry_extent
         if ((uint64_t)r != e->decoded_size)
             return ferry_seterr(FERRY_ECODEC, "decoded %lld bytes where %llu were expected",
                                 (long long)r, (unsigned long long)e->decoded_size);
-        count_io(w->ctx, 0, 0, (uint64_t)r);
+        ferry_count_io(w->ctx, 0, 0, (uint64_t)r);
         if (host && !e->place) goto done;
         dec = out;
         dlen = e->decoded_size;
@@ -397,12 +397,12 @@ static int64_t write_block(ferry_worker *w, ferry_file *f, int dfd, const uint8_
         int64_t r = ferry_pwrite_full(dfd, buf, al, off);
         if (r == -EINVAL) al = 0;   /* refused at write time: all buffered */
         else if (r < 0) return r;
-        else count_io(w->ctx, al, 0, 0);
+        else ferry_count_io(w->ctx, al, 0, 0);
     }
     if (n > al) {
         int64_t r = ferry_pwrite_full(f->fd, buf + al, n - al, off + al);
         if (r < 0) return r;
-        count_io(w->ctx, 0, n - al, 0);
+        ferry_count_io(w->ctx, 0, n - al, 0);
     }
     return (int64_t)n;
 }
@@ -425,7 +425,7 @@ static int64_t exec_write(ferry_worker *w, ferry_job *j, const ferry_extent *e, 
             if ((rc = ferry_worker_staging(w, -1)) < 0) return rc;
             int i = w->next_stage;
             w->next_stage = (i + 1) % k;
-            if ((rc = stage_wait(w, i)) < 0) return rc;
+            if ((rc = ferry_stage_wait(w, i)) < 0) return rc;
             for (uint64_t c = 0; c < len; c += S) {
                 uint64_t n = FERRY_MIN((uint64_t)S, len - c);
                 memcpy(w->stage[i], src + c, n);
@@ -455,7 +455,7 @@ static int64_t exec_write(ferry_worker *w, ferry_job *j, const ferry_extent *e, 
                     if (r == 0) return ferry_seterr(FERRY_EIO, "cuFileWrite wrote nothing");
                     done += (uint64_t)r;
                 }
-                count_io(w->ctx, len, 0, 0);
+                ferry_count_io(w->ctx, len, 0, 0);
             }
         }
         if (used == FERRY_PATH_STAGED) {
@@ -466,7 +466,7 @@ static int64_t exec_write(ferry_worker *w, ferry_job *j, const ferry_extent *e, 
             const ferry_cuda_api *cu = ferry_cuda_load(NULL);
             uint64_t nchunks = (len + S - 1) / S;
             int first = w->next_stage;
-            for (int b = 0; b < k; b++) if ((rc = stage_wait(w, b)) < 0) return rc;
+            for (int b = 0; b < k; b++) if ((rc = ferry_stage_wait(w, b)) < 0) return rc;
             for (uint64_t c = 0; c < nchunks + (uint64_t)k; c++) {
                 if (c >= (uint64_t)k) {   /* write chunk c-k once its copy is done */
                     uint64_t q = c - (uint64_t)k;
@@ -497,12 +497,14 @@ static int64_t exec_write(ferry_worker *w, ferry_job *j, const ferry_extent *e, 
     return (int64_t)len;
 }
 
-/* Files named by path are opened by the worker and kept for the rest of the
- * job's tasks on this worker (a shard read as many extents opens once). */
-static int path_file(ferry_worker *w, ferry_job *j, const char *path, ferry_file **out) {
+/* Files named by path come from the context's open-file cache (opened by the
+ * worker that first needs one, so many files open in parallel); the worker
+ * holds the last one for the rest of the job's tasks (a shard read as many
+ * extents looks it up once). */
+int ferry_path_file(ferry_worker *w, ferry_job *j, const char *path, ferry_file **out) {
     if (w->pathfile && w->pathfile_job == j->id && strcmp(w->pathfile->path, path) == 0) { *out = w->pathfile; return 0; }
-    if (w->pathfile) { ferry_file_close(w->pathfile); w->pathfile = NULL; }
-    int rc = ferry_file_open_internal(w->ctx, path, FERRY_READ, &w->pathfile);
+    ferry_worker_idle(w);
+    int rc = ferry_fcache_get(&w->ctx->files, w->ctx, path, j->id, &w->pathfile, &w->pathfile_entry);
     if (rc < 0) return rc;
     w->pathfile_job = j->id;
     *out = w->pathfile;
@@ -521,7 +523,17 @@ int ferry_exec_task(ferry_worker *w, ferry_job *j, const ferry_task *t) {
     }
     const ferry_extent *e = &j->ext[t->ext];
     ferry_file *f = e->file;
-    if (e->kind != FERRY_EXTENT_FILL && !f) r = path_file(w, j, e->path, &f);
+    if (t->n > 1) {   /* a pack: its errors already name the extent's file and byte */
+        r = ferry_exec_pack(w, j, t, &deferred);
+        if (r < 0) {
+            if (e->dst.kind == FERRY_MEM_CUDA && !deferred) ferry_worker_drain(w);
+            ferry_job_fail(j, (int)r);
+        } else {
+            atomic_fetch_add(&j->bytes, (uint64_t)r);
+        }
+        goto issued;
+    }
+    if (e->kind != FERRY_EXTENT_FILL && !f) r = ferry_path_file(w, j, e->path, &f);
     if ((r == -ENOENT || r == -ENOTDIR) && (e->flags & FERRY_EXTENT_MISSING_FILLS)) {
         ferry_clearerr();   /* an absent chunk: its box gets the fill value */
         r = exec_fill(w, j, e, 0, 0, &deferred);

@@ -43,6 +43,8 @@ int ferry_file_open_internal(ferry_ctx *ctx, const char *path, int flags, ferry_
     f->fd = fd;
     f->flags = flags;
     f->dfd = -1;
+    f->dev = st.st_dev;
+    f->ino = st.st_ino;
     pthread_mutex_init(&f->lock, NULL);
     *out = f;
     return 0;
@@ -97,9 +99,24 @@ int ferry_file_direct_fd(ferry_file *f) {
         if ((f->flags & FERRY_READ) && (f->flags & FERRY_WRITE)) oflags |= O_RDWR;
         else if (f->flags & FERRY_WRITE) oflags |= O_WRONLY;
         else oflags |= O_RDONLY;
-        /* Reopen by path (not /proc/self/fd) so the O_DIRECT fd shares nothing
-         * with the buffered one; tmpfs and some FUSE file systems refuse O_DIRECT. */
-        int fd = open(f->path, oflags);
+        /* A second open file description (O_DIRECT is a property of the
+         * description: a dup would share it with the buffered fd), of the
+         * same file: through /proc/self/fd, which names the open inode even
+         * after a rename replaced the path; by path only where /proc is
+         * missing. Either way it must be the inode the buffered fd has — a
+         * file renamed over the path between the two opens would pair one
+         * file's header with another file's bytes — else no O_DIRECT at all
+         * (buffered reads of the right file). tmpfs and some FUSE file
+         * systems refuse O_DIRECT. */
+        char proc[64];
+        snprintf(proc, sizeof proc, "/proc/self/fd/%d", f->fd);
+        int fd = open(proc, oflags);
+        if (fd < 0 && (errno == ENOENT || errno == ENOTDIR)) fd = open(f->path, oflags);
+        struct stat st;
+        if (fd >= 0 && (fstat(fd, &st) != 0 || st.st_dev != f->dev || st.st_ino != f->ino)) {
+            close(fd);
+            fd = -1;
+        }
         __atomic_store_n(&f->dfd, fd >= 0 ? fd : -2, __ATOMIC_RELEASE);
     }
     d = f->dfd;

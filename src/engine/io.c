@@ -2,6 +2,7 @@
  * decision. */
 #include "engine/io.h"
 #include <errno.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 int64_t ferry_pread_full(int fd, void *buf, size_t len, uint64_t off) {
@@ -14,6 +15,23 @@ int64_t ferry_pread_full(int fd, void *buf, size_t len, uint64_t off) {
         }
         if (r == 0) break;   /* end of file */
         done += (size_t)r;
+    }
+    return (int64_t)done;
+}
+
+int64_t ferry_preadv_full(int fd, struct iovec *iov, int n, uint64_t off) {
+    uint64_t done = 0;
+    while (n > 0) {
+        ssize_t r = preadv(fd, iov, n, (off_t)(off + done));
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            return -errno;
+        }
+        if (r == 0) break;   /* end of file */
+        done += (uint64_t)r;
+        /* a short transfer: skip the filled vectors, trim the partial one */
+        while (n > 0 && (size_t)r >= iov->iov_len) { r -= (ssize_t)iov->iov_len; iov++; n--; }
+        if (n > 0 && r) { iov->iov_base = (uint8_t *)iov->iov_base + r; iov->iov_len -= (size_t)r; }
     }
     return (int64_t)done;
 }

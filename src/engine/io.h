@@ -6,6 +6,9 @@
 /* pread/pwrite until len bytes or EOF (reads); -errno on failure. */
 int64_t ferry_pread_full(int fd, void *buf, size_t len, uint64_t off);
 int64_t ferry_pwrite_full(int fd, const void *buf, size_t len, uint64_t off);
+/* preadv until the vectors are full or EOF (it modifies iov); -errno on failure. */
+struct iovec;
+int64_t ferry_preadv_full(int fd, struct iovec *iov, int n, uint64_t off);
 /* Whether to use O_DIRECT for this range under `policy` (ferry_direct):
  * AUTO: ranges of 1 MiB or more that are mostly not in the page cache (reads),
  * or 1 MiB or more (writes). Also requires the file system to accept O_DIRECT. */

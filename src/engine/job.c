@@ -98,7 +98,7 @@ static void job_free(ferry_job *j) {
     free(j);
 }
 
-static int add_task(ferry_job *j, size_t *cap, uint32_t ext, uint64_t lo, uint64_t hi) {
+static int add_task(ferry_job *j, size_t *cap, uint32_t ext, uint32_t n, uint64_t lo, uint64_t hi) {
     if (j->ntasks == *cap) {
         size_t nc = *cap ? *cap * 2 : 64;
         ferry_task *t = realloc(j->tasks, nc * sizeof *t);
@@ -106,26 +106,61 @@ static int add_task(ferry_job *j, size_t *cap, uint32_t ext, uint64_t lo, uint64
         j->tasks = t;
         *cap = nc;
     }
-    j->tasks[j->ntasks++] = (ferry_task){ext, lo, hi};
+    j->tasks[j->ntasks++] = (ferry_task){ext, n, lo, hi};
     return 0;
 }
 
-/* Cut plain extents at task_size boundaries aligned in the file (so O_DIRECT
- * middles stay aligned); byteswapped ones at multiples of the element size
- * from the extent start. Other extents are one task each. */
-static int make_tasks(ferry_job *j, size_t task_size) {
+/* Records up to this size are packed (AUTO reads them buffered anyway; the
+ * O_DIRECT policy ON keeps them one task each, where alignment decides). */
+#define PACK_MAX_EXTENT (1u << 20)
+
+static int packable(const ferry_job *j, const ferry_extent *e, size_t staging) {
+    if (e->kind != FERRY_EXTENT_READ || e->place || e->ncodecs || e->flags || e->length == 0) return 0;
+    if (j->direct == FERRY_DIRECT_ON || e->length > PACK_MAX_EXTENT) return 0;
+    return e->dst.kind == FERRY_MEM_HOST || e->length <= staging;
+}
+
+/* Cut the work into tasks by bytes. Runs of small plain reads (of one memory
+ * kind and device) become packs of about `pack` bytes each: enough tasks for
+ * every worker twice, at least 256 KiB each (a task claim costs a lock and a
+ * wake-up), at most task_size. Large plain extents are cut at task_size
+ * boundaries aligned in the file (so O_DIRECT middles stay aligned);
+ * byteswapped ones at multiples of the element size from the extent start.
+ * Other extents are one task each. */
+static int make_tasks(ferry_job *j, size_t task_size, size_t staging) {
     size_t cap = 0;
     /* gpudecode.c: one task per batch, queued first so that the CPU's tasks
      * run on the other workers while batches are read and decoded */
     for (size_t b = 0; b < ferry_gpudecode_batches(j); b++)
-        if (add_task(j, &cap, FERRY_GPU_TASK, b, b + 1) < 0) return FERRY_ENOMEM;
-    for (size_t i = 0; i < j->next; i++) {
+        if (add_task(j, &cap, FERRY_GPU_TASK, 1, b, b + 1) < 0) return FERRY_ENOMEM;
+    uint64_t packed = 0;
+    for (size_t i = 0; i < j->next; i++)
+        if (!ferry_gpudecode_owns(j, i) && packable(j, &j->ext[i], staging)) packed += j->ext[i].length;
+    uint64_t pack = packed / (2 * (uint64_t)(j->max_workers > 0 ? j->max_workers : 1));
+    if (pack < (256u << 10)) pack = 256u << 10;
+    if (pack > task_size) pack = task_size;
+    for (size_t i = 0; i < j->next;) {
         const ferry_extent *e = &j->ext[i];
-        if (ferry_gpudecode_owns(j, i)) continue;   /* decoded on the GPU: in a batch task below */
-        uint64_t len = e->kind == FERRY_EXTENT_FILL ? e->length : e->length;
+        if (ferry_gpudecode_owns(j, i)) { i++; continue; }   /* decoded on the GPU: in a batch task above */
+        if (packable(j, e, staging)) {
+            size_t m = i + 1;
+            uint64_t bytes = e->length;
+            while (m < j->next && m - i < UINT32_MAX && bytes < pack) {
+                const ferry_extent *x = &j->ext[m];
+                if (ferry_gpudecode_owns(j, m) || !packable(j, x, staging) || x->dst.kind != e->dst.kind || x->dst.device != e->dst.device) break;
+                bytes += x->length;
+                m++;
+            }
+            if (m - i >= 2) {
+                if (add_task(j, &cap, (uint32_t)i, (uint32_t)(m - i), 0, bytes) < 0) return FERRY_ENOMEM;
+                i = m;
+                continue;
+            }
+        }
+        uint64_t len = e->length;
         if (!is_plain(e) || len <= task_size) {
-            if (add_task(j, &cap, (uint32_t)i, 0, e->kind == FERRY_EXTENT_READ && !is_plain(e) ? e->length : len) < 0)
-                return FERRY_ENOMEM;
+            if (add_task(j, &cap, (uint32_t)i, 1, 0, len) < 0) return FERRY_ENOMEM;
+            i++;
             continue;
         }
         int swap = e->ncodecs ? ferry_codecs_only_byteswap(e->codecs, e->ncodecs) : 0;
@@ -136,9 +171,10 @@ static int make_tasks(ferry_job *j, size_t task_size) {
             else hi = ferry_align_down(e->offset + lo + task_size) - e->offset; /* aligned in the file */
             if (hi <= lo) hi = lo + task_size;
             if (hi > len) hi = len;
-            if (add_task(j, &cap, (uint32_t)i, lo, hi) < 0) return FERRY_ENOMEM;
+            if (add_task(j, &cap, (uint32_t)i, 1, lo, hi) < 0) return FERRY_ENOMEM;
             lo = hi;
         }
+        i++;
     }
     return 0;
 }
@@ -178,7 +214,7 @@ static int job_build(ferry_ctx *ctx, const ferry_plan *plan, const ferry_run_opt
     if (rc < 0) { job_free(j); return rc; }
     rc = ferry_gpudecode_plan(j, opts ? opts->decode : FERRY_DECODE_AUTO);   /* gpudecode.c */
     if (rc < 0) { job_free(j); return rc; }
-    rc = make_tasks(j, ctx->cfg.task_size);
+    rc = make_tasks(j, ctx->cfg.task_size, ctx->cfg.staging_size);
     if (rc < 0) { job_free(j); return rc; }
     *out = j;
     return 0;
@@ -234,6 +270,7 @@ static ferry_worker *inline_worker_get(ferry_ctx *ctx) {
 }
 
 static void inline_worker_put(ferry_ctx *ctx, ferry_worker *w) {
+    ferry_worker_idle(w);
     pthread_mutex_lock(&ctx->lock);
     if (ctx->ninline_free < (int)(sizeof ctx->inline_free / sizeof ctx->inline_free[0])) {
         ctx->inline_free[ctx->ninline_free++] = w;

@@ -31,6 +31,10 @@ static int alloc_host(ferry_worker *w, int dev, uint8_t **p, size_t n, int *pinn
     return 0;
 }
 
+int ferry_worker_alloc(ferry_worker *w, int dev, uint8_t **p, size_t n, int *pinned) {
+    return alloc_host(w, dev, p, n, pinned);
+}
+
 static void free_host(uint8_t *p, int pinned) {
     if (!p) return;
     if (pinned) {
@@ -50,6 +54,7 @@ int ferry_worker_init(ferry_ctx *ctx, ferry_worker *w, int id) {
     w->ctx = ctx;
     w->id = id;
     w->dec_dev = -1;
+    w->pack_i = -1;
     for (int i = 0; i < FERRY_MAX_STAGING; i++) w->stage_dev[i] = -1;
     ferry_decode_scratch_init(&w->scratch);
     return 0;
@@ -91,13 +96,18 @@ void ferry_worker_free(ferry_worker *w) {
         if (!w->dev[d].ready || !cu) continue;
         ferry_cuda_use_device(d);
         for (int i = 0; i < FERRY_MAX_STAGING; i++) if (w->dev[d].ev[i]) cu->EventDestroy(w->dev[d].ev[i]);
+        for (int i = 0; i < FERRY_MAX_STAGING; i++) {
+            if (w->dev[d].scratch[i]) cu->MemFree(w->dev[d].scratch[i]);
+            if (w->dev[d].dtab[i]) cu->MemFree(w->dev[d].dtab[i]);
+        }
         if (w->dev[d].dec_ev) cu->EventDestroy(w->dev[d].dec_ev);
         cu->StreamDestroy(w->dev[d].stream);
     }
     for (int i = 0; i < FERRY_MAX_STAGING; i++) free_host(w->stage[i], w->stage_pinned[i]);
+    for (int i = 0; i < FERRY_MAX_STAGING; i++) free_host((uint8_t *)w->tab[i], w->tab_pinned[i]);
     free_host(w->in_buf, w->in_pinned);
     free_host(w->dec_buf, w->dec_pinned);
-    if (w->pathfile) ferry_file_close(w->pathfile);
+    ferry_worker_idle(w);
     ferry_decode_scratch_free(&w->scratch);
     free(w->pending);
     memset(w, 0, sizeof *w);
@@ -149,6 +159,12 @@ int ferry_worker_defer(ferry_worker *w, ferry_job *job, int d) {
     return 0;
 }
 
+void ferry_worker_idle(ferry_worker *w) {
+    if (w->pathfile_entry) ferry_fcache_put(&w->ctx->files, w->pathfile_entry);
+    w->pathfile_entry = NULL;
+    w->pathfile = NULL;
+}
+
 void ferry_worker_drain(ferry_worker *w) {
     if (!w->npending) return;
     const ferry_cuda_api *cu = ferry_cuda_load(NULL);
@@ -180,6 +196,12 @@ void *ferry_worker_main(void *arg) {
                 /* nothing to claim: complete our own outstanding copies first */
                 pthread_mutex_unlock(&ctx->lock);
                 ferry_worker_drain(w);
+                pthread_mutex_lock(&ctx->lock);
+                continue;
+            }
+            if (w->pathfile_entry) {   /* nothing to do: no file held open for nothing */
+                pthread_mutex_unlock(&ctx->lock);
+                ferry_worker_idle(w);
                 pthread_mutex_lock(&ctx->lock);
                 continue;
             }

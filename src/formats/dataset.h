@@ -34,6 +34,8 @@ struct ferry_dataset {
     char *dims_json;       /* NULL: "{}" */
     char *groups_json;     /* NULL: "[]" */
     void *fmt;             /* format-private */
+    int *by_name;          /* open-addressing table of variable indices (-1 empty), built after open */
+    size_t by_name_mask;   /* table size - 1 (a power of two, at least twice nvars) */
 };
 
 extern const ferry_format_ops ferry_format_npy;

@@ -467,6 +467,25 @@ static int parse_header(ferry_dataset *ds, nc_state *st, nc_rd *r) {
                               path, (unsigned long long)v->header_pos, v->name, (unsigned long long)v->begin,
                               (unsigned long long)header_end);
     }
+    if (!rc && nrec_vars > 1) {
+        /* inside a record, the record variables' slices must not overlap nor
+         * run past the record (netCDF-C refuses such a file: a flipped bit in
+         * a `begin` that pairs one variable's bytes with its neighbour's) */
+        span *rs = malloc((size_t)nrec_vars * sizeof *rs);
+        if (!rs) rc = ferry_seterr(FERRY_ENOMEM, "%s: out of memory", path);
+        int nr = 0;
+        for (int i = 0; i < ds->nvars && rs; i++)
+            if (st->vars[i].is_record) rs[nr++] = (span){st->vars[i].begin, st->vars[i].begin + pad4(st->vars[i].vsize), i};
+        if (rs) qsort(rs, (size_t)nr, sizeof *rs, cmp_span);
+        for (int i = 0; i < nr && !rc; i++)
+            if ((i + 1 < nr && rs[i].end > rs[i + 1].begin) || rs[i].end - min_rec_begin > st->recsize)
+                rc = ferry_seterr(FERRY_EFORMAT, "%s: byte %llu: record variable \"%s\": begin %llu puts its %llu bytes "
+                                  "per record over %s", path, (unsigned long long)st->vars[rs[i].var].header_pos,
+                                  st->vars[rs[i].var].name, (unsigned long long)rs[i].begin,
+                                  (unsigned long long)st->vars[rs[i].var].vsize,
+                                  i + 1 < nr && rs[i].end > rs[i + 1].begin ? "the next record variable's" : "the next record");
+        free(rs);
+    }
     if (!rc && nrec_vars && st->numrecs) {
         /* the record block as one span, so fixed data cannot overlap it */
         uint64_t end = min_rec_begin;

@@ -220,16 +220,20 @@ static int parse_shard(ferry_dataset *ds, st_state *st, int si, int want_metadat
         memset(v, 0, sizeof *v);
         memset(t, 0, sizeof *t);
         ferry_var_info *vi = &v->info;
-        uint64_t nel = 1;
+        uint64_t nel = 1, nz = 1, nzbytes;   /* nz: product of the non-zero dimensions */
         int overflow = 0;
         for (size_t k = 0; k < js->n; k++) {
             if (ferry_json_u64(&js->items[k], &vi->shape[k]) || vi->shape[k] > (uint64_t)INT64_MAX)
                 return ferry_seterr(FERRY_EFORMAT, "%s: byte %llu: tensor \"%s\": shape[%zu] is not a non-negative integer",
                                     path, (unsigned long long)js->items[k].pos, m->key, k);
             overflow |= ferry_mul_overflow(nel, vi->shape[k], &nel);
+            if (vi->shape[k]) overflow |= ferry_mul_overflow(nz, vi->shape[k], &nz);
         }
+        /* numpy and torch refuse a shape whose non-zero dimensions overflow even
+         * when another is 0 ([0, 2^62, 2^62]): refuse it here, with the byte */
         uint64_t bits;
-        if (overflow || ferry_mul_overflow(nel, dt->bits, &bits))
+        if (overflow || ferry_mul_overflow(nel, dt->bits, &bits) || ferry_mul_overflow(nz, (dt->bits + 7) / 8, &nzbytes) ||
+            nzbytes > (uint64_t)INT64_MAX)
             return ferry_seterr(FERRY_EFORMAT, "%s: byte %llu: tensor \"%s\": shape × dtype size overflows", path,
                                 (unsigned long long)js->pos, m->key);
         if (jo->type != FERRY_JSON_ARRAY || jo->n != 2 || ferry_json_u64(&jo->items[0], &t->begin) ||

@@ -28,12 +28,19 @@ int ferry_typestr_parse(const char *t, size_t len, ferry_dtype *dt, uint32_t *it
     case 'M': case 'm':
         if (size != 8) return -1;
         *dt = kind == 'M' ? FERRY_DT_DATETIME64 : FERRY_DT_TIMEDELTA64;
-        if (rest) {   /* "[ns]", "[s]", "[10ms]", "[generic]"... : letters/digits in brackets */
+        if (rest) {   /* "[ns]", "[s]", "[10ms]", "[generic]": an optional multiplier, then a unit numpy knows */
             if (t[i] != '[' || t[len - 1] != ']' || len - i < 3) return -1;
-            for (size_t k = i + 1; k < len - 1; k++) {
-                char c = t[k];
-                if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'))) return -1;
-            }
+            size_t k = i + 1;
+            uint64_t mult = 0;
+            while (k < len - 1 && t[k] >= '0' && t[k] <= '9' && mult < (1u << 30)) mult = mult * 10 + (uint64_t)(t[k++] - '0');
+            if (k > i + 1 && (mult == 0 || mult >= (1u << 30) || t[i + 1] == '0')) return -1;
+            static const char *const units[] = {"Y", "M", "W", "D", "h", "m", "s", "ms", "us", "\xce\xbcs",
+                                                "ns", "ps", "fs", "as", "generic"};
+            size_t ul = len - 1 - k;
+            int known = 0;
+            for (size_t u = 0; u < sizeof units / sizeof *units && !known; u++)
+                known = strlen(units[u]) == ul && !memcmp(units[u], t + k, ul);
+            if (!known || (k > i + 1 && ul == 7)) return -1;   /* numpy has no "[2generic]" */
             rest = 0;
         }
         break;

@@ -25,6 +25,7 @@
 #include "formats/typestr.h"
 #include "formats/json.h"
 #include "formats/select.h"
+#include "formats/layout.h"
 #include "codecs/codecs.h"
 #include <dirent.h>
 #include <errno.h>
@@ -64,6 +65,7 @@ typedef struct zarr_arr {
 typedef struct zarr_ds {
     zarr_arr *arrs;
     int narrs;
+    char *root;            /* realpath of the store: every file read must resolve under it */
 } zarr_ds;
 
 /* ---- small helpers ---------------------------------------------------------- */
@@ -79,6 +81,72 @@ static char *join(const char *a, const char *b) {
     p[la] = '/';
     memcpy(p + la + 1, b, lb + 1);
     return p;
+}
+
+/* ---- staying inside the store ----------------------------------------------
+ * A store names paths in its metadata (consolidated keys, the group= option)
+ * and by its layout (member directories, chunk keys, shard files). A key is
+ * taken only when it is a plain relative path: non-empty, no leading "/", no
+ * empty, "." or ".." component, no NUL, valid UTF-8 (zarr-python refuses
+ * "." and ".." segments the same way: "The path '..' is invalid").
+ * Symlinks inside a store are followed only while they stay inside it: every
+ * array directory (at open) and every chunk or shard file (at plan time) is
+ * resolved with realpath(3) and must lie under the store's own resolved path;
+ * one that leads outside is refused. (A store rewritten while it is read is
+ * outside this promise: the check and the engine's open are two steps.) */
+static int key_ok(const char *k, size_t len) {
+    if (!len || strlen(k) != len || k[0] == '/' || !ferry_utf8_valid(k, len)) return 0;
+    for (const char *c = k;;) {
+        const char *e = strchr(c, '/');
+        size_t n = e ? (size_t)(e - c) : strlen(c);
+        if (n == 0 || (n == 1 && c[0] == '.') || (n == 2 && c[0] == '.' && c[1] == '.')) return 0;
+        if (!e) return 1;
+        c = e + 1;
+    }
+}
+
+/* 1: path resolves under the store root; 0: it does not exist (nothing to
+ * read); a negative code (message set) when it leads outside the store. */
+static int inside_store(const zarr_ds *z, const char *path) {
+    char *r = realpath(path, NULL);
+    if (!r) {
+        if (errno == ENOENT || errno == ENOTDIR) return 0;
+        return ferry_seterr(-errno, "%s: %s", path, strerror(errno));
+    }
+    size_t rl = strlen(z->root);
+    int ok = !strncmp(r, z->root, rl) && (r[rl] == 0 || r[rl] == '/' || (rl == 1 && z->root[0] == '/'));
+    int rc = ok ? 1 : ferry_seterr(-EACCES, "%s: resolves to %s, outside the store %s (a symlink leading out is refused)",
+                                   path, r, z->root);
+    free(r);
+    return rc;
+}
+
+/* A chunk or shard file at plan time: 1 (present and inside, *st filled), 0
+ * (absent: a fill), or a negative code when it, or a directory on its way,
+ * resolves outside the store. `okdir` (PATH_MAX bytes, "" at first) caches
+ * the last directory found inside, so a plan of many chunks resolves each
+ * directory once and costs one lstat per chunk beyond that. */
+static int chunk_inside(const zarr_ds *z, const char *path, char *okdir, struct stat *st) {
+    if (lstat(path, st) != 0) {
+        if (errno == ENOENT || errno == ENOTDIR) return 0;
+        return ferry_seterr(-errno, "%s: %s", path, strerror(errno));
+    }
+    const char *slash = strrchr(path, '/');
+    size_t dl = slash ? (size_t)(slash - path) : 0;
+    if (dl && dl < PATH_MAX && (strncmp(okdir, path, dl) || okdir[dl])) {
+        char dir[PATH_MAX];
+        memcpy(dir, path, dl);
+        dir[dl] = 0;
+        int rc = inside_store(z, dir);
+        if (rc < 0) return rc;
+        memcpy(okdir, dir, dl + 1);
+    }
+    if (S_ISLNK(st->st_mode)) {
+        int rc = inside_store(z, path);
+        if (rc <= 0) return rc;   /* a dangling link: absent */
+        if (stat(path, st) != 0) return 0;
+    }
+    return 1;
 }
 
 static int is_file(const char *path) {
@@ -116,10 +184,13 @@ static int read_whole(ferry_ctx *ctx, const char *path, char **out, size_t *len)
     return 0;
 }
 
-static int load_json(ferry_ctx *ctx, const char *path, ferry_json **out) {
+/* A metadata document of the store at ds (refused when it resolves outside). */
+static int load_json(ferry_dataset *ds, const char *path, ferry_json **out) {
     char *text = NULL; size_t len = 0;
     *out = NULL;
-    int rc = read_whole(ctx, path, &text, &len);
+    int rc = inside_store(ds->fmt, path);
+    if (rc < 0) return rc;
+    rc = read_whole(ds->ctx, path, &text, &len);
     if (rc < 0) return rc;
     rc = ferry_json_parse(text, len, path, 0, out);
     free(text);
@@ -143,6 +214,71 @@ static int meta_err(int code, const char *file, const ferry_json *node, const ch
     va_end(ap);
     if (node) return ferry_seterr(code, "%s: byte %llu: %s", file, (unsigned long long)node->pos, msg);
     return ferry_seterr(code, "%s: %s", file, msg);
+}
+
+/* ---- keys a metadata document may hold ----------------------------------------
+ * zarr-python refuses a document with a key it does not know (a flipped bit
+ * in "attributes" or a codec's "level" is damage, not an extension): v3 top
+ * level keys beyond the spec's must be objects with "must_understand": false
+ * (the spec's extension rule); a known codec's configuration may hold only
+ * that codec's parameters. */
+static int in_list(const char *k, const char *const *allowed) {
+    for (; *allowed; allowed++)
+        if (!strcmp(k, *allowed)) return 1;
+    return 0;
+}
+
+static int only_keys(const char *file, const ferry_json *obj, const char *const *allowed, const char *what) {
+    if (!obj || obj->type != FERRY_JSON_OBJECT) return 0;
+    for (size_t i = 0; i < obj->n; i++)
+        if (!in_list(obj->items[i].key, allowed))
+            return MERR(FERRY_EFORMAT, file, &obj->items[i], "%s: unknown key \"%s\"", what, obj->items[i].key);
+    return 0;
+}
+
+static int v3_extensions_ok(const char *file, const ferry_json *doc, const char *const *known) {
+    if (!doc || doc->type != FERRY_JSON_OBJECT) return 0;
+    for (size_t i = 0; i < doc->n; i++) {
+        const ferry_json *v = &doc->items[i];
+        if (in_list(v->key, known)) continue;
+        const ferry_json *mu = ferry_json_get(v, "must_understand");
+        if (v->type != FERRY_JSON_OBJECT || !mu || mu->type != FERRY_JSON_BOOL || mu->boolean)
+            return MERR(FERRY_EFORMAT, file, v, "unknown key \"%s\" (an extension must be an object with "
+                        "\"must_understand\": false)", v->key);
+    }
+    return 0;
+}
+
+static const char *const V3_ARRAY_KEYS[] = {"zarr_format", "node_type", "shape", "data_type", "chunk_grid",
+                                            "chunk_key_encoding", "fill_value", "codecs", "attributes",
+                                            "storage_transformers", "dimension_names", NULL};
+static const char *const V3_GROUP_KEYS[] = {"zarr_format", "node_type", "attributes", "consolidated_metadata", NULL};
+
+/* The parameters of a v3 codec ferry knows (numcodecs.* take their own). */
+static int v3_codec_config_ok(const char *file, const char *name, const ferry_json *entry, const ferry_json *cfg) {
+    static const char *const entry_keys[] = {"name", "configuration", NULL};
+    static const struct { const char *name; const char *keys[6]; } t[] = {
+        {"bytes", {"endian", NULL}},
+        {"transpose", {"order", NULL}},
+        {"gzip", {"level", NULL}},
+        {"zstd", {"level", "checksum", NULL}},
+        {"crc32c", {NULL}},
+        {"blosc", {"typesize", "cname", "clevel", "shuffle", "blocksize", NULL}},
+        {"sharding_indexed", {"chunk_shape", "codecs", "index_codecs", "index_location", NULL}},
+    };
+    if (entry->type == FERRY_JSON_OBJECT) {
+        int rc = only_keys(file, entry, entry_keys, "codec");
+        if (rc < 0) return rc;
+    }
+    if (cfg && cfg->type != FERRY_JSON_OBJECT)
+        return MERR(FERRY_EFORMAT, file, cfg, "codec \"%s\": configuration must be an object", name);
+    for (size_t i = 0; i < sizeof t / sizeof *t; i++)
+        if (!strcmp(name, t[i].name)) {
+            char what[64];
+            snprintf(what, sizeof what, "codec \"%s\" configuration", name);
+            return only_keys(file, cfg, t[i].keys, what);
+        }
+    return 0;
 }
 
 /* ---- dtypes ------------------------------------------------------------------ */
@@ -295,7 +431,8 @@ static const char *json_name(const ferry_json *c, const char *key) {
 
 /* blosc's inner codec must be one we decode */
 static int blosc_cname_ok(const char *cname) {
-    return !strcmp(cname, "lz4") || !strcmp(cname, "lz4hc") || !strcmp(cname, "zlib") || !strcmp(cname, "zstd");
+    return !strcmp(cname, "blosclz") || !strcmp(cname, "lz4") || !strcmp(cname, "lz4hc") || !strcmp(cname, "zlib") ||
+           !strcmp(cname, "zstd");
 }
 
 /* A bytes->bytes codec (v3 name or numcodecs id) -> ferry codec step.
@@ -312,9 +449,8 @@ static int bytes_codec(const char *id, const ferry_json *cfg, uint32_t itemsize,
     else if (!strcmp(id, "blosc")) {
         const char *cname = json_name(cfg, "cname");
         if (*cname && !blosc_cname_ok(cname)) {
-            *why = !strcmp(cname, "blosclz") ? "its inner codec blosclz is not supported (lz4, lz4hc, zlib, zstd are)"
-                 : !strcmp(cname, "snappy") ? "its inner codec snappy is not supported (lz4, lz4hc, zlib, zstd are)"
-                 : "its inner codec is not supported (lz4, lz4hc, zlib, zstd are)";
+            *why = !strcmp(cname, "snappy") ? "its inner codec snappy is not supported (blosclz, lz4, lz4hc, zlib, zstd are)"
+                 : "its inner codec is not supported (blosclz, lz4, lz4hc, zlib, zstd are)";
             return -1;
         }
         *cid = FERRY_CODEC_BLOSC;
@@ -421,6 +557,9 @@ static int parse_v2(zarr_arr *a, const char *file, const ferry_json *za, const f
     if ((rc = parse_shape(file, ferry_json_get(za, "chunks"), "chunks", a->chunk, &a->ndim)) < 0) return rc;
     if (attrs && attrs->type != FERRY_JSON_OBJECT) return MERR(FERRY_EFORMAT, file, attrs, ".zattrs must be an object");
     const ferry_json *fv = ferry_json_get(za, "fill_value");
+    /* required by the v2 spec (null is a value): reading missing chunks as 0
+     * for a key that is absent would invent data zarr-python refuses to */
+    if (!fv) return MERR(FERRY_EFORMAT, file, za, "no fill_value (required; null means none)");
     if ((rc = collect_desc(a, attrs, NULL, fv)) < 0) return ferry_seterr(rc, "%s: out of memory", file);
     const char *order = json_name(za, "order");
     if (*order && strcmp(order, "C") && strcmp(order, "F"))
@@ -531,6 +670,8 @@ static int parse_v3_codecs(zarr_arr *a, const char *file, const ferry_json *list
         const ferry_json *at = &list->items[i];
         unsigned long long pos = (unsigned long long)at->pos;
         if (!name) return MERR(FERRY_EFORMAT, file, at, "codec without a name");
+        int crc = v3_codec_config_ok(file, name, at, cfg);
+        if (crc < 0) return crc;
         ferry_sbuf_printf(&b->desc, "%s%s", b->desc.len && b->desc.p[b->desc.len - 1] != '[' ? " " : "", name);
         if (!strcmp(name, "transpose")) {
             if (stage) return MERR(FERRY_EFORMAT, file, at, "transpose after the array->bytes codec");
@@ -634,9 +775,24 @@ static int parse_v3_codecs(zarr_arr *a, const char *file, const ferry_json *list
 }
 
 static int parse_v3_array(zarr_arr *a, const char *file, const ferry_json *m) {
+    static const char *const grid_keys[] = {"name", "configuration", NULL}, *const shape_key[] = {"chunk_shape", NULL},
+                             *const sep_key[] = {"separator", NULL};
     a->zf = 3;
     a->ndim = -1;
-    int rc = parse_shape(file, ferry_json_get(m, "shape"), "shape", a->shape, &a->ndim);
+    int rc = v3_extensions_ok(file, m, V3_ARRAY_KEYS);
+    if (rc < 0) return rc;
+    const ferry_json *at = ferry_json_get(m, "attributes");
+    if (at && at->type != FERRY_JSON_OBJECT) return MERR(FERRY_EFORMAT, file, at, "attributes must be an object");
+    const ferry_json *g0 = ferry_json_get(m, "chunk_grid"), *k0 = ferry_json_get(m, "chunk_key_encoding");
+    if ((rc = only_keys(file, g0, grid_keys, "chunk_grid")) < 0 || (rc = only_keys(file, k0, grid_keys, "chunk_key_encoding")) < 0)
+        return rc;
+    if (!strcmp(json_name(g0, "name"), "regular") &&
+        (rc = only_keys(file, ferry_json_get(g0, "configuration"), shape_key, "chunk_grid configuration")) < 0)
+        return rc;
+    if ((!strcmp(json_name(k0, "name"), "default") || !strcmp(json_name(k0, "name"), "v2")) &&
+        (rc = only_keys(file, ferry_json_get(k0, "configuration"), sep_key, "chunk_key_encoding configuration")) < 0)
+        return rc;
+    rc = parse_shape(file, ferry_json_get(m, "shape"), "shape", a->shape, &a->ndim);
     if (rc < 0) return rc;
     for (int k = 0; k < a->ndim; k++) a->perm[k] = k;
     const ferry_json *fv = ferry_json_get(m, "fill_value");
@@ -730,6 +886,8 @@ typedef struct open_ctx {
 static int add_array(open_ctx *o, const char *name, const char *dir, const char *file, int zf,
                      const ferry_json *meta, const ferry_json *attrs) {
     zarr_ds *z = o->z;
+    int rc = inside_store(z, dir);
+    if (rc < 0) return rc;
     if (z->narrs == o->capv) {
         int nc = o->capv ? o->capv * 2 : 8;
         zarr_arr *na = realloc(z->arrs, (size_t)nc * sizeof *na);
@@ -742,7 +900,7 @@ static int add_array(open_ctx *o, const char *name, const char *dir, const char 
     a->name = xstrdup(name);
     a->dir = xstrdup(dir);
     if (!a->name || !a->dir) return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", file);
-    int rc = zf == 2 ? parse_v2(a, file, meta, attrs) : parse_v3_array(a, file, meta);
+    rc = zf == 2 ? parse_v2(a, file, meta, attrs) : parse_v3_array(a, file, meta);
     /* malformed metadata after something unsupported: the array is unreadable
      * either way; keep it with the first reason, as a group keeps it */
     if (rc < 0 && (!a->err || rc == FERRY_ENOMEM)) return rc;
@@ -795,6 +953,24 @@ static int list_children(const char *dir, char ***out, int *n) {
     return rc;
 }
 
+/* A member directory's name must be a UTF-8 string (Zarr keys are; Python
+ * gets them as str): one that is not fails the open with the store and the
+ * name's bytes, not a UnicodeDecodeError later for the whole store. */
+static int member_name_ok(const char *dir, const char *name) {
+    size_t n = strlen(name);
+    if (ferry_utf8_valid(name, n)) return 0;
+    char esc[1024];
+    size_t o = 0;
+    for (size_t i = 0; i < n && o + 5 < sizeof esc; i++) {
+        unsigned char c = (unsigned char)name[i];
+        if (c >= 0x20 && c < 0x7f) esc[o++] = (char)c;
+        else o += (size_t)snprintf(esc + o, sizeof esc - o, "\\x%02x", c);
+    }
+    esc[o] = 0;
+    return ferry_seterr(FERRY_EFORMAT, "%s: member \"%s\" has a name that is not valid UTF-8 (Zarr keys are strings)",
+                        dir, esc);
+}
+
 static void free_names(char **v, int n) { for (int i = 0; i < n; i++) free(v[i]); free(v); }
 
 static const char *basename_of(const char *path, char *buf, size_t cap) {
@@ -815,7 +991,7 @@ static int open_v3(open_ctx *o, const char *dir) {
     char *file = join(dir, "zarr.json");
     if (!file) return FERRY_ENOMEM;
     ferry_json *m = NULL;
-    int rc = load_json(o->ds->ctx, file, &m);
+    int rc = load_json(o->ds, file, &m);
     if (rc < 0) { free(file); return rc; }
     uint64_t zf;
     const char *nt = json_name(m, "node_type");
@@ -824,15 +1000,24 @@ static int open_v3(open_ctx *o, const char *dir) {
     else if (!strcmp(nt, "array")) {
         char nm[256];
         rc = add_array(o, basename_of(dir, nm, sizeof nm), dir, file, 3, m, NULL);
+    } else if (!strcmp(nt, "group") && (rc = v3_extensions_ok(file, m, V3_GROUP_KEYS)) < 0) {
+    } else if (!strcmp(nt, "group") && ferry_json_get(m, "attributes") &&
+               ferry_json_get(m, "attributes")->type != FERRY_JSON_OBJECT) {
+        rc = MERR(FERRY_EFORMAT, file, ferry_json_get(m, "attributes"), "attributes must be an object");
     } else if (!strcmp(nt, "group")) {
         const ferry_json *attrs = ferry_json_get(m, "attributes");
         if (attrs && attrs->type == FERRY_JSON_OBJECT && !(o->ds->attrs_json = to_json(attrs))) rc = FERRY_ENOMEM;
         const ferry_json *cm = ferry_json_get(m, "consolidated_metadata");
         const ferry_json *md = cm && cm->type == FERRY_JSON_OBJECT ? ferry_json_get(cm, "metadata") : NULL;
         if (!rc && md && md->type == FERRY_JSON_OBJECT) {
+            for (size_t i = 0; i < md->n && !rc; i++)
+                if (!key_ok(md->items[i].key, md->items[i].keylen))
+                    rc = MERR(FERRY_EFORMAT, file, &md->items[i],
+                              "consolidated_metadata key \"%s\" is not a relative path inside the store "
+                              "(empty, absolute, or with an empty, \".\" or \"..\" component)", md->items[i].key);
             for (size_t i = 0; i < md->n && !rc; i++) {
                 const ferry_json *c = &md->items[i];
-                if (strchr(c->key, '/') || !c->key[0]) continue;   /* not a direct child */
+                if (strchr(c->key, '/')) continue;   /* not a direct child */
                 const char *cnt = json_name(c, "node_type");
                 char *cdir = join(dir, c->key);
                 if (!cdir) { rc = FERRY_ENOMEM; break; }
@@ -850,11 +1035,21 @@ static int open_v3(open_ctx *o, const char *dir) {
                 if (!cf) { free(cdir); rc = FERRY_ENOMEM; break; }
                 if (is_file(cf)) {
                     ferry_json *cm2 = NULL;
-                    rc = load_json(o->ds->ctx, cf, &cm2);
+                    rc = member_name_ok(dir, kids[i]);
+                    if (!rc) rc = load_json(o->ds, cf, &cm2);
                     if (!rc) {
+                        /* a member's zarr.json is as required as the root's:
+                         * a damaged one fails the open (as in zarr-python), it
+                         * does not make the array vanish from its group */
                         const char *cnt = json_name(cm2, "node_type");
-                        if (!strcmp(cnt, "array")) rc = add_array(o, kids[i], cdir, cf, 3, cm2, NULL);
+                        uint64_t czf;
+                        if (cm2->type != FERRY_JSON_OBJECT || ferry_json_u64(ferry_json_get(cm2, "zarr_format"), &czf) < 0 ||
+                            czf != 3)
+                            rc = MERR(FERRY_EFORMAT, cf, cm2, "zarr_format must be 3");
+                        else if (!strcmp(cnt, "array")) rc = add_array(o, kids[i], cdir, cf, 3, cm2, NULL);
                         else if (!strcmp(cnt, "group")) rc = add_group(o, kids[i]);
+                        else rc = MERR(FERRY_EFORMAT, cf, ferry_json_get(cm2, "node_type") ? ferry_json_get(cm2, "node_type") : cm2,
+                                       "node_type must be \"array\" or \"group\"");
                     }
                     ferry_json_free(cm2);
                 }
@@ -868,23 +1063,32 @@ static int open_v3(open_ctx *o, const char *dir) {
     return rc;
 }
 
-/* Look up "<prefix><name>" in a v2 consolidated metadata object. */
-static const ferry_json *cons_get(const ferry_json *md, const char *prefix, const char *name) {
+/* "<prefix><name>" in a v2 consolidated metadata object, through `sorted`
+ * (its items sorted by key): a store of 40,000 arrays looks up 40,000
+ * .zattrs, and a linear ferry_json_get each made the open take 23 s. */
+static int cmp_item_key(const void *x, const void *y) {
+    return strcmp((*(const ferry_json *const *)x)->key, (*(const ferry_json *const *)y)->key);
+}
+
+static const ferry_json *cons_get(const ferry_json *const *sorted, size_t n, const char *prefix, const char *name) {
     char key[4096];
-    if (snprintf(key, sizeof key, "%s%s", prefix, name) >= (int)sizeof key) return NULL;
-    return ferry_json_get(md, key);
+    if (!sorted || snprintf(key, sizeof key, "%s%s", prefix, name) >= (int)sizeof key) return NULL;
+    ferry_json probe;
+    probe.key = key;
+    const ferry_json *pp = &probe;
+    const ferry_json *const *hit = bsearch(&pp, sorted, n, sizeof *sorted, cmp_item_key);
+    return hit ? *hit : NULL;
 }
 
 /* v2 node at dir; `rel` is its path inside the store (for .zmetadata keys). */
 static int open_v2(open_ctx *o, const char *dir, const char *rel) {
-    ferry_ctx *ctx = o->ds->ctx;
     int rc = 0;
     char *zarray = join(dir, ".zarray"), *zattrs = join(dir, ".zattrs");
     if (!zarray || !zattrs) { free(zarray); free(zattrs); return FERRY_ENOMEM; }
     if (is_file(zarray)) {
         ferry_json *za = NULL, *at = NULL;
-        rc = load_json(ctx, zarray, &za);
-        if (!rc && is_file(zattrs)) rc = load_json(ctx, zattrs, &at);
+        rc = load_json(o->ds, zarray, &za);
+        if (!rc && is_file(zattrs)) rc = load_json(o->ds, zattrs, &at);
         char nm[256];
         if (!rc) rc = add_array(o, basename_of(dir, nm, sizeof nm), dir, zarray, 2, za, at);
         ferry_json_free(za); ferry_json_free(at);
@@ -894,13 +1098,63 @@ static int open_v2(open_ctx *o, const char *dir, const char *rel) {
     /* a group: consolidated metadata lives at the store root */
     char *zmeta = join(o->ds->path, ".zmetadata");
     ferry_json *cons = NULL;
-    if (zmeta && is_file(zmeta)) rc = load_json(ctx, zmeta, &cons);
+    if (!zmeta) rc = FERRY_ENOMEM;
+    /* the group's own documents are read even when consolidated metadata
+     * stands in for them, as zarr-python reads them: damage there fails */
+    char *zgroup = join(dir, ".zgroup");
+    if (!zgroup) rc = FERRY_ENOMEM;
+    else if (!rc && is_file(zgroup)) {
+        ferry_json *zg = NULL;
+        uint64_t zf;
+        rc = load_json(o->ds, zgroup, &zg);
+        if (!rc && (zg->type != FERRY_JSON_OBJECT || ferry_json_u64(ferry_json_get(zg, "zarr_format"), &zf) < 0 || zf != 2))
+            rc = MERR(FERRY_EFORMAT, zgroup, zg, "zarr_format must be 2");
+        ferry_json_free(zg);
+    }
+    free(zgroup);
+    if (!rc && is_file(zattrs)) {
+        ferry_json *za = NULL;
+        rc = load_json(o->ds, zattrs, &za);
+        if (!rc && za->type != FERRY_JSON_OBJECT) rc = MERR(FERRY_EFORMAT, zattrs, za, ".zattrs must be an object");
+        ferry_json_free(za);
+    }
+    if (!rc && is_file(zmeta)) {
+        rc = load_json(o->ds, zmeta, &cons);
+        uint64_t cf;
+        const ferry_json *m0 = cons ? ferry_json_get(cons, "metadata") : NULL;
+        if (!rc && (cons->type != FERRY_JSON_OBJECT || !m0 || m0->type != FERRY_JSON_OBJECT ||
+                    ferry_json_u64(ferry_json_get(cons, "zarr_consolidated_format"), &cf) < 0 || cf != 1))
+            rc = MERR(FERRY_EFORMAT, zmeta, cons, "consolidated metadata must be an object with "
+                      "\"zarr_consolidated_format\": 1 and a \"metadata\" object");
+        for (size_t i = 0; !rc && i < m0->n; i++) {   /* every entry a document of its kind */
+            const ferry_json *e = &m0->items[i];
+            const char *base = strrchr(e->key, '/');
+            base = base ? base + 1 : e->key;
+            uint64_t zf;
+            if (e->type != FERRY_JSON_OBJECT)
+                rc = MERR(FERRY_EFORMAT, zmeta, e, "entry \"%s\" is not an object", e->key);
+            else if (!strcmp(base, ".zgroup") &&
+                     (ferry_json_u64(ferry_json_get(e, "zarr_format"), &zf) < 0 || zf != 2))
+                rc = MERR(FERRY_EFORMAT, zmeta, e, "entry \"%s\": zarr_format must be 2", e->key);
+            else if (strcmp(base, ".zgroup") && strcmp(base, ".zattrs") && strcmp(base, ".zarray"))
+                rc = MERR(FERRY_EFORMAT, zmeta, e, "entry \"%s\" is not a .zgroup, .zattrs or .zarray", e->key);
+        }
+    }
     const ferry_json *md = cons ? ferry_json_get(cons, "metadata") : NULL;
     char prefix[4098];   /* rel is shorter than 4096 (zarr_open checks) */
     snprintf(prefix, sizeof prefix, "%s%s", rel, *rel ? "/" : "");
     if (!rc && md && md->type == FERRY_JSON_OBJECT) {
-        const ferry_json *gat = cons_get(md, prefix, ".zattrs");
+        const ferry_json **sorted = malloc((md->n ? md->n : 1) * sizeof *sorted);
+        if (!sorted) rc = FERRY_ENOMEM;
+        for (size_t i = 0; sorted && i < md->n; i++) sorted[i] = &md->items[i];
+        if (sorted) qsort(sorted, md->n, sizeof *sorted, cmp_item_key);
+        const ferry_json *gat = cons_get(sorted, md->n, prefix, ".zattrs");
         if (gat && gat->type == FERRY_JSON_OBJECT && !(o->ds->attrs_json = to_json(gat))) rc = FERRY_ENOMEM;
+        for (size_t i = 0; i < md->n && !rc; i++)
+            if (!key_ok(md->items[i].key, md->items[i].keylen))
+                rc = MERR(FERRY_EFORMAT, zmeta, &md->items[i],
+                          ".zmetadata key \"%s\" is not a relative path inside the store "
+                          "(empty, absolute, or with an empty, \".\" or \"..\" component)", md->items[i].key);
         size_t pl = strlen(prefix);
         for (size_t i = 0; i < md->n && !rc; i++) {
             const char *k = md->items[i].key;
@@ -917,13 +1171,14 @@ static int open_v2(open_ctx *o, const char *dir, const char *rel) {
                 char akey[1100];
                 snprintf(akey, sizeof akey, "%s/.zattrs", child);
                 if (!cdir) { rc = FERRY_ENOMEM; break; }
-                rc = add_array(o, child, cdir, zmeta, 2, &md->items[i], cons_get(md, prefix, akey));
+                rc = add_array(o, child, cdir, zmeta, 2, &md->items[i], cons_get(sorted, md->n, prefix, akey));
                 free(cdir);
             } else if (!strcmp(slash + 1, ".zgroup")) rc = add_group(o, child);
         }
+        free(sorted);
     } else if (!rc) {
         ferry_json *at = NULL;
-        if (is_file(zattrs)) rc = load_json(ctx, zattrs, &at);
+        if (is_file(zattrs)) rc = load_json(o->ds, zattrs, &at);
         if (!rc && at && at->type == FERRY_JSON_OBJECT && !(o->ds->attrs_json = to_json(at))) rc = FERRY_ENOMEM;
         ferry_json_free(at);
         char **kids; int nk;
@@ -932,15 +1187,17 @@ static int open_v2(open_ctx *o, const char *dir, const char *rel) {
             for (int i = 0; i < nk && !rc; i++) {
                 char *cdir = join(dir, kids[i]);
                 if (!cdir) { rc = FERRY_ENOMEM; break; }
-                if (has_meta(cdir, ".zarray")) {
+                int isarr = has_meta(cdir, ".zarray"), isgrp = !isarr && has_meta(cdir, ".zgroup");
+                if ((isarr || isgrp) && (rc = member_name_ok(dir, kids[i])) < 0) { free(cdir); break; }
+                if (isarr) {
                     char *cf = join(cdir, ".zarray"), *ca = join(cdir, ".zattrs");
                     ferry_json *za = NULL, *cat = NULL;
-                    rc = cf && ca ? load_json(ctx, cf, &za) : FERRY_ENOMEM;
-                    if (!rc && is_file(ca)) rc = load_json(ctx, ca, &cat);
+                    rc = cf && ca ? load_json(o->ds, cf, &za) : FERRY_ENOMEM;
+                    if (!rc && is_file(ca)) rc = load_json(o->ds, ca, &cat);
                     if (!rc) rc = add_array(o, kids[i], cdir, cf, 2, za, cat);
                     ferry_json_free(za); ferry_json_free(cat);
                     free(cf); free(ca);
-                } else if (has_meta(cdir, ".zgroup")) rc = add_group(o, kids[i]);
+                } else if (isgrp) rc = add_group(o, kids[i]);
                 free(cdir);
             }
             free_names(kids, nk);
@@ -962,6 +1219,7 @@ static void zarr_close(ferry_dataset *ds) {
     if (z) {
         for (int i = 0; i < z->narrs; i++) arr_free(&z->arrs[i]);
         free(z->arrs);
+        free(z->root);
         free(z);
     }
     free(ds->vars);
@@ -1020,11 +1278,21 @@ static int zarr_open(ferry_dataset *ds, const ferry_open_opts *opts) {
     snprintf(rel, sizeof rel, "%s", group);
     size_t rl = strlen(rel);
     while (rl && rel[rl - 1] == '/') rel[--rl] = 0;
-    if (strstr(rel, "..")) return ferry_seterr(FERRY_EINVAL, "%s: group \"%s\" may not contain \"..\"", ds->path, rel);
+    if (rl && !key_ok(rel, rl))
+        return ferry_seterr(FERRY_EINVAL, "%s: group \"%s\" is not a path inside the store (no empty, \".\" or \"..\" "
+                            "component)", ds->path, rel);
+    if (!(z->root = realpath(ds->path, NULL))) {
+        int e = errno;
+        return ferry_seterr(-e, "%s: %s", ds->path, strerror(e));
+    }
     char *dir = *rel ? join(ds->path, rel) : xstrdup(ds->path);
     if (!dir) return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", ds->path);
     open_ctx o = {ds, z, 0, {0}, 0, NULL};
     int rc;
+    if ((rc = inside_store(z, dir)) < 0) {   /* a group that is a symlink leading out */
+        free(dir);
+        return rc;
+    }
     if (has_meta(dir, "zarr.json")) rc = open_v3(&o, dir);
     else if (has_meta(dir, ".zarray") || has_meta(dir, ".zgroup") || (!*rel && has_meta(dir, ".zmetadata"))) rc = open_v2(&o, dir, rel);
     else rc = ferry_seterr(FERRY_ENOTFOUND, "%s: no Zarr array or group here (no zarr.json, .zarray or .zgroup)", dir);
@@ -1074,132 +1342,31 @@ static int zarr_open(ferry_dataset *ds, const ferry_open_opts *opts) {
 }
 
 /* ---- plans ---------------------------------------------------------------------- */
+/* Planning is ferry_plan_layout's (layout.c): the array's description becomes
+ * a ferry_layout, and chunks are found by key (plain arrays: a stat per
+ * compressed chunk file) or through each shard's index (sharded arrays). */
 
-/* The chunks of one dimension a selection touches, within [lo, hi) of that
- * dimension: chunk index, first selected index in it, how many. */
-typedef struct dim_hit { uint64_t chunk, first, n; } dim_hit;
-
-static int dim_hits(ferry_slice s, uint64_t csize, uint64_t lo, uint64_t hi, dim_hit **out, size_t *nout) {
-    *out = NULL; *nout = 0;
-    uint64_t step = (uint64_t)s.step, start = (uint64_t)s.start, stop = (uint64_t)s.stop;
-    if (stop > hi) stop = hi;
-    /* first selected index >= lo */
-    uint64_t i = start;
-    if (i < lo) i = start + (lo - start + step - 1) / step * step;
-    size_t cap = 0;
-    while (i < stop) {
-        uint64_t c = i / csize, cend = (c + 1) * csize;
-        if (cend > stop) cend = stop;
-        uint64_t n = (cend - 1 - i) / step + 1;
-        if (*nout == cap) {
-            cap = cap ? cap * 2 : 8;
-            dim_hit *nv = realloc(*out, cap * sizeof *nv);
-            if (!nv) { free(*out); *out = NULL; return FERRY_ENOMEM; }
-            *out = nv;
-        }
-        (*out)[(*nout)++] = (dim_hit){c, i, n};
-        i += n * step;
-    }
-    return 0;
-}
-
-typedef struct plan_ctx {
-    ferry_dataset *ds;
+typedef struct zarr_plan_ctx {
     zarr_arr *a;
+    ferry_ctx *ctx;
+    int raw;                           /* the chain is element-wise only */
+    char path[PATH_MAX];
+    /* sharded arrays: the shard being planned */
+    ferry_layout inner;                /* inner-chunk layout, path = the shard */
     const ferry_slice *sel;
     ferry_buf dst;
+    unsigned flags;
     ferry_plan *plan;
-    int64_t dstr[FERRY_MAX_DIMS];      /* destination byte strides */
-    int64_t cstr[FERRY_MAX_DIMS];      /* byte strides inside a decoded (inner) chunk */
-    uint64_t cbytes;                   /* decoded (inner) chunk size */
-    ferry_codec codecs[FERRY_MAX_CODECS];
-    int ncodecs;
-    int raw;                           /* chain has no size-changing codec */
-    uint8_t fill[16];
-    char path[PATH_MAX];
-} plan_ctx;
-
-/* One (inner) chunk's part of the selection: hits[k] per dimension. `file`
- * is the chunk file (or shard), at `off` with `len` bytes; len == EMPTY_U64:
- * missing -> fill; len == UNKNOWN_U64 (uncompressed chunks only): the engine
- * fills the box if the file turns out to be absent, and a file too short for
- * the span is a short read naming it. */
-static int emit(plan_ctx *p, const dim_hit *const *h, const uint64_t *origin, uint64_t off, uint64_t len) {
-    zarr_arr *a = p->a;
-    ferry_place pl;
-    memset(&pl, 0, sizeof pl);
-    pl.ndim = a->ndim;
-    pl.itemsize = a->itemsize;
-    uint64_t dst_off = 0, src_off = 0, span = a->itemsize;
-    for (int k = 0; k < a->ndim; k++) {
-        const ferry_slice *s = &p->sel[k];
-        pl.count[k] = h[k]->n;
-        pl.dst_stride[k] = p->dstr[k];
-        pl.src_stride[k] = p->cstr[k] * s->step;
-        dst_off += (h[k]->first - (uint64_t)s->start) / (uint64_t)s->step * (uint64_t)p->dstr[k];
-        src_off += (h[k]->first - origin[k]) * (uint64_t)p->cstr[k];
-        span += (h[k]->n - 1) * (uint64_t)pl.src_stride[k];
-    }
-    if (a->ndim == 0) {   /* a scalar: a one-element box */
-        pl.ndim = 1; pl.count[0] = 1; pl.dst_stride[0] = pl.src_stride[0] = a->itemsize;
-    }
-    ferry_extent e;
-    memset(&e, 0, sizeof e);
-    e.dst = p->dst;
-    e.dst_offset = dst_off;
-    e.label = a->name;
-    e.place = &pl;
-    if (len == EMPTY_U64) {
-        e.kind = FERRY_EXTENT_FILL;
-        if (a->itemsize > 16) {
-            /* fills repeat at most 16 bytes: a zero fill of wide elements
-             * becomes a fill of single bytes over one more dimension */
-            if (pl.ndim >= FERRY_MAX_DIMS)
-                return ferry_seterr(FERRY_EUNSUPPORTED, "%s: missing chunk of a %d-d array of %u-byte elements",
-                                    a->dir, a->ndim, a->itemsize);
-            pl.count[pl.ndim] = a->itemsize;
-            pl.dst_stride[pl.ndim] = 1;
-            pl.ndim++;
-            pl.itemsize = 1;
-            memset(e.fill, 0, sizeof e.fill);
-            return ferry_plan_add(p->plan, &e);
-        }
-        memcpy(e.fill, p->fill, a->itemsize);
-        return ferry_plan_add(p->plan, &e);
-    }
-    e.kind = FERRY_EXTENT_READ;
-    e.path = p->path;
-    e.ncodecs = p->ncodecs;
-    memcpy(e.codecs, p->codecs, sizeof e.codecs);
-    if (p->raw) {
-        /* stored as is: read only the span the selection covers */
-        if (len == UNKNOWN_U64) {
-            e.flags = FERRY_EXTENT_MISSING_FILLS;
-            memcpy(e.fill, p->fill, a->itemsize);
-        } else if (len < p->cbytes)
-            return ferry_seterr(FERRY_EFORMAT, "%s: chunk holds %llu bytes, an uncompressed chunk needs %llu", p->path,
-                                (unsigned long long)len, (unsigned long long)p->cbytes);
-        e.offset = off + src_off;
-        e.length = span;
-        e.decoded_size = span;
-        pl.src_offset = 0;
-    } else {
-        e.offset = off;
-        e.length = len;
-        e.decoded_size = p->cbytes;
-        pl.src_offset = src_off;
-        /* A whole chunk whose bytes land contiguously in dst needs no
-         * placement: the engine then decodes straight into host memory. */
-        int whole = src_off == 0 && span == p->cbytes;
-        for (int k = 0; k < a->ndim && whole; k++)
-            if (pl.count[k] > 1 && pl.src_stride[k] != pl.dst_stride[k]) whole = 0;
-        if (whole) e.place = NULL;
-    }
-    return ferry_plan_add(p->plan, &e);
-}
+    uint64_t *index;                   /* the shard's index, host order; NULL: shard absent */
+    uint64_t *index_buf;              /* its buffer, reused for every shard */
+    size_t cap;
+    uint64_t shard_idx[FERRY_MAX_DIMS], file_size;
+    ferry_dataset *ds;
+    char okdir[PATH_MAX];              /* chunk_inside's cache: the last directory found inside */
+} zarr_plan_ctx;
 
 /* chunk key for grid index idx, appended to dir */
-static int chunk_path(plan_ctx *p, const uint64_t *idx) {
+static int chunk_path(zarr_plan_ctx *p, const uint64_t *idx) {
     zarr_arr *a = p->a;
     int n = snprintf(p->path, sizeof p->path, "%s/%s", a->dir, a->c_prefix ? "c" : "");
     for (int k = 0; k < a->ndim && n < (int)sizeof p->path; k++)
@@ -1210,88 +1377,86 @@ static int chunk_path(plan_ctx *p, const uint64_t *idx) {
     return 0;
 }
 
-/* Iterate the cartesian product of per-dimension hit lists. */
-typedef int (*hit_fn)(plan_ctx *p, const dim_hit *const *h, void *arg);
-
-static int for_each(plan_ctx *p, dim_hit *const *lists, const size_t *counts, hit_fn fn, void *arg) {
-    int nd = p->a->ndim;
-    size_t it[FERRY_MAX_DIMS] = {0};
-    for (int k = 0; k < nd; k++) if (!counts[k]) return 0;
-    for (;;) {
-        const dim_hit *h[FERRY_MAX_DIMS] = {0};
-        for (int k = 0; k < nd; k++) h[k] = &lists[k][it[k]];
-        int rc = fn(p, h, arg);
-        if (rc < 0) return rc;
-        int k = nd - 1;
-        while (k >= 0 && ++it[k] == counts[k]) it[k--] = 0;
-        if (k < 0) return 0;
-    }
-}
-
-static int plain_chunk(plan_ctx *p, const dim_hit *const *h, void *arg) {
-    zarr_arr *a = p->a;
-    uint64_t idx[FERRY_MAX_DIMS], origin[FERRY_MAX_DIMS];
-    for (int k = 0; k < a->ndim; k++) { idx[k] = h[k]->chunk; origin[k] = h[k]->chunk * a->chunk[k]; }
+/* A plain array's chunk: its file. An uncompressed chunk's bytes are known
+ * without looking at its file (a stat costs ~1 µs, most of the plan's time for
+ * many chunks): the engine fills its box if the file is absent. Compressed
+ * ones need their size. */
+static int plain_chunk(void *arg, const uint64_t *idx, ferry_chunk *c) {
+    zarr_plan_ctx *p = arg;
     int rc = chunk_path(p, idx);
     if (rc < 0) return rc;
-    /* An uncompressed chunk's bytes are known without looking at its file (a
-     * stat costs ~1 µs, most of the plan's time for many chunks): the engine
-     * fills its box if the file is absent. Compressed ones need their size. */
-    if (p->raw && a->itemsize <= 16) return emit(p, h, origin, 0, UNKNOWN_U64);
+    c->path = p->path;
+    /* every chunk file is checked to lie inside the store (one lstat; its
+     * directory once per plan), uncompressed ones too: the engine opens them */
     struct stat st;
-    if (stat(p->path, &st) != 0) {
-        if (errno == ENOENT || errno == ENOTDIR) return emit(p, h, origin, 0, EMPTY_U64);
-        return ferry_seterr(-errno, "%s: %s", p->path, strerror(errno));
-    }
-    return emit(p, h, origin, 0, (uint64_t)st.st_size);
+    if ((rc = chunk_inside(p->ds->fmt, p->path, p->okdir, &st)) < 0) return rc;
+    if (p->raw && p->a->itemsize <= 16) { c->length = FERRY_CHUNK_UNSIZED; return 0; }
+    if (rc == 0) { c->length = FERRY_CHUNK_ABSENT; return 0; }
+    c->length = (uint64_t)st.st_size;
+    return 0;
 }
 
-/* Sharded arrays: per shard, read and check the index, then emit its inner chunks. */
-typedef struct shard_arg { uint64_t *index; size_t cap; } shard_arg;
-
-static int shard_inner(plan_ctx *p, const dim_hit *const *h, void *arg);
-
-typedef struct inner_arg {
-    const uint64_t *index;      /* NULL: whole shard missing */
-    const uint64_t *shard_idx;
-    uint64_t file_size;
-} inner_arg;
-
-static int shard_chunk(plan_ctx *p, const dim_hit *const *h, void *varg) {
+/* An inner chunk of the shard being planned: its index entry. */
+static int shard_inner(void *arg, const uint64_t *idx, ferry_chunk *c) {
+    zarr_plan_ctx *p = arg;
     zarr_arr *a = p->a;
-    shard_arg *sa = varg;
-    uint64_t idx[FERRY_MAX_DIMS], n_inner = 1, per[FERRY_MAX_DIMS];
+    c->length = FERRY_CHUNK_ABSENT;
+    if (!p->index) return 0;
+    uint64_t lin = 0;
     for (int k = 0; k < a->ndim; k++) {
-        idx[k] = h[k]->chunk;
-        per[k] = a->chunk[k] / a->inner[k];
-        if (ferry_mul_overflow(n_inner, per[k], &n_inner) || n_inner > ((uint64_t)1 << 40))
+        uint64_t per = a->chunk[k] / a->inner[k];
+        lin = lin * per + (idx[k] - p->shard_idx[k] * per);
+    }
+    uint64_t off = p->index[2 * lin], nb = p->index[2 * lin + 1];
+    if (off == EMPTY_U64 && nb == EMPTY_U64) return 0;
+    if (off > p->file_size || nb > p->file_size - off)
+        return ferry_seterr(FERRY_EFORMAT, "%s: shard index entry %llu (offset %llu, %llu bytes) lies outside the %llu-byte shard",
+                            p->path, (unsigned long long)lin, (unsigned long long)off, (unsigned long long)nb,
+                            (unsigned long long)p->file_size);
+    c->offset = off;
+    c->length = nb;
+    return 0;
+}
+
+/* One shard the selection touches: read and check its index, then plan the
+ * inner chunks inside it. */
+static int shard_chunk(void *arg, const uint64_t *idx) {
+    zarr_plan_ctx *p = arg;
+    zarr_arr *a = p->a;
+    uint64_t n_inner = 1;
+    for (int k = 0; k < a->ndim; k++) {
+        p->shard_idx[k] = idx[k];
+        if (ferry_mul_overflow(n_inner, a->chunk[k] / a->inner[k], &n_inner) || n_inner > ((uint64_t)1 << 40))
             return ferry_seterr(FERRY_EFORMAT, "%s: too many inner chunks per shard", a->dir);
     }
     int rc = chunk_path(p, idx);
     if (rc < 0) return rc;
-    inner_arg ia = {NULL, idx, 0};
+    p->index = NULL;
+    p->file_size = 0;
     struct stat st;
-    if (stat(p->path, &st) != 0) {
-        if (errno != ENOENT && errno != ENOTDIR) return ferry_seterr(-errno, "%s: %s", p->path, strerror(errno));
+    if ((rc = chunk_inside(p->ds->fmt, p->path, p->okdir, &st)) < 0) return rc;
+    if (rc == 0) {
+        rc = 0;   /* the whole shard is missing */
     } else {
+        rc = 0;
         uint64_t fsz = (uint64_t)st.st_size, isz;
         if (ferry_mul_overflow(n_inner, 16, &isz) || ferry_add_overflow(isz, a->index_crc ? 4 : 0, &isz) || isz > fsz)
             return ferry_seterr(FERRY_EFORMAT, "%s: shard of %llu bytes is too small for its index of %llu inner chunks",
                                 p->path, (unsigned long long)fsz, (unsigned long long)n_inner);
-        if (sa->cap < isz) {   /* one buffer reused for every shard of the plan */
-            uint64_t *ni = realloc(sa->index, (size_t)isz);
+        if (p->cap < isz) {   /* one buffer reused for every shard of the plan */
+            uint64_t *ni = realloc(p->index_buf, (size_t)isz);
             if (!ni) return ferry_seterr(FERRY_ENOMEM, "%s: no memory for the shard index", p->path);
-            sa->index = ni;
-            sa->cap = (size_t)isz;
+            p->index_buf = ni;
+            p->cap = (size_t)isz;
         }
         ferry_file *f;
-        if ((rc = ferry_file_open(p->ds->ctx, p->path, FERRY_READ, &f)) < 0) return rc;
+        if ((rc = ferry_file_open(p->ctx, p->path, FERRY_READ, &f)) < 0) return rc;
         uint64_t ioff = a->index_at_start ? 0 : fsz - isz;
-        int64_t got = ferry_pread(f, ferry_host_buf(sa->index, (size_t)isz), ioff, (size_t)isz, FERRY_NO_DIRECT);
+        int64_t got = ferry_pread(f, ferry_host_buf(p->index_buf, (size_t)isz), ioff, (size_t)isz, FERRY_NO_DIRECT);
         ferry_file_close(f);
         if (got < 0) return (int)got;
         if ((uint64_t)got != isz) return ferry_seterr(FERRY_EFORMAT, "%s: shard index truncated", p->path);
-        uint8_t *ib = (uint8_t *)sa->index;
+        uint8_t *ib = (uint8_t *)p->index_buf;
         if (a->index_crc) {
             uint32_t want = ferry_le32(ib + isz - 4), c = ferry_crc32c(0, ib, (size_t)(isz - 4));
             if (want != c)
@@ -1303,107 +1468,55 @@ static int shard_chunk(plan_ctx *p, const dim_hit *const *h, void *varg) {
             uint64_t v = a->index_big ? ferry_be64(ib + 8 * i) : ferry_le64(ib + 8 * i);
             memcpy(ib + 8 * i, &v, 8);
         }
-        ia.index = sa->index;
-        ia.file_size = fsz;
+        p->index = p->index_buf;
+        p->file_size = fsz;
     }
-    /* inner chunks of this shard that the selection touches */
-    dim_hit *lists[FERRY_MAX_DIMS] = {0};
-    size_t counts[FERRY_MAX_DIMS];
-    for (int k = 0; k < a->ndim && !rc; k++) {
-        uint64_t lo = idx[k] * a->chunk[k], hi = lo + a->chunk[k];
-        rc = dim_hits(p->sel[k], a->inner[k], lo, hi, &lists[k], &counts[k]);
-    }
-    if (!rc) rc = for_each(p, lists, counts, shard_inner, &ia);
-    for (int k = 0; k < a->ndim; k++) free(lists[k]);
+    uint64_t lo[FERRY_MAX_DIMS], hi[FERRY_MAX_DIMS];
+    for (int k = 0; k < a->ndim; k++) { lo[k] = idx[k] * a->chunk[k]; hi[k] = lo[k] + a->chunk[k]; }
+    p->inner.path = p->path;
+    p->inner.file_size = p->file_size;
+    rc = ferry_layout_plan_box(&p->inner, p->sel, lo, hi, p->dst, p->flags, p->plan);
     if (rc == FERRY_ENOMEM && !ferry_lasterr()[0]) ferry_seterr(rc, "%s: out of memory", p->path);
     return rc;
-}
-
-static int shard_inner(plan_ctx *p, const dim_hit *const *h, void *varg) {
-    zarr_arr *a = p->a;
-    inner_arg *ia = varg;
-    uint64_t origin[FERRY_MAX_DIMS], lin = 0;
-    for (int k = 0; k < a->ndim; k++) {
-        origin[k] = h[k]->chunk * a->inner[k];
-        uint64_t per = a->chunk[k] / a->inner[k];
-        lin = lin * per + (h[k]->chunk - ia->shard_idx[k] * per);
-    }
-    if (!ia->index) return emit(p, h, origin, 0, EMPTY_U64);
-    uint64_t off = ia->index[2 * lin], nb = ia->index[2 * lin + 1];
-    if (off == EMPTY_U64 && nb == EMPTY_U64) return emit(p, h, origin, 0, EMPTY_U64);
-    if (off > ia->file_size || nb > ia->file_size - off)
-        return ferry_seterr(FERRY_EFORMAT, "%s: shard index entry %llu (offset %llu, %llu bytes) lies outside the %llu-byte shard",
-                            p->path, (unsigned long long)lin, (unsigned long long)off, (unsigned long long)nb,
-                            (unsigned long long)ia->file_size);
-    return emit(p, h, origin, off, nb);
 }
 
 static int64_t zarr_plan(ferry_dataset *ds, int var, const ferry_slice *sel, ferry_buf dst, unsigned flags,
                          ferry_plan *plan) {
     zarr_arr *a = ds->vars[var].fmt;
     if (a->err) return ferry_seterr(FERRY_EUNSUPPORTED, "%s", a->err);
-    plan_ctx *p = calloc(1, sizeof *p);
+    zarr_plan_ctx *p = calloc(1, sizeof *p);
     if (!p) return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", ds->path);
-    p->ds = ds; p->a = a; p->sel = sel; p->dst = dst; p->plan = plan;
-    int nd = a->ndim;
-    /* destination strides: C order of the selection (F order when asked to
-     * keep a whole F-order array as stored) */
-    int whole = 1;
-    uint64_t cnt[FERRY_MAX_DIMS], total = a->itemsize;
-    for (int k = 0; k < nd; k++) {
-        cnt[k] = ferry_slice_count(sel[k]);
-        total *= cnt[k];
-        if (sel[k].start != 0 || (uint64_t)sel[k].stop != a->shape[k] || sel[k].step != 1) whole = 0;
-    }
-    int fdst = whole && a->fortran && (flags & FERRY_STORED_ORDER);
-    int64_t s = a->itemsize;
-    for (int j = 0; j < nd; j++) {
-        int k = fdst ? j : nd - 1 - j;
-        p->dstr[k] = s;
-        s *= (int64_t)cnt[k];
-    }
-    /* strides inside a decoded chunk: C order of the chunk transposed by perm */
-    const uint64_t *cs = a->sharded ? a->inner : a->chunk;
-    s = a->itemsize;
-    for (int j = nd - 1; j >= 0; j--) {
-        p->cstr[a->perm[j]] = s;
-        s *= (int64_t)cs[a->perm[j]];
-    }
-    p->cbytes = (uint64_t)s;
-    p->ncodecs = a->ncodecs;
-    memcpy(p->codecs, a->codecs, sizeof p->codecs);
-    /* big-endian data: swap to host order when asked, else keep it (and the
-     * fill value) as stored */
-    memcpy(p->fill, a->fill, sizeof p->fill);
-    int rc = 0;
-    if (a->swap) {
-        if (flags & FERRY_NATIVE) {
-            if (p->ncodecs >= FERRY_MAX_CODECS) rc = ferry_seterr(FERRY_EUNSUPPORTED, "%s: too many codecs", a->dir);
-            else p->codecs[p->ncodecs++] = (ferry_codec){FERRY_CODEC_BYTESWAP, a->swap};
-        } else {
-            for (uint32_t o = 0; o + a->swap <= a->itemsize && o + a->swap <= 16; o += a->swap)
-                for (uint32_t i = 0; i < a->swap / 2; i++) {
-                    uint8_t t = p->fill[o + i]; p->fill[o + i] = p->fill[o + a->swap - 1 - i]; p->fill[o + a->swap - 1 - i] = t;
-                }
-        }
-    }
+    p->a = a; p->ds = ds; p->ctx = ds->ctx; p->sel = sel; p->dst = dst; p->flags = flags; p->plan = plan;
+    ferry_layout *l = &p->inner;
+    l->ndim = a->ndim;
+    memcpy(l->shape, a->shape, sizeof l->shape);
+    memcpy(l->chunks, a->sharded ? a->inner : a->chunk, sizeof l->chunks);
+    l->order = a->fortran ? FERRY_ORDER_F : FERRY_ORDER_PERM;
+    memcpy(l->perm, a->perm, sizeof l->perm);
+    l->itemsize = a->itemsize;
+    l->swap = a->swap;
+    l->ncodecs = a->ncodecs;
+    memcpy(l->codecs, a->codecs, sizeof l->codecs);
+    memcpy(l->fill, a->fill, sizeof l->fill);
+    l->label = a->name;
     p->raw = 1;
-    for (int i = 0; i < p->ncodecs; i++) if (p->codecs[i].id != FERRY_CODEC_BYTESWAP) p->raw = 0;
-    dim_hit *lists[FERRY_MAX_DIMS] = {0};
-    size_t counts[FERRY_MAX_DIMS];
-    for (int k = 0; k < nd && !rc; k++)
-        rc = dim_hits(sel[k], a->chunk[k], 0, a->shape[k], &lists[k], &counts[k]);
-    if (!rc) {
-        if (a->sharded) {
-            shard_arg sa = {NULL, 0};
-            rc = for_each(p, lists, counts, shard_chunk, &sa);
-            free(sa.index);
-        } else {
-            rc = for_each(p, lists, counts, plain_chunk, NULL);
-        }
+    for (int i = 0; i < a->ncodecs; i++) if (a->codecs[i].id != FERRY_CODEC_BYTESWAP) p->raw = 0;
+    uint64_t total = a->itemsize;
+    for (int k = 0; k < a->ndim; k++) total *= ferry_slice_count(sel[k]);
+    int rc = ferry_layout_check(l);
+    if (!rc && a->sharded) {
+        l->lookup = shard_inner;
+        l->lookup_arg = p;
+        ferry_layout shards = *l;   /* the shard grid, to visit the shards touched */
+        memcpy(shards.chunks, a->chunk, sizeof shards.chunks);
+        rc = ferry_layout_visit(&shards, sel, shard_chunk, p);
+    } else if (!rc) {
+        l->lookup = plain_chunk;
+        l->lookup_arg = p;
+        rc = ferry_layout_plan_box(l, sel, NULL, NULL, dst, flags, plan);
     }
     if (rc == FERRY_ENOMEM && !ferry_lasterr()[0]) ferry_seterr(rc, "%s: out of memory", a->dir);
-    for (int k = 0; k < nd; k++) free(lists[k]);
+    free(p->index_buf);
     free(p);
     return rc < 0 ? rc : (int64_t)total;
 }

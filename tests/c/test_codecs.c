@@ -4,6 +4,7 @@
  * giving an error, never a crash (run under ASan by `make test-asan`). */
 #include "check.h"
 #include "codecs/codecs.h"
+#include "codecs/impl.h"
 #include <lz4.h>
 #include <zlib.h>
 #include <zstd.h>
@@ -629,6 +630,7 @@ static const frame_case frames[] = {
     FC(lz4_bitshuffle_ts1, 2048, 1),
     FC(memcpyed, 300, 2),
     FC(zstd_bitshuffle_ts4_odd, 1020, 0),
+    FC(blosclz, 4096, 0),
 };
 
 static void expected(const frame_case *f, uint8_t *p) {
@@ -654,12 +656,41 @@ static void test_blosc_numcodecs_frames(void) {
     ferry_decode_scratch_free(&s);
 }
 
-static void test_blosc_blosclz_is_refused_by_name(void) {
-    ferry_decode_scratch s; ferry_decode_scratch_init(&s);
-    uint8_t out[4096];
-    CHECK_EQ_I(dec1(FERRY_CODEC_BLOSC, 0, blosc_blosclz, sizeof blosc_blosclz, out, sizeof out, &s), FERRY_EUNSUPPORTED);
-    CHECK_STR_CONTAINS(ferry_lasterr(), "blosclz");
-    ferry_decode_scratch_free(&s);
+/* BloscLZ streams by hand: literals, a near match, a run (distance 1), a
+ * long match (length bytes), a far match (distance > 8191), and corrupt ones. */
+static void test_blosclz_streams(void) {
+    uint8_t out[20000];
+    /* "abc" literal, then match len 3 distance 3 -> "abcabc" */
+    const uint8_t s1[] = {0x02, 'a', 'b', 'c', 0x20, 0x02};
+    CHECK_EQ_I(ferry_blosclz_block(s1, sizeof s1, out, 6), 0);
+    CHECK(!memcmp(out, "abcabc", 6));
+    /* "x", run of 10 more (distance 1, len 10 = (7<<5) + extra 1) */
+    const uint8_t s2[] = {0x00, 'x', 0xe0, 0x01, 0x00};
+    CHECK_EQ_I(ferry_blosclz_block(s2, sizeof s2, out, 11), 0);
+    int ok = 1;
+    for (int i = 0; i < 11; i++) ok &= out[i] == 'x';
+    CHECK(ok);
+    /* 9000 literal bytes (32-byte runs), then a far match of 4 bytes from 9000 back */
+    static uint8_t s3[9000 + 9000 / 32 + 8];
+    size_t n = 0;
+    for (int i = 0; i < 9000; i += 32) {
+        int run = 9000 - i < 32 ? 9000 - i : 32;
+        s3[n++] = (uint8_t)(run - 1);
+        for (int k = 0; k < run; k++) s3[n++] = (uint8_t)((i + k) * 7);
+    }
+    unsigned x = 9000 - 8191 - 1;
+    s3[n++] = (2 << 5) | 31; s3[n++] = 255; s3[n++] = (uint8_t)(x >> 8); s3[n++] = (uint8_t)x;
+    CHECK_EQ_I(ferry_blosclz_block(s3, n, out, 9004), 0);
+    CHECK(!memcmp(out + 9000, out, 4));
+    /* corrupt: a match before the start, a literal past the end, too long, too short */
+    const uint8_t b1[] = {0x00, 'a', 0x20, 0x05};
+    CHECK_EQ_I(ferry_blosclz_block(b1, sizeof b1, out, 4), FERRY_ECODEC);
+    const uint8_t b2[] = {0x05, 'a', 'b'};
+    CHECK_EQ_I(ferry_blosclz_block(b2, sizeof b2, out, 6), FERRY_ECODEC);
+    CHECK_EQ_I(ferry_blosclz_block(s1, sizeof s1, out, 5), FERRY_ECODEC);
+    CHECK_EQ_I(ferry_blosclz_block(s1, sizeof s1, out, 7), FERRY_ECODEC);
+    const uint8_t b3[] = {0x00, 'a', 0xe0};   /* a length byte missing */
+    CHECK_EQ_I(ferry_blosclz_block(b3, sizeof b3, out, 20), FERRY_ECODEC);
 }
 
 static void test_blosc_truncated_and_corrupt_never_crash(void) {
@@ -773,7 +804,7 @@ int main(void) {
     RUN(test_shuffle_by_hand);
     RUN(test_byteswap);
     RUN(test_blosc_numcodecs_frames);
-    RUN(test_blosc_blosclz_is_refused_by_name);
+    RUN(test_blosclz_streams);
     RUN(test_blosc_truncated_and_corrupt_never_crash);
     RUN(test_bitunshuffle_matches_definition);
     RUN(test_chains);

@@ -186,7 +186,7 @@ static void writes_with(ferry_direct direct) {
     ferry_plan_create(&plan);
     CHECK_EQ_I(ferry_plan_write(plan, f, 0, 2 << 20, ferry_host_buf(src, n), 0), 0);
     CHECK_EQ_I(ferry_plan_write(plan, f, 2 << 20, n - (2 << 20), ferry_host_buf(src, n), 2 << 20), 0);
-    ferry_run_opts o = {FERRY_PATH_AUTO, 0, FERRY_SYNC};
+    ferry_run_opts o = {.path = FERRY_PATH_AUTO, .threads = 0, .flags = FERRY_SYNC};
     CHECK_EQ_I(ferry_run(ctx, plan, &o), (int64_t)n);
     ferry_plan_destroy(plan);
     CHECK_EQ_I(ferry_file_size(f), (int64_t)n);
@@ -378,7 +378,7 @@ static void test_async_and_timeout(void) {
     ferry_plan *plan;
     ferry_plan_create(&plan);
     ferry_plan_read(plan, f, 0, 6 << 20, ferry_host_buf(buf, 6 << 20), 0);
-    ferry_run_opts o = {FERRY_PATH_AUTO, 1, 0};   /* one worker for this call */
+    ferry_run_opts o = {.path = FERRY_PATH_AUTO, .threads = 1, .flags = 0};   /* one worker for this call */
     ferry_job *job;
     CHECK_EQ_I(ferry_submit(ctx, plan, &o, &job), 0);
     int64_t r = ferry_job_wait(job, 0);

@@ -10,6 +10,8 @@
 #include "ferry.h"
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <errno.h>
+#include <unistd.h>
 
 static ferry_ctx *ctx;
 
@@ -227,9 +229,9 @@ static void test_v3_group_grids_keys_sharding(void) {
 #define REC_ZARRAY \
     "{\"zarr_format\": 2, \"shape\": [5], \"chunks\": [5], \"dtype\": [[\"a\", \"<i4\"], [\"b\", \"<f8\"]], " \
     "\"fill_value\": \"AAAAAAAAAAAAAAAA\", \"order\": \"C\", \"filters\": null, \"compressor\": null}"
-#define BLOSCLZ_ZARRAY \
+#define SNAPPY_ZARRAY \
     "{\"zarr_format\": 2, \"shape\": [100], \"chunks\": [50], \"dtype\": \">f8\", \"fill_value\": \"NaN\", \"order\": \"F\", " \
-    "\"filters\": null, \"compressor\": {\"id\": \"blosc\", \"cname\": \"blosclz\", \"clevel\": 5, \"shuffle\": 1}}"
+    "\"filters\": null, \"compressor\": {\"id\": \"blosc\", \"cname\": \"snappy\", \"clevel\": 5, \"shuffle\": 1}}"
 
 static void check_v2_group(ferry_dataset *ds, const char *meta_file) {
     CHECK_EQ_I(ferry_dataset_nvars(ds), 4);
@@ -260,12 +262,12 @@ static void check_v2_group(ferry_dataset *ds, const char *meta_file) {
         CHECK(!strcmp(vi.fill_json, "\"AAAAAAAAAAAAAAAA\""));
         expect_unreadable(ds, i, "structured dtype");
     }
-    if ((i = find(ds, "blosclz", &vi)) >= 0) {
+    if ((i = find(ds, "snappy", &vi)) >= 0) {
         CHECK(!strcmp(vi.typestr, ">f8"));
         CHECK_EQ_I(vi.fortran_order, 1);
         CHECK(!strcmp(vi.fill_json, "\"NaN\""));
-        CHECK(!strcmp(vi.codecs, "blosc(blosclz,shuffle)"));
-        expect_unreadable(ds, i, "blosclz is not supported");
+        CHECK(!strcmp(vi.codecs, "blosc(snappy,shuffle)"));
+        expect_unreadable(ds, i, "snappy is not supported");
     }
     const char *dims = ferry_dataset_dims_json(ds);
     CHECK_STR_CONTAINS(dims, "\"x\":{\"size\":30");
@@ -277,8 +279,8 @@ static void check_v2_group(ferry_dataset *ds, const char *meta_file) {
 static void test_v2_unsupported_dtypes_filters_compressors(void) {
     mk("g2.zarr");
     put("g2.zarr/.zgroup", "{\"zarr_format\": 2}");
-    const char *names[] = {"delta", "obj", "rec", "blosclz"};
-    const char *zarrays[] = {DELTA_ZARRAY, OBJ_ZARRAY, REC_ZARRAY, BLOSCLZ_ZARRAY};
+    const char *names[] = {"delta", "obj", "rec", "snappy"};
+    const char *zarrays[] = {DELTA_ZARRAY, OBJ_ZARRAY, REC_ZARRAY, SNAPPY_ZARRAY};
     const char *zattrs[] = {DELTA_ZATTRS, "{\"_ARRAY_DIMENSIONS\": [\"n\"]}", "{\"_ARRAY_DIMENSIONS\": [\"r\"]}",
                             "{\"_ARRAY_DIMENSIONS\": [\"p\"]}"};
     char rel[64];
@@ -298,7 +300,7 @@ static void test_v2_unsupported_dtypes_filters_compressors(void) {
         "\"delta/.zarray\": " DELTA_ZARRAY ", \"delta/.zattrs\": " DELTA_ZATTRS ", "
         "\"obj/.zarray\": " OBJ_ZARRAY ", \"obj/.zattrs\": {\"_ARRAY_DIMENSIONS\": [\"n\"]}, "
         "\"rec/.zarray\": " REC_ZARRAY ", \"rec/.zattrs\": {\"_ARRAY_DIMENSIONS\": [\"r\"]}, "
-        "\"blosclz/.zarray\": " BLOSCLZ_ZARRAY ", \"blosclz/.zattrs\": {\"_ARRAY_DIMENSIONS\": [\"p\"]}}}");
+        "\"snappy/.zarray\": " SNAPPY_ZARRAY ", \"snappy/.zattrs\": {\"_ARRAY_DIMENSIONS\": [\"p\"]}}}");
     ds = open_ok("g2.zarr");
     if (ds) { check_v2_group(ds, tpath("g2.zarr/.zmetadata")); ferry_dataset_close(ds); }
     /* a lone v2 array opens as well */
@@ -336,6 +338,91 @@ static void test_malformed_metadata_still_fails(void) {
     fc_expect_open_error(ctx, tpath("m4.zarr"), NULL, FERRY_EFORMAT, "order must be");
 }
 
+/* Every key a store names stays inside it (issue 16.1): consolidated keys of
+ * both versions, the group option, member directories and chunk files that
+ * are symlinks leading out. A secret outside the store must never be read. */
+#define V2_ARR "{\"zarr_format\": 2, \"shape\": [4], \"chunks\": [4], \"dtype\": \"|u1\", \"fill_value\": 0, " \
+               "\"order\": \"C\", \"filters\": null, \"compressor\": null}"
+#define V3_ARR V3_HEAD "\"shape\": [4], \"data_type\": \"uint8\", " V3_GRID("[4]") V3_KEYS \
+               "\"fill_value\": 0, \"codecs\": [{\"name\": \"bytes\"}]}"
+
+static void test_keys_stay_inside_the_store(void) {
+    mk("out"); mk("out/c");
+    put("out/c/0", "SECR");   /* what ".." as an array would read */
+    put("out/0", "SECR");
+    mk("out/t.zarr");
+    put("out/t.zarr/zarr.json",
+        "{\"zarr_format\": 3, \"node_type\": \"group\", \"consolidated_metadata\": {\"kind\": \"inline\", "
+        "\"must_understand\": false, \"metadata\": {\"..\": " V3_ARR "}}}");
+    fc_expect_open_error(ctx, tpath("out/t.zarr"), NULL, FERRY_EFORMAT, "key \"..\" is not a relative path");
+    const char *bad[] = {"/abs", ".", "a/../..", "a//b", "a/"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char doc[1024];
+        snprintf(doc, sizeof doc,
+                 "{\"zarr_format\": 3, \"node_type\": \"group\", \"consolidated_metadata\": {\"kind\": \"inline\", "
+                 "\"must_understand\": false, \"metadata\": {\"%s\": %s}}}", bad[i], V3_ARR);
+        put("out/t.zarr/zarr.json", doc);
+        fc_expect_open_error(ctx, tpath("out/t.zarr"), NULL, FERRY_EFORMAT, "is not a relative path");
+    }
+    mk("out/u.zarr");
+    put("out/u.zarr/.zgroup", "{\"zarr_format\": 2}");
+    put("out/u.zarr/.zmetadata", "{\"zarr_consolidated_format\": 1, \"metadata\": {\".zgroup\": {\"zarr_format\": 2}, "
+                                  "\"../.zarray\": " V2_ARR "}}");
+    fc_expect_open_error(ctx, tpath("out/u.zarr"), NULL, FERRY_EFORMAT, ".zmetadata key \"../.zarray\"");
+    /* the group option */
+    ferry_open_opts o = {0};
+    o.group = "../out";
+    ferry_dataset *ds = NULL;
+    CHECK_EQ_I(ferry_dataset_open(ctx, tpath("out/u.zarr"), &o, &ds), FERRY_EINVAL);
+    o.group = "./a";
+    CHECK_EQ_I(ferry_dataset_open(ctx, tpath("out/u.zarr"), &o, &ds), FERRY_EINVAL);
+    /* a member directory that is a symlink leading out */
+    mk("out/w"); put("out/w/.zarray", V2_ARR); put("out/w/0", "SECR");
+    mk("out/s.zarr");
+    put("out/s.zarr/.zgroup", "{\"zarr_format\": 2}");
+    if (symlink(tpath("out/w"), tpath("out/s.zarr/a")) == 0)
+        fc_expect_open_error(ctx, tpath("out/s.zarr"), NULL, -EACCES, "outside the store");
+    /* a chunk that is a symlink leading out: refused at read time */
+    mk("out/k.zarr");
+    put("out/k.zarr/.zarray", V2_ARR);
+    if (symlink(tpath("out/0"), tpath("out/k.zarr/0")) == 0) {
+        ds = open_ok("out/k.zarr");
+        if (ds) {
+            uint8_t buf[4] = {0};
+            CHECK(fc_read(ctx, ds, 0, NULL, buf, 4, 0) < 0);
+            CHECK_STR_CONTAINS(ferry_errmsg(ctx), "outside the store");
+            CHECK(memcmp(buf, "SECR", 4) != 0);
+            ferry_dataset_close(ds);
+        }
+    }
+    /* a symlink that stays inside is followed */
+    mk("out/i.zarr"); mk("out/i.zarr/data");
+    put("out/i.zarr/.zarray", V2_ARR);
+    put("out/i.zarr/data/zero", "ABCD");
+    if (symlink("data/zero", tpath("out/i.zarr/0")) == 0) {
+        ds = open_ok("out/i.zarr");
+        if (ds) {
+            uint8_t buf[4] = {0};
+            CHECK_EQ_I(fc_read(ctx, ds, 0, NULL, buf, 4, 0), 4);
+            CHECK(!memcmp(buf, "ABCD", 4));
+            ferry_dataset_close(ds);
+        }
+    }
+}
+
+/* Required keys are required (issue 16.4): a v2 array without fill_value, a
+ * v3 member whose node_type is damaged. */
+static void test_required_keys(void) {
+    mk("r1.zarr");
+    put("r1.zarr/.zarray", "{\"zarr_format\": 2, \"shape\": [4], \"chunks\": [4], \"dtype\": \"|u1\", "
+                           "\"order\": \"C\", \"filters\": null, \"compressor\": null}");
+    fc_expect_open_error(ctx, tpath("r1.zarr"), NULL, FERRY_EFORMAT, "no fill_value");
+    mk("r2.zarr"); mk("r2.zarr/a");
+    put("r2.zarr/zarr.json", "{\"zarr_format\": 3, \"node_type\": \"group\"}");
+    put("r2.zarr/a/zarr.json", "{\"zarr_format\": 3, \"node_type\": \"arrax\", \"shape\": [4]}");
+    fc_expect_open_error(ctx, tpath("r2.zarr"), NULL, FERRY_EFORMAT, "node_type must be");
+}
+
 int main(void) {
     snprintf(dir, sizeof dir, "/tmp/ferry_test_zarr_XXXXXX");
     if (!mkdtemp(dir)) { perror("mkdtemp"); return 1; }
@@ -348,6 +435,8 @@ int main(void) {
     RUN(test_v3_group_grids_keys_sharding);
     RUN(test_v2_unsupported_dtypes_filters_compressors);
     RUN(test_malformed_metadata_still_fails);
+    RUN(test_keys_stay_inside_the_store);
+    RUN(test_required_keys);
     ferry_ctx_destroy(ctx);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

@@ -19,21 +19,26 @@
  * - The legacy stream (NULL) runs synchronously on the calling thread.
  * - A destroyed event lives on until the queued work naming it has run.
  * - The kernels of src/cuda/kernels.cu run by name, on the CPU: byteswaps,
- *   ferry_adler32_batch, ferry_unshuffle_batch, ferry_bitunshuffle_batch and
- *   ferry_place_batch (their device arguments
- *   checked; a descriptor naming memory outside a device allocation is
- *   counted as "bad_kernel_args", where a real GPU would fault).
+ *   ferry_scatter (packed records to scattered destinations: it reads its
+ *   table from "device" memory when it runs, and a destination outside every
+ *   allocation aborts the process, as a real GPU faults), ferry_adler32_batch,
+ *   ferry_unshuffle_batch, ferry_bitunshuffle_batch and ferry_place_batch
+ *   (their device arguments checked; a descriptor naming memory outside a
+ *   device allocation is counted as "bad_kernel_args", where a real GPU
+ *   would fault).
  * - cuLaunchHostFunc runs a host function on the stream's thread in order:
  *   the stand-in nvCOMP (nvcompsim.c) queues its decoding that way.
  *
  * Tests read what happened through cudasim_count() (dlsym on the loaded
  * library): primary-context retains and pinned allocations per device, and
- * copies made under one device's context into another device's memory.
+ * copies made under one device's context into another device's memory,
+ * host-to-device copies, kernel launches and cuPointerGetAttribute calls.
  * FERRY_CUDASIM_DEVICES sets the device count (default 2). */
 
 #include "cuda/cuda.h"
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -49,10 +54,10 @@ enum {
 struct CUctx_st { int dev; int refs; };
 struct CUmod_st { int dev; };
 struct CUfunc_st { int swap; int kind; };   /* element size of ferry_bswapN; kind: K_* */
-enum { K_SWAP = 0, K_ADLER = 1, K_UNSHUFFLE = 2, K_BITUNSHUFFLE = 3, K_PLACE = 4 };
+enum { K_SWAP = 0, K_ADLER = 1, K_UNSHUFFLE = 2, K_SCATTER = 3, K_BITUNSHUFFLE = 4, K_PLACE = 5 };
 
 typedef struct op {
-    enum { OP_COPY, OP_RECORD, OP_WAIT, OP_SWAP, OP_HOST, OP_ADLER, OP_UNSHUFFLE, OP_PLACE } kind;
+    enum { OP_COPY, OP_RECORD, OP_WAIT, OP_SWAP, OP_SCATTER, OP_HOST, OP_ADLER, OP_UNSHUFFLE, OP_PLACE } kind;
     void (*fn)(void *); void *arg;                 /* HOST */
     uint32_t *out;                                 /* ADLER: ptrs in dst, sizes in src, n */
     uint8_t *dst; const uint8_t *src; size_t n;    /* COPY (src may be owned) */
@@ -60,6 +65,7 @@ typedef struct op {
     ferry_cu_memcpy2d c2;                          /* 2D copy when c2.Height */
     struct CUevent_st *ev; uint64_t gen;           /* RECORD, WAIT */
     unsigned size;                                 /* SWAP */
+    const uint8_t *tab;                            /* SCATTER: entries (src, dst, len), n of them */
     struct op *next;
 } op;
 
@@ -98,6 +104,7 @@ static pthread_cond_t ev_cv_ = PTHREAD_COND_INITIALIZER;
 static __thread CUcontext cur_;
 static long delay_us_ = 100;
 static atomic_long count_retains_[MAXDEV], count_pinned_[MAXDEV], count_cross_[MAXDEV];
+static atomic_long count_htod_[MAXDEV], count_launch_[MAXDEV], count_ptrattr_;
 static atomic_long count_bad_kernel_;
 int cudasim_is_device(CUdeviceptr p, size_t n);
 
@@ -108,6 +115,11 @@ long cudasim_count(const char *what, int dev) {
     if (!strcmp(what, "pinned_allocs")) return atomic_load(&count_pinned_[dev]);
     /* copies issued under device dev's context into another device's memory */
     if (!strcmp(what, "cross_device_copies")) return atomic_load(&count_cross_[dev]);
+    /* host-to-device copies (1D and 2D) and kernel launches under device dev's context */
+    if (!strcmp(what, "htod_copies")) return atomic_load(&count_htod_[dev]);
+    if (!strcmp(what, "launches")) return atomic_load(&count_launch_[dev]);
+    /* cuPointerGetAttribute calls, any device */
+    if (!strcmp(what, "pointer_attributes")) return atomic_load(&count_ptrattr_);
     if (!strcmp(what, "bad_kernel_args")) return atomic_load(&count_bad_kernel_);
     return -1;
 }
@@ -186,6 +198,18 @@ static void run_op(op *o) {
         uint8_t *p = o->dst;
         for (size_t i = 0; i < o->n; i++, p += o->size)
             for (unsigned a = 0, b = o->size - 1; a < b; a++, b--) { uint8_t t = p[a]; p[a] = p[b]; p[b] = t; }
+    } else if (o->kind == OP_SCATTER) {
+        for (size_t i = 0; i < o->n; i++) {
+            uint64_t e[3];
+            memcpy(e, o->tab + 24 * i, sizeof e);
+            int kind = 0, dev = -1;
+            if (e[2] && (lookup((uintptr_t)e[1], e[2], &kind, &dev) != 1 || kind != R_DEVICE)) {
+                fprintf(stderr, "cudasim: ferry_scatter entry %zu writes %llu bytes at 0x%llx outside device memory\n",
+                        i, (unsigned long long)e[2], (unsigned long long)e[1]);
+                abort();
+            }
+            memmove((void *)(uintptr_t)e[1], o->src + e[0], e[2]);
+        }
     } else if (o->kind == OP_HOST) {
         o->fn(o->arg);
     } else if (o->kind == OP_ADLER) {
@@ -462,6 +486,7 @@ CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned flags) {
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
     int rc = stream_ok(s);
     if (rc) return rc;
+    atomic_fetch_add(&count_htod_[cur_->dev], 1);
     if (n && (rc = device_range(dst, n))) return rc;
     op *o = new_op(OP_COPY);
     o->dst = (uint8_t *)(uintptr_t)dst;
@@ -503,6 +528,7 @@ CUresult cuMemcpy2DAsync_v2(const ferry_cu_memcpy2d *c, CUstream s) {
     int rc = stream_ok(s);
     if (rc) return rc;
     if (!c->Height || !c->WidthInBytes) return OK;
+    if (c->dstMemoryType == FERRY_CU_MEMORYTYPE_DEVICE) atomic_fetch_add(&count_htod_[cur_->dev], 1);
     if (c->srcPitch < c->WidthInBytes || c->dstPitch < c->WidthInBytes) return E_INVALID_VALUE;
     if ((rc = range2d(c->srcMemoryType, c->srcHost, c->srcDevice, c->srcXInBytes, c->srcY, c->srcPitch,
                       c->WidthInBytes, c->Height)) ||
@@ -584,6 +610,7 @@ CUresult cuMemFree_v2(CUdeviceptr p) {
 
 CUresult cuPointerGetAttribute(void *out, int attr, CUdeviceptr p) {
     int kind = 0, dev = -1;
+    atomic_fetch_add(&count_ptrattr_, 1);
     if (lookup((uintptr_t)p, 1, &kind, &dev) == 0) return E_INVALID_VALUE;
     if (attr == FERRY_CU_POINTER_ATTRIBUTE_MEMORY_TYPE)
         *(unsigned *)out = kind == R_DEVICE ? FERRY_CU_MEMORYTYPE_DEVICE : FERRY_CU_MEMORYTYPE_HOST;
@@ -622,6 +649,8 @@ CUresult cuModuleLoadData(CUmodule *m, const void *image) {
 CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
     (void)m;
     static struct CUfunc_st swaps[5] = {{0, K_SWAP}, {2, K_SWAP}, {4, K_SWAP}, {8, K_SWAP}, {16, K_SWAP}};
+    static struct CUfunc_st scatter = {0, K_SCATTER};
+    if (!strcmp(name, "ferry_scatter")) { *f = &scatter; return OK; }
     if (!strcmp(name, "ferry_bswap2")) *f = &swaps[1];
     else if (!strcmp(name, "ferry_bswap4")) *f = &swaps[2];
     else if (!strcmp(name, "ferry_bswap8")) *f = &swaps[3];
@@ -634,12 +663,25 @@ CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
     return OK;
 }
 
-/* The byteswap kernels: (pointer, element count). */
+/* The byteswap kernels: (pointer, element count); ferry_scatter: (packed,
+ * table, entry count), the table read when the kernel runs. */
 CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                         unsigned bz, unsigned shmem, CUstream s, void **args, void **extra) {
     (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)shmem; (void)extra;
     int rc = stream_ok(s);
     if (rc) return rc;
+    atomic_fetch_add(&count_launch_[cur_->dev], 1);
+    if (f->kind == K_SCATTER) {
+        CUdeviceptr packed = *(CUdeviceptr *)args[0], tab = *(CUdeviceptr *)args[1];
+        unsigned long long n = *(unsigned long long *)args[2];
+        if (n && ((rc = device_range(tab, n * 24)) || (rc = device_range(packed, 1)))) return rc;
+        op *o = new_op(OP_SCATTER);
+        o->src = (const uint8_t *)(uintptr_t)packed;
+        o->tab = (const uint8_t *)(uintptr_t)tab;
+        o->n = n;
+        submit(s, o);
+        return OK;
+    }
     if (f->kind == K_ADLER) {   /* (ptrs, sizes, out, n): the arrays are device memory, read when it runs */
         CUdeviceptr ptrs = *(CUdeviceptr *)args[0], sizes = *(CUdeviceptr *)args[1], out = *(CUdeviceptr *)args[2];
         unsigned long long n = *(unsigned long long *)args[3];

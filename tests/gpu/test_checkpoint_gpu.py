@@ -259,3 +259,33 @@ def test_gpu_dcp_nccl_two_gpus(tmp_path):
     dcp.load(out, storage_reader=ck.FerryReader(d))
     g = torch.Generator().manual_seed(1)
     assert torch.equal(out["w"].cpu(), torch.randn(1024, 512, generator=g))
+
+
+def test_gpu_new_paths_bytes_numpy_progress_dcp_torch_tools(tmp_path):
+    """The paths added with the C-parser reader on the GPU: bytes API, numpy values in a
+    state loaded to cuda, progress, slices through the C planner, a FerryWriter directory of
+    CUDA tensors read by torch's own dcp_to_torch_save."""
+    np = pytest.importorskip("numpy")
+    g = torch.Generator(device=DEV).manual_seed(5)
+    sd = {"w": torch.randn(512, 384, device=DEV, generator=g).to(torch.bfloat16),
+          "b": torch.randn(384, device=DEV, generator=g), "rng": np.random.get_state(),
+          "step": 9}
+    data = ck.save_bytes(sd, crc32c=True)
+    got = ck.load_bytes(data, device=DEV)
+    assert got["w"].device == DEV and torch.equal(got["w"], sd["w"])
+    assert isinstance(got["rng"][1], np.ndarray) and np.array_equal(got["rng"][1], sd["rng"][1])
+    p = tmp_path / "p.safetensors"
+    calls = []
+    ck.save(sd, p, progress=lambda d, t: calls.append(d))
+    got = ck.load(p, device=DEV, progress=lambda d, t: calls.append(d))
+    assert calls and torch.equal(got["b"], sd["b"])
+    with ck.safe_open(p, device=DEV) as f:
+        assert torch.equal(f.get_slice("w")[100:300:3, 7:200], sd["w"][100:300:3, 7:200])
+    dcp = pytest.importorskip("torch.distributed.checkpoint")
+    fu = pytest.importorskip("torch.distributed.checkpoint.format_utils")
+    d = tmp_path / "dcp"
+    dcp.save({"w": sd["w"], "b": sd["b"], "step": 9}, storage_writer=ck.FerryWriter(d),
+             no_dist=True)
+    fu.dcp_to_torch_save(d, tmp_path / "full.pt")
+    full = torch.load(tmp_path / "full.pt", weights_only=False)
+    assert torch.equal(full["w"], sd["w"].cpu()) and full["step"] == 9

@@ -4,8 +4,10 @@
  * with a reason where there is no GPU. FERRY_GPU_BIG=0 skips the multi-GiB case. */
 #include "check.h"
 #include "ferry.h"
+#include "pack_check.h"
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static ferry_ctx *ctx_;
@@ -48,7 +50,7 @@ static void reads_on(ferry_path path) {
                 ferry_plan *p;
                 ferry_plan_create(&p);
                 ferry_plan_read(p, f, offs[oi], sizes[si], ferry_cuda_buf(0, d, 64 << 20), (uint64_t)dst_off * 3);
-                ferry_run_opts o = {path, 0, 0};
+                ferry_run_opts o = {.path = path, .threads = 0, .flags = 0};
                 int64_t r = ferry_run(ctx_, p, &o);
                 ferry_plan_destroy(p);
                 CHECK_EQ_I(r, (int64_t)sizes[si]);
@@ -93,7 +95,7 @@ static void test_auto_reports_path(void) {
     ferry_plan *p;
     ferry_plan_create(&p);
     ferry_plan_read(p, f, 0, 100, ferry_cuda_buf(0, d, 100), 0);
-    ferry_run_opts o = {FERRY_PATH_HOST, 0, 0};
+    ferry_run_opts o = {.path = FERRY_PATH_HOST, .threads = 0, .flags = 0};
     CHECK_EQ_I(ferry_run(ctx_, p, &o), FERRY_EPATH);
     ferry_plan_destroy(p);
     ferry_cuda_free(ctx_, d);
@@ -159,7 +161,7 @@ static void test_writes(ferry_path path) {
     ferry_plan_create(&plan);
     ferry_plan_write(plan, f, 0, 8 << 20, ferry_cuda_buf(0, d, n), 0);
     ferry_plan_write(plan, f, 8 << 20, n - (8 << 20), ferry_cuda_buf(0, d, n), 8 << 20);
-    ferry_run_opts o = {path, 0, FERRY_SYNC};
+    ferry_run_opts o = {.path = path, .threads = 0, .flags = FERRY_SYNC};
     int64_t r = ferry_run(ctx_, plan, &o);
     CHECK_EQ_I(r, (int64_t)n);
     if (r < 0) fprintf(stderr, "  %s\n", ferry_errmsg(ctx_));
@@ -258,6 +260,148 @@ static void test_stream_wait_two_devices(void) {
     release(1);
 }
 
+/* The stand-in driver's counters (NULL on a real driver: counts unchecked). */
+static long sim_count(const char *what, int dev) {
+    static long (*fn)(const char *, int);
+    static int tried;
+    if (!tried) {
+        void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+        fn = lib ? (long (*)(const char *, int))dlsym(lib, "cudasim_count") : NULL;
+        tried = 1;
+    }
+    return fn ? fn(what, dev) : -1;
+}
+
+/* Packed staging into device memory: many small records of several files,
+ * byte-exact, with destinations in order (one copy per staging buffer),
+ * shuffled with gaps and adjacent in the file but scattered (one copy into
+ * device scratch and one scatter kernel per staging buffer). */
+static void packed_records(int mode, size_t n, uint64_t max_len, uint64_t seed) {
+    pk_set s;
+    memset(&s, 0, sizeof s);
+    char sub[400];
+    snprintf(sub, sizeof sub, "%s/pack", dir_);
+    static int written;
+    static pk_set files;
+    if (!written) { mkdir(sub, 0755); pk_write_files(&files, sub); written = 1; }
+    s = files;
+    pk_make(&s, n, mode, max_len, seed);
+    ferry_file *f[PK_FILES];
+    for (int i = 0; i < PK_FILES; i++) CHECK_EQ_I(ferry_file_open(ctx_, s.path[i], FERRY_READ, &f[i]), 0);
+    uintptr_t d;
+    CHECK_EQ_I(ferry_cuda_malloc(ctx_, 0, s.dst_size, &d), 0);
+    uint8_t *h = malloc(s.dst_size);
+    memset(h, 0xEE, s.dst_size);
+    ferry_memcpy(ctx_, ferry_cuda_buf(0, d, s.dst_size), ferry_host_buf(h, s.dst_size), s.dst_size);
+    ferry_plan *p;
+    ferry_plan_create(&p);
+    CHECK_EQ_I(pk_plan(&s, p, f, ferry_cuda_buf(0, d, s.dst_size)), 0);
+    long c0 = sim_count("htod_copies", 0), l0 = sim_count("launches", 0);
+    ferry_stats_reset(ctx_);
+    ferry_run_opts o = {.path = FERRY_PATH_STAGED, .threads = 0, .flags = 0};
+    int64_t r = ferry_run(ctx_, p, &o);
+    CHECK_EQ_I(r, (int64_t)pk_bytes(&s));
+    if (r < 0) fprintf(stderr, "  %s\n", ferry_errmsg(ctx_));
+    memset(h, 0, s.dst_size);
+    ferry_memcpy(ctx_, ferry_host_buf(h, s.dst_size), ferry_cuda_buf(0, d, s.dst_size), s.dst_size);
+    CHECK(pk_verify(&s, h));
+    ferry_stats st;
+    ferry_stats_get(ctx_, &st);
+    uint64_t tasks = st.path[FERRY_PATH_STAGED].ops;
+    ferry_config cfg;
+    ferry_ctx_config(ctx_, &cfg);
+    uint64_t big = 0;   /* records larger than a staging buffer are tasks of their own */
+    for (size_t i = 0; i < n; i++) big += s.r[i].len > cfg.staging_size;
+    CHECK(tasks * 8 <= n || tasks <= big + pk_bytes(&s) / (128 << 10) + 2);
+    if (c0 >= 0) {
+        long copies = sim_count("htod_copies", 0) - c0, launches = sim_count("launches", 0) - l0;
+        /* every staging buffer filled is sent once: one run when the
+         * destinations follow each other, else a copy, its table and a launch */
+        long buffers = (long)(2 * pk_bytes(&s) / cfg.staging_size + 2 * tasks);
+        if (mode == 0) CHECK(copies <= buffers + (long)(n / 10));   /* duplicates/overlaps break runs */
+        else { CHECK(copies <= 3 * buffers); CHECK(launches >= 1); }
+        printf("  mode %d: %zu records, %llu tasks, %ld host-to-device copies, %ld launches\n", mode, n,
+               (unsigned long long)tasks, copies, launches);
+    }
+    ferry_plan_destroy(p);
+    free(h);
+    free(s.r);
+    ferry_cuda_free(ctx_, d);
+    for (int i = 0; i < PK_FILES; i++) ferry_file_close(f[i]);
+}
+
+static void test_packed_in_order(void) { packed_records(0, 3000, 20000, 11); }
+static void test_packed_shuffled(void) { packed_records(1, 3000, 20000, 12); }
+static void test_packed_file_runs(void) { packed_records(2, 4000, 5000, 13); }
+static void test_packed_tiny(void) { packed_records(1, 6000, 16, 14); }
+static void test_packed_seeds(void) {
+    for (uint64_t seed = 20; seed < 32; seed++) packed_records((int)(seed % 3), 200, 1 + seed * 3001, seed);
+}
+
+/* A .npy file as numpy writes version 1.0: magic, version, u16 header
+ * length, the dict padded with spaces to a multiple of 64 bytes, newline. */
+static void write_npy(const char *path, const char *descr, const char *shape, const void *data, size_t n) {
+    char dict[256];
+    int dl = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': %s, }", descr, shape);
+    size_t total = ((10 + (size_t)dl + 1 + 63) / 64) * 64;
+    uint8_t hdr[512];
+    memcpy(hdr, "\x93NUMPY\x01\x00", 8);
+    hdr[8] = (uint8_t)((total - 10) & 0xff);
+    hdr[9] = (uint8_t)((total - 10) >> 8);
+    memset(hdr + 10, ' ', total - 10);
+    memcpy(hdr + 10, dict, (size_t)dl);
+    hdr[total - 1] = '\n';
+    int fd = open(path, O_CREAT | O_TRUNC | O_WRONLY, 0644);
+    CHECK(write(fd, hdr, total) == (ssize_t)total);
+    CHECK(write(fd, data, n) == (ssize_t)n);
+    close(fd);
+}
+
+/* ferry_npy_read_many into device memory: one-sample files as one batch,
+ * little-endian bytes packed, big-endian ones swapped on the way; a file of
+ * another shape fails naming it. */
+static void test_npy_batch_device(void) {
+    enum { N = 40, R = 5, C = 7 };
+    char paths[N][512];
+    const char *pp[N];
+    for (int i = 0; i < N; i++) {
+        snprintf(paths[i], sizeof paths[i], "%s/sample%02d.npy", dir_, i);
+        pp[i] = paths[i];
+        uint8_t be[R * C * 2];
+        for (int k = 0; k < R * C; k++) { uint16_t v = (uint16_t)(i * 1000 + k); be[2 * k] = (uint8_t)(v >> 8); be[2 * k + 1] = (uint8_t)v; }
+        write_npy(paths[i], ">u2", "(5, 7)", be, sizeof be);
+    }
+    uintptr_t d;
+    size_t nb = (size_t)N * R * C * 2;
+    CHECK_EQ_I(ferry_cuda_malloc(ctx_, 0, nb, &d), 0);
+    ferry_npy_info info;
+    int64_t r = ferry_npy_read_many(ctx_, pp, N, ferry_cuda_buf(0, d, nb), 0, FERRY_NATIVE, &info);
+    CHECK_EQ_I(r, (int64_t)nb);
+    if (r < 0) fprintf(stderr, "  %s\n", ferry_errmsg(ctx_));
+    CHECK_EQ_I(info.ndim, 2);
+    CHECK_EQ_I(info.shape[1], C);
+    uint16_t *h = malloc(nb);
+    ferry_memcpy(ctx_, ferry_host_buf(h, nb), ferry_cuda_buf(0, d, nb), nb);
+    int ok = 1;
+    for (int i = 0; i < N && ok; i++)
+        for (int k = 0; k < R * C && ok; k++) ok = h[i * R * C + k] == (uint16_t)(i * 1000 + k);
+    CHECK(ok);
+    /* the same bytes as stored (no swap): packed reads */
+    r = ferry_npy_read_many(ctx_, pp, N, ferry_cuda_buf(0, d, nb), 0, 0, NULL);
+    CHECK_EQ_I(r, (int64_t)nb);
+    ferry_memcpy(ctx_, ferry_host_buf(h, nb), ferry_cuda_buf(0, d, nb), nb);
+    ok = 1;
+    for (int i = 0; i < N && ok; i++)
+        for (int k = 0; k < R * C && ok; k++) ok = h[i * R * C + k] == (uint16_t)((((i * 1000 + k) & 0xff) << 8) | ((i * 1000 + k) >> 8));
+    CHECK(ok);
+    uint8_t other[R * C * 2] = {0};
+    write_npy(paths[17], ">u2", "(7, 5)", other, sizeof other);
+    CHECK_EQ_I(ferry_npy_read_many(ctx_, pp, N, ferry_cuda_buf(0, d, nb), 0, FERRY_NATIVE, NULL), FERRY_EFORMAT);
+    CHECK_STR_CONTAINS(ferry_errmsg(ctx_), "sample17.npy");
+    free(h);
+    ferry_cuda_free(ctx_, d);
+}
+
 static void test_big(void) {
     const char *big = getenv("FERRY_GPU_BIG");
     if (big && !strcmp(big, "0")) return;
@@ -304,6 +448,12 @@ int main(void) {
     RUN(test_cufile_writes);
     RUN(test_stream_wait);
     RUN(test_stream_wait_two_devices);
+    RUN(test_packed_in_order);
+    RUN(test_packed_shuffled);
+    RUN(test_packed_file_runs);
+    RUN(test_packed_tiny);
+    RUN(test_packed_seeds);
+    RUN(test_npy_batch_device);
     RUN(test_big);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir_);

@@ -18,7 +18,8 @@ def info(**env):
     e.update(env)
     r = subprocess.run([FERRY, "info"], capture_output=True, text=True, env=e, timeout=60)
     assert r.returncode == 0, r.stderr
-    return dict(line.split(": ", 1) for line in r.stdout.strip().splitlines())
+    # "  nvCOMP: loaded ...", "  decode: auto ..." (other lines: the version, the engine)
+    return dict(line.strip().split(": ", 1) for line in r.stdout.splitlines() if ": " in line)
 
 
 @pytest.fixture(scope="module")

@@ -169,3 +169,57 @@ def test_two_gpus_nccl(data, tmp_path):
     assert not set(g0) & set(g1)
     full = N // 32 * 32
     assert sorted(g0 + g1) == sorted(epoch_order(N, 4, 0)[:full].tolist())
+
+
+# ------------------------------------------------------------------------------------------
+# samples="files" and TokenDataset on CUDA
+# ------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def per_sample(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gpu_files")
+    rng = np.random.default_rng(3)
+    n = 70
+    img = rng.integers(0, 255, (n, 3, 16, 16), dtype=np.uint8)
+    for i in range(n):
+        np.save(root / f"img_{i}.npy", img[i])
+        np.save(root / f"id_{i}.npy", np.int64(i))
+    fields = {"img": str(root / "img_*.npy"), "id": str(root / "id_*.npy")}
+    return fields, img
+
+
+@pytest.mark.parametrize("staging", ["auto", "engine"])
+def test_per_sample_files_on_cuda(per_sample, staging):
+    fields, img = per_sample
+    ds = ArrayDataset(fields=fields, samples="files", batch_size=16, shuffle=True, seed=4,
+                      device="cuda:0", staging=staging, dtype={"img": torch.float16})
+    seen = []
+    for b in ds:
+        assert b["img"].is_cuda and b["img"].dtype == torch.float16
+        ids = b["id"].cpu().numpy()
+        np.testing.assert_array_equal(b["img"].cpu().numpy(), img[ids].astype(np.float16))
+        seen += ids.tolist()
+    assert seen == epoch_order(len(img), 4, 0).tolist()
+
+
+def test_per_sample_ragged_collate_on_cuda(tmp_path):
+    from ferry.torch import pad_collate
+    for i, n in enumerate([3, 7, 5]):
+        np.save(tmp_path / f"t{i}.npy", np.arange(n, dtype=np.float32) + i)
+    b = next(iter(ArrayDataset(str(tmp_path / "t*.npy"), samples="files", batch_size=3,
+                               collate=pad_collate(0), device="cuda:0")))
+    assert b.is_cuda and b.shape == (3, 7)
+    assert b[0].tolist() == [0, 1, 2, 0, 0, 0, 0] and b[1].tolist() == [1 + k for k in range(7)]
+
+
+def test_token_windows_on_cuda(tmp_path):
+    from ferry.torch import TokenDataset
+    toks = np.random.default_rng(0).integers(0, 50257, 64 * 33 + 1, dtype=np.uint16)
+    toks.tofile(tmp_path / "train.bin")
+    ds = TokenDataset(str(tmp_path / "train.bin"), seq_len=32, batch_size=8, shuffle=False,
+                      device="cuda:0")
+    xs = []
+    for x, y in ds:
+        assert x.is_cuda and y.is_cuda and x.dtype == torch.int64 and x.shape == (8, 32)
+        assert torch.equal(x[:, 1:], y[:, :-1])
+        xs.append(x.cpu().numpy())
+    np.testing.assert_array_equal(np.concatenate(xs).reshape(-1), toks[:64 * 32].astype(np.int64))

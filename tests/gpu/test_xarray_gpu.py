@@ -156,6 +156,35 @@ def test_open_mfdataset_gpu_dask(tmp_path):
     xr.testing.assert_identical(out.as_numpy(), ref)
 
 
+def test_open_mfdataset_cupy_chunks_by_default(tmp_path):
+    """No preprocess: GPU variables are dask arrays of cupy chunks with cupy meta;
+    coordinates stay numpy. netCDF-4 (written by h5py here) chunks follow the HDF5
+    chunks under chunks={}."""
+    pytest.importorskip("dask", reason="dask is not installed")
+    pytest.importorskip("h5py")
+    full = make_ds(4)
+    paths = []
+    for i in range(2):
+        p = tmp_path / f"q{i}.nc"
+        full.isel(time=slice(8 * i, 8 * i + 8)).to_netcdf(p, engine="scipy")
+        paths.append(p)
+    ref = xr.open_mfdataset(paths, engine="scipy", combine="by_coords").compute()
+    got = xr.open_mfdataset(paths, engine=ENGINE, device=0, combine="by_coords", parallel=True)
+    for v in ("t2m", "precip", "count", "packed"):
+        assert isinstance(got[v].data._meta, cupy.ndarray), v
+    out = got.compute()
+    assert isinstance(out["t2m"].data, cupy.ndarray) and isinstance(out["time"].values, np.ndarray)
+    xr.testing.assert_identical(out.as_numpy(), ref)
+    h = tmp_path / "h.h5"
+    _write_h5(h, make_ds(5))
+    one = xr.open_dataset(h, engine=ENGINE, device=0, chunks={})
+    assert isinstance(one["t_chunked"].data._meta, cupy.ndarray)
+    import h5py
+    with h5py.File(h, "r") as f:
+        assert one["t_chunked"].data.chunksize == f["t_chunked"].chunks
+        np.testing.assert_array_equal(cupy.asnumpy(one["t_chunked"].data.compute()), f["t_chunked"][...])
+
+
 def test_device_array_interfaces():
     a = ferry.empty((4, 8), np.float32, device=0)
     assert a.device == 0 and a.__dlpack_device__() == (2, 0)

@@ -420,11 +420,11 @@ def test_hf_style_sharded_checkpoint_loads(tmp_path):
     # a shard missing a tensor the index names, and an index escaping the directory
     (d / "model.safetensors.index.json").write_text(json.dumps({
         "weight_map": {"zzz": "model-00001-of-00002.safetensors"}}))
-    with pytest.raises(FerryError, match="missing"):
-        ck.load(d)
+    with pytest.raises(FerryError, match='"zzz" is not in model-00001-of-00002'):
+        ck.load(d)                       # the C parser's message, unchanged
     (d / "model.safetensors.index.json").write_text(json.dumps({
         "weight_map": {"a.weight": "../evil.safetensors"}}))
-    with pytest.raises(FerryError, match="outside"):
+    with pytest.raises(FerryError, match="not a plain relative file name"):
         ck.load(d)
 
 
@@ -492,14 +492,14 @@ def test_header_corruption(tmp_path):
     h = json.loads(json.dumps(hdr)); h["a"]["shape"] = [300, 41]; cases.append((write(h), "shape"))
     h = json.loads(json.dumps(hdr)); h["a"]["shape"] = [-1, 40]; cases.append((write(h), "shape"))
     h = json.loads(json.dumps(hdr)); h["b"]["data_offsets"] = [10 ** 12, 10 ** 12 + 32768]
-    cases.append((write(h), "trunc"))
+    cases.append((write(h), "past the data"))
     h = json.loads(json.dumps(hdr)); h["a"]["data_offsets"] = [5, 2]; cases.append((write(h), "data_offsets"))
     h = json.loads(json.dumps(hdr)); h["__metadata__"] = {"x": 1}; cases.append((write(h), "__metadata__"))
     h = json.loads(json.dumps(hdr)); h["__metadata__"]["ferry.crc32c"] = "{nope"
-    cases.append((write(h), "crc32c"))
+    cases.append((write(h), "(?i)crc32c"))
     cases.append((write(hdr, n=2 ** 62), "header length"))
-    cases.append((write(hdr, tail=data[:8] + b"{\"a\": [" + data[15:]), "corrupted"))
-    cases.append((write(hdr, tail=data[:8] + b"\xff\xfe" + data[10:]), "corrupted"))
+    cases.append((write(hdr, tail=data[:8] + b"{\"a\": [" + data[15:]), "byte 15: JSON"))
+    cases.append((write(hdr, tail=data[:8] + b"\xff\xfe" + data[10:]), "byte 8"))
     q = tmp_path / "dup.safetensors"
     js = b'{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},' \
          b'"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}'
@@ -530,7 +530,7 @@ def test_random_header_damage_never_crashes(tmp_path):
 
 
 def test_missing_file(tmp_path):
-    with pytest.raises(FerryError, match="no such file"):
+    with pytest.raises(FerryError, match="(?i)no such file"):
         ck.load(tmp_path / "nope.safetensors")
 
 
@@ -600,7 +600,8 @@ def test_failed_save_cleans_temp(tmp_path, monkeypatch):
     class Boom(Exception):
         pass
 
-    real = ck._ferry
+    from ferry import _ckpt_run
+    real = _ckpt_run._ferry
 
     class BoomPlan:
         def __init__(self):
@@ -615,7 +616,7 @@ def test_failed_save_cleans_temp(tmp_path, monkeypatch):
         def __getattr__(self, n):
             return getattr(real, n)
 
-    monkeypatch.setattr(ck, "_ferry", FakeFerry())
+    monkeypatch.setattr(_ckpt_run, "_ferry", FakeFerry())
     with pytest.raises(Boom):
         ck.save({"a": torch.zeros(3)}, path)
     monkeypatch.undo()
@@ -646,15 +647,19 @@ def test_async_save(tmp_path):
     assert f1.done()
     assert torch.equal(ck.load(tmp_path / "one.safetensors")["x"], torch.zeros(4))
     ck.reserve_pinned(sd)                      # the next async_save reuses this buffer
-    arena = ck._free_arenas[-1]
+    arena = ck._async._free_arenas[-1]
     f3 = ck.async_save(sd, tmp_path / "three.safetensors")
     f3.result(timeout=60)
-    assert any(a is arena for a in ck._free_arenas)
+    assert any(a is arena for a in ck._async._free_arenas)
     ck.release_pinned()
-    assert ck._free_arenas == []
-    bad = ck.async_save({"x": torch.ones(2)}, tmp_path / "no" / "such" / "\0dir" / "f")
+    assert ck._async._free_arenas == []
+    with pytest.raises(FerryError, match="NUL"):   # refused before the snapshot
+        ck.async_save({"x": torch.ones(2)}, tmp_path / "no" / "such" / "\0dir" / "f")
+    f4 = ck.async_save({"x": torch.ones(2)}, tmp_path / "one.safetensors", metadata={"a": "b"})
+    os.replace(tmp_path / "one.safetensors", tmp_path / "moved.safetensors")
+    (tmp_path / "one.safetensors").mkdir()     # errors while writing surface through result()
     with pytest.raises(Exception):
-        bad.result(timeout=60)
+        f4.result(timeout=60)
 
 
 # ------------------------------------------------------------------------------------ DCP
@@ -677,8 +682,9 @@ def test_dcp_single_process(tmp_path):
     assert sd2["extra"] == {"step": 5, "blob": b"xyz", "name": "run1"}
     # raw, aligned tensor bytes in the data file
     md = ck.FerryReader(d).read_metadata()
-    for idx, info in md.storage_data.items():
-        assert info.offset % 4096 == 0
+    assert md.ferry_layout
+    for idx, (at, dtype, shape) in md.ferry_layout.items():
+        assert at % 4096 == 0
     # overwrite: old data files are replaced, the checkpoint id form works, async_save
     dcp.save(sd, checkpoint_id=str(d), storage_writer=ck.FerryWriter())
     fut = dcp.async_save(sd, storage_writer=ck.FerryWriter(d))
@@ -812,13 +818,3 @@ def test_dcp_two_process_gloo_and_resharding(tmp_path):
     assert sd["step"] == 12
     # world size 2 with a different sharding
     _run_dcp_worker(tmp_path, d, "load")
-
-
-def test_crc32c_numpy_fallback_matches_reference():
-    crc32c = pytest.importorskip("crc32c")
-    from ferry import _ckpt_io as io
-    rng = random.Random(3)
-    for n in [0, 1, 3, 255, 1023, 1024, 4097, 70001, (1 << 20) + 13]:
-        b = bytes(rng.getrandbits(8) for _ in range(min(n, 5000))) * (n // 5000 + 1)
-        b = b[:n]
-        assert io.crc32c_numpy(b) == crc32c.crc32c(b), n

@@ -337,7 +337,7 @@ def test_ferry_read_npy_and_selection(tmp_path):
     out = np.zeros((2, 3, 4), np.int32)
     assert ferry.read(tmp_path / "x.npy", out=out) is out
     np.testing.assert_array_equal(out, x)
-    with pytest.raises(ValueError):
+    with pytest.raises(ferry.FerryError):
         ferry.read(tmp_path / "x.npy", out=np.zeros(5, np.int32))
     with pytest.raises(IndexError):
         ferry.read(tmp_path / "x.npy", selection=(5,))

@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""Plan time: how long turning a selection into a plan takes (issue 10).
+
+No data is moved: only the plan is built (and its extents counted), so this
+runs the same on any machine. Best of --reps, milliseconds:
+
+  * a Zarr v2 store of 10,000 zlib chunks (a stat per chunk) and one of
+    10,000 uncompressed chunks (no stat), whole array and a strided box;
+  * an HDF5 file of 5,000 shuffle+deflate chunks through the xarray
+    backend's read planning (the first plan includes fetching h5py's chunk
+    table with chunk_iter; later plans reuse it).
+
+    python3 bench/bench_plan.py            # prints one line per case
+"""
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from harness import best, log  # noqa: E402
+
+
+def zarr_case(d, name, compressor):
+    import zarr
+    p = os.path.join(d, name)
+    a = zarr.create_array(store=p, shape=(1000, 1000), chunks=(10, 10), dtype="f4", zarr_format=2,
+                          compressors=compressor, fill_value=0)
+    a[:] = np.arange(1e6, dtype="f4").reshape(1000, 1000)
+    return p
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=5)
+    args = ap.parse_args()
+    import ferry
+    from ferry import xarray as fx
+    d = tempfile.mkdtemp(prefix="ferry-bench-plan-")
+    try:
+        import numcodecs
+        stores = {"zarr 10,000 zlib chunks": zarr_case(d, "z.zarr", numcodecs.Zlib(level=1)),
+                  "zarr 10,000 raw chunks": zarr_case(d, "r.zarr", None)}
+        out = np.empty((1000, 1000), "f4")
+        for label, p in stores.items():
+            ds = ferry.Dataset(ferry.default_context(), p)
+            name = ds.names()[0]
+            for what, sel in (("whole", None), ("[::3, 5:995]", [(0, 1000, 3), (5, 995, 1)])):
+                def plan():
+                    pl = ferry.Plan()
+                    pl.read(ds, name, out, sel)
+                    return len(pl)
+                t, n = best(plan, args.reps)
+                print(f"{label:28s} {what:14s} {t * 1e3:8.2f} ms  ({n} extents)")
+            ds.close()
+        import h5py
+        h = os.path.join(d, "c.h5")
+        with h5py.File(h, "w") as f:
+            f.create_dataset("x", data=np.arange(500000, dtype="f4").reshape(5000, 100), chunks=(1, 100),
+                             compression="gzip", shuffle=True)
+        for what, key in (("whole", (slice(None), slice(None))), ("[::3, 10:90]", (slice(0, 5000, 3), slice(10, 90)))):
+            store = fx.FerryStore(h)
+            s = store.specs["x"]
+            t0 = time.perf_counter()
+            pl = ferry.Plan()
+            store._add(pl, s, key)
+            first = time.perf_counter() - t0
+
+            def plan():
+                pl = ferry.Plan()
+                store._add(pl, s, key)
+                return len(pl)
+            t, n = best(plan, args.reps)
+            print(f"{'hdf5 5,000 chunks':28s} {what:14s} {t * 1e3:8.2f} ms  ({n} extents; first plan "
+                  f"with the chunk table {first * 1e3:.2f} ms)")
+            store.close()
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    log("bench_plan: done")
+
+
+if __name__ == "__main__":
+    main()

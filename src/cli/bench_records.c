@@ -1,0 +1,287 @@
+/* bench_records.c — `ferry bench --records SIZE[,SIZE...]`: small random
+ * records (shuffled rows of an array, token windows) read from one page-cached
+ * file, each measure beside the limits of the same run:
+ *   - raw: N threads, one pread per record into a private buffer (the limit
+ *     of the page cache and the system calls);
+ *   - ferry into host memory: one plan per batch of records (a batch buffer
+ *     filled row after row, as a dataset does), two batches in flight;
+ *   - ferry into device memory, rows in batch order (contiguous destination:
+ *     the packed staging buffer reaches the device in one copy) and rows
+ *     scattered in a random order (one copy into device scratch, then one
+ *     scatter kernel);
+ *   - pinned host-to-device copies (the copy limit).
+ * Every batch that ferry fills is verified. GB/s are 10^9 bytes/s; CPU us per
+ * record (user + system time of the process) is the steadier figure on a
+ * machine shared with other work. */
+#include "cli/cli.h"
+#include "common.h"
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+int64_t ferry_parse_size(const char *s);
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static double cpu_s(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + ru.ru_stime.tv_sec + ru.ru_stime.tv_usec * 1e-6;
+}
+static double cpu_used_;   /* CPU seconds of the last best measurement */
+
+/* the file's contents: word i (8 bytes) is mix(i), as `ferry bench` writes it */
+static inline uint64_t mix(uint64_t i) {
+    uint64_t z = i + 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    return z ^ (z >> 27);
+}
+static uint64_t rng_(uint64_t *s) { *s ^= *s << 13; *s ^= *s >> 7; *s ^= *s << 17; return *s; }
+
+/* a record at byte `off` (a multiple of 8) holds mix(off/8 ...) */
+static int verify_rec(const uint8_t *p, uint64_t off, uint64_t n) {
+    uint64_t w;
+    for (uint64_t i = 0; i + 8 <= n; i += 8) { memcpy(&w, p + i, 8); if (w != mix((off + i) / 8)) return 0; }
+    return 1;
+}
+
+static int make_file(const char *path, uint64_t size) {
+    struct stat st;
+    if (stat(path, &st) == 0 && (uint64_t)st.st_size == size) return 0;
+    int fd = open(path, O_CREAT | O_TRUNC | O_WRONLY, 0644);
+    if (fd < 0) return -1;
+    size_t chunk = 8u << 20;
+    uint64_t *buf = malloc(chunk);
+    for (uint64_t off = 0; off < size; off += chunk) {
+        size_t n = size - off < chunk ? (size_t)(size - off) : chunk;
+        for (size_t i = 0; i < n / 8; i++) buf[i] = mix(off / 8 + i);
+        if (write(fd, buf, n) != (ssize_t)n) { free(buf); close(fd); return -1; }
+    }
+    free(buf);
+    close(fd);
+    return 0;
+}
+
+static void warm(const char *path) {
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return;
+    static uint8_t b[1 << 20];
+    while (read(fd, b, sizeof b) > 0) {}
+    close(fd);
+}
+
+/* ---- the limit: plain threads, one pread per record ---------------------- */
+typedef struct rec_arg { int fd; const uint64_t *offs; uint64_t n, rec; _Atomic uint64_t *next; int err; } rec_arg;
+
+static void *rec_worker(void *p) {
+    rec_arg *a = p;
+    uint8_t *buf = NULL;
+    if (posix_memalign((void **)&buf, 4096, a->rec) != 0) { a->err = 1; return NULL; }
+    for (;;) {
+        uint64_t i = atomic_fetch_add(a->next, 256);
+        if (i >= a->n) break;
+        uint64_t e = i + 256 < a->n ? i + 256 : a->n;
+        for (; i < e; i++)
+            if (pread(a->fd, buf, a->rec, (off_t)a->offs[i]) != (ssize_t)a->rec) a->err = 1;
+    }
+    free(buf);
+    return NULL;
+}
+
+static double raw_records(const char *path, const uint64_t *offs, uint64_t n, uint64_t rec, int threads) {
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return -1;
+    _Atomic uint64_t next = 0;
+    pthread_t th[256];
+    rec_arg a[256];
+    double t0 = now_s(), c0 = cpu_s();
+    for (int t = 0; t < threads; t++) {
+        a[t] = (rec_arg){fd, offs, n, rec, &next, 0};
+        pthread_create(&th[t], NULL, rec_worker, &a[t]);
+    }
+    int err = 0;
+    for (int t = 0; t < threads; t++) { pthread_join(th[t], NULL); err |= a[t].err; }
+    double dt = now_s() - t0;
+    cpu_used_ = cpu_s() - c0;
+    close(fd);
+    return err ? -1 : dt;
+}
+
+/* ---- ferry: one plan per batch, `depth` batches in flight ----------------- */
+#define DEPTH 2
+
+static double ferry_records(ferry_ctx *ctx, ferry_file *f, const uint64_t *offs, uint64_t n, uint64_t rec,
+                            uint64_t batch, ferry_buf *bufs, int scatter, uint8_t *check, char *why, size_t whylen) {
+    ferry_plan *plans[DEPTH];
+    ferry_job *jobs[DEPTH] = {0};
+    uint64_t first[DEPTH] = {0};
+    uint32_t *perm = malloc(batch * sizeof *perm);
+    for (uint64_t i = 0; i < batch; i++) perm[i] = (uint32_t)i;
+    uint64_t s = 12345;
+    if (scatter)
+        for (uint64_t i = batch - 1; i > 0; i--) { uint64_t k = rng_(&s) % (i + 1); uint32_t t = perm[i]; perm[i] = perm[k]; perm[k] = t; }
+    for (int k = 0; k < DEPTH; k++) ferry_plan_create(&plans[k]);
+    uint64_t nb = n / batch;
+    int bad = 0;
+    double t0 = now_s(), c0 = cpu_s();
+    for (uint64_t b = 0; b < nb + DEPTH && !bad; b++) {
+        int k = (int)(b % DEPTH);
+        if (jobs[k]) {   /* the batch submitted DEPTH batches ago */
+            int64_t r = ferry_job_wait(jobs[k], -1);
+            if (r != (int64_t)(batch * rec)) { snprintf(why, whylen, "%s", ferry_errmsg(ctx)); bad = 1; }
+            ferry_job_destroy(jobs[k]);
+            jobs[k] = NULL;
+            if (!bad && first[k] / batch + 1 == nb) {   /* verify the last batch */
+                const uint8_t *p = bufs[k].ptr;
+                if (bufs[k].kind == FERRY_MEM_CUDA) {
+                    ferry_memcpy(ctx, ferry_host_buf(check, batch * rec), bufs[k], batch * rec);
+                    p = check;
+                }
+                for (uint64_t i = 0; i < batch && !bad; i++)
+                    if (!verify_rec(p + perm[i] * rec, offs[first[k] + i], rec)) { snprintf(why, whylen, "VERIFY FAILED"); bad = 2; }
+            }
+        }
+        if (b >= nb || bad) continue;
+        ferry_plan_clear(plans[k]);
+        for (uint64_t i = 0; i < batch; i++)
+            ferry_plan_read(plans[k], f, offs[b * batch + i], rec, bufs[k], perm[i] * rec);
+        first[k] = b * batch;
+        if (ferry_submit(ctx, plans[k], NULL, &jobs[k]) != 0) { snprintf(why, whylen, "%s", ferry_errmsg(ctx)); bad = 1; }
+    }
+    double dt = now_s() - t0;
+    cpu_used_ = cpu_s() - c0;
+    for (int k = 0; k < DEPTH; k++) { ferry_job_destroy(jobs[k]); ferry_plan_destroy(plans[k]); }
+    free(perm);
+    if (bad == 2) return -2;
+    return bad ? -1 : dt;
+}
+
+static void print_row(const char *what, uint64_t bytes, uint64_t n, double dt, double cpu, double limit_dt, const char *why) {
+    if (dt < 0) { printf("  %-44s %s\n", what, why && *why ? why : "failed"); return; }
+    printf("  %-44s %8.2f GB/s %8.3f us/record %7.3f CPU us/record", what, bytes / dt / 1e9, dt * 1e6 / (double)n,
+           cpu * 1e6 / (double)n);
+    if (limit_dt > 0) printf("   %.2fx the limit", limit_dt / dt);
+    printf("\n");
+}
+
+int ferry_cli_bench_records(int argc, char **argv) {
+    const char *file = "ferry-records.bin", *list = "150528,8192,4096";
+    uint64_t size = 4ull << 30, count = 100000, batch = 256;
+    int threads = 16, device = 0, reps = 2, failed = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (v && !strcmp(a, "--records")) { list = v; i++; }
+        else if (v && !strcmp(a, "--file")) { file = v; i++; }
+        else if (v && !strcmp(a, "--size")) { size = (uint64_t)ferry_parse_size(v); i++; }
+        else if (v && !strcmp(a, "--count")) { count = strtoull(v, NULL, 10); i++; }
+        else if (v && !strcmp(a, "--batch")) { batch = strtoull(v, NULL, 10); i++; }
+        else if (v && !strcmp(a, "--threads")) { threads = atoi(v); i++; }
+        else if (v && !strcmp(a, "--device")) { device = atoi(v); i++; }
+        else if (v && !strcmp(a, "--reps")) { reps = atoi(v) > 0 ? atoi(v) : 1; i++; }
+        else {
+            fprintf(stderr, "usage: ferry bench --records SIZE[,SIZE...] [--file PATH] [--size N] [--count N]\n"
+                            "                   [--batch N] [--threads N] [--device N] [--reps N]\n");
+            return 2;
+        }
+    }
+    if (threads < 1 || threads > 256 || batch < 1 || count < batch) { fprintf(stderr, "ferry bench: bad --threads/--batch/--count\n"); return 2; }
+    size &= ~(uint64_t)7;
+    if (make_file(file, size) != 0) { fprintf(stderr, "ferry bench: cannot write %s: %s\n", file, strerror(errno)); return 1; }
+    warm(file);
+    ferry_ctx *ctx;
+    if (ferry_ctx_create(&ctx, NULL) != 0) { fprintf(stderr, "ferry bench: %s\n", ferry_errmsg(NULL)); return 1; }
+    ferry_config cfg;
+    ferry_ctx_config(ctx, &cfg);
+    int gpu = ferry_cuda_device_count(ctx) > device;
+    printf("ferry bench --records: %s, %.2f GB page-cached, %llu random records per size, batches of %llu,\n"
+           "  raw limit with %d threads; ferry with %d threads, staging %d x %zu KiB; best of %d\n",
+           file, size / 1e9, (unsigned long long)count, (unsigned long long)batch, threads, cfg.threads,
+           cfg.staging_count, cfg.staging_size >> 10, reps);
+    ferry_file *f;
+    if (ferry_file_open(ctx, file, FERRY_READ, &f) != 0) { fprintf(stderr, "ferry bench: %s\n", ferry_errmsg(ctx)); return 1; }
+    if (gpu) {   /* the copy limit: pinned host -> device, 256 MiB */
+        uint64_t n = 256u << 20;
+        void *h;
+        uintptr_t d;
+        if (ferry_pinned_alloc(ctx, n, &h) == 0 && ferry_cuda_malloc(ctx, device, n, &d) == 0) {
+            memset(h, 1, n);
+            double best = 1e9;
+            for (int r = 0; r < 3; r++) {
+                double t0 = now_s();
+                ferry_memcpy(ctx, ferry_cuda_buf(device, d, n), ferry_host_buf(h, n), n);
+                double dt = now_s() - t0;
+                if (dt < best) best = dt;
+            }
+            printf("  %-44s %8.2f GB/s\n", "pinned host->device copy (256 MiB)", n / best / 1e9);
+            ferry_cuda_free(ctx, d);
+            ferry_pinned_free(ctx, h);
+        }
+    }
+    for (const char *p = list; *p;) {
+        uint64_t rec = strtoull(p, (char **)&p, 10);
+        if (*p == ',') p++;
+        if (rec < 8 || rec % 8 || rec > size) { fprintf(stderr, "ferry bench: record size %llu (a multiple of 8 up to the file size)\n", (unsigned long long)rec); continue; }
+        uint64_t nrec = size / rec, n = count / batch * batch;
+        uint64_t *offs = malloc(n * sizeof *offs), s = 0x1234567 + rec;
+        for (uint64_t i = 0; i < n; i++) offs[i] = (rng_(&s) % nrec) * rec;
+        uint64_t bytes = n * rec;
+        printf(" records of %llu bytes (%.2f GB per pass):\n", (unsigned long long)rec, bytes / 1e9);
+        double lim = 1e9, lim_cpu = 0;
+        for (int r = 0; r < reps; r++) {
+            double dt = raw_records(file, offs, n, rec, threads);
+            if (dt > 0 && dt < lim) { lim = dt; lim_cpu = cpu_used_; }
+        }
+        char label[96];
+        snprintf(label, sizeof label, "pread limit, %d threads", threads);
+        print_row(label, bytes, n, lim, lim_cpu, -1, NULL);
+        uint8_t *check = malloc(batch * rec);
+        for (int mode = 0; mode < 3; mode++) {
+            if (mode > 0 && !gpu) break;
+            ferry_buf bufs[DEPTH];
+            int ok = 1;
+            for (int k = 0; k < DEPTH; k++) {
+                if (mode == 0) {
+                    void *h = NULL;
+                    ok &= posix_memalign(&h, 4096, batch * rec) == 0;
+                    if (h) memset(h, 0, batch * rec);
+                    bufs[k] = ferry_host_buf(h, batch * rec);
+                } else {
+                    uintptr_t d = 0;
+                    ok &= ferry_cuda_malloc(ctx, device, batch * rec, &d) == 0;
+                    bufs[k] = ferry_cuda_buf(device, d, batch * rec);
+                }
+            }
+            double best = -1, best_cpu = 0;
+            char why[512] = "";
+            for (int r = 0; ok && r < reps; r++) {
+                double dt = ferry_records(ctx, f, offs, n, rec, batch, bufs, mode == 2, check, why, sizeof why);
+                if (dt == -2) failed = 1;
+                if (dt > 0 && (best < 0 || dt < best)) { best = dt; best_cpu = cpu_used_; }
+                if (dt < 0) break;
+            }
+            static const char *names[3] = {"ferry -> host batches", "ferry -> device batches (rows in order)",
+                                           "ferry -> device batches (rows scattered)"};
+            print_row(names[mode], bytes, n, best, best_cpu, lim, why);
+            for (int k = 0; k < DEPTH; k++) {
+                if (mode == 0) free(bufs[k].ptr);
+                else if (bufs[k].ptr) ferry_cuda_free(ctx, (uintptr_t)bufs[k].ptr);
+            }
+        }
+        free(check);
+        free(offs);
+    }
+    ferry_file_close(f);
+    ferry_ctx_destroy(ctx);
+    return failed;
+}

@@ -1,0 +1,248 @@
+/* pack.c — packed staging: many small plain reads in one task. Into host
+ * memory each run of extents that are adjacent in one file is one preadv
+ * (one pread when it is a single extent) straight into the destinations.
+ * Into device memory the extents are read back to back into a staging
+ * buffer; the buffer reaches the device in one copy per contiguous
+ * destination run, or — when the runs are many (rows of a batch in shuffled
+ * order) — in one copy into device scratch followed by one scatter kernel.
+ * The depth in flight is then counted in bytes: every staging buffer is full
+ * of records, however small they are. */
+#include "engine/engine.h"
+#include "engine/io.h"
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <sys/uio.h>
+
+/* Runs above this many per staging buffer go through the scatter kernel: each
+ * cuMemcpyHtoDAsync costs microseconds of driver time and its own DMA setup,
+ * two copies and a launch cost the same as four. */
+#define SCATTER_MIN_RUNS 4
+
+static ferry_file *ext_file(ferry_worker *w, ferry_job *j, const ferry_extent *e, int *rc) {
+    ferry_file *f = e->file;
+    *rc = 0;
+    if (!f) *rc = ferry_path_file(w, j, e->path, &f);
+    return f;
+}
+
+static int pack_error(int code, const ferry_extent *e, ferry_file *f, uint64_t byte) {
+    const char *name = f ? f->path : e->path ? e->path : "(unknown file)";
+    if (e->label) return ferry_preerr(code, "%s: variable %s: byte %llu", name, e->label, (unsigned long long)byte);
+    return ferry_preerr(code, "%s: byte %llu", name, (unsigned long long)byte);
+}
+
+static int short_read(const ferry_extent *e, ferry_file *f, uint64_t off, uint64_t want, uint64_t got) {
+    ferry_seterr(FERRY_ESHORT, "file ends at byte %llu but %llu bytes at offset %llu are needed",
+                 (unsigned long long)(off + got), (unsigned long long)want, (unsigned long long)off);
+    return pack_error(FERRY_ESHORT, e, f, off);
+}
+
+/* How many extents from k on form one run of file f: adjacent in the file,
+ * at most max_n of them and max_bytes in all (at least one). */
+static size_t file_run(const ferry_job *j, size_t k, size_t end, ferry_file *f, size_t max_n, uint64_t max_bytes,
+                       uint64_t *bytes) {
+    const ferry_extent *e = &j->ext[k];
+    uint64_t b = e->length;
+    size_t m = k + 1;
+    while (m < end && m - k < max_n) {
+        const ferry_extent *x = &j->ext[m];
+        if (x->file != e->file || (x->file == NULL && strcmp(x->path, e->path) != 0)) break;
+        if (x->offset != j->ext[m - 1].offset + j->ext[m - 1].length || b + x->length > max_bytes) break;
+        b += x->length;
+        m++;
+    }
+    (void)f;
+    *bytes = b;
+    return m - k;
+}
+
+/* ---- into host memory ----------------------------------------------------- */
+static int64_t pack_host(ferry_worker *w, ferry_job *j, const ferry_task *t) {
+    size_t end = (size_t)t->ext + t->n;
+    uint64_t total = 0;
+    struct iovec iov[64];
+    for (size_t k = t->ext; k < end;) {
+        const ferry_extent *e = &j->ext[k];
+        int rc;
+        ferry_file *f = ext_file(w, j, e, &rc);
+        if (rc < 0) return pack_error(rc, e, NULL, e->offset);
+        uint64_t bytes;
+        size_t n = file_run(j, k, end, f, sizeof iov / sizeof *iov, UINT64_MAX, &bytes);
+        int64_t r;
+        if (n == 1) {
+            r = ferry_pread_full(f->fd, (uint8_t *)e->dst.ptr + e->dst_offset, e->length, e->offset);
+        } else {
+            for (size_t i = 0; i < n; i++) {
+                const ferry_extent *x = &j->ext[k + i];
+                iov[i].iov_base = (uint8_t *)x->dst.ptr + x->dst_offset;
+                iov[i].iov_len = x->length;
+            }
+            r = ferry_preadv_full(f->fd, iov, (int)n, e->offset);
+        }
+        if (r < 0) { ferry_seterr((int)r, "%s", strerror((int)-r)); return pack_error((int)r, e, f, e->offset); }
+        if ((uint64_t)r < bytes) {   /* name the extent the file ended in */
+            uint64_t at = e->offset + (uint64_t)r;
+            size_t i = k;
+            while (i + 1 < k + n && j->ext[i].offset + j->ext[i].length <= at) i++;
+            return short_read(&j->ext[i], f, j->ext[i].offset, j->ext[i].length, at - j->ext[i].offset);
+        }
+        ferry_count_io(w->ctx, 0, (uint64_t)r, 0);
+        total += (uint64_t)r;
+        k += n;
+    }
+    atomic_fetch_add(&j->path_bytes[FERRY_PATH_HOST], total);
+    atomic_fetch_add(&j->path_ops[FERRY_PATH_HOST], 1);
+    return (int64_t)total;
+}
+
+/* ---- the packing calls ------------------------------------------------------ */
+int ferry_pack_begin(ferry_worker *w, int d) {
+    int rc = ferry_worker_staging(w, d);
+    if (rc < 0) return rc;
+    int i = w->next_stage;
+    w->next_stage = (i + 1) % w->ctx->cfg.staging_count;
+    if ((rc = ferry_stage_wait(w, i)) < 0) return rc;
+    if (!w->tab[i]) {
+        rc = ferry_worker_alloc(w, d, (uint8_t **)&w->tab[i], FERRY_PACK_RUNS * sizeof(ferry_scatter_entry),
+                                &w->tab_pinned[i]);
+        if (rc < 0) return rc;
+    }
+    w->pack_i = i;
+    w->pack_pos = 0;
+    w->pack_runs = 0;
+    return 0;
+}
+
+uint64_t ferry_pack_room(const ferry_worker *w) {
+    if (w->pack_i < 0 || w->pack_runs >= FERRY_PACK_RUNS) return 0;
+    return w->ctx->cfg.staging_size - w->pack_pos;
+}
+
+uint8_t *ferry_pack_reserve(ferry_worker *w, uint64_t n) {
+    if (n > ferry_pack_room(w)) return NULL;
+    return w->stage[w->pack_i] + w->pack_pos;
+}
+
+int ferry_pack_place(ferry_worker *w, uint64_t n, CUdeviceptr dst) {
+    if (w->pack_i < 0 || n > w->ctx->cfg.staging_size - w->pack_pos)
+        return ferry_seterr(FERRY_EINVAL, "pack: %llu bytes do not fit the staging buffer", (unsigned long long)n);
+    ferry_scatter_entry *tab = w->tab[w->pack_i];
+    if (dst) {
+        ferry_scatter_entry *last = w->pack_runs ? &tab[w->pack_runs - 1] : NULL;
+        if (last && last->src + last->len == w->pack_pos && last->dst + last->len == dst) last->len += n;
+        else if (w->pack_runs < FERRY_PACK_RUNS) tab[w->pack_runs++] = (ferry_scatter_entry){w->pack_pos, dst, n};
+        else return ferry_seterr(FERRY_EINVAL, "pack: more than %d runs in one staging buffer", FERRY_PACK_RUNS);
+    }
+    w->pack_pos += n;
+    return 0;
+}
+
+int ferry_pack_scratch(ferry_worker *w, int d, int i, CUdeviceptr *out) {
+    ferry_devstate *ds = &w->dev[d];
+    if (!ds->scratch[i]) {
+        const ferry_cuda_api *cu = ferry_cuda_load(NULL);
+        CUresult r = cu->MemAlloc(&ds->scratch[i], w->ctx->cfg.staging_size);
+        if (r == 0) r = cu->MemAlloc(&ds->dtab[i], FERRY_PACK_RUNS * sizeof(ferry_scatter_entry));
+        if (r != 0) {
+            if (ds->scratch[i]) cu->MemFree(ds->scratch[i]);
+            ds->scratch[i] = 0;
+            return ferry_seterr(FERRY_ECUDA, "device %d: scratch for packed staging: %s", d, ferry_cuda_errstr(r));
+        }
+    }
+    *out = ds->scratch[i];
+    return 0;
+}
+
+int ferry_pack_flush(ferry_worker *w, ferry_job *j, int d) {
+    int i = w->pack_i;
+    if (i < 0) return 0;
+    w->pack_i = -1;
+    if (!w->pack_pos) return 0;
+    ferry_devstate *ds;
+    int rc = ferry_worker_device(w, d, &ds);
+    if (rc < 0) return rc;
+    const ferry_cuda_api *cu = ferry_cuda_load(NULL);
+    const ferry_scatter_entry *tab = w->tab[i];
+    uint32_t n = w->pack_runs;
+    CUresult e = 0;
+    if (n >= SCATTER_MIN_RUNS && ferry_cuda_scatter_ready(d)) {
+        CUdeviceptr scratch;
+        if ((rc = ferry_pack_scratch(w, d, i, &scratch)) < 0) return rc;
+        e = cu->MemcpyHtoDAsync(scratch, w->stage[i], w->pack_pos, ds->stream);
+        if (!e) e = cu->MemcpyHtoDAsync(ds->dtab[i], tab, n * sizeof *tab, ds->stream);
+        if (e) return ferry_seterr(FERRY_ECUDA, "cuMemcpyHtoDAsync: %s", ferry_cuda_errstr(e));
+        if ((rc = ferry_cuda_scatter(d, scratch, ds->dtab[i], n, ds->stream)) < 0) return rc;
+    } else if (n == 0) {   /* bytes without placements: into scratch (a decode stage's input) */
+        CUdeviceptr scratch;
+        if ((rc = ferry_pack_scratch(w, d, i, &scratch)) < 0) return rc;
+        e = cu->MemcpyHtoDAsync(scratch, w->stage[i], w->pack_pos, ds->stream);
+    } else {
+        for (uint32_t k = 0; k < n && !e; k++)
+            e = cu->MemcpyHtoDAsync((CUdeviceptr)tab[k].dst, w->stage[i] + tab[k].src, tab[k].len, ds->stream);
+    }
+    if (!e) e = cu->EventRecord(ds->ev[i], ds->stream);
+    if (e) return ferry_seterr(FERRY_ECUDA, "cuMemcpyHtoDAsync: %s", ferry_cuda_errstr(e));
+    w->seq[d]++;
+    w->stage_seq[i] = w->seq[d];
+    w->stage_dev[i] = d;
+    ferry_mark_device(w, j, d);
+    return 0;
+}
+
+/* ---- into device memory -------------------------------------------------- */
+static int64_t pack_device(ferry_worker *w, ferry_job *j, const ferry_task *t, int *deferred) {
+    const ferry_extent *first = &j->ext[t->ext];
+    int d = first->dst.device, rc;
+    ferry_devstate *ds;
+    if ((rc = ferry_worker_device(w, d, &ds)) < 0) return rc;
+    size_t end = (size_t)t->ext + t->n;
+    uint64_t S = w->ctx->cfg.staging_size, total = 0;
+    int64_t result = 0;
+    uint64_t seq0 = w->seq[d];
+    if ((rc = ferry_pack_begin(w, d)) < 0) return rc;
+    for (size_t k = t->ext; k < end;) {
+        const ferry_extent *e = &j->ext[k];
+        ferry_file *f = ext_file(w, j, e, &rc);
+        if (rc < 0) { result = pack_error(rc, e, NULL, e->offset); break; }
+        uint64_t bytes;
+        size_t n = file_run(j, k, end, f, FERRY_PACK_RUNS, S, &bytes);
+        uint8_t *buf = w->pack_runs + n <= FERRY_PACK_RUNS ? ferry_pack_reserve(w, bytes) : NULL;
+        if (!buf) {   /* full: send it, continue in the next buffer */
+            if ((rc = ferry_pack_flush(w, j, d)) < 0 || (rc = ferry_pack_begin(w, d)) < 0) { result = rc; break; }
+            buf = ferry_pack_reserve(w, bytes);
+        }
+        int64_t r = ferry_pread_full(f->fd, buf, bytes, e->offset);
+        if (r < 0) { ferry_seterr((int)r, "%s", strerror((int)-r)); result = pack_error((int)r, e, f, e->offset); break; }
+        if ((uint64_t)r < bytes) {
+            uint64_t at = e->offset + (uint64_t)r;
+            size_t i = k;
+            while (i + 1 < k + n && j->ext[i].offset + j->ext[i].length <= at) i++;
+            result = short_read(&j->ext[i], f, j->ext[i].offset, j->ext[i].length, at - j->ext[i].offset);
+            break;
+        }
+        for (size_t i = 0; i < n && rc >= 0; i++) {
+            const ferry_extent *x = &j->ext[k + i];
+            rc = ferry_pack_place(w, x->length, (CUdeviceptr)(uintptr_t)x->dst.ptr + x->dst_offset);
+        }
+        if (rc < 0) { result = rc; break; }
+        ferry_count_io(w->ctx, 0, bytes, 0);
+        total += bytes;
+        k += n;
+    }
+    /* what was packed is sent even after an error: its copies complete like any */
+    if ((rc = ferry_pack_flush(w, j, d)) < 0 && result >= 0) result = rc;
+    if (w->seq[d] > seq0) {
+        if ((rc = ferry_worker_defer(w, j, d)) < 0) return rc;
+        *deferred = 1;
+    }
+    if (result < 0) return result;
+    atomic_fetch_add(&j->path_bytes[FERRY_PATH_STAGED], total);
+    atomic_fetch_add(&j->path_ops[FERRY_PATH_STAGED], 1);
+    return (int64_t)total;
+}
+
+int64_t ferry_exec_pack(ferry_worker *w, ferry_job *j, const ferry_task *t, int *deferred) {
+    if (j->ext[t->ext].dst.kind == FERRY_MEM_HOST) return pack_host(w, j, t);
+    return pack_device(w, j, t, deferred);
+}

@@ -1,0 +1,55 @@
+/* test_hdf5_probe.c — netCDF-4/HDF5 files are recognised by their superblock
+ * signature (at 0, or after a user block of 512, 1024, 2048... bytes) and
+ * refused with FERRY_EUNSUPPORTED and a message naming what reads them, never
+ * a netCDF-3 "bad magic". (tests/python/test_hdf5_open.py checks files h5py writes.) */
+#include "check.h"
+#include "formats_check.h"
+#include "ferry.h"
+#include <errno.h>
+#include <unistd.h>
+
+static ferry_ctx *ctx;
+static const uint8_t sig[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+static uint8_t buf[8192];
+
+static const char *with_sig_at(const char *name, size_t at, size_t total) {
+    memset(buf, 0x5a, sizeof buf);
+    memcpy(buf + at, sig, sizeof sig);
+    const char *p = tpath(name);
+    write_file(p, buf, total);
+    return p;
+}
+
+static void test_signature_at_zero_and_after_user_blocks(void) {
+    size_t offs[] = {0, 512, 1024, 2048, 4096};
+    for (size_t i = 0; i < sizeof offs / sizeof offs[0]; i++) {
+        const char *p = with_sig_at("a.nc", offs[i], offs[i] + 64);
+        CHECK_EQ_I(ferry_hdf5_signature(ctx, p), (long long)offs[i]);
+        fc_expect_open_error(ctx, p, NULL, FERRY_EUNSUPPORTED, "netCDF-4/HDF5 file");
+        CHECK_STR_CONTAINS(ferry_errmsg(ctx), "engine=\"ferry\"");
+    }
+    /* any name: the content decides */
+    fc_expect_open_error(ctx, with_sig_at("data.h5", 0, 100), NULL, FERRY_EUNSUPPORTED, "ferry.open in Python");
+}
+
+static void test_no_signature_or_wrong_place(void) {
+    const char *p = with_sig_at("b.nc", 1000, 2000);     /* not a user-block size */
+    CHECK_EQ_I(ferry_hdf5_signature(ctx, p), FERRY_ENOFORMAT);
+    fc_expect_open_error(ctx, p, NULL, FERRY_EFORMAT, "bad magic");   /* netCDF-3 by name, as before */
+    p = with_sig_at("short.bin", 0, 7);                    /* signature cut short */
+    CHECK_EQ_I(ferry_hdf5_signature(ctx, p), FERRY_ENOFORMAT);
+    CHECK_EQ_I(ferry_hdf5_signature(ctx, tpath("missing.nc")), -ENOENT);
+}
+
+int main(void) {
+    snprintf(dir, sizeof dir, "/tmp/ferry-hdf5-XXXXXX");
+    if (!mkdtemp(dir)) { perror("mkdtemp"); return 1; }
+    if (ferry_ctx_create(&ctx, NULL) != 0) return 1;
+    RUN(test_signature_at_zero_and_after_user_blocks);
+    RUN(test_no_signature_or_wrong_place);
+    ferry_ctx_destroy(ctx);
+    const char *names[] = {"a.nc", "data.h5", "b.nc", "short.bin"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) unlink(tpath(names[i]));
+    rmdir(dir);
+    return check_summary();
+}

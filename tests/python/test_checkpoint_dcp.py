@@ -1,0 +1,119 @@
+"""FerryWriter directories are usable by torch's own DCP tools (issue 15 item 16), and
+FerryReader(safe=True) refuses .metadata pickles that build anything but DCP's metadata
+types (issue 16 item 2)."""
+import io
+import os
+import pickle
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dcp = pytest.importorskip("torch.distributed.checkpoint")
+format_utils = pytest.importorskip("torch.distributed.checkpoint.format_utils")
+
+from ferry import checkpoint as ck  # noqa: E402
+from ferry.checkpoint import FerryError  # noqa: E402
+
+
+def _state():
+    g = torch.Generator().manual_seed(1)
+    return {"model": {"w": torch.randn(33, 70, generator=g),
+                      "h": torch.randn(5, 3, generator=g).to(torch.bfloat16),
+                      "e": torch.zeros(0, 4), "s": torch.tensor(2.5)},
+            "step": 7, "name": "run", "blob": b"xyz"}
+
+
+def _why(e):
+    """The message of an error, or of the errors DCP's CheckpointException wraps."""
+    return str(e) + " ".join(str(getattr(w, "exc", w))
+                             for w in getattr(e, "failures", {}).values())
+
+
+def _eq(a, b):
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return set(a) == set(b) and all(_eq(a[k], b[k]) for k in a)
+    return a == b
+
+
+def test_dcp_to_torch_save_on_a_ferry_directory(tmp_path):
+    sd = _state()
+    d = tmp_path / "ck"
+    dcp.save(sd, storage_writer=ck.FerryWriter(d), no_dist=True)
+    out = tmp_path / "full.pt"
+    format_utils.dcp_to_torch_save(d, out)           # torch's FileSystemReader reads it
+    assert _eq(torch.load(out, weights_only=False), sd)
+    back = {"model": {"w": torch.zeros(33, 70), "h": torch.zeros(5, 3, dtype=torch.bfloat16),
+                      "e": torch.ones(0, 4), "s": torch.tensor(0.0)},
+            "step": 0, "name": "", "blob": b""}
+    dcp.load(back, storage_reader=dcp.FileSystemReader(d), no_dist=True)
+    assert _eq(back, sd)
+    back2 = {"model": {k: torch.zeros_like(v) for k, v in sd["model"].items()}}
+    dcp.load(back2, storage_reader=ck.FerryReader(d), no_dist=True)   # and ferry's reader
+    assert _eq(back2["model"], sd["model"])
+    # ferry's raw bytes stay 4 KiB-aligned inside torch's framing
+    md = ck.FerryReader(d, safe=True).read_metadata()
+    assert all(at % 4096 == 0 for at, _, _ in md.ferry_layout.values())
+
+
+def test_torch_filesystem_writer_directory_refused_clearly(tmp_path):
+    d = tmp_path / "fsw"
+    dcp.save({"w": torch.ones(3)}, storage_writer=dcp.FileSystemWriter(d), no_dist=True)
+    with pytest.raises(BaseException) as ei:              # DCP wraps the FerryError
+        dcp.load({"w": torch.zeros(3)}, storage_reader=ck.FerryReader(d), no_dist=True)
+    assert "not written by FerryWriter" in _why(ei.value)
+
+
+def test_older_raw_layout_still_loads(tmp_path):
+    """Directories written before the torch.save framing: FerryStorageInfo per item,
+    raw bytes at its offset."""
+    from ferry import _ckpt_dcp
+    sd = {"w": torch.randn(8, 9), "step": 3}
+    d = tmp_path / "old"
+    dcp.save(sd, storage_writer=ck.FerryWriter(d), no_dist=True)
+    md = ck.FerryReader(d).read_metadata()
+    old = {}
+    for idx, info in md.storage_data.items():
+        if idx in md.ferry_layout:
+            at, dt, shape = md.ferry_layout[idx]
+            n = 1
+            for s in shape:
+                n *= s
+            old[idx] = _ckpt_dcp.FerryStorageInfo(info.relative_path, at, n * 4, dt, shape)
+        else:
+            old[idx] = _ckpt_dcp.FerryStorageInfo(info.relative_path, info.offset, info.length)
+    md.storage_data = old
+    del md.ferry_layout
+    (d / ".metadata").write_bytes(pickle.dumps(md))
+    back = {"w": torch.zeros(8, 9), "step": 0}
+    dcp.load(back, storage_reader=ck.FerryReader(d, safe=True), no_dist=True)
+    assert _eq(back, sd)
+
+
+class _Evil:
+    def __reduce__(self):
+        return (os.system, ("echo pwned > %s" % self.target,))
+
+
+def test_safe_mode_refuses_code_in_metadata(tmp_path):
+    d = tmp_path / "evil"
+    dcp.save({"w": torch.ones(2)}, storage_writer=ck.FerryWriter(d), no_dist=True)
+    md = ck.FerryReader(d).read_metadata()
+    evil = _Evil()
+    evil.target = str(tmp_path / "pwned")
+    md.storage_meta.modules = [evil]                  # anything pickled inside .metadata
+    (d / ".metadata").write_bytes(pickle.dumps(md))
+    with pytest.raises(FerryError, match=r"\.metadata: DCP metadata names (posix|os)\.system"):
+        ck.FerryReader(d, safe=True).read_metadata()
+    with pytest.raises(BaseException) as ei:
+        dcp.load({"w": torch.zeros(2)}, storage_reader=ck.FerryReader(d, safe=True),
+                 no_dist=True)
+    assert "system, which FerryReader(safe=True) does not build" in _why(ei.value)
+    assert not (tmp_path / "pwned").exists()
+    # the default follows torch's FileSystemReader: it unpickles (documented)
+    try:
+        ck.FerryReader(d).read_metadata()
+    except Exception:
+        pass
+    assert (tmp_path / "pwned").exists()

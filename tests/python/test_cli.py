@@ -1,0 +1,60 @@
+"""The `ferry` command's option parsing (getopt_long): --opt=value and
+--opt value both work, bad values and unknown options exit 2 with a message,
+and `ferry info` alone says which GPU kernel image this build carries."""
+import json
+import os
+import subprocess
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FERRY = os.environ.get("FERRY_BIN", os.path.join(ROOT, "build", "ferry"))
+
+pytestmark = pytest.mark.skipif(not os.path.exists(FERRY), reason=f"{FERRY} not built (make cli)")
+
+
+def run(*args):
+    return subprocess.run([FERRY, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_equals_syntax_accepted_and_runs(tmp_path):
+    assert run("bench", "--size=4G", "--help").returncode == 0
+    r = run("bench", "--size=8M", "--reps=1", "--no-cold", "--no-latency", f"--file={tmp_path / 'b.bin'}",
+            "--threads", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    assert '"what"' in r.stdout and not (tmp_path / "b.bin").exists()
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("bench", "--threads", "abc"), "--threads: \"abc\""),
+    (("bench", "--threads=0"), "--threads"),
+    (("bench", "--threads=9999"), "--threads"),
+    (("bench", "--reps", "3x"), "--reps"),
+    (("bench", "--device=-1"), "--device"),
+    (("bench", "--size=4Q"), "--size"),
+    (("bench", "--size="), "--size"),
+    (("bench", "--size"), "needs a value"),
+    (("bench", "--bogus"), "unknown option --bogus"),
+    (("bench", "stray"), "unexpected argument"),
+    (("info", "--bogus", "x"), "unknown option --bogus"),
+    (("info", "-q"), "unknown option -q"),
+    (("frobnicate",), "unknown command"),
+])
+def test_bad_options_exit_2_with_a_message(args, needle):
+    r = run(*args)
+    assert r.returncode == 2, (args, r.returncode, r.stdout, r.stderr)
+    assert needle in r.stderr
+
+
+def test_info_without_path_names_the_kernel_source():
+    r = run("info")
+    assert r.returncode == 0 and "GPU kernels:" in r.stdout
+    d = json.loads(run("info", "--json").stdout)
+    assert d["kernels"] in ("embedded fatbin", "none") and d["version"]
+
+
+def test_info_options_after_paths(tmp_path):
+    np = pytest.importorskip("numpy")
+    np.save(tmp_path / "a.npy", np.zeros(3, np.float32))
+    r = run("info", str(tmp_path / "a.npy"), "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["variables"][0]["dtype"] == "f4"

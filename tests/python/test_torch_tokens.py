@@ -1,0 +1,146 @@
+"""ferry.torch.TokenDataset: windows of seq_len+1 tokens from flat token files (nanoGPT's raw
+uint16 train.bin, uint32, 1-D .npy) -> (x, y) shifted by one; exactly once per epoch over ranks
+and workers, exact and elastic resume, and an O(1)-memory epoch order. Files are written by
+numpy (tofile / np.save) and windows are compared with numpy slices of the same tokens."""
+import time
+import tracemalloc
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader  # noqa: E402
+
+import ferry  # noqa: E402
+from ferry._torch_order import FeistelOrder  # noqa: E402
+from ferry.torch import TokenDataset  # noqa: E402
+
+L = 16
+
+
+@pytest.fixture(scope="module")
+def bins(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tok")
+    rng = np.random.default_rng(0)
+    toks = [rng.integers(0, 50257, n, dtype=np.uint16) for n in (1000, 161, 17, 500)]
+    for i, t in enumerate(toks):
+        t.tofile(root / f"train_{i}.bin")                 # nanoGPT's prepare.py writes this
+    return root, toks
+
+
+def _windows(toks, L):
+    """Every window (file, start) in dataset id order, by numpy."""
+    out = []
+    for t in toks:
+        for i in range((len(t) - 1) // L):
+            out.append(t[i * L:i * L + L + 1].astype(np.int64))
+    return np.stack(out)
+
+
+def _ids_of(x, ref):
+    """Window ids of a batch by matching its rows against the reference windows."""
+    keys = {r.tobytes(): i for i, r in enumerate(ref[:, :-1])}
+    return [keys[row.tobytes()] for row in x.numpy().astype(np.int64)]
+
+
+def test_windows_equal_numpy_and_shift(bins):
+    root, toks = bins
+    ref = _windows(toks, L)
+    ds = TokenDataset(str(root / "train_*.bin"), seq_len=L, batch_size=5, shuffle=False, device="cpu",
+                      drop_last=False)
+    assert ds.num_samples == len(ref) == 62 + 10 + 1 + 31 and ds.num_tokens == 1678
+    xs, ys = zip(*ds)
+    x, y = torch.cat(xs), torch.cat(ys)
+    assert x.dtype == torch.int64 and x.shape == (len(ref), L) and x.is_contiguous() and y.is_contiguous()
+    np.testing.assert_array_equal(x.numpy(), ref[:, :-1])    # strided, in file order (evaluation)
+    np.testing.assert_array_equal(y.numpy(), ref[:, 1:])
+
+
+def test_shuffled_epoch_is_a_permutation_of_windows(bins):
+    root, toks = bins
+    ref = _windows(toks, L)
+    ds = TokenDataset(str(root / "train_*.bin"), L, 8, seed=3, device="cpu", drop_last=False)
+    e0 = [i for x, y in ds for i in _ids_of(x, ref)]
+    e1 = [i for x, y in ds for i in _ids_of(x, ref)]
+    assert sorted(e0) == sorted(e1) == list(range(len(ref))) and e0 != e1
+    assert e0 == FeistelOrder(len(ref), 3, 0)[:].tolist()
+    for x, y in TokenDataset(str(root / "train_*.bin"), L, 8, seed=3, device="cpu"):
+        np.testing.assert_array_equal(x[:, 1:].numpy(), y[:, :-1].numpy())
+
+
+def test_uint32_bin_and_npy_and_errors(tmp_path):
+    t = np.arange(3 * L + 1, dtype=np.uint32) + 70000
+    t.tofile(tmp_path / "a.bin")
+    np.save(tmp_path / "b.npy", t)
+    for p in ("a.bin", "b.npy"):
+        ds = TokenDataset(str(tmp_path / p), L, 3, dtype="uint32", shuffle=False, device="cpu")
+        x, y = next(iter(ds))
+        np.testing.assert_array_equal(x.numpy().reshape(-1), t[:-1])
+        np.testing.assert_array_equal(y.numpy().reshape(-1), t[1:])
+    with pytest.raises(ferry.FerryError, match="b.npy.*u4"):
+        TokenDataset(str(tmp_path / "b.npy"), L, 3, dtype="uint16")
+    (tmp_path / "odd.bin").write_bytes(b"\0" * 7)
+    with pytest.raises(ferry.FerryError, match="odd.bin"):
+        TokenDataset(str(tmp_path / "odd.bin"), L, 3)
+    np.save(tmp_path / "m.npy", np.zeros((4, 4), np.uint16))
+    with pytest.raises(ferry.FerryError, match="1-D"):
+        TokenDataset(str(tmp_path / "m.npy"), 2, 1)
+
+
+@pytest.mark.parametrize("world,workers", [(2, 1), (3, 2)])
+def test_exactly_once_over_ranks_and_workers_and_elastic_resume(bins, world, workers):
+    from test_torch_dataset import _as_worker
+    root, toks = bins
+    ref = _windows(toks, L)
+    kw = dict(files=str(root / "train_*.bin"), seq_len=L, batch_size=4, seed=5, device="cpu",
+              drop_last=False)
+    seen = []
+    for r in range(world):
+        for w in range(workers):
+            ds = TokenDataset(rank=r, world_size=world, **kw)
+            with _as_worker(w, workers):
+                seen += [i for x, _ in ds for i in _ids_of(x, ref)]
+    assert sorted(seen) == list(range(len(ref)))
+    # resume: 3 steps on `world` ranks, then the rest on world+1 ranks
+    ds = TokenDataset(rank=0, world_size=world, **kw)
+    it = iter(ds)
+    for _ in range(3):
+        next(it)
+    st = ds.state_dict()
+    assert st["samples_consumed"] == 3 * 4 * world and st["_tag"] == "ferry.torch.TokenDataset"
+    order = FeistelOrder(len(ref), 5, 0)[:].tolist()
+    rest = []
+    for r in range(world + 1):
+        d = TokenDataset(rank=r, world_size=world + 1, **kw)
+        d.load_state_dict(st)
+        rest += [i for x, _ in d for i in _ids_of(x, ref)]
+    assert sorted(rest) == sorted(order[3 * 4 * world:])
+
+
+def test_dataloader_workers(bins):
+    root, toks = bins
+    ref = _windows(toks, L)
+    ds = TokenDataset(str(root / "train_*.bin"), L, 4, seed=1, device="cpu")
+    dl = DataLoader(ds, batch_size=None, num_workers=2)
+    e = [[i for x, _ in dl for i in _ids_of(x, ref)] for _ in range(2)]
+    assert e[0] == FeistelOrder(len(ref), 1, 0)[:len(e[0])].tolist()
+    assert e[1] == FeistelOrder(len(ref), 1, 1)[:len(e[1])].tolist()
+
+
+def test_feistel_order_is_a_bijection_in_constant_memory():
+    for n in (1, 2, 3, 5, 17, 1000, 4097):
+        p = FeistelOrder(n, seed=7, epoch=2)[:]
+        assert sorted(p.tolist()) == list(range(n))
+    p = FeistelOrder(1000, 7, 2)
+    assert p[10:20].tolist() == p[:][10:20].tolist() and p[:].tolist() != FeistelOrder(1000, 7, 3)[:].tolist()
+    assert FeistelOrder(10, 0, 0, shuffle=False)[:].tolist() == list(range(10))
+    # 5e7 windows: building the order costs nothing; a batch of 256 ids is microseconds
+    tracemalloc.start()
+    t = time.perf_counter()
+    big = FeistelOrder(50_000_000, seed=1, epoch=0)
+    ids = big[12_345_000:12_345_256]
+    dt = time.perf_counter() - t
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert len(set(ids.tolist())) == 256 and ids.min() >= 0 and ids.max() < 50_000_000
+    assert peak < 1 << 20 and dt < 0.5
