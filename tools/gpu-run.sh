@@ -49,7 +49,10 @@ for step in "$@"; do
     build)
         { nvidia-smi -L; nproc; free -g | head -2; df -h . | tail -1; command -v nvcc; python3 -V;
           python3 -c 'import torch, numpy; print("torch", torch.__version__, "numpy", numpy.__version__)'; } > "$OUT/machine.txt" 2>&1
-        make -j16 lib cli python build/tests/gpu/test_gpu_engine PYTHON=python3 > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+        nvinc=; [ -d /tmp/site/nvidia/libnvcomp/include ] && nvinc="-idirafter /tmp/site/nvidia/libnvcomp/include"
+        make -j16 lib cli python build/tests/gpu/test_gpu_engine build/tests/test_cuda_abi PYTHON=python3 NVCOMP_INC="$nvinc" \
+            > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+        build/tests/test_cuda_abi 2>&1 | tail -3
         echo "build ok" ;;
     test)
         # This VM has no udev database, and cuFile (even in compatibility mode)
