@@ -3,6 +3,7 @@
 # the system python3, carried headers in .deps/include, the machine's own
 # zstd/lz4/zlib runtime libraries. Logs go to $OUT (or ./gpu-out).
 #   steps: wheels build test ctest bench benchwarm sweep engine pybench
+#          part1..part4 dali (DALI's wheel in parts) records decode xtrain plan
 #          formats xbench (bench_xarray, BXARGS) torchbench (bench_torch, BTARGS)
 #          ckptbench (bench_checkpoint, BCARGS) nccl (the two-GPU tests)
 #   wheels: pip-installs .gpu/whl/*.whl (carry ".gpu/whl": zarr, numcodecs,
@@ -24,6 +25,18 @@ bench() {
     timeout "$secs" python3 "bench/$name.py" "$@" > "$OUT/$name.txt" 2>&1; echo "$name exit $?"
     tail -n "$lines" "$OUT/$name.txt"
 }
+# carried libdeflate (Debian's libdeflate0/-dev, .gpu/whl/deflate): the CPU inflater the
+# build picks up from .deps, found at run time through LD_LIBRARY_PATH
+if [ -d .gpu/whl/deflate ]; then
+    mkdir -p .deps/include .deps/lib
+    cp .gpu/whl/deflate/include/libdeflate.h .deps/include/
+    cp .gpu/whl/deflate/lib/libdeflate.so* .deps/lib/
+fi
+export LD_LIBRARY_PATH=$PWD/.deps/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# nvCOMP from the carried wheel (the Python package finds it itself; the C tests need the path)
+for so in /tmp/site/nvidia/libnvcomp/lib64/libnvcomp.so.6 /tmp/site/nvidia/libnvcomp/lib64/libnvcomp.so.5; do
+    [ -z "${FERRY_NVCOMP:-}" ] && [ -e "$so" ] && export FERRY_NVCOMP=$so
+done
 for step in "$@"; do
     case $step in
     wheels)
@@ -36,7 +49,10 @@ for step in "$@"; do
     build)
         { nvidia-smi -L; nproc; free -g | head -2; df -h . | tail -1; command -v nvcc; python3 -V;
           python3 -c 'import torch, numpy; print("torch", torch.__version__, "numpy", numpy.__version__)'; } > "$OUT/machine.txt" 2>&1
-        make -j16 lib cli python build/tests/gpu/test_gpu_engine PYTHON=python3 > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+        nvinc=; [ -d /tmp/site/nvidia/libnvcomp/include ] && nvinc="-idirafter /tmp/site/nvidia/libnvcomp/include"
+        make -j16 lib cli python build/tests/gpu/test_gpu_engine build/tests/test_cuda_abi PYTHON=python3 NVCOMP_INC="$nvinc" \
+            > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+        build/tests/test_cuda_abi 2>&1 | tail -3
         echo "build ok" ;;
     test)
         # This VM has no udev database, and cuFile (even in compatibility mode)
@@ -77,6 +93,21 @@ for step in "$@"; do
             tests/gpu/test_torch_gpu.py::test_two_gpus_nccl tests/gpu/test_checkpoint_gpu.py::test_gpu_dcp_nccl_two_gpus \
             > "$OUT/nccl.log" 2>&1; echo "nccl tests exit $?"
         tail -15 "$OUT/nccl.log" ;;
+    part*)
+        # DALI's wheel comes in parts (one carried folder .gpu/dN per call): keep each in /tmp/parts
+        n=${step#part}; mkdir -p /tmp/parts && cp .gpu/d$n/* /tmp/parts/ && echo "part $n kept: $(ls /tmp/parts | wc -l) files" ;;
+    dali)
+        [ -d /tmp/parts ] || { echo "dali: /tmp/parts is gone (the machine went cold): carry the parts again"; exit 1; }
+        w=/tmp/parts/nvidia_dali_cuda130-2.4.0-py3-none-manylinux_2_28_x86_64.whl
+        cat /tmp/parts/dalipart.? > "$w"
+        [ "$(md5sum < "$w" | cut -d' ' -f1)" = "$(cat /tmp/parts/dali.md5)" ] || { echo "dali: md5 mismatch"; exit 1; }
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$w" /tmp/parts/*.whl \
+            > "$OUT/dali-install.log" 2>&1; echo "dali install exit $?"
+        python3 -c 'import nvidia.dali as d; print("DALI", d.__version__)' ;;
+    records) bench bench_records 300 40 --gib 8 --count 200000 --reps 3 --dir "$PWD" ;;
+    decode) bench bench_decode 400 40 ${BDARGS:-} ;;
+    xtrain) bench bench_xarray_training 500 40 ${BXTARGS:---gib 2} ;;
+    plan) PYTHONPATH=$PYTHONPATH bench bench_plan 120 20 ;;
     pybench)
         for b in bench/bench_*.py; do
             timeout 240 python3 "$b" --smoke > "$OUT/$(basename "$b" .py).txt" 2>&1; echo "$b exit $?"

@@ -6,6 +6,7 @@
  * may also hold an O_DIRECT descriptor); unused entries are closed oldest
  * first. */
 #include "engine/engine.h"
+#include "engine/sysio.h"
 #include "engine/fcache.h"
 #include <errno.h>
 #include <stdlib.h>
@@ -146,7 +147,7 @@ int ferry_fcache_get(ferry_fcache *c, ferry_ctx *ctx, const char *path, int nofo
     close_list(stale);
     if (e) {   /* first use by this job: is it still the file at this path? */
         struct stat st;
-        if (stat(path, &st) == 0 && same_file(e, &st)) {
+        if (ferry_sys()->stat(path, &st) == 0 && same_file(e, &st)) {
             pthread_mutex_lock(&c->lock);
             e->checked_job = job_id;
             c->hits++;
@@ -167,7 +168,7 @@ int ferry_fcache_get(ferry_fcache *c, ferry_ctx *ctx, const char *path, int nofo
                       : ferry_file_open_internal(ctx, path, FERRY_READ, &f);
     if (rc < 0) return rc;
     struct stat st;
-    if (fstat(f->fd, &st) != 0) {
+    if (ferry_sys()->fstat(f->fd, &st) != 0) {
         rc = ferry_seterr(-errno, "%s: fstat: %s", path, strerror(errno));
         ferry_file_close(f);
         return rc;
