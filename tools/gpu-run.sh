@@ -44,6 +44,9 @@ for step in "$@"; do
             python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
                 .gpu/whl/*.whl > "$OUT/wheels.log" 2>&1; echo "wheels exit $?"
             export PYTHONPATH=$PWD/python:/tmp/site
+            for so in /tmp/site/nvidia/libnvcomp/lib64/libnvcomp.so.6 /tmp/site/nvidia/libnvcomp/lib64/libnvcomp.so.5; do
+                [ -z "${FERRY_NVCOMP:-}" ] && [ -e "$so" ] && export FERRY_NVCOMP=$so
+            done
             python3 -c 'import zarr, numcodecs, netCDF4, dask; print("zarr", zarr.__version__, "netCDF4", netCDF4.__version__, "dask", dask.__version__)'
         fi ;;
     build)

@@ -667,7 +667,7 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t bi, int *defer
         for (int a = 0; a < FERRY_NVCOMP_NALG; a++) {
             if (!na[a]) continue;
             size_t t = 0;
-            ferry_nvcomp_status_t st = nv->alg[a].GetTempSizeAsync(na[a], max_out[a], opts, &t, tot_out[a]);
+            ferry_nvcomp_status_t st = ferry_nvcomp_temp_size(nv, a, na[a], max_out[a], opts, &t, tot_out[a], s);
             if (st) return ferry_seterr(FERRY_ECUDA, "nvCOMP batched decompress: temp size for %zu chunks: %s", na[a], ferry_nvcomp_errstr(st));
             if (t > temp) temp = t;   /* the calls run one after another on one stream: one temp serves all */
         }
