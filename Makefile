@@ -188,8 +188,8 @@ SIM_C_ENV := LD_LIBRARY_PATH=$(abspath $(B)/cudasim):$(abspath $(B)/cudasim/cufi
 GPU_C_TESTS := $(patsubst tests/gpu/%.c,$(BA)/tests/gpu/%,$(wildcard tests/gpu/test_*.c))
 test-cudasim: all $(B)/cudasim/libcuda.so.1 $(B)/cudasim/cufile/libcufile.so.0 $(B)/cudasim/nvcomp/libnvcomp.so.6 $(GPU_C_TESTS) $(B)/tests/gpu/test_gpu_engine
 	@$(SIM_C_ENV) ASAN_OPTIONS=detect_leaks=1 tools/run-c-tests.sh $(GPU_C_TESTS)
-	@echo "  again with 3 workers, 2 staging buffers of 64 KiB, 1 MiB tasks (more hand-offs per byte):"
-	@$(SIM_C_ENV) FERRY_THREADS=3 FERRY_STAGING_COUNT=2 FERRY_STAGING_SIZE=64K FERRY_TASK_SIZE=1M \
+	@echo "  again with 3 workers, 2 staging buffers of 64 KiB, 1 MiB tasks (more hand-offs per byte), allocations that touch:"
+	@$(SIM_C_ENV) FERRY_THREADS=3 FERRY_STAGING_COUNT=2 FERRY_STAGING_SIZE=64K FERRY_TASK_SIZE=1M FERRY_CUDASIM_ADJACENT=1 \
 	    tools/run-c-tests.sh $(B)/tests/gpu/test_gpu_engine
 	@echo "  ferry bench on the stand-in driver (every path's bytes verified):"
 	@$(SIM_C_ENV) $(B)/ferry bench --size 16M --reps 1 --no-cold --no-latency --file $(B)/cudasim-bench.bin \

@@ -24,7 +24,7 @@ int64_t ferry_exec_pack(ferry_worker *w, ferry_job *j, const ferry_task *t, int 
 int ferry_pack_begin(ferry_worker *w, int d);
 uint64_t ferry_pack_room(const ferry_worker *w);
 uint8_t *ferry_pack_reserve(ferry_worker *w, uint64_t n);
-int ferry_pack_place(ferry_worker *w, uint64_t n, CUdeviceptr dst);
+int ferry_pack_place(ferry_worker *w, uint64_t n, CUdeviceptr dst, uintptr_t buf);
 int ferry_pack_flush(ferry_worker *w, ferry_job *j, int d);
 int ferry_pack_scratch(ferry_worker *w, int d, int i, CUdeviceptr *out);
 /* Host-side placement and fill (also used for device fills via pinned memory). */

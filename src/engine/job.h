@@ -20,8 +20,11 @@
  *   - ferry_pack_room(w): bytes left in it;
  *   - ferry_pack_reserve(w, n): n bytes at the current position of the
  *     current buffer to read into (NULL when they do not fit: flush first);
- *   - ferry_pack_place(w, n, dst): the n bytes just reserved go to device
- *     address dst (adjacent runs with adjacent destinations merge);
+ *   - ferry_pack_place(w, n, dst, buf): the n bytes just reserved go to device
+ *     address dst inside the caller's buffer buf (adjacent runs with adjacent
+ *     destinations in the same buffer merge: cupy's pool, for one, hands out
+ *     separate cudaMalloc blocks that touch, and a copy spanning two of them
+ *     is CUDA_ERROR_INVALID_VALUE, seen on the H200);
  *   - ferry_pack_flush(w, j, d): move the buffer to the device: one
  *     cuMemcpyHtoDAsync per contiguous destination run, or, when the runs are
  *     many, one copy of the packed bytes into device scratch and one scatter

@@ -42,6 +42,9 @@ typedef struct ferry_worker {
     int pack_i;                          /* packing: staging buffer in use, -1 none */
     uint64_t pack_pos;                   /* bytes packed into it */
     uint32_t pack_runs;                  /* entries in tab[pack_i] */
+    uintptr_t pack_last_buf;             /* the destination buffer of the last run: runs merge only
+                                            inside one buffer (two allocations can be adjacent in
+                                            the address space, and one copy may not span both) */
     ferry_devstate dev[FERRY_MAX_DEVICES];
     uint8_t *in_buf; size_t in_cap; int in_pinned; /* encoded bytes of one extent (aligned) */
     uint8_t *dec_buf; size_t dec_cap; int dec_pinned; int dec_dev; /* decoded bytes */

@@ -37,6 +37,7 @@
 
 #include "cuda/cuda.h"
 #include <pthread.h>
+#include <sys/mman.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -600,11 +601,40 @@ CUresult cuMemHostUnregister(void *p) {
     return drop_region((uintptr_t)p, R_REGISTERED) ? OK : E_INVALID_VALUE;
 }
 
+/* FERRY_CUDASIM_ADJACENT=1: allocations are carved back to back out of one
+ * arena (256-byte granules, never reused), as a real driver often places
+ * consecutive cuMemAlloc blocks and cupy's pool hands out blocks that touch:
+ * a copy spanning two of them must fail as it does there (one copy may not
+ * cross allocations), which separately malloc'ed regions would never show. */
+static uint8_t *arena_;
+static size_t arena_used_;
+static pthread_mutex_t arena_mu_ = PTHREAD_MUTEX_INITIALIZER;
+#define ARENA_SIZE ((size_t)8 << 30)   /* address space only (MAP_NORESERVE): pages as touched */
+static void *arena_take(size_t n) {
+    n = (n + 255) & ~(size_t)255;
+    pthread_mutex_lock(&arena_mu_);
+    if (!arena_) {
+        void *a = mmap(NULL, ARENA_SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        arena_ = a == MAP_FAILED ? NULL : a;
+    }
+    void *m = NULL;
+    if (arena_ && arena_used_ + n <= ARENA_SIZE) { m = arena_ + arena_used_; arena_used_ += n; }
+    pthread_mutex_unlock(&arena_mu_);
+    return m;
+}
+static int adjacent_mode(void) {
+    static int v = -1;
+    if (v < 0) { const char *e = getenv("FERRY_CUDASIM_ADJACENT"); v = e && *e == '1'; }
+    return v;
+}
+
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
     if (!cur_) return E_INVALID_CONTEXT;
     if (!n) return E_INVALID_VALUE;
     void *m;
-    if (posix_memalign(&m, 256, n) != 0) return E_OUT_OF_MEMORY;
+    if (adjacent_mode()) {
+        if (!(m = arena_take(n))) return E_OUT_OF_MEMORY;
+    } else if (posix_memalign(&m, 256, n) != 0) return E_OUT_OF_MEMORY;
     memset(m, 0xA5, n);   /* device memory starts as garbage, not zeros */
     add_region((uintptr_t)m, n, R_DEVICE, cur_->dev);
     *p = (CUdeviceptr)(uintptr_t)m;
@@ -613,7 +643,8 @@ CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
 
 CUresult cuMemFree_v2(CUdeviceptr p) {
     if (!drop_region((uintptr_t)p, R_DEVICE)) return E_INVALID_VALUE;
-    free((void *)(uintptr_t)p);
+    uint8_t *m = (uint8_t *)(uintptr_t)p;
+    if (!(arena_ && m >= arena_ && m < arena_ + ARENA_SIZE)) free(m);   /* arena blocks are never reused */
     return OK;
 }
 

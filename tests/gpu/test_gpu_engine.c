@@ -330,6 +330,43 @@ static void packed_records(int mode, size_t n, uint64_t max_len, uint64_t seed) 
     for (int i = 0; i < PK_FILES; i++) ferry_file_close(f[i]);
 }
 
+/* Records read into separate buffers that happen to touch in the address
+ * space (cupy's pool does that; the stand-in with FERRY_CUDASIM_ADJACENT=1
+ * too): packed runs of different buffers must not merge into one copy, which
+ * the driver refuses (CUDA_ERROR_INVALID_VALUE, seen on the H200 reading 256
+ * .npy files into cupy arrays). 3 buffers take the copy-per-run path, 12 the
+ * scatter kernel. */
+static void adjacent_buffers(int nb) {
+    enum { LEN = 4096 };
+    uintptr_t d[16];
+    ferry_file *f;
+    CHECK_EQ_I(ferry_file_open(ctx_, path_, FERRY_READ, &f), 0);
+    ferry_plan *p;
+    ferry_plan_create(&p);
+    /* four records per buffer, from spaced file offsets (the plan keeps them
+     * apart), landing back to back in their buffer (packing joins those) */
+    for (int k = 0; k < nb; k++) {
+        CHECK_EQ_I(ferry_cuda_malloc(ctx_, 0, 4 * LEN, &d[k]), 0);
+        for (int j = 0; j < 4; j++)
+            CHECK_EQ_I(ferry_plan_read(p, f, (uint64_t)(4 * k + j) * 2 * LEN, LEN, ferry_cuda_buf(0, d[k], 4 * LEN),
+                                       (uint64_t)j * LEN), 0);
+    }
+    int adjacent = 1;
+    for (int k = 1; k < nb; k++) adjacent &= d[k] == d[k - 1] + 4 * LEN;
+    ferry_run_opts o = {.path = FERRY_PATH_STAGED, .threads = 1, .flags = 0};
+    int64_t r = ferry_run(ctx_, p, &o);
+    CHECK_EQ_I(r, (int64_t)nb * 4 * LEN);
+    if (r < 0) fprintf(stderr, "  %s\n", ferry_errmsg(ctx_));
+    for (int k = 0; k < nb; k++) {
+        for (int j = 0; j < 4; j++) CHECK(check_device(d[k], (uint64_t)j * LEN, LEN, (uint64_t)(4 * k + j) * 2 * LEN));
+        ferry_cuda_free(ctx_, d[k]);
+    }
+    printf("  %d buffers%s\n", nb, adjacent ? ", adjacent in the address space" : "");
+    ferry_plan_destroy(p);
+    ferry_file_close(f);
+}
+static void test_packed_adjacent_buffers(void) { adjacent_buffers(3); adjacent_buffers(12); }
+
 static void test_packed_in_order(void) { packed_records(0, 3000, 20000, 11); }
 static void test_packed_shuffled(void) { packed_records(1, 3000, 20000, 12); }
 static void test_packed_file_runs(void) { packed_records(2, 4000, 5000, 13); }
@@ -477,6 +514,7 @@ int main(void) {
     RUN(test_cufile_writes);
     RUN(test_stream_wait);
     RUN(test_stream_wait_two_devices);
+    RUN(test_packed_adjacent_buffers);
     RUN(test_packed_in_order);
     RUN(test_packed_shuffled);
     RUN(test_packed_file_runs);
