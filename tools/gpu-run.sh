@@ -13,6 +13,7 @@ OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/python
 [ -d /tmp/site ] && export PYTHONPATH=$PYTHONPATH:/tmp/site
+[ -d /tmp/site-dali ] && export PYTHONPATH=$PYTHONPATH:/tmp/site-dali
 export CUFILE_ENV_PATH_JSON=$PWD/tests/gpu/cufile-compat.json CUFILE_ALLOW_COMPAT_MODE=true CUFILE_FORCE_COMPAT_MODE=true CUFILE_LOGFILE_PATH=$OUT/cufile.log
 mkdir -p .deps/lib
 for l in zstd lz4 z; do
@@ -104,8 +105,14 @@ for step in "$@"; do
         w=/tmp/parts/nvidia_dali_cuda130-2.4.0-py3-none-manylinux_2_28_x86_64.whl
         cat /tmp/parts/dalipart.? > "$w"
         [ "$(md5sum < "$w" | cut -d' ' -f1)" = "$(cat /tmp/parts/dali.md5)" ] || { echo "dali: md5 mismatch"; exit 1; }
-        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$w" /tmp/parts/*.whl \
-            > "$OUT/dali-install.log" 2>&1; echo "dali install exit $?"
+        # a target of its own: pip --target does not merge into /tmp/site/nvidia (nvCOMP is there)
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-dali "$w" \
+            /tmp/parts/*.whl > "$OUT/dali-install.log" 2>&1; echo "dali install exit $?"
+        # nvidia/ is a namespace split over several directories: let each portion be found
+        for d in /tmp/site/nvidia /tmp/site-dali/nvidia; do
+            [ -d "$d" ] && printf '__path__ = __import__("pkgutil").extend_path(__path__, __name__)\n' > "$d/__init__.py"
+        done
+        export PYTHONPATH=$PYTHONPATH:/tmp/site-dali
         python3 -c 'import nvidia.dali as d; print("DALI", d.__version__)' ;;
     records) bench bench_records 300 40 --gib 8 --count 200000 --reps 3 --dir "$PWD" ;;
     decode) bench bench_decode 400 40 ${BDARGS:-} ;;
