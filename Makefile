@@ -32,13 +32,13 @@ TEST_SRCS := $(sort $(wildcard tests/c/test_*.c))
 FUZZ_SRCS := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 
 B := build
-LIB_OBJS := $(LIB_SRCS:%.c=$(B)/%.o) $(B)/kernels_fatbin.o
+LIB_OBJS := $(LIB_SRCS:%.c=$(B)/%.o) $(B)/kernels_fatbin.o $(B)/kernels_cu.o
 CLI_OBJS := $(CLI_SRCS:%.c=$(B)/%.o)
 TESTS := $(TEST_SRCS:tests/c/%.c=$(B)/tests/%)
 
 BA := build-asan
 ASAN_FLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
-ASAN_LIB_OBJS := $(LIB_SRCS:%.c=$(BA)/%.o) $(BA)/kernels_fatbin.o
+ASAN_LIB_OBJS := $(LIB_SRCS:%.c=$(BA)/%.o) $(BA)/kernels_fatbin.o $(BA)/kernels_cu.o
 ASAN_TESTS := $(TEST_SRCS:tests/c/%.c=$(BA)/tests/%)
 
 EXT_SUFFIX = $(shell [ -x $(PYTHON) ] || command -v $(PYTHON) >/dev/null && $(PYTHON) -c "import sysconfig;print(sysconfig.get_config_var('EXT_SUFFIX'))")
@@ -76,6 +76,12 @@ $(B)/kernels.fatbin: src/cuda/kernels.cu
 $(B)/kernels_fatbin.c: $(B)/kernels.fatbin tools/embed.sh
 	tools/embed.sh ferry_kernels_fatbin $< > $@
 $(B)/kernels_fatbin.o: $(B)/kernels_fatbin.c
+	$(CC) $(CFLAGS_COMMON) $(VISIBILITY) $(CFLAGS) -c $< -o $@
+# the kernels' source as text, for NVRTC when no fatbin was embedded (src/cuda/nvrtc.c)
+$(B)/kernels_cu.c: src/cuda/kernels.cu tools/embed.sh
+	@mkdir -p $(B)
+	tools/embed.sh ferry_kernels_cu $< > $@
+$(B)/kernels_cu.o: $(B)/kernels_cu.c
 	$(CC) $(CFLAGS_COMMON) $(VISIBILITY) $(CFLAGS) -c $< -o $@
 
 $(B)/libferry.a: $(LIB_OBJS)
@@ -129,6 +135,9 @@ $(BA)/%.o: %.c include/ferry.h $(wildcard src/*/*.h)
 $(BA)/kernels_fatbin.o: $(B)/kernels_fatbin.c
 	@mkdir -p $(BA)
 	$(CC) $(CFLAGS_COMMON) $(VISIBILITY) $(ASAN_FLAGS) -c $< -o $@
+$(BA)/kernels_cu.o: $(B)/kernels_cu.c
+	@mkdir -p $(BA)
+	$(CC) $(CFLAGS_COMMON) $(VISIBILITY) $(ASAN_FLAGS) -c $< -o $@
 $(BA)/libferry.a: $(ASAN_LIB_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
@@ -151,8 +160,8 @@ ASAN_PY_EXT = $(BA)/py/ferry/_ferry$(EXT_SUFFIX)
 $(ASAN_PY_EXT): python/ferry/_ferry.c $(BA)/libferry.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_COMMON) $(ASAN_FLAGS) -I$(PY_INC) -shared -o $@ python/ferry/_ferry.c $(BA)/libferry.a $(LDLIBS)
-	@for f in python/ferry/*.py python/ferry/*.pyi; do ln -sf $(abspath .)/$$f $(dir $@); done
 test-asan-python: $(ASAN_PY_EXT)
+	@for f in python/ferry/*.py python/ferry/*.pyi; do ln -sf $(abspath .)/$$f $(BA)/py/ferry/; done
 	@tools/asan-pytest.sh $(PYTHON) $(BA)/py
 
 # first: libferry.so exports exactly ferry.h (src/common.h says why)
@@ -162,7 +171,6 @@ test-c: $(TESTS) $(B)/libferry.so
 test-asan: $(ASAN_TESTS) $(if $(FUZZ_SRCS),$(BA)/fuzz_replay)
 	@ASAN_OPTIONS=detect_leaks=1 tools/run-c-tests.sh $(ASAN_TESTS)
 	@if [ -x $(BA)/fuzz_replay ]; then ASAN_OPTIONS=detect_leaks=1 $(BA)/fuzz_replay tests/fuzz/corpus; fi
-	@$(MAKE) --no-print-directory test-asan-python PYTHON=$(PYTHON)
 # pip install . into a temporary --target, then run its `ferry` and import ferry from there
 test-install:
 	@tools/test-install.sh $(PYTHON)
@@ -180,8 +188,8 @@ SIM_C_ENV := LD_LIBRARY_PATH=$(abspath $(B)/cudasim):$(abspath $(B)/cudasim/cufi
 GPU_C_TESTS := $(patsubst tests/gpu/%.c,$(BA)/tests/gpu/%,$(wildcard tests/gpu/test_*.c))
 test-cudasim: all $(B)/cudasim/libcuda.so.1 $(B)/cudasim/cufile/libcufile.so.0 $(B)/cudasim/nvcomp/libnvcomp.so.6 $(GPU_C_TESTS) $(B)/tests/gpu/test_gpu_engine
 	@$(SIM_C_ENV) ASAN_OPTIONS=detect_leaks=1 tools/run-c-tests.sh $(GPU_C_TESTS)
-	@echo "  again with 3 workers, 2 staging buffers of 64 KiB, 1 MiB tasks (more hand-offs per byte):"
-	@$(SIM_C_ENV) FERRY_THREADS=3 FERRY_STAGING_COUNT=2 FERRY_STAGING_SIZE=64K FERRY_TASK_SIZE=1M \
+	@echo "  again with 3 workers, 2 staging buffers of 64 KiB, 1 MiB tasks (more hand-offs per byte), allocations that touch:"
+	@$(SIM_C_ENV) FERRY_THREADS=3 FERRY_STAGING_COUNT=2 FERRY_STAGING_SIZE=64K FERRY_TASK_SIZE=1M FERRY_CUDASIM_ADJACENT=1 \
 	    tools/run-c-tests.sh $(B)/tests/gpu/test_gpu_engine
 	@echo "  ferry bench on the stand-in driver (every path's bytes verified):"
 	@$(SIM_C_ENV) $(B)/ferry bench --size 16M --reps 1 --no-cold --no-latency --file $(B)/cudasim-bench.bin \

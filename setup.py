@@ -8,10 +8,12 @@
   same objects and installed inside the package as ferry/_bin/ferry; the
   `ferry` console script (ferry._cli) execs it.
 - GPU kernels (src/cuda/kernels.cu): compiled by nvcc when it is found ($NVCC,
-  PATH, /usr/local/cuda/bin) and embedded; else a fatbin `make` already built
-  (build/kernels.fatbin) is embedded; else none (device-side steps such as
-  byteswapping then run on the CPU). `ferry info` and ferry.stats()["kernels"]
-  say which.
+  PATH, /usr/local/cuda/bin; NVCC=none skips it) and embedded; else a fatbin
+  `make` already built (build/kernels.fatbin) is embedded; else none, and the
+  library compiles kernels.cu (embedded as text) at run time with NVRTC, from
+  the CUDA wheels torch brings; without NVRTC device-side steps such as
+  byteswapping run on the CPU. `ferry info` and ferry.stats()["kernels"] say
+  which.
 
 The Makefile builds the same module in place (python/ferry/_ferry$(EXT_SUFFIX))
 from build/libferry.a; an editable install (`pip install -e .`, tools/setup.sh)
@@ -79,9 +81,12 @@ class BuildExt(build_ext):
             sys.stderr.write("ferry: no nvcc found: GPU kernels not embedded (byteswaps of device data run on "
                              "the CPU; `ferry info` says so). Set NVCC=/path/to/nvcc to build them.\n")
             open(blob, "wb").close()
-        src = os.path.join(self.build_temp, "kernels_fatbin.c")
-        text = subprocess.check_output(["bash", os.path.join(HERE, "tools", "embed.sh"),
-                                        "ferry_kernels_fatbin", blob], text=True)
+        return self.embed("ferry_kernels_fatbin", blob, "kernels_fatbin.c")
+
+    def embed(self, name, path, out_name):
+        """tools/embed.sh NAME PATH into build_temp/out_name (rewritten only when it changes)."""
+        src = os.path.join(self.build_temp, out_name)
+        text = subprocess.check_output(["bash", os.path.join(HERE, "tools", "embed.sh"), name, path], text=True)
         old = open(src).read() if os.path.exists(src) else None
         if text != old:   # unchanged: keep the mtime, so an up-to-date extension is not rebuilt
             with open(src, "w") as out:
@@ -89,15 +94,16 @@ class BuildExt(build_ext):
         return src
 
     def build_extensions(self):
-        src = self.kernels_source()
+        # the fatbin, and the kernels' text for NVRTC when there is none (src/cuda/nvrtc.c)
+        gen = [self.kernels_source(),
+               self.embed("ferry_kernels_cu", os.path.join(HERE, "src", "cuda", "kernels.cu"), "kernels_cu.c")]
         for ext in self.extensions:
-            if src not in ext.sources:
-                ext.sources.append(src)
+            ext.sources += [g for g in gen if g not in ext.sources]
         super().build_extensions()
-        self.build_cli(ext_modules[0], src)
+        self.build_cli(ext_modules[0], gen)
 
-    def build_cli(self, ext, kernels_src):
-        lib_objs = self.compiler.object_filenames(LIB_SOURCES + [kernels_src], output_dir=self.build_temp)
+    def build_cli(self, ext, generated):
+        lib_objs = self.compiler.object_filenames(LIB_SOURCES + generated, output_dir=self.build_temp)
         cli_objs = self.compiler.compile(CLI_SOURCES, output_dir=self.build_temp, include_dirs=ext.include_dirs,
                                          extra_postargs=ext.extra_compile_args)
         bindir = os.path.dirname(self.cli_path())
@@ -135,6 +141,8 @@ if __name__ == "__main__":
         sys.stderr.write("ferry builds on Linux only\n")
     # setuptools' own build tree lives apart from the Makefile's objects;
     # parallel compiles (the library is ~30 files)
+    # (a build without kernels, NVCC=none, keeps its own tree: the two do not rebuild each other)
     setup(version=version(), ext_modules=ext_modules, cmdclass={"build_ext": BuildExt},
-          options={"build": {"build_base": os.path.join("build", "py")},
+          options={"build": {"build_base": os.path.join("build", "py-nokernels" if os.environ.get("NVCC") == "none"
+                                                        else "py")},
                    "build_ext": {"parallel": os.cpu_count() or 1}})

@@ -223,10 +223,18 @@ def nvcomp_limit(lib_path, cuda, chunks, chunk_bytes, alg, reps):
     cuda.h2d(din, bytes(blob))
     cuda.h2d(darr, arrays.tobytes())
     temp = ctypes.c_size_t()
-    f_temp = getattr(lib, f"nvcompBatched{alg}DecompressGetTempSizeAsync")
-    f_temp.argtypes = [ctypes.c_size_t, ctypes.c_size_t, Opts, ctypes.POINTER(ctypes.c_size_t), ctypes.c_size_t]
-    if f_temp(n, chunk_bytes, Opts(), ctypes.byref(temp), n * chunk_bytes):
-        raise RuntimeError("GetTempSizeAsync failed")
+    # nvCOMP 6 renamed the query and gave it a stream (src/cuda/nvcomp.h)
+    args = [ctypes.c_size_t, ctypes.c_size_t, Opts, ctypes.POINTER(ctypes.c_size_t), ctypes.c_size_t]
+    try:
+        f_temp = getattr(lib, f"nvcompBatched{alg}DecompressGetTempSize")
+        f_temp.argtypes = args + [ctypes.c_void_p]
+        rc = f_temp(n, chunk_bytes, Opts(), ctypes.byref(temp), n * chunk_bytes, None)
+    except AttributeError:
+        f_temp = getattr(lib, f"nvcompBatched{alg}DecompressGetTempSizeAsync")
+        f_temp.argtypes = args
+        rc = f_temp(n, chunk_bytes, Opts(), ctypes.byref(temp), n * chunk_bytes)
+    if rc:
+        raise RuntimeError(f"nvcompBatched{alg}DecompressGetTempSize: status {rc}")
     dtemp = cuda.alloc(temp.value) if temp.value else 0
     f = getattr(lib, f"nvcompBatched{alg}DecompressAsync")
     f.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t,

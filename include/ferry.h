@@ -13,6 +13,14 @@
  *    decode them, place the result at DST" (or, for writes, the other way).
  *    Formats (npy, safetensors, netCDF classic, Zarr) turn a selection into a
  *    plan; the engine runs plans. ferry_pread/ferry_pwrite are one-extent plans.
+ *  - Small plain reads (up to 1 MiB; for device memory up to one staging
+ *    buffer) are packed: cut into tasks by bytes, read back to back into one
+ *    staging buffer and sent to the device in one copy per contiguous
+ *    destination run (or one copy and one scatter kernel when the rows land
+ *    in arbitrary order); into host memory, reads adjacent in a file are one
+ *    preadv. Files named by path are kept open in the context (bounded by
+ *    RLIMIT_NOFILE) and reopened when the path names another file, or its
+ *    size or mtime changed.
  *  - Paths: `cufile` (GPUDirect Storage), `staged` (pread into pinned staging
  *    buffers, then host-to-device copies, overlapped), `host` (pread straight
  *    into host memory). Host memory always takes the host path; for device
@@ -226,10 +234,27 @@ int ferry_cuda_device_count(ferry_ctx *ctx);
 const char *ferry_cuda_status(ferry_ctx *ctx);
 const char *ferry_cufile_status(ferry_ctx *ctx);
 /** Where the GPU kernels (byteswap) come from: "embedded fatbin" (nvcc ran at
- *  build time: `make`, or `pip install .` with nvcc found) or "none" (device
- *  data is then byteswapped on the CPU, in host staging, before the copy). A
- *  static string. */
+ *  build time: `make`, or `pip install .` with nvcc found), "NVRTC" (no
+ *  fatbin: src/cuda/kernels.cu compiled at run time by libnvrtc, found through
+ *  $FERRY_NVRTC or the loader's path; the first call compiles it, once per
+ *  process) or "none" (device data is then byteswapped on the CPU, in host
+ *  staging, before the copy). FERRY_KERNELS=nvrtc or =none overrides the
+ *  choice (for tests of the NVRTC path and for bisecting). A static string. */
 const char *ferry_kernels_source(void);
+/** "" when the kernels are available, else why NVRTC could not compile them. */
+const char *ferry_kernels_status(void);
+/** 1 when the kernel image loads on CUDA device `device` (loading it once,
+ *  with that device's primary context borrowed and the caller's restored),
+ *  0 when there is none, no CUDA, or the driver refuses it (e.g. PTX newer
+ *  than the driver): then that device's byteswaps run on the CPU. */
+int ferry_kernels_ready(int device);
+/** The PTX libnvrtc makes of src/cuda/kernels.cu (compute_75; the driver
+ *  JITs it for the device), whether or not a fatbin is embedded: NULL when
+ *  libnvrtc is missing or fails, and ferry_nvrtc_status() says why ("" when
+ *  it worked). Compiled on the first call, once per process (thread-safe); the
+ *  string lives until exit. */
+const char *ferry_nvrtc_ptx(void);
+const char *ferry_nvrtc_status(void);
 /** nvCOMP (GPU decompression, dlopen'ed on first use): "loaded nvCOMP 5.3.0
  *  from /path/libnvcomp.so.5", or why it is not used. Never fails. */
 const char *ferry_nvcomp_status(ferry_ctx *ctx);
@@ -272,6 +297,14 @@ int ferry_memcpy(ferry_ctx *ctx, ferry_buf dst, ferry_buf src, size_t n);
 int ferry_pinned_alloc(ferry_ctx *ctx, size_t size, void **out);
 void ferry_pinned_free(ferry_ctx *ctx, void *ptr);
 
+/** Host memory for arrays that ferry fills: from 2 MiB on, a 2 MiB-aligned
+ *  anonymous mapping advised for transparent huge pages and left untouched (the
+ *  workers that fill it fault its pages in, in parallel); below that, 4 KiB
+ *  aligned. Contents are zero for mappings, undefined otherwise. Plain 4 KiB
+ *  pages where THP is off. Free with ferry_host_free and the same size. */
+int ferry_host_alloc(ferry_ctx *ctx, size_t size, void **out);
+void ferry_host_free(ferry_ctx *ctx, void *ptr, size_t size);
+
 /** CRC-32C (Castagnoli; the checksum of Zarr v3's crc32c codec and of
  *  ferry.checkpoint). Start with crc = 0; pass the previous result to continue.
  *  Uses the SSE4.2 instruction where the CPU has it. */
@@ -286,10 +319,14 @@ enum {
     FERRY_READ = 1,
     FERRY_WRITE = 2,      /* open for writing (with FERRY_READ: both) */
     FERRY_CREATE = 4,     /* create if missing (mode 0644) */
-    FERRY_TRUNC = 8       /* truncate to zero on open */
+    FERRY_TRUNC = 8,      /* truncate to zero on open */
+    FERRY_ANY_FILE = 16   /* also open FIFOs, devices and sockets (they may block
+                             or have no size); without it they are FERRY_EINVAL */
 };
 
-/** Open path. Errors: -ENOENT, -EACCES, -EISDIR (directories are refused), ... */
+/** Open path. Errors: -ENOENT, -EACCES, -EISDIR (directories are refused),
+ *  FERRY_EINVAL for a FIFO, device or socket unless flags has FERRY_ANY_FILE
+ *  (a FIFO would block a read forever), ... */
 int ferry_file_open(ferry_ctx *ctx, const char *path, int flags, ferry_file **out);
 /** Close (waits for nothing: do not close a file a running job uses). NULL: no-op. */
 int ferry_file_close(ferry_file *f);
@@ -389,13 +426,25 @@ typedef struct ferry_extent {
                                 at dst_offset                                    */
     const char *label;       /* optional: variable name used in error messages  */
     unsigned flags;          /* FERRY_EXTENT_* below                             */
+    const char *root;        /* FERRY_EXTENT_NOFOLLOW: the directory a symlinked file
+                                must resolve under (see below); ferry_plan_add copies it */
 } ferry_extent;
 
 enum {
     /* READ by path with a placement: a file that does not exist is not an
      * error; the placement's box is filled with `fill` (place->itemsize <= 16)
      * instead. Zarr's absent chunks: no stat per chunk while the plan is built. */
-    FERRY_EXTENT_MISSING_FILLS = 1u << 0
+    FERRY_EXTENT_MISSING_FILLS = 1u << 0,
+    /* READ by path: the engine opens the file with O_NOFOLLOW and reads it
+     * only if it is a regular file (a FIFO or device fails at once with
+     * FERRY_EINVAL, it never blocks). When the file itself is a symlink it is
+     * followed only if `root` is set (an absolute path without symlinks, as
+     * realpath(3) gives) and the link resolves under root; otherwise the read
+     * fails with -EACCES ("outside the store") or, root NULL, -ELOOP, naming
+     * the file. A dangling link counts as absent (MISSING_FILLS fills it).
+     * The directories on the way are the planner's to check: Zarr resolves
+     * each once per plan, so its chunk files need no stat at plan time. */
+    FERRY_EXTENT_NOFOLLOW = 1u << 1
 };
 
 typedef struct ferry_plan ferry_plan;
@@ -677,6 +726,8 @@ typedef struct ferry_layout {
     size_t ntable;
     ferry_chunk_fn lookup;             /* ... or (table NULL) called for each chunk touched */
     void *lookup_arg;
+    const char *root;                  /* non-NULL: every read by path gets FERRY_EXTENT_NOFOLLOW
+                                          with this root (a store's chunk files); NULL: none */
 } ferry_layout;
 
 /** Append to `plan` the extents that read sel (ndim slices; NULL: everything;
@@ -700,6 +751,20 @@ int64_t ferry_plan_layout(const ferry_layout *layout, const ferry_slice *sel, fe
  *  table_index = index, ntable = n. */
 int ferry_layout_sort_table(const ferry_layout *layout, const uint64_t *origins, ferry_chunk *table,
                             uint64_t *index, size_t n);
+
+/* ------------------------------------------------------------------------- */
+/* Testing seam: fault injection                                              */
+/* ------------------------------------------------------------------------- */
+/** Replace the system call `name` under ferry's file I/O and allocations —
+ *  "open", "close", "pread", "preadv", "pwrite", "fsync", "fstat", "stat",
+ *  "ftruncate", "madvise" — with fn, a function of libc's signature (open:
+ *  int (*)(const char *, int, mode_t)); fn NULL restores libc's, name NULL
+ *  restores all. Tests use it to make reads short, interrupted or failing
+ *  (as SQLite's xSetSystemCall does). Process-wide and not synchronised: change
+ *  it only while no job runs. Returns 0 or FERRY_EINVAL for an unknown name. */
+int ferry_test_set_syscall(const char *name, void *fn);
+
+/* ------------------------------------------------------------------------- */
 /* Many .npy files, one sample each (DALI's and MONAI's layout)              */
 /* ------------------------------------------------------------------------- */
 /* n .npy files of one dtype and shape become one batch: file i's array goes

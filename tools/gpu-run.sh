@@ -3,6 +3,7 @@
 # the system python3, carried headers in .deps/include, the machine's own
 # zstd/lz4/zlib runtime libraries. Logs go to $OUT (or ./gpu-out).
 #   steps: wheels build test ctest bench benchwarm sweep engine pybench
+#          part1..part4 dali (DALI's wheel in parts) records decode xtrain plan
 #          formats xbench (bench_xarray, BXARGS) torchbench (bench_torch, BTARGS)
 #          ckptbench (bench_checkpoint, BCARGS) nccl (the two-GPU tests)
 #          multigpu (issue 11's tests on 2..8 GPUs) mgbench, then mgranks (bench_multigpu in
@@ -14,6 +15,7 @@ OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/python
 [ -d /tmp/site ] && export PYTHONPATH=$PYTHONPATH:/tmp/site
+[ -d /tmp/site-dali ] && export PYTHONPATH=$PYTHONPATH:/tmp/site-dali
 export CUFILE_ENV_PATH_JSON=$PWD/tests/gpu/cufile-compat.json CUFILE_ALLOW_COMPAT_MODE=true CUFILE_FORCE_COMPAT_MODE=true CUFILE_LOGFILE_PATH=$OUT/cufile.log
 mkdir -p .deps/lib
 for l in zstd lz4 z; do
@@ -26,6 +28,18 @@ bench() {
     timeout "$secs" python3 "bench/$name.py" "$@" > "$OUT/$name.txt" 2>&1; echo "$name exit $?"
     tail -n "$lines" "$OUT/$name.txt"
 }
+# carried libdeflate (Debian's libdeflate0/-dev, .gpu/whl/deflate): the CPU inflater the
+# build picks up from .deps, found at run time through LD_LIBRARY_PATH
+if [ -d .gpu/whl/deflate ]; then
+    mkdir -p .deps/include .deps/lib
+    cp .gpu/whl/deflate/include/libdeflate.h .deps/include/
+    cp .gpu/whl/deflate/lib/libdeflate.so* .deps/lib/
+fi
+export LD_LIBRARY_PATH=$PWD/.deps/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# nvCOMP from the carried wheel (the Python package finds it itself; the C tests need the path)
+for so in /tmp/site/nvidia/libnvcomp/lib64/libnvcomp.so.6 /tmp/site/nvidia/libnvcomp/lib64/libnvcomp.so.5; do
+    [ -z "${FERRY_NVCOMP:-}" ] && [ -e "$so" ] && export FERRY_NVCOMP=$so
+done
 for step in "$@"; do
     case $step in
     wheels)
@@ -33,12 +47,18 @@ for step in "$@"; do
             python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
                 .gpu/whl/*.whl > "$OUT/wheels.log" 2>&1; echo "wheels exit $?"
             export PYTHONPATH=$PWD/python:/tmp/site
+            for so in /tmp/site/nvidia/libnvcomp/lib64/libnvcomp.so.6 /tmp/site/nvidia/libnvcomp/lib64/libnvcomp.so.5; do
+                [ -z "${FERRY_NVCOMP:-}" ] && [ -e "$so" ] && export FERRY_NVCOMP=$so
+            done
             python3 -c 'import zarr, numcodecs, netCDF4, dask; print("zarr", zarr.__version__, "netCDF4", netCDF4.__version__, "dask", dask.__version__)'
         fi ;;
     build)
         { nvidia-smi -L; nproc; free -g | head -2; df -h . | tail -1; command -v nvcc; python3 -V;
           python3 -c 'import torch, numpy; print("torch", torch.__version__, "numpy", numpy.__version__)'; } > "$OUT/machine.txt" 2>&1
-        make -j16 lib cli python build/tests/gpu/test_gpu_engine PYTHON=python3 > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+        nvinc=; [ -d /tmp/site/nvidia/libnvcomp/include ] && nvinc="-idirafter /tmp/site/nvidia/libnvcomp/include"
+        make -j16 lib cli python build/tests/gpu/test_gpu_engine build/tests/test_cuda_abi PYTHON=python3 NVCOMP_INC="$nvinc" \
+            > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+        build/tests/test_cuda_abi 2>&1 | tail -3
         echo "build ok" ;;
     test)
         # This VM has no udev database, and cuFile (even in compatibility mode)
@@ -105,6 +125,27 @@ for step in "$@"; do
         timeout 590 python3 bench/bench_multigpu.py --dir "$PWD" --skip limits,aggregate,decode $agg \
             --json "$OUT/bench_multigpu_ranks.json" ${MGARGS:-} > "$OUT/bench_multigpu_ranks.txt" 2>&1
         echo "bench_multigpu (ranks) exit $?"; tail -n 30 "$OUT/bench_multigpu_ranks.txt" ;;
+    part*)
+        # DALI's wheel comes in parts (one carried folder .gpu/dN per call): keep each in /tmp/parts
+        n=${step#part}; mkdir -p /tmp/parts && cp .gpu/d$n/* /tmp/parts/ && echo "part $n kept: $(ls /tmp/parts | wc -l) files" ;;
+    dali)
+        [ -d /tmp/parts ] || { echo "dali: /tmp/parts is gone (the machine went cold): carry the parts again"; exit 1; }
+        w=/tmp/parts/nvidia_dali_cuda130-2.4.0-py3-none-manylinux_2_28_x86_64.whl
+        cat /tmp/parts/dalipart.? > "$w"
+        [ "$(md5sum < "$w" | cut -d' ' -f1)" = "$(cat /tmp/parts/dali.md5)" ] || { echo "dali: md5 mismatch"; exit 1; }
+        # a target of its own: pip --target does not merge into /tmp/site/nvidia (nvCOMP is there)
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-dali "$w" \
+            /tmp/parts/*.whl > "$OUT/dali-install.log" 2>&1; echo "dali install exit $?"
+        # nvidia/ is a namespace split over several directories: let each portion be found
+        for d in /tmp/site/nvidia /tmp/site-dali/nvidia; do
+            [ -d "$d" ] && printf '__path__ = __import__("pkgutil").extend_path(__path__, __name__)\n' > "$d/__init__.py"
+        done
+        export PYTHONPATH=$PYTHONPATH:/tmp/site-dali
+        python3 -c 'import nvidia.dali as d; print("DALI", d.__version__)' ;;
+    records) bench bench_records 300 40 --gib 8 --count 200000 --reps 3 --dir "$PWD" ;;
+    decode) bench bench_decode 400 40 ${BDARGS:-} ;;
+    xtrain) bench bench_xarray_training 500 40 ${BXTARGS:---gib 2} ;;
+    plan) PYTHONPATH=$PYTHONPATH bench bench_plan 120 20 ;;
     pybench)
         for b in bench/bench_*.py; do
             timeout 240 python3 "$b" --smoke > "$OUT/$(basename "$b" .py).txt" 2>&1; echo "$b exit $?"

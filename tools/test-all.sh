@@ -22,6 +22,7 @@ run() {  # name, command...
 }
 run "C tests" make --no-print-directory test-c PYTHON="$PYTHON"
 run "C tests under ASan+UBSan, fuzz corpus replay" make --no-print-directory test-asan PYTHON="$PYTHON"
+run "the Python extension under ASan+UBSan" make --no-print-directory test-asan-python PYTHON="$PYTHON"
 run "Python tests" env PYTHONPATH=python "$PYTHON" -m pytest -q -p no:cacheprovider tests/python
 run "pip install . into a temporary directory" make --no-print-directory test-install PYTHON="$PYTHON"
 run "GPU tests (skip without a GPU)" env PYTHONPATH=python tests/gpu/run.sh "$PYTHON"

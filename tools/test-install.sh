@@ -28,5 +28,18 @@ assert ferry.__file__.startswith(sys.argv[1]), ferry.__file__
 np.save(\"x.npy\", np.arange(10.0)); assert (ferry.read(\"x.npy\") == np.arange(10.0)).all()
 print(ferry.stats()[\"kernels\"])' '$S'"
 check "the distribution is ferry-io, Apache-2.0" bash -c "grep -q '^Name: ferry-io' '$S'/ferry_io-*.dist-info/METADATA && grep -q 'Apache-2.0' '$S'/ferry_io-*.dist-info/METADATA && ls '$S'/ferry_io-*.dist-info/licenses/LICENSE"
+# without nvcc (NVCC=none): no fatbin, so the kernels come from NVRTC at run
+# time when a libnvrtc is found (the ferry command's Python wrapper points
+# FERRY_NVRTC at the CUDA wheels'), else none, and `ferry info` says which
+if NVCC=none "$PY" -m pip install -q --no-deps --no-build-isolation --target "$T/nok" . >"$T/log" 2>&1; then
+    N="$T/nok"
+    if PYTHONPATH="$N" "$PY" -c 'from ferry import _ferry; assert _ferry.nvrtc_ptx()[0]' 2>/dev/null; then
+        check "without nvcc: ferry info says NVRTC" bash -c "PYTHONPATH='$N' '$N/bin/ferry' info | grep -q 'GPU kernels: NVRTC'"
+    fi
+    check "without nvcc or NVRTC: ferry info says none, and why" \
+        bash -c "FERRY_NVRTC=/nonexistent/libnvrtc.so PYTHONPATH='$N' '$N/bin/ferry' info | grep -q 'GPU kernels: none (.*libnvrtc not found'"
+else
+    cat "$T/log"; fail=$((fail + 1)); echo "  FAIL pip install . with NVCC=none"
+fi
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

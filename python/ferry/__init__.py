@@ -20,8 +20,31 @@ import os
 import threading
 from typing import Any, Iterable, Sequence
 
-from . import _ferry
-from ._ferry import PATHS, Array, Context, Dataset, FerryError, File, Job, Plan
+
+
+def _nvrtc_hint() -> None:
+    """Point the C library's NVRTC loader (src/cuda/nvrtc.c, used when the build
+    embedded no nvcc fatbin) at the libnvrtc of the CUDA wheels torch brings
+    (nvidia/cu13/lib, nvidia/cuda_nvrtc/lib): they are not on the loader's path."""
+    if os.environ.get("FERRY_NVRTC"):
+        return
+    import glob
+    import importlib.util
+    try:
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        return
+    for base in list(getattr(spec, "submodule_search_locations", None) or []):
+        found = sorted(glob.glob(os.path.join(base, "*", "lib", "libnvrtc.so.*")), reverse=True)
+        if found:
+            os.environ["FERRY_NVRTC"] = found[0]
+            return
+
+
+_nvrtc_hint()
+
+from . import _ferry  # noqa: E402 — after the hint: the library reads FERRY_NVRTC lazily anyway
+from ._ferry import PATHS, Array, Context, Dataset, FerryError, File, Job, Plan  # noqa: E402
 
 __version__: str = _ferry.__version__
 
@@ -635,6 +658,8 @@ def open(path, *, device: Any = "cpu", ctx: Context | None = None, format: str |
          group: str | None = None) -> Opened:  # noqa: A001 — the public name the design asks for
     """Open a file or store (npy, safetensors, netCDF classic, Zarr; netCDF-4/HDF5
     through h5py, as the xarray backend reads it) and list its variables."""
+    if format == "hdf5":
+        return _H5Opened(path, device=device, ctx=ctx, group=group)
     try:
         return Opened(path, device=device, ctx=ctx, format=format, group=group)
     except FerryError as e:

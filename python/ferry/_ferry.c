@@ -401,6 +401,7 @@ typedef struct {
     int device;           /* -1: host */
     int owns;             /* 1: free on dealloc */
     int pinned;           /* host memory from ferry_pinned_alloc */
+    size_t alloc;         /* bytes of a ferry_host_alloc block (owned, host, not pinned) */
     int ndim;
     Py_ssize_t shape[FERRY_MAX_DIMS];
     Py_ssize_t strides[FERRY_MAX_DIMS];
@@ -2148,7 +2149,7 @@ static void Array_dealloc(ArrayObject *self) {
         } else if (self->pinned && self->ctx && self->ctx->ctx) {
             ferry_pinned_free(self->ctx->ctx, (void *)self->ptr);
         } else {
-            free((void *)self->ptr);
+            ferry_host_free(NULL, (void *)self->ptr, self->alloc);
         }
     }
     self->ptr = 0;
@@ -2513,10 +2514,11 @@ static PyObject *mod_empty(PyObject *m, PyObject *args, PyObject *kw) {
         a->ptr = (uintptr_t)p;
         a->pinned = 1;
     } else {
+        /* huge pages from 2 MiB on, untouched until ferry's workers fill it */
         void *p = NULL;
-        size_t rounded = (alloc + 4095) & ~(size_t)4095;
-        if (posix_memalign(&p, 4096, rounded) != 0) { Py_DECREF(a); return PyErr_NoMemory(); }
+        if (ferry_host_alloc(NULL, alloc, &p) < 0) { Py_DECREF(a); return PyErr_NoMemory(); }
         a->ptr = (uintptr_t)p;
+        a->alloc = alloc;
     }
     return (PyObject *)a;
 }
@@ -2614,7 +2616,36 @@ static PyObject *mod_size_parse(PyObject *m, PyObject *arg) {
 }
 
 static PyObject *mod_kernels_source(PyObject *m, PyObject *noarg) {
-    return PyUnicode_FromString(ferry_kernels_source());
+    const char *s;
+    Py_BEGIN_ALLOW_THREADS   /* without a fatbin the first call compiles with NVRTC */
+    s = ferry_kernels_source();
+    Py_END_ALLOW_THREADS
+    return PyUnicode_FromString(s);
+}
+
+static PyObject *mod_kernels_status(PyObject *m, PyObject *noarg) {
+    return PyUnicode_FromString(ferry_kernels_status());
+}
+
+static PyObject *mod_kernels_ready(PyObject *m, PyObject *arg) {
+    long dev = PyLong_AsLong(arg);
+    if (dev == -1 && PyErr_Occurred()) return NULL;
+    int ok;
+    Py_BEGIN_ALLOW_THREADS
+    ok = ferry_kernels_ready((int)dev);
+    Py_END_ALLOW_THREADS
+    return PyBool_FromLong(ok);
+}
+
+/* The PTX NVRTC makes of src/cuda/kernels.cu (whatever the build embedded),
+ * or (None, why): lets tests and users check the run-time path anywhere. */
+static PyObject *mod_nvrtc_ptx(PyObject *m, PyObject *noarg) {
+    const char *ptx;
+    Py_BEGIN_ALLOW_THREADS
+    ptx = ferry_nvrtc_ptx();
+    Py_END_ALLOW_THREADS
+    if (ptx) return Py_BuildValue("(ss)", ptx, "");
+    return Py_BuildValue("(Os)", Py_None, ferry_nvrtc_status());
 }
 
 static PyObject *mod_default_context(PyObject *m, PyObject *noarg) {
@@ -2701,7 +2732,13 @@ static PyMethodDef module_methods[] = {
     {"size_parse", mod_size_parse, METH_O,
      "size_parse(s) -> bytes: '8M'/'8MiB' = 8*2**20, '5GB' = 5*10**9 (ferry_size_parse); ints pass through"},
     {"kernels_source", mod_kernels_source, METH_NOARGS,
-     "kernels_source() -> 'embedded fatbin' or 'none' (GPU byteswaps then run on the CPU)"},
+     "kernels_source() -> 'embedded fatbin', 'NVRTC' or 'none' (GPU byteswaps then run on the CPU)"},
+    {"kernels_status", mod_kernels_status, METH_NOARGS,
+     "kernels_status() -> '' when GPU kernels are available, else why NVRTC could not compile them"},
+    {"kernels_ready", mod_kernels_ready, METH_O,
+     "kernels_ready(device) -> True when the GPU kernel image loads on that CUDA device"},
+    {"nvrtc_ptx", mod_nvrtc_ptx, METH_NOARGS,
+     "nvrtc_ptx() -> (ptx, '') compiled by NVRTC from src/cuda/kernels.cu, or (None, why)"},
     {"hdf5_signature", mod_hdf5_signature, METH_O,
      "hdf5_signature(path) -> byte offset of the HDF5 (netCDF-4) signature, or -1 when there is none"},
     {"empty", (PyCFunction)(void (*)(void))mod_empty, METH_VARARGS | METH_KEYWORDS,

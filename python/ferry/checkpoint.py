@@ -24,8 +24,10 @@ Progress goes to progress= (off by default) and the "ferry.checkpoint" logger.
 """
 from __future__ import annotations
 
+import collections
 import os
-import re
+
+import ferry as _ferry_pkg
 
 from . import _ckpt_async as _async
 from . import _ckpt_io as _io
@@ -46,8 +48,6 @@ CRC_KEY = _open.CRC_KEY
 INDEX_SUFFIX = _open.INDEX_SUFFIX
 reserve_pinned = _async.reserve_pinned
 release_pinned = _async.release_pinned
-
-import collections  # noqa: E402
 
 IncompatibleKeys = collections.namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
 
@@ -77,21 +77,14 @@ def _device(device):
 
 
 def parse_size(s):
-    """Bytes of a size as Hugging Face reads it: "5GB" = 5·10⁹, "500MB" = 5·10⁸; binary
-    units with an i: "5GiB" = 5·2³⁰; a bare number or int is bytes. None stays None."""
+    """Bytes of a size, as every size in ferry is read (ferry.parse_size, the C library's
+    ferry_size_parse): "5GB" = 5·10⁹ as Hugging Face reads it, "5GiB" = "5G" = 5·2³⁰; a bare
+    number or int is bytes. None stays None."""
     if s is None:
         return None
     if isinstance(s, bool):
         raise TypeError("ferry.checkpoint: a size must be bytes (int) or a string like '5GB'")
-    if isinstance(s, int):
-        return s
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(?:([KMGT])(i?)B?|(B?))\s*", str(s), re.I)
-    if not m:
-        raise ValueError("ferry.checkpoint: bad size %r (e.g. 5GB = 5e9 bytes, 500MiB, "
-                         "1000000)" % (s,))
-    num, unit, binary = float(m.group(1)), (m.group(2) or "").upper(), m.group(3)
-    base = 1024 if binary else 1000
-    return int(num * base ** " KMGT".index(unit or " "))
+    return _ferry_pkg.parse_size(s)
 
 
 _parse_size = parse_size

@@ -238,12 +238,12 @@ def _open_ds(ctx, path, group):
     return _ferry.Dataset(ctx, path) if group is None else _ferry.Dataset(ctx, path, group=group)
 
 
-def _read_rows(self, ds, rt, plan, ids, handles):
+def _read_rows(self, ds, rt, plan, ids, g):
     total = len(ids)
     buf = ds._alloc(rt, (total,) + self.shape, self.dtype, ds._staging.get(self.name, False))
     if self.row_bytes and total:
         dev = buf.device.index if buf.is_cuda else -1
-        _plan_rows(rt, plan, self, ids, buf.data_ptr(), total * self.row_bytes, dev, handles)
+        _plan_rows(rt, plan, self, ids, buf.data_ptr(), total * self.row_bytes, dev, g.handles)
     return buf
 
 
@@ -299,13 +299,16 @@ class _FileField:
     def __repr__(self):
         return f"<field {self.name!r} files={self.rows} sample={self.shape} {self.dtype}>"
 
-    def read(self, ds, rt, plan, ids, handles):
+    def read(self, ds, rt, plan, ids, g):
         paths = [self.paths[i] for i in ids.tolist()]
         if self.collate is None:
             buf = ds._alloc(rt, (len(paths),) + self.shape, self.dtype, ds._staging.get(self.name, False))
-            _plan_sample_files(rt, plan, self, paths, buf, handles)
+            if self.npy_batch:
+                g.extra.append(_NpyBatchJob(rt, self, paths, buf))
+            else:
+                _plan_sample_files(rt, plan, self, paths, buf, g.handles)
             return buf
-        return _plan_sample_files(rt, plan, self, paths, None, handles,
+        return _plan_sample_files(rt, plan, self, paths, None, g.handles,
                                   alloc=lambda shape: ds._alloc(rt, shape, self.dtype, True))
 
 
@@ -315,6 +318,84 @@ def _var_info(v):
 
 def _same_type(a, b):
     return a.lstrip("<>=|") == b.lstrip("<>=|") and _native_order(a) == _native_order(b)
+
+
+class _NpyBatchJob:
+    """One batch of a per-sample .npy field through the engine's batch reader
+    (_ferry.npy_read_many: every header and file read in one engine job, through the
+    context's open-file cache). The call is synchronous and releases the GIL, so it runs on
+    the runtime's reader threads; the object answers as a Job does. Device memory is complete
+    when the call returns, so stream_wait() waits on the host."""
+    path = "npy_batch"
+
+    def __init__(self, rt, f, paths, buf):
+        self.f, self.paths = f, paths
+        dev = buf.device.index if buf.is_cuda else -1
+        dst = (buf.data_ptr(), len(paths) * f.row_bytes, dev)
+        self.future = rt.reader().submit(_ferry.npy_read_many, rt.ctx, paths, dst, f.row_bytes)
+
+    def done(self):
+        return self.future.done()
+
+    def wait(self, timeout=None):
+        f = self.f
+        try:
+            info = self.future.result(timeout)
+        except _ferry.FerryError as e:
+            raise _ferry.FerryError(e.code, f"ferry.torch: field {f.name!r}: {e}; its samples are "
+                                    f"{f.shape} {f.typestr} (from {f.paths[0]}); files of other "
+                                    f"shapes need collate= (e.g. ferry.torch.pad_collate())") from None
+        shape = tuple(int(d) for d in info["shape"])
+        if shape != f.shape or not _same_type(info["typestr"], f.typestr):
+            # the batch's first file sets the batch reader's shape: it must be the field's
+            raise _ferry.FerryError(
+                _ferry.EINVAL,
+                f"ferry.torch: field {f.name!r}: {self.paths[0]} holds {shape} {info['typestr']}, "
+                f"but the field's samples are {f.shape} {f.typestr} (from {f.paths[0]}); files "
+                f"of other shapes need collate= (e.g. ferry.torch.pad_collate())")
+        return len(self.paths) * f.row_bytes
+
+    def stream_wait(self, stream):
+        self.wait()
+
+    def cancel(self):
+        self.future.cancel()
+
+
+class _Jobs:
+    """Several jobs of one batch, answering as one Job."""
+
+    def __init__(self, jobs):
+        self.jobs = jobs
+
+    @property
+    def path(self):
+        return self.jobs[0].path
+
+    def done(self):
+        return all(j.done() for j in self.jobs)
+
+    def wait(self, timeout=None):
+        err, n = None, 0
+        for j in self.jobs:
+            try:
+                n += j.wait() or 0
+            except Exception as e:           # every job is waited for before the error goes up
+                err = err or e
+        if err is not None:
+            raise err
+        return n
+
+    def stream_wait(self, stream):
+        for j in self.jobs:
+            j.stream_wait(stream)
+
+
+def _wait_quietly(job):
+    try:
+        job.wait()
+    except Exception:
+        pass
 
 
 def _plan_sample_files(rt, plan, f, paths, dst, handles, alloc=None):
@@ -390,7 +471,11 @@ def _load_file_field(ctx, fname, spec, collate):
     shape, typestr, itemsize = _var_info(v)
     if v.get("error"):
         raise _ferry.FerryError(_ferry.EUNSUPPORTED, f"ferry.torch: {paths[0]}: {v['error']}")
-    return _FileField(fname, paths, array, shape, typestr, itemsize, collate)
+    f = _FileField(fname, paths, array, shape, typestr, itemsize, collate)
+    # the engine's batch reader takes plain one-array .npy files (C or big-endian order)
+    f.npy_batch = hasattr(_ferry, "npy_read_many") and array is None and \
+        not v.get("fortran_order") and all(p.endswith(".npy") for p in paths)
+    return f
 
 
 # --------------------------------------------------------------------------------------------
@@ -418,7 +503,8 @@ class _TokenField:
     def __repr__(self):
         return f"<tokens files={len(self.paths)} windows={self.rows} of {self.seq_len + 1} {self.dtype}>"
 
-    def read(self, ds, rt, plan, ids, handles):
+    def read(self, ds, rt, plan, ids, g):
+        handles = g.handles
         total = len(ids)
         buf = ds._alloc(rt, (total,) + self.shape, self.dtype, ds._staging.get(self.name, False))
         if total:
@@ -503,6 +589,7 @@ class _Runtime:
             soft = 1024
         self.max_handles = max(16, min(512, soft // 8 if soft > 0 else 128))
         self.alloc_stream = self.work_stream = None
+        self._reader = None
         if device.type == "cuda":
             # Destination buffers are allocated on a stream that runs no work, and every stream
             # that uses a buffer is recorded on it (record_stream): the caching allocator then
@@ -510,6 +597,13 @@ class _Runtime:
             # engine (whose copies are not ordered on any torch stream) needs.
             self.alloc_stream = torch.cuda.Stream(device)
             self.work_stream = torch.cuda.Stream(device)   # cast / transform run here
+
+    def reader(self):
+        """Threads that run the engine's synchronous batch calls (they release the GIL)."""
+        if self._reader is None:
+            import concurrent.futures
+            self._reader = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="ferry-npy")
+        return self._reader
 
     def handle(self, key, opener):
         e = self.handles.get(key)
@@ -536,6 +630,9 @@ class _Runtime:
         return e
 
     def close(self):
+        if self._reader is not None:
+            self._reader.shutdown(wait=True)
+            self._reader = None
         for e in self.handles.values():
             h = e[0]
             try:
@@ -552,7 +649,7 @@ _FORKED = []   # runtimes inherited from a parent process: kept, never closed
 
 class _Group:
     """A set of units read by one plan/job."""
-    __slots__ = ("units", "sizes", "bufs", "job", "handles", "path")
+    __slots__ = ("units", "sizes", "bufs", "job", "handles", "path", "extra")
 
 
 # --------------------------------------------------------------------------------------------
@@ -763,7 +860,8 @@ class _BatchStream(IterableDataset):
         self._sync_from_workers()
         if epoch != self._epoch:
             self._epoch, self._consumed, self._resume = epoch, 0, None
-            self._board.publish(self._epoch, self._consumed)
+            if get_worker_info() is None:      # the board is the main process's to publish
+                self._board.publish(self._epoch, self._consumed)
 
     @property
     def epoch(self):
@@ -1001,10 +1099,16 @@ class _BatchStream(IterableDataset):
                 np.concatenate([order[lo:hi] for lo, hi in ranges])
         g = _Group()
         g.units, g.sizes, g.handles, g.job, g.path = units, [hi - lo for lo, hi in ranges], [], None, None
+        g.extra = []                  # jobs besides the plan's (per-sample .npy batches)
         plan = _ferry.Plan()
-        g.bufs = [f.read(self, rt, plan, ids, g.handles) for f in self._fields]
-        if len(plan):
-            g.job = rt.ctx.submit(plan)
+        try:
+            g.bufs = [f.read(self, rt, plan, ids, g) for f in self._fields]
+        except BaseException:
+            for j in g.extra:
+                _wait_quietly(j)
+            raise
+        jobs = ([rt.ctx.submit(plan)] if len(plan) else []) + g.extra
+        g.job = None if not jobs else jobs[0] if len(jobs) == 1 else _Jobs(jobs)
         return g
 
     def _release(self, rt, g):

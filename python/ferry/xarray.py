@@ -1420,7 +1420,7 @@ class FerryBackendEntrypoint(BackendEntrypoint):
     GPU memory (``device=0`` / ``"cuda:N"``: cupy arrays)."""
 
     description = "Read netCDF (classic and netCDF-4/HDF5) and Zarr with ferry, straight into GPU memory"
-    url = "https://github.com/ferry-io/ferry"
+    url = ""   # no public home yet: xarray shows none rather than a made-up address
     open_dataset_parameters = ("filename_or_obj", "mask_and_scale", "decode_times", "concat_characters",
                                "decode_coords", "drop_variables", "use_cftime", "decode_timedelta", "group",
                                "device", "threads", "path", "decode", "lock", "storage_options", "consolidated")

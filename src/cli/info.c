@@ -146,8 +146,11 @@ static int describe_library(ferry_ctx *ctx, int json) {
     int ndev = ferry_cuda_device_count(ctx);
     ferry_config cfg;
     ferry_ctx_config(ctx, &cfg);
-    const char *kern = ferry_kernels_source();
-    const char *kern_note = strcmp(kern, "none") ? "" : " (device data is byteswapped on the CPU before the copy)";
+    const char *kern = ferry_kernels_source(), *kern_why = ferry_kernels_status();
+    char kern_note[700] = "";
+    if (!strcmp(kern, "NVRTC")) snprintf(kern_note, sizeof kern_note, " (src/cuda/kernels.cu compiled at run time)");
+    else if (!strcmp(kern, "none"))
+        snprintf(kern_note, sizeof kern_note, " (device data is byteswapped on the CPU before the copy: %s)", kern_why);
     if (json) {
         ferry_sbuf b = {0};
         ferry_sbuf_printf(&b, "{\"version\":\"%s\",\"cuda_devices\":%d,\"cuda\":", ferry_version(), ndev);
@@ -161,7 +164,9 @@ static int describe_library(ferry_ctx *ctx, int json) {
         ferry_sbuf_puts(&b, ",\"numa\":");
         ferry_sbuf_json_string(&b, numa, strlen(numa));
         ferry_sbuf_printf(&b, ",\"decode\":\"%s\"", ferry_decode_policy_name((ferry_decode_policy)cfg.decode));
-        ferry_sbuf_printf(&b, ",\"kernels\":\"%s\",\"threads\":%d,\"path\":\"%s\",\"direct\":\"%s\"}\n", kern,
+        ferry_sbuf_printf(&b, ",\"kernels\":\"%s\",\"kernels_status\":", kern);
+        ferry_sbuf_json_string(&b, kern_why, strlen(kern_why));
+        ferry_sbuf_printf(&b, ",\"threads\":%d,\"path\":\"%s\",\"direct\":\"%s\"}\n",
                           cfg.threads, ferry_path_name(cfg.path), ferry_direct_name(cfg.direct));
         char *t = ferry_sbuf_take(&b);
         if (t) fputs(t, stdout);

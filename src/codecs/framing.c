@@ -162,6 +162,7 @@ int ferry_frame_blosc(const uint8_t *p, size_t n, uint64_t want, ferry_blosc_fra
                             (unsigned long long)want);
     out->nbytes = nbytes;
     out->typesize = (unsigned)ts;
+    out->version = version;
     static const int inner[8] = {0, FERRY_CODEC_LZ4, 0, FERRY_CODEC_ZLIB, FERRY_CODEC_ZSTD, 0, 0, 0};
     out->inner = inner[(flags >> 5) & 7];
     if (nbytes == 0) return 0;

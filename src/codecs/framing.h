@@ -58,6 +58,7 @@ typedef struct ferry_blosc_frame {
     int shuffle;                 /* each block byte-shuffled with typesize (0: no filter) */
     int bitshuffle;              /* each block bit-shuffled (then the CPU decodes it) */
     unsigned typesize;
+    int version;                 /* format version (<= 2: a block whose element count is not a multiple of 8 is not bitshuffled) */
     uint64_t nbytes, blocksize, nblocks;
     size_t nstreams;             /* streams[0..nstreams) filled (when memcpyed: 0) */
 } ferry_blosc_frame;

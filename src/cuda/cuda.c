@@ -16,7 +16,7 @@ static pthread_mutex_t dev_lock_ = PTHREAD_MUTEX_INITIALIZER;
 static CUcontext dev_ctx_[MAX_DEVICES];
 static CUmodule dev_mod_[MAX_DEVICES];
 static CUfunction dev_swap_[MAX_DEVICES][5];   /* by log2(size): 2, 4, 8, 16 */
-static CUfunction dev_adler_[MAX_DEVICES], dev_unshuffle_[MAX_DEVICES];
+static CUfunction dev_adler_[MAX_DEVICES], dev_unshuffle_[MAX_DEVICES], dev_bitunshuffle_[MAX_DEVICES], dev_place_[MAX_DEVICES];
 static int dev_mod_state_[MAX_DEVICES];        /* 0 untried, 1 ok, -1 failed */
 static CUfunction dev_scatter_[MAX_DEVICES];   /* NULL: a fatbin without ferry_scatter */
 
@@ -153,8 +153,8 @@ static int load_kernels(int dev) {
     pthread_mutex_lock(&dev_lock_);
     if (!dev_mod_state_[dev]) {
         int ok = -1;
-        if (ferry_kernels_fatbin_size > 0 &&
-            api_.ModuleLoadData(&dev_mod_[dev], ferry_kernels_fatbin) == 0) {
+        const void *image = ferry_kernels_image();   /* fatbin, NVRTC's PTX or none: kernels_source.c */
+        if (image && api_.ModuleLoadData(&dev_mod_[dev], image) == 0) {
             static const char *names[5] = {NULL, "ferry_bswap2", "ferry_bswap4", "ferry_bswap8", "ferry_bswap16"};
             ok = 1;
             for (int i = 1; i < 5; i++)
@@ -163,6 +163,8 @@ static int load_kernels(int dev) {
             /* the GPU decoder's kernels (gpudecode.c): optional, NULL when absent */
             if (api_.ModuleGetFunction(&dev_adler_[dev], dev_mod_[dev], "ferry_adler32_batch") != 0) dev_adler_[dev] = NULL;
             if (api_.ModuleGetFunction(&dev_unshuffle_[dev], dev_mod_[dev], "ferry_unshuffle_batch") != 0) dev_unshuffle_[dev] = NULL;
+            if (api_.ModuleGetFunction(&dev_bitunshuffle_[dev], dev_mod_[dev], "ferry_bitunshuffle_batch") != 0) dev_bitunshuffle_[dev] = NULL;
+            if (api_.ModuleGetFunction(&dev_place_[dev], dev_mod_[dev], "ferry_place_batch") != 0) dev_place_[dev] = NULL;
         }
         dev_mod_state_[dev] = ok;
     }
@@ -217,13 +219,26 @@ int ferry_cuda_adler32_batch(int dev, CUdeviceptr ptrs, CUdeviceptr sizes, CUdev
     return 0;
 }
 
-int ferry_cuda_unshuffle_batch(int dev, CUdeviceptr desc, size_t count, CUstream stream) {
-    if (dev < 0 || dev >= MAX_DEVICES || load_kernels(dev) != 1 || !dev_unshuffle_[dev]) return FERRY_EUNSUPPORTED;
+int ferry_cuda_unshuffle_batch(int dev, CUdeviceptr desc, size_t count, int bits, CUstream stream) {
+    if (dev < 0 || dev >= MAX_DEVICES || load_kernels(dev) != 1) return FERRY_EUNSUPPORTED;
+    CUfunction f = bits ? dev_bitunshuffle_[dev] : dev_unshuffle_[dev];
+    if (!f) return FERRY_EUNSUPPORTED;
     if (count == 0) return 0;
     unsigned long long n = count;
     void *args[] = {&desc, &n};
     unsigned blocks = count > 65535 ? 65535 : (unsigned)count;
-    CUresult r = api_.LaunchKernel(dev_unshuffle_[dev], blocks, 1, 1, 256, 1, 1, 0, stream, args, NULL);
+    CUresult r = api_.LaunchKernel(f, blocks, 1, 1, 256, 1, 1, 0, stream, args, NULL);
     if (r != 0) return ferry_seterr(FERRY_ECUDA, "unshuffle kernel launch: %s", ferry_cuda_errstr(r));
+    return 0;
+}
+
+int ferry_cuda_place_batch(int dev, CUdeviceptr desc, size_t count, CUstream stream) {
+    if (dev < 0 || dev >= MAX_DEVICES || load_kernels(dev) != 1 || !dev_place_[dev]) return FERRY_EUNSUPPORTED;
+    if (count == 0) return 0;
+    unsigned long long n = count;
+    void *args[] = {&desc, &n};
+    unsigned blocks = count > 65535 ? 65535 : (unsigned)count;
+    CUresult r = api_.LaunchKernel(dev_place_[dev], blocks, 1, 1, 256, 1, 1, 0, stream, args, NULL);
+    if (r != 0) return ferry_seterr(FERRY_ECUDA, "place kernel launch: %s", ferry_cuda_errstr(r));
     return 0;
 }

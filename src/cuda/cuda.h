@@ -21,6 +21,7 @@ enum {
     FERRY_CU_MEMORYTYPE_DEVICE = 2,
     FERRY_CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
     FERRY_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
+    FERRY_CU_EVENT_BLOCKING_SYNC = 1,
     FERRY_CU_EVENT_DISABLE_TIMING = 2,
     FERRY_CU_STREAM_NON_BLOCKING = 1,
     FERRY_CU_MEMHOSTALLOC_PORTABLE = 1,
@@ -106,6 +107,10 @@ extern const unsigned char ferry_kernels_fatbin[];
 extern const size_t ferry_kernels_fatbin_size;
 /* Byte-swap n elements of `size` bytes in device memory, on `stream`, with
  * device `dev` current. Returns FERRY_EUNSUPPORTED when no kernels are embedded. */
+/* The image load_kernels hands to cuModuleLoadData: the embedded fatbin, else
+ * NVRTC's PTX (nvrtc.c), else NULL (CPU byteswaps); FERRY_KERNELS=nvrtc|none
+ * overrides. Decided in kernels_source.c, reported by ferry_kernels_source(). */
+const void *ferry_kernels_image(void);
 /* 1 when the embedded kernels load on device dev. */
 int ferry_cuda_kernels_ready(int dev);
 int ferry_cuda_byteswap(int dev, CUdeviceptr p, size_t n, unsigned size, CUstream stream);
@@ -123,8 +128,13 @@ int ferry_cuda_scatter(int dev, CUdeviceptr packed, CUdeviceptr tab, size_t n, C
  * Adler-32 of n device buffers (ptrs, sizes: device arrays of n pointers and
  * 64-bit sizes) into out (n uint32); HDF5/blosc byte unshuffle of `count`
  * buffers described by the device array desc of (in, out, n, size) u64
- * quadruples (in and out not overlapping; size 1 copies).
+ * quadruples (in and out not overlapping; size 1 copies); bits: blosc's
+ * bitshuffle instead (rows of nel/8 bytes, nel rounded down to 8).
  * FERRY_EUNSUPPORTED without those kernels. */
 int ferry_cuda_adler32_batch(int dev, CUdeviceptr ptrs, CUdeviceptr sizes, CUdeviceptr out, size_t n, CUstream stream);
-int ferry_cuda_unshuffle_batch(int dev, CUdeviceptr desc, size_t count, CUstream stream);
+int ferry_cuda_unshuffle_batch(int dev, CUdeviceptr desc, size_t count, int bits, CUstream stream);
+/* The tile scatter: `count` chunks placed into their boxes, desc a device
+ * array of 16 u64 each (src, dst, width, rows0..2, src strides 0..2, dst
+ * strides 0..2, 4 unused): rows0 x rows1 x rows2 runs of width bytes. */
+int ferry_cuda_place_batch(int dev, CUdeviceptr desc, size_t count, CUstream stream);
 #endif

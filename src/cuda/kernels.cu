@@ -115,6 +115,27 @@ extern "C" __global__ void ferry_adler32_batch(const unsigned char *const *ptrs,
 // the last whole element are copied as they are. size 1 is a plain copy
 // (blosc's raw streams). One block per buffer (grid-stride over buffers),
 // threads over its output bytes.
+// Undo blosc's bitshuffle, out of place, for `count` blocks: desc as above.
+// Byte j of element i, bit k, is bit i % 8 of byte i / 8 of row 8 j + k, each
+// row nel / 8 bytes (nel: the block's elements, rounded down to 8); bytes past
+// nel elements are copied. One thread per output byte.
+extern "C" __global__ void ferry_bitunshuffle_batch(const unsigned long long *desc, unsigned long long count) {
+    for (unsigned long long d = blockIdx.x; d < count; d += gridDim.x) {
+        const unsigned char *in = (const unsigned char *)desc[4 * d];
+        unsigned char *out = (unsigned char *)desc[4 * d + 1];
+        unsigned long long n = desc[4 * d + 2], size = desc[4 * d + 3];
+        unsigned long long nel = (n / size) & ~7ull, rowbytes = nel / 8, body = nel * size;
+        for (unsigned long long o = threadIdx.x; o < n; o += blockDim.x) {
+            if (o >= body) { out[o] = in[o]; continue; }
+            unsigned long long i = o / size, j = o % size;
+            const unsigned char *row = in + 8 * j * rowbytes + i / 8;
+            unsigned shift = (unsigned)(i % 8), v = 0;
+            for (unsigned k = 0; k < 8; k++) v |= ((row[k * rowbytes] >> shift) & 1u) << k;
+            out[o] = (unsigned char)v;
+        }
+    }
+}
+
 extern "C" __global__ void ferry_unshuffle_batch(const unsigned long long *desc, unsigned long long count) {
     for (unsigned long long d = blockIdx.x; d < count; d += gridDim.x) {
         const unsigned char *in = (const unsigned char *)desc[4 * d];
@@ -123,5 +144,28 @@ extern "C" __global__ void ferry_unshuffle_batch(const unsigned long long *desc,
         unsigned long long nel = n / size, body = nel * size;
         for (unsigned long long i = threadIdx.x; i < n; i += blockDim.x)
             out[i] = i < body ? in[(i % size) * nel + i / size] : in[i];
+    }
+}
+
+// Place decoded chunks into their boxes of the destination (the tile
+// scatter), `count` at once: desc[16 i ..] = (src, dst, width, rows0, rows1,
+// rows2, sstride0..2, dstride0..2): rows0 x rows1 x rows2 runs of `width`
+// bytes, run (a, b, c) from src + a ss0 + b ss1 + c ss2 to dst + a ds0 + ...
+// (strides signed). One block per chunk, threads over each run's bytes.
+extern "C" __global__ void ferry_place_batch(const unsigned long long *desc, unsigned long long count) {
+    for (unsigned long long d = blockIdx.x; d < count; d += gridDim.x) {
+        const unsigned long long *q = desc + 16 * d;
+        const unsigned char *src = (const unsigned char *)q[0];
+        unsigned char *dst = (unsigned char *)q[1];
+        unsigned long long width = q[2], r0 = q[3], r1 = q[4], r2 = q[5];
+        long long ss0 = (long long)q[6], ss1 = (long long)q[7], ss2 = (long long)q[8];
+        long long ds0 = (long long)q[9], ds1 = (long long)q[10], ds2 = (long long)q[11];
+        unsigned long long rows = r0 * r1 * r2;
+        for (unsigned long long row = 0; row < rows; row++) {
+            unsigned long long c = row % r2, b = (row / r2) % r1, a = row / (r1 * r2);
+            const unsigned char *s = src + (long long)a * ss0 + (long long)b * ss1 + (long long)c * ss2;
+            unsigned char *t = dst + (long long)a * ds0 + (long long)b * ds1 + (long long)c * ds2;
+            for (unsigned long long x = threadIdx.x; x < width; x += blockDim.x) t[x] = s[x];
+        }
     }
 }

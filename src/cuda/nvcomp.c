@@ -48,7 +48,12 @@ static int fill_table(void *h) {
     } while (0)
     for (int a = 0; a < FERRY_NVCOMP_NALG; a++) {
         ferry_nvcomp_alg_api *t = &api_.alg[a];
-        SYM(t->GetTempSizeAsync, "nvcompBatched%sDecompressGetTempSizeAsync", sym_names[a], 1);
+        SYM(t->GetTempSize, "nvcompBatched%sDecompressGetTempSize", sym_names[a], 0);            /* 6.x */
+        SYM(t->GetTempSizeAsync, "nvcompBatched%sDecompressGetTempSizeAsync", sym_names[a], 0);  /* 5.x */
+        if (!t->GetTempSize && !t->GetTempSizeAsync) {
+            snprintf(why_, sizeof why_, "%s lacks nvcompBatched%sDecompressGetTempSize(Async)", api_.path, sym_names[a]);
+            return -1;
+        }
         SYM(t->DecompressAsync, "nvcompBatched%sDecompressAsync", sym_names[a], 1);
         SYM(t->GetDecompressSizeAsync, "nvcompBatched%sGetDecompressSizeAsync", sym_names[a], 0);
         SYM(t->GetRequiredAlignments, "nvcompBatched%sDecompressGetRequiredAlignments", sym_names[a], 0);
@@ -98,6 +103,16 @@ static void load_locked(void) {
     }
     snprintf(desc_, sizeof desc_, "loaded nvCOMP %d.%d.%d from %s", api_.major, api_.minor, api_.patch, api_.path);
     loaded_ = &api_;   /* the handle stays open for the life of the process */
+}
+
+ferry_nvcomp_status_t ferry_nvcomp_temp_size(const ferry_nvcomp_api *nv, int a, size_t num_chunks,
+                                             size_t max_uncompressed_chunk_bytes, ferry_nvcomp_opts opts,
+                                             size_t *temp_bytes, size_t max_total_uncompressed_bytes, CUstream stream) {
+    const ferry_nvcomp_alg_api *t = &nv->alg[a];
+    if (t->GetTempSize)
+        return t->GetTempSize(num_chunks, max_uncompressed_chunk_bytes, opts, temp_bytes, max_total_uncompressed_bytes,
+                              stream);
+    return t->GetTempSizeAsync(num_chunks, max_uncompressed_chunk_bytes, opts, temp_bytes, max_total_uncompressed_bytes);
 }
 
 const ferry_nvcomp_api *ferry_nvcomp_load(const char **why) {

@@ -7,9 +7,14 @@
  * options struct by value (64 bytes: a backend enum, then reserved bytes) and
  * GetTempSizeAsync gained max_total_uncompressed_bytes. 4.x and earlier use
  * other signatures: ferry refuses them by version (nvcompGetProperties) rather
- * than call them with the wrong arguments. 6.0 keeps 5's batched signatures
- * (its release notes list no change to them); the version check accepts
- * majors 5 and 6 only, so a later break is refused, not miscalled. */
+ * than call them with the wrong arguments. 6.0 renamed the temp-size query:
+ * 5.x's GetTempSizeAsync(n, max, opts, &temp, total) became
+ * GetTempSize(n, max, opts, &temp, total, stream) — one more argument, found
+ * by test_cuda_abi against the 6.0 wheel's headers on the H200 (the release
+ * notes did not say). Both are looked up and ferry_nvcomp_temp_size calls the
+ * one the library has. The other batched signatures are unchanged; the
+ * version check accepts majors 5 and 6 only, so a later break is refused,
+ * not miscalled. */
 #ifndef FERRY_NVCOMP_H
 #define FERRY_NVCOMP_H
 #include <stddef.h>
@@ -42,6 +47,9 @@ typedef struct ferry_nvcomp_align { size_t input, output, temp; } ferry_nvcomp_a
 typedef ferry_nvcomp_status_t (*ferry_nvcomp_temp_fn)(size_t num_chunks, size_t max_uncompressed_chunk_bytes,
                                                        ferry_nvcomp_opts opts, size_t *temp_bytes,
                                                        size_t max_total_uncompressed_bytes);
+typedef ferry_nvcomp_status_t (*ferry_nvcomp_temp6_fn)(size_t num_chunks, size_t max_uncompressed_chunk_bytes,
+                                                        ferry_nvcomp_opts opts, size_t *temp_bytes,
+                                                        size_t max_total_uncompressed_bytes, CUstream stream);
 typedef ferry_nvcomp_status_t (*ferry_nvcomp_decompress_fn)(
     const void *const *d_in_ptrs, const size_t *d_in_bytes, const size_t *d_out_buffer_bytes,
     size_t *d_out_actual_bytes, size_t num_chunks, void *d_temp, size_t temp_bytes, void *const *d_out_ptrs,
@@ -55,7 +63,8 @@ typedef enum ferry_nvcomp_alg { FERRY_NVCOMP_ZSTD = 0, FERRY_NVCOMP_LZ4 = 1, FER
                                 FERRY_NVCOMP_NALG = 3 } ferry_nvcomp_alg;
 
 typedef struct ferry_nvcomp_alg_api {
-    ferry_nvcomp_temp_fn GetTempSizeAsync;      /* nvcompBatchedXDecompressGetTempSizeAsync */
+    ferry_nvcomp_temp_fn GetTempSizeAsync;      /* 5.x: nvcompBatchedXDecompressGetTempSizeAsync */
+    ferry_nvcomp_temp6_fn GetTempSize;          /* 6.x: nvcompBatchedXDecompressGetTempSize (+ stream) */
     ferry_nvcomp_decompress_fn DecompressAsync; /* nvcompBatchedXDecompressAsync */
     ferry_nvcomp_size_fn GetDecompressSizeAsync;/* nvcompBatchedXGetDecompressSizeAsync (optional) */
     ferry_nvcomp_align_fn GetRequiredAlignments;/* nvcompBatchedXDecompressGetRequiredAlignments (optional) */
@@ -69,6 +78,11 @@ typedef struct ferry_nvcomp_api {
     int major, minor, patch;
     char path[512];                             /* the file that was loaded */
 } ferry_nvcomp_api;
+
+/* Temp bytes for a batch of `a` (whichever query the loaded library has). */
+ferry_nvcomp_status_t ferry_nvcomp_temp_size(const ferry_nvcomp_api *nv, int a, size_t num_chunks,
+                                             size_t max_uncompressed_chunk_bytes, ferry_nvcomp_opts opts,
+                                             size_t *temp_bytes, size_t max_total_uncompressed_bytes, CUstream stream);
 
 /* Load nvCOMP once (thread-safe): FERRY_NVCOMP (a file, or "off"), then the
  * directory set by ferry_nvcomp_set_dir (the Python layer hands it the wheel's

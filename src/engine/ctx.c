@@ -49,14 +49,8 @@ void ferry_ctx_destroy(ferry_ctx *c) {
         nanosleep(&ts, NULL);
         pthread_mutex_lock(&c->lock);
     }
-    c->stop = 1;
-    pthread_cond_broadcast(&c->work_cond);
     pthread_mutex_unlock(&c->lock);
-    for (int i = 0; i < c->nworkers; i++) pthread_join(c->workers[i].thread, NULL);
-    CUcontext saved = ferry_cuda_current();    /* freeing streams switches this thread's context */
-    for (int i = 0; i < c->nworkers; i++) ferry_worker_free(&c->workers[i]);
-    for (int i = 0; i < c->ninline_free; i++) { ferry_worker_free(c->inline_free[i]); free(c->inline_free[i]); }
-    ferry_cuda_restore(saved);
+    ferry_pool_stop(c);
     ferry_fcache_free(&c->files);
     free(c->workers);
     pthread_mutex_destroy(&c->lock);

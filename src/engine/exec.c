@@ -501,12 +501,22 @@ static int64_t exec_write(ferry_worker *w, ferry_job *j, const ferry_extent *e, 
  * worker that first needs one, so many files open in parallel); the worker
  * holds the last one for the rest of the job's tasks (a shard read as many
  * extents looks it up once). */
-int ferry_path_file(ferry_worker *w, ferry_job *j, const char *path, ferry_file **out) {
-    if (w->pathfile && w->pathfile_job == j->id && strcmp(w->pathfile->path, path) == 0) { *out = w->pathfile; return 0; }
+int ferry_path_file(ferry_worker *w, ferry_job *j, const ferry_extent *e, ferry_file **out) {
+    const char *path = e->path;
+    int nofollow = (e->flags & FERRY_EXTENT_NOFOLLOW) != 0;
+    const char *root = nofollow ? e->root : NULL;
+    if (w->pathfile && w->pathfile_job == j->id && strcmp(w->pathfile->path, path) == 0 &&
+        (!nofollow || (w->pathfile_nofollow && (w->pathfile_root == root ||
+                                                (root && w->pathfile_root && !strcmp(w->pathfile_root, root)))))) {
+        *out = w->pathfile;
+        return 0;
+    }
     ferry_worker_idle(w);
-    int rc = ferry_fcache_get(&w->ctx->files, w->ctx, path, j->id, &w->pathfile, &w->pathfile_entry);
+    int rc = ferry_fcache_get(&w->ctx->files, w->ctx, path, nofollow, root, j->id, &w->pathfile, &w->pathfile_entry);
     if (rc < 0) return rc;
     w->pathfile_job = j->id;
+    w->pathfile_nofollow = nofollow;
+    w->pathfile_root = root;   /* the job's copy: lives as long as pathfile_job */
     *out = w->pathfile;
     return 0;
 }
@@ -533,7 +543,7 @@ int ferry_exec_task(ferry_worker *w, ferry_job *j, const ferry_task *t) {
         }
         goto issued;
     }
-    if (e->kind != FERRY_EXTENT_FILL && !f) r = ferry_path_file(w, j, e->path, &f);
+    if (e->kind != FERRY_EXTENT_FILL && !f) r = ferry_path_file(w, j, e, &f);
     if ((r == -ENOENT || r == -ENOTDIR) && (e->flags & FERRY_EXTENT_MISSING_FILLS)) {
         ferry_clearerr();   /* an absent chunk: its box gets the fill value */
         r = exec_fill(w, j, e, 0, 0, &deferred);

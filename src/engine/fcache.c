@@ -6,6 +6,7 @@
  * may also hold an O_DIRECT descriptor); unused entries are closed oldest
  * first. */
 #include "engine/engine.h"
+#include "engine/sysio.h"
 #include "engine/fcache.h"
 #include <errno.h>
 #include <stdlib.h>
@@ -23,6 +24,8 @@ struct ferry_fc_entry {
     uint64_t checked_job;         /* the last job that checked it */
     int refs;
     int dead;                     /* replaced: out of the table, closed at refs 0 */
+    int nofollow;                 /* opened for FERRY_EXTENT_NOFOLLOW reads ... */
+    char *link_root;              /* ... through a symlink checked under this root */
     ferry_fc_entry *hnext, *prev, *next;   /* bucket chain; LRU links while refs == 0 */
 };
 
@@ -73,6 +76,7 @@ static void table_unlink(ferry_fcache *c, ferry_fc_entry *e) {
 
 static void entry_free(ferry_fc_entry *e) {
     ferry_file_close(e->f);
+    free(e->link_root);
     free(e->path);
     free(e);
 }
@@ -106,14 +110,29 @@ static void close_list(ferry_fc_entry *e) {
     for (ferry_fc_entry *n; e; e = n) { n = e->hnext; entry_free(e); }
 }
 
-int ferry_fcache_get(ferry_fcache *c, ferry_ctx *ctx, const char *path, uint64_t job_id,
-                     ferry_file **file, ferry_fc_entry **entry) {
+/* An entry serves a NOFOLLOW read only if it was opened with the same care:
+ * without links, or through one checked under the same root. */
+static int serves(const ferry_fc_entry *e, int nofollow, const char *root) {
+    if (!nofollow) return 1;
+    return e->nofollow && (!e->link_root || (root && !strcmp(e->link_root, root)));
+}
+
+int ferry_fcache_get(ferry_fcache *c, ferry_ctx *ctx, const char *path, int nofollow, const char *root,
+                     uint64_t job_id, ferry_file **file, ferry_fc_entry **entry) {
     uint64_t h = hash_path(path);
     *file = NULL;
     *entry = NULL;
+    ferry_fc_entry *stale = NULL;
     pthread_mutex_lock(&c->lock);
     ferry_fc_entry *e = c->buckets[h & (c->nbuckets - 1)];
     while (e && (e->hash != h || strcmp(e->path, path) != 0)) e = e->hnext;
+    if (e && !serves(e, nofollow, root)) {   /* opened following links: open it again, with care */
+        table_unlink(c, e);
+        e->dead = 1;
+        c->reopens++;
+        if (e->refs == 0) { lru_unlink(c, e); e->hnext = NULL; stale = e; }
+        e = NULL;
+    }
     if (e) {
         if (e->refs++ == 0) lru_unlink(c, e);
         if (e->checked_job == job_id) {
@@ -125,9 +144,10 @@ int ferry_fcache_get(ferry_fcache *c, ferry_ctx *ctx, const char *path, uint64_t
         }
     }
     pthread_mutex_unlock(&c->lock);
+    close_list(stale);
     if (e) {   /* first use by this job: is it still the file at this path? */
         struct stat st;
-        if (stat(path, &st) == 0 && same_file(e, &st)) {
+        if (ferry_sys()->stat(path, &st) == 0 && same_file(e, &st)) {
             pthread_mutex_lock(&c->lock);
             e->checked_job = job_id;
             c->hits++;
@@ -143,16 +163,19 @@ int ferry_fcache_get(ferry_fcache *c, ferry_ctx *ctx, const char *path, uint64_t
         ferry_fcache_put(c, e);
     }
     ferry_file *f;
-    int rc = ferry_file_open_internal(ctx, path, FERRY_READ, &f);
+    int linked = 0;
+    int rc = nofollow ? ferry_file_open_nofollow(ctx, path, root, &f, &linked)
+                      : ferry_file_open_internal(ctx, path, FERRY_READ, &f);
     if (rc < 0) return rc;
     struct stat st;
-    if (fstat(f->fd, &st) != 0) {
+    if (ferry_sys()->fstat(f->fd, &st) != 0) {
         rc = ferry_seterr(-errno, "%s: fstat: %s", path, strerror(errno));
         ferry_file_close(f);
         return rc;
     }
     ferry_fc_entry *n = calloc(1, sizeof *n);
-    if (!n || !(n->path = strdup(path))) {
+    if (!n || !(n->path = strdup(path)) || (linked && !(n->link_root = strdup(root)))) {
+        if (n) free(n->path);
         free(n);
         ferry_file_close(f);
         return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", path);
@@ -165,6 +188,7 @@ int ferry_fcache_get(ferry_fcache *c, ferry_ctx *ctx, const char *path, uint64_t
     n->mtime = st.st_mtim;
     n->checked_job = job_id;
     n->refs = 1;
+    n->nofollow = nofollow;
     ferry_fc_entry *closing = NULL;
     pthread_mutex_lock(&c->lock);
     c->opens++;

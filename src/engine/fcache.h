@@ -24,9 +24,11 @@ void ferry_fcache_free(ferry_fcache *c);
  * (job_id); the first use by another job stats the path and reopens it when
  * the path names another file (device, inode), or the size or mtime changed —
  * a file replaced, rewritten or truncated between batches is read afresh,
- * never stale. Opening happens outside the lock (workers open in parallel).
+ * never stale. nofollow: opened as a FERRY_EXTENT_NOFOLLOW read (no symlink
+ * but one resolving under root); an entry opened otherwise is not reused for
+ * it. Opening happens outside the lock (workers open in parallel).
  * The caller releases the entry with ferry_fcache_put. */
-int ferry_fcache_get(ferry_fcache *c, ferry_ctx *ctx, const char *path, uint64_t job_id,
-                     ferry_file **file, ferry_fc_entry **entry);
+int ferry_fcache_get(ferry_fcache *c, ferry_ctx *ctx, const char *path, int nofollow, const char *root,
+                     uint64_t job_id, ferry_file **file, ferry_fc_entry **entry);
 void ferry_fcache_put(ferry_fcache *c, ferry_fc_entry *entry);
 #endif

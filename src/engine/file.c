@@ -1,6 +1,7 @@
 /* file.c — open files: a buffered descriptor always, an O_DIRECT descriptor
  * and a cuFile handle lazily (each opened once per file, never per task). */
 #include "engine/engine.h"
+#include "engine/sysio.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -9,35 +10,55 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+static int file_from_fd(ferry_ctx *ctx, int fd, const char *path, int flags, ferry_file **out);
+
 int ferry_file_open_internal(ferry_ctx *ctx, const char *path, int flags, ferry_file **out) {
     *out = NULL;
     if (!path || !*path) return ferry_seterr(FERRY_EINVAL, "empty path");
     if (!(flags & (FERRY_READ | FERRY_WRITE)))
         return ferry_seterr(FERRY_EINVAL, "%s: open flags need FERRY_READ or FERRY_WRITE", path);
-    int oflags = O_CLOEXEC;
+    if (flags & ~(FERRY_READ | FERRY_WRITE | FERRY_CREATE | FERRY_TRUNC | FERRY_ANY_FILE))
+        return ferry_seterr(FERRY_EINVAL, "%s: unknown open flags 0x%x", path, (unsigned)flags);
+    /* O_NONBLOCK: opening a FIFO for reading would wait for a writer forever
+     * (the file type is only known once it is open); cleared again below */
+    int oflags = O_CLOEXEC | O_NONBLOCK;
     if ((flags & FERRY_READ) && (flags & FERRY_WRITE)) oflags |= O_RDWR;
     else if (flags & FERRY_WRITE) oflags |= O_WRONLY;
     else oflags |= O_RDONLY;
     if (flags & FERRY_CREATE) oflags |= O_CREAT;
     if (flags & FERRY_TRUNC) oflags |= O_TRUNC;
-    int fd = open(path, oflags, 0644);
+    const ferry_sys_api *sys = ferry_sys();
+    int fd = sys->open(path, oflags, 0644);
     if (fd < 0) {
         int e = errno;
         return ferry_seterr(-e, "%s: cannot open: %s", path, strerror(e));
     }
+    return file_from_fd(ctx, fd, path, flags, out);
+}
+
+static int file_from_fd(ferry_ctx *ctx, int fd, const char *path, int flags, ferry_file **out) {
+    const ferry_sys_api *sys = ferry_sys();
     struct stat st;
-    if (fstat(fd, &st) != 0) {
+    if (sys->fstat(fd, &st) != 0) {
         int e = errno;
-        close(fd);
+        sys->close(fd);
         return ferry_seterr(-e, "%s: fstat: %s", path, strerror(e));
     }
     if (S_ISDIR(st.st_mode)) {
-        close(fd);
+        sys->close(fd);
         return ferry_seterr(-EISDIR, "%s: is a directory", path);
     }
+    if (!S_ISREG(st.st_mode) && !(flags & FERRY_ANY_FILE)) {
+        const char *kind = S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISCHR(st.st_mode) ? "a character device"
+                         : S_ISBLK(st.st_mode) ? "a block device" : S_ISSOCK(st.st_mode) ? "a socket" : "not a file";
+        sys->close(fd);
+        return ferry_seterr(FERRY_EINVAL, "%s: is %s, not a regular file (FERRY_ANY_FILE opens it)", path, kind);
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
     ferry_file *f = calloc(1, sizeof *f);
     char *p = strdup(path);
-    if (!f || !p) { free(f); free(p); close(fd); return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", path); }
+    if (!f || !p) { free(f); free(p); sys->close(fd); return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", path); }
     f->ctx = ctx;
     f->path = p;
     f->fd = fd;
@@ -48,6 +69,55 @@ int ferry_file_open_internal(ferry_ctx *ctx, const char *path, int flags, ferry_
     pthread_mutex_init(&f->lock, NULL);
     *out = f;
     return 0;
+}
+
+/* 1 when the resolved path r lies under root (itself resolved). */
+static int under_root(const char *r, const char *root) {
+    size_t rl = strlen(root);
+    while (rl > 1 && root[rl - 1] == '/') rl--;
+    return !strncmp(r, root, rl) && (r[rl] == 0 || r[rl] == '/' || rl == 1);
+}
+
+/* O_NOFOLLOW: a chunk file that is a symlink cannot lead the read out of its
+ * store (the directories on the way were checked by the planner). Only a
+ * symlink costs a realpath; then the resolved path, which has no links left,
+ * is opened (a link swapped in meanwhile fails with ELOOP). file_from_fd
+ * refuses anything but a regular file (O_NONBLOCK: a FIFO fails at once). */
+int ferry_file_open_nofollow(ferry_ctx *ctx, const char *path, const char *root, ferry_file **out, int *linked) {
+    *out = NULL;
+    if (linked) *linked = 0;
+    if (!path || !*path) return ferry_seterr(FERRY_EINVAL, "empty path");
+    const ferry_sys_api *sys = ferry_sys();
+    const int oflags = O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK;
+    int fd = sys->open(path, oflags, 0);
+    if (fd < 0 && errno == ELOOP) {
+        char *r = realpath(path, NULL);
+        if (!r) {
+            int e = errno;   /* a dangling link: ENOENT, absent */
+            return ferry_seterr(-e, "%s: cannot open: %s", path, strerror(e));
+        }
+        int rc = 0;
+        if (!root) rc = ferry_seterr(-ELOOP, "%s: is a symlink (to %s); not followed for this read", path, r);
+        else if (!under_root(r, root))
+            rc = ferry_seterr(-EACCES, "%s: resolves to %s, outside the store %s (a symlink leading out is refused)",
+                              path, r, root);
+        else if ((fd = sys->open(r, oflags, 0)) < 0) {
+            int e = errno;
+            rc = ferry_seterr(-e, "%s: cannot open %s: %s", path, r, strerror(e));
+        }
+        free(r);
+        if (rc < 0) return rc;
+        if (linked) *linked = 1;
+    } else if (fd < 0) {
+        int e = errno;
+        return ferry_seterr(-e, "%s: cannot open: %s", path, strerror(e));
+    }
+    return file_from_fd(ctx, fd, path, FERRY_READ, out);
+}
+
+int ferry_file_open_extent(ferry_ctx *ctx, const ferry_extent *e, ferry_file **out) {
+    if (e->flags & FERRY_EXTENT_NOFOLLOW) return ferry_file_open_nofollow(ctx, e->path, e->root, out, NULL);
+    return ferry_file_open_internal(ctx, e->path, FERRY_READ, out);
 }
 
 int ferry_file_open(ferry_ctx *ctx, const char *path, int flags, ferry_file **out) {
@@ -62,8 +132,8 @@ int ferry_file_close(ferry_file *f) {
         const ferry_cufile_api *cf = ferry_cufile_load(NULL);
         if (cf) cf->HandleDeregister(f->cfh);
     }
-    if (f->dfd >= 0) close(f->dfd);
-    if (close(f->fd) != 0) rc = ferry_seterr(-errno, "%s: close: %s", f->path, strerror(errno));
+    if (f->dfd >= 0) ferry_sys()->close(f->dfd);
+    if (ferry_sys()->close(f->fd) != 0) rc = ferry_seterr(-errno, "%s: close: %s", f->path, strerror(errno));
     pthread_mutex_destroy(&f->lock);
     free(f->path);
     free(f);
@@ -72,19 +142,19 @@ int ferry_file_close(ferry_file *f) {
 
 int64_t ferry_file_size(ferry_file *f) {
     struct stat st;
-    if (fstat(f->fd, &st) != 0) return ferry_seterr(-errno, "%s: fstat: %s", f->path, strerror(errno));
+    if (ferry_sys()->fstat(f->fd, &st) != 0) return ferry_seterr(-errno, "%s: fstat: %s", f->path, strerror(errno));
     return (int64_t)st.st_size;
 }
 
 const char *ferry_file_path(const ferry_file *f) { return f ? f->path : ""; }
 
 int ferry_file_sync(ferry_file *f) {
-    if (fsync(f->fd) != 0) return ferry_seterr(-errno, "%s: fsync: %s", f->path, strerror(errno));
+    if (ferry_sys()->fsync(f->fd) != 0) return ferry_seterr(-errno, "%s: fsync: %s", f->path, strerror(errno));
     return 0;
 }
 
 int ferry_file_truncate(ferry_file *f, uint64_t size) {
-    if (ftruncate(f->fd, (off_t)size) != 0)
+    if (ferry_sys()->ftruncate(f->fd, (off_t)size) != 0)
         return ferry_seterr(-errno, "%s: ftruncate to %llu: %s", f->path, (unsigned long long)size, strerror(errno));
     return 0;
 }
@@ -110,11 +180,11 @@ int ferry_file_direct_fd(ferry_file *f) {
          * systems refuse O_DIRECT. */
         char proc[64];
         snprintf(proc, sizeof proc, "/proc/self/fd/%d", f->fd);
-        int fd = open(proc, oflags);
-        if (fd < 0 && (errno == ENOENT || errno == ENOTDIR)) fd = open(f->path, oflags);
+        int fd = ferry_sys()->open(proc, oflags, 0);
+        if (fd < 0 && (errno == ENOENT || errno == ENOTDIR)) fd = ferry_sys()->open(f->path, oflags, 0);
         struct stat st;
-        if (fd >= 0 && (fstat(fd, &st) != 0 || st.st_dev != f->dev || st.st_ino != f->ino)) {
-            close(fd);
+        if (fd >= 0 && (ferry_sys()->fstat(fd, &st) != 0 || st.st_dev != f->dev || st.st_ino != f->ino)) {
+            ferry_sys()->close(fd);
             fd = -1;
         }
         __atomic_store_n(&f->dfd, fd >= 0 ? fd : -2, __ATOMIC_RELEASE);

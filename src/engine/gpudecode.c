@@ -17,7 +17,8 @@
  * result is used and counted in ferry_stats.gpu_cpu_fallbacks, otherwise the
  * job fails naming the file, the chunk and the codec. Filters then run on the
  * GPU (unshuffle, byteswap) and scratch outputs are placed into the
- * destination by device-to-device 2D copies. Batches of one job run on many
+ * destination by one tile-scatter kernel per batch (device copies where a
+ * box has more than three dimensions of runs, or without the kernels). Batches of one job run on many
  * workers at once, each on its own stream: while one batch decodes, others
  * are being read (the pipeline), and a worker's next batch waits only for its
  * own previous batch's event before reusing its buffers. */
@@ -232,7 +233,7 @@ typedef struct gd_item {  /* one nvCOMP input: a frame, or one split of a blosc 
     size_t q;             /* its index in the batch's arrays and results */
 } gd_item;
 
-typedef struct gd_desc { uint64_t in, out, n, size; int in_din, in_scr, out_scr; } gd_desc;  /* copy / unshuffle */
+typedef struct gd_desc { uint64_t in, out, n, size; int in_din, in_scr, out_scr; } gd_desc;  /* copy / (bit)unshuffle */
 
 struct ferry_gpudecode_worker {
     gd_dev dev[FERRY_MAX_DEVICES];
@@ -240,6 +241,7 @@ struct ferry_gpudecode_worker {
     gd_item *it; size_t it_n, it_cap;
     gd_desc *cp; size_t cp_n, cp_cap;   /* copies before decoding (blosc raw streams, memcpyed frames) */
     gd_desc *un; size_t un_n, un_cap;   /* unshuffles after decoding */
+    gd_desc *bu; size_t bu_n, bu_cap;   /* blosc bit-unshuffles after decoding */
     ferry_blosc_stream *bs;             /* one frame's streams while it is parsed */
 };
 
@@ -263,7 +265,7 @@ void ferry_gpudecode_worker_free(ferry_worker *w) {
         int ps[4] = {g->hpinned, g->hres_pinned, g->hcpu_pinned, g->hfb_pinned};
         for (int i = 0; i < 4; i++) if (hs[i]) { if (ps[i]) cu->MemFreeHost(hs[i]); else free(hs[i]); }
     }
-    free(gw->ch); free(gw->it); free(gw->cp); free(gw->un); free(gw->bs);
+    free(gw->ch); free(gw->it); free(gw->cp); free(gw->un); free(gw->bu); free(gw->bs);
     free(gw);
     w->gpu = NULL;
 }
@@ -351,6 +353,32 @@ static int place_dev(const ferry_cuda_api *cu, CUstream s, CUdeviceptr dst, CUde
     return place_rec(cu, s, dst, src + p.src_offset, &p, 0);
 }
 
+/* The tile-scatter descriptor (16 u64, ferry_cuda_place_batch) of a chunk
+ * at src whose box goes to dst; 0 when the box needs more than 3 dimensions
+ * of runs (then place_dev's copies do it). */
+static int place_desc(uint64_t *q, CUdeviceptr dst, CUdeviceptr src, const ferry_place *place, uint64_t decoded) {
+    memset(q, 0, 16 * sizeof *q);
+    q[3] = q[4] = q[5] = 1;
+    if (!place) { q[0] = src; q[1] = dst; q[2] = decoded; return 1; }
+    ferry_place p;
+    int m = ferry_place_normalize(place, &p);
+    for (int k = 0; k < place->ndim; k++) if (place->count[k] == 0) { q[2] = 0; q[0] = src; q[1] = dst; return 1; }
+    if (m == 0) { p.ndim = m = 1; p.count[0] = 1; p.src_stride[0] = p.dst_stride[0] = p.itemsize; }
+    int inner = p.src_stride[m - 1] == (int64_t)p.itemsize && p.dst_stride[m - 1] == (int64_t)p.itemsize;
+    int rows = inner ? m - 1 : m;
+    if (rows > 3) return 0;
+    q[0] = src + p.src_offset;
+    q[1] = dst;
+    q[2] = inner ? p.count[m - 1] * p.itemsize : p.itemsize;
+    for (int k = 0; k < rows; k++) {   /* right-aligned into the three row dimensions */
+        int slot = 3 - rows + k;
+        q[3 + slot] = p.count[k];
+        q[6 + slot] = (uint64_t)p.src_stride[k];
+        q[9 + slot] = (uint64_t)p.dst_stride[k];
+    }
+    return 1;
+}
+
 /* A placement that copies the whole decoded chunk to one contiguous run. */
 static int place_is_contiguous(const ferry_place *place, uint64_t decoded) {
     if (!place) return 1;
@@ -411,15 +439,17 @@ static int add_desc(gd_desc **arr, size_t *n, size_t *cap, gd_desc d) {
 /* Read every chunk of the batch into its slot of h. */
 static int read_chunks(ferry_worker *w, ferry_job *j, gd_dev *g, gd_chunk *ch, size_t n, uint64_t *file_bytes) {
     ferry_file *pf = NULL;
-    int rc = 0;
+    int rc = 0, pf_nofollow = 0;
     for (size_t k = 0; k < n && rc >= 0; k++) {
         const ferry_extent *e = &j->ext[ch[k].ext];
         ferry_file *f = e->file;
         if (!f) {
-            if (!pf || strcmp(pf->path, e->path) != 0) {
+            int nofollow = (e->flags & FERRY_EXTENT_NOFOLLOW) != 0;
+            if (!pf || strcmp(pf->path, e->path) != 0 || (nofollow && !pf_nofollow)) {
                 if (pf) ferry_file_close(pf);
                 pf = NULL;
-                rc = ferry_file_open_internal(w->ctx, e->path, FERRY_READ, &pf);
+                pf_nofollow = nofollow;
+                rc = ferry_file_open_extent(w->ctx, e, &pf);
                 if ((rc == -ENOENT || rc == -ENOTDIR) && (e->flags & FERRY_EXTENT_MISSING_FILLS)) {
                     ferry_clearerr();   /* an absent chunk: its box gets the fill value */
                     rc = 0;
@@ -462,10 +492,9 @@ static int classify(struct ferry_gpudecode_worker *gw, gd_dev *g, const ferry_nv
     if (c->ci.codec == FERRY_CODEC_BLOSC) {
         if (!gw->bs && !(gw->bs = malloc(MAX_BLOSC_STREAMS * sizeof *gw->bs))) return ferry_seterr(FERRY_ENOMEM, "out of memory");
         rc = ferry_frame_blosc(p, len, e->decoded_size, &bf, gw->bs, MAX_BLOSC_STREAMS);
-        if (rc == 0 && (bf.bitshuffle || c->ci.shuffle || bf.inner == FERRY_CODEC_ZLIB)) {
-            rc = FERRY_EUNSUPPORTED;   /* bitshuffle (no kernel yet), zlib inside blosc (unaligned payloads) */
-        }
-        if (bf.shuffle) unshuffle_size = (int)bf.typesize;
+        if (rc == 0 && (c->ci.shuffle || bf.inner == FERRY_CODEC_ZLIB))
+            rc = FERRY_EUNSUPPORTED;   /* a shuffle after blosc; zlib inside blosc (unaligned payloads) */
+        if (bf.shuffle || bf.bitshuffle) unshuffle_size = (int)bf.typesize;
     } else {
         rc = ferry_frame_parse(c->ci.codec, p, len, e->decoded_size, &c->fr);
         if (rc == 0 && c->fr.check == FERRY_FRAME_CHECK_CRC32) rc = FERRY_EUNSUPPORTED;   /* no GPU CRC-32 (gzip) */
@@ -520,12 +549,14 @@ static int classify(struct ferry_gpudecode_worker *gw, gd_dev *g, const ferry_nv
     }
     c->nitems = gw->it_n - c->item0;
     if (unshuffle_size) {
-        if (c->ci.codec == FERRY_CODEC_BLOSC) {   /* blosc shuffles each block by itself */
+        if (c->ci.codec == FERRY_CODEC_BLOSC) {   /* blosc (bit)shuffles each block by itself */
             for (uint64_t b = 0; b < bf.nblocks; b++) {
                 uint64_t bsize = FERRY_MIN(bf.blocksize, bf.nbytes - b * bf.blocksize);
-                if ((rc = add_desc(&gw->un, &gw->un_n, &gw->un_cap, (gd_desc){b * bf.blocksize, b * bf.blocksize, bsize, (uint64_t)unshuffle_size, 0, 0, 0})) < 0)
-                    return rc;
-                gw->un[gw->un_n - 1].in_scr = (int)ci_idx;
+                gd_desc dd = {b * bf.blocksize, b * bf.blocksize, bsize, (uint64_t)unshuffle_size, 0, (int)ci_idx, 0};
+                if (bf.bitshuffle && bf.version <= 2 && (bsize / bf.typesize) % 8) dd.size = 1;   /* left as is: copied */
+                if (bf.bitshuffle && dd.size > 1) rc = add_desc(&gw->bu, &gw->bu_n, &gw->bu_cap, dd);
+                else rc = add_desc(&gw->un, &gw->un_n, &gw->un_cap, dd);
+                if (rc < 0) return rc;
             }
         } else {
             if ((rc = add_desc(&gw->un, &gw->un_n, &gw->un_cap, (gd_desc){0, 0, e->decoded_size, (uint64_t)unshuffle_size, 0, 0, 0})) < 0) return rc;
@@ -564,7 +595,7 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t bi, int *defer
     gd_chunk *ch = gw->ch;
     const uint32_t *idx = j->gpu->idx + B->first;
     int kernels = ferry_cuda_kernels_ready(d);
-    gw->it_n = gw->cp_n = gw->un_n = 0;
+    gw->it_n = gw->cp_n = gw->un_n = gw->bu_n = 0;
 
     /* slots: each chunk starts `lead` bytes into an 8-aligned slot so that the
      * payload after its header (zlib: 2 bytes, numcodecs LZ4: 4) is aligned
@@ -617,10 +648,10 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t bi, int *defer
     for (int a = 0; a < FERRY_NVCOMP_NALG; a++) { q0[a] = q; q += na[a]; }
     const uint64_t arr = up(hsize, 64);
     const uint64_t a_cp = arr + 32 * (uint64_t)nitems, a_un = a_cp + 32 * (uint64_t)gw->cp_n;
-    const uint64_t htotal = a_un + 32 * (uint64_t)gw->un_n;
+    const uint64_t a_bu = a_un + 32 * (uint64_t)gw->un_n, htotal = a_bu + 32 * (uint64_t)gw->bu_n;
     const uint64_t res_size = up(4 * (uint64_t)nitems, 8), res_adler = res_size + 8 * (uint64_t)nitems;
     const uint64_t res_total = res_adler + 4 * (uint64_t)nitems + 8;
-    int any_gpu = nitems || gw->cp_n || gw->un_n;
+    int any_gpu = nitems || gw->cp_n || gw->un_n || gw->bu_n;
     size_t temp = 0;
     ferry_nvcomp_opts opts;
     memset(&opts, 0, sizeof opts);
@@ -636,7 +667,7 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t bi, int *defer
         for (int a = 0; a < FERRY_NVCOMP_NALG; a++) {
             if (!na[a]) continue;
             size_t t = 0;
-            ferry_nvcomp_status_t st = nv->alg[a].GetTempSizeAsync(na[a], max_out[a], opts, &t, tot_out[a]);
+            ferry_nvcomp_status_t st = ferry_nvcomp_temp_size(nv, a, na[a], max_out[a], opts, &t, tot_out[a], s);
             if (st) return ferry_seterr(FERRY_ECUDA, "nvCOMP batched decompress: temp size for %zu chunks: %s", na[a], ferry_nvcomp_errstr(st));
             if (t > temp) temp = t;   /* the calls run one after another on one stream: one temp serves all */
         }
@@ -657,7 +688,7 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t bi, int *defer
             out_ptrs[it->q] = ch[it->chunk].out + it->out_off;
             out_caps[it->q] = it->out_len;
         }
-        uint64_t *cp = (uint64_t *)(g->h + a_cp), *un = (uint64_t *)(g->h + a_un);
+        uint64_t *cp = (uint64_t *)(g->h + a_cp), *un = (uint64_t *)(g->h + a_un), *bu = (uint64_t *)(g->h + a_bu);
         for (size_t i = 0; i < gw->cp_n; i++) {
             const gd_desc *dd = &gw->cp[i];
             uint64_t out = dd->out_scr == -1 ? ch[dd->out].fin : ch[-2 - dd->out_scr].out + dd->out;
@@ -668,11 +699,16 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t bi, int *defer
             un[4 * i] = ch[dd->in_scr].out + dd->in; un[4 * i + 1] = ch[dd->in_scr].fin + dd->out;
             un[4 * i + 2] = dd->n; un[4 * i + 3] = dd->size;
         }
+        for (size_t i = 0; i < gw->bu_n; i++) {
+            const gd_desc *dd = &gw->bu[i];
+            bu[4 * i] = ch[dd->in_scr].out + dd->in; bu[4 * i + 1] = ch[dd->in_scr].fin + dd->out;
+            bu[4 * i + 2] = dd->n; bu[4 * i + 3] = dd->size;
+        }
         /* one copy up; copies, one nvCOMP call per algorithm, Adler-32s,
          * unshuffles, byteswaps; one copy of the results back */
         if ((r = cu->MemcpyHtoDAsync(g->din, g->h, htotal, s)))
             return ferry_seterr(FERRY_ECUDA, "cuMemcpyHtoDAsync: %s", ferry_cuda_errstr(r));
-        if (gw->cp_n && (rc = ferry_cuda_unshuffle_batch(d, g->din + a_cp, gw->cp_n, s)) < 0) goto fail_sync;
+        if (gw->cp_n && (rc = ferry_cuda_unshuffle_batch(d, g->din + a_cp, gw->cp_n, 0, s)) < 0) goto fail_sync;
         for (int a = 0; a < FERRY_NVCOMP_NALG; a++) {
             if (!na[a]) continue;
             CUdeviceptr base = g->din + arr;
@@ -691,7 +727,8 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t bi, int *defer
                                                g->dres + res_adler + 4 * q0[a], na[a], s)) < 0)
                 goto fail_sync;
         }
-        if (gw->un_n && (rc = ferry_cuda_unshuffle_batch(d, g->din + a_un, gw->un_n, s)) < 0) goto fail_sync;
+        if (gw->un_n && (rc = ferry_cuda_unshuffle_batch(d, g->din + a_un, gw->un_n, 0, s)) < 0) goto fail_sync;
+        if (gw->bu_n && (rc = ferry_cuda_unshuffle_batch(d, g->din + a_bu, gw->bu_n, 1, s)) < 0) goto fail_sync;
         for (size_t k = 0; k < n; k++)
             if (ch[k].kind == K_GPU && ch[k].ci.swap &&
                 (rc = ferry_cuda_byteswap(d, ch[k].fin, j->ext[ch[k].ext].decoded_size / ch[k].ci.swap, ch[k].ci.swap, s)) < 0)
@@ -759,7 +796,18 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t bi, int *defer
         }
     }
 
-    /* CPU-decoded chunks up, scratch placed into the boxes */
+    /* CPU-decoded chunks up, then scratch placed into the boxes: one tile
+     * scatter kernel for the batch (its descriptors through h and din, both
+     * free again: the decode is complete), copies where it cannot */
+    size_t nplace = 0;
+    uint64_t *pd = NULL;
+    for (size_t k = 0; k < n; k++) nplace += ch[k].placed;
+    if (nplace && kernels) {
+        if ((rc = ferry_worker_grow(w, d, &g->h, &g->hcap, &g->hpinned, 128 * nplace)) < 0) goto fail_sync;
+        if ((rc = dev_grow(&g->din, &g->din_cap, 128 * nplace)) < 0) goto fail_sync;
+        pd = (uint64_t *)g->h;
+    }
+    size_t np = 0;
     for (size_t k = 0; k < n; k++) {
         gd_chunk *c = &ch[k];
         const ferry_extent *e = &j->ext[c->ext];
@@ -767,9 +815,17 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t bi, int *defer
             rc = ferry_seterr(FERRY_ECUDA, "cuMemcpyHtoDAsync: %s", ferry_cuda_errstr(r));
             goto fail_sync;
         }
-        if (c->placed &&
-            (rc = place_dev(cu, s, (CUdeviceptr)(uintptr_t)e->dst.ptr + e->dst_offset, c->fin, e->place, e->decoded_size)) < 0)
+        if (!c->placed) continue;
+        CUdeviceptr base = (CUdeviceptr)(uintptr_t)e->dst.ptr + e->dst_offset;
+        if (pd && place_desc(pd + 16 * np, base, c->fin, e->place, e->decoded_size)) { np++; continue; }
+        if ((rc = place_dev(cu, s, base, c->fin, e->place, e->decoded_size)) < 0) goto fail_sync;
+    }
+    if (np) {
+        if ((r = cu->MemcpyHtoDAsync(g->din, g->h, 128 * np, s))) {
+            rc = ferry_seterr(FERRY_ECUDA, "cuMemcpyHtoDAsync: %s", ferry_cuda_errstr(r));
             goto fail_sync;
+        }
+        if ((rc = ferry_cuda_place_batch(d, g->din, np, s)) < 0) goto fail_sync;
     }
     if ((r = cu->EventRecord(g->done, s))) { rc = ferry_seterr(FERRY_ECUDA, "cuEventRecord: %s", ferry_cuda_errstr(r)); goto fail_sync; }
     g->pending = 1;

@@ -1,6 +1,7 @@
 /* io.c — full-length pread/pwrite (EINTR, short transfers) and the O_DIRECT
  * decision. */
 #include "engine/io.h"
+#include "engine/sysio.h"
 #include <errno.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -8,7 +9,7 @@
 int64_t ferry_pread_full(int fd, void *buf, size_t len, uint64_t off) {
     size_t done = 0;
     while (done < len) {
-        ssize_t r = pread(fd, (uint8_t *)buf + done, len - done, (off_t)(off + done));
+        ssize_t r = ferry_sys()->pread(fd, (uint8_t *)buf + done, len - done, (off_t)(off + done));
         if (r < 0) {
             if (errno == EINTR) continue;
             return -errno;
@@ -22,7 +23,7 @@ int64_t ferry_pread_full(int fd, void *buf, size_t len, uint64_t off) {
 int64_t ferry_preadv_full(int fd, struct iovec *iov, int n, uint64_t off) {
     uint64_t done = 0;
     while (n > 0) {
-        ssize_t r = preadv(fd, iov, n, (off_t)(off + done));
+        ssize_t r = ferry_sys()->preadv(fd, iov, n, (off_t)(off + done));
         if (r < 0) {
             if (errno == EINTR) continue;
             return -errno;
@@ -39,7 +40,7 @@ int64_t ferry_preadv_full(int fd, struct iovec *iov, int n, uint64_t off) {
 int64_t ferry_pwrite_full(int fd, const void *buf, size_t len, uint64_t off) {
     size_t done = 0;
     while (done < len) {
-        ssize_t r = pwrite(fd, (const uint8_t *)buf + done, len - done, (off_t)(off + done));
+        ssize_t r = ferry_sys()->pwrite(fd, (const uint8_t *)buf + done, len - done, (off_t)(off + done));
         if (r < 0) {
             if (errno == EINTR) continue;
             return -errno;

@@ -1,7 +1,8 @@
 /* io.h — low-level file transfers used by the paths. Internal. */
 #ifndef FERRY_ENGINE_IO_H
 #define FERRY_ENGINE_IO_H
-#include "engine/engine.h"
+#include "engine/file.h"
+#include "engine/limits.h"
 
 /* pread/pwrite until len bytes or EOF (reads); -errno on failure. */
 int64_t ferry_pread_full(int fd, void *buf, size_t len, uint64_t off);

@@ -22,7 +22,7 @@
 static ferry_file *ext_file(ferry_worker *w, ferry_job *j, const ferry_extent *e, int *rc) {
     ferry_file *f = e->file;
     *rc = 0;
-    if (!f) *rc = ferry_path_file(w, j, e->path, &f);
+    if (!f) *rc = ferry_path_file(w, j, e, &f);
     return f;
 }
 
@@ -48,6 +48,7 @@ static size_t file_run(const ferry_job *j, size_t k, size_t end, ferry_file *f, 
     while (m < end && m - k < max_n) {
         const ferry_extent *x = &j->ext[m];
         if (x->file != e->file || (x->file == NULL && strcmp(x->path, e->path) != 0)) break;
+        if ((x->flags ^ e->flags) & FERRY_EXTENT_NOFOLLOW) break;   /* opened differently */
         if (x->offset != j->ext[m - 1].offset + j->ext[m - 1].length || b + x->length > max_bytes) break;
         b += x->length;
         m++;
@@ -124,15 +125,17 @@ uint8_t *ferry_pack_reserve(ferry_worker *w, uint64_t n) {
     return w->stage[w->pack_i] + w->pack_pos;
 }
 
-int ferry_pack_place(ferry_worker *w, uint64_t n, CUdeviceptr dst) {
+int ferry_pack_place(ferry_worker *w, uint64_t n, CUdeviceptr dst, uintptr_t buf) {
     if (w->pack_i < 0 || n > w->ctx->cfg.staging_size - w->pack_pos)
         return ferry_seterr(FERRY_EINVAL, "pack: %llu bytes do not fit the staging buffer", (unsigned long long)n);
     ferry_scatter_entry *tab = w->tab[w->pack_i];
     if (dst) {
         ferry_scatter_entry *last = w->pack_runs ? &tab[w->pack_runs - 1] : NULL;
-        if (last && last->src + last->len == w->pack_pos && last->dst + last->len == dst) last->len += n;
+        if (last && last->src + last->len == w->pack_pos && last->dst + last->len == dst && w->pack_last_buf == buf)
+            last->len += n;
         else if (w->pack_runs < FERRY_PACK_RUNS) tab[w->pack_runs++] = (ferry_scatter_entry){w->pack_pos, dst, n};
         else return ferry_seterr(FERRY_EINVAL, "pack: more than %d runs in one staging buffer", FERRY_PACK_RUNS);
+        w->pack_last_buf = buf;
     }
     w->pack_pos += n;
     return 0;
@@ -223,7 +226,8 @@ static int64_t pack_device(ferry_worker *w, ferry_job *j, const ferry_task *t, i
         }
         for (size_t i = 0; i < n && rc >= 0; i++) {
             const ferry_extent *x = &j->ext[k + i];
-            rc = ferry_pack_place(w, x->length, (CUdeviceptr)(uintptr_t)x->dst.ptr + x->dst_offset);
+            rc = ferry_pack_place(w, x->length, (CUdeviceptr)(uintptr_t)x->dst.ptr + x->dst_offset,
+                                  (uintptr_t)x->dst.ptr);
         }
         if (rc < 0) { result = rc; break; }
         ferry_count_io(w->ctx, 0, bytes, 0);

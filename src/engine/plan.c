@@ -19,7 +19,7 @@ void ferry_plan_destroy(ferry_plan *p) {
     free(p);
 }
 
-void ferry_plan_clear(ferry_plan *p) { p->n = p->nplaces = p->nstr = 0; }
+void ferry_plan_clear(ferry_plan *p) { p->n = p->nplaces = p->nstr = 0; p->last_root = 0; }
 size_t ferry_plan_count(const ferry_plan *p) { return p ? p->n : 0; }
 
 uint64_t ferry_plan_file_bytes(const ferry_plan *p) {
@@ -70,12 +70,16 @@ static int validate(const ferry_extent *e) {
         return ferry_seterr(FERRY_EINVAL, "write extents take no placement and no codecs");
     if (e->kind == FERRY_EXTENT_WRITE && !e->file)
         return ferry_seterr(FERRY_EINVAL, "write extents need an open file");
-    if (e->flags & ~(unsigned)FERRY_EXTENT_MISSING_FILLS)
+    if (e->flags & ~(unsigned)(FERRY_EXTENT_MISSING_FILLS | FERRY_EXTENT_NOFOLLOW))
         return ferry_seterr(FERRY_EINVAL, "extent: unknown flags 0x%x", e->flags);
     if ((e->flags & FERRY_EXTENT_MISSING_FILLS) &&
         (e->kind != FERRY_EXTENT_READ || e->file || !e->place || e->place->itemsize > 16))
         return ferry_seterr(FERRY_EINVAL, "extent: MISSING_FILLS needs a read by path with a placement "
                                           "of elements of at most 16 bytes");
+    if ((e->flags & FERRY_EXTENT_NOFOLLOW) && (e->kind != FERRY_EXTENT_READ || e->file))
+        return ferry_seterr(FERRY_EINVAL, "extent: NOFOLLOW needs a read by path");
+    if ((e->flags & FERRY_EXTENT_NOFOLLOW) && e->root && e->root[0] != '/')
+        return ferry_seterr(FERRY_EINVAL, "extent: NOFOLLOW root \"%s\" is not an absolute path", e->root);
     if (e->ncodecs < 0 || e->ncodecs > FERRY_MAX_CODECS)
         return ferry_seterr(FERRY_EINVAL, "extent: %d codecs (at most %d)", e->ncodecs, FERRY_MAX_CODECS);
     if (e->ncodecs) {
@@ -133,6 +137,14 @@ int ferry_plan_add(ferry_plan *p, const ferry_extent *e) {
     }
     if (add_string(p, e->file ? NULL : e->path, &c.path) < 0) return FERRY_ENOMEM;
     if (add_string(p, e->label, &c.label) < 0) return FERRY_ENOMEM;
+    c.root = NULL;
+    if ((e->flags & FERRY_EXTENT_NOFOLLOW) && e->root) {
+        /* every chunk of a store names the same root: kept once */
+        if (p->last_root && !strcmp(p->strings + (p->last_root - 1), e->root))
+            c.root = (const char *)p->last_root;
+        else if (add_string(p, e->root, &c.root) < 0) return FERRY_ENOMEM;
+        else p->last_root = (uintptr_t)c.root;
+    }
     p->ext[p->n++] = c;
     return 0;
 }

@@ -1,7 +1,7 @@
-/* worker.c — the worker threads: each owns its staging buffers, a stream and
- * events per device, and a list of tasks whose device copies may still run.
- * A worker claims tasks from the context queue in order, runs them, and before
- * it sleeps waits for its own outstanding copies, so every task completes. */
+/* worker.c — a worker's resources: its staging buffers, a stream and
+ * events per device, and the list of tasks whose device copies may still run
+ * (completed as their events pass). The threads and their task loop are in
+ * pool.c. */
 #include "engine/engine.h"
 #include "engine/gpudecode.h"
 #include "engine/numa.h"   /* multigpu: worker placement */
@@ -31,7 +31,8 @@ static int alloc_host(ferry_worker *w, int dev, uint8_t **p, size_t n, int *pinn
         }
         ferry_clearerr();        /* a device that cannot be used fails the task later, with its reason */
     }
-    if (posix_memalign((void **)p, FERRY_ALIGN, n) != 0) { *p = NULL; return ferry_seterr(FERRY_ENOMEM, "staging: out of memory"); }
+    /* plain memory: huge pages where it is large enough (hostmem.c) */
+    if (ferry_host_alloc(w->ctx, n, (void **)p) < 0) { *p = NULL; return ferry_seterr(FERRY_ENOMEM, "staging: out of memory"); }
     return 0;
 }
 
@@ -39,12 +40,12 @@ int ferry_worker_alloc(ferry_worker *w, int dev, uint8_t **p, size_t n, int *pin
     return alloc_host(w, dev, p, n, pinned);
 }
 
-static void free_host(uint8_t *p, int pinned) {
+static void free_host(uint8_t *p, size_t n, int pinned) {
     if (!p) return;
     if (pinned) {
         const ferry_cuda_api *cu = ferry_cuda_load(NULL);
         if (cu) cu->MemFreeHost(p);
-    } else free(p);
+    } else ferry_host_free(NULL, p, n);
 }
 
 /* Whether a buffer that is plain host memory should be pinned now: it is
@@ -69,7 +70,7 @@ int ferry_worker_init(ferry_ctx *ctx, ferry_worker *w, int id) {
 int ferry_worker_staging(ferry_worker *w, int dev) {
     if (w->stage[0] && !want_pin(w, dev, w->stage_pinned[0])) return 0;
     for (int i = 0; i < w->ctx->cfg.staging_count; i++) {
-        free_host(w->stage[i], w->stage_pinned[i]);
+        free_host(w->stage[i], w->ctx->cfg.staging_size, w->stage_pinned[i]);
         int rc = alloc_host(w, dev, &w->stage[i], w->ctx->cfg.staging_size, &w->stage_pinned[i]);
         if (rc < 0) return rc;
     }
@@ -83,7 +84,7 @@ int ferry_worker_grow(ferry_worker *w, int dev, uint8_t **buf, size_t *cap, int 
     if (*cap >= n && *buf && !want_pin(w, dev, *pinned)) return 0;
     size_t nc = *cap ? *cap : (1u << 20);
     while (nc < n) nc *= 2;
-    free_host(*buf, *pinned);
+    free_host(*buf, *cap, *pinned);
     *buf = NULL;
     *cap = 0;
     int rc = alloc_host(w, dev, buf, nc, pinned);
@@ -107,14 +108,34 @@ void ferry_worker_free(ferry_worker *w) {
         if (w->dev[d].dec_ev) cu->EventDestroy(w->dev[d].dec_ev);
         cu->StreamDestroy(w->dev[d].stream);
     }
-    for (int i = 0; i < FERRY_MAX_STAGING; i++) free_host(w->stage[i], w->stage_pinned[i]);
-    for (int i = 0; i < FERRY_MAX_STAGING; i++) free_host((uint8_t *)w->tab[i], w->tab_pinned[i]);
-    free_host(w->in_buf, w->in_pinned);
-    free_host(w->dec_buf, w->dec_pinned);
+    for (int i = 0; i < FERRY_MAX_STAGING; i++) free_host(w->stage[i], w->ctx->cfg.staging_size, w->stage_pinned[i]);
+    for (int i = 0; i < FERRY_MAX_STAGING; i++)
+        free_host((uint8_t *)w->tab[i], FERRY_PACK_RUNS * sizeof(ferry_scatter_entry), w->tab_pinned[i]);
+    free_host(w->in_buf, w->in_cap, w->in_pinned);
+    free_host(w->dec_buf, w->dec_cap, w->dec_pinned);
     ferry_worker_idle(w);
     ferry_decode_scratch_free(&w->scratch);
     free(w->pending);
     memset(w, 0, sizeof *w);
+}
+
+/* How a pool worker waits for a staging buffer's copies: spinning in
+ * cuEventSynchronize (the context's default, what ferry has always done), or,
+ * with FERRY_EVENT_SYNC=blocking, sleeping on events made with
+ * CU_EVENT_BLOCKING_SYNC, which leaves the core to the workers still reading
+ * (16 spinning waiters on 16 cores compete with the preads they wait for).
+ * Callers' threads (small reads) always spin: their latency is the point.
+ * An experiment for the H200 (bench/bench_records.py runs both); the default
+ * changes only with its numbers. */
+static int blocking_events(void) {
+    static _Atomic int v = -1;
+    int x = atomic_load(&v);
+    if (x < 0) {
+        const char *e = getenv("FERRY_EVENT_SYNC");
+        x = e && !strcmp(e, "blocking");
+        atomic_store(&v, x);
+    }
+    return x;
 }
 
 /* The worker's stream and events on device d (created once). */
@@ -125,8 +146,9 @@ int ferry_worker_device(ferry_worker *w, int d, ferry_devstate **out) {
     if (!s->ready) {
         const ferry_cuda_api *cu = ferry_cuda_load(NULL);
         CUresult r = cu->StreamCreate(&s->stream, FERRY_CU_STREAM_NON_BLOCKING);
-        for (int i = 0; r == 0 && i < FERRY_MAX_STAGING; i++) r = cu->EventCreate(&s->ev[i], FERRY_CU_EVENT_DISABLE_TIMING);
-        if (r == 0) r = cu->EventCreate(&s->dec_ev, FERRY_CU_EVENT_DISABLE_TIMING);
+        unsigned ef = FERRY_CU_EVENT_DISABLE_TIMING | (!w->is_inline && blocking_events() ? FERRY_CU_EVENT_BLOCKING_SYNC : 0);
+        for (int i = 0; r == 0 && i < FERRY_MAX_STAGING; i++) r = cu->EventCreate(&s->ev[i], ef);
+        if (r == 0) r = cu->EventCreate(&s->dec_ev, ef);
         if (r != 0) return ferry_seterr(FERRY_ECUDA, "device %d: creating stream/events: %s", d, ferry_cuda_errstr(r));
         s->ready = 1;
     }
@@ -186,60 +208,3 @@ void ferry_worker_drain(ferry_worker *w) {
     finish_completed(w);
 }
 
-void *ferry_worker_main(void *arg) {
-    ferry_worker *w = arg;
-    ferry_ctx *ctx = w->ctx;
-    pthread_mutex_lock(&ctx->lock);
-    for (;;) {
-        ferry_job *job = NULL;
-        for (ferry_job *j = ctx->q_head; j; j = j->qnext)
-            if (j->next_task < j->ntasks && j->active_workers < j->max_workers) { job = j; break; }
-        if (!job) {
-            if (ctx->stop) break;
-            if (w->npending) {
-                /* nothing to claim: complete our own outstanding copies first */
-                pthread_mutex_unlock(&ctx->lock);
-                ferry_worker_drain(w);
-                pthread_mutex_lock(&ctx->lock);
-                continue;
-            }
-            if (w->pathfile_entry) {   /* nothing to do: no file held open for nothing */
-                pthread_mutex_unlock(&ctx->lock);
-                ferry_worker_idle(w);
-                pthread_mutex_lock(&ctx->lock);
-                continue;
-            }
-            pthread_cond_wait(&ctx->work_cond, &ctx->lock);
-            continue;
-        }
-        size_t t = job->next_task++;
-        job->active_workers++;
-        if (job->next_task == job->ntasks) {
-            /* fully claimed: unlink from the queue (destroy also unlinks, harmlessly) */
-            ferry_job **pp = &ctx->q_head, *prev = NULL;
-            while (*pp && *pp != job) { prev = *pp; pp = &(*pp)->qnext; }
-            if (*pp) { *pp = job->qnext; if (ctx->q_tail == job) ctx->q_tail = prev; }
-        }
-        pthread_mutex_unlock(&ctx->lock);
-        if (atomic_load(&job->error) || atomic_load(&job->canceled)) {
-            if (atomic_load(&job->canceled)) { ferry_seterr(FERRY_ECANCELED, "job canceled"); ferry_job_fail(job, FERRY_ECANCELED); }
-            atomic_fetch_add(&job->tasks_issued, 1);
-            pthread_mutex_lock(&ctx->lock);
-            job->active_workers--;
-            pthread_mutex_unlock(&ctx->lock);
-            ferry_task_finished(job);
-        } else {
-            int finished = ferry_exec_task(w, job, &job->tasks[t]);
-            /* release the per-call thread slot before the task can complete:
-             * completion lets the owner free the job */
-            pthread_mutex_lock(&ctx->lock);
-            job->active_workers--;
-            pthread_mutex_unlock(&ctx->lock);
-            if (finished) ferry_task_finished(job);
-        }
-        pthread_mutex_lock(&ctx->lock);
-    }
-    pthread_mutex_unlock(&ctx->lock);
-    ferry_worker_drain(w);
-    return NULL;
-}

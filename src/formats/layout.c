@@ -250,6 +250,10 @@ static int emit(plan_state *p, const dim_hit *const *h, const uint64_t *idx, con
     }
     e.kind = FERRY_EXTENT_READ;
     e.path = path;
+    if (l->root) {   /* a store's file: no symlink leads the read out of it */
+        e.flags |= FERRY_EXTENT_NOFOLLOW;
+        e.root = l->root;
+    }
     if (c->length == FERRY_CHUNK_UNSIZED) {
         if (!raw || l->itemsize > 16)
             return ferry_seterr(FERRY_EINVAL, "%s: variable \"%s\": a chunk of unknown size needs an uncompressed "
@@ -266,7 +270,7 @@ static int emit(plan_state *p, const dim_hit *const *h, const uint64_t *idx, con
     if (raw) {
         /* stored as is: read only the span the selection covers */
         if (c->length == FERRY_CHUNK_UNSIZED) {
-            e.flags = FERRY_EXTENT_MISSING_FILLS;
+            e.flags |= FERRY_EXTENT_MISSING_FILLS;
             memcpy(e.fill, p->fill, l->itemsize);
         } else if (c->length < p->cbytes)
             return ferry_seterr(FERRY_EFORMAT, "%s: chunk holds %llu bytes, an uncompressed chunk needs %llu", path,
@@ -279,7 +283,7 @@ static int emit(plan_state *p, const dim_hit *const *h, const uint64_t *idx, con
         pl.src_offset = 0;
         /* a box contiguous in the chunk and in dst needs no placement (and
          * then goes straight to dst), unless absence must fill it */
-        if (!e.flags) {
+        if (!(e.flags & FERRY_EXTENT_MISSING_FILLS)) {
             int contiguous = 1;
             uint64_t es = l->itemsize, ed = l->itemsize;
             for (int k = l->ndim - 1; k >= 0 && contiguous; k--) {
@@ -322,6 +326,7 @@ static int plan_single(plan_state *p, const ferry_chunk *c) {
     ferry_select_src src;
     memset(&src, 0, sizeof src);
     src.path = c->path ? c->path : l->path;
+    src.root = l->root;
     src.label = l->label;
     src.offset = c->offset;
     src.ndim = l->ndim;

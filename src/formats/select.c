@@ -128,6 +128,7 @@ int64_t ferry_select_plan(const ferry_select_src *src, const ferry_slice *sel,
     e.dst = dst;
     e.place = placed_dims ? &pl : NULL;
     e.label = src->label;
+    if (!src->file && src->root) { e.flags = FERRY_EXTENT_NOFOLLOW; e.root = src->root; }
 
     /* odometer over the outer dims: outer[g-1] (smallest stride) fastest */
     uint64_t idx[FERRY_MAX_DIMS] = {0};

@@ -21,6 +21,7 @@
 typedef struct ferry_select_src {
     ferry_file *file;          /* the file, or NULL and ... */
     const char *path;          /* ... a path for the engine to open */
+    const char *root;          /* with path: a store's root, reads get FERRY_EXTENT_NOFOLLOW */
     const char *label;         /* variable name for the engine's error messages */
     uint64_t offset;           /* byte offset of element (0, ..., 0) */
     int ndim;

@@ -90,10 +90,17 @@ static char *join(const char *a, const char *b) {
  * empty, "." or ".." component, no NUL, valid UTF-8 (zarr-python refuses
  * "." and ".." segments the same way: "The path '..' is invalid").
  * Symlinks inside a store are followed only while they stay inside it: every
- * array directory (at open) and every chunk or shard file (at plan time) is
- * resolved with realpath(3) and must lie under the store's own resolved path;
- * one that leads outside is refused. (A store rewritten while it is read is
- * outside this promise: the check and the engine's open are two steps.) */
+ * array directory (at open) and every directory holding chunks or shards (at
+ * plan time, once per plan) is resolved with realpath(3) and must lie under
+ * the store's own resolved path; one that leads outside is refused. Chunk and
+ * shard files are opened by the engine with O_NOFOLLOW (FERRY_EXTENT_NOFOLLOW,
+ * root = the store): a regular file is read as is, a symlink only when it
+ * resolves under the store (else the read fails naming the file), a FIFO or
+ * device never. So uncompressed chunks cost no stat at plan time; compressed
+ * ones and shards are lstat'ed anyway (their size is needed) and a symlink
+ * among them is resolved then too. (A store whose directories are rewritten
+ * while it is read is outside this promise: the check and the open are two
+ * steps.) */
 static int key_ok(const char *k, size_t len) {
     if (!len || strlen(k) != len || k[0] == '/' || !ferry_utf8_valid(k, len)) return 0;
     for (const char *c = k;;) {
@@ -121,16 +128,11 @@ static int inside_store(const zarr_ds *z, const char *path) {
     return rc;
 }
 
-/* A chunk or shard file at plan time: 1 (present and inside, *st filled), 0
- * (absent: a fill), or a negative code when it, or a directory on its way,
- * resolves outside the store. `okdir` (PATH_MAX bytes, "" at first) caches
- * the last directory found inside, so a plan of many chunks resolves each
- * directory once and costs one lstat per chunk beyond that. */
-static int chunk_inside(const zarr_ds *z, const char *path, char *okdir, struct stat *st) {
-    if (lstat(path, st) != 0) {
-        if (errno == ENOENT || errno == ENOTDIR) return 0;
-        return ferry_seterr(-errno, "%s: %s", path, strerror(errno));
-    }
+/* The directory of a chunk or shard file at plan time: 0 when it resolves
+ * inside the store (or does not exist: nothing to read), else a negative
+ * code. `okdir` (PATH_MAX bytes, "" at first) caches the last directory found
+ * inside, so a plan of many chunks resolves each directory once. */
+static int chunk_dir_inside(const zarr_ds *z, const char *path, char *okdir) {
     const char *slash = strrchr(path, '/');
     size_t dl = slash ? (size_t)(slash - path) : 0;
     if (dl && dl < PATH_MAX && (strncmp(okdir, path, dl) || okdir[dl])) {
@@ -141,8 +143,23 @@ static int chunk_inside(const zarr_ds *z, const char *path, char *okdir, struct 
         if (rc < 0) return rc;
         memcpy(okdir, dir, dl + 1);
     }
+    return 0;
+}
+
+/* A chunk or shard file whose size the plan needs: 1 (present and inside,
+ * *st filled), 0 (absent: a fill), or a negative code when it, or a directory
+ * on its way, resolves outside the store: one lstat per chunk beyond the
+ * directory check. (Its extents also carry FERRY_EXTENT_NOFOLLOW: a link
+ * swapped in after the plan is checked again when the engine opens it.) */
+static int chunk_inside(const zarr_ds *z, const char *path, char *okdir, struct stat *st) {
+    if (lstat(path, st) != 0) {
+        if (errno == ENOENT || errno == ENOTDIR) return 0;
+        return ferry_seterr(-errno, "%s: %s", path, strerror(errno));
+    }
+    int rc = chunk_dir_inside(z, path, okdir);
+    if (rc < 0) return rc;
     if (S_ISLNK(st->st_mode)) {
-        int rc = inside_store(z, path);
+        rc = inside_store(z, path);
         if (rc <= 0) return rc;   /* a dangling link: absent */
         if (stat(path, st) != 0) return 0;
     }
@@ -1390,18 +1407,24 @@ static int chunk_path(zarr_plan_ctx *p, const uint64_t *idx) {
 
 /* A plain array's chunk: its file. An uncompressed chunk's bytes are known
  * without looking at its file (a stat costs ~1 µs, most of the plan's time for
- * many chunks): the engine fills its box if the file is absent. Compressed
- * ones need their size. */
+ * many chunks): the engine fills its box if the file is absent. Only its
+ * directory is checked here (once per plan); the file itself is opened with
+ * O_NOFOLLOW (the layout's root: FERRY_EXTENT_NOFOLLOW), so a chunk that is a
+ * symlink is followed only when it resolves inside the store, at read time,
+ * and one leading out fails the read naming the file. Compressed chunks need
+ * their size: one lstat each, and a symlink resolved now. */
 static int plain_chunk(void *arg, const uint64_t *idx, ferry_chunk *c) {
     zarr_plan_ctx *p = arg;
     int rc = chunk_path(p, idx);
     if (rc < 0) return rc;
     c->path = p->path;
-    /* every chunk file is checked to lie inside the store (one lstat; its
-     * directory once per plan), uncompressed ones too: the engine opens them */
+    if (p->raw && p->a->itemsize <= 16) {
+        if ((rc = chunk_dir_inside(p->ds->fmt, p->path, p->okdir)) < 0) return rc;
+        c->length = FERRY_CHUNK_UNSIZED;
+        return 0;
+    }
     struct stat st;
     if ((rc = chunk_inside(p->ds->fmt, p->path, p->okdir, &st)) < 0) return rc;
-    if (p->raw && p->a->itemsize <= 16) { c->length = FERRY_CHUNK_UNSIZED; return 0; }
     if (rc == 0) { c->length = FERRY_CHUNK_ABSENT; return 0; }
     c->length = (uint64_t)st.st_size;
     return 0;
@@ -1510,6 +1533,7 @@ static int64_t zarr_plan(ferry_dataset *ds, int var, const ferry_slice *sel, fer
     memcpy(l->codecs, a->codecs, sizeof l->codecs);
     memcpy(l->fill, a->fill, sizeof l->fill);
     l->label = a->name;
+    l->root = ((zarr_ds *)ds->fmt)->root;   /* chunk files are opened O_NOFOLLOW, links checked under it */
     p->raw = 1;
     for (int i = 0; i < a->ncodecs; i++) if (a->codecs[i].id != FERRY_CODEC_BYTESWAP) p->raw = 0;
     uint64_t total = a->itemsize;

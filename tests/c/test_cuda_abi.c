@@ -82,6 +82,7 @@ static void test_driver_constants(void) {
     CHECK_EQ_I(FERRY_CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_MEMORY_TYPE);
     CHECK_EQ_I(FERRY_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL);
     CHECK_EQ_I(FERRY_CU_EVENT_DISABLE_TIMING, CU_EVENT_DISABLE_TIMING);
+    CHECK_EQ_I(FERRY_CU_EVENT_BLOCKING_SYNC, CU_EVENT_BLOCKING_SYNC);
     CHECK_EQ_I(FERRY_CU_STREAM_NON_BLOCKING, CU_STREAM_NON_BLOCKING);
     CHECK_EQ_I(FERRY_CU_MEMHOSTALLOC_PORTABLE, CU_MEMHOSTALLOC_PORTABLE);
     CHECK_EQ_I(FERRY_CU_MEMHOSTREGISTER_PORTABLE, CU_MEMHOSTREGISTER_PORTABLE);
@@ -162,13 +163,21 @@ static void test_nvcomp_types(void) {
     /* the version arithmetic nvcomp.c undoes */
     CHECK_EQ_I(NVCOMP_VER, NVCOMP_VER_MAJOR * 1000 + NVCOMP_VER_MINOR * 100 + NVCOMP_VER_PATCH);
     CHECK(NVCOMP_VER_MAJOR == 5 || NVCOMP_VER_MAJOR == 6);
+/* the temp-size query: 5.x GetTempSizeAsync; 6.x GetTempSize with a stream (nvcomp.h) */
+#if NVCOMP_VER_MAJOR >= 6
+#define TEMP_SIG(X) CHECK(__builtin_types_compatible_p(__typeof__(&nvcompBatched##X##DecompressGetTempSize), temp6_t));
+#else
+#define TEMP_SIG(X) CHECK(__builtin_types_compatible_p(__typeof__(&nvcompBatched##X##DecompressGetTempSizeAsync), temp_t))
+#endif
 #define SIGS(X, Opts) do { \
         typedef nvcompStatus_t (*temp_t)(size_t, size_t, Opts, size_t *, size_t); \
+        typedef nvcompStatus_t (*temp6_t)(size_t, size_t, Opts, size_t *, size_t, cudaStream_t); \
+        (void)(temp_t)0; (void)(temp6_t)0;   /* one of the two is checked, by version */ \
         typedef nvcompStatus_t (*dec_t)(const void *const *, const size_t *, const size_t *, size_t *, size_t, void *const, \
                                         size_t, void *const *, Opts, nvcompStatus_t *, cudaStream_t); \
         typedef nvcompStatus_t (*size_t_)(const void *const *, const size_t *, size_t *, size_t, cudaStream_t); \
         typedef nvcompStatus_t (*align_t)(Opts, nvcompAlignmentRequirements_t *); \
-        CHECK(__builtin_types_compatible_p(__typeof__(&nvcompBatched##X##DecompressGetTempSizeAsync), temp_t)); \
+        TEMP_SIG(X); \
         CHECK(__builtin_types_compatible_p(__typeof__(&nvcompBatched##X##DecompressAsync), dec_t)); \
         CHECK(__builtin_types_compatible_p(__typeof__(&nvcompBatched##X##GetDecompressSizeAsync), size_t_)); \
         CHECK(__builtin_types_compatible_p(__typeof__(&nvcompBatched##X##DecompressGetRequiredAlignments), align_t)); \

@@ -8,6 +8,8 @@
 #include "engine/engine.h"
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <stdlib.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -189,12 +191,113 @@ static void test_direct_reopen_same_inode(void) {
     ferry_ctx_destroy(ctx);
 }
 
+/* One read of n bytes of `path` as a FERRY_EXTENT_NOFOLLOW extent under root. */
+static int64_t read_nofollow(ferry_ctx *ctx, const char *path, const char *root, uint8_t *dst, uint64_t n) {
+    ferry_plan *p;
+    ferry_plan_create(&p);
+    ferry_extent e;
+    memset(&e, 0, sizeof e);
+    e.kind = FERRY_EXTENT_READ;
+    e.path = path;
+    e.flags = FERRY_EXTENT_NOFOLLOW;
+    e.root = root;
+    e.length = e.decoded_size = n;
+    e.dst = ferry_host_buf(dst, n);
+    int64_t r = ferry_plan_add(p, &e);
+    if (r == 0) r = ferry_run(ctx, p, NULL);
+    ferry_plan_destroy(p);
+    return r;
+}
+
+/* FERRY_EXTENT_NOFOLLOW (a store's chunk files, issue 16.1 without a stat per
+ * chunk at plan time): a regular file is read; a symlink only when it
+ * resolves under root, else -EACCES naming the file (-ELOOP without a root);
+ * a dangling link is absent; a FIFO is refused at once (it would block an
+ * open); an entry the cache opened following links does not serve it. */
+static void test_nofollow(void) {
+    ferry_ctx *ctx = make_ctx(2, FERRY_DIRECT_OFF);
+    CHECK(ctx != NULL);
+    if (!ctx) return;
+    char top[PATH_MAX], store[PATH_MAX + 8], a[PATH_MAX + 24], in[PATH_MAX + 24], out[PATH_MAX + 24],
+        outside[PATH_MAX + 24], dangling[PATH_MAX + 24], fifo[PATH_MAX + 24], twice[PATH_MAX + 24];
+    CHECK(realpath(dir_, top) != NULL);
+    snprintf(store, sizeof store, "%s/store", top);
+    mkdir(store, 0755);
+    snprintf(a, sizeof a, "%s/a", store);
+    snprintf(in, sizeof in, "%s/in", store);
+    snprintf(twice, sizeof twice, "%s/twice", store);
+    snprintf(out, sizeof out, "%s/out", store);
+    snprintf(outside, sizeof outside, "%s/outside", top);
+    snprintf(dangling, sizeof dangling, "%s/dangling", store);
+    snprintf(fifo, sizeof fifo, "%s/fifo", store);
+    put_file(a, 1, 64);
+    put_file(outside, 9, 64);
+    CHECK(symlink("a", in) == 0);
+    CHECK(symlink("in", twice) == 0);
+    CHECK(symlink(outside, out) == 0);
+    CHECK(symlink("nothere", dangling) == 0);
+    CHECK(mkfifo(fifo, 0644) == 0);
+    uint8_t buf[64];
+    memset(buf, 0, sizeof buf);
+    CHECK_EQ_I(read_nofollow(ctx, a, store, buf, 64), 64);
+    CHECK(has_seed(buf, 1, 0, 64));
+    memset(buf, 0, sizeof buf);
+    CHECK_EQ_I(read_nofollow(ctx, in, store, buf, 64), 64);   /* a link inside: followed */
+    CHECK(has_seed(buf, 1, 0, 64));
+    memset(buf, 0, sizeof buf);
+    CHECK_EQ_I(read_nofollow(ctx, twice, store, buf, 64), 64);   /* a link to a link, inside */
+    CHECK(has_seed(buf, 1, 0, 64));
+    memset(buf, 0, sizeof buf);
+    CHECK_EQ_I(read_nofollow(ctx, out, store, buf, 64), -EACCES);   /* a link leading out */
+    CHECK_STR_CONTAINS(ferry_errmsg(ctx), out);
+    CHECK_STR_CONTAINS(ferry_errmsg(ctx), "outside the store");
+    CHECK(!has_seed(buf, 9, 0, 64));
+    CHECK_EQ_I(read_nofollow(ctx, in, NULL, buf, 64), -ELOOP);   /* no root: no link at all */
+    CHECK_STR_CONTAINS(ferry_errmsg(ctx), "is a symlink");
+    CHECK_EQ_I(read_nofollow(ctx, dangling, store, buf, 64), -ENOENT);
+    CHECK_EQ_I(read_nofollow(ctx, fifo, store, buf, 64), FERRY_EINVAL);
+    CHECK_STR_CONTAINS(ferry_errmsg(ctx), "not a regular file");
+    CHECK_STR_CONTAINS(ferry_errmsg(ctx), fifo);
+    /* a plain read by path follows the link (its caller's choice) and caches
+     * the open file; a NOFOLLOW read of the same path then opens it again */
+    memset(buf, 0, sizeof buf);
+    CHECK_EQ_I(read_by_path(ctx, out, buf, 0, 64), 64);
+    CHECK(has_seed(buf, 9, 0, 64));
+    memset(buf, 0, sizeof buf);
+    CHECK_EQ_I(read_nofollow(ctx, out, store, buf, 64), -EACCES);
+    CHECK(!has_seed(buf, 9, 0, 64));
+    /* and a link followed under one root does not serve a read under another */
+    CHECK_EQ_I(read_nofollow(ctx, out, top, buf, 64), 64);
+    CHECK_EQ_I(read_nofollow(ctx, out, store, buf, 64), -EACCES);
+    /* the plan refuses what it cannot honour */
+    ferry_plan *p;
+    ferry_plan_create(&p);
+    ferry_extent e;
+    memset(&e, 0, sizeof e);
+    e.kind = FERRY_EXTENT_READ;
+    e.path = a;
+    e.flags = FERRY_EXTENT_NOFOLLOW;
+    e.root = "relative/root";
+    e.length = e.decoded_size = 64;
+    e.dst = ferry_host_buf(buf, 64);
+    CHECK_EQ_I(ferry_plan_add(p, &e), FERRY_EINVAL);
+    ferry_file *f = NULL;
+    CHECK_EQ_I(ferry_file_open(ctx, a, FERRY_READ, &f), 0);
+    e.root = store;
+    e.file = f;
+    CHECK_EQ_I(ferry_plan_add(p, &e), FERRY_EINVAL);
+    ferry_file_close(f);
+    ferry_plan_destroy(p);
+    ferry_ctx_destroy(ctx);
+}
+
 int main(void) {
     snprintf(dir_, sizeof dir_, "%s/ferry-files-XXXXXX", getenv("FERRY_TEST_DIR") ? getenv("FERRY_TEST_DIR") : ".");
     if (!mkdtemp(dir_)) return 1;
     RUN(test_replaced_between_batches);
     RUN(test_many_files_bounded);
     RUN(test_direct_reopen_same_inode);
+    RUN(test_nofollow);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir_);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir_);

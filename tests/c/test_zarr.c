@@ -410,6 +410,50 @@ static void test_keys_stay_inside_the_store(void) {
     }
 }
 
+/* Uncompressed chunks are planned without a stat (FERRY_CHUNK_UNSIZED); the
+ * engine opens them with O_NOFOLLOW under the store's root. A chunk replaced
+ * by a symlink leading out between plan and run is refused naming the file;
+ * a FIFO chunk is refused without blocking; a dangling link reads as absent. */
+static void test_chunk_files_opened_without_following(void) {
+    mk("out");
+    put("out/0", "SECR");
+    mk("nf1.zarr");
+    put("nf1.zarr/.zarray", V2_ARR);
+    put("nf1.zarr/0", "ABCD");
+    ferry_dataset *ds = open_ok("nf1.zarr");
+    if (ds) {
+        uint8_t buf[4] = {0};
+        ferry_plan *p;
+        ferry_plan_create(&p);
+        CHECK_EQ_I(ferry_dataset_plan_read(ds, 0, NULL, ferry_host_buf(buf, 4), 0, p), 4);
+        unlink(tpath("nf1.zarr/0"));
+        CHECK(symlink(tpath("out/0"), tpath("nf1.zarr/0")) == 0);
+        CHECK(ferry_run(ctx, p, NULL) < 0);
+        CHECK_STR_CONTAINS(ferry_errmsg(ctx), "outside the store");
+        CHECK_STR_CONTAINS(ferry_errmsg(ctx), "nf1.zarr/0");
+        CHECK(memcmp(buf, "SECR", 4) != 0);
+        ferry_plan_destroy(p);
+        ferry_dataset_close(ds);
+    }
+    mk("nf2.zarr");
+    put("nf2.zarr/.zarray", V2_ARR);
+    if (mkfifo(tpath("nf2.zarr/0"), 0644) == 0 && (ds = open_ok("nf2.zarr"))) {
+        uint8_t buf[4] = {0};
+        CHECK_EQ_I(fc_read(ctx, ds, 0, NULL, buf, 4, 0), FERRY_EINVAL);
+        CHECK_STR_CONTAINS(ferry_errmsg(ctx), "not a regular file");
+        CHECK_STR_CONTAINS(ferry_errmsg(ctx), "nf2.zarr/0");
+        ferry_dataset_close(ds);
+    }
+    mk("nf3.zarr");
+    put("nf3.zarr/.zarray", V2_ARR);
+    if (symlink("nothere", tpath("nf3.zarr/0")) == 0 && (ds = open_ok("nf3.zarr"))) {
+        uint8_t buf[4] = {1, 1, 1, 1};
+        CHECK_EQ_I(fc_read(ctx, ds, 0, NULL, buf, 4, 0), 4);
+        CHECK(!memcmp(buf, "\0\0\0\0", 4));
+        ferry_dataset_close(ds);
+    }
+}
+
 /* Required keys are required (issue 16.4): a v2 array without fill_value, a
  * v3 member whose node_type is damaged. */
 static void test_required_keys(void) {
@@ -436,6 +480,7 @@ int main(void) {
     RUN(test_v2_unsupported_dtypes_filters_compressors);
     RUN(test_malformed_metadata_still_fails);
     RUN(test_keys_stay_inside_the_store);
+    RUN(test_chunk_files_opened_without_following);
     RUN(test_required_keys);
     ferry_ctx_destroy(ctx);
     char cmd[128];

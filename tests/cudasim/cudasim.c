@@ -21,10 +21,11 @@
  * - The kernels of src/cuda/kernels.cu run by name, on the CPU: byteswaps,
  *   ferry_scatter (packed records to scattered destinations: it reads its
  *   table from "device" memory when it runs, and a destination outside every
- *   allocation aborts the process, as a real GPU faults), ferry_adler32_batch
- *   and ferry_unshuffle_batch (their device arguments checked; a descriptor
- *   naming memory outside a device allocation is counted as
- *   "bad_kernel_args", where a real GPU would fault).
+ *   allocation aborts the process, as a real GPU faults), ferry_adler32_batch,
+ *   ferry_unshuffle_batch, ferry_bitunshuffle_batch and ferry_place_batch
+ *   (their device arguments checked; a descriptor naming memory outside a
+ *   device allocation is counted as "bad_kernel_args", where a real GPU
+ *   would fault).
  * - cuLaunchHostFunc runs a host function on the stream's thread in order:
  *   the stand-in nvCOMP (nvcompsim.c) queues its decoding that way.
  *
@@ -37,6 +38,7 @@
 
 #include "cuda/cuda.h"
 #include <pthread.h>
+#include <sys/mman.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,10 +56,10 @@ enum {
 struct CUctx_st { int dev; int refs; };
 struct CUmod_st { int dev; };
 struct CUfunc_st { int swap; int kind; };   /* element size of ferry_bswapN; kind: K_* */
-enum { K_SWAP = 0, K_ADLER = 1, K_UNSHUFFLE = 2, K_SCATTER = 3 };
+enum { K_SWAP = 0, K_ADLER = 1, K_UNSHUFFLE = 2, K_SCATTER = 3, K_BITUNSHUFFLE = 4, K_PLACE = 5 };
 
 typedef struct op {
-    enum { OP_COPY, OP_RECORD, OP_WAIT, OP_SWAP, OP_SCATTER, OP_HOST, OP_ADLER, OP_UNSHUFFLE } kind;
+    enum { OP_COPY, OP_RECORD, OP_WAIT, OP_SWAP, OP_SCATTER, OP_HOST, OP_ADLER, OP_UNSHUFFLE, OP_PLACE } kind;
     void (*fn)(void *); void *arg;                 /* HOST */
     uint32_t *out;                                 /* ADLER: ptrs in dst, sizes in src, n */
     uint8_t *dst; const uint8_t *src; size_t n;    /* COPY (src may be owned) */
@@ -220,6 +222,20 @@ static void run_op(op *o) {
             for (unsigned long long k = 0; k < sizes[c]; k++) { a = (a + ptrs[c][k]) % 65521u; b = (b + a) % 65521u; }
             o->out[c] = (b << 16) | a;
         }
+    } else if (o->kind == OP_PLACE) {   /* as kernels.cu's ferry_place_batch; every run checked */
+        const unsigned long long *q0 = (const unsigned long long *)o->src;
+        for (size_t d = 0; d < o->n; d++) {
+            const unsigned long long *q = q0 + 16 * d;
+            unsigned long long width = q[2], r0 = q[3], r1 = q[4], r2 = q[5];
+            for (unsigned long long a = 0; a < r0; a++)
+                for (unsigned long long b = 0; b < r1; b++)
+                    for (unsigned long long c = 0; c < r2; c++) {
+                        uintptr_t s = (uintptr_t)(q[0] + a * q[6] + b * q[7] + c * q[8]);
+                        uintptr_t t = (uintptr_t)(q[1] + a * q[9] + b * q[10] + c * q[11]);
+                        if (!cudasim_is_device(s, width) || !cudasim_is_device(t, width)) { atomic_fetch_add(&count_bad_kernel_, 1); continue; }
+                        memmove((void *)t, (const void *)s, width);
+                    }
+        }
     } else if (o->kind == OP_UNSHUFFLE) {   /* descriptors (in, out, n, size), read when it runs */
         const unsigned long long *desc = (const unsigned long long *)o->src;
         for (size_t d = 0; d < o->n; d++) {
@@ -228,6 +244,17 @@ static void run_op(op *o) {
             size_t n = desc[4 * d + 2], size = desc[4 * d + 3];
             if (!size || !cudasim_is_device((CUdeviceptr)(uintptr_t)in, n) || !cudasim_is_device((CUdeviceptr)(uintptr_t)out, n)) {
                 atomic_fetch_add(&count_bad_kernel_, 1);   /* a real GPU would fault */
+                continue;
+            }
+            if (o->size) {   /* bitshuffle, as kernels.cu's ferry_bitunshuffle_batch */
+                size_t nel8 = (n / size) & ~(size_t)7, rowbytes = nel8 / 8, body8 = nel8 * size;
+                for (size_t x = 0; x < n; x++) {
+                    if (x >= body8) { out[x] = in[x]; continue; }
+                    size_t i = x / size, j = x % size;
+                    unsigned v = 0;
+                    for (unsigned k = 0; k < 8; k++) v |= ((in[(8 * j + k) * rowbytes + i / 8] >> (i % 8)) & 1u) << k;
+                    out[x] = (uint8_t)v;
+                }
                 continue;
             }
             size_t nel = n / size, body = nel * size;
@@ -302,6 +329,15 @@ static op *new_op(int kind) {
 }
 
 /* ---- the driver API ------------------------------------------------------- */
+/* The driver's private tables: libnvrtc (ferry's run-time kernels, src/cuda/
+ * nvrtc.c) looks this up in whatever libcuda.so.1 is loaded and crashed when it
+ * was missing. The stand-in has none to offer. */
+CUresult cuGetExportTable(const void **table, const void *id) {
+    (void)id;
+    if (table) *table = NULL;
+    return E_NOT_FOUND;
+}
+
 CUresult cuInit(unsigned flags) {
     (void)flags;
     const char *n = getenv("FERRY_CUDASIM_DEVICES");
@@ -575,11 +611,40 @@ CUresult cuMemHostUnregister(void *p) {
     return drop_region((uintptr_t)p, R_REGISTERED) ? OK : E_INVALID_VALUE;
 }
 
+/* FERRY_CUDASIM_ADJACENT=1: allocations are carved back to back out of one
+ * arena (256-byte granules, never reused), as a real driver often places
+ * consecutive cuMemAlloc blocks and cupy's pool hands out blocks that touch:
+ * a copy spanning two of them must fail as it does there (one copy may not
+ * cross allocations), which separately malloc'ed regions would never show. */
+static uint8_t *arena_;
+static size_t arena_used_;
+static pthread_mutex_t arena_mu_ = PTHREAD_MUTEX_INITIALIZER;
+#define ARENA_SIZE ((size_t)8 << 30)   /* address space only (MAP_NORESERVE): pages as touched */
+static void *arena_take(size_t n) {
+    n = (n + 255) & ~(size_t)255;
+    pthread_mutex_lock(&arena_mu_);
+    if (!arena_) {
+        void *a = mmap(NULL, ARENA_SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        arena_ = a == MAP_FAILED ? NULL : a;
+    }
+    void *m = NULL;
+    if (arena_ && arena_used_ + n <= ARENA_SIZE) { m = arena_ + arena_used_; arena_used_ += n; }
+    pthread_mutex_unlock(&arena_mu_);
+    return m;
+}
+static int adjacent_mode(void) {
+    static int v = -1;
+    if (v < 0) { const char *e = getenv("FERRY_CUDASIM_ADJACENT"); v = e && *e == '1'; }
+    return v;
+}
+
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
     if (!cur_) return E_INVALID_CONTEXT;
     if (!n) return E_INVALID_VALUE;
     void *m;
-    if (posix_memalign(&m, 256, n) != 0) return E_OUT_OF_MEMORY;
+    if (adjacent_mode()) {
+        if (!(m = arena_take(n))) return E_OUT_OF_MEMORY;
+    } else if (posix_memalign(&m, 256, n) != 0) return E_OUT_OF_MEMORY;
     memset(m, 0xA5, n);   /* device memory starts as garbage, not zeros */
     add_region((uintptr_t)m, n, R_DEVICE, cur_->dev);
     *p = (CUdeviceptr)(uintptr_t)m;
@@ -588,7 +653,8 @@ CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
 
 CUresult cuMemFree_v2(CUdeviceptr p) {
     if (!drop_region((uintptr_t)p, R_DEVICE)) return E_INVALID_VALUE;
-    free((void *)(uintptr_t)p);
+    uint8_t *m = (uint8_t *)(uintptr_t)p;
+    if (!(arena_ && m >= arena_ && m < arena_ + ARENA_SIZE)) free(m);   /* arena blocks are never reused */
     return OK;
 }
 
@@ -640,6 +706,8 @@ CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
     else if (!strcmp(name, "ferry_bswap8")) *f = &swaps[3];
     else if (!strcmp(name, "ferry_bswap16")) *f = &swaps[4];
     else if (!strcmp(name, "ferry_adler32_batch")) { static struct CUfunc_st k = {0, K_ADLER}; *f = &k; }
+    else if (!strcmp(name, "ferry_place_batch")) { static struct CUfunc_st k = {0, K_PLACE}; *f = &k; }
+    else if (!strcmp(name, "ferry_bitunshuffle_batch")) { static struct CUfunc_st k = {1, K_BITUNSHUFFLE}; *f = &k; }
     else if (!strcmp(name, "ferry_unshuffle_batch")) { static struct CUfunc_st k = {0, K_UNSHUFFLE}; *f = &k; }
     else return E_NOT_FOUND;
     return OK;
@@ -677,13 +745,24 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
         submit(s, o);
         return OK;
     }
-    if (f->kind == K_UNSHUFFLE) {   /* (desc, count) */
+    if (f->kind == K_PLACE) {   /* (desc, count): 16 u64 per chunk, read when it runs */
+        CUdeviceptr desc = *(CUdeviceptr *)args[0];
+        unsigned long long n = *(unsigned long long *)args[1];
+        if (n && (rc = device_range(desc, n * 128))) return rc;
+        op *o = new_op(OP_PLACE);
+        o->src = (const uint8_t *)(uintptr_t)desc;
+        o->n = n;
+        submit(s, o);
+        return OK;
+    }
+    if (f->kind == K_UNSHUFFLE || f->kind == K_BITUNSHUFFLE) {   /* (desc, count) */
         CUdeviceptr desc = *(CUdeviceptr *)args[0];
         unsigned long long n = *(unsigned long long *)args[1];
         if (n && (rc = device_range(desc, n * 32))) return rc;
         op *o = new_op(OP_UNSHUFFLE);
         o->src = (const uint8_t *)(uintptr_t)desc;
         o->n = n;
+        o->size = f->kind == K_BITUNSHUFFLE;   /* 1: bits */
         submit(s, o);
         return OK;
     }

@@ -88,6 +88,7 @@ static size_t blosc_enc(const uint8_t *in, size_t n, uint8_t *out, size_t cap, s
 }
 
 enum { C_ZSTD, C_ZLIB_SHUF, C_LZ4, C_ZSTD_CRC, C_ZSTD_BE, C_BLOSC };
+static int dev_ = 0;   /* the device grid_case reads into */
 static void grid_case(int codec, uint64_t R, uint64_t C, uint64_t r, uint64_t c, int hole, const char *decode) {
     const size_t es = 4, chunk_bytes = r * c * es;
     uint64_t gr = (R + r - 1) / r, gc = (C + c - 1) / c;
@@ -98,7 +99,7 @@ static void grid_case(int codec, uint64_t R, uint64_t C, uint64_t r, uint64_t c,
     ferry_plan *plan;
     ferry_plan_create(&plan);
     uintptr_t d;
-    CHECK_EQ_I(ferry_cuda_malloc(ctx_, 0, R * C * es + 8, &d), 0);
+    CHECK_EQ_I(ferry_cuda_malloc(ctx_, dev_, R * C * es + 8, &d), 0);
     float nanfill = -1.0f;
     for (uint64_t i = 0; i < gr; i++)
         for (uint64_t k = 0; k < gc; k++) {
@@ -146,7 +147,7 @@ static void grid_case(int codec, uint64_t R, uint64_t C, uint64_t r, uint64_t c,
             e.offset = 0;
             e.length = n;
             e.decoded_size = chunk_bytes;
-            e.dst = ferry_cuda_buf(0, d, R * C * es);
+            e.dst = ferry_cuda_buf(dev_, d, R * C * es);
             e.dst_offset = (i * r * C + k * c) * es;
             e.flags = FERRY_EXTENT_MISSING_FILLS;
             memcpy(e.fill, &nanfill, 4);
@@ -167,7 +168,7 @@ static void grid_case(int codec, uint64_t R, uint64_t C, uint64_t r, uint64_t c,
     if (got < 0) fprintf(stderr, "  %s\n", ferry_errmsg(ctx_));
     CHECK(got > 0);
     uint8_t *back = malloc(R * C * es);
-    ferry_memcpy(ctx_, ferry_host_buf(back, R * C * es), ferry_cuda_buf(0, d, R * C * es), R * C * es);
+    ferry_memcpy(ctx_, ferry_host_buf(back, R * C * es), ferry_cuda_buf(dev_, d, R * C * es), R * C * es);
     size_t bad = 0;
     for (uint64_t y = 0; y < R; y++)
         for (uint64_t x = 0; x < C; x++) {
@@ -208,6 +209,23 @@ static void test_every_codec_gpu_equals_cpu(void) {
         grid_case(codecs[i], 33, 47, 8, 16, 1, "cpu");
         grid_case(codecs[i], 40, 32, 40, 32, 0, "auto");
     }
+}
+
+/* A second device: batches are per device, decoded on its own streams and
+ * scratch, and a plan filling both devices completes both. */
+static void test_second_device(void) {
+    if (ferry_cuda_device_count(ctx_) < 2) { printf("  (one device: skipped)\n"); return; }
+    long (*sim)(const char *, int) = (long (*)(const char *, int))dlsym(RTLD_DEFAULT, "cudasim_count");
+    long cross0 = sim ? sim("cross_device_copies", 0) + sim("cross_device_copies", 1) : 0;
+    dev_ = 1;
+    ferry_stats_reset(ctx_);
+    grid_case(C_ZSTD, 40, 40, 16, 16, 1, "gpu");
+    grid_case(C_ZLIB_SHUF, 40, 40, 16, 16, 0, "gpu");
+    grid_case(C_BLOSC, 40, 40, 16, 16, 0, "gpu");
+    dev_ = 0;
+    if (sim) CHECK_EQ_I(sim("cross_device_copies", 0) + sim("cross_device_copies", 1), cross0);   /* all under device 1's context */
+    CHECK(stats_().gpu_chunks >= 26);
+    CHECK_EQ_I(stats_().gpu_cpu_fallbacks, 0);
 }
 
 /* AUTO: LZ4 stays on the CPU (a tie measured), zstd goes to the GPU */
@@ -387,11 +405,11 @@ static void test_status_says_what_loaded(void) {
 
 int main(void) {
     if (ferry_ctx_create(&ctx_, NULL) < 0 || ferry_cuda_device_count(ctx_) < 1) {
-        printf("skipped: no CUDA device (%s)\n0 passed, 0 failed\n", ctx_ ? ferry_cuda_status(ctx_) : "no context");
+        printf("skipped: no CUDA device (%s)\n0 passed, 0 failed, 1 skipped\n", ctx_ ? ferry_cuda_status(ctx_) : "no context");
         return 0;
     }
     if (strncmp(ferry_nvcomp_status(ctx_), "loaded", 6) != 0) {
-        printf("skipped: nvCOMP not loaded (%s)\n0 passed, 0 failed\n", ferry_nvcomp_status(ctx_));
+        printf("skipped: nvCOMP not loaded (%s)\n0 passed, 0 failed, 1 skipped\n", ferry_nvcomp_status(ctx_));
         ferry_ctx_destroy(ctx_);
         return 0;
     }
@@ -402,6 +420,7 @@ int main(void) {
     RUN(test_zstd_contiguous);
     RUN(test_every_codec_gpu_equals_cpu);
     RUN(test_auto_policy);
+    RUN(test_second_device);
     RUN(test_auto_splits_deflate);
     RUN(test_corrupt_chunks_fail_clearly);
     RUN(test_fallbacks_counted);

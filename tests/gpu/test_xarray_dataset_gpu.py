@@ -11,6 +11,10 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device for torch", allow_module_level=True)
 
 from ferry.torch import XarrayDataset  # noqa: E402
+from ferry.xarray import FerryBackendEntrypoint  # noqa: E402
+
+# engine="ferry" once the package is installed (entry point); the class works either way
+ENGINE = "ferry" if "ferry" in xr.backends.list_engines() else FerryBackendEntrypoint
 
 T, L, H, W = 20, 2, 33, 48
 
@@ -48,7 +52,7 @@ def _files(tmp_path, fmt):
 @pytest.mark.parametrize("fmt", ["nc3", "nc4"])
 def test_gpu_batches_equal_xarray(tmp_path, fmt):
     paths, ref = _files(tmp_path, fmt)
-    ds = XarrayDataset(xr.open_mfdataset(paths, engine="ferry", device="cpu"), ["t2m", "z"], batch_size=3,
+    ds = XarrayDataset(xr.open_mfdataset(paths, engine=ENGINE, device="cpu"), ["t2m", "z"], batch_size=3,
                        input_steps=2, target_steps=1, lead=2, shuffle=True, device="cuda", return_time=True)
     n = 0
     for b in ds:

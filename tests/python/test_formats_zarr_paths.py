@@ -176,6 +176,38 @@ def test_compressed_chunk_and_shard_symlinks_leading_out(tmp_path):
             ferry.read(store)
 
 
+@pytest.mark.parametrize("compressed", [False, True])
+def test_chunk_swapped_for_an_outward_link_after_planning(tmp_path, compressed):
+    """Uncompressed chunks are planned without a stat; the engine opens every
+    chunk file with O_NOFOLLOW and follows a link only when it resolves inside
+    the store (FERRY_EXTENT_NOFOLLOW). A chunk replaced by a link leading out
+    between plan and run fails at read time, naming the file; so does a read
+    planned after the swap."""
+    zarr = pytest.importorskip("zarr")
+    from zarr.codecs import ZstdCodec
+    kw = dict(compressors=ZstdCodec()) if compressed else dict(compressors=None)
+    a = np.arange(64, dtype="u1")
+    store = str(tmp_path / "s.zarr")
+    zarr.create_array(store, shape=(64,), chunks=(16,), dtype="u1", zarr_format=3, **kw)[:] = a
+    evil = str(tmp_path / "evil.zarr")
+    zarr.create_array(evil, shape=(64,), chunks=(16,), dtype="u1", zarr_format=3, **kw)[:] = a[::-1]
+    ctx = ferry.default_context()
+    ds = ferry.Dataset(ctx, store)
+    out = np.zeros(64, "u1")
+    pl = ferry.Plan()
+    pl.read(ds, ds.names()[0], out, None)
+    chunk = os.path.join(store, "c", "0")
+    os.replace(chunk, chunk + ".orig")
+    os.symlink(os.path.join(evil, "c", "0"), chunk)
+    with pytest.raises(ferry.FerryError, match="outside the store") as ei:
+        ctx.run(pl)
+    assert chunk in str(ei.value)
+    assert not np.array_equal(out[:16], a[::-1][:16])
+    with pytest.raises(ferry.FerryError, match="outside the store") as ei:
+        ferry.read(store)
+    assert chunk in str(ei.value)
+
+
 def test_symlinks_inside_the_store_are_followed(tmp_path):
     store = tmp_path / "s.zarr"
     put(str(store / "zarr.json"), {"zarr_format": 3, "node_type": "group"})

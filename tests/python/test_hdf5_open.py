@@ -64,6 +64,8 @@ def test_ferry_open_and_read_netcdf4(nc4):
         with pytest.raises(ferry.FerryError):
             v.read(2, out=np.zeros((5, 6), np.float64))
     np.testing.assert_array_equal(ferry.read(p, "t"), t)
+    with ferry.open(p, format="hdf5") as f:
+        np.testing.assert_array_equal(f["t"][3], t[3])
     np.testing.assert_array_equal(ferry.read(p, "t", selection=(0, slice(1, 4))), t[0, 1:4])
 
 

@@ -50,6 +50,10 @@ def test_each_file_is_a_sample_contents_equal_numpy(per_sample):
         _check(b, per_sample.ref)
         seen += b["id"].tolist()
     assert seen == epoch_order(N, 2, 0).tolist()
+    # .npy fields go through the engine's batch reader (one engine job per field and batch);
+    # the scalar label files too
+    if hasattr(ferry._ferry, "npy_read_many"):
+        assert all(f.npy_batch for f in ds._fields) and ds.last_path == "npy_batch"
     # the default stays rows: a list of per-sample files concatenates their first axes
     rows = ArrayDataset(per_sample.fields["img"], batch_size=4, device="cpu")
     assert rows.num_samples == 3 * N
@@ -131,3 +135,16 @@ def test_file_replaced_between_batches_never_mixes(tmp_path):
     np.save(tmp_path / "t1.npy", np.full(9, 7, dtype=np.int16))
     with pytest.raises(ferry.FerryError, match="t1.npy"):
         list(ds)
+
+
+def test_dataloader_workers_two_epochs(per_sample):
+    from torch.utils.data import DataLoader
+    ds = ArrayDataset(fields=per_sample.fields, samples="files", batch_size=8, shuffle=True,
+                      seed=6, device="cpu")
+    dl = DataLoader(ds, batch_size=None, num_workers=2)
+    for e in range(2):
+        seen = []
+        for b in dl:
+            _check(b, per_sample.ref)
+            seen += b["id"].tolist()
+        assert seen == epoch_order(N, 6, e).tolist()

@@ -1,0 +1,142 @@
+"""Small random records and fresh host memory: ferry beside the machine's limits, one run.
+
+    python3 bench/bench_records.py [--gib 8] [--count 200000] [--reps 3] [--dir .]
+
+1. Random records of 150,528 bytes (a 3x224x224 uint8 row), 8 KiB and 4 KiB (token
+   windows) from a page-cached file of --gib GiB, through `build/ferry bench --records`
+   (C, so that the limit is not Python's): the 16-thread pread limit of the same run,
+   ferry into host batches, ferry into GPU batches with the rows in order (packed
+   staging, one copy per staging buffer) and scattered (one copy plus one scatter
+   kernel per staging buffer), and the pinned host-to-device copy limit. Every batch
+   ferry fills is verified there. Run twice: workers spinning on their staging events
+   (the default) and sleeping on them (FERRY_EVENT_SYNC=blocking).
+2. ferry.read(path, device="cpu") of a --gib GiB .npy into memory ferry allocates
+   (transparent huge pages, first touched by the workers) vs 16 threads of os.preadv
+   into a fresh np.empty (numpy's own huge pages): pairs run back to back, best of
+   --reps, results compared with each other.
+Needs numpy and a `make`-built tree (build/ferry); torch/cupy are not needed. Prints a
+table; GB/s are 10^9 bytes/s.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+
+def records(a) -> int:
+    exe = os.path.join(ROOT, "build", "ferry")
+    if not os.path.exists(exe):
+        print(f"skipped records: {exe} missing (run make)")
+        return 0
+    cmd = [exe, "bench", "--records", a.records, "--file", os.path.join(a.dir, "ferry-records.bin"),
+           "--size", f"{int(a.gib * (1 << 30))}", "--count", str(a.count), "--reps", str(a.reps)]
+    rc = 0
+    for sync in (["spin", "blocking"] if a.event_sync == "both" else [a.event_sync]):
+        # FERRY_EVENT_SYNC=blocking: pool workers sleep on their staging events
+        # instead of spinning (src/engine/worker.c); measured both ways
+        env = dict(os.environ, FERRY_EVENT_SYNC=sync)
+        print(f"$ FERRY_EVENT_SYNC={sync} " + " ".join(cmd), flush=True)
+        rc |= subprocess.call(cmd, env=env)
+    return rc
+
+
+def preadv_into(path: str, out: np.ndarray, offset: int, threads: int) -> None:
+    """threads x os.preadv of 8 MiB pieces into out (the peer: what a user writes)."""
+    mv = memoryview(out.reshape(-1).view(np.uint8))
+    n = mv.nbytes
+    piece = 8 << 20
+    fd = os.open(path, os.O_RDONLY)
+    nxt = [0]
+    lock = threading.Lock()
+
+    def work():
+        while True:
+            with lock:
+                lo = nxt[0]
+                nxt[0] += piece
+            if lo >= n:
+                return
+            hi = min(n, lo + piece)
+            while lo < hi:
+                lo += os.preadv(fd, [mv[lo:hi]], offset + lo)
+
+    ts = [threading.Thread(target=work) for _ in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    os.close(fd)
+
+
+def host_read(a) -> None:
+    import ferry
+    n = int(a.gib * (1 << 30)) // 8 * 8
+    path = os.path.join(a.dir, "ferry-hostread.npy")
+    if not os.path.exists(path) or os.path.getsize(path) < n:
+        np.save(path, np.arange(n // 8, dtype=np.uint64))
+    with open(path, "rb") as fh:       # warm
+        while fh.read(1 << 26):
+            pass
+    arr = np.load(path, mmap_mode="r")
+    offset = arr.offset
+    shape, dtype = arr.shape, arr.dtype
+    del arr
+    best_f = best_p = float("inf")
+    ratios = []
+    for _ in range(a.reps):
+        t0 = time.perf_counter()
+        x = ferry.read(path, device="cpu")
+        tf = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        y = np.empty(shape, dtype)
+        preadv_into(path, y, offset, a.threads)
+        tp = time.perf_counter() - t0
+        if not np.array_equal(x, y):
+            raise SystemExit("VERIFY FAILED: ferry.read and preadv differ")
+        del x, y
+        best_f, best_p = min(best_f, tf), min(best_p, tp)
+        ratios.append(tp / tf)
+    gb = n / 1e9
+    print(f"fresh host memory, {gb:.2f} GB .npy, page cache warm, best of {a.reps}:")
+    print(f"  {a.threads}-thread os.preadv into np.empty      {gb / best_p:8.2f} GB/s")
+    print(f"  ferry.read(device='cpu')                 {gb / best_f:8.2f} GB/s   "
+          f"{best_p / best_f:.2f}x preadv (pairs: {', '.join(f'{r:.2f}' for r in ratios)})")
+    if not a.keep:
+        os.unlink(path)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gib", type=float, default=8.0)
+    ap.add_argument("--count", type=int, default=200000)
+    ap.add_argument("--records", default="150528,8192,4096")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=16)
+    ap.add_argument("--dir", default=".")
+    ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--event-sync", default="both", choices=["both", "spin", "blocking"])
+    ap.add_argument("--smoke", action="store_true", help="small and quick (CI-sized)")
+    a = ap.parse_args()
+    if a.smoke:
+        a.gib, a.count, a.reps, a.event_sync = 0.25, 2048, 1, "spin"
+    rc = records(a)
+    host_read(a)
+    if not a.keep:
+        try:
+            os.unlink(os.path.join(a.dir, "ferry-records.bin"))
+        except FileNotFoundError:
+            pass
+    return rc
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,36 @@
+/* ctx.h — the engine object: configuration, the job queue, the worker pool's
+ * anchor, statistics, the open-file cache. Internal. */
+#ifndef FERRY_ENGINE_CTX_H
+#define FERRY_ENGINE_CTX_H
+#include "common.h"
+#include "engine/fcache.h"
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/types.h>
+
+typedef struct ferry_worker ferry_worker;   /* worker.h */
+
+struct ferry_ctx {
+    ferry_config cfg;
+    pthread_mutex_t lock;
+    pthread_cond_t work_cond;
+    ferry_job *q_head, *q_tail;   /* jobs with tasks left to claim */
+    ferry_worker *workers;
+    int nworkers;                 /* started */
+    int stop;
+    ferry_worker *inline_free[8]; /* workers for small requests run on callers' threads */
+    int ninline_free;
+    pthread_mutex_t stats_lock;
+    ferry_stats stats;
+    _Atomic int active_jobs;
+    _Atomic uint64_t next_job_id;
+    pid_t pid;                    /* the creating process: a forked child has no workers */
+    ferry_fcache files;           /* files opened by path (fcache.c) */
+};
+/* FERRY_EINVAL with a message when called in a process forked from the creator. */
+int ferry_ctx_check_pid(const ferry_ctx *ctx);
+int ferry_config_resolve(ferry_config *c);
+int64_t ferry_parse_size(const char *s);
+/* Count bytes read/written with O_DIRECT, buffered, and decoded. */
+void ferry_count_io(ferry_ctx *ctx, uint64_t direct, uint64_t buffered, uint64_t decoded);
+#endif

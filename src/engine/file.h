@@ -1,0 +1,45 @@
+/* file.h — an open file: a buffered descriptor, lazily an O_DIRECT one and a
+ * cuFile handle, all of one inode. Internal; a leaf. */
+#ifndef FERRY_ENGINE_FILE_H
+#define FERRY_ENGINE_FILE_H
+#include "common.h"
+#include "cuda/cufile.h"
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/types.h>
+
+struct ferry_file {
+    ferry_ctx *ctx;
+    char *path;
+    int fd;                       /* buffered descriptor */
+    dev_t dev;                    /* the file it opened: every other descriptor */
+    ino_t ino;                    /* (O_DIRECT, cuFile's) must be this inode */
+    int flags;                    /* FERRY_READ/WRITE/... */
+    pthread_mutex_t lock;         /* guards the lazy members below */
+    int dfd;                      /* O_DIRECT descriptor: -1 not tried, -2 refused */
+    ferry_cufile_handle cfh;      /* registered cuFile handle (on dfd) */
+    int cf_state;                 /* 0 untried, 1 registered, <0 failed (code) */
+    char cf_why[160];
+    _Atomic int written;          /* a job wrote to it (for FERRY_SYNC) */
+};
+
+/* Lazily opened O_DIRECT descriptor; -1 when the file system refuses it. */
+int ferry_file_direct_fd(ferry_file *f);
+/* Registered cuFile handle, or a negative code with a message. */
+int ferry_file_cufile(ferry_file *f, ferry_cufile_handle *out);
+int64_t ferry_file_cached_fd(int fd, uint64_t offset, uint64_t len, uint64_t fsize);
+int ferry_file_open_internal(ferry_ctx *ctx, const char *path, int flags, ferry_file **out);
+
+/* Lazily opened O_DIRECT descriptor; -1 when the file system refuses it. */
+int ferry_file_direct_fd(ferry_file *f);
+/* Registered cuFile handle, or a negative code with a message. */
+int ferry_file_cufile(ferry_file *f, ferry_cufile_handle *out);
+int64_t ferry_file_cached_fd(int fd, uint64_t offset, uint64_t len, uint64_t fsize);
+int ferry_file_open_internal(ferry_ctx *ctx, const char *path, int flags, ferry_file **out);
+/* Read-only open for a FERRY_EXTENT_NOFOLLOW extent (see ferry.h): a regular
+ * file, or a symlink resolving under root. *linked (may be NULL) is set when
+ * the path was a symlink, followed. */
+int ferry_file_open_nofollow(ferry_ctx *ctx, const char *path, const char *root, ferry_file **out, int *linked);
+/* The file an extent names by path, opened read-only as its flags say. */
+int ferry_file_open_extent(ferry_ctx *ctx, const ferry_extent *e, ferry_file **out);
+#endif

@@ -1,0 +1,85 @@
+/* job.h — a running plan's state: its extents, its tasks, its counters and
+ * how it completes (jobstate.c). Internal; a leaf: it knows nothing of the
+ * workers that run it. */
+#ifndef FERRY_ENGINE_JOB_H
+#define FERRY_ENGINE_JOB_H
+#include "common.h"
+#include "engine/limits.h"
+#include <pthread.h>
+#include <stdatomic.h>
+
+/* A task is either a byte range [lo, hi) of one extent (n == 1), or a pack:
+ * n >= 2 whole small plain reads, ext .. ext+n-1, of one destination memory
+ * kind and device (any files). Packs are cut by bytes (make_tasks in job.c):
+ * a batch of a thousand 8 KiB records is a few tasks, not a thousand.
+ *
+ * Packing interface (pack.c; a device-decode stage reads
+ * compressed batches through the same calls):
+ *   - ferry_pack_begin(w, d): take the worker's next staging buffer for
+ *     device d (waiting for its previous copies), position 0;
+ *   - ferry_pack_room(w): bytes left in it;
+ *   - ferry_pack_reserve(w, n): n bytes at the current position of the
+ *     current buffer to read into (NULL when they do not fit: flush first);
+ *   - ferry_pack_place(w, n, dst, buf): the n bytes just reserved go to device
+ *     address dst inside the caller's buffer buf (adjacent runs with adjacent
+ *     destinations in the same buffer merge: cupy's pool, for one, hands out
+ *     separate cudaMalloc blocks that touch, and a copy spanning two of them
+ *     is CUDA_ERROR_INVALID_VALUE, seen on the H200);
+ *   - ferry_pack_flush(w, j, d): move the buffer to the device: one
+ *     cuMemcpyHtoDAsync per contiguous destination run, or, when the runs are
+ *     many, one copy of the packed bytes into device scratch and one scatter
+ *     kernel (ferry_cuda_scatter); then the buffer's event is recorded.
+ *     ferry_pack_scratch(w, d, i) is that device copy of staging buffer i:
+ *     a decode stage can copy packed compressed bytes there without placing
+ *     them (dst 0) and decode from device memory. */
+typedef struct ferry_task {
+    uint32_t ext;                 /* index into job->ext (first extent of a pack) */
+    uint32_t n;                   /* extents in the task: 1, or >= 2 for a pack */
+    uint64_t lo, hi;              /* byte range within the extent (n == 1); for a pack 0 and its bytes */
+} ferry_task;
+
+struct ferry_job {
+    ferry_ctx *ctx;
+    ferry_extent *ext;            /* own copies; place/path/label point into places/strings */
+    size_t next;                  /* number of extents */
+    ferry_place *places;
+    char *strings;
+    ferry_task *tasks;
+    size_t ntasks;
+    size_t next_task;             /* next task to claim (under ctx->lock) */
+    _Atomic size_t tasks_issued;  /* reads done, device copies enqueued */
+    _Atomic size_t tasks_done;    /* everything complete */
+    _Atomic uint64_t bytes;       /* file bytes moved */
+    _Atomic uint64_t path_bytes[FERRY_PATH_COUNT_];
+    _Atomic uint64_t path_ops[FERRY_PATH_COUNT_];
+    _Atomic int error;            /* first error code, 0 if none */
+    _Atomic int canceled;
+    char errmsg[1024];
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int done;                     /* under lock: complete (stats folded, files synced) */
+    ferry_path path;              /* path for plain device extents: CUFILE or STAGED */
+    int forced;                   /* the path was forced (no fallback allowed) */
+    unsigned flags;               /* FERRY_SYNC, FERRY_NO_DIRECT */
+    int direct;                   /* ferry_direct policy for this job */
+    int allow_short;              /* ferry_pread: EOF ends the read, not an error */
+    int max_workers, active_workers; /* per-call thread limit (under ctx->lock) */
+    _Atomic uint64_t worker_mask[FERRY_MAX_WORKERS / 64]; /* workers that enqueued device work */
+    _Atomic uint32_t dev_mask;    /* devices with enqueued work */
+    double t_start;
+    uint64_t id;                  /* unique per context (addresses can be reused) */
+    struct ferry_job *qnext;      /* context queue link */
+    struct ferry_gpudecode_job *gpu; /* gpudecode.c: batches of chunks decoded by nvCOMP, or NULL */
+};
+
+double ferry_now(void);
+/* Record the job's first error (code and the thread's message). */
+void ferry_job_fail(ferry_job *job, int code);
+/* Complete the job now (a job of no tasks; else the last task does it). */
+void ferry_job_complete(ferry_job *job);
+/* A task's device work (if any) is complete; the last one completes the job
+ * (stats folded, written files synced). The job may be freed once it returns. */
+void ferry_task_finished(ferry_job *job);
+/* Resolve buffer device ids (device < 0 -> look up). */
+int ferry_buf_resolve(ferry_buf *b);
+#endif

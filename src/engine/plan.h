@@ -1,0 +1,15 @@
+/* plan.h — a plan's storage. Internal; a leaf. */
+#ifndef FERRY_ENGINE_PLAN_H
+#define FERRY_ENGINE_PLAN_H
+#include "common.h"
+
+struct ferry_plan {
+    ferry_extent *ext;            /* ext[i].place points into places[] by index (see plan.c) */
+    ferry_place *places;
+    size_t n, cap, nplaces, cap_places;
+    char *strings;                /* copied paths and labels, offsets stored in the pointers' place */
+    size_t nstr, cap_str;
+    uintptr_t last_root;          /* the last NOFOLLOW root copied (index+1), 0: none */
+};
+
+#endif

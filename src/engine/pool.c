@@ -1,0 +1,138 @@
+/* pool.c — the worker threads and the one task loop. A worker claims tasks
+ * from the context's queue in order, runs them, and before it sleeps waits
+ * for its own outstanding copies, so every task completes. Small plans run
+ * the same loop on the caller's thread with a borrowed worker. */
+#include "engine/engine.h"
+#include <stdlib.h>
+
+void ferry_pool_run_task(ferry_worker *w, ferry_job *job, size_t t, void (*release)(ferry_job *)) {
+    int finished = 1;
+    if (atomic_load(&job->error) || atomic_load(&job->canceled)) {
+        if (atomic_load(&job->canceled)) { ferry_seterr(FERRY_ECANCELED, "job canceled"); ferry_job_fail(job, FERRY_ECANCELED); }
+        atomic_fetch_add(&job->tasks_issued, 1);
+    } else {
+        finished = ferry_exec_task(w, job, &job->tasks[t]);
+    }
+    if (release) release(job);
+    if (finished) ferry_task_finished(job);
+}
+
+void ferry_pool_unlink(ferry_ctx *ctx, ferry_job *job) {
+    ferry_job **pp = &ctx->q_head, *prev = NULL;
+    while (*pp && *pp != job) { prev = *pp; pp = &(*pp)->qnext; }
+    if (*pp) { *pp = job->qnext; if (ctx->q_tail == job) ctx->q_tail = prev; }
+}
+
+/* The job's per-call thread slot, given back before the task can complete. */
+static void release_slot(ferry_job *job) {
+    ferry_ctx *ctx = job->ctx;
+    pthread_mutex_lock(&ctx->lock);
+    job->active_workers--;
+    pthread_mutex_unlock(&ctx->lock);
+}
+
+static void *worker_main(void *arg) {
+    ferry_worker *w = arg;
+    ferry_ctx *ctx = w->ctx;
+    pthread_mutex_lock(&ctx->lock);
+    for (;;) {
+        ferry_job *job = NULL;
+        for (ferry_job *j = ctx->q_head; j; j = j->qnext)
+            if (j->next_task < j->ntasks && j->active_workers < j->max_workers) { job = j; break; }
+        if (!job) {
+            if (ctx->stop) break;
+            if (w->npending) {
+                /* nothing to claim: complete our own outstanding copies first */
+                pthread_mutex_unlock(&ctx->lock);
+                ferry_worker_drain(w);
+                pthread_mutex_lock(&ctx->lock);
+                continue;
+            }
+            if (w->pathfile_entry) {   /* nothing to do: no file held open for nothing */
+                pthread_mutex_unlock(&ctx->lock);
+                ferry_worker_idle(w);
+                pthread_mutex_lock(&ctx->lock);
+                continue;
+            }
+            pthread_cond_wait(&ctx->work_cond, &ctx->lock);
+            continue;
+        }
+        size_t t = job->next_task++;
+        job->active_workers++;
+        if (job->next_task == job->ntasks) ferry_pool_unlink(ctx, job);   /* fully claimed */
+        pthread_mutex_unlock(&ctx->lock);
+        ferry_pool_run_task(w, job, t, release_slot);
+        pthread_mutex_lock(&ctx->lock);
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    ferry_worker_drain(w);
+    return NULL;
+}
+
+int ferry_pool_start(ferry_ctx *ctx, int want) {
+    while (ctx->nworkers < want) {
+        ferry_worker *w = &ctx->workers[ctx->nworkers];
+        int rc = ferry_worker_init(ctx, w, ctx->nworkers);
+        if (rc < 0) return rc;
+        if (pthread_create(&w->thread, NULL, worker_main, w) != 0) {
+            ferry_worker_free(w);
+            return ferry_seterr(FERRY_ENOMEM, "cannot start worker thread");
+        }
+        ctx->nworkers++;
+    }
+    return 0;
+}
+
+void ferry_pool_enqueue(ferry_ctx *ctx, ferry_job *j) {
+    j->qnext = NULL;
+    if (ctx->q_tail) ctx->q_tail->qnext = j; else ctx->q_head = j;
+    ctx->q_tail = j;
+    pthread_cond_broadcast(&ctx->work_cond);
+}
+
+/* Workers for small requests run on callers' threads: a few kept for reuse. */
+static ferry_worker *inline_worker_get(ferry_ctx *ctx) {
+    pthread_mutex_lock(&ctx->lock);
+    ferry_worker *w = ctx->ninline_free ? ctx->inline_free[--ctx->ninline_free] : NULL;
+    pthread_mutex_unlock(&ctx->lock);
+    if (w) return w;
+    w = calloc(1, sizeof *w);
+    if (w && ferry_worker_init(ctx, w, FERRY_MAX_WORKERS - 1) < 0) { free(w); w = NULL; }
+    if (w) w->is_inline = 1;
+    return w;
+}
+
+static void inline_worker_put(ferry_ctx *ctx, ferry_worker *w) {
+    ferry_worker_idle(w);
+    pthread_mutex_lock(&ctx->lock);
+    if (ctx->ninline_free < (int)(sizeof ctx->inline_free / sizeof ctx->inline_free[0])) {
+        ctx->inline_free[ctx->ninline_free++] = w;
+        w = NULL;
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    if (w) { ferry_worker_free(w); free(w); }
+}
+
+int ferry_pool_run_inline(ferry_ctx *ctx, ferry_job *j) {
+    CUcontext saved = ferry_cuda_current();    /* the caller's thread: hand its context back */
+    ferry_worker *w = inline_worker_get(ctx);
+    if (!w) { ferry_cuda_restore(saved); return FERRY_ENOMEM; }
+    for (size_t t = 0; t < j->ntasks; t++) ferry_pool_run_task(w, j, t, NULL);
+    ferry_worker_drain(w);
+    inline_worker_put(ctx, w);
+    ferry_cuda_restore(saved);
+    return 0;
+}
+
+void ferry_pool_stop(ferry_ctx *c) {
+    pthread_mutex_lock(&c->lock);
+    c->stop = 1;
+    pthread_cond_broadcast(&c->work_cond);
+    pthread_mutex_unlock(&c->lock);
+    for (int i = 0; i < c->nworkers; i++) pthread_join(c->workers[i].thread, NULL);
+    CUcontext saved = ferry_cuda_current();    /* freeing streams switches this thread's context */
+    for (int i = 0; i < c->nworkers; i++) ferry_worker_free(&c->workers[i]);
+    for (int i = 0; i < c->ninline_free; i++) { ferry_worker_free(c->inline_free[i]); free(c->inline_free[i]); }
+    c->nworkers = c->ninline_free = 0;
+    ferry_cuda_restore(saved);
+}
