@@ -80,34 +80,28 @@ static int gpu_chain(const ferry_extent *e, chain_info *ci) {
     return i == n;
 }
 
-/* AUTO: the GPU where it measured faster than ferry's CPU decoders for device
- * destinations (H200, 16 cores, 1 MiB float32 chunks, GB/s of decoded data,
- * issue 12 and /work/shared/GPU_MACHINE.md, 2026-12-01):
- *   zstd     nvCOMP 48.0 (level 1) / 47.6 (level 3)  vs CPU 11.2-12.6 / 7.1  -> GPU
- *   deflate  nvCOMP 5.9 (5.2 shuffled)               vs CPU zlib 0.98        -> GPU
- *   LZ4      nvCOMP 24.1                             vs CPU 24.1             -> CPU (a tie)
- *   blosc-lz4+shuffle  nvCOMP LZ4 24.1               vs CPU 27.7             -> CPU
- * decode="gpu" sends LZ4 and blosc (lz4, zstd inner codecs) to the GPU too.
- * Deflate is where both decoders together beat either: CPU inflate on 16
- * cores runs 3.39 GB/s with libdeflate (0.98 with zlib) beside nvCOMP's 5.2
- * (HDF5-shuffled chunks). AUTO leaves the CPU its share of the chunks, by
- * those rates (the CPU's scaled by the job's workers / 16), and the pool runs
- * both at once: batch tasks are queued first, so while some workers read and
- * wait on GPU batches the others inflate chunks. */
-static const int auto_gpu[NCLASS] = {1 /* zstd */, 0 /* LZ4 */, 1 /* deflate */, 0 /* blosc */};
-static const double gpu_deflate_gbs = 5.2;
-#ifdef FERRY_HAVE_LIBDEFLATE
-static const double cpu_deflate_gbs16 = 3.39;
-#else
-static const double cpu_deflate_gbs16 = 0.98;
-#endif
+/* AUTO: the GPU where ferry's own GPU path measured faster than its CPU
+ * decoders for device destinations — bench/bench_decode.py on the H200, 16
+ * cores, nvCOMP 6.0, 2026-12-01 (BENCHMARKS.md), GB/s of decoded data:
+ *   zstd (Zarr v3, 1/4 MiB chunks)       GPU 16.1-18.2  vs CPU 9.8-10.7      -> GPU
+ *   blosc-lz4+shuffle (Zarr v2, 1 MiB)   GPU 39.0       vs CPU 27.2          -> GPU
+ *   deflate+shuffle (netCDF-4, xarray)   GPU 1.25       vs CPU 7.58 (libdeflate) -> CPU
+ *   LZ4 (plain)                          not measured through ferry; nvCOMP 24.1 vs CPU 24.1 -> CPU
+ * Deflate was planned as a split between both decoders (nvCOMP's own batched
+ * rate is 5.2 GB/s), but ferry's GPU deflate path reaches 1.25 and a split
+ * that gave it 61 % of the chunks ran at 1.99: slower than the CPU alone, so
+ * AUTO leaves deflate to the CPU. FERRY_GPU_CPU_SHARE=f (0..1) still splits
+ * it (f to the CPU), and decode="gpu" sends every chunk nvCOMP can take to
+ * the GPU. */
+static const int auto_gpu[NCLASS] = {1 /* zstd */, 0 /* LZ4 */, 0 /* deflate */, 1 /* blosc */};
 
-/* The fraction of a job's deflate chunks AUTO leaves to the CPU. */
+/* The fraction of a job's deflate chunks a split leaves to the CPU: the
+ * share FERRY_GPU_CPU_SHARE asks for; -1 when it is not set (AUTO: all CPU). */
 static double cpu_share_deflate(const ferry_job *j) {
-    const char *s = getenv("FERRY_GPU_CPU_SHARE");   /* measured overrides, and tests */
-    if (s) { double v = atof(s); return v < 0 ? 0 : v > 1 ? 1 : v; }
-    double cpu = cpu_deflate_gbs16 * FERRY_MIN(j->max_workers, 16) / 16.0;
-    return cpu / (cpu + gpu_deflate_gbs);
+    const char *s = getenv("FERRY_GPU_CPU_SHARE");
+    if (!s || !*s) return -1;
+    double v = atof(s);
+    return v < 0 ? 0 : v > 1 ? 1 : v;
 }
 
 /* ---- plan: batches ----------------------------------------------------------- */
@@ -140,10 +134,15 @@ int ferry_gpudecode_plan(ferry_job *j, int policy) {
     size_t n = j->next, cand = 0;
     uint64_t total = 0;
     chain_info ci;
+    /* deflate under AUTO goes to the GPU only as an explicit split */
+    double cpu_share = policy == FERRY_DECODE_AUTO ? cpu_share_deflate(j) : 0, acc = 0;
     for (size_t i = 0; i < n; i++) {
         const ferry_extent *e = &j->ext[i];
         if (e->kind == FERRY_EXTENT_READ && e->dst.kind == FERRY_MEM_CUDA && e->decoded_size && gpu_chain(e, &ci) &&
-            (policy == FERRY_DECODE_GPU || auto_gpu[ci.alg])) { cand++; total += e->decoded_size; }
+            (policy == FERRY_DECODE_GPU || auto_gpu[ci.alg] || (ci.alg == FERRY_NVCOMP_DEFLATE && cpu_share >= 0))) {
+            cand++;
+            total += e->decoded_size;
+        }
     }
     if (!cand) return 0;
     const char *why;
@@ -159,7 +158,6 @@ int ferry_gpudecode_plan(ferry_job *j, int policy) {
     g->b = malloc(cand * sizeof *g->b);
     if (!g->idx || !g->owned || !g->b) { free(g->idx); free(g->owned); free(g->b); free(g); return ferry_seterr(FERRY_ENOMEM, "out of memory"); }
     uint64_t target = batch_target(j, total);
-    double cpu_share = policy == FERRY_DECODE_AUTO ? cpu_share_deflate(j) : 0, acc = 0;
     /* one pass per (device, algorithm): chunks keep plan order inside a batch */
     size_t k = 0;
     for (int d = 0; d < FERRY_MAX_DEVICES && k < cand; d++)
@@ -169,7 +167,8 @@ int ferry_gpudecode_plan(ferry_job *j, int policy) {
             for (size_t i = 0; i < n; i++) {
                 const ferry_extent *e = &j->ext[i];
                 if (g->owned[i] || e->kind != FERRY_EXTENT_READ || e->dst.kind != FERRY_MEM_CUDA || e->dst.device != d ||
-                    !e->decoded_size || !gpu_chain(e, &ci) || ci.alg != a || !(policy == FERRY_DECODE_GPU || auto_gpu[a]))
+                    !e->decoded_size || !gpu_chain(e, &ci) || ci.alg != a || !(policy == FERRY_DECODE_GPU || auto_gpu[a] ||
+                      (a == FERRY_NVCOMP_DEFLATE && cpu_share >= 0)))
                     continue;
                 if (a == FERRY_NVCOMP_DEFLATE && cpu_share > 0 && (acc += cpu_share) >= 1) {
                     acc -= 1;   /* this one is the CPU's (a plain task) */

@@ -228,7 +228,8 @@ static void test_second_device(void) {
     CHECK_EQ_I(stats_().gpu_cpu_fallbacks, 0);
 }
 
-/* AUTO: LZ4 stays on the CPU (a tie measured), zstd goes to the GPU */
+/* AUTO (the H200's measured rates, gpudecode.c): LZ4 stays on the CPU (a
+ * tie), zstd goes to the GPU */
 static void test_auto_policy(void) {
     ferry_stats_reset(ctx_);
     grid_case(C_LZ4, 16, 16, 8, 8, 0, "auto");
@@ -240,14 +241,14 @@ static void test_auto_policy(void) {
     CHECK_EQ_I(stats_().gpu_chunks, 0);
 }
 
-/* AUTO splits deflate chunks between the CPU and the GPU by their measured
- * rates (both decoders at once); FERRY_GPU_CPU_SHARE overrides the share. */
+/* AUTO leaves deflate to the CPU (faster than ferry's GPU path on the H200);
+ * FERRY_GPU_CPU_SHARE splits it between both; "gpu" forces it. */
 static void test_auto_splits_deflate(void) {
     ferry_stats_reset(ctx_);
     grid_case(C_ZLIB_SHUF, 64, 64, 8, 8, 0, "auto");   /* 64 chunks */
     ferry_stats s = stats_();
-    CHECK(s.gpu_chunks > 0 && s.gpu_chunks < 64);
-    CHECK(s.decoded_bytes > s.gpu_decoded_bytes);
+    CHECK_EQ_I(s.gpu_chunks, 0);
+    CHECK(s.decoded_bytes > 0);
     setenv("FERRY_GPU_CPU_SHARE", "0.25", 1);
     ferry_stats_reset(ctx_);
     grid_case(C_ZLIB_SHUF, 64, 64, 8, 8, 0, "auto");
