@@ -8,20 +8,13 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
+from optional import has
 
 xr = pytest.importorskip("xarray")
 import ferry  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 from ferry import xarray as fx  # noqa: E402
-
-
-def has(mod):
-    try:
-        __import__(mod)
-        return True
-    except Exception:  # noqa: BLE001
-        return False
 
 
 HAS_NC4 = has("netCDF4")

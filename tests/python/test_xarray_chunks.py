@@ -10,20 +10,13 @@ import types
 import numpy as np
 import pandas as pd
 import pytest
+from optional import has
 
 xr = pytest.importorskip("xarray")
 pytest.importorskip("dask")
 from ferry import xarray as fx  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning", "ignore::RuntimeWarning")
-
-
-def has(mod):
-    try:
-        __import__(mod)
-        return True
-    except Exception:  # noqa: BLE001
-        return False
 
 
 def make_ds(seed=0, t0=0, nt=8):

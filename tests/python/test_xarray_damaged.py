@@ -14,20 +14,13 @@ import warnings
 
 import numpy as np
 import pytest
+from optional import has
 
 xr = pytest.importorskip("xarray")
 pytest.importorskip("h5py")
 import ferry  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning", "ignore::RuntimeWarning")
-
-
-def has(mod):
-    try:
-        __import__(mod)
-        return True
-    except Exception:  # noqa: BLE001
-        return False
 
 
 HAS_BOTH = has("netCDF4") and has("h5netcdf")

@@ -12,6 +12,7 @@ import threading
 
 import numpy as np
 import pytest
+from optional import has
 
 import ferry
 
@@ -20,14 +21,6 @@ import ferry  # noqa: E402
 from ferry import xarray as fx  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning", "ignore::RuntimeWarning")
-
-
-def has(mod):
-    try:
-        __import__(mod)
-        return True
-    except Exception:  # noqa: BLE001
-        return False
 
 
 NC4 = "netcdf4" if has("netCDF4") else "h5netcdf"
