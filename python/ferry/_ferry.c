@@ -1367,6 +1367,136 @@ static PyObject *Plan_read_file(PlanObject *self, PyObject *args, PyObject *kw) 
     Py_RETURN_NONE;
 }
 
+/* read_file_runs: N plain reads from one file in one call. Python adds one
+ * extent per token window or row run; at 1,600 batches/s x 256 windows a
+ * read_file call each is ~400k Python->C calls a second on the loader's one
+ * thread, so the loop lives here. Every run is checked before any is added,
+ * so a refused call leaves the plan as it was. */
+typedef struct {
+    Py_buffer view;
+    int have;          /* view holds a buffer (else scalar) */
+    int is_signed;
+    unsigned long long scalar;
+} u64_column;
+
+static int column_parse(PyObject *o, const char *what, int scalar_ok, u64_column *c) {
+    memset(c, 0, sizeof *c);
+    if (scalar_ok && PyLong_Check(o)) {
+        c->scalar = PyLong_AsUnsignedLongLong(o);
+        if (c->scalar == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+        return 0;
+    }
+    if (PyObject_GetBuffer(o, &c->view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "read_file_runs: %s must be a contiguous 1-D int64/uint64 array%s",
+                     what, scalar_ok ? " or an int" : "");
+        return -1;
+    }
+    c->have = 1;
+    const char *fmt = c->view.format ? c->view.format : "B";
+    if (*fmt == '<' || *fmt == '=' || *fmt == '@') fmt++;
+    int ok = c->view.ndim == 1 && c->view.itemsize == 8 && fmt[0] && !fmt[1] && strchr("qlnQLN", fmt[0]);
+    if (!ok) {
+        PyErr_Format(PyExc_TypeError, "read_file_runs: %s must be a contiguous 1-D int64/uint64 array "
+                     "(got format '%s', %d dimensions, %zd-byte items)", what,
+                     c->view.format ? c->view.format : "B", c->view.ndim, c->view.itemsize);
+        PyBuffer_Release(&c->view);
+        c->have = 0;
+        return -1;
+    }
+    c->is_signed = strchr("qln", fmt[0]) != NULL;
+    return 0;
+}
+
+static Py_ssize_t column_len(const u64_column *c) { return c->have ? c->view.shape[0] : -1; }
+
+/* Value i; -1 (and *neg set) for a negative signed item. */
+static unsigned long long column_at(const u64_column *c, Py_ssize_t i, int *neg) {
+    if (!c->have) return c->scalar;
+    int64_t v;
+    memcpy(&v, (const char *)c->view.buf + 8 * i, 8);
+    if (c->is_signed && v < 0) *neg = 1;
+    return (unsigned long long)v;
+}
+
+static void column_release(u64_column *c) {
+    if (c->have) PyBuffer_Release(&c->view);
+    c->have = 0;
+}
+
+/* Check run i; on failure raise FerryError(EINVAL) naming the file and i. */
+static int run_check(FileObject *f, Py_ssize_t i, const u64_column *offs, const u64_column *lens,
+                     const u64_column *doffs, size_t dst_size, unsigned long long *o, unsigned long long *l,
+                     unsigned long long *d) {
+    int neg = 0;
+    *o = column_at(offs, i, &neg);
+    *l = column_at(lens, i, &neg);
+    *d = column_at(doffs, i, &neg);
+    const char *path = ferry_file_path(f->f);
+    char msg[512];
+    if (neg)
+        snprintf(msg, sizeof msg, "read_file_runs: %s: run %zd: negative offset, length or dst offset "
+                 "(%lld, %lld, %lld)", path ? path : "?", i, (long long)*o, (long long)*l, (long long)*d);
+    else if (*o > (unsigned long long)INT64_MAX || *l > (unsigned long long)INT64_MAX - *o)
+        snprintf(msg, sizeof msg, "read_file_runs: %s: run %zd: %llu bytes at offset %llu pass the "
+                 "largest file offset", path ? path : "?", i, *l, *o);
+    else if (*d > dst_size || *l > dst_size - *d)
+        snprintf(msg, sizeof msg, "read_file_runs: %s: run %zd: %llu bytes at dst offset %llu do not "
+                 "fit the destination (%zu bytes)", path ? path : "?", i, *l, *d, dst_size);
+    else
+        return 0;
+    raise_code_msg(FERRY_EINVAL, msg);
+    return -1;
+}
+
+static PyObject *Plan_read_file_runs(PlanObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"file", "offsets", "lengths", "dst", "dst_offsets", NULL};
+    FileObject *f;
+    PyObject *offo, *leno, *dsto, *doffo;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!OOOO", kwlist, &FileType, &f, &offo, &leno, &dsto, &doffo))
+        return NULL;
+    if (plan_check(self) < 0 || file_check(f) < 0) return NULL;
+    u64_column offs, lens, doffs;
+    memset(&lens, 0, sizeof lens);
+    memset(&doffs, 0, sizeof doffs);
+    PyObject *ret = NULL;
+    parsed_buf d = {.keep = NULL};
+    if (column_parse(offo, "offsets", 0, &offs) < 0) return NULL;
+    if (column_parse(leno, "lengths", 1, &lens) < 0 || column_parse(doffo, "dst_offsets", 0, &doffs) < 0)
+        goto out;
+    Py_ssize_t n = column_len(&offs);
+    if ((lens.have && column_len(&lens) != n) || column_len(&doffs) != n) {
+        PyErr_Format(PyExc_ValueError, "read_file_runs: %zd offsets, %zd lengths, %zd dst_offsets "
+                     "(all must be equal; lengths may be one int)", n, lens.have ? column_len(&lens) : n,
+                     column_len(&doffs));
+        goto out;
+    }
+    if (parse_buffer(dsto, 1, &d) < 0) goto out;
+    unsigned long long o, l, doff;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (run_check(f, i, &offs, &lens, &doffs, d.buf.size, &o, &l, &doff) < 0) goto out;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        /* checked again: the arrays are the caller's and could change under us */
+        if (run_check(f, i, &offs, &lens, &doffs, d.buf.size, &o, &l, &doff) < 0) goto out;
+        int rc = ferry_plan_read(self->plan, f->f, o, l, d.buf, doff);
+        if (rc < 0) { raise_ctx(f->ctx->ctx, rc); goto out; }
+    }
+    if (n > 0) {
+        PyObject *keep = d.keep;
+        d.keep = NULL;
+        if (plan_keep(self, keep) < 0) goto out;
+        Py_INCREF(f);
+        if (plan_keep(self, (PyObject *)f) < 0) goto out;
+    }
+    ret = PyLong_FromSsize_t(n);
+out:
+    Py_XDECREF(d.keep);
+    column_release(&offs);
+    column_release(&lens);
+    column_release(&doffs);
+    return ret;
+}
+
 static PyObject *Plan_write_file(PlanObject *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"file", "offset", "length", "src", "src_offset", NULL};
     FileObject *f;
@@ -1941,6 +2071,10 @@ static PyMethodDef Plan_methods[] = {
      "read(dataset, var, dst, selection=None, native=True, stored_order=False) -> bytes placed"},
     {"read_file", (PyCFunction)(void (*)(void))Plan_read_file, METH_VARARGS | METH_KEYWORDS,
      "read_file(file, offset, length, dst, dst_offset=0)"},
+    {"read_file_runs", (PyCFunction)(void (*)(void))Plan_read_file_runs, METH_VARARGS | METH_KEYWORDS,
+     "read_file_runs(file, offsets, lengths, dst, dst_offsets) -> runs added: read_file for each i of "
+     "offsets[i], lengths[i] (or one int), dst_offsets[i] (contiguous 1-D int64/uint64 arrays), all checked "
+     "first"},
     {"write_file", (PyCFunction)(void (*)(void))Plan_write_file, METH_VARARGS | METH_KEYWORDS,
      "write_file(file, offset, length, src, src_offset=0)"},
     {"fill", (PyCFunction)(void (*)(void))Plan_fill, METH_VARARGS | METH_KEYWORDS,
