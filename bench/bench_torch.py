@@ -377,6 +377,7 @@ def _timed(it, seconds, nbytes_of, check=None, warmup=3):
         if k + 1 == warmup:
             _sync()
             t0 = time.perf_counter()
+            c0, p0 = time.thread_time(), time.process_time()
             continue
         if t0 is None:
             continue
@@ -385,6 +386,10 @@ def _timed(it, seconds, nbytes_of, check=None, warmup=3):
         if time.perf_counter() - t0 > seconds:
             break
     _sync()
+    if t0 and got:
+        # the loader's own thread is the steady figure on a noisy machine (wall rates are not)
+        print(f"#   CPU per batch: {(time.thread_time() - c0) / got * 1e6:.0f} us this thread, "
+              f"{(time.process_time() - p0) / got * 1e6:.0f} us the process ({got} batches)", flush=True)
     return got, nb, (time.perf_counter() - t0) if t0 else float("nan")
 
 
