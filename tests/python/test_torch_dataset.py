@@ -268,6 +268,42 @@ def test_state_stays_global_on_a_rank_whose_tail_share_is_empty(npy, batch):
     assert [i for b in d for i in _ids(b)] == epoch2
 
 
+def test_lock_step_states_identical_on_every_rank_at_every_step(tmp_path):
+    """A seeded sweep (40 layouts: n, world, batch or per-sample, drop_last): ranks iterate in lock
+    step as `for` loops do (a rank with nothing left gets its StopIteration in that step); after
+    every step every rank's state is the same, and resuming from it on another world size gives
+    the rest of the epoch exactly once."""
+    import random
+    rnd = random.Random(1)
+    for _ in range(40):
+        n, world, batch = rnd.randint(1, 60), rnd.randint(1, 6), rnd.choice([1, 2, 3, 5, None])
+        drop_last, world2 = rnd.random() < 0.3, rnd.randint(1, 6)
+        path = tmp_path / f"id{n}.npy"
+        np.save(path, np.arange(n))
+        kw = dict(fields={"id": str(path)}, batch_size=batch, shuffle=True, seed=3, device="cpu",
+                  drop_last=drop_last)
+        what = (n, world, batch, drop_last)
+        sets = [ArrayDataset(rank=r, world_size=world, **kw) for r in range(world)]
+        its, seen = [iter(d) for d in sets], []
+        for _step in range(max(len(d) for d in sets)):
+            for it in its:
+                b = next(it, None)
+                seen += [] if b is None else _ids(b)
+            states = [d.state_dict() for d in sets]
+            assert all(s == states[0] for s in states), (what, [(s["epoch"], s["samples_consumed"]) for s in states])
+            if states[0]["epoch"] == 1:
+                continue
+            rest = []
+            for r in range(world2):
+                d = ArrayDataset(**dict(kw, rank=r, world_size=world2))
+                d.load_state_dict(states[0])
+                rest += [i for b in d for i in _ids(b)]
+            both = seen + rest
+            assert len(both) == len(set(both)), (what, world2)
+            assert drop_last or sorted(both) == list(range(n)), (what, world2)
+        assert sorted(seen) == list(range(n)) or drop_last, what
+
+
 def test_global_state_of_workers_whose_rank_tail_share_is_empty(npy):
     """The same rank 7 of 8 in 2 DataLoader workers (StatefulDataLoader states): once both
     workers have delivered all of its 3 batches, global_state() is still (epoch 0, 96)."""
