@@ -232,7 +232,7 @@ class XarrayDataset(_BatchStream):
     XarrayDataset(data, variables=None, *, sample_dim="time", batch_size=16, input_steps=1,
                   target_steps=0, lead=1, target_variables=None, patch=None,
                   patch_mode="random", shuffle=False, seed=0, drop_last=False, device=None,
-                  rank=None, world_size=None, prefetch=2, normalize=None, stats_file=None,
+                  rank=None, world_size=None, prefetch=4, normalize=None, stats_file=None,
                   stats_steps=64, nan_to=None, return_mask=False, return_time=False,
                   dtype=torch.float32, group=None, transform=None, threads=0)
 
@@ -273,7 +273,7 @@ class XarrayDataset(_BatchStream):
     def __init__(self, data, variables=None, *, sample_dim="time", batch_size=16, input_steps=1,
                  target_steps=0, lead=1, target_variables=None, patch=None, patch_mode="random",
                  shuffle=False, seed=0, drop_last=False, device=None, rank=None, world_size=None,
-                 prefetch=2, normalize=None, stats_file=None, stats_steps=64, nan_to=None,
+                 prefetch=4, normalize=None, stats_file=None, stats_steps=64, nan_to=None,
                  return_mask=False, return_time=False, dtype=torch.float32, group=None,
                  transform=None, threads=0, block_size=None):
         torch.utils.data.IterableDataset.__init__(self)

@@ -21,7 +21,10 @@ Order and sharding (W ranks, batch B, N samples)
     w, w+n, w+2n, ...: the DataLoader's round-robin hands them to the training loop in order.
 
 Epochs
-    Handing over a pass's last batch ends the epoch (Lightning never asks for StopIteration).
+    Handing over a pass's last batch ends the pass (Lightning never asks for StopIteration): the
+    next iter() is the next epoch. The state stays global: a rank whose share of an uneven tail
+    is empty reports the position after its last step (where every rank is at that step) until
+    its StopIteration, the step in which the other ranks finish the epoch.
     Worker copies learn their epoch from a shared-memory board (_torch_loader.EpochBoard): each
     new DataLoader pass is the next epoch unless set_epoch/load_state_dict in the main process
     chose one.
@@ -710,6 +713,7 @@ class _BatchStream(IterableDataset):
         self._resume = None        # per-worker state to restore exactly (StatefulDataLoader)
         self._worker_progress = None
         self._generation = 0
+        self._pass_over = False    # this rank's share is used up, the epoch not: see end_of_pass
         self._passes = 0           # passes started by this copy (a worker's tag; see _torch_loader)
         self._order_cache = None
         self._board = EpochBoard()  # epochs counted across DataLoader worker passes
@@ -877,8 +881,9 @@ class _BatchStream(IterableDataset):
         epoch keeps its position (so set_epoch after load_state_dict resumes mid-epoch)."""
         epoch = int(epoch)
         self._sync_from_workers()
-        if epoch != self._epoch:
+        if epoch != self._epoch or self._pass_over:   # a finished pass has no position left
             self._epoch, self._consumed, self._resume = epoch, 0, None
+            self._pass_over = False
             if get_worker_info() is None:      # the board is the main process's to publish
                 self._board.publish(self._epoch, self._consumed)
 
@@ -899,6 +904,7 @@ class _BatchStream(IterableDataset):
         lt = self._board.latest()
         if lt is not None:
             self._epoch, self._consumed, self._resume = lt[0] + 1, 0, None
+            self._pass_over = False
             self._board.publish(self._epoch, 0)
 
     # ---------------------------------------------------------------- state (torchdata Stateful)
@@ -951,6 +957,7 @@ class _BatchStream(IterableDataset):
         self._epoch = int(state["epoch"])
         self._consumed = int(state["samples_consumed"])
         self._resume = dict(state["worker"]) if state.get("worker") else None
+        self._pass_over = False
         self._worker_progress = None
         self._order_cache = None
         if get_worker_info() is None:
@@ -1006,6 +1013,8 @@ class _BatchStream(IterableDataset):
             self._epoch = epoch
             return epoch, start, 0
         self._sync_from_workers()
+        if self._pass_over:             # this rank's last pass delivered all it had: next epoch
+            self._epoch, self._consumed, self._pass_over = self._epoch + 1, 0, False
         start = min(self._consumed, self.num_samples)   # a state saved after the last batch: n
         return self._epoch, start, 0
 
@@ -1051,20 +1060,34 @@ class _BatchStream(IterableDataset):
                                         None if ids_for is None else ids_for(units)))
             return True
 
-        def end_of_pass():
-            # every unit of this pass has been handed over: the epoch is over now, whether or not
-            # the consumer ever asks for the StopIteration (Lightning stops after len() batches)
+        def end_of_pass(position):
+            # every unit of this rank's pass has been handed over: the pass is over now, whether
+            # or not the consumer ever asks for the StopIteration (Lightning stops after len()
+            # batches), and the next iter() is the next epoch. The state stays the global
+            # position: when this rank's share of an uneven tail is empty (drop_last=False) the
+            # other ranks still have one step of the epoch, so the epoch is complete only at the
+            # position n (or, drop_last=True, after the last full step); until then the state is
+            # `position`, where the epoch is once every rank has taken as many steps as this one.
             if in_worker:
                 self._worker_progress["ended"] = True
                 self._board.ended(wid)
-            else:
-                self._epoch, self._consumed = epoch + 1, 0
+            elif position >= n:
+                self._epoch, self._consumed, self._pass_over = epoch + 1, 0, False
                 self._board.publish(self._epoch, 0)
+            else:
+                self._epoch, self._consumed, self._pass_over = epoch, position, True
+                self._board.publish(epoch + 1, 0)   # a worker pass after this one: next epoch
+
+        def other_ranks_step():
+            # the consumer asked past this rank's last unit: in lock step that is the step in
+            # which the other ranks take the rest of the tail, which completes the epoch
+            if not in_worker and self._pass_over and gen == self._generation:
+                self._epoch, self._consumed, self._pass_over = epoch + 1, 0, False
 
         exhausted = False
         try:
             if last is None and gen == self._generation:
-                end_of_pass()
+                end_of_pass(n if self.drop_last else start)
             while True:
                 while not exhausted and len(pending) < self.prefetch + 1:
                     exhausted = not submit_next()
@@ -1084,8 +1107,9 @@ class _BatchStream(IterableDataset):
                         else:
                             self._board.set_position(self._consumed)
                         if s == last:
-                            end_of_pass()
+                            end_of_pass(self._consumed)
                     yield out
+            other_ranks_step()
         finally:
             # buffers must outlive the engine's use of them
             for g in pending:
@@ -1551,18 +1575,21 @@ def global_state(loader_state):
     base = dict(cur[0])
     base.pop("worker", None)
     n = int(base["num_samples"])
-    nw = cur[0]["worker"]["num_workers"]
-    if len(cur) == nw and all(s["worker"]["ended"] for s in cur):
-        base.update(epoch=epoch + 1, samples_consumed=0)
-        return base
-    steps = 0
-    for s in cur:
-        w = s["worker"]
-        if w["taken"] > 0:
-            steps = max(steps, w["id"] + (w["taken"] - 1) * w["num_workers"] + 1)
     w = cur[0]["worker"]
+    count = w.get("count", n)           # this rank's units in the pass
+    if len(cur) == w["num_workers"] and all(s["worker"]["ended"] for s in cur):
+        steps = count                   # every unit of this rank's pass was delivered
+    else:
+        steps = 0
+        for s in cur:
+            ws = s["worker"]
+            if ws["taken"] > 0:
+                steps = max(steps, ws["id"] + (ws["taken"] - 1) * ws["num_workers"] + 1)
     consumed = min(n, w["start"] + steps * w["world_size"] * w["batch"])
-    if consumed >= n or steps >= w.get("count", steps + 1):     # the epoch was complete
+    # the epoch is complete at n, or after the last full step when the tail is dropped; a rank
+    # whose share of an uneven tail is empty has delivered all it has one step earlier, while
+    # the other ranks still take the tail: its position is where every rank has taken `steps`
+    if consumed >= n or (base.get("drop_last") and steps >= count):
         base.update(epoch=epoch + 1, samples_consumed=0)
     else:
         base.update(epoch=epoch, samples_consumed=consumed)

@@ -158,15 +158,12 @@ def test_nccl_one_gpu_per_rank_exactly_once_and_resume(data, tmp_path):
     _check(res, every, world, resume_on)
 
 
-@pytest.mark.xfail(strict=True, reason="found here, for ferry.torch: a rank whose shard of the epoch "
-                   "is used up reports the next epoch while the other ranks are still in this one")
 def test_state_of_a_rank_whose_shard_is_used_up_is_still_global(tmp_path):
-    """103 samples, 8 ranks, batches of 4: after 3 global steps (96 samples) ranks 0 and 1 have
-    one more (partial) step, ranks 2..7 none. Every rank's state_dict() should still be the
-    global position (epoch 0, 96 consumed), as test_resume_with_another_world_size asserts for
-    ranks in lock step. Resumed on the same world size the per-rank states still work (rank 7
-    has nothing left of epoch 0); resumed on another world size from rank 2..7's state, the 7
-    samples left of epoch 0 are skipped."""
+    """103 samples, 8 ranks, batches of 4: after 3 global steps (96 samples) ranks 0..6 have
+    one more step (one sample each of the tail of 7), rank 7 none. Every rank's state_dict() is
+    still the global position (epoch 0, 96 consumed), as test_resume_with_another_world_size
+    asserts for ranks in lock step: rank 7 reporting epoch 1 there made a resume on another
+    world size from its state skip the 7 samples left of epoch 0."""
     from ferry.torch import ArrayDataset
     np.save(tmp_path / "id.npy", np.arange(103))
     kw = dict(fields={"id": str(tmp_path / "id.npy")}, batch_size=4, shuffle=True, seed=5, device="cpu")

@@ -221,6 +221,119 @@ def test_resume_with_another_world_size(npy, w_from, w_to):
     assert consumed == epoch_order(N, 5, 0)[:len(consumed)].tolist()
 
 
+@pytest.mark.parametrize("batch", [4, None])
+def test_state_stays_global_on_a_rank_whose_tail_share_is_empty(npy, batch):
+    """103 samples, 8 ranks, batches of 4, drop_last=False: 3 full steps (96 samples), then a tail
+    of 7 for ranks 0..6 — rank 7 has one batch fewer. After 3 steps rank 7 has delivered all it
+    has, but the epoch is not over: its state must be the global one (epoch 0, 96), or a resume
+    from it on another world size skips the 7 samples left. A new iter() on rank 7 (Lightning's
+    next epoch) still starts epoch 1, and once the tail step is taken every rank says (1, 0)."""
+    B = batch or 1
+    full = N // (8 * B)                          # 3 steps of 4, or 12 single samples
+    kw = dict(fields=npy.fields, batch_size=batch, shuffle=True, seed=5, device="cpu")
+    sets = [ArrayDataset(rank=r, world_size=8, **kw) for r in range(8)]
+    assert [len(d) for d in sets] == [full + 1] * 7 + [full]
+    its = [iter(d) for d in sets]
+    consumed = [i for _ in range(full) for it in its for i in _ids(next(it))]
+    states = [d.state_dict() for d in sets]
+    assert [(s["epoch"], s["samples_consumed"]) for s in states] == [(0, full * 8 * B)] * 8
+    assert all(s == states[0] for s in states)          # identical on every rank
+    # resumed from rank 7's state on 3 ranks: the rest of the epoch, nothing skipped
+    rest = []
+    for r in range(3):
+        d = ArrayDataset(rank=r, world_size=3, **kw)
+        d.load_state_dict(states[7])
+        rest += [i for b in d for i in _ids(b)]
+    assert sorted(consumed + rest) == list(range(N))
+    # the tail step: ranks 0..6 take their last batch, rank 7's loop asks for the StopIteration
+    tail = [i for it in its[:7] for i in _ids(next(it))]
+    with pytest.raises(StopIteration):
+        next(its[7])
+    assert sorted(consumed + tail) == list(range(N))
+    assert [(d.state_dict()["epoch"], d.state_dict()["samples_consumed"]) for d in sets] == [(1, 0)] * 8
+    # Lightning takes len() batches and never asks for the StopIteration: the pass still ends
+    d = ArrayDataset(rank=7, world_size=8, **kw)
+    it = iter(d)
+    mine = [i for _ in range(len(d)) for i in _ids(next(it))]
+    assert (d.state_dict()["epoch"], d.state_dict()["samples_consumed"]) == (0, full * 8 * B)
+    ref = ArrayDataset(rank=7, world_size=8, **kw)
+    ref.set_epoch(1)
+    epoch1 = [i for b in ref for i in _ids(b)]
+    assert [i for b in d for i in _ids(b)] == epoch1 != mine        # the next iter(): epoch 1
+    # set_epoch after such a pass selects that epoch from its beginning, as on the other ranks
+    it = iter(d)
+    epoch2 = [i for _ in range(len(d)) for i in _ids(next(it))]
+    assert (d.state_dict()["epoch"], d.state_dict()["samples_consumed"]) == (2, full * 8 * B)
+    d.set_epoch(2)                  # the other ranks are in epoch 3: epoch 2 from its beginning
+    assert [i for b in d for i in _ids(b)] == epoch2
+
+
+def test_lock_step_states_identical_on_every_rank_at_every_step(tmp_path):
+    """A seeded sweep (40 layouts: n, world, batch or per-sample, drop_last): ranks iterate in lock
+    step as `for` loops do (a rank with nothing left gets its StopIteration in that step); after
+    every step every rank's state is the same, and resuming from it on another world size gives
+    the rest of the epoch exactly once."""
+    import random
+    rnd = random.Random(1)
+    for _ in range(40):
+        n, world, batch = rnd.randint(1, 60), rnd.randint(1, 6), rnd.choice([1, 2, 3, 5, None])
+        drop_last, world2 = rnd.random() < 0.3, rnd.randint(1, 6)
+        path = tmp_path / f"id{n}.npy"
+        np.save(path, np.arange(n))
+        kw = dict(fields={"id": str(path)}, batch_size=batch, shuffle=True, seed=3, device="cpu",
+                  drop_last=drop_last)
+        what = (n, world, batch, drop_last)
+        sets = [ArrayDataset(rank=r, world_size=world, **kw) for r in range(world)]
+        its, seen = [iter(d) for d in sets], []
+        for _step in range(max(len(d) for d in sets)):
+            for it in its:
+                b = next(it, None)
+                seen += [] if b is None else _ids(b)
+            states = [d.state_dict() for d in sets]
+            assert all(s == states[0] for s in states), (what, [(s["epoch"], s["samples_consumed"]) for s in states])
+            if states[0]["epoch"] == 1:
+                continue
+            rest = []
+            for r in range(world2):
+                d = ArrayDataset(**dict(kw, rank=r, world_size=world2))
+                d.load_state_dict(states[0])
+                rest += [i for b in d for i in _ids(b)]
+            both = seen + rest
+            assert len(both) == len(set(both)), (what, world2)
+            assert drop_last or sorted(both) == list(range(n)), (what, world2)
+        assert sorted(seen) == list(range(n)) or drop_last, what
+
+
+def test_global_state_of_workers_whose_rank_tail_share_is_empty(npy):
+    """The same rank 7 of 8 in 2 DataLoader workers (StatefulDataLoader states): once both
+    workers have delivered all of its 3 batches, global_state() is still (epoch 0, 96)."""
+    kw = dict(fields=npy.fields, batch_size=4, shuffle=True, seed=5, device="cpu", rank=7, world_size=8)
+    states, got = [], []
+    for w in range(2):
+        ds = ArrayDataset(**kw)
+        with _as_worker(w, 2):
+            got += [i for b in ds for i in _ids(b)]
+            states.append(ds.state_dict())
+    assert all(s["worker"]["ended"] for s in states) and len(got) == 12
+    g = global_state({"workers": states})
+    assert (g["epoch"], g["samples_consumed"]) == (0, 96)
+    rest = []
+    for r in range(3):               # resumed on 3 ranks: the 7 samples left of epoch 0
+        d = ArrayDataset(**dict(kw, rank=r, world_size=3))
+        d.load_state_dict(g)
+        rest += [i for b in d for i in _ids(b)]
+    assert sorted(rest) == sorted(epoch_order(N, 5, 0)[96:].tolist())
+    # with drop_last=True the same rank's last batch completes the epoch (the tail is dropped)
+    states = []
+    for w in range(2):
+        ds = ArrayDataset(**dict(kw, drop_last=True))
+        with _as_worker(w, 2):
+            list(ds)
+            states.append(ds.state_dict())
+    g = global_state({"workers": states})
+    assert (g["epoch"], g["samples_consumed"]) == (1, 0)
+
+
 def test_set_epoch_and_len(npy):
     ds = ArrayDataset(fields=npy.fields, batch_size=10, shuffle=True, seed=0, device="cpu",
                       rank=1, world_size=3, drop_last=True)
