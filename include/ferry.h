@@ -27,10 +27,13 @@
  *    memory AUTO picks cufile where GDS really works, else staged, and a forced
  *    path (cufile or staged) that cannot run is an error, never a silent
  *    fallback; forcing `host` with device memory is FERRY_EPATH. Extents with
- *    codecs or placements always use staged for device memory (they are
- *    decoded on the CPU). ferry_stats tells which ran.
- *  - CUDA (libcuda.so.1) and cuFile (libcufile.so.0) are loaded at run time;
- *    nothing here links them. Without a GPU the host path still works.
+ *    codecs or placements always use staged for device memory: decoded on the
+ *    CPU in staging, or — compressed chunks nvCOMP can take, per the decode
+ *    policy (ferry_decode_policy, FERRY_DECODE) — read packed, copied, and
+ *    decoded on the GPU. ferry_stats tells which ran.
+ *  - CUDA (libcuda.so.1), cuFile (libcufile.so.0) and nvCOMP (libnvcomp.so.6
+ *    or .5) are loaded at run time; nothing here links them. Without a GPU the
+ *    host path still works.
  *
  * Errors
  * ------
