@@ -44,6 +44,7 @@ from . import _ckpt_dcp_blob as _blob
 from . import _ckpt_dcp_pickle as _pickle
 from . import _ckpt_io as _io
 from . import _ckpt_st as _st
+from . import _ckpt_url as _url
 from . import _ferry
 
 METADATA = ".metadata"
@@ -70,10 +71,20 @@ LAYOUT_ATTR = "ferry_layout"      # Metadata attribute: {MetadataIndex: (data of
 
 def _is_local_path(checkpoint_id):
     try:
-        s = os.fspath(checkpoint_id)
-    except TypeError:
+        return _url.split(checkpoint_id)[0] == "local"
+    except Exception:  # noqa: BLE001 — not a path at all: not ours
         return False
-    return isinstance(s, str) and "://" not in s
+
+
+def _local_dir(path, who):
+    """A DCP directory ferry reads and writes: a local path or a file:// URL. Other URLs are
+    refused here, before anything is created (an s3:// id must never become ./s3:/...)."""
+    kind, p = _url.split(path)
+    if kind != "local":
+        _io.fail("%s: %s reads and writes local directories only (for object stores use torch's own "
+                 "storage writers and readers, or ferry.checkpoint.save with an fsspec URL)" % (path, who),
+                 _io.EINVAL)
+    return p
 
 
 def _gen_id():
@@ -140,7 +151,7 @@ class FerryWriter(StorageWriter):
 
     def __init__(self, path=None, *, threads=0, sync_files=True, overwrite=True):
         super().__init__()
-        self.path = os.fspath(path) if path is not None else None
+        self.path = _local_dir(path, type(self).__name__) if path is not None else None
         self.threads = threads
         self.sync_files = sync_files
         self.overwrite = overwrite
@@ -152,7 +163,7 @@ class FerryWriter(StorageWriter):
     # -- protocol ----------------------------------------------------------------
     def reset(self, checkpoint_id=None):
         if checkpoint_id:
-            self.path = os.fspath(checkpoint_id)
+            self.path = _local_dir(checkpoint_id, type(self).__name__)
         self.save_id = _gen_id()
 
     def set_up_storage_writer(self, is_coordinator, *args, **kwargs):
@@ -293,7 +304,7 @@ class FerryReader(StorageReader):
 
     def __init__(self, path=None, *, threads=0, safe=False):
         super().__init__()
-        self.path = os.fspath(path) if path is not None else None
+        self.path = _local_dir(path, type(self).__name__) if path is not None else None
         self.threads = threads
         self.safe = safe
         self.storage_data = {}
@@ -304,7 +315,7 @@ class FerryReader(StorageReader):
     def reset(self, checkpoint_id=None):
         self.storage_data = {}
         if checkpoint_id:
-            self.path = os.fspath(checkpoint_id)
+            self.path = _local_dir(checkpoint_id, type(self).__name__)
         self.load_id = _gen_id()
 
     @classmethod

@@ -902,6 +902,10 @@ class FerryStore(AbstractDataStore):
         self.decode = decode   # where compressed chunks decode: None/"auto", "gpu" (nvCOMP), "cpu"
         self._ctx = ctx          # None: the default context of whichever process reads
         self._decoding = (mask_and_scale, decode_times, decode_timedelta)
+        if self.device >= 0:
+            # only a store with GPU variables needs cupy-typed dask chunks: importing
+            # ferry.xarray (xarray's engine guessing does) changes nothing in xarray
+            _install_dask_hook()
         if self.device >= 0 and ferry._cupy() is None:
             raise ImportError(f"engine='ferry' with device={device!r} returns cupy arrays: install cupy "
                               "(or use device='cpu')")
@@ -1564,9 +1568,6 @@ def _install_dask_hook():
     from_array.__wrapped__ = orig
     from_array.__doc__ = orig.__doc__
     DaskManager.from_array = from_array
-
-
-_install_dask_hook()
 
 
 def cupy_meta(ds):

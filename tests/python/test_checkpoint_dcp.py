@@ -117,3 +117,22 @@ def test_safe_mode_refuses_code_in_metadata(tmp_path):
     except Exception:
         pass
     assert (tmp_path / "pwned").exists()
+
+
+@pytest.mark.parametrize("url", ["s3://bucket/ck", "gs://b/ck", "memory://ck"])
+def test_ferry_writer_and_reader_refuse_urls_before_creating_anything(tmp_path, monkeypatch, url):
+    """An object-store id must never become a local directory (./s3:/bucket/ck): refused when
+    the writer or reader is made or reset, before anything is written."""
+    from ferry.checkpoint import FerryReader, FerryWriter
+    monkeypatch.chdir(tmp_path)
+    for cls in (FerryWriter, FerryReader):
+        with pytest.raises(FerryError, match="local directories only"):
+            cls(url)
+        w = cls(str(tmp_path / "ok"))
+        with pytest.raises(FerryError, match="local directories only"):
+            w.reset(url)
+        assert not cls.validate_checkpoint_id(url)
+    assert list(tmp_path.iterdir()) == []
+    # file:// URLs name local directories and are accepted
+    w = FerryWriter("file://" + str(tmp_path / "d"))
+    assert w.path == str(tmp_path / "d")

@@ -108,3 +108,15 @@ def test_gpu_variables_have_cupy_chunks_by_default(tmp_path, fake_cupy):
     assert type(one["t2m"].data._meta) is FakeCupyArray and one["t2m"].chunks[0] == (1,) * 8
     cpu = xr.open_dataset(paths[0], engine="ferry", device="cpu", chunks={})
     assert type(cpu["t2m"].data._meta) is np.ndarray
+
+
+def test_importing_the_backend_leaves_xarray_unpatched():
+    """xarray imports every installed backend while guessing an engine: that alone must not
+    change xarray (the dask hook is installed by the first store with GPU variables)."""
+    import subprocess
+    import sys
+    code = ("import xarray as xr, ferry.xarray\n"
+            "from xarray.namedarray.daskmanager import DaskManager\n"
+            "print(getattr(DaskManager.from_array, '_ferry_wrapped', False))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stderr
