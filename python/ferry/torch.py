@@ -563,6 +563,10 @@ def _load_token_field(ctx, files, seq_len, dtype):
                 raise
             h = None
         if h is None:                                    # raw tokens (nanoGPT's .bin)
+            if not p.endswith(".bin"):
+                # a glob also matching a README or a .json must not train on its bytes
+                raise _ferry.FerryError(_ferry.ENOFORMAT, f"TokenDataset: {p} is neither a 1-D .npy nor a "
+                                        "raw token file named *.bin (nanoGPT's layout)")
             size = os.path.getsize(p)
             if size % isz:
                 raise _ferry.FerryError(_ferry.EINVAL, f"TokenDataset: {p} has {size} bytes, not a "
@@ -579,8 +583,7 @@ def _load_token_field(ctx, files, seq_len, dtype):
                                     f"(it holds {[(v['name'], tuple(v['shape'])) for v in vs]})")
         v = vs[0]
         ts = v["typestr"]
-        if ts.lstrip("<>=|") != want[1:] or (ts[0] == ">" and isz > 1) or v.get("codecs") \
-                or (v.get("fortran_order") and False):
+        if ts.lstrip("<>=|") != want[1:] or (ts[0] == ">" and isz > 1) or v.get("codecs"):
             raise _ferry.FerryError(_ferry.EINVAL, f"TokenDataset: {p} holds {ts} tokens, "
                                     f"dtype={dtype!r} expects {want}")
         n = int(v["shape"][0])

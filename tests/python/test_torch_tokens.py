@@ -144,3 +144,12 @@ def test_feistel_order_is_a_bijection_in_constant_memory():
     tracemalloc.stop()
     assert len(set(ids.tolist())) == 256 and ids.min() >= 0 and ids.max() < 50_000_000
     assert peak < 1 << 20 and dt < 0.5
+
+
+def test_a_glob_matching_a_non_token_file_is_refused(tmp_path):
+    """Raw tokens are *.bin files (nanoGPT's layout): a README a glob also matches is an
+    error naming it, never tokens."""
+    np.arange(100, dtype=np.uint16).tofile(tmp_path / "train_0.bin")
+    (tmp_path / "train_notes.txt").write_bytes(b"hello tokens" * 10)   # an even byte count
+    with pytest.raises(ferry.FerryError, match="train_notes.txt"):
+        TokenDataset(str(tmp_path / "train_*"), 8, 2, device="cpu")
