@@ -88,10 +88,12 @@ static int64_t pack_host(ferry_worker *w, ferry_job *j, const ferry_task *t) {
             while (i + 1 < k + n && j->ext[i].offset + j->ext[i].length <= at) i++;
             return short_read(&j->ext[i], f, j->ext[i].offset, j->ext[i].length, at - j->ext[i].offset);
         }
-        ferry_count_io(w->ctx, 0, (uint64_t)r, 0);
         total += (uint64_t)r;
         k += n;
     }
+    /* once per task, not per run: the stats lock is shared by every worker, and a
+     * task of shuffled 4 KiB records is hundreds of runs (a failed task's job fails) */
+    ferry_count_io(w->ctx, 0, total, 0);
     atomic_fetch_add(&j->path_bytes[FERRY_PATH_HOST], total);
     atomic_fetch_add(&j->path_ops[FERRY_PATH_HOST], 1);
     return (int64_t)total;
@@ -230,10 +232,10 @@ static int64_t pack_device(ferry_worker *w, ferry_job *j, const ferry_task *t, i
                                   (uintptr_t)x->dst.ptr);
         }
         if (rc < 0) { result = rc; break; }
-        ferry_count_io(w->ctx, 0, bytes, 0);
         total += bytes;
         k += n;
     }
+    ferry_count_io(w->ctx, 0, total, 0);   /* once per task (see pack_host) */
     /* what was packed is sent even after an error: its copies complete like any */
     if ((rc = ferry_pack_flush(w, j, d)) < 0 && result >= 0) result = rc;
     if (w->seq[d] > seq0) {
