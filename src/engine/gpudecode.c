@@ -552,8 +552,13 @@ static int classify(struct ferry_gpudecode_worker *gw, gd_dev *g, const ferry_nv
             for (uint64_t b = 0; b < bf.nblocks; b++) {
                 uint64_t bsize = FERRY_MIN(bf.blocksize, bf.nbytes - b * bf.blocksize);
                 gd_desc dd = {b * bf.blocksize, b * bf.blocksize, bsize, (uint64_t)unshuffle_size, 0, (int)ci_idx, 0};
-                if (bf.bitshuffle && bf.version <= 2 && (bsize / bf.typesize) % 8) dd.size = 1;   /* left as is: copied */
-                if (bf.bitshuffle && dd.size > 1) rc = add_desc(&gw->bu, &gw->bu_n, &gw->bu_cap, dd);
+                /* as blosc.c's unfilter: a format version <= 2 block whose element
+                 * count is not a multiple of 8 was not bitshuffled, and is copied
+                 * (byte unshuffle of size 1); any other bitshuffled block is
+                 * bit-unshuffled, 1-byte elements included */
+                int copy_only = bf.bitshuffle && bf.version <= 2 && (bsize / bf.typesize) % 8;
+                if (copy_only) dd.size = 1;
+                if (bf.bitshuffle && !copy_only) rc = add_desc(&gw->bu, &gw->bu_n, &gw->bu_cap, dd);
                 else rc = add_desc(&gw->un, &gw->un_n, &gw->un_cap, dd);
                 if (rc < 0) return rc;
             }
