@@ -260,9 +260,11 @@ void ferry_gpudecode_worker_free(ferry_worker *w) {
         if (g->dres) cu->MemFree(g->dres);
         if (g->dtemp) cu->MemFree(g->dtemp);
         if (g->dscr) cu->MemFree(g->dscr);
-        uint8_t *hs[4] = {g->h, g->hres, g->hcpu, g->hfb};
-        int ps[4] = {g->hpinned, g->hres_pinned, g->hcpu_pinned, g->hfb_pinned};
-        for (int i = 0; i < 4; i++) if (hs[i]) { if (ps[i]) cu->MemFreeHost(hs[i]); else free(hs[i]); }
+        /* from ferry_worker_grow: plain ones may be mmapped (hostmem.c), not malloc'd */
+        ferry_worker_free_host(g->h, g->hcap, g->hpinned);
+        ferry_worker_free_host(g->hres, g->hres_cap, g->hres_pinned);
+        ferry_worker_free_host(g->hcpu, g->hcpu_cap, g->hcpu_pinned);
+        ferry_worker_free_host(g->hfb, g->hfb_cap, g->hfb_pinned);
     }
     free(gw->ch); free(gw->it); free(gw->cp); free(gw->un); free(gw->bu); free(gw->bs);
     free(gw);
@@ -552,8 +554,13 @@ static int classify(struct ferry_gpudecode_worker *gw, gd_dev *g, const ferry_nv
             for (uint64_t b = 0; b < bf.nblocks; b++) {
                 uint64_t bsize = FERRY_MIN(bf.blocksize, bf.nbytes - b * bf.blocksize);
                 gd_desc dd = {b * bf.blocksize, b * bf.blocksize, bsize, (uint64_t)unshuffle_size, 0, (int)ci_idx, 0};
-                if (bf.bitshuffle && bf.version <= 2 && (bsize / bf.typesize) % 8) dd.size = 1;   /* left as is: copied */
-                if (bf.bitshuffle && dd.size > 1) rc = add_desc(&gw->bu, &gw->bu_n, &gw->bu_cap, dd);
+                /* as blosc.c's unfilter: a format version <= 2 block whose element
+                 * count is not a multiple of 8 was not bitshuffled, and is copied
+                 * (byte unshuffle of size 1); any other bitshuffled block is
+                 * bit-unshuffled, 1-byte elements included */
+                int copy_only = bf.bitshuffle && bf.version <= 2 && (bsize / bf.typesize) % 8;
+                if (copy_only) dd.size = 1;
+                if (bf.bitshuffle && !copy_only) rc = add_desc(&gw->bu, &gw->bu_n, &gw->bu_cap, dd);
                 else rc = add_desc(&gw->un, &gw->un_n, &gw->un_cap, dd);
                 if (rc < 0) return rc;
             }
@@ -659,9 +666,9 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t bi, int *defer
             uint8_t *nb = NULL; size_t ncap = 0; int npin = 0;
             if ((rc = ferry_worker_grow(w, d, &nb, &ncap, &npin, htotal)) < 0) return rc;
             memcpy(nb, g->h, hsize);
-            uint8_t *ob = g->h; int opin = g->hpinned;
+            uint8_t *ob = g->h; size_t ocap = g->hcap; int opin = g->hpinned;
             g->h = nb; g->hcap = ncap; g->hpinned = npin;
-            if (opin) cu->MemFreeHost(ob); else free(ob);
+            ferry_worker_free_host(ob, ocap, opin);
         }
         for (int a = 0; a < FERRY_NVCOMP_NALG; a++) {
             if (!na[a]) continue;

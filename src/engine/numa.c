@@ -124,7 +124,7 @@ int ferry_numa_gpus_common_node(const char *root) {
         snprintf(p, sizeof p, "/sys/bus/pci/devices/%.255s/class", e->d_name);
         if (read_int(root, p, &cls) < 0 || (cls >> 16) != 0x03) continue;   /* not a GPU (NVSwitch, audio) */
         snprintf(p, sizeof p, "/sys/bus/pci/devices/%.255s/numa_node", e->d_name);
-        if (read_int(root, p, &nd) < 0 || nd < 0) { node = -1; break; }
+        if (read_int(root, p, &nd) < 0 || nd < 0 || nd >= FERRY_NUMA_MAX_NODES) { node = -1; break; }   /* as ferry_numa_pci_node */
         if (node == -2) node = (int)nd;
         else if (node != nd) { node = -1; break; }
     }

@@ -40,7 +40,7 @@ int ferry_worker_alloc(ferry_worker *w, int dev, uint8_t **p, size_t n, int *pin
     return alloc_host(w, dev, p, n, pinned);
 }
 
-static void free_host(uint8_t *p, size_t n, int pinned) {
+void ferry_worker_free_host(uint8_t *p, size_t n, int pinned) {
     if (!p) return;
     if (pinned) {
         const ferry_cuda_api *cu = ferry_cuda_load(NULL);
@@ -70,7 +70,7 @@ int ferry_worker_init(ferry_ctx *ctx, ferry_worker *w, int id) {
 int ferry_worker_staging(ferry_worker *w, int dev) {
     if (w->stage[0] && !want_pin(w, dev, w->stage_pinned[0])) return 0;
     for (int i = 0; i < w->ctx->cfg.staging_count; i++) {
-        free_host(w->stage[i], w->ctx->cfg.staging_size, w->stage_pinned[i]);
+        ferry_worker_free_host(w->stage[i], w->ctx->cfg.staging_size, w->stage_pinned[i]);
         int rc = alloc_host(w, dev, &w->stage[i], w->ctx->cfg.staging_size, &w->stage_pinned[i]);
         if (rc < 0) return rc;
     }
@@ -84,7 +84,7 @@ int ferry_worker_grow(ferry_worker *w, int dev, uint8_t **buf, size_t *cap, int 
     if (*cap >= n && *buf && !want_pin(w, dev, *pinned)) return 0;
     size_t nc = *cap ? *cap : (1u << 20);
     while (nc < n) nc *= 2;
-    free_host(*buf, *cap, *pinned);
+    ferry_worker_free_host(*buf, *cap, *pinned);
     *buf = NULL;
     *cap = 0;
     int rc = alloc_host(w, dev, buf, nc, pinned);
@@ -108,11 +108,11 @@ void ferry_worker_free(ferry_worker *w) {
         if (w->dev[d].dec_ev) cu->EventDestroy(w->dev[d].dec_ev);
         cu->StreamDestroy(w->dev[d].stream);
     }
-    for (int i = 0; i < FERRY_MAX_STAGING; i++) free_host(w->stage[i], w->ctx->cfg.staging_size, w->stage_pinned[i]);
+    for (int i = 0; i < FERRY_MAX_STAGING; i++) ferry_worker_free_host(w->stage[i], w->ctx->cfg.staging_size, w->stage_pinned[i]);
     for (int i = 0; i < FERRY_MAX_STAGING; i++)
-        free_host((uint8_t *)w->tab[i], FERRY_PACK_RUNS * sizeof(ferry_scatter_entry), w->tab_pinned[i]);
-    free_host(w->in_buf, w->in_cap, w->in_pinned);
-    free_host(w->dec_buf, w->dec_cap, w->dec_pinned);
+        ferry_worker_free_host((uint8_t *)w->tab[i], FERRY_PACK_RUNS * sizeof(ferry_scatter_entry), w->tab_pinned[i]);
+    ferry_worker_free_host(w->in_buf, w->in_cap, w->in_pinned);
+    ferry_worker_free_host(w->dec_buf, w->dec_cap, w->dec_pinned);
     ferry_worker_idle(w);
     ferry_decode_scratch_free(&w->scratch);
     free(w->pending);

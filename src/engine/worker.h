@@ -71,6 +71,10 @@ int ferry_worker_staging(ferry_worker *w, int dev);
 int ferry_worker_grow(ferry_worker *w, int dev, uint8_t **buf, size_t *cap, int *pinned, size_t n);
 /* A 4 KiB-aligned buffer of n bytes, pinned in dev's context when dev >= 0. */
 int ferry_worker_alloc(ferry_worker *w, int dev, uint8_t **p, size_t n, int *pinned);
+/* Release a buffer from ferry_worker_alloc / ferry_worker_grow: n is the
+ * capacity it was allocated with (plain memory of 2 MiB and more is mmapped,
+ * hostmem.c), pinned as it reported. NULL is ignored. */
+void ferry_worker_free_host(uint8_t *p, size_t n, int pinned);
 int ferry_worker_device(ferry_worker *w, int d, ferry_devstate **out);
 void ferry_worker_completed(ferry_worker *w, int d, uint64_t seq);
 int ferry_worker_defer(ferry_worker *w, ferry_job *job, int d);

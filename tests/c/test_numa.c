@@ -129,6 +129,28 @@ static void test_single_node_fallback_by_vendor_and_class(void) {
     snprintf(root_, sizeof root_, "%s", saved);
 }
 
+/* A node id past FERRY_NUMA_MAX_NODES (64) is unknown, as ferry_numa_pci_node
+ * says: callers index per-node tables with it. Node 63 still counts. */
+static void test_node_past_the_limit_is_unknown(void) {
+    char saved[256];
+    snprintf(saved, sizeof saved, "%s", root_);
+    strcat(root_, "/wide");
+    mkdir(root_, 0755);
+    gpu("0000:41:00.0", "0x030200\n", 64);
+    gpu("0000:42:00.0", "0x030200\n", 64);
+    CHECK_EQ_I(ferry_numa_pci_node(root_, "0000:41:00.0"), -1);
+    CHECK_EQ_I(ferry_numa_gpus_common_node(root_), -1);
+    snprintf(root_, sizeof root_, "%s", saved);
+    strcat(root_, "/edge");
+    mkdir(root_, 0755);
+    gpu("0000:41:00.0", "0x030200\n", 63);
+    CHECK_EQ_I(ferry_numa_pci_node(root_, "0000:41:00.0"), 63);
+    CHECK_EQ_I(ferry_numa_gpus_common_node(root_), 63);
+    gpu("0000:42:00.0", "0x030200\n", 1000);
+    CHECK_EQ_I(ferry_numa_gpus_common_node(root_), -1);
+    snprintf(root_, sizeof root_, "%s", saved);
+}
+
 /* A kernel without NUMA has /sys/devices/system but no node/online: 0 nodes,
  * not an error; a root with nothing at all is unreadable (-1). */
 static void test_no_numa_kernel(void) {
@@ -165,6 +187,7 @@ int main(void) {
     RUN(test_two_socket_host);
     RUN(test_numa_node_minus_one_is_unknown);
     RUN(test_single_node_fallback_by_vendor_and_class);
+    RUN(test_node_past_the_limit_is_unknown);
     RUN(test_no_numa_kernel);
     RUN(test_policy_names);
     char cmd[300];

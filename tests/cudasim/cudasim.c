@@ -34,7 +34,8 @@
  * copies made under one device's context into another device's memory,
  * host-to-device copies, kernel launches and cuPointerGetAttribute calls.
  * FERRY_CUDASIM_DEVICES sets the device count (default 2); device d reports
- * PCI bus id 0000:<0x10 + d>:00.0 (cuDeviceGetPCIBusId). */
+ * PCI bus id 0000:<0x10 + d>:00.0 (cuDeviceGetPCIBusId). FERRY_CUDASIM_NOPIN=1
+ * (read at each call) fails cuMemHostAlloc as a locked-memory limit would. */
 
 #include "cuda/cuda.h"
 #include <pthread.h>
@@ -588,6 +589,8 @@ CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
 CUresult cuMemHostAlloc(void **p, size_t n, unsigned flags) {
     (void)flags;
     if (!cur_) return E_INVALID_CONTEXT;
+    const char *nopin = getenv("FERRY_CUDASIM_NOPIN");
+    if (nopin && *nopin == '1') return E_OUT_OF_MEMORY;
     if (posix_memalign(p, 4096, n ? n : 1) != 0) return E_OUT_OF_MEMORY;
     add_region((uintptr_t)*p, n, R_PINNED, cur_->dev);
     atomic_fetch_add(&count_pinned_[cur_->dev], 1);

@@ -348,6 +348,26 @@ static void test_fallbacks_counted(void) {
     dlclose(sim);
 }
 
+/* pinning refused (a locked-memory limit): the worker's host buffers are
+ * plain memory, mmapped from 2 MiB up (hostmem.c), and are given back as
+ * such when the context goes (not free()d). Needs the stand-in's switch. */
+static void test_unpinned_buffers_released(void) {
+    void *sim = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (!sim || !dlsym(sim, "cudasim_count")) { printf("  (the pinning switch needs the stand-in driver)\n"); if (sim) dlclose(sim); return; }
+    dlclose(sim);
+    setenv("FERRY_CUDASIM_NOPIN", "1", 1);
+    ferry_ctx *saved = ctx_;
+    CHECK_EQ_I(ferry_ctx_create(&ctx_, NULL), 0);
+    /* one 4 MiB blosc chunk, its low bytes raw: packed input, scratch and
+     * host buffers of more than 2 MiB */
+    grid_case(C_BLOSC, 1024, 1024, 1024, 1024, 0, "gpu");
+    CHECK_EQ_I(stats_().gpu_chunks, 1);
+    grid_case(C_ZSTD, 1024, 1024, 1024, 1024, 0, "cpu");   /* hcpu: the CPU's decoded chunks */
+    ferry_ctx_destroy(ctx_);
+    ctx_ = saved;
+    unsetenv("FERRY_CUDASIM_NOPIN");
+}
+
 /* many small chunks of one file: batches split over workers, one H2D each */
 static void test_many_chunks_one_file(void) {
     const size_t nchunk = 300, cb = 4096;
@@ -426,6 +446,7 @@ int main(void) {
     RUN(test_corrupt_chunks_fail_clearly);
     RUN(test_fallbacks_counted);
     RUN(test_many_chunks_one_file);
+    RUN(test_unpinned_buffers_released);
     ferry_ctx_destroy(ctx_);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir_);

@@ -45,6 +45,10 @@ def same(a, b):
 
 def data(shape, dtype, seed):
     rng = np.random.default_rng(seed)
+    if np.dtype(dtype).kind == "b":
+        return rng.random(shape) < 0.5
+    if np.dtype(dtype).itemsize == 1:   # small values: compressible once bit-shuffled (not memcpyed)
+        return rng.integers(-8 if np.dtype(dtype).kind == "i" else 0, 16, shape).astype(dtype)
     x = rng.standard_normal(shape) * 100
     return x.astype(dtype)
 
@@ -86,7 +90,7 @@ def make_zarr(tmp_path, case, holes):
     noisy = "small_blocks" in name   # random low bytes: some blosc splits stay raw
     p = str(tmp_path / f"{name}.zarr")
     kw = dict(shape=shape, chunks=chunks, dtype=dtype, zarr_format=fmt, compressors=comp,
-              fill_value=7 if np.dtype(dtype).kind in "iu" else -1.5)
+              fill_value=True if np.dtype(dtype).kind == "b" else 7 if np.dtype(dtype).kind in "iu" else -1.5)
     if ser is not None:
         kw["serializer"] = ser
     z = zarr.create_array(p, **kw)
@@ -124,8 +128,9 @@ def test_zarr_chunks_decoded_on_gpu(gctx, tmp_path, case, holes):
                                                       ((33, 7), (33, 7), 0)])
 def test_blosc_bitshuffle_on_gpu(gctx, tmp_path, shape, chunks, blocksize):
     """blosc's bitshuffle undone by ferry's kernel, blocks whose element count
-    is not a multiple of 8 included (their tail is stored as is)."""
-    for dtype in ("<f4", "<i2", "<f8"):
+    is not a multiple of 8 included (their tail is stored as is); 1-byte
+    elements too (zarr-python 3's default Blosc bitshuffles them)."""
+    for dtype in ("<f4", "<i2", "<f8", "|u1", "|i1", "|b1"):
         case = (f"v2_bitshuffle_{dtype[1:]}", 2, numcodecs.Blosc(cname="lz4", shuffle=numcodecs.Blosc.BITSHUFFLE,
                                                                   blocksize=blocksize), None, dtype, shape, chunks)
         p, z = make_zarr(tmp_path, case, False)
