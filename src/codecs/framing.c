@@ -182,8 +182,10 @@ int ferry_frame_blosc(const uint8_t *p, size_t n, uint64_t want, ferry_blosc_fra
                             (unsigned long long)nblocks, (unsigned long long)cbytes);
     out->blocksize = blocksize;
     out->nblocks = nblocks;
-    out->bitshuffle = (flags & 0x04) != 0;
-    out->shuffle = !out->bitshuffle && (flags & 0x01) && ts > 1;
+    /* the CPU decoder's rule (blosc.c unfilter): byte shuffle wins when a v1/v2
+     * frame sets both flags, so both decoders give the same bytes */
+    out->bitshuffle = (flags & 0x04) && !(flags & 0x01);
+    out->shuffle = (flags & 0x01) && ts > 1;
     uint64_t data0 = 16 + 4 * nblocks;
     size_t k = 0;
     for (uint64_t b = 0; b < nblocks; b++) {
