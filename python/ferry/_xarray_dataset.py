@@ -222,6 +222,23 @@ def _decode(raw, cf, dtype):
     return out
 
 
+def _stored_attrs(fv):
+    attrs = dict(fv.encoding)
+    attrs.update({k: fv.attrs[k] for k in ("_FillValue", "missing_value", "scale_factor", "add_offset",
+                                          "_Unsigned") if k in fv.attrs})
+    return attrs
+
+
+def _file_sig(fm, name, path):
+    """What discovery takes from one file for one variable (compared across files)."""
+    if name not in fm.variables:
+        raise ValueError(f"XarrayDataset: {path}: no variable {name!r}")
+    fv = fm.variables[name]
+    dt = np.dtype(fv.encoding.get("dtype", fv.dtype))
+    return {"dims": tuple(fv.dims), "dtype": str(dt.newbyteorder("=")),
+            "cf": _cf_params(_stored_attrs(fv), dt), "shape": tuple(int(x) for x in fv.shape[1:])}
+
+
 class _XGroup(_Group):
     __slots__ = ("meta",)
 
@@ -300,6 +317,7 @@ class XarrayDataset(_BatchStream):
         tvars = list(var_names) if target_variables is None else list(target_variables)
         all_names = list(dict.fromkeys(list(var_names) + (tvars if target_steps else [])))
         self._vars = {n: self._var_info(ds_meta, n, sample_dim) for n in all_names}
+        self._check_files(all_names)
         self.variables, self.target_variables = list(var_names), tvars if target_steps else []
         sp = {v.spatial for v in self._vars.values()}
         if len(sp) != 1:
@@ -458,9 +476,7 @@ class XarrayDataset(_BatchStream):
                     sel.append(slice(lo, hi, 1))
                     post.append(idx - lo)
             enc_dtype = np.dtype(fv.encoding.get("dtype", fv.dtype))
-            attrs = dict(fv.encoding)
-            attrs.update({k: fv.attrs[k] for k in ("_FillValue", "missing_value", "scale_factor", "add_offset",
-                                                  "_Unsigned") if k in fv.attrs})
+            attrs = _stored_attrs(fv)
         finally:
             fm.close()
         counts = [len(range(*s.indices(10 ** 18))) if p is None else len(p) for s, p in zip(sel, post)]
@@ -468,6 +484,27 @@ class XarrayDataset(_BatchStream):
         spatial = tuple(counts[-2:])
         return _VarInfo(name, v.dims, sel, post, levels, spatial, enc_dtype.newbyteorder("="),
                         _cf_params(attrs, enc_dtype))
+
+    def _check_files(self, names):
+        """Every file must store each variable as the first file does: the dims, stored dtype, CF
+        parameters and non-sample shape read from the first file are used for all of them."""
+        files = list(dict.fromkeys((s.path, s.group) for s in self._segs))
+        ref = None
+        for path, grp in files:
+            fm = _open_meta(path, grp)
+            try:
+                sig = {n: _file_sig(fm, n, path) for n in names}
+            finally:
+                fm.close()
+            if ref is None:
+                ref = (path, sig)
+                continue
+            for n in names:
+                a, b = ref[1][n], sig[n]
+                diff = [f"{k} {a[k]!r} vs {b[k]!r}" for k in a if repr(a[k]) != repr(b[k])]    # repr: NaN fills compare equal
+                if diff:
+                    raise ValueError(f"XarrayDataset: variable {n!r} is stored differently in {ref[0]} and "
+                                     f"{path}: " + "; ".join(diff) + " (every file must match the first)")
 
     def _time_numbers(self, ds, sample_dim):
         if sample_dim not in ds.coords:

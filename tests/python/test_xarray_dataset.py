@@ -310,3 +310,25 @@ def test_dali_source_checks_its_outputs(nc4_files):
         ferry.dali.DALISource(ds)()
     with pytest.raises(KeyError, match="nope"):
         ferry.dali.DALISource(ds, outputs=("x", "nope"))()
+
+
+def _write_era_files(d, scales=(0.01, 0.01, 0.01), full=None):
+    pytest.importorskip("netCDF4")
+    full = _era(np.random.default_rng(0)) if full is None else full
+    paths = []
+    for i, sc in enumerate(scales):
+        enc = {"t2m": {"dtype": "int16", "scale_factor": sc, "add_offset": 280.0, "_FillValue": -32767},
+               "z": {}}
+        p = str(d / f"era_{i}.nc")
+        full.isel(time=slice(8 * i, 8 * i + 8)).to_netcdf(p, engine="netcdf4", encoding=enc)
+        paths.append(p)
+    return paths
+
+
+def test_files_with_different_cf_parameters_are_refused(tmp_path):
+    paths = _write_era_files(tmp_path, scales=(0.01, 0.02, 0.01))
+    with pytest.raises(ValueError, match=r"era_0\.nc.*era_1\.nc.*scale"):
+        XarrayDataset(paths, ["t2m"], device="cpu")
+    with pytest.raises(ValueError, match=r"era_1\.nc.*scale"):
+        XarrayDataset(xr.open_mfdataset(paths, engine="ferry", device="cpu"), ["t2m"], device="cpu")
+    XarrayDataset(paths, ["z"], device="cpu")          # z is stored alike in every file
