@@ -106,7 +106,23 @@ def _unwrap_backend(data):
     return None, "too many wrappers"
 
 
-def _backend_arrays(var):
+# dask layers that xarray's open_dataset(chunks=...)/open_mfdataset and isel/sel make: they keep the
+# stored values (any other layer is a computation the dataset would drop by reading the files)
+_STORED_LAYERS = ("concatenate", "getitem", "rechunk-merge", "rechunk-split")
+
+
+def _check_stored_graph(data, name):
+    for layer in data.__dask_graph__().layers:
+        base = str(layer).rsplit("-", 1)[0]              # "<name>-<token>"
+        if base.startswith(("original-open_dataset-", "open_dataset-")):     # + "<variable>"
+            continue
+        if base not in _STORED_LAYERS:
+            raise ValueError(
+                f"XarrayDataset: variable {name!r} is computed (its dask graph has a {base!r} layer): "
+                "XarrayDataset reads variables as stored in the files; apply computations in transform=")
+
+
+def _backend_arrays(var, name="?"):
     """Every FerryBackendArray behind one xarray Variable (one per file for open_mfdataset)."""
     from .xarray import FerryBackendArray
     data = var._data
@@ -117,6 +133,7 @@ def _backend_arrays(var):
         da = None
     # var._data, never var.data: .data of a lazy variable reads it
     if da is not None and isinstance(data, da.Array):
+        _check_stored_graph(data, name)
         for val in dict(data.__dask_graph__()).values():
             val = getattr(val, "value", val)
             cur = val
@@ -399,7 +416,7 @@ class XarrayDataset(_BatchStream):
         names = self._default_vars(ds, variables, sample_dim, "dataset")
         files = {}
         for n in names:
-            arrs = _backend_arrays(ds.variables[n])
+            arrs = _backend_arrays(ds.variables[n], n)
             if not arrs:
                 raise ValueError(
                     f"XarrayDataset: variable {n!r} is not read by ferry (open the data with "

@@ -332,3 +332,18 @@ def test_files_with_different_cf_parameters_are_refused(tmp_path):
     with pytest.raises(ValueError, match=r"era_1\.nc.*scale"):
         XarrayDataset(xr.open_mfdataset(paths, engine="ferry", device="cpu"), ["t2m"], device="cpu")
     XarrayDataset(paths, ["z"], device="cpu")          # z is stored alike in every file
+
+
+def test_computed_dask_variables_are_refused(nc4_files):
+    paths, ref = nc4_files
+    mf = xr.open_mfdataset(paths, engine="ferry", device="cpu")
+    one = xr.open_dataset(paths[0], engine="ferry", device="cpu", chunks={})
+    for bad in (mf.assign(z=mf.z - 100), mf.assign(z=mf.z.where(mf.z > 0)), mf.assign(z=mf.z.astype("float64")),
+                one.assign(z=one.z * 2)):
+        with pytest.raises(ValueError, match="as stored.*transform="):
+            XarrayDataset(bad, ["z"], device="cpu")
+    # what open_dataset / open_mfdataset / isel / sel make is read
+    XarrayDataset(one.isel(time=slice(1, 5)), ["z"], device="cpu")
+    ds = XarrayDataset(mf.sel(level=[850, 500]).isel(time=slice(2, 20)), ["z"], device="cpu", return_time=True,
+                       batch_size=4)
+    _check_batches(ds, ref.sel(level=[850, 500]).isel(time=slice(2, 20)), ["z"], [0])
