@@ -257,7 +257,14 @@ def _file_sig(fm, name, path):
 
 
 class _XGroup(_Group):
-    __slots__ = ("meta",)
+    __slots__ = ("meta", "stores")
+
+
+def _check_stores(handles):
+    """Every file a batch reads is still the one discovery (and its store) parsed: a file replaced
+    since would be read with the old metadata. Raises the store's FerryError."""
+    for e in handles:
+        e[0]._check_unchanged()
 
 
 class XarrayDataset(_BatchStream):
@@ -505,9 +512,12 @@ class XarrayDataset(_BatchStream):
     def _check_files(self, names):
         """Every file must store each variable as the first file does: the dims, stored dtype, CF
         parameters and non-sample shape read from the first file are used for all of them."""
+        from .xarray import _file_identity
         files = list(dict.fromkeys((s.path, s.group) for s in self._segs))
         ref = None
+        self._idents = {}
         for path, grp in files:
+            self._idents[(path, grp)] = _file_identity(path) if os.path.isfile(path) else None
             fm = _open_meta(path, grp)
             try:
                 sig = {n: _file_sig(fm, n, path) for n in names}
@@ -583,6 +593,7 @@ class XarrayDataset(_BatchStream):
         try:
             if job is not None:
                 job.wait()
+            _check_stores(handles)
         finally:
             self._release(rt, _wrap_handles(handles))
         out = {}
@@ -601,8 +612,18 @@ class XarrayDataset(_BatchStream):
         e = seen.get(key)
         if e is None:
             from .xarray import FerryStore
-            e = rt.handle(key, lambda: FerryStore(seg.path, group=seg.group, device="cpu", ctx=rt.ctx,
-                                                  mask_and_scale=False, decode_times=False))
+            def opener():
+                from .xarray import _describe_ident
+                st = FerryStore(seg.path, group=seg.group, device="cpu", ctx=rt.ctx, mask_and_scale=False,
+                                decode_times=False)
+                want = self._idents.get((seg.path, seg.group))
+                if want is not None and st._ident is not None and st._ident != want:
+                    st.close()
+                    raise _ferry.FerryError(_ferry.EIO, f"{seg.path}: the file changed since the XarrayDataset "
+                                            f"was made (found {_describe_ident(st._ident)}, expected "
+                                            f"{_describe_ident(want)}): make the dataset again")
+                return st
+            e = rt.handle(key, opener)
             seen[key] = e
             e[1] += 1
             handles.append(e)
@@ -644,6 +665,7 @@ class XarrayDataset(_BatchStream):
                 spec = st.specs[n]
                 key = (slice(first, first + cnt, 1),) + tuple(sel)
                 st._plan_into(plan, spec, key, (buf.data_ptr() + pos * row, cnt * row, dev))
+        _check_stores(handles)
         job = rt.ctx.submit(plan) if len(plan) else None
         return bufs, job, handles
 
@@ -687,6 +709,7 @@ class XarrayDataset(_BatchStream):
             steps, inv = np.unique(need.ravel(), return_inverse=True)
             bufs, job, handles = self._plan_steps(rt, steps, names, None)
             g.meta = ("shared", bufs, inv.reshape(need.shape), t0)
+            g.stores = [e[0] for e in handles]
             g.job = job
             g.handles = handles
             g.bufs = list(bufs.values())
@@ -719,9 +742,11 @@ class XarrayDataset(_BatchStream):
                         st = self._store(rt, seg, handles, seen)
                         key = (slice(first, first + cnt, 1),) + tuple(sel)
                         st._plan_into(plan, st.specs[n], key, (base + pos * row, cnt * row, dev))
+            _check_stores(handles)
             g.job = rt.ctx.submit(plan) if len(plan) else None
             g.handles = handles
             g.meta = ("own", bufs, None, t0)
+            g.stores = [e[0] for e in handles]
             g.bufs = list(bufs.values())
         return g
 
@@ -732,6 +757,7 @@ class XarrayDataset(_BatchStream):
 
     def _finish(self, g):
         kind, bufs, inv, t0 = g.meta
+        _check_stores([(st,) for st in g.stores])
         I, K = self.input_steps, self.target_steps
         B = len(t0)
         lead = 1 if kind == "shared" else 2          # (U, ...) or (B, I+K, ...)

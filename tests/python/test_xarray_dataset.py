@@ -10,6 +10,7 @@ import pytest
 import torch
 import xarray as xr
 
+import ferry
 from ferry.torch import XarrayDataset
 
 T, L, H, W = 24, 3, 12, 16
@@ -347,3 +348,20 @@ def test_computed_dask_variables_are_refused(nc4_files):
     ds = XarrayDataset(mf.sel(level=[850, 500]).isel(time=slice(2, 20)), ["z"], device="cpu", return_time=True,
                        batch_size=4)
     _check_batches(ds, ref.sel(level=[850, 500]).isel(time=slice(2, 20)), ["z"], [0])
+
+
+def test_a_file_replaced_between_epochs_raises(tmp_path):
+    paths = _write_era_files(tmp_path)
+    ds = XarrayDataset(paths, ["t2m", "z"], batch_size=4, device="cpu")
+    assert len(list(ds)) == 6
+    # another layout in its place (z float64, t2m unpacked), swapped in atomically
+    other = _era(np.random.default_rng(7)).isel(time=slice(8, 16))
+    tmp = str(tmp_path / "new.nc")
+    other.assign(z=other.z.astype("float64")).to_netcdf(tmp, engine="netcdf4")
+    os.replace(tmp, paths[1])
+    ds.set_epoch(1)
+    with pytest.raises(ferry.FerryError, match=r"era_1\.nc"):
+        list(ds)
+    # a fresh process (a copy of the dataset) opens the new file: refused too
+    with pytest.raises(ferry.FerryError, match=r"era_1\.nc"):
+        list(pickle.loads(pickle.dumps(ds)))
