@@ -550,7 +550,7 @@ class XarrayDataset(_BatchStream):
             if normalize != "compute":
                 raise ValueError(f"XarrayDataset: normalize must be None, a dict or 'compute', not {normalize!r}")
             stats = None
-            key = {"variables": names, "steps": self.steps, "stats_steps": stats_steps}
+            key = json.loads(json.dumps(self._stats_key(names, stats_steps)))     # as the file holds it
             if stats_file and os.path.exists(stats_file):
                 with open(stats_file) as fh:
                     saved = json.load(fh)
@@ -583,6 +583,26 @@ class XarrayDataset(_BatchStream):
             if np.any(s == 0) or not np.all(np.isfinite(s)):
                 raise ValueError(f"XarrayDataset: normalize std of {n!r} has zeros or non-finite values")
         return stats
+
+    def _stats_key(self, names, stats_steps):
+        """What the computed stats depend on: the files (path, size, mtime), the steps of each read,
+        and each variable's selection."""
+        def file_id(path):
+            try:
+                st = os.stat(path)
+                return [os.path.abspath(path), st.st_size, st.st_mtime_ns]
+            except OSError:
+                return [os.path.abspath(path), None, None]
+
+        def sl(x):
+            return [x.start, x.stop, x.step]
+        sel = {n: {"dims": list(self._vars[n].dims), "sel": [sl(x) for x in self._vars[n].sel],
+                   "post": [None if p is None else np.asarray(p).tolist() for p in self._vars[n].post]}
+               for n in names}
+        files = [file_id(p) + [g] for p, g in dict.fromkeys((sg.path, sg.group) for sg in self._segs)]
+        segs = [[os.path.abspath(sg.path), sg.lo, sg.hi, sg.g0] for sg in self._segs]
+        return {"variables": names, "steps": self.steps, "stats_steps": stats_steps, "files": files,
+                "segments": segs, "selection": sel}
 
     def _compute_stats(self, names, stats_steps):
         """Per-channel mean/std over evenly spaced steps, NaN ignored, in float64."""

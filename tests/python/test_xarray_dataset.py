@@ -365,3 +365,22 @@ def test_a_file_replaced_between_epochs_raises(tmp_path):
     # a fresh process (a copy of the dataset) opens the new file: refused too
     with pytest.raises(ferry.FerryError, match=r"era_1\.nc"):
         list(pickle.loads(pickle.dumps(ds)))
+
+
+def test_stats_cache_is_keyed_by_files_and_selection(tmp_path, nc4_files):
+    paths, _ = nc4_files
+    sf = str(tmp_path / "stats.json")
+    mf = xr.open_mfdataset(paths, engine="ferry", device="cpu")
+    a = XarrayDataset(mf.isel(level=[0]), ["z"], device="cpu", normalize="compute", stats_file=sf)
+    # the same shape, another level: its own stats
+    b = XarrayDataset(mf.isel(level=[2]), ["z"], device="cpu", normalize="compute", stats_file=sf)
+    zb = mf.z.isel(level=2).values
+    np.testing.assert_allclose(b._norm["z"][0], [np.nanmean(zb)], rtol=1e-6)
+    assert not np.allclose(a._norm["z"][0], b._norm["z"][0])
+    # other files of the same shape: their own stats
+    other = _era(np.random.default_rng(11))
+    other = other.assign(z=other.z + 1000)
+    ops = _write_era_files(tmp_path, full=other)
+    c = XarrayDataset(xr.open_mfdataset(ops, engine="ferry", device="cpu").isel(level=[2]), ["z"], device="cpu",
+                      normalize="compute", stats_file=sf)
+    assert c._norm["z"][0][0] > b._norm["z"][0][0] + 500
