@@ -289,7 +289,9 @@ class XarrayDataset(_BatchStream):
     input_steps, target_steps, lead
         Sample i starting at step t gives x from steps t .. t+input_steps-1 and, when
         target_steps > 0, y from steps t+input_steps-1+lead .. (+target_steps-1) of
-        ``target_variables`` (default: `variables`). Windows never leave the sample dim.
+        ``target_variables`` (default: `variables`). Windows never leave the sample dim. Windows
+        pair positions along the dim, so when a window spans more than one step and the dim has a
+        numeric or datetime coordinate, its spacing must be constant (a gap raises ValueError).
     patch, patch_mode
         patch=(h, w): spatial windows. "random": one window per sample at a position drawn from
         (seed, epoch, sample); "tile": every sample is (step, tile) over a grid of
@@ -355,6 +357,8 @@ class XarrayDataset(_BatchStream):
         if self.n_starts < 1:
             raise ValueError(f"XarrayDataset: {self.steps} steps along {sample_dim!r} are fewer than one "
                              f"sample needs ({self.span})")
+        if self.span > 1:
+            self._check_spacing(ds_meta, sample_dim)
         self.patch = None if patch is None else tuple(int(p) for p in patch)
         self.tiles = (1, 1)
         if self.patch is not None:
@@ -532,6 +536,25 @@ class XarrayDataset(_BatchStream):
                 if diff:
                     raise ValueError(f"XarrayDataset: variable {n!r} is stored differently in {ref[0]} and "
                                      f"{path}: " + "; ".join(diff) + " (every file must match the first)")
+
+    def _check_spacing(self, ds, sample_dim):
+        """Windows pair dataset positions: the sample coordinate must be evenly spaced."""
+        if sample_dim not in ds.coords or ds[sample_dim].ndim != 1:
+            return
+        t = ds[sample_dim].values
+        if not (np.issubdtype(t.dtype, np.datetime64) or np.issubdtype(t.dtype, np.timedelta64)
+                or np.issubdtype(t.dtype, np.number)) or len(t) < 3:
+            return
+        d = np.diff(t)
+        if np.issubdtype(d.dtype, np.floating):
+            bad = np.flatnonzero(~np.isclose(d, d[0], rtol=1e-9, atol=0))
+        else:
+            bad = np.flatnonzero(d != d[0])
+        if len(bad):
+            i = int(bad[0])
+            raise ValueError(f"XarrayDataset: windows of {self.span} steps need an evenly spaced {sample_dim!r}, "
+                             f"but step {i + 1} ({t[i + 1]}) follows {t[i]} by {d[i]}, not {d[0]} (a missing "
+                             f"file or a selection with gaps)")
 
     def _time_numbers(self, ds, sample_dim):
         if sample_dim not in ds.coords:

@@ -384,3 +384,15 @@ def test_stats_cache_is_keyed_by_files_and_selection(tmp_path, nc4_files):
     c = XarrayDataset(xr.open_mfdataset(ops, engine="ferry", device="cpu").isel(level=[2]), ["z"], device="cpu",
                       normalize="compute", stats_file=sf)
     assert c._norm["z"][0][0] > b._norm["z"][0][0] + 500
+
+
+def test_windows_need_an_evenly_spaced_sample_dim(nc4_files):
+    paths, _ = nc4_files
+    mf = xr.open_mfdataset(paths, engine="ferry", device="cpu")
+    gappy = mf.isel(time=list(range(0, 8)) + list(range(16, 24)))
+    with pytest.raises(ValueError, match="evenly spaced.*2020-01-05T00.*follows 2020-01-02T18"):
+        XarrayDataset(gappy, ["z"], target_steps=1, device="cpu")
+    with pytest.raises(ValueError, match="evenly spaced"):
+        XarrayDataset([paths[0], paths[2]], ["z"], input_steps=2, device="cpu")
+    XarrayDataset(gappy, ["z"], device="cpu")                 # one step per sample: no pairing
+    XarrayDataset(mf.isel(time=slice(0, None, 2)), ["z"], input_steps=2, device="cpu")   # even stride
