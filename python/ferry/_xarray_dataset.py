@@ -365,6 +365,12 @@ class XarrayDataset(_BatchStream):
             if len(self.patch) != 2 or min(self.patch) < 1 or self.patch[0] > self.spatial[0] \
                     or self.patch[1] > self.spatial[1]:
                 raise ValueError(f"XarrayDataset: patch {patch!r} does not fit the grid {self.spatial}")
+            for n, v in self._vars.items():
+                for d, p in zip(v.dims[-2:], v.post[-2:]):
+                    if p is not None:
+                        raise ValueError(f"XarrayDataset: patch= needs the spatial dims in file order, but "
+                                         f"{n!r} selects {d!r} in another order (reversed or out of order): "
+                                         "select it in increasing order and flip in transform=")
             if patch_mode == "tile":
                 self.tiles = (self.spatial[0] // self.patch[0], self.spatial[1] // self.patch[1])
         ntiles = self.tiles[0] * self.tiles[1]

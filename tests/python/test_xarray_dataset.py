@@ -396,3 +396,13 @@ def test_windows_need_an_evenly_spaced_sample_dim(nc4_files):
         XarrayDataset([paths[0], paths[2]], ["z"], input_steps=2, device="cpu")
     XarrayDataset(gappy, ["z"], device="cpu")                 # one step per sample: no pairing
     XarrayDataset(mf.isel(time=slice(0, None, 2)), ["z"], input_steps=2, device="cpu")   # even stride
+
+
+def test_patches_of_a_reordered_spatial_dim_are_refused(nc4_files):
+    paths, ref = nc4_files
+    flipped = xr.open_mfdataset(paths, engine="ferry", device="cpu").isel(lat=slice(None, None, -1))
+    with pytest.raises(ValueError, match="patch=.*'lat'"):
+        XarrayDataset(flipped, ["z"], patch=(4, 4), device="cpu")
+    # without patches the reordered field is read as selected
+    ds = XarrayDataset(flipped, ["z"], batch_size=4, device="cpu", return_time=True)
+    _check_batches(ds, ref.isel(lat=slice(None, None, -1)), ["z"], [0])
