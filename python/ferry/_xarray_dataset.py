@@ -439,6 +439,10 @@ class XarrayDataset(_BatchStream):
                     f"XarrayDataset: variable {n!r} is not read by ferry (open the data with "
                     f"engine='ferry'; {_unwrap_backend(ds.variables[n]._data)[1]})")
             for a in arrs:
+                if a.name != n:
+                    raise ValueError(f"XarrayDataset: variable {n!r} of the dataset is {a.name!r} in "
+                                     f"{a.store.filename}: renamed variables are not supported (the files are "
+                                     f"read by name; use {a.name!r}, or rename in transform=)")
                 files.setdefault((a.store.filename, a.store.group), None)
         if sample_dim not in ds.coords:
             if len(files) != 1:

@@ -406,3 +406,12 @@ def test_patches_of_a_reordered_spatial_dim_are_refused(nc4_files):
     # without patches the reordered field is read as selected
     ds = XarrayDataset(flipped, ["z"], batch_size=4, device="cpu", return_time=True)
     _check_batches(ds, ref.isel(lat=slice(None, None, -1)), ["z"], [0])
+
+
+def test_renamed_variables_are_refused(nc4_files):
+    paths, _ = nc4_files
+    for mf in (xr.open_mfdataset(paths, engine="ferry", device="cpu"), xr.open_dataset(paths[0], engine="ferry")):
+        with pytest.raises(ValueError, match="'geopot'.*'z'.*renamed"):
+            XarrayDataset(mf.rename({"z": "geopot"}), ["geopot"], device="cpu")
+        with pytest.raises(ValueError, match="renamed"):
+            XarrayDataset(mf.rename({"z": "t2m", "t2m": "z"}), ["z"], device="cpu")
