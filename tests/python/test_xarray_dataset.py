@@ -415,3 +415,31 @@ def test_renamed_variables_are_refused(nc4_files):
             XarrayDataset(mf.rename({"z": "geopot"}), ["geopot"], device="cpu")
         with pytest.raises(ValueError, match="renamed"):
             XarrayDataset(mf.rename({"z": "t2m", "t2m": "z"}), ["z"], device="cpu")
+
+
+def test_dali_source_continues_a_state_loaded_before_it_was_made(nc4_files):
+    _dali_or_skip()
+    import ferry.dali
+    paths, _ = nc4_files
+
+    def make():
+        return XarrayDataset(paths, ["t2m"], batch_size=4, shuffle=True, seed=3, device="cpu")
+    want = [b["x"].numpy().copy() for b in make()]
+    ds = make()
+    it = iter(ds)
+    for _ in range(2):
+        next(it)
+    st = ds.state_dict()
+    it.close()
+    ds2 = make()
+    ds2.load_state_dict(st)
+    src = ferry.dali.DALISource(ds2, outputs=("x",))
+    got = []
+    try:
+        while True:
+            got.append(np.asarray(src()[0]).copy())
+    except StopIteration:
+        pass
+    assert len(got) == len(want) - 2
+    for g, w in zip(got, want[2:]):
+        np.testing.assert_array_equal(g, w)
