@@ -253,7 +253,8 @@ def _file_sig(fm, name, path):
     fv = fm.variables[name]
     dt = np.dtype(fv.encoding.get("dtype", fv.dtype))
     return {"dims": tuple(fv.dims), "dtype": str(dt.newbyteorder("=")),
-            "cf": _cf_params(_stored_attrs(fv), dt), "shape": tuple(int(x) for x in fv.shape[1:])}
+            "cf": _cf_params(_stored_attrs(fv), dt), "shape": tuple(int(x) for x in fv.shape[1:]),
+            "coords": {d: np.asarray(fm[d].values) for d in fv.dims[1:] if d in fm.coords and fm[d].ndim == 1}}
 
 
 class _XGroup(_Group):
@@ -524,11 +525,14 @@ class XarrayDataset(_BatchStream):
                         _cf_params(attrs, enc_dtype))
 
     def _check_files(self, names):
-        """Every file must store each variable as the first file does: the dims, stored dtype, CF
-        parameters and non-sample shape read from the first file are used for all of them."""
+        """Every file must store each variable as the first file does: the dims, stored dtype,
+        non-sample shape and coordinates read from the first file are used for all of them. CF
+        parameters (scale_factor, add_offset, fills, _Unsigned) may differ: each file's are kept and
+        its steps decoded with them (CDS ERA5 files each carry their own packing)."""
         from .xarray import _file_identity
         files = list(dict.fromkeys((s.path, s.group) for s in self._segs))
         ref = None
+        sigs = {}
         self._idents = {}
         for path, grp in files:
             self._idents[(path, grp)] = _file_identity(path) if os.path.isfile(path) else None
@@ -537,15 +541,30 @@ class XarrayDataset(_BatchStream):
                 sig = {n: _file_sig(fm, n, path) for n in names}
             finally:
                 fm.close()
+            sigs[(path, grp)] = sig
             if ref is None:
                 ref = (path, sig)
                 continue
             for n in names:
                 a, b = ref[1][n], sig[n]
-                diff = [f"{k} {a[k]!r} vs {b[k]!r}" for k in a if repr(a[k]) != repr(b[k])]    # repr: NaN fills compare equal
+                # repr: NaN fills compare equal
+                diff = [f"{k} {a[k]!r} vs {b[k]!r}" for k in a if k not in ("cf", "coords") and repr(a[k]) != repr(b[k])]
+                diff += [f"the {d!r} coordinate" for d in a["coords"]
+                         if d in b["coords"] and not np.array_equal(a["coords"][d], b["coords"][d])]
                 if diff:
                     raise ValueError(f"XarrayDataset: variable {n!r} is stored differently in {ref[0]} and "
                                      f"{path}: " + "; ".join(diff) + " (every file must match the first)")
+        # per variable: the distinct CF parameters, and which of them each segment's file has
+        self._cfs, self._seg_cf = {}, {}
+        for n in names:
+            cfs, index, per = [], {}, []
+            for sg in self._segs:
+                cf = sigs[(sg.path, sg.group)][n]["cf"]
+                k = index.setdefault(repr(cf), len(cfs))
+                if k == len(cfs):
+                    cfs.append(cf)
+                per.append(k)
+            self._cfs[n], self._seg_cf[n] = cfs, np.asarray(per, dtype=np.int64)
 
     def _check_spacing(self, ds, sample_dim):
         """Windows pair dataset positions: the sample coordinate must be evenly spaced."""
@@ -651,7 +670,7 @@ class XarrayDataset(_BatchStream):
             self._release(rt, _wrap_handles(handles))
         out = {}
         for n in names:
-            x = self._decoded(bufs[n], self._vars[n]).to(torch.float64)
+            x = self._decoded(bufs[n], self._vars[n], 1, steps).to(torch.float64)
             c = self._vars[n].channels
             x = x.reshape(len(steps), c, -1).transpose(0, 1).reshape(c, -1)
             mean = torch.nanmean(x, dim=1)
@@ -722,9 +741,22 @@ class XarrayDataset(_BatchStream):
         job = rt.ctx.submit(plan) if len(plan) else None
         return bufs, job, handles
 
-    def _decoded(self, raw, v, lead=1):
-        """Decoded floats of a raw buffer whose first `lead` axes are steps/samples."""
-        x = _decode(raw, v.cf, self.out_dtype if self.out_dtype.is_floating_point else torch.float32)
+    def _decoded(self, raw, v, lead=1, steps=None):
+        """Decoded floats of a raw buffer whose first `lead` axes are steps/samples (`steps`: the
+        global step of each, shape raw.shape[:lead]; each step decodes with its file's CF)."""
+        fdt = self.out_dtype if self.out_dtype.is_floating_point else torch.float32
+        cfs = self._cfs.get(v.name, [v.cf])
+        if len(cfs) == 1:
+            x = _decode(raw, cfs[0], fdt)
+        else:
+            st = np.asarray(steps, dtype=np.int64).reshape(-1)
+            which = self._seg_cf[v.name][np.searchsorted(self._seg_g0, st, side="right") - 1]
+            flat = raw.reshape((-1,) + tuple(raw.shape[lead:]))
+            x = torch.empty(flat.shape, dtype=fdt, device=raw.device)
+            for k in np.unique(which):
+                rows = torch.as_tensor(np.flatnonzero(which == k), device=raw.device)
+                x[rows] = _decode(flat.index_select(0, rows), cfs[int(k)], fdt)
+            x = x.reshape(raw.shape)
         for ax, p in enumerate(v.post):
             if p is not None:
                 x = x.index_select(lead + ax, torch.as_tensor(p, device=x.device))
@@ -761,7 +793,7 @@ class XarrayDataset(_BatchStream):
         if boxes is None:
             steps, inv = np.unique(need.ravel(), return_inverse=True)
             bufs, job, handles = self._plan_steps(rt, steps, names, None)
-            g.meta = ("shared", bufs, inv.reshape(need.shape), t0)
+            g.meta = ("shared", bufs, inv.reshape(need.shape), t0, steps)
             g.stores = [e[0] for e in handles]
             g.job = job
             g.handles = handles
@@ -798,7 +830,7 @@ class XarrayDataset(_BatchStream):
             _check_stores(handles)
             g.job = rt.ctx.submit(plan) if len(plan) else None
             g.handles = handles
-            g.meta = ("own", bufs, None, t0)
+            g.meta = ("own", bufs, None, t0, need)
             g.stores = [e[0] for e in handles]
             g.bufs = list(bufs.values())
         return g
@@ -809,7 +841,7 @@ class XarrayDataset(_BatchStream):
         return c[0][2] if c is not None and c[1] is order else self._epoch
 
     def _finish(self, g):
-        kind, bufs, inv, t0 = g.meta
+        kind, bufs, inv, t0, steps = g.meta
         _check_stores([(st,) for st in g.stores])
         I, K = self.input_steps, self.target_steps
         B = len(t0)
@@ -817,7 +849,7 @@ class XarrayDataset(_BatchStream):
         chans = {}
         for n, raw in bufs.items():
             v = self._vars[n]
-            x = self._decoded(raw, v, lead)
+            x = self._decoded(raw, v, lead, steps)
             x = x.reshape(x.shape[:lead] + (v.channels,) + x.shape[-2:])
             if self._norm is not None and n in self._norm:
                 m, s = self._norm[n]

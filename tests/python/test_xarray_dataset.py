@@ -326,13 +326,32 @@ def _write_era_files(d, scales=(0.01, 0.01, 0.01), full=None):
     return paths
 
 
-def test_files_with_different_cf_parameters_are_refused(tmp_path):
-    paths = _write_era_files(tmp_path, scales=(0.01, 0.02, 0.01))
-    with pytest.raises(ValueError, match=r"era_0\.nc.*era_1\.nc.*scale"):
-        XarrayDataset(paths, ["t2m"], device="cpu")
-    with pytest.raises(ValueError, match=r"era_1\.nc.*scale"):
-        XarrayDataset(xr.open_mfdataset(paths, engine="ferry", device="cpu"), ["t2m"], device="cpu")
-    XarrayDataset(paths, ["z"], device="cpu")          # z is stored alike in every file
+def test_files_with_their_own_cf_parameters_decode_each_with_its_own(tmp_path):
+    paths = _write_era_files(tmp_path, scales=(0.01, 0.02, 0.005))
+    ref = xr.open_mfdataset(paths, engine="netcdf4", combine="by_coords").load()
+    assert not np.allclose(ref.t2m.values[8:16], xr.open_dataset(paths[1], engine="netcdf4",
+                                                                 mask_and_scale=False).t2m.values[:] * 0.01 + 280)
+    for data in (paths, xr.open_mfdataset(paths, engine="ferry", device="cpu")):
+        ds = XarrayDataset(data, ["t2m", "z"], batch_size=5, input_steps=2, target_steps=1, shuffle=True,
+                           device="cpu", return_time=True)
+        assert sorted(_check_batches(ds, ref, ["t2m", "z"], [0, 1], [2])) == list(range(T - 2))
+    # patches (one slot per sample) and computed stats decode per file too
+    ds = XarrayDataset(paths, ["t2m"], batch_size=6, patch=(H, W), device="cpu", return_time=True,
+                       normalize="compute", stats_steps=T)
+    np.testing.assert_allclose(ds._norm["t2m"][0], [np.nanmean(ref.t2m.values.astype(np.float64))], rtol=1e-6)
+    ds = XarrayDataset(paths, ["t2m"], batch_size=6, patch=(H, W), device="cpu", return_time=True)
+    _check_batches(ds, ref, ["t2m"], [0])
+
+
+def test_files_that_store_a_variable_differently_are_refused(tmp_path):
+    paths = _write_era_files(tmp_path)
+    other = _era(np.random.default_rng(0)).isel(time=slice(8, 16))
+    other.assign(z=other.z.astype("float64")).to_netcdf(paths[1], engine="netcdf4")
+    with pytest.raises(ValueError, match=r"'z'.*era_0\.nc.*era_1\.nc.*dtype"):
+        XarrayDataset(paths, ["z"], device="cpu")
+    other.assign_coords(level=[1, 2, 3]).to_netcdf(paths[1], engine="netcdf4")
+    with pytest.raises(ValueError, match=r"era_1\.nc.*'level' coordinate"):
+        XarrayDataset(paths, ["z"], device="cpu")
 
 
 def test_computed_dask_variables_are_refused(nc4_files):
