@@ -548,7 +548,7 @@ class XarrayDataset(_BatchStream):
             for n in names:
                 a, b = ref[1][n], sig[n]
                 # repr: NaN fills compare equal
-                diff = [f"{k} {a[k]!r} vs {b[k]!r}" for k in a if k not in ("cf", "coords") and repr(a[k]) != repr(b[k])]
+                diff = [f"{k} {a[k]!r} vs {b[k]!r}" for k in ("dims", "dtype", "shape") if repr(a[k]) != repr(b[k])]
                 diff += [f"the {d!r} coordinate" for d in a["coords"]
                          if d in b["coords"] and not np.array_equal(a["coords"][d], b["coords"][d])]
                 if diff:
