@@ -547,7 +547,6 @@ class XarrayDataset(_BatchStream):
                 continue
             for n in names:
                 a, b = ref[1][n], sig[n]
-                # repr: NaN fills compare equal
                 diff = [f"{k} {a[k]!r} vs {b[k]!r}" for k in ("dims", "dtype", "shape") if repr(a[k]) != repr(b[k])]
                 diff += [f"the {d!r} coordinate" for d in a["coords"]
                          if d in b["coords"] and not np.array_equal(a["coords"][d], b["coords"][d])]
@@ -560,7 +559,7 @@ class XarrayDataset(_BatchStream):
             cfs, index, per = [], {}, []
             for sg in self._segs:
                 cf = sigs[(sg.path, sg.group)][n]["cf"]
-                k = index.setdefault(repr(cf), len(cfs))
+                k = index.setdefault(repr(cf), len(cfs))      # repr: NaN fills compare equal
                 if k == len(cfs):
                     cfs.append(cf)
                 per.append(k)
