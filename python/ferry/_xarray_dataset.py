@@ -106,7 +106,23 @@ def _unwrap_backend(data):
     return None, "too many wrappers"
 
 
-def _backend_arrays(var):
+# dask layers that xarray's open_dataset(chunks=...)/open_mfdataset and isel/sel make: they keep the
+# stored values (any other layer is a computation the dataset would drop by reading the files)
+_STORED_LAYERS = ("concatenate", "getitem", "rechunk-merge", "rechunk-split")
+
+
+def _check_stored_graph(data, name):
+    for layer in data.__dask_graph__().layers:
+        base = str(layer).rsplit("-", 1)[0]              # "<name>-<token>"
+        if base.startswith(("original-open_dataset-", "open_dataset-")):     # + "<variable>"
+            continue
+        if base not in _STORED_LAYERS:
+            raise ValueError(
+                f"XarrayDataset: variable {name!r} is computed (its dask graph has a {base!r} layer): "
+                "XarrayDataset reads variables as stored in the files; apply computations in transform=")
+
+
+def _backend_arrays(var, name="?"):
     """Every FerryBackendArray behind one xarray Variable (one per file for open_mfdataset)."""
     from .xarray import FerryBackendArray
     data = var._data
@@ -117,6 +133,7 @@ def _backend_arrays(var):
         da = None
     # var._data, never var.data: .data of a lazy variable reads it
     if da is not None and isinstance(data, da.Array):
+        _check_stored_graph(data, name)
         for val in dict(data.__dask_graph__()).values():
             val = getattr(val, "value", val)
             cur = val
@@ -222,8 +239,33 @@ def _decode(raw, cf, dtype):
     return out
 
 
+def _stored_attrs(fv):
+    attrs = dict(fv.encoding)
+    attrs.update({k: fv.attrs[k] for k in ("_FillValue", "missing_value", "scale_factor", "add_offset",
+                                          "_Unsigned") if k in fv.attrs})
+    return attrs
+
+
+def _file_sig(fm, name, path):
+    """What discovery takes from one file for one variable (compared across files)."""
+    if name not in fm.variables:
+        raise ValueError(f"XarrayDataset: {path}: no variable {name!r}")
+    fv = fm.variables[name]
+    dt = np.dtype(fv.encoding.get("dtype", fv.dtype))
+    return {"dims": tuple(fv.dims), "dtype": str(dt.newbyteorder("=")),
+            "cf": _cf_params(_stored_attrs(fv), dt), "shape": tuple(int(x) for x in fv.shape[1:]),
+            "coords": {d: np.asarray(fm[d].values) for d in fv.dims[1:] if d in fm.coords and fm[d].ndim == 1}}
+
+
 class _XGroup(_Group):
-    __slots__ = ("meta",)
+    __slots__ = ("meta", "stores")
+
+
+def _check_stores(handles):
+    """Every file a batch reads is still the one discovery (and its store) parsed: a file replaced
+    since would be read with the old metadata. Raises the store's FerryError."""
+    for e in handles:
+        e[0]._check_unchanged()
 
 
 class XarrayDataset(_BatchStream):
@@ -248,7 +290,9 @@ class XarrayDataset(_BatchStream):
     input_steps, target_steps, lead
         Sample i starting at step t gives x from steps t .. t+input_steps-1 and, when
         target_steps > 0, y from steps t+input_steps-1+lead .. (+target_steps-1) of
-        ``target_variables`` (default: `variables`). Windows never leave the sample dim.
+        ``target_variables`` (default: `variables`). Windows never leave the sample dim. Windows
+        pair positions along the dim, so when a window spans more than one step and the dim has a
+        numeric or datetime coordinate, its spacing must be constant (a gap raises ValueError).
     patch, patch_mode
         patch=(h, w): spatial windows. "random": one window per sample at a position drawn from
         (seed, epoch, sample); "tile": every sample is (step, tile) over a grid of
@@ -300,6 +344,7 @@ class XarrayDataset(_BatchStream):
         tvars = list(var_names) if target_variables is None else list(target_variables)
         all_names = list(dict.fromkeys(list(var_names) + (tvars if target_steps else [])))
         self._vars = {n: self._var_info(ds_meta, n, sample_dim) for n in all_names}
+        self._check_files(all_names)
         self.variables, self.target_variables = list(var_names), tvars if target_steps else []
         sp = {v.spatial for v in self._vars.values()}
         if len(sp) != 1:
@@ -313,12 +358,20 @@ class XarrayDataset(_BatchStream):
         if self.n_starts < 1:
             raise ValueError(f"XarrayDataset: {self.steps} steps along {sample_dim!r} are fewer than one "
                              f"sample needs ({self.span})")
+        if self.span > 1:
+            self._check_spacing(ds_meta, sample_dim)
         self.patch = None if patch is None else tuple(int(p) for p in patch)
         self.tiles = (1, 1)
         if self.patch is not None:
             if len(self.patch) != 2 or min(self.patch) < 1 or self.patch[0] > self.spatial[0] \
                     or self.patch[1] > self.spatial[1]:
                 raise ValueError(f"XarrayDataset: patch {patch!r} does not fit the grid {self.spatial}")
+            for n, v in self._vars.items():
+                for d, p in zip(v.dims[-2:], v.post[-2:]):
+                    if p is not None:
+                        raise ValueError(f"XarrayDataset: patch= needs the spatial dims in file order, but "
+                                         f"{n!r} selects {d!r} in another order (reversed or out of order): "
+                                         "select it in increasing order and flip in transform=")
             if patch_mode == "tile":
                 self.tiles = (self.spatial[0] // self.patch[0], self.spatial[1] // self.patch[1])
         ntiles = self.tiles[0] * self.tiles[1]
@@ -381,12 +434,16 @@ class XarrayDataset(_BatchStream):
         names = self._default_vars(ds, variables, sample_dim, "dataset")
         files = {}
         for n in names:
-            arrs = _backend_arrays(ds.variables[n])
+            arrs = _backend_arrays(ds.variables[n], n)
             if not arrs:
                 raise ValueError(
                     f"XarrayDataset: variable {n!r} is not read by ferry (open the data with "
                     f"engine='ferry'; {_unwrap_backend(ds.variables[n]._data)[1]})")
             for a in arrs:
+                if a.name != n:
+                    raise ValueError(f"XarrayDataset: variable {n!r} of the dataset is {a.name!r} in "
+                                     f"{a.store.filename}: renamed variables are not supported (the files are "
+                                     f"read by name; use {a.name!r}, or rename in transform=)")
                 files.setdefault((a.store.filename, a.store.group), None)
         if sample_dim not in ds.coords:
             if len(files) != 1:
@@ -458,9 +515,7 @@ class XarrayDataset(_BatchStream):
                     sel.append(slice(lo, hi, 1))
                     post.append(idx - lo)
             enc_dtype = np.dtype(fv.encoding.get("dtype", fv.dtype))
-            attrs = dict(fv.encoding)
-            attrs.update({k: fv.attrs[k] for k in ("_FillValue", "missing_value", "scale_factor", "add_offset",
-                                                  "_Unsigned") if k in fv.attrs})
+            attrs = _stored_attrs(fv)
         finally:
             fm.close()
         counts = [len(range(*s.indices(10 ** 18))) if p is None else len(p) for s, p in zip(sel, post)]
@@ -468,6 +523,66 @@ class XarrayDataset(_BatchStream):
         spatial = tuple(counts[-2:])
         return _VarInfo(name, v.dims, sel, post, levels, spatial, enc_dtype.newbyteorder("="),
                         _cf_params(attrs, enc_dtype))
+
+    def _check_files(self, names):
+        """Every file must store each variable as the first file does: the dims, stored dtype,
+        non-sample shape and coordinates read from the first file are used for all of them. CF
+        parameters (scale_factor, add_offset, fills, _Unsigned) may differ: each file's are kept and
+        its steps decoded with them (CDS ERA5 files each carry their own packing)."""
+        from .xarray import _file_identity
+        files = list(dict.fromkeys((s.path, s.group) for s in self._segs))
+        ref = None
+        sigs = {}
+        self._idents = {}
+        for path, grp in files:
+            self._idents[(path, grp)] = _file_identity(path) if os.path.isfile(path) else None
+            fm = _open_meta(path, grp)
+            try:
+                sig = {n: _file_sig(fm, n, path) for n in names}
+            finally:
+                fm.close()
+            sigs[(path, grp)] = sig
+            if ref is None:
+                ref = (path, sig)
+                continue
+            for n in names:
+                a, b = ref[1][n], sig[n]
+                diff = [f"{k} {a[k]!r} vs {b[k]!r}" for k in ("dims", "dtype", "shape") if repr(a[k]) != repr(b[k])]
+                diff += [f"the {d!r} coordinate" for d in a["coords"]
+                         if d in b["coords"] and not np.array_equal(a["coords"][d], b["coords"][d])]
+                if diff:
+                    raise ValueError(f"XarrayDataset: variable {n!r} is stored differently in {ref[0]} and "
+                                     f"{path}: " + "; ".join(diff) + " (every file must match the first)")
+        # per variable: the distinct CF parameters, and which of them each segment's file has
+        self._cfs, self._seg_cf = {}, {}
+        for n in names:
+            cfs, index, per = [], {}, []
+            for sg in self._segs:
+                cf = sigs[(sg.path, sg.group)][n]["cf"]
+                k = index.setdefault(repr(cf), len(cfs))      # repr: NaN fills compare equal
+                if k == len(cfs):
+                    cfs.append(cf)
+                per.append(k)
+            self._cfs[n], self._seg_cf[n] = cfs, np.asarray(per, dtype=np.int64)
+
+    def _check_spacing(self, ds, sample_dim):
+        """Windows pair dataset positions: the sample coordinate must be evenly spaced."""
+        if sample_dim not in ds.coords or ds[sample_dim].ndim != 1:
+            return
+        t = ds[sample_dim].values
+        if not (np.issubdtype(t.dtype, np.datetime64) or np.issubdtype(t.dtype, np.timedelta64)
+                or np.issubdtype(t.dtype, np.number)) or len(t) < 3:
+            return
+        d = np.diff(t)
+        if np.issubdtype(d.dtype, np.floating):
+            bad = np.flatnonzero(~np.isclose(d, d[0], rtol=1e-9, atol=0))
+        else:
+            bad = np.flatnonzero(d != d[0])
+        if len(bad):
+            i = int(bad[0])
+            raise ValueError(f"XarrayDataset: windows of {self.span} steps need an evenly spaced {sample_dim!r}, "
+                             f"but step {i + 1} ({t[i + 1]}) follows {t[i]} by {d[i]}, not {d[0]} (a missing "
+                             f"file or a selection with gaps)")
 
     def _time_numbers(self, ds, sample_dim):
         if sample_dim not in ds.coords:
@@ -486,7 +601,7 @@ class XarrayDataset(_BatchStream):
             if normalize != "compute":
                 raise ValueError(f"XarrayDataset: normalize must be None, a dict or 'compute', not {normalize!r}")
             stats = None
-            key = {"variables": names, "steps": self.steps, "stats_steps": stats_steps}
+            key = json.loads(json.dumps(self._stats_key(names, stats_steps)))     # as the file holds it
             if stats_file and os.path.exists(stats_file):
                 with open(stats_file) as fh:
                     saved = json.load(fh)
@@ -520,6 +635,26 @@ class XarrayDataset(_BatchStream):
                 raise ValueError(f"XarrayDataset: normalize std of {n!r} has zeros or non-finite values")
         return stats
 
+    def _stats_key(self, names, stats_steps):
+        """What the computed stats depend on: the files (path, size, mtime), the steps of each read,
+        and each variable's selection."""
+        def file_id(path):
+            try:
+                st = os.stat(path)
+                return [os.path.abspath(path), st.st_size, st.st_mtime_ns]
+            except OSError:
+                return [os.path.abspath(path), None, None]
+
+        def sl(x):
+            return [x.start, x.stop, x.step]
+        sel = {n: {"dims": list(self._vars[n].dims), "sel": [sl(x) for x in self._vars[n].sel],
+                   "post": [None if p is None else np.asarray(p).tolist() for p in self._vars[n].post]}
+               for n in names}
+        files = [file_id(p) + [g] for p, g in dict.fromkeys((sg.path, sg.group) for sg in self._segs)]
+        segs = [[os.path.abspath(sg.path), sg.lo, sg.hi, sg.g0] for sg in self._segs]
+        return {"variables": names, "steps": self.steps, "stats_steps": stats_steps, "files": files,
+                "segments": segs, "selection": sel}
+
     def _compute_stats(self, names, stats_steps):
         """Per-channel mean/std over evenly spaced steps, NaN ignored, in float64."""
         steps = np.unique(np.linspace(0, self.steps - 1, min(self.steps, max(1, stats_steps))).astype(np.int64))
@@ -529,11 +664,12 @@ class XarrayDataset(_BatchStream):
         try:
             if job is not None:
                 job.wait()
+            _check_stores(handles)
         finally:
             self._release(rt, _wrap_handles(handles))
         out = {}
         for n in names:
-            x = self._decoded(bufs[n], self._vars[n]).to(torch.float64)
+            x = self._decoded(bufs[n], self._vars[n], 1, steps).to(torch.float64)
             c = self._vars[n].channels
             x = x.reshape(len(steps), c, -1).transpose(0, 1).reshape(c, -1)
             mean = torch.nanmean(x, dim=1)
@@ -547,8 +683,18 @@ class XarrayDataset(_BatchStream):
         e = seen.get(key)
         if e is None:
             from .xarray import FerryStore
-            e = rt.handle(key, lambda: FerryStore(seg.path, group=seg.group, device="cpu", ctx=rt.ctx,
-                                                  mask_and_scale=False, decode_times=False))
+            def opener():
+                from .xarray import _describe_ident
+                st = FerryStore(seg.path, group=seg.group, device="cpu", ctx=rt.ctx, mask_and_scale=False,
+                                decode_times=False)
+                want = self._idents.get((seg.path, seg.group))
+                if want is not None and st._ident is not None and st._ident != want:
+                    st.close()
+                    raise _ferry.FerryError(_ferry.EIO, f"{seg.path}: the file changed since the XarrayDataset "
+                                            f"was made (found {_describe_ident(st._ident)}, expected "
+                                            f"{_describe_ident(want)}): make the dataset again")
+                return st
+            e = rt.handle(key, opener)
             seen[key] = e
             e[1] += 1
             handles.append(e)
@@ -590,12 +736,26 @@ class XarrayDataset(_BatchStream):
                 spec = st.specs[n]
                 key = (slice(first, first + cnt, 1),) + tuple(sel)
                 st._plan_into(plan, spec, key, (buf.data_ptr() + pos * row, cnt * row, dev))
+        _check_stores(handles)
         job = rt.ctx.submit(plan) if len(plan) else None
         return bufs, job, handles
 
-    def _decoded(self, raw, v, lead=1):
-        """Decoded floats of a raw buffer whose first `lead` axes are steps/samples."""
-        x = _decode(raw, v.cf, self.out_dtype if self.out_dtype.is_floating_point else torch.float32)
+    def _decoded(self, raw, v, lead=1, steps=None):
+        """Decoded floats of a raw buffer whose first `lead` axes are steps/samples (`steps`: the
+        global step of each, shape raw.shape[:lead]; each step decodes with its file's CF)."""
+        fdt = self.out_dtype if self.out_dtype.is_floating_point else torch.float32
+        cfs = self._cfs.get(v.name, [v.cf])
+        if len(cfs) == 1:
+            x = _decode(raw, cfs[0], fdt)
+        else:
+            st = np.asarray(steps, dtype=np.int64).reshape(-1)
+            which = self._seg_cf[v.name][np.searchsorted(self._seg_g0, st, side="right") - 1]
+            flat = raw.reshape((-1,) + tuple(raw.shape[lead:]))
+            x = torch.empty(flat.shape, dtype=fdt, device=raw.device)
+            for k in np.unique(which):
+                rows = torch.as_tensor(np.flatnonzero(which == k), device=raw.device)
+                x[rows] = _decode(flat.index_select(0, rows), cfs[int(k)], fdt)
+            x = x.reshape(raw.shape)
         for ax, p in enumerate(v.post):
             if p is not None:
                 x = x.index_select(lead + ax, torch.as_tensor(p, device=x.device))
@@ -632,7 +792,8 @@ class XarrayDataset(_BatchStream):
         if boxes is None:
             steps, inv = np.unique(need.ravel(), return_inverse=True)
             bufs, job, handles = self._plan_steps(rt, steps, names, None)
-            g.meta = ("shared", bufs, inv.reshape(need.shape), t0)
+            g.meta = ("shared", bufs, inv.reshape(need.shape), t0, steps)
+            g.stores = [e[0] for e in handles]
             g.job = job
             g.handles = handles
             g.bufs = list(bufs.values())
@@ -665,9 +826,11 @@ class XarrayDataset(_BatchStream):
                         st = self._store(rt, seg, handles, seen)
                         key = (slice(first, first + cnt, 1),) + tuple(sel)
                         st._plan_into(plan, st.specs[n], key, (base + pos * row, cnt * row, dev))
+            _check_stores(handles)
             g.job = rt.ctx.submit(plan) if len(plan) else None
             g.handles = handles
-            g.meta = ("own", bufs, None, t0)
+            g.meta = ("own", bufs, None, t0, need)
+            g.stores = [e[0] for e in handles]
             g.bufs = list(bufs.values())
         return g
 
@@ -677,14 +840,15 @@ class XarrayDataset(_BatchStream):
         return c[0][2] if c is not None and c[1] is order else self._epoch
 
     def _finish(self, g):
-        kind, bufs, inv, t0 = g.meta
+        kind, bufs, inv, t0, steps = g.meta
+        _check_stores([(st,) for st in g.stores])
         I, K = self.input_steps, self.target_steps
         B = len(t0)
         lead = 1 if kind == "shared" else 2          # (U, ...) or (B, I+K, ...)
         chans = {}
         for n, raw in bufs.items():
             v = self._vars[n]
-            x = self._decoded(raw, v, lead)
+            x = self._decoded(raw, v, lead, steps)
             x = x.reshape(x.shape[:lead] + (v.channels,) + x.shape[-2:])
             if self._norm is not None and n in self._norm:
                 m, s = self._norm[n]

@@ -9,8 +9,8 @@ pipeline with the source wired in; ``then`` adds your DALI operators after it::
 
     import ferry.dali, nvidia.dali.fn as fn
     ds = ferry.torch.XarrayDataset(xr.open_mfdataset("era5_*.nc", engine="ferry"), ["t2m", "z"],
-                                   batch_size=16, shuffle=True, device="cuda")
-    pipe = ferry.dali.pipeline(ds, outputs=("x", "y"),
+                                   batch_size=16, target_steps=1, shuffle=True, device="cuda")
+    pipe = ferry.dali.pipeline(ds, outputs=("x", "y"), layout="CHW",
                                then=lambda x, y: (fn.flip(x, horizontal=1), y))
     pipe.build()
     x, y = pipe.run()           # TensorListGPU; or wrap it in DALIGenericIterator
@@ -64,6 +64,10 @@ class DALISource:
         self.dataset = dataset
         self.outputs = None if outputs is None else tuple(outputs)
         self._epoch0 = int(getattr(dataset, "epoch", 0))
+        # a state loaded into the dataset before the source was made (mid-epoch): DALI's epoch
+        # index 0 continues from it
+        self._consumed0 = int(dataset.state_dict().get("samples_consumed", 0)) \
+            if hasattr(dataset, "state_dict") else 0
         self._it = None
         self._pos = None                 # (DALI epoch index, iteration) of the next batch of _it
         self._kept = collections.deque(maxlen=max(1, int(keep)))
@@ -78,7 +82,8 @@ class DALISource:
         rank, world = ds._dist()
         per_step = world * int(ds.batch_size or 1)
         st["epoch"] = self._epoch0 + int(epoch_idx)
-        st["samples_consumed"] = min(int(st["num_samples"]), int(iteration) * per_step)
+        base = self._consumed0 if int(epoch_idx) == 0 else 0
+        st["samples_consumed"] = min(int(st["num_samples"]), base + int(iteration) * per_step)
         st.pop("worker", None)
         ds.load_state_dict(st)
         self._it = iter(ds)

@@ -10,6 +10,7 @@ import pytest
 import torch
 import xarray as xr
 
+import ferry
 from ferry.torch import XarrayDataset
 
 T, L, H, W = 24, 3, 12, 16
@@ -310,3 +311,154 @@ def test_dali_source_checks_its_outputs(nc4_files):
         ferry.dali.DALISource(ds)()
     with pytest.raises(KeyError, match="nope"):
         ferry.dali.DALISource(ds, outputs=("x", "nope"))()
+
+
+def _write_era_files(d, scales=(0.01, 0.01, 0.01), full=None):
+    pytest.importorskip("netCDF4")
+    full = _era(np.random.default_rng(0)) if full is None else full
+    paths = []
+    for i, sc in enumerate(scales):
+        enc = {"t2m": {"dtype": "int16", "scale_factor": sc, "add_offset": 280.0, "_FillValue": -32767},
+               "z": {}}
+        p = str(d / f"era_{i}.nc")
+        full.isel(time=slice(8 * i, 8 * i + 8)).to_netcdf(p, engine="netcdf4", encoding=enc)
+        paths.append(p)
+    return paths
+
+
+def test_files_with_their_own_cf_parameters_decode_each_with_its_own(tmp_path):
+    paths = _write_era_files(tmp_path, scales=(0.01, 0.02, 0.005))
+    ref = xr.open_mfdataset(paths, engine="netcdf4", combine="by_coords").load()
+    assert not np.allclose(ref.t2m.values[8:16], xr.open_dataset(paths[1], engine="netcdf4",
+                                                                 mask_and_scale=False).t2m.values[:] * 0.01 + 280)
+    for data in (paths, xr.open_mfdataset(paths, engine="ferry", device="cpu")):
+        ds = XarrayDataset(data, ["t2m", "z"], batch_size=5, input_steps=2, target_steps=1, shuffle=True,
+                           device="cpu", return_time=True)
+        assert sorted(_check_batches(ds, ref, ["t2m", "z"], [0, 1], [2])) == list(range(T - 2))
+    # patches (one slot per sample) and computed stats decode per file too
+    ds = XarrayDataset(paths, ["t2m"], batch_size=6, patch=(H, W), device="cpu", return_time=True,
+                       normalize="compute", stats_steps=T)
+    np.testing.assert_allclose(ds._norm["t2m"][0], [np.nanmean(ref.t2m.values.astype(np.float64))], rtol=1e-6)
+    ds = XarrayDataset(paths, ["t2m"], batch_size=6, patch=(H, W), device="cpu", return_time=True)
+    _check_batches(ds, ref, ["t2m"], [0])
+
+
+def test_files_that_store_a_variable_differently_are_refused(tmp_path):
+    paths = _write_era_files(tmp_path)
+    other = _era(np.random.default_rng(0)).isel(time=slice(8, 16))
+    other.assign(z=other.z.astype("float64")).to_netcdf(paths[1], engine="netcdf4")
+    with pytest.raises(ValueError, match=r"'z'.*era_0\.nc.*era_1\.nc.*dtype"):
+        XarrayDataset(paths, ["z"], device="cpu")
+    other.assign_coords(level=[1, 2, 3]).to_netcdf(paths[1], engine="netcdf4")
+    with pytest.raises(ValueError, match=r"era_1\.nc.*'level' coordinate"):
+        XarrayDataset(paths, ["z"], device="cpu")
+
+
+def test_computed_dask_variables_are_refused(nc4_files):
+    paths, ref = nc4_files
+    mf = xr.open_mfdataset(paths, engine="ferry", device="cpu")
+    one = xr.open_dataset(paths[0], engine="ferry", device="cpu", chunks={})
+    for bad in (mf.assign(z=mf.z - 100), mf.assign(z=mf.z.where(mf.z > 0)), mf.assign(z=mf.z.astype("float64")),
+                one.assign(z=one.z * 2)):
+        with pytest.raises(ValueError, match="as stored.*transform="):
+            XarrayDataset(bad, ["z"], device="cpu")
+    # what open_dataset / open_mfdataset / isel / sel make is read
+    XarrayDataset(one.isel(time=slice(1, 5)), ["z"], device="cpu")
+    ds = XarrayDataset(mf.sel(level=[850, 500]).isel(time=slice(2, 20)), ["z"], device="cpu", return_time=True,
+                       batch_size=4)
+    _check_batches(ds, ref.sel(level=[850, 500]).isel(time=slice(2, 20)), ["z"], [0])
+
+
+def test_a_file_replaced_between_epochs_raises(tmp_path):
+    paths = _write_era_files(tmp_path)
+    ds = XarrayDataset(paths, ["t2m", "z"], batch_size=4, device="cpu")
+    assert len(list(ds)) == 6
+    # another layout in its place (z float64, t2m unpacked), swapped in atomically
+    other = _era(np.random.default_rng(7)).isel(time=slice(8, 16))
+    tmp = str(tmp_path / "new.nc")
+    other.assign(z=other.z.astype("float64")).to_netcdf(tmp, engine="netcdf4")
+    os.replace(tmp, paths[1])
+    ds.set_epoch(1)
+    with pytest.raises(ferry.FerryError, match=r"era_1\.nc"):
+        list(ds)
+    # a fresh process (a copy of the dataset) opens the new file: refused too
+    with pytest.raises(ferry.FerryError, match=r"era_1\.nc"):
+        list(pickle.loads(pickle.dumps(ds)))
+
+
+def test_stats_cache_is_keyed_by_files_and_selection(tmp_path, nc4_files):
+    paths, _ = nc4_files
+    sf = str(tmp_path / "stats.json")
+    mf = xr.open_mfdataset(paths, engine="ferry", device="cpu")
+    a = XarrayDataset(mf.isel(level=[0]), ["z"], device="cpu", normalize="compute", stats_file=sf)
+    # the same shape, another level: its own stats
+    b = XarrayDataset(mf.isel(level=[2]), ["z"], device="cpu", normalize="compute", stats_file=sf)
+    zb = mf.z.isel(level=2).values
+    np.testing.assert_allclose(b._norm["z"][0], [np.nanmean(zb)], rtol=1e-6)
+    assert not np.allclose(a._norm["z"][0], b._norm["z"][0])
+    # other files of the same shape: their own stats
+    other = _era(np.random.default_rng(11))
+    other = other.assign(z=other.z + 1000)
+    ops = _write_era_files(tmp_path, full=other)
+    c = XarrayDataset(xr.open_mfdataset(ops, engine="ferry", device="cpu").isel(level=[2]), ["z"], device="cpu",
+                      normalize="compute", stats_file=sf)
+    assert c._norm["z"][0][0] > b._norm["z"][0][0] + 500
+
+
+def test_windows_need_an_evenly_spaced_sample_dim(nc4_files):
+    paths, _ = nc4_files
+    mf = xr.open_mfdataset(paths, engine="ferry", device="cpu")
+    gappy = mf.isel(time=list(range(0, 8)) + list(range(16, 24)))
+    with pytest.raises(ValueError, match="evenly spaced.*2020-01-05T00.*follows 2020-01-02T18"):
+        XarrayDataset(gappy, ["z"], target_steps=1, device="cpu")
+    with pytest.raises(ValueError, match="evenly spaced"):
+        XarrayDataset([paths[0], paths[2]], ["z"], input_steps=2, device="cpu")
+    XarrayDataset(gappy, ["z"], device="cpu")                 # one step per sample: no pairing
+    XarrayDataset(mf.isel(time=slice(0, None, 2)), ["z"], input_steps=2, device="cpu")   # even stride
+
+
+def test_patches_of_a_reordered_spatial_dim_are_refused(nc4_files):
+    paths, ref = nc4_files
+    flipped = xr.open_mfdataset(paths, engine="ferry", device="cpu").isel(lat=slice(None, None, -1))
+    with pytest.raises(ValueError, match="patch=.*'lat'"):
+        XarrayDataset(flipped, ["z"], patch=(4, 4), device="cpu")
+    # without patches the reordered field is read as selected
+    ds = XarrayDataset(flipped, ["z"], batch_size=4, device="cpu", return_time=True)
+    _check_batches(ds, ref.isel(lat=slice(None, None, -1)), ["z"], [0])
+
+
+def test_renamed_variables_are_refused(nc4_files):
+    paths, _ = nc4_files
+    for mf in (xr.open_mfdataset(paths, engine="ferry", device="cpu"), xr.open_dataset(paths[0], engine="ferry")):
+        with pytest.raises(ValueError, match="'geopot'.*'z'.*renamed"):
+            XarrayDataset(mf.rename({"z": "geopot"}), ["geopot"], device="cpu")
+        with pytest.raises(ValueError, match="renamed"):
+            XarrayDataset(mf.rename({"z": "t2m", "t2m": "z"}), ["z"], device="cpu")
+
+
+def test_dali_source_continues_a_state_loaded_before_it_was_made(nc4_files):
+    _dali_or_skip()
+    import ferry.dali
+    paths, _ = nc4_files
+
+    def make():
+        return XarrayDataset(paths, ["t2m"], batch_size=4, shuffle=True, seed=3, device="cpu")
+    want = [b["x"].numpy().copy() for b in make()]
+    ds = make()
+    it = iter(ds)
+    for _ in range(2):
+        next(it)
+    st = ds.state_dict()
+    it.close()
+    ds2 = make()
+    ds2.load_state_dict(st)
+    src = ferry.dali.DALISource(ds2, outputs=("x",))
+    got = []
+    try:
+        while True:
+            got.append(np.asarray(src()[0]).copy())
+    except StopIteration:
+        pass
+    assert len(got) == len(want) - 2
+    for g, w in zip(got, want[2:]):
+        np.testing.assert_array_equal(g, w)
