@@ -21,7 +21,6 @@ index ranges of the other dimensions (``ds.sel(level=[500, 850])`` reads only th
 """
 from __future__ import annotations
 
-import glob as _glob
 import json
 import math
 import os
@@ -31,7 +30,7 @@ import torch
 
 from . import _ferry
 from ._torch_order import _mix64
-from .torch import _BatchStream, _Group, _natural_key
+from .torch import _BatchStream, _Group, _expand
 
 __all__ = ["XarrayDataset"]
 
@@ -66,23 +65,6 @@ class _VarInfo:
     @property
     def channels(self):
         return int(np.prod(self.levels, dtype=np.int64)) if self.levels else 1
-
-
-def _expand_paths(spec):
-    if isinstance(spec, (str, bytes, os.PathLike)):
-        s = os.fsdecode(spec)
-        if any(c in s for c in "*?["):
-            paths = sorted(_glob.glob(s), key=_natural_key)
-            if not paths:
-                raise FileNotFoundError(f"XarrayDataset: no files match {s!r}")
-            return paths
-        return [s]
-    out = []
-    for p in spec:
-        out.extend(_expand_paths(p))
-    if not out:
-        raise ValueError("XarrayDataset: no files given")
-    return out
 
 
 def _unwrap_backend(data):
@@ -395,7 +377,7 @@ class XarrayDataset(_BatchStream):
             data = data.to_dataset()
         if isinstance(data, xr.Dataset):
             return self._discover_dataset(data, variables, sample_dim)
-        paths = _expand_paths(data)
+        paths = _expand(data)
         segs, g0, first = [], 0, None
         for p in paths:
             m = _open_meta(p, group)

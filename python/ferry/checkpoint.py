@@ -97,6 +97,21 @@ def _max_shard_bytes(max_shard_size):
     return max_bytes
 
 
+def _save_target(path, metadata, max_shard_size):
+    """What save and async_save check before anything else: (kind, path, user metadata,
+    max shard bytes, fsspec filesystem and inner path for URLs, else None, None)."""
+    kind, p = _url.split(path)
+    user_md = _save.check_user_metadata(metadata)
+    max_bytes = _max_shard_bytes(max_shard_size)
+    fs = inner = None
+    if kind == "url":
+        fs, inner = _url.filesystem(p)
+        if max_bytes is not None:
+            _io.fail("%s: sharded saves (max_shard_size) are for local paths" % p,
+                     _io.EUNSUPPORTED)
+    return kind, p, user_md, max_bytes, fs, inner
+
+
 # =============================================================================== save
 def save(state_dict, path, metadata=None, *, crc32c=False, max_shard_size=None, threads=0,
          durable=True, progress=None):
@@ -122,14 +137,8 @@ def save(state_dict, path, metadata=None, *, crc32c=False, max_shard_size=None, 
     or progress(done_bytes, total_bytes). Tensors that are the very same view of one
     storage (tied weights) are stored once and tied again by ferry's load.
     """
-    kind, p = _url.split(path)
-    user_md = _save.check_user_metadata(metadata)
-    max_bytes = _max_shard_bytes(max_shard_size)
+    kind, p, user_md, max_bytes, fs, inner = _save_target(path, metadata, max_shard_size)
     if kind == "url":
-        fs, inner = _url.filesystem(p)
-        if max_bytes is not None:
-            _io.fail("%s: sharded saves (max_shard_size) are for local paths" % p,
-                     _io.EUNSUPPORTED)
         data = save_bytes(state_dict, metadata, crc32c=crc32c, threads=threads,
                           progress=progress)
         with fs.open(inner, "wb") as f:
@@ -480,14 +489,8 @@ def async_save(state_dict, path, metadata=None, *, crc32c=False, max_shard_size=
     copies, then writes through the engine exactly like save() (the same path checks,
     made before the snapshot). future.blocked_s is how long the caller was blocked. Saves
     run one after another in submission order. Fork-safe: a child starts its own writer."""
-    kind, p = _url.split(path)
-    user_md = _save.check_user_metadata(metadata)
-    max_bytes = _max_shard_bytes(max_shard_size)
+    kind, p, user_md, max_bytes, fs, inner = _save_target(path, metadata, max_shard_size)
     if kind == "url":
-        fs, inner = _url.filesystem(p)
-        if max_bytes is not None:
-            _io.fail("%s: sharded saves (max_shard_size) are for local paths" % p,
-                     _io.EUNSUPPORTED)
 
         def write(prep):
             with _url.MemFile() as mf:

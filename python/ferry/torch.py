@@ -71,8 +71,9 @@ def _natural_key(s):
 
 
 def _expand(spec):
-    if isinstance(spec, (str, os.PathLike)):
-        s = os.fspath(spec)
+    """A glob (natural order), a path, or a list of them -> a list of paths (str)."""
+    if isinstance(spec, (str, bytes, os.PathLike)):
+        s = os.fsdecode(spec)
         if any(c in s for c in "*?["):
             paths = sorted(_glob.glob(s), key=_natural_key)
             if not paths:
