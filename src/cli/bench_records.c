@@ -13,7 +13,9 @@
  * Every batch that ferry fills is verified. GB/s are 10^9 bytes/s; CPU us per
  * record (user + system time of the process) is the steadier figure on a
  * machine shared with other work. */
+#include "cli/args.h"
 #include "cli/cli.h"
+#include <getopt.h>
 #include "common.h"
 #include <errno.h>
 #include <fcntl.h>
@@ -25,8 +27,6 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-
-int64_t ferry_parse_size(const char *s);
 
 static double now_s(void) {
     struct timespec ts;
@@ -179,23 +179,44 @@ int ferry_cli_bench_records(int argc, char **argv) {
     const char *file = "ferry-records.bin", *list = "150528,8192,4096";
     uint64_t size = 4ull << 30, count = 100000, batch = 256;
     int threads = 16, device = 0, reps = 2, failed = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (v && !strcmp(a, "--records")) { list = v; i++; }
-        else if (v && !strcmp(a, "--file")) { file = v; i++; }
-        else if (v && !strcmp(a, "--size")) { size = (uint64_t)ferry_parse_size(v); i++; }
-        else if (v && !strcmp(a, "--count")) { count = strtoull(v, NULL, 10); i++; }
-        else if (v && !strcmp(a, "--batch")) { batch = strtoull(v, NULL, 10); i++; }
-        else if (v && !strcmp(a, "--threads")) { threads = atoi(v); i++; }
-        else if (v && !strcmp(a, "--device")) { device = atoi(v); i++; }
-        else if (v && !strcmp(a, "--reps")) { reps = atoi(v) > 0 ? atoi(v) : 1; i++; }
-        else {
+    /* the same strict option parsing as every `ferry` command (args.h): a bad value
+     * or an unknown option is a message and exit status 2, never a silent default */
+    static const struct option longopts[] = {
+        {"records", required_argument, NULL, 'R'}, {"file", required_argument, NULL, 'f'},
+        {"size", required_argument, NULL, 's'},    {"count", required_argument, NULL, 'n'},
+        {"batch", required_argument, NULL, 'b'},   {"threads", required_argument, NULL, 't'},
+        {"device", required_argument, NULL, 'd'},  {"reps", required_argument, NULL, 'r'},
+        {NULL, 0, NULL, 0}};
+    int count_i = (int)count, batch_i = (int)batch;
+    optind = 0;
+    opterr = 0;
+    for (int c; (c = getopt_long(argc, argv, ":", longopts, NULL)) != -1;) {
+        int bad = 0;
+        switch (c) {
+        case 'R': list = optarg; break;
+        case 'f': file = optarg; break;
+        case 's': bad = cli_size("bench", "size", optarg, 1 << 20, &size); break;
+        case 'n': bad = cli_int("bench", "count", optarg, 1, 1 << 30, &count_i); break;
+        case 'b': bad = cli_int("bench", "batch", optarg, 1, 1 << 20, &batch_i); break;
+        case 't': bad = cli_int("bench", "threads", optarg, 1, 256, &threads); break;
+        case 'd': bad = cli_int("bench", "device", optarg, 0, 1023, &device); break;
+        case 'r': bad = cli_int("bench", "reps", optarg, 1, 1000, &reps); break;
+        default:
+            cli_bad_option("bench", c, optopt, argv[optind - 1]);
             fprintf(stderr, "usage: ferry bench --records SIZE[,SIZE...] [--file PATH] [--size N] [--count N]\n"
                             "                   [--batch N] [--threads N] [--device N] [--reps N]\n");
             return 2;
         }
+        if (bad) return 2;
     }
-    if (threads < 1 || threads > 256 || batch < 1 || count < batch) { fprintf(stderr, "ferry bench: bad --threads/--batch/--count\n"); return 2; }
+    if (optind < argc) {
+        fprintf(stderr, "ferry bench: unexpected argument \"%s\" (ferry bench --help)\n", argv[optind]);
+        return 2;
+    }
+    count = (uint64_t)count_i;
+    batch = (uint64_t)batch_i;
+    if (count < batch) { fprintf(stderr, "ferry bench: --count %llu is below --batch %llu\n",
+                                 (unsigned long long)count, (unsigned long long)batch); return 2; }
     size &= ~(uint64_t)7;
     if (make_file(file, size) != 0) { fprintf(stderr, "ferry bench: cannot write %s: %s\n", file, strerror(errno)); return 1; }
     warm(file);

@@ -36,6 +36,12 @@ def test_equals_syntax_accepted_and_runs(tmp_path):
     (("bench", "--size"), "needs a value"),
     (("bench", "--bogus"), "unknown option --bogus"),
     (("bench", "stray"), "unexpected argument"),
+    # the small-record benchmark parses as strictly (it took "--reps abc" as 1 before)
+    (("bench", "--records", "4096", "--reps", "abc"), "--reps: \"abc\""),
+    (("bench", "--records=4096", "--threads=0"), "--threads"),
+    (("bench", "--records", "4096", "--device", "x"), "--device"),
+    (("bench", "--records", "4096", "--count", "10", "--batch", "20"), "below --batch"),
+    (("bench", "--records", "4096", "--bogus"), "unknown option --bogus"),
     (("info", "--bogus", "x"), "unknown option --bogus"),
     (("info", "-q"), "unknown option -q"),
     (("frobnicate",), "unknown command"),
