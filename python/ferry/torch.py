@@ -1247,8 +1247,8 @@ class _BatchStream(IterableDataset):
     def _stage_ahead(self, rt, g, retiring):
         """Issue the next group's host-to-device copies and casts now, on ferry's stream,
         when its reads are already done (no host wait): the consumer then finds them done
-        when it gets there, instead of waiting for a copy issued just before its step (the
-        H200's 2.9 ms step fed by pinned 38.5 MB batches idled 8 %, ~0.7 ms a copy).
+        when it gets there, instead of waiting for a copy issued just before its step (a
+        pinned 38.5 MB batch is ~0.7 ms of copy at 55 GB/s, against a 2.9 ms step).
         Groups that need none of that (engine staging: the engine's copies are in flight
         already) are left to _handoff."""
         if getattr(g, "staged", None) is not None or not self._needs_side_stream(g):
