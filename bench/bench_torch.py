@@ -624,16 +624,23 @@ def main():
         if args.kinds == "image,row":
             args.kinds = "files,tokens"
     new_kinds = {"files": bench_files, "tokens": bench_tokens}
-    if set(args.kinds.split(",")) <= set(new_kinds):
+    kinds = [k for k in args.kinds.split(",") if k]
+    bad = [k for k in kinds if k not in new_kinds and k not in KINDS]
+    if bad:
+        sys.exit(f"bench_torch: unknown kinds {bad} (known: {sorted(KINDS) + sorted(new_kinds)})")
+    if any(k in new_kinds for k in kinds):     # files/tokens first, then the image/row kinds
         os.makedirs(args.dir, exist_ok=True)
         rows = []
         print(f"# {torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'} "
               f"torch {torch.__version__} cpus {os.cpu_count()} {time.strftime('%Y-%m-%d %H:%M')}",
               flush=True)
-        for kind in args.kinds.split(","):
-            new_kinds[kind](args, rows)
+        for kind in kinds:
+            if kind in new_kinds:
+                new_kinds[kind](args, rows)
         _print_rows(rows)
-        return
+        args.kinds = ",".join(k for k in kinds if k in KINDS)
+        if not args.kinds:
+            return
     if not torch.cuda.is_available():
         sys.exit("bench_torch: needs a CUDA GPU")
     if args.rss_probe:
