@@ -106,8 +106,12 @@ static int add_task(ferry_job *j, size_t *cap, uint32_t ext, uint32_t n, uint64_
  * O_DIRECT policy ON keeps them one task each, where alignment decides). */
 #define PACK_MAX_EXTENT (1u << 20)
 
+/* FERRY_EXTENT_NOFOLLOW reads (every chunk of a store) pack too: a pack opens
+ * each file through ferry_path_file, which keeps the no-follow open and its
+ * root, and a run never joins extents opened differently (pack.c). */
 static int packable(const ferry_job *j, const ferry_extent *e, size_t staging) {
-    if (e->kind != FERRY_EXTENT_READ || e->place || e->ncodecs || e->flags || e->length == 0) return 0;
+    if (e->kind != FERRY_EXTENT_READ || e->place || e->ncodecs || e->length == 0) return 0;
+    if (e->flags & ~(unsigned)FERRY_EXTENT_NOFOLLOW) return 0;   /* MISSING_FILLS: filled per extent (exec.c) */
     if (j->direct == FERRY_DIRECT_ON || e->length > PACK_MAX_EXTENT) return 0;
     return e->dst.kind == FERRY_MEM_HOST || e->length <= staging;
 }

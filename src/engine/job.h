@@ -29,9 +29,10 @@
  *     cuMemcpyHtoDAsync per contiguous destination run, or, when the runs are
  *     many, one copy of the packed bytes into device scratch and one scatter
  *     kernel (ferry_cuda_scatter); then the buffer's event is recorded.
- *     ferry_pack_scratch(w, d, i) is that device copy of staging buffer i:
- *     a decode stage can copy packed compressed bytes there without placing
- *     them (dst 0) and decode from device memory. */
+ *     ferry_pack_scratch(w, d, i) is that device copy of staging buffer i.
+ *     Bytes reserved but not placed (dst 0) are not copied by the flush: a
+ *     decode stage that wants packed compressed bytes on the device copies
+ *     them into the scratch itself. */
 typedef struct ferry_task {
     uint32_t ext;                 /* index into job->ext (first extent of a pack) */
     uint32_t n;                   /* extents in the task: 1, or >= 2 for a pack */

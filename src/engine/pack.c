@@ -38,6 +38,16 @@ static int short_read(const ferry_extent *e, ferry_file *f, uint64_t off, uint64
     return pack_error(FERRY_ESHORT, e, f, off);
 }
 
+/* Two extents by the same path name the same open file only when they are
+ * opened the same way: a FERRY_EXTENT_NOFOLLOW read under one root may not
+ * borrow a file opened under another (or opened following links), or the
+ * no-follow guarantee of the second is lost. */
+static int same_opening(const ferry_extent *a, const ferry_extent *b) {
+    if ((a->flags ^ b->flags) & FERRY_EXTENT_NOFOLLOW) return 0;
+    if (!(a->flags & FERRY_EXTENT_NOFOLLOW) || a->root == b->root) return 1;
+    return a->root && b->root && strcmp(a->root, b->root) == 0;
+}
+
 /* How many extents from k on form one run of file f: adjacent in the file,
  * at most max_n of them and max_bytes in all (at least one). */
 static size_t file_run(const ferry_job *j, size_t k, size_t end, ferry_file *f, size_t max_n, uint64_t max_bytes,
@@ -48,7 +58,7 @@ static size_t file_run(const ferry_job *j, size_t k, size_t end, ferry_file *f, 
     while (m < end && m - k < max_n) {
         const ferry_extent *x = &j->ext[m];
         if (x->file != e->file || (x->file == NULL && strcmp(x->path, e->path) != 0)) break;
-        if ((x->flags ^ e->flags) & FERRY_EXTENT_NOFOLLOW) break;   /* opened differently */
+        if (!same_opening(x, e)) break;   /* opened differently: another file for all we know */
         if (x->offset != j->ext[m - 1].offset + j->ext[m - 1].length || b + x->length > max_bytes) break;
         b += x->length;
         m++;
@@ -178,10 +188,6 @@ int ferry_pack_flush(ferry_worker *w, ferry_job *j, int d) {
         if (!e) e = cu->MemcpyHtoDAsync(ds->dtab[i], tab, n * sizeof *tab, ds->stream);
         if (e) return ferry_seterr(FERRY_ECUDA, "cuMemcpyHtoDAsync: %s", ferry_cuda_errstr(e));
         if ((rc = ferry_cuda_scatter(d, scratch, ds->dtab[i], n, ds->stream)) < 0) return rc;
-    } else if (n == 0) {   /* bytes without placements: into scratch (a decode stage's input) */
-        CUdeviceptr scratch;
-        if ((rc = ferry_pack_scratch(w, d, i, &scratch)) < 0) return rc;
-        e = cu->MemcpyHtoDAsync(scratch, w->stage[i], w->pack_pos, ds->stream);
     } else {
         for (uint32_t k = 0; k < n && !e; k++)
             e = cu->MemcpyHtoDAsync((CUdeviceptr)tab[k].dst, w->stage[i] + tab[k].src, tab[k].len, ds->stream);

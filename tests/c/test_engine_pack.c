@@ -8,6 +8,7 @@
 #include "pack_check.h"
 #include "engine/engine.h"
 #include <errno.h>
+#include <limits.h>
 #include <sys/stat.h>
 
 static char dir_[256];
@@ -134,6 +135,82 @@ static void test_short_record_names_file(void) {
     ferry_ctx_destroy(ctx);
 }
 
+static ferry_extent nofollow_ext(const char *path, const char *root, uint64_t off, uint64_t len, uint8_t *mem,
+                                 uint64_t cap, uint64_t dst_off) {
+    ferry_extent e;
+    memset(&e, 0, sizeof e);
+    e.kind = FERRY_EXTENT_READ;
+    e.path = path;
+    e.flags = FERRY_EXTENT_NOFOLLOW;
+    e.root = root;
+    e.offset = off;
+    e.length = e.decoded_size = len;
+    e.dst = ferry_host_buf(mem, cap);
+    e.dst_offset = dst_off;
+    return e;
+}
+
+/* FERRY_EXTENT_NOFOLLOW reads (every Zarr chunk) pack: byte-exact, cut by
+ * bytes (they were one task each), and still no-follow: a symlink leading out
+ * of the root fails the pack naming it, and a run of one file never lends an
+ * opening under one root to an extent under another. */
+static void test_nofollow_records_pack(void) {
+    char root[PATH_MAX], sub[PATH_MAX + 8], up[PATH_MAX + 16], out[PATH_MAX + 16];
+    CHECK(realpath(dir_, root) != NULL);
+    ferry_ctx *ctx = make_ctx(3, 64 << 10);
+    pk_set s = files_;
+    pk_make(&s, 3000, 1, 20000, 77);
+    uint8_t *mem = malloc(s.dst_size);
+    memset(mem, 0xEE, s.dst_size);
+    ferry_plan *p;
+    ferry_plan_create(&p);
+    CHECK_EQ_I(pk_plan_nofollow(&s, p, root, ferry_host_buf(mem, s.dst_size)), 0);
+    ferry_stats_reset(ctx);
+    CHECK_EQ_I(ferry_run(ctx, p, NULL), (int64_t)pk_bytes(&s));
+    CHECK(pk_verify(&s, mem));
+    ferry_stats st;
+    ferry_stats_get(ctx, &st);
+    CHECK(st.path[FERRY_PATH_HOST].ops * 8 <= s.n);   /* packed, not one task per record */
+    /* sub/up -> ../rec0.bin resolves under root, not under root/sub */
+    snprintf(sub, sizeof sub, "%s/sub", root);
+    snprintf(up, sizeof up, "%s/up", sub);
+    snprintf(out, sizeof out, "%s/out", root);
+    mkdir(sub, 0755);
+    CHECK(symlink("../rec0.bin", up) == 0);
+    CHECK(symlink("/etc/hostname", out) == 0);
+    ferry_plan_clear(p);
+    for (int i = 0; i < 40; i++) {
+        ferry_extent e = nofollow_ext(i % 2 ? up : files_.path[1], root, (uint64_t)i * 1000, 1000, mem, s.dst_size, (uint64_t)i * 1000);
+        ferry_plan_add(p, &e);
+    }
+    memset(mem, 0, 40000);
+    CHECK_EQ_I(ferry_run(ctx, p, NULL), 40000);   /* a link inside the root is followed */
+    int ok = 1;
+    for (int i = 0; i < 40000 && ok; i++) ok = mem[i] == pk_byte((i / 1000) % 2 ? 0 : 1, (uint64_t)i);
+    CHECK(ok);
+    /* adjacent in one file, the second under a root the link leads out of */
+    ferry_plan_clear(p);
+    for (int i = 0; i < 40; i++) {
+        ferry_extent e = nofollow_ext(up, i < 20 ? root : sub, (uint64_t)i * 1000, 1000, mem, s.dst_size, (uint64_t)i * 1000);
+        ferry_plan_add(p, &e);
+    }
+    CHECK_EQ_I(ferry_run(ctx, p, NULL), -EACCES);
+    CHECK_STR_CONTAINS(ferry_errmsg(ctx), up);
+    /* a link out of the root in the middle of a pack */
+    ferry_plan_clear(p);
+    for (int i = 0; i < 40; i++) {
+        ferry_extent e = nofollow_ext(i == 17 ? out : files_.path[2], root, (uint64_t)i * 10, 10, mem, s.dst_size, (uint64_t)i * 10);
+        ferry_plan_add(p, &e);
+    }
+    CHECK_EQ_I(ferry_run(ctx, p, NULL), -EACCES);
+    CHECK_STR_CONTAINS(ferry_errmsg(ctx), out);
+    CHECK_STR_CONTAINS(ferry_errmsg(ctx), "outside the store");
+    ferry_plan_destroy(p);
+    free(mem);
+    free(s.r);
+    ferry_ctx_destroy(ctx);
+}
+
 int main(void) {
     snprintf(dir_, sizeof dir_, "%s/ferry-pack-XXXXXX", getenv("FERRY_TEST_DIR") ? getenv("FERRY_TEST_DIR") : "/tmp");
     if (!mkdtemp(dir_)) return 1;
@@ -146,6 +223,7 @@ int main(void) {
     RUN(test_seeds);
     RUN(test_short_record_names_file);
     RUN(test_small_batch_uses_the_pool);
+    RUN(test_nofollow_records_pack);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir_);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir_);

@@ -7,6 +7,7 @@
 #include "pack_check.h"
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -276,6 +277,7 @@ static long sim_count(const char *what, int dev) {
  * byte-exact, with destinations in order (one copy per staging buffer),
  * shuffled with gaps and adjacent in the file but scattered (one copy into
  * device scratch and one scatter kernel per staging buffer). */
+static int packed_nofollow_;   /* 1: the records as FERRY_EXTENT_NOFOLLOW reads (a store's chunks) */
 static void packed_records(int mode, size_t n, uint64_t max_len, uint64_t seed) {
     pk_set s;
     memset(&s, 0, sizeof s);
@@ -295,7 +297,9 @@ static void packed_records(int mode, size_t n, uint64_t max_len, uint64_t seed) 
     ferry_memcpy(ctx_, ferry_cuda_buf(0, d, s.dst_size), ferry_host_buf(h, s.dst_size), s.dst_size);
     ferry_plan *p;
     ferry_plan_create(&p);
-    CHECK_EQ_I(pk_plan(&s, p, f, ferry_cuda_buf(0, d, s.dst_size)), 0);
+    char root[PATH_MAX];
+    if (packed_nofollow_ && realpath(sub, root)) CHECK_EQ_I(pk_plan_nofollow(&s, p, root, ferry_cuda_buf(0, d, s.dst_size)), 0);
+    else CHECK_EQ_I(pk_plan(&s, p, f, ferry_cuda_buf(0, d, s.dst_size)), 0);
     long c0 = sim_count("htod_copies", 0), l0 = sim_count("launches", 0);
     ferry_stats_reset(ctx_);
     ferry_run_opts o = {.path = FERRY_PATH_STAGED, .threads = 0, .flags = 0};
@@ -371,6 +375,13 @@ static void test_packed_in_order(void) { packed_records(0, 3000, 20000, 11); }
 static void test_packed_shuffled(void) { packed_records(1, 3000, 20000, 12); }
 static void test_packed_file_runs(void) { packed_records(2, 4000, 5000, 13); }
 static void test_packed_tiny(void) { packed_records(1, 6000, 16, 14); }
+/* store chunks (no-follow reads by path) pack into device memory too */
+static void test_packed_nofollow(void) {
+    packed_nofollow_ = 1;
+    packed_records(1, 3000, 20000, 15);
+    packed_records(0, 2000, 9000, 16);
+    packed_nofollow_ = 0;
+}
 static void test_packed_seeds(void) {
     for (uint64_t seed = 20; seed < 32; seed++) packed_records((int)(seed % 3), 200, 1 + seed * 3001, seed);
 }
@@ -520,6 +531,7 @@ int main(void) {
     RUN(test_packed_file_runs);
     RUN(test_packed_tiny);
     RUN(test_packed_seeds);
+    RUN(test_packed_nofollow);
     RUN(test_npy_batch_device);
     RUN(test_device_resolved_once);
     RUN(test_big);
