@@ -10,6 +10,9 @@
  *     scattered in a random order (one copy into device scratch, then one
  *     scatter kernel);
  *   - pinned host-to-device copies (the copy limit).
+ * With --cold every measurement starts with the file dropped from the page
+ * cache (posix_fadvise DONTNEED): shuffled records read cold, where ferry's
+ * readahead hints (FERRY_READAHEAD, src/engine/pack.c) are measured.
  * Every batch that ferry fills is verified. GB/s are 10^9 bytes/s; CPU us per
  * record (user + system time of the process) is the steadier figure on a
  * machine shared with other work. */
@@ -78,6 +81,15 @@ static void warm(const char *path) {
     if (fd < 0) return;
     static uint8_t b[1 << 20];
     while (read(fd, b, sizeof b) > 0) {}
+    close(fd);
+}
+
+/* the file out of the page cache (clean pages: no root needed) */
+static void drop(const char *path) {
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return;
+    fdatasync(fd);
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
     close(fd);
 }
 
@@ -178,7 +190,7 @@ static void print_row(const char *what, uint64_t bytes, uint64_t n, double dt, d
 int ferry_cli_bench_records(int argc, char **argv) {
     const char *file = "ferry-records.bin", *list = "150528,8192,4096";
     uint64_t size = 4ull << 30, count = 100000, batch = 256;
-    int threads = 16, device = 0, reps = 2, failed = 0;
+    int threads = 16, device = 0, reps = 2, failed = 0, cold = 0;
     /* the same strict option parsing as every `ferry` command (args.h): a bad value
      * or an unknown option is a message and exit status 2, never a silent default */
     static const struct option longopts[] = {
@@ -186,7 +198,7 @@ int ferry_cli_bench_records(int argc, char **argv) {
         {"size", required_argument, NULL, 's'},    {"count", required_argument, NULL, 'n'},
         {"batch", required_argument, NULL, 'b'},   {"threads", required_argument, NULL, 't'},
         {"device", required_argument, NULL, 'd'},  {"reps", required_argument, NULL, 'r'},
-        {NULL, 0, NULL, 0}};
+        {"cold", no_argument, NULL, 'C'},          {NULL, 0, NULL, 0}};
     int count_i = (int)count, batch_i = (int)batch;
     optind = 0;
     opterr = 0;
@@ -201,10 +213,11 @@ int ferry_cli_bench_records(int argc, char **argv) {
         case 't': bad = cli_int("bench", "threads", optarg, 1, 256, &threads); break;
         case 'd': bad = cli_int("bench", "device", optarg, 0, 1023, &device); break;
         case 'r': bad = cli_int("bench", "reps", optarg, 1, 1000, &reps); break;
+        case 'C': cold = 1; break;
         default:
             cli_bad_option("bench", c, optopt, argv[optind - 1]);
             fprintf(stderr, "usage: ferry bench --records SIZE[,SIZE...] [--file PATH] [--size N] [--count N]\n"
-                            "                   [--batch N] [--threads N] [--device N] [--reps N]\n");
+                            "                   [--batch N] [--threads N] [--device N] [--reps N] [--cold]\n");
             return 2;
         }
         if (bad) return 2;
@@ -219,15 +232,16 @@ int ferry_cli_bench_records(int argc, char **argv) {
                                  (unsigned long long)count, (unsigned long long)batch); return 2; }
     size &= ~(uint64_t)7;
     if (make_file(file, size) != 0) { fprintf(stderr, "ferry bench: cannot write %s: %s\n", file, strerror(errno)); return 1; }
-    warm(file);
+    if (!cold) warm(file);
     ferry_ctx *ctx;
     if (ferry_ctx_create(&ctx, NULL) != 0) { fprintf(stderr, "ferry bench: %s\n", ferry_errmsg(NULL)); return 1; }
     ferry_config cfg;
     ferry_ctx_config(ctx, &cfg);
     int gpu = ferry_cuda_device_count(ctx) > device;
-    printf("ferry bench --records: %s, %.2f GB page-cached, %llu random records per size, batches of %llu,\n"
+    printf("ferry bench --records: %s, %.2f GB %s, %llu random records per size, batches of %llu,\n"
            "  raw limit with %d threads; ferry with %d threads, staging %d x %zu KiB; best of %d\n",
-           file, size / 1e9, (unsigned long long)count, (unsigned long long)batch, threads, cfg.threads,
+           file, size / 1e9, cold ? "dropped from the page cache before each measurement" : "page-cached",
+           (unsigned long long)count, (unsigned long long)batch, threads, cfg.threads,
            cfg.staging_count, cfg.staging_size >> 10, reps);
     ferry_file *f;
     if (ferry_file_open(ctx, file, FERRY_READ, &f) != 0) { fprintf(stderr, "ferry bench: %s\n", ferry_errmsg(ctx)); return 1; }
@@ -260,6 +274,7 @@ int ferry_cli_bench_records(int argc, char **argv) {
         printf(" records of %llu bytes (%.2f GB per pass):\n", (unsigned long long)rec, bytes / 1e9);
         double lim = 1e9, lim_cpu = 0;
         for (int r = 0; r < reps; r++) {
+            if (cold) drop(file);
             double dt = raw_records(file, offs, n, rec, threads);
             if (dt > 0 && dt < lim) { lim = dt; lim_cpu = cpu_used_; }
         }
@@ -286,6 +301,7 @@ int ferry_cli_bench_records(int argc, char **argv) {
             double best = -1, best_cpu = 0;
             char why[512] = "";
             for (int r = 0; ok && r < reps; r++) {
+                if (cold) drop(file);
                 double dt = ferry_records(ctx, f, offs, n, rec, batch, bufs, mode == 2, check, why, sizeof why);
                 if (dt == -2) failed = 1;
                 if (dt > 0 && (best < 0 || dt < best)) { best = dt; best_cpu = cpu_used_; }

@@ -175,6 +175,18 @@ static int make_tasks(ferry_job *j, size_t task_size, size_t staging) {
     return 0;
 }
 
+/* FERRY_READAHEAD (read per job: tests and benchmarks switch it in one
+ * process), unless the context ignores the environment. */
+static int readahead_policy(const ferry_ctx *ctx, int *out) {
+    const char *s = ctx->cfg.no_env ? NULL : getenv("FERRY_READAHEAD");
+    *out = FERRY_READAHEAD_AUTO;
+    if (!s || !strcmp(s, "auto")) return 0;
+    if (!strcmp(s, "off") || !strcmp(s, "0")) *out = FERRY_READAHEAD_OFF;
+    else if (!strcmp(s, "on") || !strcmp(s, "1")) *out = FERRY_READAHEAD_ON;
+    else return ferry_seterr(FERRY_EINVAL, "FERRY_READAHEAD=\"%s\": use auto, on or off", s);
+    return 0;
+}
+
 /* Build a job from a plan: own copies, resolved pointers, merged extents. */
 static int job_build(ferry_ctx *ctx, const ferry_plan *plan, const ferry_run_opts *opts, ferry_job **out) {
     ferry_job *j = calloc(1, sizeof *j);
@@ -185,6 +197,7 @@ static int job_build(ferry_ctx *ctx, const ferry_plan *plan, const ferry_run_opt
     j->id = atomic_fetch_add(&ctx->next_job_id, 1) + 1;
     j->flags = opts ? opts->flags : 0;
     j->direct = (j->flags & FERRY_NO_DIRECT) ? FERRY_DIRECT_OFF : ctx->cfg.direct;
+    if (readahead_policy(ctx, &j->readahead) < 0) { job_free(j); return FERRY_EINVAL; }
     j->max_workers = opts && opts->threads > 0 ? opts->threads : ctx->cfg.threads;
     if (j->max_workers > ctx->cfg.threads) j->max_workers = ctx->cfg.threads;
     size_t n = plan->n;

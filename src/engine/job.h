@@ -64,6 +64,7 @@ struct ferry_job {
     unsigned flags;               /* FERRY_SYNC, FERRY_NO_DIRECT */
     int direct;                   /* ferry_direct policy for this job */
     int allow_short;              /* ferry_pread: EOF ends the read, not an error */
+    int readahead;                /* FERRY_READAHEAD_*: hints for cold packed records (pack.c) */
     int max_workers, active_workers; /* per-call thread limit (under ctx->lock) */
     _Atomic uint64_t worker_mask[FERRY_MAX_WORKERS / 64]; /* workers that enqueued device work */
     _Atomic uint32_t dev_mask;    /* devices with enqueued work */
@@ -72,6 +73,10 @@ struct ferry_job {
     struct ferry_job *qnext;      /* context queue link */
     struct ferry_gpudecode_job *gpu; /* gpudecode.c: batches of chunks decoded by nvCOMP, or NULL */
 };
+
+/* FERRY_READAHEAD=off|auto|on (auto: hint a pack's records when its first
+ * one is not in the page cache; pack.c says why). */
+enum { FERRY_READAHEAD_OFF = 0, FERRY_READAHEAD_AUTO = 1, FERRY_READAHEAD_ON = 2 };
 
 double ferry_now(void);
 /* Record the job's first error (code and the thread's message). */

@@ -60,6 +60,7 @@ typedef struct ferry_worker {
     const char *pathfile_root;            /* ... opened NOFOLLOW (pathfile_nofollow) under this root */
     int pathfile_nofollow;
     int is_inline;
+    uint64_t hinted;                      /* cold records announced with WILLNEED (pack.c; tests read it) */
     struct ferry_gpudecode_worker *gpu; /* gpudecode.c: its pinned/device buffers, or NULL */
 } ferry_worker;
 
