@@ -15,6 +15,7 @@ void ferry_pool_run_task(ferry_worker *w, ferry_job *job, size_t t, void (*relea
     }
     if (release) release(job);
     if (finished) ferry_task_finished(job);
+    ferry_worker_poll(w);   /* earlier tasks' copies that have passed complete now, not staging_count packs later */
 }
 
 void ferry_pool_unlink(ferry_ctx *ctx, ferry_job *job) {

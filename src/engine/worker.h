@@ -81,6 +81,8 @@ void ferry_worker_completed(ferry_worker *w, int d, uint64_t seq);
 int ferry_worker_defer(ferry_worker *w, ferry_job *job, int d);
 /* The worker has no job: let go of the file it held. */
 void ferry_worker_idle(ferry_worker *w);
+/* Complete the pending tasks whose device work has passed (never waits). */
+void ferry_worker_poll(ferry_worker *w);
 /* Complete every pending device task of w (wait for its streams). */
 void ferry_worker_drain(ferry_worker *w);
 

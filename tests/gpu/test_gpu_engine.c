@@ -375,6 +375,48 @@ static void test_packed_in_order(void) { packed_records(0, 3000, 20000, 11); }
 static void test_packed_shuffled(void) { packed_records(1, 3000, 20000, 12); }
 static void test_packed_file_runs(void) { packed_records(2, 4000, 5000, 13); }
 static void test_packed_tiny(void) { packed_records(1, 6000, 16, 14); }
+/* A batch's device copies complete while its workers go on with the next
+ * job: the workers look at their events between tasks. They used to notice
+ * only when they waited for that staging buffer again or ran out of work, so
+ * a batch of records was done only after the job behind it (here 256 MiB of
+ * host reads on the same two workers). */
+static void test_packed_completes_between_tasks(void) {
+    ferry_config c;
+    ferry_config_init(&c);
+    c.threads = 2;
+    c.no_env = 1;
+    ferry_ctx *ctx;
+    CHECK_EQ_I(ferry_ctx_create(&ctx, &c), 0);
+    ferry_file *f;
+    CHECK_EQ_I(ferry_file_open(ctx, path_, FERRY_READ, &f), 0);
+    uintptr_t d;
+    CHECK_EQ_I(ferry_cuda_malloc(ctx, 0, 100 * 4096, &d), 0);
+    uint64_t big = 4 * (uint64_t)fsize_;
+    uint8_t *host = malloc(big);
+    ferry_plan *pa, *pb;
+    ferry_plan_create(&pa);
+    ferry_plan_create(&pb);
+    for (int i = 0; i < 100; i++)
+        ferry_plan_read(pa, f, (uint64_t)(i * 7919 % 1000) * 8192, 4096, ferry_cuda_buf(0, d, 100 * 4096), (uint64_t)i * 4096);
+    for (int k = 0; k < 4; k++) ferry_plan_read(pb, f, 0, fsize_, ferry_host_buf(host, big), (uint64_t)k * fsize_);
+    ferry_run_opts o = {.path = FERRY_PATH_STAGED, .threads = 0, .flags = 0};
+    ferry_job *a, *b;
+    CHECK_EQ_I(ferry_submit(ctx, pa, &o, &a), 0);
+    CHECK_EQ_I(ferry_submit(ctx, pb, NULL, &b), 0);
+    CHECK_EQ_I(ferry_job_wait(a, -1), 100 * 4096);
+    CHECK(!ferry_job_done(b));
+    CHECK_EQ_I(ferry_job_wait(b, -1), (int64_t)big);
+    for (int i = 0; i < 100; i += 9) CHECK(check_device(d, (uint64_t)i * 4096, 4096, (uint64_t)(i * 7919 % 1000) * 8192));
+    ferry_job_destroy(a);
+    ferry_job_destroy(b);
+    ferry_plan_destroy(pa);
+    ferry_plan_destroy(pb);
+    free(host);
+    ferry_cuda_free(ctx, d);
+    ferry_file_close(f);
+    ferry_ctx_destroy(ctx);
+}
+
 /* store chunks (no-follow reads by path) pack into device memory too */
 static void test_packed_nofollow(void) {
     packed_nofollow_ = 1;
@@ -532,6 +574,7 @@ int main(void) {
     RUN(test_packed_tiny);
     RUN(test_packed_seeds);
     RUN(test_packed_nofollow);
+    RUN(test_packed_completes_between_tasks);
     RUN(test_npy_batch_device);
     RUN(test_device_resolved_once);
     RUN(test_big);
