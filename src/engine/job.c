@@ -102,6 +102,23 @@ static int add_task(ferry_job *j, size_t *cap, uint32_t ext, uint32_t n, uint64_
     return 0;
 }
 
+/* FERRY_PACK_MIN (default 64 KiB, read per job): the least bytes of a pack
+ * task. Larger packs mean fewer claims and, into device memory, fewer and
+ * larger host-to-device copies (each has a fixed cost of microseconds), but
+ * fewer tasks per batch for the workers to share: an experiment for the H200
+ * (bench/bench_records.py runs 256K beside the default), the default moves
+ * only with its numbers. */
+static int pack_min_policy(const ferry_ctx *ctx, uint64_t *out) {
+    const char *s = ctx->cfg.no_env ? NULL : getenv("FERRY_PACK_MIN");
+    *out = 64u << 10;
+    if (!s) return 0;
+    int64_t v = ferry_parse_size(s);
+    if (v < 4096 || v > (1ll << 30))
+        return ferry_seterr(FERRY_EINVAL, "FERRY_PACK_MIN=\"%s\": a size from 4K to 1G", s);
+    *out = (uint64_t)v;
+    return 0;
+}
+
 /* Records up to this size are packed (AUTO reads them buffered anyway; the
  * O_DIRECT policy ON keeps them one task each, where alignment decides). */
 #define PACK_MAX_EXTENT (1u << 20)
@@ -133,7 +150,7 @@ static int make_tasks(ferry_job *j, size_t task_size, size_t staging) {
     for (size_t i = 0; i < j->next; i++)
         if (!ferry_gpudecode_owns(j, i) && packable(j, &j->ext[i], staging)) packed += j->ext[i].length;
     uint64_t pack = packed / (2 * (uint64_t)(j->max_workers > 0 ? j->max_workers : 1));
-    if (pack < (64u << 10)) pack = 64u << 10;
+    if (pack < j->pack_min) pack = j->pack_min;
     if (pack > task_size) pack = task_size;
     for (size_t i = 0; i < j->next;) {
         const ferry_extent *e = &j->ext[i];
@@ -197,7 +214,10 @@ static int job_build(ferry_ctx *ctx, const ferry_plan *plan, const ferry_run_opt
     j->id = atomic_fetch_add(&ctx->next_job_id, 1) + 1;
     j->flags = opts ? opts->flags : 0;
     j->direct = (j->flags & FERRY_NO_DIRECT) ? FERRY_DIRECT_OFF : ctx->cfg.direct;
-    if (readahead_policy(ctx, &j->readahead) < 0) { job_free(j); return FERRY_EINVAL; }
+    if (readahead_policy(ctx, &j->readahead) < 0 || pack_min_policy(ctx, &j->pack_min) < 0) {
+        job_free(j);
+        return FERRY_EINVAL;
+    }
     j->max_workers = opts && opts->threads > 0 ? opts->threads : ctx->cfg.threads;
     if (j->max_workers > ctx->cfg.threads) j->max_workers = ctx->cfg.threads;
     size_t n = plan->n;

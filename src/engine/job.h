@@ -65,6 +65,7 @@ struct ferry_job {
     int direct;                   /* ferry_direct policy for this job */
     int allow_short;              /* ferry_pread: EOF ends the read, not an error */
     int readahead;                /* FERRY_READAHEAD_*: hints for cold packed records (pack.c) */
+    uint64_t pack_min;            /* least bytes of a pack task (FERRY_PACK_MIN, job.c) */
     int max_workers, active_workers; /* per-call thread limit (under ctx->lock) */
     _Atomic uint64_t worker_mask[FERRY_MAX_WORKERS / 64]; /* workers that enqueued device work */
     _Atomic uint32_t dev_mask;    /* devices with enqueued work */

@@ -280,6 +280,40 @@ static void test_cold_records_hinted(void) {
     free(s.r);
 }
 
+/* FERRY_PACK_MIN sets the least bytes of a pack task: 512 records of 4 KiB
+ * over 16 workers are 32 tasks by default, 4 with 512K; a bad value is an
+ * error naming the variable. */
+static void test_pack_min(void) {
+    ferry_file *f;
+    uint8_t *mem = malloc(512 * 4096);
+    ferry_plan *p;
+    ferry_plan_create(&p);
+    static const char *vals[] = {NULL, "512K", "1"};
+    for (int v = 0; v < 3; v++) {
+        if (vals[v]) setenv("FERRY_PACK_MIN", vals[v], 1); else unsetenv("FERRY_PACK_MIN");
+        ferry_ctx *ctx = make_ctx_env(16, 64 << 10, 0);
+        CHECK_EQ_I(ferry_file_open(ctx, files_.path[4], FERRY_READ, &f), 0);
+        ferry_plan_clear(p);
+        for (int i = 0; i < 512; i++)
+            ferry_plan_read(p, f, (uint64_t)(i * 7919 % 90) * 4096, 4096, ferry_host_buf(mem, 512 * 4096), (uint64_t)i * 4096);
+        ferry_stats_reset(ctx);
+        int64_t r = ferry_run(ctx, p, NULL);
+        ferry_stats st;
+        ferry_stats_get(ctx, &st);
+        if (v == 0) { CHECK_EQ_I(r, 512 * 4096); CHECK_EQ_I(st.path[FERRY_PATH_HOST].ops, 32); }
+        if (v == 1) { CHECK_EQ_I(r, 512 * 4096); CHECK_EQ_I(st.path[FERRY_PATH_HOST].ops, 4); }
+        if (v == 2) { CHECK_EQ_I(r, FERRY_EINVAL); CHECK_STR_CONTAINS(ferry_errmsg(ctx), "FERRY_PACK_MIN"); }
+        int ok = 1;
+        for (int i = 0; i < 512 && ok && v < 2; i++) ok = mem[i * 4096 + 7] == pk_byte(4, (uint64_t)(i * 7919 % 90) * 4096 + 7);
+        CHECK(ok);
+        ferry_file_close(f);
+        ferry_ctx_destroy(ctx);
+    }
+    unsetenv("FERRY_PACK_MIN");
+    ferry_plan_destroy(p);
+    free(mem);
+}
+
 int main(void) {
     snprintf(dir_, sizeof dir_, "%s/ferry-pack-XXXXXX", getenv("FERRY_TEST_DIR") ? getenv("FERRY_TEST_DIR") : "/tmp");
     if (!mkdtemp(dir_)) return 1;
@@ -294,6 +328,7 @@ int main(void) {
     RUN(test_small_batch_uses_the_pool);
     RUN(test_nofollow_records_pack);
     RUN(test_cold_records_hinted);
+    RUN(test_pack_min);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir_);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir_);
