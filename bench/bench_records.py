@@ -9,7 +9,8 @@
    staging, one copy per staging buffer) and scattered (one copy plus one scatter
    kernel per staging buffer), and the pinned host-to-device copy limit. Every batch
    ferry fills is verified there. Runs: 2 batches in flight and 5 (the datasets'
-   prefetch=4), FERRY_PACK_MIN=256K for the small records, and --cold-count records
+   prefetch=4), FERRY_PACK_MIN=256K for the small records, FERRY_SPIN_US=50 (idle
+   workers spin before they sleep), and --cold-count records
    read cold (dropped from the page cache) with FERRY_READAHEAD=auto and off.
    --event-sync both adds each run with FERRY_EVENT_SYNC=blocking.
 2. ferry.read(path, device="cpu") of a --gib GiB .npy into memory ferry allocates
@@ -43,12 +44,14 @@ def records(a) -> int:
             "--size", f"{int(a.gib * (1 << 30))}", "--count", str(a.count), "--reps", str(a.reps)]
     # (environment, extra arguments): the default at 2 batches in flight (the rows of
     # BENCHMARKS.md so far), at the datasets' depth (prefetch=4: 5 batches), larger pack
-    # tasks for the small records (fewer, larger host-to-device copies), and the same
+    # tasks for the small records (fewer, larger host-to-device copies), idle workers
+    # spinning 50 us before they sleep (no vCPU wake-up between batches), and the same
     # records cold with ferry's readahead hints and without
     runs = [({}, ["--depth", "2"]), ({}, ["--depth", "5"])]
     if not a.smoke:
         small = ",".join(r for r in a.records.split(",") if int(r) <= 65536) or a.records
         runs.append(({"FERRY_PACK_MIN": "256K"}, ["--depth", "2", "--records", small]))
+        runs.append(({"FERRY_SPIN_US": "50"}, ["--depth", "2"]))
         cold = ["--cold", "--count", str(a.cold_count), "--records", a.cold_records]
         runs += [({"FERRY_READAHEAD": "auto"}, cold), ({"FERRY_READAHEAD": "off"}, cold)]
     rc = 0

@@ -15,6 +15,8 @@ struct ferry_ctx {
     pthread_mutex_t lock;
     pthread_cond_t work_cond;
     ferry_job *q_head, *q_tail;   /* jobs with tasks left to claim */
+    _Atomic unsigned work_gen;    /* bumped by every enqueue: what idle workers spin on (pool.c) */
+    int spin_us;                  /* FERRY_SPIN_US: how long an idle worker spins before it sleeps */
     ferry_worker *workers;
     int nworkers;                 /* started */
     int stop;

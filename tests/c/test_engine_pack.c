@@ -314,6 +314,37 @@ static void test_pack_min(void) {
     free(mem);
 }
 
+/* FERRY_SPIN_US: idle workers spin that long before they sleep; records read
+ * exactly with it; a bad value fails the first run, naming the variable. */
+static void test_spin(void) {
+    static const char *vals[] = {"50", "1000", "abc", "1001"};
+    uint8_t *mem = malloc(600 * 4096);
+    for (int v = 0; v < 4; v++) {
+        setenv("FERRY_SPIN_US", vals[v], 1);
+        ferry_ctx *ctx = make_ctx_env(4, 64 << 10, 0);
+        ferry_file *f;
+        CHECK_EQ_I(ferry_file_open(ctx, files_.path[2], FERRY_READ, &f), 0);
+        ferry_plan *p;
+        ferry_plan_create(&p);
+        for (int i = 0; i < 600; i++)
+            ferry_plan_read(p, f, (uint64_t)(i * 31 % 100) * 4096, 4096, ferry_host_buf(mem, 600 * 4096), (uint64_t)i * 4096);
+        for (int rep = 0; rep < 3; rep++) {
+            int64_t r = ferry_run(ctx, p, NULL);
+            if (v < 2) CHECK_EQ_I(r, 600 * 4096);
+            else { CHECK_EQ_I(r, FERRY_EINVAL); CHECK_STR_CONTAINS(ferry_errmsg(ctx), "FERRY_SPIN_US"); }
+        }
+        if (v < 2) CHECK_EQ_I(ctx->spin_us, atoi(vals[v]));
+        int ok = 1;
+        for (int i = 0; i < 600 && ok && v < 2; i++) ok = mem[i * 4096 + 11] == pk_byte(2, (uint64_t)(i * 31 % 100) * 4096 + 11);
+        CHECK(ok);
+        ferry_plan_destroy(p);
+        ferry_file_close(f);
+        ferry_ctx_destroy(ctx);
+    }
+    unsetenv("FERRY_SPIN_US");
+    free(mem);
+}
+
 int main(void) {
     snprintf(dir_, sizeof dir_, "%s/ferry-pack-XXXXXX", getenv("FERRY_TEST_DIR") ? getenv("FERRY_TEST_DIR") : "/tmp");
     if (!mkdtemp(dir_)) return 1;
@@ -329,6 +360,7 @@ int main(void) {
     RUN(test_nofollow_records_pack);
     RUN(test_cold_records_hinted);
     RUN(test_pack_min);
+    RUN(test_spin);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir_);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir_);
