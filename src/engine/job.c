@@ -102,7 +102,7 @@ static int add_task(ferry_job *j, size_t *cap, uint32_t ext, uint32_t n, uint64_
     return 0;
 }
 
-/* FERRY_PACK_MIN (default 64 KiB, read per job): the least bytes of a pack
+/* FERRY_PACK_MIN (default 64 KiB): the least bytes of a pack
  * task. Larger packs mean fewer claims and, into device memory, fewer and
  * larger host-to-device copies (each has a fixed cost of microseconds), but
  * fewer tasks per batch for the workers to share: an experiment for the H200
@@ -192,8 +192,7 @@ static int make_tasks(ferry_job *j, size_t task_size, size_t staging) {
     return 0;
 }
 
-/* FERRY_READAHEAD (read per job: tests and benchmarks switch it in one
- * process), unless the context ignores the environment. */
+/* FERRY_READAHEAD, unless the context ignores the environment. */
 static int readahead_policy(const ferry_ctx *ctx, int *out) {
     const char *s = ctx->cfg.no_env ? NULL : getenv("FERRY_READAHEAD");
     *out = FERRY_READAHEAD_AUTO;
@@ -214,10 +213,18 @@ static int job_build(ferry_ctx *ctx, const ferry_plan *plan, const ferry_run_opt
     j->id = atomic_fetch_add(&ctx->next_job_id, 1) + 1;
     j->flags = opts ? opts->flags : 0;
     j->direct = (j->flags & FERRY_NO_DIRECT) ? FERRY_DIRECT_OFF : ctx->cfg.direct;
-    if (readahead_policy(ctx, &j->readahead) < 0 || pack_min_policy(ctx, &j->pack_min) < 0) {
-        job_free(j);
-        return FERRY_EINVAL;
+    /* read once per context (a getenv scan costs a 4 KiB read's latency a
+     * tenth); a bad value fails every plan until the context is made anew */
+    if (!atomic_load(&ctx->job_env_ready)) {
+        int ra;
+        uint64_t pm;
+        if (readahead_policy(ctx, &ra) < 0 || pack_min_policy(ctx, &pm) < 0) { job_free(j); return FERRY_EINVAL; }
+        atomic_store(&ctx->readahead, ra);
+        atomic_store(&ctx->pack_min, pm);
+        atomic_store(&ctx->job_env_ready, 1);   /* racing threads store the same values */
     }
+    j->readahead = atomic_load(&ctx->readahead);
+    j->pack_min = atomic_load(&ctx->pack_min);
     j->max_workers = opts && opts->threads > 0 ? opts->threads : ctx->cfg.threads;
     if (j->max_workers > ctx->cfg.threads) j->max_workers = ctx->cfg.threads;
     size_t n = plan->n;

@@ -39,7 +39,10 @@ void ferry_pool_run_task(ferry_worker *w, ferry_job *job, size_t t, void (*relea
     }
     if (release) release(job);
     if (finished) ferry_task_finished(job);
-    ferry_worker_poll(w);   /* earlier tasks' copies that have passed complete now, not staging_count packs later */
+    /* earlier tasks' copies that have passed complete now, not staging_count
+     * packs later; a caller's thread drains at the end anyway (and a small
+     * read's latency has no room for the query) */
+    if (!w->is_inline) ferry_worker_poll(w);
 }
 
 void ferry_pool_unlink(ferry_ctx *ctx, ferry_job *job) {
