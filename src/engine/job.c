@@ -318,6 +318,15 @@ int ferry_submit(ferry_ctx *ctx, const ferry_plan *plan, const ferry_run_opts *o
 
 int64_t ferry_job_wait(ferry_job *j, int64_t timeout_ns) {
     if (!j) return ferry_seterr(FERRY_EINVAL, "ferry_job_wait: NULL job");
+    /* FERRY_SPIN_US (pool.c): watch the count of finished tasks that long
+     * before sleeping, so the caller learns at once that a batch is done and
+     * can queue the next one (no wake-up of a halted vCPU in between) */
+    int spin = atomic_load(&j->ctx->spin_us);
+    if (spin > 0 && timeout_ns != 0) {
+        double end = ferry_now() + spin * 1e-6;
+        for (int k = 0; atomic_load(&j->tasks_done) < j->ntasks; k++)
+            if ((k & 63) == 0 && ferry_now() > end) break;
+    }
     pthread_mutex_lock(&j->lock);
     if (timeout_ns < 0) {
         while (!j->done) pthread_cond_wait(&j->cond, &j->lock);

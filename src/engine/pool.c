@@ -83,9 +83,10 @@ static void *worker_main(void *arg) {
                 pthread_mutex_lock(&ctx->lock);
                 continue;
             }
-            if (ctx->spin_us > 0 && !spun) {
+            int us = atomic_load(&ctx->spin_us);
+            if (us > 0 && !spun) {
                 unsigned gen = atomic_load(&ctx->work_gen);
-                double end = ferry_now() + ctx->spin_us * 1e-6;
+                double end = ferry_now() + us * 1e-6;
                 pthread_mutex_unlock(&ctx->lock);
                 for (int k = 0; atomic_load(&ctx->work_gen) == gen; k++) {
                     cpu_relax();
@@ -113,8 +114,9 @@ static void *worker_main(void *arg) {
 
 int ferry_pool_start(ferry_ctx *ctx, int want) {
     if (ctx->nworkers == 0 && !ctx->cfg.no_env) {
-        int rc = spin_us(&ctx->spin_us);
+        int us, rc = spin_us(&us);
         if (rc < 0) return rc;
+        atomic_store(&ctx->spin_us, us);
     }
     while (ctx->nworkers < want) {
         ferry_worker *w = &ctx->workers[ctx->nworkers];

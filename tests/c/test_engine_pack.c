@@ -333,7 +333,7 @@ static void test_spin(void) {
             if (v < 2) CHECK_EQ_I(r, 600 * 4096);
             else { CHECK_EQ_I(r, FERRY_EINVAL); CHECK_STR_CONTAINS(ferry_errmsg(ctx), "FERRY_SPIN_US"); }
         }
-        if (v < 2) CHECK_EQ_I(ctx->spin_us, atoi(vals[v]));
+        if (v < 2) CHECK_EQ_I(atomic_load(&ctx->spin_us), atoi(vals[v]));
         int ok = 1;
         for (int i = 0; i < 600 && ok && v < 2; i++) ok = mem[i * 4096 + 11] == pk_byte(2, (uint64_t)(i * 31 % 100) * 4096 + 11);
         CHECK(ok);
