@@ -182,6 +182,13 @@ typedef struct ferry_config {
  * holds a context on is on that node (a DDP rank); work run on the caller's thread never
  * moves the caller. One node: nothing happens. `ferry info` prints the topology;
  * docs/multigpu.md says more. */
+/* Cold small records (read once per context, not a field) [FERRY_READAHEAD=auto|on|off]: auto
+ * announces a packed task's records to the kernel (posix_fadvise WILLNEED) when its first
+ * record is not in the page cache, on always, off never. Ignored with no_env.
+ * Experiments for small records (read from the environment, ignored with no_env; the
+ * defaults stay until the GPU machine's numbers move them): [FERRY_PACK_MIN] least bytes
+ * of a task of packed records (64K); [FERRY_SPIN_US] microseconds an idle worker watches
+ * the queue before it sleeps (0, at most 1000). */
 
 /** Where compressed chunks are decoded (FERRY_DECODE=auto|gpu|cpu).
  *  CPU: ferry's own decoders on the worker threads, then a copy to the device.
