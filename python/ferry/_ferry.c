@@ -2941,6 +2941,8 @@ static int make_ferry_error(PyObject *m) {
     return PyModule_AddObject(m, "FerryError", FerryError);
 }
 
+static int add_thin2_bindings(PyObject *m);   /* the marked block at the end of this file */
+
 PyMODINIT_FUNC PyInit__ferry(void) {
     PyTypeObject *types[] = {&ContextType, &FileType, &DatasetType, &PlanType, &JobType, &ArrayType, &BufRefType};
     BufRefType.tp_name = "ferry._ferry._BufRef";
@@ -2978,8 +2980,52 @@ PyMODINIT_FUNC PyInit__ferry(void) {
         {"MAX_DIMS", FERRY_MAX_DIMS}, {"MAX_CODECS", FERRY_MAX_CODECS}};
     for (size_t i = 0; i < sizeof consts / sizeof consts[0]; i++)
         if (PyModule_AddIntConstant(m, consts[i].name, consts[i].v) < 0) goto fail;
+    if (add_thin2_bindings(m) < 0) goto fail;
     return m;
 fail:
     Py_DECREF(m);
     return NULL;
+}
+
+/* ---- thin2 bindings (issue 10 item 3): the dtype table and the NVRTC search
+ * directory. Kept in one block until _ferry.c is split by type (split2);
+ * then they move to the module's file. ------------------------------------ */
+
+static PyObject *mod_nvrtc_search_dir(PyObject *m, PyObject *arg) {
+    PyObject *b = NULL;
+    if (!PyUnicode_FSConverter(arg, &b)) return NULL;
+    ferry_nvrtc_search_dir(PyBytes_AS_STRING(b));
+    Py_DECREF(b);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef thin2_methods[] = {
+    {"nvrtc_search_dir", mod_nvrtc_search_dir, METH_O,
+     "nvrtc_search_dir(dir): where libnvrtc.so.13/.12 may be (the CUDA wheels' lib), after FERRY_NVRTC and "
+     "before the loader's path (ferry_nvrtc_search_dir)"},
+    {NULL, NULL, 0, NULL}};
+
+/* DTYPES: the library's dtype table (src/engine/names.c), one tuple
+ * (short, long, safetensors or None, typestr or None, bits) per type, so the
+ * Python modules translate to torch / numpy dtypes without a table of their own. */
+static PyObject *dtype_table(void) {
+    PyObject *t = PyTuple_New(FERRY_DT_OTHER - FERRY_DT_BOOL);
+    if (!t) return NULL;
+    for (int d = FERRY_DT_BOOL; d < FERRY_DT_OTHER; d++) {
+        const char *st = ferry_dtype_name((ferry_dtype)d, FERRY_NAME_SAFETENSORS);
+        const char *ts = ferry_dtype_name((ferry_dtype)d, FERRY_NAME_TYPESTR);
+        PyObject *row = Py_BuildValue("(sszzI)", ferry_dtype_name((ferry_dtype)d, FERRY_NAME_SHORT),
+                                      ferry_dtype_name((ferry_dtype)d, FERRY_NAME_LONG), st, ts,
+                                      (unsigned)ferry_dtype_bits((ferry_dtype)d));
+        if (!row) { Py_DECREF(t); return NULL; }
+        PyTuple_SET_ITEM(t, d - FERRY_DT_BOOL, row);
+    }
+    return t;
+}
+
+static int add_thin2_bindings(PyObject *m) {
+    if (PyModule_AddFunctions(m, thin2_methods) < 0) return -1;
+    PyObject *t = dtype_table();
+    if (!t || PyModule_AddObject(m, "DTYPES", t) < 0) { Py_XDECREF(t); return -1; }
+    return 0;
 }
