@@ -636,6 +636,12 @@ const char *ferry_dataset_format(const ferry_dataset *ds);   /* "npy", "safetens
  *  file with FERRY_EUNSUPPORTED and a message naming the readers that work
  *  (the Python package reads it through h5py). */
 int64_t ferry_hdf5_signature(ferry_ctx *ctx, const char *path);
+/** The format ferry_dataset_open would pick for path, by content and then by
+ *  name: "npy", "safetensors", "netcdf3", "zarr", or "hdf5" for a netCDF-4/HDF5
+ *  file (which ferry_dataset_open refuses; the Python package reads its
+ *  metadata with h5py). *format is a static string. FERRY_ENOFORMAT (naming
+ *  the path) when it is none of them, -errno when it cannot be read. */
+int ferry_format_detect(ferry_ctx *ctx, const char *path, const char **format);
 /** JSON object of global attributes (netCDF global attributes, Zarr group
  *  attributes, safetensors __metadata__), "{}" if none. This and the two
  *  below are valid while the dataset is open. */

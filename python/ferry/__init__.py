@@ -233,23 +233,6 @@ def _fspath(path) -> str:
     return os.fsdecode(os.fspath(path))
 
 
-_MAX_BYTES = 2**63 - 1
-
-
-def _check_representable(shape: tuple, itemsize: int, where: str) -> None:
-    """numpy's and torch's rule: the non-zero dimensions times the item size fit
-    in a signed 64-bit byte count, also for a zero-size array (a file may say
-    (0, 2**63-1)): anything else is a FerryError naming the file and variable,
-    not numpy's ValueError or OverflowError later."""
-    span = itemsize
-    for n in shape:
-        if n:
-            span *= int(n)
-    if span > _MAX_BYTES:
-        raise FerryError(_ferry.EUNSUPPORTED, f"{where}: shape {tuple(shape)} of {itemsize}-byte elements spans "
-                                              f"more than 2**63-1 bytes: no array library can hold it")
-
-
 def _open_dataset(path: str, ctx: Context):
     """A ferry Dataset, or None when the file has no format ferry knows (raw bytes)."""
     try:
@@ -405,8 +388,7 @@ def _add_read(plan: Plan, ds: Dataset | None, file: File | None, var: dict | Non
     shape = tuple(var["shape"])
     typestr = _native_typestr(var["typestr"])
     triples, sel_shape, squeeze = normalize_selection(selection, shape)
-    itemsize = int(var["itemsize"])
-    _check_representable(sel_shape, itemsize, f"{ds.path}: {var['name']}")
+    itemsize = int(var["itemsize"])   # C refused shapes no array library holds at open
     nbytes = math.prod(sel_shape) * itemsize
     # integer indices drop their axes (as numpy's do): the new array gets the
     # squeezed shape from the start, the same bytes

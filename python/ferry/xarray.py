@@ -80,7 +80,6 @@ log = logging.getLogger("ferry.xarray")
 
 __all__ = ["FerryBackendEntrypoint", "FerryStore", "FerryBackendArray", "cupy_meta", "open_mfdataset"]
 
-_HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 _H5_HIDDEN = {"CLASS", "DIMENSION_LIST", "NAME", "REFERENCE_LIST", "_Netcdf4Dimid", "_Netcdf4Coordinates",
               "_nc3_strict", "_NCProperties", "_SuperblockVersion", "_IsNetcdf4"}
 _NC_DIM_ONLY = b"This is a netCDF dimension but not a netCDF variable"
@@ -95,19 +94,17 @@ _H5Z_BLOSC, _H5Z_ZSTD = 32001, 32015
 # small helpers
 # ---------------------------------------------------------------------------
 def _format_of(path: str) -> str:
-    if os.path.isdir(path):
-        return "zarr"
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if head[:3] == b"CDF" and len(head) >= 4 and head[3] in (1, 2, 5):
-            return "netcdf3"
-        if head == _HDF5_MAGIC:
-            return "hdf5"
-        for off in (512, 1024, 2048, 4096):   # HDF5 user block
-            f.seek(off)
-            if f.read(8) == _HDF5_MAGIC:
-                return "hdf5"
-    raise ValueError(f"{path}: not a netCDF, HDF5 or Zarr file that ferry can open")
+    """netcdf3, hdf5 or zarr, as the C library's one sniffer (ferry_format_detect) sees it."""
+    try:
+        fmt = _ferry.format_detect(path)
+    except ferry.FerryError as e:
+        if e.code != _ferry.ENOFORMAT or os.path.isdir(path):
+            raise
+        fmt = None
+    if fmt not in ("netcdf3", "hdf5", "zarr"):
+        raise ValueError(f"{path}: not a netCDF, HDF5 or Zarr file that ferry can open"
+                         + (f" (a {fmt} file: read it with ferry.open)" if fmt else ""))
+    return fmt
 
 
 def _native(dt: np.dtype) -> np.dtype:
