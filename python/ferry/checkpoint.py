@@ -87,8 +87,6 @@ def parse_size(s):
     return _ferry_pkg.parse_size(s)
 
 
-_parse_size = parse_size
-
 
 def _max_shard_bytes(max_shard_size):
     max_bytes = parse_size(max_shard_size)
