@@ -96,6 +96,10 @@ def test_fnuz_tensors_load_and_stream_as_their_torch_dtype(tmp_path):
     st_torch.save_file({"x": x}, str(p))
     with ferry.open(p) as f:
         assert f["x"].info["dtype"] == "f8e4m3fnuz"   # "other" while C lacked the name
+    a = ferry.read(p, "x")                            # "unknown typestr" before
+    assert a.typestr == "float8_e4m3fnuz" and a.nbytes == 24
+    raw = ferry.read(p, "x", out=np.empty(24, np.uint8), out_bytes=True)
+    assert raw.tobytes() == x.view(torch.uint8).numpy().tobytes()
     got = ckpt.load(str(p))["x"]
     assert got.dtype == torch.float8_e4m3fnuz and torch.equal(got.view(torch.uint8), x.view(torch.uint8))
     batch = next(iter(ArrayDataset((str(p), "x"), batch_size=8)))
