@@ -79,6 +79,7 @@ def test_c_names_every_dtype_safetensors_torch_knows():
 def test_table_rows_agree_with_numpy():
     for short, long_name, st, typestr, bits in _ferry.DTYPES:
         assert _ferry.dtype_name(long_name, "short") == short
+        assert _ferry.dtype_name(short, "typestr") == typestr
         if typestr and typestr != long_name and short not in ("M8", "m8"):   # numpy has the type
             assert np.dtype(typestr) == np.dtype(long_name if short != "S1" else "S1")
             assert np.dtype(typestr).itemsize * 8 == bits

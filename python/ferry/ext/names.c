@@ -72,7 +72,8 @@ PyObject *mod_dtype_name(PyObject *m, PyObject *args, PyObject *kw) {
     if (!strcmp(style, "short")) st = FERRY_NAME_SHORT;
     else if (!strcmp(style, "long")) st = FERRY_NAME_LONG;
     else if (!strcmp(style, "safetensors")) st = FERRY_NAME_SAFETENSORS;
-    else return PyErr_Format(PyExc_ValueError, "unknown name style %s (short, long, safetensors)", style);
+    else if (!strcmp(style, "typestr")) st = FERRY_NAME_TYPESTR;
+    else return PyErr_Format(PyExc_ValueError, "unknown name style %s (short, long, safetensors, typestr)", style);
     ferry_dtype d;
     if (ferry_dtype_parse(name, &d) < 0) return PyErr_Format(PyExc_ValueError, "unknown dtype %s", name);
     const char *r = ferry_dtype_name(d, st);
