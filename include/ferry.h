@@ -393,6 +393,13 @@ typedef struct ferry_codec {
     uint32_t param;   /* element size for SHUFFLE / BYTESWAP; else 0 */
 } ferry_codec;
 
+/** The codec of an HDF5 filter (the netCDF-4 chunk tables the Python package
+ *  hands to ferry_plan_layout): deflate (1) zlib, shuffle (2) shuffle with the
+ *  element size in cd_values[0] (else itemsize), fletcher32 (3), blosc (32001),
+ *  zstd (32015). FERRY_EUNSUPPORTED, naming the filter id, for any other. */
+int ferry_codec_of_hdf5_filter(uint32_t filter_id, const uint32_t *cd_values, size_t ncd, uint32_t itemsize,
+                               ferry_codec *out);
+
 /** A strided placement: copy an N-d box out of the decoded bytes into dst.
  *  Element (i0..in-1) of the box comes from
  *      decoded + src_offset + sum(i_k * src_stride[k])

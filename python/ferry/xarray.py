@@ -85,10 +85,6 @@ _H5_HIDDEN = {"CLASS", "DIMENSION_LIST", "NAME", "REFERENCE_LIST", "_Netcdf4Dimi
 _NC_DIM_ONLY = b"This is a netCDF dimension but not a netCDF variable"
 _NON_COORD = "_nc4_non_coord_"
 
-# HDF5 filter ids -> ferry codecs
-_H5Z_DEFLATE, _H5Z_SHUFFLE, _H5Z_FLETCHER32 = 1, 2, 3
-_H5Z_BLOSC, _H5Z_ZSTD = 32001, 32015
-
 
 # ---------------------------------------------------------------------------
 # small helpers
@@ -274,16 +270,9 @@ class _H5Source:
         self.why = ""
         for i in range(dcpl.get_nfilters()):
             code, flags, vals, name = dcpl.get_filter(i)
-            if code == _H5Z_DEFLATE:
-                self.filters.append(("zlib", 0))
-            elif code == _H5Z_SHUFFLE:
-                self.filters.append(("shuffle", int(vals[0]) if len(vals) else self.stored.itemsize))
-            elif code == _H5Z_FLETCHER32:
-                self.filters.append(("fletcher32", 0))
-            elif code == _H5Z_ZSTD:
-                self.filters.append(("zstd", 0))
-            elif code == _H5Z_BLOSC:
-                self.filters.append(("blosc", 0))
+            codec = _ferry.hdf5_filter_codec(code, vals, self.stored.itemsize)   # C's table of HDF5 filters
+            if codec is not None:
+                self.filters.append(codec)
             else:
                 self.supported = False
                 self.why = f"HDF5 filter {code} ({name.decode(errors='replace') if isinstance(name, bytes) else name})"

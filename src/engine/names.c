@@ -117,6 +117,25 @@ int ferry_codec_parse(const char *name, ferry_codec_id *out) {
                         "crc32c, fletcher32, byteswap)", name ? name : "");
 }
 
+/* HDF5's registered filter ids (H5Zpublic.h; 32001 and 32015 from the HDF
+ * Group's registry of third-party filters) */
+int ferry_codec_of_hdf5_filter(uint32_t filter_id, const uint32_t *cd_values, size_t ncd, uint32_t itemsize,
+                               ferry_codec *out) {
+    static const struct { uint32_t filter; ferry_codec_id codec; } h5[] = {
+        {1, FERRY_CODEC_ZLIB}, {2, FERRY_CODEC_SHUFFLE}, {3, FERRY_CODEC_FLETCHER32},
+        {32001, FERRY_CODEC_BLOSC}, {32015, FERRY_CODEC_ZSTD},
+    };
+    if (!out) return ferry_seterr(FERRY_EINVAL, "ferry_codec_of_hdf5_filter: out is NULL");
+    for (size_t i = 0; i < sizeof h5 / sizeof h5[0]; i++)
+        if (h5[i].filter == filter_id) {
+            out->id = h5[i].codec;
+            /* shuffle's element size: HDF5 stores it in cd_values[0] (H5Z_shuffle's set_local) */
+            out->param = h5[i].codec == FERRY_CODEC_SHUFFLE ? (ncd && cd_values ? cd_values[0] : itemsize) : 0;
+            return 0;
+        }
+    return ferry_seterr(FERRY_EUNSUPPORTED, "HDF5 filter %u: no ferry codec for it", filter_id);
+}
+
 static const char *const directs[] = {
     [FERRY_DIRECT_AUTO] = "auto", [FERRY_DIRECT_ON] = "on", [FERRY_DIRECT_OFF] = "off",
 };

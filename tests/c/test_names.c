@@ -63,6 +63,19 @@ static void test_codec_and_policy_names(void) {
         CHECK_EQ_I(ferry_direct_parse(ferry_direct_name((ferry_direct)p), &back), 0);
         CHECK_EQ_I(back, p);
     }
+    /* HDF5 filter ids: the table the xarray backend's h5py path once kept in Python */
+    ferry_codec c;
+    uint32_t cd[1] = {8};
+    CHECK_EQ_I(ferry_codec_of_hdf5_filter(2, cd, 1, 4, &c), 0);
+    CHECK(c.id == FERRY_CODEC_SHUFFLE && c.param == 8);          /* cd_values[0] wins */
+    CHECK_EQ_I(ferry_codec_of_hdf5_filter(2, NULL, 0, 4, &c), 0);
+    CHECK(c.id == FERRY_CODEC_SHUFFLE && c.param == 4);          /* else the element size */
+    CHECK_EQ_I(ferry_codec_of_hdf5_filter(1, cd, 1, 4, &c), 0);
+    CHECK(c.id == FERRY_CODEC_ZLIB && c.param == 0);
+    CHECK_EQ_I(ferry_codec_of_hdf5_filter(32015, NULL, 0, 4, &c), 0);
+    CHECK(c.id == FERRY_CODEC_ZSTD);
+    CHECK_EQ_I(ferry_codec_of_hdf5_filter(32004, NULL, 0, 4, &c), FERRY_EUNSUPPORTED);   /* LZ4's HDF5 framing */
+    CHECK_STR_CONTAINS(ferry_errmsg(NULL), "32004");
     ferry_direct dd;
     CHECK_EQ_I(ferry_direct_parse("sometimes", &dd), FERRY_EINVAL);
     for (int p = FERRY_PATH_AUTO; p < FERRY_PATH_COUNT_; p++) {

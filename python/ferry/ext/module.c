@@ -151,6 +151,9 @@ static PyMethodDef module_methods[] = {
     {"nvrtc_search_dir", mod_nvrtc_search_dir, METH_O,
      "nvrtc_search_dir(dir): where libnvrtc.so.13/.12 may be (the CUDA wheels' lib), after FERRY_NVRTC and "
      "before the loader's path (ferry_nvrtc_search_dir)"},
+    {"hdf5_filter_codec", mod_hdf5_filter_codec, METH_VARARGS,
+     "hdf5_filter_codec(filter_id, cd_values, itemsize) -> (codec name, param), or None when ferry has no "
+     "codec for that HDF5 filter (ferry_codec_of_hdf5_filter)"},
     {"format_detect", mod_format_detect, METH_O,
      "format_detect(path) -> 'npy', 'safetensors', 'netcdf3', 'zarr' or 'hdf5' (ferry_format_detect; "
      "FerryError ENOFORMAT when none)"},

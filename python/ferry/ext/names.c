@@ -128,3 +128,25 @@ PyObject *dtype_table(void) {
     }
     return t;
 }
+
+/* hdf5_filter_codec(filter_id, cd_values, itemsize) -> (codec name, param), or
+ * None for a filter ferry has no codec for (ferry_codec_of_hdf5_filter) */
+PyObject *mod_hdf5_filter_codec(PyObject *m, PyObject *args) {
+    unsigned int id, itemsize;
+    PyObject *vals;
+    if (!PyArg_ParseTuple(args, "IOI", &id, &vals, &itemsize)) return NULL;
+    PyObject *seq = PySequence_Fast(vals, "cd_values must be a sequence of ints");
+    if (!seq) return NULL;
+    uint32_t cd[8];
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n > 8) n = 8;   /* no filter ferry knows reads past its first values */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned long v = PyLong_AsUnsignedLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (v == (unsigned long)-1 && PyErr_Occurred()) { Py_DECREF(seq); return NULL; }
+        cd[i] = (uint32_t)v;
+    }
+    Py_DECREF(seq);
+    ferry_codec c;
+    if (ferry_codec_of_hdf5_filter(id, cd, (size_t)n, itemsize, &c) < 0) Py_RETURN_NONE;
+    return Py_BuildValue("(sI)", ferry_codec_name((ferry_codec_id)c.id), (unsigned)c.param);
+}
