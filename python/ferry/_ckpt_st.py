@@ -18,6 +18,7 @@ and safetensors.torch.load_file reads the file unchanged (no padding tensors, no
 """
 from __future__ import annotations
 
+import functools
 import json
 import struct
 
@@ -32,6 +33,7 @@ BIG = 64 * 1024                  # "large" tensor for the layout
 _WHOLE = {r[2]: r for r in _ferry.DTYPES if r[2] and r[4] % 8 == 0}   # sub-byte types: bytes
 
 
+@functools.lru_cache(maxsize=None)   # per tensor of a 100,000-tensor open: ask C once per type
 def st_of_typestr(typestr):
     """safetensors dtype name of a tensor the C parser describes by `typestr`, or None
     (sub-byte dtypes, which the C parser exposes as bytes)."""
@@ -42,6 +44,7 @@ def st_of_typestr(typestr):
     return st if st in _WHOLE else None
 
 
+@functools.lru_cache(maxsize=None)
 def torch_dtype(st):
     """The torch dtype of a safetensors dtype name, or None (unknown here or to torch)."""
     import torch
