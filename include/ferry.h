@@ -246,7 +246,7 @@ const char *ferry_cufile_status(ferry_ctx *ctx);
 /** Where the GPU kernels (byteswap) come from: "embedded fatbin" (nvcc ran at
  *  build time: `make`, or `pip install .` with nvcc found), "NVRTC" (no
  *  fatbin: src/cuda/kernels.cu compiled at run time by libnvrtc, found through
- *  $FERRY_NVRTC or the loader's path; the first call compiles it, once per
+ *  $FERRY_NVRTC, ferry_nvrtc_search_dir or the loader's path; the first call compiles it, once per
  *  process) or "none" (device data is then byteswapped on the CPU, in host
  *  staging, before the copy). FERRY_KERNELS=nvrtc or =none overrides the
  *  choice (for tests of the NVRTC path and for bisecting). A static string. */
@@ -265,6 +265,11 @@ int ferry_kernels_ready(int device);
  *  string lives until exit. */
 const char *ferry_nvrtc_ptx(void);
 const char *ferry_nvrtc_status(void);
+/** A directory holding libnvrtc.so.13 / .so.12 (the lib folder of the CUDA
+ *  wheels torch brings; the Python package passes it, instead of setting
+ *  FERRY_NVRTC in the user's environment) to try after $FERRY_NVRTC and before
+ *  the loader's path. Effective only before NVRTC is first loaded. */
+void ferry_nvrtc_search_dir(const char *dir);
 /** nvCOMP (GPU decompression, dlopen'ed on first use): "loaded nvCOMP 5.3.0
  *  from /path/libnvcomp.so.5", or why it is not used. Never fails. */
 const char *ferry_nvcomp_status(ferry_ctx *ctx);
@@ -394,6 +399,13 @@ typedef struct ferry_codec {
     uint32_t id;      /* ferry_codec_id */
     uint32_t param;   /* element size for SHUFFLE / BYTESWAP; else 0 */
 } ferry_codec;
+
+/** The codec of an HDF5 filter (the netCDF-4 chunk tables the Python package
+ *  hands to ferry_plan_layout): deflate (1) zlib, shuffle (2) shuffle with the
+ *  element size in cd_values[0] (else itemsize), fletcher32 (3), blosc (32001),
+ *  zstd (32015). FERRY_EUNSUPPORTED, naming the filter id, for any other. */
+int ferry_codec_of_hdf5_filter(uint32_t filter_id, const uint32_t *cd_values, size_t ncd, uint32_t itemsize,
+                               ferry_codec *out);
 
 /** A strided placement: copy an N-d box out of the decoded bytes into dst.
  *  Element (i0..in-1) of the box comes from
@@ -555,6 +567,9 @@ typedef enum ferry_dtype {
     FERRY_DT_F16, FERRY_DT_BF16, FERRY_DT_F32, FERRY_DT_F64,
     FERRY_DT_C64, FERRY_DT_C128,
     FERRY_DT_F8_E4M3, FERRY_DT_F8_E5M2,
+    FERRY_DT_F8_E4M3FNUZ, FERRY_DT_F8_E5M2FNUZ, FERRY_DT_F8_E8M0,   /* torch's float8 variants */
+    FERRY_DT_F4_E2M1, FERRY_DT_F6_E2M3, FERRY_DT_F6_E3M2,   /* sub-byte (4 and 6 bits, packed):
+                                  named for safetensors; a dataset exposes them as bytes */
     FERRY_DT_DATETIME64, FERRY_DT_TIMEDELTA64,
     FERRY_DT_CHAR,         /* netCDF char / numpy S1 */
     FERRY_DT_BYTES,        /* fixed-size bytes |Sn or void |Vn */
@@ -565,16 +580,24 @@ typedef enum ferry_dtype {
 typedef enum ferry_name_style {
     FERRY_NAME_SHORT = 0,       /* "f4", "bf16", "f8e4m3", "M8" (ferry info, Dataset.variables()) */
     FERRY_NAME_LONG = 1,        /* "float32", "bfloat16", "float8_e4m3fn" (numpy / torch names) */
-    FERRY_NAME_SAFETENSORS = 2  /* "F32", "BF16", "F8_E4M3"; NULL where safetensors has none */
+    FERRY_NAME_SAFETENSORS = 2, /* "F32", "BF16", "F8_E4M3"; NULL where safetensors has none */
+    FERRY_NAME_TYPESTR = 3      /* what ferry_var_info.typestr holds for it, little-endian:
+                                   numpy's "<f4", "|b1", "<M8"; the long name for a type
+                                   numpy lacks ("bfloat16"); NULL for BYTES (sized) */
 } ferry_name_style;
 
 /** A static name of d in the given style ("other" for UNKNOWN/OTHER; NULL
- *  only for a safetensors name safetensors lacks). */
+ *  only for a safetensors name safetensors lacks, or BYTES' typestr). The
+ *  enum's numbers may change before 1.0 (names do not): store names. */
 const char *ferry_dtype_name(ferry_dtype d, ferry_name_style style);
-/** Parse a name of any style ("f4", "float32", "F32"); FERRY_EINVAL if unknown. */
+/** Parse a name of any style ("f4", "float32", "F32", "<f4"); FERRY_EINVAL if unknown. */
 int ferry_dtype_parse(const char *name, ferry_dtype *out);
-/** Bytes per element, 0 where it varies (BYTES) or is unknown. */
+/** Parse a name of one style only (a safetensors header's "F32", never "f4"). */
+int ferry_dtype_parse_style(const char *name, ferry_name_style style, ferry_dtype *out);
+/** Bytes per element, 0 where it varies (BYTES), is below a byte (F4, F6) or is unknown. */
 uint32_t ferry_dtype_itemsize(ferry_dtype d);
+/** Bits per element (4 for F4_E2M1, 6 for F6_*, 8·itemsize otherwise; 0: varies). */
+uint32_t ferry_dtype_bits(ferry_dtype d);
 
 typedef struct ferry_var_info {
     const char *name;              /* valid while the dataset is open */
@@ -627,6 +650,12 @@ const char *ferry_dataset_format(const ferry_dataset *ds);   /* "npy", "safetens
  *  file with FERRY_EUNSUPPORTED and a message naming the readers that work
  *  (the Python package reads it through h5py). */
 int64_t ferry_hdf5_signature(ferry_ctx *ctx, const char *path);
+/** The format ferry_dataset_open would pick for path, by content and then by
+ *  name: "npy", "safetensors", "netcdf3", "zarr", or "hdf5" for a netCDF-4/HDF5
+ *  file (which ferry_dataset_open refuses; the Python package reads its
+ *  metadata with h5py). *format is a static string. FERRY_ENOFORMAT (naming
+ *  the path) when it is none of them, -errno when it cannot be read. */
+int ferry_format_detect(ferry_ctx *ctx, const char *path, const char **format);
 /** JSON object of global attributes (netCDF global attributes, Zarr group
  *  attributes, safetensors __metadata__), "{}" if none. This and the two
  *  below are valid while the dataset is open. */

@@ -52,14 +52,18 @@ __all__ = ["ArrayDataset", "TokenDataset", "XarrayDataset", "epoch_order", "glob
 _STATE_TAG = "ferry.torch.ArrayDataset"
 _STATE_VERSION = 1
 
-# ferry dtype names (docs/python-extension.md) -> torch dtype attribute names
-_TORCH_DTYPES = {
-    "b1": "bool", "i1": "int8", "u1": "uint8", "i2": "int16", "u2": "uint16", "i4": "int32",
-    "u4": "uint32", "i8": "int64", "u8": "uint64", "f2": "float16", "bf16": "bfloat16",
-    "f4": "float32", "f8": "float64", "c8": "complex64", "c16": "complex128",
-    "f8e4m3": "float8_e4m3fn", "f8e5m2": "float8_e5m2", "M8": "int64", "m8": "int64",
-}
-_TYPESTR_KIND = {"b": "b1", "i": "i", "u": "u", "f": "f", "c": "c"}
+def _torch_dtype(name, itemsize):
+    """The torch dtype of a ferry dtype or typestr (any name the C library's table knows:
+    "f4", "<f4", "bf16"), or None (bytes, strings, types torch lacks). Datetimes travel as
+    their int64 counts."""
+    try:
+        long_name = _ferry.dtype_name(name.lstrip("<>=|"), "long")
+    except ValueError:
+        return None
+    tdt = getattr(torch, "int64" if long_name in ("datetime64", "timedelta64") else long_name, None)
+    return tdt if isinstance(tdt, torch.dtype) and tdt.itemsize == itemsize else None
+
+
 _LITTLE = sys.byteorder == "little"
 
 
@@ -115,9 +119,8 @@ class _Field:
         self.shard_offsets = np.array([s.offset for s in shards], dtype=np.int64)
         self.rows = int(rows.sum())
         self.typestr = typestr
-        tname = _TORCH_DTYPES.get(ferry_dtype)
-        tdt = getattr(torch, tname, None) if tname else None
-        if tdt is not None and torch.empty((), dtype=tdt).element_size() == itemsize:
+        tdt = _torch_dtype(ferry_dtype, itemsize)
+        if tdt is not None:
             self.dtype, self.shape = tdt, tuple(row_shape)
         else:  # bytes, strings, records, dtypes torch lacks: raw bytes, one more axis
             self.dtype, self.shape = torch.uint8, tuple(row_shape) + (itemsize,)
@@ -197,10 +200,7 @@ def _load_field(ctx, fname, spec):
             and _native_order(v["typestr"])
         )
         shards.append(sh)
-    if fdt is None:
-        k = typestr.lstrip("<>=|")
-        fdt = k if k in _TORCH_DTYPES else (k[0] + str(itemsize) if k[:1] in "iufc" else "other")
-    return _Field(fname, shards, row_shape, typestr, fdt, itemsize)
+    return _Field(fname, shards, row_shape, typestr, fdt or typestr, itemsize)
 
 
 def _plan_rows(rt, plan, f, ids, ptr, nbytes, dev, handles):
@@ -320,11 +320,8 @@ class _FileField:
         self.rows = len(paths)
         self.typestr = typestr
         self.itemsize = itemsize
-        k = typestr.lstrip("<>=|")
-        fdt = k if k in _TORCH_DTYPES else (k[0] + str(itemsize) if k[:1] in "iufc" else "other")
-        tname = _TORCH_DTYPES.get(fdt)
-        tdt = getattr(torch, tname, None) if tname else None
-        if tdt is None or torch.empty((), dtype=tdt).element_size() != itemsize:
+        tdt = _torch_dtype(typestr, itemsize)
+        if tdt is None:
             raise ValueError(f"ferry.torch: field {name!r}: {paths[0]} holds {typestr}, a type "
                              f"torch has no dtype for")
         self.dtype, self.shape = tdt, tuple(shape)

@@ -192,6 +192,28 @@ static void print_row(const char *what, uint64_t bytes, uint64_t n, double dt, d
     printf("\n");
 }
 
+/* SIZE[,SIZE...] through the one size grammar (cli_size: ferry_size_parse). A
+ * strtoull loop once stopped at the K of "4K" and then spun there forever. */
+#define MAX_RECORD_SIZES 16
+static int parse_records(const char *list, uint64_t *recs, int *n) {
+    char buf[512];
+    if (snprintf(buf, sizeof buf, "%s", list) >= (int)sizeof buf) {
+        fprintf(stderr, "ferry bench: --records: the list is too long\n");
+        return -1;
+    }
+    *n = 0;
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (*n == MAX_RECORD_SIZES) {
+            fprintf(stderr, "ferry bench: --records: at most %d sizes\n", MAX_RECORD_SIZES);
+            return -1;
+        }
+        if (cli_size("bench", "records", tok, 8, &recs[(*n)++]) < 0) return -1;
+    }
+    if (!*n) return cli_size("bench", "records", list, 8, &recs[0]);
+    return 0;
+}
+
 int ferry_cli_bench_records(int argc, char **argv) {
     const char *file = "ferry-records.bin", *list = "150528,8192,4096";
     uint64_t size = 4ull << 30, count = 100000, batch = 256;
@@ -236,6 +258,9 @@ int ferry_cli_bench_records(int argc, char **argv) {
     }
     count = (uint64_t)count_i;
     batch = (uint64_t)batch_i;
+    uint64_t recs[MAX_RECORD_SIZES];
+    int nrecs;
+    if (parse_records(list, recs, &nrecs) < 0) return 2;
     if (count < batch) { fprintf(stderr, "ferry bench: --count %llu is below --batch %llu\n",
                                  (unsigned long long)count, (unsigned long long)batch); return 2; }
     size &= ~(uint64_t)7;
@@ -271,9 +296,8 @@ int ferry_cli_bench_records(int argc, char **argv) {
             ferry_pinned_free(ctx, h);
         }
     }
-    for (const char *p = list; *p;) {
-        uint64_t rec = strtoull(p, (char **)&p, 10);
-        if (*p == ',') p++;
+    for (int ri = 0; ri < nrecs; ri++) {
+        uint64_t rec = recs[ri];
         if (rec < 8 || rec % 8 || rec > size) { fprintf(stderr, "ferry bench: record size %llu (a multiple of 8 up to the file size)\n", (unsigned long long)rec); continue; }
         uint64_t nrec = size / rec, n = count / batch * batch;
         uint64_t *offs = malloc(n * sizeof *offs), s = 0x1234567 + rec;

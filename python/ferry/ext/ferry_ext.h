@@ -140,6 +140,8 @@ PyObject *mod_dtype_name(PyObject *m, PyObject *args, PyObject *kw);
 PyObject *mod_dtype_itemsize(PyObject *m, PyObject *arg);
 PyObject *mod_codec_name(PyObject *m, PyObject *arg);
 PyObject *mod_size_parse(PyObject *m, PyObject *arg);
+PyObject *dtype_table(void);
+PyObject *mod_hdf5_filter_codec(PyObject *m, PyObject *args);
 
 /* context.c */
 int ctx_check(ContextObject *c);
