@@ -822,6 +822,27 @@ int64_t ferry_npy_read_many(ferry_ctx *ctx, const char *const *paths, size_t n, 
                             unsigned flags, ferry_npy_info *info);
 
 /* ------------------------------------------------------------------------- */
+/* Epoch orders, keyed permutations (src/formats/perm.c)                     */
+/* ------------------------------------------------------------------------- */
+/** A permutation of [0, n) keyed by (seed, epoch), evaluated per position in
+ *  O(1) memory (a Feistel network cycle-walked into [0, n)): the order in
+ *  which ferry.torch's TokenDataset visits its windows, the same permutation
+ *  as python/ferry/_torch_order.py's FeistelOrder. shuffle = 0: the identity.
+ *  Plain data: fill with ferry_perm_init, share between threads freely. */
+#define FERRY_PERM_ROUNDS 4
+typedef struct ferry_perm {
+    uint64_t n;
+    unsigned half;                    /* the domain is 4^half >= n */
+    int shuffle;
+    uint64_t key[FERRY_PERM_ROUNDS], mul[FERRY_PERM_ROUNDS];
+} ferry_perm;
+/** 0, or FERRY_EINVAL (o NULL, n > INT64_MAX). */
+int ferry_perm_init(ferry_perm *o, uint64_t n, int64_t seed, int64_t epoch, int shuffle);
+/** ids[i] = the permutation at position pos[i], for i < count. Returns count,
+ *  or FERRY_EINVAL (a position outside [0, n): nothing written). */
+int64_t ferry_perm_take(const ferry_perm *o, const int64_t *pos, size_t count, int64_t *ids);
+
+/* ------------------------------------------------------------------------- */
 /* Per-format notes                                                           */
 /* ------------------------------------------------------------------------- */
 /* attrs_json

@@ -172,6 +172,9 @@ int ds_check(DatasetObject *d);
 int ds_var_index(DatasetObject *self, PyObject *var);
 PyObject *mod_npy_read_many(PyObject *m, PyObject *args, PyObject *kw);
 
+/* perm.c */
+PyObject *mod_order_take(PyObject *m, PyObject *args);
+
 /* plan.c */
 int plan_check(PlanObject *p);
 /* Append a reference to keep alive; steals `o`. */

@@ -160,6 +160,9 @@ static PyMethodDef module_methods[] = {
      "npy_read_many(ctx, paths, dst, stride=0, native=True, stored_order=False) -> dict: n one-sample .npy "
      "files of one dtype and shape into dst (file i at byte i*stride; 0: packed), every header checked "
      "(FerryError naming a file whose dtype or shape differs); returns typestr, shape, fortran_order, nbytes"},
+    {"order_take", mod_order_take, METH_VARARGS,
+     "order_take(n, seed, epoch, shuffle, positions, out): out[i] = the keyed epoch order of "
+     "[0, n) at positions[i] (int64 arrays; ferry_perm_take)"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef moduledef = {
