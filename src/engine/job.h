@@ -66,7 +66,9 @@ struct ferry_job {
     int allow_short;              /* ferry_pread: EOF ends the read, not an error */
     int readahead;                /* FERRY_READAHEAD_*: hints for cold packed records (pack.c) */
     uint64_t pack_min;            /* least bytes of a pack task (FERRY_PACK_MIN, job.c) */
-    int max_workers, active_workers; /* per-call thread limit (under ctx->lock) */
+    int max_workers;              /* per-call thread limit */
+    _Atomic int active_workers;   /* workers in one of its tasks: raised under ctx->lock when a
+                                     task is claimed, lowered without it (pool.c) */
     _Atomic uint64_t worker_mask[FERRY_MAX_WORKERS / 64]; /* workers that enqueued device work */
     _Atomic uint32_t dev_mask;    /* devices with enqueued work */
     double t_start;

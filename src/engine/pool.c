@@ -51,13 +51,12 @@ void ferry_pool_unlink(ferry_ctx *ctx, ferry_job *job) {
     if (*pp) { *pp = job->qnext; if (ctx->q_tail == job) ctx->q_tail = prev; }
 }
 
-/* The job's per-call thread slot, given back before the task can complete. */
-static void release_slot(ferry_job *job) {
-    ferry_ctx *ctx = job->ctx;
-    pthread_mutex_lock(&ctx->lock);
-    job->active_workers--;
-    pthread_mutex_unlock(&ctx->lock);
-}
+/* The job's per-call thread slot, given back before the task can complete:
+ * an atomic, not a second round trip through ctx->lock per task (the worker
+ * takes the lock again at once to claim its next task; 16 workers on tasks
+ * of a few records each make that lock the busiest in the engine). A claim
+ * that sees the old count only passes the job over once. */
+static void release_slot(ferry_job *job) { atomic_fetch_sub(&job->active_workers, 1); }
 
 static void *worker_main(void *arg) {
     ferry_worker *w = arg;
@@ -67,7 +66,7 @@ static void *worker_main(void *arg) {
     for (;;) {
         ferry_job *job = NULL;
         for (ferry_job *j = ctx->q_head; j; j = j->qnext)
-            if (j->next_task < j->ntasks && j->active_workers < j->max_workers) { job = j; break; }
+            if (j->next_task < j->ntasks && atomic_load(&j->active_workers) < j->max_workers) { job = j; break; }
         if (!job) {
             if (ctx->stop) break;
             if (w->npending) {
@@ -101,7 +100,7 @@ static void *worker_main(void *arg) {
         }
         spun = 0;
         size_t t = job->next_task++;
-        job->active_workers++;
+        atomic_fetch_add(&job->active_workers, 1);
         if (job->next_task == job->ntasks) ferry_pool_unlink(ctx, job);   /* fully claimed */
         pthread_mutex_unlock(&ctx->lock);
         ferry_pool_run_task(w, job, t, release_slot);
