@@ -474,7 +474,7 @@ FORMATS = {   # name: (file name, writer, xarray's own engine for the peers, unc
 def dataset_file(d, fmt, names, nt, ny, nx, fresh):
     """The format's file for this shape in d, written unless a complete one is there."""
     fname, writer, _, _ = FORMATS[fmt]
-    path = os.path.join(d, f"{len(names)}x{nt}x{ny}x{nx}-{fname}")
+    path = os.path.join(d, f"{len(names)}x{nt}x{ny}x{nx}-{fname}")      # main() checks the same name
     done = path + ".done"
     if os.path.exists(done) and not fresh:
         log(f"{fmt}: reusing {path}")
@@ -518,6 +518,13 @@ def main():
     names = [f"v{i:02d}" for i in range(a.nvars)]
     nt = max(a.batch * 4, int(a.gib * 2 ** 30 / (a.nvars * a.ny * a.nx * 4)))
     os.makedirs(a.dir, exist_ok=True)
+    missing = [f for f in a.formats.split(",") if f in FORMATS and (a.fresh or not os.path.exists(
+        os.path.join(a.dir, f"{a.nvars}x{nt}x{a.ny}x{a.nx}-{FORMATS[f][0]}.done")))]
+    need = nt * a.nvars * a.ny * a.nx * 4 * len(missing)       # at most: uncompressed
+    if shutil.disk_usage(a.dir).free < need + (4 << 30) and not a.drop:
+        log(f"{a.dir}: {shutil.disk_usage(a.dir).free / 1e9:.0f} GB free, the formats may need "
+            f"{need / 1e9:.0f} GB: each format's files are deleted after its rows (--drop)")
+        a.drop = True
     peers = [p for p in a.peers.split(",") if p]
     workers = [int(x) for x in a.workers.split(",")]
     rows = []
