@@ -292,18 +292,18 @@ def ferry_epoch(path, names, device, batch, prefetch, dali=False, step_gbps=None
     else:
         it = lambda: iter(xd)  # noqa: E731
     per = batch * len(names) * int(np.prod(xd.spatial)) * 4
-    # warm-up pass (opens files, fills the allocator), then the timed epoch
-    for k, b in enumerate(it()):
-        if k >= 3:
-            break
-    if dali:
-        pipe.reset()
+    # a whole warm-up epoch (opens files, fills the allocator, starts DALI's queue), then the
+    # timed one; DALI's reset() is inside the timed part (it starts prefetching the next epoch)
+    for b in it():
+        pass
     step = per / (step_gbps * 1e9) if (step_gbps and device != "cpu") else None
     if step:
         gpu_sleep(step)
     sync(device)
     n, busy = 0, 0.0
     t0 = time.perf_counter()
+    if dali:
+        pipe.reset()
     for b in it():
         n += 1
         if step:

@@ -101,3 +101,29 @@ def test_float32_batches_are_the_buffer_the_engine_read_into(tmp_path, monkeypat
         assert bt["x"].data_ptr() == bufs[-1]
         n += 1
     assert n == 4 and len(bufs) == 4          # one buffer per batch, for every variable
+
+
+def test_batches_are_planned_off_the_consumers_thread(tmp_path, monkeypatch):
+    """Plans are built and submitted on the planner thread (the consumer's thread waiting for its
+    training step would otherwise idle the GPU for the planning), in order, and every open store
+    is given back once its batches are done."""
+    import threading
+    p, ref = _write(tmp_path, True)
+    where = []
+    orig = XarrayDataset._read_rows
+
+    def read_rows(self, rt, rows, boxes):
+        where.append((threading.get_ident(), tuple(np.asarray(rows).tolist())))
+        return orig(self, rt, rows, boxes)
+    monkeypatch.setattr(XarrayDataset, "_read_rows", read_rows)
+    ds = XarrayDataset(p, ["a", "b", "c"], batch_size=3, shuffle=True, seed=4, device="cpu", prefetch=3,
+                       return_time=True)
+    got = []
+    for bt in ds:
+        got.extend(int(np.searchsorted(ref.time.values, np.int64(t).astype("datetime64[ns]")))
+                   for t in bt["time"].numpy())
+        np.testing.assert_allclose(bt["x"][:, 0].numpy(), ref.a.values[got[-len(bt["x"]):]], rtol=1e-6)
+    me = threading.get_ident()
+    assert where and all(t != me for t, _ in where)
+    assert [i for _, r in where for i in r] == got                  # submitted in batch order
+    assert all(e[1] == 0 for e in ds._rt.handles.values())          # every store given back
