@@ -244,7 +244,32 @@ def _file_sig(fm, name, path):
 
 
 class _XGroup(_Group):
+    """A batch's group; its buffers and open stores are what the planner thread made, so reading
+    them (in whatever order the batch stream does) first waits for the planning."""
     __slots__ = ("meta", "stores")
+
+    def _planned(self):
+        j = _Group.job.__get__(self)
+        if isinstance(j, _Planned):
+            j._resolve(raise_errors=False)
+
+    @property
+    def bufs(self):
+        self._planned()
+        return _Group.bufs.__get__(self)
+
+    @bufs.setter
+    def bufs(self, v):
+        _Group.bufs.__set__(self, v)
+
+    @property
+    def handles(self):
+        self._planned()
+        return _Group.handles.__get__(self)
+
+    @handles.setter
+    def handles(self, v):
+        _Group.handles.__set__(self, v)
 
 
 def _check_stores(handles):
@@ -1080,15 +1105,21 @@ class _Planned:
         self.g = g
         self.job = None
         self._ready = False
+        self._error = None
         self.fut = _planner(rt).submit(ds._read_rows, rt, rows, boxes)
 
-    def _resolve(self):
+    def _resolve(self, raise_errors=True):
         if not self._ready:
-            bufs, job, handles = self.fut.result()
+            try:
+                bufs, job, handles = self.fut.result()
+            except BaseException as e:   # noqa: BLE001 — raised by the job's calls, not by cleanup
+                self._error, bufs, job, handles = e, [], None, []
             g = self.g
             g.bufs, g.handles, g.stores = bufs, handles, [e[0] for e in handles]
             g.meta = (bufs,) + tuple(g.meta[1:])
             self.job, self._ready = job, True
+        if raise_errors and self._error is not None:
+            raise self._error
         return self.job
 
     @property
@@ -1113,7 +1144,7 @@ class _Planned:
 
     def cancel(self):
         if self.fut.cancel():
-            self._ready = True
+            self._ready, self.g.bufs, self.g.handles = True, [], []
             return
         j = self._resolve()
         if j is not None:

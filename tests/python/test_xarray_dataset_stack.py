@@ -127,3 +127,39 @@ def test_batches_are_planned_off_the_consumers_thread(tmp_path, monkeypatch):
     assert where and all(t != me for t, _ in where)
     assert [i for _, r in where for i in r] == got                  # submitted in batch order
     assert all(e[1] == 0 for e in ds._rt.handles.values())          # every store given back
+
+
+def test_a_group_read_before_its_job_waits_for_the_planning(tmp_path, monkeypatch):
+    """The batch stream may look at a group's buffers and stores before its job: they are what the
+    planning made, whatever the order. A planning error is raised by the job, never by cleanup."""
+    import threading
+    p, ref = _write(tmp_path, True)
+    ds = XarrayDataset(p, ["a", "b"], batch_size=2, device="cpu")
+    gate = threading.Event()
+    orig = XarrayDataset._read_rows
+
+    def slow(self, rt, rows, boxes):
+        gate.wait(5)
+        return orig(self, rt, rows, boxes)
+    monkeypatch.setattr(XarrayDataset, "_read_rows", slow)
+    rt = ds._runtime(ds._resolve_device(False), False, 1)
+    order = ds._order(0)
+    from ferry.torch import _Layout
+    lay = _Layout(ds.num_samples, 0, 1, 0, 2, False)
+    g = ds._submit(rt, order, lay, [0])
+    threading.Timer(0.2, gate.set).start()
+    assert len(g.bufs) == 1 and len(g.handles) == 1              # waited for the planner (a, b: one slab)
+    g.job.wait()
+    np.testing.assert_allclose(ds._finish(g)[0]["x"][:, 0].numpy(), ref.a.values[:2], rtol=1e-6)
+    ds._release(rt, g)
+
+    def broken(self, rt, rows, boxes):
+        raise RuntimeError("planning failed")
+    monkeypatch.setattr(XarrayDataset, "_read_rows", broken)
+    g = ds._submit(rt, order, lay, [1])
+    assert g.bufs == [] and g.handles == []
+    with pytest.raises(RuntimeError, match="planning failed"):
+        g.job.wait()
+    ds._release(rt, g)
+    with pytest.raises(RuntimeError, match="planning failed"):
+        next(iter(ds))
