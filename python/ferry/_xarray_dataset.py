@@ -797,16 +797,17 @@ class XarrayDataset(_BatchStream):
             buf = self._alloc(rt, (R, slab.C) + tuple(hw), _torch_dtype(slab.dtype))
             bufs.append(buf)
             plane = int(np.prod(hw, dtype=np.int64)) * slab.dtype.itemsize
-            # per variable: (name, byte offset in a row, bytes, the dims after the sample dim as triples)
+            # per variable: (slab, its address, bytes of a row, name, offset in a row, bytes,
+            # the selection of the dims after the sample dim as triples)
             for n, off, rc, _ in slab.items:
                 if rc * plane:
                     sel = self._vars[n].sel
                     places.append((slab, buf.data_ptr(), slab.C * plane, n, off * plane, rc * plane,
                                    [(s.start, s.stop, s.step) for s in sel]))
-        if places:
+        try:
             # one row (a step of one file) at a time: each variable's channels of a row are one
             # contiguous block of the slab, whatever else shares it
-            for r in range(R):
+            for r in (range(R) if places else ()):
                 seg = self._segs[int(seg_of[r])]
                 t = int(row_steps[r]) - seg.g0 + seg.lo
                 st = self._store(rt, seg, handles, seen)
@@ -820,8 +821,11 @@ class XarrayDataset(_BatchStream):
                         tri = tri[:-2] + [(ys + y0 * yst, ys + (y0 + self.patch[0]) * yst, yst),
                                           (xs + x0 * xst, xs + (x0 + self.patch[1]) * xst, xst)]
                     st._plan_triples(plan, specs[n], [head] + tri, (ptr + r * row + off, nb, dev))
-        _check_stores(handles)
-        job = rt.ctx.submit(plan) if len(plan) else None
+            _check_stores(handles)
+            job = rt.ctx.submit(plan) if len(plan) else None
+        except BaseException:
+            self._release(rt, _wrap_handles(handles))       # the stores taken so far
+            raise
         return bufs, job, handles
 
     def _stack(self, rt, bufs, row_steps, patched=False, normalise=True):
@@ -1017,12 +1021,6 @@ class XarrayDataset(_BatchStream):
         return (f"XarrayDataset({self.num_samples} samples over {self.steps} steps of {self.sample_dim!r}, "
                 f"x={self.variables}, y={self.target_variables}, batch_size={self.batch_size}, "
                 f"epoch={self._epoch}, consumed={self._consumed})")
-
-
-def _sub(s, start, n):
-    """Entries start..start+n of what slice s selects, as a slice of the file's axis."""
-    st = s.step or 1
-    return slice(s.start + start * st, s.start + (start + n) * st, st)
 
 
 _NP_TORCH = {np.dtype(k): getattr(torch, v) for k, v in (

@@ -163,3 +163,16 @@ def test_a_group_read_before_its_job_waits_for_the_planning(tmp_path, monkeypatc
     ds._release(rt, g)
     with pytest.raises(RuntimeError, match="planning failed"):
         next(iter(ds))
+
+
+def test_a_plan_that_fails_gives_its_stores_back(tmp_path, monkeypatch):
+    p, ref = _write(tmp_path, False)
+    ds = XarrayDataset(p, ["a"], batch_size=2, device="cpu")
+    assert next(iter(ds))["x"].shape == (2, 1, H, W)
+
+    def refuse(self, st, seen):
+        raise RuntimeError("not by ferry's engine")
+    monkeypatch.setattr(XarrayDataset, "_specs", refuse)
+    with pytest.raises(RuntimeError, match="engine"):
+        next(iter(ds))
+    assert ds._rt.handles and all(e[1] == 0 for e in ds._rt.handles.values())
