@@ -182,6 +182,13 @@ typedef struct ferry_config {
  * holds a context on is on that node (a DDP rank); work run on the caller's thread never
  * moves the caller. One node: nothing happens. `ferry info` prints the topology;
  * docs/multigpu.md says more. */
+/* Cold small records (read once per context, not a field) [FERRY_READAHEAD=auto|on|off]: auto
+ * announces a packed task's records to the kernel (posix_fadvise WILLNEED) when its first
+ * record is not in the page cache, on always, off never. Ignored with no_env.
+ * Experiments for small records (read from the environment, ignored with no_env; the
+ * defaults stay until the GPU machine's numbers move them): [FERRY_PACK_MIN] least bytes
+ * of a task of packed records (64K); [FERRY_SPIN_US] microseconds an idle worker watches
+ * the queue before it sleeps (0, at most 1000). */
 
 /** Where compressed chunks are decoded (FERRY_DECODE=auto|gpu|cpu).
  *  CPU: ferry's own decoders on the worker threads, then a copy to the device.
@@ -813,6 +820,27 @@ void ferry_npy_batch_destroy(ferry_npy_batch *b);
 /** submit + wait + destroy. */
 int64_t ferry_npy_read_many(ferry_ctx *ctx, const char *const *paths, size_t n, ferry_buf dst, uint64_t stride,
                             unsigned flags, ferry_npy_info *info);
+
+/* ------------------------------------------------------------------------- */
+/* Epoch orders, keyed permutations (src/formats/perm.c)                     */
+/* ------------------------------------------------------------------------- */
+/** A permutation of [0, n) keyed by (seed, epoch), evaluated per position in
+ *  O(1) memory (a Feistel network cycle-walked into [0, n)): the order in
+ *  which ferry.torch's TokenDataset visits its windows, the same permutation
+ *  as python/ferry/_torch_order.py's FeistelOrder. shuffle = 0: the identity.
+ *  Plain data: fill with ferry_perm_init, share between threads freely. */
+#define FERRY_PERM_ROUNDS 4
+typedef struct ferry_perm {
+    uint64_t n;
+    unsigned half;                    /* the domain is 4^half >= n */
+    int shuffle;
+    uint64_t key[FERRY_PERM_ROUNDS], mul[FERRY_PERM_ROUNDS];
+} ferry_perm;
+/** 0, or FERRY_EINVAL (o NULL, n > INT64_MAX). */
+int ferry_perm_init(ferry_perm *o, uint64_t n, int64_t seed, int64_t epoch, int shuffle);
+/** ids[i] = the permutation at position pos[i], for i < count. Returns count,
+ *  or FERRY_EINVAL (a position outside [0, n): nothing written). */
+int64_t ferry_perm_take(const ferry_perm *o, const int64_t *pos, size_t count, int64_t *ids);
 
 /* ------------------------------------------------------------------------- */
 /* Per-format notes                                                           */
