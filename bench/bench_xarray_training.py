@@ -2,28 +2,35 @@
 """Training batches from xarray data (issue 14): ferry.torch.XarrayDataset against what weather
 models train with today, on the same ERA5-like files in one run.
 
-Data: --nvars float32 variables (time × lat × lon, 0.5° grid by default), about --gib GiB, one
-chunk per time step, written as netCDF-4 zlib+shuffle (nc4z), Zarr v3 zstd (zarrz, when zarr
-imports) and netCDF-3 uncompressed (nc3). Page cache warm. Rows per format (GB/s of batch
-data delivered on the GPU, shuffled time steps, batch --batch):
+Data: --nvars float32 variables (time x lat x lon, 0.5 deg grid by default), about --gib GiB, one
+chunk per time step, as netCDF-4 zlib+shuffle (nc4z), Zarr v3 zstd (zarrz), Zarr v3 uncompressed
+(zarr) and netCDF-3 (nc3). The files are written once per shape into --dir (threads: 16 GB per
+format in seconds) and reused by later runs; page cache warm. Rows per format (GB/s of batch data
+delivered on the GPU, shuffled time steps, batch --batch):
 
+  raw       ferry's engine reading every byte of the file(s) into one GPU buffer (uncompressed
+            formats: the issue's "raw file->GPU" limit)
   limit     ferry's own `open_dataset(engine="ferry", device=0).load()` of the same data
   ferry     XarrayDataset(... device="cuda") iterated for one epoch
   dali      the same through ferry.dali's pipeline (DALI source cost), when DALI imports
-  loader    map-style Dataset doing ds.isel(time=i) with xarray's own engine in DataLoader
-            workers (8 and 16, pin_memory) then .cuda() — what xbatcher's torch loader does
+  idle      GPU idle fraction behind a step sized to consume --step-gbps GB/s: the loop queues
+            the step and asks for the next batch; "host waits" also waits for the step each
+            time (a loop calling loss.item()), so the dataset's own host time per batch shows
+  isel      map-style Dataset doing ds.isel(time=i) with xarray's own engine in DataLoader
+            workers (--workers, pin_memory) then .cuda()
+  xbatcher  xbatcher's BatchGenerator + MapDataset in the same DataLoader
   physicsnemo  a DALI pipeline whose parallel external_source reads h5py per sample on the CPU
             (NVIDIA PhysicsNeMo's ERA5 datapipe pattern), nc4z only, when DALI imports
-  idle      GPU idle fraction behind a step sized to consume --step-gbps GB/s
+The baselines run --peer-seconds after their first batch (their rate is steady by then).
 
-    python3 bench/bench_xarray_training.py --gib 4
+    python3 bench/bench_xarray_training.py --gib 16
     python3 bench/bench_xarray_training.py --smoke --device cpu
 """
 import argparse
 import os
 import shutil
+import struct
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -32,18 +39,154 @@ here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(here, "..", "python"))
 sys.path.insert(0, here)
 from harness import have, log, warm  # noqa: E402
-from bench_xarray import coords, var_data, write_h5, write_nc3  # noqa: E402
+from bench_xarray import coords  # noqa: E402
 
 
-def write_zarr3(path, names, nt, ny, nx):
-    import xarray as xr
-    import zarr
+# ---------------------------------------------------------------------------
+# data: written once per shape into --dir and reused (a "<name>.done" marker says complete);
+# every step of every variable is made and encoded by a thread pool (numpy, zlib and zstd
+# release the GIL), so 16 GB per format take seconds, not the minutes xarray's writers take
+# ---------------------------------------------------------------------------
+def step_field(i, t, ny, nx):
+    """bench_xarray.var_data(i, ...)[t] for one step, made on its own."""
+    y = np.linspace(-1, 1, ny, dtype=np.float32)[:, None]
+    x = np.linspace(0, 6.28, nx, dtype=np.float32)[None, :]
+    a = (250 + 10 * i + 20 * y * y + 5 * np.sin(x + np.float32(0.1 * t))).astype(np.float32)
+    idx = np.arange(t * ny * nx, (t + 1) * ny * nx, dtype=np.uint64).reshape(ny, nx)
+    a += (idx % 97).astype(np.float32) * np.float32(1e-3)
+    return a
+
+
+def _pool_steps(nt, fn, threads=None):
+    """fn(t) for every step on a thread pool; returns when all are done (errors re-raised)."""
+    import concurrent.futures as cf
+    with cf.ThreadPoolExecutor(threads or min(32, os.cpu_count() or 4)) as ex:
+        for f in [ex.submit(fn, t) for t in range(nt)]:
+            f.result()
+
+
+def _nc_name(s):
+    b = s.encode()
+    return struct.pack(">i", len(b)) + b + b"\0" * (-len(b) % 4)
+
+
+def _nc_attrs(attrs):
+    if not attrs:
+        return struct.pack(">ii", 0, 0)
+    out = struct.pack(">ii", 0x0C, len(attrs))
+    for k, v in attrs.items():
+        if isinstance(v, str):
+            b = v.encode()
+            out += _nc_name(k) + struct.pack(">ii", 2, len(b)) + b + b"\0" * (-len(b) % 4)
+        else:                                    # one float32
+            out += _nc_name(k) + struct.pack(">iif", 5, 1, v)
+    return out
+
+
+def write_nc3_fast(path, names, nt, ny, nx):
+    """netCDF-3 64-bit offset (CDF-2), what xarray's scipy writer makes of the same dataset:
+    non-record variables, C order, big-endian, data variables with _FillValue NaN."""
     t, la, lo = coords(nt, ny, nx)
-    ds = xr.Dataset({n: (("time", "lat", "lon"), var_data(i, nt, ny, nx)) for i, n in enumerate(names)},
-                    coords={"time": ("time", t, {"units": "hours since 2000-01-01"}), "lat": la, "lon": lo})
-    ds.to_zarr(path, zarr_format=3, consolidated=False,
-               encoding={n: {"chunks": (1, ny, nx), "compressors": [zarr.codecs.ZstdCodec(level=1)]}
-                         for n in names})
+    dims = [("time", nt), ("lat", ny), ("lon", nx)]
+    coordv = [("time", (0,), 6, {"units": "hours since 2000-01-01"}, t), ("lat", (1,), 6, {}, la),
+              ("lon", (2,), 6, {}, lo)]
+    datav = [(n, (0, 1, 2), 5, {"units": "K", "_FillValue": float("nan")}, None) for n in names]
+    allv = coordv + datav
+
+    def header(begins):
+        h = b"CDF\x02" + struct.pack(">i", 0)
+        h += struct.pack(">ii", 0x0A, len(dims)) + b"".join(_nc_name(d) + struct.pack(">i", n) for d, n in dims)
+        h += struct.pack(">ii", 0, 0)
+        h += struct.pack(">ii", 0x0B, len(allv))
+        for (name, dd, typ, attrs, _), b in zip(allv, begins):
+            size = int(np.prod([dims[k][1] for k in dd])) * (8 if typ == 6 else 4)
+            h += _nc_name(name) + struct.pack(">i", len(dd)) + b"".join(struct.pack(">i", k) for k in dd)
+            h += _nc_attrs(attrs) + struct.pack(">ii", typ, min(size + (-size % 4), 2 ** 32 - 4))
+            h += struct.pack(">q", b)
+        return h
+    sizes = [int(np.prod([dims[k][1] for k in dd])) * (8 if typ == 6 else 4) for _, dd, typ, _, _ in allv]
+    hlen = len(header([0] * len(allv)))
+    begins, off = [], hlen
+    for s in sizes:
+        begins.append(off)
+        off += s + (-s % 4)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.ftruncate(fd, off)
+        os.pwrite(fd, header(begins), 0)
+        for (_, _, _, _, data), b in zip(coordv, begins):
+            os.pwrite(fd, np.asarray(data, ">f8").tobytes(), b)
+        step = ny * nx * 4
+
+        def one(ti):
+            for i, b in enumerate(begins[len(coordv):]):
+                os.pwrite(fd, step_field(i, ti, ny, nx).astype(">f4").tobytes(), b + ti * step)
+        _pool_steps(nt, one)
+    finally:
+        os.close(fd)
+    return "scipy"
+
+
+def write_nc4z_fast(path, names, nt, ny, nx):
+    """netCDF-4 (HDF5 with dimension scales, as write_h5 makes it), zlib level 1 + shuffle, one
+    chunk per step: chunks compressed on a thread pool, written with write_direct_chunk."""
+    import threading
+    import zlib
+    import h5py
+    t, la, lo = coords(nt, ny, nx)
+    lock = threading.Lock()
+    with h5py.File(path, "w", libver="earliest") as f:
+        for name, v in (("time", t), ("lat", la), ("lon", lo)):
+            d = f.create_dataset(name, data=v)
+            d.make_scale(name)
+        f["time"].attrs["units"] = "hours since 2000-01-01"
+        ds = []
+        for i, n in enumerate(names):
+            d = f.create_dataset(n, shape=(nt, ny, nx), dtype="<f4", chunks=(1, ny, nx), compression="gzip",
+                                 compression_opts=1, shuffle=True, fillvalue=np.float32("nan"))
+            d.attrs["units"] = "K"
+            d.attrs["_FillValue"] = np.float32("nan")
+            for k, dim in enumerate(("time", "lat", "lon")):
+                d.dims[k].attach_scale(f[dim])
+            ds.append(d)
+
+        def one(ti):
+            for i, d in enumerate(ds):
+                a = step_field(i, ti, ny, nx)
+                shuffled = a.view(np.uint8).reshape(-1, 4).T.tobytes()    # HDF5's shuffle filter
+                z = zlib.compress(shuffled, 1)
+                with lock:
+                    d.id.write_direct_chunk((ti, 0, 0), z, 0)
+        _pool_steps(nt, one)
+    return "netcdf4" if have("netCDF4") else ("h5netcdf" if have("h5netcdf") else "h5py")
+
+
+def write_zarr3_fast(path, names, nt, ny, nx, compress):
+    """Zarr v3 as xarray writes it (dimension_names, one chunk per step), zstd level 1 or no
+    compressor: metadata by zarr, chunk files written on a thread pool."""
+    import zarr
+    import numcodecs
+    t, la, lo = coords(nt, ny, nx)
+    g = zarr.open_group(path, mode="w", zarr_format=3)
+    for name, v, attrs in (("time", t, {"units": "hours since 2000-01-01"}), ("lat", la, {}), ("lon", lo, {})):
+        a = g.create_array(name, shape=v.shape, dtype=v.dtype, dimension_names=[name], attributes=attrs,
+                           compressors=None)
+        a[:] = v
+    comp = [zarr.codecs.ZstdCodec(level=1)] if compress else None
+    for n in names:
+        g.create_array(n, shape=(nt, ny, nx), chunks=(1, ny, nx), dtype="float32", fill_value=np.nan,
+                       compressors=comp, dimension_names=["time", "lat", "lon"], attributes={"units": "K"})
+    z = numcodecs.Zstd(level=1) if compress else None
+
+    def one(ti):
+        for i, n in enumerate(names):
+            b = step_field(i, ti, ny, nx).tobytes()
+            d = os.path.join(path, n, "c", str(ti), "0")
+            os.makedirs(d, exist_ok=True)
+            with open(os.path.join(d, "0"), "wb") as fh:
+                fh.write(z.encode(b) if z is not None else b)
+    _pool_steps(nt, one)
+    return "zarr"
 
 
 def sync(device):
@@ -54,6 +197,47 @@ def sync(device):
 
 def rate(nbytes, secs):
     return nbytes / secs / 1e9
+
+
+def _open_kw(engine):
+    return {"consolidated": False} if engine == "zarr" else {}
+
+
+def raw_rate(path, device):
+    """ferry's raw file->GPU rate: every byte of the file(s) read by the engine into one buffer on
+    the device (the limit for uncompressed data; what `ferry bench` measures, on these files).
+    A Zarr store's chunk files are opened as many at a time as the open-file limit allows
+    (main() raises it to the hard limit); only the engine's runs are timed."""
+    import resource
+    group = max(64, resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 256)
+    import torch
+    from ferry import _ferry
+    from harness import files_of
+    ctx = _ferry.default_context() if hasattr(_ferry, "default_context") else _ferry.Context()
+    files = [(p, os.path.getsize(p)) for p in sorted(files_of(path))]
+    total = sum(n for _, n in files)
+    dev = "cpu" if device == "cpu" else "cuda"
+    buf = torch.empty(total, dtype=torch.uint8, device=dev)
+    dst = (buf.data_ptr(), total, -1 if dev == "cpu" else buf.device.index)
+    best = None
+    for _ in range(2):
+        secs, off = 0.0, 0
+        for k in range(0, len(files), group):
+            part = files[k:k + group]
+            handles = [_ferry.File(ctx, p) for p, _ in part]
+            plan = _ferry.Plan()
+            for h, (_, n) in zip(handles, part):
+                if n:
+                    plan.read_file(h, 0, n, dst, off)
+                off += n
+            t0 = time.perf_counter()
+            ctx.run(plan)
+            sync(device)
+            secs += time.perf_counter() - t0
+            for h in handles:
+                h.close()
+        best = secs if best is None else min(best, secs)
+    return rate(total, best)
 
 
 def ferry_load_rate(path, names, device):
@@ -70,59 +254,105 @@ def ferry_load_rate(path, names, device):
         best = dt if best is None else min(best, dt)
         nb = sum(ds[n].nbytes for n in names)
         ds.close()
+        del ds
     return rate(nb, best)
 
 
-def ferry_epoch(path, names, device, batch, dali=False, step_gbps=None):
+_CYCLES = []
+
+
+def gpu_sleep(secs):
+    """Keep the GPU busy for `secs` on the current stream (torch.cuda._sleep, calibrated once)."""
+    import torch
+    if not _CYCLES:
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1000)
+        s.record()
+        torch.cuda._sleep(200_000_000)
+        e.record()
+        e.synchronize()
+        _CYCLES.append(200_000_000 / (s.elapsed_time(e) / 1e3))
+    torch.cuda._sleep(max(1, int(secs * _CYCLES[0])))
+
+
+def ferry_epoch(path, names, device, batch, prefetch, dali=False, step_gbps=None, step_sync=False):
+    """GB/s of one shuffled epoch of XarrayDataset batches (x on `device`); with step_gbps, the
+    fraction of the time the GPU idled behind a step that keeps it busy per/step_gbps seconds a
+    batch (step_sync: the host also waits for each step, as a loop calling loss.item() does)."""
     import torch
     import xarray as xr
     from ferry.torch import XarrayDataset
     from ferry.xarray import FerryBackendEntrypoint
     ds = xr.open_dataset(path, engine=FerryBackendEntrypoint, device="cpu")
-    xd = XarrayDataset(ds, names, batch_size=batch, shuffle=True, seed=1, device=device, prefetch=4)
-    it = None
+    xd = XarrayDataset(ds, names, batch_size=batch, shuffle=True, seed=1, device=device, prefetch=prefetch)
     if dali:
         import ferry.dali
         pipe = ferry.dali.pipeline(xd, outputs=("x",), prefetch_queue_depth=2)
         pipe.build()
 
-        def batches():
+        def it():
             try:
                 while True:
                     yield pipe.run()[0]
             except StopIteration:
                 return
-        it = batches
     else:
         it = lambda: iter(xd)  # noqa: E731
     per = batch * len(names) * int(np.prod(xd.spatial)) * 4
-    # warm-up pass (opens files, fills the allocator), then the timed epoch
-    for k, b in enumerate(it()):
-        if k >= 3:
-            break
-    if dali:
-        pipe.reset()
+    # a whole warm-up epoch (opens files, fills the allocator, starts DALI's queue), then the
+    # timed one; DALI's reset() is inside the timed part (it starts prefetching the next epoch)
+    for b in it():
+        pass
+    step = per / (step_gbps * 1e9) if (step_gbps and device != "cpu") else None
+    if step:
+        gpu_sleep(step)
+    sync(device)
     n, busy = 0, 0.0
     t0 = time.perf_counter()
+    if dali:
+        pipe.reset()
     for b in it():
         n += 1
-        if step_gbps and device != "cpu":
-            d = per / (step_gbps * 1e9)
-            torch.cuda._sleep(int(d * 1.98e9))     # ~SM clock cycles at 1.98 GHz: a busy GPU for d s
-            busy += d
+        if step:
+            gpu_sleep(step)
+            busy += step
+            if step_sync:
+                torch.cuda.current_stream().synchronize()
     sync(device)
     dt = time.perf_counter() - t0
-    return rate(n * per, dt), (1 - busy / dt) if (step_gbps and device != "cpu") else None
+    return rate(n * per, dt), (max(0.0, 1 - busy / dt) if step else None)
+
+
+def _timed(batches, seconds, device):
+    """GB/s over the batches of an iterator after its first one (workers started, files open),
+    for at most `seconds` (the peers' rate is steady after that; a full epoch of 16 GB at 1 GB/s
+    would cost the GPU machine minutes)."""
+    it = iter(batches)
+    first = next(it)
+    if device != "cpu":
+        first = first.cuda(non_blocking=True)
+    sync(device)
+    nb, t0 = 0, time.perf_counter()
+    for x in it:
+        if device != "cpu":
+            x = x.cuda(non_blocking=True)
+        nb += x.numel() * x.element_size()
+        if time.perf_counter() - t0 > seconds:
+            break
+    sync(device)
+    dt = time.perf_counter() - t0
+    del it
+    return rate(nb, dt)
 
 
 class _IselDataset:
-    """What xbatcher + DataLoader do: one sample = ds.isel(time=i) read by xarray's own engine."""
+    """A map-style dataset: one sample = ds.isel(time=i) read by xarray's own engine."""
 
     def __init__(self, path, engine, names):
         self.path, self.engine, self.names = path, engine, names
         self.ds = None
         import xarray as xr
-        with xr.open_dataset(path, engine=engine) as d:
+        with xr.open_dataset(path, engine=engine, **_open_kw(engine)) as d:
             self.n = d.sizes["time"]
 
     def __len__(self):
@@ -132,24 +362,55 @@ class _IselDataset:
         import torch
         import xarray as xr
         if self.ds is None:
-            self.ds = xr.open_dataset(self.path, engine=self.engine)
+            self.ds = xr.open_dataset(self.path, engine=self.engine, **_open_kw(self.engine))
         s = self.ds.isel(time=int(i))
         return torch.from_numpy(np.stack([s[n].values for n in self.names]))
 
 
-def loader_epoch(path, engine, names, device, batch, workers):
+def loader_rate(path, engine, names, device, batch, workers, seconds):
     import torch
-    dset = _IselDataset(path, engine, names)
-    dl = torch.utils.data.DataLoader(dset, batch_size=batch, shuffle=True, num_workers=workers,
-                                     pin_memory=device != "cpu", persistent_workers=False)
-    nb = 0
-    t0 = time.perf_counter()
-    for x in dl:
-        if device != "cpu":
-            x = x.cuda(non_blocking=True)
-        nb += x.numel() * x.element_size()
-    sync(device)
-    return rate(nb, time.perf_counter() - t0)
+    dl = torch.utils.data.DataLoader(_IselDataset(path, engine, names), batch_size=batch, shuffle=True,
+                                     num_workers=workers, pin_memory=device != "cpu")
+    return _timed(dl, seconds, device)
+
+
+class _XbatcherDataset:
+    """xbatcher's own torch loader: a BatchGenerator of one-step windows over the variables and
+    its MapDataset, made in each DataLoader worker (the file is opened there, lazily)."""
+
+    def __init__(self, path, engine, names):
+        self.path, self.engine, self.names = path, engine, names
+        self.mds = None
+        import xarray as xr
+        with xr.open_dataset(path, engine=engine, **_open_kw(engine)) as d:
+            self.n, self.ny, self.nx = d.sizes["time"], d.sizes["lat"], d.sizes["lon"]
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.mds is None:
+            import xarray as xr
+            import xbatcher
+            from xbatcher.loaders.torch import MapDataset
+            ds = xr.open_dataset(self.path, engine=self.engine, **_open_kw(self.engine))[self.names]
+            gen = xbatcher.BatchGenerator(ds, input_dims={"time": 1, "lat": self.ny, "lon": self.nx},
+                                          preload_batch=False)
+            self.mds = MapDataset(gen, transform=_vars_tensor)
+        return self.mds[int(i)]
+
+
+def _vars_tensor(batch):
+    # xbatcher's default transform squeezes the variable dim, which only works for one variable
+    import torch
+    return torch.from_numpy(batch.to_dataarray("var").values)
+
+
+def xbatcher_rate(path, engine, names, device, batch, workers, seconds):
+    import torch
+    dl = torch.utils.data.DataLoader(_XbatcherDataset(path, engine, names), batch_size=batch, shuffle=True,
+                                     num_workers=workers, pin_memory=device != "cpu")
+    return _timed(dl, seconds, device)
 
 
 class _H5Source:
@@ -178,7 +439,7 @@ class _H5Source:
         return np.stack([self.f[n][i] for n in self.names])
 
 
-def physicsnemo_epoch(path, names, device, batch, workers):
+def physicsnemo_rate(path, names, device, batch, workers, seconds):
     """A PhysicsNeMo-style pipeline: parallel per-sample external_source reading h5py on the CPU."""
     import nvidia.dali.fn as fn
     from nvidia.dali import pipeline_def
@@ -192,20 +453,51 @@ def physicsnemo_epoch(path, names, device, batch, workers):
         return x.gpu() if device != "cpu" else x
     p = pipe()
     p.build()
-    n = 0
-    t0 = time.perf_counter()
+    import h5py
+    with h5py.File(path, "r") as f:
+        per = batch * sum(int(np.prod(f[k].shape[1:])) * 4 for k in names)
+    p.run()                       # workers started
+    n, t0 = 0, time.perf_counter()
     try:
-        while True:
-            (x,) = p.run()
+        while time.perf_counter() - t0 < seconds:
+            p.run()
             n += 1
     except StopIteration:
         pass
     sync(device)
     dt = time.perf_counter() - t0
-    import h5py
-    with h5py.File(path, "r") as f:
-        per = batch * sum(int(np.prod(f[k].shape[1:])) * 4 for k in names)
+    del p
     return rate(n * per, dt)
+
+
+FORMATS = {   # name: (file name, writer, xarray's own engine for the peers, uncompressed)
+    "nc4z": ("e.nc", write_nc4z_fast, None, False),
+    "zarrz": ("ez.zarr", lambda p, *a: write_zarr3_fast(p, *a, compress=True), "zarr", False),
+    "zarr": ("e.zarr", lambda p, *a: write_zarr3_fast(p, *a, compress=False), "zarr", True),
+    "nc3": ("e3.nc", write_nc3_fast, "scipy", True),
+}
+
+
+def dataset_file(d, fmt, names, nt, ny, nx, fresh):
+    """The format's file for this shape in d, written unless a complete one is there."""
+    fname, writer, _, _ = FORMATS[fmt]
+    path = os.path.join(d, f"{len(names)}x{nt}x{ny}x{nx}-{fname}")      # main() checks the same name
+    done = path + ".done"
+    if os.path.exists(done) and not fresh:
+        log(f"{fmt}: reusing {path}")
+        with open(done) as fh:
+            return path, fh.read().strip()
+    for p in (done, path):
+        if os.path.isdir(p):
+            shutil.rmtree(p)
+        elif os.path.exists(p):
+            os.remove(p)
+    t0 = time.perf_counter()
+    eng = writer(path, names, nt, ny, nx)
+    with open(done, "w") as fh:
+        fh.write(eng)
+    log(f"{fmt}: wrote {nt} steps x {len(names)} vars in {time.perf_counter() - t0:.1f} s")
+    return path, eng
 
 
 def main():
@@ -215,66 +507,92 @@ def main():
     ap.add_argument("--ny", type=int, default=361)
     ap.add_argument("--nx", type=int, default=720)
     ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--prefetch", type=int, default=4)
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--formats", default="nc4z,zarrz,nc3")
+    ap.add_argument("--formats", default="nc4z,zarrz,zarr,nc3")
+    ap.add_argument("--peers", default="isel,xbatcher,physicsnemo",
+                    help="the baselines to run (comma list; '' for none)")
     ap.add_argument("--workers", default="8,16")
+    ap.add_argument("--peer-seconds", type=float, default=6.0, help="timed seconds per baseline run")
     ap.add_argument("--step-gbps", type=float, default=10.0)
-    ap.add_argument("--dir", default=None)
+    ap.add_argument("--dir", default="/tmp/ferry-xtrain", help="where the files are kept and reused")
+    ap.add_argument("--fresh", action="store_true", help="write the files again")
+    ap.add_argument("--drop", action="store_true", help="delete each format's files after its rows")
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args()
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:          # the raw row opens every chunk file
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 1 << 20), hard))
     if a.smoke:
-        a.gib, a.nvars, a.ny, a.nx, a.batch, a.workers = 0.01, 3, 45, 90, 4, "2"
+        a.gib, a.nvars, a.ny, a.nx, a.batch, a.workers, a.peer_seconds = 0.01, 3, 45, 90, 4, "2", 1.0
     names = [f"v{i:02d}" for i in range(a.nvars)]
     nt = max(a.batch * 4, int(a.gib * 2 ** 30 / (a.nvars * a.ny * a.nx * 4)))
-    d = a.dir or tempfile.mkdtemp(prefix="ferry-xtrain-")
+    os.makedirs(a.dir, exist_ok=True)
+    missing = [f for f in a.formats.split(",") if f in FORMATS and (a.fresh or not os.path.exists(
+        os.path.join(a.dir, f"{a.nvars}x{nt}x{a.ny}x{a.nx}-{FORMATS[f][0]}.done")))]
+    need = nt * a.nvars * a.ny * a.nx * 4 * len(missing)       # at most: uncompressed
+    if shutil.disk_usage(a.dir).free < need + (4 << 30) and not a.drop:
+        log(f"{a.dir}: {shutil.disk_usage(a.dir).free / 1e9:.0f} GB free, the formats may need "
+            f"{need / 1e9:.0f} GB: each format's files are deleted after its rows (--drop)")
+        a.drop = True
+    peers = [p for p in a.peers.split(",") if p]
+    workers = [int(x) for x in a.workers.split(",")]
     rows = []
     have_dali = have("nvidia.dali")
-    try:
-        for fmt in a.formats.split(","):
-            path = os.path.join(d, {"nc4z": "e.nc", "zarrz": "e.zarr", "nc3": "e3.nc"}[fmt])
-            t0 = time.perf_counter()
-            if fmt == "nc4z":
-                eng = write_h5(path, names, nt, a.ny, a.nx, True)
-                peer = "netcdf4" if have("netCDF4") else ("h5netcdf" if have("h5netcdf") else None)
-            elif fmt == "zarrz":
-                if not have("zarr"):
-                    log("zarrz: zarr is not installed, skipped")
-                    continue
-                write_zarr3(path, names, nt, a.ny, a.nx)
-                peer = "zarr"
-            else:
-                write_nc3(path, names, nt, a.ny, a.nx)
-                peer = "scipy"
-            log(f"{fmt}: wrote {nt} steps x {a.nvars} vars in {time.perf_counter() - t0:.1f} s")
-            warm(path)
-            lim = ferry_load_rate(path, names, a.device)
-            fr, _ = ferry_epoch(path, names, a.device, a.batch)
-            rows.append((fmt, "ferry .load() (limit)", lim, None))
-            rows.append((fmt, "XarrayDataset", fr, fr / lim))
-            if have_dali:
-                dr, _ = ferry_epoch(path, names, a.device, a.batch, dali=True)
-                rows.append((fmt, "XarrayDataset via ferry.dali", dr, dr / fr))
-            _, idle = ferry_epoch(path, names, a.device, a.batch, step_gbps=a.step_gbps)
-            if idle is not None:
-                rows.append((fmt, f"GPU idle behind a {a.step_gbps:g} GB/s step", idle, None))
-            if peer:
-                for w in [int(x) for x in a.workers.split(",")]:
-                    lr = loader_epoch(path, peer, names, a.device, a.batch, w)
+    cuda = a.device != "cpu"
+    for fmt in a.formats.split(","):
+        if fmt not in FORMATS:
+            raise SystemExit(f"unknown format {fmt!r} (have {sorted(FORMATS)})")
+        if fmt.startswith("zarr") and not have("zarr"):
+            log(f"{fmt}: zarr is not installed, skipped")
+            continue
+        path, eng = dataset_file(a.dir, fmt, names, nt, a.ny, a.nx, a.fresh)
+        peer = FORMATS[fmt][2] or ("netcdf4" if eng == "netcdf4" else "h5netcdf" if eng == "h5netcdf" else None)
+        t0 = time.perf_counter()
+        warm(path)
+        log(f"{fmt}: page cache warmed in {time.perf_counter() - t0:.1f} s")
+        lim = ferry_load_rate(path, names, a.device)
+        fr, _ = ferry_epoch(path, names, a.device, a.batch, a.prefetch)
+        if FORMATS[fmt][3]:
+            raw = raw_rate(path, a.device)
+            rows.append((fmt, "ferry raw file->GPU (all bytes)", raw, None))
+        rows.append((fmt, "ferry .load() (limit)", lim, None))
+        rows.append((fmt, "XarrayDataset (ratio: vs .load())", fr, fr / lim))
+        if FORMATS[fmt][3]:
+            rows.append((fmt, "XarrayDataset vs raw file->GPU", fr, fr / raw))
+        if have_dali:
+            dr, _ = ferry_epoch(path, names, a.device, a.batch, a.prefetch, dali=True)
+            rows.append((fmt, "XarrayDataset via ferry.dali (ratio: vs alone)", dr, dr / fr))
+        if cuda:
+            for ss in (False, True):
+                _, idle = ferry_epoch(path, names, a.device, a.batch, a.prefetch, step_gbps=a.step_gbps,
+                                      step_sync=ss)
+                rows.append((fmt, f"GPU idle behind a {a.step_gbps:g} GB/s step" + (", host waits" if ss else ""),
+                             idle, None))
+        log(f"{fmt}: ferry rows done")
+        if peer:
+            for w in workers:
+                if "isel" in peers:
+                    lr = loader_rate(path, peer, names, a.device, a.batch, w, a.peer_seconds)
                     rows.append((fmt, f"isel+{peer} DataLoader({w} workers)", lr, fr / lr))
-            if fmt == "nc4z" and have_dali and eng in ("netcdf4", "h5netcdf", "h5py"):
-                w = max(int(x) for x in a.workers.split(","))
-                pr = physicsnemo_epoch(path, names, a.device, a.batch, w)
-                rows.append((fmt, f"PhysicsNeMo-style DALI (h5py, {w} workers)", pr, fr / pr))
+                if "xbatcher" in peers and have("xbatcher"):
+                    xr_ = xbatcher_rate(path, peer, names, a.device, a.batch, w, a.peer_seconds)
+                    rows.append((fmt, f"xbatcher+{peer} DataLoader({w} workers)", xr_, fr / xr_))
+                log(f"{fmt}: peers with {w} workers done")
+        if fmt == "nc4z" and "physicsnemo" in peers and have_dali:
+            w = max(workers)
+            pr = physicsnemo_rate(path, names, a.device, a.batch, w, a.peer_seconds)
+            rows.append((fmt, f"PhysicsNeMo-style DALI (h5py, {w} workers)", pr, fr / pr))
+        if a.drop:
             shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)
-    finally:
-        if not a.dir:
-            shutil.rmtree(d, ignore_errors=True)
+            os.remove(path + ".done")
     print(f"\n{a.nvars} vars x {nt} steps of {a.ny}x{a.nx} float32 ({a.gib:g} GiB), batch {a.batch}, "
-          f"device {a.device}")
-    print(f"{'format':7} {'reader':46} {'GB/s':>8} {'ratio':>7}")
+          f"prefetch {a.prefetch}, device {a.device}; peers timed {a.peer_seconds:g} s after their first batch")
+    print(f"{'format':7} {'reader':50} {'GB/s':>8} {'ratio':>7}")
     for fmt, what, v, r in rows:
         val = f"{v * 100:7.1f}%" if "idle" in what else f"{v:8.2f}"
-        print(f"{fmt:7} {what:46} {val} {'' if r is None else f'{r:7.2f}'}")
+        print(f"{fmt:7} {what:50} {val} {'' if r is None else f'{r:7.2f}'}")
 
 
 if __name__ == "__main__":
