@@ -82,28 +82,43 @@ static int gpu_chain(const ferry_extent *e, chain_info *ci) {
 }
 
 /* AUTO, per batch class, from measured rates for device destinations — the
- * H200, 16 cores, nvCOMP 6.0, 2026-12-01 (bench/bench_decode.py, BENCHMARKS.md
- * and issue 12), GB/s of decoded data, 16 CPU threads / one GPU:
- *   zstd (Zarr v3, 1/4 MiB chunks)     ferry GPU 16.1-18.2 (nvCOMP 38.7-52.7) vs CPU 9.8-10.7 -> GPU
- *   blosc-lz4+shuffle (Zarr v2, 1 MiB) ferry GPU 39.0 vs CPU 27.2                             -> GPU
- *   deflate (+shuffle)                 nvCOMP 5.2-5.9 vs CPU 3.39 (libdeflate)                 -> BOTH
- *   LZ4 (plain)                        nvCOMP 24.1 vs CPU 24.1                                 -> BOTH
+ * H200, 16 cores, nvCOMP 6.0, 2026-12-01 (bench/bench_decode.py, its --trace
+ * rows, BENCHMARKS.md), GB/s of decoded data:
+ *   zstd (Zarr v3, 1 MiB chunks)       ferry GPU 18.3 vs CPU 10.7                       -> GPU
+ *   blosc-lz4+shuffle (Zarr v2, 1 MiB) ferry GPU 39.0 vs CPU 27.2                       -> GPU
+ *   deflate+shuffle (netCDF-4, 4 MiB)  nvCOMP 6.34 on all 258 chunks at once vs CPU 7.35 -> BOTH
+ *   LZ4 (plain)                        nvCOMP 24.1 vs CPU 24.1; its per-chunk latency is
+ *                                      not measured yet                                 -> CPU
+ * nvCOMP decodes each chunk on one thread block: its rate comes from
+ * chunks in flight at once, and one chunk takes chunk / gpu_chunk_mbs however
+ * many run beside it (zstd 1 MiB: 32 per call 2.97 GB/s = 11 ms each, 1024
+ * per call 53 GB/s; deflate 4 MiB: 8 per call 0.20 GB/s = 166 ms each, 258
+ * per call 6.34) — longer than the CPU's whole 1 GiB netCDF-4 load (146 ms).
  * GPU: every chunk of the class goes to GPU batches, which every worker
  * feeds. BOTH: the chunks form one queue that GPU feeders (a few workers, each
  * claiming a batch at a time) and the other workers (one chunk at a time, on
- * the CPU) drain together, so the rate is the sum and neither waits for a
- * share fixed in advance (FERRY_GPU_CPU_SHARE's fixed split of deflate ran at
- * 1.99 GB/s against the CPU's 7.58 on the netCDF-4 row). The GPU's share of
- * the rates below only sizes its last batches, so that both sides end together.
- * decode="gpu" sends every chunk nvCOMP can take to GPU batches. */
+ * the CPU) drain together, so the rates add and neither waits for a share
+ * fixed in advance (FERRY_GPU_CPU_SHARE's fixed split ran at 1.99 GB/s against
+ * the CPU's 7.58). A feeder claims only what the GPU finishes — its read at
+ * one thread's pread rate, one chunk's latency, the batch at gpu_gbs, after
+ * what it already holds — before the CPU workers would finish what is left
+ * without it (claim_batch); on a load the CPU finishes within one GPU chunk's
+ * latency it claims nothing, and AUTO is the CPU alone. decode="gpu" sends
+ * every chunk nvCOMP can take to GPU batches. */
 enum { MODE_CPU = 0, MODE_GPU = 1, MODE_BOTH = 2 };
-typedef struct class_rate { int mode; double gpu_gbs, cpu_gbs_per_thread; } class_rate;
+typedef struct class_rate {
+    int mode;
+    double gpu_gbs;              /* nvCOMP's batched rate with the GPU full */
+    double gpu_chunk_mbs;        /* one chunk's decode rate on the GPU (its latency: chunk / this) */
+    double cpu_gbs_per_thread;   /* ferry's CPU decode, 16 threads / 16 */
+} class_rate;
 static const class_rate auto_table[NCLASS] = {
-    [FERRY_NVCOMP_ZSTD] = {MODE_GPU, 16.1, 0.67},
-    [FERRY_NVCOMP_LZ4] = {MODE_BOTH, 24.1, 1.51},
-    [FERRY_NVCOMP_DEFLATE] = {MODE_BOTH, 5.2, 0.21},
-    [CLASS_BLOSC] = {MODE_GPU, 39.0, 1.70},
+    [FERRY_NVCOMP_ZSTD] = {MODE_GPU, 53.2, 93.0, 0.67},
+    [FERRY_NVCOMP_LZ4] = {MODE_CPU, 24.1, 0, 1.51},
+    [FERRY_NVCOMP_DEFLATE] = {MODE_BOTH, 6.34, 25.0, 0.46},
+    [CLASS_BLOSC] = {MODE_GPU, 39.0, 0, 1.70},
 };
+#define PREAD_GBS 6.0   /* one thread's page-cache pread on the H200 (FIELD_NOTES.md): a feeder reads its batch alone */
 
 /* How a class is decoded under a policy. */
 static int class_mode(int policy, int cls) {
@@ -121,7 +136,11 @@ typedef struct gd_queue {
     _Atomic size_t next;     /* chunks claimed so far (may pass count: CPU claims overshoot) */
     int alg, dev, shared;
     uint64_t target;         /* decoded bytes per batch */
-    double gpu_share;        /* shared: the GPU's part of the sum of rates (sizes its last batches) */
+    /* shared queues: what claim_batch weighs (bytes, seconds) */
+    uint64_t bytes;          /* decoded bytes of the whole queue */
+    _Atomic uint64_t taken;  /* decoded bytes claimed by either side */
+    _Atomic uint64_t gpu_out;/* decoded bytes the GPU holds (claimed, not yet checked) */
+    double cpu_bps, gpu_bps, latency;  /* CPU workers' rate, the GPU's, one chunk's GPU latency */
 } gd_queue;
 
 struct ferry_gpudecode_job {
@@ -143,6 +162,7 @@ struct ferry_gpudecode_job {
  * [4 MiB, 256 MiB]: deflate decodes one chunk per thread block, so more
  * chunks per call is the only way to fill the GPU); FERRY_GPU_BATCH overrides. */
 static uint64_t batch_target(uint64_t bytes, size_t feeders, int shared, double share) {
+    /* (share: the GPU's part of the sum of rates, for a shared queue) */
     const char *s = getenv("FERRY_GPU_BATCH");
     if (s) { int64_t v = ferry_parse_size(s); if (v > 0) return (uint64_t)v; }
     uint64_t t = (uint64_t)((double)bytes * (shared ? share : 1.0)) / (2 * (uint64_t)(feeders ? feeders : 1));
@@ -157,8 +177,8 @@ static uint64_t batch_target(uint64_t bytes, size_t feeders, int shared, double 
 static size_t shared_feeders(int threads) {
     const char *s = getenv("FERRY_GPU_FEEDERS");
     long v = s && *s ? atol(s) : 2;
+    if (v > threads - 1) v = threads - 1;
     if (v < 1) v = 1;
-    if (threads > 1 && v > threads - 1) v = threads - 1;
     return (size_t)v;
 }
 
@@ -211,9 +231,24 @@ int ferry_gpudecode_plan(ferry_job *j, int policy) {
             q->dev = d;
             q->shared = mode == MODE_BOTH;
             int cpu_threads = threads - (int)sh_feeders > 0 ? threads - (int)sh_feeders : 1;
-            double gr = auto_table[a].gpu_gbs, cr = auto_table[a].cpu_gbs_per_thread * cpu_threads;
-            q->gpu_share = gr / (gr + cr);
-            q->target = batch_target(bytes, q->shared ? sh_feeders : (size_t)threads, q->shared, q->gpu_share);
+            class_rate cr_env, *cr = &cr_env;
+            cr_env = auto_table[a];
+            /* FERRY_GPU_RATES=gpu_gbs,chunk_mbs,cpu_gbs_per_thread: the table's
+             * numbers for shared queues, to measure another machine (and the
+             * stand-in's tests) without a rebuild */
+            const char *rs = getenv("FERRY_GPU_RATES");
+            if (rs && sscanf(rs, "%lf,%lf,%lf", &cr_env.gpu_gbs, &cr_env.gpu_chunk_mbs, &cr_env.cpu_gbs_per_thread) == 3 &&
+                (cr_env.gpu_gbs <= 0 || cr_env.gpu_chunk_mbs <= 0 || cr_env.cpu_gbs_per_thread <= 0))
+                cr_env = auto_table[a];
+            uint64_t max_chunk = 0;
+            for (size_t m = q->first; m < k; m++)
+                if (j->ext[g->idx[m]].decoded_size > max_chunk) max_chunk = j->ext[g->idx[m]].decoded_size;
+            q->bytes = bytes;
+            q->cpu_bps = cr->cpu_gbs_per_thread * 1e9 * cpu_threads;
+            q->gpu_bps = cr->gpu_gbs * 1e9;
+            q->latency = cr->gpu_chunk_mbs > 0 ? (double)max_chunk / (cr->gpu_chunk_mbs * 1e6) : 0;
+            double share = q->gpu_bps / (q->gpu_bps + q->cpu_bps);
+            q->target = batch_target(bytes, q->shared ? sh_feeders : (size_t)threads, q->shared, share);
             if (q->shared) shared += q->count; else gpu_only += q->count;
             size_t nb = (size_t)(bytes / q->target) + 1;
             if (nb > max_batches) max_batches = nb;
@@ -243,7 +278,7 @@ int ferry_gpudecode_is_feeder(const ferry_job *j, size_t t) { return j->gpu && t
  * target bytes (and 4096 chunks); of a shared queue at most the GPU's share
  * of what is left, so that the CPU workers and the GPU finish together.
  * 0 when every queue is empty. */
-static int claim_batch(struct ferry_gpudecode_job *g, const ferry_job *j, const gd_queue **qout, const uint32_t **idx,
+static int claim_batch(struct ferry_gpudecode_job *g, const ferry_job *j, gd_queue **qout, const uint32_t **idx,
                        size_t *count) {
     for (size_t qi = 0; qi < g->nq; qi++) {
         gd_queue *q = &g->q[qi];
@@ -257,12 +292,16 @@ static int claim_batch(struct ferry_gpudecode_job *g, const ferry_job *j, const 
                 bytes += b;
                 take++;
             }
-            if (q->shared) {
-                size_t cap = (size_t)((double)left * q->gpu_share + 0.999);
-                if (cap < 1) cap = 1;
-                if (take > cap) take = cap;
+            if (q->shared) {   /* only what the GPU finishes before the CPU workers would */
+                uint64_t left_bytes = q->bytes - FERRY_MIN(q->bytes, atomic_load(&q->taken));
+                double cpu_t = (double)left_bytes / q->cpu_bps;
+                double room = cpu_t - q->latency - (double)atomic_load(&q->gpu_out) / q->gpu_bps;
+                double x = room > 0 ? room / (1.0 / q->gpu_bps + 1.0 / (PREAD_GBS * 1e9) + 1.0 / q->cpu_bps) : 0;
+                while (take && (double)bytes > x) bytes -= j->ext[g->idx[q->first + cur + --take]].decoded_size;
+                if (!take) break;   /* the CPU finishes the rest sooner: not this queue */
             }
             if (atomic_compare_exchange_weak(&q->next, &cur, cur + take)) {
+                if (q->shared) { atomic_fetch_add(&q->taken, bytes); atomic_fetch_add(&q->gpu_out, bytes); }
                 *qout = q;
                 *idx = g->idx + q->first + cur;
                 *count = take;
@@ -281,6 +320,7 @@ int64_t ferry_gpudecode_take_one(ferry_job *j) {
         size_t cur = atomic_fetch_add(&q->next, 1);
         if (cur >= q->count) continue;
         uint32_t i = g->idx[q->first + cur];
+        atomic_fetch_add(&q->taken, j->ext[i].decoded_size);
         if (g->trace) {
             atomic_fetch_add(&g->trace->shared_cpu_chunks, 1);
             atomic_fetch_add(&g->trace->shared_cpu_bytes, j->ext[i].decoded_size);
@@ -344,6 +384,7 @@ typedef struct gd_slot {
     /* the batch in it */
     int dev, kernels, any_gpu, flying;
     size_t n;
+    gd_queue *q;         /* its queue (the job's): a shared one counts what the GPU holds */
     uint64_t file_bytes, res_size, res_adler, cpu_fallbacks;
 } gd_slot;
 
@@ -716,7 +757,7 @@ static int slot_ready(gd_slot *g, int d) {
  * check and frame them on the CPU, enqueue the copy up, the nvCOMP calls,
  * the filters and the results' copy back on the slot's stream, then decode
  * on the CPU the chunks the GPU does not take. finish_batch completes it. */
-static int start_batch(ferry_worker *w, ferry_job *j, const gd_queue *Q, const uint32_t *idx, size_t n, gd_slot *g,
+static int start_batch(ferry_worker *w, ferry_job *j, gd_queue *Q, const uint32_t *idx, size_t n, gd_slot *g,
                        ferry_decode_trace *tr) {
     uint64_t tlap = tr ? ferry_dt_now() : 0;
     const int d = Q->dev;
@@ -736,6 +777,7 @@ static int start_batch(ferry_worker *w, ferry_job *j, const gd_queue *Q, const u
     ferry_dt_batch_begin(tr);
     g->dev = d;
     g->n = n;
+    g->q = Q;
     g->file_bytes = g->cpu_fallbacks = 0;
     g->flying = 0;
     g->open = 1;   /* from here on finish_batch or the feeder's failure path ends it */
@@ -999,6 +1041,7 @@ static int64_t finish_batch(ferry_worker *w, ferry_job *j, gd_slot *g, ferry_dec
     }
     if ((r = cu->EventRecord(g->done, s))) return ferry_seterr(FERRY_ECUDA, "cuEventRecord: %s", ferry_cuda_errstr(r));
     g->busy = 1;
+    if (g->q->shared) atomic_fetch_sub(&g->q->gpu_out, dec);
     atomic_fetch_add(&j->path_bytes[FERRY_PATH_STAGED], g->file_bytes);
     atomic_fetch_add(&j->path_ops[FERRY_PATH_STAGED], n);
     count_stats(w->ctx, gpu_bytes, gpu_chunks, fallbacks, dec);
@@ -1025,7 +1068,7 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t task, int *def
     int64_t total = 0, rc = 0;
     for (;;) {
         if (atomic_load(&j->error) || atomic_load(&j->canceled)) break;
-        const gd_queue *Q;
+        gd_queue *Q;
         const uint32_t *idx;
         size_t n;
         if (!claim_batch(G, j, &Q, &idx, &n)) break;

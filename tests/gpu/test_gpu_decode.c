@@ -241,13 +241,22 @@ static void test_auto_policy(void) {
 
 /* One queue, two decoders: under AUTO deflate chunks form one queue that a
  * GPU feeder (batches of 4 chunks here) and the CPU workers (one chunk each)
- * drain together. Both must have taken chunks, none twice or never (the
- * result is byte-exact, gpu_chunks counts only nvCOMP's), and none through
- * the fallback. Which side takes how many depends on the threads'
- * scheduling: a run where one side took everything is retried (twice). */
+ * drain together; the feeder claims only what the GPU finishes before the
+ * CPU would finish the rest (gpudecode.c's rates). With the H200's rates a
+ * 4 MiB load is done by the CPU sooner than one GPU chunk's latency: the GPU
+ * takes nothing. With rates where the GPU helps (FERRY_GPU_RATES: no chunk
+ * latency, a slow CPU) both take chunks, none twice or never (the result is
+ * byte-exact, gpu_chunks counts only nvCOMP's), none through the fallback.
+ * Which side takes how many depends on the threads' scheduling: a run where
+ * one side took everything is retried (twice). */
 static void test_one_queue_both_decoders(void) {
     setenv("FERRY_GPU_FEEDERS", "1", 1);
     setenv("FERRY_GPU_BATCH", "64K", 1);   /* 16 KiB chunks: 4 per batch */
+    const char *th = getenv("FERRY_THREADS");
+    ferry_stats_reset(ctx_);
+    grid_case(C_ZLIB_SHUF, 1024, 1024, 64, 64, 0, "auto");
+    if (!th) CHECK_EQ_I(stats_().gpu_chunks, 0);   /* 16 threads (fewer: the CPU's time grows and the GPU helps) */
+    setenv("FERRY_GPU_RATES", "6.34,1000000,0.05", 1);
     int both = 0;
     for (int attempt = 0; attempt < 3 && !both; attempt++) {
         ferry_stats_reset(ctx_);
@@ -259,8 +268,8 @@ static void test_one_queue_both_decoders(void) {
         printf("  attempt %d: GPU %llu chunks in %llu batches, CPU %llu\n", attempt + 1, (unsigned long long)s.gpu_chunks,
                (unsigned long long)s.gpu_batches, (unsigned long long)(255 - s.gpu_chunks));
     }
-    const char *th = getenv("FERRY_THREADS");
     if (!th || atoi(th) > 1) CHECK(both);   /* one thread: the feeder runs alone and takes every chunk */
+    unsetenv("FERRY_GPU_RATES");
     /* forced: every chunk on the GPU, no CPU tasks */
     ferry_stats_reset(ctx_);
     grid_case(C_ZLIB_SHUF, 1024, 1024, 64, 64, 0, "gpu");
