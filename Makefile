@@ -44,6 +44,9 @@ ASAN_TESTS := $(TEST_SRCS:tests/c/%.c=$(BA)/tests/%)
 EXT_SUFFIX = $(shell [ -x $(PYTHON) ] || command -v $(PYTHON) >/dev/null && $(PYTHON) -c "import sysconfig;print(sysconfig.get_config_var('EXT_SUFFIX'))")
 PY_INC = $(shell $(PYTHON) -c "import sysconfig;print(sysconfig.get_paths()['include'])")
 PY_EXT = python/ferry/_ferry$(EXT_SUFFIX)
+# the extension's sources: one file per type behind one internal header
+EXT_SRCS := $(sort $(wildcard python/ferry/ext/*.c))
+EXT_HDRS := $(wildcard python/ferry/ext/*.h)
 
 .PHONY: all setup lib cli python test test-c test-asan test-python test-gpu test-cudasim test-install test-asan-python demo bench fuzz clean
 # setup first, then a fresh make: the Python extension's file name comes from
@@ -92,8 +95,8 @@ $(B)/libferry.so: $(LIB_OBJS) src/libferry.map
 $(B)/ferry: $(CLI_OBJS) $(B)/libferry.a
 	$(CC) -o $@ $(CLI_OBJS) $(B)/libferry.a $(LDLIBS)
 
-$(PY_EXT): python/ferry/_ferry.c $(B)/libferry.a
-	$(CC) $(CFLAGS_COMMON) $(CFLAGS) -I$(PY_INC) -shared -o $@ python/ferry/_ferry.c $(B)/libferry.a $(LDLIBS)
+$(PY_EXT): $(EXT_SRCS) $(EXT_HDRS) $(B)/libferry.a
+	$(CC) $(CFLAGS_COMMON) $(CFLAGS) -I$(PY_INC) -shared -o $@ $(EXT_SRCS) $(B)/libferry.a $(LDLIBS)
 
 # test_cuda_abi checks src/cuda's declarations against the toolkit's cuda.h and
 # cufile.h where they are installed (else it reports a skip)
@@ -157,9 +160,9 @@ $(BA)/fuzz_replay: tests/fuzz/replay.c tests/fuzz/fuzz.h $(FUZZ_SRCS) $(BA)/libf
 # focused pytest subset with libasan preloaded (Python itself is not
 # instrumented; leaks are CPython's business: detect_leaks=0).
 ASAN_PY_EXT = $(BA)/py/ferry/_ferry$(EXT_SUFFIX)
-$(ASAN_PY_EXT): python/ferry/_ferry.c $(BA)/libferry.a
+$(ASAN_PY_EXT): $(EXT_SRCS) $(EXT_HDRS) $(BA)/libferry.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_COMMON) $(ASAN_FLAGS) -I$(PY_INC) -shared -o $@ python/ferry/_ferry.c $(BA)/libferry.a $(LDLIBS)
+	$(CC) $(CFLAGS_COMMON) $(ASAN_FLAGS) -I$(PY_INC) -shared -o $@ $(EXT_SRCS) $(BA)/libferry.a $(LDLIBS)
 test-asan-python: $(ASAN_PY_EXT)
 	@for f in python/ferry/*.py python/ferry/*.pyi; do ln -sf $(abspath .)/$$f $(BA)/py/ferry/; done
 	@tools/asan-pytest.sh $(PYTHON) $(BA)/py

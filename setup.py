@@ -1,7 +1,7 @@
 """Build ferry's Python package (distribution name `ferry-io`; import name `ferry`).
 
 - The extension ferry._ferry is compiled from the library's C sources (src/)
-  and python/ferry/_ferry.c into one module, so a plain `pip install .` needs
+  and python/ferry/ext/*.c into one module, so a plain `pip install .` needs
   only a C compiler and the zstd, lz4 and zlib development files. The version
   comes from include/ferry.h.
 - The `ferry` command (src/cli/*.c, the real C program) is linked from the
@@ -46,6 +46,7 @@ def rel(p):
 
 LIB_SOURCES = sorted(rel(p) for d in ("engine", "cuda", "formats", "codecs")
                      for p in glob.glob(os.path.join(HERE, "src", d, "*.c")))
+EXT_SOURCES = sorted(rel(p) for p in glob.glob(os.path.join(HERE, "python", "ferry", "ext", "*.c")))
 CLI_SOURCES = sorted(rel(p) for p in glob.glob(os.path.join(HERE, "src", "cli", "*.c")))
 # the same architectures as the Makefile's nvcc rule
 NVCC_ARCH = ["-gencode", "arch=compute_90,code=sm_90", "-gencode", "arch=compute_80,code=sm_80",
@@ -128,7 +129,8 @@ class BuildExt(build_ext):
 deps = os.path.join(HERE, ".deps")
 ext_modules = [Extension(
     "ferry._ferry",
-    sources=["python/ferry/_ferry.c"] + LIB_SOURCES,
+    sources=EXT_SOURCES + LIB_SOURCES,
+    depends=sorted(rel(p) for p in glob.glob(os.path.join(HERE, "python", "ferry", "ext", "*.h"))),
     include_dirs=["include", "src", os.path.join(deps, "include")],
     library_dirs=[os.path.join(deps, "lib")] if os.path.isdir(os.path.join(deps, "lib")) else [],
     libraries=["zstd", "lz4", "z", "dl", "pthread", "m"],

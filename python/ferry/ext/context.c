@@ -1,0 +1,360 @@
+/*
+ * context.c — ferry._ferry.Context (a ferry_ctx): configuration, statistics,
+ * run/submit of plans, memcpy, and the process-wide default context.
+ */
+#include "ferry_ext.h"
+
+static PyObject *default_ctx;       /* lazily created Context (default_context()) */
+
+/* ------------------------------------------------------------------------- */
+/* Context                                                                    */
+/* ------------------------------------------------------------------------- */
+
+int ctx_check(ContextObject *c) {
+    if (!c->ctx || c->closed) {
+        PyErr_SetString(PyExc_ValueError, "ferry Context is closed");
+        return -1;
+    }
+    return 0;
+}
+
+static const char *direct_name(ferry_direct d) { return ferry_direct_name(d); }
+
+static int Context_init(ContextObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"threads", "path", "direct", "task_size", "staging_size",
+                             "staging_count", "small_io", "no_env", NULL};
+    int threads = 0, staging_count = 0, no_env = 0;
+    PyObject *path = NULL, *direct = NULL;
+    unsigned long long task_size = 0, staging_size = 0, small_io = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|iOOKKiKp", kwlist, &threads, &path, &direct,
+                                     &task_size, &staging_size, &staging_count, &small_io, &no_env))
+        return -1;
+    if (self->ctx) { PyErr_SetString(PyExc_RuntimeError, "Context already initialised"); return -1; }
+    ferry_config cfg;
+    ferry_config_init(&cfg);
+    cfg.threads = threads;
+    cfg.task_size = (size_t)task_size;
+    cfg.staging_size = (size_t)staging_size;
+    cfg.staging_count = staging_count;
+    cfg.small_io = (size_t)small_io;
+    cfg.no_env = no_env;
+    if (parse_path_name(path, &cfg.path) < 0) return -1;
+    if (parse_direct_name(direct, &cfg.direct) < 0) return -1;
+    ferry_ctx *ctx = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ferry_ctx_create(&ctx, &cfg);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) { raise_ctx(NULL, rc); return -1; }
+    self->ctx = ctx;
+    self->closed = 0;
+    return 0;
+}
+
+static void Context_dealloc(ContextObject *self) {
+    if (self->ctx) {
+        ferry_ctx *ctx = self->ctx;
+        self->ctx = NULL;
+        Py_BEGIN_ALLOW_THREADS
+        ferry_ctx_destroy(ctx);
+        Py_END_ALLOW_THREADS
+    }
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Context_close(ContextObject *self, PyObject *noarg) {
+    /* Files, datasets, jobs and arrays hold a reference to their Context, so
+     * the engine itself is destroyed when the last of them goes; close() makes
+     * this object refuse new work. */
+    self->closed = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Context_enter(PyObject *self, PyObject *noarg) { Py_INCREF(self); return self; }
+static PyObject *Context_exit(ContextObject *self, PyObject *args) { return Context_close(self, NULL); }
+
+static PyObject *Context_config(ContextObject *self, PyObject *noarg) {
+    if (ctx_check(self) < 0) return NULL;
+    ferry_config c;
+    Py_BEGIN_ALLOW_THREADS
+    ferry_ctx_config(self->ctx, &c);
+    Py_END_ALLOW_THREADS
+    return Py_BuildValue("{s:i,s:K,s:K,s:i,s:s,s:s,s:K,s:O}", "threads", c.threads,
+                         "task_size", (unsigned long long)c.task_size,
+                         "staging_size", (unsigned long long)c.staging_size,
+                         "staging_count", c.staging_count, "path", ferry_path_name(c.path),
+                         "direct", direct_name(c.direct), "small_io", (unsigned long long)c.small_io,
+                         "no_env", c.no_env ? Py_True : Py_False);
+}
+
+static PyObject *path_stats_dict(const ferry_path_stats *p) {
+    return Py_BuildValue("{s:K,s:K,s:d}", "bytes", (unsigned long long)p->bytes, "ops",
+                         (unsigned long long)p->ops, "seconds", p->seconds);
+}
+
+static PyObject *Context_stats(ContextObject *self, PyObject *noarg) {
+    if (ctx_check(self) < 0) return NULL;
+    ferry_stats s;
+    Py_BEGIN_ALLOW_THREADS
+    ferry_stats_get(self->ctx, &s);
+    Py_END_ALLOW_THREADS
+    PyObject *d = PyDict_New();
+    if (!d) return NULL;
+    for (int p = 1; p < FERRY_PATH_COUNT_; p++) {
+        PyObject *v = path_stats_dict(&s.path[p]);
+        if (!v || PyDict_SetItemString(d, ferry_path_name((ferry_path)p), v) < 0) {
+            Py_XDECREF(v); Py_DECREF(d); return NULL;
+        }
+        Py_DECREF(v);
+    }
+#define PUT(name, val)                                                        \
+    do {                                                                      \
+        PyObject *v_ = PyLong_FromUnsignedLongLong((unsigned long long)(val)); \
+        if (!v_ || PyDict_SetItemString(d, name, v_) < 0) {                   \
+            Py_XDECREF(v_); Py_DECREF(d); return NULL;                        \
+        }                                                                     \
+        Py_DECREF(v_);                                                        \
+    } while (0)
+    PUT("direct_bytes", s.direct_bytes);
+    PUT("buffered_bytes", s.buffered_bytes);
+    PUT("decoded_bytes", s.decoded_bytes);
+    PUT("fallbacks", s.fallbacks);
+    PUT("jobs", s.jobs);
+    PUT("gpu_decoded_bytes", s.gpu_decoded_bytes);   /* gpudecode.c: nvCOMP's share */
+    PUT("gpu_chunks", s.gpu_chunks);
+    PUT("gpu_batches", s.gpu_batches);
+    PUT("gpu_cpu_fallbacks", s.gpu_cpu_fallbacks);
+#undef PUT
+    return d;
+}
+
+static PyObject *Context_reset_stats(ContextObject *self, PyObject *noarg) {
+    if (ctx_check(self) < 0) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    ferry_stats_reset(self->ctx);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *Context_cuda_device_count(ContextObject *self, PyObject *noarg) {
+    if (ctx_check(self) < 0) return NULL;
+    int n;
+    Py_BEGIN_ALLOW_THREADS
+    n = ferry_cuda_device_count(self->ctx);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(n);
+}
+
+static PyObject *Context_get_cuda_status(ContextObject *self, void *closure) {
+    if (ctx_check(self) < 0) return NULL;
+    const char *s;
+    Py_BEGIN_ALLOW_THREADS
+    s = ferry_cuda_status(self->ctx);
+    Py_END_ALLOW_THREADS
+    return PyUnicode_FromString(s ? s : "");
+}
+
+static PyObject *Context_get_cufile_status(ContextObject *self, void *closure) {
+    if (ctx_check(self) < 0) return NULL;
+    const char *s;
+    Py_BEGIN_ALLOW_THREADS
+    s = ferry_cufile_status(self->ctx);
+    Py_END_ALLOW_THREADS
+    return PyUnicode_FromString(s ? s : "");
+}
+
+static PyObject *Context_get_closed(ContextObject *self, void *closure) {
+    return PyBool_FromLong(self->closed || !self->ctx);
+}
+
+/* ------------------------------------------------------------------------- */
+/* Context: run / submit / memory helpers                                     */
+/* ------------------------------------------------------------------------- */
+static int parse_run_opts(PyObject *path, int threads, int sync, int no_direct, ferry_run_opts *o) {
+    memset(o, 0, sizeof *o);
+    if (parse_path_name(path, &o->path) < 0) return -1;
+    o->threads = threads;
+    o->flags = (sync ? FERRY_SYNC : 0) | (no_direct ? FERRY_NO_DIRECT : 0);
+    return 0;
+}
+
+static PyObject *Context_run(ContextObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"plan", "path", "threads", "sync", "no_direct", "decode", NULL};
+    PlanObject *plan;
+    PyObject *path = NULL;
+    int threads = 0, sync = 0, no_direct = 0;
+    const char *decode = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|Oippz", kwlist, &PlanType, &plan, &path,
+                                     &threads, &sync, &no_direct, &decode))
+        return NULL;
+    if (ctx_check(self) < 0) return NULL;
+    ferry_run_opts o;
+    if (parse_run_opts(path, threads, sync, no_direct, &o) < 0) return NULL;
+    if (parse_decode_name(decode, &o.decode) < 0) return NULL;
+    int64_t rc;
+    plan->busy++;
+    refs_users(plan->refs, +1);
+    Py_BEGIN_ALLOW_THREADS
+    rc = ferry_run(self->ctx, plan->plan, &o);
+    Py_END_ALLOW_THREADS
+    refs_users(plan->refs, -1);
+    plan->busy--;
+    if (rc < 0) return raise_ctx(self->ctx, (int)rc);
+    return PyLong_FromLongLong(rc);
+}
+
+static PyObject *Context_submit(ContextObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"plan", "path", "threads", "sync", "no_direct", "decode", NULL};
+    PlanObject *plan;
+    PyObject *path = NULL;
+    int threads = 0, sync = 0, no_direct = 0;
+    const char *decode = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|Oippz", kwlist, &PlanType, &plan, &path,
+                                     &threads, &sync, &no_direct, &decode))
+        return NULL;
+    if (ctx_check(self) < 0) return NULL;
+    ferry_run_opts o;
+    if (parse_run_opts(path, threads, sync, no_direct, &o) < 0) return NULL;
+    if (parse_decode_name(decode, &o.decode) < 0) return NULL;
+    JobObject *job = PyObject_New(JobObject, &JobType);
+    if (!job) return NULL;
+    job->ctx = NULL; job->job = NULL; job->finished = 0; job->result = 0;
+    job->errmsg[0] = 0; job->path = FERRY_PATH_AUTO;
+    job->refs = PySequence_Tuple(plan->refs);
+    if (!job->refs) { Py_DECREF(job); return NULL; }
+    Py_INCREF(self);
+    job->ctx = self;
+    ferry_job *j = NULL;
+    int rc;
+    plan->busy++;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ferry_submit(self->ctx, plan->plan, &o, &j);
+    Py_END_ALLOW_THREADS
+    plan->busy--;
+    if (rc < 0) {
+        raise_ctx(self->ctx, rc);
+        Py_DECREF(job);
+        return NULL;
+    }
+    job->job = j;
+    refs_users(job->refs, +1);   /* released when the job finishes or is freed */
+    return (PyObject *)job;
+}
+
+static PyObject *Context_memcpy(ContextObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"dst", "src", "nbytes", NULL};
+    PyObject *dsto, *srco, *no = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|O", kwlist, &dsto, &srco, &no)) return NULL;
+    if (ctx_check(self) < 0) return NULL;
+    parsed_buf d, s;
+    if (parse_buffer(dsto, 1, &d) < 0) return NULL;
+    if (parse_buffer(srco, 0, &s) < 0) { Py_DECREF(d.keep); return NULL; }
+    size_t n = s.buf.size < d.buf.size ? s.buf.size : d.buf.size;
+    if (no != Py_None) {
+        unsigned long long v = PyLong_AsUnsignedLongLong(no);
+        if (v == (unsigned long long)-1 && PyErr_Occurred()) goto fail;
+        if (v > s.buf.size || v > d.buf.size) {
+            PyErr_SetString(PyExc_ValueError, "nbytes exceeds a buffer");
+            goto fail;
+        }
+        n = (size_t)v;
+    }
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ferry_memcpy(self->ctx, d.buf, s.buf, n);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(d.keep); Py_DECREF(s.keep);
+    if (rc < 0) return raise_ctx(self->ctx, rc);
+    return PyLong_FromSize_t(n);
+fail:
+    Py_DECREF(d.keep); Py_DECREF(s.keep);
+    return NULL;
+}
+
+static PyObject *Context_cuda_device_of(ContextObject *self, PyObject *arg) {
+    if (ctx_check(self) < 0) return NULL;
+    unsigned long long p = PyLong_AsUnsignedLongLong(arg);
+    if (p == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ferry_cuda_device_of(self->ctx, (uintptr_t)p);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) return raise_ctx(self->ctx, rc);
+    return PyLong_FromLong(rc);
+}
+
+static PyMethodDef Context_methods[] = {
+    {"config", (PyCFunction)Context_config, METH_NOARGS, "Effective configuration as a dict."},
+    {"stats", (PyCFunction)Context_stats, METH_NOARGS,
+     "Per-path statistics: {'cufile'|'staged'|'host': {'bytes','ops','seconds'}, 'direct_bytes', ...}."},
+    {"reset_stats", (PyCFunction)Context_reset_stats, METH_NOARGS, "Zero the statistics."},
+    {"cuda_device_count", (PyCFunction)Context_cuda_device_count, METH_NOARGS,
+     "Number of CUDA devices (0 without a driver)."},
+    {"cuda_device_of", (PyCFunction)Context_cuda_device_of, METH_O,
+     "cuda_device_of(ptr) -> device ordinal owning a CUDA pointer."},
+    {"run", (PyCFunction)(void (*)(void))Context_run, METH_VARARGS | METH_KEYWORDS,
+     "run(plan, path=None, threads=0, sync=False, no_direct=False) -> bytes moved (blocking)."},
+    {"submit", (PyCFunction)(void (*)(void))Context_submit, METH_VARARGS | METH_KEYWORDS,
+     "submit(plan, path=None, threads=0, sync=False, no_direct=False) -> Job (returns at once)."},
+    {"memcpy", (PyCFunction)(void (*)(void))Context_memcpy, METH_VARARGS | METH_KEYWORDS,
+     "memcpy(dst, src, nbytes=None) -> bytes copied (synchronous; host or device buffers)."},
+    {"close", (PyCFunction)Context_close, METH_NOARGS,
+     "Refuse new work; the engine is freed when the last object using it goes."},
+    {"__enter__", Context_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)Context_exit, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL}};
+
+static PyObject *Context_get_nvcomp_status(ContextObject *self, void *closure) {
+    if (ctx_check(self) < 0) return NULL;
+    const char *s;
+    Py_BEGIN_ALLOW_THREADS
+    s = ferry_nvcomp_status(self->ctx);
+    Py_END_ALLOW_THREADS
+    return PyUnicode_FromString(s ? s : "");
+}
+
+static PyGetSetDef Context_getset[] = {
+    {"nvcomp_status", (getter)Context_get_nvcomp_status, NULL, "'loaded nvCOMP X from PATH', or why not", NULL},
+    {"cuda_status", (getter)Context_get_cuda_status, NULL, "'' when CUDA works, else why not", NULL},
+    {"cufile_status", (getter)Context_get_cufile_status, NULL, "'' when cuFile works, else why not", NULL},
+    {"closed", (getter)Context_get_closed, NULL, "True after close()", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+PyTypeObject ContextType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "ferry._ferry.Context",
+    .tp_basicsize = sizeof(ContextObject),
+    .tp_dealloc = (destructor)Context_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Context(threads=0, path='auto', direct='auto', task_size=0, staging_size=0, "
+              "staging_count=0, small_io=0, no_env=False): a ferry engine.",
+    .tp_methods = Context_methods,
+    .tp_getset = Context_getset,
+    .tp_init = (initproc)Context_init,
+    .tp_new = PyType_GenericNew,
+};
+
+/* The module's default context, created on first use. Borrowed reference. */
+ContextObject *get_default_ctx(void) {
+    /* after fork() the inherited context has no workers: the child gets its own */
+    static pid_t default_pid;
+    if (default_ctx && default_pid != getpid()) Py_CLEAR(default_ctx);   /* destroy is a no-op in a child */
+    if (!default_ctx) {
+        default_pid = getpid();
+        default_ctx = PyObject_CallNoArgs((PyObject *)&ContextType);
+        if (!default_ctx) return NULL;
+    }
+    return (ContextObject *)default_ctx;
+}
+
+/* ctx argument: a Context or None (the default context). Borrowed. */
+ContextObject *ctx_arg(PyObject *o) {
+    if (o == NULL || o == Py_None) return get_default_ctx();
+    if (!PyObject_TypeCheck(o, &ContextType)) {
+        PyErr_SetString(PyExc_TypeError, "ctx must be a ferry Context or None");
+        return NULL;
+    }
+    ContextObject *c = (ContextObject *)o;
+    if (ctx_check(c) < 0) return NULL;
+    return c;
+}

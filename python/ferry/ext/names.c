@@ -1,0 +1,112 @@
+/*
+ * names.c — Python names of the library's enums, both ways: path, direct and
+ * decode policies, codecs, dtypes and sizes, all through the library's one
+ * table (src/engine/names.c), so the bindings and the Python modules keep no
+ * tables of their own.
+ */
+#include "ferry_ext.h"
+
+int parse_path_name(PyObject *o, ferry_path *out) {
+    if (o == NULL || o == Py_None) { *out = FERRY_PATH_AUTO; return 0; }
+    if (PyLong_Check(o)) {
+        long v = PyLong_AsLong(o);
+        if (v < 0 || v >= FERRY_PATH_COUNT_) { PyErr_SetString(PyExc_ValueError, "bad path"); return -1; }
+        *out = (ferry_path)v;
+        return 0;
+    }
+    const char *s = PyUnicode_AsUTF8(o);
+    if (!s) return -1;
+    if (ferry_path_parse(s, out) < 0) {
+        PyErr_Format(PyExc_ValueError, "unknown path %R (auto, cufile, staged, host)", o);
+        return -1;
+    }
+    return 0;
+}
+
+int parse_direct_name(PyObject *o, ferry_direct *out) {
+    if (o == NULL || o == Py_None) { *out = FERRY_DIRECT_AUTO; return 0; }
+    if (PyBool_Check(o)) { *out = (o == Py_True) ? FERRY_DIRECT_ON : FERRY_DIRECT_OFF; return 0; }
+    const char *s = PyUnicode_AsUTF8(o);
+    if (!s) return -1;
+    if (ferry_direct_parse(s, out) < 0) {
+        PyErr_Format(PyExc_ValueError, "unknown direct policy %R (auto, on, off)", o);
+        return -1;
+    }
+    return 0;
+}
+
+/* decode= of run/submit: None, "auto", "gpu" or "cpu" (ferry_decode_policy) */
+int parse_decode_name(const char *s, int *out) {
+    ferry_decode_policy d = FERRY_DECODE_AUTO;
+    if (s && ferry_decode_policy_parse(s, &d) < 0) {
+        PyErr_Format(PyExc_ValueError, "unknown decode %s (auto, gpu, cpu)", s);
+        return -1;
+    }
+    *out = (int)d;
+    return 0;
+}
+
+int parse_codec_id(PyObject *o, uint32_t *out) {
+    if (PyUnicode_Check(o)) {
+        const char *s = PyUnicode_AsUTF8(o);
+        if (!s) return -1;
+        ferry_codec_id id;
+        if (ferry_codec_parse(s, &id) == 0) { *out = (uint32_t)id; return 0; }
+        PyErr_Format(PyExc_ValueError, "unknown codec %R", o);
+        return -1;
+    }
+    long v = PyLong_AsLong(o);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (v < 0 || v > FERRY_CODEC_BYTESWAP) { PyErr_Format(PyExc_ValueError, "unknown codec id %ld", v); return -1; }
+    *out = (uint32_t)v;
+    return 0;
+}
+
+/* Names and sizes from the library's one table (src/engine/names.c), so the
+ * Python modules keep no tables of their own. */
+PyObject *mod_dtype_name(PyObject *m, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"name", "style", NULL};
+    const char *name, *style = "short";
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|s", kwlist, &name, &style)) return NULL;
+    ferry_name_style st;
+    if (!strcmp(style, "short")) st = FERRY_NAME_SHORT;
+    else if (!strcmp(style, "long")) st = FERRY_NAME_LONG;
+    else if (!strcmp(style, "safetensors")) st = FERRY_NAME_SAFETENSORS;
+    else return PyErr_Format(PyExc_ValueError, "unknown name style %s (short, long, safetensors)", style);
+    ferry_dtype d;
+    if (ferry_dtype_parse(name, &d) < 0) return PyErr_Format(PyExc_ValueError, "unknown dtype %s", name);
+    const char *r = ferry_dtype_name(d, st);
+    if (!r) Py_RETURN_NONE;
+    return PyUnicode_FromString(r);
+}
+
+PyObject *mod_dtype_itemsize(PyObject *m, PyObject *arg) {
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (!name) return NULL;
+    ferry_dtype d;
+    if (ferry_dtype_parse(name, &d) < 0) return PyErr_Format(PyExc_ValueError, "unknown dtype %s", name);
+    return PyLong_FromUnsignedLong(ferry_dtype_itemsize(d));
+}
+
+PyObject *mod_codec_name(PyObject *m, PyObject *arg) {
+    uint32_t id;
+    if (parse_codec_id(arg, &id) < 0) return NULL;
+    return PyUnicode_FromString(ferry_codec_name((ferry_codec_id)id));
+}
+
+PyObject *mod_size_parse(PyObject *m, PyObject *arg) {
+    if (PyLong_Check(arg)) {
+        long long v = PyLong_AsLongLong(arg);
+        if (v == -1 && PyErr_Occurred()) return NULL;
+        if (v < 0) return PyErr_Format(PyExc_ValueError, "%lld: a size cannot be negative", v);
+        return PyLong_FromLongLong(v);
+    }
+    const char *s = PyUnicode_AsUTF8(arg);
+    if (!s) return NULL;
+    uint64_t v;
+    if (ferry_size_parse(s, &v) < 0) {
+        PyErr_SetString(PyExc_ValueError, ferry_errmsg(NULL));
+        return NULL;
+    }
+    return PyLong_FromUnsignedLongLong(v);
+}
