@@ -157,23 +157,27 @@ struct ferry_gpudecode_job {
  * the GPU (its limit above was measured on 1,024-chunk calls), small enough
  * that every feeder has batches to read while others decode (one thread's
  * pread is ~6 GB/s) and that zstd's temp space (~3x the batch's output,
- * nvCOMP 5.3) stays modest: the queue's bytes / (2 x feeders), within
- * [4 MiB, 64 MiB] (shared queues: the GPU's part of them, within
+ * nvCOMP 5.3) and the pinned memory of every slot of every feeder stay
+ * modest: the queue's bytes / (slots x feeders), within [4 MiB, 32 MiB]
+ * (a whole 1 GiB job in flight at once: nvCOMP's rate is the number of
+ * chunks in flight, H200 trace) (shared queues: the GPU's part of them, within
  * [4 MiB, 256 MiB]: deflate decodes one chunk per thread block, so more
  * chunks per call is the only way to fill the GPU); FERRY_GPU_BATCH overrides. */
+static int gd_slots(void);
+
 static uint64_t batch_target(uint64_t bytes, size_t feeders, int shared, double share) {
     /* (share: the GPU's part of the sum of rates, for a shared queue) */
     const char *s = getenv("FERRY_GPU_BATCH");
     if (s) { int64_t v = ferry_parse_size(s); if (v > 0) return (uint64_t)v; }
-    uint64_t t = (uint64_t)((double)bytes * (shared ? share : 1.0)) / (2 * (uint64_t)(feeders ? feeders : 1));
-    uint64_t hi = shared ? (256u << 20) : (64u << 20);
+    uint64_t t = (uint64_t)((double)bytes * (shared ? share : 1.0)) / ((uint64_t)gd_slots() * (feeders ? feeders : 1));
+    uint64_t hi = shared ? (256u << 20) : (32u << 20);
     if (t < (4u << 20)) t = 4u << 20;
     if (t > hi) t = hi;
     return t;
 }
 
-/* GPU feeders for shared queues: a few workers (each has two batches in
- * flight); the rest decode on the CPU. FERRY_GPU_FEEDERS overrides. */
+/* GPU feeders for shared queues: a few workers (each has gd_slots()
+ * batches in flight); the rest decode on the CPU. FERRY_GPU_FEEDERS overrides. */
 static size_t shared_feeders(int threads) {
     const char *s = getenv("FERRY_GPU_FEEDERS");
     long v = s && *s ? atol(s) : 2;
@@ -363,8 +367,11 @@ typedef struct gd_item {  /* one nvCOMP input: a frame, or one split of a blosc 
 typedef struct gd_desc { uint64_t in, out, n, size; int in_din, in_scr, out_scr; } gd_desc;  /* copy / (bit)unshuffle */
 
 /* One batch in flight: its buffers, stream and events, and what checking its
- * results needs. A feeder has two per device, so that it reads and frames
- * batch k+1 while batch k decodes on the other stream. */
+ * results needs. A feeder has GD_MAX_SLOTS per device (FERRY_GPU_SLOTS of them
+ * used, default 4), so that it reads and frames the next batches while the
+ * earlier ones decode on their own streams: nvCOMP decodes a chunk per
+ * thread block, so its rate is the number of chunks in flight. */
+#define GD_MAX_SLOTS 4
 typedef struct gd_slot {
     uint8_t *h; size_t hcap; int hpinned;         /* packed chunks, arrays, descriptors (pinned) */
     uint8_t *hres; size_t hres_cap; int hres_pinned; /* statuses, sizes, checks back from the device */
@@ -389,7 +396,7 @@ typedef struct gd_slot {
 } gd_slot;
 
 typedef struct gd_dev {
-    gd_slot sl[2];
+    gd_slot sl[GD_MAX_SLOTS];
     int cur;                                       /* the slot the next batch takes */
     uint8_t *hfb; size_t hfb_cap; int hfb_pinned;  /* one chunk the CPU decodes after nvCOMP failed it */
 } gd_dev;
@@ -400,6 +407,13 @@ struct ferry_gpudecode_worker {
 };
 
 enum { K_GPU = 0, K_CPU = 1, K_FILL = 2, K_DONE = 3 /* nvCOMP failed it, the CPU's result is in place */ };
+
+/* Slots a feeder uses per device: FERRY_GPU_SLOTS (1 .. GD_MAX_SLOTS), default all. */
+static int gd_slots(void) {
+    const char *s = getenv("FERRY_GPU_SLOTS");
+    int v = s && *s ? atoi(s) : GD_MAX_SLOTS;
+    return v < 1 ? 1 : v > GD_MAX_SLOTS ? GD_MAX_SLOTS : v;
+}
 #define MAX_BLOSC_STREAMS 65536
 
 static void slot_free(const ferry_cuda_api *cu, gd_slot *g) {
@@ -424,10 +438,10 @@ void ferry_gpudecode_worker_free(ferry_worker *w) {
     for (int d = 0; d < FERRY_MAX_DEVICES; d++) {
         gd_dev *g = &gw->dev[d];
         int used = g->hfb != NULL;
-        for (int s = 0; s < 2; s++) used |= g->sl[s].stream || g->sl[s].h || g->sl[s].ch || g->sl[s].it;
+        for (int s = 0; s < GD_MAX_SLOTS; s++) used |= g->sl[s].stream || g->sl[s].h || g->sl[s].ch || g->sl[s].it;
         if (!cu || !used) continue;
         ferry_cuda_use_device(d);
-        for (int s = 0; s < 2; s++) slot_free(cu, &g->sl[s]);
+        for (int s = 0; s < GD_MAX_SLOTS; s++) slot_free(cu, &g->sl[s]);
         ferry_worker_free_host(g->hfb, g->hfb_cap, g->hfb_pinned);
     }
     free(gw->bs);
@@ -1051,9 +1065,10 @@ static int64_t finish_batch(ferry_worker *w, ferry_job *j, gd_slot *g, ferry_dec
 }
 
 /* A feeder (one task): claims batches from the job's queues until they are
- * empty, two in flight — batch k+1 is read, framed and enqueued before batch
- * k's results are checked — and returns once its device work is complete
- * (the bytes of every batch it ran, or the first error). */
+ * empty, up to gd_slots() in flight per device — the next batches are read,
+ * framed and enqueued before the oldest one's results are checked (when its
+ * slot comes round again, or at the end) — and returns once its device work
+ * is complete (the bytes of every batch it ran, or the first error). */
 int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t task, int *deferred) {
     (void)task;
     *deferred = 0;
@@ -1061,10 +1076,13 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t task, int *def
     ferry_decode_trace *tr = G->trace;
     if (!w->gpu && !(w->gpu = calloc(1, sizeof *w->gpu))) return ferry_seterr(FERRY_ENOMEM, "out of memory");
     tl_trace = tr;
+    const int nslots = gd_slots();
     /* every feeder starts on slot 0: one that runs a single batch per job
-     * reuses the same buffers job after job instead of growing both */
+     * reuses the same buffers job after job instead of growing them all */
     for (int d = 0; d < FERRY_MAX_DEVICES; d++) w->gpu->dev[d].cur = 0;
-    gd_slot *prev = NULL;
+    enum { CAP = GD_MAX_SLOTS * FERRY_MAX_DEVICES };
+    gd_slot *fifo[CAP];   /* open batches, oldest first */
+    size_t head = 0, cnt = 0;
     int64_t total = 0, rc = 0;
     for (;;) {
         if (atomic_load(&j->error) || atomic_load(&j->canceled)) break;
@@ -1074,22 +1092,29 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t task, int *def
         if (!claim_batch(G, j, &Q, &idx, &n)) break;
         gd_dev *gdv = &w->gpu->dev[Q->dev];
         gd_slot *g = &gdv->sl[gdv->cur];
-        gdv->cur ^= 1;
-        if ((rc = start_batch(w, j, Q, idx, n, g, tr)) < 0) break;
-        if (prev && (rc = finish_batch(w, j, prev, tr)) < 0) break;
-        if (prev) total += rc;
-        prev = g;
+        gdv->cur = (gdv->cur + 1) % nslots;
+        while (g->open && cnt && rc >= 0) {   /* its slot came round: check the batches up to it */
+            gd_slot *o = fifo[head];
+            head = (head + 1) % CAP;
+            cnt--;
+            if ((rc = finish_batch(w, j, o, tr)) >= 0) total += rc;
+        }
+        if (rc < 0 || (rc = start_batch(w, j, Q, idx, n, g, tr)) < 0) break;
+        fifo[(head + cnt) % CAP] = g;
+        cnt++;
     }
-    if (rc >= 0 && prev) {
-        rc = finish_batch(w, j, prev, tr);
-        if (rc >= 0) total += rc;
+    while (rc >= 0 && cnt) {
+        gd_slot *o = fifo[head];
+        head = (head + 1) % CAP;
+        cnt--;
+        if ((rc = finish_batch(w, j, o, tr)) >= 0) total += rc;
     }
     /* complete before the task ends: nothing of this job's batches outlives
      * it, a failed one included (its slots are synchronized, their results
      * dropped) */
     const ferry_cuda_api *cu = ferry_cuda_load(NULL);
     for (int d = 0; d < FERRY_MAX_DEVICES; d++)
-        for (int k = 0; k < 2; k++) {
+        for (int k = 0; k < GD_MAX_SLOTS; k++) {
             gd_slot *g = &w->gpu->dev[d].sl[k];
             if (!g->busy && !g->open) continue;
             ferry_cuda_use_device(d);

@@ -418,19 +418,29 @@ static void test_many_chunks_one_file(void) {
         ferry_plan_add(p, &e);
     }
     setenv("FERRY_GPU_BATCH", "64K", 1);
-    ferry_stats_reset(ctx_);
-    ferry_run_opts o;
-    memset(&o, 0, sizeof o);
-    o.decode = FERRY_DECODE_GPU;
-    int64_t r = ferry_run(ctx_, p, &o);
-    unsetenv("FERRY_GPU_BATCH");
-    if (r < 0) fprintf(stderr, "  %s\n", ferry_errmsg(ctx_));
-    CHECK_EQ_I(r, (int64_t)pos);
-    CHECK_EQ_I(stats_().gpu_chunks, nchunk);
-    CHECK(stats_().gpu_batches >= 10);
     uint8_t *back = malloc(nchunk * cb);
-    ferry_memcpy(ctx_, ferry_host_buf(back, nchunk * cb), ferry_cuda_buf(0, d + 1, nchunk * cb), nchunk * cb);
-    CHECK(memcmp(back, src, nchunk * cb) == 0);
+    /* all workers as feeders; then 2 threads: 2 feeders run ~10 batches each
+     * through their 4 slots (each slot reused: the oldest batch is checked
+     * when its slot comes round); then one slot (no overlap at all) */
+    for (int round = 0; round < 3; round++) {
+        if (round == 2) setenv("FERRY_GPU_SLOTS", "1", 1);
+        memset(back, 0, nchunk * cb);   /* no stale result of the round before can pass */
+        ferry_memcpy(ctx_, ferry_cuda_buf(0, d + 1, nchunk * cb), ferry_host_buf(back, nchunk * cb), nchunk * cb);
+        ferry_stats_reset(ctx_);
+        ferry_run_opts o;
+        memset(&o, 0, sizeof o);
+        o.decode = FERRY_DECODE_GPU;
+        o.threads = round ? 2 : 0;
+        int64_t r = ferry_run(ctx_, p, &o);
+        if (r < 0) fprintf(stderr, "  %s\n", ferry_errmsg(ctx_));
+        CHECK_EQ_I(r, (int64_t)pos);
+        CHECK_EQ_I(stats_().gpu_chunks, nchunk);
+        CHECK(stats_().gpu_batches >= 10);
+        ferry_memcpy(ctx_, ferry_host_buf(back, nchunk * cb), ferry_cuda_buf(0, d + 1, nchunk * cb), nchunk * cb);
+        CHECK(memcmp(back, src, nchunk * cb) == 0);
+    }
+    unsetenv("FERRY_GPU_SLOTS");
+    unsetenv("FERRY_GPU_BATCH");
     ferry_plan_destroy(p);
     ferry_file_close(f);
     ferry_cuda_free(ctx_, d);
