@@ -410,7 +410,7 @@ def h5_deflate_payloads(path, names):
     return out
 
 
-def netcdf_rows(tmp, mib, dev, reps, rows_out, trace=False, lib_path=None, cuda=None, nsteps=1000):
+def netcdf_rows(tmp, mib, dev, reps, rows_out, trace=False, lib_path=None, cuda=None, nsteps=1000, peers=True):
     if not have("xarray") or not (have("h5py") or have("netCDF4")):
         log("netCDF-4: needs xarray and h5py or netCDF4: skipped")
         return
@@ -454,7 +454,8 @@ def netcdf_rows(tmp, mib, dev, reps, rows_out, trace=False, lib_path=None, cuda=
     # random time steps through xarray (training-style access); the peers
     steps = [int(x) for x in np.random.default_rng(0).integers(0, nt, nsteps)]
     peer_rows = []
-    netcdf_peer_rows(path, names, nt, ny, nx, dev, reps, name, want, peer_rows, steps)
+    if peers:
+        netcdf_peer_rows(path, names, nt, ny, nx, dev, reps, name, want, peer_rows, steps)
     rows_out.extend(r for r in peer_rows if r[0] == name)
     step_bytes = len(names) * ny * nx * 4
     sname = name.split(", xarray")[0] + f", {len(steps)} random time steps, xarray"
@@ -511,6 +512,8 @@ def main():
     ap.add_argument("--device", type=int, default=0)
     ap.add_argument("--dir", default=None, help="where to write the data (default: a temporary directory)")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, one rep")
+    ap.add_argument("--no-peers", action="store_true", help="only nvCOMP's limit and ferry's rows")
+    ap.add_argument("--only", default="zstd,blosc,netcdf", help="rows to run: zstd, blosc, netcdf (comma list)")
     ap.add_argument("--steps", type=int, default=1000,
                     help="random time steps through xr.open_dataset(engine='ferry', device=...) (peers: a tenth)")
     ap.add_argument("--trace", action="store_true",
@@ -536,7 +539,8 @@ def main():
         if args.trace:
             trace_rows(tmp, args, lib_path, cuda, ctx, rows)
             netcdf_rows(tmp, args.mib, args.device, args.reps, rows, trace=True, lib_path=lib_path, cuda=cuda)
-        for chunk_mib in () if args.trace else (1, 4):
+        only = set(args.only.split(","))
+        for chunk_mib in () if args.trace or "zstd" not in only else (1, 4):
             crow = chunk_mib * 2**20 // (4 * cols)
             nrow = max(crow, int(args.mib * 2**20 / (4 * cols)) // crow * crow)
             a = field(nrow, cols, seed=chunk_mib)
@@ -552,9 +556,10 @@ def main():
                 for decode in ("cpu", "gpu", "auto"):
                     gbs, ok, share, fb = ferry_row(ctx, path, a, args.device, decode, args.reps)
                     rows.append((name, f"ferry {decode}" + (f" ({fb} CPU fallbacks)" if fb else ""), gbs, ok, share))
-                zarr_peer_rows(path, a, args.device, args.reps, name, rows)
+                if not args.no_peers:
+                    zarr_peer_rows(path, a, args.device, args.reps, name, rows)
                 shutil.rmtree(path)
-        if args.trace:
+        if args.trace or "blosc" not in only:
             pass
         elif have("numcodecs"):
             crow = 2**20 // (4 * cols)
@@ -567,13 +572,14 @@ def main():
             for decode in ("cpu", "gpu", "auto"):
                 gbs, ok, share, fb = ferry_row(ctx, path, a, args.device, decode, args.reps)
                 rows.append((name, f"ferry {decode}", gbs, ok, share))
-            zarr_peer_rows(path, a, args.device, args.reps, name, rows)
+            if not args.no_peers:
+                zarr_peer_rows(path, a, args.device, args.reps, name, rows)
             shutil.rmtree(path)
         else:
             log("Zarr v2 blosc-lz4: needs numcodecs to write the store: skipped")
-        if not args.trace:
+        if not args.trace and "netcdf" in only:
             netcdf_rows(tmp, args.mib, args.device, args.reps, rows, lib_path=lib_path, cuda=cuda,
-                        nsteps=args.steps)
+                        nsteps=args.steps, peers=not args.no_peers)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"\n{'dataset':<72} {'reader':<36} {'GB/s':>7} {'GPU share':>9}  verified")
