@@ -1,8 +1,14 @@
 /* gpudecode.c — the device decode stage: compressed chunks bound for device
  * memory, decoded on the GPU by one batched nvCOMP call per batch.
  *
- * A batch (one task) is a run of chunks with one codec for one device. The
- * worker that takes it reads every chunk's bytes into one pinned buffer,
+ * The plan puts the chunks the GPU may decode in queues, one per device and
+ * class (codec). Feeder tasks claim batches from them — runs of chunks from
+ * the front of a queue — until they are empty; under AUTO a deflate queue is
+ * shared: the other workers take one chunk at a time from it and decode it
+ * on the CPU (exec.c), and a feeder claims only what the GPU finishes before
+ * the CPU would (claim_batch). A batch is a run of chunks with one codec for
+ * one device. The feeder that claims it reads every chunk's bytes into one
+ * pinned buffer of one of its slots,
  * checks on the CPU what is cheap there (crc32c / fletcher32 over the encoded
  * bytes, the framing: frame headers, block walk, announced sizes, gzip ISIZE),
  * copies payloads and the pointer/size arrays to the device in one copy, and
@@ -18,10 +24,14 @@
  * job fails naming the file, the chunk and the codec. Filters then run on the
  * GPU (unshuffle, byteswap) and scratch outputs are placed into the
  * destination by one tile-scatter kernel per batch (device copies where a
- * box has more than three dimensions of runs, or without the kernels). Batches of one job run on many
- * workers at once, each on its own stream: while one batch decodes, others
- * are being read (the pipeline), and a worker's next batch waits only for its
- * own previous batch's event before reusing its buffers. */
+ * box has more than three dimensions of runs, or without the kernels).
+ * Each slot has its own stream: a feeder keeps up to four batches in flight
+ * and checks the oldest only when its slot comes round again (or at the
+ * end), and all feeders run at once, so while batches decode others are
+ * being read (the pipeline); nvCOMP decodes a chunk per thread block, so its
+ * rate is the number of chunks in flight. A feeder's task ends when its
+ * device work is complete. FERRY_DECODE_TRACE=1: per-stage times
+ * (gpudecode_trace.c). */
 #include "engine/gpudecode.h"
 #include "engine/gpudecode_trace.h"
 #include "engine/io.h"
