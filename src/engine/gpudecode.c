@@ -285,7 +285,7 @@ int ferry_gpudecode_plan(ferry_job *j, int policy) {
 }
 
 int ferry_gpudecode_owns(const ferry_job *j, size_t i) { return j->gpu && j->gpu->owned[i]; }
-size_t ferry_gpudecode_batches(const ferry_job *j) { return j->gpu ? j->gpu->feeders + j->gpu->cpu_slots : 0; }
+size_t ferry_gpudecode_tasks(const ferry_job *j) { return j->gpu ? j->gpu->feeders + j->gpu->cpu_slots : 0; }
 int ferry_gpudecode_is_feeder(const ferry_job *j, size_t t) { return j->gpu && t < j->gpu->feeders; }
 
 /* Claim the next batch for a feeder: the front run of a queue, up to its

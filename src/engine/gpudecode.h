@@ -21,7 +21,7 @@ int ferry_gpudecode_plan(ferry_job *job, int decode_policy);
 int ferry_gpudecode_owns(const ferry_job *job, size_t i);
 /* Number of FERRY_GPU_TASK tasks make_tasks adds (lo = 0 .. n-1): the feeders,
  * then one per chunk of the shared queues. */
-size_t ferry_gpudecode_batches(const ferry_job *job);
+size_t ferry_gpudecode_tasks(const ferry_job *job);
 /* 1 when FERRY_GPU_TASK task number t is a feeder. */
 int ferry_gpudecode_is_feeder(const ferry_job *job, size_t t);
 /* A feeder on worker w: claims batches until the queues are empty, two in
