@@ -990,7 +990,6 @@ static int64_t finish_batch(ferry_worker *w, ferry_job *j, gd_slot *g, ferry_dec
     CUresult r;
     int rc = ferry_cuda_use_device(d);
     if (rc < 0) return rc;
-    g->open = 0;
     uint64_t fallbacks = g->cpu_fallbacks, gpu_bytes = 0, gpu_chunks = 0, dec = 0;
     if (g->any_gpu) {
         r = cu->EventSynchronize(g->dec);
@@ -1064,6 +1063,7 @@ static int64_t finish_batch(ferry_worker *w, ferry_job *j, gd_slot *g, ferry_dec
         if ((rc = ferry_cuda_place_batch(d, g->din, np, s)) < 0) return rc;
     }
     if ((r = cu->EventRecord(g->done, s))) return ferry_seterr(FERRY_ECUDA, "cuEventRecord: %s", ferry_cuda_errstr(r));
+    g->open = 0;   /* checked: only on success (a failure leaves it open: the feeder synchronizes it) */
     g->busy = 1;
     if (g->q->shared) atomic_fetch_sub(&g->q->gpu_out, dec);
     atomic_fetch_add(&j->path_bytes[FERRY_PATH_STAGED], g->file_bytes);
