@@ -525,11 +525,19 @@ int ferry_exec_task(ferry_worker *w, ferry_job *j, const ferry_task *t) {
     ferry_clearerr();
     int deferred = 0;
     int64_t r = 0;
-    if (t->ext == FERRY_GPU_TASK) {   /* gpudecode.c: a batch of chunks nvCOMP decodes; its errors name the chunk */
+    ferry_task one;
+    if (t->ext == FERRY_GPU_TASK && ferry_gpudecode_is_feeder(j, (size_t)t->lo)) {
+        /* gpudecode.c: batches of chunks nvCOMP decodes; its errors name the chunk */
         r = ferry_gpudecode_run(w, j, (size_t)t->lo, &deferred);
         if (r < 0) ferry_job_fail(j, (int)r);
         else atomic_fetch_add(&j->bytes, (uint64_t)r);
         goto issued;
+    }
+    if (t->ext == FERRY_GPU_TASK) {   /* the next chunk of a queue the GPU shares with the CPU: decoded here */
+        int64_t i = ferry_gpudecode_take_one(j);
+        if (i < 0) goto issued;       /* the GPU took the rest */
+        one = (ferry_task){(uint32_t)i, 1, 0, j->ext[i].length};
+        t = &one;
     }
     const ferry_extent *e = &j->ext[t->ext];
     ferry_file *f = e->file;

@@ -1,8 +1,14 @@
 /* gpudecode.c — the device decode stage: compressed chunks bound for device
  * memory, decoded on the GPU by one batched nvCOMP call per batch.
  *
- * A batch (one task) is a run of chunks with one codec for one device. The
- * worker that takes it reads every chunk's bytes into one pinned buffer,
+ * The plan puts the chunks the GPU may decode in queues, one per device and
+ * class (codec). Feeder tasks claim batches from them — runs of chunks from
+ * the front of a queue — until they are empty; under AUTO a deflate queue is
+ * shared: the other workers take one chunk at a time from it and decode it
+ * on the CPU (exec.c), and a feeder claims only what the GPU finishes before
+ * the CPU would (claim_batch). A batch is a run of chunks with one codec for
+ * one device. The feeder that claims it reads every chunk's bytes into one
+ * pinned buffer of one of its slots,
  * checks on the CPU what is cheap there (crc32c / fletcher32 over the encoded
  * bytes, the framing: frame headers, block walk, announced sizes, gzip ISIZE),
  * copies payloads and the pointer/size arrays to the device in one copy, and
@@ -18,10 +24,14 @@
  * job fails naming the file, the chunk and the codec. Filters then run on the
  * GPU (unshuffle, byteswap) and scratch outputs are placed into the
  * destination by one tile-scatter kernel per batch (device copies where a
- * box has more than three dimensions of runs, or without the kernels). Batches of one job run on many
- * workers at once, each on its own stream: while one batch decodes, others
- * are being read (the pipeline), and a worker's next batch waits only for its
- * own previous batch's event before reusing its buffers. */
+ * box has more than three dimensions of runs, or without the kernels).
+ * Each slot has its own stream: a feeder keeps up to four batches in flight
+ * and checks the oldest only when its slot comes round again (or at the
+ * end), and all feeders run at once, so while batches decode others are
+ * being read (the pipeline); nvCOMP decodes a chunk per thread block, so its
+ * rate is the number of chunks in flight. A feeder's task ends when its
+ * device work is complete. FERRY_DECODE_TRACE=1: per-stage times
+ * (gpudecode_trace.c). */
 #include "engine/gpudecode.h"
 #include "engine/gpudecode_trace.h"
 #include "engine/io.h"
@@ -81,70 +91,121 @@ static int gpu_chain(const ferry_extent *e, chain_info *ci) {
     return i == n;
 }
 
-/* AUTO: the GPU where ferry's own GPU path measured faster than its CPU
- * decoders for device destinations — bench/bench_decode.py on the H200, 16
- * cores, nvCOMP 6.0, 2026-12-01 (BENCHMARKS.md), GB/s of decoded data:
- *   zstd (Zarr v3, 1/4 MiB chunks)       GPU 16.1-18.2  vs CPU 9.8-10.7      -> GPU
- *   blosc-lz4+shuffle (Zarr v2, 1 MiB)   GPU 39.0       vs CPU 27.2          -> GPU
- *   deflate+shuffle (netCDF-4, xarray)   GPU 1.25       vs CPU 7.58 (libdeflate) -> CPU
- *   LZ4 (plain)                          not measured through ferry; nvCOMP 24.1 vs CPU 24.1 -> CPU
- * Deflate was planned as a split between both decoders (nvCOMP's own batched
- * rate is 5.2 GB/s), but ferry's GPU deflate path reaches 1.25 and a split
- * that gave it 61 % of the chunks ran at 1.99: slower than the CPU alone, so
- * AUTO leaves deflate to the CPU. FERRY_GPU_CPU_SHARE=f (0..1) still splits
- * it (f to the CPU), and decode="gpu" sends every chunk nvCOMP can take to
- * the GPU. */
-static const int auto_gpu[NCLASS] = {1 /* zstd */, 0 /* LZ4 */, 0 /* deflate */, 1 /* blosc */};
+/* AUTO, per batch class, from measured rates for device destinations — the
+ * H200, 16 cores, nvCOMP 6.0, 2026-12-01 (bench/bench_decode.py, its --trace
+ * rows, BENCHMARKS.md), GB/s of decoded data:
+ *   zstd (Zarr v3, 1 MiB chunks)       ferry GPU 18.3 vs CPU 10.7                       -> GPU
+ *   blosc-lz4+shuffle (Zarr v2, 1 MiB) ferry GPU 39.0 vs CPU 27.2                       -> GPU
+ *   deflate+shuffle (netCDF-4, 4 MiB)  nvCOMP 6.34 on all 258 chunks at once vs CPU 7.35 -> BOTH
+ *   LZ4 (plain)                        nvCOMP 24.1 vs CPU 24.1; its per-chunk latency is
+ *                                      not measured yet                                 -> CPU
+ * nvCOMP decodes each chunk on one thread block: its rate comes from
+ * chunks in flight at once, and one chunk takes chunk / gpu_chunk_mbs however
+ * many run beside it (zstd 1 MiB: 32 per call 2.97 GB/s = 11 ms each, 1024
+ * per call 53 GB/s; deflate 4 MiB: 8 per call 0.20 GB/s = 166 ms each, 258
+ * per call 6.34) — longer than the CPU's whole 1 GiB netCDF-4 load (146 ms).
+ * GPU: every chunk of the class goes to GPU batches, which every worker
+ * feeds. BOTH: the chunks form one queue that GPU feeders (a few workers, each
+ * claiming a batch at a time) and the other workers (one chunk at a time, on
+ * the CPU) drain together, so the rates add and neither waits for a share
+ * fixed in advance (FERRY_GPU_CPU_SHARE's fixed split ran at 1.99 GB/s against
+ * the CPU's 7.58). A feeder claims only what the GPU finishes — its read at
+ * one thread's pread rate, one chunk's latency, the batch at gpu_gbs, after
+ * what it already holds — before the CPU workers would finish what is left
+ * without it (claim_batch); on a load the CPU finishes within one GPU chunk's
+ * latency it claims nothing, and AUTO is the CPU alone. decode="gpu" sends
+ * every chunk nvCOMP can take to GPU batches. */
+enum { MODE_CPU = 0, MODE_GPU = 1, MODE_BOTH = 2 };
+typedef struct class_rate {
+    int mode;
+    double gpu_gbs;              /* nvCOMP's batched rate with the GPU full */
+    double gpu_chunk_mbs;        /* one chunk's decode rate on the GPU (its latency: chunk / this) */
+    double cpu_gbs_per_thread;   /* ferry's CPU decode, 16 threads / 16 */
+} class_rate;
+static const class_rate auto_table[NCLASS] = {
+    [FERRY_NVCOMP_ZSTD] = {MODE_GPU, 53.2, 93.0, 0.67},
+    [FERRY_NVCOMP_LZ4] = {MODE_CPU, 24.1, 0, 1.51},
+    [FERRY_NVCOMP_DEFLATE] = {MODE_BOTH, 6.34, 25.0, 0.46},
+    [CLASS_BLOSC] = {MODE_GPU, 39.0, 0, 1.70},
+};
+#define PREAD_GBS 6.0   /* one thread's page-cache pread on the H200 (FIELD_NOTES.md): a feeder reads its batch alone */
 
-/* The fraction of a job's deflate chunks a split leaves to the CPU: the
- * share FERRY_GPU_CPU_SHARE asks for; -1 when it is not set (AUTO: all CPU). */
-static double cpu_share_deflate(const ferry_job *j) {
-    const char *s = getenv("FERRY_GPU_CPU_SHARE");
-    if (!s || !*s) return -1;
-    double v = atof(s);
-    return v < 0 ? 0 : v > 1 ? 1 : v;
+/* How a class is decoded under a policy. */
+static int class_mode(int policy, int cls) {
+    if (policy == FERRY_DECODE_GPU) return MODE_GPU;
+    if (policy == FERRY_DECODE_CPU) return MODE_CPU;
+    return auto_table[cls].mode;
 }
 
-/* ---- plan: batches ----------------------------------------------------------- */
-typedef struct gd_batch { size_t first, count; int alg, dev; } gd_batch;
+/* ---- plan: queues of chunks ------------------------------------------------- */
+/* A queue: the chunks of one class for one device, idx[first .. first+count),
+ * claimed from the front: by GPU feeders a batch at a time, and, when
+ * shared (MODE_BOTH), by CPU workers one at a time. */
+typedef struct gd_queue {
+    size_t first, count;
+    _Atomic size_t next;     /* chunks claimed so far (may pass count: CPU claims overshoot) */
+    int alg, dev, shared;
+    uint64_t target;         /* decoded bytes per batch */
+    /* shared queues: what claim_batch weighs (bytes, seconds) */
+    uint64_t bytes;          /* decoded bytes of the whole queue */
+    _Atomic uint64_t taken;  /* decoded bytes claimed by either side */
+    _Atomic uint64_t gpu_out;/* decoded bytes the GPU holds (claimed, not yet checked) */
+    double cpu_bps, gpu_bps, latency;  /* CPU workers' rate, the GPU's, one chunk's GPU latency */
+} gd_queue;
 
 struct ferry_gpudecode_job {
-    uint32_t *idx;       /* extent indices, batch by batch */
-    uint8_t *owned;      /* per extent: 1 when a batch decodes it */
-    gd_batch *b;
-    size_t nb;
+    uint32_t *idx;       /* extent indices, queue by queue (plan order inside each) */
+    uint8_t *owned;      /* per extent: 1 when a queue holds it */
+    gd_queue q[FERRY_MAX_DEVICES * NCLASS];
+    size_t nq;
+    size_t feeders;      /* FERRY_GPU_TASK tasks 0 .. feeders-1: GPU feeders */
+    size_t cpu_slots;    /* tasks feeders .. feeders+cpu_slots-1: one shared chunk each on the CPU */
     ferry_decode_trace *trace;   /* FERRY_DECODE_TRACE=1: per-stage totals (gpudecode_trace.c), else NULL */
 };
 
 /* Decoded bytes per batch: large enough that nvCOMP's batched kernels fill
- * the GPU (its rate above was measured on 1,024-chunk batches), small enough
- * that many workers read batches at once (one thread's pread is ~6 GB/s) and
- * that zstd's temp space (~3x the batch's output, nvCOMP 5.3) stays modest:
- * total / (2 x threads), within [4 MiB, 64 MiB]; FERRY_GPU_BATCH overrides. */
-static uint64_t batch_target(const ferry_job *j, uint64_t total) {
+ * the GPU (its limit above was measured on 1,024-chunk calls), small enough
+ * that every feeder has batches to read while others decode (one thread's
+ * pread is ~6 GB/s) and that zstd's temp space (~3x the batch's output,
+ * nvCOMP 5.3) and the pinned memory of every slot of every feeder stay
+ * modest: the queue's bytes / (slots x feeders), within [4 MiB, 32 MiB]
+ * (a whole 1 GiB job in flight at once: nvCOMP's rate is the number of
+ * chunks in flight, H200 trace) (shared queues: the GPU's part of them, within
+ * [4 MiB, 256 MiB]: deflate decodes one chunk per thread block, so more
+ * chunks per call is the only way to fill the GPU); FERRY_GPU_BATCH overrides. */
+static int gd_slots(void);
+
+static uint64_t batch_target(uint64_t bytes, size_t feeders, int shared, double share) {
+    /* (share: the GPU's part of the sum of rates, for a shared queue) */
     const char *s = getenv("FERRY_GPU_BATCH");
     if (s) { int64_t v = ferry_parse_size(s); if (v > 0) return (uint64_t)v; }
-    uint64_t t = total / (2 * (uint64_t)(j->max_workers > 0 ? j->max_workers : 1));
+    uint64_t t = (uint64_t)((double)bytes * (shared ? share : 1.0)) / ((uint64_t)gd_slots() * (feeders ? feeders : 1));
+    uint64_t hi = shared ? (256u << 20) : (32u << 20);
     if (t < (4u << 20)) t = 4u << 20;
-    if (t > (64u << 20)) t = 64u << 20;
+    if (t > hi) t = hi;
     return t;
+}
+
+/* GPU feeders for shared queues: a few workers (each has gd_slots()
+ * batches in flight); the rest decode on the CPU. FERRY_GPU_FEEDERS overrides. */
+static size_t shared_feeders(int threads) {
+    const char *s = getenv("FERRY_GPU_FEEDERS");
+    long v = s && *s ? atol(s) : 2;
+    if (v > threads - 1) v = threads - 1;
+    if (v < 1) v = 1;
+    return (size_t)v;
 }
 
 int ferry_gpudecode_plan(ferry_job *j, int policy) {
     if (policy == FERRY_DECODE_AUTO) policy = j->ctx->cfg.decode;
     if (policy == FERRY_DECODE_CPU) return 0;
     size_t n = j->next, cand = 0;
-    uint64_t total = 0;
     chain_info ci;
-    /* deflate under AUTO goes to the GPU only as an explicit split */
-    double cpu_share = policy == FERRY_DECODE_AUTO ? cpu_share_deflate(j) : 0, acc = 0;
     for (size_t i = 0; i < n; i++) {
         const ferry_extent *e = &j->ext[i];
         if (e->kind == FERRY_EXTENT_READ && e->dst.kind == FERRY_MEM_CUDA && e->decoded_size && gpu_chain(e, &ci) &&
-            (policy == FERRY_DECODE_GPU || auto_gpu[ci.alg] || (ci.alg == FERRY_NVCOMP_DEFLATE && cpu_share >= 0))) {
+            class_mode(policy, ci.alg) != MODE_CPU)
             cand++;
-            total += e->decoded_size;
-        }
     }
     if (!cand) return 0;
     const char *why;
@@ -157,67 +218,140 @@ int ferry_gpudecode_plan(ferry_job *j, int policy) {
     if (!g) return ferry_seterr(FERRY_ENOMEM, "out of memory");
     g->idx = malloc(cand * sizeof *g->idx);
     g->owned = calloc(n, 1);
-    g->b = malloc(cand * sizeof *g->b);
-    if (!g->idx || !g->owned || !g->b) { free(g->idx); free(g->owned); free(g->b); free(g); return ferry_seterr(FERRY_ENOMEM, "out of memory"); }
-    uint64_t target = batch_target(j, total);
-    /* one pass per (device, algorithm): chunks keep plan order inside a batch */
-    size_t k = 0;
+    if (!g->idx || !g->owned) { free(g->idx); free(g->owned); free(g); return ferry_seterr(FERRY_ENOMEM, "out of memory"); }
+    const int threads = j->max_workers > 0 ? j->max_workers : 1;
+    const size_t sh_feeders = shared_feeders(threads);
+    size_t k = 0, gpu_only = 0, shared = 0, max_batches = 0;
+    /* one queue per (device, class): chunks keep plan order inside it */
     for (int d = 0; d < FERRY_MAX_DEVICES && k < cand; d++)
         for (int a = 0; a < NCLASS; a++) {
+            int mode = class_mode(policy, a);
+            if (mode == MODE_CPU) continue;
+            gd_queue *q = &g->q[g->nq];
+            q->first = k;
             uint64_t bytes = 0;
-            gd_batch *cur = NULL;
             for (size_t i = 0; i < n; i++) {
                 const ferry_extent *e = &j->ext[i];
-                if (g->owned[i] || e->kind != FERRY_EXTENT_READ || e->dst.kind != FERRY_MEM_CUDA || e->dst.device != d ||
-                    !e->decoded_size || !gpu_chain(e, &ci) || ci.alg != a || !(policy == FERRY_DECODE_GPU || auto_gpu[a] ||
-                      (a == FERRY_NVCOMP_DEFLATE && cpu_share >= 0)))
+                if (e->kind != FERRY_EXTENT_READ || e->dst.kind != FERRY_MEM_CUDA || e->dst.device != d || !e->decoded_size ||
+                    !gpu_chain(e, &ci) || ci.alg != a)
                     continue;
-                if (a == FERRY_NVCOMP_DEFLATE && cpu_share > 0 && (acc += cpu_share) >= 1) {
-                    acc -= 1;   /* this one is the CPU's (a plain task) */
-                    continue;
-                }
-                if (!cur || bytes + e->decoded_size > target || cur->count >= 4096) {
-                    cur = &g->b[g->nb++];
-                    *cur = (gd_batch){k, 0, a, d};
-                    bytes = 0;
-                }
                 g->idx[k++] = (uint32_t)i;
                 g->owned[i] = 1;
-                cur->count++;
                 bytes += e->decoded_size;
             }
+            q->count = k - q->first;
+            if (!q->count) continue;
+            q->alg = a;
+            q->dev = d;
+            q->shared = mode == MODE_BOTH;
+            int cpu_threads = threads - (int)sh_feeders > 0 ? threads - (int)sh_feeders : 1;
+            class_rate cr_env, *cr = &cr_env;
+            cr_env = auto_table[a];
+            /* FERRY_GPU_RATES=gpu_gbs,chunk_mbs,cpu_gbs_per_thread: the table's
+             * numbers for shared queues, to measure another machine (and the
+             * stand-in's tests) without a rebuild */
+            const char *rs = getenv("FERRY_GPU_RATES");
+            if (rs && sscanf(rs, "%lf,%lf,%lf", &cr_env.gpu_gbs, &cr_env.gpu_chunk_mbs, &cr_env.cpu_gbs_per_thread) == 3 &&
+                (cr_env.gpu_gbs <= 0 || cr_env.gpu_chunk_mbs <= 0 || cr_env.cpu_gbs_per_thread <= 0))
+                cr_env = auto_table[a];
+            uint64_t max_chunk = 0;
+            for (size_t m = q->first; m < k; m++)
+                if (j->ext[g->idx[m]].decoded_size > max_chunk) max_chunk = j->ext[g->idx[m]].decoded_size;
+            q->bytes = bytes;
+            q->cpu_bps = cr->cpu_gbs_per_thread * 1e9 * cpu_threads;
+            q->gpu_bps = cr->gpu_gbs * 1e9;
+            q->latency = cr->gpu_chunk_mbs > 0 ? (double)max_chunk / (cr->gpu_chunk_mbs * 1e6) : 0;
+            double share = q->gpu_bps / (q->gpu_bps + q->cpu_bps);
+            q->target = batch_target(bytes, q->shared ? sh_feeders : (size_t)threads, q->shared, share);
+            if (q->shared) shared += q->count; else gpu_only += q->count;
+            size_t nb = (size_t)(bytes / q->target) + 1;
+            if (nb > max_batches) max_batches = nb;
+            g->nq++;
         }
+    /* feeders: every worker for GPU-only queues (reading is spread over all
+     * of them), a few where a queue is shared; never more than there are batches */
+    g->feeders = gpu_only ? (size_t)threads : sh_feeders;
+    if (g->feeders > max_batches) g->feeders = max_batches;
+    if (g->feeders < 1) g->feeders = 1;
+    g->cpu_slots = shared;
     if (ferry_dt_enabled() && (g->trace = calloc(1, sizeof *g->trace))) {
-        g->trace->plan_batches = g->nb;
-        g->trace->plan_target = target;
+        g->trace->plan_batches = g->feeders;
+        g->trace->plan_target = g->nq ? g->q[0].target : 0;
         g->trace->plan_chunks = cand;
+        g->trace->plan_shared = shared;
     }
     j->gpu = g;
     return 0;
 }
 
 int ferry_gpudecode_owns(const ferry_job *j, size_t i) { return j->gpu && j->gpu->owned[i]; }
-size_t ferry_gpudecode_batches(const ferry_job *j) { return j->gpu ? j->gpu->nb : 0; }
+size_t ferry_gpudecode_tasks(const ferry_job *j) { return j->gpu ? j->gpu->feeders + j->gpu->cpu_slots : 0; }
+int ferry_gpudecode_is_feeder(const ferry_job *j, size_t t) { return j->gpu && t < j->gpu->feeders; }
+
+/* Claim the next batch for a feeder: the front run of a queue, up to its
+ * target bytes (and 4096 chunks); of a shared queue at most the GPU's share
+ * of what is left, so that the CPU workers and the GPU finish together.
+ * 0 when every queue is empty. */
+static int claim_batch(struct ferry_gpudecode_job *g, const ferry_job *j, gd_queue **qout, const uint32_t **idx,
+                       size_t *count) {
+    for (size_t qi = 0; qi < g->nq; qi++) {
+        gd_queue *q = &g->q[qi];
+        size_t cur = atomic_load(&q->next);
+        while (cur < q->count) {
+            size_t left = q->count - cur, take = 0;
+            uint64_t bytes = 0;
+            while (take < left && take < 4096) {
+                uint64_t b = j->ext[g->idx[q->first + cur + take]].decoded_size;
+                if (take && bytes + b > q->target) break;
+                bytes += b;
+                take++;
+            }
+            if (q->shared) {   /* only what the GPU finishes before the CPU workers would */
+                uint64_t left_bytes = q->bytes - FERRY_MIN(q->bytes, atomic_load(&q->taken));
+                double cpu_t = (double)left_bytes / q->cpu_bps;
+                double room = cpu_t - q->latency - (double)atomic_load(&q->gpu_out) / q->gpu_bps;
+                double x = room > 0 ? room / (1.0 / q->gpu_bps + 1.0 / (PREAD_GBS * 1e9) + 1.0 / q->cpu_bps) : 0;
+                while (take && (double)bytes > x) bytes -= j->ext[g->idx[q->first + cur + --take]].decoded_size;
+                if (!take) break;   /* the CPU finishes the rest sooner: not this queue */
+            }
+            if (atomic_compare_exchange_weak(&q->next, &cur, cur + take)) {
+                if (q->shared) { atomic_fetch_add(&q->taken, bytes); atomic_fetch_add(&q->gpu_out, bytes); }
+                *qout = q;
+                *idx = g->idx + q->first + cur;
+                *count = take;
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
+int64_t ferry_gpudecode_take_one(ferry_job *j) {
+    struct ferry_gpudecode_job *g = j->gpu;
+    for (size_t qi = 0; g && qi < g->nq; qi++) {
+        gd_queue *q = &g->q[qi];
+        if (!q->shared || atomic_load(&q->next) >= q->count) continue;
+        size_t cur = atomic_fetch_add(&q->next, 1);
+        if (cur >= q->count) continue;
+        uint32_t i = g->idx[q->first + cur];
+        atomic_fetch_add(&q->taken, j->ext[i].decoded_size);
+        if (g->trace) {
+            atomic_fetch_add(&g->trace->shared_cpu_chunks, 1);
+            atomic_fetch_add(&g->trace->shared_cpu_bytes, j->ext[i].decoded_size);
+        }
+        return i;
+    }
+    return -1;
+}
 
 void ferry_gpudecode_job_free(ferry_job *j) {
     if (!j || !j->gpu) return;
     if (j->gpu->trace) { ferry_dt_report(j->gpu->trace, j->id, j->max_workers); free(j->gpu->trace); }
-    free(j->gpu->idx); free(j->gpu->owned); free(j->gpu->b); free(j->gpu);
+    free(j->gpu->idx); free(j->gpu->owned); free(j->gpu);
     j->gpu = NULL;
 }
 
 /* ---- per-worker buffers -------------------------------------------------------- */
-typedef struct gd_dev {
-    uint8_t *h; size_t hcap; int hpinned;         /* packed chunks, arrays, descriptors (pinned) */
-    uint8_t *hres; size_t hres_cap; int hres_pinned; /* statuses, sizes, checks back from the device */
-    uint8_t *hcpu; size_t hcpu_cap; int hcpu_pinned; /* chunks decoded on the CPU, before their copy */
-    uint8_t *hfb; size_t hfb_cap; int hfb_pinned;    /* one chunk the CPU decodes after nvCOMP failed it */
-    CUdeviceptr din, dres, dtemp, dscr;
-    size_t din_cap, dres_cap, dtemp_cap, dscr_cap;
-    CUevent done;                                  /* recorded after a batch's last device work */
-    int pending;
-} gd_dev;
-
 typedef struct gd_chunk {
     uint32_t ext;
     int kind;            /* K_GPU, K_CPU (decoded on the CPU), K_FILL (missing file), K_DONE */
@@ -242,18 +376,70 @@ typedef struct gd_item {  /* one nvCOMP input: a frame, or one split of a blosc 
 
 typedef struct gd_desc { uint64_t in, out, n, size; int in_din, in_scr, out_scr; } gd_desc;  /* copy / (bit)unshuffle */
 
-struct ferry_gpudecode_worker {
-    gd_dev dev[FERRY_MAX_DEVICES];
+/* One batch in flight: its buffers, stream and events, and what checking its
+ * results needs. A feeder has GD_MAX_SLOTS per device (FERRY_GPU_SLOTS of them
+ * used, default 4), so that it reads and frames the next batches while the
+ * earlier ones decode on their own streams: nvCOMP decodes a chunk per
+ * thread block, so its rate is the number of chunks in flight. */
+#define GD_MAX_SLOTS 4
+typedef struct gd_slot {
+    uint8_t *h; size_t hcap; int hpinned;         /* packed chunks, arrays, descriptors (pinned) */
+    uint8_t *hres; size_t hres_cap; int hres_pinned; /* statuses, sizes, checks back from the device */
+    uint8_t *hcpu; size_t hcpu_cap; int hcpu_pinned; /* chunks decoded on the CPU, before their copy */
+    CUdeviceptr din, dres, dtemp, dscr;
+    size_t din_cap, dres_cap, dtemp_cap, dscr_cap;
+    CUstream stream;
+    CUevent dec;         /* recorded after the decode and the results' copy back */
+    CUevent done;        /* recorded after the batch's last device work (placement) */
+    int busy;            /* done recorded: the device may still read its buffers */
+    int open;            /* enqueued, results not yet checked (finish_batch) */
     gd_chunk *ch; size_t ch_cap;
     gd_item *it; size_t it_n, it_cap;
     gd_desc *cp; size_t cp_n, cp_cap;   /* copies before decoding (blosc raw streams, memcpyed frames) */
     gd_desc *un; size_t un_n, un_cap;   /* unshuffles after decoding */
     gd_desc *bu; size_t bu_n, bu_cap;   /* blosc bit-unshuffles after decoding */
+    /* the batch in it */
+    int dev, kernels, any_gpu, flying;
+    size_t n;
+    gd_queue *q;         /* its queue (the job's): a shared one counts what the GPU holds */
+    uint64_t file_bytes, res_size, res_adler, cpu_fallbacks;
+} gd_slot;
+
+typedef struct gd_dev {
+    gd_slot sl[GD_MAX_SLOTS];
+    int cur;                                       /* the slot the next batch takes */
+    uint8_t *hfb; size_t hfb_cap; int hfb_pinned;  /* one chunk the CPU decodes after nvCOMP failed it */
+} gd_dev;
+
+struct ferry_gpudecode_worker {
+    gd_dev dev[FERRY_MAX_DEVICES];
     ferry_blosc_stream *bs;             /* one frame's streams while it is parsed */
 };
 
 enum { K_GPU = 0, K_CPU = 1, K_FILL = 2, K_DONE = 3 /* nvCOMP failed it, the CPU's result is in place */ };
+
+/* Slots a feeder uses per device: FERRY_GPU_SLOTS (1 .. GD_MAX_SLOTS), default all. */
+static int gd_slots(void) {
+    const char *s = getenv("FERRY_GPU_SLOTS");
+    int v = s && *s ? atoi(s) : GD_MAX_SLOTS;
+    return v < 1 ? 1 : v > GD_MAX_SLOTS ? GD_MAX_SLOTS : v;
+}
 #define MAX_BLOSC_STREAMS 65536
+
+static void slot_free(const ferry_cuda_api *cu, gd_slot *g) {
+    if (g->done) { cu->EventSynchronize(g->done); cu->EventDestroy(g->done); }
+    if (g->dec) cu->EventDestroy(g->dec);
+    if (g->stream) { cu->StreamSynchronize(g->stream); cu->StreamDestroy(g->stream); }
+    if (g->din) cu->MemFree(g->din);
+    if (g->dres) cu->MemFree(g->dres);
+    if (g->dtemp) cu->MemFree(g->dtemp);
+    if (g->dscr) cu->MemFree(g->dscr);
+    /* from ferry_worker_grow: plain ones may be mmapped (hostmem.c), not malloc'd */
+    ferry_worker_free_host(g->h, g->hcap, g->hpinned);
+    ferry_worker_free_host(g->hres, g->hres_cap, g->hres_pinned);
+    ferry_worker_free_host(g->hcpu, g->hcpu_cap, g->hcpu_pinned);
+    free(g->ch); free(g->it); free(g->cp); free(g->un); free(g->bu);
+}
 
 void ferry_gpudecode_worker_free(ferry_worker *w) {
     struct ferry_gpudecode_worker *gw = w->gpu;
@@ -261,20 +447,14 @@ void ferry_gpudecode_worker_free(ferry_worker *w) {
     const ferry_cuda_api *cu = ferry_cuda_load(NULL);
     for (int d = 0; d < FERRY_MAX_DEVICES; d++) {
         gd_dev *g = &gw->dev[d];
-        if (!cu || !(g->h || g->din || g->dres || g->dtemp || g->dscr || g->done || g->hcpu || g->hfb || g->hres)) continue;
+        int used = g->hfb != NULL;
+        for (int s = 0; s < GD_MAX_SLOTS; s++) used |= g->sl[s].stream || g->sl[s].h || g->sl[s].ch || g->sl[s].it;
+        if (!cu || !used) continue;
         ferry_cuda_use_device(d);
-        if (g->done) { cu->EventSynchronize(g->done); cu->EventDestroy(g->done); }
-        if (g->din) cu->MemFree(g->din);
-        if (g->dres) cu->MemFree(g->dres);
-        if (g->dtemp) cu->MemFree(g->dtemp);
-        if (g->dscr) cu->MemFree(g->dscr);
-        /* from ferry_worker_grow: plain ones may be mmapped (hostmem.c), not malloc'd */
-        ferry_worker_free_host(g->h, g->hcap, g->hpinned);
-        ferry_worker_free_host(g->hres, g->hres_cap, g->hres_pinned);
-        ferry_worker_free_host(g->hcpu, g->hcpu_cap, g->hcpu_pinned);
+        for (int s = 0; s < GD_MAX_SLOTS; s++) slot_free(cu, &g->sl[s]);
         ferry_worker_free_host(g->hfb, g->hfb_cap, g->hfb_pinned);
     }
-    free(gw->ch); free(gw->it); free(gw->cp); free(gw->un); free(gw->bu); free(gw->bs);
+    free(gw->bs);
     free(gw);
     w->gpu = NULL;
 }
@@ -461,48 +641,38 @@ static int add_desc(gd_desc **arr, size_t *n, size_t *cap, gd_desc d) {
     return 0;
 }
 
-/* Read every chunk of the batch into its slot of h. */
-static int read_chunks(ferry_worker *w, ferry_job *j, gd_dev *g, gd_chunk *ch, size_t n, uint64_t *file_bytes) {
-    ferry_file *pf = NULL;
-    int rc = 0, pf_nofollow = 0;
-    for (size_t k = 0; k < n && rc >= 0; k++) {
+/* Read every chunk of the batch into its slot of h. Files named by path come
+ * from the context's open-file cache, as for every other reader (a batch
+ * used to open and close each chunk's file itself). */
+static int read_chunks(ferry_worker *w, ferry_job *j, gd_slot *g, uint64_t *file_bytes) {
+    gd_chunk *ch = g->ch;
+    for (size_t k = 0; k < g->n; k++) {
         const ferry_extent *e = &j->ext[ch[k].ext];
         ferry_file *f = e->file;
         if (!f) {
-            int nofollow = (e->flags & FERRY_EXTENT_NOFOLLOW) != 0;
-            if (!pf || strcmp(pf->path, e->path) != 0 || (nofollow && !pf_nofollow)) {
-                if (pf) ferry_file_close(pf);
-                pf = NULL;
-                pf_nofollow = nofollow;
-                rc = ferry_file_open_extent(w->ctx, e, &pf);
-                if ((rc == -ENOENT || rc == -ENOTDIR) && (e->flags & FERRY_EXTENT_MISSING_FILLS)) {
-                    ferry_clearerr();   /* an absent chunk: its box gets the fill value */
-                    rc = 0;
-                    ch[k].kind = K_FILL;
-                    continue;
-                }
-                if (rc < 0) { ferry_preerr(rc, "%s", e->path); break; }
+            int rc = ferry_path_file(w, j, e, &f);
+            if ((rc == -ENOENT || rc == -ENOTDIR) && (e->flags & FERRY_EXTENT_MISSING_FILLS)) {
+                ferry_clearerr();   /* an absent chunk: its box gets the fill value */
+                ch[k].kind = K_FILL;
+                continue;
             }
-            f = pf;
+            if (rc < 0) return ferry_preerr(rc, "%s", e->path);
         }
         int64_t got = ferry_pread_full(f->fd, g->h + ch[k].slot, e->length, e->offset);
-        if (got < 0) { rc = ferry_preerr((int)got, "%s: byte %llu", f->path, (unsigned long long)e->offset); break; }
-        if ((uint64_t)got < e->length) {
-            rc = ferry_seterr(FERRY_ESHORT, "%s: file ends at byte %llu but the chunk at byte %llu has %llu bytes",
-                              f->path, (unsigned long long)(e->offset + (uint64_t)got), (unsigned long long)e->offset,
-                              (unsigned long long)e->length);
-            break;
-        }
+        if (got < 0) return ferry_preerr((int)got, "%s: byte %llu", f->path, (unsigned long long)e->offset);
+        if ((uint64_t)got < e->length)
+            return ferry_seterr(FERRY_ESHORT, "%s: file ends at byte %llu but the chunk at byte %llu has %llu bytes",
+                                f->path, (unsigned long long)(e->offset + (uint64_t)got), (unsigned long long)e->offset,
+                                (unsigned long long)e->length);
         *file_bytes += (uint64_t)got;
     }
-    if (pf) ferry_file_close(pf);
-    return rc;
+    return 0;
 }
 
 /* Decide, for one chunk read into h, how the GPU decodes it: its items,
  * copies and unshuffles, its output and final places (scratch as offsets
  * from *scr). K_CPU when the GPU cannot take it; an error when it is corrupt. */
-static int classify(struct ferry_gpudecode_worker *gw, gd_dev *g, const ferry_nvcomp_api *nv, const ferry_extent *e,
+static int classify(struct ferry_gpudecode_worker *gw, gd_slot *g, const ferry_nvcomp_api *nv, const ferry_extent *e,
                     gd_chunk *c, uint32_t ci_idx, int kernels, uint64_t *scr) {
     CUdeviceptr dst = (CUdeviceptr)(uintptr_t)e->dst.ptr + e->dst_offset;
     int contig = place_is_contiguous(e->place, e->decoded_size);
@@ -550,29 +720,29 @@ static int classify(struct ferry_gpudecode_worker *gw, gd_dev *g, const ferry_nv
     if (unshuffle_size) { c->out = *scr; c->out_scr = 1; *scr += up(e->decoded_size, 256); }
     else { c->out = c->fin; c->out_scr = c->fin_scr; }
     /* nvCOMP items, copies, unshuffles (addresses relative to out/fin/din: fixed up later) */
-    c->item0 = gw->it_n;
+    c->item0 = g->it_n;
     if (c->ci.codec != FERRY_CODEC_BLOSC) {
-        if ((rc = push((void **)&gw->it, &gw->it_n, &gw->it_cap, sizeof *gw->it)) < 0) return rc;
-        gw->it[gw->it_n++] = (gd_item){ci_idx, alg, c->slot + c->fr.payload_off, c->fr.payload_len, 0, e->decoded_size, 0};
+        if ((rc = push((void **)&g->it, &g->it_n, &g->it_cap, sizeof *g->it)) < 0) return rc;
+        g->it[g->it_n++] = (gd_item){ci_idx, alg, c->slot + c->fr.payload_off, c->fr.payload_len, 0, e->decoded_size, 0};
     } else if (bf.memcpyed) {
-        if ((rc = add_desc(&gw->cp, &gw->cp_n, &gw->cp_cap, (gd_desc){c->slot + 16, 0, e->decoded_size, 1, 1, 0, 0})) < 0) return rc;
-        gw->cp[gw->cp_n - 1].out = ci_idx;   /* resolved to the chunk's fin below (memcpyed frames are not shuffled) */
-        gw->cp[gw->cp_n - 1].out_scr = -1;
+        if ((rc = add_desc(&g->cp, &g->cp_n, &g->cp_cap, (gd_desc){c->slot + 16, 0, e->decoded_size, 1, 1, 0, 0})) < 0) return rc;
+        g->cp[g->cp_n - 1].out = ci_idx;   /* resolved to the chunk's fin below (memcpyed frames are not shuffled) */
+        g->cp[g->cp_n - 1].out_scr = -1;
         unshuffle_size = 0;
     } else {
         for (size_t i = 0; i < bf.nstreams; i++) {
             const ferry_blosc_stream *st = &gw->bs[i];
             if (st->raw) {
-                if ((rc = add_desc(&gw->cp, &gw->cp_n, &gw->cp_cap, (gd_desc){c->slot + st->src_off, st->dst_off, st->dst_len, 1, 1, 0, 0})) < 0)
+                if ((rc = add_desc(&g->cp, &g->cp_n, &g->cp_cap, (gd_desc){c->slot + st->src_off, st->dst_off, st->dst_len, 1, 1, 0, 0})) < 0)
                     return rc;
-                gw->cp[gw->cp_n - 1].out_scr = -2 - (int)ci_idx;   /* relative to the chunk's out */
+                g->cp[g->cp_n - 1].out_scr = -2 - (int)ci_idx;   /* relative to the chunk's out */
                 continue;
             }
-            if ((rc = push((void **)&gw->it, &gw->it_n, &gw->it_cap, sizeof *gw->it)) < 0) return rc;
-            gw->it[gw->it_n++] = (gd_item){ci_idx, alg, c->slot + st->src_off, st->src_len, st->dst_off, st->dst_len, 0};
+            if ((rc = push((void **)&g->it, &g->it_n, &g->it_cap, sizeof *g->it)) < 0) return rc;
+            g->it[g->it_n++] = (gd_item){ci_idx, alg, c->slot + st->src_off, st->src_len, st->dst_off, st->dst_len, 0};
         }
     }
-    c->nitems = gw->it_n - c->item0;
+    c->nitems = g->it_n - c->item0;
     if (unshuffle_size) {
         if (c->ci.codec == FERRY_CODEC_BLOSC) {   /* blosc (bit)shuffles each block by itself */
             for (uint64_t b = 0; b < bf.nblocks; b++) {
@@ -584,75 +754,71 @@ static int classify(struct ferry_gpudecode_worker *gw, gd_dev *g, const ferry_nv
                  * bit-unshuffled, 1-byte elements included */
                 int copy_only = bf.bitshuffle && bf.version <= 2 && (bsize / bf.typesize) % 8;
                 if (copy_only) dd.size = 1;
-                if (bf.bitshuffle && !copy_only) rc = add_desc(&gw->bu, &gw->bu_n, &gw->bu_cap, dd);
-                else rc = add_desc(&gw->un, &gw->un_n, &gw->un_cap, dd);
+                if (bf.bitshuffle && !copy_only) rc = add_desc(&g->bu, &g->bu_n, &g->bu_cap, dd);
+                else rc = add_desc(&g->un, &g->un_n, &g->un_cap, dd);
                 if (rc < 0) return rc;
             }
         } else {
-            if ((rc = add_desc(&gw->un, &gw->un_n, &gw->un_cap, (gd_desc){0, 0, e->decoded_size, (uint64_t)unshuffle_size, 0, 0, 0})) < 0) return rc;
-            gw->un[gw->un_n - 1].in_scr = (int)ci_idx;
+            if ((rc = add_desc(&g->un, &g->un_n, &g->un_cap, (gd_desc){0, 0, e->decoded_size, (uint64_t)unshuffle_size, 0, 0, 0})) < 0) return rc;
+            g->un[g->un_n - 1].in_scr = (int)ci_idx;
         }
     }
     return 0;
 }
 
-typedef struct gd_counts { uint64_t chunks, items, decoded, cpu, fallbacks; int flying; } gd_counts;
-
-static int64_t run_batch(ferry_worker *w, ferry_job *j, size_t bi, int *deferred, ferry_decode_trace *tr, gd_counts *cnt);
-
-int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t bi, int *deferred) {
-    ferry_decode_trace *tr = j->gpu->trace;
-    gd_counts c;
-    memset(&c, 0, sizeof c);
-    tl_trace = tr;
-    ferry_dt_batch_begin(tr);
-    int64_t r = run_batch(w, j, bi, deferred, tr, &c);
-    if (c.flying) ferry_dt_in_flight(tr, -1);
-    ferry_dt_batch_end(tr, c.chunks, c.items, c.decoded, c.cpu, c.fallbacks);
-    tl_trace = NULL;
-    return r;
+/* A slot's stream and events on device d (the device is current). */
+static int slot_ready(gd_slot *g, int d) {
+    const ferry_cuda_api *cu = ferry_cuda_load(NULL);
+    CUresult r = 0;
+    if (!g->stream) r = cu->StreamCreate(&g->stream, FERRY_CU_STREAM_NON_BLOCKING);
+    if (!r && !g->dec) r = cu->EventCreate(&g->dec, FERRY_CU_EVENT_DISABLE_TIMING);
+    if (!r && !g->done) r = cu->EventCreate(&g->done, FERRY_CU_EVENT_DISABLE_TIMING);
+    if (r) return ferry_seterr(FERRY_ECUDA, "device %d: GPU decode stream/events: %s", d, ferry_cuda_errstr(r));
+    return 0;
 }
 
-/* One batch: read, frame, enqueue, CPU chunks, wait, check, place (the
- * header comment); stage times into tr when tracing. */
-static int64_t run_batch(ferry_worker *w, ferry_job *j, size_t bi, int *deferred, ferry_decode_trace *tr, gd_counts *cnt) {
+/* First half of a batch on slot g: read the chunks into pinned staging,
+ * check and frame them on the CPU, enqueue the copy up, the nvCOMP calls,
+ * the filters and the results' copy back on the slot's stream, then decode
+ * on the CPU the chunks the GPU does not take. finish_batch completes it. */
+static int start_batch(ferry_worker *w, ferry_job *j, gd_queue *Q, const uint32_t *idx, size_t n, gd_slot *g,
+                       ferry_decode_trace *tr) {
     uint64_t tlap = tr ? ferry_dt_now() : 0;
-    const gd_batch *B = &j->gpu->b[bi];
-    const int d = B->dev;
-    const size_t n = B->count;
+    const int d = Q->dev;
     const ferry_cuda_api *cu = ferry_cuda_load(NULL);
     const ferry_nvcomp_api *nv = ferry_nvcomp_load(NULL);
-    ferry_devstate *ds;
-    int rc = ferry_worker_device(w, d, &ds);
-    if (rc < 0) return rc;
-    CUstream s = ds->stream;
-    if (!w->gpu && !(w->gpu = calloc(1, sizeof *w->gpu))) return ferry_seterr(FERRY_ENOMEM, "out of memory");
     struct ferry_gpudecode_worker *gw = w->gpu;
-    gd_dev *g = &gw->dev[d];
+    int rc = ferry_cuda_use_device(d);
+    if (rc < 0) return rc;
+    if ((rc = slot_ready(g, d)) < 0) return rc;
+    CUstream s = g->stream;
     CUresult r;
-    if (!g->done && (r = cu->EventCreate(&g->done, FERRY_CU_EVENT_DISABLE_TIMING)))
-        return ferry_seterr(FERRY_ECUDA, "cuEventCreate: %s", ferry_cuda_errstr(r));
-    if (g->pending) {   /* this worker's previous batch: its buffers are reused below */
+    if (g->busy) {   /* the slot's previous batch may still be placed from its buffers */
         if ((r = cu->EventSynchronize(g->done))) return ferry_seterr(FERRY_ECUDA, "device %d: GPU decode failed: %s", d, ferry_cuda_errstr(r));
-        g->pending = 0;
+        g->busy = 0;
     }
     ferry_dt_lap(tr, FERRY_DT_PREV, &tlap);
-    cnt->chunks = n;
-    if (gw->ch_cap < n) {
-        gd_chunk *c = realloc(gw->ch, n * sizeof *c);
+    ferry_dt_batch_begin(tr);
+    g->dev = d;
+    g->n = n;
+    g->q = Q;
+    g->file_bytes = g->cpu_fallbacks = 0;
+    g->flying = 0;
+    g->open = 1;   /* from here on finish_batch or the feeder's failure path ends it */
+    if (g->ch_cap < n) {
+        gd_chunk *c = realloc(g->ch, n * sizeof *c);
         if (!c) return ferry_seterr(FERRY_ENOMEM, "out of memory");
-        gw->ch = c;
-        gw->ch_cap = n;
+        g->ch = c;
+        g->ch_cap = n;
     }
-    gd_chunk *ch = gw->ch;
-    const uint32_t *idx = j->gpu->idx + B->first;
-    int kernels = ferry_cuda_kernels_ready(d);
-    gw->it_n = gw->cp_n = gw->un_n = gw->bu_n = 0;
+    gd_chunk *ch = g->ch;
+    int kernels = g->kernels = ferry_cuda_kernels_ready(d);
+    g->it_n = g->cp_n = g->un_n = g->bu_n = 0;
 
     /* slots: each chunk starts `lead` bytes into an 8-aligned slot so that the
      * payload after its header (zlib: 2 bytes, numcodecs LZ4: 4) is aligned
      * as nvCOMP requires, and the framed bytes stay intact for the CPU */
-    uint64_t hsize = 0, file_bytes = 0;
+    uint64_t hsize = 0;
     for (size_t k = 0; k < n; k++) {
         const ferry_extent *e = &j->ext[idx[k]];
         memset(&ch[k], 0, sizeof ch[k]);
@@ -663,7 +829,7 @@ static int64_t run_batch(ferry_worker *w, ferry_job *j, size_t bi, int *deferred
         hsize += up(e->length + 8, 8);
     }
     if ((rc = host_grow(w, d, &g->h, &g->hcap, &g->hpinned, hsize ? hsize : 1)) < 0) return rc;
-    if ((rc = read_chunks(w, j, g, ch, n, &file_bytes)) < 0) return rc;
+    if ((rc = read_chunks(w, j, g, &g->file_bytes)) < 0) return rc;
     ferry_dt_lap(tr, FERRY_DT_READ, &tlap);
 
     /* CPU checks and framing: items, descriptors, outputs */
@@ -688,25 +854,25 @@ static int64_t run_batch(ferry_worker *w, ferry_job *j, size_t bi, int *deferred
         if (ch[k].fin_scr) ch[k].fin += g->dscr;
     }
     ferry_dt_lap(tr, FERRY_DT_FRAME, &tlap);
-    cnt->items = gw->it_n;
 
     /* the arrays nvCOMP reads, per algorithm, then the descriptors, after the payloads */
     size_t na[FERRY_NVCOMP_NALG] = {0, 0, 0}, q0[FERRY_NVCOMP_NALG];
     uint64_t max_out[FERRY_NVCOMP_NALG] = {0, 0, 0}, tot_out[FERRY_NVCOMP_NALG] = {0, 0, 0};
-    for (size_t i = 0; i < gw->it_n; i++) {
-        gd_item *it = &gw->it[i];
+    for (size_t i = 0; i < g->it_n; i++) {
+        gd_item *it = &g->it[i];
         na[it->alg]++;
         tot_out[it->alg] += it->out_len;
         if (it->out_len > max_out[it->alg]) max_out[it->alg] = it->out_len;
     }
-    size_t nitems = gw->it_n, q = 0;
+    size_t nitems = g->it_n, q = 0;
     for (int a = 0; a < FERRY_NVCOMP_NALG; a++) { q0[a] = q; q += na[a]; }
     const uint64_t arr = up(hsize, 64);
-    const uint64_t a_cp = arr + 32 * (uint64_t)nitems, a_un = a_cp + 32 * (uint64_t)gw->cp_n;
-    const uint64_t a_bu = a_un + 32 * (uint64_t)gw->un_n, htotal = a_bu + 32 * (uint64_t)gw->bu_n;
-    const uint64_t res_size = up(4 * (uint64_t)nitems, 8), res_adler = res_size + 8 * (uint64_t)nitems;
+    const uint64_t a_cp = arr + 32 * (uint64_t)nitems, a_un = a_cp + 32 * (uint64_t)g->cp_n;
+    const uint64_t a_bu = a_un + 32 * (uint64_t)g->un_n, htotal = a_bu + 32 * (uint64_t)g->bu_n;
+    const uint64_t res_size = g->res_size = up(4 * (uint64_t)nitems, 8);
+    const uint64_t res_adler = g->res_adler = res_size + 8 * (uint64_t)nitems;
     const uint64_t res_total = res_adler + 4 * (uint64_t)nitems + 8;
-    int any_gpu = nitems || gw->cp_n || gw->un_n || gw->bu_n;
+    int any_gpu = g->any_gpu = nitems || g->cp_n || g->un_n || g->bu_n;
     size_t temp = 0;
     ferry_nvcomp_opts opts;
     memset(&opts, 0, sizeof opts);
@@ -736,7 +902,7 @@ static int64_t run_batch(ferry_worker *w, ferry_job *j, size_t bi, int *deferred
         size_t next[FERRY_NVCOMP_NALG];
         memcpy(next, q0, sizeof next);
         for (size_t i = 0; i < nitems; i++) {
-            gd_item *it = &gw->it[i];
+            gd_item *it = &g->it[i];
             it->q = next[it->alg]++;
             in_ptrs[it->q] = g->din + it->in_pos;
             in_bytes[it->q] = it->in_len;
@@ -744,18 +910,18 @@ static int64_t run_batch(ferry_worker *w, ferry_job *j, size_t bi, int *deferred
             out_caps[it->q] = it->out_len;
         }
         uint64_t *cp = (uint64_t *)(g->h + a_cp), *un = (uint64_t *)(g->h + a_un), *bu = (uint64_t *)(g->h + a_bu);
-        for (size_t i = 0; i < gw->cp_n; i++) {
-            const gd_desc *dd = &gw->cp[i];
+        for (size_t i = 0; i < g->cp_n; i++) {
+            const gd_desc *dd = &g->cp[i];
             uint64_t out = dd->out_scr == -1 ? ch[dd->out].fin : ch[-2 - dd->out_scr].out + dd->out;
             cp[4 * i] = g->din + dd->in; cp[4 * i + 1] = out; cp[4 * i + 2] = dd->n; cp[4 * i + 3] = 1;
         }
-        for (size_t i = 0; i < gw->un_n; i++) {
-            const gd_desc *dd = &gw->un[i];
+        for (size_t i = 0; i < g->un_n; i++) {
+            const gd_desc *dd = &g->un[i];
             un[4 * i] = ch[dd->in_scr].out + dd->in; un[4 * i + 1] = ch[dd->in_scr].fin + dd->out;
             un[4 * i + 2] = dd->n; un[4 * i + 3] = dd->size;
         }
-        for (size_t i = 0; i < gw->bu_n; i++) {
-            const gd_desc *dd = &gw->bu[i];
+        for (size_t i = 0; i < g->bu_n; i++) {
+            const gd_desc *dd = &g->bu[i];
             bu[4 * i] = ch[dd->in_scr].out + dd->in; bu[4 * i + 1] = ch[dd->in_scr].fin + dd->out;
             bu[4 * i + 2] = dd->n; bu[4 * i + 3] = dd->size;
         }
@@ -763,7 +929,7 @@ static int64_t run_batch(ferry_worker *w, ferry_job *j, size_t bi, int *deferred
          * unshuffles, byteswaps; one copy of the results back */
         if ((r = cu->MemcpyHtoDAsync(g->din, g->h, htotal, s)))
             return ferry_seterr(FERRY_ECUDA, "cuMemcpyHtoDAsync: %s", ferry_cuda_errstr(r));
-        if (gw->cp_n && (rc = ferry_cuda_unshuffle_batch(d, g->din + a_cp, gw->cp_n, 0, s)) < 0) goto fail_sync;
+        if (g->cp_n && (rc = ferry_cuda_unshuffle_batch(d, g->din + a_cp, g->cp_n, 0, s)) < 0) return rc;
         for (int a = 0; a < FERRY_NVCOMP_NALG; a++) {
             if (!na[a]) continue;
             CUdeviceptr base = g->din + arr;
@@ -772,54 +938,67 @@ static int64_t run_batch(ferry_worker *w, ferry_job *j, size_t bi, int *deferred
                 (const size_t *)(uintptr_t)(base + 8 * (3 * nitems + q0[a])), (size_t *)(uintptr_t)(g->dres + res_size + 8 * q0[a]),
                 na[a], temp ? (void *)(uintptr_t)g->dtemp : NULL, temp, (void *const *)(uintptr_t)(base + 8 * (2 * nitems + q0[a])),
                 opts, (ferry_nvcomp_status_t *)(uintptr_t)(g->dres + 4 * q0[a]), s);
-            if (st) {
-                rc = ferry_seterr(FERRY_ECUDA, "nvCOMP batched %s decompress of %zu chunks: %s",
-                                  a == FERRY_NVCOMP_ZSTD ? "zstd" : a == FERRY_NVCOMP_LZ4 ? "LZ4" : "Deflate", na[a], ferry_nvcomp_errstr(st));
-                goto fail_sync;
-            }
+            if (st)
+                return ferry_seterr(FERRY_ECUDA, "nvCOMP batched %s decompress of %zu chunks: %s",
+                                    a == FERRY_NVCOMP_ZSTD ? "zstd" : a == FERRY_NVCOMP_LZ4 ? "LZ4" : "Deflate", na[a], ferry_nvcomp_errstr(st));
             if (a == FERRY_NVCOMP_DEFLATE &&
                 (rc = ferry_cuda_adler32_batch(d, base + 8 * (2 * nitems + q0[a]), base + 8 * (3 * nitems + q0[a]),
                                                g->dres + res_adler + 4 * q0[a], na[a], s)) < 0)
-                goto fail_sync;
+                return rc;
         }
-        if (gw->un_n && (rc = ferry_cuda_unshuffle_batch(d, g->din + a_un, gw->un_n, 0, s)) < 0) goto fail_sync;
-        if (gw->bu_n && (rc = ferry_cuda_unshuffle_batch(d, g->din + a_bu, gw->bu_n, 1, s)) < 0) goto fail_sync;
+        if (g->un_n && (rc = ferry_cuda_unshuffle_batch(d, g->din + a_un, g->un_n, 0, s)) < 0) return rc;
+        if (g->bu_n && (rc = ferry_cuda_unshuffle_batch(d, g->din + a_bu, g->bu_n, 1, s)) < 0) return rc;
         for (size_t k = 0; k < n; k++)
             if (ch[k].kind == K_GPU && ch[k].ci.swap &&
                 (rc = ferry_cuda_byteswap(d, ch[k].fin, j->ext[ch[k].ext].decoded_size / ch[k].ci.swap, ch[k].ci.swap, s)) < 0)
-                goto fail_sync;
-        if ((r = cu->MemcpyDtoHAsync(g->hres, g->dres, res_total, s)) || (r = cu->EventRecord(g->done, s))) {
-            rc = ferry_seterr(FERRY_ECUDA, "cuMemcpyDtoHAsync: %s", ferry_cuda_errstr(r));
-            goto fail_sync;
-        }
-        if (tr) { ferry_dt_in_flight(tr, 1); cnt->flying = 1; }
+                return rc;
+        if ((r = cu->MemcpyDtoHAsync(g->hres, g->dres, res_total, s)) || (r = cu->EventRecord(g->dec, s)))
+            return ferry_seterr(FERRY_ECUDA, "cuMemcpyDtoHAsync: %s", ferry_cuda_errstr(r));
+        ferry_dt_in_flight(tr, 1);
+        g->flying = 1;
     }
     ferry_dt_lap(tr, FERRY_DT_ENQUEUE, &tlap);
 
     /* meanwhile: the chunks the CPU decodes */
-    uint64_t fallbacks = 0;
-    if (cpu_total && (rc = host_grow(w, d, &g->hcpu, &g->hcpu_cap, &g->hcpu_pinned, cpu_total)) < 0) goto fail_sync;
+    if (cpu_total && (rc = host_grow(w, d, &g->hcpu, &g->hcpu_cap, &g->hcpu_pinned, cpu_total)) < 0) return rc;
     for (size_t k = 0; k < n; k++) {
         gd_chunk *c = &ch[k];
         const ferry_extent *e = &j->ext[c->ext];
         if (c->kind == K_FILL) fill_pattern(g->hcpu + c->cpu_pos, e->decoded_size, e);
         else if (c->kind == K_CPU) {
-            if ((rc = cpu_decode(w, e, g->h + c->slot, g->hcpu + c->cpu_pos)) < 0) { chunk_err(rc, e, ext_path(e), &c->ci); goto fail_sync; }
-            fallbacks++;
+            if ((rc = cpu_decode(w, e, g->h + c->slot, g->hcpu + c->cpu_pos)) < 0) return chunk_err(rc, e, ext_path(e), &c->ci);
+            g->cpu_fallbacks++;
         }
     }
-    cnt->cpu = fallbacks;
     ferry_dt_lap(tr, FERRY_DT_CPU, &tlap);
+    return 0;
+}
 
-    /* results: statuses, sizes, Adler-32s of every item */
-    uint64_t gpu_bytes = 0, gpu_chunks = 0;
-    if (any_gpu) {
-        if ((r = cu->EventSynchronize(g->done))) { rc = ferry_seterr(FERRY_ECUDA, "device %d: GPU decode failed: %s", d, ferry_cuda_errstr(r)); goto fail_sync; }
+/* Second half of the batch in slot g: wait for its decode, check every
+ * item's status, size and Adler-32 (the CPU decodes again what fails: its
+ * limits, or the corruption it names), then enqueue the CPU-decoded chunks'
+ * copies up and the placement of scratch into the destination. Returns the
+ * batch's file bytes. */
+static int64_t finish_batch(ferry_worker *w, ferry_job *j, gd_slot *g, ferry_decode_trace *tr) {
+    uint64_t tlap = tr ? ferry_dt_now() : 0;
+    const int d = g->dev;
+    const size_t n = g->n;
+    const ferry_cuda_api *cu = ferry_cuda_load(NULL);
+    gd_dev *gdv = &w->gpu->dev[d];
+    gd_chunk *ch = g->ch;
+    CUstream s = g->stream;
+    CUresult r;
+    int rc = ferry_cuda_use_device(d);
+    if (rc < 0) return rc;
+    uint64_t fallbacks = g->cpu_fallbacks, gpu_bytes = 0, gpu_chunks = 0, dec = 0;
+    if (g->any_gpu) {
+        r = cu->EventSynchronize(g->dec);
         ferry_dt_lap(tr, FERRY_DT_WAIT, &tlap);
-        if (cnt->flying) { ferry_dt_in_flight(tr, -1); cnt->flying = 0; }
+        if (g->flying) { ferry_dt_in_flight(tr, -1); g->flying = 0; }
+        if (r) return ferry_seterr(FERRY_ECUDA, "device %d: GPU decode failed: %s", d, ferry_cuda_errstr(r));
         const int32_t *sts = (const int32_t *)g->hres;
-        const uint64_t *sizes = (const uint64_t *)(g->hres + res_size);
-        const uint32_t *adl = (const uint32_t *)(g->hres + res_adler);
+        const uint64_t *sizes = (const uint64_t *)(g->hres + g->res_size);
+        const uint32_t *adl = (const uint32_t *)(g->hres + g->res_adler);
         for (size_t k = 0; k < n; k++) {
             gd_chunk *c = &ch[k];
             if (c->kind != K_GPU) continue;
@@ -827,7 +1006,7 @@ static int64_t run_batch(ferry_worker *w, ferry_job *j, size_t bi, int *deferred
             const char *why = NULL;
             char buf[96];
             for (size_t i = c->item0; i < c->item0 + c->nitems && !why; i++) {
-                const gd_item *it = &gw->it[i];
+                const gd_item *it = &g->it[i];
                 if (sts[it->q]) why = ferry_nvcomp_errstr(sts[it->q]);
                 else if (sizes[it->q] != it->out_len) {
                     snprintf(buf, sizeof buf, "decoded %llu bytes where %llu were expected", (unsigned long long)sizes[it->q],
@@ -841,22 +1020,18 @@ static int64_t run_batch(ferry_worker *w, ferry_job *j, size_t bi, int *deferred
             if (!why) { gpu_bytes += e->decoded_size; gpu_chunks++; continue; }
             /* nvCOMP could not, or its output fails the check: the CPU decodes
              * it (nvCOMP's limits) or names the corruption */
-            if ((rc = host_grow(w, d, &g->hfb, &g->hfb_cap, &g->hfb_pinned, e->decoded_size)) < 0) goto fail_sync;
-            if ((rc = cpu_decode(w, e, g->h + c->slot, g->hfb)) < 0) {
+            if ((rc = host_grow(w, d, &gdv->hfb, &gdv->hfb_cap, &gdv->hfb_pinned, e->decoded_size)) < 0) return rc;
+            if ((rc = cpu_decode(w, e, g->h + c->slot, gdv->hfb)) < 0) {
                 ferry_preerr(rc, "nvCOMP: %s; the CPU decoder", why);
-                chunk_err(rc, e, ext_path(e), &c->ci);
-                goto fail_sync;
+                return chunk_err(rc, e, ext_path(e), &c->ci);
             }
             /* the CPU ran the whole chain: its bytes go where the filters' went */
-            if ((r = cu->MemcpyHtoDAsync(c->fin, g->hfb, e->decoded_size, s)) || (r = cu->StreamSynchronize(s))) {
-                rc = ferry_seterr(FERRY_ECUDA, "cuMemcpyHtoDAsync: %s", ferry_cuda_errstr(r));
-                goto fail_sync;
-            }
+            if ((r = cu->MemcpyHtoDAsync(c->fin, gdv->hfb, e->decoded_size, s)) || (r = cu->StreamSynchronize(s)))
+                return ferry_seterr(FERRY_ECUDA, "cuMemcpyHtoDAsync: %s", ferry_cuda_errstr(r));
             c->kind = K_DONE;
             fallbacks++;
         }
     }
-    cnt->fallbacks = fallbacks - cnt->cpu;
     ferry_dt_lap(tr, FERRY_DT_FALLBACK, &tlap);
 
     /* CPU-decoded chunks up, then scratch placed into the boxes: one tile
@@ -865,49 +1040,100 @@ static int64_t run_batch(ferry_worker *w, ferry_job *j, size_t bi, int *deferred
     size_t nplace = 0;
     uint64_t *pd = NULL;
     for (size_t k = 0; k < n; k++) nplace += ch[k].placed;
-    if (nplace && kernels) {
-        if ((rc = host_grow(w, d, &g->h, &g->hcap, &g->hpinned, 128 * nplace)) < 0) goto fail_sync;
-        if ((rc = dev_grow(&g->din, &g->din_cap, 128 * nplace)) < 0) goto fail_sync;
+    if (nplace && g->kernels) {
+        if ((rc = host_grow(w, d, &g->h, &g->hcap, &g->hpinned, 128 * nplace)) < 0) return rc;
+        if ((rc = dev_grow(&g->din, &g->din_cap, 128 * nplace)) < 0) return rc;
         pd = (uint64_t *)g->h;
     }
     size_t np = 0;
     for (size_t k = 0; k < n; k++) {
         gd_chunk *c = &ch[k];
         const ferry_extent *e = &j->ext[c->ext];
-        if ((c->kind == K_CPU || c->kind == K_FILL) && (r = cu->MemcpyHtoDAsync(c->fin, g->hcpu + c->cpu_pos, e->decoded_size, s))) {
-            rc = ferry_seterr(FERRY_ECUDA, "cuMemcpyHtoDAsync: %s", ferry_cuda_errstr(r));
-            goto fail_sync;
-        }
+        dec += e->decoded_size;
+        if ((c->kind == K_CPU || c->kind == K_FILL) && (r = cu->MemcpyHtoDAsync(c->fin, g->hcpu + c->cpu_pos, e->decoded_size, s)))
+            return ferry_seterr(FERRY_ECUDA, "cuMemcpyHtoDAsync: %s", ferry_cuda_errstr(r));
         if (!c->placed) continue;
         CUdeviceptr base = (CUdeviceptr)(uintptr_t)e->dst.ptr + e->dst_offset;
         if (pd && place_desc(pd + 16 * np, base, c->fin, e->place, e->decoded_size)) { np++; continue; }
-        if ((rc = place_dev(cu, s, base, c->fin, e->place, e->decoded_size)) < 0) goto fail_sync;
+        if ((rc = place_dev(cu, s, base, c->fin, e->place, e->decoded_size)) < 0) return rc;
     }
     if (np) {
-        if ((r = cu->MemcpyHtoDAsync(g->din, g->h, 128 * np, s))) {
-            rc = ferry_seterr(FERRY_ECUDA, "cuMemcpyHtoDAsync: %s", ferry_cuda_errstr(r));
-            goto fail_sync;
-        }
-        if ((rc = ferry_cuda_place_batch(d, g->din, np, s)) < 0) goto fail_sync;
+        if ((r = cu->MemcpyHtoDAsync(g->din, g->h, 128 * np, s)))
+            return ferry_seterr(FERRY_ECUDA, "cuMemcpyHtoDAsync: %s", ferry_cuda_errstr(r));
+        if ((rc = ferry_cuda_place_batch(d, g->din, np, s)) < 0) return rc;
     }
-    if ((r = cu->EventRecord(g->done, s))) { rc = ferry_seterr(FERRY_ECUDA, "cuEventRecord: %s", ferry_cuda_errstr(r)); goto fail_sync; }
-    g->pending = 1;
-    w->seq[d]++;
-    if ((rc = ferry_worker_defer(w, j, d)) < 0) goto fail_sync;
-    *deferred = 1;
-    atomic_fetch_or(&j->dev_mask, 1u << d);
-    if (!w->is_inline) atomic_fetch_or(&j->worker_mask[w->id / 64], 1ull << (w->id % 64));
-    atomic_fetch_add(&j->path_bytes[FERRY_PATH_STAGED], file_bytes);
+    if ((r = cu->EventRecord(g->done, s))) return ferry_seterr(FERRY_ECUDA, "cuEventRecord: %s", ferry_cuda_errstr(r));
+    g->open = 0;   /* checked: only on success (a failure leaves it open: the feeder synchronizes it) */
+    g->busy = 1;
+    if (g->q->shared) atomic_fetch_sub(&g->q->gpu_out, dec);
+    atomic_fetch_add(&j->path_bytes[FERRY_PATH_STAGED], g->file_bytes);
     atomic_fetch_add(&j->path_ops[FERRY_PATH_STAGED], n);
-    {
-        uint64_t dec = 0;
-        for (size_t k = 0; k < n; k++) dec += j->ext[ch[k].ext].decoded_size;
-        count_stats(w->ctx, gpu_bytes, gpu_chunks, fallbacks, dec);
-        cnt->decoded = dec;
-    }
+    count_stats(w->ctx, gpu_bytes, gpu_chunks, fallbacks, dec);
     ferry_dt_lap(tr, FERRY_DT_PLACE, &tlap);
-    return (int64_t)file_bytes;
-fail_sync:
-    cu->StreamSynchronize(s);   /* nothing of this batch outlives its failure */
-    return rc;
+    ferry_dt_batch_end(tr, n, g->it_n, dec, g->cpu_fallbacks, fallbacks - g->cpu_fallbacks);
+    return (int64_t)g->file_bytes;
+}
+
+/* A feeder (one task): claims batches from the job's queues until they are
+ * empty, up to gd_slots() in flight per device — the next batches are read,
+ * framed and enqueued before the oldest one's results are checked (when its
+ * slot comes round again, or at the end) — and returns once its device work
+ * is complete (the bytes of every batch it ran, or the first error). */
+int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t task, int *deferred) {
+    (void)task;
+    *deferred = 0;
+    struct ferry_gpudecode_job *G = j->gpu;
+    ferry_decode_trace *tr = G->trace;
+    if (!w->gpu && !(w->gpu = calloc(1, sizeof *w->gpu))) return ferry_seterr(FERRY_ENOMEM, "out of memory");
+    tl_trace = tr;
+    const int nslots = gd_slots();
+    /* every feeder starts on slot 0: one that runs a single batch per job
+     * reuses the same buffers job after job instead of growing them all */
+    for (int d = 0; d < FERRY_MAX_DEVICES; d++) w->gpu->dev[d].cur = 0;
+    enum { CAP = GD_MAX_SLOTS * FERRY_MAX_DEVICES };
+    gd_slot *fifo[CAP];   /* open batches, oldest first */
+    size_t head = 0, cnt = 0;
+    int64_t total = 0, rc = 0;
+    for (;;) {
+        if (atomic_load(&j->error) || atomic_load(&j->canceled)) break;
+        gd_queue *Q;
+        const uint32_t *idx;
+        size_t n;
+        if (!claim_batch(G, j, &Q, &idx, &n)) break;
+        gd_dev *gdv = &w->gpu->dev[Q->dev];
+        gd_slot *g = &gdv->sl[gdv->cur];
+        gdv->cur = (gdv->cur + 1) % nslots;
+        while (g->open && cnt && rc >= 0) {   /* its slot came round: check the batches up to it */
+            gd_slot *o = fifo[head];
+            head = (head + 1) % CAP;
+            cnt--;
+            if ((rc = finish_batch(w, j, o, tr)) >= 0) total += rc;
+        }
+        if (rc < 0 || (rc = start_batch(w, j, Q, idx, n, g, tr)) < 0) break;
+        fifo[(head + cnt) % CAP] = g;
+        cnt++;
+    }
+    while (rc >= 0 && cnt) {
+        gd_slot *o = fifo[head];
+        head = (head + 1) % CAP;
+        cnt--;
+        if ((rc = finish_batch(w, j, o, tr)) >= 0) total += rc;
+    }
+    /* complete before the task ends: nothing of this job's batches outlives
+     * it, a failed one included (its slots are synchronized, their results
+     * dropped) */
+    const ferry_cuda_api *cu = ferry_cuda_load(NULL);
+    for (int d = 0; d < FERRY_MAX_DEVICES; d++)
+        for (int k = 0; k < GD_MAX_SLOTS; k++) {
+            gd_slot *g = &w->gpu->dev[d].sl[k];
+            if (!g->busy && !g->open) continue;
+            ferry_cuda_use_device(d);
+            CUresult r = cu->StreamSynchronize(g->stream);
+            if (r && rc >= 0) rc = ferry_seterr(FERRY_ECUDA, "device %d: GPU decode failed: %s", d, ferry_cuda_errstr(r));
+            if (g->flying) { ferry_dt_in_flight(tr, -1); g->flying = 0; }
+            if (g->open) ferry_dt_batch_end(tr, g->n, g->it_n, 0, g->cpu_fallbacks, 0);
+            g->busy = g->open = 0;
+        }
+    tl_trace = NULL;
+    return rc < 0 ? rc : total;
 }

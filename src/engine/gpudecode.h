@@ -1,25 +1,37 @@
 /* gpudecode.h — the engine's device decode stage (gpudecode.c): compressed
  * chunks bound for device memory decoded by batched nvCOMP calls. Internal;
- * the engine calls these four hooks and nothing else. */
+ * the engine calls these hooks and nothing else. */
 #ifndef FERRY_GPUDECODE_H
 #define FERRY_GPUDECODE_H
 #include "engine/engine.h"
 
-/* A task whose ext field is this runs batch number task->lo of job->gpu. */
+/* A task whose ext field is this is the device decode stage's: task
+ * number lo < feeders is a GPU feeder (ferry_gpudecode_run), the others take
+ * one chunk each from a shared queue for the CPU (ferry_gpudecode_take_one). */
 #define FERRY_GPU_TASK UINT32_MAX
 
 /* At job build, after extents are resolved: pick the extents the GPU decodes
- * (policy, nvCOMP, codec chain, device destination) and group them into
- * batches, stored in job->gpu. Returns 0 (none: job->gpu stays NULL) or a
+ * (policy, nvCOMP, codec chain, device destination) and put them in queues
+ * (one per device and class), stored in job->gpu: GPU-only queues, and
+ * shared ones that GPU feeders and CPU workers drain together (AUTO where
+ * both together measured faster). Returns 0 (none: job->gpu stays NULL) or a
  * negative code (decode="gpu" forced but nvCOMP cannot run: FERRY_EPATH). */
 int ferry_gpudecode_plan(ferry_job *job, int decode_policy);
-/* 1 when extent i belongs to a GPU batch (make_tasks skips it). */
+/* 1 when extent i is in a queue (make_tasks makes no task of its own for it). */
 int ferry_gpudecode_owns(const ferry_job *job, size_t i);
-/* Number of batches (make_tasks adds one FERRY_GPU_TASK task per batch). */
-size_t ferry_gpudecode_batches(const ferry_job *job);
-/* Run batch b on worker w: returns the file bytes read, or a negative code
- * with a message naming the file, chunk and codec. *deferred as in exec.c. */
-int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *job, size_t b, int *deferred);
+/* Number of FERRY_GPU_TASK tasks make_tasks adds (lo = 0 .. n-1): the feeders,
+ * then one per chunk of the shared queues. */
+size_t ferry_gpudecode_tasks(const ferry_job *job);
+/* 1 when FERRY_GPU_TASK task number t is a feeder. */
+int ferry_gpudecode_is_feeder(const ferry_job *job, size_t t);
+/* A feeder on worker w: claims batches until the queues are empty, two in
+ * flight, and returns the file bytes read once its device work is complete
+ * (*deferred = 0), or a negative code with a message naming the file, chunk
+ * and codec. */
+int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *job, size_t task, int *deferred);
+/* The next chunk of a shared queue for the CPU (its extent index), or -1
+ * when the queues are empty (the GPU took the rest). */
+int64_t ferry_gpudecode_take_one(ferry_job *job);
 void ferry_gpudecode_job_free(ferry_job *job);
 void ferry_gpudecode_worker_free(ferry_worker *w);
 #endif

@@ -82,10 +82,10 @@ void ferry_dt_report(const ferry_decode_trace *tr, uint64_t job_id, int threads)
     double wall = last > first ? (double)(last - first) * 1e-9 : 0;
     uint64_t dec = atomic_load(&tr->decoded);
     n += (size_t)snprintf(buf + n, sizeof buf - n,
-                          "ferry decode trace: job %llu: planned %llu batches (%llu chunks, target %.1f MiB per batch; %llu chunks "
+                          "ferry decode trace: job %llu: planned %llu feeders (%llu chunks, target %.1f MiB per batch; %llu chunks "
                           "in the one queue), ran %llu batches, %llu chunks (min %llu, avg %.1f, max %llu per batch), "
-                          "%llu nvCOMP items, %.1f MiB decoded in %.4f s (%.2f GB/s), threads %d, workers in batches "
-                          "max %d, batches in flight max %d; CPU: %llu chunks in batches, %llu fallbacks, one queue "
+                          "%llu nvCOMP items, %.1f MiB decoded in %.4f s (%.2f GB/s), threads %d, batches open (read "
+                          "to checked) max %d, decoding (enqueued to waited for) max %d; CPU: %llu chunks in batches, %llu fallbacks, one queue "
                           "%llu chunks (%.1f MiB); %llu allocations; seconds summed over workers:",
                           (unsigned long long)job_id, (unsigned long long)tr->plan_batches,
                           (unsigned long long)tr->plan_chunks, (double)tr->plan_target / 1048576.0,

@@ -29,10 +29,10 @@ typedef struct ferry_decode_trace {
     _Atomic uint64_t shared_cpu_chunks, shared_cpu_bytes;   /* the one queue: taken by CPU workers */
     _Atomic uint64_t min_chunks, max_chunks;
     _Atomic uint64_t t_first, t_last;                        /* first batch start, last batch end (ns) */
-    _Atomic int active, max_active;                          /* workers inside a batch */
+    _Atomic int active, max_active;                          /* batches between read and checked */
     _Atomic int in_flight, max_in_flight;                    /* batches enqueued and not yet waited for */
     /* the plan */
-    uint64_t plan_batches, plan_target, plan_chunks, plan_shared;
+    uint64_t plan_batches /* feeders */, plan_target, plan_chunks, plan_shared;
 } ferry_decode_trace;
 
 /* FERRY_DECODE_TRACE=1 (read at every call: a job plans once). */

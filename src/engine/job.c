@@ -142,9 +142,10 @@ static int packable(const ferry_job *j, const ferry_extent *e, size_t staging) {
  * Other extents are one task each. */
 static int make_tasks(ferry_job *j, size_t task_size, size_t staging) {
     size_t cap = 0;
-    /* gpudecode.c: one task per batch, queued first so that the CPU's tasks
-     * run on the other workers while batches are read and decoded */
-    for (size_t b = 0; b < ferry_gpudecode_batches(j); b++)
+    /* gpudecode.c: its GPU feeders, then one task per chunk of a queue the
+     * GPU shares with the CPU, queued first so that the CPU's tasks run on
+     * the other workers while batches are read and decoded */
+    for (size_t b = 0; b < ferry_gpudecode_tasks(j); b++)
         if (add_task(j, &cap, FERRY_GPU_TASK, 1, b, b + 1) < 0) return FERRY_ENOMEM;
     uint64_t packed = 0;
     for (size_t i = 0; i < j->next; i++)

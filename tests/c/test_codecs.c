@@ -409,6 +409,25 @@ static void test_crc32c_vectors(void) {
     }
 }
 
+/* long buffers run three interleaved streams joined by a shift table
+ * (crc32c.c): equal to the CRC chained over pieces too short for it */
+static void test_crc32c_long_buffers(void) {
+    size_t n = 200000;
+    uint8_t *buf = malloc(n + 8);
+    uint32_t x = 12345;
+    for (size_t i = 0; i < n + 8; i++) { x = x * 1103515245u + 12345u; buf[i] = (uint8_t)(x >> 16); }
+    const size_t lens[] = {12287, 12288, 12289, 24576, 50000, 199993};
+    for (int off = 0; off < 8; off += 3)
+        for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+            size_t len = lens[li];
+            uint32_t pieces = 0;
+            for (size_t pos = 0; pos < len; pos += 1000)
+                pieces = ferry_crc32c(pieces, buf + off + pos, len - pos < 1000 ? len - pos : 1000);
+            CHECK_EQ_I(ferry_crc32c(0, buf + off, len), pieces);
+        }
+    free(buf);
+}
+
 static void test_crc32c_codec_strips_and_verifies(void) {
     ferry_decode_scratch s; ferry_decode_scratch_init(&s);
     uint8_t in[104], out[100];
@@ -795,6 +814,7 @@ static void test_chains(void) {
 
 int main(void) {
     RUN(test_crc32c_vectors);
+    RUN(test_crc32c_long_buffers);
     RUN(test_crc32c_codec_strips_and_verifies);
     RUN(test_fletcher32);
     RUN(test_zlib_round_trip_and_corruption);

@@ -143,9 +143,10 @@ def _case(name):
     return next(c for c in ZARR_CASES if c[0] == name)
 
 
-def test_auto_uses_gpu_for_zstd_and_blosc_not_lz4(gctx, tmp_path):
+def test_auto_uses_gpu_for_zstd_and_blosc_shares_lz4(gctx, tmp_path):
     """AUTO follows the H200's measured rates (gpudecode.c): zstd and blosc on the GPU,
-    plain LZ4 (a tie) on the CPU."""
+    plain LZ4 (a tie) in one queue that the GPU and the CPU workers drain together:
+    whichever side took each chunk, the result is exact and no chunk is counted twice."""
     p, z = make_zarr(tmp_path, ZARR_CASES[0], False)
     _, st = read_gpu(gctx, p, None)
     assert st["gpu_chunks"] > 0
@@ -154,7 +155,8 @@ def test_auto_uses_gpu_for_zstd_and_blosc_not_lz4(gctx, tmp_path):
     assert st["gpu_chunks"] > 0 and same(got, z[...])
     p, z = make_zarr(tmp_path, _case("v2_lz4_i4"), False)
     got, st = read_gpu(gctx, p, None)
-    assert st["gpu_chunks"] == 0 and same(got, z[...])
+    assert same(got, z[...])
+    assert st["gpu_chunks"] <= z.nchunks and st["gpu_cpu_fallbacks"] == 0, st
 
 
 def test_corrupt_zarr_chunk_names_file_chunk_codec(gctx, tmp_path):

@@ -65,3 +65,38 @@ def test_hdf5_zlib_shuffle_on_gpu(gctx, tmp_path, dtype, fletcher):
             assert st["gpu_chunks"] == len(chunks) and st["gpu_cpu_fallbacks"] == 0, st
         else:
             assert st["gpu_chunks"] == 0
+
+
+def test_hdf5_auto_one_queue(gctx, tmp_path, monkeypatch):
+    """AUTO on netCDF-4's deflate + shuffle chunks: one queue for the GPU and
+    the CPU workers. With the H200's rates a small load stays on the CPU (one
+    GPU chunk's latency exceeds the CPU's whole time); with rates where the GPU
+    helps (FERRY_GPU_RATES) both may take chunks; either way every chunk is
+    decoded once, exactly (h5py's bytes), and none through the fallback."""
+    path = str(tmp_path / "q.h5")
+    a = data((256, 64), "<f4", 5)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("t2m", data=a, chunks=(4, 64), compression="gzip", compression_opts=1, shuffle=True)
+    chunks, cshape, shape, dt, _ = hdf5_chunks(path, "t2m")
+    es = dt.itemsize
+
+    def run(rates):
+        if rates:
+            monkeypatch.setenv("FERRY_GPU_RATES", rates)
+        else:
+            monkeypatch.delenv("FERRY_GPU_RATES", raising=False)
+        monkeypatch.setenv("FERRY_GPU_BATCH", "4K")   # 4 chunks a batch
+        dst = ferry_arrays.full(gctx, shape, dt)
+        plan = F.Plan()
+        for (r0, c0), off, size in chunks:
+            plan.extent(path=path, offset=off, length=size, codecs=[("zlib", 0), ("shuffle", es)],
+                        decoded_size=cshape[0] * cshape[1] * es, dst=dst, dst_offset=(r0 * shape[1] + c0) * es)
+        gctx.reset_stats()
+        gctx.run(plan)
+        st = gctx.stats()
+        assert ferry_arrays.to_numpy(gctx, dst, dt).tobytes() == a.tobytes()
+        assert st["gpu_cpu_fallbacks"] == 0 and st["gpu_chunks"] <= len(chunks), st
+        return st["gpu_chunks"]
+
+    assert run(None) == 0 or gctx.config()["threads"] < 16   # fewer threads: the CPU's time grows, the GPU may help
+    run("6.34,1000000,0.05")
