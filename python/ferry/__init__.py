@@ -372,26 +372,45 @@ def _prepare_dst(out, nbytes: int, shape: tuple, typestr: str, dev: int, ctx: Co
             # a view of the same bytes (numpy has no bfloat16 / float8)
             import torch
             o = out.reshape(-1).view(torch.uint8).numpy()
-    _sync_producer(o)
     return o, out
 
 
-def _sync_producer(obj) -> None:
-    """A caller's device array may still be written by work queued on its
-    producer's stream (cupy.zeros, a torch kernel): wait for that stream before
-    ferry's own streams write into it (__cuda_array_interface__ v3 "stream")."""
+def _producer_stream(obj):
+    """(CUstream handle, device) of the stream whose queued work may still use a
+    caller's device array (cupy.zeros, a torch kernel): torch's current stream on
+    the tensor's device, or __cuda_array_interface__ v3's "stream" (1 legacy, 2
+    per-thread default); None when there is none to wait for."""
     mod = type(obj).__module__
     if mod.startswith("torch"):
-        if obj.device.type == "cuda":
-            import torch
-            torch.cuda.current_stream(obj.device).synchronize()
-        return
+        if obj.device.type != "cuda":
+            return None
+        import torch
+        return torch.cuda.current_stream(obj.device).cuda_stream, obj.device.index
     try:
         cai = obj.__cuda_array_interface__
     except AttributeError:
-        return
+        return None
     s = cai.get("stream") if isinstance(cai, dict) else None
-    if s is None:
+    return None if s is None else (int(s), -1)
+
+
+def _wait_producer(plan: Plan, obj) -> None:
+    """The plan's jobs first wait (in the engine, not here) for obj's producer stream."""
+    ps = _producer_stream(obj)
+    if ps is not None:
+        plan.wait_stream(*ps)
+
+
+def _sync_producer(obj) -> None:
+    """Wait here for obj's producer stream: for the synchronous ctx.memcpy, which
+    takes no plan (plans use _wait_producer)."""
+    ps = _producer_stream(obj)
+    if ps is None:
+        return
+    s = ps[0]
+    if type(obj).__module__.startswith("torch"):
+        import torch
+        torch.cuda.current_stream(obj.device).synchronize()
         return
     cp = _cupy()
     if cp is not None:
@@ -413,6 +432,7 @@ def _add_read(plan: Plan, ds: Dataset | None, file: File | None, var: dict | Non
             raise ValueError("raw files take contiguous byte ranges only")
         n = max(0, stop - start)
         dst, ret = _prepare_dst(out, n, (n,), "|u1", dev, ctx, f"{file.path}", out_bytes)
+        _wait_producer(plan, dst)
         if n:
             plan.read_file(file, start, n, dst)
         return ret, (lambda r: r[0] if squeeze and not isinstance(r, Array) else r)
@@ -428,6 +448,7 @@ def _add_read(plan: Plan, ds: Dataset | None, file: File | None, var: dict | Non
     # squeezed shape from the start, the same bytes
     final = tuple(n for i, n in enumerate(sel_shape) if i not in squeeze)
     dst, ret = _prepare_dst(out, nbytes, final, typestr, dev, ctx, f"{ds.path}: {var['name']}", out_bytes)
+    _wait_producer(plan, dst)
     if nbytes:
         plan.read(ds, var["name"], dst, triples, True)
     return ret, (lambda r: r)

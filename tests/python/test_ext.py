@@ -447,6 +447,35 @@ def test_plan_busy_and_clear(ctx, blob):
         buf.extend(b"x")                    # the export was released by clear()
 
 
+def test_plan_wait_stream_arguments_and_no_cuda(ctx, blob):
+    """Plan.wait_stream (ferry_plan_wait_stream): bad devices and a 9th stream are
+    refused when added; without a CUDA driver the submit fails, naming the call,
+    instead of running the plan without the wait. (The wait itself:
+    tests/gpu/test_gpu_streamwait.c on the stand-in driver and the GPU.)"""
+    path, data = blob
+    with ferry.File(ctx, path) as f:
+        plan = ferry.Plan()
+        buf = bytearray(100)
+        plan.read_file(f, 0, 100, buf)
+        with pytest.raises(ferry.FerryError) as e:
+            plan.wait_stream(0, device=99)
+        assert e.value.code == _ferry.EINVAL and "CUDA device 99" in str(e.value)
+        for d in range(_ferry.MAX_WAIT_STREAMS):
+            plan.wait_stream(None, device=d)
+        plan.wait_stream(None, device=0)              # the same (stream, device) again: one
+        with pytest.raises(ferry.FerryError) as e:
+            plan.wait_stream(2, device=0)
+        assert e.value.code == _ferry.EINVAL and "more than 8 streams" in str(e.value)
+        if ctx.cuda_device_count() == 0:
+            with pytest.raises(ferry.FerryError) as e:
+                ctx.run(plan)
+            assert e.value.code == _ferry.ENOCUDA and "ferry_plan_wait_stream" in str(e.value)
+            assert bytes(buf) == bytes(100)           # nothing was read
+        plan.clear()                                  # forgets the streams too
+        plan.read_file(f, 0, 100, buf)
+        assert ctx.run(plan) == 100 and bytes(buf) == data[:100]
+
+
 def test_close_while_a_job_runs_is_refused(tmp_path):
     """A File or Dataset a running job reads cannot be closed under it."""
     import numpy as np
