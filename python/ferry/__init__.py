@@ -17,6 +17,7 @@ import functools
 import json
 import math
 import os
+import sys
 import threading
 from typing import Any, Iterable, Sequence
 
@@ -102,30 +103,64 @@ def reset_stats(ctx: Context | None = None) -> None:
 # ---------------------------------------------------------------------------
 # devices, dtypes, allocation
 # ---------------------------------------------------------------------------
-def parse_device(device: Any) -> int:
-    """"cpu"/None/-1 -> -1; int n, "cuda", "cuda:N", torch.device -> the CUDA ordinal."""
+def _device_index(device: Any) -> int | None:
+    """The one parser of every device= in the package (ferry.read/open, the xarray
+    backend, the torch datasets, checkpoints): -1 for the CPU ("cpu", None, -1,
+    torch.device("cpu")), the CUDA ordinal (n >= 0, "cuda:N", "gpu:N",
+    torch.device("cuda", N)), or None for "cuda"/"gpu"/torch.device("cuda")
+    without one: the current device, taken by the caller when it uses it.
+    Anything else is a ValueError (TypeError for a bool), never a guess: a
+    torch.device("mps") or "cuda:-1" was once taken for CUDA device 0 or the CPU."""
     if device is None:
         return -1
     if isinstance(device, bool):
         raise TypeError("device must be 'cpu', an int or 'cuda:N'")
     if isinstance(device, int):
-        return device if device >= 0 else -1
+        if device < -1:
+            raise ValueError(f"unknown device {device} (-1 is the CPU, n >= 0 a CUDA device)")
+        return device
     if not isinstance(device, str):
         t = getattr(device, "type", None)          # torch.device
-        if t is not None:
-            if t == "cpu":
-                return -1
-            return int(getattr(device, "index", None) or 0)
-        device = str(device)
+        if t is None:
+            raise TypeError(f"device must be 'cpu', an int, 'cuda:N' or a torch.device, not "
+                            f"{type(device).__name__}")
+        if t not in ("cpu", "cuda"):
+            raise ValueError(f"unknown device {device!r}: ferry reads into CPU or CUDA memory")
+        i = getattr(device, "index", None)
+        return -1 if t == "cpu" else i
     d = device.strip().lower()
     if d == "cpu":
         return -1
     if d in ("cuda", "gpu"):
-        return 0
+        return None
     for p in ("cuda:", "gpu:"):
-        if d.startswith(p):
+        if d.startswith(p) and d[len(p):].isdigit():
             return int(d[len(p):])
     raise ValueError(f"unknown device {device!r} (use 'cpu', an int or 'cuda:N')")
+
+
+def _current_cuda_device() -> int:
+    """torch's current CUDA device once torch has set CUDA up (torch.cuda.set_device
+    does), else 0."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return torch.cuda.current_device()
+    return 0
+
+
+def parse_device(device: Any) -> int:
+    """"cpu"/None/-1 -> -1; int n, "cuda:N", torch.device("cuda", N) -> N; "cuda" ->
+    the current CUDA device (torch's, else 0). Other values raise ValueError."""
+    d = _device_index(device)
+    return _current_cuda_device() if d is None else d
+
+
+def _torch_device(device: Any):
+    """device= as a torch.device (cpu, cuda:N, or cuda for the current device):
+    the torch adapters' spelling of the same parse."""
+    import torch
+    d = _device_index(device)
+    return torch.device("cpu") if d == -1 else torch.device("cuda") if d is None else torch.device("cuda", d)
 
 
 # types numpy lacks, by the library's long names (ferry_dtype_name)

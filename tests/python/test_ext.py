@@ -413,6 +413,29 @@ def test_parse_device():
         ferry.parse_device("tpu")
 
 
+def test_parse_device_refuses_what_it_cannot_read(tmp_path):
+    """One parser for every device= (ferry.read, xarray, the torch datasets,
+    checkpoints): a torch.device of another type was taken for CUDA device 0,
+    "cuda:-1" and -2 for the CPU, "cuda:x" raised int()'s bare message."""
+    torch = pytest.importorskip("torch")
+    for bad in (torch.device("meta"), "cuda:-1", "cuda:x", "cuda:", -2):
+        with pytest.raises(ValueError, match="unknown device"):
+            ferry.parse_device(bad)
+    with pytest.raises(TypeError):
+        ferry.parse_device(1.5)
+    assert ferry.parse_device(torch.device("cuda", 3)) == 3 and ferry.parse_device(torch.device("cpu")) == -1
+    assert ferry.parse_device(-1) == -1 and ferry.parse_device(" GPU:1 ") == 1
+    assert ferry._torch_device("cuda") == torch.device("cuda") and ferry._torch_device(2) == torch.device("cuda", 2)
+    from ferry import checkpoint
+    with pytest.raises(ValueError, match="unknown device"):
+        checkpoint.load("unused.safetensors", device="meta")
+    import ferry.torch as ft
+    np.save(tmp_path / "x.npy", np.arange(8.0))
+    with pytest.raises(ValueError, match="unknown device"):
+        ft.ArrayDataset(str(tmp_path / "x.npy"), batch_size=1, device="meta")
+    assert ft.ArrayDataset(str(tmp_path / "x.npy"), batch_size=1, device="cuda:1").device == torch.device("cuda", 1)
+
+
 def test_memcpy_host_and_cancel(ctx, blob):
     a = np.arange(1000, dtype=np.int32)
     b = np.zeros_like(a)
