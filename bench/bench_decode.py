@@ -21,6 +21,14 @@ Every ferry result is compared with the source array. GB/s of decoded bytes
 
     python3 bench/bench_decode.py                 # about 1 GiB per dataset, device 0
     python3 bench/bench_decode.py --smoke         # tiny, one rep (also on the stand-in driver)
+    python3 bench/bench_decode.py --trace         # zstd 1 MiB and netCDF-4 rows once, FERRY_DECODE_TRACE=1
+
+--trace runs only the Zarr v3 zstd-0 1 MiB row (ferry gpu and auto, then
+ferry gpu with FERRY_GPU_BATCH=128M and 512M: what batch size does) and the
+netCDF-4 rows, two reps each (the second warm), with FERRY_DECODE_TRACE=1: every job that ran
+GPU batches writes one "ferry decode trace:" line to stderr (per-stage
+seconds summed over workers, batch shapes, batches in flight), each after a
+"trace:" line naming the row.
 """
 import argparse
 import ctypes
@@ -285,12 +293,25 @@ print(json.dumps({"t": best, "sums": sums, "gpu": st["gpu_decoded_bytes"], "dec"
 """
 
 
-def netcdf_rows(tmp, mib, dev, reps, rows_out):
+def h5_deflate_payloads(path, names):
+    """Every HDF5 chunk of the variables as nvCOMP Deflate's input: the zlib
+    stream without its 2-byte header and Adler-32 (the shuffle is not part
+    of the limit: nvCOMP does not do it)."""
+    import h5py
+    out = []
+    with h5py.File(path, "r") as f, open(path, "rb") as raw:
+        for n in names:
+            d = f[n]
+            for i in range(d.id.get_num_chunks()):
+                info = d.id.get_chunk_info(i)
+                raw.seek(info.byte_offset)
+                out.append(raw.read(info.size)[2:-4])
+    return out
+
+
+def netcdf_rows(tmp, mib, dev, reps, rows_out, trace=False, lib_path=None, cuda=None):
     if not have("xarray") or not (have("h5py") or have("netCDF4")):
         log("netCDF-4: needs xarray and h5py or netCDF4: skipped")
-        return
-    if not have("cupy"):
-        log("netCDF-4 through xarray: device reads return cupy arrays; cupy is not installed: skipped")
         return
     from bench_xarray import var_data, write_h5
     nt, ny, nx = max(2, int(mib * 2**20 / (4 * 721 * 1440) / 2)), 721, 1440
@@ -300,17 +321,64 @@ def netcdf_rows(tmp, mib, dev, reps, rows_out):
     warm(path)
     total = len(names) * nt * ny * nx * 4
     want = [float(var_data(i, nt, ny, nx).astype(np.float64).sum()) for i in range(len(names))]
+    name = f"netCDF-4 zlib+shuffle ({how}), xarray .load()"
+    if lib_path and have("h5py"):   # the limit: nvCOMP Deflate on every chunk at once (and fewer per call)
+        chunks = h5_deflate_payloads(path, names)
+        for k in ((8, 32, len(chunks)) if trace else (len(chunks),)):
+            if k > len(chunks):
+                continue
+            gbs, bad = nvcomp_limit(lib_path, cuda, chunks[:k], ny * nx * 4, "Deflate", reps)
+            rows_out.append((name, "nvCOMP Deflate (limit)" + ("" if k == len(chunks) else f", {k} per call"),
+                             gbs, bad == 0, 1.0))
+    if not have("cupy"):
+        log("netCDF-4 through xarray: device reads return cupy arrays; cupy is not installed: skipped")
+        return
     here = os.path.dirname(os.path.abspath(__file__))
-    for decode in ("cpu", "gpu", "auto"):
+    for decode in ("gpu", "auto") if trace else ("cpu", "gpu", "auto"):
+        if trace:
+            log(f"trace: netCDF-4 zlib+shuffle through xarray, decode={decode}")
         r = subprocess.run([sys.executable, "-c", XR_CHILD, os.path.join(here, "..", "python"), here, path,
                             ",".join(names), str(dev), decode, str(reps)], capture_output=True, text=True)
+        if trace and r.stderr.strip():
+            log(r.stderr.rstrip())
         if r.returncode:
             log(f"netCDF-4 decode={decode}: failed: {r.stderr.strip().splitlines()[-1:]}")
             continue
         o = json.loads(r.stdout.strip().splitlines()[-1])
         ok = all(abs(a - b) <= 1e-6 * abs(b) for a, b in zip(o["sums"], want))
-        rows_out.append((f"netCDF-4 zlib+shuffle ({how}), xarray .load()", f"ferry {decode}",
+        rows_out.append((name, f"ferry {decode}",
                          total / o["t"] / 1e9, ok, o["gpu"] / max(1, o["dec"])))
+
+
+def trace_rows(tmp, args, lib_path, cuda, ctx, rows):
+    """--trace: the Zarr v3 zstd-0 1 MiB row once per setting, each job's
+    trace line on stderr after a line naming the setting."""
+    cols = 2048
+    crow = 2**20 // (4 * cols)
+    nrow = max(crow, int(args.mib * 2**20 / (4 * cols)) // crow * crow)
+    a = field(nrow, cols, seed=1)
+    path = os.path.join(tmp, "z3_zstd0_1m.zarr")
+    how = write_zarr_v3_zstd(path, a, (crow, cols), 0)
+    warm(path)
+    name = f"Zarr v3 zstd-0, 1 MiB chunks ({how})"
+    if lib_path:   # the limit, and what fewer chunks per call give (what ferry's batches are)
+        chunks = payloads(path, "Zstd")
+        for k in (32, 128, 256, len(chunks)):
+            if k > len(chunks):
+                continue
+            gbs, bad = nvcomp_limit(lib_path, cuda, chunks[:k], crow * cols * 4, "Zstd", args.reps)
+            rows.append((name, "nvCOMP batched (limit)" + ("" if k == len(chunks) else f", {k} per call"),
+                         gbs, bad == 0, 1.0))
+    for decode, batch in (("gpu", None), ("auto", None), ("gpu", "128M"), ("gpu", "512M")):
+        if batch:
+            os.environ["FERRY_GPU_BATCH"] = batch
+        log(f"trace: {name}, decode={decode}" + (f", FERRY_GPU_BATCH={batch}" if batch else ""))
+        try:
+            gbs, ok, share, fb = ferry_row(ctx, path, a, args.device, decode, args.reps)
+        finally:
+            os.environ.pop("FERRY_GPU_BATCH", None)
+        rows.append((name, f"ferry {decode}" + (f" batch {batch}" if batch else ""), gbs, ok, share))
+    shutil.rmtree(path)
 
 
 # ---------------------------------------------------------------------------
@@ -321,9 +389,14 @@ def main():
     ap.add_argument("--device", type=int, default=0)
     ap.add_argument("--dir", default=None, help="where to write the data (default: a temporary directory)")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, one rep")
+    ap.add_argument("--trace", action="store_true",
+                    help="zstd 1 MiB and netCDF-4 rows once each with FERRY_DECODE_TRACE=1 (stage times on stderr)")
     args = ap.parse_args()
     if args.smoke:
         args.mib, args.reps = 16, 1
+    if args.trace:
+        args.reps = 2   # two jobs per setting: the first pays the workers' buffer allocations, the second is warm
+        os.environ["FERRY_DECODE_TRACE"] = "1"   # read by the library at each job (and by the netCDF children)
     ctx = F.Context()
     if ctx.cuda_device_count() <= args.device:
         log("no CUDA device: " + (ctx.cuda_status or "?"))
@@ -336,7 +409,10 @@ def main():
     rows = []   # (dataset, reader, GB/s, verified, GPU share of decoded bytes)
     try:
         cols = 2048
-        for chunk_mib in (1, 4):
+        if args.trace:
+            trace_rows(tmp, args, lib_path, cuda, ctx, rows)
+            netcdf_rows(tmp, args.mib, args.device, args.reps, rows, trace=True, lib_path=lib_path, cuda=cuda)
+        for chunk_mib in () if args.trace else (1, 4):
             crow = chunk_mib * 2**20 // (4 * cols)
             nrow = max(crow, int(args.mib * 2**20 / (4 * cols)) // crow * crow)
             a = field(nrow, cols, seed=chunk_mib)
@@ -353,7 +429,9 @@ def main():
                     gbs, ok, share, fb = ferry_row(ctx, path, a, args.device, decode, args.reps)
                     rows.append((name, f"ferry {decode}" + (f" ({fb} CPU fallbacks)" if fb else ""), gbs, ok, share))
                 shutil.rmtree(path)
-        if have("numcodecs"):
+        if args.trace:
+            pass
+        elif have("numcodecs"):
             crow = 2**20 // (4 * cols)
             nrow = max(crow, int(args.mib * 2**20 / (4 * cols)) // crow * crow)
             a = field(nrow, cols, seed=5)
@@ -367,10 +445,11 @@ def main():
             shutil.rmtree(path)
         else:
             log("Zarr v2 blosc-lz4: needs numcodecs to write the store: skipped")
-        netcdf_rows(tmp, args.mib, args.device, args.reps, rows)
+        if not args.trace:
+            netcdf_rows(tmp, args.mib, args.device, args.reps, rows, lib_path=lib_path, cuda=cuda)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"\n{'dataset':<72} {'reader':<28} {'GB/s':>7} {'GPU share':>9}  verified")
+    print(f"\n{'dataset':<72} {'reader':<36} {'GB/s':>7} {'GPU share':>9}  verified")
     last, base = None, None
     for ds, reader, gbs, ok, share in rows:
         if ds != last:
@@ -379,7 +458,7 @@ def main():
         if reader.startswith("ferry cpu"):
             base = gbs
         ratio = f"  {gbs / base:5.2f}x cpu" if base and not reader.startswith("ferry cpu") else ""
-        print(f"{ds:<72} {reader:<28} {gbs:7.2f} {share:9.0%}  {'yes' if ok else 'NO'}{ratio}")
+        print(f"{ds:<72} {reader:<36} {gbs:7.2f} {share:9.0%}  {'yes' if ok else 'NO'}{ratio}")
     return 0 if all(r[3] for r in rows) else 1
 
 

@@ -8,8 +8,11 @@
    ferry into host batches, ferry into GPU batches with the rows in order (packed
    staging, one copy per staging buffer) and scattered (one copy plus one scatter
    kernel per staging buffer), and the pinned host-to-device copy limit. Every batch
-   ferry fills is verified there. Run twice: workers spinning on their staging events
-   (the default) and sleeping on them (FERRY_EVENT_SYNC=blocking).
+   ferry fills is verified there. Runs: 2 batches in flight and 5 (the datasets'
+   prefetch=4), FERRY_PACK_MIN=256K for the small records, FERRY_SPIN_US=50 (idle
+   workers spin before they sleep), and --cold-count records
+   read cold (dropped from the page cache) with FERRY_READAHEAD=auto and off.
+   --event-sync both adds each run with FERRY_EVENT_SYNC=blocking.
 2. ferry.read(path, device="cpu") of a --gib GiB .npy into memory ferry allocates
    (transparent huge pages, first touched by the workers) vs 16 threads of os.preadv
    into a fresh np.empty (numpy's own huge pages): pairs run back to back, best of
@@ -37,15 +40,30 @@ def records(a) -> int:
     if not os.path.exists(exe):
         print(f"skipped records: {exe} missing (run make)")
         return 0
-    cmd = [exe, "bench", "--records", a.records, "--file", os.path.join(a.dir, "ferry-records.bin"),
-           "--size", f"{int(a.gib * (1 << 30))}", "--count", str(a.count), "--reps", str(a.reps)]
+    base = [exe, "bench", "--records", a.records, "--file", os.path.join(a.dir, "ferry-records.bin"),
+            "--size", f"{int(a.gib * (1 << 30))}", "--count", str(a.count), "--reps", str(a.reps)]
+    # (environment, extra arguments): the default at 2 batches in flight (the rows of
+    # BENCHMARKS.md so far), at the datasets' depth (prefetch=4: 5 batches), larger pack
+    # tasks for the small records (fewer, larger host-to-device copies), idle workers
+    # spinning 50 us before they sleep (no vCPU wake-up between batches), and the same
+    # records cold with ferry's readahead hints and without
+    runs = [({}, ["--depth", "2"]), ({}, ["--depth", "5"])]
+    if not a.smoke:
+        small = ",".join(r for r in a.records.split(",") if int(r) <= 65536) or a.records
+        runs.append(({"FERRY_PACK_MIN": "256K"}, ["--depth", "2", "--records", small]))
+        runs.append(({"FERRY_SPIN_US": "50"}, ["--depth", "2"]))
+        cold = ["--cold", "--count", str(a.cold_count), "--records", a.cold_records]
+        runs += [({"FERRY_READAHEAD": "auto"}, cold), ({"FERRY_READAHEAD": "off"}, cold)]
     rc = 0
     for sync in (["spin", "blocking"] if a.event_sync == "both" else [a.event_sync]):
-        # FERRY_EVENT_SYNC=blocking: pool workers sleep on their staging events
-        # instead of spinning (src/engine/worker.c); measured both ways
-        env = dict(os.environ, FERRY_EVENT_SYNC=sync)
-        print(f"$ FERRY_EVENT_SYNC={sync} " + " ".join(cmd), flush=True)
-        rc |= subprocess.call(cmd, env=env)
+        for env_add, extra in runs:
+            # FERRY_EVENT_SYNC=blocking: pool workers sleep on their staging events
+            # instead of spinning (src/engine/worker.c)
+            env = dict(os.environ, FERRY_EVENT_SYNC=sync, **env_add)
+            cmd = base + extra
+            shown = " ".join(f"{k}={v}" for k, v in [("FERRY_EVENT_SYNC", sync)] + list(env_add.items()))
+            print(f"$ {shown} " + " ".join(cmd), flush=True)
+            rc |= subprocess.call(cmd, env=env)
     return rc
 
 
@@ -123,7 +141,10 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--dir", default=".")
     ap.add_argument("--keep", action="store_true")
-    ap.add_argument("--event-sync", default="both", choices=["both", "spin", "blocking"])
+    ap.add_argument("--event-sync", default="spin", choices=["both", "spin", "blocking"],
+                    help="blocking was measured not better (BENCHMARKS.md); both runs each way")
+    ap.add_argument("--cold-count", type=int, default=8192, help="records per size read cold")
+    ap.add_argument("--cold-records", default="150528,8192")
     ap.add_argument("--smoke", action="store_true", help="small and quick (CI-sized)")
     a = ap.parse_args()
     if a.smoke:

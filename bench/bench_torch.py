@@ -251,7 +251,9 @@ def run_loader(it, n_batches, seconds, sample_bytes, expect=None, step=None, war
 
 
 def bench_ferry(paths, kind, n, sample, args, cold, step=None, block_size=None, device="cuda",
-                staging="engine"):
+                staging="auto"):
+    # staging defaults to the dataset's own default: until 2026-12-01 this said "engine", so
+    # the "ferry" and "staging='engine'" rows of that day's run measured the same thing
     from ferry.torch import ArrayDataset, epoch_order
     B = KINDS[kind]["batch"]
     ds = ArrayDataset(paths, batch_size=B, shuffle=True, seed=1, device=device,
@@ -530,9 +532,11 @@ def bench_tokens(args, rows):
     secs = args.seconds
     rec = (seq_len + 1) * 2
     mm = np.memmap(path, dtype=np.uint16, mode="r")
-    for staging in ("auto", "engine") if dev == "cuda" else ("auto",):
+    # batches_per_read=1: one plan, copy and cast per batch (the loader before 2026-12-01 13:30)
+    runs = [("auto", None), ("auto", 1)] + ([("engine", None)] if dev == "cuda" else [])
+    for staging, per_read in runs:
         ds = TokenDataset(path, seq_len, B, shuffle=True, seed=1, device=dev, prefetch=args.prefetch,
-                          threads=args.threads, staging=staging)
+                          threads=args.threads, staging=staging, batches_per_read=per_read)
         bad = [0]
 
         def check(k, b, mm=mm, bad=bad):
@@ -544,7 +548,8 @@ def bench_tokens(args, rows):
                          np.array_equal(mm[s + 1:s + seq_len + 1], y[0].cpu().numpy()) for s in starts)
                 bad[0] += 0 if ok else 1
         r = _timed(ds, secs, lambda b: b[0].shape[0] * rec, check)
-        rows.append(("tokens", "warm", f"TokenDataset 8 KiB windows (staging='{staging}')",
+        rows.append(("tokens", "warm", f"TokenDataset 8 KiB windows (staging='{staging}'"
+                     f"{', 1 batch a read' if per_read == 1 else ''})",
                      r[0] / r[2], r[1] / r[2] / 1e9, f"!! {bad[0]} wrong windows" if bad[0] else ""))
     lim = pread_limit(path, rec, seq_len * 2, 16, max(1.0, secs))
     rows.append(("tokens", "warm", "random 8 KiB pread limit, 16 threads", float("nan"),
@@ -619,16 +624,23 @@ def main():
         if args.kinds == "image,row":
             args.kinds = "files,tokens"
     new_kinds = {"files": bench_files, "tokens": bench_tokens}
-    if set(args.kinds.split(",")) <= set(new_kinds):
+    kinds = [k for k in args.kinds.split(",") if k]
+    bad = [k for k in kinds if k not in new_kinds and k not in KINDS]
+    if bad:
+        sys.exit(f"bench_torch: unknown kinds {bad} (known: {sorted(KINDS) + sorted(new_kinds)})")
+    if any(k in new_kinds for k in kinds):     # files/tokens first, then the image/row kinds
         os.makedirs(args.dir, exist_ok=True)
         rows = []
         print(f"# {torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'} "
               f"torch {torch.__version__} cpus {os.cpu_count()} {time.strftime('%Y-%m-%d %H:%M')}",
               flush=True)
-        for kind in args.kinds.split(","):
-            new_kinds[kind](args, rows)
+        for kind in kinds:
+            if kind in new_kinds:
+                new_kinds[kind](args, rows)
         _print_rows(rows)
-        return
+        args.kinds = ",".join(k for k in kinds if k in KINDS)
+        if not args.kinds:
+            return
     if not torch.cuda.is_available():
         sys.exit("bench_torch: needs a CUDA GPU")
     if args.rss_probe:
@@ -715,9 +727,16 @@ def main():
             torch.cuda.synchronize()
             step_s = (time.perf_counter() - t0) / 20
             step = lambda b: train_step(model, opt, b, kind)  # noqa: E731
-            (nb, nby, wall, busy, _), _, _ = bench_ferry(paths, kind, n, sample, args, False, step=step)
+            (nb, nby, wall, busy, _), _, _ = bench_ferry(paths, kind, n, sample, args, False, step=step,
+                                                          staging="auto")
             rows.append((kind, "warm", "train step fed by ferry", nb / wall, nby / wall / 1e9,
-                         f"GPU idle {100 * (1 - busy / wall):.0f}% (step {step_s * 1e3:.1f} ms)"))
+                         f"GPU idle {100 * (1 - busy / wall):.1f}% (step {step_s * 1e3:.1f} ms)"))
+            # the same with the other staging (the engine's own path for rows under 1 MiB)
+            other = "engine" if sample < (1 << 20) else "pinned"
+            (nb, nby, wall, busy, _), _, _ = bench_ferry(paths, kind, n, sample, args, False, step=step,
+                                                          staging=other)
+            rows.append((kind, "warm", f"train step fed by ferry staging='{other}'", nb / wall,
+                         nby / wall / 1e9, f"GPU idle {100 * (1 - busy / wall):.1f}%"))
             for w in workers:
                 nb, nby, wall, busy, _ = bench_dataloader(paths, kind, n, sample, args, w, False, step=step)
                 rows.append((kind, "warm", f"train step fed by DataLoader w={w}", nb / wall, nby / wall / 1e9,

@@ -182,6 +182,13 @@ typedef struct ferry_config {
  * holds a context on is on that node (a DDP rank); work run on the caller's thread never
  * moves the caller. One node: nothing happens. `ferry info` prints the topology;
  * docs/multigpu.md says more. */
+/* Cold small records (read once per context, not a field) [FERRY_READAHEAD=auto|on|off]: auto
+ * announces a packed task's records to the kernel (posix_fadvise WILLNEED) when its first
+ * record is not in the page cache, on always, off never. Ignored with no_env.
+ * Experiments for small records (read from the environment, ignored with no_env; the
+ * defaults stay until the GPU machine's numbers move them): [FERRY_PACK_MIN] least bytes
+ * of a task of packed records (64K); [FERRY_SPIN_US] microseconds an idle worker watches
+ * the queue before it sleeps (0, at most 1000). */
 
 /** Where compressed chunks are decoded (FERRY_DECODE=auto|gpu|cpu).
  *  CPU: ferry's own decoders on the worker threads, then a copy to the device.
@@ -239,7 +246,7 @@ const char *ferry_cufile_status(ferry_ctx *ctx);
 /** Where the GPU kernels (byteswap) come from: "embedded fatbin" (nvcc ran at
  *  build time: `make`, or `pip install .` with nvcc found), "NVRTC" (no
  *  fatbin: src/cuda/kernels.cu compiled at run time by libnvrtc, found through
- *  $FERRY_NVRTC or the loader's path; the first call compiles it, once per
+ *  $FERRY_NVRTC, ferry_nvrtc_search_dir or the loader's path; the first call compiles it, once per
  *  process) or "none" (device data is then byteswapped on the CPU, in host
  *  staging, before the copy). FERRY_KERNELS=nvrtc or =none overrides the
  *  choice (for tests of the NVRTC path and for bisecting). A static string. */
@@ -258,6 +265,11 @@ int ferry_kernels_ready(int device);
  *  string lives until exit. */
 const char *ferry_nvrtc_ptx(void);
 const char *ferry_nvrtc_status(void);
+/** A directory holding libnvrtc.so.13 / .so.12 (the lib folder of the CUDA
+ *  wheels torch brings; the Python package passes it, instead of setting
+ *  FERRY_NVRTC in the user's environment) to try after $FERRY_NVRTC and before
+ *  the loader's path. Effective only before NVRTC is first loaded. */
+void ferry_nvrtc_search_dir(const char *dir);
 /** nvCOMP (GPU decompression, dlopen'ed on first use): "loaded nvCOMP 5.3.0
  *  from /path/libnvcomp.so.5", or why it is not used. Never fails. */
 const char *ferry_nvcomp_status(ferry_ctx *ctx);
@@ -387,6 +399,13 @@ typedef struct ferry_codec {
     uint32_t id;      /* ferry_codec_id */
     uint32_t param;   /* element size for SHUFFLE / BYTESWAP; else 0 */
 } ferry_codec;
+
+/** The codec of an HDF5 filter (the netCDF-4 chunk tables the Python package
+ *  hands to ferry_plan_layout): deflate (1) zlib, shuffle (2) shuffle with the
+ *  element size in cd_values[0] (else itemsize), fletcher32 (3), blosc (32001),
+ *  zstd (32015). FERRY_EUNSUPPORTED, naming the filter id, for any other. */
+int ferry_codec_of_hdf5_filter(uint32_t filter_id, const uint32_t *cd_values, size_t ncd, uint32_t itemsize,
+                               ferry_codec *out);
 
 /** A strided placement: copy an N-d box out of the decoded bytes into dst.
  *  Element (i0..in-1) of the box comes from
@@ -576,6 +595,9 @@ typedef enum ferry_dtype {
     FERRY_DT_F16, FERRY_DT_BF16, FERRY_DT_F32, FERRY_DT_F64,
     FERRY_DT_C64, FERRY_DT_C128,
     FERRY_DT_F8_E4M3, FERRY_DT_F8_E5M2,
+    FERRY_DT_F8_E4M3FNUZ, FERRY_DT_F8_E5M2FNUZ, FERRY_DT_F8_E8M0,   /* torch's float8 variants */
+    FERRY_DT_F4_E2M1, FERRY_DT_F6_E2M3, FERRY_DT_F6_E3M2,   /* sub-byte (4 and 6 bits, packed):
+                                  named for safetensors; a dataset exposes them as bytes */
     FERRY_DT_DATETIME64, FERRY_DT_TIMEDELTA64,
     FERRY_DT_CHAR,         /* netCDF char / numpy S1 */
     FERRY_DT_BYTES,        /* fixed-size bytes |Sn or void |Vn */
@@ -586,16 +608,24 @@ typedef enum ferry_dtype {
 typedef enum ferry_name_style {
     FERRY_NAME_SHORT = 0,       /* "f4", "bf16", "f8e4m3", "M8" (ferry info, Dataset.variables()) */
     FERRY_NAME_LONG = 1,        /* "float32", "bfloat16", "float8_e4m3fn" (numpy / torch names) */
-    FERRY_NAME_SAFETENSORS = 2  /* "F32", "BF16", "F8_E4M3"; NULL where safetensors has none */
+    FERRY_NAME_SAFETENSORS = 2, /* "F32", "BF16", "F8_E4M3"; NULL where safetensors has none */
+    FERRY_NAME_TYPESTR = 3      /* what ferry_var_info.typestr holds for it, little-endian:
+                                   numpy's "<f4", "|b1", "<M8"; the long name for a type
+                                   numpy lacks ("bfloat16"); NULL for BYTES (sized) */
 } ferry_name_style;
 
 /** A static name of d in the given style ("other" for UNKNOWN/OTHER; NULL
- *  only for a safetensors name safetensors lacks). */
+ *  only for a safetensors name safetensors lacks, or BYTES' typestr). The
+ *  enum's numbers may change before 1.0 (names do not): store names. */
 const char *ferry_dtype_name(ferry_dtype d, ferry_name_style style);
-/** Parse a name of any style ("f4", "float32", "F32"); FERRY_EINVAL if unknown. */
+/** Parse a name of any style ("f4", "float32", "F32", "<f4"); FERRY_EINVAL if unknown. */
 int ferry_dtype_parse(const char *name, ferry_dtype *out);
-/** Bytes per element, 0 where it varies (BYTES) or is unknown. */
+/** Parse a name of one style only (a safetensors header's "F32", never "f4"). */
+int ferry_dtype_parse_style(const char *name, ferry_name_style style, ferry_dtype *out);
+/** Bytes per element, 0 where it varies (BYTES), is below a byte (F4, F6) or is unknown. */
 uint32_t ferry_dtype_itemsize(ferry_dtype d);
+/** Bits per element (4 for F4_E2M1, 6 for F6_*, 8·itemsize otherwise; 0: varies). */
+uint32_t ferry_dtype_bits(ferry_dtype d);
 
 typedef struct ferry_var_info {
     const char *name;              /* valid while the dataset is open */
@@ -648,6 +678,12 @@ const char *ferry_dataset_format(const ferry_dataset *ds);   /* "npy", "safetens
  *  file with FERRY_EUNSUPPORTED and a message naming the readers that work
  *  (the Python package reads it through h5py). */
 int64_t ferry_hdf5_signature(ferry_ctx *ctx, const char *path);
+/** The format ferry_dataset_open would pick for path, by content and then by
+ *  name: "npy", "safetensors", "netcdf3", "zarr", or "hdf5" for a netCDF-4/HDF5
+ *  file (which ferry_dataset_open refuses; the Python package reads its
+ *  metadata with h5py). *format is a static string. FERRY_ENOFORMAT (naming
+ *  the path) when it is none of them, -errno when it cannot be read. */
+int ferry_format_detect(ferry_ctx *ctx, const char *path, const char **format);
 /** JSON object of global attributes (netCDF global attributes, Zarr group
  *  attributes, safetensors __metadata__), "{}" if none. This and the two
  *  below are valid while the dataset is open. */
@@ -841,6 +877,27 @@ void ferry_npy_batch_destroy(ferry_npy_batch *b);
 /** submit + wait + destroy. */
 int64_t ferry_npy_read_many(ferry_ctx *ctx, const char *const *paths, size_t n, ferry_buf dst, uint64_t stride,
                             unsigned flags, ferry_npy_info *info);
+
+/* ------------------------------------------------------------------------- */
+/* Epoch orders, keyed permutations (src/formats/perm.c)                     */
+/* ------------------------------------------------------------------------- */
+/** A permutation of [0, n) keyed by (seed, epoch), evaluated per position in
+ *  O(1) memory (a Feistel network cycle-walked into [0, n)): the order in
+ *  which ferry.torch's TokenDataset visits its windows, the same permutation
+ *  as python/ferry/_torch_order.py's FeistelOrder. shuffle = 0: the identity.
+ *  Plain data: fill with ferry_perm_init, share between threads freely. */
+#define FERRY_PERM_ROUNDS 4
+typedef struct ferry_perm {
+    uint64_t n;
+    unsigned half;                    /* the domain is 4^half >= n */
+    int shuffle;
+    uint64_t key[FERRY_PERM_ROUNDS], mul[FERRY_PERM_ROUNDS];
+} ferry_perm;
+/** 0, or FERRY_EINVAL (o NULL, n > INT64_MAX). */
+int ferry_perm_init(ferry_perm *o, uint64_t n, int64_t seed, int64_t epoch, int shuffle);
+/** ids[i] = the permutation at position pos[i], for i < count. Returns count,
+ *  or FERRY_EINVAL (a position outside [0, n): nothing written). */
+int64_t ferry_perm_take(const ferry_perm *o, const int64_t *pos, size_t count, int64_t *ids);
 
 /* ------------------------------------------------------------------------- */
 /* Per-format notes                                                           */

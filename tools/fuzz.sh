@@ -15,6 +15,7 @@ JOBS=${FUZZ_JOBS:-1}
 OUT=build-fuzz
 command -v "$CC" >/dev/null || { echo "fuzz: $CC not found (libFuzzer needs clang)"; exit 1; }
 [ -f build/kernels_fatbin.c ] || make -s build/kernels_fatbin.c
+[ -f build/kernels_cu.c ] || make -s build/kernels_cu.c   # nvrtc.c compiles its text
 mkdir -p "$OUT/obj" "$OUT/crashes"
 FLAGS=(-g -O1 -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -I.deps/include -Itests/fuzz -pthread
        -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
@@ -22,7 +23,7 @@ LIBS=(-L.deps/lib -lzstd -llz4 -lz -ldl -lpthread -lm)
 
 # the library, instrumented for coverage (rebuilt only when a source is newer)
 objs=()
-for src in src/engine/*.c src/cuda/*.c src/formats/*.c src/codecs/*.c build/kernels_fatbin.c; do
+for src in src/engine/*.c src/cuda/*.c src/formats/*.c src/codecs/*.c build/kernels_fatbin.c build/kernels_cu.c; do
     o="$OUT/obj/$(echo "$src" | tr / _).o"
     objs+=("$o")
     if [ ! -f "$o" ] || [ "$src" -nt "$o" ] || [ include/ferry.h -nt "$o" ]; then

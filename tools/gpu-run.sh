@@ -142,7 +142,7 @@ for step in "$@"; do
         done
         export PYTHONPATH=$PYTHONPATH:/tmp/site-dali
         python3 -c 'import nvidia.dali as d; print("DALI", d.__version__)' ;;
-    records) bench bench_records 300 40 --gib 8 --count 200000 --reps 3 --dir "$PWD" ;;
+    records) bench bench_records 420 80 --gib 8 --count 200000 --reps 3 --dir "$PWD" ;;
     decode) bench bench_decode 400 40 ${BDARGS:-} ;;
     xtrain) bench bench_xarray_training 500 40 ${BXTARGS:---gib 2} ;;
     plan) PYTHONPATH=$PYTHONPATH bench bench_plan 120 20 ;;

@@ -21,31 +21,8 @@ import sys
 import threading
 from typing import Any, Iterable, Sequence
 
-
-
-def _nvrtc_hint() -> None:
-    """Point the C library's NVRTC loader (src/cuda/nvrtc.c, used when the build
-    embedded no nvcc fatbin) at the libnvrtc of the CUDA wheels torch brings
-    (nvidia/cu13/lib, nvidia/cuda_nvrtc/lib): they are not on the loader's path."""
-    if os.environ.get("FERRY_NVRTC"):
-        return
-    import glob
-    import importlib.util
-    try:
-        spec = importlib.util.find_spec("nvidia")
-    except (ImportError, ValueError):
-        return
-    for base in list(getattr(spec, "submodule_search_locations", None) or []):
-        found = sorted(glob.glob(os.path.join(base, "*", "lib", "libnvrtc.so.*")), reverse=True)
-        if found:
-            os.environ["FERRY_NVRTC"] = found[0]
-            return
-
-
-_nvrtc_hint()
-
-from . import _ferry  # noqa: E402 — after the hint: the library reads FERRY_NVRTC lazily anyway
-from ._ferry import PATHS, Array, Context, Dataset, FerryError, File, Job, Plan  # noqa: E402
+from . import _ferry
+from ._ferry import PATHS, Array, Context, Dataset, FerryError, File, Job, Plan
 
 __version__: str = _ferry.__version__
 
@@ -58,22 +35,29 @@ __all__ = [
 _lock = threading.Lock()
 
 
-def _nvcomp_wheel_dir() -> None:
-    """Tell the library where the nvidia-libnvcomp wheel keeps libnvcomp.so.6/.5
-    (found by name, nothing imported); FERRY_NVCOMP still comes first."""
+def _wheel_lib_dirs() -> None:
+    """Tell the library where the CUDA wheels keep libnvrtc (nvidia/cu13/lib or
+    nvidia/cuda_nvrtc/lib, which torch brings; used when the build embedded no nvcc
+    fatbin) and libnvcomp (nvidia/libnvcomp/lib64): they are not on the loader's path.
+    Found by name, nothing imported and the user's environment left alone;
+    FERRY_NVRTC and FERRY_NVCOMP still come first."""
+    import glob
     import importlib.util
     try:
-        spec = importlib.util.find_spec("nvidia.libnvcomp")
+        spec = importlib.util.find_spec("nvidia")
     except (ImportError, ValueError):
         return
-    for d in (spec.submodule_search_locations or []) if spec else []:
-        lib = os.path.join(d, "lib64")
-        if os.path.isdir(lib):
-            _ferry.nvcomp_search_dir(lib)
-            return
+    bases = list(getattr(spec, "submodule_search_locations", None) or [])
+    nvrtc = sorted((p for b in bases for p in glob.glob(os.path.join(b, "*", "lib", "libnvrtc.so.*"))),
+                   key=os.path.basename, reverse=True)
+    if nvrtc:
+        _ferry.nvrtc_search_dir(os.path.dirname(nvrtc[0]))
+    nvcomp = [d for b in bases for d in [os.path.join(b, "libnvcomp", "lib64")] if os.path.isdir(d)]
+    if nvcomp:
+        _ferry.nvcomp_search_dir(nvcomp[0])
 
 
-_nvcomp_wheel_dir()
+_wheel_lib_dirs()
 
 
 def default_context() -> Context:
@@ -164,7 +148,7 @@ def _torch_device(device: Any):
 
 
 # types numpy lacks, by the library's long names (ferry_dtype_name)
-_NUMPY_LACKS = frozenset(_ferry.dtype_name(n, "long") for n in ("bf16", "f8e4m3", "f8e5m2"))
+_NUMPY_LACKS = frozenset(r[1] for r in _ferry.DTYPES if r[3] == r[1])
 
 
 def _numpy_dtype(typestr: str):
@@ -282,23 +266,6 @@ def _fspath(path) -> str:
     """str, bytes or PathLike -> str; bytes that are not UTF-8 (os.fsencode'd
     names) become surrogate escapes, which the extension encodes back exactly."""
     return os.fsdecode(os.fspath(path))
-
-
-_MAX_BYTES = 2**63 - 1
-
-
-def _check_representable(shape: tuple, itemsize: int, where: str) -> None:
-    """numpy's and torch's rule: the non-zero dimensions times the item size fit
-    in a signed 64-bit byte count, also for a zero-size array (a file may say
-    (0, 2**63-1)): anything else is a FerryError naming the file and variable,
-    not numpy's ValueError or OverflowError later."""
-    span = itemsize
-    for n in shape:
-        if n:
-            span *= int(n)
-    if span > _MAX_BYTES:
-        raise FerryError(_ferry.EUNSUPPORTED, f"{where}: shape {tuple(shape)} of {itemsize}-byte elements spans "
-                                              f"more than 2**63-1 bytes: no array library can hold it")
 
 
 def _open_dataset(path: str, ctx: Context):
@@ -476,8 +443,7 @@ def _add_read(plan: Plan, ds: Dataset | None, file: File | None, var: dict | Non
     shape = tuple(var["shape"])
     typestr = _native_typestr(var["typestr"])
     triples, sel_shape, squeeze = normalize_selection(selection, shape)
-    itemsize = int(var["itemsize"])
-    _check_representable(sel_shape, itemsize, f"{ds.path}: {var['name']}")
+    itemsize = int(var["itemsize"])   # C refused shapes no array library holds at open
     nbytes = math.prod(sel_shape) * itemsize
     # integer indices drop their axes (as numpy's do): the new array gets the
     # squeezed shape from the start, the same bytes

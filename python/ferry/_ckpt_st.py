@@ -18,6 +18,7 @@ and safetensors.torch.load_file reads the file unchanged (no padding tensors, no
 """
 from __future__ import annotations
 
+import functools
 import json
 import struct
 
@@ -27,52 +28,39 @@ ALIGN = 4096
 MAX_HEADER = 100 * 1000 * 1000   # safetensors' own bound on N
 BIG = 64 * 1024                  # "large" tensor for the layout
 
-# safetensors dtype string -> (torch dtype attribute name, itemsize, the type string the C
-# parser reports for it in Dataset.variables()).
-ST_DTYPES = {
-    "BOOL": ("bool", 1, "|b1"), "U8": ("uint8", 1, "|u1"), "I8": ("int8", 1, "|i1"),
-    "F8_E5M2": ("float8_e5m2", 1, "float8_e5m2"), "F8_E4M3": ("float8_e4m3fn", 1, "float8_e4m3fn"),
-    "F8_E4M3FNUZ": ("float8_e4m3fnuz", 1, "float8_e4m3fnuz"),
-    "F8_E5M2FNUZ": ("float8_e5m2fnuz", 1, "float8_e5m2fnuz"),
-    "F8_E8M0": ("float8_e8m0fnu", 1, "float8_e8m0fnu"),
-    "I16": ("int16", 2, "<i2"), "U16": ("uint16", 2, "<u2"), "F16": ("float16", 2, "<f2"),
-    "BF16": ("bfloat16", 2, "bfloat16"),
-    "I32": ("int32", 4, "<i4"), "U32": ("uint32", 4, "<u4"), "F32": ("float32", 4, "<f4"),
-    "I64": ("int64", 8, "<i8"), "U64": ("uint64", 8, "<u8"), "F64": ("float64", 8, "<f8"),
-    "C64": ("complex64", 8, "<c8"),
-}
-_BY_TYPESTR = {v[2]: k for k, v in ST_DTYPES.items()}
+# The names are the C library's one table (_ferry.DTYPES, src/engine/names.c): rows
+# (short, long = torch attribute name, safetensors, typestr, bits). Python only translates.
+_WHOLE = {r[2]: r for r in _ferry.DTYPES if r[2] and r[4] % 8 == 0}   # sub-byte types: bytes
 
 
+@functools.lru_cache(maxsize=None)   # per tensor of a 100,000-tensor open: ask C once per type
 def st_of_typestr(typestr):
     """safetensors dtype name of a tensor the C parser describes by `typestr`, or None
     (sub-byte dtypes, which the C parser exposes as bytes)."""
-    return _BY_TYPESTR.get(typestr)
+    try:
+        st = _ferry.dtype_name(typestr, "safetensors")
+    except ValueError:
+        return None
+    return st if st in _WHOLE else None
 
 
-_TORCH = {}
-
-
+@functools.lru_cache(maxsize=None)
 def torch_dtype(st):
     """The torch dtype of a safetensors dtype name, or None (unknown here or to torch)."""
-    hit = _TORCH.get(st, _TORCH)
-    if hit is not _TORCH:
-        return hit
     import torch
-    ent = ST_DTYPES.get(st)
-    dt = getattr(torch, ent[0], None) if ent is not None else None
-    _TORCH[st] = dt
-    return dt
+    row = _WHOLE.get(st)
+    dt = getattr(torch, row[1], None) if row else None
+    return dt if isinstance(dt, torch.dtype) and dt.itemsize * 8 == row[4] else None
 
 
 def st_dtype(dtype):
     """safetensors name of a torch dtype, or raise TypeError."""
     name = str(dtype).replace("torch.", "")
-    for st, (tname, _, _) in ST_DTYPES.items():
-        if tname == name:
+    for st, row in _WHOLE.items():
+        if row[1] == name and torch_dtype(st) == dtype:
             return st
     raise TypeError("ferry.checkpoint: dtype %s has no safetensors name (supported: %s)"
-                    % (dtype, ", ".join(sorted(v[0] for v in ST_DTYPES.values()))))
+                    % (dtype, ", ".join(sorted(r[1] for r in _WHOLE.values()))))
 
 
 def layout(entries):

@@ -252,7 +252,6 @@ def _numpy_scalar(x):
 
 
 MAX_DEPTH = 200            # nesting flatten() writes and decode() accepts
-_DT_NAMES = None
 
 
 def _fail(target, path, msg):

@@ -83,8 +83,6 @@ def parse_size(s):
     return _ferry_pkg.parse_size(s)
 
 
-_parse_size = parse_size
-
 
 def _max_shard_bytes(max_shard_size):
     max_bytes = parse_size(max_shard_size)
@@ -341,50 +339,22 @@ class _SliceView:
 
 
 def _normalize_key(key, shape):
-    """Python indexing -> (per-dim (start, stop, step), result shape, dims kept)."""
-    if not isinstance(key, tuple):
-        key = (key,)
-    if sum(1 for k in key if k is Ellipsis) > 1:
-        raise IndexError("only one Ellipsis allowed")
-    nd = len(shape)
-    n_index = sum(1 for k in key if k is not Ellipsis and k is not None)
-    if n_index > nd:
-        raise IndexError("too many indices for a tensor of %d dimensions" % nd)
-    full = []
+    """Python indexing -> (per-dim (start, stop, step), result shape): the C library's one
+    normaliser (ferry_select); this adds only torch's None (a new axis of 1)."""
+    key = key if isinstance(key, tuple) else (key,)
+    sel, box, squeeze = _ferry.normalize_selection(tuple(shape), tuple(k for k in key if k is not None))
+    kept = iter(n for i, n in enumerate(box) if i not in squeeze)
+    n_index = sum(k is not None and k is not Ellipsis for k in key)
+    out = []
     for k in key:
-        if k is Ellipsis:
-            full.extend([slice(None)] * (nd - n_index))
-        else:
-            full.append(k)
-    full.extend([slice(None)] * (nd - len([k for k in full if k is not None])))
-    sel, out_shape, dim = [], [], 0
-    for k in full:
         if k is None:
-            out_shape.append(1)
-            continue
-        n = shape[dim]
-        if isinstance(k, slice):
-            start, stop, step = k.indices(n)
-            if step <= 0:
-                raise IndexError("ferry.checkpoint: slices need a positive step")
-            cnt = max(0, -(-(stop - start) // step))
-            stop = start + cnt * step if cnt else start
-            sel.append((start, stop, step))
-            out_shape.append(cnt)
-        else:
-            try:
-                i = int(k.__index__())
-            except AttributeError:
-                raise IndexError("ferry.checkpoint: get_slice takes ints, slices and ...; "
-                                 "got %r" % (k,))
-            if i < 0:
-                i += n
-            if not 0 <= i < n:
-                raise IndexError("index %d out of range for dimension %d of size %d"
-                                 % (int(k), dim, n))
-            sel.append((i, i + 1, 1))
-        dim += 1
-    return sel, tuple(out_shape)
+            out.append(1)
+        elif k is Ellipsis:
+            out.extend(next(kept) for _ in range(len(shape) - n_index))
+        elif isinstance(k, slice):
+            out.append(next(kept))
+    out.extend(kept)
+    return sel if sel is not None else [(0, n, 1) for n in shape], tuple(out)
 
 
 class safe_open:

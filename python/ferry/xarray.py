@@ -80,34 +80,27 @@ log = logging.getLogger("ferry.xarray")
 
 __all__ = ["FerryBackendEntrypoint", "FerryStore", "FerryBackendArray", "cupy_meta", "open_mfdataset"]
 
-_HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 _H5_HIDDEN = {"CLASS", "DIMENSION_LIST", "NAME", "REFERENCE_LIST", "_Netcdf4Dimid", "_Netcdf4Coordinates",
               "_nc3_strict", "_NCProperties", "_SuperblockVersion", "_IsNetcdf4"}
 _NC_DIM_ONLY = b"This is a netCDF dimension but not a netCDF variable"
 _NON_COORD = "_nc4_non_coord_"
-
-# HDF5 filter ids -> ferry codecs
-_H5Z_DEFLATE, _H5Z_SHUFFLE, _H5Z_FLETCHER32 = 1, 2, 3
-_H5Z_BLOSC, _H5Z_ZSTD = 32001, 32015
 
 
 # ---------------------------------------------------------------------------
 # small helpers
 # ---------------------------------------------------------------------------
 def _format_of(path: str) -> str:
-    if os.path.isdir(path):
-        return "zarr"
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if head[:3] == b"CDF" and len(head) >= 4 and head[3] in (1, 2, 5):
-            return "netcdf3"
-        if head == _HDF5_MAGIC:
-            return "hdf5"
-        for off in (512, 1024, 2048, 4096):   # HDF5 user block
-            f.seek(off)
-            if f.read(8) == _HDF5_MAGIC:
-                return "hdf5"
-    raise ValueError(f"{path}: not a netCDF, HDF5 or Zarr file that ferry can open")
+    """netcdf3, hdf5 or zarr, as the C library's one sniffer (ferry_format_detect) sees it."""
+    try:
+        fmt = _ferry.format_detect(path)
+    except ferry.FerryError as e:
+        if e.code != _ferry.ENOFORMAT or os.path.isdir(path):
+            raise
+        fmt = None
+    if fmt not in ("netcdf3", "hdf5", "zarr"):
+        raise ValueError(f"{path}: not a netCDF, HDF5 or Zarr file that ferry can open"
+                         + (f" (a {fmt} file: read it with ferry.open)" if fmt else ""))
+    return fmt
 
 
 def _native(dt: np.dtype) -> np.dtype:
@@ -277,16 +270,9 @@ class _H5Source:
         self.why = ""
         for i in range(dcpl.get_nfilters()):
             code, flags, vals, name = dcpl.get_filter(i)
-            if code == _H5Z_DEFLATE:
-                self.filters.append(("zlib", 0))
-            elif code == _H5Z_SHUFFLE:
-                self.filters.append(("shuffle", int(vals[0]) if len(vals) else self.stored.itemsize))
-            elif code == _H5Z_FLETCHER32:
-                self.filters.append(("fletcher32", 0))
-            elif code == _H5Z_ZSTD:
-                self.filters.append(("zstd", 0))
-            elif code == _H5Z_BLOSC:
-                self.filters.append(("blosc", 0))
+            codec = _ferry.hdf5_filter_codec(code, vals, self.stored.itemsize)   # C's table of HDF5 filters
+            if codec is not None:
+                self.filters.append(codec)
             else:
                 self.supported = False
                 self.why = f"HDF5 filter {code} ({name.decode(errors='replace') if isinstance(name, bytes) else name})"

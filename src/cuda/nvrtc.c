@@ -3,8 +3,9 @@
  * libnvrtc ships with the CUDA wheels torch depends on (nvidia/cu13/lib/
  * libnvrtc.so.13, nvidia/cuda_nvrtc/lib/libnvrtc.so.12), so it is usually
  * there when a GPU is. It is loaded with dlopen like libcuda: $FERRY_NVRTC
- * (a path; the Python package points it at the wheel's copy), else the
- * sonames on the loader's path. src/cuda/kernels.cu, embedded as text by
+ * (a path), else the directory ferry_nvrtc_search_dir named (the Python
+ * package hands it the wheel's lib folder), else the sonames on the loader's
+ * path. src/cuda/kernels.cu, embedded as text by
  * tools/embed.sh (ferry_kernels_cu), is compiled once per process to PTX for
  * compute_75, the lowest architecture the nvcc build targets; the driver JITs
  * that PTX for the device. Any failure leaves the CPU byteswap in place and
@@ -43,10 +44,29 @@ static const char stdint_h[] =
     "typedef signed char int8_t; typedef short int16_t; typedef int int32_t; typedef long long int64_t;\n"
     "typedef unsigned long long uintptr_t; typedef long long intptr_t;\n";
 
+static char dir_[480];
+static pthread_mutex_t dir_lock_ = PTHREAD_MUTEX_INITIALIZER;
+static int loading_;   /* set once compile_once runs: the directory is then fixed */
+
+void ferry_nvrtc_search_dir(const char *dir) {
+    pthread_mutex_lock(&dir_lock_);
+    if (!loading_ && dir) snprintf(dir_, sizeof dir_, "%s", dir);
+    pthread_mutex_unlock(&dir_lock_);
+}
+
 static void *open_nvrtc(void) {
     const char *env = getenv("FERRY_NVRTC");
     if (env && *env) return dlopen(env, RTLD_NOW | RTLD_LOCAL);
     static const char *const names[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"};
+    pthread_mutex_lock(&dir_lock_);
+    loading_ = 1;
+    pthread_mutex_unlock(&dir_lock_);
+    char path[sizeof dir_ + 32];
+    for (size_t i = 0; dir_[0] && i < 2; i++) {   /* the wheel's sonames, never its bare .so */
+        snprintf(path, sizeof path, "%s/%s", dir_, names[i]);
+        void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        if (h) return h;
+    }
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
         if (h) return h;
@@ -57,8 +77,9 @@ static void *open_nvrtc(void) {
 static void compile_once(void) {
     void *h = open_nvrtc();
     if (!h) {
-        snprintf(why_, sizeof why_, "libnvrtc not found (%s; set FERRY_NVRTC=/path/to/libnvrtc.so)",
-                 getenv("FERRY_NVRTC") ? getenv("FERRY_NVRTC") : "libnvrtc.so.13/.12 not on the loader path");
+        snprintf(why_, sizeof why_, "libnvrtc not found (%s%s%s; set FERRY_NVRTC=/path/to/libnvrtc.so)",
+                 getenv("FERRY_NVRTC") ? getenv("FERRY_NVRTC") : "libnvrtc.so.13/.12 not on the loader path",
+                 dir_[0] ? " nor in " : "", dir_);
         return;
     }
 #define S(f, name) if (!(*(void **)&nv_.f = dlsym(h, name))) { snprintf(why_, sizeof why_, "libnvrtc lacks %s", name); return; }

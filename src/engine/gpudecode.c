@@ -23,6 +23,7 @@
  * are being read (the pipeline), and a worker's next batch waits only for its
  * own previous batch's event before reusing its buffers. */
 #include "engine/gpudecode.h"
+#include "engine/gpudecode_trace.h"
 #include "engine/io.h"
 #include "codecs/framing.h"
 #include "cuda/nvcomp.h"
@@ -112,6 +113,7 @@ struct ferry_gpudecode_job {
     uint8_t *owned;      /* per extent: 1 when a batch decodes it */
     gd_batch *b;
     size_t nb;
+    ferry_decode_trace *trace;   /* FERRY_DECODE_TRACE=1: per-stage totals (gpudecode_trace.c), else NULL */
 };
 
 /* Decoded bytes per batch: large enough that nvCOMP's batched kernels fill
@@ -185,6 +187,11 @@ int ferry_gpudecode_plan(ferry_job *j, int policy) {
                 bytes += e->decoded_size;
             }
         }
+    if (ferry_dt_enabled() && (g->trace = calloc(1, sizeof *g->trace))) {
+        g->trace->plan_batches = g->nb;
+        g->trace->plan_target = target;
+        g->trace->plan_chunks = cand;
+    }
     j->gpu = g;
     return 0;
 }
@@ -194,6 +201,7 @@ size_t ferry_gpudecode_batches(const ferry_job *j) { return j->gpu ? j->gpu->nb 
 
 void ferry_gpudecode_job_free(ferry_job *j) {
     if (!j || !j->gpu) return;
+    if (j->gpu->trace) { ferry_dt_report(j->gpu->trace, j->id, j->max_workers); free(j->gpu->trace); }
     free(j->gpu->idx); free(j->gpu->owned); free(j->gpu->b); free(j->gpu);
     j->gpu = NULL;
 }
@@ -271,9 +279,14 @@ void ferry_gpudecode_worker_free(ferry_worker *w) {
     w->gpu = NULL;
 }
 
+/* The trace of the batch this thread runs (allocations are counted into it), or NULL. */
+static _Thread_local ferry_decode_trace *tl_trace;
+
 /* Device memory of at least n bytes (contents not kept); the device is current. */
 static int dev_grow(CUdeviceptr *p, size_t *cap, size_t n) {
     if (*cap >= n && *p) return 0;
+    uint64_t t0 = tl_trace ? ferry_dt_now() : 0;
+    if (tl_trace) atomic_fetch_add(&tl_trace->allocs, 1);
     const ferry_cuda_api *cu = ferry_cuda_load(NULL);
     size_t nc = *cap ? *cap : (1u << 20);
     while (nc < n) nc *= 2;
@@ -282,7 +295,18 @@ static int dev_grow(CUdeviceptr *p, size_t *cap, size_t n) {
     CUresult r = cu->MemAlloc(p, nc);
     if (r) { *p = 0; return ferry_seterr(FERRY_ENOMEM, "GPU decode: cuMemAlloc(%zu): %s", nc, ferry_cuda_errstr(r)); }
     *cap = nc;
+    ferry_dt_lap(tl_trace, FERRY_DT_ALLOC, &t0);
     return 0;
+}
+
+/* ferry_worker_grow (per worker, reused: it allocates only to grow), timed for the trace. */
+static int host_grow(ferry_worker *w, int d, uint8_t **buf, size_t *cap, int *pinned, size_t n) {
+    if (!tl_trace || (*cap >= n && *buf && *pinned)) return ferry_worker_grow(w, d, buf, cap, pinned, n);
+    uint64_t t0 = ferry_dt_now();
+    uint8_t *before = *buf;
+    int rc = ferry_worker_grow(w, d, buf, cap, pinned, n);
+    if (*buf != before) { atomic_fetch_add(&tl_trace->allocs, 1); ferry_dt_lap(tl_trace, FERRY_DT_ALLOC, &t0); }
+    return rc;
 }
 
 /* Room for one more element in a growing array. */
@@ -572,7 +596,27 @@ static int classify(struct ferry_gpudecode_worker *gw, gd_dev *g, const ferry_nv
     return 0;
 }
 
+typedef struct gd_counts { uint64_t chunks, items, decoded, cpu, fallbacks; int flying; } gd_counts;
+
+static int64_t run_batch(ferry_worker *w, ferry_job *j, size_t bi, int *deferred, ferry_decode_trace *tr, gd_counts *cnt);
+
 int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t bi, int *deferred) {
+    ferry_decode_trace *tr = j->gpu->trace;
+    gd_counts c;
+    memset(&c, 0, sizeof c);
+    tl_trace = tr;
+    ferry_dt_batch_begin(tr);
+    int64_t r = run_batch(w, j, bi, deferred, tr, &c);
+    if (c.flying) ferry_dt_in_flight(tr, -1);
+    ferry_dt_batch_end(tr, c.chunks, c.items, c.decoded, c.cpu, c.fallbacks);
+    tl_trace = NULL;
+    return r;
+}
+
+/* One batch: read, frame, enqueue, CPU chunks, wait, check, place (the
+ * header comment); stage times into tr when tracing. */
+static int64_t run_batch(ferry_worker *w, ferry_job *j, size_t bi, int *deferred, ferry_decode_trace *tr, gd_counts *cnt) {
+    uint64_t tlap = tr ? ferry_dt_now() : 0;
     const gd_batch *B = &j->gpu->b[bi];
     const int d = B->dev;
     const size_t n = B->count;
@@ -592,6 +636,8 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t bi, int *defer
         if ((r = cu->EventSynchronize(g->done))) return ferry_seterr(FERRY_ECUDA, "device %d: GPU decode failed: %s", d, ferry_cuda_errstr(r));
         g->pending = 0;
     }
+    ferry_dt_lap(tr, FERRY_DT_PREV, &tlap);
+    cnt->chunks = n;
     if (gw->ch_cap < n) {
         gd_chunk *c = realloc(gw->ch, n * sizeof *c);
         if (!c) return ferry_seterr(FERRY_ENOMEM, "out of memory");
@@ -616,8 +662,9 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t bi, int *defer
         ch[k].slot = hsize + (8 - hdr) % 8;
         hsize += up(e->length + 8, 8);
     }
-    if ((rc = ferry_worker_grow(w, d, &g->h, &g->hcap, &g->hpinned, hsize ? hsize : 1)) < 0) return rc;
+    if ((rc = host_grow(w, d, &g->h, &g->hcap, &g->hpinned, hsize ? hsize : 1)) < 0) return rc;
     if ((rc = read_chunks(w, j, g, ch, n, &file_bytes)) < 0) return rc;
+    ferry_dt_lap(tr, FERRY_DT_READ, &tlap);
 
     /* CPU checks and framing: items, descriptors, outputs */
     uint64_t scr = 0, cpu_total = 0;
@@ -640,6 +687,8 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t bi, int *defer
         if (ch[k].out_scr) ch[k].out += g->dscr;
         if (ch[k].fin_scr) ch[k].fin += g->dscr;
     }
+    ferry_dt_lap(tr, FERRY_DT_FRAME, &tlap);
+    cnt->items = gw->it_n;
 
     /* the arrays nvCOMP reads, per algorithm, then the descriptors, after the payloads */
     size_t na[FERRY_NVCOMP_NALG] = {0, 0, 0}, q0[FERRY_NVCOMP_NALG];
@@ -664,7 +713,7 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t bi, int *defer
     if (any_gpu) {
         if (htotal > g->hcap) {   /* the arrays did not fit behind the payloads: grow, keeping the chunks */
             uint8_t *nb = NULL; size_t ncap = 0; int npin = 0;
-            if ((rc = ferry_worker_grow(w, d, &nb, &ncap, &npin, htotal)) < 0) return rc;
+            if ((rc = host_grow(w, d, &nb, &ncap, &npin, htotal)) < 0) return rc;
             memcpy(nb, g->h, hsize);
             uint8_t *ob = g->h; size_t ocap = g->hcap; int opin = g->hpinned;
             g->h = nb; g->hcap = ncap; g->hpinned = npin;
@@ -680,7 +729,7 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t bi, int *defer
         if ((rc = dev_grow(&g->din, &g->din_cap, htotal)) < 0) return rc;
         if ((rc = dev_grow(&g->dres, &g->dres_cap, res_total)) < 0) return rc;
         if (temp && (rc = dev_grow(&g->dtemp, &g->dtemp_cap, temp)) < 0) return rc;
-        if ((rc = ferry_worker_grow(w, d, &g->hres, &g->hres_cap, &g->hres_pinned, res_total)) < 0) return rc;
+        if ((rc = host_grow(w, d, &g->hres, &g->hres_cap, &g->hres_pinned, res_total)) < 0) return rc;
         /* items: q ordered by algorithm; four arrays of nitems u64 entries */
         uint64_t *in_ptrs = (uint64_t *)(g->h + arr), *in_bytes = in_ptrs + nitems, *out_ptrs = in_bytes + nitems,
                  *out_caps = out_ptrs + nitems;
@@ -743,11 +792,13 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t bi, int *defer
             rc = ferry_seterr(FERRY_ECUDA, "cuMemcpyDtoHAsync: %s", ferry_cuda_errstr(r));
             goto fail_sync;
         }
+        if (tr) { ferry_dt_in_flight(tr, 1); cnt->flying = 1; }
     }
+    ferry_dt_lap(tr, FERRY_DT_ENQUEUE, &tlap);
 
     /* meanwhile: the chunks the CPU decodes */
     uint64_t fallbacks = 0;
-    if (cpu_total && (rc = ferry_worker_grow(w, d, &g->hcpu, &g->hcpu_cap, &g->hcpu_pinned, cpu_total)) < 0) goto fail_sync;
+    if (cpu_total && (rc = host_grow(w, d, &g->hcpu, &g->hcpu_cap, &g->hcpu_pinned, cpu_total)) < 0) goto fail_sync;
     for (size_t k = 0; k < n; k++) {
         gd_chunk *c = &ch[k];
         const ferry_extent *e = &j->ext[c->ext];
@@ -757,11 +808,15 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t bi, int *defer
             fallbacks++;
         }
     }
+    cnt->cpu = fallbacks;
+    ferry_dt_lap(tr, FERRY_DT_CPU, &tlap);
 
     /* results: statuses, sizes, Adler-32s of every item */
     uint64_t gpu_bytes = 0, gpu_chunks = 0;
     if (any_gpu) {
         if ((r = cu->EventSynchronize(g->done))) { rc = ferry_seterr(FERRY_ECUDA, "device %d: GPU decode failed: %s", d, ferry_cuda_errstr(r)); goto fail_sync; }
+        ferry_dt_lap(tr, FERRY_DT_WAIT, &tlap);
+        if (cnt->flying) { ferry_dt_in_flight(tr, -1); cnt->flying = 0; }
         const int32_t *sts = (const int32_t *)g->hres;
         const uint64_t *sizes = (const uint64_t *)(g->hres + res_size);
         const uint32_t *adl = (const uint32_t *)(g->hres + res_adler);
@@ -786,7 +841,7 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t bi, int *defer
             if (!why) { gpu_bytes += e->decoded_size; gpu_chunks++; continue; }
             /* nvCOMP could not, or its output fails the check: the CPU decodes
              * it (nvCOMP's limits) or names the corruption */
-            if ((rc = ferry_worker_grow(w, d, &g->hfb, &g->hfb_cap, &g->hfb_pinned, e->decoded_size)) < 0) goto fail_sync;
+            if ((rc = host_grow(w, d, &g->hfb, &g->hfb_cap, &g->hfb_pinned, e->decoded_size)) < 0) goto fail_sync;
             if ((rc = cpu_decode(w, e, g->h + c->slot, g->hfb)) < 0) {
                 ferry_preerr(rc, "nvCOMP: %s; the CPU decoder", why);
                 chunk_err(rc, e, ext_path(e), &c->ci);
@@ -801,6 +856,8 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t bi, int *defer
             fallbacks++;
         }
     }
+    cnt->fallbacks = fallbacks - cnt->cpu;
+    ferry_dt_lap(tr, FERRY_DT_FALLBACK, &tlap);
 
     /* CPU-decoded chunks up, then scratch placed into the boxes: one tile
      * scatter kernel for the batch (its descriptors through h and din, both
@@ -809,7 +866,7 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t bi, int *defer
     uint64_t *pd = NULL;
     for (size_t k = 0; k < n; k++) nplace += ch[k].placed;
     if (nplace && kernels) {
-        if ((rc = ferry_worker_grow(w, d, &g->h, &g->hcap, &g->hpinned, 128 * nplace)) < 0) goto fail_sync;
+        if ((rc = host_grow(w, d, &g->h, &g->hcap, &g->hpinned, 128 * nplace)) < 0) goto fail_sync;
         if ((rc = dev_grow(&g->din, &g->din_cap, 128 * nplace)) < 0) goto fail_sync;
         pd = (uint64_t *)g->h;
     }
@@ -846,7 +903,9 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t bi, int *defer
         uint64_t dec = 0;
         for (size_t k = 0; k < n; k++) dec += j->ext[ch[k].ext].decoded_size;
         count_stats(w->ctx, gpu_bytes, gpu_chunks, fallbacks, dec);
+        cnt->decoded = dec;
     }
+    ferry_dt_lap(tr, FERRY_DT_PLACE, &tlap);
     return (int64_t)file_bytes;
 fail_sync:
     cu->StreamSynchronize(s);   /* nothing of this batch outlives its failure */

@@ -103,12 +103,33 @@ static int add_task(ferry_job *j, size_t *cap, uint32_t ext, uint32_t n, uint64_
     return 0;
 }
 
+/* FERRY_PACK_MIN (default 64 KiB): the least bytes of a pack
+ * task. Larger packs mean fewer claims and, into device memory, fewer and
+ * larger host-to-device copies (each has a fixed cost of microseconds), but
+ * fewer tasks per batch for the workers to share: an experiment for the H200
+ * (bench/bench_records.py runs 256K beside the default), the default moves
+ * only with its numbers. */
+static int pack_min_policy(const ferry_ctx *ctx, uint64_t *out) {
+    const char *s = ctx->cfg.no_env ? NULL : getenv("FERRY_PACK_MIN");
+    *out = 64u << 10;
+    if (!s) return 0;
+    int64_t v = ferry_parse_size(s);
+    if (v < 4096 || v > (1ll << 30))
+        return ferry_seterr(FERRY_EINVAL, "FERRY_PACK_MIN=\"%s\": a size from 4K to 1G", s);
+    *out = (uint64_t)v;
+    return 0;
+}
+
 /* Records up to this size are packed (AUTO reads them buffered anyway; the
  * O_DIRECT policy ON keeps them one task each, where alignment decides). */
 #define PACK_MAX_EXTENT (1u << 20)
 
+/* FERRY_EXTENT_NOFOLLOW reads (every chunk of a store) pack too: a pack opens
+ * each file through ferry_path_file, which keeps the no-follow open and its
+ * root, and a run never joins extents opened differently (pack.c). */
 static int packable(const ferry_job *j, const ferry_extent *e, size_t staging) {
-    if (e->kind != FERRY_EXTENT_READ || e->place || e->ncodecs || e->flags || e->length == 0) return 0;
+    if (e->kind != FERRY_EXTENT_READ || e->place || e->ncodecs || e->length == 0) return 0;
+    if (e->flags & ~(unsigned)FERRY_EXTENT_NOFOLLOW) return 0;   /* MISSING_FILLS: filled per extent (exec.c) */
     if (j->direct == FERRY_DIRECT_ON || e->length > PACK_MAX_EXTENT) return 0;
     return e->dst.kind == FERRY_MEM_HOST || e->length <= staging;
 }
@@ -130,7 +151,7 @@ static int make_tasks(ferry_job *j, size_t task_size, size_t staging) {
     for (size_t i = 0; i < j->next; i++)
         if (!ferry_gpudecode_owns(j, i) && packable(j, &j->ext[i], staging)) packed += j->ext[i].length;
     uint64_t pack = packed / (2 * (uint64_t)(j->max_workers > 0 ? j->max_workers : 1));
-    if (pack < (64u << 10)) pack = 64u << 10;
+    if (pack < j->pack_min) pack = j->pack_min;
     if (pack > task_size) pack = task_size;
     for (size_t i = 0; i < j->next;) {
         const ferry_extent *e = &j->ext[i];
@@ -172,6 +193,17 @@ static int make_tasks(ferry_job *j, size_t task_size, size_t staging) {
     return 0;
 }
 
+/* FERRY_READAHEAD, unless the context ignores the environment. */
+static int readahead_policy(const ferry_ctx *ctx, int *out) {
+    const char *s = ctx->cfg.no_env ? NULL : getenv("FERRY_READAHEAD");
+    *out = FERRY_READAHEAD_AUTO;
+    if (!s || !strcmp(s, "auto")) return 0;
+    if (!strcmp(s, "off") || !strcmp(s, "0")) *out = FERRY_READAHEAD_OFF;
+    else if (!strcmp(s, "on") || !strcmp(s, "1")) *out = FERRY_READAHEAD_ON;
+    else return ferry_seterr(FERRY_EINVAL, "FERRY_READAHEAD=\"%s\": use auto, on or off", s);
+    return 0;
+}
+
 /* Build a job from a plan: own copies, resolved pointers, merged extents. */
 static int job_build(ferry_ctx *ctx, const ferry_plan *plan, const ferry_run_opts *opts, ferry_job **out) {
     ferry_job *j = calloc(1, sizeof *j);
@@ -182,6 +214,18 @@ static int job_build(ferry_ctx *ctx, const ferry_plan *plan, const ferry_run_opt
     j->id = atomic_fetch_add(&ctx->next_job_id, 1) + 1;
     j->flags = opts ? opts->flags : 0;
     j->direct = (j->flags & FERRY_NO_DIRECT) ? FERRY_DIRECT_OFF : ctx->cfg.direct;
+    /* read once per context (a getenv scan costs a 4 KiB read's latency a
+     * tenth); a bad value fails every plan until the context is made anew */
+    if (!atomic_load(&ctx->job_env_ready)) {
+        int ra;
+        uint64_t pm;
+        if (readahead_policy(ctx, &ra) < 0 || pack_min_policy(ctx, &pm) < 0) { job_free(j); return FERRY_EINVAL; }
+        atomic_store(&ctx->readahead, ra);
+        atomic_store(&ctx->pack_min, pm);
+        atomic_store(&ctx->job_env_ready, 1);   /* racing threads store the same values */
+    }
+    j->readahead = atomic_load(&ctx->readahead);
+    j->pack_min = atomic_load(&ctx->pack_min);
     j->max_workers = opts && opts->threads > 0 ? opts->threads : ctx->cfg.threads;
     if (j->max_workers > ctx->cfg.threads) j->max_workers = ctx->cfg.threads;
     size_t n = plan->n;
@@ -278,6 +322,15 @@ int ferry_submit(ferry_ctx *ctx, const ferry_plan *plan, const ferry_run_opts *o
 
 int64_t ferry_job_wait(ferry_job *j, int64_t timeout_ns) {
     if (!j) return ferry_seterr(FERRY_EINVAL, "ferry_job_wait: NULL job");
+    /* FERRY_SPIN_US (pool.c): watch the count of finished tasks that long
+     * before sleeping, so the caller learns at once that a batch is done and
+     * can queue the next one (no wake-up of a halted vCPU in between) */
+    int spin = atomic_load(&j->ctx->spin_us);
+    if (spin > 0 && timeout_ns != 0) {
+        double end = ferry_now() + spin * 1e-6;
+        for (int k = 0; atomic_load(&j->tasks_done) < j->ntasks; k++)
+            if ((k & 63) == 0 && ferry_now() > end) break;
+    }
     pthread_mutex_lock(&j->lock);
     if (timeout_ns < 0) {
         while (!j->done) pthread_cond_wait(&j->cond, &j->lock);

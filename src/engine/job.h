@@ -29,9 +29,10 @@
  *     cuMemcpyHtoDAsync per contiguous destination run, or, when the runs are
  *     many, one copy of the packed bytes into device scratch and one scatter
  *     kernel (ferry_cuda_scatter); then the buffer's event is recorded.
- *     ferry_pack_scratch(w, d, i) is that device copy of staging buffer i:
- *     a decode stage can copy packed compressed bytes there without placing
- *     them (dst 0) and decode from device memory. */
+ *     ferry_pack_scratch(w, d, i) is that device copy of staging buffer i.
+ *     Bytes reserved but not placed (dst 0) are not copied by the flush: a
+ *     decode stage that wants packed compressed bytes on the device copies
+ *     them into the scratch itself. */
 typedef struct ferry_task {
     uint32_t ext;                 /* index into job->ext (first extent of a pack) */
     uint32_t n;                   /* extents in the task: 1, or >= 2 for a pack */
@@ -63,6 +64,8 @@ struct ferry_job {
     unsigned flags;               /* FERRY_SYNC, FERRY_NO_DIRECT */
     int direct;                   /* ferry_direct policy for this job */
     int allow_short;              /* ferry_pread: EOF ends the read, not an error */
+    int readahead;                /* FERRY_READAHEAD_*: hints for cold packed records (pack.c) */
+    uint64_t pack_min;            /* least bytes of a pack task (FERRY_PACK_MIN, job.c) */
     int max_workers, active_workers; /* per-call thread limit (under ctx->lock) */
     _Atomic uint64_t worker_mask[FERRY_MAX_WORKERS / 64]; /* workers that enqueued device work */
     _Atomic uint32_t dev_mask;    /* devices with enqueued work */
@@ -75,6 +78,10 @@ struct ferry_job {
     int nwait;
     _Atomic int waited;           /* every event seen complete: later tasks skip the driver */
 };
+
+/* FERRY_READAHEAD=off|auto|on (auto: hint a pack's records when its first
+ * one is not in the page cache; pack.c says why). */
+enum { FERRY_READAHEAD_OFF = 0, FERRY_READAHEAD_AUTO = 1, FERRY_READAHEAD_ON = 2 };
 
 double ferry_now(void);
 /* Record the job's first error (code and the thread's message). */

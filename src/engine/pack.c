@@ -10,6 +10,7 @@
 #include "engine/engine.h"
 #include "engine/io.h"
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <sys/uio.h>
@@ -38,6 +39,16 @@ static int short_read(const ferry_extent *e, ferry_file *f, uint64_t off, uint64
     return pack_error(FERRY_ESHORT, e, f, off);
 }
 
+/* Two extents by the same path name the same open file only when they are
+ * opened the same way: a FERRY_EXTENT_NOFOLLOW read under one root may not
+ * borrow a file opened under another (or opened following links), or the
+ * no-follow guarantee of the second is lost. */
+static int same_opening(const ferry_extent *a, const ferry_extent *b) {
+    if ((a->flags ^ b->flags) & FERRY_EXTENT_NOFOLLOW) return 0;
+    if (!(a->flags & FERRY_EXTENT_NOFOLLOW) || a->root == b->root) return 1;
+    return a->root && b->root && strcmp(a->root, b->root) == 0;
+}
+
 /* How many extents from k on form one run of file f: adjacent in the file,
  * at most max_n of them and max_bytes in all (at least one). */
 static size_t file_run(const ferry_job *j, size_t k, size_t end, ferry_file *f, size_t max_n, uint64_t max_bytes,
@@ -48,7 +59,7 @@ static size_t file_run(const ferry_job *j, size_t k, size_t end, ferry_file *f, 
     while (m < end && m - k < max_n) {
         const ferry_extent *x = &j->ext[m];
         if (x->file != e->file || (x->file == NULL && strcmp(x->path, e->path) != 0)) break;
-        if ((x->flags ^ e->flags) & FERRY_EXTENT_NOFOLLOW) break;   /* opened differently */
+        if (!same_opening(x, e)) break;   /* opened differently: another file for all we know */
         if (x->offset != j->ext[m - 1].offset + j->ext[m - 1].length || b + x->length > max_bytes) break;
         b += x->length;
         m++;
@@ -58,11 +69,67 @@ static size_t file_run(const ferry_job *j, size_t k, size_t end, ferry_file *f, 
     return m - k;
 }
 
+/* ---- cold records: read ahead of the preads ------------------------------ */
+/* Hint ranges of one file closer than this are one hint (the gap is read
+ * too): a sorted batch of neighbouring rows is then one request to the disk. */
+#define HINT_GAP (128u << 10)
+
+static int same_file(const ferry_extent *a, const ferry_extent *b) {
+    if (a->file || b->file) return a->file == b->file;
+    return strcmp(a->path, b->path) == 0 && same_opening(a, b);
+}
+
+/* A worker reads its task's records one pread at a time: cold, that is one
+ * request in flight per thread, each waiting for the disk (and a record
+ * above the kernel's readahead window, 128 KiB by default, is two requests one
+ * after the other). Memory-mapped DataLoader workers get the kernel's
+ * readahead instead. So when the task's first record is not in the page cache
+ * (cachestat, one system call per task; FERRY_READAHEAD=auto), every record
+ * of the task is announced first with posix_fadvise(WILLNEED), which starts
+ * the reads without waiting: the disk sees all of them at once, and the
+ * preads that follow find them in flight or done. Warm tasks pay the one
+ * cachestat. FERRY_READAHEAD=on hints always, off never. Failures here are
+ * only lost hints: the reads report their own errors. */
+static void cold_hints(ferry_worker *w, ferry_job *j, const ferry_task *t) {
+    if (j->readahead == FERRY_READAHEAD_OFF) return;
+    size_t k = t->ext, end = (size_t)t->ext + t->n;
+    const ferry_extent *e = &j->ext[k];
+    int rc;
+    ferry_file *f = ext_file(w, j, e, &rc);
+    if (rc < 0) { ferry_clearerr(); return; }
+    if (j->readahead == FERRY_READAHEAD_AUTO) {
+        int64_t c = ferry_file_cached_fd(f->fd, e->offset, e->length, e->offset + e->length);
+        if (c < 0 || (uint64_t)c >= e->length) return;   /* warm (or unknown): no hints */
+    }
+    const ferry_extent *cur = e;   /* the range being gathered, of file f */
+    uint64_t lo = e->offset, hi = e->offset + e->length, hinted = 1;
+    for (size_t m = k + 1; m <= end; m++) {
+        const ferry_extent *x = m < end ? &j->ext[m] : NULL;
+        if (x && same_file(x, cur) && x->offset >= lo && x->offset <= hi + HINT_GAP) {
+            if (x->offset + x->length > hi) hi = x->offset + x->length;
+            hinted++;
+            continue;
+        }
+        posix_fadvise(f->fd, (off_t)lo, (off_t)(hi - lo), POSIX_FADV_WILLNEED);
+        if (!x) break;
+        if (!same_file(x, cur)) {
+            f = ext_file(w, j, x, &rc);
+            if (rc < 0) { ferry_clearerr(); break; }
+        }
+        cur = x;
+        lo = x->offset;
+        hi = x->offset + x->length;
+        hinted++;
+    }
+    w->hinted += hinted;
+}
+
 /* ---- into host memory ----------------------------------------------------- */
 static int64_t pack_host(ferry_worker *w, ferry_job *j, const ferry_task *t) {
     size_t end = (size_t)t->ext + t->n;
     uint64_t total = 0;
     struct iovec iov[64];
+    cold_hints(w, j, t);
     for (size_t k = t->ext; k < end;) {
         const ferry_extent *e = &j->ext[k];
         int rc;
@@ -178,10 +245,6 @@ int ferry_pack_flush(ferry_worker *w, ferry_job *j, int d) {
         if (!e) e = cu->MemcpyHtoDAsync(ds->dtab[i], tab, n * sizeof *tab, ds->stream);
         if (e) return ferry_seterr(FERRY_ECUDA, "cuMemcpyHtoDAsync: %s", ferry_cuda_errstr(e));
         if ((rc = ferry_cuda_scatter(d, scratch, ds->dtab[i], n, ds->stream)) < 0) return rc;
-    } else if (n == 0) {   /* bytes without placements: into scratch (a decode stage's input) */
-        CUdeviceptr scratch;
-        if ((rc = ferry_pack_scratch(w, d, i, &scratch)) < 0) return rc;
-        e = cu->MemcpyHtoDAsync(scratch, w->stage[i], w->pack_pos, ds->stream);
     } else {
         for (uint32_t k = 0; k < n && !e; k++)
             e = cu->MemcpyHtoDAsync((CUdeviceptr)tab[k].dst, w->stage[i] + tab[k].src, tab[k].len, ds->stream);
@@ -205,6 +268,7 @@ static int64_t pack_device(ferry_worker *w, ferry_job *j, const ferry_task *t, i
     uint64_t S = w->ctx->cfg.staging_size, total = 0;
     int64_t result = 0;
     uint64_t seq0 = w->seq[d];
+    cold_hints(w, j, t);
     if ((rc = ferry_pack_begin(w, d)) < 0) return rc;
     for (size_t k = t->ext; k < end;) {
         const ferry_extent *e = &j->ext[k];

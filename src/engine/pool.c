@@ -4,6 +4,30 @@
  * the same loop on the caller's thread with a borrowed worker. */
 #include "engine/engine.h"
 #include <stdlib.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define cpu_relax() _mm_pause()
+#else
+#define cpu_relax() ((void)0)
+#endif
+
+/* FERRY_SPIN_US (default 0, at most 1000): an idle worker watches the queue
+ * that long before it sleeps on the condition variable. A batch of small
+ * records is tens of microseconds of work for 16 workers; when the queue runs
+ * dry between batches every worker sleeps and the next batch wakes each one
+ * again, and in a virtual machine a wake-up of an idle vCPU costs tens of
+ * microseconds: the same order as the batch. An experiment for the H200
+ * (bench/bench_records.py runs 50 beside 0): the default moves only with its
+ * numbers (a spinning pool costs CPU that a shared machine may want). */
+static int spin_us(int *out) {
+    const char *e = getenv("FERRY_SPIN_US");
+    char *end = NULL;
+    long v = e ? strtol(e, &end, 10) : 0;
+    if (e && (end == e || *end || v < 0 || v > 1000))
+        return ferry_seterr(FERRY_EINVAL, "FERRY_SPIN_US=\"%s\": microseconds from 0 to 1000", e);
+    *out = (int)v;
+    return 0;
+}
 
 void ferry_pool_run_task(ferry_worker *w, ferry_job *job, size_t t, void (*release)(ferry_job *)) {
     int finished = 1;
@@ -19,6 +43,10 @@ void ferry_pool_run_task(ferry_worker *w, ferry_job *job, size_t t, void (*relea
     }
     if (release) release(job);
     if (finished) ferry_task_finished(job);
+    /* earlier tasks' copies that have passed complete now, not staging_count
+     * packs later; a caller's thread drains at the end anyway (and a small
+     * read's latency has no room for the query) */
+    if (!w->is_inline) ferry_worker_poll(w);
 }
 
 void ferry_pool_unlink(ferry_ctx *ctx, ferry_job *job) {
@@ -38,6 +66,7 @@ static void release_slot(ferry_job *job) {
 static void *worker_main(void *arg) {
     ferry_worker *w = arg;
     ferry_ctx *ctx = w->ctx;
+    int spun = 0;   /* spun since the last task: sleep now */
     pthread_mutex_lock(&ctx->lock);
     for (;;) {
         ferry_job *job = NULL;
@@ -58,9 +87,23 @@ static void *worker_main(void *arg) {
                 pthread_mutex_lock(&ctx->lock);
                 continue;
             }
+            int us = atomic_load(&ctx->spin_us);
+            if (us > 0 && !spun) {
+                unsigned gen = atomic_load(&ctx->work_gen);
+                double end = ferry_now() + us * 1e-6;
+                pthread_mutex_unlock(&ctx->lock);
+                for (int k = 0; atomic_load(&ctx->work_gen) == gen; k++) {
+                    cpu_relax();
+                    if ((k & 63) == 0 && ferry_now() > end) break;
+                }
+                pthread_mutex_lock(&ctx->lock);
+                spun = 1;
+                continue;
+            }
             pthread_cond_wait(&ctx->work_cond, &ctx->lock);
             continue;
         }
+        spun = 0;
         size_t t = job->next_task++;
         job->active_workers++;
         if (job->next_task == job->ntasks) ferry_pool_unlink(ctx, job);   /* fully claimed */
@@ -74,6 +117,11 @@ static void *worker_main(void *arg) {
 }
 
 int ferry_pool_start(ferry_ctx *ctx, int want) {
+    if (ctx->nworkers == 0 && !ctx->cfg.no_env) {
+        int us, rc = spin_us(&us);
+        if (rc < 0) return rc;
+        atomic_store(&ctx->spin_us, us);
+    }
     while (ctx->nworkers < want) {
         ferry_worker *w = &ctx->workers[ctx->nworkers];
         int rc = ferry_worker_init(ctx, w, ctx->nworkers);
@@ -91,6 +139,7 @@ void ferry_pool_enqueue(ferry_ctx *ctx, ferry_job *j) {
     j->qnext = NULL;
     if (ctx->q_tail) ctx->q_tail->qnext = j; else ctx->q_head = j;
     ctx->q_tail = j;
+    atomic_fetch_add(&ctx->work_gen, 1);
     pthread_cond_broadcast(&ctx->work_cond);
 }
 

@@ -185,6 +185,39 @@ int ferry_worker_defer(ferry_worker *w, ferry_job *job, int d) {
     return 0;
 }
 
+/* Complete, without waiting, the pending tasks whose copies have passed:
+ * called between tasks. A deferred task used to complete only when its
+ * worker waited for that staging buffer again (staging_count packs later) or
+ * ran out of work, so with a queue that never empties a batch's job was done
+ * only once the worker had read most of the next batch — two batches in
+ * flight behaved like one. cuEventQuery of the newest event first: a stream
+ * runs in order, so the newest one passed completes everything before it. */
+void ferry_worker_poll(ferry_worker *w) {
+    if (!w->npending) return;
+    const ferry_cuda_api *cu = ferry_cuda_load(NULL);
+    if (!cu || !cu->EventQuery) return;
+    for (int d = 0; d < FERRY_MAX_DEVICES; d++) {
+        if (!w->dev[d].ready || w->done_seq[d] >= w->seq[d]) continue;
+        CUevent ev[FERRY_MAX_STAGING + 1];
+        uint64_t sq[FERRY_MAX_STAGING + 1];
+        int n = 0;
+        for (int i = 0; i < FERRY_MAX_STAGING; i++)
+            if (w->stage_dev[i] == d && w->stage_seq[i] > w->done_seq[d]) { ev[n] = w->dev[d].ev[i]; sq[n++] = w->stage_seq[i]; }
+        if (w->dec_dev == d && w->dec_seq > w->done_seq[d]) { ev[n] = w->dev[d].dec_ev; sq[n++] = w->dec_seq; }
+        for (int a = 1; a < n; a++)   /* newest first */
+            for (int b = a; b > 0 && sq[b] > sq[b - 1]; b--) {
+                CUevent te = ev[b]; ev[b] = ev[b - 1]; ev[b - 1] = te;
+                uint64_t ts = sq[b]; sq[b] = sq[b - 1]; sq[b - 1] = ts;
+            }
+        if (n && ferry_cuda_use_device(d) < 0) { ferry_clearerr(); continue; }
+        for (int k = 0; k < n; k++) {
+            CUresult r = cu->EventQuery(ev[k]);
+            if (r == 0) { ferry_worker_completed(w, d, sq[k]); break; }
+            if (r != FERRY_CUDA_ERROR_NOT_READY) break;   /* a failed copy: the next wait reports it */
+        }
+    }
+}
+
 void ferry_worker_idle(ferry_worker *w) {
     if (w->pathfile_entry) ferry_fcache_put(&w->ctx->files, w->pathfile_entry);
     w->pathfile_entry = NULL;

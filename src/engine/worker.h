@@ -60,6 +60,7 @@ typedef struct ferry_worker {
     const char *pathfile_root;            /* ... opened NOFOLLOW (pathfile_nofollow) under this root */
     int pathfile_nofollow;
     int is_inline;
+    uint64_t hinted;                      /* cold records announced with WILLNEED (pack.c; tests read it) */
     struct ferry_gpudecode_worker *gpu; /* gpudecode.c: its pinned/device buffers, or NULL */
 } ferry_worker;
 
@@ -80,6 +81,8 @@ void ferry_worker_completed(ferry_worker *w, int d, uint64_t seq);
 int ferry_worker_defer(ferry_worker *w, ferry_job *job, int d);
 /* The worker has no job: let go of the file it held. */
 void ferry_worker_idle(ferry_worker *w);
+/* Complete the pending tasks whose device work has passed (never waits). */
+void ferry_worker_poll(ferry_worker *w);
 /* Complete every pending device task of w (wait for its streams). */
 void ferry_worker_drain(ferry_worker *w);
 

@@ -69,6 +69,44 @@ int64_t ferry_hdf5_signature(ferry_ctx *ctx, const char *path) {
     return found;
 }
 
+/* The one format sniffer (ferry_dataset_open and ferry_format_detect): by
+ * content, then by a telling name. *ops NULL with 0 returned: an HDF5 file. */
+static int detect(ferry_ctx *ctx, const char *path, const ferry_format_ops **ops) {
+    *ops = NULL;
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        int e = errno;
+        return ferry_seterr(-e, "%s: %s", path, strerror(e));
+    }
+    int is_dir = S_ISDIR(st.st_mode);
+    uint8_t head[PROBE_BYTES];
+    size_t n = 0;
+    if (!is_dir) {
+        int rc = read_head(ctx, path, head, &n);
+        if (rc < 0) return ferry_preerr(rc, "%s", path);
+    }
+    for (size_t i = 0; i < NFORMATS && !*ops; i++)
+        if (formats[i]->probe(path, head, n, is_dir)) *ops = formats[i];
+    if (!*ops && !is_dir && ferry_hdf5_signature(ctx, path) >= 0) return 0;
+    /* content matched nothing: a telling name still picks the parser, so
+     * a damaged "x.npy" gets npy's precise complaint, not a shrug */
+    if (!*ops && !is_dir) *ops = by_name(path);
+    if (!*ops)
+        return ferry_seterr(FERRY_ENOFORMAT,
+                            "%s: not a file or store of a known format (npy, safetensors, "
+                            "netCDF classic, Zarr)", path);
+    return 0;
+}
+
+int ferry_format_detect(ferry_ctx *ctx, const char *path, const char **format) {
+    if (!ctx || !path || !*path || !format) return ferry_seterr(FERRY_EINVAL, "ferry_format_detect: no context, path or out");
+    const ferry_format_ops *ops;
+    int rc = detect(ctx, path, &ops);
+    if (rc < 0) return rc;
+    *format = ops ? ops->name : "hdf5";
+    return 0;
+}
+
 /* ---- lookups by name ----------------------------------------------------------
  * f[name] for every variable of a 100,000-tensor checkpoint or a 40,000-
  * variable netCDF file was quadratic (a linear search each: 153 s and 28 s on
@@ -117,34 +155,18 @@ int ferry_dataset_open(ferry_ctx *ctx, const char *path, const ferry_open_opts *
     }
 
     struct stat st;
-    if (stat(path, &st) != 0) {
+    if (ops && stat(path, &st) != 0) {
         int e = errno;
         return ferry_seterr(-e, "%s: %s", path, strerror(e));
     }
-    int is_dir = S_ISDIR(st.st_mode);
     if (!ops) {
-        uint8_t head[PROBE_BYTES];
-        size_t n = 0;
-        if (!is_dir) {
-            int rc = read_head(ctx, path, head, &n);
-            if (rc < 0) return ferry_preerr(rc, "%s", path);
-        }
-        for (size_t i = 0; i < NFORMATS && !ops; i++)
-            if (formats[i]->probe(path, head, n, is_dir)) ops = formats[i];
-        if (!ops && !is_dir) {
-            int64_t at = ferry_hdf5_signature(ctx, path);
-            if (at >= 0)
-                return ferry_seterr(FERRY_EUNSUPPORTED,
-                                    "%s: netCDF-4/HDF5 file%s: read it with xr.open_dataset(path, engine=\"ferry\") "
-                                    "or ferry.open in Python", path, at ? " (after a user block)" : "");
-        }
-        /* content matched nothing: a telling name still picks the parser, so
-         * a damaged "x.npy" gets npy's precise complaint, not a shrug */
-        if (!ops && !is_dir) ops = by_name(path);
+        int rc = detect(ctx, path, &ops);
+        if (rc < 0) return rc;
         if (!ops)
-            return ferry_seterr(FERRY_ENOFORMAT,
-                                "%s: not a file or store of a known format (npy, safetensors, "
-                                "netCDF classic, Zarr)", path);
+            return ferry_seterr(FERRY_EUNSUPPORTED,
+                                "%s: netCDF-4/HDF5 file%s: read it with xr.open_dataset(path, engine=\"ferry\") "
+                                "or ferry.open in Python", path,
+                                ferry_hdf5_signature(ctx, path) > 0 ? " (after a user block)" : "");
     }
 
     ferry_dataset *ds = calloc(1, sizeof *ds);

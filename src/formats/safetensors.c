@@ -25,38 +25,6 @@
 #define ST_MAX_HEADER 100000000ull
 #define ST_MAX_INDEX (64ull << 20)
 
-typedef struct st_dtype {
-    const char *name;       /* as in the header */
-    ferry_dtype dt;
-    const char *typestr;
-    uint32_t bits;          /* per element */
-} st_dtype;
-
-static const st_dtype st_dtypes[] = {
-    {"BOOL", FERRY_DT_BOOL, "|b1", 8},
-    {"U8", FERRY_DT_U8, "|u1", 8},
-    {"I8", FERRY_DT_I8, "|i1", 8},
-    {"F8_E5M2", FERRY_DT_F8_E5M2, "float8_e5m2", 8},
-    {"F8_E4M3", FERRY_DT_F8_E4M3, "float8_e4m3fn", 8},
-    {"F8_E8M0", FERRY_DT_OTHER, "float8_e8m0fnu", 8},
-    {"F8_E4M3FNUZ", FERRY_DT_OTHER, "float8_e4m3fnuz", 8},
-    {"F8_E5M2FNUZ", FERRY_DT_OTHER, "float8_e5m2fnuz", 8},
-    {"I16", FERRY_DT_I16, "<i2", 16},
-    {"U16", FERRY_DT_U16, "<u2", 16},
-    {"F16", FERRY_DT_F16, "<f2", 16},
-    {"BF16", FERRY_DT_BF16, "bfloat16", 16},
-    {"I32", FERRY_DT_I32, "<i4", 32},
-    {"U32", FERRY_DT_U32, "<u4", 32},
-    {"F32", FERRY_DT_F32, "<f4", 32},
-    {"I64", FERRY_DT_I64, "<i8", 64},
-    {"U64", FERRY_DT_U64, "<u8", 64},
-    {"F64", FERRY_DT_F64, "<f8", 64},
-    {"C64", FERRY_DT_C64, "<c8", 64},
-    {"F4", FERRY_DT_OTHER, "float4_e2m1fn_x2", 4},
-    {"F6_E2M3", FERRY_DT_OTHER, "float6_e2m3fn_packed", 6},
-    {"F6_E3M2", FERRY_DT_OTHER, "float6_e3m2fn_packed", 6},
-};
-
 typedef struct st_shard {
     char *path;
     ferry_file *file;
@@ -203,10 +171,9 @@ static int parse_shard(ferry_dataset *ds, st_state *st, int si, int want_metadat
         if (!jd || !js || !jo)
             return ferry_seterr(FERRY_EFORMAT, "%s: byte %llu: tensor \"%s\": needs dtype, shape and data_offsets", path,
                                 (unsigned long long)m->pos, m->key);
-        const st_dtype *dt = NULL;
-        for (size_t k = 0; k < sizeof st_dtypes / sizeof st_dtypes[0] && jd->type == FERRY_JSON_STRING; k++)
-            if (!strcmp(jd->str, st_dtypes[k].name)) dt = &st_dtypes[k];
-        if (!dt)
+        /* the names are names.c's safetensors column; bits < 8: sub-byte, packed */
+        ferry_dtype dt = FERRY_DT_UNKNOWN;
+        if (jd->type != FERRY_JSON_STRING || ferry_dtype_parse_style(jd->str, FERRY_NAME_SAFETENSORS, &dt) < 0)
             return ferry_seterr(jd->type == FERRY_JSON_STRING ? FERRY_EUNSUPPORTED : FERRY_EFORMAT,
                                 "%s: byte %llu: tensor \"%s\": unknown dtype %s%s%s", path, (unsigned long long)jd->pos,
                                 m->key, jd->type == FERRY_JSON_STRING ? "\"" : "",
@@ -232,7 +199,8 @@ static int parse_shard(ferry_dataset *ds, st_state *st, int si, int want_metadat
         /* numpy and torch refuse a shape whose non-zero dimensions overflow even
          * when another is 0 ([0, 2^62, 2^62]): refuse it here, with the byte */
         uint64_t bits;
-        if (overflow || ferry_mul_overflow(nel, dt->bits, &bits) || ferry_mul_overflow(nz, (dt->bits + 7) / 8, &nzbytes) ||
+        const uint32_t dt_bits = ferry_dtype_bits(dt);
+        if (overflow || ferry_mul_overflow(nel, dt_bits, &bits) || ferry_mul_overflow(nz, (dt_bits + 7) / 8, &nzbytes) ||
             nzbytes > (uint64_t)INT64_MAX)
             return ferry_seterr(FERRY_EFORMAT, "%s: byte %llu: tensor \"%s\": shape × dtype size overflows", path,
                                 (unsigned long long)js->pos, m->key);
@@ -242,31 +210,31 @@ static int parse_shard(ferry_dataset *ds, st_state *st, int si, int want_metadat
                                 path, (unsigned long long)jo->pos, m->key);
         if (bits % 8 || t->end - t->begin != bits / 8)
             return ferry_seterr(FERRY_EFORMAT, "%s: byte %llu: tensor \"%s\": data_offsets span %llu bytes, dtype %s × shape needs %llu%s",
-                                path, (unsigned long long)jo->pos, m->key, (unsigned long long)(t->end - t->begin), dt->name,
+                                path, (unsigned long long)jo->pos, m->key, (unsigned long long)(t->end - t->begin), jd->str,
                                 (unsigned long long)(bits / 8), bits % 8 ? " and a fraction" : "");
         if (t->end > data_len)
             return ferry_seterr(FERRY_EFORMAT, "%s: byte %llu: tensor \"%s\": data_offsets end %llu past the data (%llu bytes)",
                                 path, (unsigned long long)jo->pos, m->key, (unsigned long long)t->end,
                                 (unsigned long long)data_len);
         vi->ndim = (int)js->n;
-        vi->dtype = dt->dt;
-        vi->typestr = dt->typestr;
-        vi->itemsize = dt->bits / 8;
+        vi->dtype = dt_bits < 8 ? FERRY_DT_OTHER : dt;   /* sub-byte types are exposed as bytes */
+        vi->typestr = ferry_dtype_name(dt, FERRY_NAME_TYPESTR);
+        vi->itemsize = dt_bits / 8;
         vi->attrs_json = "{}";
-        if (dt->bits < 8) {
+        if (dt_bits < 8) {
             /* expose as bytes along the last dimension */
             ferry_sbuf b = {0};
-            ferry_sbuf_printf(&b, "{\"safetensors_dtype\":\"%s\",\"shape\":[", dt->name);
+            ferry_sbuf_printf(&b, "{\"safetensors_dtype\":\"%s\",\"shape\":[", jd->str);
             for (int k = 0; k < vi->ndim; k++) ferry_sbuf_printf(&b, "%s%llu", k ? "," : "", (unsigned long long)vi->shape[k]);
             ferry_sbuf_puts(&b, "]}");
             if (!(t->attrs = ferry_sbuf_take(&b))) return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", path);
             vi->attrs_json = t->attrs;
             vi->itemsize = 1;
-            if (vi->ndim == 0 || (vi->shape[vi->ndim - 1] * dt->bits) % 8) {
+            if (vi->ndim == 0 || (vi->shape[vi->ndim - 1] * dt_bits) % 8) {
                 vi->ndim = 1;
                 vi->shape[0] = bits / 8;
             } else {
-                vi->shape[vi->ndim - 1] = vi->shape[vi->ndim - 1] * dt->bits / 8;
+                vi->shape[vi->ndim - 1] = vi->shape[vi->ndim - 1] * dt_bits / 8;
             }
         }
         memcpy(vi->chunks, vi->shape, sizeof vi->shape);

@@ -96,6 +96,27 @@ static int pk_plan(const pk_set *s, ferry_plan *p, ferry_file **files, ferry_buf
     return 0;
 }
 
+/* The records as FERRY_EXTENT_NOFOLLOW reads by path under root (a store's
+ * chunk files): they pack like any (issue 13's review, round 2). */
+static int pk_plan_nofollow(const pk_set *s, ferry_plan *p, const char *root, ferry_buf dst) {
+    for (size_t i = 0; i < s->n; i++) {
+        const pk_rec *r = &s->r[i];
+        ferry_extent e;
+        memset(&e, 0, sizeof e);
+        e.kind = FERRY_EXTENT_READ;
+        e.path = s->path[r->file];
+        e.flags = FERRY_EXTENT_NOFOLLOW;
+        e.root = root;
+        e.offset = r->off;
+        e.length = e.decoded_size = r->len;
+        e.dst = dst;
+        e.dst_offset = r->dst;
+        int rc = ferry_plan_add(p, &e);
+        if (rc < 0) return rc;
+    }
+    return 0;
+}
+
 /* 1 when host memory `got` (dst_size bytes, 0xEE before the read) holds every
  * record at its place and 0xEE elsewhere. */
 static int pk_verify(const pk_set *s, const uint8_t *got) {

@@ -8,21 +8,25 @@
 #include "pack_check.h"
 #include "engine/engine.h"
 #include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
+#include <limits.h>
 #include <sys/stat.h>
 
 static char dir_[256];
 static pk_set files_;
 
-static ferry_ctx *make_ctx(int threads, size_t staging) {
+static ferry_ctx *make_ctx_env(int threads, size_t staging, int no_env) {
     ferry_config c;
     ferry_config_init(&c);
     c.threads = threads;
-    c.no_env = 1;
+    c.no_env = no_env;
     c.staging_size = staging;
     c.task_size = 1 << 20;
     ferry_ctx *ctx = NULL;
     return ferry_ctx_create(&ctx, &c) == 0 ? ctx : NULL;
 }
+static ferry_ctx *make_ctx(int threads, size_t staging) { return make_ctx_env(threads, staging, 1); }
 
 static void records_with(int threads, int mode, size_t n, uint64_t max_len, uint64_t seed) {
     ferry_ctx *ctx = make_ctx(threads, 64 << 10);
@@ -134,6 +138,212 @@ static void test_short_record_names_file(void) {
     ferry_ctx_destroy(ctx);
 }
 
+static ferry_extent nofollow_ext(const char *path, const char *root, uint64_t off, uint64_t len, uint8_t *mem,
+                                 uint64_t cap, uint64_t dst_off) {
+    ferry_extent e;
+    memset(&e, 0, sizeof e);
+    e.kind = FERRY_EXTENT_READ;
+    e.path = path;
+    e.flags = FERRY_EXTENT_NOFOLLOW;
+    e.root = root;
+    e.offset = off;
+    e.length = e.decoded_size = len;
+    e.dst = ferry_host_buf(mem, cap);
+    e.dst_offset = dst_off;
+    return e;
+}
+
+/* FERRY_EXTENT_NOFOLLOW reads (every Zarr chunk) pack: byte-exact, cut by
+ * bytes (they were one task each), and still no-follow: a symlink leading out
+ * of the root fails the pack naming it, and a run of one file never lends an
+ * opening under one root to an extent under another. */
+static void test_nofollow_records_pack(void) {
+    char root[PATH_MAX], sub[PATH_MAX + 8], up[PATH_MAX + 16], out[PATH_MAX + 16];
+    CHECK(realpath(dir_, root) != NULL);
+    ferry_ctx *ctx = make_ctx(3, 64 << 10);
+    pk_set s = files_;
+    pk_make(&s, 3000, 1, 20000, 77);
+    uint8_t *mem = malloc(s.dst_size);
+    memset(mem, 0xEE, s.dst_size);
+    ferry_plan *p;
+    ferry_plan_create(&p);
+    CHECK_EQ_I(pk_plan_nofollow(&s, p, root, ferry_host_buf(mem, s.dst_size)), 0);
+    ferry_stats_reset(ctx);
+    CHECK_EQ_I(ferry_run(ctx, p, NULL), (int64_t)pk_bytes(&s));
+    CHECK(pk_verify(&s, mem));
+    ferry_stats st;
+    ferry_stats_get(ctx, &st);
+    CHECK(st.path[FERRY_PATH_HOST].ops * 8 <= s.n);   /* packed, not one task per record */
+    /* sub/up -> ../rec0.bin resolves under root, not under root/sub */
+    snprintf(sub, sizeof sub, "%s/sub", root);
+    snprintf(up, sizeof up, "%s/up", sub);
+    snprintf(out, sizeof out, "%s/out", root);
+    mkdir(sub, 0755);
+    CHECK(symlink("../rec0.bin", up) == 0);
+    CHECK(symlink("/etc/hostname", out) == 0);
+    ferry_plan_clear(p);
+    for (int i = 0; i < 40; i++) {
+        ferry_extent e = nofollow_ext(i % 2 ? up : files_.path[1], root, (uint64_t)i * 1000, 1000, mem, s.dst_size, (uint64_t)i * 1000);
+        ferry_plan_add(p, &e);
+    }
+    memset(mem, 0, 40000);
+    CHECK_EQ_I(ferry_run(ctx, p, NULL), 40000);   /* a link inside the root is followed */
+    int ok = 1;
+    for (int i = 0; i < 40000 && ok; i++) ok = mem[i] == pk_byte((i / 1000) % 2 ? 0 : 1, (uint64_t)i);
+    CHECK(ok);
+    /* adjacent in one file, the second under a root the link leads out of */
+    ferry_plan_clear(p);
+    for (int i = 0; i < 40; i++) {
+        ferry_extent e = nofollow_ext(up, i < 20 ? root : sub, (uint64_t)i * 1000, 1000, mem, s.dst_size, (uint64_t)i * 1000);
+        ferry_plan_add(p, &e);
+    }
+    CHECK_EQ_I(ferry_run(ctx, p, NULL), -EACCES);
+    CHECK_STR_CONTAINS(ferry_errmsg(ctx), up);
+    /* a link out of the root in the middle of a pack */
+    ferry_plan_clear(p);
+    for (int i = 0; i < 40; i++) {
+        ferry_extent e = nofollow_ext(i == 17 ? out : files_.path[2], root, (uint64_t)i * 10, 10, mem, s.dst_size, (uint64_t)i * 10);
+        ferry_plan_add(p, &e);
+    }
+    CHECK_EQ_I(ferry_run(ctx, p, NULL), -EACCES);
+    CHECK_STR_CONTAINS(ferry_errmsg(ctx), out);
+    CHECK_STR_CONTAINS(ferry_errmsg(ctx), "outside the store");
+    ferry_plan_destroy(p);
+    free(mem);
+    free(s.r);
+    ferry_ctx_destroy(ctx);
+}
+
+static uint64_t hinted(ferry_ctx *ctx) {
+    uint64_t n = 0;
+    for (int i = 0; i < ctx->nworkers; i++) n += ctx->workers[i].hinted;
+    return n;
+}
+
+static int drop_cache(const char *path) {
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return -1;
+    fdatasync(fd);
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    struct stat st;
+    fstat(fd, &st);
+    int64_t cached = ferry_file_cached_fd(fd, 0, (uint64_t)st.st_size, (uint64_t)st.st_size);
+    close(fd);
+    return cached == 0;   /* 0: the file system keeps it (tmpfs) */
+}
+
+/* Cold records are announced to the kernel before they are read
+ * (FERRY_READAHEAD=auto: when a pack's first record is not in the page cache),
+ * warm ones are not; off never, on always; a bad value is an error. The bytes
+ * are exact either way. */
+static void test_cold_records_hinted(void) {
+    pk_set s = files_;
+    pk_make(&s, 2000, 1, 20000, 91);   /* five files by path: the hints switch files */
+    uint8_t *mem = malloc(s.dst_size);
+    ferry_plan *p;
+    ferry_plan_create(&p);
+    CHECK_EQ_I(pk_plan_nofollow(&s, p, NULL, ferry_host_buf(mem, s.dst_size)), 0);
+    static const char *modes[] = {"auto", "off", "on"};
+    for (int m = 0; m < 3; m++) {
+        setenv("FERRY_READAHEAD", modes[m], 1);
+        ferry_ctx *ctx = make_ctx_env(3, 64 << 10, 0);   /* FERRY_READAHEAD from the environment */
+        int cold = 1;
+        for (int k = 0; k < PK_FILES; k++) cold &= drop_cache(s.path[k]);
+        memset(mem, 0xEE, s.dst_size);
+        CHECK_EQ_I(ferry_run(ctx, p, NULL), (int64_t)pk_bytes(&s));
+        CHECK(pk_verify(&s, mem));
+        uint64_t h_cold = hinted(ctx);
+        memset(mem, 0xEE, s.dst_size);
+        CHECK_EQ_I(ferry_run(ctx, p, NULL), (int64_t)pk_bytes(&s));   /* warm now */
+        CHECK(pk_verify(&s, mem));
+        uint64_t h_warm = hinted(ctx) - h_cold;
+        /* cold packs hint all their records; the file is small, so later packs find it read */
+        if (m == 0 && cold) CHECK(h_cold > 0 && h_cold <= s.n);
+        if (m == 0) CHECK_EQ_I(h_warm, 0);
+        if (m == 1) CHECK_EQ_I(h_cold + h_warm, 0);
+        if (m == 2) CHECK_EQ_I(h_warm, s.n);
+        if (m == 0 && !cold) printf("  (the file system keeps dropped files cached: cold hints not checked)\n");
+        ferry_ctx_destroy(ctx);
+    }
+    setenv("FERRY_READAHEAD", "sometimes", 1);
+    ferry_ctx *ctx = make_ctx_env(2, 64 << 10, 0);
+    CHECK_EQ_I(ferry_run(ctx, p, NULL), FERRY_EINVAL);
+    CHECK_STR_CONTAINS(ferry_errmsg(ctx), "FERRY_READAHEAD");
+    ferry_ctx_destroy(ctx);
+    ctx = make_ctx(2, 64 << 10);   /* a context that ignores the environment ignores it too */
+    CHECK_EQ_I(ferry_run(ctx, p, NULL), (int64_t)pk_bytes(&s));
+    ferry_ctx_destroy(ctx);
+    unsetenv("FERRY_READAHEAD");
+    ferry_plan_destroy(p);
+    free(mem);
+    free(s.r);
+}
+
+/* FERRY_PACK_MIN sets the least bytes of a pack task: 512 records of 4 KiB
+ * over 16 workers are 32 tasks by default, 4 with 512K; a bad value is an
+ * error naming the variable. */
+static void test_pack_min(void) {
+    ferry_file *f;
+    uint8_t *mem = malloc(512 * 4096);
+    ferry_plan *p;
+    ferry_plan_create(&p);
+    static const char *vals[] = {NULL, "512K", "1"};
+    for (int v = 0; v < 3; v++) {
+        if (vals[v]) setenv("FERRY_PACK_MIN", vals[v], 1); else unsetenv("FERRY_PACK_MIN");
+        ferry_ctx *ctx = make_ctx_env(16, 64 << 10, 0);
+        CHECK_EQ_I(ferry_file_open(ctx, files_.path[4], FERRY_READ, &f), 0);
+        ferry_plan_clear(p);
+        for (int i = 0; i < 512; i++)
+            ferry_plan_read(p, f, (uint64_t)(i * 7919 % 90) * 4096, 4096, ferry_host_buf(mem, 512 * 4096), (uint64_t)i * 4096);
+        ferry_stats_reset(ctx);
+        int64_t r = ferry_run(ctx, p, NULL);
+        ferry_stats st;
+        ferry_stats_get(ctx, &st);
+        if (v == 0) { CHECK_EQ_I(r, 512 * 4096); CHECK_EQ_I(st.path[FERRY_PATH_HOST].ops, 32); }
+        if (v == 1) { CHECK_EQ_I(r, 512 * 4096); CHECK_EQ_I(st.path[FERRY_PATH_HOST].ops, 4); }
+        if (v == 2) { CHECK_EQ_I(r, FERRY_EINVAL); CHECK_STR_CONTAINS(ferry_errmsg(ctx), "FERRY_PACK_MIN"); }
+        int ok = 1;
+        for (int i = 0; i < 512 && ok && v < 2; i++) ok = mem[i * 4096 + 7] == pk_byte(4, (uint64_t)(i * 7919 % 90) * 4096 + 7);
+        CHECK(ok);
+        ferry_file_close(f);
+        ferry_ctx_destroy(ctx);
+    }
+    unsetenv("FERRY_PACK_MIN");
+    ferry_plan_destroy(p);
+    free(mem);
+}
+
+/* FERRY_SPIN_US: idle workers spin that long before they sleep; records read
+ * exactly with it; a bad value fails the first run, naming the variable. */
+static void test_spin(void) {
+    static const char *vals[] = {"50", "1000", "abc", "1001"};
+    uint8_t *mem = malloc(600 * 4096);
+    for (int v = 0; v < 4; v++) {
+        setenv("FERRY_SPIN_US", vals[v], 1);
+        ferry_ctx *ctx = make_ctx_env(4, 64 << 10, 0);
+        ferry_file *f;
+        CHECK_EQ_I(ferry_file_open(ctx, files_.path[2], FERRY_READ, &f), 0);
+        ferry_plan *p;
+        ferry_plan_create(&p);
+        for (int i = 0; i < 600; i++)
+            ferry_plan_read(p, f, (uint64_t)(i * 31 % 100) * 4096, 4096, ferry_host_buf(mem, 600 * 4096), (uint64_t)i * 4096);
+        for (int rep = 0; rep < 3; rep++) {
+            int64_t r = ferry_run(ctx, p, NULL);
+            if (v < 2) CHECK_EQ_I(r, 600 * 4096);
+            else { CHECK_EQ_I(r, FERRY_EINVAL); CHECK_STR_CONTAINS(ferry_errmsg(ctx), "FERRY_SPIN_US"); }
+        }
+        if (v < 2) CHECK_EQ_I(atomic_load(&ctx->spin_us), atoi(vals[v]));
+        int ok = 1;
+        for (int i = 0; i < 600 && ok && v < 2; i++) ok = mem[i * 4096 + 11] == pk_byte(2, (uint64_t)(i * 31 % 100) * 4096 + 11);
+        CHECK(ok);
+        ferry_plan_destroy(p);
+        ferry_file_close(f);
+        ferry_ctx_destroy(ctx);
+    }
+    unsetenv("FERRY_SPIN_US");
+    free(mem);
+}
+
 int main(void) {
     snprintf(dir_, sizeof dir_, "%s/ferry-pack-XXXXXX", getenv("FERRY_TEST_DIR") ? getenv("FERRY_TEST_DIR") : "/tmp");
     if (!mkdtemp(dir_)) return 1;
@@ -146,6 +356,10 @@ int main(void) {
     RUN(test_seeds);
     RUN(test_short_record_names_file);
     RUN(test_small_batch_uses_the_pool);
+    RUN(test_nofollow_records_pack);
+    RUN(test_cold_records_hinted);
+    RUN(test_pack_min);
+    RUN(test_spin);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir_);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir_);

@@ -41,14 +41,39 @@ static void test_no_signature_or_wrong_place(void) {
     CHECK_EQ_I(ferry_hdf5_signature(ctx, tpath("missing.nc")), -ENOENT);
 }
 
+/* ferry_format_detect: the sniffer ferry_dataset_open uses, for callers (the
+ * xarray backend) that must choose between C and h5py; it once had a Python twin
+ * that checked user blocks only up to 4096 bytes and refused a damaged "x.nc" */
+static void test_format_detect(void) {
+    const char *fmt = NULL;
+    CHECK_EQ_I(ferry_format_detect(ctx, with_sig_at("a.nc", 0, 64), &fmt), 0);
+    CHECK(fmt && !strcmp(fmt, "hdf5"));
+    static uint8_t big[8192 + 64];                  /* a user block of 8192: past the old Python probe */
+    memset(big, 0x5a, sizeof big);
+    memcpy(big + 8192, sig, sizeof sig);
+    write_file(tpath("big.nc"), big, sizeof big);
+    fmt = NULL;
+    CHECK_EQ_I(ferry_format_detect(ctx, tpath("big.nc"), &fmt), 0);
+    CHECK(fmt && !strcmp(fmt, "hdf5"));
+    fmt = NULL;
+    CHECK_EQ_I(ferry_format_detect(ctx, with_sig_at("b.nc", 1000, 2000), &fmt), 0);   /* no signature */
+    CHECK(fmt && !strcmp(fmt, "netcdf3"));          /* by its name: the parser then says what is wrong */
+    CHECK_EQ_I(ferry_format_detect(ctx, with_sig_at("short.bin", 0, 7), &fmt), FERRY_ENOFORMAT);
+    CHECK_STR_CONTAINS(ferry_errmsg(ctx), "short.bin");
+    CHECK_EQ_I(ferry_format_detect(ctx, tpath("missing.nc"), &fmt), -ENOENT);
+    CHECK_EQ_I(ferry_format_detect(ctx, dir, &fmt), FERRY_ENOFORMAT);   /* a directory that is no store */
+    CHECK_EQ_I(ferry_format_detect(ctx, NULL, &fmt), FERRY_EINVAL);
+}
+
 int main(void) {
     snprintf(dir, sizeof dir, "/tmp/ferry-hdf5-XXXXXX");
     if (!mkdtemp(dir)) { perror("mkdtemp"); return 1; }
     if (ferry_ctx_create(&ctx, NULL) != 0) return 1;
     RUN(test_signature_at_zero_and_after_user_blocks);
     RUN(test_no_signature_or_wrong_place);
+    RUN(test_format_detect);
     ferry_ctx_destroy(ctx);
-    const char *names[] = {"a.nc", "data.h5", "b.nc", "short.bin"};
+    const char *names[] = {"a.nc", "data.h5", "b.nc", "short.bin", "big.nc"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) unlink(tpath(names[i]));
     rmdir(dir);
     return check_summary();

@@ -7,13 +7,17 @@
 
 static void test_dtype_names_round_trip(void) {
     for (int d = FERRY_DT_BOOL; d < FERRY_DT_OTHER; d++) {
-        for (int st = FERRY_NAME_SHORT; st <= FERRY_NAME_SAFETENSORS; st++) {
+        for (int st = FERRY_NAME_SHORT; st <= FERRY_NAME_TYPESTR; st++) {
             const char *n = ferry_dtype_name((ferry_dtype)d, (ferry_name_style)st);
-            if (!n) { CHECK(st == FERRY_NAME_SAFETENSORS); continue; }
-            ferry_dtype back = FERRY_DT_UNKNOWN;
+            if (!n) { CHECK(st == FERRY_NAME_SAFETENSORS || (st == FERRY_NAME_TYPESTR && d == FERRY_DT_BYTES)); continue; }
+            ferry_dtype back = FERRY_DT_UNKNOWN, back_style = FERRY_DT_UNKNOWN;
             CHECK_EQ_I(ferry_dtype_parse(n, &back), 0);
             CHECK_EQ_I(back, d);
+            CHECK_EQ_I(ferry_dtype_parse_style(n, (ferry_name_style)st, &back_style), 0);
+            CHECK_EQ_I(back_style, d);
         }
+        uint32_t bits = ferry_dtype_bits((ferry_dtype)d);
+        CHECK_EQ_I(ferry_dtype_itemsize((ferry_dtype)d), bits % 8 ? 0 : bits / 8);
     }
     CHECK(!strcmp(ferry_dtype_name(FERRY_DT_F32, FERRY_NAME_SHORT), "f4"));
     CHECK(!strcmp(ferry_dtype_name(FERRY_DT_BF16, FERRY_NAME_LONG), "bfloat16"));
@@ -22,6 +26,21 @@ static void test_dtype_names_round_trip(void) {
     CHECK(!strcmp(ferry_dtype_name((ferry_dtype)999, FERRY_NAME_SHORT), "other"));
     CHECK_EQ_I(ferry_dtype_itemsize(FERRY_DT_C128), 16);
     CHECK_EQ_I(ferry_dtype_itemsize(FERRY_DT_BYTES), 0);
+    /* torch's float8 variants and the sub-byte types are names C knows (they were
+     * a Python table once); a safetensors header's name is parsed in that style only */
+    CHECK(!strcmp(ferry_dtype_name(FERRY_DT_F8_E4M3FNUZ, FERRY_NAME_SAFETENSORS), "F8_E4M3FNUZ"));
+    CHECK(!strcmp(ferry_dtype_name(FERRY_DT_F8_E8M0, FERRY_NAME_LONG), "float8_e8m0fnu"));
+    CHECK(!strcmp(ferry_dtype_name(FERRY_DT_F32, FERRY_NAME_TYPESTR), "<f4"));
+    CHECK(!strcmp(ferry_dtype_name(FERRY_DT_BF16, FERRY_NAME_TYPESTR), "bfloat16"));
+    CHECK_EQ_I(ferry_dtype_bits(FERRY_DT_F4_E2M1), 4);
+    CHECK_EQ_I(ferry_dtype_itemsize(FERRY_DT_F6_E3M2), 0);
+    ferry_dtype s;
+    CHECK_EQ_I(ferry_dtype_parse_style("F8_E5M2FNUZ", FERRY_NAME_SAFETENSORS, &s), 0);
+    CHECK_EQ_I(s, FERRY_DT_F8_E5M2FNUZ);
+    CHECK_EQ_I(ferry_dtype_parse_style("f4", FERRY_NAME_SAFETENSORS, &s), FERRY_EINVAL);
+    CHECK_EQ_I(ferry_dtype_parse_style("F4", FERRY_NAME_SAFETENSORS, &s), 0);
+    CHECK_EQ_I(s, FERRY_DT_F4_E2M1);
+    CHECK_EQ_I(ferry_dtype_parse_style("F4", (ferry_name_style)9, &s), FERRY_EINVAL);
     ferry_dtype d;
     CHECK_EQ_I(ferry_dtype_parse("float33", &d), FERRY_EINVAL);
     CHECK_EQ_I(ferry_dtype_parse("other", &d), FERRY_EINVAL);
@@ -44,6 +63,19 @@ static void test_codec_and_policy_names(void) {
         CHECK_EQ_I(ferry_direct_parse(ferry_direct_name((ferry_direct)p), &back), 0);
         CHECK_EQ_I(back, p);
     }
+    /* HDF5 filter ids: the table the xarray backend's h5py path once kept in Python */
+    ferry_codec c;
+    uint32_t cd[1] = {8};
+    CHECK_EQ_I(ferry_codec_of_hdf5_filter(2, cd, 1, 4, &c), 0);
+    CHECK(c.id == FERRY_CODEC_SHUFFLE && c.param == 8);          /* cd_values[0] wins */
+    CHECK_EQ_I(ferry_codec_of_hdf5_filter(2, NULL, 0, 4, &c), 0);
+    CHECK(c.id == FERRY_CODEC_SHUFFLE && c.param == 4);          /* else the element size */
+    CHECK_EQ_I(ferry_codec_of_hdf5_filter(1, cd, 1, 4, &c), 0);
+    CHECK(c.id == FERRY_CODEC_ZLIB && c.param == 0);
+    CHECK_EQ_I(ferry_codec_of_hdf5_filter(32015, NULL, 0, 4, &c), 0);
+    CHECK(c.id == FERRY_CODEC_ZSTD);
+    CHECK_EQ_I(ferry_codec_of_hdf5_filter(32004, NULL, 0, 4, &c), FERRY_EUNSUPPORTED);   /* LZ4's HDF5 framing */
+    CHECK_STR_CONTAINS(ferry_errmsg(NULL), "32004");
     ferry_direct dd;
     CHECK_EQ_I(ferry_direct_parse("sometimes", &dd), FERRY_EINVAL);
     for (int p = FERRY_PATH_AUTO; p < FERRY_PATH_COUNT_; p++) {

@@ -85,8 +85,8 @@ static void test_good_file(void) {
 static void test_all_dtypes(void) {
     static const struct { const char *name; int bytes; ferry_dtype dt; } cases[] = {
         {"BOOL", 1, FERRY_DT_BOOL}, {"U8", 1, FERRY_DT_U8}, {"I8", 1, FERRY_DT_I8}, {"F8_E5M2", 1, FERRY_DT_F8_E5M2},
-        {"F8_E4M3", 1, FERRY_DT_F8_E4M3}, {"F8_E8M0", 1, FERRY_DT_OTHER}, {"F8_E4M3FNUZ", 1, FERRY_DT_OTHER},
-        {"F8_E5M2FNUZ", 1, FERRY_DT_OTHER}, {"I16", 2, FERRY_DT_I16}, {"U16", 2, FERRY_DT_U16},
+        {"F8_E4M3", 1, FERRY_DT_F8_E4M3}, {"F8_E8M0", 1, FERRY_DT_F8_E8M0}, {"F8_E4M3FNUZ", 1, FERRY_DT_F8_E4M3FNUZ},
+        {"F8_E5M2FNUZ", 1, FERRY_DT_F8_E5M2FNUZ}, {"I16", 2, FERRY_DT_I16}, {"U16", 2, FERRY_DT_U16},
         {"F16", 2, FERRY_DT_F16}, {"BF16", 2, FERRY_DT_BF16}, {"I32", 4, FERRY_DT_I32}, {"U32", 4, FERRY_DT_U32},
         {"F32", 4, FERRY_DT_F32}, {"I64", 8, FERRY_DT_I64}, {"U64", 8, FERRY_DT_U64}, {"F64", 8, FERRY_DT_F64},
         {"C64", 8, FERRY_DT_C64},
@@ -121,6 +121,8 @@ static void test_all_dtypes(void) {
         CHECK_EQ_I(vi.shape[0], 3);
         CHECK_EQ_I(vi.shape[1], 2);
         CHECK_STR_CONTAINS(vi.attrs_json, "\"safetensors_dtype\":\"F4\"");
+        CHECK_EQ_I(vi.dtype, FERRY_DT_OTHER);
+        CHECK(!strcmp(vi.typestr, "float4_e2m1fn_x2"));
         ferry_dataset_close(ds);
     }
     n = make_st(file, "{\"t\":{\"dtype\":\"F4\",\"shape\":[3],\"data_offsets\":[0,2]}}", data, 2);
@@ -142,6 +144,9 @@ static void test_hostile_headers(void) {
         {"{\"a\":{\"dtype\":\"F32\",\"shape\":[18446744073709551616],\"data_offsets\":[0,8]}}", 8, FERRY_EFORMAT, "non-negative"},
         {"{\"a\":{\"dtype\":\"Q7\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, FERRY_EUNSUPPORTED, "unknown dtype"},
         {"{\"a\":{\"dtype\":7,\"shape\":[2],\"data_offsets\":[0,8]}}", 8, FERRY_EFORMAT, "unknown dtype"},
+        /* ferry's and numpy's names for F32 are no safetensors names */
+        {"{\"a\":{\"dtype\":\"f4\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, FERRY_EUNSUPPORTED, "unknown dtype"},
+        {"{\"a\":{\"dtype\":\"<f4\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, FERRY_EUNSUPPORTED, "unknown dtype"},
         {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2]}}", 8, FERRY_EFORMAT, "needs dtype"},
         {"{\"a\":[1,2]}", 0, FERRY_EFORMAT, "not an object"},
         {"{\"__metadata__\":{\"k\":1}}", 0, FERRY_EFORMAT, "not a string"},

@@ -7,6 +7,7 @@
 #include "pack_check.h"
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -276,6 +277,7 @@ static long sim_count(const char *what, int dev) {
  * byte-exact, with destinations in order (one copy per staging buffer),
  * shuffled with gaps and adjacent in the file but scattered (one copy into
  * device scratch and one scatter kernel per staging buffer). */
+static int packed_nofollow_;   /* 1: the records as FERRY_EXTENT_NOFOLLOW reads (a store's chunks) */
 static void packed_records(int mode, size_t n, uint64_t max_len, uint64_t seed) {
     pk_set s;
     memset(&s, 0, sizeof s);
@@ -295,7 +297,9 @@ static void packed_records(int mode, size_t n, uint64_t max_len, uint64_t seed) 
     ferry_memcpy(ctx_, ferry_cuda_buf(0, d, s.dst_size), ferry_host_buf(h, s.dst_size), s.dst_size);
     ferry_plan *p;
     ferry_plan_create(&p);
-    CHECK_EQ_I(pk_plan(&s, p, f, ferry_cuda_buf(0, d, s.dst_size)), 0);
+    char root[PATH_MAX];
+    if (packed_nofollow_ && realpath(sub, root)) CHECK_EQ_I(pk_plan_nofollow(&s, p, root, ferry_cuda_buf(0, d, s.dst_size)), 0);
+    else CHECK_EQ_I(pk_plan(&s, p, f, ferry_cuda_buf(0, d, s.dst_size)), 0);
     long c0 = sim_count("htod_copies", 0), l0 = sim_count("launches", 0);
     ferry_stats_reset(ctx_);
     ferry_run_opts o = {.path = FERRY_PATH_STAGED, .threads = 0, .flags = 0};
@@ -371,6 +375,55 @@ static void test_packed_in_order(void) { packed_records(0, 3000, 20000, 11); }
 static void test_packed_shuffled(void) { packed_records(1, 3000, 20000, 12); }
 static void test_packed_file_runs(void) { packed_records(2, 4000, 5000, 13); }
 static void test_packed_tiny(void) { packed_records(1, 6000, 16, 14); }
+/* A batch's device copies complete while its workers go on with the next
+ * job: the workers look at their events between tasks. They used to notice
+ * only when they waited for that staging buffer again or ran out of work, so
+ * a batch of records was done only after the job behind it (here 256 MiB of
+ * host reads on the same two workers). */
+static void test_packed_completes_between_tasks(void) {
+    ferry_config c;
+    ferry_config_init(&c);
+    c.threads = 2;
+    c.no_env = 1;
+    ferry_ctx *ctx;
+    CHECK_EQ_I(ferry_ctx_create(&ctx, &c), 0);
+    ferry_file *f;
+    CHECK_EQ_I(ferry_file_open(ctx, path_, FERRY_READ, &f), 0);
+    uintptr_t d;
+    CHECK_EQ_I(ferry_cuda_malloc(ctx, 0, 100 * 4096, &d), 0);
+    uint64_t big = 4 * (uint64_t)fsize_;
+    uint8_t *host = malloc(big);
+    ferry_plan *pa, *pb;
+    ferry_plan_create(&pa);
+    ferry_plan_create(&pb);
+    for (int i = 0; i < 100; i++)
+        ferry_plan_read(pa, f, (uint64_t)(i * 7919 % 1000) * 8192, 4096, ferry_cuda_buf(0, d, 100 * 4096), (uint64_t)i * 4096);
+    for (int k = 0; k < 4; k++) ferry_plan_read(pb, f, 0, fsize_, ferry_host_buf(host, big), (uint64_t)k * fsize_);
+    ferry_run_opts o = {.path = FERRY_PATH_STAGED, .threads = 0, .flags = 0};
+    ferry_job *a, *b;
+    CHECK_EQ_I(ferry_submit(ctx, pa, &o, &a), 0);
+    CHECK_EQ_I(ferry_submit(ctx, pb, NULL, &b), 0);
+    CHECK_EQ_I(ferry_job_wait(a, -1), 100 * 4096);
+    CHECK(!ferry_job_done(b));
+    CHECK_EQ_I(ferry_job_wait(b, -1), (int64_t)big);
+    for (int i = 0; i < 100; i += 9) CHECK(check_device(d, (uint64_t)i * 4096, 4096, (uint64_t)(i * 7919 % 1000) * 8192));
+    ferry_job_destroy(a);
+    ferry_job_destroy(b);
+    ferry_plan_destroy(pa);
+    ferry_plan_destroy(pb);
+    free(host);
+    ferry_cuda_free(ctx, d);
+    ferry_file_close(f);
+    ferry_ctx_destroy(ctx);
+}
+
+/* store chunks (no-follow reads by path) pack into device memory too */
+static void test_packed_nofollow(void) {
+    packed_nofollow_ = 1;
+    packed_records(1, 3000, 20000, 15);
+    packed_records(0, 2000, 9000, 16);
+    packed_nofollow_ = 0;
+}
 static void test_packed_seeds(void) {
     for (uint64_t seed = 20; seed < 32; seed++) packed_records((int)(seed % 3), 200, 1 + seed * 3001, seed);
 }
@@ -520,6 +573,8 @@ int main(void) {
     RUN(test_packed_file_runs);
     RUN(test_packed_tiny);
     RUN(test_packed_seeds);
+    RUN(test_packed_nofollow);
+    RUN(test_packed_completes_between_tasks);
     RUN(test_npy_batch_device);
     RUN(test_device_resolved_once);
     RUN(test_big);

@@ -223,3 +223,24 @@ def test_token_windows_on_cuda(tmp_path):
         assert torch.equal(x[:, 1:], y[:, :-1])
         xs.append(x.cpu().numpy())
     np.testing.assert_array_equal(np.concatenate(xs).reshape(-1), toks[:64 * 32].astype(np.int64))
+
+
+@pytest.mark.parametrize("staging", ["auto", "engine"])
+def test_token_read_groups_on_cuda_equal_host(tmp_path, staging):
+    """Batches read 3 at a time and cast once per read on the GPU are the host's batches:
+    contiguous (x, y) slices, the same states after each batch, a tail of another size."""
+    from ferry.torch import TokenDataset
+    toks = np.random.default_rng(1).integers(0, 50257, 7 * 5 * 16 + 9, dtype=np.uint16)
+    toks.tofile(tmp_path / "train.bin")
+    kw = dict(files=str(tmp_path / "train.bin"), seq_len=16, batch_size=5, seed=3, drop_last=False,
+              batches_per_read=3)
+    host = TokenDataset(device="cpu", **kw)
+    ref = [(x.numpy().copy(), y.numpy().copy(), host.state_dict()["samples_consumed"]) for x, y in host]
+    ds = TokenDataset(device="cuda:0", staging=staging, **kw)
+    got = [(x, y, ds.state_dict()["samples_consumed"]) for x, y in ds]
+    assert len(got) == len(ref)
+    for (x, y, s), (rx, ry, rs) in zip(got, ref):
+        assert x.is_cuda and x.is_contiguous() and y.is_contiguous() and x.dtype == torch.int64
+        np.testing.assert_array_equal(x.cpu().numpy(), rx)
+        np.testing.assert_array_equal(y.cpu().numpy(), ry)
+        assert s == rs

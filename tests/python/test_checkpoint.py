@@ -344,7 +344,8 @@ def test_safe_open_and_slices(tmp_path):
         for key in [(slice(3, 9),), (slice(None), slice(2, 5)), (5,), (5, 7), (5, 7, 2),
                     (slice(1, 30, 4), slice(None, None, 3)), (Ellipsis, 1),
                     (slice(-5, None), Ellipsis, slice(0, 6, 5)), (slice(10, 10),),
-                    (-1, slice(None), slice(4, 6))]:
+                    (-1, slice(None), slice(4, 6)),
+                    (None, 3), (slice(2, 4), None, Ellipsis, None, 1), (1, None, 2, 3, None), ()]:
             assert torch.equal(sl[key], w[key]), key
         assert torch.equal(f.get_slice("v")[100:900:7], v[100:900:7])
         assert torch.equal(f.get_slice("s")[...], torch.tensor(2.0))

@@ -42,6 +42,9 @@ def test_equals_syntax_accepted_and_runs(tmp_path):
     (("bench", "--records", "4096", "--device", "x"), "--device"),
     (("bench", "--records", "4096", "--count", "10", "--batch", "20"), "below --batch"),
     (("bench", "--records", "4096", "--bogus"), "unknown option --bogus"),
+    # record sizes are sizes like any other ("4K,abc" once looped forever at the K)
+    (("bench", "--records", "4K,abc"), "--records: \"abc\""),
+    (("bench", "--records", ","), "--records"),
     (("info", "--bogus", "x"), "unknown option --bogus"),
     (("info", "-q"), "unknown option -q"),
     (("frobnicate",), "unknown command"),

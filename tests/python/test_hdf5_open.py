@@ -87,3 +87,29 @@ def test_cli_info_says_what_to_use(nc4):
     r = subprocess.run([FERRY, "info", str(p)], capture_output=True, text=True)
     assert r.returncode == 1
     assert "netCDF-4/HDF5 file" in r.stderr and "ferry.open" in r.stderr and "bad magic" not in r.stderr
+
+
+def test_xarray_sees_the_format_the_c_sniffer_sees(tmp_path):
+    # the backend once sniffed formats in Python: HDF5 user blocks only up to 4096 bytes
+    # (an 8192-byte one was "not a netCDF, HDF5 or Zarr file"), and a damaged x.nc got that
+    # shrug instead of the netCDF-3 parser's message naming the byte
+    import xarray as xr
+    p = tmp_path / "ub.h5"
+    t = np.arange(12, dtype=np.float32).reshape(3, 4)
+    with h5py.File(p, "w", userblock_size=8192) as f:
+        f["t"] = t
+    assert _ferry.format_detect(p) == "hdf5" and _ferry.hdf5_signature(str(p)) == 8192
+    with xr.open_dataset(p, engine="ferry") as ds:
+        np.testing.assert_array_equal(ds["t"].values, t)
+    bad = tmp_path / "bad.nc"
+    bad.write_bytes(b"CDF\x09" + b"\0" * 60)
+    with pytest.raises(ferry.FerryError, match="bad.nc"):
+        xr.open_dataset(bad, engine="ferry")
+    junk = tmp_path / "junk.bin"
+    junk.write_bytes(b"\1" * 64)
+    with pytest.raises(ValueError, match="not a netCDF, HDF5 or Zarr file"):
+        xr.open_dataset(junk, engine="ferry")
+    npy = tmp_path / "a.npy"
+    np.save(npy, t)
+    with pytest.raises(ValueError, match="a npy file"):
+        xr.open_dataset(npy, engine="ferry")

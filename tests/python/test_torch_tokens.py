@@ -153,3 +153,62 @@ def test_a_glob_matching_a_non_token_file_is_refused(tmp_path):
     (tmp_path / "train_notes.txt").write_bytes(b"hello tokens" * 10)   # an even byte count
     with pytest.raises(ferry.FerryError, match="train_notes.txt"):
         TokenDataset(str(tmp_path / "train_*"), 8, 2, device="cpu")
+
+
+def test_c_order_equals_the_numpy_network():
+    """FeistelOrder.take runs in C (ferry_perm_take); take_numpy is the reference network.
+    Sizes around powers of 4 (the longest and the absent cycle walks), odd seeds and epochs."""
+    from ferry import _ferry
+    assert hasattr(_ferry, "order_take")
+    rng = np.random.default_rng(1)
+    for n in (2, 3, 4, 5, 17, 1000, 4095, 4096, 4097, 65537, 10**6, 2**40 + 3):
+        for seed, epoch in ((0, 0), (1, 3), (-5, 1), (2**62, 7)):
+            o = FeistelOrder(n, seed, epoch)
+            p = rng.integers(0, n, 3000)
+            np.testing.assert_array_equal(o.take(p), o.take_numpy(p))
+    with pytest.raises(IndexError):
+        FeistelOrder(10, 1, 0).take([10])
+
+
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_batches_per_read_changes_nothing_but_speed(bins, drop_last):
+    """Batches read K at a time are the same batches, in the same order, with the same states
+    after every batch, whatever K is (a group never spans a state boundary)."""
+    root, toks = bins
+    kw = dict(files=str(root / "train_*.bin"), seq_len=L, batch_size=5, seed=2, device="cpu",
+              drop_last=drop_last)
+    runs = {}
+    for k in (1, 3, 16):
+        ds = TokenDataset(batches_per_read=k, **kw)
+        assert ds.batch_group == k
+        got = []
+        for x, y in ds:
+            assert x.is_contiguous() and y.is_contiguous() and x.dtype == torch.int64
+            got.append((x.numpy().copy(), y.numpy().copy(), ds.state_dict()["samples_consumed"]))
+        runs[k] = got
+    for k in (3, 16):
+        assert len(runs[k]) == len(runs[1])
+        for (x1, y1, s1), (xk, yk, sk) in zip(runs[1], runs[k]):
+            np.testing.assert_array_equal(x1, xk)
+            np.testing.assert_array_equal(y1, yk)
+            assert s1 == sk
+    # a resume from inside a read group of 4 continues with the next batch
+    ds = TokenDataset(batches_per_read=4, **kw)
+    it = iter(ds)
+    for _ in range(6):
+        next(it)
+    st = ds.state_dict()
+    d2 = TokenDataset(batches_per_read=4, **kw)
+    d2.load_state_dict(st)
+    rest = [x.numpy() for x, _ in d2]
+    assert len(rest) == len(runs[1]) - 6
+    for a, (b, _, _) in zip(rest, runs[1][6:]):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="batches_per_read"):
+        TokenDataset(batches_per_read=0, **kw)
+
+
+def test_default_read_group_holds_about_32_mib(tmp_path):
+    np.zeros(4096 * 40 + 1, np.uint16).tofile(tmp_path / "t.bin")
+    assert TokenDataset(str(tmp_path / "t.bin"), 4095, 256, device="cpu").batch_group == 16
+    assert TokenDataset(str(tmp_path / "t.bin"), 64, 2, device="cpu").batch_group == 64

@@ -15,13 +15,15 @@ void BufRef_dealloc(BufRefObject *self) {
 }
 
 /* Itemsize of a numpy-style typestr ("<f4", "|S10", "<M8[ns]") or of the
- * names ferry uses for types numpy lacks; 0 if unknown. */
+ * names ferry uses for types numpy lacks; 0 if unknown (or below a byte). */
 Py_ssize_t typestr_itemsize(const char *t) {
     if (!t) return 0;
-    if (!strcmp(t, "bfloat16")) return 2;
-    if (!strcmp(t, "float8_e4m3fn") || !strcmp(t, "float8_e5m2")) return 1;
+    if (t[0] != '<' && t[0] != '>' && t[0] != '|' && t[0] != '=') {
+        /* a type numpy lacks, by the library's table ("bfloat16", "float8_e4m3fnuz") */
+        ferry_dtype d;
+        return ferry_dtype_parse_style(t, FERRY_NAME_TYPESTR, &d) == 0 ? (Py_ssize_t)ferry_dtype_itemsize(d) : 0;
+    }
     if (strlen(t) < 3) return 0;
-    if (t[0] != '<' && t[0] != '>' && t[0] != '|' && t[0] != '=') return 0;
     char *end = NULL;
     long n = strtol(t + 2, &end, 10);
     if (end == t + 2 || n <= 0) return 0;

@@ -140,6 +140,8 @@ PyObject *mod_dtype_name(PyObject *m, PyObject *args, PyObject *kw);
 PyObject *mod_dtype_itemsize(PyObject *m, PyObject *arg);
 PyObject *mod_codec_name(PyObject *m, PyObject *arg);
 PyObject *mod_size_parse(PyObject *m, PyObject *arg);
+PyObject *dtype_table(void);
+PyObject *mod_hdf5_filter_codec(PyObject *m, PyObject *args);
 
 /* context.c */
 int ctx_check(ContextObject *c);
@@ -171,6 +173,9 @@ int ds_check(DatasetObject *d);
 /* Index of a variable given by name or index; raises KeyError/IndexError. */
 int ds_var_index(DatasetObject *self, PyObject *var);
 PyObject *mod_npy_read_many(PyObject *m, PyObject *args, PyObject *kw);
+
+/* perm.c */
+PyObject *mod_order_take(PyObject *m, PyObject *args);
 
 /* plan.c */
 int plan_check(PlanObject *p);

@@ -115,17 +115,48 @@ static PyObject *mod_default_context(PyObject *m, PyObject *noarg) {
     return (PyObject *)c;
 }
 
-static PyObject *mod_nvcomp_search_dir(PyObject *m, PyObject *arg) {
+/* The directories of the CUDA wheels' libraries, handed to the library by
+ * `import ferry` (which leaves the user's environment alone). */
+static PyObject *set_search_dir(PyObject *arg, void (*set)(const char *)) {
     PyObject *b = NULL;
     if (!PyUnicode_FSConverter(arg, &b)) return NULL;
-    ferry_nvcomp_search_dir(PyBytes_AS_STRING(b));
+    set(PyBytes_AS_STRING(b));
     Py_DECREF(b);
     Py_RETURN_NONE;
+}
+
+static PyObject *mod_nvcomp_search_dir(PyObject *m, PyObject *arg) { return set_search_dir(arg, ferry_nvcomp_search_dir); }
+static PyObject *mod_nvrtc_search_dir(PyObject *m, PyObject *arg) { return set_search_dir(arg, ferry_nvrtc_search_dir); }
+
+/* format_detect(path) -> "npy", "safetensors", "netcdf3", "zarr" or "hdf5":
+ * ferry_format_detect, the sniffer ferry_dataset_open uses (FerryError when none). */
+static PyObject *mod_format_detect(PyObject *m, PyObject *arg) {
+    PyObject *patho;
+    if (!PyUnicode_FSConverter(arg, &patho)) return NULL;
+    ContextObject *c = get_default_ctx();
+    if (!c) { Py_DECREF(patho); return NULL; }
+    const char *fmt = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ferry_format_detect(c->ctx, PyBytes_AS_STRING(patho), &fmt);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(patho);
+    if (rc < 0) return raise_ctx(c->ctx, rc);
+    return PyUnicode_FromString(fmt);
 }
 
 static PyMethodDef module_methods[] = {
     {"nvcomp_search_dir", mod_nvcomp_search_dir, METH_O,
      "nvcomp_search_dir(dir): where libnvcomp.so.6/.so.5 may be (the wheel's lib64), before the system paths"},
+    {"nvrtc_search_dir", mod_nvrtc_search_dir, METH_O,
+     "nvrtc_search_dir(dir): where libnvrtc.so.13/.12 may be (the CUDA wheels' lib), after FERRY_NVRTC and "
+     "before the loader's path (ferry_nvrtc_search_dir)"},
+    {"hdf5_filter_codec", mod_hdf5_filter_codec, METH_VARARGS,
+     "hdf5_filter_codec(filter_id, cd_values, itemsize) -> (codec name, param), or None when ferry has no "
+     "codec for that HDF5 filter (ferry_codec_of_hdf5_filter)"},
+    {"format_detect", mod_format_detect, METH_O,
+     "format_detect(path) -> 'npy', 'safetensors', 'netcdf3', 'zarr' or 'hdf5' (ferry_format_detect; "
+     "FerryError ENOFORMAT when none)"},
     {"version", mod_version, METH_NOARGS, "the library's version string"},
     {"strerror", mod_strerror, METH_O, "strerror(code) -> name of a return code"},
     {"crc32c", (PyCFunction)(void (*)(void))mod_crc32c, METH_VARARGS | METH_KEYWORDS,
@@ -160,6 +191,9 @@ static PyMethodDef module_methods[] = {
      "npy_read_many(ctx, paths, dst, stride=0, native=True, stored_order=False) -> dict: n one-sample .npy "
      "files of one dtype and shape into dst (file i at byte i*stride; 0: packed), every header checked "
      "(FerryError naming a file whose dtype or shape differs); returns typestr, shape, fortran_order, nbytes"},
+    {"order_take", mod_order_take, METH_VARARGS,
+     "order_take(n, seed, epoch, shuffle, positions, out): out[i] = the keyed epoch order of "
+     "[0, n) at positions[i] (int64 arrays; ferry_perm_take)"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef moduledef = {
@@ -242,6 +276,8 @@ PyMODINIT_FUNC PyInit__ferry(void) {
     }
     PyObject *paths = Py_BuildValue("(ssss)", "auto", "cufile", "staged", "host");
     if (!paths || PyModule_AddObject(m, "PATHS", paths) < 0) { Py_XDECREF(paths); goto fail; }
+    PyObject *dtypes = dtype_table();
+    if (!dtypes || PyModule_AddObject(m, "DTYPES", dtypes) < 0) { Py_XDECREF(dtypes); goto fail; }
     if (PyModule_AddStringConstant(m, "__version__", FERRY_VERSION_STRING) < 0) goto fail;
     struct { const char *name; long v; } consts[] = {
         {"EINVAL", FERRY_EINVAL}, {"ENOMEM", FERRY_ENOMEM}, {"EIO", FERRY_EIO}, {"ESHORT", FERRY_ESHORT},

@@ -72,7 +72,8 @@ PyObject *mod_dtype_name(PyObject *m, PyObject *args, PyObject *kw) {
     if (!strcmp(style, "short")) st = FERRY_NAME_SHORT;
     else if (!strcmp(style, "long")) st = FERRY_NAME_LONG;
     else if (!strcmp(style, "safetensors")) st = FERRY_NAME_SAFETENSORS;
-    else return PyErr_Format(PyExc_ValueError, "unknown name style %s (short, long, safetensors)", style);
+    else if (!strcmp(style, "typestr")) st = FERRY_NAME_TYPESTR;
+    else return PyErr_Format(PyExc_ValueError, "unknown name style %s (short, long, safetensors, typestr)", style);
     ferry_dtype d;
     if (ferry_dtype_parse(name, &d) < 0) return PyErr_Format(PyExc_ValueError, "unknown dtype %s", name);
     const char *r = ferry_dtype_name(d, st);
@@ -109,4 +110,43 @@ PyObject *mod_size_parse(PyObject *m, PyObject *arg) {
         return NULL;
     }
     return PyLong_FromUnsignedLongLong(v);
+}
+
+/* DTYPES: the library's dtype table (src/engine/names.c), one tuple
+ * (short, long, safetensors or None, typestr or None, bits) per type, so the
+ * Python modules translate to torch / numpy dtypes without a table of their own. */
+PyObject *dtype_table(void) {
+    PyObject *t = PyTuple_New(FERRY_DT_OTHER - FERRY_DT_BOOL);
+    if (!t) return NULL;
+    for (int d = FERRY_DT_BOOL; d < FERRY_DT_OTHER; d++) {
+        ferry_dtype dt = (ferry_dtype)d;
+        PyObject *row = Py_BuildValue("(sszzI)", ferry_dtype_name(dt, FERRY_NAME_SHORT),
+                                      ferry_dtype_name(dt, FERRY_NAME_LONG), ferry_dtype_name(dt, FERRY_NAME_SAFETENSORS),
+                                      ferry_dtype_name(dt, FERRY_NAME_TYPESTR), (unsigned)ferry_dtype_bits(dt));
+        if (!row) { Py_DECREF(t); return NULL; }
+        PyTuple_SET_ITEM(t, d - FERRY_DT_BOOL, row);
+    }
+    return t;
+}
+
+/* hdf5_filter_codec(filter_id, cd_values, itemsize) -> (codec name, param), or
+ * None for a filter ferry has no codec for (ferry_codec_of_hdf5_filter) */
+PyObject *mod_hdf5_filter_codec(PyObject *m, PyObject *args) {
+    unsigned int id, itemsize;
+    PyObject *vals;
+    if (!PyArg_ParseTuple(args, "IOI", &id, &vals, &itemsize)) return NULL;
+    PyObject *seq = PySequence_Fast(vals, "cd_values must be a sequence of ints");
+    if (!seq) return NULL;
+    uint32_t cd[8];
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n > 8) n = 8;   /* no filter ferry knows reads past its first values */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned long v = PyLong_AsUnsignedLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (v == (unsigned long)-1 && PyErr_Occurred()) { Py_DECREF(seq); return NULL; }
+        cd[i] = (uint32_t)v;
+    }
+    Py_DECREF(seq);
+    ferry_codec c;
+    if (ferry_codec_of_hdf5_filter(id, cd, (size_t)n, itemsize, &c) < 0) Py_RETURN_NONE;
+    return Py_BuildValue("(sI)", ferry_codec_name((ferry_codec_id)c.id), (unsigned)c.param);
 }
