@@ -486,8 +486,36 @@ int ferry_plan_write(ferry_plan *plan, ferry_file *f, uint64_t offset, uint64_t 
 size_t ferry_plan_count(const ferry_plan *plan);
 /** Total bytes the plan reads from or writes to files. */
 uint64_t ferry_plan_file_bytes(const ferry_plan *plan);
-/** Remove all extents (keep the allocation). */
+/** Remove all extents (keep the allocation), and the streams of ferry_plan_wait_stream. */
 void ferry_plan_clear(ferry_plan *plan);
+
+#define FERRY_MAX_WAIT_STREAMS 8
+/** Make every job submitted from this plan wait for a caller's CUDA stream
+ *  before it touches any of the plan's memory: a read does not write into a
+ *  buffer the stream still uses, a write does not read a buffer before the
+ *  stream has produced it (device memory, or pinned host memory a
+ *  device-to-host copy on the stream fills).
+ *  - What is waited for: the work queued on `stream` before ferry_submit.
+ *    ferry_submit records an event on the stream (on the calling thread, in
+ *    the stream's context); work queued after it returns is not waited for.
+ *    Each submit of the plan records a new event.
+ *  - How: the job's worker threads wait for the event (cuEventSynchronize)
+ *    before the job's first task; ferry_submit itself does not wait (a job
+ *    with streams to wait for never runs on the caller's thread), nor does
+ *    any other job. ferry_job_cancel does not cut the wait short.
+ *  - stream: a CUstream; NULL or CU_STREAM_LEGACY (0x1): the legacy default
+ *    stream; CU_STREAM_PER_THREAD (0x2): the submitting thread's per-thread
+ *    default stream. `device` is the device whose primary context a default
+ *    stream is taken in; -1: the context current on the submitting thread,
+ *    else that of the device of the plan's first device buffer. A stream of
+ *    its own is taken in its own context (cuStreamGetCtx), whatever `device`.
+ *  - Lifetimes: the stream need only live until ferry_submit returns; its
+ *    context until the job completes.
+ *  - At most FERRY_MAX_WAIT_STREAMS distinct (device, stream) pairs per plan
+ *    (FERRY_EINVAL beyond; the same pair again is one). ferry_submit fails
+ *    with FERRY_ENOCUDA without a CUDA driver and FERRY_EINVAL / FERRY_ECUDA
+ *    when the event cannot be recorded (not a stream, no context). */
+int ferry_plan_wait_stream(ferry_plan *plan, int device, void *stream);
 
 /* ------------------------------------------------------------------------- */
 /* Running plans                                                              */

@@ -17,6 +17,7 @@ import functools
 import json
 import math
 import os
+import sys
 import threading
 from typing import Any, Iterable, Sequence
 
@@ -86,30 +87,64 @@ def reset_stats(ctx: Context | None = None) -> None:
 # ---------------------------------------------------------------------------
 # devices, dtypes, allocation
 # ---------------------------------------------------------------------------
-def parse_device(device: Any) -> int:
-    """"cpu"/None/-1 -> -1; int n, "cuda", "cuda:N", torch.device -> the CUDA ordinal."""
+def _device_index(device: Any) -> int | None:
+    """The one parser of every device= in the package (ferry.read/open, the xarray
+    backend, the torch datasets, checkpoints): -1 for the CPU ("cpu", None, -1,
+    torch.device("cpu")), the CUDA ordinal (n >= 0, "cuda:N", "gpu:N",
+    torch.device("cuda", N)), or None for "cuda"/"gpu"/torch.device("cuda")
+    without one: the current device, taken by the caller when it uses it.
+    Anything else is a ValueError (TypeError for a bool), never a guess: a
+    torch.device("mps") or "cuda:-1" was once taken for CUDA device 0 or the CPU."""
     if device is None:
         return -1
     if isinstance(device, bool):
         raise TypeError("device must be 'cpu', an int or 'cuda:N'")
     if isinstance(device, int):
-        return device if device >= 0 else -1
+        if device < -1:
+            raise ValueError(f"unknown device {device} (-1 is the CPU, n >= 0 a CUDA device)")
+        return device
     if not isinstance(device, str):
         t = getattr(device, "type", None)          # torch.device
-        if t is not None:
-            if t == "cpu":
-                return -1
-            return int(getattr(device, "index", None) or 0)
-        device = str(device)
+        if t is None:
+            raise TypeError(f"device must be 'cpu', an int, 'cuda:N' or a torch.device, not "
+                            f"{type(device).__name__}")
+        if t not in ("cpu", "cuda"):
+            raise ValueError(f"unknown device {device!r}: ferry reads into CPU or CUDA memory")
+        i = getattr(device, "index", None)
+        return -1 if t == "cpu" else i
     d = device.strip().lower()
     if d == "cpu":
         return -1
     if d in ("cuda", "gpu"):
-        return 0
+        return None
     for p in ("cuda:", "gpu:"):
-        if d.startswith(p):
+        if d.startswith(p) and d[len(p):].isdigit():
             return int(d[len(p):])
     raise ValueError(f"unknown device {device!r} (use 'cpu', an int or 'cuda:N')")
+
+
+def _current_cuda_device() -> int:
+    """torch's current CUDA device once torch has set CUDA up (torch.cuda.set_device
+    does), else 0."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return torch.cuda.current_device()
+    return 0
+
+
+def parse_device(device: Any) -> int:
+    """"cpu"/None/-1 -> -1; int n, "cuda:N", torch.device("cuda", N) -> N; "cuda" ->
+    the current CUDA device (torch's, else 0). Other values raise ValueError."""
+    d = _device_index(device)
+    return _current_cuda_device() if d is None else d
+
+
+def _torch_device(device: Any):
+    """device= as a torch.device (cpu, cuda:N, or cuda for the current device):
+    the torch adapters' spelling of the same parse."""
+    import torch
+    d = _device_index(device)
+    return torch.device("cpu") if d == -1 else torch.device("cuda") if d is None else torch.device("cuda", d)
 
 
 # types numpy lacks, by the library's long names (ferry_dtype_name)
@@ -339,26 +374,45 @@ def _prepare_dst(out, nbytes: int, shape: tuple, typestr: str, dev: int, ctx: Co
             # a view of the same bytes (numpy has no bfloat16 / float8)
             import torch
             o = out.reshape(-1).view(torch.uint8).numpy()
-    _sync_producer(o)
     return o, out
 
 
-def _sync_producer(obj) -> None:
-    """A caller's device array may still be written by work queued on its
-    producer's stream (cupy.zeros, a torch kernel): wait for that stream before
-    ferry's own streams write into it (__cuda_array_interface__ v3 "stream")."""
+def _producer_stream(obj):
+    """(CUstream handle, device) of the stream whose queued work may still use a
+    caller's device array (cupy.zeros, a torch kernel): torch's current stream on
+    the tensor's device, or __cuda_array_interface__ v3's "stream" (1 legacy, 2
+    per-thread default); None when there is none to wait for."""
     mod = type(obj).__module__
     if mod.startswith("torch"):
-        if obj.device.type == "cuda":
-            import torch
-            torch.cuda.current_stream(obj.device).synchronize()
-        return
+        if obj.device.type != "cuda":
+            return None
+        import torch
+        return torch.cuda.current_stream(obj.device).cuda_stream, obj.device.index
     try:
         cai = obj.__cuda_array_interface__
     except AttributeError:
-        return
+        return None
     s = cai.get("stream") if isinstance(cai, dict) else None
-    if s is None:
+    return None if s is None else (int(s), -1)
+
+
+def _wait_producer(plan: Plan, obj) -> None:
+    """The plan's jobs first wait (in the engine, not here) for obj's producer stream."""
+    ps = _producer_stream(obj)
+    if ps is not None:
+        plan.wait_stream(*ps)
+
+
+def _sync_producer(obj) -> None:
+    """Wait here for obj's producer stream: for the synchronous ctx.memcpy, which
+    takes no plan (plans use _wait_producer)."""
+    ps = _producer_stream(obj)
+    if ps is None:
+        return
+    s = ps[0]
+    if type(obj).__module__.startswith("torch"):
+        import torch
+        torch.cuda.current_stream(obj.device).synchronize()
         return
     cp = _cupy()
     if cp is not None:
@@ -380,6 +434,7 @@ def _add_read(plan: Plan, ds: Dataset | None, file: File | None, var: dict | Non
             raise ValueError("raw files take contiguous byte ranges only")
         n = max(0, stop - start)
         dst, ret = _prepare_dst(out, n, (n,), "|u1", dev, ctx, f"{file.path}", out_bytes)
+        _wait_producer(plan, dst)
         if n:
             plan.read_file(file, start, n, dst)
         return ret, (lambda r: r[0] if squeeze and not isinstance(r, Array) else r)
@@ -394,6 +449,7 @@ def _add_read(plan: Plan, ds: Dataset | None, file: File | None, var: dict | Non
     # squeezed shape from the start, the same bytes
     final = tuple(n for i, n in enumerate(sel_shape) if i not in squeeze)
     dst, ret = _prepare_dst(out, nbytes, final, typestr, dev, ctx, f"{ds.path}: {var['name']}", out_bytes)
+    _wait_producer(plan, dst)
     if nbytes:
         plan.read(ds, var["name"], dst, triples, True)
     return ret, (lambda r: r)

@@ -246,8 +246,7 @@ class FerryWriter(StorageWriter):
                 if n:
                     p.write_file(f, o, n, _io.buf(src) if isinstance(src, torch.Tensor)
                                  else src)
-            if devices:
-                _io.sync_devices(devices)
+            _io.wait_devices(p, devices)
             if len(p):
                 ctx.run(p, threads=self.threads, sync=self.sync_files)
             elif self.sync_files:
@@ -429,8 +428,7 @@ class FerryReader(StorageReader):
                     devices.add(_io.cuda_index(dst.device))
                 _plan_box(p, f, raw_at, shape, itemsize, sel, dst)
                 after.append(("tensor", item, (target, dst)))
-            if devices:
-                _io.sync_devices(devices)
+            _io.wait_devices(p, devices)
             if len(p):
                 ctx.run(p, threads=self.threads)
         finally:

@@ -59,12 +59,17 @@ def buf(t):
     return (t.data_ptr(), t.numel() * t.element_size(), d)
 
 
-def sync_devices(devices):
-    """Wait for the work torch queued on these CUDA devices (the engine reads or writes
-    device memory on its own streams)."""
+def wait_devices(plan, devices):
+    """Make plan's jobs wait, in the engine, for the work torch queued on the current
+    stream of each of these CUDA devices (the engine reads or writes device memory
+    on its own streams); more devices than a plan takes streams: wait here."""
     import torch
+    if len(devices) > _ferry.MAX_WAIT_STREAMS:
+        for d in sorted(devices):
+            torch.cuda.synchronize(d)
+        return
     for d in sorted(devices):
-        torch.cuda.synchronize(d)
+        plan.wait_stream(torch.cuda.current_stream(d).cuda_stream, d)
 
 
 def cuda_index(device):

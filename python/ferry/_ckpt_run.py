@@ -43,11 +43,10 @@ def run(ops, *, threads=0, sync=False, report=None, cuda_devices=(), files=()):
     """Run ops [(nbytes, add(plan))] on the checkpoint context. sync: fsync the files the
     plans write (with progress: each of `files` once, at the end)."""
     ctx = _io.context()
-    if cuda_devices:
-        _io.sync_devices(cuda_devices)   # torch's pending work on those buffers first
     total = sum(n for n, _ in ops)
     if report is None:
         plan = _ferry.Plan()
+        _io.wait_devices(plan, cuda_devices)   # torch's pending work on those buffers first
         for _, add in ops:
             add(plan)
         if len(plan):
@@ -65,6 +64,7 @@ def run(ops, *, threads=0, sync=False, report=None, cuda_devices=(), files=()):
         in_plan += n
         if in_plan >= step or i == len(ops) - 1:
             if len(plan):
+                _io.wait_devices(plan, cuda_devices)
                 ctx.run(plan, threads=threads)
             done += in_plan
             report(done)

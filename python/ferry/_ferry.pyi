@@ -10,6 +10,7 @@ __version__: str
 PATHS: Tuple[str, str, str, str]
 MAX_DIMS: int
 MAX_CODECS: int
+MAX_WAIT_STREAMS: int
 EINVAL: int
 ENOMEM: int
 EIO: int
@@ -134,6 +135,7 @@ class Plan:
                fill: bytes = b"", order: Literal["C", "F"] = "C",
                selection: Optional[Sequence[Tuple[int, int, int]]] = None, native: bool = True,
                label: Optional[str] = None, file_size: int = 0) -> int: ...
+    def wait_stream(self, stream: Optional[int], device: int = -1) -> None: ...
     def clear(self) -> None: ...
     def __len__(self) -> int: ...
     @property

@@ -66,13 +66,9 @@ def _torch():
 
 def _device(device):
     torch = _torch()
-    if isinstance(device, int):
-        return torch.device("cuda", device)
-    dev = torch.device(device)
+    dev = _ferry_pkg._torch_device(device)   # the package's one device parser
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError("ferry.checkpoint: device must be cpu or cuda, not %s" % dev)
     return dev
 
 

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from . import _ferry
+from . import _ferry, _torch_device
 from ._torch_loader import EpochBoard, auto_collation, pass_tag
 from ._torch_order import FeistelOrder, Layout as _Layout, epoch_order
 
@@ -713,7 +713,7 @@ class _BatchStream(IterableDataset):
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
         self.drop_last = bool(drop_last)
-        self.device = None if device is None else torch.device(device)
+        self.device = None if device is None else _torch_device(device)   # ferry's one device parser (__init__.py)
         self.rank, self.world_size = rank, world_size
         self.prefetch = int(prefetch)
         self.transform = transform

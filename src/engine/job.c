@@ -85,6 +85,7 @@ static void job_free(ferry_job *j) {
     free(j->strings);
     free(j->tasks);
     ferry_gpudecode_job_free(j);
+    ferry_job_free_waits(j);   /* streamwait.c */
     pthread_mutex_destroy(&j->lock);
     pthread_cond_destroy(&j->cond);
     free(j);
@@ -271,6 +272,8 @@ static int job_build(ferry_ctx *ctx, const ferry_plan *plan, const ferry_run_opt
     if (rc < 0) { job_free(j); return rc; }
     rc = make_tasks(j, ctx->cfg.task_size, ctx->cfg.staging_size);
     if (rc < 0) { job_free(j); return rc; }
+    rc = ferry_job_record_waits(j, plan, first_dev);   /* streamwait.c: last, on the caller's thread */
+    if (rc < 0) { job_free(j); return rc; }
     *out = j;
     return 0;
 }
@@ -287,8 +290,9 @@ static int submit_job(ferry_ctx *ctx, ferry_job *j, int allow_inline) {
      * decompress, records packed into a few tasks) still go to the pool,
      * where they run in parallel — counting tasks here sent a batch of 256
      * 8 KiB records (a few packs) to one thread: 16 GB/s against a 39 GB/s
-     * pread limit on the H200 */
-    if (allow_inline && ((total <= ctx->cfg.small_io && j->next <= 4 && j->ntasks <= 4) || j->max_workers <= 1) &&
+     * pread limit on the H200; a job that waits for a caller's stream never
+     * runs here: ferry_submit must not wait for the stream */
+    if (allow_inline && !j->nwait && ((total <= ctx->cfg.small_io && j->next <= 4 && j->ntasks <= 4) || j->max_workers <= 1) &&
         ferry_pool_run_inline(ctx, j) == 0)
         return 0;
     pthread_mutex_lock(&ctx->lock);

@@ -75,6 +75,10 @@ struct ferry_job {
     uint64_t id;                  /* unique per context (addresses can be reused) */
     struct ferry_job *qnext;      /* context queue link */
     struct ferry_gpudecode_job *gpu; /* gpudecode.c: batches of chunks decoded by nvCOMP, or NULL */
+    void *wait_ev[FERRY_MAX_WAIT_STREAMS];  /* streamwait.c: CUevents recorded at submit on the callers' streams */
+    void *wait_ctx[FERRY_MAX_WAIT_STREAMS]; /* each event's CUcontext */
+    int nwait;
+    _Atomic int waited;           /* every event seen complete: later tasks skip the driver */
 };
 
 /* FERRY_READAHEAD=off|auto|on (auto: hint a pack's records when its first
@@ -89,6 +93,12 @@ void ferry_job_complete(ferry_job *job);
 /* A task's device work (if any) is complete; the last one completes the job
  * (stats folded, written files synced). The job may be freed once it returns. */
 void ferry_task_finished(ferry_job *job);
+/* streamwait.c: ferry_plan_wait_stream's events. Record them at submit (the
+ * caller's thread; first_dev: the plan's first device, -1 none); wait for them
+ * before a task (any worker; 0 at once once they have passed); destroy them. */
+int ferry_job_record_waits(ferry_job *job, const ferry_plan *plan, int first_dev);
+int ferry_job_wait_streams(ferry_job *job);
+void ferry_job_free_waits(ferry_job *job);
 /* Resolve buffer device ids (device < 0 -> look up). */
 int ferry_buf_resolve(ferry_buf *b);
 #endif

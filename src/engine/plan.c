@@ -19,7 +19,7 @@ void ferry_plan_destroy(ferry_plan *p) {
     free(p);
 }
 
-void ferry_plan_clear(ferry_plan *p) { p->n = p->nplaces = p->nstr = 0; p->last_root = 0; }
+void ferry_plan_clear(ferry_plan *p) { p->n = p->nplaces = p->nstr = 0; p->last_root = 0; p->nwait = 0; }
 size_t ferry_plan_count(const ferry_plan *p) { return p ? p->n : 0; }
 
 uint64_t ferry_plan_file_bytes(const ferry_plan *p) {

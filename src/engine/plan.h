@@ -10,6 +10,9 @@ struct ferry_plan {
     char *strings;                /* copied paths and labels, offsets stored in the pointers' place */
     size_t nstr, cap_str;
     uintptr_t last_root;          /* the last NOFOLLOW root copied (index+1), 0: none */
+    void *wait_stream[FERRY_MAX_WAIT_STREAMS];   /* ferry_plan_wait_stream (streamwait.c) */
+    int wait_device[FERRY_MAX_WAIT_STREAMS];
+    int nwait;
 };
 
 #endif

@@ -34,6 +34,10 @@ void ferry_pool_run_task(ferry_worker *w, ferry_job *job, size_t t, void (*relea
     if (atomic_load(&job->error) || atomic_load(&job->canceled)) {
         if (atomic_load(&job->canceled)) { ferry_seterr(FERRY_ECANCELED, "job canceled"); ferry_job_fail(job, FERRY_ECANCELED); }
         atomic_fetch_add(&job->tasks_issued, 1);
+    } else if ((finished = ferry_job_wait_streams(job)) < 0) {   /* streamwait.c: the callers' streams first */
+        ferry_job_fail(job, finished);
+        finished = 1;
+        atomic_fetch_add(&job->tasks_issued, 1);
     } else {
         finished = ferry_exec_task(w, job, &job->tasks[t]);
     }

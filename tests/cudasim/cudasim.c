@@ -16,7 +16,8 @@
  * - Every call that needs a context fails with CUDA_ERROR_INVALID_CONTEXT
  *   when the thread has none; a stream or event used under another device's
  *   context fails with CUDA_ERROR_INVALID_HANDLE ("invalid resource handle").
- * - The legacy stream (NULL) runs synchronously on the calling thread.
+ * - The legacy stream (NULL) runs synchronously on the calling thread; so do
+ *   the handles CU_STREAM_LEGACY (0x1) and CU_STREAM_PER_THREAD (0x2).
  * - A destroyed event lives on until the queued work naming it has run.
  * - The kernels of src/cuda/kernels.cu run by name, on the CPU: byteswaps,
  *   ferry_scatter (packed records to scattered destinations: it reads its
@@ -305,6 +306,10 @@ static void drain(struct CUstream_st *s) {
     pthread_mutex_unlock(&s->mu);
 }
 
+/* CU_STREAM_LEGACY (0x1) and CU_STREAM_PER_THREAD (0x2) are the calling
+ * thread's default streams: run like the legacy stream (NULL). */
+static CUstream default_stream(CUstream s) { return (uintptr_t)s <= 2 ? NULL : s; }
+
 /* Check the stream against the current context; NULL is the legacy stream. */
 static int stream_ok(CUstream s) {
     if (!cur_) return E_INVALID_CONTEXT;
@@ -433,12 +438,14 @@ CUresult cuStreamDestroy_v2(CUstream s) {
 }
 
 CUresult cuStreamGetCtx(CUstream s, CUcontext *c) {
+    s = default_stream(s);
     if (!s) { *c = cur_; return cur_ ? OK : E_INVALID_CONTEXT; }
     *c = s->ctx;
     return OK;
 }
 
 CUresult cuStreamSynchronize(CUstream s) {
+    s = default_stream(s);
     if (!cur_) return E_INVALID_CONTEXT;
     if (s) drain(s);
     return OK;
@@ -461,6 +468,7 @@ CUresult cuEventDestroy_v2(CUevent e) {
 }
 
 CUresult cuEventRecord(CUevent e, CUstream s) {
+    s = default_stream(s);
     int rc = stream_ok(s);
     if (rc) return rc;
     if (e->ctx != (s ? s->ctx : cur_)) return E_INVALID_HANDLE;
@@ -491,6 +499,7 @@ CUresult cuEventSynchronize(CUevent e) {
 
 /* The event may belong to any context (the driver allows cross-device waits). */
 CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned flags) {
+    s = default_stream(s);
     (void)flags;
     int rc = stream_ok(s);
     if (rc) return rc;
@@ -505,6 +514,7 @@ CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned flags) {
 }
 
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
+    s = default_stream(s);
     int rc = stream_ok(s);
     if (rc) return rc;
     atomic_fetch_add(&count_htod_[cur_->dev], 1);
@@ -524,6 +534,7 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstre
 }
 
 CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s) {
+    s = default_stream(s);
     int rc = stream_ok(s);
     if (rc) return rc;
     if (n && (rc = device_range(src, n))) return rc;
@@ -546,6 +557,7 @@ static int range2d(int type, const void *host, CUdeviceptr dev, size_t x, size_t
 }
 
 CUresult cuMemcpy2DAsync_v2(const ferry_cu_memcpy2d *c, CUstream s) {
+    s = default_stream(s);
     int rc = stream_ok(s);
     if (rc) return rc;
     if (!c->Height || !c->WidthInBytes) return OK;
@@ -720,6 +732,7 @@ CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
  * table, entry count), the table read when the kernel runs. */
 CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                         unsigned bz, unsigned shmem, CUstream s, void **args, void **extra) {
+    s = default_stream(s);
     (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)shmem; (void)extra;
     int rc = stream_ok(s);
     if (rc) return rc;
@@ -782,6 +795,7 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
 
 /* cuLaunchHostFunc: fn(arg) on the stream's thread, after the work queued before it. */
 CUresult cuLaunchHostFunc(CUstream s, void (*fn)(void *), void *arg) {
+    s = default_stream(s);
     int rc = stream_ok(s);
     if (rc) return rc;
     if (!fn) return E_INVALID_VALUE;

@@ -413,6 +413,29 @@ def test_parse_device():
         ferry.parse_device("tpu")
 
 
+def test_parse_device_refuses_what_it_cannot_read(tmp_path):
+    """One parser for every device= (ferry.read, xarray, the torch datasets,
+    checkpoints): a torch.device of another type was taken for CUDA device 0,
+    "cuda:-1" and -2 for the CPU, "cuda:x" raised int()'s bare message."""
+    torch = pytest.importorskip("torch")
+    for bad in (torch.device("meta"), "cuda:-1", "cuda:x", "cuda:", -2):
+        with pytest.raises(ValueError, match="unknown device"):
+            ferry.parse_device(bad)
+    with pytest.raises(TypeError):
+        ferry.parse_device(1.5)
+    assert ferry.parse_device(torch.device("cuda", 3)) == 3 and ferry.parse_device(torch.device("cpu")) == -1
+    assert ferry.parse_device(-1) == -1 and ferry.parse_device(" GPU:1 ") == 1
+    assert ferry._torch_device("cuda") == torch.device("cuda") and ferry._torch_device(2) == torch.device("cuda", 2)
+    from ferry import checkpoint
+    with pytest.raises(ValueError, match="unknown device"):
+        checkpoint.load("unused.safetensors", device="meta")
+    import ferry.torch as ft
+    np.save(tmp_path / "x.npy", np.arange(8.0))
+    with pytest.raises(ValueError, match="unknown device"):
+        ft.ArrayDataset(str(tmp_path / "x.npy"), batch_size=1, device="meta")
+    assert ft.ArrayDataset(str(tmp_path / "x.npy"), batch_size=1, device="cuda:1").device == torch.device("cuda", 1)
+
+
 def test_memcpy_host_and_cancel(ctx, blob):
     a = np.arange(1000, dtype=np.int32)
     b = np.zeros_like(a)
@@ -445,6 +468,35 @@ def test_plan_busy_and_clear(ctx, blob):
         plan.clear()
         assert len(plan) == 0
         buf.extend(b"x")                    # the export was released by clear()
+
+
+def test_plan_wait_stream_arguments_and_no_cuda(ctx, blob):
+    """Plan.wait_stream (ferry_plan_wait_stream): bad devices and a 9th stream are
+    refused when added; without a CUDA driver the submit fails, naming the call,
+    instead of running the plan without the wait. (The wait itself:
+    tests/gpu/test_gpu_streamwait.c on the stand-in driver and the GPU.)"""
+    path, data = blob
+    with ferry.File(ctx, path) as f:
+        plan = ferry.Plan()
+        buf = bytearray(100)
+        plan.read_file(f, 0, 100, buf)
+        with pytest.raises(ferry.FerryError) as e:
+            plan.wait_stream(0, device=99)
+        assert e.value.code == _ferry.EINVAL and "CUDA device 99" in str(e.value)
+        for d in range(_ferry.MAX_WAIT_STREAMS):
+            plan.wait_stream(None, device=d)
+        plan.wait_stream(None, device=0)              # the same (stream, device) again: one
+        with pytest.raises(ferry.FerryError) as e:
+            plan.wait_stream(2, device=0)
+        assert e.value.code == _ferry.EINVAL and "more than 8 streams" in str(e.value)
+        if ctx.cuda_device_count() == 0:
+            with pytest.raises(ferry.FerryError) as e:
+                ctx.run(plan)
+            assert e.value.code == _ferry.ENOCUDA and "ferry_plan_wait_stream" in str(e.value)
+            assert bytes(buf) == bytes(100)           # nothing was read
+        plan.clear()                                  # forgets the streams too
+        plan.read_file(f, 0, 100, buf)
+        assert ctx.run(plan) == 100 and bytes(buf) == data[:100]
 
 
 def test_close_while_a_job_runs_is_refused(tmp_path):

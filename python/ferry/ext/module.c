@@ -289,7 +289,8 @@ PyMODINIT_FUNC PyInit__ferry(void) {
         {"CODEC_ZSTD", FERRY_CODEC_ZSTD}, {"CODEC_LZ4", FERRY_CODEC_LZ4}, {"CODEC_BLOSC", FERRY_CODEC_BLOSC},
         {"CODEC_SHUFFLE", FERRY_CODEC_SHUFFLE}, {"CODEC_CRC32C", FERRY_CODEC_CRC32C},
         {"CODEC_FLETCHER32", FERRY_CODEC_FLETCHER32}, {"CODEC_BYTESWAP", FERRY_CODEC_BYTESWAP},
-        {"MAX_DIMS", FERRY_MAX_DIMS}, {"MAX_CODECS", FERRY_MAX_CODECS}};
+        {"MAX_DIMS", FERRY_MAX_DIMS}, {"MAX_CODECS", FERRY_MAX_CODECS},
+        {"MAX_WAIT_STREAMS", FERRY_MAX_WAIT_STREAMS}};
     for (size_t i = 0; i < sizeof consts / sizeof consts[0]; i++)
         if (PyModule_AddIntConstant(m, consts[i].name, consts[i].v) < 0) goto fail;
     return m;

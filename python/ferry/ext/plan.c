@@ -513,6 +513,24 @@ done:
     return result;
 }
 
+/* wait_stream(stream, device=-1): ferry_plan_wait_stream (stream: a CUstream
+ * handle as an int; None or 0: the legacy default stream) */
+static PyObject *Plan_wait_stream(PlanObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"stream", "device", NULL};
+    PyObject *so;
+    int device = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|i", kwlist, &so, &device)) return NULL;
+    if (plan_check(self) < 0) return NULL;
+    unsigned long long s = 0;
+    if (so != Py_None) {
+        s = PyLong_AsUnsignedLongLong(so);
+        if (s == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    }
+    int rc = ferry_plan_wait_stream(self->plan, device, (void *)(uintptr_t)s);
+    if (rc < 0) return raise_code_msg(rc, ferry_errmsg(NULL));
+    Py_RETURN_NONE;
+}
+
 static PyObject *Plan_clear(PlanObject *self, PyObject *noarg) {
     if (plan_check(self) < 0) return NULL;
     ferry_plan_clear(self->plan);
@@ -555,7 +573,10 @@ static PyMethodDef Plan_methods[] = {
      "layout(dst, shape, chunks, itemsize, table=None, path=None, codecs=None, swap=0, fill=b'', order='C', "
      "selection=None, native=True, label=None, file_size=0) -> bytes placed: ferry_plan_layout of a chunked "
      "array (table: a chunk_table(); None: every chunk absent)"},
-    {"clear", (PyCFunction)Plan_clear, METH_NOARGS, "remove all extents"},
+    {"wait_stream", (PyCFunction)(void (*)(void))Plan_wait_stream, METH_VARARGS | METH_KEYWORDS,
+     "wait_stream(stream, device=-1): jobs of this plan first wait for the work queued on a CUstream "
+     "(int; None/0: legacy default, 1 legacy, 2 per-thread) before submit (ferry_plan_wait_stream)"},
+    {"clear", (PyCFunction)Plan_clear, METH_NOARGS, "remove all extents and streams"},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef Plan_getset[] = {
