@@ -41,5 +41,16 @@ if NVCC=none "$PY" -m pip install -q --no-deps --no-build-isolation --target "$T
 else
     cat "$T/log"; fail=$((fail + 1)); echo "  FAIL pip install . with NVCC=none"
 fi
+# the sdist alone builds and works: every header and source it needs is in it
+# (MANIFEST.in), outside the checkout
+if "$PY" setup.py -q sdist -d "$T/dist" >"$T/log" 2>&1; then
+    mkdir -p "$T/unpack" && tar -xzf "$T"/dist/ferry_io-*.tar.gz -C "$T/unpack"
+    check "the sdist builds outside the checkout" bash -c "cd '$T'/unpack/ferry_io-* && NVCC=none '$PY' -m pip install -q --no-deps --no-build-isolation --target '$T/sd' ."
+    check "the package built from the sdist reads a file" bash -c "cd '$T' && PYTHONPATH='$T/sd' '$PY' -c '
+import numpy as np, ferry
+np.save(\"y.npy\", np.arange(7)); assert (ferry.read(\"y.npy\") == np.arange(7)).all()'"
+else
+    cat "$T/log"; fail=$((fail + 1)); echo "  FAIL setup.py sdist"
+fi
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
