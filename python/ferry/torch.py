@@ -1320,9 +1320,15 @@ class _BatchStream(IterableDataset):
         if job is not None:
             if pinned:
                 job.wait()                    # host-path reads complete before torch copies them
-            if not all(host):
+            # A finished job's copies have passed on the device (the engine completes device
+            # tasks by their events): nothing to wait for. Only an unfinished one is waited on
+            # by the stream, and that wait is wider than the job: stream_wait records an event
+            # on every worker's stream now, behind copies of later batches queued there since —
+            # with the engine ahead, the step waited for most of the newest batch's copy.
+            done = pinned or job.done()
+            if not done and not all(host):
                 job.stream_wait(stream.cuda_stream)   # the engine's device copies, no host wait
-            if pinned or job.done():
+            if done:
                 if not pinned:
                     job.wait()                # surfaces a read error now rather than later
                 self._release(rt, g)
