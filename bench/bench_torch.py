@@ -13,7 +13,9 @@ For each, warm and cold page cache (cold: posix_fadvise(DONTNEED) on every shard
                 staging) into a few reused GPU buffers
   - dataloader  DataLoader(map-style np.load(mmap_mode="r") Dataset, shuffle=True,
                 num_workers=8 / 16, pin_memory=True), then .cuda(non_blocking=True)
-then the GPU-idle fraction of a small training step fed by each loader, and ferry's host RSS.
+then the GPU-idle fraction of a small training step fed by each loader (ferry's engine path also
+with fewer engine threads, --train-threads), ferry's host RSS and the CPU per batch of the loop's
+thread and of the process.
 Every batch's sample ids are checked (each sample carries its id in its first 8 bytes).
 
     python bench/bench_torch.py                 # default size (--gib 20: larger than 16 GiB)
@@ -211,7 +213,9 @@ class RssSampler:
 
 def run_loader(it, n_batches, seconds, sample_bytes, expect=None, step=None, warmup=5):
     """Iterate up to n_batches / seconds after `warmup` untimed batches (engine start, worker
-    start, allocator growth); returns (batches, bytes, wall, busy_gpu_seconds, bad)."""
+    start, allocator growth); returns (batches, bytes, wall, busy_gpu_seconds, bad). The CPU
+    per batch of this thread (the loader's and the training loop's Python) and of the process
+    (with the engine's threads) goes to LAST_CPU."""
     stream = torch.cuda.current_stream()
     events = []
     bad = torch.zeros((), dtype=torch.int64, device="cuda")
@@ -232,6 +236,7 @@ def run_loader(it, n_batches, seconds, sample_bytes, expect=None, step=None, war
             if seen == warmup:
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
+                c0, p0 = time.thread_time(), time.process_time()
             continue
         if step is not None:
             e0 = torch.cuda.Event(enable_timing=True)
@@ -246,18 +251,28 @@ def run_loader(it, n_batches, seconds, sample_bytes, expect=None, step=None, war
             break
     torch.cuda.synchronize()
     wall = time.perf_counter() - t0
+    if got:
+        LAST_CPU[:] = [(time.thread_time() - c0) / got, (time.process_time() - p0) / got]
     busy = sum(a.elapsed_time(b) for a, b in events) / 1e3
     return got, nbytes, wall, busy, int(bad)
 
 
+LAST_CPU = [float("nan"), float("nan")]   # CPU seconds per batch of run_loader's latest run
+
+
+def cpu_note():
+    return f"CPU/batch {LAST_CPU[0] * 1e6:.0f} us loop thread, {LAST_CPU[1] * 1e6:.0f} us process"
+
+
 def bench_ferry(paths, kind, n, sample, args, cold, step=None, block_size=None, device="cuda",
-                staging="auto"):
+                staging="auto", threads=None):
     # staging defaults to the dataset's own default: until 2026-12-01 this said "engine", so
     # the "ferry" and "staging='engine'" rows of that day's run measured the same thing
     from ferry.torch import ArrayDataset, epoch_order
     B = KINDS[kind]["batch"]
     ds = ArrayDataset(paths, batch_size=B, shuffle=True, seed=1, device=device,
-                      prefetch=args.prefetch, threads=args.threads, drop_last=True,
+                      prefetch=args.prefetch, threads=args.threads if threads is None else threads,
+                      drop_last=True,
                       block_size=block_size, pin_memory=device == "cpu", staging=staging)
     order = epoch_order(n, 1, 0, block_size=block_size)
     if cold:
@@ -268,9 +283,10 @@ def bench_ferry(paths, kind, n, sample, args, cold, step=None, block_size=None, 
 
 
 def bench_raw(paths, kind, n, sample, args, cold):
-    """The engine alone: the same batches' rows as plans (runs merged) into one GPU buffer."""
+    """The engine alone: the same batches' rows as plans (one extent per row, batch order) into
+    a few reused GPU buffers, as many batches in flight as the dataset keeps."""
     from ferry import _ferry
-    from ferry.torch import epoch_order
+    from ferry.torch import _groups_in_flight, epoch_order
     B = KINDS[kind]["batch"]
     ctx = _ferry.default_context() if args.threads == 0 else _ferry.Context(threads=args.threads)
     files, offs, counts = [], [], []
@@ -283,8 +299,10 @@ def bench_raw(paths, kind, n, sample, args, cold):
         counts.append(v["shape"][0])
     starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
     order = epoch_order(n, 1, 0)
-    depth = max(1, args.prefetch)
-    bufs = [torch.empty(B * sample, dtype=torch.uint8, device="cuda") for _ in range(depth + 1)]
+    c = ctx.config()
+    inflight = _groups_in_flight(args.prefetch, 1, B * sample,
+                                 c["threads"] * c["staging_size"] * c["staging_count"])
+    bufs = [torch.empty(B * sample, dtype=torch.uint8, device="cuda") for _ in range(inflight)]
     if cold:
         drop_cache(paths)
     jobs = []
@@ -301,7 +319,7 @@ def bench_raw(paths, kind, n, sample, args, cold):
             done = 0
         ids = order[k * B:(k + 1) * B]
         buf = bufs[k % len(bufs)]
-        if len(jobs) > depth:
+        if len(jobs) >= inflight:        # buffer k % inflight was job k - inflight's
             jobs.pop(0).wait()
         plan = _ferry.Plan()
         shard = np.searchsorted(starts, ids, side="right") - 1
@@ -315,7 +333,7 @@ def bench_raw(paths, kind, n, sample, args, cold):
         j.wait()
     torch.cuda.synchronize()
     wall = time.perf_counter() - t0
-    return done, done * B * sample, wall
+    return done, done * B * sample, wall, inflight
 
 
 def bench_dataloader(paths, kind, n, sample, args, workers, cold, step=None):
@@ -610,6 +628,8 @@ def main():
     ap.add_argument("--batches", type=int, default=10**9, help="batch limit per measurement")
     ap.add_argument("--prefetch", type=int, default=4)
     ap.add_argument("--threads", type=int, default=0, help="ferry engine threads (0: default)")
+    ap.add_argument("--train-threads", default="0,12,8",
+                    help="engine threads of the train-step rows fed by the engine's path (0: --threads)")
     ap.add_argument("--cache", default="warm,cold")
     ap.add_argument("--no-train", action="store_true", help="skip the GPU-idle measurement")
     ap.add_argument("--profile", metavar="KIND", help="profile ferry's loader on KIND and exit")
@@ -690,7 +710,8 @@ def main():
             if bad:
                 print(f"!! ferry: {bad} wrong sample ids", flush=True)
             rows.append((kind, cache, "ferry (%s)" % path, nb / wall, nby / wall / 1e9,
-                         f"RSS {rss.peak / 2**30:.2f} GiB (+{(rss.peak - rss.base) / 2**30:.2f})"))
+                         f"RSS {rss.peak / 2**30:.2f} GiB (+{(rss.peak - rss.base) / 2**30:.2f}); "
+                         + cpu_note()))
             if not cold:
                 (nb, nby, wall, _, bad), _, path = bench_ferry(paths, kind, n, sample, args, cold,
                                                                 block_size=16)
@@ -700,10 +721,11 @@ def main():
                 (nb, nby, wall, _, bad), _, path = bench_ferry(paths, kind, n, sample, args, cold,
                                                                 staging=other)
                 rows.append((kind, cache, f"ferry staging='{other}' ({path})", nb / wall, nby / wall / 1e9,
-                             (f"!! {bad} wrong ids" if bad else "")))
-            nb, nby, wall = bench_raw(paths, kind, n, sample, args, cold)
+                             cpu_note() + (f" !! {bad} wrong ids" if bad else "")))
+            nb, nby, wall, inflight = bench_raw(paths, kind, n, sample, args, cold)
             res["raw"] = (nb, nby, wall)
-            rows.append((kind, cache, "ferry engine alone", nb / wall, nby / wall / 1e9, ""))
+            rows.append((kind, cache, "ferry engine alone", nb / wall, nby / wall / 1e9,
+                         f"{inflight} batches in flight"))
             for w in workers:
                 nb, nby, wall, _, _ = bench_dataloader(paths, kind, n, sample, args, w, cold)
                 res[f"dl{w}"] = (nb, nby, wall)
@@ -730,13 +752,18 @@ def main():
             (nb, nby, wall, busy, _), _, _ = bench_ferry(paths, kind, n, sample, args, False, step=step,
                                                           staging="auto")
             rows.append((kind, "warm", "train step fed by ferry", nb / wall, nby / wall / 1e9,
-                         f"GPU idle {100 * (1 - busy / wall):.1f}% (step {step_s * 1e3:.1f} ms)"))
-            # the same with the other staging (the engine's own path for rows under 1 MiB)
+                         f"GPU idle {100 * (1 - busy / wall):.1f}% (step {step_s * 1e3:.1f} ms); "
+                         + cpu_note()))
+            # the same with the other staging (the engine's own path for rows under 1 MiB), and
+            # with fewer engine threads: the training thread launches its kernels on a core the
+            # engine's workers (which spin in cuEventSynchronize by default) leave free
             other = "engine" if sample < (1 << 20) else "pinned"
-            (nb, nby, wall, busy, _), _, _ = bench_ferry(paths, kind, n, sample, args, False, step=step,
-                                                          staging=other)
-            rows.append((kind, "warm", f"train step fed by ferry staging='{other}'", nb / wall,
-                         nby / wall / 1e9, f"GPU idle {100 * (1 - busy / wall):.1f}%"))
+            for t in [int(x) for x in args.train_threads.split(",") if x]:
+                (nb, nby, wall, busy, _), _, _ = bench_ferry(paths, kind, n, sample, args, False, step=step,
+                                                              staging=other, threads=t or None)
+                rows.append((kind, "warm", f"train step fed by ferry staging='{other}'"
+                             + (f" threads={t}" if t else ""), nb / wall, nby / wall / 1e9,
+                             f"GPU idle {100 * (1 - busy / wall):.1f}%; " + cpu_note()))
             for w in workers:
                 nb, nby, wall, busy, _ = bench_dataloader(paths, kind, n, sample, args, w, False, step=step)
                 rows.append((kind, "warm", f"train step fed by DataLoader w={w}", nb / wall, nby / wall / 1e9,

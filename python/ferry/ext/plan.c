@@ -254,6 +254,86 @@ out:
     return ret;
 }
 
+/* read_files_runs: read_file_runs over several files, each run naming its
+ * file by index. The runs enter the plan in the order given, whichever file
+ * they read: a shuffled batch's rows drawn from several shards then reach
+ * the engine in destination order, so a packed staging buffer holds rows
+ * that are adjacent in the batch and goes to the device in one copy. Grouped
+ * by file (one read_file_runs per shard), the rows of one staging buffer
+ * land every few rows apart and each buffer needed the scatter kernel
+ * (stand-in driver, 256 shuffled 150,528-byte rows of 4 shards: 32 kernel
+ * launches and 64 copies a batch, against none and 32). */
+static PyObject *Plan_read_files_runs(PlanObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"files", "file_index", "offsets", "lengths", "dst", "dst_offsets", NULL};
+    PyObject *fileso, *idxo, *offo, *leno, *dsto, *doffo;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOO", kwlist, &fileso, &idxo, &offo, &leno, &dsto, &doffo))
+        return NULL;
+    if (plan_check(self) < 0) return NULL;
+    PyObject *files = PySequence_Fast(fileso, "read_files_runs: files must be a sequence of File");
+    if (!files) return NULL;
+    Py_ssize_t nf = PySequence_Fast_GET_SIZE(files);
+    for (Py_ssize_t i = 0; i < nf; i++) {
+        PyObject *o = PySequence_Fast_GET_ITEM(files, i);
+        if (!PyObject_TypeCheck(o, &FileType)) {
+            PyErr_Format(PyExc_TypeError, "read_files_runs: files[%zd] is %s, not a File", i, Py_TYPE(o)->tp_name);
+            Py_DECREF(files);
+            return NULL;
+        }
+        if (file_check((FileObject *)o) < 0) { Py_DECREF(files); return NULL; }
+    }
+    u64_column idx, offs, lens, doffs;
+    memset(&offs, 0, sizeof offs);
+    memset(&lens, 0, sizeof lens);
+    memset(&doffs, 0, sizeof doffs);
+    PyObject *ret = NULL;
+    parsed_buf d = {.keep = NULL};
+    if (column_parse(idxo, "file_index", 0, &idx) < 0) { Py_DECREF(files); return NULL; }
+    if (column_parse(offo, "offsets", 0, &offs) < 0 || column_parse(leno, "lengths", 1, &lens) < 0 ||
+        column_parse(doffo, "dst_offsets", 0, &doffs) < 0)
+        goto out;
+    Py_ssize_t n = column_len(&offs);
+    if (column_len(&idx) != n || (lens.have && column_len(&lens) != n) || column_len(&doffs) != n) {
+        PyErr_Format(PyExc_ValueError, "read_files_runs: %zd file_index, %zd offsets, %zd lengths, %zd "
+                     "dst_offsets (all must be equal; lengths may be one int)", column_len(&idx), n,
+                     lens.have ? column_len(&lens) : n, column_len(&doffs));
+        goto out;
+    }
+    if (parse_buffer(dsto, 1, &d) < 0) goto out;
+    unsigned long long o, l, doff;
+    for (int pass = 0; pass < 2; pass++) {   /* pass 0 checks every run; pass 1 checks again and adds */
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int neg = 0;
+            unsigned long long k = column_at(&idx, i, &neg);
+            if (neg || k >= (unsigned long long)nf) {
+                PyErr_Format(PyExc_IndexError, "read_files_runs: run %zd: file_index %lld outside the %zd files",
+                             i, neg ? -1LL : (long long)k, nf);
+                goto out;
+            }
+            FileObject *f = (FileObject *)PySequence_Fast_GET_ITEM(files, (Py_ssize_t)k);
+            if (run_check(f, i, &offs, &lens, &doffs, d.buf.size, &o, &l, &doff) < 0) goto out;
+            if (pass == 0) continue;
+            int rc = ferry_plan_read(self->plan, f->f, o, l, d.buf, doff);
+            if (rc < 0) { raise_ctx(f->ctx->ctx, rc); goto out; }
+        }
+    }
+    if (n > 0) {
+        PyObject *keep = d.keep;
+        d.keep = NULL;
+        if (plan_keep(self, keep) < 0) goto out;
+        PyObject *keepf = PySequence_Tuple(files);   /* the Files live as long as the plan, */
+        if (!keepf || plan_keep(self, keepf) < 0) goto out;   /* whatever the caller's list becomes */
+    }
+    ret = PyLong_FromSsize_t(n);
+out:
+    Py_XDECREF(d.keep);
+    Py_DECREF(files);
+    column_release(&idx);
+    column_release(&offs);
+    column_release(&lens);
+    column_release(&doffs);
+    return ret;
+}
+
 static PyObject *Plan_write_file(PlanObject *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"file", "offset", "length", "src", "src_offset", NULL};
     FileObject *f;
@@ -562,6 +642,9 @@ static PyMethodDef Plan_methods[] = {
      "read_file_runs(file, offsets, lengths, dst, dst_offsets) -> runs added: read_file for each i of "
      "offsets[i], lengths[i] (or one int), dst_offsets[i] (contiguous 1-D int64/uint64 arrays), all checked "
      "first"},
+    {"read_files_runs", (PyCFunction)(void (*)(void))Plan_read_files_runs, METH_VARARGS | METH_KEYWORDS,
+     "read_files_runs(files, file_index, offsets, lengths, dst, dst_offsets) -> runs added: read_file_runs "
+     "over several files, run i reading files[file_index[i]]; the runs keep the order given"},
     {"write_file", (PyCFunction)(void (*)(void))Plan_write_file, METH_VARARGS | METH_KEYWORDS,
      "write_file(file, offset, length, src, src_offset=0)"},
     {"fill", (PyCFunction)(void (*)(void))Plan_fill, METH_VARARGS | METH_KEYWORDS,
