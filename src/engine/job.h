@@ -75,6 +75,7 @@ struct ferry_job {
     uint64_t id;                  /* unique per context (addresses can be reused) */
     struct ferry_job *qnext;      /* context queue link */
     struct ferry_gpudecode_job *gpu; /* gpudecode.c: batches of chunks decoded by nvCOMP, or NULL */
+    struct ferry_gather *gather;  /* gather.c: the pinned image its records are read into, or NULL */
 };
 
 /* FERRY_READAHEAD=off|auto|on (auto: hint a pack's records when its first

@@ -125,7 +125,10 @@ static void cold_hints(ferry_worker *w, ferry_job *j, const ferry_task *t) {
 }
 
 /* ---- into host memory ----------------------------------------------------- */
-static int64_t pack_host(ferry_worker *w, ferry_job *j, const ferry_task *t) {
+/* Read task t's records into host memory: each at its own destination, or,
+ * with img, at img + (dst_offset - lo) (gather.c: a pinned image of a device
+ * buffer). Each run of records adjacent in one file is one preadv. */
+int64_t ferry_pack_read(ferry_worker *w, ferry_job *j, const ferry_task *t, uint8_t *img, uint64_t lo) {
     size_t end = (size_t)t->ext + t->n;
     uint64_t total = 0;
     struct iovec iov[64];
@@ -139,11 +142,12 @@ static int64_t pack_host(ferry_worker *w, ferry_job *j, const ferry_task *t) {
         size_t n = file_run(j, k, end, f, sizeof iov / sizeof *iov, UINT64_MAX, &bytes);
         int64_t r;
         if (n == 1) {
-            r = ferry_pread_full(f->fd, (uint8_t *)e->dst.ptr + e->dst_offset, e->length, e->offset);
+            uint8_t *dst = img ? img + (e->dst_offset - lo) : (uint8_t *)e->dst.ptr + e->dst_offset;
+            r = ferry_pread_full(f->fd, dst, e->length, e->offset);
         } else {
             for (size_t i = 0; i < n; i++) {
                 const ferry_extent *x = &j->ext[k + i];
-                iov[i].iov_base = (uint8_t *)x->dst.ptr + x->dst_offset;
+                iov[i].iov_base = img ? img + (x->dst_offset - lo) : (uint8_t *)x->dst.ptr + x->dst_offset;
                 iov[i].iov_len = x->length;
             }
             r = ferry_preadv_full(f->fd, iov, (int)n, e->offset);
@@ -161,9 +165,15 @@ static int64_t pack_host(ferry_worker *w, ferry_job *j, const ferry_task *t) {
     /* once per task, not per run: the stats lock is shared by every worker, and a
      * task of shuffled 4 KiB records is hundreds of runs (a failed task's job fails) */
     ferry_count_io(w->ctx, 0, total, 0);
-    atomic_fetch_add(&j->path_bytes[FERRY_PATH_HOST], total);
-    atomic_fetch_add(&j->path_ops[FERRY_PATH_HOST], 1);
     return (int64_t)total;
+}
+
+static int64_t pack_host(ferry_worker *w, ferry_job *j, const ferry_task *t) {
+    int64_t r = ferry_pack_read(w, j, t, NULL, 0);
+    if (r < 0) return r;
+    atomic_fetch_add(&j->path_bytes[FERRY_PATH_HOST], (uint64_t)r);
+    atomic_fetch_add(&j->path_ops[FERRY_PATH_HOST], 1);
+    return r;
 }
 
 /* ---- the packing calls ------------------------------------------------------ */
