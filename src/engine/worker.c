@@ -5,6 +5,7 @@
 #include "engine/engine.h"
 #include "engine/gpudecode.h"
 #include "engine/numa.h"   /* multigpu: worker placement */
+#include <sched.h>
 #include <stdlib.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -244,10 +245,13 @@ void ferry_worker_wait_copies(ferry_worker *w, _Atomic unsigned *gen, unsigned s
     while (w->npending) {
         if (ferry_worker_poll(w) < 0) { ferry_worker_drain(w); return; }
         if (!w->npending) return;
+        /* yield, not spin: on a core of its own it returns at once, where
+         * the cores are fewer than the threads (or a stream's own threads, as
+         * on the stand-in driver) it leaves the core to the readers */
         double until = ferry_now() + 4e-6;
         for (int k = 0; atomic_load(gen) == seen; k++) {
-            cpu_relax_();
-            if ((k & 15) == 0 && ferry_now() > until) break;
+            if (k & 1) sched_yield(); else cpu_relax_();
+            if (ferry_now() > until) break;
         }
         if (atomic_load(gen) != seen) return;
     }
