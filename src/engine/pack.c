@@ -19,6 +19,9 @@
  * cuMemcpyHtoDAsync costs microseconds of driver time and its own DMA setup,
  * two copies and a launch cost the same as four. */
 #define SCATTER_MIN_RUNS 4
+/* How often a worker reading records looks at its earlier copies' events
+ * (ferry_pack_read): a cuEventQuery is about a microsecond. */
+#define POLL_EVERY_S 20e-6
 
 static ferry_file *ext_file(ferry_worker *w, ferry_job *j, const ferry_extent *e, int *rc) {
     ferry_file *f = e->file;
@@ -133,9 +136,18 @@ int64_t ferry_pack_read(ferry_worker *w, ferry_job *j, const ferry_task *t, uint
     uint64_t total = 0;
     struct iovec iov[64];
     cold_hints(w, j, t);
+    /* copies this worker sent (a gathered batch's, gather.c) complete while it
+     * reads: its batch is done when the copy is, not a task later (a task of
+     * 150 KB rows is 200 us of preads, the time the next batch has to start) */
+    int watch = w->npending && !w->is_inline;
+    double next_poll = watch ? ferry_now() + POLL_EVERY_S : 0;
     for (size_t k = t->ext; k < end;) {
         const ferry_extent *e = &j->ext[k];
         int rc;
+        if (watch && w->npending && ferry_now() > next_poll) {
+            ferry_worker_poll(w);
+            next_poll = ferry_now() + POLL_EVERY_S;
+        }
         ferry_file *f = ext_file(w, j, e, &rc);
         if (rc < 0) return pack_error(rc, e, NULL, e->offset);
         uint64_t bytes;
