@@ -38,6 +38,7 @@ struct ferry_gather_pool {
     pthread_mutex_t mu;
     uint64_t limit;                /* largest span gathered, 0: off */
     char bad[64];                  /* a FERRY_GATHER that is no size, or "" */
+    _Atomic uint64_t n_jobs, n_copies, n_no_image;   /* ferry_gather_counts */
     size_t total;                  /* bytes allocated */
     gather_slot s[GATHER_SLOTS];
 };
@@ -180,7 +181,8 @@ int ferry_gather_plan(ferry_job *j) {
     g->slot = image_get(p, e0->dst.device, hi - lo);
     if (g->slot >= 0) g->img = p->s[g->slot].p;
     pthread_mutex_unlock(&p->mu);
-    if (g->slot < 0) { free(g); return 0; }
+    if (g->slot < 0) { atomic_fetch_add(&p->n_no_image, 1); free(g); return 0; }
+    atomic_fetch_add(&p->n_jobs, 1);
     g->dev = e0->dst.device;
     g->lo = lo;
     g->base = (CUdeviceptr)(uintptr_t)e0->dst.ptr + lo;
@@ -215,6 +217,7 @@ static int gather_send(ferry_worker *w, ferry_job *j, struct ferry_gather *g, in
         e = cu->MemcpyHtoDAsync(g->base + g->runs[k].off, g->img + g->runs[k].off, g->runs[k].len, ds->stream);
     if (!e) e = cu->EventRecord(ds->dec_ev, ds->stream);
     if (e) return ferry_seterr(FERRY_ECUDA, "cuMemcpyHtoDAsync: %s", ferry_cuda_errstr(e));
+    atomic_fetch_add(&j->ctx->gather_pool->n_copies, g->nruns);
     w->seq[d]++;
     w->dec_seq = w->seq[d];
     w->dec_dev = d;
@@ -243,4 +246,11 @@ int64_t ferry_exec_gather(ferry_worker *w, ferry_job *j, const ferry_task *t, in
         }
     }
     return r;
+}
+
+void ferry_gather_counts(ferry_ctx *ctx, uint64_t *jobs, uint64_t *copies, uint64_t *no_image) {
+    ferry_gather_pool *p = ctx->gather_pool;
+    *jobs = p ? atomic_load(&p->n_jobs) : 0;
+    *copies = p ? atomic_load(&p->n_copies) : 0;
+    *no_image = p ? atomic_load(&p->n_no_image) : 0;
 }
