@@ -148,9 +148,11 @@ int ferry_gather_plan(ferry_job *j) {
     uint64_t limit = p->limit;
     if (limit == 0) return 0;
     uint64_t lo = UINT64_MAX, hi = 0, total = 0;
+    int sorted = 1;   /* rows in order: no sort (a 4096-window plan is ~0.2 ms of qsort) */
     for (size_t i = 0; i < j->next; i++) {
         const ferry_extent *e = &j->ext[i];
         if (!gatherable(j, e, e0)) return 0;
+        if (i && e->dst_offset < j->ext[i - 1].dst_offset) sorted = 0;
         if (e->dst_offset < lo) lo = e->dst_offset;
         if (e->dst_offset + e->length > hi) hi = e->dst_offset + e->length;
         total += e->length;
@@ -164,7 +166,7 @@ int ferry_gather_plan(ferry_job *j) {
     gather_run *r = malloc(j->next * sizeof *r);
     if (!r) return 0;
     for (size_t i = 0; i < j->next; i++) r[i] = (gather_run){j->ext[i].dst_offset - lo, j->ext[i].length};
-    qsort(r, j->next, sizeof *r, cmp_run);
+    if (!sorted) qsort(r, j->next, sizeof *r, cmp_run);
     size_t nr = 0;   /* the union of the destinations: every byte in it is some record's */
     for (size_t i = 0; i < j->next; i++) {
         if (nr && r[i].off <= r[nr - 1].off + r[nr - 1].len) {
