@@ -5,12 +5,13 @@
 1. Random records of 150,528 bytes (a 3x224x224 uint8 row), 8 KiB and 4 KiB (token
    windows) from a page-cached file of --gib GiB, through `build/ferry bench --records`
    (C, so that the limit is not Python's): the 16-thread pread limit of the same run,
-   ferry into host batches, ferry into GPU batches with the rows in order (packed
-   staging, one copy per staging buffer) and scattered (one copy plus one scatter
-   kernel per staging buffer), and the pinned host-to-device copy limit. Every batch
+   ferry into host batches, ferry into GPU batches with the rows in order and
+   scattered (gathered into a pinned image of the batch: one copy per batch; with
+   FERRY_GATHER=off packed staging: one copy per staging buffer, or one copy plus one
+   scatter kernel), and the pinned host-to-device copy limit. Every batch
    ferry fills is verified there. Runs: 2 batches in flight and 5 (the datasets'
-   prefetch=4), FERRY_PACK_MIN=256K for the small records, FERRY_SPIN_US=50 (idle
-   workers spin before they sleep), and --cold-count records
+   prefetch=4) and 1, each with FERRY_GATHER=off beside it (--pack-experiments adds
+   FERRY_PACK_MIN=256K and FERRY_SPIN_US=50), and --cold-count records
    read cold (dropped from the page cache) with FERRY_READAHEAD=auto and off.
    --event-sync both adds each run with FERRY_EVENT_SYNC=blocking.
 2. ferry.read(path, device="cpu") of a --gib GiB .npy into memory ferry allocates
@@ -47,11 +48,23 @@ def records(a) -> int:
     # tasks for the small records (fewer, larger host-to-device copies), idle workers
     # spinning 50 us before they sleep (no vCPU wake-up between batches), and the same
     # records cold with ferry's readahead hints and without
+    # Device batches are gathered (src/engine/gather.c: records read into a pinned
+    # image of the batch, one copy per contiguous run); FERRY_GATHER=off is the
+    # packed staging of before (one copy per pack task), measured beside it in the
+    # same run, at 2 and 5 batches in flight and at 1 (where gathering cannot
+    # overlap a batch's copy with its reads: its worst case)
+    off = {"FERRY_GATHER": "off"}
     runs = [({}, ["--depth", "2"]), ({}, ["--depth", "5"])]
     if not a.smoke:
+        d1 = ["--depth", "1", "--records", ",".join(a.records.split(",")[:2])]
+        runs += [(off, ["--depth", "2"]), (off, ["--depth", "5"]), ({}, d1), (off, d1)]
+    else:
+        runs.append((off, ["--depth", "2"]))
+    if a.pack_experiments:
         small = ",".join(r for r in a.records.split(",") if int(r) <= 65536) or a.records
-        runs.append(({"FERRY_PACK_MIN": "256K"}, ["--depth", "2", "--records", small]))
+        runs.append((dict(off, FERRY_PACK_MIN="256K"), ["--depth", "2", "--records", small]))
         runs.append(({"FERRY_SPIN_US": "50"}, ["--depth", "2"]))
+    if not a.smoke:
         cold = ["--cold", "--count", str(a.cold_count), "--records", a.cold_records]
         runs += [({"FERRY_READAHEAD": "auto"}, cold), ({"FERRY_READAHEAD": "off"}, cold)]
     rc = 0
@@ -146,6 +159,8 @@ def main() -> int:
     ap.add_argument("--cold-count", type=int, default=8192, help="records per size read cold")
     ap.add_argument("--cold-records", default="150528,8192")
     ap.add_argument("--smoke", action="store_true", help="small and quick (CI-sized)")
+    ap.add_argument("--pack-experiments", action="store_true",
+                    help="also FERRY_PACK_MIN=256K (packs) and FERRY_SPIN_US=50, the previous round's knobs")
     a = ap.parse_args()
     if a.smoke:
         a.gib, a.count, a.reps, a.event_sync = 0.25, 2048, 1, "spin"

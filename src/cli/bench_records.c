@@ -21,6 +21,7 @@
 #include "cli/cli.h"
 #include <getopt.h>
 #include "common.h"
+#include "engine/gather.h"   /* ferry_gather_counts: how the device batches went */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -345,6 +346,8 @@ int ferry_cli_bench_records(int argc, char **argv) {
             }
             double best = -1, best_cpu = 0;
             char why[512] = "";
+            uint64_t g0, c0, x0;
+            ferry_gather_counts(ctx, &g0, &c0, &x0);
             for (int r = 0; ok && r < reps; r++) {
                 if (cold) drop(file);
                 double dt = ferry_records(ctx, f, offs, n, rec, batch, depth, bufs, mode == 2, check, why, sizeof why);
@@ -355,6 +358,13 @@ int ferry_cli_bench_records(int argc, char **argv) {
             static const char *names[3] = {"ferry -> host batches", "ferry -> device batches (rows in order)",
                                            "ferry -> device batches (rows scattered)"};
             print_row(names[mode], bytes, n, best, best_cpu, lim, why);
+            if (mode > 0) {   /* gathered (src/engine/gather.c) or packed, over every rep */
+                uint64_t g1, c1, x1, nb = (uint64_t)reps * (n / batch);
+                ferry_gather_counts(ctx, &g1, &c1, &x1);
+                printf("    %llu of %llu batches gathered (%.2f copies each)%s\n", (unsigned long long)(g1 - g0),
+                       (unsigned long long)nb, g1 > g0 ? (double)(c1 - c0) / (double)(g1 - g0) : 0.0,
+                       x1 > x0 ? ", some found no free pinned image" : "");
+            }
             for (int k = 0; k < depth; k++) {
                 if (mode == 0) free(bufs[k].ptr);
                 else if (bufs[k].ptr) ferry_cuda_free(ctx, (uintptr_t)bufs[k].ptr);

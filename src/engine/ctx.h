@@ -31,6 +31,7 @@ struct ferry_ctx {
     _Atomic uint64_t next_job_id;
     pid_t pid;                    /* the creating process: a forked child has no workers */
     ferry_fcache files;           /* files opened by path (fcache.c) */
+    struct ferry_gather_pool *gather_pool; /* pinned images of gathered batches (gather.c) */
 };
 /* FERRY_EINVAL with a message when called in a process forked from the creator. */
 int ferry_ctx_check_pid(const ferry_ctx *ctx);

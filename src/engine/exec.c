@@ -5,6 +5,7 @@
 #include "engine/engine.h"
 #include "engine/io.h"
 #include "engine/gpudecode.h"
+#include "engine/gather.h"
 #include <errno.h>
 #include <unistd.h>
 
@@ -32,7 +33,7 @@ int ferry_stage_wait(ferry_worker *w, int i) {
     return 0;
 }
 
-static int dec_wait(ferry_worker *w) {
+int ferry_dec_wait(ferry_worker *w) {
     int d = w->dec_dev;
     if (d < 0 || w->done_seq[d] >= w->dec_seq) return 0;
     const ferry_cuda_api *cu = ferry_cuda_load(NULL);
@@ -300,7 +301,7 @@ static int64_t exec_read_plain(ferry_worker *w, ferry_job *j, const ferry_extent
 }
 
 static int64_t exec_read_coded(ferry_worker *w, ferry_job *j, const ferry_extent *e, ferry_file *f, int *deferred) {
-    int rc = dec_wait(w);
+    int rc = ferry_dec_wait(w);
     if (rc < 0) return rc;
     int host = e->dst.kind == FERRY_MEM_HOST, dev = host ? -1 : e->dst.device;
     if ((rc = ferry_worker_grow(w, dev, &w->in_buf, &w->in_cap, &w->in_pinned, e->length ? e->length : 1)) < 0) return rc;
@@ -353,7 +354,7 @@ static int exec_fill(ferry_worker *w, ferry_job *j, const ferry_extent *e, uint6
         else ferry_fill_host(dst + lo, e->fill, 1, NULL, hi - lo);
         return 0;
     }
-    int rc = dec_wait(w);
+    int rc = ferry_dec_wait(w);
     if (rc < 0) return rc;
     int d = e->dst.device;
     CUdeviceptr dst = (CUdeviceptr)(uintptr_t)e->dst.ptr + e->dst_offset;
@@ -541,6 +542,12 @@ int ferry_exec_task(ferry_worker *w, ferry_job *j, const ferry_task *t) {
     }
     const ferry_extent *e = &j->ext[t->ext];
     ferry_file *f = e->file;
+    if (j->gather) {   /* gather.c: the records into the job's pinned image; it fails the job itself */
+        r = ferry_exec_gather(w, j, t, &deferred);
+        if (r < 0 && !deferred) ferry_worker_drain(w);
+        else if (r >= 0) atomic_fetch_add(&j->bytes, (uint64_t)r);
+        goto issued;
+    }
     if (t->n > 1) {   /* a pack: its errors already name the extent's file and byte */
         r = ferry_exec_pack(w, j, t, &deferred);
         if (r < 0) {

@@ -20,6 +20,12 @@ int ferry_path_file(ferry_worker *w, ferry_job *j, const ferry_extent *e, ferry_
 /* Run a pack task (n >= 2 small plain reads): returns bytes or a negative
  * code with the message naming the file and byte that failed. */
 int64_t ferry_exec_pack(ferry_worker *w, ferry_job *j, const ferry_task *t, int *deferred);
+/* Read a pack task's records into host memory: at their destinations, or
+ * with img at img + (dst_offset - lo) (gather.c's pinned image). Bytes read or
+ * a negative code with the message naming the file and byte. */
+int64_t ferry_pack_read(ferry_worker *w, ferry_job *j, const ferry_task *t, uint8_t *img, uint64_t lo);
+/* Wait until the worker's decode buffers are no longer the source of a copy. */
+int ferry_dec_wait(ferry_worker *w);
 /* Packing into staging buffers (see ferry_task in job.h). */
 int ferry_pack_begin(ferry_worker *w, int d);
 uint64_t ferry_pack_room(const ferry_worker *w);

@@ -5,6 +5,7 @@
 #include "engine/sysio.h"
 #include "engine/io.h"
 #include "engine/gpudecode.h"
+#include "engine/gather.h"
 #include <errno.h>
 #include <stdlib.h>
 #include <time.h>
@@ -84,6 +85,7 @@ static void job_free(ferry_job *j) {
     free(j->places);
     free(j->strings);
     free(j->tasks);
+    ferry_gather_release(j);
     ferry_gpudecode_job_free(j);
     ferry_job_free_waits(j);   /* streamwait.c */
     pthread_mutex_destroy(&j->lock);
@@ -271,6 +273,8 @@ static int job_build(ferry_ctx *ctx, const ferry_plan *plan, const ferry_run_opt
     rc = ferry_gpudecode_plan(j, opts ? opts->decode : FERRY_DECODE_AUTO);   /* gpudecode.c */
     if (rc < 0) { job_free(j); return rc; }
     rc = make_tasks(j, ctx->cfg.task_size, ctx->cfg.staging_size);
+    if (rc < 0) { job_free(j); return rc; }
+    rc = ferry_gather_plan(j);   /* gather.c: a batch into one device buffer, one copy per run */
     if (rc < 0) { job_free(j); return rc; }
     rc = ferry_job_record_waits(j, plan, first_dev);   /* streamwait.c: last, on the caller's thread */
     if (rc < 0) { job_free(j); return rc; }

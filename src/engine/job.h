@@ -79,6 +79,7 @@ struct ferry_job {
     void *wait_ctx[FERRY_MAX_WAIT_STREAMS]; /* each event's CUcontext */
     int nwait;
     _Atomic int waited;           /* every event seen complete: later tasks skip the driver */
+    struct ferry_gather *gather;  /* gather.c: the pinned image its records are read into, or NULL */
 };
 
 /* FERRY_READAHEAD=off|auto|on (auto: hint a pack's records when its first

@@ -19,6 +19,9 @@
  * cuMemcpyHtoDAsync costs microseconds of driver time and its own DMA setup,
  * two copies and a launch cost the same as four. */
 #define SCATTER_MIN_RUNS 4
+/* How often a worker reading records looks at its earlier copies' events
+ * (ferry_pack_read): a cuEventQuery is about a microsecond. */
+#define POLL_EVERY_S 20e-6
 
 static ferry_file *ext_file(ferry_worker *w, ferry_job *j, const ferry_extent *e, int *rc) {
     ferry_file *f = e->file;
@@ -125,25 +128,38 @@ static void cold_hints(ferry_worker *w, ferry_job *j, const ferry_task *t) {
 }
 
 /* ---- into host memory ----------------------------------------------------- */
-static int64_t pack_host(ferry_worker *w, ferry_job *j, const ferry_task *t) {
+/* Read task t's records into host memory: each at its own destination, or,
+ * with img, at img + (dst_offset - lo) (gather.c: a pinned image of a device
+ * buffer). Each run of records adjacent in one file is one preadv. */
+int64_t ferry_pack_read(ferry_worker *w, ferry_job *j, const ferry_task *t, uint8_t *img, uint64_t lo) {
     size_t end = (size_t)t->ext + t->n;
     uint64_t total = 0;
     struct iovec iov[64];
     cold_hints(w, j, t);
+    /* copies this worker sent (a gathered batch's, gather.c) complete while it
+     * reads: its batch is done when the copy is, not a task later (a task of
+     * 150 KB rows is 200 us of preads, the time the next batch has to start) */
+    int watch = w->npending && !w->is_inline;
+    double next_poll = watch ? ferry_now() + POLL_EVERY_S : 0;
     for (size_t k = t->ext; k < end;) {
         const ferry_extent *e = &j->ext[k];
         int rc;
+        if (watch && w->npending && ferry_now() > next_poll) {
+            ferry_worker_poll(w);
+            next_poll = ferry_now() + POLL_EVERY_S;
+        }
         ferry_file *f = ext_file(w, j, e, &rc);
         if (rc < 0) return pack_error(rc, e, NULL, e->offset);
         uint64_t bytes;
         size_t n = file_run(j, k, end, f, sizeof iov / sizeof *iov, UINT64_MAX, &bytes);
         int64_t r;
         if (n == 1) {
-            r = ferry_pread_full(f->fd, (uint8_t *)e->dst.ptr + e->dst_offset, e->length, e->offset);
+            uint8_t *dst = img ? img + (e->dst_offset - lo) : (uint8_t *)e->dst.ptr + e->dst_offset;
+            r = ferry_pread_full(f->fd, dst, e->length, e->offset);
         } else {
             for (size_t i = 0; i < n; i++) {
                 const ferry_extent *x = &j->ext[k + i];
-                iov[i].iov_base = (uint8_t *)x->dst.ptr + x->dst_offset;
+                iov[i].iov_base = img ? img + (x->dst_offset - lo) : (uint8_t *)x->dst.ptr + x->dst_offset;
                 iov[i].iov_len = x->length;
             }
             r = ferry_preadv_full(f->fd, iov, (int)n, e->offset);
@@ -161,9 +177,15 @@ static int64_t pack_host(ferry_worker *w, ferry_job *j, const ferry_task *t) {
     /* once per task, not per run: the stats lock is shared by every worker, and a
      * task of shuffled 4 KiB records is hundreds of runs (a failed task's job fails) */
     ferry_count_io(w->ctx, 0, total, 0);
-    atomic_fetch_add(&j->path_bytes[FERRY_PATH_HOST], total);
-    atomic_fetch_add(&j->path_ops[FERRY_PATH_HOST], 1);
     return (int64_t)total;
+}
+
+static int64_t pack_host(ferry_worker *w, ferry_job *j, const ferry_task *t) {
+    int64_t r = ferry_pack_read(w, j, t, NULL, 0);
+    if (r < 0) return r;
+    atomic_fetch_add(&j->path_bytes[FERRY_PATH_HOST], (uint64_t)r);
+    atomic_fetch_add(&j->path_ops[FERRY_PATH_HOST], 1);
+    return r;
 }
 
 /* ---- the packing calls ------------------------------------------------------ */

@@ -74,9 +74,13 @@ static void *worker_main(void *arg) {
         if (!job) {
             if (ctx->stop) break;
             if (w->npending) {
-                /* nothing to claim: complete our own outstanding copies first */
+                /* nothing to claim: complete our own outstanding copies, but
+                 * take new work the moment it is queued (worker.c says why);
+                 * with FERRY_EVENT_SYNC=blocking the wait sleeps, as before */
+                unsigned gen = atomic_load(&ctx->work_gen);
                 pthread_mutex_unlock(&ctx->lock);
-                ferry_worker_drain(w);
+                if (ferry_worker_blocking_waits()) ferry_worker_drain(w);
+                else ferry_worker_wait_copies(w, &ctx->work_gen, gen);
                 pthread_mutex_lock(&ctx->lock);
                 continue;
             }

@@ -5,7 +5,14 @@
 #include "engine/engine.h"
 #include "engine/gpudecode.h"
 #include "engine/numa.h"   /* multigpu: worker placement */
+#include <sched.h>
 #include <stdlib.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define cpu_relax_() _mm_pause()
+#else
+#define cpu_relax_() ((void)0)
+#endif
 
 /* A 4 KiB-aligned host buffer of n bytes. For work that feeds device dev it is
  * pinned, in dev's primary context: pinned memory belongs to the context that
@@ -192,10 +199,11 @@ int ferry_worker_defer(ferry_worker *w, ferry_job *job, int d) {
  * only once the worker had read most of the next batch — two batches in
  * flight behaved like one. cuEventQuery of the newest event first: a stream
  * runs in order, so the newest one passed completes everything before it. */
-void ferry_worker_poll(ferry_worker *w) {
-    if (!w->npending) return;
+int ferry_worker_poll(ferry_worker *w) {
+    if (!w->npending) return 0;
     const ferry_cuda_api *cu = ferry_cuda_load(NULL);
-    if (!cu || !cu->EventQuery) return;
+    if (!cu || !cu->EventQuery) return -1;
+    int failed = 0;
     for (int d = 0; d < FERRY_MAX_DEVICES; d++) {
         if (!w->dev[d].ready || w->done_seq[d] >= w->seq[d]) continue;
         CUevent ev[FERRY_MAX_STAGING + 1];
@@ -209,12 +217,43 @@ void ferry_worker_poll(ferry_worker *w) {
                 CUevent te = ev[b]; ev[b] = ev[b - 1]; ev[b - 1] = te;
                 uint64_t ts = sq[b]; sq[b] = sq[b - 1]; sq[b - 1] = ts;
             }
+        /* work enqueued after the newest event (a byteswap kernel after its
+         * copies, exec.c) is complete only when a drain says so */
+        if (n == 0 || sq[0] < w->seq[d]) failed = 1;
         if (n && ferry_cuda_use_device(d) < 0) { ferry_clearerr(); continue; }
         for (int k = 0; k < n; k++) {
             CUresult r = cu->EventQuery(ev[k]);
             if (r == 0) { ferry_worker_completed(w, d, sq[k]); break; }
-            if (r != FERRY_CUDA_ERROR_NOT_READY) break;   /* a failed copy: the next wait reports it */
+            if (r != FERRY_CUDA_ERROR_NOT_READY) { failed = 1; break; }   /* a failed copy: a drain reports it */
         }
+    }
+    return failed ? -1 : 0;   /* -1: an event failed, or no event covers the last work */
+}
+
+/* FERRY_EVENT_SYNC=blocking: waits sleep (blocking_events above). */
+int ferry_worker_blocking_waits(void) { return blocking_events(); }
+
+/* Nothing to claim but copies in flight: watch them and the queue together,
+ * polling the events every few microseconds, and return as soon as they have
+ * passed or new work is queued (*gen moves). An idle worker used to drain
+ * (cuStreamSynchronize) first: with the copy engine behind by a batch, it
+ * took no task of the next batch until its copies, queued behind everyone's,
+ * had run, so reading and copying took turns instead of overlapping. A
+ * failed copy (or no cuEventQuery, or device work after the newest event)
+ * is left to the drain, which reports it (or waits for the stream). */
+void ferry_worker_wait_copies(ferry_worker *w, _Atomic unsigned *gen, unsigned seen) {
+    while (w->npending) {
+        if (ferry_worker_poll(w) < 0) { ferry_worker_drain(w); return; }
+        if (!w->npending) return;
+        /* yield, not spin: on a core of its own it returns at once, where
+         * the cores are fewer than the threads (or a stream's own threads, as
+         * on the stand-in driver) it leaves the core to the readers */
+        double until = ferry_now() + 4e-6;
+        for (int k = 0; atomic_load(gen) == seen; k++) {
+            if (k & 1) sched_yield(); else cpu_relax_();
+            if (ferry_now() > until) break;
+        }
+        if (atomic_load(gen) != seen) return;
     }
 }
 

@@ -81,8 +81,15 @@ void ferry_worker_completed(ferry_worker *w, int d, uint64_t seq);
 int ferry_worker_defer(ferry_worker *w, ferry_job *job, int d);
 /* The worker has no job: let go of the file it held. */
 void ferry_worker_idle(ferry_worker *w);
-/* Complete the pending tasks whose device work has passed (never waits). */
-void ferry_worker_poll(ferry_worker *w);
+/* Complete the pending tasks whose device work has passed (never waits);
+ * -1 when an event reports a failed copy or none covers the last device
+ * work (ferry_worker_drain reports or waits for it). */
+int ferry_worker_poll(ferry_worker *w);
+/* Idle with copies in flight: poll them until they pass or *gen != seen
+ * (new work queued). */
+void ferry_worker_wait_copies(ferry_worker *w, _Atomic unsigned *gen, unsigned seen);
+/* FERRY_EVENT_SYNC=blocking: waits sleep instead of spinning. */
+int ferry_worker_blocking_waits(void);
 /* Complete every pending device task of w (wait for its streams). */
 void ferry_worker_drain(ferry_worker *w);
 
