@@ -711,6 +711,20 @@ _IMPORT_PID = os.getpid()   # a forked child must not use the parent's default c
 _FORKED = []   # runtimes inherited from a parent process: kept, never closed
 
 
+def _collect_before_fork():
+    # A forked child (a DataLoader worker of another dataset, say) inherits the parent's
+    # uncollected garbage; when the child's cyclic GC frees a CUDA tensor that ferry recorded
+    # on its streams, torch's allocator calls CUDA there and aborts the child ("CUDA error:
+    # initialization error" in insert_events). Collecting in the parent first, once ferry has
+    # made CUDA batches, leaves the child nothing of ours to free (H200, bench_xarray_training:
+    # the isel DataLoader peer after XarrayDataset rows).
+    import gc
+    gc.collect()
+
+
+_AT_FORK = []   # registered once, by the first runtime on a CUDA device
+
+
 _FILL_STAGINGS = 2          # on CUDA, batches in flight hold at least twice the engine's staging
 _MAX_GROUPS = 64            # ... but never more groups than this (tiny batches)
 
@@ -906,6 +920,9 @@ class _BatchStream(IterableDataset):
                 raise RuntimeError(f"ferry.torch: torch sees {device} but ferry cannot use CUDA: "
                                    f"{ctx.cuda_status or 'no CUDA device'}")
             self._rt = _Runtime(ctx, device)
+            if device.type == "cuda" and not _AT_FORK and hasattr(os, "register_at_fork"):
+                os.register_at_fork(before=_collect_before_fork)
+                _AT_FORK.append(True)
             return self._rt
 
     def __getstate__(self):
