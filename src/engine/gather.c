@@ -30,7 +30,11 @@
 #define GATHER_POOL_MAX (1ull << 30)
 #define GATHER_MAX_RUNS 64          /* more runs: packs and the scatter kernel */
 #define GATHER_ROUND (2ull << 20)   /* images are rounded up so batches of nearby sizes share them */
-#define GATHER_MAX_EXTENT (1u << 20)
+/* Records up to this size are gathered; larger ones already make copies big enough
+ * per pack task. H200, 2026-12-01: ArrayDataset's shuffled 150,528-byte rows (38.5 MB
+ * batches) ran 19.6 GB/s gathered against 48.2 as packs, while 8 KiB records scattered
+ * over a batch ran 27.8 gathered against 9.7 as packs (ferry bench --records, depth 5). */
+#define GATHER_MAX_EXTENT (64u << 10)
 
 typedef struct gather_slot { uint8_t *p; size_t size; int dev; int busy; } gather_slot;
 
