@@ -6,9 +6,9 @@ Two sample kinds, both in .npy shards:
   row    1 MiB float32 rows (262144 floats),  batch 32
 For each, warm and cold page cache (cold: posix_fadvise(DONTNEED) on every shard, or
 /proc/sys/vm/drop_caches as root): batches/s and GB/s of
-  - ferry       ArrayDataset(..., shuffle=True, device="cuda") (no worker processes), with
-                staging="auto" (pinned batches for rows under 1 MiB), the other staging, and
-                block_size=16 (warm only)
+  - ferry       ArrayDataset(..., shuffle=True, device="cuda") (no worker processes), through
+                the engine's own staging (its one path since staging="pinned" was removed), and
+                with block_size=16 (warm only)
   - ferry-raw   the engine alone: the same batches as plans (one extent per row, engine
                 staging) into a few reused GPU buffers
   - dataloader  DataLoader(map-style np.load(mmap_mode="r") Dataset, shuffle=True,
@@ -444,7 +444,7 @@ def bench_files(args, rows):
     from ferry.torch import ArrayDataset, epoch_order
     secs = args.seconds
     nbytes = lambda b: b.shape[0] * sample  # noqa: E731
-    for staging in ("auto", "engine") if dev == "cuda" else ("auto",):
+    for staging in ("auto",):      # one path (staging="pinned" was removed)
         ds = ArrayDataset(d, samples="files", batch_size=B, shuffle=True, seed=1, device=dev,
                           drop_last=True, prefetch=args.prefetch, threads=args.threads,
                           staging=staging)
@@ -551,7 +551,7 @@ def bench_tokens(args, rows):
     rec = (seq_len + 1) * 2
     mm = np.memmap(path, dtype=np.uint16, mode="r")
     # batches_per_read=1: one plan, copy and cast per batch (the loader before 2026-12-01 13:30)
-    runs = [("auto", None), ("auto", 1)] + ([("engine", None)] if dev == "cuda" else [])
+    runs = [("auto", None), ("auto", 1)]
     for staging, per_read in runs:
         ds = TokenDataset(path, seq_len, B, shuffle=True, seed=1, device=dev, prefetch=args.prefetch,
                           threads=args.threads, staging=staging, batches_per_read=per_read)
@@ -717,11 +717,6 @@ def main():
                                                                 block_size=16)
                 rows.append((kind, cache, "ferry block_size=16 (%s)" % path, nb / wall, nby / wall / 1e9,
                              "blocks of 16 rows shuffled" + (f" !! {bad} wrong ids" if bad else "")))
-                other = "engine" if sample < (1 << 20) else "pinned"    # the one "auto" did not pick
-                (nb, nby, wall, _, bad), _, path = bench_ferry(paths, kind, n, sample, args, cold,
-                                                                staging=other)
-                rows.append((kind, cache, f"ferry staging='{other}' ({path})", nb / wall, nby / wall / 1e9,
-                             cpu_note() + (f" !! {bad} wrong ids" if bad else "")))
             nb, nby, wall, inflight = bench_raw(paths, kind, n, sample, args, cold)
             res["raw"] = (nb, nby, wall)
             rows.append((kind, cache, "ferry engine alone", nb / wall, nby / wall / 1e9,
@@ -749,21 +744,15 @@ def main():
             torch.cuda.synchronize()
             step_s = (time.perf_counter() - t0) / 20
             step = lambda b: train_step(model, opt, b, kind)  # noqa: E731
-            (nb, nby, wall, busy, _), _, _ = bench_ferry(paths, kind, n, sample, args, False, step=step,
-                                                          staging="auto")
-            rows.append((kind, "warm", "train step fed by ferry", nb / wall, nby / wall / 1e9,
-                         f"GPU idle {100 * (1 - busy / wall):.1f}% (step {step_s * 1e3:.1f} ms); "
-                         + cpu_note()))
-            # the same with the other staging (the engine's own path for rows under 1 MiB), and
-            # with fewer engine threads: the training thread launches its kernels on a core the
-            # engine's workers (which spin in cuEventSynchronize by default) leave free
-            other = "engine" if sample < (1 << 20) else "pinned"
+            # also with fewer engine threads: the training thread launches its kernels on a core
+            # the engine's workers (which spin in cuEventSynchronize by default) leave free
             for t in [int(x) for x in args.train_threads.split(",") if x]:
                 (nb, nby, wall, busy, _), _, _ = bench_ferry(paths, kind, n, sample, args, False, step=step,
-                                                              staging=other, threads=t or None)
-                rows.append((kind, "warm", f"train step fed by ferry staging='{other}'"
-                             + (f" threads={t}" if t else ""), nb / wall, nby / wall / 1e9,
-                             f"GPU idle {100 * (1 - busy / wall):.1f}%; " + cpu_note()))
+                                                              threads=t or None)
+                rows.append((kind, "warm", "train step fed by ferry" + (f" threads={t}" if t else ""),
+                             nb / wall, nby / wall / 1e9,
+                             f"GPU idle {100 * (1 - busy / wall):.1f}% (step {step_s * 1e3:.1f} ms); "
+                             + cpu_note()))
             for w in workers:
                 nb, nby, wall, busy, _ = bench_dataloader(paths, kind, n, sample, args, w, False, step=step)
                 rows.append((kind, "warm", f"train step fed by DataLoader w={w}", nb / wall, nby / wall / 1e9,

@@ -292,7 +292,7 @@ def _open_ds(ctx, path, group):
 
 def _read_rows(self, ds, rt, plan, ids, g):
     total = len(ids)
-    buf = ds._alloc(rt, (total,) + self.shape, self.dtype, ds._staging.get(self.name, False))
+    buf = ds._alloc(rt, (total,) + self.shape, self.dtype)
     if self.row_bytes and total:
         dev = buf.device.index if buf.is_cuda else -1
         _plan_rows(rt, plan, self, ids, buf.data_ptr(), total * self.row_bytes, dev, g.handles)
@@ -351,14 +351,14 @@ class _FileField:
     def read(self, ds, rt, plan, ids, g):
         paths = [self.paths[i] for i in ids.tolist()]
         if self.collate is None:
-            buf = ds._alloc(rt, (len(paths),) + self.shape, self.dtype, ds._staging.get(self.name, False))
+            buf = ds._alloc(rt, (len(paths),) + self.shape, self.dtype)
             if self.npy_batch:
                 g.extra.append(_NpyBatchJob(rt, self, paths, buf))
             else:
                 _plan_sample_files(rt, plan, self, paths, buf, g.handles)
             return buf
         return _plan_sample_files(rt, plan, self, paths, None, g.handles,
-                                  alloc=lambda shape: ds._alloc(rt, shape, self.dtype, True))
+                                  alloc=lambda shape: ds._alloc(rt, shape, self.dtype))
 
 
 def _var_info(v):
@@ -494,7 +494,8 @@ def _plan_sample_files(rt, plan, f, paths, dst, handles, alloc=None):
             t = alloc(shape)
             out.append(t)
             if nbytes:
-                plan.read(h, v["name"], (t.data_ptr(), nbytes, -1), native=True)
+                plan.read(h, v["name"], (t.data_ptr(), nbytes, t.device.index if t.is_cuda else -1),
+                          native=True)
         elif nbytes:
             plan.read(h, v["name"], (dst.data_ptr() + j * nbytes, nbytes, dev), native=True)
     return out if dst is None else None
@@ -555,7 +556,7 @@ class _TokenField:
     def read(self, ds, rt, plan, ids, g):
         handles = g.handles
         total = len(ids)
-        buf = ds._alloc(rt, (total,) + self.shape, self.dtype, ds._staging.get(self.name, False))
+        buf = ds._alloc(rt, (total,) + self.shape, self.dtype)
         if total:
             dev = buf.device.index if buf.is_cuda else -1
             k = np.searchsorted(self.starts, ids, side="right") - 1 if len(self.paths) > 1 \
@@ -706,7 +707,6 @@ class _Runtime:
         self.handles.clear()
 
 
-_PINNED_BELOW = 1 << 20     # staging="auto": rows smaller than this go through pinned batches
 _IMPORT_PID = os.getpid()   # a forked child must not use the parent's default context
 _FORKED = []   # runtimes inherited from a parent process: kept, never closed
 
@@ -754,7 +754,7 @@ class _Group:
 # --------------------------------------------------------------------------------------------
 class _BatchStream(IterableDataset):
     _STATE_TAG = _STATE_TAG
-    # issue the next group's device copies and casts while this one is handed out
+    # issue the next group's casts and transform while this one is handed out
     # (_stage_ahead); a subclass whose _finish may raise about its files opts in once its
     # errors may surface a group early
     _STAGE_AHEAD = False
@@ -787,7 +787,6 @@ class _BatchStream(IterableDataset):
         self._rt_lock = threading.Lock()
         self.block_size = getattr(self, "block_size", None)
         self._convert = {}
-        self._staging = {}
         # progress (global; see state_dict)
         self._epoch = 0
         self._consumed = 0
@@ -843,21 +842,24 @@ class _BatchStream(IterableDataset):
         return conv
 
     def _staging_per_field(self, staging):
+        """Check `staging` (one value or {field: value}); every field takes the engine's path."""
         names = [f.name for f in self._fields]
         cls = type(self).__name__
         spec = staging if isinstance(staging, dict) else {k: staging for k in names}
         bad = set(spec) - set(names)
         if bad:
             raise KeyError(f"{cls}: staging names unknown fields {sorted(bad)}")
-        out = {}
         for f in self._fields:
             v = spec.get(f.name, "auto")
-            if v not in ("auto", "engine", "pinned"):
-                raise ValueError(f"{cls}: staging must be 'auto', 'engine' or 'pinned', not {v!r}")
-            if v == "auto":
-                v = "pinned" if f.row_bytes < _PINNED_BELOW else "engine"
-            out[f.name] = v == "pinned"
-        return out
+            if v == "pinned":
+                # refused, not taken as a synonym: it chose another mechanism (host-path reads
+                # into torch's pinned tensors, one torch copy per field), which no longer exists
+                raise ValueError(
+                    f"{cls}: staging='pinned' was removed: every field reaches the GPU through "
+                    f"the engine's own pinned staging (staging='engine', also what 'auto' means); "
+                    f"see docs/torch.md")
+            if v not in ("auto", "engine"):
+                raise ValueError(f"{cls}: staging must be 'auto' or 'engine', not {v!r}")
 
     def _dist(self):
         rank, world = self.rank, self.world_size
@@ -1213,9 +1215,7 @@ class _BatchStream(IterableDataset):
             self._retire(retiring, block=True, raise_errors=False)
 
     # ---------------------------------------------------------------- reading
-    def _alloc(self, rt, shape, dtype, pinned=False):
-        if rt.device.type == "cuda" and pinned:
-            return torch.empty(shape, dtype=dtype, pin_memory=True)
+    def _alloc(self, rt, shape, dtype):
         if rt.device.type == "cuda":
             with torch.cuda.stream(rt.alloc_stream):
                 return torch.empty(shape, dtype=dtype, device=rt.device)
@@ -1299,15 +1299,13 @@ class _BatchStream(IterableDataset):
         return outs
 
     def _needs_side_stream(self, g):
-        return any(_on_host(b) for b in g.bufs) or bool(self._convert) or self.transform is not None
+        return bool(self._convert) or self.transform is not None
 
     def _stage_ahead(self, rt, g, retiring):
-        """Issue the next group's host-to-device copies and casts now, on ferry's stream,
-        when its reads are already done (no host wait): the consumer then finds them done
-        when it gets there, instead of waiting for a copy issued just before its step (a
-        pinned 38.5 MB batch is ~0.7 ms of copy at 55 GB/s, against a 2.9 ms step).
-        Groups that need none of that (engine staging: the engine's copies are in flight
-        already) are left to _handoff."""
+        """Issue the next group's casts and transform now, on ferry's stream, when its job is
+        already done (no host wait): the consumer then finds them done when it gets there,
+        instead of waiting for work issued just before its step. Groups that need none of
+        that are left to _handoff."""
         if getattr(g, "staged", None) is not None or not self._needs_side_stream(g):
             return
         job = g.job
@@ -1327,24 +1325,19 @@ class _BatchStream(IterableDataset):
 
     def _issue(self, rt, g, retiring, stream, side):
         """Queue g's device work on `stream` (the consumer's, or ferry's work stream): wait for
-        the engine's copies, copy pinned host fields, cast, split, transform."""
+        the engine's copies, cast, split, transform."""
         job = g.job
-        host = [_on_host(b) for b in g.bufs]            # fields read into pinned host memory
-        pinned = any(host)
         if job is not None:
-            if pinned:
-                job.wait()                    # host-path reads complete before torch copies them
             # A finished job's copies have passed on the device (the engine completes device
             # tasks by their events): nothing to wait for. Only an unfinished one is waited on
             # by the stream, and that wait is wider than the job: stream_wait records an event
             # on every worker's stream now, behind copies of later batches queued there since —
             # with the engine ahead, the step waited for most of the newest batch's copy.
-            done = pinned or job.done()
-            if not done and not all(host):
+            done = job.done()
+            if not done:
                 job.stream_wait(stream.cuda_stream)   # the engine's device copies, no host wait
             if done:
-                if not pinned:
-                    job.wait()                # surfaces a read error now rather than later
+                job.wait()                    # surfaces a read error now rather than later
                 self._release(rt, g)
             else:
                 retiring.append(g)            # buffers stay referenced until the job is done
@@ -1353,11 +1346,8 @@ class _BatchStream(IterableDataset):
         if not side:
             return self._finish(g)
         with torch.cuda.stream(stream):
-            for b, h in zip(g.bufs, host):
-                if not h:
-                    _record(b, stream)
-            # pinned blocks are reused only after these copies (torch records the stream)
-            g.bufs = [_to_device(b, rt.device) if h else b for b, h in zip(g.bufs, host)]
+            for b in g.bufs:
+                _record(b, stream)
             return list(self._finish(g))
 
     def _finish(self, g):
@@ -1437,16 +1427,6 @@ class InaccurateStateWarning(UserWarning):
     """state_dict() was asked where the dataset cannot know the exact position."""
 
 
-def _on_host(b):
-    return (not b[0].is_cuda if b else True) if isinstance(b, list) else not b.is_cuda
-
-
-def _to_device(b, device):
-    if isinstance(b, list):
-        return [t.to(device, non_blocking=True) for t in b]
-    return b.to(device, non_blocking=True)
-
-
 class ArrayDataset(_BatchStream):
     """Batches of samples of arrays in files, read by ferry's engine into torch tensors on `device`.
 
@@ -1498,12 +1478,10 @@ class ArrayDataset(_BatchStream):
     sample_group
         Per-sample mode: samples read per plan.
     staging
-        CUDA only; one value or {field: value}. "engine": the engine moves rows to the GPU itself
-        (cuFile, or its pinned staging buffers and one host-to-device copy per run of rows).
-        "pinned": the engine reads on its host path into pinned batches (torch's pinned caching
-        allocator) and torch copies each field to the GPU in one copy on ferry's stream — fewer,
-        larger copies when rows are small. "auto" (default): "pinned" for fields whose rows are
-        under 1 MiB, else "engine".
+        CUDA only; one value or {field: value}: "auto" (default) or "engine", the same: the
+        engine moves every field to the GPU itself (cuFile, or its pinned staging buffers,
+        records packed back to back, one host-to-device copy per buffer of adjacent rows).
+        "pinned" (host-path batches copied by torch) was removed: a ValueError says so.
     """
 
     _STAGE_AHEAD = True
@@ -1549,7 +1527,7 @@ class ArrayDataset(_BatchStream):
             raise ValueError(f"ArrayDataset: fields have different numbers of {what}: {n}")
         self.num_samples = self._fields[0].rows
         self._convert = self._conversions(dtype, normalize)
-        self._staging = self._staging_per_field(staging)
+        self._staging_per_field(staging)   # "auto" or "engine": one path either way
 
 
 def _per_field_option(v, names, single, what):
@@ -1641,7 +1619,7 @@ class TokenDataset(_BatchStream):
         if self.num_samples == 0:
             raise ValueError(f"TokenDataset: no window of {self.seq_len + 1} tokens in {files!r}")
         self.staging = staging
-        self._staging = self._staging_per_field(staging)
+        self._staging_per_field(staging)   # "auto" or "engine": one path either way
         if batches_per_read is None:
             # the loader's per-read work (ids, plan, submit, hand-off) was 364 us on the H200 at
             # one read per 2 MiB batch; 16 such batches per read make it ~25 us per batch

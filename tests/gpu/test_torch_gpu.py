@@ -52,14 +52,14 @@ def test_batches_on_cuda_equal_numpy(data, staging):
         np.testing.assert_array_equal(b["vec"].cpu().numpy(), ref["vec"][ids])
         seen += ids.tolist()
     assert seen == epoch_order(N, 1, 0).tolist()
-    # small rows: "auto" reads them on the host path into pinned batches
-    assert ds.last_path in (("staged", "cufile") if staging == "engine" else ("host",))
+    # one path for every row size: the engine's own (staging="pinned" was removed)
+    assert ds.last_path in ("staged", "cufile")
     # device=None picks the GPU
     b = next(iter(ArrayDataset(fields=fields, batch_size=8)))
     assert b["img"].is_cuda
 
 
-@pytest.mark.parametrize("staging", ["engine", "pinned", {"img": "pinned", "vec": "engine", "id": "engine"}])
+@pytest.mark.parametrize("staging", ["engine", {"img": "auto", "vec": "engine", "id": "engine"}])
 @pytest.mark.parametrize("busy", [False, True])
 def test_stream_handoff_and_memory_reuse_under_load(data, busy, staging):
     """The consumer works on its own (non-default) stream, delays every check behind a sleep

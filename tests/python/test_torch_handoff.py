@@ -64,3 +64,21 @@ def test_an_unfinished_job_is_waited_on_by_the_stream_once(ds):
     ds._issue(None, g, retiring, FakeStream(), side=False)
     assert job.calls == [("stream_wait", 1234)]
     assert handle[1] == 1 and list(retiring) == [g]   # referenced until the job is done
+
+
+# ---- one path: staging='pinned' is refused, 'auto' and 'engine' are the engine's path ---------
+def test_staging_pinned_is_refused_with_the_reason(tmp_path):
+    np.save(tmp_path / "a.npy", np.zeros((8, 3), np.float32))
+    p = str(tmp_path / "a.npy")
+    with pytest.raises(ValueError, match="staging='pinned' was removed.*engine's own pinned staging"):
+        ft.ArrayDataset(p, batch_size=4, device="cpu", staging="pinned")
+    with pytest.raises(ValueError, match="staging='pinned' was removed"):
+        ft.ArrayDataset(fields={"a": p}, batch_size=4, device="cpu", staging={"a": "pinned"})
+    np.arange(20, dtype=np.uint16).tofile(tmp_path / "t.bin")
+    with pytest.raises(ValueError, match="staging='pinned' was removed"):
+        ft.TokenDataset(str(tmp_path / "t.bin"), 4, 2, device="cpu", staging="pinned")
+    with pytest.raises(ValueError, match="'auto' or 'engine', not 'fast'"):
+        ft.ArrayDataset(p, batch_size=4, device="cpu", staging="fast")
+    for ok in ("auto", "engine", {"a": "engine"}):
+        ds = ft.ArrayDataset(fields={"a": p}, batch_size=4, device="cpu", staging=ok)
+        assert len(list(ds)) == 2
