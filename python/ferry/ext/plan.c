@@ -206,56 +206,8 @@ static int run_check(FileObject *f, Py_ssize_t i, const u64_column *offs, const 
     return -1;
 }
 
-static PyObject *Plan_read_file_runs(PlanObject *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"file", "offsets", "lengths", "dst", "dst_offsets", NULL};
-    FileObject *f;
-    PyObject *offo, *leno, *dsto, *doffo;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!OOOO", kwlist, &FileType, &f, &offo, &leno, &dsto, &doffo))
-        return NULL;
-    if (plan_check(self) < 0 || file_check(f) < 0) return NULL;
-    u64_column offs, lens, doffs;
-    memset(&lens, 0, sizeof lens);
-    memset(&doffs, 0, sizeof doffs);
-    PyObject *ret = NULL;
-    parsed_buf d = {.keep = NULL};
-    if (column_parse(offo, "offsets", 0, &offs) < 0) return NULL;
-    if (column_parse(leno, "lengths", 1, &lens) < 0 || column_parse(doffo, "dst_offsets", 0, &doffs) < 0)
-        goto out;
-    Py_ssize_t n = column_len(&offs);
-    if ((lens.have && column_len(&lens) != n) || column_len(&doffs) != n) {
-        PyErr_Format(PyExc_ValueError, "read_file_runs: %zd offsets, %zd lengths, %zd dst_offsets "
-                     "(all must be equal; lengths may be one int)", n, lens.have ? column_len(&lens) : n,
-                     column_len(&doffs));
-        goto out;
-    }
-    if (parse_buffer(dsto, 1, &d) < 0) goto out;
-    unsigned long long o, l, doff;
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (run_check(f, i, &offs, &lens, &doffs, d.buf.size, &o, &l, &doff) < 0) goto out;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        /* checked again: the arrays are the caller's and could change under us */
-        if (run_check(f, i, &offs, &lens, &doffs, d.buf.size, &o, &l, &doff) < 0) goto out;
-        int rc = ferry_plan_read(self->plan, f->f, o, l, d.buf, doff);
-        if (rc < 0) { raise_ctx(f->ctx->ctx, rc); goto out; }
-    }
-    if (n > 0) {
-        PyObject *keep = d.keep;
-        d.keep = NULL;
-        if (plan_keep(self, keep) < 0) goto out;
-        Py_INCREF(f);
-        if (plan_keep(self, (PyObject *)f) < 0) goto out;
-    }
-    ret = PyLong_FromSsize_t(n);
-out:
-    Py_XDECREF(d.keep);
-    column_release(&offs);
-    column_release(&lens);
-    column_release(&doffs);
-    return ret;
-}
-
-/* read_files_runs: read_file_runs over several files, each run naming its
- * file by index. The runs enter the plan in the order given, whichever file
+/* add_runs: runs of several files, each naming its file by index (idxo; NULL:
+ * every run reads files[0], as read_file_runs does). The runs enter the plan in the order given, whichever file
  * they read: a shuffled batch's rows drawn from several shards then reach
  * the engine in destination order, so a packed staging buffer holds rows
  * that are adjacent in the batch and goes to the device in one copy. Grouped
@@ -263,11 +215,8 @@ out:
  * land every few rows apart and each buffer needed the scatter kernel
  * (stand-in driver, 256 shuffled 150,528-byte rows of 4 shards: 32 kernel
  * launches and 64 copies a batch, against none and 32). */
-static PyObject *Plan_read_files_runs(PlanObject *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"files", "file_index", "offsets", "lengths", "dst", "dst_offsets", NULL};
-    PyObject *fileso, *idxo, *offo, *leno, *dsto, *doffo;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOO", kwlist, &fileso, &idxo, &offo, &leno, &dsto, &doffo))
-        return NULL;
+static PyObject *add_runs(PlanObject *self, PyObject *fileso, PyObject *idxo, PyObject *offo, PyObject *leno,
+                          PyObject *dsto, PyObject *doffo) {
     if (plan_check(self) < 0) return NULL;
     PyObject *files = PySequence_Fast(fileso, "read_files_runs: files must be a sequence of File");
     if (!files) return NULL;
@@ -282,25 +231,28 @@ static PyObject *Plan_read_files_runs(PlanObject *self, PyObject *args, PyObject
         if (file_check((FileObject *)o) < 0) { Py_DECREF(files); return NULL; }
     }
     u64_column idx, offs, lens, doffs;
+    memset(&idx, 0, sizeof idx);   /* no index column: scalar 0, the first file */
     memset(&offs, 0, sizeof offs);
     memset(&lens, 0, sizeof lens);
     memset(&doffs, 0, sizeof doffs);
     PyObject *ret = NULL;
     parsed_buf d = {.keep = NULL};
-    if (column_parse(idxo, "file_index", 0, &idx) < 0) { Py_DECREF(files); return NULL; }
+    if (idxo && column_parse(idxo, "file_index", 0, &idx) < 0) { Py_DECREF(files); return NULL; }
     if (column_parse(offo, "offsets", 0, &offs) < 0 || column_parse(leno, "lengths", 1, &lens) < 0 ||
         column_parse(doffo, "dst_offsets", 0, &doffs) < 0)
         goto out;
     Py_ssize_t n = column_len(&offs);
-    if (column_len(&idx) != n || (lens.have && column_len(&lens) != n) || column_len(&doffs) != n) {
-        PyErr_Format(PyExc_ValueError, "read_files_runs: %zd file_index, %zd offsets, %zd lengths, %zd "
-                     "dst_offsets (all must be equal; lengths may be one int)", column_len(&idx), n,
+    if ((idx.have && column_len(&idx) != n) || (lens.have && column_len(&lens) != n) || column_len(&doffs) != n) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd file_index, %zd offsets, %zd lengths, %zd "
+                     "dst_offsets (all must be equal; lengths may be one int)",
+                     idxo ? "read_files_runs" : "read_file_runs", idx.have ? column_len(&idx) : n, n,
                      lens.have ? column_len(&lens) : n, column_len(&doffs));
         goto out;
     }
     if (parse_buffer(dsto, 1, &d) < 0) goto out;
     unsigned long long o, l, doff;
-    for (int pass = 0; pass < 2; pass++) {   /* pass 0 checks every run; pass 1 checks again and adds */
+    for (int pass = 0; pass < 2; pass++) {   /* pass 0 checks every run; pass 1 checks again (the arrays
+                                                are the caller's and could change under us) and adds */
         for (Py_ssize_t i = 0; i < n; i++) {
             int neg = 0;
             unsigned long long k = column_at(&idx, i, &neg);
@@ -332,6 +284,27 @@ out:
     column_release(&lens);
     column_release(&doffs);
     return ret;
+}
+
+static PyObject *Plan_read_file_runs(PlanObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"file", "offsets", "lengths", "dst", "dst_offsets", NULL};
+    FileObject *f;
+    PyObject *offo, *leno, *dsto, *doffo;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!OOOO", kwlist, &FileType, &f, &offo, &leno, &dsto, &doffo))
+        return NULL;
+    PyObject *files = PyTuple_Pack(1, (PyObject *)f);
+    if (!files) return NULL;
+    PyObject *r = add_runs(self, files, NULL, offo, leno, dsto, doffo);
+    Py_DECREF(files);
+    return r;
+}
+
+static PyObject *Plan_read_files_runs(PlanObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"files", "file_index", "offsets", "lengths", "dst", "dst_offsets", NULL};
+    PyObject *fileso, *idxo, *offo, *leno, *dsto, *doffo;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOO", kwlist, &fileso, &idxo, &offo, &leno, &dsto, &doffo))
+        return NULL;
+    return add_runs(self, fileso, idxo, offo, leno, dsto, doffo);
 }
 
 static PyObject *Plan_write_file(PlanObject *self, PyObject *args, PyObject *kw) {
