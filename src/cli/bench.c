@@ -19,6 +19,7 @@
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
+#include "cli/bench_util.h"
 
 typedef struct bench_opts {
     uint64_t size;
@@ -26,26 +27,11 @@ typedef struct bench_opts {
     int threads, device, reps, cold, keep, json, latency;
 } bench_opts;
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-static double cpu_seconds(void) {
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    return ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + ru.ru_stime.tv_sec + ru.ru_stime.tv_usec * 1e-6;
-}
 
-/* the file's contents: word i of 8 bytes is mix(i) */
-static inline uint64_t mix(uint64_t i) {
-    uint64_t z = i + 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    return z ^ (z >> 27);
-}
+/* the file's contents: word i of 8 bytes is bench_word(i) */
 static void fill_pattern(uint8_t *p, uint64_t off, uint64_t n) {   /* off, n multiples of 8 */
     uint64_t *w = (uint64_t *)p;
-    for (uint64_t i = 0; i < n / 8; i++) w[i] = mix(off / 8 + i);
+    for (uint64_t i = 0; i < n / 8; i++) w[i] = bench_word(off / 8 + i);
 }
 /* Measurements whose bytes did not verify: the command then exits 1 (a path
  * that cannot run on this machine is reported, not counted). */
@@ -53,7 +39,7 @@ static int failed_;
 
 static int verify(const uint8_t *p, uint64_t off, uint64_t n) {
     const uint64_t *w = (const uint64_t *)p;
-    for (uint64_t i = 0; i < n / 8; i++) if (w[i] != mix(off / 8 + i)) return 0;
+    for (uint64_t i = 0; i < n / 8; i++) if (w[i] != bench_word(off / 8 + i)) return 0;
     return 1;
 }
 
@@ -96,7 +82,7 @@ static double raw_parallel(const char *path, uint64_t size, int n, int direct, i
     _Atomic uint64_t next = 0;
     pthread_t t[256];
     raw_arg a[256];
-    double t0 = now();
+    double t0 = bench_now();
     for (int i = 0; i < n; i++) {
         a[i] = (raw_arg){fd, size, chunk, i, n, bufs[i], write, &next, 0};
         pthread_create(&t[i], NULL, raw_worker, &a[i]);
@@ -104,7 +90,7 @@ static double raw_parallel(const char *path, uint64_t size, int n, int direct, i
     int err = 0;
     for (int i = 0; i < n; i++) { pthread_join(t[i], NULL); if (a[i].err) err = a[i].err; }
     if (write) fsync(fd);
-    double dt = now() - t0;
+    double dt = bench_now() - t0;
     close(fd);
     return err ? -1 : size / dt / 1e9;
 }
@@ -127,11 +113,11 @@ static double raw_parallel_into(const char *path, uint64_t size, int n, void *ds
     _Atomic uint64_t next = 0;
     pthread_t t[256];
     into_arg a[256];
-    double t0 = now();
+    double t0 = bench_now();
     for (int i = 0; i < n; i++) { a[i] = (into_arg){fd, size, chunk, dst, &next, 0}; pthread_create(&t[i], NULL, into_worker, &a[i]); }
     int err = 0;
     for (int i = 0; i < n; i++) { pthread_join(t[i], NULL); if (a[i].err) err = a[i].err; }
-    double dt = now() - t0;
+    double dt = bench_now() - t0;
     close(fd);
     return err ? -1 : size / dt / 1e9;
 }
@@ -174,9 +160,9 @@ static double ferry_read_rate(ferry_ctx *ctx, ferry_file *f, ferry_buf dst, uint
         ferry_plan_create(&plan);
         ferry_plan_read(plan, f, 0, size, dst, 0);
         ferry_run_opts o = {path, 0, 0, FERRY_DECODE_AUTO};
-        double c0 = cpu_seconds(), t0 = now();
+        double c0 = bench_cpu_seconds(), t0 = bench_now();
         int64_t got = ferry_run(ctx, plan, &o);
-        double dt = now() - t0, dc = cpu_seconds() - c0;
+        double dt = bench_now() - t0, dc = bench_cpu_seconds() - c0;
         ferry_plan_destroy(plan);
         if (got != (int64_t)size) { snprintf(why, whylen, "%s", ferry_errmsg(ctx)); return -1; }
         if (dst.kind == FERRY_MEM_CUDA) {
@@ -267,12 +253,12 @@ int ferry_cli_bench(int argc, char **argv) {
     }
     if (!json_) printf("\nwrites (durable: fsync included)\n");
     row("limit: raw parallel O_DIRECT write, 8 threads", raw_w, -1, "");
-    double c0 = cpu_seconds(), t0 = now();
+    double c0 = bench_cpu_seconds(), t0 = bench_now();
     int64_t w = ferry_pwrite(f, ferry_host_buf(host, o.size), 0, o.size, FERRY_SYNC);
-    double hw = w == (int64_t)o.size ? o.size / (now() - t0) / 1e9 : -1;
+    double hw = w == (int64_t)o.size ? o.size / (bench_now() - t0) / 1e9 : -1;
     char note[512];
     snprintf(note, sizeof note, "%.2fx the raw limit", raw_w > 0 ? hw / raw_w : 0);
-    row("ferry host memory -> file", hw, (cpu_seconds() - c0) / (o.size / 1e9), w < 0 ? ferry_errmsg(ctx) : note);
+    row("ferry host memory -> file", hw, (bench_cpu_seconds() - c0) / (o.size / 1e9), w < 0 ? ferry_errmsg(ctx) : note);
 
     uintptr_t dptr = 0;
     if (gpu && ferry_cuda_malloc(ctx, o.device, o.size, &dptr) != 0) { fprintf(stderr, "ferry bench: %s\n", ferry_errmsg(ctx)); gpu = 0; }
@@ -283,11 +269,11 @@ int ferry_cli_bench(int argc, char **argv) {
         snprintf(path2, sizeof path2, "%s.gpu", o.file);
         ferry_file *g;
         if (ferry_file_open(ctx, path2, FERRY_READ | FERRY_WRITE | FERRY_CREATE | FERRY_TRUNC, &g) == 0) {
-            c0 = cpu_seconds(); t0 = now();
+            c0 = bench_cpu_seconds(); t0 = bench_now();
             w = ferry_pwrite(g, dbuf, 0, o.size, FERRY_SYNC);
-            double gw = w == (int64_t)o.size ? o.size / (now() - t0) / 1e9 : -1;
+            double gw = w == (int64_t)o.size ? o.size / (bench_now() - t0) / 1e9 : -1;
             snprintf(note, sizeof note, "%.2fx the raw limit", raw_w > 0 ? gw / raw_w : 0);
-            row("ferry GPU memory -> file (staged)", gw, (cpu_seconds() - c0) / (o.size / 1e9), w < 0 ? ferry_errmsg(ctx) : note);
+            row("ferry GPU memory -> file (staged)", gw, (bench_cpu_seconds() - c0) / (o.size / 1e9), w < 0 ? ferry_errmsg(ctx) : note);
             /* the GPU-written file must hold the same bytes */
             memset(host, 0, o.size);
             if (ferry_pread(g, ferry_host_buf(host, o.size), 0, o.size, 0) != (int64_t)o.size || !verify(host, 0, o.size))
@@ -318,10 +304,10 @@ int ferry_cli_bench(int argc, char **argv) {
         void *pin;
         ferry_pinned_alloc(ctx, n, &pin);
         for (int r = 0; r < o.reps; r++) {
-            double a = now();
+            double a = bench_now();
             for (uint64_t off = 0; off < o.size; off += n) cu->MemcpyHtoDAsync(dptr + off, pin, FERRY_MIN(n, o.size - off), s);
             cu->StreamSynchronize(s);
-            double x = o.size / (now() - a) / 1e9;
+            double x = o.size / (bench_now() - a) / 1e9;
             if (x > lim_h2d) lim_h2d = x;
         }
         ferry_pinned_free(ctx, pin);
@@ -329,14 +315,14 @@ int ferry_cli_bench(int argc, char **argv) {
         /* what users do today: one thread, pread into a pinned buffer, copy, repeat */
         int fd = open(o.file, O_RDONLY);
         for (int r = 0; r < o.reps && fd >= 0; r++) {
-            double a = now();
+            double a = bench_now();
             for (uint64_t off = 0; off < o.size; off += chunk) {
                 uint64_t m = FERRY_MIN(chunk, o.size - off);
                 if (pread(fd, bufs[0], m, (off_t)off) != (ssize_t)m) break;
                 cu->MemcpyHtoDAsync(dptr + off, bufs[0], m, s);
                 cu->StreamSynchronize(s);
             }
-            double x = o.size / (now() - a) / 1e9;
+            double x = o.size / (bench_now() - a) / 1e9;
             if (x > user1) user1 = x;
         }
         if (fd >= 0) close(fd);
@@ -401,19 +387,19 @@ int ferry_cli_bench(int argc, char **argv) {
             enum { N = 300 };
             double a[N], b[N];
             for (int i = 0; i < N; i++) {
-                uint64_t off = (mix((uint64_t)i * 7 + k) % (o.size / 4096 - 256)) * 4096;
+                uint64_t off = (bench_word((uint64_t)i * 7 + k) % (o.size / 4096 - 256)) * 4096;
                 /* alternate which goes first, so neither always finds the other's pages cached */
                 for (int pass = 0; pass < 2; pass++) {
                     if ((pass == 0) == (i % 2 == 0)) {
-                        double t = now();
+                        double t = bench_now();
                         ferry_pread(f, ferry_cuda_buf(o.device, dptr, sz[k]), off, sz[k], 0);
-                        a[i] = (now() - t) * 1e6;
+                        a[i] = (bench_now() - t) * 1e6;
                     } else {
-                        double t = now();
+                        double t = bench_now();
                         if (pread(fd, bufs[0], sz[k], (off_t)off) < 0) break;
                         cu->MemcpyHtoDAsync(dptr, bufs[0], sz[k], NULL);
                         cu->StreamSynchronize(NULL);
-                        b[i] = (now() - t) * 1e6;
+                        b[i] = (bench_now() - t) * 1e6;
                     }
                 }
             }

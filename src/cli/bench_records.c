@@ -32,32 +32,16 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include "cli/bench_util.h"
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static double cpu_s(void) {
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    return ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + ru.ru_stime.tv_sec + ru.ru_stime.tv_usec * 1e-6;
-}
 static double cpu_used_;   /* CPU seconds of the last best measurement */
 
-/* the file's contents: word i (8 bytes) is mix(i), as `ferry bench` writes it */
-static inline uint64_t mix(uint64_t i) {
-    uint64_t z = i + 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    return z ^ (z >> 27);
-}
 static uint64_t rng_(uint64_t *s) { *s ^= *s << 13; *s ^= *s >> 7; *s ^= *s << 17; return *s; }
 
-/* a record at byte `off` (a multiple of 8) holds mix(off/8 ...) */
+/* a record at byte `off` (a multiple of 8) holds bench_word(off/8 ...) */
 static int verify_rec(const uint8_t *p, uint64_t off, uint64_t n) {
     uint64_t w;
-    for (uint64_t i = 0; i + 8 <= n; i += 8) { memcpy(&w, p + i, 8); if (w != mix((off + i) / 8)) return 0; }
+    for (uint64_t i = 0; i + 8 <= n; i += 8) { memcpy(&w, p + i, 8); if (w != bench_word((off + i) / 8)) return 0; }
     return 1;
 }
 
@@ -70,7 +54,7 @@ static int make_file(const char *path, uint64_t size) {
     uint64_t *buf = malloc(chunk);
     for (uint64_t off = 0; off < size; off += chunk) {
         size_t n = size - off < chunk ? (size_t)(size - off) : chunk;
-        for (size_t i = 0; i < n / 8; i++) buf[i] = mix(off / 8 + i);
+        for (size_t i = 0; i < n / 8; i++) buf[i] = bench_word(off / 8 + i);
         if (write(fd, buf, n) != (ssize_t)n) { free(buf); close(fd); return -1; }
     }
     free(buf);
@@ -122,15 +106,15 @@ static double raw_records(const char *path, const uint64_t *offs, uint64_t n, ui
     _Atomic uint64_t next = 0;
     pthread_t th[256];
     rec_arg a[256];
-    double t0 = now_s(), c0 = cpu_s();
+    double t0 = bench_now(), c0 = bench_cpu_seconds();
     for (int t = 0; t < threads; t++) {
         a[t] = (rec_arg){fd, offs, n, rec, cap, &next, 0};
         pthread_create(&th[t], NULL, rec_worker, &a[t]);
     }
     int err = 0;
     for (int t = 0; t < threads; t++) { pthread_join(th[t], NULL); err |= a[t].err; }
-    double dt = now_s() - t0;
-    cpu_used_ = cpu_s() - c0;
+    double dt = bench_now() - t0;
+    cpu_used_ = bench_cpu_seconds() - c0;
     close(fd);
     return err ? -1 : dt;
 }
@@ -152,7 +136,7 @@ static double ferry_records(ferry_ctx *ctx, ferry_file *f, const uint64_t *offs,
     for (int k = 0; k < depth; k++) ferry_plan_create(&plans[k]);
     uint64_t nb = n / batch;
     int bad = 0;
-    double t0 = now_s(), c0 = cpu_s();
+    double t0 = bench_now(), c0 = bench_cpu_seconds();
     for (uint64_t b = 0; b < nb + (uint64_t)depth && !bad; b++) {
         int k = (int)(b % (uint64_t)depth);
         if (jobs[k]) {   /* the batch submitted depth batches ago */
@@ -177,8 +161,8 @@ static double ferry_records(ferry_ctx *ctx, ferry_file *f, const uint64_t *offs,
         first[k] = b * batch;
         if (ferry_submit(ctx, plans[k], NULL, &jobs[k]) != 0) { snprintf(why, whylen, "%s", ferry_errmsg(ctx)); bad = 1; }
     }
-    double dt = now_s() - t0;
-    cpu_used_ = cpu_s() - c0;
+    double dt = bench_now() - t0;
+    cpu_used_ = bench_cpu_seconds() - c0;
     for (int k = 0; k < depth; k++) { ferry_job_destroy(jobs[k]); ferry_plan_destroy(plans[k]); }
     free(perm);
     if (bad == 2) return -2;
@@ -287,9 +271,9 @@ int ferry_cli_bench_records(int argc, char **argv) {
             memset(h, 1, n);
             double best = 1e9;
             for (int r = 0; r < 3; r++) {
-                double t0 = now_s();
+                double t0 = bench_now();
                 ferry_memcpy(ctx, ferry_cuda_buf(device, d, n), ferry_host_buf(h, n), n);
-                double dt = now_s() - t0;
+                double dt = bench_now() - t0;
                 if (dt < best) best = dt;
             }
             printf("  %-44s %8.2f GB/s\n", "pinned host->device copy (256 MiB)", n / best / 1e9);
