@@ -131,6 +131,9 @@ class Plan:
                decoded_size: Optional[int] = None, dst: Optional[Buffer] = None, dst_offset: int = 0,
                place: Optional[Mapping[str, Any]] = None, kind: Literal["read", "fill", "write"] = "read",
                fill: bytes = b"", label: Optional[str] = None) -> None: ...
+    def read_array(self, file: File, offset: int, shape: Sequence[int], itemsize: int, dst: Buffer,
+                   selection: Sequence[tuple[int, int, int]] | None = None, order: str = "C",
+                   label: str | None = None, exact: bool = False) -> int: ...
     def layout(self, dst: Buffer, shape: Sequence[int], chunks: Sequence[int], itemsize: int,
                table: Optional[ChunkTable] = None, path: Optional[PathLike] = None,
                codecs: Optional[Sequence[Union[int, str, Tuple[Union[int, str], int]]]] = None, swap: int = 0,
