@@ -694,6 +694,20 @@ const char *ferry_dataset_attrs_json(const ferry_dataset *ds);
 const char *ferry_dataset_dims_json(const ferry_dataset *ds);
 /** JSON array of child group names (Zarr), "[]" if none. */
 const char *ferry_dataset_groups_json(const ferry_dataset *ds);
+/** What ferry_dataset_open found about the store itself (all zeros for a
+ *  format other than Zarr). */
+typedef struct ferry_store_info {
+    int zarr_format;     /* 2 or 3 for a Zarr store, else 0 */
+    int consolidated;    /* 1: the node's members came from consolidated metadata
+                            (v2: .zmetadata at the store root; v3: the group's
+                            zarr.json "consolidated_metadata"), as zarr-python's
+                            open_consolidated reads them; 0: from the members' own
+                            documents, listed from the directory */
+    int is_array;        /* 1: the opened node (the store root or group=) is itself an
+                            array, the dataset's one variable; 0: a group */
+} ferry_store_info;
+/** Fill *out for ds (0), FERRY_EINVAL for NULL arguments. */
+int ferry_dataset_store_info(const ferry_dataset *ds, ferry_store_info *out);
 int ferry_dataset_nvars(const ferry_dataset *ds);
 int ferry_dataset_var(const ferry_dataset *ds, int index, ferry_var_info *out);
 /** Index of the variable named `name`, or FERRY_ENOTFOUND. Constant time (a table built at

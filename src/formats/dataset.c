@@ -213,6 +213,12 @@ const char *ferry_dataset_attrs_json(const ferry_dataset *ds) {
 const char *ferry_dataset_dims_json(const ferry_dataset *ds) {
     return ds && ds->dims_json ? ds->dims_json : "{}";
 }
+int ferry_dataset_store_info(const ferry_dataset *ds, ferry_store_info *out) {
+    if (!ds || !out) return ferry_seterr(FERRY_EINVAL, "ferry_dataset_store_info: NULL argument");
+    *out = ds->store;
+    return 0;
+}
+
 const char *ferry_dataset_groups_json(const ferry_dataset *ds) {
     return ds && ds->groups_json ? ds->groups_json : "[]";
 }

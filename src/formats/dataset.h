@@ -34,6 +34,7 @@ struct ferry_dataset {
     char *dims_json;       /* NULL: "{}" */
     char *groups_json;     /* NULL: "[]" */
     void *fmt;             /* format-private */
+    ferry_store_info store;   /* filled by formats that have one (Zarr) */
     int *by_name;          /* open-addressing table of variable indices (-1 empty), built after open */
     size_t by_name_mask;   /* table size - 1 (a power of two, at least twice nvars) */
 };

@@ -82,6 +82,15 @@ static PyObject *Dataset_get_groups(DatasetObject *self, void *c) {
     return PyUnicode_FromString(s ? s : "[]");
 }
 static PyObject *Dataset_get_closed(DatasetObject *self, void *c) { return PyBool_FromLong(self->ds == NULL); }
+/* ferry_dataset_store_info: what the parser found about the store (Zarr) */
+static PyObject *Dataset_get_store_info(DatasetObject *self, void *c) {
+    if (ds_check(self) < 0) return NULL;
+    ferry_store_info si;
+    int rc = ferry_dataset_store_info(self->ds, &si);
+    if (rc < 0) return raise_code_msg(rc, ferry_errmsg(NULL));
+    return Py_BuildValue("{s:i,s:O,s:O}", "zarr_format", si.zarr_format, "consolidated",
+                         si.consolidated ? Py_True : Py_False, "is_array", si.is_array ? Py_True : Py_False);
+}
 
 /* the library's one name table (ferry_dtype_name, src/engine/names.c) */
 static const char *dtype_name(ferry_dtype t) { return ferry_dtype_name(t, FERRY_NAME_SHORT); }
@@ -248,6 +257,8 @@ static PyGetSetDef Dataset_getset[] = {
     {"dims", (getter)Dataset_get_dims, NULL, "dimensions (JSON)", NULL},
     {"groups", (getter)Dataset_get_groups, NULL, "child groups (JSON array)", NULL},
     {"closed", (getter)Dataset_get_closed, NULL, "True after close()", NULL},
+    {"store_info", (getter)Dataset_get_store_info, NULL,
+     "{'zarr_format': 2, 3 or 0, 'consolidated': bool, 'is_array': bool} (ferry_dataset_store_info)", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
 PyTypeObject DatasetType = {
