@@ -41,6 +41,20 @@ static int lookup(void *arg, const uint64_t *idx, ferry_chunk *out) {
     return 0;
 }
 
+/* dst of want bytes between GUARD bytes of 0xa5 on both sides (exact
+ * allocation: ASan sees any write past them too) */
+enum { GUARD = 64 };
+static uint8_t *guarded(uint64_t want) {
+    uint8_t *mem = malloc(want + 2 * GUARD);
+    if (!mem) abort();
+    memset(mem, 0xa5, want + 2 * GUARD);
+    return mem;
+}
+static void check_guards(const uint8_t *mem, uint64_t want) {
+    for (size_t i = 0; i < GUARD; i++)
+        if (mem[i] != 0xa5 || mem[GUARD + want + i] != 0xa5) abort();
+}
+
 /* ferry_plan_array of sel over the file's bytes (file[0..n)) at offset, as
  * layout l's shape, itemsize and order (C unless F) describe them. */
 static void fuzz_array(const ferry_layout *lay, const ferry_slice *sel, int valid, uint64_t want, uint64_t offset,
@@ -55,10 +69,7 @@ static void fuzz_array(const ferry_layout *lay, const ferry_slice *sel, int vali
     for (int k = 0; k < l.ndim; k++) l.chunks[k] = 1;
     ferry_file *f;
     if (ferry_file_open(ferry_fuzz_ctx(), lay->path, FERRY_READ, &f)) abort();
-    enum { GUARD = 64 };
-    uint8_t *mem = malloc(want + 2 * GUARD);
-    if (!mem) abort();
-    memset(mem, 0xa5, want + 2 * GUARD);
+    uint8_t *mem = guarded(want);
     ferry_plan *plan;
     if (ferry_plan_create(&plan)) abort();
     int64_t got = ferry_plan_array(f, offset, &l, sel, ferry_host_buf(mem + GUARD, want),
@@ -88,8 +99,7 @@ static void fuzz_array(const ferry_layout *lay, const ferry_slice *sel, int vali
             if (memcmp(mem + GUARD + at, file + src, l.itemsize)) abort();
             for (int k = l.ndim - 1; k >= 0 && ++idx[k] == cnt[k]; k--) idx[k] = 0;
         }
-        for (size_t i = 0; i < GUARD; i++)
-            if (mem[i] != 0xa5 || mem[GUARD + want + i] != 0xa5) abort();
+        check_guards(mem, want);
     }
     ferry_plan_destroy(plan);
     ferry_file_close(f);
@@ -169,10 +179,7 @@ static int fuzz_layout(const uint8_t *data, size_t size) {
         int64_t stop = (uint64_t)s.stop > l.shape[k] ? (int64_t)l.shape[k] : s.stop;
         want *= stop <= s.start || s.step < 1 ? 0 : (uint64_t)(stop - s.start - 1) / (uint64_t)s.step + 1;
     }
-    enum { GUARD = 64 };
-    uint8_t *mem = malloc(want + 2 * GUARD);
-    if (!mem) abort();
-    memset(mem, 0xa5, want + 2 * GUARD);
+    uint8_t *mem = guarded(want);
     ferry_plan *plan;
     if (ferry_plan_create(&plan)) abort();
     unsigned pf = (flags & 1 ? FERRY_NATIVE : 0) | (flags & 2 ? FERRY_STORED_ORDER : 0);
@@ -185,8 +192,7 @@ static int fuzz_layout(const uint8_t *data, size_t size) {
             int64_t ran = ferry_run(ferry_fuzz_ctx(), plan, NULL);
             if (ran < 0 && !ferry_errmsg(NULL)[0]) abort();
         }
-        for (size_t i = 0; i < GUARD; i++)
-            if (mem[i] != 0xa5 || mem[GUARD + want + i] != 0xa5) abort();
+        check_guards(mem, want);
     }
     ferry_plan_destroy(plan);
     free(mem);
