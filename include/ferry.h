@@ -708,6 +708,15 @@ typedef struct ferry_store_info {
 } ferry_store_info;
 /** Fill *out for ds (0), FERRY_EINVAL for NULL arguments. */
 int ferry_dataset_store_info(const ferry_dataset *ds, ferry_store_info *out);
+/** The fill value of variable `var` as the planner fills absent chunks with
+ *  it: one element, itemsize bytes in host (little-endian) order, written to
+ *  out (cap >= itemsize, else FERRY_EINVAL). Returns itemsize, or 0 when the
+ *  variable has none (a Zarr fill_value of null or of a type ferry cannot read,
+ *  a format without fill values: netCDF's _FillValue is an attribute); an
+ *  array whose codecs ferry lacks still has its fill value. Zarr's
+ *  "NaN", "Infinity", "0x..." bit patterns, base64 bytes and "NaT" are decoded
+ *  here, once. */
+int ferry_dataset_fill(const ferry_dataset *ds, int var, void *out, size_t cap);
 int ferry_dataset_nvars(const ferry_dataset *ds);
 int ferry_dataset_var(const ferry_dataset *ds, int index, ferry_var_info *out);
 /** Index of the variable named `name`, or FERRY_ENOTFOUND. Constant time (a table built at

@@ -526,29 +526,12 @@ def _h5_groups(path: str) -> list:
 # ---------------------------------------------------------------------------
 # netCDF classic and Zarr through ferry's C parsers
 # ---------------------------------------------------------------------------
-def _json_fill(v, dt: np.dtype):
-    if v is None:
+def _fill_value(raw: bytes | None, stored: np.dtype | None):
+    """The C parser's fill element (Dataset.fill: little-endian bytes, decoded
+    from Zarr's fill_value once, in zarr.c) as a numpy scalar of the stored type."""
+    if raw is None or stored is None:
         return None
-    if isinstance(v, str):
-        if v in ("NaN", "Infinity", "-Infinity"):
-            return dt.type({"NaN": np.nan, "Infinity": np.inf, "-Infinity": -np.inf}[v])
-        if dt.kind == "S":
-            try:
-                return np.bytes_(base64.standard_b64decode(v))
-            except Exception:  # noqa: BLE001
-                return np.bytes_(v.encode())
-        if dt.kind == "f":
-            try:
-                return dt.type(struct.unpack("<d", base64.standard_b64decode(v))[0])
-            except Exception:  # noqa: BLE001
-                return None
-        return v
-    if dt.kind in "SUO":
-        return v
-    try:
-        return np.array(v, dtype=dt)[()]
-    except (TypeError, ValueError, OverflowError):
-        return None
+    return np.frombuffer(raw, dtype=stored.newbyteorder("<")).astype(stored)[0]
 
 
 def _zarr3_attr_fill(value, dt: np.dtype):
@@ -727,13 +710,13 @@ def _c_scan(path: str, fmt: str, group: str | None, ctx, cpath: str | None = Non
         if actual == "zarr":
             encoding["chunks"] = tuple(v["chunks"])
             encoding["preferred_chunks"] = dict(zip(d, v["chunks"]))
+            fv = _fill_value(ds.fill(index), stored)
             if zv == 2:
-                fv = _json_fill(json.loads(v["fill"] or "null"), stored if stored is not None else np.dtype("f8"))
                 if fv is not None:
                     attrs["_FillValue"] = fv
             else:
                 if stored is not None:
-                    encoding["fill_value"] = _json_fill(json.loads(v["fill"] or "null"), stored)
+                    encoding["fill_value"] = fv
                 if "_FillValue" in attrs and stored is not None:
                     attrs["_FillValue"] = _zarr3_attr_fill(attrs["_FillValue"], stored)
         if not ok:

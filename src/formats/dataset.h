@@ -9,6 +9,7 @@
 typedef struct ferry_var {
     ferry_var_info info;   /* strings point into memory the dataset owns */
     void *fmt;             /* format-private per-variable state */
+    const uint8_t *fill;   /* the fill element (host order; zeros past 16 bytes), NULL: none */
 } ferry_var;
 
 typedef struct ferry_format_ops {

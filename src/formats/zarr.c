@@ -60,6 +60,7 @@ typedef struct zarr_arr {
     uint64_t inner[FERRY_MAX_DIMS];
     int index_at_start, index_crc, index_big;
     uint8_t fill[16];      /* one element in host (little-endian) order */
+    int has_fill;          /* fill_value parsed into fill[] and not null */
 } zarr_arr;
 
 typedef struct zarr_ds {
@@ -610,6 +611,7 @@ static int parse_v2(zarr_arr *a, const char *file, const ferry_json *za, const f
         kind = dt->str[1];
         if (parse_fill(fv, kind, a->itemsize, a->fill) < 0)
             return MERR(FERRY_EFORMAT, file, fv, "fill_value does not suit dtype %s", dt->str);
+        a->has_fill = fv->type != FERRY_JSON_NULL;
     }
 
     /* decoding: compressor first, then the filters in reverse order */
@@ -881,6 +883,7 @@ static int parse_v3_array(zarr_arr *a, const char *file, const ferry_json *m) {
         if (big && (rc = set_typestr(a, file, kind, 1, unit)) < 0) return rc;
         if (parse_fill(fv, kind, a->itemsize, a->fill) < 0)
             return MERR(FERRY_EFORMAT, file, fv, "fill_value does not suit data_type %s", dname);
+        a->has_fill = fv && fv->type != FERRY_JSON_NULL;
     }
     return finish_common(a, file);
 }
@@ -1400,6 +1403,7 @@ static int zarr_open(ferry_dataset *ds, const ferry_open_opts *opts) {
         vi->path = a->dir;
         vi->error = a->err;
         ds->vars[i].fmt = a;
+        if (a->has_fill) ds->vars[i].fill = a->fill;
     }
     ds->nvars = z->narrs;
     return 0;

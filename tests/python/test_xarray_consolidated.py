@@ -73,3 +73,26 @@ def test_store_info_of_arrays_and_other_formats(tmp_path):
     np.save(tmp_path / "x.npy", np.arange(3))
     assert ferry.Dataset(ferry.default_context(), str(tmp_path / "x.npy")).store_info == \
         {"zarr_format": 0, "consolidated": False, "is_array": False}
+
+
+@pytest.mark.parametrize("fill, want", [("0x3f800000", 1.0), ("NaN", np.nan), ("-Infinity", -np.inf), (2.5, 2.5)])
+def test_zarr_v3_fill_value_is_the_parsers(tmp_path, fill, want):
+    """encoding["fill_value"] is the fill element the C parser decoded (Dataset.fill),
+    equal to zarr's engine: Python used to decode the JSON again and gave None for
+    the hex bit pattern v3 allows ("0x3f800000" is 1.0f), while absent chunks were
+    filled with 1.0."""
+    import json
+    p = tmp_path / "h.zarr"
+    g = zarr.create_group(str(p), zarr_format=3)
+    a = g.create_array("v", shape=(8,), chunks=(4,), dtype="f4", fill_value=0.0, dimension_names=["x"])
+    a[:4] = np.arange(4)
+    m = json.loads((p / "v" / "zarr.json").read_text())
+    m["fill_value"] = fill
+    (p / "v" / "zarr.json").write_text(json.dumps(m))
+    ref = xr.open_dataset(p, engine="zarr", consolidated=False)["v"]
+    got = xr.open_dataset(p, engine="ferry")["v"]
+    fv = got.encoding["fill_value"]
+    assert fv.dtype == ref.encoding["fill_value"].dtype == np.float32
+    np.testing.assert_array_equal(fv, ref.encoding["fill_value"])
+    np.testing.assert_array_equal(fv, np.float32(want))
+    np.testing.assert_array_equal(got.values, ref.values)

@@ -238,6 +238,26 @@ static PyObject *Dataset_repr(DatasetObject *self) {
                                 ferry_dataset_format(self->ds), ferry_dataset_nvars(self->ds));
 }
 
+/* fill(index) -> bytes | None: ferry_dataset_fill, the one decoder of Zarr fill values */
+static PyObject *Dataset_fill(DatasetObject *self, PyObject *arg) {
+    if (ds_check(self) < 0) return NULL;
+    long li = PyLong_AsLong(arg);
+    if (li == -1 && PyErr_Occurred()) return NULL;
+    int index = li < 0 || li > INT32_MAX ? -1 : (int)li;   /* -1: refused by ferry_dataset_var */
+    ferry_var_info vi;
+    int rc = ferry_dataset_var(self->ds, index, &vi);
+    if (rc < 0) return raise_ctx(self->ctx->ctx, rc);
+    PyObject *b = PyBytes_FromStringAndSize(NULL, vi.itemsize);
+    if (!b) return NULL;
+    rc = ferry_dataset_fill(self->ds, index, PyBytes_AS_STRING(b), vi.itemsize);
+    if (rc <= 0) {
+        Py_DECREF(b);
+        if (rc < 0) return raise_ctx(self->ctx->ctx, rc);
+        Py_RETURN_NONE;
+    }
+    return b;
+}
+
 static PyMethodDef Dataset_methods[] = {
     {"variables", (PyCFunction)Dataset_variables, METH_NOARGS, "list of dicts, one per variable"},
     {"names", (PyCFunction)Dataset_names, METH_NOARGS, "list of the variables' names, in file order"},
@@ -245,6 +265,8 @@ static PyMethodDef Dataset_methods[] = {
      "list of (name, typestr, shape, data_offset, data_bytes, path, attrs) tuples, in file order"},
     {"variable", (PyCFunction)Dataset_variable, METH_O, "variable(name_or_index) -> dict"},
     {"find", (PyCFunction)Dataset_find, METH_O, "find(name) -> index (KeyError if missing)"},
+    {"fill", (PyCFunction)Dataset_fill, METH_O,
+     "fill(index) -> the fill element (itemsize bytes, little-endian) or None (ferry_dataset_fill)"},
     {"close", (PyCFunction)Dataset_close, METH_NOARGS, "close the dataset"},
     {"__enter__", Handle_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)Dataset_exit, METH_VARARGS, NULL},
