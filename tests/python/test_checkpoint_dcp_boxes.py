@@ -23,9 +23,10 @@ class BoxPlanner(DefaultLoadPlanner):
     """Reads the boxes {fqn: [(offsets, lengths)]} of the stored (whole) tensors,
     each into a tensor of its own."""
 
-    def __init__(self, boxes):
+    def __init__(self, boxes, device="cpu"):
         super().__init__()
         self.boxes = boxes
+        self.device = device
         self.out = {}
 
     def create_local_plan(self):
@@ -44,7 +45,7 @@ class BoxPlanner(DefaultLoadPlanner):
         dt = self.metadata.state_dict_metadata[fqn].properties.dtype
         key = (fqn, read_item.dest_index.offset)
         if key not in self.out:
-            self.out[key] = torch.full(tuple(read_item.lengths), 7, dtype=dt)
+            self.out[key] = torch.full(tuple(read_item.lengths), 7, dtype=dt, device=self.device)
         return self.out[key]
 
     def commit_tensor(self, read_item, tensor):
@@ -87,8 +88,8 @@ def _bytes(t):
     return t.reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
-def _load(reader, boxes):
-    p = BoxPlanner(boxes)
+def _load(reader, boxes, device="cpu"):
+    p = BoxPlanner(boxes, device)
     dcp.load({k: None for k in boxes}, storage_reader=reader, planner=p, no_dist=True)
     return p.out
 
