@@ -129,20 +129,71 @@ static int inside_store(const zarr_ds *z, const char *path) {
     return rc;
 }
 
+/* What a plan has found out about chunk directories: the last one found
+ * inside (realpath), and the last one known to be link-free: the store root
+ * (resolved, so without links) followed only by components that lstat
+ * showed to be real directories. */
+typedef struct zarr_dirs {
+    char inside[PATH_MAX];
+    char linkfree[PATH_MAX];
+} zarr_dirs;
+
+/* dir (dl bytes) link-free under the root, learnt with one lstat per
+ * component below the longest prefix it shares with the last link-free
+ * directory: 1 yes (d->linkfree updated), 0 no such directory (nothing to
+ * read), 2 not shown (a component is a symlink, or dir is not written under
+ * the root's resolved path): realpath decides. Chunk keys c/<t>/0/... put
+ * every time step in its own directory; a realpath of each, a readlink per
+ * component of the whole path, was most of a 10,000-chunk plan's time. A
+ * prefix of a link-free path is link-free, so the components it shares with
+ * the last one need no look. */
+static int dir_linkfree(const zarr_ds *z, const char *dir, size_t dl, zarr_dirs *d) {
+    size_t rl = strlen(z->root);
+    while (rl > 1 && z->root[rl - 1] == '/') rl--;
+    if (rl <= 1 || dl <= rl || strncmp(dir, z->root, rl) || dir[rl] != '/') return 2;
+    size_t known = rl;   /* dir[0..known) is link-free */
+    const char *lf = d->linkfree;
+    for (size_t i = rl; i <= dl; i++) {
+        if (lf[i] != (i < dl ? dir[i] : 0) && !(i == dl && lf[i] == '/')) break;
+        if (i == dl || dir[i] == '/') known = i;
+    }
+    char tmp[PATH_MAX];
+    memcpy(tmp, dir, dl);
+    tmp[dl] = 0;
+    for (size_t i = known + 1; i <= dl; i++) {
+        if (i < dl && tmp[i] != '/') continue;
+        tmp[i] = 0;
+        struct stat st;
+        int r = lstat(tmp, &st);
+        if (i < dl) tmp[i] = '/';
+        if (r != 0) {
+            if (errno == ENOENT || errno == ENOTDIR) return 0;
+            return ferry_seterr(-errno, "%s: %s", tmp, strerror(errno));
+        }
+        if (!S_ISDIR(st.st_mode)) return 2;   /* a symlink (to a directory, or not one) */
+    }
+    memcpy(d->linkfree, dir, dl);
+    d->linkfree[dl] = 0;
+    return 1;
+}
+
 /* The directory of a chunk or shard file at plan time: 0 when it resolves
  * inside the store (or does not exist: nothing to read), else a negative
- * code. `okdir` (PATH_MAX bytes, "" at first) caches the last directory found
- * inside, so a plan of many chunks resolves each directory once. */
-static int chunk_dir_inside(const zarr_ds *z, const char *path, char *okdir) {
+ * code. d caches what earlier chunks of the plan showed, so a plan of many
+ * chunks resolves each directory once, most with an lstat or two. */
+static int chunk_dir_inside(const zarr_ds *z, const char *path, zarr_dirs *d) {
     const char *slash = strrchr(path, '/');
     size_t dl = slash ? (size_t)(slash - path) : 0;
-    if (dl && dl < PATH_MAX && (strncmp(okdir, path, dl) || okdir[dl])) {
+    if (dl && dl < PATH_MAX && (strncmp(d->inside, path, dl) || d->inside[dl]) &&
+        (strncmp(d->linkfree, path, dl) || d->linkfree[dl])) {
+        int rc = dir_linkfree(z, path, dl, d);
+        if (rc < 2) return rc < 0 ? rc : 0;
         char dir[PATH_MAX];
         memcpy(dir, path, dl);
         dir[dl] = 0;
-        int rc = inside_store(z, dir);
+        rc = inside_store(z, dir);
         if (rc < 0) return rc;
-        memcpy(okdir, dir, dl + 1);
+        memcpy(d->inside, dir, dl + 1);
     }
     return 0;
 }
@@ -152,7 +203,7 @@ static int chunk_dir_inside(const zarr_ds *z, const char *path, char *okdir) {
  * on its way, resolves outside the store: one lstat per chunk beyond the
  * directory check. (Its extents also carry FERRY_EXTENT_NOFOLLOW: a link
  * swapped in after the plan is checked again when the engine opens it.) */
-static int chunk_inside(const zarr_ds *z, const char *path, char *okdir, struct stat *st) {
+static int chunk_inside(const zarr_ds *z, const char *path, zarr_dirs *okdir, struct stat *st) {
     if (lstat(path, st) != 0) {
         if (errno == ENOENT || errno == ENOTDIR) return 0;
         return ferry_seterr(-errno, "%s: %s", path, strerror(errno));
@@ -1430,7 +1481,7 @@ typedef struct zarr_plan_ctx {
     size_t cap;
     uint64_t shard_idx[FERRY_MAX_DIMS], file_size;
     ferry_dataset *ds;
-    char okdir[PATH_MAX];              /* chunk_inside's cache: the last directory found inside */
+    zarr_dirs okdir;                   /* chunk_inside's cache of directories found inside */
 } zarr_plan_ctx;
 
 /* chunk key for grid index idx, appended to dir */
@@ -1459,12 +1510,12 @@ static int plain_chunk(void *arg, const uint64_t *idx, ferry_chunk *c) {
     if (rc < 0) return rc;
     c->path = p->path;
     if (p->raw && p->a->itemsize <= 16) {
-        if ((rc = chunk_dir_inside(p->ds->fmt, p->path, p->okdir)) < 0) return rc;
+        if ((rc = chunk_dir_inside(p->ds->fmt, p->path, &p->okdir)) < 0) return rc;
         c->length = FERRY_CHUNK_UNSIZED;
         return 0;
     }
     struct stat st;
-    if ((rc = chunk_inside(p->ds->fmt, p->path, p->okdir, &st)) < 0) return rc;
+    if ((rc = chunk_inside(p->ds->fmt, p->path, &p->okdir, &st)) < 0) return rc;
     if (rc == 0) { c->length = FERRY_CHUNK_ABSENT; return 0; }
     c->length = (uint64_t)st.st_size;
     return 0;
@@ -1508,7 +1559,7 @@ static int shard_chunk(void *arg, const uint64_t *idx) {
     p->index = NULL;
     p->file_size = 0;
     struct stat st;
-    if ((rc = chunk_inside(p->ds->fmt, p->path, p->okdir, &st)) < 0) return rc;
+    if ((rc = chunk_inside(p->ds->fmt, p->path, &p->okdir, &st)) < 0) return rc;
     if (rc == 0) {
         rc = 0;   /* the whole shard is missing */
     } else {

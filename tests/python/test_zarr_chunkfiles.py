@@ -112,3 +112,60 @@ def test_replaced_and_truncated_chunk_files(tmp_path):
     got = read_host(ctx, p)
     assert (got[7] == np.float32(-7.25)).all()
     ctx.close()
+
+
+def _v3_meta(store, nt, n=16):
+    import json
+    os.makedirs(store, exist_ok=True)
+    with open(os.path.join(store, "zarr.json"), "w") as f:
+        json.dump({"zarr_format": 3, "node_type": "array", "shape": [nt, n], "data_type": "uint8",
+                   "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [1, n]}},
+                   "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+                   "fill_value": 0, "codecs": [{"name": "bytes"}]}, f)
+
+
+def _put(path, data):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def test_chunk_directories_learnt_link_free_still_refuse_links_out(tmp_path):
+    """Plans learn chunk directories with an lstat per new component below the
+    last link-free one (zarr.c dir_linkfree); a directory that is a symlink
+    among real ones is still resolved, and refused when it leads out."""
+    secret = b"S" * 16
+    _put(str(tmp_path / "out" / "0"), secret)
+    store = str(tmp_path / "s.zarr")
+    _v3_meta(store, 4)
+    for t in (0, 1, 3):
+        _put(os.path.join(store, "c", str(t), "0"), bytes([t + 1]) * 16)
+    os.symlink(tmp_path / "out", os.path.join(store, "c", "2"))   # after two link-free ones
+    with pytest.raises(ferry.FerryError, match="outside the store"):
+        ferry.read(store)
+    # a link that stays inside is followed, between link-free directories
+    os.remove(os.path.join(store, "c", "2"))
+    _put(os.path.join(store, "real2", "0"), bytes([3]) * 16)
+    os.symlink(os.path.join(store, "real2"), os.path.join(store, "c", "2"))
+    got = np.asarray(ferry.read(store))
+    assert got.tobytes() == b"".join(bytes([t + 1]) * 16 for t in range(4))
+
+
+def test_middle_link_out_and_back_in_is_refused(tmp_path):
+    """c is a link out of the store to a directory whose 0 links back in and
+    whose 1 is outside: chunk 0 is inside, chunk 1 must still be refused (a
+    directory found inside through links teaches nothing about its siblings)."""
+    secret = b"S" * 16
+    store = str(tmp_path / "s.zarr")
+    _v3_meta(store, 2)
+    _put(os.path.join(store, "real0", "0"), b"\1" * 16)
+    hop = tmp_path / "hop"
+    os.makedirs(hop)
+    os.symlink(os.path.join(store, "real0"), hop / "0")
+    _put(str(hop / "1" / "0"), secret)
+    os.symlink(hop, os.path.join(store, "c"))
+    with pytest.raises(ferry.FerryError, match="outside the store"):
+        got = ferry.read(store)
+        assert secret not in np.asarray(got).tobytes()
+    got = np.asarray(ferry.read(store, selection=(slice(0, 1), slice(None))))
+    assert got.tobytes() == b"\1" * 16
