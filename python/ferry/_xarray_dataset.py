@@ -37,6 +37,11 @@ from .torch import _BatchStream, _Group, _expand
 __all__ = ["XarrayDataset"]
 
 _M64 = (1 << 64) - 1
+# batches_per_read's default: reads (a variable's step each, a chunk where one chunk is a step)
+# per plan, and the most bytes and batches a group holds
+_GROUP_READS = 512
+_GROUP_BYTES = 1 << 30
+_GROUP_MAX = 16
 
 
 class _FileSeg:
@@ -287,7 +292,8 @@ class XarrayDataset(_BatchStream):
                   patch_mode="random", shuffle=False, seed=0, drop_last=False, device=None,
                   rank=None, world_size=None, prefetch=4, normalize=None, stats_file=None,
                   stats_steps=64, nan_to=None, return_mask=False, return_time=False,
-                  dtype=torch.float32, group=None, transform=None, threads=0)
+                  dtype=torch.float32, group=None, transform=None, threads=0,
+                  batches_per_read=None)
 
     data
         An xarray Dataset opened with ``engine="ferry"`` (one file, ``open_mfdataset``, Zarr, a
@@ -320,6 +326,13 @@ class XarrayDataset(_BatchStream):
         datetime64 in ns since 1970, else the raw numbers as float64).
     Others as ArrayDataset: shuffle, seed, drop_last, device, rank, world_size, prefetch,
     transform (batch -> batch), threads.
+    batches_per_read
+        Batches read by one plan (one engine job), default: enough for about 512 reads (a
+        variable's step each) at a time, at most 1 GiB and 16 batches (20 variables, batch 8:
+        4). The GPU decodes a job's compressed chunks together and its rate is the number of
+        chunks in flight (nvCOMP zstd, H200: 11.7 GB/s at 128 chunks per call, 53 at 1,024),
+        so one batch of 160 chunks a job kept it at 13.7 GB/s. Each batch handed out is a
+        block of its group's stack; the group's memory is freed when all of its batches are.
 
     Batches are dicts: "x" (B, C*input_steps, H, W) and "y" (B, C_y*target_steps, H, W) when
     target_steps > 0, in `dtype`.
@@ -330,7 +343,7 @@ class XarrayDataset(_BatchStream):
                  shuffle=False, seed=0, drop_last=False, device=None, rank=None, world_size=None,
                  prefetch=4, normalize=None, stats_file=None, stats_steps=64, nan_to=None,
                  return_mask=False, return_time=False, dtype=torch.float32, group=None,
-                 transform=None, threads=0, block_size=None):
+                 transform=None, threads=0, block_size=None, batches_per_read=None):
         torch.utils.data.IterableDataset.__init__(self)
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"XarrayDataset: batch_size must be a positive int, not {batch_size!r}")
@@ -398,6 +411,7 @@ class XarrayDataset(_BatchStream):
         self.num_samples = self.n_starts * ntiles
 
         self._init_slabs()
+        self.batch_group = self._group_size(batches_per_read)
         self._norm = None
         self._norm = self._normalisation(normalize, stats_file, int(stats_steps))
 
@@ -732,6 +746,22 @@ class XarrayDataset(_BatchStream):
         self._xch = _channel_pick([(self._coff[n], self._vars[n].channels) for n in self.variables], c)
         self._ych = _channel_pick([(self._coff[n], self._vars[n].channels) for n in self.target_variables], c)
 
+    def _group_size(self, batches_per_read):
+        """Batches per plan: batches_per_read, or enough reads for the GPU's decoder (above)."""
+        if batches_per_read is not None:
+            if not isinstance(batches_per_read, int) or isinstance(batches_per_read, bool) or \
+                    batches_per_read < 1:
+                raise ValueError(f"XarrayDataset: batches_per_read must be a positive int or None, "
+                                 f"not {batches_per_read!r}")
+            return batches_per_read
+        rows = self.batch_size * (self.input_steps + self.target_steps)
+        reads = rows * sum(len(slab.items) for slab in self._slabs)
+        hw = self.patch or self.spatial
+        row_bytes = sum(slab.C * slab.dtype.itemsize for slab in self._slabs) * int(np.prod(hw, dtype=np.int64))
+        by_reads = -(-_GROUP_READS // max(1, reads))
+        by_bytes = max(1, _GROUP_BYTES // max(1, rows * row_bytes))
+        return int(max(1, min(_GROUP_MAX, by_reads, by_bytes)))
+
     def _dev(self, rt, key, make):
         """A small tensor on rt's device made once per process (index lists, normalisation)."""
         cache = getattr(rt, "_xcache", None)
@@ -912,22 +942,37 @@ class XarrayDataset(_BatchStream):
         return t, np.stack([oy, ox], axis=1)
 
     def _submit(self, rt, order, lay, units, ids=None):
-        (lo, hi), = [lay.unit(s) for s in units]
-        ids = np.asarray(order[lo:hi] if ids is None else ids, dtype=np.int64)
+        """One plan for the batches `units` (batches_per_read of them): their rows side by side
+        in one stack, batch after batch, so each batch is a block of it."""
+        ranges = [lay.unit(s) for s in units]
+        if ids is None:
+            ids = np.concatenate([order[lo:hi] for lo, hi in ranges]) if len(ranges) > 1 else \
+                order[ranges[0][0]:ranges[0][1]]
+        ids = np.asarray(ids, dtype=np.int64)
         g = _XGroup()
-        g.units, g.sizes, g.handles, g.job, g.path = units, [hi - lo], [], None, None
+        g.units, g.sizes, g.handles, g.job, g.path = units, [hi - lo for lo, hi in ranges], [], None, None
         t0, boxes = self._sample_boxes(ids, self._epoch_of_order(order))
         I, K, L = self.input_steps, self.target_steps, self.lead
-        offs = list(range(I)) + [I - 1 + L + k for k in range(K)]
-        need = t0[:, None] + np.asarray(offs, dtype=np.int64)[None, :]        # (B, I+K) global steps
+        offs = np.asarray(list(range(I)) + [I - 1 + L + k for k in range(K)], dtype=np.int64)
+        need = t0[:, None] + offs[None, :]        # (samples, I+K) global steps
         if boxes is None:
-            # a step several samples need is read once; rows in order of first use, so a batch of
-            # distinct single steps is its own stack in batch order
-            u, first, inv = np.unique(need.ravel(), return_index=True, return_inverse=True)
-            by_use = np.argsort(first, kind="stable")
-            rank = np.empty_like(by_use)
-            rank[by_use] = np.arange(len(by_use))
-            rows, inv, row_boxes = u[by_use], rank[inv.ravel()].reshape(need.shape), None
+            # a step several samples of a batch need is read once; rows in order of first use, so a
+            # batch of distinct single steps is its own block of the stack in batch order. Steps
+            # are not shared between the batches of a group: each batch is its own block, and no
+            # batch handed out aliases another's memory (a loop may modify a batch in place)
+            rows, inv, lo = [], [], 0
+            for size in g.sizes:
+                part = need[lo:lo + size]
+                u, first, pinv = np.unique(part.ravel(), return_index=True, return_inverse=True)
+                by_use = np.argsort(first, kind="stable")
+                rank = np.empty_like(by_use)
+                rank[by_use] = np.arange(len(by_use))
+                inv.append(rank[pinv.ravel()].reshape(part.shape) + sum(len(r) for r in rows))
+                rows.append(u[by_use])
+                lo += size
+            rows = np.concatenate(rows)
+            inv = np.concatenate(inv) if inv else np.zeros((0, len(offs)), dtype=np.int64)
+            row_boxes = None
         else:
             # every sample's window in its own rows (windows of one step rarely coincide)
             rows, inv = need.ravel(), np.arange(need.size, dtype=np.int64).reshape(need.shape)
@@ -951,38 +996,46 @@ class XarrayDataset(_BatchStream):
         _check_stores([(st,) for st in g.stores])
         rt = self._rt
         I, K = self.input_steps, self.target_steps
-        B = len(t0)
         dec = self._stack(rt, bufs, rows, patched)
 
-        def take(cols, pick, which):
-            want = inv[:, cols].reshape(-1)
-            if len(want) == len(rows) and np.array_equal(want, np.arange(len(rows))):
-                t = dec                                          # the stack is the batch
-            else:
-                t = dec.index_select(0, _to_dev(torch.from_numpy(want), dec.device))
+        views = []      # row ranges of the stack handed out as views (every output owns its memory)
+
+        def take(binv, cols, pick, which):
+            want = binv[:, cols].reshape(-1)
+            a, b = (int(want[0]), int(want[0]) + len(want)) if len(want) else (0, 0)
+            if b > a and np.array_equal(want, np.arange(a, b)) and all(b <= lo or a >= hi for lo, hi in views):
+                t = dec[a:b]                                     # a block of the stack: a view
+                views.append((a, b))
+            else:       # rows another output also holds (y of t = x of t + 1): a copy of them
+                t = dec.index_select(0, _to_dev(torch.from_numpy(np.ascontiguousarray(want)), dec.device))
             if isinstance(pick, slice):
                 t = t[:, pick]
             elif pick is not None:
                 t = t.index_select(1, self._dev(rt, ("chan", which), lambda: torch.from_numpy(pick)))
-            return t.reshape((B, -1) + tuple(t.shape[-2:]))
+            return t.reshape((len(binv), -1) + tuple(t.shape[-2:]))
 
-        out = {}
-        x = take(slice(0, I), self._xch, "x")
-        if self.return_mask:
-            out["mask"] = ~torch.isnan(x)
-        if self.nan_to is not None:
-            x = torch.nan_to_num_(x, nan=float(self.nan_to))
-        out["x"] = x
-        if K:
-            y = take(slice(I, I + K), self._ych, "y")
+        outs, lo = [], 0
+        for size in g.sizes:
+            binv, bt0 = inv[lo:lo + size], t0[lo:lo + size]
+            lo += size
+            out = {}
+            x = take(binv, slice(0, I), self._xch, "x")
+            if self.return_mask:
+                out["mask"] = ~torch.isnan(x)
             if self.nan_to is not None:
-                y = torch.nan_to_num_(y, nan=float(self.nan_to))
-            out["y"] = y
-        if self.return_time:
-            out["time"] = _to_dev(torch.from_numpy(np.ascontiguousarray(self._times[t0])), x.device)
-        if self.transform is not None:
-            out = self.transform(out)
-        return [out]
+                x = torch.nan_to_num_(x, nan=float(self.nan_to))
+            out["x"] = x
+            if K:
+                y = take(binv, slice(I, I + K), self._ych, "y")
+                if self.nan_to is not None:
+                    y = torch.nan_to_num_(y, nan=float(self.nan_to))
+                out["y"] = y
+            if self.return_time:
+                out["time"] = _to_dev(torch.from_numpy(np.ascontiguousarray(self._times[bt0])), x.device)
+            if self.transform is not None:
+                out = self.transform(out)
+            outs.append(out)
+        return outs
 
     def _alloc(self, rt, shape, dtype, pinned=False):
         if rt.device.type == "cuda":

@@ -1,0 +1,176 @@
+"""XarrayDataset reads several batches per plan (batches_per_read): every batch equals what
+xarray's own engine reads, across the boundaries of groups and files, at the end of epochs
+(short last groups and batches), after a resume in the middle of a group (with another group
+size and world size), and no batch of a group shares memory with another."""
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import xarray as xr
+
+from ferry.torch import XarrayDataset
+
+T, L, H, W = 29, 2, 6, 8
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """Three netCDF-3 files along time (scipy's writer): t2m packed int16 with scale/offset and a
+    fill value (decoded by the dataset), z float32 with levels (read in place)."""
+    d = tmp_path_factory.mktemp("grp")
+    rng = np.random.default_rng(3)
+    t2m = rng.normal(280, 10, (T, H, W)).astype(np.float32)
+    t2m[5, 1, 2] = np.nan
+    z = rng.normal(5000, 100, (T, L, H, W)).astype(np.float32)
+    full = xr.Dataset({"t2m": (("time", "lat", "lon"), t2m), "z": (("time", "level", "lat", "lon"), z)},
+                      coords={"time": pd.date_range("2021-01-01", periods=T, freq="h"), "level": [500, 850],
+                              "lat": np.linspace(-60, 60, H), "lon": np.arange(W) * 45.0})
+    paths = []
+    for i, (lo, hi) in enumerate(((0, 10), (10, 17), (17, T))):
+        p = str(d / f"g{i}.nc")
+        full.isel(time=slice(lo, hi)).to_netcdf(p, engine="scipy", encoding={
+            "t2m": {"dtype": "int16", "scale_factor": 0.01, "add_offset": 280.0, "_FillValue": -32767}})
+        paths.append(p)
+    ref = xr.concat([xr.open_dataset(p, engine="scipy").load() for p in paths], dim="time")
+    return paths, ref
+
+
+def _want(ref, i, names, steps):
+    out = []
+    for s in steps:
+        for n in names:
+            v = ref[n].values[i + s]
+            out.append(v[None] if v.ndim == 2 else v.reshape((-1,) + v.shape[-2:]))
+    return np.concatenate(out, 0)
+
+
+def _check(batches, ref, in_steps, tg_steps, sizes=None):
+    """Every batch's samples equal the reference; returns the sample start indices in order."""
+    seen = []
+    for b in batches:
+        if sizes is not None:
+            sizes.append(len(b["x"]))
+        for k, t in enumerate(b["time"].numpy()):
+            i = int(np.searchsorted(ref.time.values, np.int64(t).astype("datetime64[ns]")))
+            seen.append(i)
+            np.testing.assert_allclose(b["x"][k].numpy(), _want(ref, i, ["t2m", "z"], in_steps),
+                                       rtol=1e-6, equal_nan=True)
+            if tg_steps:
+                np.testing.assert_allclose(b["y"][k].numpy(), _want(ref, i, ["z"], tg_steps),
+                                           rtol=1e-6, equal_nan=True)
+    return seen
+
+
+def _ds(paths, **kw):
+    mf = xr.open_mfdataset(paths, engine="ferry", device="cpu")
+    args = dict(batch_size=3, input_steps=2, target_steps=1, lead=2, target_variables=["z"], shuffle=True,
+                seed=7, device="cpu", return_time=True)
+    args.update(kw)
+    return XarrayDataset(mf, ["t2m", "z"], **args)
+
+
+@pytest.mark.parametrize("group", [1, 2, 3, 4])
+def test_groups_equal_xarray_over_group_file_and_epoch_ends(files, group):
+    paths, ref = files
+    ds = _ds(paths, batches_per_read=group)
+    assert ds.batch_group == group
+    n = ds.num_samples                                   # 29 - 2 + 1 - 2 = 26 windows: 9 batches
+    assert n == 26 and len(ds) == 9
+    for epoch in range(2):                               # 9 batches: the last group is short
+        ds.set_epoch(epoch)
+        sizes = []
+        seen = _check(ds, ref, (0, 1), (3,), sizes)
+        assert sorted(seen) == list(range(n)), (group, epoch)
+        assert sizes == [3] * 8 + [2]                    # the short last batch, in the last group
+        if epoch == 0:
+            first = seen
+    assert seen != first                                 # a new order in the next epoch
+
+
+def test_groups_give_the_same_batches_as_single_batch_plans(files):
+    paths, ref = files
+    outs = {}
+    for group in (1, 4):
+        ds = _ds(paths, batches_per_read=group, drop_last=True, return_mask=True, nan_to=0.0)
+        outs[group] = [{k: v.clone() for k, v in b.items()} for b in ds]
+    assert len(outs[1]) == len(outs[4]) == 8
+    for a, b in zip(outs[1], outs[4]):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert torch.equal(a[k], b[k]), k
+
+
+def test_resume_in_the_middle_of_a_group_on_another_group_size_and_world(files):
+    paths, ref = files
+    ds = _ds(paths, batches_per_read=4)
+    it = iter(ds)
+    got = _check([next(it) for _ in range(5)], ref, (0, 1), (3,))      # into the second group
+    state = ds.state_dict()
+    del it
+    assert state["samples_consumed"] == 15
+    rest = []
+    for rank in range(2):                                # resumed on 2 ranks, 3 batches a plan
+        r = _ds(paths, batches_per_read=3, rank=rank, world_size=2)
+        r.load_state_dict(state)
+        rest += _check(r, ref, (0, 1), (3,))
+    assert sorted(got + rest) == list(range(ds.num_samples))
+
+
+def test_every_sample_once_over_ranks_and_workers_with_groups(files):
+    paths, ref = files
+    seen = []
+    for rank in range(3):
+        ds = _ds(paths, batches_per_read=2, rank=rank, world_size=3, input_steps=1, target_steps=0)
+        dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+        seen += _check(dl, ref, (0,), ())
+    assert sorted(seen) == list(range(T))
+
+
+def test_batches_of_a_group_do_not_share_memory(files):
+    """A step that x and y, or two batches of a group, both need is held once per output:
+    modifying x in place (a loop adding noise) leaves y and the other batches as read."""
+    paths, ref = files
+    ds = _ds(paths, batches_per_read=4, shuffle=False, input_steps=1, target_steps=1, lead=1)
+    batches = []
+    for b in ds:                            # y of sample t is x of sample t + 1
+        batches.append(b)
+        b["x"].add_(1000.0)
+    seen = []
+    for b in batches:
+        for k, t in enumerate(b["time"].numpy()):
+            i = int(np.searchsorted(ref.time.values, np.int64(t).astype("datetime64[ns]")))
+            seen.append(i)
+            np.testing.assert_allclose(b["x"][k].numpy(), _want(ref, i, ["t2m", "z"], (0,)) + 1000.0,
+                                       rtol=1e-6, equal_nan=True)
+            np.testing.assert_allclose(b["y"][k].numpy(), _want(ref, i, ["z"], (1,)), rtol=1e-6)
+    assert seen == list(range(T - 1))
+
+
+def test_patches_in_groups_equal_windows_of_the_field(files):
+    paths, ref = files
+    ds = _ds(paths, batches_per_read=3, patch=(3, 4), input_steps=1, target_steps=0)
+    seen = 0
+    full = xr.open_mfdataset(paths, engine="ferry", device="cpu")
+    whole = XarrayDataset(full, ["t2m", "z"], batch_size=1, device="cpu", return_time=True)
+    assert whole.batch_group >= 1
+    for b in ds:
+        for k, t in enumerate(b["time"].numpy()):
+            i = int(np.searchsorted(ref.time.values, np.int64(t).astype("datetime64[ns]")))
+            field = _want(ref, i, ["t2m", "z"], (0,))
+            x = b["x"][k].numpy()
+            hits = [(oy, ox) for oy in range(H - 2) for ox in range(W - 3)
+                    if np.allclose(field[:, oy:oy + 3, ox:ox + 4], x, rtol=1e-6, equal_nan=True)]
+            assert hits, i
+            seen += 1
+    assert seen == T
+
+
+def test_default_group_size_and_its_checks(files):
+    paths, _ = files
+    # 2 variables read, batch 3, 3 rows a sample: 18 reads a batch -> 29 batches for 512 reads,
+    # at most 16
+    assert _ds(paths).batch_group == 16
+    assert _ds(paths, batch_size=64).batch_group == 2     # 384 reads a batch
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="batches_per_read"):
+            _ds(paths, batches_per_read=bad)
