@@ -167,10 +167,10 @@ def test_patches_in_groups_equal_windows_of_the_field(files):
 
 def test_default_group_size_and_its_checks(files):
     paths, _ = files
-    # 2 variables read, batch 3, 3 rows a sample: 18 reads a batch -> 29 batches for 512 reads,
-    # at most 16
+    # 2 variables read, batch 3, 3 rows a sample: 18 reads a batch -> 57 batches for 1,024
+    # reads, at most 16
     assert _ds(paths).batch_group == 16
-    assert _ds(paths, batch_size=64).batch_group == 2     # 384 reads a batch
+    assert _ds(paths, batch_size=64).batch_group == 3     # 384 reads a batch
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="batches_per_read"):
             _ds(paths, batches_per_read=bad)
