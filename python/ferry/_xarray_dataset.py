@@ -327,7 +327,9 @@ class XarrayDataset(_BatchStream):
     Others as ArrayDataset: shuffle, seed, drop_last, device, rank, world_size, prefetch,
     transform (batch -> batch), threads.
     batches_per_read
-        Batches read by one plan (one engine job), default: enough for about 1,024 reads (a
+        Batches read by one plan (one engine job), default (on a GPU; 1 on the CPU, where there
+        is no decoder to fill and DataLoader workers would hold whole groups in shared memory):
+        enough for about 1,024 reads (a
         variable's step each: a chunk where a chunk is a step) at a time, within 1 GiB and 16
         batches (20 variables of 361 x 720 float32, batch 8: 6 batches, 960 chunks, 1.0 GB).
         The GPU decodes a job's compressed chunks together and its rate is the number of chunks
@@ -412,7 +414,8 @@ class XarrayDataset(_BatchStream):
         self.num_samples = self.n_starts * ntiles
 
         self._init_slabs()
-        self.batch_group = self._group_size(batches_per_read)
+        self.batches_per_read = batches_per_read
+        self._gpu_group = self._group_size(batches_per_read)
         self._norm = None
         self._norm = self._normalisation(normalize, stats_file, int(stats_steps))
 
@@ -746,6 +749,27 @@ class XarrayDataset(_BatchStream):
         self._in_place = len(slabs) == 1 and one.plain and _torch_dtype(one.dtype) == self._fdt
         self._xch = _channel_pick([(self._coff[n], self._vars[n].channels) for n in self.variables], c)
         self._ych = _channel_pick([(self._coff[n], self._vars[n].channels) for n in self.target_variables], c)
+
+    @property
+    def batch_group(self):
+        """Batches per plan now: batches_per_read, or by default the GPU's choice (_group_size)
+        when batches go to a CUDA device and 1 on the CPU (no GPU decoder to fill there, and
+        DataLoader workers would hold whole groups in shared memory)."""
+        if getattr(self, "batches_per_read", None) is not None:
+            return self.batches_per_read
+        gpu = getattr(self, "_gpu_group", 1)
+        rt = getattr(self, "_rt", None)
+        if rt is not None and rt.pid == os.getpid():
+            return gpu if rt.device.type == "cuda" else 1
+        dev = self.device
+        if dev is None:
+            from torch.utils.data import get_worker_info
+            return gpu if get_worker_info() is None and torch.cuda.is_available() else 1
+        return gpu if dev.type == "cuda" else 1
+
+    @batch_group.setter
+    def batch_group(self, value):
+        pass        # _BatchStream's default (1); this dataset's is the property above
 
     def _group_size(self, batches_per_read):
         """Batches per plan: batches_per_read, or enough reads for the GPU's decoder (above)."""

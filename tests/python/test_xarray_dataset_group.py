@@ -169,8 +169,11 @@ def test_default_group_size_and_its_checks(files):
     paths, _ = files
     # 2 variables read, batch 3, 3 rows a sample: 18 reads a batch -> 57 batches for 1,024
     # reads, at most 16
-    assert _ds(paths).batch_group == 16
-    assert _ds(paths, batch_size=64).batch_group == 3     # 384 reads a batch
+    assert _ds(paths)._gpu_group == 16
+    assert _ds(paths, batch_size=64)._gpu_group == 3       # 384 reads a batch
+    assert _ds(paths, device="cuda")._gpu_group == 16 and _ds(paths, device="cuda").batch_group == 16
+    assert _ds(paths).batch_group == 1                     # the CPU: one batch a plan
+    assert _ds(paths, batches_per_read=5).batch_group == 5
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="batches_per_read"):
             _ds(paths, batches_per_read=bad)
