@@ -177,3 +177,38 @@ def test_default_group_size_and_its_checks(files):
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="batches_per_read"):
             _ds(paths, batches_per_read=bad)
+
+
+def test_dali_source_over_groups_and_a_checkpoint_in_the_middle_of_one(files):
+    try:
+        import nvidia.dali  # noqa: F401
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"DALI does not import: {e}")
+    import ferry.dali
+    paths, _ = files
+    want = [b["x"].numpy().copy() for b in _ds(paths, batches_per_read=1)]
+
+    def run(p, n=None):
+        out = []
+        try:
+            while n is None or len(out) < n:
+                out.append(np.stack([np.array(t) for t in p.run()[0]]))
+        except StopIteration:
+            pass
+        return out
+    pipe = ferry.dali.pipeline(_ds(paths, batches_per_read=4), outputs=("x",))
+    pipe.build()
+    got = run(pipe)
+    assert len(got) == len(want) == 9
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+    p1 = ferry.dali.pipeline(_ds(paths, batches_per_read=4), outputs=("x",))
+    p1.build()
+    run(p1, 5)                                  # into the second group
+    ck = p1.checkpoint()
+    p2 = ferry.dali.pipeline(_ds(paths, batches_per_read=3), outputs=("x",), checkpoint=ck)
+    p2.build()
+    rest = run(p2)
+    assert len(rest) == 4
+    for a, b in zip(rest, want[5:]):
+        np.testing.assert_array_equal(a, b)
