@@ -327,11 +327,11 @@ class XarrayDataset(_BatchStream):
     Others as ArrayDataset: shuffle, seed, drop_last, device, rank, world_size, prefetch,
     transform (batch -> batch), threads.
     batches_per_read
-        Batches read by one plan (one engine job), default (on a GPU; 1 on the CPU, where there
-        is no decoder to fill and DataLoader workers would hold whole groups in shared memory):
-        enough for about 1,024 reads (a
-        variable's step each: a chunk where a chunk is a step) at a time, within 1 GiB and 16
-        batches (20 variables of 361 x 720 float32, batch 8: 6 batches, 960 chunks, 1.0 GB).
+        Batches read by one plan (one engine job). Default on a GPU: enough for about 1,024
+        reads (a variable's step each: a chunk where a chunk is a step) at a time, within 1 GiB
+        and 16 batches (20 variables of 361 x 720 float32, batch 8: 6 batches, 960 chunks,
+        1.0 GB); on the CPU 1 (no decoder to fill, and DataLoader workers would hold whole
+        groups in shared memory).
         The GPU decodes a job's compressed chunks together and its rate is the number of chunks
         in flight (nvCOMP zstd, H200: 11.7 GB/s at 128 chunks per call, 53 at 1,024), so one
         batch of 160 chunks a job kept Zarr zstd at 13.7 GB/s. Each batch handed out is a block
@@ -985,16 +985,16 @@ class XarrayDataset(_BatchStream):
             # batch of distinct single steps is its own block of the stack in batch order. Steps
             # are not shared between the batches of a group: each batch is its own block, and no
             # batch handed out aliases another's memory (a loop may modify a batch in place)
-            rows, inv, lo = [], [], 0
+            rows, inv, lo, nrows = [], [], 0, 0
             for size in g.sizes:
                 part = need[lo:lo + size]
                 u, first, pinv = np.unique(part.ravel(), return_index=True, return_inverse=True)
                 by_use = np.argsort(first, kind="stable")
                 rank = np.empty_like(by_use)
                 rank[by_use] = np.arange(len(by_use))
-                inv.append(rank[pinv.ravel()].reshape(part.shape) + sum(len(r) for r in rows))
+                inv.append(rank[pinv.ravel()].reshape(part.shape) + nrows)    # rows of this batch's block
                 rows.append(u[by_use])
-                lo += size
+                lo, nrows = lo + size, nrows + len(u)
             rows = np.concatenate(rows)
             inv = np.concatenate(inv) if inv else np.zeros((0, len(offs)), dtype=np.int64)
             row_boxes = None
