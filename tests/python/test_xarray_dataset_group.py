@@ -212,3 +212,38 @@ def test_dali_source_over_groups_and_a_checkpoint_in_the_middle_of_one(files):
     assert len(rest) == 4
     for a, b in zip(rest, want[5:]):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_groups_planning_starts_after_the_group_before_it_is_handed_out(files, monkeypatch):
+    """The planner thread runs Python; started at submit it ran beside the consumer's hand-off of
+    the group before (one GIL) and the consumer waited for it at each GIL-releasing call. A group
+    submitted while others are being consumed is planned once a hand-off is finished."""
+    import ferry._xarray_dataset as X
+    paths, ref = files
+    events = []
+    sub, fin, start = XarrayDataset._submit, XarrayDataset._finish, X._Planned._start
+
+    def submit(self, rt, order, lay, units, ids=None):
+        g = sub(self, rt, order, lay, units, ids)
+        events.append(("submit", units[0]))
+        return g
+
+    def finish(self, g):
+        events.append(("handing out", g.units[0]))
+        return fin(self, g)
+
+    def started(self):
+        if self.fut is None:
+            events.append(("start", self.g.units[0]))
+        start(self)
+    monkeypatch.setattr(XarrayDataset, "_submit", submit)
+    monkeypatch.setattr(XarrayDataset, "_finish", finish)
+    monkeypatch.setattr(X._Planned, "_start", started)
+    ds = _ds(paths, batches_per_read=2, prefetch=4)
+    assert sorted(_check(ds, ref, (0, 1), (3,))) == list(range(ds.num_samples))
+    first = events.index(("handing out", 0))
+    late = [u for kind, u in events[first:] if kind == "submit"]
+    assert late                                  # groups submitted while others were consumed
+    for u in late:                               # each planned by the next hand-off, not at submit
+        between = events[events.index(("submit", u)):events.index(("start", u))]
+        assert [kind for kind, _ in between] == ["submit", "handing out"], (u, repr(events))
