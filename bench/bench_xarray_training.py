@@ -22,11 +22,11 @@ delivered on the GPU, shuffled time steps, batch --batch):
   physicsnemo  a DALI pipeline whose parallel external_source reads h5py per sample on the CPU
             (NVIDIA PhysicsNeMo's ERA5 datapipe pattern), nc4z only, when DALI imports
 The baselines run --peer-seconds after their first batch (their rate is steady by then).
---batches-per-read sets XarrayDataset's batches per plan (default its own), --group-sweep 1,8
+--batches-per-read sets XarrayDataset's batches per plan (default 1), --group-sweep 6
 adds a throughput row per value; the host-wait idle row is followed by the host time of each
 next() (median, p90, max). Each format's rows are also logged as soon as they are measured.
 
-    python3 bench/bench_xarray_training.py --gib 16 --peer-seconds 3 --group-sweep 1,8
+    python3 bench/bench_xarray_training.py --gib 16 --peer-seconds 3 --group-sweep 6
     python3 bench/bench_xarray_training.py --smoke --device cpu
 """
 import argparse
@@ -534,9 +534,9 @@ def main():
     ap.add_argument("--peer-seconds", type=float, default=6.0, help="timed seconds per baseline run")
     ap.add_argument("--step-gbps", type=float, default=10.0)
     ap.add_argument("--batches-per-read", type=int, default=None,
-                    help="XarrayDataset's batches_per_read (default: its own choice)")
+                    help="XarrayDataset's batches_per_read (default 1)")
     ap.add_argument("--group-sweep", default="",
-                    help="also time one epoch with these batches_per_read values (comma list, e.g. 1,8)")
+                    help="also time one epoch with these batches_per_read values (comma list, e.g. 6)")
     ap.add_argument("--dir", default="/tmp/ferry-xtrain", help="where the files are kept and reused")
     ap.add_argument("--fresh", action="store_true", help="write the files again")
     ap.add_argument("--drop", action="store_true", help="delete each format's files after its rows")

@@ -38,11 +38,6 @@ from .torch import _BatchStream, _Group, _expand
 __all__ = ["XarrayDataset"]
 
 _M64 = (1 << 64) - 1
-# batches_per_read's default: reads (a variable's step each, a chunk where one chunk is a step)
-# per plan, and the most bytes and batches a group holds
-_GROUP_READS = 1024
-_GROUP_BYTES = 1 << 30
-_GROUP_MAX = 16
 
 
 class _FileSeg:
@@ -328,15 +323,12 @@ class XarrayDataset(_BatchStream):
     Others as ArrayDataset: shuffle, seed, drop_last, device, rank, world_size, prefetch,
     transform (batch -> batch), threads.
     batches_per_read
-        Batches read by one plan (one engine job). Default on a GPU: enough for about 1,024
-        reads (a variable's step each: a chunk where a chunk is a step) at a time, within 1 GiB
-        and 16 batches (20 variables of 361 x 720 float32, batch 8: 6 batches, 960 chunks,
-        1.0 GB); on the CPU 1 (no decoder to fill, and DataLoader workers would hold whole
-        groups in shared memory).
-        The GPU decodes a job's compressed chunks together and its rate is the number of chunks
-        in flight (nvCOMP zstd, H200: 11.7 GB/s at 128 chunks per call, 53 at 1,024), so one
-        batch of 160 chunks a job kept Zarr zstd at 13.7 GB/s. Each batch handed out is a block
-        of its group's stack; the group's memory is freed when all of its batches are.
+        Batches read by one plan (one engine job), default 1. Each batch handed out is its own
+        block of its group's stack (no batch shares memory with another); the group's memory is
+        freed when all of its batches are. Measured on the H200 (20 variables of 361 x 720, batch
+        8, 8 GiB): 6 and 8 batches per plan were slower than 1 — Zarr v3 zstd 8.3 / 8.4 GB/s
+        against 10.1, uncompressed Zarr 23.0 / 22.1 against 28.0 — so the GPU decoder's chunks in
+        flight per job are not what holds the zstd rate (BENCHMARKS.md).
 
     Batches are dicts: "x" (B, C*input_steps, H, W) and "y" (B, C_y*target_steps, H, W) when
     target_steps > 0, in `dtype`.
@@ -415,8 +407,7 @@ class XarrayDataset(_BatchStream):
         self.num_samples = self.n_starts * ntiles
 
         self._init_slabs()
-        self.batches_per_read = batches_per_read
-        self._gpu_group = self._group_size(batches_per_read)
+        self.batch_group = self._group_size(batches_per_read)     # _BatchStream's batches per plan
         self._norm = None
         self._norm = self._normalisation(normalize, stats_file, int(stats_steps))
 
@@ -751,42 +742,14 @@ class XarrayDataset(_BatchStream):
         self._xch = _channel_pick([(self._coff[n], self._vars[n].channels) for n in self.variables], c)
         self._ych = _channel_pick([(self._coff[n], self._vars[n].channels) for n in self.target_variables], c)
 
-    @property
-    def batch_group(self):
-        """Batches per plan now: batches_per_read, or by default the GPU's choice (_group_size)
-        when batches go to a CUDA device and 1 on the CPU (no GPU decoder to fill there, and
-        DataLoader workers would hold whole groups in shared memory)."""
-        if getattr(self, "batches_per_read", None) is not None:
-            return self.batches_per_read
-        gpu = getattr(self, "_gpu_group", 1)
-        rt = getattr(self, "_rt", None)
-        if rt is not None and rt.pid == os.getpid():
-            return gpu if rt.device.type == "cuda" else 1
-        dev = self.device
-        if dev is None:
-            from torch.utils.data import get_worker_info
-            return gpu if get_worker_info() is None and torch.cuda.is_available() else 1
-        return gpu if dev.type == "cuda" else 1
-
-    @batch_group.setter
-    def batch_group(self, value):
-        pass        # _BatchStream's default (1); this dataset's is the property above
-
-    def _group_size(self, batches_per_read):
-        """Batches per plan: batches_per_read, or enough reads for the GPU's decoder (above)."""
-        if batches_per_read is not None:
-            if not isinstance(batches_per_read, int) or isinstance(batches_per_read, bool) or \
-                    batches_per_read < 1:
-                raise ValueError(f"XarrayDataset: batches_per_read must be a positive int or None, "
-                                 f"not {batches_per_read!r}")
-            return batches_per_read
-        rows = self.batch_size * (self.input_steps + self.target_steps)
-        reads = rows * sum(len(slab.items) for slab in self._slabs)
-        hw = self.patch or self.spatial
-        row_bytes = sum(slab.C * slab.dtype.itemsize for slab in self._slabs) * int(np.prod(hw, dtype=np.int64))
-        by_reads = -(-_GROUP_READS // max(1, reads))
-        by_bytes = max(1, _GROUP_BYTES // max(1, rows * row_bytes))
-        return int(max(1, min(_GROUP_MAX, by_reads, by_bytes)))
+    @staticmethod
+    def _group_size(batches_per_read):
+        if batches_per_read is None:
+            return 1
+        if not isinstance(batches_per_read, int) or isinstance(batches_per_read, bool) or batches_per_read < 1:
+            raise ValueError(f"XarrayDataset: batches_per_read must be a positive int or None, "
+                             f"not {batches_per_read!r}")
+        return batches_per_read
 
     def _dev(self, rt, key, make):
         """A small tensor on rt's device made once per process (index lists, normalisation)."""
