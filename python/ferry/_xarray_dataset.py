@@ -1192,7 +1192,8 @@ class _Planned:
             # submitted so far, this one and those behind it, is planned now, during that wait.
             # Left to the end of the hand-off, the group behind was planned only once this one's
             # reads were issued, and with two groups in flight (6 batches a plan, prefetch 4) the
-            # engine idled meanwhile: H200 uncompressed Zarr 23.0 GB/s against 28.0 with one.
+            # engine idled meanwhile (the H200's mid-session build, likely with that rule:
+            # uncompressed Zarr 23.0 GB/s with 6 batches a plan against 28.0 with one).
             if self.fut is None or not self.fut.done():
                 _kick(self._rtx)
             try:

@@ -230,8 +230,8 @@ def test_when_a_groups_planning_starts(files, monkeypatch, ready):
     """Never at submit: the planner thread runs Python, and started at submit it ran beside the
     consumer's hand-off of the group before (one GIL). When the group handed out is ready (a loop
     waiting on its step), the groups behind it are planned once it is handed out; when the consumer
-    is about to wait for it, during that wait (else, with two groups in flight, the engine idled
-    while the next one was planned: H200, uncompressed Zarr, 23.0 GB/s against 28.0)."""
+    is about to wait for it, during that wait (else, with two groups in flight, the engine idles
+    while the next one is planned)."""
     import ferry._xarray_dataset as X
     paths, ref = files
     events = []
