@@ -8,7 +8,9 @@ runs the same on any machine. Best of --reps, milliseconds:
     10,000 uncompressed chunks (no stat), whole array and a strided box;
   * an HDF5 file of 5,000 shuffle+deflate chunks through the xarray
     backend's read planning (the first plan includes fetching h5py's chunk
-    table with chunk_iter; later plans reuse it).
+    table with chunk_iter; later plans reuse it);
+  * a safetensors file of 1,000 tensors: ferry.checkpoint.safe_open (header
+    parsed in C) and the plan of reading every tensor (Plan.read per tensor).
 
     python3 bench/bench_plan.py            # prints one line per case
 """
@@ -82,9 +84,39 @@ def main():
             print(f"{'hdf5 5,000 chunks':28s} {what:14s} {t * 1e3:8.2f} ms  ({n} extents; first plan "
                   f"with the chunk table {first * 1e3:.2f} ms)")
             store.close()
+        safetensors_case(d, args.reps)
     finally:
         shutil.rmtree(d, ignore_errors=True)
     log("bench_plan: done")
+
+
+def safetensors_case(d, reps):
+    import ferry
+    from ferry import checkpoint as ck
+    if not have("safetensors"):
+        log("bench_plan: safetensors missing: no safetensors case")
+        return
+    from safetensors.numpy import save_file
+    p = os.path.join(d, "m.safetensors")
+    save_file({f"layer.{i}.weight": np.full((16, 16), i, "f4") for i in range(1000)}, p)
+
+    def open_close():
+        with ck.safe_open(p, "pt") as f:
+            return len(list(f.keys()))
+    t, n = best(open_close, reps)
+    print(f"{'safetensors 1,000 tensors':28s} {'safe_open':14s} {t * 1e3:8.2f} ms  ({n} tensors)")
+    ds = ferry.Dataset(ferry.default_context(), p)
+    out = np.empty((1000, 16, 16), "f4")
+    names = ds.names()
+
+    def plan():
+        pl = ferry.Plan()
+        for i, name in enumerate(names):
+            pl.read(ds, name, out[i])
+        return len(pl)
+    t, n = best(plan, reps)
+    print(f"{'safetensors 1,000 tensors':28s} {'plan all':14s} {t * 1e3:8.2f} ms  ({n} extents)")
+    ds.close()
 
 
 if __name__ == "__main__":

@@ -694,6 +694,29 @@ const char *ferry_dataset_attrs_json(const ferry_dataset *ds);
 const char *ferry_dataset_dims_json(const ferry_dataset *ds);
 /** JSON array of child group names (Zarr), "[]" if none. */
 const char *ferry_dataset_groups_json(const ferry_dataset *ds);
+/** What ferry_dataset_open found about the store itself (all zeros for a
+ *  format other than Zarr). */
+typedef struct ferry_store_info {
+    int zarr_format;     /* 2 or 3 for a Zarr store, else 0 */
+    int consolidated;    /* 1: the node's members came from consolidated metadata
+                            (v2: .zmetadata at the store root; v3: the group's
+                            zarr.json "consolidated_metadata"), as zarr-python's
+                            open_consolidated reads them; 0: from the members' own
+                            documents, listed from the directory */
+    int is_array;        /* 1: the opened node (the store root or group=) is itself an
+                            array, the dataset's one variable; 0: a group */
+} ferry_store_info;
+/** Fill *out for ds (0), FERRY_EINVAL for NULL arguments. */
+int ferry_dataset_store_info(const ferry_dataset *ds, ferry_store_info *out);
+/** The fill value of variable `var` as the planner fills absent chunks with
+ *  it: one element, itemsize bytes in host (little-endian) order, written to
+ *  out (cap >= itemsize, else FERRY_EINVAL). Returns itemsize, or 0 when the
+ *  variable has none (a Zarr fill_value of null or of a type ferry cannot read,
+ *  a format without fill values: netCDF's _FillValue is an attribute); an
+ *  array whose codecs ferry lacks still has its fill value. Zarr's
+ *  "NaN", "Infinity", "0x..." bit patterns, base64 bytes and "NaT" are decoded
+ *  here, once. */
+int ferry_dataset_fill(const ferry_dataset *ds, int var, void *out, size_t cap);
 int ferry_dataset_nvars(const ferry_dataset *ds);
 int ferry_dataset_var(const ferry_dataset *ds, int index, ferry_var_info *out);
 /** Index of the variable named `name`, or FERRY_ENOTFOUND. Constant time (a table built at
@@ -706,7 +729,9 @@ typedef struct ferry_slice { int64_t start, stop, step; } ferry_slice;
 enum {
     FERRY_NATIVE = 1u << 0,    /* convert big-endian data to host order
                                   (on the GPU by a kernel for device memory) */
-    FERRY_STORED_ORDER = 1u << 1 /* whole reads of F-order arrays: keep F order */
+    FERRY_STORED_ORDER = 1u << 1, /* whole reads of F-order arrays: keep F order */
+    FERRY_EXACT_RUNS = 1u << 2   /* ferry_plan_array: read at most 4 KiB the selection does not
+                                    want per extent (see there) */
 };
 
 /** Append to `plan` the extents that read variable `var`, restricted to sel
@@ -820,6 +845,28 @@ int64_t ferry_plan_layout(const ferry_layout *layout, const ferry_slice *sel, fe
  *  table_index = index, ntable = n. */
 int ferry_layout_sort_table(const ferry_layout *layout, const uint64_t *origins, ferry_chunk *table,
                             uint64_t *index, size_t n);
+
+/** Append to `plan` the extents that read sel (as ferry_plan_layout: ndim
+ *  slices, NULL: everything, a stop past the end clipped) of an array stored as
+ *  is in the open file f, element (0, ..., 0) at byte `offset`: layout gives
+ *  ndim, shape, itemsize, order (C or F) and label, and must have no codecs,
+ *  swap, perm or chunk table (its chunks are ignored). dst receives a C-order
+ *  array of the selection's shape. This is the box planner of every array
+ *  stored contiguously (npy, safetensors, netCDF classic, HDF5 contiguous, DCP
+ *  checkpoints), with one rule for what is read: dimensions contiguous both in
+ *  the file and in dst merge into one run; runs under 256 KiB are grouped into
+ *  one extent with a strided placement while the span read stays under
+ *  64 KiB, or under 16 MiB with at least a quarter of it wanted; every other
+ *  run is its own read. So a read is never more than 4 x the bytes it places,
+ *  except for spans under 64 KiB. flags FERRY_EXACT_RUNS (DCP checkpoints,
+ *  which many ranks read at once, where every byte read is I/O): a group may
+ *  also hold at most 4 KiB (a page) of unwanted bytes, so a rank's reads sum to
+ *  what it places plus at most 4 KiB per extent. FERRY_EFORMAT (naming the file
+ *  and label) when the array passes the end of the file. Returns the bytes
+ *  placed in dst. f and dst must live until a job running the plan completes;
+ *  layout is only read during the call. */
+int64_t ferry_plan_array(ferry_file *f, uint64_t offset, const ferry_layout *layout, const ferry_slice *sel,
+                         ferry_buf dst, unsigned flags, ferry_plan *plan);
 
 /* ------------------------------------------------------------------------- */
 /* Testing seam: fault injection                                              */

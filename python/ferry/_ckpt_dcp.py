@@ -102,46 +102,6 @@ def _dtype_of(name):
     return dt
 
 
-def _plan_box(plan, f, base, shape, itemsize, sel, dst):
-    """Add to `plan` the reads of box sel [(start, stop, 1)] of the C-order array of
-    `shape` stored at byte `base` of f into the contiguous dst. A box is read as one
-    extent over its covering byte range, scattered into dst by the engine's strided
-    placement; where that range would be mostly unwanted bytes (a column split), the box
-    is cut along its first dimension and each part planned the same way."""
-    counts = [b - a for a, b, _ in sel]
-    if any(c == 0 for c in counts):
-        return
-    strides = [itemsize] * len(shape)
-    for d in range(len(shape) - 2, -1, -1):
-        strides[d] = strides[d + 1] * shape[d + 1]
-    dst_strides = [itemsize] * len(counts)
-    for d in range(len(counts) - 2, -1, -1):
-        dst_strides[d] = dst_strides[d + 1] * counts[d + 1]
-    b = _io.buf(dst)
-
-    def add(dim, src, dst_off):
-        box = [c for c in counts[dim:]]
-        first = sum(a * st for (a, _, _), st in zip(sel[dim:], strides[dim:]))
-        last = sum((a + c - 1) * st for (a, _, _), c, st in
-                   zip(sel[dim:], box, strides[dim:])) + itemsize
-        want = itemsize
-        for c in box:
-            want *= c
-        if not box or last - first == want:                 # contiguous: a plain read
-            plan.read_file(f, src + first, want, b, dst_off)
-        elif last - first <= want + 4096 or dim == len(counts) - 1 or counts[dim] > 65536:
-            plan.extent(file=f, offset=src + first, length=last - first, dst=b,
-                        dst_offset=dst_off,
-                        place={"itemsize": itemsize, "count": box,
-                               "src_stride": strides[dim:], "dst_stride": dst_strides[dim:]})
-        else:
-            a0 = sel[dim][0]
-            for i in range(counts[dim]):
-                add(dim + 1, src + (a0 + i) * strides[dim], dst_off + i * dst_strides[dim])
-
-    add(0, base, 0)
-
-
 class FerryWriter(StorageWriter):
     """StorageWriter writing raw, 4 KiB-aligned tensor bytes per rank through ferry.
 
@@ -426,7 +386,9 @@ class FerryReader(StorageReader):
                     dst = torch.empty(lengths, dtype=dtype, device=dev)
                 if dst.device.type == "cuda":
                     devices.add(_io.cuda_index(dst.device))
-                _plan_box(p, f, raw_at, shape, itemsize, sel, dst)
+                # exact: every rank reads only the runs its box needs (ferry.h)
+                p.read_array(f, raw_at, shape, itemsize, _io.buf(dst), selection=sel,
+                             label=item.storage_index.fqn, exact=True)
                 after.append(("tensor", item, (target, dst)))
             _io.wait_devices(p, devices)
             if len(p):

@@ -308,12 +308,20 @@ _Field.read = _read_rows
 _SAMPLE_EXTS = (".npy", ".safetensors")
 
 
+def _is_zarr_store(d):
+    """Whether directory d is a Zarr store (one array source), as the C library's one
+    sniffer (ferry_format_detect) says, not a directory of per-sample files."""
+    try:
+        return _ferry.format_detect(d) == "zarr"
+    except _ferry.FerryError:
+        return False
+
+
 def _expand_files(spec):
     """A field of per-sample files: a glob, a directory (its .npy and .safetensors files in
     natural order; other files there are not samples), a list."""
     if isinstance(spec, (str, os.PathLike)) and os.path.isdir(os.fspath(spec)) and \
-            not os.path.exists(os.path.join(os.fspath(spec), "zarr.json")) and \
-            not os.path.exists(os.path.join(os.fspath(spec), ".zarray")):
+            not _is_zarr_store(os.fspath(spec)):
         d = os.fspath(spec)
         names = sorted((e.name for e in os.scandir(d) if not e.name.startswith(".")
                         and e.name.endswith(_SAMPLE_EXTS) and e.is_file()), key=_natural_key)

@@ -526,29 +526,12 @@ def _h5_groups(path: str) -> list:
 # ---------------------------------------------------------------------------
 # netCDF classic and Zarr through ferry's C parsers
 # ---------------------------------------------------------------------------
-def _json_fill(v, dt: np.dtype):
-    if v is None:
+def _fill_value(raw: bytes | None, stored: np.dtype | None):
+    """The C parser's fill element (Dataset.fill: little-endian bytes, decoded
+    from Zarr's fill_value once, in zarr.c) as a numpy scalar of the stored type."""
+    if raw is None or stored is None:
         return None
-    if isinstance(v, str):
-        if v in ("NaN", "Infinity", "-Infinity"):
-            return dt.type({"NaN": np.nan, "Infinity": np.inf, "-Infinity": -np.inf}[v])
-        if dt.kind == "S":
-            try:
-                return np.bytes_(base64.standard_b64decode(v))
-            except Exception:  # noqa: BLE001
-                return np.bytes_(v.encode())
-        if dt.kind == "f":
-            try:
-                return dt.type(struct.unpack("<d", base64.standard_b64decode(v))[0])
-            except Exception:  # noqa: BLE001
-                return None
-        return v
-    if dt.kind in "SUO":
-        return v
-    try:
-        return np.array(v, dtype=dt)[()]
-    except (TypeError, ValueError, OverflowError):
-        return None
+    return np.frombuffer(raw, dtype=stored.newbyteorder("<")).astype(stored)[0]
 
 
 def _zarr3_attr_fill(value, dt: np.dtype):
@@ -568,24 +551,6 @@ def _zarr3_attr_fill(value, dt: np.dtype):
     return value
 
 
-def _zarr_version(store: str, group: str | None) -> int:
-    base = os.path.join(store, group.strip("/")) if group else store
-    if os.path.exists(os.path.join(base, "zarr.json")):
-        return 3
-    return 2
-
-
-def _zarr_is_array(node: str) -> bool:
-    """Whether the Zarr node at this directory is an array (not a group)."""
-    if os.path.exists(os.path.join(node, ".zarray")):
-        return True
-    try:
-        with open(os.path.join(node, "zarr.json"), "rb") as f:
-            return json.load(f).get("node_type") == "array"
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
 def _engine_readable(typestr: str) -> bool:
     """Fixed-size numpy types the engine can move as bytes even when ferry names them "other"."""
     try:
@@ -594,12 +559,13 @@ def _engine_readable(typestr: str) -> bool:
         return False
 
 
-def _zarr_py_spec(path: str, group: str | None, name: str, zv: int, shape: tuple, why: str | None = None):
+def _zarr_py_spec(path: str, group: str | None, name: str, store: dict, shape: tuple, why: str | None = None):
     """A variable ferry's parser does not read (variable-length strings, Zarr v3
     string/bytes types, codecs, filters or chunk grids ferry lacks; `why` is the
     parser's message): metadata and data through zarr-python, as xarray's zarr
     backend has them. None (and a log line) when zarr is not importable or cannot
-    open the array either; the caller then keeps ferry's description."""
+    open the array either; the caller then keeps ferry's description. store: the
+    C parser's Dataset.store_info (Zarr format, and whether the node is an array)."""
     try:
         import zarr
     except ImportError:
@@ -609,7 +575,7 @@ def _zarr_py_spec(path: str, group: str | None, name: str, zv: int, shape: tuple
     from xarray import coding
     g = (group or "").strip("/")
     apath = f"{g}/{name}" if g else name
-    if _zarr_is_array(os.path.join(path, g) if g else path):   # a store of one array: it is the node itself
+    if store["is_array"]:   # a store of one array: it is the node itself
         apath = g
     try:
         arr = zarr.open_array(store=path, path=apath, mode="r")
@@ -618,6 +584,7 @@ def _zarr_py_spec(path: str, group: str | None, name: str, zv: int, shape: tuple
                     "loading it raises FerryError", path, name, why or "its type", e)
         return None
     attrs = dict(arr.attrs)
+    zv = store["zarr_format"]
     if zv == 3:
         d = tuple(arr.metadata.dimension_names or ())
     else:
@@ -686,7 +653,8 @@ def _c_scan(path: str, fmt: str, group: str | None, ctx, cpath: str | None = Non
     dims_j = json.loads(ds.dims)
     dims = {k: int(v.get("size", 0)) if isinstance(v, dict) else int(v) for k, v in dims_j.items()}
     unlimited = {k for k, v in dims_j.items() if isinstance(v, dict) and v.get("unlimited")}
-    zv = _zarr_version(path, group) if actual == "zarr" else 0
+    store = ds.store_info
+    zv = store["zarr_format"]
     specs = []
     for index, v, raw in _c_variables(ds):
         if v is None:
@@ -694,7 +662,7 @@ def _c_scan(path: str, fmt: str, group: str | None, ctx, cpath: str | None = Non
             base = os.fsencode(os.path.join(path, group.strip("/")) if group else path)
             sp = None
             if actual == "zarr" and os.path.isdir(os.path.join(base, raw)):
-                sp = _zarr_py_spec(path, group, name, zv, (), "its name is not UTF-8")
+                sp = _zarr_py_spec(path, group, name, store, (), "its name is not UTF-8")
             if sp is None:
                 raise ferry.FerryError(_ferry.EFORMAT, f"{path}: variable {name!r} (#{index}): its metadata is "
                                        "not UTF-8" + (" and zarr-python cannot read it" if actual == "zarr" else ""))
@@ -705,7 +673,7 @@ def _c_scan(path: str, fmt: str, group: str | None, ctx, cpath: str | None = Non
         name = v["name"]
         err = v.get("error")    # the C parser describes it but cannot read it
         if actual == "zarr" and (err or (v["dtype"] == "other" and not _engine_readable(v["typestr"]))):
-            sp = _zarr_py_spec(path, group, name, zv, tuple(v["shape"]), err)
+            sp = _zarr_py_spec(path, group, name, store, tuple(v["shape"]), err)
             if sp is not None:
                 for dn, n in zip(sp.dims, sp.shape):
                     dims.setdefault(dn, int(n))
@@ -742,13 +710,13 @@ def _c_scan(path: str, fmt: str, group: str | None, ctx, cpath: str | None = Non
         if actual == "zarr":
             encoding["chunks"] = tuple(v["chunks"])
             encoding["preferred_chunks"] = dict(zip(d, v["chunks"]))
+            fv = _fill_value(ds.fill(index), stored)
             if zv == 2:
-                fv = _json_fill(json.loads(v["fill"] or "null"), stored if stored is not None else np.dtype("f8"))
                 if fv is not None:
                     attrs["_FillValue"] = fv
             else:
                 if stored is not None:
-                    encoding["fill_value"] = _json_fill(json.loads(v["fill"] or "null"), stored)
+                    encoding["fill_value"] = fv
                 if "_FillValue" in attrs and stored is not None:
                     attrs["_FillValue"] = _zarr3_attr_fill(attrs["_FillValue"], stored)
         if not ok:
@@ -1377,21 +1345,15 @@ def _local_path(obj, storage_options=None) -> str:
     return path
 
 
-def _check_consolidated(path: str, fmt: str, group, consolidated):
+def _check_consolidated(store: "FerryStore", consolidated):
     """consolidated= as the zarr engine reads it: True requires consolidated
     metadata; False asks to ignore it, which ferry's parser cannot do, so it is
-    refused when the store has some (and is what ferry does when it has none)."""
+    refused when the parser read the node's members from consolidated metadata
+    (and is what ferry does when it did not). The C parser says which it did."""
     if consolidated is None:
         return
-    if fmt != "zarr":
-        raise ValueError(f"{path}: consolidated= applies to Zarr stores only")
-    has = os.path.exists(os.path.join(path, ".zmetadata"))
-    if not has:
-        try:
-            with open(os.path.join(path, "zarr.json"), "rb") as f:
-                has = json.load(f).get("consolidated_metadata") is not None
-        except (OSError, ValueError, AttributeError):
-            has = False
+    path = store.filename
+    has = store._cds.store_info["consolidated"]
     if consolidated and not has:
         raise ferry.FerryError(_ferry.ENOTFOUND, f"{path}: consolidated=True but the store has no consolidated "
                                "metadata (.zmetadata or zarr.json consolidated_metadata)")
@@ -1427,11 +1389,16 @@ class FerryBackendEntrypoint(BackendEntrypoint):
             store = filename_or_obj
         else:
             p = _local_path(filename_or_obj, storage_options)
-            if consolidated is not None:
-                _check_consolidated(p, _format_of(p), group, consolidated)
+            if consolidated is not None and _format_of(p) != "zarr":
+                raise ValueError(f"{p}: consolidated= applies to Zarr stores only")
             store = FerryStore(p, group=group, device=device, threads=threads, path=path, decode=decode,
                                mask_and_scale=mask_and_scale, decode_times=decode_times,
                                decode_timedelta=decode_timedelta, lock=lock)
+            try:
+                _check_consolidated(store, consolidated)
+            except BaseException:
+                store.close()
+                raise
         ds = StoreBackendEntrypoint().open_dataset(
             store, mask_and_scale=mask_and_scale, decode_times=decode_times, concat_characters=concat_characters,
             decode_coords=decode_coords, drop_variables=drop_variables, use_cftime=use_cftime,

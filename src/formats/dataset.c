@@ -213,6 +213,12 @@ const char *ferry_dataset_attrs_json(const ferry_dataset *ds) {
 const char *ferry_dataset_dims_json(const ferry_dataset *ds) {
     return ds && ds->dims_json ? ds->dims_json : "{}";
 }
+int ferry_dataset_store_info(const ferry_dataset *ds, ferry_store_info *out) {
+    if (!ds || !out) return ferry_seterr(FERRY_EINVAL, "ferry_dataset_store_info: NULL argument");
+    *out = ds->store;
+    return 0;
+}
+
 const char *ferry_dataset_groups_json(const ferry_dataset *ds) {
     return ds && ds->groups_json ? ds->groups_json : "[]";
 }
@@ -225,6 +231,22 @@ int ferry_dataset_var(const ferry_dataset *ds, int index, ferry_var_info *out) {
                             ds->nvars);
     *out = ds->vars[index].info;
     return 0;
+}
+
+int ferry_dataset_fill(const ferry_dataset *ds, int var, void *out, size_t cap) {
+    if (!ds || !out) return ferry_seterr(FERRY_EINVAL, "ferry_dataset_fill: NULL argument");
+    if (var < 0 || var >= ds->nvars)
+        return ferry_seterr(FERRY_EINVAL, "%s: variable index %d out of range (%d variables)", ds->path, var,
+                            ds->nvars);
+    const ferry_var *v = &ds->vars[var];
+    if (!v->fill) return 0;
+    uint32_t n = v->info.itemsize;
+    if (cap < n)
+        return ferry_seterr(FERRY_EINVAL, "%s: variable \"%s\": its fill value needs %u bytes, not %zu", ds->path,
+                            v->info.name, n, cap);
+    memset(out, 0, n);
+    memcpy(out, v->fill, n < 16 ? n : 16);
+    return (int)n;
 }
 
 int ferry_dataset_find(const ferry_dataset *ds, const char *name) {

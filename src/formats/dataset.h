@@ -9,6 +9,7 @@
 typedef struct ferry_var {
     ferry_var_info info;   /* strings point into memory the dataset owns */
     void *fmt;             /* format-private per-variable state */
+    const uint8_t *fill;   /* the fill element (host order; zeros past 16 bytes), NULL: none */
 } ferry_var;
 
 typedef struct ferry_format_ops {
@@ -34,6 +35,7 @@ struct ferry_dataset {
     char *dims_json;       /* NULL: "{}" */
     char *groups_json;     /* NULL: "[]" */
     void *fmt;             /* format-private */
+    ferry_store_info store;   /* filled by formats that have one (Zarr) */
     int *by_name;          /* open-addressing table of variable indices (-1 empty), built after open */
     size_t by_name_mask;   /* table size - 1 (a power of two, at least twice nvars) */
 };

@@ -444,6 +444,46 @@ int64_t ferry_plan_layout(const ferry_layout *l, const ferry_slice *sel, ferry_b
     return rc < 0 ? rc : bytes;
 }
 
+/* ---- an array stored as is in an open file -------------------------------------- */
+
+int64_t ferry_plan_array(ferry_file *f, uint64_t offset, const ferry_layout *lay, const ferry_slice *sel,
+                         ferry_buf dst, unsigned flags, ferry_plan *plan) {
+    if (!plan || !f || !lay) return ferry_seterr(FERRY_EINVAL, "ferry_plan_array: NULL argument");
+    const char *file = ferry_file_path(f);
+    ferry_layout copy = *lay, *l = &copy;   /* chunks do not matter here; errors name the file */
+    for (int k = 0; k < FERRY_MAX_DIMS; k++) copy.chunks[k] = 1;
+    copy.path = file;
+    int rc = ferry_layout_check(l);
+    if (rc < 0) return rc;
+    if (l->order == FERRY_ORDER_PERM || l->ncodecs || l->table || l->lookup || l->swap)
+        return ferry_seterr(FERRY_EINVAL, "%s: variable \"%s\": ferry_plan_array reads C- or F-order arrays "
+                            "stored as is (no codecs, swap, perm or chunk table)", file, lname(l));
+    ferry_select_src src;
+    memset(&src, 0, sizeof src);
+    src.file = f;
+    src.label = l->label;
+    src.offset = offset;
+    src.exact = (flags & FERRY_EXACT_RUNS) != 0;
+    src.ndim = l->ndim;
+    src.itemsize = l->itemsize;
+    memcpy(src.shape, l->shape, sizeof src.shape);
+    int64_t size = ferry_select_contiguous(&src, l->order == FERRY_ORDER_F);
+    int64_t fsize = ferry_file_size(f);
+    if (fsize < 0) return fsize;
+    if (size < 0 || offset > (uint64_t)fsize || (uint64_t)size > (uint64_t)fsize - offset)
+        return ferry_seterr(FERRY_EFORMAT, "%s: variable \"%s\": the array's bytes [%llu, +%lld) pass the end of "
+                            "the %lld-byte file", file, lname(l), (unsigned long long)offset, (long long)size,
+                            (long long)fsize);
+    ferry_slice norm[FERRY_MAX_DIMS];
+    int64_t bytes = ferry_selection_normalize(l->ndim, l->shape, l->itemsize, sel, norm, file, lname(l));
+    if (bytes < 0) return bytes;
+    if (dst.size < (uint64_t)bytes)
+        return ferry_seterr(FERRY_EINVAL, "%s: variable \"%s\": destination holds %llu bytes, selection needs %llu",
+                            file, lname(l), (unsigned long long)dst.size, (unsigned long long)bytes);
+    if (bytes == 0) return 0;
+    return ferry_select_plan(&src, norm, dst, 0, plan);
+}
+
 /* ---- tables keyed by chunk origin (h5py's chunk_iter) --------------------------- */
 
 typedef struct keyed { uint64_t index; size_t pos; } keyed;

@@ -5,10 +5,16 @@
 /* Grouping runs into one placed extent pays when the reads saved cost more
  * than the unused bytes read: always for spans up to PLACE_SMALL, and for
  * spans up to PLACE_MAX when at least a quarter of the bytes are wanted.
- * Runs of PLACE_BIG bytes or more are read on their own (no waste). */
+ * Runs of PLACE_BIG bytes or more are read on their own (no waste).
+ * ferry.h documents this rule at ferry_plan_array. */
 #define PLACE_SMALL ((uint64_t)64 << 10)
 #define PLACE_MAX ((uint64_t)16 << 20)
 #define PLACE_BIG ((uint64_t)256 << 10)
+/* FERRY_EXACT_RUNS (DCP: many ranks reading one checkpoint, where every byte
+ * read is I/O some rank pays for): a group may read at most one page of bytes
+ * the selection does not want, which costs no extra I/O on a page-granular
+ * device. */
+#define EXACT_SLACK ((uint64_t)4096)
 
 int64_t ferry_select_contiguous(ferry_select_src *src, int fortran) {
     uint64_t s = src->itemsize;
@@ -91,6 +97,7 @@ int64_t ferry_select_plan(const ferry_select_src *src, const ferry_slice *sel,
             if (ferry_mul_overflow(count[d] - 1, eff[d], &t) || ferry_add_overflow(span, t, &nspan)) break;
             uint64_t nuseful = useful * count[d];
             if (nspan > PLACE_MAX || (nspan > PLACE_SMALL && nspan / 4 > nuseful)) break;
+            if (src->exact && nspan - nuseful > EXACT_SLACK) break;
             span = nspan; useful = nuseful;
             in_group[d] = 1;
             placed_dims++;

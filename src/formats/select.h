@@ -28,6 +28,8 @@ typedef struct ferry_select_src {
     uint64_t shape[FERRY_MAX_DIMS];
     uint64_t stride[FERRY_MAX_DIMS]; /* bytes between consecutive indices of each dim */
     uint32_t itemsize;
+    int exact;                 /* FERRY_EXACT_RUNS: group runs only while the unwanted bytes
+                                  read stay within EXACT_SLACK (select.c) */
     int ncodecs;               /* element-wise codecs only (BYTESWAP): decoded size = length */
     ferry_codec codecs[FERRY_MAX_CODECS];
 } ferry_select_src;

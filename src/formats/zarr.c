@@ -60,6 +60,7 @@ typedef struct zarr_arr {
     uint64_t inner[FERRY_MAX_DIMS];
     int index_at_start, index_crc, index_big;
     uint8_t fill[16];      /* one element in host (little-endian) order */
+    int has_fill;          /* fill_value parsed into fill[] and not null */
 } zarr_arr;
 
 typedef struct zarr_ds {
@@ -610,6 +611,7 @@ static int parse_v2(zarr_arr *a, const char *file, const ferry_json *za, const f
         kind = dt->str[1];
         if (parse_fill(fv, kind, a->itemsize, a->fill) < 0)
             return MERR(FERRY_EFORMAT, file, fv, "fill_value does not suit dtype %s", dt->str);
+        a->has_fill = fv->type != FERRY_JSON_NULL;
     }
 
     /* decoding: compressor first, then the filters in reverse order */
@@ -881,6 +883,7 @@ static int parse_v3_array(zarr_arr *a, const char *file, const ferry_json *m) {
         if (big && (rc = set_typestr(a, file, kind, 1, unit)) < 0) return rc;
         if (parse_fill(fv, kind, a->itemsize, a->fill) < 0)
             return MERR(FERRY_EFORMAT, file, fv, "fill_value does not suit data_type %s", dname);
+        a->has_fill = fv && fv->type != FERRY_JSON_NULL;
     }
     return finish_common(a, file);
 }
@@ -1003,11 +1006,16 @@ static const char *basename_of(const char *path, char *buf, size_t cap) {
     return buf;
 }
 
-/* v3 node at dir. */
-static int open_v3(open_ctx *o, const char *dir) {
+/* v3 node at dir; `rel` is its path inside the store. A group without
+ * consolidated metadata of its own is listed from the root's
+ * consolidated_metadata when the root has some (its keys are paths from the
+ * root), as zarr-python's consolidated open of a group below the root reads
+ * it, and as v2's .zmetadata is read. */
+static int open_v3(open_ctx *o, const char *dir, const char *rel) {
     char *file = join(dir, "zarr.json");
     if (!file) return FERRY_ENOMEM;
-    ferry_json *m = NULL;
+    ferry_json *m = NULL, *rootm = NULL;   /* rootm: the root's zarr.json, when its consolidated metadata lists this group */
+    char *rootfile = NULL;
     int rc = load_json(o->ds, file, &m);
     if (rc < 0) { free(file); return rc; }
     uint64_t zf;
@@ -1016,6 +1024,7 @@ static int open_v3(open_ctx *o, const char *dir) {
         rc = MERR(FERRY_EFORMAT, file, m, "zarr_format must be 3");
     else if (!strcmp(nt, "array")) {
         char nm[256];
+        o->ds->store.is_array = 1;
         rc = add_array(o, basename_of(dir, nm, sizeof nm), dir, file, 3, m, NULL);
     } else if (!strcmp(nt, "group") && (rc = v3_extensions_ok(file, m, V3_GROUP_KEYS)) < 0) {
     } else if (!strcmp(nt, "group") && ferry_json_get(m, "attributes") &&
@@ -1026,21 +1035,42 @@ static int open_v3(open_ctx *o, const char *dir) {
         if (attrs && attrs->type == FERRY_JSON_OBJECT && !(o->ds->attrs_json = to_json(attrs))) rc = FERRY_ENOMEM;
         const ferry_json *cm = ferry_json_get(m, "consolidated_metadata");
         const ferry_json *md = cm && cm->type == FERRY_JSON_OBJECT ? ferry_json_get(cm, "metadata") : NULL;
+        char prefix[4098] = "";   /* rel is shorter than 4096 (zarr_open checks) */
+        const char *mdfile = file;
+        if (!rc && !(md && md->type == FERRY_JSON_OBJECT) && *rel) {
+            char *rf = join(o->ds->path, "zarr.json");
+            if (!rf) rc = FERRY_ENOMEM;
+            else if (is_file(rf) && !(rc = load_json(o->ds, rf, &rootm))) {
+                const ferry_json *rcm = ferry_json_get(rootm, "consolidated_metadata");
+                const ferry_json *rmd = rcm && rcm->type == FERRY_JSON_OBJECT ? ferry_json_get(rcm, "metadata") : NULL;
+                if (rmd && rmd->type == FERRY_JSON_OBJECT) {
+                    md = rmd;
+                    mdfile = rootfile = rf;
+                    rf = NULL;
+                    snprintf(prefix, sizeof prefix, "%s/", rel);
+                }
+            }
+            free(rf);
+        }
+        size_t pl = strlen(prefix);
         if (!rc && md && md->type == FERRY_JSON_OBJECT) {
+            o->ds->store.consolidated = 1;
             for (size_t i = 0; i < md->n && !rc; i++)
                 if (!key_ok(md->items[i].key, md->items[i].keylen))
-                    rc = MERR(FERRY_EFORMAT, file, &md->items[i],
+                    rc = MERR(FERRY_EFORMAT, mdfile, &md->items[i],
                               "consolidated_metadata key \"%s\" is not a relative path inside the store "
                               "(empty, absolute, or with an empty, \".\" or \"..\" component)", md->items[i].key);
             for (size_t i = 0; i < md->n && !rc; i++) {
                 const ferry_json *c = &md->items[i];
-                if (strchr(c->key, '/')) continue;   /* not a direct child */
+                if (strncmp(c->key, prefix, pl)) continue;      /* not below this group */
+                const char *child = c->key + pl;
+                if (!*child || strchr(child, '/')) continue;   /* not a direct child */
                 const char *cnt = json_name(c, "node_type");
-                char *cdir = join(dir, c->key);
+                char *cdir = join(dir, child);
                 if (!cdir) { rc = FERRY_ENOMEM; break; }
-                if (!strcmp(cnt, "array")) rc = add_array(o, c->key, cdir, file, 3, c, NULL);
-                else if (!strcmp(cnt, "group")) rc = add_group(o, c->key);
-                else rc = MERR(FERRY_EFORMAT, file, c, "consolidated entry \"%s\": unknown node_type", c->key);
+                if (!strcmp(cnt, "array")) rc = add_array(o, child, cdir, mdfile, 3, c, NULL);
+                else if (!strcmp(cnt, "group")) rc = add_group(o, child);
+                else rc = MERR(FERRY_EFORMAT, mdfile, c, "consolidated entry \"%s\": unknown node_type", c->key);
                 free(cdir);
             }
         } else if (!rc) {
@@ -1075,6 +1105,8 @@ static int open_v3(open_ctx *o, const char *dir) {
             free_names(kids, nk);
         }
     } else rc = MERR(FERRY_EFORMAT, file, m, "node_type must be \"array\" or \"group\"");
+    ferry_json_free(rootm);
+    free(rootfile);
     ferry_json_free(m);
     free(file);
     return rc;
@@ -1107,6 +1139,7 @@ static int open_v2(open_ctx *o, const char *dir, const char *rel) {
         rc = load_json(o->ds, zarray, &za);
         if (!rc && is_file(zattrs)) rc = load_json(o->ds, zattrs, &at);
         char nm[256];
+        o->ds->store.is_array = 1;
         if (!rc) rc = add_array(o, basename_of(dir, nm, sizeof nm), dir, zarray, 2, za, at);
         ferry_json_free(za); ferry_json_free(at);
         free(zarray); free(zattrs);
@@ -1161,6 +1194,7 @@ static int open_v2(open_ctx *o, const char *dir, const char *rel) {
     char prefix[4098];   /* rel is shorter than 4096 (zarr_open checks) */
     snprintf(prefix, sizeof prefix, "%s%s", rel, *rel ? "/" : "");
     if (!rc && md && md->type == FERRY_JSON_OBJECT) {
+        o->ds->store.consolidated = 1;
         const ferry_json **sorted = malloc((md->n ? md->n : 1) * sizeof *sorted);
         if (!sorted) rc = FERRY_ENOMEM;
         for (size_t i = 0; sorted && i < md->n; i++) sorted[i] = &md->items[i];
@@ -1321,8 +1355,13 @@ static int zarr_open(ferry_dataset *ds, const ferry_open_opts *opts) {
         free(dir);
         return rc;
     }
-    if (has_meta(dir, "zarr.json")) rc = open_v3(&o, dir);
-    else if (has_meta(dir, ".zarray") || has_meta(dir, ".zgroup") || (!*rel && has_meta(dir, ".zmetadata"))) rc = open_v2(&o, dir, rel);
+    if (has_meta(dir, "zarr.json")) {
+        ds->store.zarr_format = 3;
+        rc = open_v3(&o, dir, rel);
+    } else if (has_meta(dir, ".zarray") || has_meta(dir, ".zgroup") || (!*rel && has_meta(dir, ".zmetadata"))) {
+        ds->store.zarr_format = 2;
+        rc = open_v2(&o, dir, rel);
+    }
     else rc = ferry_seterr(FERRY_ENOTFOUND, "%s: no Zarr array or group here (no zarr.json, .zarray or .zgroup)", dir);
     free(dir);
     if (rc == FERRY_ENOMEM && !ferry_lasterr()[0]) ferry_seterr(rc, "%s: out of memory", ds->path);
@@ -1364,6 +1403,7 @@ static int zarr_open(ferry_dataset *ds, const ferry_open_opts *opts) {
         vi->path = a->dir;
         vi->error = a->err;
         ds->vars[i].fmt = a;
+        if (a->has_fill) ds->vars[i].fill = a->fill;
     }
     ds->nvars = z->narrs;
     return 0;

@@ -231,6 +231,81 @@ static void test_contiguous_column(void) {
     CHECK_EQ_I(bad, 0);
 }
 
+/* ferry_plan_array: boxes of an array stored as is at an offset of an open
+ * file (DCP's tensors) equal the array; FERRY_EXACT_RUNS reads what the box
+ * needs plus at most 4 KiB per extent, where the default rule groups a column
+ * of a small array into one span; an array past the end is FERRY_EFORMAT. */
+static void test_plan_array_boxes_and_exact_runs(void) {
+    static int32_t a[3][40][50];   /* at byte 100 of the file */
+    for (int z = 0; z < 3; z++) for (int y = 0; y < 40; y++) for (int x = 0; x < 50; x++) a[z][y][x] = z * 10000 + y * 100 + x;
+    static uint8_t img[100 + sizeof a];
+    memset(img, 0xee, 100);
+    memcpy(img + 100, a, sizeof a);
+    const char *p = tpath("array.bin");
+    write_file(p, img, sizeof img);
+    ferry_file *f;
+    CHECK_EQ_I(ferry_file_open(ctx, p, FERRY_READ, &f), 0);
+    ferry_layout l;
+    memset(&l, 0, sizeof l);
+    l.ndim = 3; l.shape[0] = 3; l.shape[1] = 40; l.shape[2] = 50; l.itemsize = 4; l.label = "a";
+    static int32_t got[3 * 40 * 50];
+    for (int t = 0; t < 300; t++) {
+        ferry_slice s[3];
+        uint64_t n = 1;
+        for (int k = 0; k < 3; k++) {
+            int64_t a0 = rnd() % (l.shape[k] + 1), b0 = a0 + rnd() % (l.shape[k] + 1 - a0);
+            s[k] = (ferry_slice){a0, b0, 1 + (t % 3 == 0 ? rnd() % 3 : 0)};
+            n *= b0 <= a0 ? 0 : (uint64_t)(b0 - a0 - 1) / (uint64_t)s[k].step + 1;
+        }
+        unsigned flags = t & 1 ? FERRY_EXACT_RUNS : 0;
+        ferry_plan *plan;
+        ferry_plan_create(&plan);
+        CHECK_EQ_I(ferry_plan_array(f, 100, &l, s, ferry_host_buf(got, n * 4), flags, plan), (int64_t)(n * 4));
+        if (flags) {
+            uint64_t extents = ferry_plan_count(plan);
+            CHECK(ferry_plan_file_bytes(plan) <= n * 4 + 4096 * extents);
+        }
+        CHECK(ferry_run(ctx, plan, NULL) >= 0);
+        ferry_plan_destroy(plan);
+        uint64_t i = 0;
+        int bad = 0;
+        for (int64_t z = s[0].start; z < s[0].stop; z += s[0].step)
+            for (int64_t y = s[1].start; y < s[1].stop; y += s[1].step)
+                for (int64_t x = s[2].start; x < s[2].stop; x += s[2].step) bad += got[i++] != a[z][y][x];
+        CHECK_EQ_I(bad, 0);
+    }
+    /* a column of z = 0: 40 runs of 4 bytes, 200 apart */
+    ferry_slice col[3] = {{0, 1, 1}, {0, 40, 1}, {7, 8, 1}};
+    ferry_plan *plan;
+    ferry_plan_create(&plan);
+    CHECK_EQ_I(ferry_plan_array(f, 100, &l, col, ferry_host_buf(got, 160), 0, plan), 160);
+    CHECK_EQ_I(ferry_plan_count(plan), 1);                      /* one grouped span */
+    CHECK(ferry_plan_file_bytes(plan) > 160 * 40);
+    ferry_plan_clear(plan);
+    CHECK_EQ_I(ferry_plan_array(f, 100, &l, col, ferry_host_buf(got, 160), FERRY_EXACT_RUNS, plan), 160);
+    CHECK_EQ_I(ferry_plan_file_bytes(plan), 160);                 /* exactly the runs */
+    memset(got, 0, 160);
+    int64_t ran = ferry_run(ctx, plan, NULL);
+    if (ran < 0) fprintf(stderr, "run: %s\n", ferry_errmsg(ctx));
+    CHECK_EQ_I(ran, 160);
+    for (int y = 0; y < 40; y++) CHECK_EQ_I(got[y], a[0][y][7]);
+    ferry_plan_clear(plan);
+    /* a 0-d array, and one passing the end of the file */
+    ferry_layout s0;
+    memset(&s0, 0, sizeof s0);
+    s0.itemsize = 4;
+    CHECK_EQ_I(ferry_plan_array(f, 100 + 4 * 51, &s0, NULL, ferry_host_buf(got, 4), 0, plan), 4);
+    CHECK(ferry_run(ctx, plan, NULL) >= 0);
+    CHECK_EQ_I(got[0], a[0][1][1]);
+    ferry_plan_clear(plan);
+    CHECK_EQ_I(ferry_plan_array(f, 104, &l, NULL, ferry_host_buf(got, sizeof got), 0, plan), FERRY_EFORMAT);
+    CHECK_STR_CONTAINS(ferry_errmsg(ctx), "array.bin: variable \"a\"");
+    CHECK_EQ_I(ferry_plan_count(plan), 0);
+    ferry_plan_destroy(plan);
+    ferry_file_close(f);
+    remove(p);
+}
+
 static void expect_plan_error(const ferry_layout *l, int code, const char *needle) {
     int32_t got[NY * NX];
     ferry_plan *p;
@@ -336,6 +411,7 @@ int main(void) {
     RUN(test_sparse_table_from_origins);
     RUN(test_lookup_visits_only_touched_chunks);
     RUN(test_contiguous_column);
+    RUN(test_plan_array_boxes_and_exact_runs);
     RUN(test_lying_tables_are_errors);
     RUN(test_scalar_and_wide_fill);
     ferry_ctx_destroy(ctx);

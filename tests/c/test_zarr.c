@@ -467,6 +467,51 @@ static void test_required_keys(void) {
     fc_expect_open_error(ctx, tpath("r2.zarr"), NULL, FERRY_EFORMAT, "node_type must be");
 }
 
+/* ferry_dataset_store_info and ferry_dataset_fill: what the parser found,
+ * so that no caller reads the store's documents again. A v3 root whose
+ * consolidated_metadata lists g1 and its array: g1 opened as a group is listed
+ * from it (the array on disk but not in it stays unlisted, as zarr's
+ * consolidated open has it); fill values decoded once ("0x..." bits, NaN, null). */
+static void test_store_info_fill_and_root_consolidated_groups(void) {
+    mk("c.zarr");
+    mk("c.zarr/g1");
+    mk("c.zarr/g1/a");
+    mk("c.zarr/g1/late");
+#define ARR(fill) V3_HEAD "\"shape\": [4], \"data_type\": \"float32\", " V3_GRID("[2]") V3_KEYS \
+    "\"fill_value\": " fill ", \"codecs\": [{\"name\": \"bytes\"}], \"dimension_names\": [\"x\"]}"
+    put("c.zarr/zarr.json", "{\"zarr_format\": 3, \"node_type\": \"group\", \"consolidated_metadata\": {"
+        "\"kind\": \"inline\", \"must_understand\": false, \"metadata\": {"
+        "\"g1\": {\"zarr_format\": 3, \"node_type\": \"group\"}, \"g1/a\": " ARR("\"0x3f800000\"") "}}}");
+    put("c.zarr/g1/zarr.json", "{\"zarr_format\": 3, \"node_type\": \"group\"}");
+    put("c.zarr/g1/a/zarr.json", ARR("\"0x3f800000\""));
+    put("c.zarr/g1/late/zarr.json", ARR("null"));
+    ferry_store_info si;
+    ferry_open_opts o = {NULL, "g1"};
+    ferry_dataset *ds = NULL;
+    CHECK_EQ_I(ferry_dataset_open(ctx, tpath("c.zarr"), &o, &ds), 0);
+    if (!ds) return;
+    CHECK_EQ_I(ferry_dataset_store_info(ds, &si), 0);
+    CHECK_EQ_I(si.zarr_format, 3);
+    CHECK_EQ_I(si.consolidated, 1);
+    CHECK_EQ_I(si.is_array, 0);
+    CHECK_EQ_I(ferry_dataset_nvars(ds), 1);   /* "late" is not in the consolidated listing */
+    float f = 0;
+    CHECK_EQ_I(ferry_dataset_fill(ds, 0, &f, sizeof f), 4);
+    CHECK(f == 1.0f);
+    CHECK_EQ_I(ferry_dataset_fill(ds, 0, &f, 2), FERRY_EINVAL);
+    CHECK_EQ_I(ferry_dataset_fill(ds, 1, &f, sizeof f), FERRY_EINVAL);
+    ferry_dataset_close(ds);
+    ds = open_ok("c.zarr/g1/late");   /* a store of one array, fill null */
+    if (!ds) return;
+    CHECK_EQ_I(ferry_dataset_store_info(ds, &si), 0);
+    CHECK_EQ_I(si.zarr_format, 3);
+    CHECK_EQ_I(si.consolidated, 0);
+    CHECK_EQ_I(si.is_array, 1);
+    CHECK_EQ_I(ferry_dataset_fill(ds, 0, &f, sizeof f), 0);
+    ferry_dataset_close(ds);
+#undef ARR
+}
+
 int main(void) {
     snprintf(dir, sizeof dir, "/tmp/ferry_test_zarr_XXXXXX");
     if (!mkdtemp(dir)) { perror("mkdtemp"); return 1; }
@@ -482,6 +527,7 @@ int main(void) {
     RUN(test_keys_stay_inside_the_store);
     RUN(test_chunk_files_opened_without_following);
     RUN(test_required_keys);
+    RUN(test_store_info_fill_and_root_consolidated_groups);
     ferry_ctx_destroy(ctx);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

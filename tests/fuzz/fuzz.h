@@ -62,9 +62,10 @@ static inline const char *ferry_fuzz_file(const uint8_t *data, size_t size) {
 /* Open path as `format`, then exercise every accessor and read every
  * variable (whole, and a strided selection) when its plan has fewer than
  * max_extents extents. */
-static inline int ferry_fuzz_open_path(const char *path, const char *format, size_t max_extents) {
+static inline int ferry_fuzz_open_group(const char *path, const char *format, const char *group,
+                                        size_t max_extents) {
     ferry_ctx *ctx = ferry_fuzz_ctx();
-    ferry_open_opts o = {format, NULL};
+    ferry_open_opts o = {format, group};
     ferry_dataset *ds = NULL;
     if (ferry_dataset_open(ctx, path, &o, &ds) < 0) {
         if (ds) abort();                       /* failure leaves *out NULL */
@@ -74,6 +75,10 @@ static inline int ferry_fuzz_open_path(const char *path, const char *format, siz
     (void)strlen(ferry_dataset_attrs_json(ds));
     (void)strlen(ferry_dataset_dims_json(ds));
     (void)strlen(ferry_dataset_groups_json(ds));
+    ferry_store_info si;
+    if (ferry_dataset_store_info(ds, &si) || si.zarr_format < 0 || si.zarr_format > 3 ||
+        (si.is_array && ferry_dataset_nvars(ds) != 1))
+        abort();
     static uint8_t buf[1 << 20];
     for (int i = 0; i < ferry_dataset_nvars(ds); i++) {
         ferry_var_info vi;
@@ -81,6 +86,9 @@ static inline int ferry_fuzz_open_path(const char *path, const char *format, siz
         (void)strlen(vi.name); (void)strlen(vi.typestr); (void)strlen(vi.dims_json);
         (void)strlen(vi.attrs_json); (void)strlen(vi.fill_json); (void)strlen(vi.codecs);
         if (ferry_dataset_find(ds, vi.name) < 0) abort();
+        uint8_t fill[16 + 1];
+        int fn = vi.itemsize <= 16 ? ferry_dataset_fill(ds, i, fill, sizeof fill) : 0;
+        if (fn != 0 && fn != (int)vi.itemsize) abort();   /* the element, or none */
         ferry_slice sel[FERRY_MAX_DIMS];
         for (int pass = 0; pass < 2; pass++) {
             for (int k = 0; k < vi.ndim; k++) {
@@ -97,6 +105,10 @@ static inline int ferry_fuzz_open_path(const char *path, const char *format, siz
     }
     ferry_dataset_close(ds);
     return 0;
+}
+
+static inline int ferry_fuzz_open_path(const char *path, const char *format, size_t max_extents) {
+    return ferry_fuzz_open_group(path, format, NULL, max_extents);
 }
 
 /* Write data to a file and open it as `format` (ferry_fuzz_open_path). */

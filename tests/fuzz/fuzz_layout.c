@@ -13,7 +13,11 @@
  *   4|8 table: dense / sparse / lookup / none, 16 file size known);
  *   nentries%48, then per entry: ndim origin bytes (on the grid unless the
  *   top bit is set), offset u16, length u16 (0xffff absent, 0xfffe unsized),
- *   skip; per dim start, stop, step%5; the rest is the file. */
+ *   skip; per dim start, stop, step%5; the rest is the file.
+ * Then ferry_plan_array plans the same selection of the array stored as is in
+ * the file (offset: the first entry's, C or F order, FERRY_EXACT_RUNS when
+ * flags has 32), and what it places must equal the file's bytes, element by
+ * element (the oracle walks the selection itself). */
 #include "fuzz.h"
 
 typedef struct reader { const uint8_t *p; size_t n; } reader;
@@ -35,6 +39,71 @@ static int lookup(void *arg, const uint64_t *idx, ferry_chunk *out) {
     for (int k = 0; k < l->ndim; k++) lin = lin * 31 + idx[k];
     if (nentries) *out = entries[lin % nentries];
     return 0;
+}
+
+/* dst of want bytes between GUARD bytes of 0xa5 on both sides (exact
+ * allocation: ASan sees any write past them too) */
+enum { GUARD = 64 };
+static uint8_t *guarded(uint64_t want) {
+    uint8_t *mem = malloc(want + 2 * GUARD);
+    if (!mem) abort();
+    memset(mem, 0xa5, want + 2 * GUARD);
+    return mem;
+}
+static void check_guards(const uint8_t *mem, uint64_t want) {
+    for (size_t i = 0; i < GUARD; i++)
+        if (mem[i] != 0xa5 || mem[GUARD + want + i] != 0xa5) abort();
+}
+
+/* ferry_plan_array of sel over the file's bytes (file[0..n)) at offset, as
+ * layout l's shape, itemsize and order (C unless F) describe them. */
+static void fuzz_array(const ferry_layout *lay, const ferry_slice *sel, int valid, uint64_t want, uint64_t offset,
+                       int exact, const uint8_t *file, size_t n) {
+    ferry_layout l;
+    memset(&l, 0, sizeof l);
+    l.ndim = lay->ndim;
+    l.itemsize = lay->itemsize;
+    l.order = lay->order == FERRY_ORDER_F ? FERRY_ORDER_F : FERRY_ORDER_C;
+    l.label = "fuzz";
+    memcpy(l.shape, lay->shape, sizeof l.shape);
+    for (int k = 0; k < l.ndim; k++) l.chunks[k] = 1;
+    ferry_file *f;
+    if (ferry_file_open(ferry_fuzz_ctx(), lay->path, FERRY_READ, &f)) abort();
+    uint8_t *mem = guarded(want);
+    ferry_plan *plan;
+    if (ferry_plan_create(&plan)) abort();
+    int64_t got = ferry_plan_array(f, offset, &l, sel, ferry_host_buf(mem + GUARD, want),
+                                   exact ? FERRY_EXACT_RUNS : 0, plan);
+    uint64_t stride[FERRY_MAX_DIMS], size = l.itemsize;
+    for (int j = 0; j < l.ndim; j++) {
+        int k = l.order == FERRY_ORDER_F ? j : l.ndim - 1 - j;
+        stride[k] = size;
+        size *= l.shape[k];
+    }
+    if (got < 0) {
+        if (!ferry_errmsg(NULL)[0]) abort();
+        /* refused only for a bad selection or an array past the end */
+        if (valid && offset + size <= n) abort();
+    } else {
+        if (!valid || (uint64_t)got != want || offset + size > n) abort();
+        if (ferry_run(ferry_fuzz_ctx(), plan, NULL) < 0) abort();
+        /* the oracle: walk the selection in C order */
+        uint64_t idx[FERRY_MAX_DIMS] = {0}, cnt[FERRY_MAX_DIMS];
+        for (int k = 0; k < l.ndim; k++) {
+            int64_t stop = (uint64_t)sel[k].stop > l.shape[k] ? (int64_t)l.shape[k] : sel[k].stop;
+            cnt[k] = stop <= sel[k].start ? 0 : (uint64_t)(stop - sel[k].start - 1) / (uint64_t)sel[k].step + 1;
+        }
+        for (uint64_t at = 0; at < want; at += l.itemsize) {
+            uint64_t src = offset;
+            for (int k = 0; k < l.ndim; k++) src += ((uint64_t)sel[k].start + idx[k] * (uint64_t)sel[k].step) * stride[k];
+            if (memcmp(mem + GUARD + at, file + src, l.itemsize)) abort();
+            for (int k = l.ndim - 1; k >= 0 && ++idx[k] == cnt[k]; k--) idx[k] = 0;
+        }
+        check_guards(mem, want);
+    }
+    ferry_plan_destroy(plan);
+    ferry_file_close(f);
+    free(mem);
 }
 
 static int fuzz_layout(const uint8_t *data, size_t size) {
@@ -110,10 +179,7 @@ static int fuzz_layout(const uint8_t *data, size_t size) {
         int64_t stop = (uint64_t)s.stop > l.shape[k] ? (int64_t)l.shape[k] : s.stop;
         want *= stop <= s.start || s.step < 1 ? 0 : (uint64_t)(stop - s.start - 1) / (uint64_t)s.step + 1;
     }
-    enum { GUARD = 64 };
-    uint8_t *mem = malloc(want + 2 * GUARD);
-    if (!mem) abort();
-    memset(mem, 0xa5, want + 2 * GUARD);
+    uint8_t *mem = guarded(want);
     ferry_plan *plan;
     if (ferry_plan_create(&plan)) abort();
     unsigned pf = (flags & 1 ? FERRY_NATIVE : 0) | (flags & 2 ? FERRY_STORED_ORDER : 0);
@@ -126,11 +192,11 @@ static int fuzz_layout(const uint8_t *data, size_t size) {
             int64_t ran = ferry_run(ferry_fuzz_ctx(), plan, NULL);
             if (ran < 0 && !ferry_errmsg(NULL)[0]) abort();
         }
-        for (size_t i = 0; i < GUARD; i++)
-            if (mem[i] != 0xa5 || mem[GUARD + want + i] != 0xa5) abort();
+        check_guards(mem, want);
     }
     ferry_plan_destroy(plan);
     free(mem);
+    fuzz_array(&l, sel, valid, want, nentries ? entries[0].offset : 0, flags & 32, r.p, r.n);
     return 0;
 }
 FERRY_FUZZ_TARGET(layout, fuzz_layout)

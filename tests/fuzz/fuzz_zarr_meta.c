@@ -6,7 +6,10 @@
  *                       (0 zarr.json, 1 .zarray, 2 .zmetadata beside a v2
  *                       .zgroup, 3 zarr.json of a group whose child "a" gets
  *                       the chunk), bits 2-3 the chunk key ("c/0/0", "0.0",
- *                       "c/0", "0")
+ *                       "c/0", "0"), bit 4 with mode 0: the text is the
+ *                       root's zarr.json, and group "a" (a plain v3 group
+ *                       whose child "b" is an array) is opened, so a root's
+ *                       consolidated_metadata lists it
  *   bytes 1-2     n, u16 LE: length of the metadata text
  *   n bytes       metadata text
  *   the rest      the chunk file's bytes (absent: no chunk file)
@@ -16,10 +19,17 @@
 
 static char root[64];
 
+/* the array a consolidated root may list as a/b, or not */
+#define B_ARRAY "{\"zarr_format\":3,\"node_type\":\"array\",\"shape\":[4],\"data_type\":\"float32\"," \
+    "\"chunk_grid\":{\"name\":\"regular\",\"configuration\":{\"chunk_shape\":[2]}}," \
+    "\"chunk_key_encoding\":{\"name\":\"default\"},\"fill_value\":\"0x3f800000\"," \
+    "\"codecs\":[{\"name\":\"bytes\",\"configuration\":{\"endian\":\"little\"}}]}"
+
 static void rm_store(void) {
     static const char *files[] = {"zarr.json", ".zarray", ".zgroup", ".zmetadata", "c/0/0", "0.0", "c/0", "0",
-                                  "a/zarr.json", "a/c/0/0", "a/0.0", "a/c/0", "a/0"};
-    static const char *dirs[] = {"c/0", "c", "a/c/0", "a/c", "a"};
+                                  "a/zarr.json", "a/c/0/0", "a/0.0", "a/c/0", "a/0",
+                                  "a/b/zarr.json", "a/b/c/0/0", "a/b/0.0", "a/b/c/0", "a/b/0"};
+    static const char *dirs[] = {"c/0", "c", "a/c/0", "a/c", "a/b/c/0", "a/b/c", "a/b", "a"};
     char p[128];
     for (size_t i = 0; i < sizeof files / sizeof *files; i++) { snprintf(p, sizeof p, "%s/%s", root, files[i]); unlink(p); }
     for (size_t i = 0; i < sizeof dirs / sizeof *dirs; i++) { snprintf(p, sizeof p, "%s/%s", root, dirs[i]); rmdir(p); }
@@ -61,10 +71,15 @@ static int fuzz_zarr_meta(const uint8_t *data, size_t size) {
     case 3: put("zarr.json", (const uint8_t *)"{\"zarr_format\":3,\"node_type\":\"group\"}", 38);
             put("a/zarr.json", meta, n); break;
     }
-    snprintf(ckey, sizeof ckey, "%s%s", (mode & 3) >= 2 ? "a/" : "", key);
+    int sub = (mode & 3) == 0 && (mode & 16);
+    if (sub) {
+        put("a/zarr.json", (const uint8_t *)"{\"zarr_format\":3,\"node_type\":\"group\"}", 38);
+        put("a/b/zarr.json", (const uint8_t *)B_ARRAY, sizeof B_ARRAY - 1);
+    }
+    snprintf(ckey, sizeof ckey, "%s%s", sub ? "a/b/" : (mode & 3) >= 2 ? "a/" : "", key);
     if (clen) put(ckey, chunk, clen);
 
     /* stores are directories: many chunk files per plan, so a lower cap */
-    return ferry_fuzz_open_path(root, "zarr", 10000);
+    return ferry_fuzz_open_group(root, "zarr", sub ? "a" : NULL, 10000);
 }
 FERRY_FUZZ_TARGET(zarr_meta, fuzz_zarr_meta)

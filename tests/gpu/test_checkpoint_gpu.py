@@ -156,6 +156,27 @@ def test_gpu_dcp_single_process(tmp_path):
     assert torch.equal(out["w"], sd["w"]) and torch.equal(out["h"], sd["h"]) and out["step"] == 4
 
 
+def test_gpu_dcp_boxes_into_cuda_tensors(tmp_path):
+    """FerryReader's boxes (ferry_plan_array, exact runs) into CUDA tensors: every shape of
+    tests/python/test_checkpoint_dcp_boxes.py, equal to torch's FileSystemReader."""
+    pytest.importorskip("torch.distributed.checkpoint")
+    import random
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+    import test_checkpoint_dcp_boxes as tb
+    import torch.distributed.checkpoint as dcp
+    sd = tb._state()
+    a, b = tb._save_both(tmp_path, sd)
+    rng = random.Random(12)
+    boxes = {k: tb._boxes(tuple(t.shape), rng, 12 if t.dim() else 0) for k, t in sd.items()}
+    boxes["s"] = [((), ())]
+    boxes["wide"] += [((0, 350), (300, 1)), ((10, 10), (280, 680))]
+    want = tb._load(dcp.FileSystemReader(str(a)), boxes)
+    got = tb._load(ck.FerryReader(str(b)), boxes, device=DEV)
+    assert set(got) == set(want)
+    for key, w in want.items():
+        assert got[key].device == DEV and torch.equal(got[key].cpu(), w), key
+
+
 def test_gpu_caller_cuda_context_is_handed_back(tmp_path):
     """ferry runs small plans on the caller's thread and switches CUDA contexts
     there; it must hand the thread's context back unchanged (here: none), or the

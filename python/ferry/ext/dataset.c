@@ -82,6 +82,15 @@ static PyObject *Dataset_get_groups(DatasetObject *self, void *c) {
     return PyUnicode_FromString(s ? s : "[]");
 }
 static PyObject *Dataset_get_closed(DatasetObject *self, void *c) { return PyBool_FromLong(self->ds == NULL); }
+/* ferry_dataset_store_info: what the parser found about the store (Zarr) */
+static PyObject *Dataset_get_store_info(DatasetObject *self, void *c) {
+    if (ds_check(self) < 0) return NULL;
+    ferry_store_info si;
+    int rc = ferry_dataset_store_info(self->ds, &si);
+    if (rc < 0) return raise_code_msg(rc, ferry_errmsg(NULL));
+    return Py_BuildValue("{s:i,s:O,s:O}", "zarr_format", si.zarr_format, "consolidated",
+                         si.consolidated ? Py_True : Py_False, "is_array", si.is_array ? Py_True : Py_False);
+}
 
 /* the library's one name table (ferry_dtype_name, src/engine/names.c) */
 static const char *dtype_name(ferry_dtype t) { return ferry_dtype_name(t, FERRY_NAME_SHORT); }
@@ -229,6 +238,26 @@ static PyObject *Dataset_repr(DatasetObject *self) {
                                 ferry_dataset_format(self->ds), ferry_dataset_nvars(self->ds));
 }
 
+/* fill(index) -> bytes | None: ferry_dataset_fill, the one decoder of Zarr fill values */
+static PyObject *Dataset_fill(DatasetObject *self, PyObject *arg) {
+    if (ds_check(self) < 0) return NULL;
+    long li = PyLong_AsLong(arg);
+    if (li == -1 && PyErr_Occurred()) return NULL;
+    int index = li < 0 || li > INT32_MAX ? -1 : (int)li;   /* -1: refused by ferry_dataset_var */
+    ferry_var_info vi;
+    int rc = ferry_dataset_var(self->ds, index, &vi);
+    if (rc < 0) return raise_ctx(self->ctx->ctx, rc);
+    PyObject *b = PyBytes_FromStringAndSize(NULL, vi.itemsize);
+    if (!b) return NULL;
+    rc = ferry_dataset_fill(self->ds, index, PyBytes_AS_STRING(b), vi.itemsize);
+    if (rc <= 0) {
+        Py_DECREF(b);
+        if (rc < 0) return raise_ctx(self->ctx->ctx, rc);
+        Py_RETURN_NONE;
+    }
+    return b;
+}
+
 static PyMethodDef Dataset_methods[] = {
     {"variables", (PyCFunction)Dataset_variables, METH_NOARGS, "list of dicts, one per variable"},
     {"names", (PyCFunction)Dataset_names, METH_NOARGS, "list of the variables' names, in file order"},
@@ -236,6 +265,8 @@ static PyMethodDef Dataset_methods[] = {
      "list of (name, typestr, shape, data_offset, data_bytes, path, attrs) tuples, in file order"},
     {"variable", (PyCFunction)Dataset_variable, METH_O, "variable(name_or_index) -> dict"},
     {"find", (PyCFunction)Dataset_find, METH_O, "find(name) -> index (KeyError if missing)"},
+    {"fill", (PyCFunction)Dataset_fill, METH_O,
+     "fill(index) -> the fill element (itemsize bytes, little-endian) or None (ferry_dataset_fill)"},
     {"close", (PyCFunction)Dataset_close, METH_NOARGS, "close the dataset"},
     {"__enter__", Handle_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)Dataset_exit, METH_VARARGS, NULL},
@@ -248,6 +279,8 @@ static PyGetSetDef Dataset_getset[] = {
     {"dims", (getter)Dataset_get_dims, NULL, "dimensions (JSON)", NULL},
     {"groups", (getter)Dataset_get_groups, NULL, "child groups (JSON array)", NULL},
     {"closed", (getter)Dataset_get_closed, NULL, "True after close()", NULL},
+    {"store_info", (getter)Dataset_get_store_info, NULL,
+     "{'zarr_format': 2, 3 or 0, 'consolidated': bool, 'is_array': bool} (ferry_dataset_store_info)", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
 PyTypeObject DatasetType = {

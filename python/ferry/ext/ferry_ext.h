@@ -192,6 +192,7 @@ int seq_to_i64(PyObject *seq, const char *what, int64_t *out, int n);
 int seq_to_u64(PyObject *seq, const char *what, uint64_t *out);
 PyObject *mod_chunk_table(PyObject *mod, PyObject *args, PyObject *kw);
 PyObject *Plan_layout(PlanObject *self, PyObject *args, PyObject *kw);
+PyObject *Plan_read_array(PlanObject *self, PyObject *args, PyObject *kw);
 
 /* selection.c */
 PyObject *mod_normalize_selection(PyObject *mod, PyObject *args);

@@ -167,3 +167,46 @@ done:
     if (fill.buf) PyBuffer_Release(&fill);
     return result;
 }
+
+/* Plan.read_array: a box of an array stored as is in an open file
+ * (ferry_plan_array), the planner of DCP's stored tensors. */
+PyObject *Plan_read_array(PlanObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"file", "offset", "shape", "itemsize", "dst", "selection", "order", "label", "exact",
+                             NULL};
+    int exact = 0;
+    FileObject *f;
+    unsigned long long offset;
+    unsigned int itemsize;
+    PyObject *shapeo, *dsto, *sel = Py_None;
+    const char *order = "C", *label = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!KOIO|Oszp", kwlist, &FileType, &f, &offset, &shapeo, &itemsize,
+                                     &dsto, &sel, &order, &label, &exact))
+        return NULL;
+    if (plan_check(self) < 0 || file_check(f) < 0) return NULL;
+    ferry_layout l;
+    memset(&l, 0, sizeof l);
+    int nd = seq_to_u64(shapeo, "shape", l.shape);
+    if (nd < 0) return NULL;
+    l.ndim = nd;
+    memcpy(l.chunks, l.shape, sizeof l.chunks);
+    for (int k = 0; k < nd; k++) if (!l.chunks[k]) l.chunks[k] = 1;
+    l.itemsize = itemsize;
+    l.label = label;
+    if (!strcmp(order, "C")) l.order = FERRY_ORDER_C;
+    else if (!strcmp(order, "F")) l.order = FERRY_ORDER_F;
+    else { PyErr_Format(PyExc_ValueError, "order must be 'C' or 'F', not %s", order); return NULL; }
+    ferry_slice slices[FERRY_MAX_DIMS];
+    if (sel != Py_None && parse_triples(sel, slices, nd, label) < 0) return NULL;
+    parsed_buf d;
+    if (parse_buffer(dsto, 1, &d) < 0) return NULL;
+    int64_t rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ferry_plan_array(f->f, offset, &l, sel != Py_None ? slices : NULL, d.buf, exact ? FERRY_EXACT_RUNS : 0,
+                          self->plan);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) { Py_DECREF(d.keep); return raise_ctx(f->ctx->ctx, (int)rc); }
+    if (plan_keep(self, d.keep) < 0) return NULL;
+    Py_INCREF(f);
+    if (plan_keep(self, (PyObject *)f) < 0) return NULL;
+    return PyLong_FromLongLong(rc);
+}

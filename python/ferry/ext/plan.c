@@ -625,6 +625,10 @@ static PyMethodDef Plan_methods[] = {
     {"extent", (PyCFunction)(void (*)(void))Plan_extent, METH_VARARGS | METH_KEYWORDS,
      "extent(file=None, path=None, offset=0, length=0, codecs=None, decoded_size=None, dst=None, "
      "dst_offset=0, place=None, kind='read', fill=b'', label=None): append one generic extent"},
+    {"read_array", (PyCFunction)(void (*)(void))Plan_read_array, METH_VARARGS | METH_KEYWORDS,
+     "read_array(file, offset, shape, itemsize, dst, selection=None, order='C', label=None, exact=False) -> "
+     "bytes placed: "
+     "selection [(start, stop, step)] of an array stored as is at offset of file (ferry_plan_array)"},
     {"layout", (PyCFunction)(void (*)(void))Plan_layout, METH_VARARGS | METH_KEYWORDS,
      "layout(dst, shape, chunks, itemsize, table=None, path=None, codecs=None, swap=0, fill=b'', order='C', "
      "selection=None, native=True, label=None, file_size=0) -> bytes placed: ferry_plan_layout of a chunked "
