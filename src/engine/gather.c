@@ -42,7 +42,7 @@ struct ferry_gather_pool {
     pthread_mutex_t mu;
     uint64_t limit;                /* largest span gathered, 0: off */
     char bad[64];                  /* a FERRY_GATHER that is no size, or "" */
-    _Atomic uint64_t n_jobs, n_copies, n_no_image;   /* ferry_gather_counts */
+    _Atomic uint64_t n_jobs, n_copies, n_no_image, n_tasks, n_span, n_image;   /* ferry_gather_counts */
     size_t total;                  /* bytes allocated */
     gather_slot s[GATHER_SLOTS];
 };
@@ -185,10 +185,14 @@ int ferry_gather_plan(ferry_job *j) {
     free(r);
     pthread_mutex_lock(&p->mu);
     g->slot = image_get(p, e0->dst.device, hi - lo);
-    if (g->slot >= 0) g->img = p->s[g->slot].p;
+    size_t img_size = 0;
+    if (g->slot >= 0) { g->img = p->s[g->slot].p; img_size = p->s[g->slot].size; }
     pthread_mutex_unlock(&p->mu);
     if (g->slot < 0) { atomic_fetch_add(&p->n_no_image, 1); free(g); return 0; }
     atomic_fetch_add(&p->n_jobs, 1);
+    atomic_fetch_add(&p->n_tasks, j->ntasks);
+    atomic_fetch_add(&p->n_span, hi - lo);
+    atomic_fetch_add(&p->n_image, img_size);
     g->dev = e0->dst.device;
     g->lo = lo;
     g->base = (CUdeviceptr)(uintptr_t)e0->dst.ptr + lo;
@@ -254,9 +258,14 @@ int64_t ferry_exec_gather(ferry_worker *w, ferry_job *j, const ferry_task *t, in
     return r;
 }
 
-void ferry_gather_counts(ferry_ctx *ctx, uint64_t *jobs, uint64_t *copies, uint64_t *no_image) {
+void ferry_gather_counts(ferry_ctx *ctx, ferry_gather_stats *out) {
     ferry_gather_pool *p = ctx->gather_pool;
-    *jobs = p ? atomic_load(&p->n_jobs) : 0;
-    *copies = p ? atomic_load(&p->n_copies) : 0;
-    *no_image = p ? atomic_load(&p->n_no_image) : 0;
+    memset(out, 0, sizeof *out);
+    if (!p) return;
+    out->jobs = atomic_load(&p->n_jobs);
+    out->copies = atomic_load(&p->n_copies);
+    out->no_image = atomic_load(&p->n_no_image);
+    out->tasks = atomic_load(&p->n_tasks);
+    out->span_bytes = atomic_load(&p->n_span);
+    out->image_bytes = atomic_load(&p->n_image);
 }
