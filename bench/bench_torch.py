@@ -22,6 +22,7 @@ Every batch's sample ids are checked (each sample carries its id in its first 8 
     python bench/bench_torch.py --kinds image   # one kind per run keeps a run under 10 minutes
     python bench/bench_torch.py --gib 1 --seconds 3 --workers 8 --cache warm --no-train  # smoke
     python bench/bench_torch.py --profile image # cProfile of ferry's loader
+    python bench/bench_torch.py --profile tokens --token-gib 4  # cProfile of TokenDataset's loop
 Measured on the H200 machine (2026-11-29, 4.3 GB of data, warm, 3-5 s per measurement, smoke
 runs): images 24.4 GB/s (633 batches/s) with staging="pinned", 13-14 GB/s with
 staging="engine", 35 GB/s with block_size=16, vs 2.2-2.5 GB/s for DataLoader(16 workers);
@@ -526,9 +527,8 @@ def pread_limit(path, length, stride, threads, seconds):
     return float(out.strip())
 
 
-def bench_tokens(args, rows):
-    seq_len = 4095                       # windows of 4096 uint16 tokens: 8 KiB records
-    B = 256
+def make_tokens(args):
+    """The token file of this run (written once, then reused while its size matches), warm."""
     gib = 0.05 if args.smoke else args.token_gib
     path = os.path.join(args.dir, f"tokens_{gib:g}g.bin")
     ntok = int(gib * (1 << 30)) // 2
@@ -543,6 +543,98 @@ def bench_tokens(args, rows):
     with open(path, "rb") as f:                       # warm
         while f.read(1 << 26):
             pass
+    return path, ntok
+
+
+class _TokenCheck:
+    """Spot checks of TokenDataset batches against numpy's view of the file, without a sync in
+    the timed loop: every 50th batch's first window pair is copied to pinned host memory on
+    the consumer's stream and compared once the run is over (a .cpu() per check drained the
+    engine's pipeline every 50 batches)."""
+
+    def __init__(self, mm, seq_len):
+        self.mm, self.seq_len, self.held = mm, seq_len, []
+
+    def __call__(self, k, b):
+        if k % 50:
+            return
+        x, y = b
+        if x.is_cuda:
+            hx = torch.empty(x.shape[1], dtype=x.dtype, pin_memory=True)
+            hy = torch.empty(y.shape[1], dtype=y.dtype, pin_memory=True)
+            hx.copy_(x[0], non_blocking=True)
+            hy.copy_(y[0], non_blocking=True)
+        else:
+            hx, hy = x[0].clone(), y[0].clone()
+        self.held.append((hx, hy))
+
+    def wrong(self):
+        _sync()
+        mm, L, bad = self.mm, self.seq_len, 0
+        for hx, hy in self.held:
+            first, second = hx.numpy(), hy.numpy()
+            starts = np.flatnonzero(mm[:len(mm) - L][::L] == first[0]) * L
+            ok = any(np.array_equal(mm[s:s + L], first) and np.array_equal(mm[s + 1:s + L + 1], second)
+                     for s in starts)
+            bad += 0 if ok else 1
+        self.held = []
+        return bad
+
+
+def bench_tokens_engine(path, seq_len, B, group, args):
+    """The engine alone on TokenDataset's plans: groups of `group` batches of random windows,
+    one plan each (windows in destination order, one read_file_runs call), as many groups in
+    flight as the dataset keeps, into reused device buffers; no cast, no Python per batch."""
+    from ferry import _ferry
+    from ferry.torch import _groups_in_flight
+    from ferry._torch_order import FeistelOrder
+    ctx = _ferry.default_context() if args.threads == 0 else _ferry.Context(threads=args.threads)
+    rec = (seq_len + 1) * 2
+    nwin = (os.path.getsize(path) // 2 - 1) // seq_len
+    order = FeistelOrder(nwin, 1, 0, True)
+    c = ctx.config()
+    inflight = _groups_in_flight(args.prefetch, group, group * B * rec,
+                                 c["threads"] * c["staging_size"] * c["staging_count"])
+    dev = _dev()
+    bufs = [torch.empty(group * B * rec, dtype=torch.uint8, device=dev) for _ in range(inflight)]
+    f = _ferry.File(ctx, path)
+    doff = np.arange(group * B, dtype=np.int64) * rec
+    jobs, done, warmup = [], 0, 3
+    t0 = c0 = None
+    k = 0
+    while True:            # positions wrap around the epoch (a small file re-reads its windows)
+        if k == warmup:
+            for j in jobs:
+                j.wait()
+            jobs = []
+            _sync()
+            t0, c0, done = time.perf_counter(), time.thread_time(), 0
+        ids = order.take(np.arange(k * group * B, (k + 1) * group * B, dtype=np.int64) % nwin)
+        buf = bufs[k % len(bufs)]
+        if len(jobs) >= inflight:
+            jobs.pop(0).wait()
+        plan = _ferry.Plan()
+        dv = buf.device.index if buf.is_cuda else -1
+        plan.read_file_runs(f, ids * (seq_len * 2), rec, (buf.data_ptr(), buf.numel(), dv), doff)
+        jobs.append(ctx.submit(plan))
+        done += group
+        k += 1
+        if t0 is not None and time.perf_counter() - t0 > args.seconds:
+            break
+    for j in jobs:
+        j.wait()
+    _sync()
+    wall = time.perf_counter() - t0
+    print(f"#   engine alone: CPU per batch {(time.thread_time() - c0) / done * 1e6:.0f} us this thread "
+          f"({done} batches, {inflight} groups of {group} in flight)", flush=True)
+    f.close()
+    return done / wall, done * B * rec / wall / 1e9, inflight
+
+
+def bench_tokens(args, rows):
+    seq_len = 4095                       # windows of 4096 uint16 tokens: 8 KiB records
+    B = 256
+    path, ntok = make_tokens(args)
     dev = _dev()
     print(f"# tokens: {path} ({ntok * 2 / 1e9:.2f} GB), windows of {seq_len + 1} tokens "
           f"({(seq_len + 1) * 2} B), batch {B}, device {dev}", flush=True)
@@ -550,33 +642,66 @@ def bench_tokens(args, rows):
     secs = args.seconds
     rec = (seq_len + 1) * 2
     mm = np.memmap(path, dtype=np.uint16, mode="r")
+    # the limit first, then the loaders, then the limit again: the row is the better of the two
+    lim0 = pread_limit(path, rec, seq_len * 2, 16, max(1.0, secs / 2))
     # batches_per_read=1: one plan, copy and cast per batch (the loader before 2026-12-01 13:30)
     runs = [("auto", None), ("auto", 1)]
+    group = None
     for staging, per_read in runs:
         ds = TokenDataset(path, seq_len, B, shuffle=True, seed=1, device=dev, prefetch=args.prefetch,
                           threads=args.threads, staging=staging, batches_per_read=per_read)
-        bad = [0]
-
-        def check(k, b, mm=mm, bad=bad):
-            if k % 50 == 0:                             # spot-check against numpy's view of the file
-                x, y = b
-                first = x[0].cpu().numpy()
-                starts = np.flatnonzero(mm[:len(mm) - seq_len][::seq_len][:] == first[0]) * seq_len
-                ok = any(np.array_equal(mm[s:s + seq_len], first) and
-                         np.array_equal(mm[s + 1:s + seq_len + 1], y[0].cpu().numpy()) for s in starts)
-                bad[0] += 0 if ok else 1
+        if per_read is None:
+            group = ds.batch_group
+        check = _TokenCheck(mm, seq_len)
         r = _timed(ds, secs, lambda b: b[0].shape[0] * rec, check)
-        rows.append(("tokens", "warm", f"TokenDataset 8 KiB windows (staging='{staging}'"
-                     f"{', 1 batch a read' if per_read == 1 else ''})",
-                     r[0] / r[2], r[1] / r[2] / 1e9, f"!! {bad[0]} wrong windows" if bad[0] else ""))
-    lim = pread_limit(path, rec, seq_len * 2, 16, max(1.0, secs))
+        bad = check.wrong()
+        rows.append(("tokens", "warm", f"TokenDataset 8 KiB windows ({ds.batch_group} batches a read)",
+                     r[0] / r[2], r[1] / r[2] / 1e9,
+                     f"{r[1] / r[2] / rec * seq_len / 1e6:.0f} M tokens/s"
+                     + (f" !! {bad} wrong windows" if bad else "")))
+    eb, eg, inflight = bench_tokens_engine(path, seq_len, B, group, args)
+    rows.append(("tokens", "warm", f"engine alone, TokenDataset's plans ({group} batches a plan)", eb, eg,
+                 f"{inflight} plans in flight, no cast"))
+    lim1 = pread_limit(path, rec, seq_len * 2, 16, max(1.0, secs / 2))
+    lims = [x for x in (lim0, lim1) if x]
+    lim = max(lims) if lims else None
     rows.append(("tokens", "warm", "random 8 KiB pread limit, 16 threads", float("nan"),
                  float("nan") if lim is None else lim,
-                 "bench/pread_limit.c" if lim is not None else "no C compiler"))
+                 (f"bench/pread_limit.c, before/after {lim0:.2f}/{lim1:.2f}; "
+                  f"{lim * 1e9 / rec * seq_len / 1e6:.0f} M tokens/s") if lim else "no C compiler"))
     if lim:
         best = max(r[4] for r in rows if r[0] == "tokens" and r[2].startswith("TokenDataset"))
         print(f"tokens: TokenDataset {best:.2f} GB/s = {best / lim:.2f}x the random 8 KiB pread "
-              f"limit ({lim:.2f} GB/s)", flush=True)
+              f"limit ({lim:.2f} GB/s); engine alone {eg:.2f} = {eg / lim:.2f}x", flush=True)
+
+
+def profile_tokens(args):
+    """cProfile of TokenDataset's loop (the loader thread) and its CPU per batch."""
+    import cProfile
+    import pstats
+    from ferry.torch import TokenDataset
+    path, _ = make_tokens(args)
+    seq_len, B = 4095, 256
+    ds = TokenDataset(path, seq_len, B, shuffle=True, seed=1, device=_dev(), prefetch=args.prefetch,
+                      threads=args.threads)
+    it = iter(ds)
+    for _ in range(3 * ds.batch_group):
+        next(it)
+    _sync()
+    pr = cProfile.Profile()
+    t0, c0 = time.perf_counter(), time.thread_time()
+    pr.enable()
+    k = 0
+    for _ in it:
+        k += 1
+        if k >= args.batches or time.perf_counter() - t0 > args.seconds:
+            break
+    _sync()
+    pr.disable()
+    dt = time.perf_counter() - t0
+    print(f"# profile tokens: {k / dt:.1f} batches/s, {k * B * (seq_len + 1) * 2 / dt / 1e9:.2f} GB/s, "
+          f"loader thread {(time.thread_time() - c0) / k * 1e6:.0f} us CPU per batch (under cProfile)")
+    pstats.Stats(pr).sort_stats("tottime").print_stats(25)
 
 
 def rss_probe(args):
@@ -639,6 +764,8 @@ def main():
     ap.add_argument("--smoke", action="store_true",
                     help="tiny 'files' and 'tokens' rows, 1 s each; runs without a GPU")
     args = ap.parse_args()
+    if args.profile == "tokens":
+        return profile_tokens(args)
     if args.smoke:
         args.seconds = min(args.seconds, 1.0)
         if args.kinds == "image,row":
