@@ -833,15 +833,19 @@ def main():
         print(f"# {kind}: {n} samples of {sample} B in {len(paths)} shards ({gb:.1f} GB), batch {B}",
               flush=True)
         import subprocess
-        probe = subprocess.run([sys.executable, os.path.abspath(__file__), "--rss-probe", kind,
-                                "--dir", args.dir, "--gib", str(args.gib), "--seconds", str(args.seconds),
-                                "--prefetch", str(args.prefetch), "--threads", str(args.threads)],
-                               capture_output=True, text=True)
+        probe_cmd = [sys.executable, os.path.abspath(__file__), "--rss-probe", kind, "--dir", args.dir,
+                     "--gib", str(args.gib), "--seconds", str(args.seconds), "--prefetch", str(args.prefetch),
+                     "--threads", str(args.threads)]
+        probe = subprocess.run(probe_cmd, capture_output=True, text=True) if "warm" in caches else None
         try:
+            if probe is None:         # a cold-only run: the probe is a warm pass (and warms the files)
+                raise LookupError
             pr = json.loads(probe.stdout.strip().splitlines()[-1])
             rows.append((kind, "warm", "ferry alone in a fresh process", float("nan"), float("nan"),
                          f"host RSS peak {pr['peak'] / 2**30:.2f} GiB (torch+CUDA before: "
                          f"{pr['cuda'] / 2**30:.2f} GiB)"))
+        except LookupError:
+            pass
         except Exception:
             print("# RSS probe failed:", probe.stderr[-2000:], flush=True)
         # one warm-up pass over the files when warm numbers are wanted
