@@ -47,6 +47,9 @@ from . import _ferry, _torch_device
 from ._torch_loader import EpochBoard, auto_collation, pass_tag
 from ._torch_order import FeistelOrder, Layout as _Layout, epoch_order
 
+_plan_windows = getattr(_ferry, "plan_windows", None)   # TokenDataset's group plans (ext/perm.c)
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+
 __all__ = ["ArrayDataset", "TokenDataset", "XarrayDataset", "epoch_order", "global_state", "pad_collate"]
 
 _STATE_TAG = "ferry.torch.ArrayDataset"
@@ -553,6 +556,27 @@ class _TokenField:
     def __repr__(self):
         return f"<tokens files={len(self.paths)} windows={self.rows} of {self.seq_len + 1} {self.dtype}>"
 
+    def read_group(self, ds, rt, plan, order, ranges, g):
+        """The windows at the epoch positions of `ranges` ((lo, hi) per batch), in batch order,
+        into one new (total, seq_len + 1) buffer: one plan_windows call (order, file and
+        offset of every window computed in C; files opened as their windows come up)."""
+        total = sum(hi - lo for lo, hi in ranges)
+        buf = ds._alloc(rt, (total,) + self.shape, self.dtype)
+        if total:
+            dev = buf.device.index if buf.is_cuda else -1
+
+            def opener(k):
+                p = self.paths[k]
+                e = rt.handle(("file", p), lambda p=p: _ferry.File(rt.ctx, p))
+                e[1] += 1                   # in use until the group is released
+                g.handles.append(e)
+                return e[0]
+            _ferry.plan_windows(plan, opener, self.starts, self.offsets, self.seq_len * self.itemsize,
+                                self.row_bytes, order.n, order.seed, order.epoch, order.shuffle,
+                                np.asarray(ranges, dtype=np.int64).reshape(-1),
+                                (buf.data_ptr(), total * self.row_bytes, dev))
+        return buf
+
     def read(self, ds, rt, plan, ids, g):
         handles = g.handles
         total = len(ids)
@@ -758,6 +782,9 @@ class _BatchStream(IterableDataset):
     # (_stage_ahead); a subclass whose _finish may raise about its files opts in once its
     # errors may surface a group early
     _STAGE_AHEAD = False
+    # a subclass whose _submit maps its units' positions through the order itself (in C:
+    # TokenDataset's plan_windows) is handed no precomputed ids
+    _ORDER_IN_PLAN = False
 
     def _init_stream(self, *, batch_size, shuffle, seed, drop_last, device, rank, world_size,
                      prefetch, transform, pin_memory, threads, ctx, sample_group):
@@ -1133,7 +1160,7 @@ class _BatchStream(IterableDataset):
                                   rt.staging_bytes)
         unit_iter = iter(mine)
         ids_for = _IdsAhead(order, lay, mine, max(_IdsAhead.CHUNK, group_units)) \
-            if hasattr(order, "take") else None
+            if hasattr(order, "take") and not self._ORDER_IN_PLAN else None
 
         pending = collections.deque()
         retiring = collections.deque()
@@ -1276,8 +1303,7 @@ class _BatchStream(IterableDataset):
             consumer = torch.cuda.current_stream(rt.device)
             consumer.wait_event(ready)
             self.last_path = g.path
-            for o in outs:
-                _record(o, consumer)
+            self._record_outputs(outs, consumer)
             return outs
         job = g.job
         if job is not None:
@@ -1294,9 +1320,13 @@ class _BatchStream(IterableDataset):
         outs = self._issue(rt, g, retiring, stream, side)
         if side:
             consumer.wait_stream(stream)
-        for o in outs:
-            _record(o, consumer)
+        self._record_outputs(outs, consumer)
         return outs
+
+    def _record_outputs(self, outs, stream):
+        """Tell the caching allocator that `stream` (the consumer's) uses the outputs."""
+        for o in outs:
+            _record(o, stream)
 
     def _needs_side_stream(self, g):
         return bool(self._convert) or self.transform is not None
@@ -1633,6 +1663,34 @@ class TokenDataset(_BatchStream):
 
     def _make_order(self, epoch):
         return FeistelOrder(self.num_samples, self.seed, epoch, self.shuffle)
+
+    _ORDER_IN_PLAN = _plan_windows is not None
+
+    def _submit(self, rt, order, lay, units, ids=None):
+        """A group's plan in one C call (plan_windows: no id, offset or destination array per
+        window in Python); the ids path (_BatchStream._submit) for seeds beyond int64."""
+        if ids is not None or not self._ORDER_IN_PLAN or not (_I64_MIN <= order.seed <= _I64_MAX and
+                                                             _I64_MIN <= order.epoch <= _I64_MAX):
+            if ids is None:
+                ranges = [lay.unit(s) for s in units]
+                ids = np.concatenate([order[lo:hi] for lo, hi in ranges])
+            return super()._submit(rt, order, lay, units, ids)
+        ranges = [lay.unit(s) for s in units]
+        g = _Group()
+        g.units, g.sizes, g.handles, g.job, g.path = units, [hi - lo for lo, hi in ranges], [], None, None
+        g.extra = []
+        plan = _ferry.Plan()
+        g.bufs = [self._fields[0].read_group(self, rt, plan, order, ranges, g)]
+        g.job = rt.ctx.submit(plan) if len(plan) else None
+        return g
+
+    def _record_outputs(self, outs, stream):
+        # every batch of a group is a view of the group's x and y (_finish): recording one view
+        # of each records their blocks (the allocator tracks storage, not views), not 2 calls
+        # a batch
+        for t in outs[0] if outs else ():
+            if t.is_cuda:
+                t.record_stream(stream)
 
     @property
     def num_tokens(self):

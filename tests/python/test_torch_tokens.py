@@ -212,3 +212,34 @@ def test_default_read_group_holds_about_32_mib(tmp_path):
     np.zeros(4096 * 40 + 1, np.uint16).tofile(tmp_path / "t.bin")
     assert TokenDataset(str(tmp_path / "t.bin"), 4095, 256, device="cpu").batch_group == 16
     assert TokenDataset(str(tmp_path / "t.bin"), 64, 2, device="cpu").batch_group == 64
+
+
+def test_a_read_group_is_one_plan_windows_call(bins, monkeypatch):
+    """Each group of batches is planned by one _ferry.plan_windows call (no ids computed in
+    Python first); its batches are the epoch order's windows, as the numpy network gives them."""
+    import ferry.torch as ft
+    root, toks = bins
+    ref = _windows(toks, L)
+    calls = []
+    real = ft._ferry.plan_windows
+
+    def counting(*a):
+        calls.append(len(a[10]) // 2)                    # the call's batches: (lo, hi) pairs
+        return real(*a)
+    monkeypatch.setattr(ft._ferry, "plan_windows", counting)
+    monkeypatch.setattr(ft._IdsAhead, "__call__", lambda *a: pytest.fail("ids computed in Python"))
+    ds = TokenDataset(str(root / "train_*.bin"), L, 5, seed=4, device="cpu", batches_per_read=4)
+    got = [i for x, y in ds for i in _ids_of(x, ref)]
+    n = len(ref)
+    assert calls == [4, 4, 4, 4, 4] and len(got) == n // 5 * 5        # 20 batches of 5, drop_last
+    assert got == FeistelOrder(n, 4, 0).take_numpy(np.arange(len(got))).tolist()
+
+
+def test_a_seed_beyond_int64_reads_through_the_numpy_order(bins):
+    """plan_windows takes int64 seeds; a larger seed takes the ids path with the same order."""
+    root, toks = bins
+    ref = _windows(toks, L)
+    seed = 2**64 + 5
+    ds = TokenDataset(str(root / "train_*.bin"), L, 8, seed=seed, device="cpu", drop_last=False)
+    got = [i for x, y in ds for i in _ids_of(x, ref)]
+    assert got == FeistelOrder(len(ref), seed, 0).take_numpy(np.arange(len(ref))).tolist()
