@@ -1705,6 +1705,11 @@ class TokenDataset(_BatchStream):
         w = g.bufs[0]
         outs, lo = [], 0
         if w.is_cuda:
+            # the casts read w on this stream (the consumer's, or ferry's work stream) after
+            # the group is dropped: recorded, its block is not handed to the next group's read
+            # (the engine's writes are ordered after no torch stream) until they have run.
+            # Unrecorded, a consumer queued behind a training step cast the group read after it
+            w.record_stream(torch.cuda.current_stream(w.device))
             x, y = self._shift(w)
             for size in g.sizes:
                 outs.append((x[lo:lo + size], y[lo:lo + size]))
