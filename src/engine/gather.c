@@ -30,10 +30,13 @@
 #define GATHER_POOL_MAX (1ull << 30)
 #define GATHER_MAX_RUNS 64          /* more runs: packs and the scatter kernel */
 #define GATHER_ROUND (2ull << 20)   /* images are rounded up so batches of nearby sizes share them */
-/* Records up to this size are gathered; larger ones already make copies big enough
- * per pack task. H200, 2026-12-01: ArrayDataset's shuffled 150,528-byte rows (38.5 MB
- * batches) ran 19.6 GB/s gathered against 48.2 as packs, while 8 KiB records scattered
- * over a batch ran 27.8 gathered against 9.7 as packs (ferry bench --records, depth 5). */
+/* Records up to this size (on average, as the plan listed them) are gathered; larger
+ * ones already make copies big enough per pack task. H200, 2026-12-01: ArrayDataset's
+ * shuffled 150,528-byte rows (38.5 MB batches) ran 19.6 GB/s gathered against 48.2 as
+ * packs, while 8 KiB records scattered over a batch ran 27.8 gathered against 9.7 as
+ * packs (ferry bench --records, depth 5). The plan's records, not the job's extents: job.c
+ * merges records adjacent in the file and in the batch (rows in blocks, block_size=16),
+ * and one merged 128 KiB extent sent a batch of 8 KiB rows through packs whole. */
 #define GATHER_MAX_EXTENT (64u << 10)
 
 typedef struct gather_slot { uint8_t *p; size_t size; int dev; int busy; } gather_slot;
@@ -139,7 +142,7 @@ static int cmp_run(const void *a, const void *b) {
 static int gatherable(const ferry_job *j, const ferry_extent *e, const ferry_extent *e0) {
     if (e->kind != FERRY_EXTENT_READ || e->place || e->ncodecs || e->length == 0) return 0;
     if (e->flags & ~(unsigned)FERRY_EXTENT_NOFOLLOW) return 0;   /* MISSING_FILLS: per extent (exec.c) */
-    if (j->direct == FERRY_DIRECT_ON || e->length > GATHER_MAX_EXTENT) return 0;
+    if (j->direct == FERRY_DIRECT_ON) return 0;
     return e->dst.kind == FERRY_MEM_CUDA && e->dst.ptr == e0->dst.ptr && e->dst.device == e0->dst.device;
 }
 
@@ -161,6 +164,7 @@ int ferry_gather_plan(ferry_job *j) {
         if (e->dst_offset + e->length > hi) hi = e->dst_offset + e->length;
         total += e->length;
     }
+    if (total > (uint64_t)GATHER_MAX_EXTENT * (j->plan_records ? j->plan_records : 1)) return 0;
     /* every task whole extents (packable ones are never cut: they are below task_size) */
     for (size_t t = 0; t < j->ntasks; t++)
         if (j->tasks[t].ext >= j->next || (j->tasks[t].n == 1 && (j->tasks[t].lo != 0 || j->tasks[t].hi != j->ext[j->tasks[t].ext].length)))
