@@ -1615,9 +1615,10 @@ class TokenDataset(_BatchStream):
     epoch order is computed on the fly (a Feistel permutation, O(1) memory per rank and worker),
     and drop_last defaults to True (equal batches on every rank).
     batches_per_read
-        Batches read by one engine plan, moved to the device by one copy and cast by one kernel
-        per output (None: as many as hold about 32 MiB of tokens, at most 64). Each batch is
-        then a slice of its read's tensors (on CUDA): holding one batch keeps its read's memory.
+        Batches read by one engine plan (planned in one C call), moved to the device by one
+        copy and cast by one kernel for x and y together (None: as many as hold about 32 MiB
+        of tokens, at most 64). Each batch is then a slice of its read's tensors (on CUDA):
+        holding one batch keeps its read's memory.
         Resume stays exact per batch; `prefetch` counts batches, rounded up to whole reads.
     """
     _STATE_TAG = "ferry.torch.TokenDataset"
@@ -1698,7 +1699,7 @@ class TokenDataset(_BatchStream):
 
     def _finish(self, g):
         """(x, y) per batch of the read group g. On CUDA x and y of the whole group are cast
-        at once (two kernels per read, not per batch) and batch i is rows [lo, lo + B) of
+        at once (one kernel per read, x and y together: _shift) and batch i is rows [lo, lo + B) of
         them: contiguous views. On the host each batch is cast on its own (the cast is
         memory-bound either way, and a group's int64 copy would be 8x its tokens at once): a
         generator, which _iterate consumes batch by batch."""
@@ -1726,15 +1727,23 @@ class TokenDataset(_BatchStream):
             lo += size
 
     def _shift(self, w):
+        """(x, y) of windows w (rows of seq_len + 1 tokens), cast to out_dtype in ONE pass: a
+        (2, rows, seq_len) view of w whose [0] is w[:, :-1] and [1] is w[:, 1:] (the same
+        memory, y one token on), copied into one contiguous buffer, so x and y are its two
+        contiguous halves. One kernel per read group on CUDA, not one per output."""
         dt = self.out_dtype or w.dtype
+        rows, width = w.shape
         if not w.is_cuda and dt in _NUMPY_CASTS:
             # torch's CPU casts and copies of uint16/uint32 are slow (dev box, 256 x 4096
             # tokens: 61 ms to int64, 5 ms a uint16 copy; numpy's astype 7 ms / 0.6 ms)
             n = w.numpy()
-            ndt = _NUMPY_CASTS[dt]
-            return torch.from_numpy(n[:, :-1].astype(ndt)), torch.from_numpy(n[:, 1:].astype(ndt))
-        # .to() of a strided view gives a contiguous tensor; .contiguous() covers dt == w.dtype
-        return w[:, :-1].to(dt).contiguous(), w[:, 1:].to(dt).contiguous()
+            pair = np.lib.stride_tricks.as_strided(n, (2, rows, width - 1),
+                                                   (n.strides[1], n.strides[0], n.strides[1]), writeable=False)
+            out = torch.from_numpy(pair.astype(_NUMPY_CASTS[dt], order="C"))
+        else:
+            out = torch.empty((2, rows, width - 1), dtype=dt, device=w.device)
+            out.copy_(w.as_strided((2, rows, width - 1), (w.stride(1), w.stride(0), w.stride(1))))
+        return out[0], out[1]
 
 
 _NUMPY_CASTS = {getattr(torch, k): np.dtype(k) for k in

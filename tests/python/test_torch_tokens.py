@@ -243,3 +243,19 @@ def test_a_seed_beyond_int64_reads_through_the_numpy_order(bins):
     ds = TokenDataset(str(root / "train_*.bin"), L, 8, seed=seed, device="cpu", drop_last=False)
     got = [i for x, y in ds for i in _ids_of(x, ref)]
     assert got == FeistelOrder(len(ref), seed, 0).take_numpy(np.arange(len(ref))).tolist()
+
+
+@pytest.mark.parametrize("out_dtype", [None, torch.int32, torch.int64])
+def test_x_and_y_are_halves_of_one_cast(bins, out_dtype):
+    """x and y come from one pass over the read (a (2, rows, L) view cast into one buffer):
+    contiguous, shifted by one, in out_dtype (None: the file's uint16)."""
+    root, toks = bins
+    ref = _windows(toks, L)
+    ds = TokenDataset(str(root / "train_*.bin"), L, 5, shuffle=False, device="cpu", out_dtype=out_dtype,
+                      drop_last=False)
+    xs, ys = zip(*ds)
+    want = torch.uint16 if out_dtype is None else out_dtype
+    assert all(x.dtype == want and y.dtype == want and x.is_contiguous() and y.is_contiguous()
+               for x, y in zip(xs, ys))
+    np.testing.assert_array_equal(torch.cat(xs).numpy().astype(np.int64), ref[:, :-1])
+    np.testing.assert_array_equal(torch.cat(ys).numpy().astype(np.int64), ref[:, 1:])
