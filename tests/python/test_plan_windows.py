@@ -113,3 +113,24 @@ def test_errors_name_the_file_and_the_position(corpus, tmp_path):
     with pytest.raises(TypeError, match="int64"):
         _plan(ctx, paths, starts.astype(np.int32), n, 1, 0, False, [(0, 10)], out)
     ctx.close()
+
+
+def test_a_failed_call_adds_nothing(corpus, tmp_path):
+    """Every window's file is opened and checked before any read is added: a call that fails on
+    its third file leaves the plan as it was (no extent naming a File the plan does not keep)."""
+    paths, toks, starts, n, ref = corpus
+    ctx = _ferry.Context(threads=1)
+    short = tmp_path / "short3.bin"
+    toks[3][:5].tofile(short)                       # file 3's one window no longer fits
+    bad = paths[:3] + [str(short)] + paths[4:]
+    out = np.zeros((n, L + 1), dtype=np.uint16)
+    plan = _ferry.Plan()
+    files = [_ferry.File(ctx, p) for p in bad]
+    args = (starts, np.zeros(len(paths), dtype=np.int64), L * 2, (L + 1) * 2, n, 1, 0, False)
+    assert _ferry.plan_windows(plan, files, *args, np.array([0, 62], dtype=np.int64), out) == 62
+    with pytest.raises(_ferry.FerryError, match="short3.bin"):
+        _ferry.plan_windows(plan, files, *args, np.array([62, n], dtype=np.int64), out)
+    assert len(plan) == 62
+    ctx.run(plan)
+    np.testing.assert_array_equal(out[:62], ref[:62])
+    ctx.close()

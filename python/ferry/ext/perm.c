@@ -118,6 +118,7 @@ PyObject *mod_plan_windows(PyObject *m, PyObject *args) {
     PyObject *ret = NULL, *used = NULL;
     FileObject **fobj = NULL;
     int64_t *ids = NULL;
+    int32_t *fidx = NULL;
     parsed_buf d = {.keep = NULL};
     const int64_t *starts = sv.buf, *offs = ov.buf, *rng = rv.buf;
     Py_ssize_t nf = sv.shape[0], nr = rv.shape[0] / 2;
@@ -148,10 +149,12 @@ PyObject *mod_plan_windows(PyObject *m, PyObject *args) {
                      "(%zu bytes)", (unsigned long long)total, length, d.buf.size);
         goto out;
     }
+    if (nf > INT32_MAX) { PyErr_SetString(PyExc_ValueError, "plan_windows: more than 2**31 files"); goto out; }
     ids = malloc((total ? total : 1) * sizeof *ids);
+    fidx = malloc((total ? total : 1) * sizeof *fidx);
     fobj = calloc((size_t)nf, sizeof *fobj);
     used = PyList_New(0);
-    if (!ids || !fobj || !used) { PyErr_NoMemory(); goto out; }
+    if (!ids || !fidx || !fobj || !used) { PyErr_NoMemory(); goto out; }
     size_t j = 0;
     for (Py_ssize_t r = 0; r < nr; r++)
         for (int64_t p = rng[2 * r]; p < rng[2 * r + 1]; p++) ids[j++] = p;
@@ -159,6 +162,8 @@ PyObject *mod_plan_windows(PyObject *m, PyObject *args) {
         raise_code_msg(FERRY_EINVAL, "plan_windows: a position outside the order");
         goto out;
     }
+    /* pass 1: each window's file, every file opened and checked; nothing is added to the plan
+     * before all of them pass (a failed call leaves the plan as it was) */
     for (j = 0; j < total; j++) {
         int64_t w = ids[j];
         Py_ssize_t k = 0;
@@ -170,33 +175,33 @@ PyObject *mod_plan_windows(PyObject *m, PyObject *args) {
             }
             k = lo;
         }
-        if (!fobj[k]) {   /* first window of file k in this call: open it, check its last window fits */
-            FileObject *f = windows_file(files, k);
-            if (!f) goto out;
-            if (PyList_Append(used, (PyObject *)f) < 0) { Py_DECREF(f); goto out; }
-            Py_DECREF(f);   /* `used` holds it */
-            fobj[k] = f;
-            uint64_t nwin = (k + 1 < nf ? (uint64_t)starts[k + 1] : n) - (uint64_t)starts[k];
-            int64_t size = ferry_file_size(f->f);
-            const char *path = ferry_file_path(f->f);
-            uint64_t span = 0, end = 0;   /* offs < 2^63 and length <= 2^40: their sum fits */
-            int over = __builtin_mul_overflow(nwin - 1, (uint64_t)stride, &span) ||
-                       __builtin_add_overflow(span, (uint64_t)offs[k] + length, &end);
-            if (size < 0) { raise_ctx(f->ctx->ctx, (int)size); goto out; }
-            if (over || end > (uint64_t)size) {
-                char msg[512];
-                snprintf(msg, sizeof msg, "plan_windows: %s: %llu windows of %llu bytes every %llu from byte %lld "
-                         "end at byte %llu, the file has %lld", path ? path : "?", (unsigned long long)nwin, length,
-                         stride, (long long)offs[k], (unsigned long long)end, (long long)size);
-                raise_code_msg(FERRY_ESHORT, msg);
-                goto out;
-            }
+        fidx[j] = (int32_t)k;
+        if (fobj[k]) continue;
+        /* first window of file k in this call: open it, check its last window fits */
+        FileObject *f = windows_file(files, k);
+        if (!f) goto out;
+        if (PyList_Append(used, (PyObject *)f) < 0) { Py_DECREF(f); goto out; }
+        Py_DECREF(f);   /* `used` holds it */
+        fobj[k] = f;
+        uint64_t nwin = (k + 1 < nf ? (uint64_t)starts[k + 1] : n) - (uint64_t)starts[k];
+        int64_t size = ferry_file_size(f->f);
+        const char *path = ferry_file_path(f->f);
+        uint64_t span = 0, end = 0;   /* offs < 2^63 and length <= 2^40: their sum fits */
+        int over = __builtin_mul_overflow(nwin - 1, (uint64_t)stride, &span) ||
+                   __builtin_add_overflow(span, (uint64_t)offs[k] + length, &end);
+        if (size < 0) { raise_ctx(f->ctx->ctx, (int)size); goto out; }
+        if (over || end > (uint64_t)size) {
+            char msg[512];
+            snprintf(msg, sizeof msg, "plan_windows: %s: %llu windows of %llu bytes every %llu from byte %lld "
+                     "end at byte %llu, the file has %lld", path ? path : "?", (unsigned long long)nwin, length,
+                     stride, (long long)offs[k], (unsigned long long)end, (long long)size);
+            raise_code_msg(FERRY_ESHORT, msg);
+            goto out;
         }
-        uint64_t off = (uint64_t)offs[k] + (uint64_t)(w - starts[k]) * stride;
-        int rc = ferry_plan_read(plan->plan, fobj[k]->f, off, length, d.buf, j * length);
-        if (rc < 0) { raise_ctx(fobj[k]->ctx->ctx, rc); goto out; }
     }
-    if (total > 0) {   /* the destination and the Files live as long as the plan */
+    /* pass 2: the reads. The destination and the Files are kept by the plan first, so that
+     * even an add failing half way (out of memory) leaves no extent naming a freed File */
+    if (total > 0) {
         PyObject *keep = d.keep;
         d.keep = NULL;
         if (plan_keep(plan, keep) < 0) goto out;
@@ -204,11 +209,18 @@ PyObject *mod_plan_windows(PyObject *m, PyObject *args) {
         used = NULL;
         if (plan_keep(plan, u) < 0) goto out;
     }
+    for (j = 0; j < total; j++) {
+        Py_ssize_t k = fidx[j];
+        uint64_t off = (uint64_t)offs[k] + (uint64_t)(ids[j] - starts[k]) * stride;
+        int rc = ferry_plan_read(plan->plan, fobj[k]->f, off, length, d.buf, j * length);
+        if (rc < 0) { raise_ctx(fobj[k]->ctx->ctx, rc); goto out; }
+    }
     ret = PyLong_FromUnsignedLongLong((unsigned long long)total);
 out:
     Py_XDECREF(d.keep);
     Py_XDECREF(used);
     free(fobj);
+    free(fidx);
     free(ids);
     PyBuffer_Release(&sv);
     PyBuffer_Release(&ov);
