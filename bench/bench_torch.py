@@ -684,7 +684,9 @@ def bench_tokens(args, rows):
         # epoch after epoch for `secs`, timed after 3 read groups: one epoch of a 4 GiB file is
         # 2,047 batches, 0.4 s at 10 GB/s, and its first groups pay for pinned images and the
         # caching allocator's first blocks (the 2026-12-01 rows timed one epoch after 3 batches)
-        r = _timed(_epochs(ds), secs, lambda b: b[0].shape[0] * rec, check, warmup=3 * ds.batch_group)
+        batches = _epochs(ds)
+        r = _timed(batches, secs, lambda b: b[0].shape[0] * rec, check, warmup=3 * ds.batch_group)
+        batches.close()                 # the dataset's reads in flight end here, not under the next row
         bad = check.wrong()
         rows.append(("tokens", "warm", f"TokenDataset 8 KiB windows ({ds.batch_group} batches a read)",
                      r[0] / r[2], r[1] / r[2] / 1e9,
