@@ -259,3 +259,23 @@ def test_x_and_y_are_halves_of_one_cast(bins, out_dtype):
                for x, y in zip(xs, ys))
     np.testing.assert_array_equal(torch.cat(xs).numpy().astype(np.int64), ref[:, :-1])
     np.testing.assert_array_equal(torch.cat(ys).numpy().astype(np.int64), ref[:, 1:])
+
+
+def test_a_file_truncated_after_construction_is_an_error_naming_it(tmp_path):
+    """Groups are planned on the loader's planner thread; a file that shrank since the dataset
+    counted its windows fails the group that reads it, at that group's turn, naming the file
+    (never a short or stale window). The batches of earlier groups arrive first."""
+    rng = np.random.default_rng(3)
+    a = rng.integers(0, 50257, 40 * L + 1, dtype=np.uint16)
+    b = rng.integers(0, 50257, 40 * L + 1, dtype=np.uint16)
+    a.tofile(tmp_path / "a.bin")
+    b.tofile(tmp_path / "b.bin")
+    ds = TokenDataset([str(tmp_path / "a.bin"), str(tmp_path / "b.bin")], L, 4, shuffle=False, device="cpu",
+                      batches_per_read=2, prefetch=0)
+    b[:5].tofile(tmp_path / "b.bin")                 # b.bin's 40 windows are gone
+    got = []
+    with pytest.raises(ferry.FerryError, match="b.bin"):
+        for x, y in ds:
+            got.append(x)
+    assert len(got) == 10 and torch.equal(torch.cat(got), torch.from_numpy(
+        np.stack([a[i * L:i * L + L] for i in range(40)]).astype(np.int64)))
