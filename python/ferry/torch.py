@@ -732,7 +732,9 @@ class _Runtime:
 
     def close(self):
         if self._planner is not None:
-            self._planner.shutdown(wait=True)
+            # on the planner thread itself (a last reference dropped there), it cannot be joined
+            on_it = threading.current_thread().name.startswith("ferry-plan")
+            self._planner.shutdown(wait=not on_it)
             self._planner = None
         if self._reader is not None:
             self._reader.shutdown(wait=True)
@@ -1739,9 +1741,10 @@ class TokenDataset(_BatchStream):
         def plan_and_submit():
             # plan_windows and submit release the GIL for their C work (H200, 2026-12-01: the
             # loader thread was busy 90 us of every 91 us per batch, planning and submitting
-            # 4,096 windows per group among it)
+            # 4,096 windows per group among it). No reference to the dataset here: its last
+            # reference must not be dropped on this thread (its __del__ shuts this thread down)
             plan = _ferry.Plan()
-            f.read_group(self, rt, plan, order, ranges, g, buf)
+            f.read_group(None, rt, plan, order, ranges, g, buf)
             return rt.ctx.submit(plan) if len(plan) else None
         g.job = _PlannedJob(rt.planner().submit(plan_and_submit))
         return g

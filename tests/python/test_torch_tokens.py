@@ -279,3 +279,25 @@ def test_a_file_truncated_after_construction_is_an_error_naming_it(tmp_path):
             got.append(x)
     assert len(got) == 10 and torch.equal(torch.cat(got), torch.from_numpy(
         np.stack([a[i * L:i * L + L] for i in range(40)]).astype(np.int64)))
+
+
+def test_a_dataset_dropped_mid_epoch_goes_quietly(bins, monkeypatch):
+    """Dropped with groups still being planned: the reads in flight end, the planner thread is
+    shut down, nothing is raised from a __del__ (a dataset whose last reference went on the
+    planner thread would have joined that thread from itself)."""
+    import gc
+    import sys
+    import threading
+    root, toks = bins
+    raised = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: raised.append(u.exc_value))
+    for _ in range(3):
+        ds = TokenDataset(str(root / "train_*.bin"), L, 2, seed=1, device="cpu", batches_per_read=2, prefetch=8)
+        it = iter(ds)
+        next(it)
+        del it, ds
+        gc.collect()
+    deadline = time.time() + 5
+    while any(t.name.startswith("ferry-plan") for t in threading.enumerate()) and time.time() < deadline:
+        time.sleep(0.01)
+    assert raised == [] and not any(t.name.startswith("ferry-plan") for t in threading.enumerate())
