@@ -512,6 +512,83 @@ static void test_corrupt_chunk_with_batches_in_flight(void) {
     free(src); free(file); free(off); free(len);
 }
 
+/* The batcher's calls (gpudecode.c, ferry_gpudecode_call_chunks): nvCOMP
+ * decodes a chunk per thread block, so a call must carry hundreds of chunks
+ * (an H200 holds ~500 1 MiB zstd chunks at once): 1,024 x 1 MiB chunks are
+ * 4 calls of 256, 4,096 are 16 of 256, 256 x 4 MiB are 4 of 64 (256 MiB a
+ * call). Then a plan of 1,024 small chunks runs as exactly 4 calls of 256,
+ * every worker reading pieces of each, byte-exact; with a corrupt chunk in
+ * the third call the job fails naming it, and the same context reads the
+ * plan again afterwards. */
+size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots);   /* internal (gpudecode.h) */
+static void test_calls_of_256_chunks(void) {
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(1024, 1u << 20, 4), 256);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(4096, 1u << 20, 4), 256);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(256, 4u << 20, 4), 64);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(160, 1u << 20, 4), 40);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(10, 1u << 20, 4), 32);
+    const size_t nchunk = 1024, cb = 2048;
+    uint8_t *src = malloc(nchunk * cb), *file = malloc(nchunk * (cb + 64)), *back = malloc(nchunk * cb);
+    make_data(src, nchunk * cb, 9);
+    uint64_t *off = malloc(nchunk * 8), *len = malloc(nchunk * 8), pos = 0;
+    for (size_t i = 0; i < nchunk; i++) {
+        size_t n = zstd_enc(src + i * cb, cb, file + pos, cb + 64, 1);
+        off[i] = pos; len[i] = n; pos += n;
+    }
+    char path[600];
+    snprintf(path, sizeof path, "%s/calls1024.bin", dir_);
+    void *sim = dlopen(getenv("FERRY_NVCOMP") ? getenv("FERRY_NVCOMP") : "libnvcomp.so.6", RTLD_NOW | RTLD_NOLOAD);
+    long (*count)(const char *) = sim ? (long (*)(const char *))dlsym(sim, "nvcompsim_count") : NULL;
+    uintptr_t d;
+    ferry_cuda_malloc(ctx_, 0, nchunk * cb, &d);
+    write_file(path, file, pos);
+    for (int bad = 0; bad < 3; bad++) {   /* clean, a truncated chunk (its frame ends early), clean again */
+        ferry_file *f;
+        ferry_file_open(ctx_, path, FERRY_READ, &f);
+        ferry_plan *p;
+        ferry_plan_create(&p);
+        for (size_t i = 0; i < nchunk; i++) {
+            ferry_extent e;
+            memset(&e, 0, sizeof e);
+            e.kind = FERRY_EXTENT_READ; e.file = f; e.offset = off[i]; e.length = len[i] - (bad == 1 && i == 700 ? 7 : 0);
+            e.codecs[0] = (ferry_codec){FERRY_CODEC_ZSTD, 0}; e.ncodecs = 1;
+            e.decoded_size = cb;
+            e.dst = ferry_cuda_buf(0, d, nchunk * cb);
+            e.dst_offset = i * cb;
+            ferry_plan_add(p, &e);
+        }
+        memset(back, 0, nchunk * cb);
+        ferry_memcpy(ctx_, ferry_cuda_buf(0, d, nchunk * cb), ferry_host_buf(back, nchunk * cb), nchunk * cb);
+        ferry_stats_reset(ctx_);
+        long calls0 = count ? count("batches") : 0;
+        if (count) count("reset_max_per_call");
+        ferry_run_opts o;
+        memset(&o, 0, sizeof o);
+        o.decode = FERRY_DECODE_GPU;
+        int64_t r = ferry_run(ctx_, p, &o);
+        if (bad == 1) {
+            CHECK(r < 0);
+            CHECK_STR_CONTAINS(ferry_errmsg(ctx_), "calls1024.bin");
+            CHECK_STR_CONTAINS(ferry_errmsg(ctx_), "zstd");
+        } else {
+            if (r < 0) fprintf(stderr, "  %s\n", ferry_errmsg(ctx_));
+            CHECK_EQ_I(r, (int64_t)pos);
+            CHECK_EQ_I(stats_().gpu_batches, 4);
+            CHECK_EQ_I(stats_().gpu_chunks, nchunk);
+            if (count) {
+                CHECK_EQ_I(count("batches") - calls0, 4);
+                CHECK_EQ_I(count("max_per_call"), 256);
+            }
+            ferry_memcpy(ctx_, ferry_host_buf(back, nchunk * cb), ferry_cuda_buf(0, d, nchunk * cb), nchunk * cb);
+            CHECK(memcmp(back, src, nchunk * cb) == 0);
+        }
+        ferry_plan_destroy(p);
+        ferry_file_close(f);
+    }
+    ferry_cuda_free(ctx_, d);
+    free(src); free(file); free(off); free(len); free(back);
+}
+
 static void test_status_says_what_loaded(void) {
     const char *s = ferry_nvcomp_status(ctx_);
     CHECK_STR_CONTAINS(s, "loaded nvCOMP");
@@ -541,6 +618,7 @@ int main(void) {
     RUN(test_fallbacks_counted);
     RUN(test_many_chunks_one_file);
     RUN(test_corrupt_chunk_with_batches_in_flight);
+    RUN(test_calls_of_256_chunks);
     RUN(test_unpinned_buffers_released);
     ferry_ctx_destroy(ctx_);
     char cmd[300];
