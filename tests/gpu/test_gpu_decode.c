@@ -278,6 +278,31 @@ static void test_one_queue_both_decoders(void) {
     unsetenv("FERRY_GPU_BATCH");
 }
 
+/* The claim rule on a long load: AUTO with the built-in H200 rates (no
+ * FERRY_GPU_RATES). An 8 GiB netCDF-4 load of 4 MiB deflate chunks, scaled
+ * by 1/256 (the rule compares bytes / rates, so it is the same in chunks):
+ * 2,048 chunks of 16 KiB = 32 MiB. The CPU alone would take 32 MiB / 6.44
+ * GB/s = 5.2 ms, one GPU chunk's latency is 0.66 ms (4 MiB: 168 ms against
+ * the CPU's 1.33 s for 8 GiB), so the GPU claims about 40 % at the start
+ * (three to four batches of 256 chunks before its claims would finish after
+ * the CPU), and the CPU workers the rest. The 1 GiB model (256 chunks,
+ * test_one_queue_both_decoders) gets nothing. Byte-exact either way. */
+static void test_long_deflate_load_shares_the_gpu(void) {
+    setenv("FERRY_GPU_FEEDERS", "2", 1);   /* the default, said here: the rule's CPU rate is 14 of 16 threads */
+    const char *th = getenv("FERRY_THREADS");
+    ferry_stats_reset(ctx_);
+    grid_case(C_ZLIB_SHUF, 2048, 4096, 64, 64, 0, "auto");
+    ferry_stats s = stats_();
+    printf("  8 GiB model: GPU %llu of 2048 chunks in %llu batches\n", (unsigned long long)s.gpu_chunks,
+           (unsigned long long)s.gpu_batches);
+    CHECK_EQ_I(s.gpu_cpu_fallbacks, 0);
+    if (!th) {   /* 16 threads, as the rates assume */
+        CHECK(s.gpu_chunks >= 256);    /* at least the first claim */
+        CHECK(s.gpu_chunks < 2048);    /* and the CPU workers the rest */
+    }
+    unsetenv("FERRY_GPU_FEEDERS");
+}
+
 /* one chunk file, corrupted in one way, read onto the GPU: an error that names
  * the file, the chunk and the codec */
 static void corrupt_case(int codec, int how, const char *want_msg) {
@@ -614,6 +639,7 @@ int main(void) {
     RUN(test_auto_policy);
     RUN(test_second_device);
     RUN(test_one_queue_both_decoders);
+    RUN(test_long_deflate_load_shares_the_gpu);
     RUN(test_corrupt_chunks_fail_clearly);
     RUN(test_fallbacks_counted);
     RUN(test_many_chunks_one_file);
