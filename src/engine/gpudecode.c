@@ -65,7 +65,8 @@ typedef struct chain_info {
 } chain_info;
 
 enum { CLASS_BLOSC = FERRY_NVCOMP_NALG, NCLASS };
-#define GD_MAX_SLOTS 4   /* batches in flight per feeder (per-feeder batches) or per device (cooperative ones) */
+#define GD_MAX_SLOTS 8   /* batches in flight per feeder (per-feeder batches) or per device (cooperative ones) */
+#define GD_SLOTS_DEFAULT 4
 
 static int is_check(uint32_t id) { return id == FERRY_CODEC_CRC32C || id == FERRY_CODEC_FLETCHER32; }
 
@@ -226,8 +227,8 @@ static int coop_enabled(void) {
     return !(s && (!strcmp(s, "off") || !strcmp(s, "0")));
 }
 
-/* Batches in flight per device for cooperative batches: FERRY_GPU_SLOTS (1 ..
- * GD_MAX_SLOTS), default 4. */
+/* Calls in flight per device for cooperative batches: FERRY_GPU_SLOTS (1 ..
+ * GD_MAX_SLOTS), default 4 (4 x 256 chunks: twice what an H200 runs at once). */
 static int coop_slots(void) { return gd_slots(); }
 
 /* Chunks per cooperative nvCOMP call. nvCOMP decodes a chunk per thread
@@ -564,10 +565,11 @@ struct ferry_gpudecode_worker {
 
 enum { K_GPU = 0, K_CPU = 1, K_FILL = 2, K_DONE = 3 /* nvCOMP failed it, the CPU's result is in place */ };
 
-/* Slots a feeder uses per device: FERRY_GPU_SLOTS (1 .. GD_MAX_SLOTS), default all. */
+/* Slots a feeder (per-feeder batches) or a device's set (cooperative calls)
+ * uses: FERRY_GPU_SLOTS (1 .. GD_MAX_SLOTS), default 4. */
 static int gd_slots(void) {
     const char *s = getenv("FERRY_GPU_SLOTS");
-    int v = s && *s ? atoi(s) : GD_MAX_SLOTS;
+    int v = s && *s ? atoi(s) : GD_SLOTS_DEFAULT;
     return v < 1 ? 1 : v > GD_MAX_SLOTS ? GD_MAX_SLOTS : v;
 }
 #define MAX_BLOSC_STREAMS 65536
@@ -1385,6 +1387,11 @@ static int64_t coop_ready(ferry_worker *w, ferry_job *j, struct ferry_gpudecode_
                 rc = batch_layout(w, j, c->q, G->idx + c->first, c->n, g, G->trace,
                                   G->max_h[d] + 128 * G->max_n[d] + 64, G->max_h[d]);
                 /* temp space for the job's largest call, once (zstd: ~3 x its output) */
+                /* the arrays and results of the largest call, once (blosc's
+                 * splits may ask more: they grow then) */
+                if (rc >= 0) rc = dev_grow(&g->darr, &g->darr_cap, 128 * G->max_n[d] + 64);
+                if (rc >= 0) rc = dev_grow(&g->dres, &g->dres_cap, 32 * G->max_n[d] + 64);
+                if (rc >= 0) rc = host_grow(w, d, &g->hres, &g->hres_cap, &g->hres_pinned, 32 * G->max_n[d] + 64);
                 if (rc >= 0 && c->q->alg < FERRY_NVCOMP_NALG) {
                     size_t t = 0;
                     ferry_nvcomp_opts opts;
