@@ -521,7 +521,7 @@ def trace_rows(tmp, args, lib_path, cuda, ctx, rows):
                 rows.append((name, "nvCOMP batched (limit)" + ("" if k == len(chunks) else f", {k} per call"),
                              gbs, bad == 0, 1.0))
         for decode, env in (("gpu", {}), ("auto", {}), ("gpu", {"FERRY_GPU_COOP": "off"}),
-                            ("gpu", {"FERRY_GPU_SLOTS": "2"})):
+                            ("gpu", {"FERRY_GPU_SLOTS": "2"}), ("gpu", {"FERRY_GPU_SLOTS": "8"})):
             label = ", ".join(f"{k}={v}" for k, v in env.items())
             log(f"trace: {name}, decode={decode}" + (f", {label}" if label else ""))
             os.environ.update(env)
@@ -570,7 +570,15 @@ def main():
     lib_path = m.group(2) if m else None
     cuda = Cuda(args.device) if lib_path else None
     tmp = tempfile.mkdtemp(prefix="ferry_bench_decode_", dir=args.dir)
-    rows = []   # (dataset, reader, GB/s, verified, GPU share of decoded bytes)
+    class Rows(list):   # each row logged as it is measured: a run cut short by a timeout keeps what it measured
+        def append(self, r):
+            log(f"row: {r[0]} | {r[1]} | {r[2]:.2f} GB/s | GPU share {r[4]:.0%} | verified {'yes' if r[3] else 'NO'}")
+            super().append(r)
+
+        def extend(self, rs):
+            for r in rs:
+                self.append(r)
+    rows = Rows()   # (dataset, reader, GB/s, verified, GPU share of decoded bytes)
     try:
         cols = 2048
         if args.trace and "zstd" in args.only.split(","):
