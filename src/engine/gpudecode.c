@@ -1360,10 +1360,47 @@ static int64_t coop_check(ferry_worker *w, ferry_job *j, struct ferry_gpudecode_
     return rc;
 }
 
+/* Lay out call b on its slot (mu held on entry and return, dropped while
+ * it runs): its chunks' places, and the first time a slot serves a job, its
+ * buffers grown to the job's largest call — pinned staging, device payloads,
+ * arrays, results and nvCOMP's temp space (zstd: ~3 x the call's output) —
+ * so that no call of the job allocates after it. The call's previous user
+ * of the slot is checked (CB_DONE) or there is none. */
+static int coop_setup(ferry_worker *w, ferry_job *j, struct ferry_gpudecode_job *G, size_t b) {
+    gd_cbatch *c = &G->cb[b];
+    c->state = CB_SETUP;
+    pthread_mutex_unlock(&G->mu);
+    uint64_t t0 = G->trace ? ferry_dt_now() : 0;
+    int d = c->q->dev;
+    gd_slot *g = &G->set[d]->sl[c->slot];
+    int rc = batch_layout(w, j, c->q, G->idx + c->first, c->n, g, G->trace, G->max_h[d] + 128 * G->max_n[d] + 64, G->max_h[d]);
+    /* (blosc's splits may ask more arrays and results: they grow then) */
+    if (rc >= 0) rc = dev_grow(&g->darr, &g->darr_cap, 128 * G->max_n[d] + 64);
+    if (rc >= 0) rc = dev_grow(&g->dres, &g->dres_cap, 32 * G->max_n[d] + 64);
+    if (rc >= 0) rc = host_grow(w, d, &g->hres, &g->hres_cap, &g->hres_pinned, 32 * G->max_n[d] + 64);
+    if (rc >= 0 && c->q->alg < FERRY_NVCOMP_NALG) {
+        size_t t = 0;
+        ferry_nvcomp_opts opts;
+        memset(&opts, 0, sizeof opts);
+        const ferry_nvcomp_api *nv = ferry_nvcomp_load(NULL);
+        if (!ferry_nvcomp_temp_size(nv, c->q->alg, G->max_n[d], G->max_chunk[d], opts, &t, G->max_dec[d], g->stream) && t)
+            rc = dev_grow(&g->dtemp, &g->dtemp_cap, t);
+    }
+    ferry_dt_lap(G->trace, FERRY_DT_LAYOUT, &t0);
+    pthread_mutex_lock(&G->mu);
+    c->state = CB_FILL;
+    if (rc < 0) G->failed = 1;
+    pthread_cond_broadcast(&G->cv);
+    return rc;
+}
+
 /* Make call b ready to be read into (mu held): its slot's previous call
  * checked — by this feeder, if it is launched and nobody checks it yet —
- * then its layout, by whichever feeder comes first. Returns the bytes of
- * calls this feeder checked, or a negative code. */
+ * then its layout, by whichever feeder comes first. A feeder that would
+ * wait lays out a later call whose slot is free instead (the first job of a
+ * context grows every slot's buffers this way at once, not one after
+ * another). Returns the bytes of calls this feeder checked, or a negative
+ * code. */
 static int64_t coop_ready(ferry_worker *w, ferry_job *j, struct ferry_gpudecode_job *G, size_t b) {
     gd_cbatch *c = &G->cb[b];
     int64_t total = 0, rc;
@@ -1379,35 +1416,20 @@ static int64_t coop_ready(ferry_worker *w, ferry_job *j, struct ferry_gpudecode_
                 continue;
             }
             if (!p || p->state == CB_DONE) {
-                c->state = CB_SETUP;
-                pthread_mutex_unlock(&G->mu);
                 ferry_dt_lap(G->trace, FERRY_DT_SLOTWAIT, &t0);
-                int d = c->q->dev;
-                gd_slot *g = &G->set[d]->sl[c->slot];
-                rc = batch_layout(w, j, c->q, G->idx + c->first, c->n, g, G->trace,
-                                  G->max_h[d] + 128 * G->max_n[d] + 64, G->max_h[d]);
-                /* temp space for the job's largest call, once (zstd: ~3 x its output) */
-                /* the arrays and results of the largest call, once (blosc's
-                 * splits may ask more: they grow then) */
-                if (rc >= 0) rc = dev_grow(&g->darr, &g->darr_cap, 128 * G->max_n[d] + 64);
-                if (rc >= 0) rc = dev_grow(&g->dres, &g->dres_cap, 32 * G->max_n[d] + 64);
-                if (rc >= 0) rc = host_grow(w, d, &g->hres, &g->hres_cap, &g->hres_pinned, 32 * G->max_n[d] + 64);
-                if (rc >= 0 && c->q->alg < FERRY_NVCOMP_NALG) {
-                    size_t t = 0;
-                    ferry_nvcomp_opts opts;
-                    memset(&opts, 0, sizeof opts);
-                    const ferry_nvcomp_api *nv = ferry_nvcomp_load(NULL);
-                    if (!ferry_nvcomp_temp_size(nv, c->q->alg, G->max_n[d], G->max_chunk[d], opts, &t, G->max_dec[d], g->stream) && t)
-                        rc = dev_grow(&g->dtemp, &g->dtemp_cap, t);
-                }
+                if ((rc = coop_setup(w, j, G, b)) < 0) return rc;
                 t0 = G->trace ? ferry_dt_now() : 0;
-                pthread_mutex_lock(&G->mu);
-                c->state = CB_FILL;
-                if (rc < 0) G->failed = 1;
-                pthread_cond_broadcast(&G->cv);
-                if (rc < 0) return rc;
                 break;
             }
+        }
+        size_t ahead = 0;   /* a later call whose slot is free */
+        for (size_t k = b + 1; k < G->ncb && k < b + (size_t)G->nslots && !ahead; k++) {
+            gd_cbatch *x = &G->cb[k];
+            if (x->state == CB_NEW && (x->prev < 0 || G->cb[x->prev].state == CB_DONE)) ahead = k;
+        }
+        if (ahead) {
+            if ((rc = coop_setup(w, j, G, ahead)) < 0) return rc;
+            continue;
         }
         pthread_cond_wait(&G->cv, &G->mu);   /* its previous call is filling or being checked; or its setup runs */
     }
