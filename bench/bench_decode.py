@@ -624,10 +624,15 @@ def main():
             path = os.path.join(tmp, "z2_blosc_lz4.zarr")
             how = write_zarr_v2_blosc(path, a, (crow, cols))
             warm(path)
-            name = f"Zarr v2 blosc-lz4+shuffle, 1 MiB chunks ({how})"
-            for decode in ("cpu", "gpu", "auto"):
-                gbs, ok, share, fb = ferry_row(ctx, path, a, args.device, decode, args.reps)
-                rows.append((name, f"ferry {decode}", gbs, ok, share))
+            name = f"Zarr v2 blosc-lz4+shuffle, 1 MiB chunks, {job_label(a.nbytes / 2**20)} ({how})"
+            for decode, env in (("cpu", {}), ("gpu", {}), ("auto", {}), ("gpu", {"FERRY_GPU_COOP": "off"})):
+                os.environ.update(env)
+                try:
+                    gbs, ok, share, fb = ferry_row(ctx, path, a, args.device, decode, args.reps)
+                finally:
+                    for k in env:
+                        os.environ.pop(k, None)
+                rows.append((name, f"ferry {decode}" + (", per-feeder batches" if env else ""), gbs, ok, share))
             if not args.no_peers:
                 zarr_peer_rows(path, a, args.device, args.reps, name, rows)
             shutil.rmtree(path)
