@@ -2,7 +2,16 @@
  * memory, decoded on the GPU by one batched nvCOMP call per batch.
  *
  * The plan puts the chunks the GPU may decode in queues, one per device and
- * class (codec). Feeder tasks claim batches from them — runs of chunks from
+ * class (codec). A GPU-only queue is cut into cooperative calls (gd_cbatch,
+ * run_coop): a quarter of the queue each, 32 to 256 chunks, because nvCOMP
+ * decodes a chunk per thread block and its rate is the chunks in flight;
+ * every feeder reads pieces of the current call into that call's slot (the
+ * context's, reused job after job) and copies its piece up, the reader of the
+ * last piece launches the call, up to four calls are in flight per device,
+ * and a call is checked (finish_batch) by whoever next needs its slot or at
+ * the end. The rest of this comment is the per-feeder batch, which a shared
+ * queue (and FERRY_GPU_COOP=off) uses, and whose steps the calls share.
+ * Feeder tasks claim batches from them — runs of chunks from
  * the front of a queue — until they are empty; under AUTO a deflate queue is
  * shared: the other workers take one chunk at a time from it and decode it
  * on the CPU (exec.c), and a feeder claims only what the GPU finishes before
