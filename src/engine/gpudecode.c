@@ -176,6 +176,8 @@ typedef struct gd_cbatch {
     size_t first, n;              /* g->idx[first .. first+n) */
     int slot;                     /* its slot in the device's set */
     long prev;                    /* the batch that used that slot before it, -1 none */
+    int last_of_slot;             /* no later call of the job uses its slot */
+    const void *checker;          /* the feeder (worker) that checked it */
     int state;                    /* CB_*, under the job's mu */
     _Atomic size_t next;          /* chunks claimed for reading */
     _Atomic size_t read;          /* chunks read (the one that reads the last launches) */
@@ -233,6 +235,12 @@ static uint64_t batch_target(uint64_t bytes, size_t feeders, int shared, double 
  * per-feeder batches (a feeder reads its own batch alone), to compare. */
 static int coop_enabled(void) {
     const char *s = getenv("FERRY_GPU_COOP");
+    return !(s && (!strcmp(s, "off") || !strcmp(s, "0")));
+}
+
+/* FERRY_GPU_TAIL=off: AUTO leaves no tail of a cooperative queue to the CPU. */
+static int tail_enabled(void) {
+    const char *s = getenv("FERRY_GPU_TAIL");
     return !(s && (!strcmp(s, "off") || !strcmp(s, "0")));
 }
 
@@ -310,6 +318,9 @@ static int plan_coop(struct ferry_gpudecode_job *g, const ferry_job *j, int thre
             biggest = FERRY_MAX(biggest, c->n);
         }
     }
+    for (int d = 0; d < FERRY_MAX_DEVICES; d++)
+        for (int k = 0; k < GD_MAX_SLOTS; k++)
+            if (last[d][k] >= 0) g->cb[last[d][k]].last_of_slot = 1;
     /* pieces: every feeder has about two per call, a few chunks each (one
      * claim per chunk would cost an atomic and a cache line per MiB) */
     g->piece = biggest / (2 * (size_t)(threads > 0 ? threads : 1));
@@ -357,7 +368,7 @@ int ferry_gpudecode_plan(ferry_job *j, int policy) {
     if (!g->idx || !g->owned) { free(g->idx); free(g->owned); free(g); return ferry_seterr(FERRY_ENOMEM, "out of memory"); }
     const int threads = j->max_workers > 0 ? j->max_workers : 1;
     const size_t sh_feeders = shared_feeders(threads);
-    size_t k = 0, gpu_only = 0, shared = 0, max_batches = 0;
+    size_t k = 0, gpu_only = 0, shared = 0, max_batches = 0, tail_total = 0;
     /* one queue per (device, class): chunks keep plan order inside it */
     for (int d = 0; d < FERRY_MAX_DEVICES && k < cand; d++)
         for (int a = 0; a < NCLASS; a++) {
@@ -381,6 +392,27 @@ int ferry_gpudecode_plan(ferry_job *j, int policy) {
             q->dev = d;
             q->shared = mode == MODE_BOTH;
             q->coop = !q->shared && coop_enabled();
+            /* AUTO, cooperative: the queue's last chunks are left to the CPU
+             * workers (ordinary tasks, run as feeders finish reading). The
+             * GPU's last call ends one chunk's latency after its last read
+             * (1 MiB zstd: ~11 ms, a third of a 1 GiB job); in that time the
+             * other workers decode on the CPU (threads - 1) x latency x
+             * their rate: (threads - 1) x cpu_gbs x 1000 / chunk_mbs chunks
+             * (H200 zstd: 15 x 0.67 x 1000 / 93 = 108), at most a quarter of
+             * the queue. FERRY_GPU_TAIL=off: none. */
+            if (q->coop && policy == FERRY_DECODE_AUTO && tail_enabled() && auto_table[a].gpu_chunk_mbs > 0 && threads > 1 &&
+                q->count >= 64) {
+                size_t tail = (size_t)((double)(threads - 1) * auto_table[a].cpu_gbs_per_thread * 1e3 / auto_table[a].gpu_chunk_mbs);
+                if (tail > q->count / 4) tail = q->count / 4;
+                for (size_t m = k - tail; m < k; m++) {
+                    g->owned[g->idx[m]] = 0;
+                    bytes -= j->ext[g->idx[m]].decoded_size;
+                }
+                k -= tail;
+                q->count -= tail;
+                cand -= tail;
+                tail_total += tail;
+            }
             int cpu_threads = threads - (int)sh_feeders > 0 ? threads - (int)sh_feeders : 1;
             class_rate cr_env, *cr = &cr_env;
             cr_env = auto_table[a];
@@ -425,6 +457,7 @@ int ferry_gpudecode_plan(ferry_job *j, int policy) {
         g->trace->plan_calls = g->ncb;
         g->trace->plan_chunks = cand;
         g->trace->plan_shared = shared;
+        g->trace->plan_tail = tail_total;
         g->trace->t_plan = ferry_dt_now();
     }
     j->gpu = g;
@@ -1357,6 +1390,7 @@ static void set_release(ferry_ctx *ctx, gd_cset *set) {
 static int64_t coop_check(ferry_worker *w, ferry_job *j, struct ferry_gpudecode_job *G, size_t b) {
     gd_cbatch *c = &G->cb[b];
     c->state = CB_CHECKING;
+    c->checker = w;
     pthread_mutex_unlock(&G->mu);
     uint64_t t0 = G->trace ? ferry_dt_now() : 0;
     gd_slot *g = &G->set[c->q->dev]->sl[c->slot];
@@ -1507,11 +1541,28 @@ static int64_t run_coop(ferry_worker *w, ferry_job *j, struct ferry_gpudecode_jo
             if (x < 0) rc = x; else total += x;
         }
     if (rc < 0) G->failed = 1;
+    int failed = G->failed || atomic_load(&j->error) || atomic_load(&j->canceled);
+    /* the placements this feeder enqueued that no later layout of their slot waits for */
+    gd_slot *mine[FERRY_MAX_DEVICES * GD_MAX_SLOTS];
+    int nmine = 0;
+    for (size_t b = 0; !failed && rc >= 0 && b < G->ncb; b++)
+        if (G->cb[b].checker == w && G->cb[b].last_of_slot && nmine < FERRY_MAX_DEVICES * GD_MAX_SLOTS)
+            mine[nmine++] = &G->set[G->cb[b].q->dev]->sl[G->cb[b].slot];
     pthread_cond_broadcast(&G->cv);
     pthread_mutex_unlock(&G->mu);
-    /* complete before the task ends: nothing this feeder enqueued outlives it
-     * (the others synchronize their own work the same way) */
-    for (int d = 0; d < FERRY_MAX_DEVICES; d++) {
+    /* complete before the task ends: nothing this feeder enqueued outlives
+     * it. Its reads and launches are covered by the check of their call
+     * (EventSynchronize of its decode), the placement a check enqueues by
+     * the next layout of that slot (it waits for the slot's done event) or,
+     * for a slot's last call, by its checker here; after a failure every
+     * feeder waits for everything. A feeder that did neither returns at once
+     * (its worker takes the CPU's tail of the job while the GPU finishes). */
+    for (int m = 0; m < nmine; m++) {
+        ferry_cuda_use_device(mine[m]->dev);
+        CUresult r = cu->EventSynchronize(mine[m]->done);
+        if (r && rc >= 0) rc = ferry_seterr(FERRY_ECUDA, "device %d: GPU decode failed: %s", mine[m]->dev, ferry_cuda_errstr(r));
+    }
+    for (int d = 0; d < FERRY_MAX_DEVICES && (failed || rc < 0); d++) {
         if (!G->set[d]) continue;
         ferry_cuda_use_device(d);
         for (int k = 0; k < G->nslots; k++) {

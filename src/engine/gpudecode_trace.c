@@ -93,14 +93,14 @@ void ferry_dt_report(const ferry_decode_trace *tr, uint64_t job_id, int threads)
     uint64_t dec = atomic_load(&tr->decoded);
     n += (size_t)snprintf(buf + n, sizeof buf - n,
                           "ferry decode trace: job %llu: planned %llu feeders (%llu chunks, %llu cooperative calls of %llu chunks, "
-                          "target %.1f MiB per feeder batch; %llu chunks in the one queue), ran %llu batches, %llu chunks (min %llu, avg %.1f, max %llu per batch), "
+                          "target %.1f MiB per feeder batch; %llu chunks in the one queue, %llu left to the CPU at the end), ran %llu batches, %llu chunks (min %llu, avg %.1f, max %llu per batch), "
                           "%llu nvCOMP items, %.1f MiB decoded in %.4f s (%.2f GB/s), threads %d, batches open (read "
                           "to checked) max %d, decoding (enqueued to waited for) max %d; CPU: %llu chunks in batches, %llu fallbacks, one queue "
                           "%llu chunks (%.1f MiB); %llu allocations; seconds summed over workers:",
                           (unsigned long long)job_id, (unsigned long long)tr->plan_batches,
                           (unsigned long long)tr->plan_chunks, (unsigned long long)tr->plan_calls,
                           (unsigned long long)tr->plan_call, (double)tr->plan_target / 1048576.0,
-                          (unsigned long long)tr->plan_shared, (unsigned long long)b,
+                          (unsigned long long)tr->plan_shared, (unsigned long long)tr->plan_tail, (unsigned long long)b,
                           (unsigned long long)atomic_load(&tr->chunks), (unsigned long long)atomic_load(&tr->min_chunks),
                           b ? (double)atomic_load(&tr->chunks) / (double)b : 0.0,
                           (unsigned long long)atomic_load(&tr->max_chunks), (unsigned long long)atomic_load(&tr->items),

@@ -43,6 +43,7 @@ typedef struct ferry_decode_trace {
     /* the plan */
     uint64_t plan_batches /* feeders */, plan_target, plan_chunks, plan_shared;
     uint64_t plan_calls, plan_call;   /* cooperative calls, chunks in the first */
+    uint64_t plan_tail;               /* chunks AUTO left to the CPU at a cooperative queue's end */
 } ferry_decode_trace;
 
 /* FERRY_DECODE_TRACE=1 (read at every call: a job plans once). */

@@ -544,7 +544,8 @@ static void test_corrupt_chunk_with_batches_in_flight(void) {
  * call). Then a plan of 1,024 small chunks runs as exactly 4 calls of 256,
  * every worker reading pieces of each, byte-exact; with a corrupt chunk in
  * the third call the job fails naming it, and the same context reads the
- * plan again afterwards. */
+ * plan again afterwards; under AUTO the last 108 chunks go to the CPU
+ * workers (FERRY_GPU_TAIL=off: none), byte-exact. */
 size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots);   /* internal (gpudecode.h) */
 static void test_calls_of_256_chunks(void) {
     CHECK_EQ_I(ferry_gpudecode_call_chunks(1024, 1u << 20, 4), 256);
@@ -606,6 +607,38 @@ static void test_calls_of_256_chunks(void) {
             }
             ferry_memcpy(ctx_, ferry_host_buf(back, nchunk * cb), ferry_cuda_buf(0, d, nchunk * cb), nchunk * cb);
             CHECK(memcmp(back, src, nchunk * cb) == 0);
+        }
+        if (bad == 2) {   /* AUTO: the same calls, less the tail the CPU workers decode while the GPU drains */
+            ferry_plan *p2;
+            ferry_plan_create(&p2);
+            for (size_t i = 0; i < nchunk; i++) {
+                ferry_extent e;
+                memset(&e, 0, sizeof e);
+                e.kind = FERRY_EXTENT_READ; e.file = f; e.offset = off[i]; e.length = len[i];
+                e.codecs[0] = (ferry_codec){FERRY_CODEC_ZSTD, 0}; e.ncodecs = 1;
+                e.decoded_size = cb;
+                e.dst = ferry_cuda_buf(0, d, nchunk * cb);
+                e.dst_offset = i * cb;
+                ferry_plan_add(p2, &e);
+            }
+            for (int tail = 1; tail >= 0; tail--) {
+                if (!tail) setenv("FERRY_GPU_TAIL", "off", 1);
+                memset(back, 0, nchunk * cb);
+                ferry_memcpy(ctx_, ferry_cuda_buf(0, d, nchunk * cb), ferry_host_buf(back, nchunk * cb), nchunk * cb);
+                ferry_stats_reset(ctx_);
+                ferry_run_opts oa;
+                memset(&oa, 0, sizeof oa);
+                oa.decode = FERRY_DECODE_AUTO;
+                CHECK_EQ_I(ferry_run(ctx_, p2, &oa), (int64_t)pos);
+                /* 16 threads: 15 x 0.67 GB/s x 11.3 ms = 108 chunks of 1 MiB at H200 rates (the count
+                 * does not depend on the chunk size) */
+                if (!getenv("FERRY_THREADS")) CHECK_EQ_I(stats_().gpu_chunks, tail ? nchunk - 108 : nchunk);
+                CHECK_EQ_I(stats_().decoded_bytes, nchunk * cb);
+                ferry_memcpy(ctx_, ferry_host_buf(back, nchunk * cb), ferry_cuda_buf(0, d, nchunk * cb), nchunk * cb);
+                CHECK(memcmp(back, src, nchunk * cb) == 0);
+            }
+            unsetenv("FERRY_GPU_TAIL");
+            ferry_plan_destroy(p2);
         }
         ferry_plan_destroy(p);
         ferry_file_close(f);
