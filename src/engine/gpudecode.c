@@ -245,8 +245,16 @@ static int tail_enabled(void) {
 }
 
 /* Calls in flight per device for cooperative batches: FERRY_GPU_SLOTS (1 ..
- * GD_MAX_SLOTS), default 4 (4 x 256 chunks: twice what an H200 runs at once). */
-static int coop_slots(void) { return gd_slots(); }
+ * GD_MAX_SLOTS), default 8. On the H200 (15:42 run, 4 GiB of 1 MiB zstd
+ * chunks in 16 calls of 256) four slots made the readers wait 10 ms each for
+ * a call's slot (its decode not done: 1,024 chunks in flight where the GPU
+ * runs ~500 at once) and the job ran 112-119 ms; eight: no wait, 105 ms
+ * (41 GB/s). The price: up to 8 x 256 MiB of pinned staging per device. */
+static int coop_slots(void) {
+    const char *s = getenv("FERRY_GPU_SLOTS");
+    int v = s && *s ? atoi(s) : GD_MAX_SLOTS;
+    return v < 1 ? 1 : v > GD_MAX_SLOTS ? GD_MAX_SLOTS : v;
+}
 
 /* Chunks per cooperative nvCOMP call. nvCOMP decodes a chunk per thread
  * block and one 1 MiB zstd chunk takes ~11 ms however many run beside it, so
@@ -254,10 +262,11 @@ static int coop_slots(void) { return gd_slots(); }
  * 128 11.7, 256 22.2, 1,024 53.2 (BENCHMARKS.md) — the GPU holds ~500 at once.
  * A job's queue is cut into `nslots` calls or more (they pipeline: call k+1 is
  * read and copied up while k decodes, and nslots calls in flight on their own
- * streams hold nslots x 256 chunks), each of 32 to 256 chunks and at most
- * 256 MiB decoded (the pinned staging and nvCOMP temp space of every slot
- * stay bounded: 4 slots of a 1 MiB zstd-0 call are ~1 GiB pinned). 1,024 x
- * 1 MiB chunks: 4 calls of 256; 4,096: 16 of 256; 256 x 4 MiB: 4 of 64.
+ * streams hold up to nslots x 256 chunks), each of 32 to 256 chunks and at
+ * most 256 MiB decoded (the pinned staging and nvCOMP temp space of every
+ * slot stay bounded: 8 slots of a 1 MiB zstd-0 call are ~2 GiB pinned).
+ * With 8 slots, 1,024 x 1 MiB chunks: 8 calls of 128 (the first launched
+ * after 128 chunks are read, not 256); 4,096: 16 of 256; 256 x 4 MiB: 8 of 32.
  * FERRY_GPU_CALL overrides the chunk count, FERRY_GPU_BATCH the byte cap. */
 size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots) {
     const char *s = getenv("FERRY_GPU_CALL");
@@ -1317,11 +1326,15 @@ static int64_t finish_batch(ferry_worker *w, ferry_job *j, gd_slot *g, ferry_dec
 
 /* ---- cooperative batches: slots per context, calls read by every feeder ---------- */
 /* A device's set of slots for cooperative calls: a job takes one per device
- * from the context's pool while it runs and gives it back when freed, so
+ * from the context's pool while it runs and gives it back at its end, so
  * the pinned staging, device buffers and nvCOMP temp space are allocated by
  * the first GPU-decode job of a context (each slot grown once to the job's
- * largest call) and reused by every later one; a job running beside it
- * gets a set of its own (freed at its end if the pool holds one already). */
+ * largest call) and reused by every later one. Jobs that run at once (a
+ * dataset's prefetched batches) take a set each: the pool keeps up to
+ * POOL_SETS idle sets per device, and at most POOL_BYTES of buffers in idle
+ * sets in all, so that they too are allocated once, not per job. */
+#define POOL_SETS 8
+#define POOL_BYTES (6ull << 30)
 typedef struct gd_cset {
     gd_slot sl[GD_MAX_SLOTS];
     int dev;
@@ -1330,13 +1343,22 @@ typedef struct gd_cset {
 
 struct ferry_gpudecode_pool {
     pthread_mutex_t mu;
-    gd_cset *idle;        /* at most one per device */
+    gd_cset *idle;        /* at most POOL_SETS per device, POOL_BYTES in all */
 };
 
 ferry_gpudecode_pool *ferry_gpudecode_pool_new(void) {
     ferry_gpudecode_pool *p = calloc(1, sizeof *p);
     if (p) pthread_mutex_init(&p->mu, NULL);
     return p;
+}
+
+static uint64_t set_bytes(const gd_cset *set) {
+    uint64_t b = 0;
+    for (int k = 0; k < GD_MAX_SLOTS; k++) {
+        const gd_slot *g = &set->sl[k];
+        b += g->hcap + g->hres_cap + g->hcpu_cap + g->din_cap + g->dres_cap + g->dtemp_cap + g->dscr_cap + g->darr_cap;
+    }
+    return b;
 }
 
 static void set_free(gd_cset *set) {
@@ -1361,10 +1383,12 @@ void ferry_gpudecode_pool_free(ferry_gpudecode_pool *p) {
 static gd_cset *set_acquire(ferry_ctx *ctx, int dev) {
     ferry_gpudecode_pool *p = ctx->gpu_pool;
     gd_cset *got = NULL;
-    if (p) {
+    if (p) {   /* the largest idle set of the device: the likeliest to need no growth */
         pthread_mutex_lock(&p->mu);
+        gd_cset **best = NULL;
         for (gd_cset **pp = &p->idle; *pp; pp = &(*pp)->next)
-            if ((*pp)->dev == dev) { got = *pp; *pp = got->next; break; }
+            if ((*pp)->dev == dev && (!best || set_bytes(*pp) > set_bytes(*best))) best = pp;
+        if (best) { got = *best; *best = got->next; }
         pthread_mutex_unlock(&p->mu);
     }
     if (!got && (got = calloc(1, sizeof *got))) got->dev = dev;
@@ -1378,9 +1402,10 @@ static void set_release(ferry_ctx *ctx, gd_cset *set) {
     ferry_gpudecode_pool *p = ctx ? ctx->gpu_pool : NULL;
     if (p) {
         pthread_mutex_lock(&p->mu);
-        gd_cset *have = p->idle;
-        while (have && have->dev != set->dev) have = have->next;
-        if (!have) { set->next = p->idle; p->idle = set; set = NULL; }
+        int same = 0;
+        uint64_t bytes = set_bytes(set);
+        for (gd_cset *x = p->idle; x; x = x->next) { same += x->dev == set->dev; bytes += set_bytes(x); }
+        if (same < POOL_SETS && bytes <= POOL_BYTES) { set->next = p->idle; p->idle = set; set = NULL; }
         pthread_mutex_unlock(&p->mu);
     }
     if (set) set_free(set);

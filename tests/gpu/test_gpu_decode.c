@@ -538,21 +538,25 @@ static void test_corrupt_chunk_with_batches_in_flight(void) {
 }
 
 /* The batcher's calls (gpudecode.c, ferry_gpudecode_call_chunks): nvCOMP
- * decodes a chunk per thread block, so a call must carry hundreds of chunks
- * (an H200 holds ~500 1 MiB zstd chunks at once): 1,024 x 1 MiB chunks are
- * 4 calls of 256, 4,096 are 16 of 256, 256 x 4 MiB are 4 of 64 (256 MiB a
- * call). Then a plan of 1,024 small chunks runs as exactly 4 calls of 256,
+ * decodes a chunk per thread block, so the calls in flight must carry
+ * hundreds of chunks (an H200 holds ~500 1 MiB zstd chunks at once): with 4
+ * calls in flight 1,024 x 1 MiB chunks are 4 calls of 256, 4,096 are 16 of
+ * 256, 256 x 4 MiB are 4 of 64 (256 MiB a call); with 8 (the default)
+ * 1,024 are 8 of 128. Then a plan of 1,024 small chunks runs as exactly 8 calls of 128,
  * every worker reading pieces of each, byte-exact; with a corrupt chunk in
- * the third call the job fails naming it, and the same context reads the
+ * the sixth call the job fails naming it, and the same context reads the
  * plan again afterwards; under AUTO the last 108 chunks go to the CPU
  * workers (FERRY_GPU_TAIL=off: none), byte-exact. */
 size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots);   /* internal (gpudecode.h) */
-static void test_calls_of_256_chunks(void) {
+static void test_calls_of_hundreds_of_chunks(void) {
     CHECK_EQ_I(ferry_gpudecode_call_chunks(1024, 1u << 20, 4), 256);
     CHECK_EQ_I(ferry_gpudecode_call_chunks(4096, 1u << 20, 4), 256);
     CHECK_EQ_I(ferry_gpudecode_call_chunks(256, 4u << 20, 4), 64);
     CHECK_EQ_I(ferry_gpudecode_call_chunks(160, 1u << 20, 4), 40);
     CHECK_EQ_I(ferry_gpudecode_call_chunks(10, 1u << 20, 4), 32);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(1024, 1u << 20, 8), 128);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(4096, 1u << 20, 8), 256);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(256, 4u << 20, 8), 32);
     const size_t nchunk = 1024, cb = 2048;
     uint8_t *src = malloc(nchunk * cb), *file = malloc(nchunk * (cb + 64)), *back = malloc(nchunk * cb);
     make_data(src, nchunk * cb, 9);
@@ -599,11 +603,11 @@ static void test_calls_of_256_chunks(void) {
         } else {
             if (r < 0) fprintf(stderr, "  %s\n", ferry_errmsg(ctx_));
             CHECK_EQ_I(r, (int64_t)pos);
-            CHECK_EQ_I(stats_().gpu_batches, 4);
+            CHECK_EQ_I(stats_().gpu_batches, 8);
             CHECK_EQ_I(stats_().gpu_chunks, nchunk);
             if (count) {
-                CHECK_EQ_I(count("batches") - calls0, 4);
-                CHECK_EQ_I(count("max_per_call"), 256);
+                CHECK_EQ_I(count("batches") - calls0, 8);
+                CHECK_EQ_I(count("max_per_call"), 128);
             }
             ferry_memcpy(ctx_, ferry_host_buf(back, nchunk * cb), ferry_cuda_buf(0, d, nchunk * cb), nchunk * cb);
             CHECK(memcmp(back, src, nchunk * cb) == 0);
@@ -647,6 +651,74 @@ static void test_calls_of_256_chunks(void) {
     free(src); free(file); free(off); free(len); free(back);
 }
 
+/* Jobs in flight at once on one context (a dataset's prefetched batches):
+ * each takes a set of call slots from the context's pool and gives it back.
+ * All four jobs progress and are byte-exact, round after round, and the
+ * pool keeps the sets: a job of 96 chunks runs 3 calls, each slot pins two
+ * buffers, so a new set pins 6; however the rounds overlap, rounds 2-6 can
+ * add at most the 3 sets round 1 did not need (18 allocations). When the pool
+ * kept one set, every overlapping job freed its set at its end and the next
+ * allocated it again (6 per extra job per round). */
+static void test_concurrent_jobs_reuse_slots(void) {
+    void *sim = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    long (*count)(const char *, int) = sim ? (long (*)(const char *, int))dlsym(sim, "cudasim_count") : NULL;
+    enum { NJ = 4 };
+    const size_t nchunk = 96, cb = 4096;
+    uint8_t *src = malloc(nchunk * cb), *file = malloc(nchunk * (cb + 64)), *back = malloc(nchunk * cb);
+    make_data(src, nchunk * cb, 11);
+    uint64_t *off = malloc(nchunk * 8), *len = malloc(nchunk * 8), pos = 0;
+    for (size_t i = 0; i < nchunk; i++) {
+        size_t n = zstd_enc(src + i * cb, cb, file + pos, cb + 64, 1);
+        off[i] = pos; len[i] = n; pos += n;
+    }
+    char path[600];
+    snprintf(path, sizeof path, "%s/concurrent.bin", dir_);
+    write_file(path, file, pos);
+    ferry_file *f;
+    ferry_file_open(ctx_, path, FERRY_READ, &f);
+    uintptr_t d[NJ];
+    ferry_plan *p[NJ];
+    for (int k = 0; k < NJ; k++) {
+        ferry_cuda_malloc(ctx_, 0, nchunk * cb, &d[k]);
+        ferry_plan_create(&p[k]);
+        for (size_t i = 0; i < nchunk; i++) {
+            ferry_extent e;
+            memset(&e, 0, sizeof e);
+            e.kind = FERRY_EXTENT_READ; e.file = f; e.offset = off[i]; e.length = len[i];
+            e.codecs[0] = (ferry_codec){FERRY_CODEC_ZSTD, 0}; e.ncodecs = 1;
+            e.decoded_size = cb;
+            e.dst = ferry_cuda_buf(0, d[k], nchunk * cb);
+            e.dst_offset = i * cb;
+            ferry_plan_add(p[k], &e);
+        }
+    }
+    long pinned0 = 0;
+    for (int round = 0; round < 6; round++) {
+        if (round == 1 && count) pinned0 = count("pinned_allocs", 0);
+        ferry_job *jb[NJ];
+        ferry_run_opts o;
+        memset(&o, 0, sizeof o);
+        o.decode = FERRY_DECODE_GPU;
+        for (int k = 0; k < NJ; k++) CHECK_EQ_I(ferry_submit(ctx_, p[k], &o, &jb[k]), 0);
+        for (int k = 0; k < NJ; k++) {
+            CHECK_EQ_I(ferry_job_wait(jb[k], -1), (int64_t)pos);
+            ferry_job_destroy(jb[k]);
+        }
+        for (int k = 0; k < NJ; k++) {
+            memset(back, 0, nchunk * cb);
+            ferry_memcpy(ctx_, ferry_host_buf(back, nchunk * cb), ferry_cuda_buf(0, d[k], nchunk * cb), nchunk * cb);
+            CHECK(memcmp(back, src, nchunk * cb) == 0);
+        }
+    }
+    if (count) {
+        printf("  pinned allocations in rounds 2-6: %ld\n", count("pinned_allocs", 0) - pinned0);
+        CHECK(count("pinned_allocs", 0) - pinned0 <= 6 * (NJ - 1));
+    }
+    for (int k = 0; k < NJ; k++) { ferry_plan_destroy(p[k]); ferry_cuda_free(ctx_, d[k]); }
+    ferry_file_close(f);
+    free(src); free(file); free(off); free(len); free(back);
+}
+
 static void test_status_says_what_loaded(void) {
     const char *s = ferry_nvcomp_status(ctx_);
     CHECK_STR_CONTAINS(s, "loaded nvCOMP");
@@ -677,7 +749,8 @@ int main(void) {
     RUN(test_fallbacks_counted);
     RUN(test_many_chunks_one_file);
     RUN(test_corrupt_chunk_with_batches_in_flight);
-    RUN(test_calls_of_256_chunks);
+    RUN(test_calls_of_hundreds_of_chunks);
+    RUN(test_concurrent_jobs_reuse_slots);
     RUN(test_unpinned_buffers_released);
     ferry_ctx_destroy(ctx_);
     char cmd[300];
