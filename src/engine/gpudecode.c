@@ -1330,11 +1330,18 @@ static int64_t finish_batch(ferry_worker *w, ferry_job *j, gd_slot *g, ferry_dec
  * the pinned staging, device buffers and nvCOMP temp space are allocated by
  * the first GPU-decode job of a context (each slot grown once to the job's
  * largest call) and reused by every later one. Jobs that run at once (a
- * dataset's prefetched batches) take a set each: the pool keeps up to
- * POOL_SETS idle sets per device, and at most POOL_BYTES of buffers in idle
- * sets in all, so that they too are allocated once, not per job. */
+ * dataset's prefetched batches) take a set each: the pool keeps one idle
+ * set per device whatever its size, and more (up to POOL_SETS per device)
+ * while the idle sets' buffers stay within POOL_BYTES, so that those too
+ * are allocated once, not per job. */
 #define POOL_SETS 8
-#define POOL_BYTES (6ull << 30)
+#define POOL_BYTES (6ull << 30)   /* FERRY_GPU_POOL (a size) overrides */
+
+static uint64_t pool_bytes(void) {
+    const char *s = getenv("FERRY_GPU_POOL");
+    int64_t v = s && *s ? ferry_parse_size(s) : -1;
+    return v >= 0 ? (uint64_t)v : POOL_BYTES;
+}
 typedef struct gd_cset {
     gd_slot sl[GD_MAX_SLOTS];
     int dev;
@@ -1405,7 +1412,9 @@ static void set_release(ferry_ctx *ctx, gd_cset *set) {
         int same = 0;
         uint64_t bytes = set_bytes(set);
         for (gd_cset *x = p->idle; x; x = x->next) { same += x->dev == set->dev; bytes += set_bytes(x); }
-        if (same < POOL_SETS && bytes <= POOL_BYTES) { set->next = p->idle; p->idle = set; set = NULL; }
+        /* one set per device always (a 4 GiB job's: 8 slots of 256 MiB staging and
+         * payloads plus nvCOMP's temp space, several GiB), more within POOL_BYTES */
+        if (!same || (same < POOL_SETS && bytes <= pool_bytes())) { set->next = p->idle; p->idle = set; set = NULL; }
         pthread_mutex_unlock(&p->mu);
     }
     if (set) set_free(set);

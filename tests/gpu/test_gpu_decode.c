@@ -714,6 +714,41 @@ static void test_concurrent_jobs_reuse_slots(void) {
         printf("  pinned allocations in rounds 2-6: %ld\n", count("pinned_allocs", 0) - pinned0);
         CHECK(count("pinned_allocs", 0) - pinned0 <= 6 * (NJ - 1));
     }
+    /* a fresh context, one job at a time, a pool limit smaller than any set
+     * (a 4 GiB job's set is several GiB): the pool still keeps one set per
+     * device, so the second job allocates nothing */
+    ferry_ctx *c2;
+    CHECK_EQ_I(ferry_ctx_create(&c2, NULL), 0);
+    ferry_file *f2;
+    ferry_file_open(c2, path, FERRY_READ, &f2);
+    uintptr_t d2;
+    ferry_cuda_malloc(c2, 0, nchunk * cb, &d2);
+    ferry_plan *p2;
+    ferry_plan_create(&p2);
+    for (size_t i = 0; i < nchunk; i++) {
+        ferry_extent e;
+        memset(&e, 0, sizeof e);
+        e.kind = FERRY_EXTENT_READ; e.file = f2; e.offset = off[i]; e.length = len[i];
+        e.codecs[0] = (ferry_codec){FERRY_CODEC_ZSTD, 0}; e.ncodecs = 1;
+        e.decoded_size = cb;
+        e.dst = ferry_cuda_buf(0, d2, nchunk * cb);
+        e.dst_offset = i * cb;
+        ferry_plan_add(p2, &e);
+    }
+    setenv("FERRY_GPU_POOL", "1", 1);
+    for (int round = 0; round < 2; round++) {
+        if (round == 1 && count) pinned0 = count("pinned_allocs", 0);
+        ferry_run_opts o;
+        memset(&o, 0, sizeof o);
+        o.decode = FERRY_DECODE_GPU;
+        CHECK_EQ_I(ferry_run(c2, p2, &o), (int64_t)pos);
+    }
+    if (count) CHECK_EQ_I(count("pinned_allocs", 0) - pinned0, 0);
+    unsetenv("FERRY_GPU_POOL");
+    ferry_plan_destroy(p2);
+    ferry_file_close(f2);
+    ferry_cuda_free(c2, d2);
+    ferry_ctx_destroy(c2);
     for (int k = 0; k < NJ; k++) { ferry_plan_destroy(p[k]); ferry_cuda_free(ctx_, d[k]); }
     ferry_file_close(f);
     free(src); free(file); free(off); free(len); free(back);
