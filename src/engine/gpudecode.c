@@ -408,9 +408,12 @@ int ferry_gpudecode_plan(ferry_job *j, int policy) {
              * other workers decode on the CPU (threads - 1) x latency x
              * their rate: (threads - 1) x cpu_gbs x 1000 / chunk_mbs chunks
              * (H200 zstd: 15 x 0.67 x 1000 / 93 = 108), at most a quarter of
-             * the queue. FERRY_GPU_TAIL=off: none. */
+             * the queue. Only for a job alone on its context: with other jobs
+             * in flight (a dataset's prefetched batches) the workers read
+             * their calls during the drain instead, and the GPU's time is
+             * not idle. FERRY_GPU_TAIL=off: none. */
             if (q->coop && policy == FERRY_DECODE_AUTO && tail_enabled() && auto_table[a].gpu_chunk_mbs > 0 && threads > 1 &&
-                q->count >= 64) {
+                q->count >= 64 && atomic_load(&j->ctx->active_jobs) == 0) {
                 size_t tail = (size_t)((double)(threads - 1) * auto_table[a].cpu_gbs_per_thread * 1e3 / auto_table[a].gpu_chunk_mbs);
                 if (tail > q->count / 4) tail = q->count / 4;
                 for (size_t m = k - tail; m < k; m++) {

@@ -546,7 +546,7 @@ static void test_corrupt_chunk_with_batches_in_flight(void) {
  * every worker reading pieces of each, byte-exact; with a corrupt chunk in
  * the sixth call the job fails naming it, and the same context reads the
  * plan again afterwards; under AUTO the last 108 chunks go to the CPU
- * workers (FERRY_GPU_TAIL=off: none), byte-exact. */
+ * workers (FERRY_GPU_TAIL=off, or another job in flight: none), byte-exact. */
 size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots);   /* internal (gpudecode.h) */
 static void test_calls_of_hundreds_of_chunks(void) {
     CHECK_EQ_I(ferry_gpudecode_call_chunks(1024, 1u << 20, 4), 256);
@@ -642,6 +642,26 @@ static void test_calls_of_hundreds_of_chunks(void) {
                 CHECK(memcmp(back, src, nchunk * cb) == 0);
             }
             unsetenv("FERRY_GPU_TAIL");
+            /* another job in flight (submitted, not yet destroyed): no tail, the workers have its work */
+            uint8_t small[16];
+            ferry_plan *ps;
+            ferry_plan_create(&ps);
+            ferry_extent es;
+            memset(&es, 0, sizeof es);
+            es.kind = FERRY_EXTENT_READ; es.file = f; es.offset = 0; es.length = sizeof small;
+            es.dst = ferry_host_buf(small, sizeof small);
+            ferry_plan_add(ps, &es);
+            ferry_job *other;
+            CHECK_EQ_I(ferry_submit(ctx_, ps, NULL, &other), 0);
+            CHECK_EQ_I(ferry_job_wait(other, -1), (int64_t)sizeof small);
+            ferry_stats_reset(ctx_);
+            ferry_run_opts ob;
+            memset(&ob, 0, sizeof ob);
+            ob.decode = FERRY_DECODE_AUTO;
+            CHECK_EQ_I(ferry_run(ctx_, p2, &ob), (int64_t)pos);
+            CHECK_EQ_I(stats_().gpu_chunks, nchunk);
+            ferry_job_destroy(other);
+            ferry_plan_destroy(ps);
             ferry_plan_destroy(p2);
         }
         ferry_plan_destroy(p);
