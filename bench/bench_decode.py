@@ -40,8 +40,9 @@ FERRY_GPU_COOP=off (each feeder reads its own batches of 16-32 chunks): what
 the cooperative calls of 256 chunks replaced, in the same run.
 
 --trace runs only the Zarr v3 zstd-0 1 MiB row per --mib size (ferry gpu and auto, then
-ferry gpu with per-feeder batches (FERRY_GPU_COOP=off) and with 2 calls in flight
-(FERRY_GPU_SLOTS=2): what the batching does) and the
+ferry auto without its CPU tail (FERRY_GPU_TAIL=off), ferry gpu with per-feeder batches
+(FERRY_GPU_COOP=off) and with 4 calls in flight (FERRY_GPU_SLOTS=4, 8 by default): what the
+batching does) and the
 netCDF-4 rows, two reps each (the second warm), with FERRY_DECODE_TRACE=1: every job that ran
 GPU batches writes one "ferry decode trace:" line to stderr (per-stage
 seconds summed over workers, batch shapes, batches in flight), each after a
@@ -527,8 +528,8 @@ def trace_rows(tmp, args, lib_path, cuda, ctx, rows):
                 gbs, bad = nvcomp_limit(lib_path, cuda, chunks[:k], crow * cols * 4, "Zstd", args.reps)
                 rows.append((name, "nvCOMP batched (limit)" + ("" if k == len(chunks) else f", {k} per call"),
                              gbs, bad == 0, 1.0))
-        for decode, env in (("gpu", {}), ("auto", {}), ("gpu", {"FERRY_GPU_COOP": "off"}),
-                            ("gpu", {"FERRY_GPU_SLOTS": "2"}), ("gpu", {"FERRY_GPU_SLOTS": "8"})):
+        for decode, env in (("gpu", {}), ("auto", {}), ("auto", {"FERRY_GPU_TAIL": "off"}),
+                            ("gpu", {"FERRY_GPU_COOP": "off"}), ("gpu", {"FERRY_GPU_SLOTS": "4"})):
             label = ", ".join(f"{k}={v}" for k, v in env.items())
             log(f"trace: {name}, decode={decode}" + (f", {label}" if label else ""))
             os.environ.update(env)
