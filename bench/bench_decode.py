@@ -28,9 +28,21 @@ Every ferry result is compared with the source array. GB/s of decoded bytes
     python3 bench/bench_decode.py                 # about 1 GiB per dataset, device 0
     python3 bench/bench_decode.py --smoke         # tiny, one rep (also on the stand-in driver)
     python3 bench/bench_decode.py --trace         # zstd 1 MiB and netCDF-4 rows once, FERRY_DECODE_TRACE=1
+    python3 bench/bench_decode.py --only zstd --mib 1024,4096   # the zstd rows for 1 GiB and 4 GiB jobs
 
---trace runs only the Zarr v3 zstd-0 1 MiB row (ferry gpu and auto, then
-ferry gpu with FERRY_GPU_BATCH=128M and 512M: what batch size does) and the
+--mib takes a comma list: the Zarr zstd rows (and --trace's) run once per job
+size, each with nvCOMP's limit for that size (every chunk in one call); the
+blosc and netCDF-4 rows use the first size (--nc-mib sets netCDF-4's). A
+1 GiB job of 1 MiB zstd chunks decodes in ~20 ms at nvCOMP's rate, so its
+fill (the first reads and copy up) and drain (the last chunk's ~11 ms) weigh;
+a whole-variable load is GBs. The "ferry gpu, per-feeder batches" row is
+FERRY_GPU_COOP=off (each feeder reads its own batches of 16-32 chunks): what
+the cooperative calls of 256 chunks replaced, in the same run.
+
+--trace runs only the Zarr v3 zstd-0 1 MiB row per --mib size (ferry gpu and auto, then
+ferry auto without its CPU tail (FERRY_GPU_TAIL=off), ferry gpu with per-feeder batches
+(FERRY_GPU_COOP=off) and with 4 calls in flight (FERRY_GPU_SLOTS=4, 8 by default): what the
+batching does) and the
 netCDF-4 rows, two reps each (the second warm), with FERRY_DECODE_TRACE=1: every job that ran
 GPU batches writes one "ferry decode trace:" line to stderr (per-stage
 seconds summed over workers, batch shapes, batches in flight), each after a
@@ -63,8 +75,9 @@ def field(rows, cols, seed=0):
     rng = np.random.default_rng(seed)
     y = np.linspace(-1, 1, rows, dtype=np.float32)[:, None]
     x = np.linspace(0, 6.28, cols, dtype=np.float32)[None, :]
-    a = 250 + 20 * y * y + 5 * np.sin(x + 3 * y)
-    return (a + rng.standard_normal((rows, cols)).astype(np.float32) * 0.05).astype("<f4")
+    a = (250 + 20 * y * y + 5 * np.sin(x + 3 * y)).astype(np.float32)
+    a += rng.standard_normal((rows, cols), dtype=np.float32) * np.float32(0.05)   # float32 draws: 4 GiB in seconds
+    return a.astype("<f4", copy=False)
 
 
 def zstd_compress(level):
@@ -141,18 +154,36 @@ def write_zarr_v2_blosc(path, a, chunks):
 # ---------------------------------------------------------------------------
 # ferry
 # ---------------------------------------------------------------------------
+LOGGED = set()
+PLAN_MS = {}   # path -> the fastest open + plan.read seen (ms): included in the rows, logged once
+
+
 def ferry_read(ctx, path, dst, decode):
+    t0 = time.perf_counter()
     ds = F.Dataset(ctx, path)
     plan = F.Plan()
     plan.read(ds, 0, dst, native=True)
+    ms = (time.perf_counter() - t0) * 1e3
+    PLAN_MS[path] = min(ms, PLAN_MS.get(path, ms))
     ctx.run(plan, decode=decode)
     ds.close()
 
 
-def ferry_row(ctx, path, a, dev, decode, reps):
+def ferry_row(ctx, path, a, dev, decode, reps, warmup=0):
+    """warmup: untimed jobs first. The per-feeder batches (FERRY_GPU_COOP=off)
+    keep their buffers per worker, grown by whichever workers run batches: in
+    the 15:42 H200 run its two timed jobs still allocated (13.4 GB/s at 4 GiB
+    where main's code, warm from earlier rows, ran 35.2); the cooperative
+    calls' buffers belong to the context and the row's first job pays them."""
     dst = F.empty(a.shape, "<f4", device=dev, ctx=ctx)
+    for _ in range(warmup):
+        ferry_read(ctx, path, dst, decode)
     ctx.reset_stats()
     t, _ = best(lambda: ferry_read(ctx, path, dst, decode), reps)
+    if decode == "cpu" or path not in LOGGED:
+        LOGGED.add(path)
+        log(f"{os.path.basename(path)}: open + plan.read {PLAN_MS[path]:.1f} ms of the ferry rows' time "
+            f"(the job runs after it)")
     st = ctx.stats()
     h = np.empty(a.shape, "<f4")
     ctx.memcpy(h, dst)
@@ -473,41 +504,53 @@ def netcdf_rows(tmp, mib, dev, reps, rows_out, trace=False, lib_path=None, cuda=
     rows_out.extend(r for r in peer_rows if r[0] != name)
 
 
+def job_label(mib):
+    return f"{mib / 1024:g} GiB job" if mib >= 1024 else f"{mib:g} MiB job"
+
+
 def trace_rows(tmp, args, lib_path, cuda, ctx, rows):
-    """--trace: the Zarr v3 zstd-0 1 MiB row once per setting, each job's
-    trace line on stderr after a line naming the setting."""
+    """--trace: the Zarr v3 zstd-0 1 MiB row once per setting and job size,
+    each job's trace line on stderr after a line naming the setting."""
     cols = 2048
     crow = 2**20 // (4 * cols)
-    nrow = max(crow, int(args.mib * 2**20 / (4 * cols)) // crow * crow)
-    a = field(nrow, cols, seed=1)
-    path = os.path.join(tmp, "z3_zstd0_1m.zarr")
-    how = write_zarr_v3_zstd(path, a, (crow, cols), 0)
-    warm(path)
-    name = f"Zarr v3 zstd-0, 1 MiB chunks ({how})"
-    if lib_path:   # the limit, and what fewer chunks per call give (what ferry's batches are)
-        chunks = payloads(path, "Zstd")
-        for k in (32, 128, 256, len(chunks)):
-            if k > len(chunks):
-                continue
-            gbs, bad = nvcomp_limit(lib_path, cuda, chunks[:k], crow * cols * 4, "Zstd", args.reps)
-            rows.append((name, "nvCOMP batched (limit)" + ("" if k == len(chunks) else f", {k} per call"),
-                         gbs, bad == 0, 1.0))
-    for decode, batch in (("gpu", None), ("auto", None), ("gpu", "128M"), ("gpu", "512M")):
-        if batch:
-            os.environ["FERRY_GPU_BATCH"] = batch
-        log(f"trace: {name}, decode={decode}" + (f", FERRY_GPU_BATCH={batch}" if batch else ""))
-        try:
-            gbs, ok, share, fb = ferry_row(ctx, path, a, args.device, decode, args.reps)
-        finally:
-            os.environ.pop("FERRY_GPU_BATCH", None)
-        rows.append((name, f"ferry {decode}" + (f" batch {batch}" if batch else ""), gbs, ok, share))
-    shutil.rmtree(path)
+    for mib in args.mibs:
+        nrow = max(crow, int(mib * 2**20 / (4 * cols)) // crow * crow)
+        a = field(nrow, cols, seed=1)
+        path = os.path.join(tmp, "z3_zstd0_1m.zarr")
+        how = write_zarr_v3_zstd(path, a, (crow, cols), 0)
+        warm(path)
+        name = f"Zarr v3 zstd-0, 1 MiB chunks, {job_label(mib)} ({how})"
+        if lib_path:   # the limit, and what fewer chunks per call give (what ferry's calls are)
+            chunks = payloads(path, "Zstd")
+            for k in (32, 128, 256, 512, len(chunks)):
+                if k > len(chunks):
+                    continue
+                gbs, bad = nvcomp_limit(lib_path, cuda, chunks[:k], crow * cols * 4, "Zstd", args.reps)
+                rows.append((name, "nvCOMP batched (limit)" + ("" if k == len(chunks) else f", {k} per call"),
+                             gbs, bad == 0, 1.0))
+        for decode, env in (("gpu", {}), ("auto", {}), ("auto", {"FERRY_GPU_TAIL": "off"}),
+                            ("gpu", {"FERRY_GPU_COOP": "off"}), ("gpu", {"FERRY_GPU_SLOTS": "4"})):
+            label = ", ".join(f"{k}={v}" for k, v in env.items())
+            log(f"trace: {name}, decode={decode}" + (f", {label}" if label else ""))
+            os.environ.update(env)
+            try:
+                gbs, ok, share, fb = ferry_row(ctx, path, a, args.device, decode, args.reps,
+                                               warmup=3 if "FERRY_GPU_COOP" in env else 0)
+            finally:
+                for k in env:
+                    os.environ.pop(k, None)
+            rows.append((name, f"ferry {decode}" + (f" {label}" if label else ""), gbs, ok, share))
+        shutil.rmtree(path)
 
 
 # ---------------------------------------------------------------------------
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mib", type=float, default=1024, help="decoded MiB per dataset (default 1024)")
+    ap.add_argument("--mib", default="1024",
+                    help="decoded MiB per dataset (default 1024); a comma list runs the zstd rows once per size")
+    ap.add_argument("--nc-mib", type=float, default=None, help="decoded MiB of the netCDF-4 file (default: the first --mib)")
+    ap.add_argument("--levels", default="0,3", help="zstd levels of the Zarr v3 rows (default 0,3)")
+    ap.add_argument("--chunk-mib", default="1,4", help="chunk sizes of the Zarr v3 zstd rows in MiB (default 1,4)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--device", type=int, default=0)
     ap.add_argument("--dir", default=None, help="where to write the data (default: a temporary directory)")
@@ -519,8 +562,11 @@ def main():
     ap.add_argument("--trace", action="store_true",
                     help="zstd 1 MiB and netCDF-4 rows once each with FERRY_DECODE_TRACE=1 (stage times on stderr)")
     args = ap.parse_args()
+    args.mibs = [float(x) for x in str(args.mib).split(",") if x.strip()]
     if args.smoke:
-        args.mib, args.reps, args.steps = 16, 1, 20
+        args.mibs, args.reps, args.steps = [16], 1, 20
+    args.mib = args.mibs[0]
+    nc_mib = args.nc_mib or args.mib
     if args.trace:
         args.reps = 2   # two jobs per setting: the first pays the workers' buffer allocations, the second is warm
         os.environ["FERRY_DECODE_TRACE"] = "1"   # read by the library at each job (and by the netCDF children)
@@ -533,32 +579,52 @@ def main():
     lib_path = m.group(2) if m else None
     cuda = Cuda(args.device) if lib_path else None
     tmp = tempfile.mkdtemp(prefix="ferry_bench_decode_", dir=args.dir)
-    rows = []   # (dataset, reader, GB/s, verified, GPU share of decoded bytes)
+    class Rows(list):   # each row logged as it is measured: a run cut short by a timeout keeps what it measured
+        def append(self, r):
+            log(f"row: {r[0]} | {r[1]} | {r[2]:.2f} GB/s | GPU share {r[4]:.0%} | verified {'yes' if r[3] else 'NO'}")
+            super().append(r)
+
+        def extend(self, rs):
+            for r in rs:
+                self.append(r)
+    rows = Rows()   # (dataset, reader, GB/s, verified, GPU share of decoded bytes)
     try:
         cols = 2048
-        if args.trace:
+        if args.trace and "zstd" in args.only.split(","):
             trace_rows(tmp, args, lib_path, cuda, ctx, rows)
-            netcdf_rows(tmp, args.mib, args.device, args.reps, rows, trace=True, lib_path=lib_path, cuda=cuda)
         only = set(args.only.split(","))
-        for chunk_mib in () if args.trace or "zstd" not in only else (1, 4):
+        if args.trace and "netcdf" in only:
+            netcdf_rows(tmp, nc_mib, args.device, args.reps, rows, trace=True, lib_path=lib_path, cuda=cuda)
+        levels = [int(x) for x in args.levels.split(",")]
+        zstd_sizes = [(mib, int(c)) for mib in args.mibs for c in args.chunk_mib.split(",")]
+        for mib, chunk_mib in () if args.trace or "zstd" not in only else zstd_sizes:
             crow = chunk_mib * 2**20 // (4 * cols)
-            nrow = max(crow, int(args.mib * 2**20 / (4 * cols)) // crow * crow)
+            nrow = max(crow, int(mib * 2**20 / (4 * cols)) // crow * crow)
             a = field(nrow, cols, seed=chunk_mib)
-            for level in (0, 3):
+            for level in levels:
                 path = os.path.join(tmp, f"z3_zstd{level}_{chunk_mib}m.zarr")
                 how = write_zarr_v3_zstd(path, a, (crow, cols), level)
                 warm(path)
                 comp = sum(os.path.getsize(p) for p in (os.path.join(r, f) for r, _, fs in os.walk(path) for f in fs))
-                name = f"Zarr v3 zstd-{level}, {chunk_mib} MiB chunks (ratio {a.nbytes / comp:.2f}, {how})"
+                name = (f"Zarr v3 zstd-{level}, {chunk_mib} MiB chunks, {job_label(a.nbytes / 2**20)} "
+                        f"(ratio {a.nbytes / comp:.2f}, {how})")
                 if lib_path:
                     gbs, bad = nvcomp_limit(lib_path, cuda, payloads(path, "Zstd"), crow * cols * 4, "Zstd", args.reps)
                     rows.append((name, "nvCOMP batched (limit)", gbs, bad == 0, 1.0))
-                for decode in ("cpu", "gpu", "auto"):
-                    gbs, ok, share, fb = ferry_row(ctx, path, a, args.device, decode, args.reps)
-                    rows.append((name, f"ferry {decode}" + (f" ({fb} CPU fallbacks)" if fb else ""), gbs, ok, share))
+                for decode, env in (("cpu", {}), ("gpu", {}), ("auto", {}), ("gpu", {"FERRY_GPU_COOP": "off"})):
+                    os.environ.update(env)
+                    try:
+                        gbs, ok, share, fb = ferry_row(ctx, path, a, args.device, decode, args.reps,
+                                                       warmup=3 if env else 0)
+                    finally:
+                        for k in env:
+                            os.environ.pop(k, None)
+                    label = f"ferry {decode}" + (", per-feeder batches" if env else "")
+                    rows.append((name, label + (f" ({fb} CPU fallbacks)" if fb else ""), gbs, ok, share))
                 if not args.no_peers:
                     zarr_peer_rows(path, a, args.device, args.reps, name, rows)
                 shutil.rmtree(path)
+            del a
         if args.trace or "blosc" not in only:
             pass
         elif have("numcodecs"):
@@ -568,30 +634,40 @@ def main():
             path = os.path.join(tmp, "z2_blosc_lz4.zarr")
             how = write_zarr_v2_blosc(path, a, (crow, cols))
             warm(path)
-            name = f"Zarr v2 blosc-lz4+shuffle, 1 MiB chunks ({how})"
-            for decode in ("cpu", "gpu", "auto"):
-                gbs, ok, share, fb = ferry_row(ctx, path, a, args.device, decode, args.reps)
-                rows.append((name, f"ferry {decode}", gbs, ok, share))
+            name = f"Zarr v2 blosc-lz4+shuffle, 1 MiB chunks, {job_label(a.nbytes / 2**20)} ({how})"
+            for decode, env in (("cpu", {}), ("gpu", {}), ("auto", {}), ("gpu", {"FERRY_GPU_COOP": "off"})):
+                os.environ.update(env)
+                try:
+                    gbs, ok, share, fb = ferry_row(ctx, path, a, args.device, decode, args.reps,
+                                                   warmup=3 if env else 0)
+                finally:
+                    for k in env:
+                        os.environ.pop(k, None)
+                rows.append((name, f"ferry {decode}" + (", per-feeder batches" if env else ""), gbs, ok, share))
             if not args.no_peers:
                 zarr_peer_rows(path, a, args.device, args.reps, name, rows)
             shutil.rmtree(path)
         else:
             log("Zarr v2 blosc-lz4: needs numcodecs to write the store: skipped")
         if not args.trace and "netcdf" in only:
-            netcdf_rows(tmp, args.mib, args.device, args.reps, rows, lib_path=lib_path, cuda=cuda,
+            netcdf_rows(tmp, nc_mib, args.device, args.reps, rows, lib_path=lib_path, cuda=cuda,
                         nsteps=args.steps, peers=not args.no_peers)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"\n{'dataset':<72} {'reader':<36} {'GB/s':>7} {'GPU share':>9}  verified")
-    last, base = None, None
+    print(f"\n{'dataset':<84} {'reader':<44} {'GB/s':>7} {'GPU share':>9}  verified")
+    last, base, lim = None, None, None
     for ds, reader, gbs, ok, share in rows:
         if ds != last:
             print()
-            last, base = ds, None
+            last, base, lim = ds, None, None
         if reader.startswith("ferry cpu"):
             base = gbs
+        if reader in ("nvCOMP batched (limit)", "nvCOMP Deflate (limit)"):
+            lim = gbs
         ratio = f"  {gbs / base:5.2f}x cpu" if base and not reader.startswith("ferry cpu") else ""
-        print(f"{ds:<72} {reader:<36} {gbs:7.2f} {share:9.0%}  {'yes' if ok else 'NO'}{ratio}")
+        if lim and reader.startswith("ferry"):
+            ratio += f"  {gbs / lim:4.2f}x limit"
+        print(f"{ds:<84} {reader:<44} {gbs:7.2f} {share:9.0%}  {'yes' if ok else 'NO'}{ratio}")
     # issue 12's netCDF-4 target: 0.8 x (the CPU's rate + nvCOMP Deflate's limit), both from this run
     nc = [r for r in rows if r[0].startswith("netCDF-4") and r[0].endswith(".load()")]
     cpu = next((r[2] for r in nc if r[1] == "ferry cpu"), None)

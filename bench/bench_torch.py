@@ -22,6 +22,7 @@ Every batch's sample ids are checked (each sample carries its id in its first 8 
     python bench/bench_torch.py --kinds image   # one kind per run keeps a run under 10 minutes
     python bench/bench_torch.py --gib 1 --seconds 3 --workers 8 --cache warm --no-train  # smoke
     python bench/bench_torch.py --profile image # cProfile of ferry's loader
+    python bench/bench_torch.py --profile tokens --token-gib 4  # cProfile of TokenDataset's loop
 Measured on the H200 machine (2026-11-29, 4.3 GB of data, warm, 3-5 s per measurement, smoke
 runs): images 24.4 GB/s (633 batches/s) with staging="pinned", 13-14 GB/s with
 staging="engine", 35 GB/s with block_size=16, vs 2.2-2.5 GB/s for DataLoader(16 workers);
@@ -436,27 +437,54 @@ def bench_files(args, rows):
     dev = _dev()
     print(f"# files: {n} .npy files of {shape} uint8 ({n * sample / 1e9:.2f} GB) in {d}, batch {B}, "
           f"device {dev}", flush=True)
+    from ferry.torch import ArrayDataset, epoch_order
+    secs = args.seconds
+    nbytes = lambda b: b.shape[0] * sample  # noqa: E731
+    caches = [c for c in args.cache.split(",") if c in ("warm", "cold")]
+    order = torch.as_tensor(epoch_order(n, 1, 0))
+
+    def ferry_files(cache):
+        ds = ArrayDataset(d, samples="files", batch_size=B, shuffle=True, seed=1, device=dev,
+                          drop_last=True, prefetch=args.prefetch, threads=args.threads)
+        bad = [0]
+
+        def check(k, b, bad=bad):
+            want = order[k * B:(k + 1) * B].to(b.device)
+            bad[0] += int((ids_of(b) != want).sum())
+        if cache == "cold":
+            drop_cache(paths)
+        r = _timed(ds, secs, nbytes, check)
+        rows.append(("files", cache, "ArrayDataset(samples='files')",
+                     r[0] / r[2], r[1] / r[2] / 1e9, f"!! {bad[0]} wrong ids" if bad[0] else ""))
+        return r[1] / r[2]
+
+    def dataloader_files(cache, w):
+        dl = DataLoader(FileDataset(paths), batch_size=B, shuffle=True, num_workers=w,
+                        pin_memory=dev == "cuda", drop_last=True)
+        if cache == "cold":
+            drop_cache(paths)       # before the workers start: they read every file cold
+        it = (b.to(dev, non_blocking=True) for b in dl)
+        r = _timed(it, secs, nbytes)
+        rows.append(("files", cache, f"DataLoader w={w} np.load" + (" pin .cuda()" if dev == "cuda" else ""),
+                     r[0] / r[2], r[1] / r[2] / 1e9, ""))
+        return r[1] / r[2]
+    workers = [2] if args.smoke else [int(x) for x in args.workers.split(",") if x]
+    # cold first (the files were just written or are left from another run), each loader
+    # with the page cache dropped just before it: issue 13's "cold per-sample files >= 1.0 x
+    # the best DataLoader", ferry and its peers in the same run
+    if "cold" in caches:
+        f_rate = ferry_files("cold")
+        best = max(dataloader_files("cold", w) for w in workers)
+        print(f"files cold  ferry {f_rate / 1e9:6.2f} GB/s = {f_rate / best:5.2f}x best DataLoader "
+              f"({best / 1e9:.2f} GB/s)", flush=True)
+    if "warm" not in caches:
+        return
     # warm the page cache once (rows below are warm)
     for p in paths:
         with open(p, "rb") as f:
             while f.read(1 << 24):
                 pass
-    from ferry.torch import ArrayDataset, epoch_order
-    secs = args.seconds
-    nbytes = lambda b: b.shape[0] * sample  # noqa: E731
-    for staging in ("auto",):      # one path (staging="pinned" was removed)
-        ds = ArrayDataset(d, samples="files", batch_size=B, shuffle=True, seed=1, device=dev,
-                          drop_last=True, prefetch=args.prefetch, threads=args.threads,
-                          staging=staging)
-        order = torch.as_tensor(epoch_order(n, 1, 0))
-        bad = [0]
-
-        def check(k, b, order=order, bad=bad):
-            want = order[k * B:(k + 1) * B].to(b.device)
-            bad[0] += int((ids_of(b) != want).sum())
-        r = _timed(ds, secs, nbytes, check)
-        rows.append(("files", "warm", f"ArrayDataset(samples='files', staging='{staging}')",
-                     r[0] / r[2], r[1] / r[2] / 1e9, f"!! {bad[0]} wrong ids" if bad[0] else ""))
+    ferry_files("warm")
     # ferry.read_many of each batch's files (the issue's 3.30 GB/s baseline)
     import ferry
     perm = np.random.default_rng(1).permutation(n)
@@ -501,13 +529,8 @@ def bench_files(args, rows):
                 rows.append(("files", "warm", f"DALI readers.numpy({reader_dev})", float("nan"),
                              float("nan"), f"failed: {str(e).splitlines()[0][:120]}"))
     # DataLoader, np.load per file
-    for w in ([2] if args.smoke else [int(x) for x in args.workers.split(",") if x]):
-        dl = DataLoader(FileDataset(paths), batch_size=B, shuffle=True, num_workers=w,
-                        pin_memory=dev == "cuda", drop_last=True)
-        it = (b.to(dev, non_blocking=True) for b in dl)
-        r = _timed(it, secs, nbytes)
-        rows.append(("files", "warm", f"DataLoader w={w} np.load" + (" pin .cuda()" if dev == "cuda" else ""),
-                     r[0] / r[2], r[1] / r[2] / 1e9, ""))
+    for w in workers:
+        dataloader_files("warm", w)
 
 
 def pread_limit(path, length, stride, threads, seconds):
@@ -526,9 +549,8 @@ def pread_limit(path, length, stride, threads, seconds):
     return float(out.strip())
 
 
-def bench_tokens(args, rows):
-    seq_len = 4095                       # windows of 4096 uint16 tokens: 8 KiB records
-    B = 256
+def make_tokens(args):
+    """The token file of this run (written once, then reused while its size matches), warm."""
     gib = 0.05 if args.smoke else args.token_gib
     path = os.path.join(args.dir, f"tokens_{gib:g}g.bin")
     ntok = int(gib * (1 << 30)) // 2
@@ -543,6 +565,111 @@ def bench_tokens(args, rows):
     with open(path, "rb") as f:                       # warm
         while f.read(1 << 26):
             pass
+    return path, ntok
+
+
+class _TokenCheck:
+    """Spot checks of TokenDataset batches against numpy's view of the file, without a sync in
+    the timed loop: every 50th batch's first window pair is copied to pinned host memory on
+    the consumer's stream and compared once the run is over (a .cpu() per check drained the
+    engine's pipeline every 50 batches)."""
+
+    def __init__(self, mm, seq_len):
+        self.mm, self.seq_len, self.held = mm, seq_len, []
+
+    def __call__(self, k, b):
+        if k % 50:
+            return
+        x, y = b
+        if x.is_cuda:
+            hx = torch.empty(x.shape[1], dtype=x.dtype, pin_memory=True)
+            hy = torch.empty(y.shape[1], dtype=y.dtype, pin_memory=True)
+            hx.copy_(x[0], non_blocking=True)
+            hy.copy_(y[0], non_blocking=True)
+        else:
+            hx, hy = x[0].clone(), y[0].clone()
+        self.held.append((hx, hy))
+
+    def wrong(self):
+        _sync()
+        mm, L, bad = self.mm, self.seq_len, 0
+        for hx, hy in self.held:
+            first, second = hx.numpy(), hy.numpy()
+            starts = np.flatnonzero(mm[:len(mm) - L][::L] == first[0]) * L
+            ok = any(np.array_equal(mm[s:s + L], first) and np.array_equal(mm[s + 1:s + L + 1], second)
+                     for s in starts)
+            bad += 0 if ok else 1
+        self.held = []
+        return bad
+
+
+def _epochs(ds):
+    """Batches of ds, epoch after epoch (each iter() is the next epoch)."""
+    while True:
+        yield from ds
+
+
+def bench_tokens_engine(path, seq_len, B, group, args, inflight=None):
+    """The engine alone on TokenDataset's plans: groups of `group` batches of random windows,
+    one plan each (windows in destination order, one read_file_runs call), as many groups in
+    flight as the dataset keeps, into reused device buffers; no cast, no Python per batch."""
+    from ferry import _ferry
+    from ferry.torch import _groups_in_flight
+    from ferry._torch_order import FeistelOrder
+    ctx = _ferry.default_context() if args.threads == 0 else _ferry.Context(threads=args.threads)
+    rec = (seq_len + 1) * 2
+    nwin = (os.path.getsize(path) // 2 - 1) // seq_len
+    order = FeistelOrder(nwin, 1, 0, True)
+    c = ctx.config()
+    if inflight is None:                         # the dataset's own depth
+        inflight = _groups_in_flight(args.prefetch, group, group * B * rec,
+                                     c["threads"] * c["staging_size"] * c["staging_count"])
+    dev = _dev()
+    bufs = [torch.empty(group * B * rec, dtype=torch.uint8, device=dev) for _ in range(inflight)]
+    f = _ferry.File(ctx, path)
+    doff = np.arange(group * B, dtype=np.int64) * rec
+    starts, offsets = np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64)
+    jobs, done, warmup = [], 0, 3 + inflight     # the images and buffers of every plan in flight made
+    t0 = c0 = None
+    k = 0
+    while True:            # positions wrap around the epoch (a small file re-reads its windows)
+        if k == warmup:
+            for j in jobs:
+                j.wait()
+            jobs = []
+            _sync()
+            t0, c0, done = time.perf_counter(), time.thread_time(), 0
+        buf = bufs[k % len(bufs)]
+        if len(jobs) >= inflight:
+            jobs.pop(0).wait()
+        plan = _ferry.Plan()
+        dv = buf.device.index if buf.is_cuda else -1
+        if hasattr(_ferry, "plan_windows"):       # TokenDataset's own call: order, offsets, rows in C
+            lo = (k * group * B) % (nwin - group * B + 1)
+            _ferry.plan_windows(plan, [f], starts, offsets, seq_len * 2, rec, nwin, 1, 0, True,
+                                np.array([lo, lo + group * B], dtype=np.int64), (buf.data_ptr(), buf.numel(), dv))
+        else:
+            ids = order.take(np.arange(k * group * B, (k + 1) * group * B, dtype=np.int64) % nwin)
+            plan.read_file_runs(f, ids * (seq_len * 2), rec, (buf.data_ptr(), buf.numel(), dv), doff)
+        jobs.append(ctx.submit(plan))
+        done += group
+        k += 1
+        if t0 is not None and time.perf_counter() - t0 > args.seconds:
+            break
+    for j in jobs:
+        j.wait()
+    _sync()
+    wall = time.perf_counter() - t0
+    print(f"#   engine alone: CPU per batch {(time.thread_time() - c0) / done * 1e6:.0f} us this thread "
+          f"({done} batches, {inflight} groups of {group} in flight)", flush=True)
+    f.close()
+    return done / wall, done * B * rec / wall / 1e9, inflight
+
+
+def bench_tokens(args, rows):
+    seq_len = 4095                       # windows of 4096 uint16 tokens: 8 KiB records
+    B = 256
+    path, ntok = make_tokens(args)
     dev = _dev()
     print(f"# tokens: {path} ({ntok * 2 / 1e9:.2f} GB), windows of {seq_len + 1} tokens "
           f"({(seq_len + 1) * 2} B), batch {B}, device {dev}", flush=True)
@@ -550,33 +677,74 @@ def bench_tokens(args, rows):
     secs = args.seconds
     rec = (seq_len + 1) * 2
     mm = np.memmap(path, dtype=np.uint16, mode="r")
+    # the limit first, then the loaders, then the limit again: the row is the better of the two
+    lim0 = pread_limit(path, rec, seq_len * 2, 16, max(1.0, secs / 2))
     # batches_per_read=1: one plan, copy and cast per batch (the loader before 2026-12-01 13:30)
-    runs = [("auto", None), ("auto", 1)]
+    runs = [("auto", None), ("auto", 4), ("auto", 1)]
+    group = None
     for staging, per_read in runs:
         ds = TokenDataset(path, seq_len, B, shuffle=True, seed=1, device=dev, prefetch=args.prefetch,
                           threads=args.threads, staging=staging, batches_per_read=per_read)
-        bad = [0]
-
-        def check(k, b, mm=mm, bad=bad):
-            if k % 50 == 0:                             # spot-check against numpy's view of the file
-                x, y = b
-                first = x[0].cpu().numpy()
-                starts = np.flatnonzero(mm[:len(mm) - seq_len][::seq_len][:] == first[0]) * seq_len
-                ok = any(np.array_equal(mm[s:s + seq_len], first) and
-                         np.array_equal(mm[s + 1:s + seq_len + 1], y[0].cpu().numpy()) for s in starts)
-                bad[0] += 0 if ok else 1
-        r = _timed(ds, secs, lambda b: b[0].shape[0] * rec, check)
-        rows.append(("tokens", "warm", f"TokenDataset 8 KiB windows (staging='{staging}'"
-                     f"{', 1 batch a read' if per_read == 1 else ''})",
-                     r[0] / r[2], r[1] / r[2] / 1e9, f"!! {bad[0]} wrong windows" if bad[0] else ""))
-    lim = pread_limit(path, rec, seq_len * 2, 16, max(1.0, secs))
+        if per_read is None:
+            group = ds.batch_group
+        check = _TokenCheck(mm, seq_len)
+        # epoch after epoch for `secs`, timed after 3 read groups: one epoch of a 4 GiB file is
+        # 2,047 batches, 0.4 s at 10 GB/s, and its first groups pay for pinned images and the
+        # caching allocator's first blocks (the 2026-12-01 rows timed one epoch after 3 batches)
+        batches = _epochs(ds)
+        r = _timed(batches, secs, lambda b: b[0].shape[0] * rec, check, warmup=3 * ds.batch_group)
+        batches.close()                 # the dataset's reads in flight end here, not under the next row
+        bad = check.wrong()
+        rows.append(("tokens", "warm", f"TokenDataset 8 KiB windows ({ds.batch_group} batches a read)",
+                     r[0] / r[2], r[1] / r[2] / 1e9,
+                     f"{r[1] / r[2] / rec * seq_len / 1e6:.0f} M tokens/s"
+                     + (f" !! {bad} wrong windows" if bad else "")))
+    eb, eg, inflight = bench_tokens_engine(path, seq_len, B, group, args)
+    rows.append(("tokens", "warm", f"engine alone, TokenDataset's plans ({group} batches a plan)", eb, eg,
+                 f"{inflight} plans in flight, no cast"))
+    # fewer bytes in flight: does a smaller working set of pinned images read faster?
+    eb3, eg3, _ = bench_tokens_engine(path, seq_len, B, group, args, inflight=3)
+    rows.append(("tokens", "warm", f"engine alone, {group} batches a plan, 3 in flight", eb3, eg3, "no cast"))
+    lim1 = pread_limit(path, rec, seq_len * 2, 16, max(1.0, secs / 2))
+    lims = [x for x in (lim0, lim1) if x]
+    lim = max(lims) if lims else None
     rows.append(("tokens", "warm", "random 8 KiB pread limit, 16 threads", float("nan"),
                  float("nan") if lim is None else lim,
-                 "bench/pread_limit.c" if lim is not None else "no C compiler"))
+                 (f"bench/pread_limit.c, before/after {lim0:.2f}/{lim1:.2f}; "
+                  f"{lim * 1e9 / rec * seq_len / 1e6:.0f} M tokens/s") if lim else "no C compiler"))
     if lim:
         best = max(r[4] for r in rows if r[0] == "tokens" and r[2].startswith("TokenDataset"))
         print(f"tokens: TokenDataset {best:.2f} GB/s = {best / lim:.2f}x the random 8 KiB pread "
-              f"limit ({lim:.2f} GB/s)", flush=True)
+              f"limit ({lim:.2f} GB/s); engine alone {eg:.2f} = {eg / lim:.2f}x", flush=True)
+
+
+def profile_tokens(args):
+    """cProfile of TokenDataset's loop (the loader thread) and its CPU per batch."""
+    import cProfile
+    import pstats
+    from ferry.torch import TokenDataset
+    path, _ = make_tokens(args)
+    seq_len, B = 4095, 256
+    ds = TokenDataset(path, seq_len, B, shuffle=True, seed=1, device=_dev(), prefetch=args.prefetch,
+                      threads=args.threads)
+    it = _epochs(ds)
+    for _ in range(3 * ds.batch_group):
+        next(it)
+    _sync()
+    pr = cProfile.Profile()
+    t0, c0 = time.perf_counter(), time.thread_time()
+    pr.enable()
+    k = 0
+    for _ in it:
+        k += 1
+        if k >= args.batches or time.perf_counter() - t0 > args.seconds:
+            break
+    _sync()
+    pr.disable()
+    dt = time.perf_counter() - t0
+    print(f"# profile tokens: {k / dt:.1f} batches/s, {k * B * (seq_len + 1) * 2 / dt / 1e9:.2f} GB/s, "
+          f"loader thread {(time.thread_time() - c0) / k * 1e6:.0f} us CPU per batch (under cProfile)")
+    pstats.Stats(pr).sort_stats("tottime").print_stats(25)
 
 
 def rss_probe(args):
@@ -630,7 +798,9 @@ def main():
     ap.add_argument("--threads", type=int, default=0, help="ferry engine threads (0: default)")
     ap.add_argument("--train-threads", default="0,12,8",
                     help="engine threads of the train-step rows fed by the engine's path (0: --threads)")
-    ap.add_argument("--cache", default="warm,cold")
+    ap.add_argument("--cache", default=None,
+                    help="warm,cold (default; --smoke: warm): cold drops the page cache before each "
+                         "loader (as root /proc/sys/vm/drop_caches too, else posix_fadvise)")
     ap.add_argument("--no-train", action="store_true", help="skip the GPU-idle measurement")
     ap.add_argument("--profile", metavar="KIND", help="profile ferry's loader on KIND and exit")
     ap.add_argument("--rss-probe", metavar="KIND", help=argparse.SUPPRESS)
@@ -639,6 +809,10 @@ def main():
     ap.add_argument("--smoke", action="store_true",
                     help="tiny 'files' and 'tokens' rows, 1 s each; runs without a GPU")
     args = ap.parse_args()
+    if args.cache is None:
+        args.cache = "warm" if args.smoke else "warm,cold"
+    if args.profile == "tokens":
+        return profile_tokens(args)
     if args.smoke:
         args.seconds = min(args.seconds, 1.0)
         if args.kinds == "image,row":
@@ -680,15 +854,19 @@ def main():
         print(f"# {kind}: {n} samples of {sample} B in {len(paths)} shards ({gb:.1f} GB), batch {B}",
               flush=True)
         import subprocess
-        probe = subprocess.run([sys.executable, os.path.abspath(__file__), "--rss-probe", kind,
-                                "--dir", args.dir, "--gib", str(args.gib), "--seconds", str(args.seconds),
-                                "--prefetch", str(args.prefetch), "--threads", str(args.threads)],
-                               capture_output=True, text=True)
+        probe_cmd = [sys.executable, os.path.abspath(__file__), "--rss-probe", kind, "--dir", args.dir,
+                     "--gib", str(args.gib), "--seconds", str(args.seconds), "--prefetch", str(args.prefetch),
+                     "--threads", str(args.threads)]
+        probe = subprocess.run(probe_cmd, capture_output=True, text=True) if "warm" in caches else None
         try:
+            if probe is None:         # a cold-only run: the probe is a warm pass (and warms the files)
+                raise LookupError
             pr = json.loads(probe.stdout.strip().splitlines()[-1])
             rows.append((kind, "warm", "ferry alone in a fresh process", float("nan"), float("nan"),
                          f"host RSS peak {pr['peak'] / 2**30:.2f} GiB (torch+CUDA before: "
                          f"{pr['cuda'] / 2**30:.2f} GiB)"))
+        except LookupError:
+            pass
         except Exception:
             print("# RSS probe failed:", probe.stderr[-2000:], flush=True)
         # one warm-up pass over the files when warm numbers are wanted

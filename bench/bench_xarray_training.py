@@ -22,8 +22,12 @@ delivered on the GPU, shuffled time steps, batch --batch):
   physicsnemo  a DALI pipeline whose parallel external_source reads h5py per sample on the CPU
             (NVIDIA PhysicsNeMo's ERA5 datapipe pattern), nc4z only, when DALI imports
 The baselines run --peer-seconds after their first batch (their rate is steady by then).
+--batches-per-read sets XarrayDataset's batches per plan (default 1), --group-sweep 6
+adds a throughput row per value; the host-wait idle row is followed by the host time of each
+next() (the epoch's first, which waits for the first read, then median, p90, max; mean in the
+value column). Each format's rows are also logged as soon as they are measured.
 
-    python3 bench/bench_xarray_training.py --gib 16
+    python3 bench/bench_xarray_training.py --gib 16 --peer-seconds 3 --group-sweep 6
     python3 bench/bench_xarray_training.py --smoke --device cpu
 """
 import argparse
@@ -275,16 +279,24 @@ def gpu_sleep(secs):
     torch.cuda._sleep(max(1, int(secs * _CYCLES[0])))
 
 
-def ferry_epoch(path, names, device, batch, prefetch, dali=False, step_gbps=None, step_sync=False):
-    """GB/s of one shuffled epoch of XarrayDataset batches (x on `device`); with step_gbps, the
-    fraction of the time the GPU idled behind a step that keeps it busy per/step_gbps seconds a
-    batch (step_sync: the host also waits for each step, as a loop calling loss.item() does)."""
-    import torch
+def ferry_dataset(path, names, device, batch, prefetch, group=None):
     import xarray as xr
     from ferry.torch import XarrayDataset
     from ferry.xarray import FerryBackendEntrypoint
     ds = xr.open_dataset(path, engine=FerryBackendEntrypoint, device="cpu")
-    xd = XarrayDataset(ds, names, batch_size=batch, shuffle=True, seed=1, device=device, prefetch=prefetch)
+    return XarrayDataset(ds, names, batch_size=batch, shuffle=True, seed=1, device=device, prefetch=prefetch,
+                         batches_per_read=group)
+
+
+def ferry_epoch(path, names, device, batch, prefetch, dali=False, step_gbps=None, step_sync=False,
+                group=None, xd=None, warmup=True):
+    """GB/s of one shuffled epoch of XarrayDataset batches (x on `device`); with step_gbps, the
+    fraction of the time the GPU idled behind a step that keeps it busy per/step_gbps seconds a
+    batch (step_sync: the host also waits for each step, as a loop calling loss.item() does),
+    and the host seconds of each next() (what the loop spends in the dataset between steps).
+    xd: a dataset already made (and warmed up: warmup=False) by an earlier row."""
+    import torch
+    xd = xd if xd is not None else ferry_dataset(path, names, device, batch, prefetch, group)
     if dali:
         import ferry.dali
         pipe = ferry.dali.pipeline(xd, outputs=("x",), prefetch_queue_depth=2)
@@ -301,17 +313,24 @@ def ferry_epoch(path, names, device, batch, prefetch, dali=False, step_gbps=None
     per = batch * len(names) * int(np.prod(xd.spatial)) * 4
     # a whole warm-up epoch (opens files, fills the allocator, starts DALI's queue), then the
     # timed one; DALI's reset() is inside the timed part (it starts prefetching the next epoch)
-    for b in it():
-        pass
+    if warmup:
+        for b in it():
+            pass
     step = per / (step_gbps * 1e9) if (step_gbps and device != "cpu") else None
     if step:
         gpu_sleep(step)
     sync(device)
-    n, busy = 0, 0.0
+    n, busy, waits = 0, 0.0, []
     t0 = time.perf_counter()
     if dali:
         pipe.reset()
-    for b in it():
+    src = it()
+    while True:
+        t1 = time.perf_counter()
+        b = next(src, None)
+        if b is None:
+            break
+        waits.append(time.perf_counter() - t1)
         n += 1
         if step:
             gpu_sleep(step)
@@ -320,7 +339,7 @@ def ferry_epoch(path, names, device, batch, prefetch, dali=False, step_gbps=None
                 torch.cuda.current_stream().synchronize()
     sync(device)
     dt = time.perf_counter() - t0
-    return rate(n * per, dt), (max(0.0, 1 - busy / dt) if step else None)
+    return rate(n * per, dt), (max(0.0, 1 - busy / dt) if step else None), np.asarray(waits)
 
 
 def _timed(batches, seconds, device):
@@ -515,11 +534,16 @@ def main():
     ap.add_argument("--workers", default="8,16")
     ap.add_argument("--peer-seconds", type=float, default=6.0, help="timed seconds per baseline run")
     ap.add_argument("--step-gbps", type=float, default=10.0)
+    ap.add_argument("--batches-per-read", type=int, default=None,
+                    help="XarrayDataset's batches_per_read (default 1)")
+    ap.add_argument("--group-sweep", default="",
+                    help="also time one epoch with these batches_per_read values (comma list, e.g. 6)")
     ap.add_argument("--dir", default="/tmp/ferry-xtrain", help="where the files are kept and reused")
     ap.add_argument("--fresh", action="store_true", help="write the files again")
     ap.add_argument("--drop", action="store_true", help="delete each format's files after its rows")
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args()
+    started = time.perf_counter()
     import resource
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard == resource.RLIM_INFINITY or hard > soft:          # the raw row opens every chunk file
@@ -553,23 +577,35 @@ def main():
         warm(path)
         log(f"{fmt}: page cache warmed in {time.perf_counter() - t0:.1f} s")
         lim = ferry_load_rate(path, names, a.device)
-        fr, _ = ferry_epoch(path, names, a.device, a.batch, a.prefetch)
+        xd = ferry_dataset(path, names, a.device, a.batch, a.prefetch, a.batches_per_read)
+        fr, _, _ = ferry_epoch(path, names, a.device, a.batch, a.prefetch, xd=xd)
         if FORMATS[fmt][3]:
             raw = raw_rate(path, a.device)
             rows.append((fmt, "ferry raw file->GPU (all bytes)", raw, None))
         rows.append((fmt, "ferry .load() (limit)", lim, None))
-        rows.append((fmt, "XarrayDataset (ratio: vs .load())", fr, fr / lim))
+        rows.append((fmt, f"XarrayDataset, {xd.batch_group} batches a read (vs .load())", fr, fr / lim))
+        for gr in [int(x) for x in a.group_sweep.split(",") if x]:
+            gr_rate, _, _ = ferry_epoch(path, names, a.device, a.batch, a.prefetch, group=gr)
+            rows.append((fmt, f"XarrayDataset, {gr} batches a read (vs .load())", gr_rate, gr_rate / lim))
         if FORMATS[fmt][3]:
             rows.append((fmt, "XarrayDataset vs raw file->GPU", fr, fr / raw))
         if have_dali:
-            dr, _ = ferry_epoch(path, names, a.device, a.batch, a.prefetch, dali=True)
+            dr, _, _ = ferry_epoch(path, names, a.device, a.batch, a.prefetch, dali=True,
+                                   group=a.batches_per_read)
             rows.append((fmt, "XarrayDataset via ferry.dali (ratio: vs alone)", dr, dr / fr))
         if cuda:
-            for ss in (False, True):
-                _, idle = ferry_epoch(path, names, a.device, a.batch, a.prefetch, step_gbps=a.step_gbps,
-                                      step_sync=ss)
+            for ss in (False, True):        # the throughput row's dataset, warm: no warm-up epoch
+                _, idle, waits = ferry_epoch(path, names, a.device, a.batch, a.prefetch, step_gbps=a.step_gbps,
+                                             step_sync=ss, xd=xd, warmup=False)
                 rows.append((fmt, f"GPU idle behind a {a.step_gbps:g} GB/s step" + (", host waits" if ss else ""),
                              idle, None))
+                if ss and len(waits) > 1:
+                    # the epoch's first batch waits for its whole first read; the rest is the stream
+                    ms, rest = waits[0] * 1e3, waits[1:] * 1e3
+                    rows.append((fmt, f"  next() host ms, host waits: first {ms:.2f}, then median "
+                                      f"{np.median(rest):.3f} p90 {np.percentile(rest, 90):.3f} max {rest.max():.2f}",
+                                 float(rest.mean()), None))
+        del xd
         log(f"{fmt}: ferry rows done")
         if peer:
             for w in workers:
@@ -584,6 +620,11 @@ def main():
             w = max(workers)
             pr = physicsnemo_rate(path, names, a.device, a.batch, w, a.peer_seconds)
             rows.append((fmt, f"PhysicsNeMo-style DALI (h5py, {w} workers)", pr, fr / pr))
+        # this format's rows now too (a run cut short by a time limit keeps what it measured)
+        for _, what, v, r in [x for x in rows if x[0] == fmt]:
+            log(f"{fmt}: {what}: {v * 100:.1f}%" if "idle" in what else
+                f"{fmt}: {what}: {v:.2f}" + ("" if r is None else f" ({r:.2f})"))
+        log(f"{fmt}: done at {time.perf_counter() - started:.0f} s")
         if a.drop:
             shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)
             os.remove(path + ".done")
@@ -593,6 +634,7 @@ def main():
     for fmt, what, v, r in rows:
         val = f"{v * 100:7.1f}%" if "idle" in what else f"{v:8.2f}"
         print(f"{fmt:7} {what:50} {val} {'' if r is None else f'{r:7.2f}'}")
+    print(f"(whole run {time.perf_counter() - started:.0f} s)")
 
 
 if __name__ == "__main__":

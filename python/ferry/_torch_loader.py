@@ -127,6 +127,12 @@ def auto_collation(max_depth=8):
     for _ in range(max_depth):
         if f is None:
             return None
+        # only the fetcher's __init__ frame is looked into: reading f_locals of any other frame
+        # (Python < 3.13) pins a snapshot of its locals on it, and the caller's `del ds` no
+        # longer freed the dataset (its engine, its threads) until that function returned
+        if f.f_code.co_name != "__init__":
+            f = f.f_back
+            continue
         s = f.f_locals.get("self")
         if s is not None and type(s).__name__ == "_IterableDatasetFetcher" and \
                 hasattr(s, "auto_collation"):

@@ -21,6 +21,7 @@ index ranges of the other dimensions (``ds.sel(level=[500, 850])`` reads only th
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import json
 import math
@@ -287,7 +288,8 @@ class XarrayDataset(_BatchStream):
                   patch_mode="random", shuffle=False, seed=0, drop_last=False, device=None,
                   rank=None, world_size=None, prefetch=4, normalize=None, stats_file=None,
                   stats_steps=64, nan_to=None, return_mask=False, return_time=False,
-                  dtype=torch.float32, group=None, transform=None, threads=0)
+                  dtype=torch.float32, group=None, transform=None, threads=0,
+                  batches_per_read=None)
 
     data
         An xarray Dataset opened with ``engine="ferry"`` (one file, ``open_mfdataset``, Zarr, a
@@ -320,6 +322,13 @@ class XarrayDataset(_BatchStream):
         datetime64 in ns since 1970, else the raw numbers as float64).
     Others as ArrayDataset: shuffle, seed, drop_last, device, rank, world_size, prefetch,
     transform (batch -> batch), threads.
+    batches_per_read
+        Batches read by one plan (one engine job), default 1. Each batch handed out is its own
+        block of its group's stack (no batch shares memory with another); the group's memory is
+        freed when all of its batches are. Measured on the H200 (20 variables of 361 x 720, batch
+        8, 8 GiB): 6 and 8 batches per plan were slower than 1 — Zarr v3 zstd 8.3 / 8.4 GB/s
+        against 10.1, uncompressed Zarr 23.0 / 22.1 against 28.0 — so the GPU decoder's chunks in
+        flight per job are not what holds the zstd rate (BENCHMARKS.md).
 
     Batches are dicts: "x" (B, C*input_steps, H, W) and "y" (B, C_y*target_steps, H, W) when
     target_steps > 0, in `dtype`.
@@ -330,7 +339,7 @@ class XarrayDataset(_BatchStream):
                  shuffle=False, seed=0, drop_last=False, device=None, rank=None, world_size=None,
                  prefetch=4, normalize=None, stats_file=None, stats_steps=64, nan_to=None,
                  return_mask=False, return_time=False, dtype=torch.float32, group=None,
-                 transform=None, threads=0, block_size=None):
+                 transform=None, threads=0, block_size=None, batches_per_read=None):
         torch.utils.data.IterableDataset.__init__(self)
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"XarrayDataset: batch_size must be a positive int, not {batch_size!r}")
@@ -398,6 +407,7 @@ class XarrayDataset(_BatchStream):
         self.num_samples = self.n_starts * ntiles
 
         self._init_slabs()
+        self.batch_group = self._group_size(batches_per_read)     # _BatchStream's batches per plan
         self._norm = None
         self._norm = self._normalisation(normalize, stats_file, int(stats_steps))
 
@@ -732,6 +742,15 @@ class XarrayDataset(_BatchStream):
         self._xch = _channel_pick([(self._coff[n], self._vars[n].channels) for n in self.variables], c)
         self._ych = _channel_pick([(self._coff[n], self._vars[n].channels) for n in self.target_variables], c)
 
+    @staticmethod
+    def _group_size(batches_per_read):
+        if batches_per_read is None:
+            return 1
+        if not isinstance(batches_per_read, int) or isinstance(batches_per_read, bool) or batches_per_read < 1:
+            raise ValueError(f"XarrayDataset: batches_per_read must be a positive int or None, "
+                             f"not {batches_per_read!r}")
+        return batches_per_read
+
     def _dev(self, rt, key, make):
         """A small tensor on rt's device made once per process (index lists, normalisation)."""
         cache = getattr(rt, "_xcache", None)
@@ -912,30 +931,53 @@ class XarrayDataset(_BatchStream):
         return t, np.stack([oy, ox], axis=1)
 
     def _submit(self, rt, order, lay, units, ids=None):
-        (lo, hi), = [lay.unit(s) for s in units]
-        ids = np.asarray(order[lo:hi] if ids is None else ids, dtype=np.int64)
+        """One plan for the batches `units` (batches_per_read of them): their rows side by side
+        in one stack, batch after batch, so each batch is a block of it. The rows and the plan
+        are made on the planner thread (_group_rows, _read_rows): this thread, the consumer's,
+        only takes the sample ids."""
+        ranges = [lay.unit(s) for s in units]
+        if ids is None:
+            ids = np.concatenate([order[lo:hi] for lo, hi in ranges]) if len(ranges) > 1 else \
+                order[ranges[0][0]:ranges[0][1]]
         g = _XGroup()
-        g.units, g.sizes, g.handles, g.job, g.path = units, [hi - lo], [], None, None
-        t0, boxes = self._sample_boxes(ids, self._epoch_of_order(order))
+        g.units, g.sizes, g.handles, g.job, g.path = units, [hi - lo for lo, hi in ranges], [], None, None
+        g.meta = None
+        g.stores, g.bufs = [], []
+        g.job = _Planned(self, rt, g, np.asarray(ids, dtype=np.int64), self._epoch_of_order(order))
+        return g
+
+    def _group_rows(self, ids, epoch, sizes):
+        """Sample ids of a group's batches (of `sizes`) -> (start steps, the global step of each
+        row of the stack, each sample's rows (samples, I+K), patch corners of the rows or None)."""
+        t0, boxes = self._sample_boxes(ids, epoch)
         I, K, L = self.input_steps, self.target_steps, self.lead
-        offs = list(range(I)) + [I - 1 + L + k for k in range(K)]
-        need = t0[:, None] + np.asarray(offs, dtype=np.int64)[None, :]        # (B, I+K) global steps
-        if boxes is None:
-            # a step several samples need is read once; rows in order of first use, so a batch of
-            # distinct single steps is its own stack in batch order
-            u, first, inv = np.unique(need.ravel(), return_index=True, return_inverse=True)
+        offs = np.asarray(list(range(I)) + [I - 1 + L + k for k in range(K)], dtype=np.int64)
+        need = t0[:, None] + offs[None, :]        # (samples, I+K) global steps
+        if boxes is not None:
+            # every sample's window in its own rows (windows of one step rarely coincide)
+            rows, inv = need.ravel(), np.arange(need.size, dtype=np.int64).reshape(need.shape)
+            return t0, rows, inv, np.repeat(boxes, I + K, axis=0)
+        # a step several samples of a batch need is read once; rows in order of first use, so a
+        # batch of distinct single steps is its own block of the stack in batch order. Steps are
+        # not shared between the batches of a group: each batch is its own block, and no batch
+        # handed out aliases another's memory (a loop may modify a batch in place)
+        rows, inv, lo, nrows = [], [], 0, 0
+        for size in sizes:
+            part = need[lo:lo + size]
+            u, first, pinv = np.unique(part.ravel(), return_index=True, return_inverse=True)
             by_use = np.argsort(first, kind="stable")
             rank = np.empty_like(by_use)
             rank[by_use] = np.arange(len(by_use))
-            rows, inv, row_boxes = u[by_use], rank[inv.ravel()].reshape(need.shape), None
-        else:
-            # every sample's window in its own rows (windows of one step rarely coincide)
-            rows, inv = need.ravel(), np.arange(need.size, dtype=np.int64).reshape(need.shape)
-            row_boxes = np.repeat(boxes, I + K, axis=0)
-        g.meta = (None, inv, t0, rows, row_boxes is not None)
-        g.stores, g.bufs = [], []
-        g.job = _Planned(self, rt, g, rows, row_boxes)
-        return g
+            inv.append(rank[pinv.ravel()].reshape(part.shape) + nrows)    # rows of this batch's block
+            rows.append(u[by_use])
+            lo, nrows = lo + size, nrows + len(u)
+        return t0, np.concatenate(rows), np.concatenate(inv), None
+
+    def _plan_group(self, rt, ids, epoch, sizes):
+        """The planner thread's work for a group: its rows, then ONE plan reading them."""
+        t0, rows, inv, row_boxes = self._group_rows(ids, epoch, sizes)
+        bufs, job, handles = self._read_rows(rt, rows, row_boxes)
+        return bufs, job, handles, (bufs, inv, t0, rows, row_boxes is not None)
 
     def _release(self, rt, g):
         with _lock_of(rt):          # the planner thread takes handles while this one gives them back
@@ -951,38 +993,47 @@ class XarrayDataset(_BatchStream):
         _check_stores([(st,) for st in g.stores])
         rt = self._rt
         I, K = self.input_steps, self.target_steps
-        B = len(t0)
         dec = self._stack(rt, bufs, rows, patched)
 
-        def take(cols, pick, which):
-            want = inv[:, cols].reshape(-1)
-            if len(want) == len(rows) and np.array_equal(want, np.arange(len(rows))):
-                t = dec                                          # the stack is the batch
-            else:
-                t = dec.index_select(0, _to_dev(torch.from_numpy(want), dec.device))
+        views = []      # row ranges of the stack handed out as views (every output owns its memory)
+
+        def take(binv, cols, pick, which):
+            want = binv[:, cols].reshape(-1)
+            a, b = (int(want[0]), int(want[0]) + len(want)) if len(want) else (0, 0)
+            if b > a and np.array_equal(want, np.arange(a, b)) and all(b <= lo or a >= hi for lo, hi in views):
+                t = dec[a:b]                                     # a block of the stack: a view
+                views.append((a, b))
+            else:       # rows another output also holds (y of t = x of t + 1): a copy of them
+                t = dec.index_select(0, _to_dev(torch.from_numpy(np.ascontiguousarray(want)), dec.device))
             if isinstance(pick, slice):
                 t = t[:, pick]
             elif pick is not None:
                 t = t.index_select(1, self._dev(rt, ("chan", which), lambda: torch.from_numpy(pick)))
-            return t.reshape((B, -1) + tuple(t.shape[-2:]))
+            return t.reshape((len(binv), -1) + tuple(t.shape[-2:]))
 
-        out = {}
-        x = take(slice(0, I), self._xch, "x")
-        if self.return_mask:
-            out["mask"] = ~torch.isnan(x)
-        if self.nan_to is not None:
-            x = torch.nan_to_num_(x, nan=float(self.nan_to))
-        out["x"] = x
-        if K:
-            y = take(slice(I, I + K), self._ych, "y")
+        outs, lo = [], 0
+        for size in g.sizes:
+            binv, bt0 = inv[lo:lo + size], t0[lo:lo + size]
+            lo += size
+            out = {}
+            x = take(binv, slice(0, I), self._xch, "x")
+            if self.return_mask:
+                out["mask"] = ~torch.isnan(x)
             if self.nan_to is not None:
-                y = torch.nan_to_num_(y, nan=float(self.nan_to))
-            out["y"] = y
-        if self.return_time:
-            out["time"] = _to_dev(torch.from_numpy(np.ascontiguousarray(self._times[t0])), x.device)
-        if self.transform is not None:
-            out = self.transform(out)
-        return [out]
+                x = torch.nan_to_num_(x, nan=float(self.nan_to))
+            out["x"] = x
+            if K:
+                y = take(binv, slice(I, I + K), self._ych, "y")
+                if self.nan_to is not None:
+                    y = torch.nan_to_num_(y, nan=float(self.nan_to))
+                out["y"] = y
+            if self.return_time:
+                out["time"] = _to_dev(torch.from_numpy(np.ascontiguousarray(self._times[bt0])), x.device)
+            if self.transform is not None:
+                out = self.transform(out)
+            outs.append(out)
+        _kick(rt)           # the groups submitted behind this one: planned while it is consumed
+        return outs
 
     def _alloc(self, rt, shape, dtype, pinned=False):
         if rt.device.type == "cuda":
@@ -1090,31 +1141,70 @@ def _planner(rt):
         return ex
 
 
-class _Planned:
-    """The job of a batch whose plan is built and submitted to the engine on the planner thread.
-    Building a batch's plan (a read per variable and step) and ctx.submit take milliseconds of CPU
-    a batch; on the consumer's thread that time is GPU idle whenever the consumer waits for its
-    training step (loss.item()). Dev box, 20 variables x 4 steps of 361x720, consumer-thread CPU
-    per batch: 5.9 ms planning there, 0.8 ms with the planner thread. The first use of the job
-    (its path, done, wait, stream_wait) fills the group with what the planning made (buffers,
-    open stores) and raises its errors."""
+def _unplanned(rt):
+    """rt's groups submitted whose planning has not started (oldest first; the consumer's thread)."""
+    q = rt.__dict__.get("_xunplanned")
+    return q if q is not None else rt.__dict__.setdefault("_xunplanned", collections.deque())
 
-    def __init__(self, ds, rt, g, rows, boxes):
+
+def _kick(rt):
+    """Start the planning of every group submitted so far, in order."""
+    q = _unplanned(rt)
+    while q:
+        q.popleft()._start()
+
+
+class _Planned:
+    """The job of a group of batches whose rows and plan are made and submitted to the engine on
+    the planner thread. Building a batch's plan (a read per variable and step) and ctx.submit take
+    milliseconds of CPU a batch; on the consumer's thread that time is GPU idle whenever the
+    consumer waits for its training step (loss.item()). Dev box, 20 variables x 4 steps of
+    361x720, consumer-thread CPU per batch: 5.9 ms planning there, 0.8 ms with the planner
+    thread. The planning starts when the consumer is about to wait for a group (its planning or
+    its reads: _resolve), else once it has handed out the group before it (_kick at the end of
+    _finish), never at submit: a planner started at submit ran
+    Python beside the hand-off of the group before (the GIL is one), and each C call there that
+    released the GIL (job.path, job.done) gave it to the planner. Dev box (2 shared cores), 20
+    variables of 45x90, a 6 ms step between batches: _submit of a group of 6 took 1.5 ms of wall
+    time, 0.05 ms now; next() per batch, one batch a plan: mean 1.12 -> 0.57 ms, p90 1.45 ->
+    0.40 ms. The first use of the job (its path, done, wait, stream_wait) fills the group with what the
+    planning made (buffers, open stores, rows) and raises its errors."""
+
+    def __init__(self, ds, rt, g, ids, epoch):
         self.g = g
         self.job = None
         self._ready = False
         self._error = None
-        self.fut = _planner(rt).submit(ds._read_rows, rt, rows, boxes)
+        self.fut = None
+        self._rtx = rt
+        self._args = (ds._plan_group, rt, ids, epoch, list(g.sizes))
+        _unplanned(rt).append(self)
+
+    def _start(self):
+        if self.fut is None:
+            fn, rt = self._args[0], self._args[1]
+            self.fut = _planner(rt).submit(fn, *self._args[1:])
+            self._args = None
 
     def _resolve(self, raise_errors=True):
         if not self._ready:
+            # The consumer is about to wait (for this group's planning or its reads): every group
+            # submitted so far, this one and those behind it, is planned now, during that wait.
+            # Left to the end of the hand-off, the group behind was planned only once this one's
+            # reads were issued, and with two groups in flight (6 batches a plan, prefetch 4) the
+            # engine idled meanwhile (the H200's mid-session build, likely with that rule:
+            # uncompressed Zarr 23.0 GB/s with 6 batches a plan against 28.0 with one).
+            if self.fut is None or not self.fut.done():
+                _kick(self._rtx)
             try:
-                bufs, job, handles = self.fut.result()
+                bufs, job, handles, meta = self.fut.result()
             except BaseException as e:   # noqa: BLE001 — raised by the job's calls, not by cleanup
-                self._error, bufs, job, handles = e, [], None, []
+                self._error, bufs, job, handles, meta = e, [], None, [], None
+            if job is not None and not job.done():
+                _kick(self._rtx)
             g = self.g
             g.bufs, g.handles, g.stores = bufs, handles, [e[0] for e in handles]
-            g.meta = (bufs,) + tuple(g.meta[1:])
+            g.meta = meta
             self.job, self._ready = job, True
         if raise_errors and self._error is not None:
             raise self._error
@@ -1126,7 +1216,7 @@ class _Planned:
         return None if j is None else j.path
 
     def done(self):
-        if not self.fut.done():
+        if self.fut is None or not self.fut.done():
             return False
         j = self._resolve()
         return j is None or j.done()
@@ -1141,6 +1231,8 @@ class _Planned:
             j.stream_wait(stream)
 
     def cancel(self):
+        if self.fut is None:
+            _kick(self._rtx)
         if self.fut.cancel():
             self._ready, self.g.bufs, self.g.handles = True, [], []
             return

@@ -47,6 +47,9 @@ from . import _ferry, _torch_device
 from ._torch_loader import EpochBoard, auto_collation, pass_tag
 from ._torch_order import FeistelOrder, Layout as _Layout, epoch_order
 
+_plan_windows = getattr(_ferry, "plan_windows", None)   # TokenDataset's group plans (ext/perm.c)
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+
 __all__ = ["ArrayDataset", "TokenDataset", "XarrayDataset", "epoch_order", "global_state", "pad_collate"]
 
 _STATE_TAG = "ferry.torch.ArrayDataset"
@@ -561,6 +564,29 @@ class _TokenField:
     def __repr__(self):
         return f"<tokens files={len(self.paths)} windows={self.rows} of {self.seq_len + 1} {self.dtype}>"
 
+    def read_group(self, ds, rt, plan, order, ranges, g, buf=None):
+        """The windows at the epoch positions of `ranges` ((lo, hi) per batch), in batch order,
+        into one (total, seq_len + 1) buffer (`buf`, or a new one): one plan_windows call
+        (order, file and offset of every window computed in C; files opened as their windows
+        come up)."""
+        total = sum(hi - lo for lo, hi in ranges)
+        if buf is None:
+            buf = ds._alloc(rt, (total,) + self.shape, self.dtype)
+        if total:
+            dev = buf.device.index if buf.is_cuda else -1
+
+            def opener(k):
+                p = self.paths[k]
+                e = rt.handle(("file", p), lambda p=p: _ferry.File(rt.ctx, p))
+                e[1] += 1                   # in use until the group is released
+                g.handles.append(e)
+                return e[0]
+            _ferry.plan_windows(plan, opener, self.starts, self.offsets, self.seq_len * self.itemsize,
+                                self.row_bytes, order.n, order.seed, order.epoch, order.shuffle,
+                                np.asarray(ranges, dtype=np.int64).reshape(-1),
+                                (buf.data_ptr(), total * self.row_bytes, dev))
+        return buf
+
     def read(self, ds, rt, plan, ids, g):
         handles = g.handles
         total = len(ids)
@@ -660,6 +686,7 @@ class _Runtime:
         self.max_handles = max(16, min(512, soft // 8 if soft > 0 else 128))
         self.alloc_stream = self.work_stream = None
         self._reader = None
+        self._planner = None
         self.staging_bytes = 0    # all of the engine's staging buffers (CUDA: _groups_in_flight)
         if device.type == "cuda":
             c = ctx.config()
@@ -677,6 +704,15 @@ class _Runtime:
             import concurrent.futures
             self._reader = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="ferry-npy")
         return self._reader
+
+    def planner(self):
+        """One thread that plans and submits read groups (TokenDataset) while the consumer's
+        thread hands batches out: one, so that groups reach the engine in order and the handle
+        cache is used by one thread at a time."""
+        if self._planner is None:
+            import concurrent.futures
+            self._planner = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ferry-plan")
+        return self._planner
 
     def handle(self, key, opener):
         e = self.handles.get(key)
@@ -703,6 +739,11 @@ class _Runtime:
         return e
 
     def close(self):
+        if self._planner is not None:
+            # on the planner thread itself (a last reference dropped there), it cannot be joined
+            on_it = threading.current_thread().name.startswith("ferry-plan")
+            self._planner.shutdown(wait=not on_it)
+            self._planner = None
         if self._reader is not None:
             self._reader.shutdown(wait=True)
             self._reader = None
@@ -755,6 +796,43 @@ class _Group:
     __slots__ = ("units", "sizes", "bufs", "job", "handles", "path", "extra", "staged")
 
 
+class _PlannedJob:
+    """The job of a group planned and submitted on the runtime's planner thread: the calls
+    _BatchStream makes on a job, each first waiting for the planning (whose error, a file
+    shorter than its windows say, is raised here: at the group's turn, after the groups
+    before it)."""
+    __slots__ = ("_future", "_job")
+
+    def __init__(self, future):
+        self._future, self._job = future, None
+
+    def _get(self):
+        if self._future is not None:
+            f, self._future = self._future, None
+            self._job = f.result()
+        return self._job
+
+    def done(self):
+        if self._future is not None and not self._future.done():
+            return False
+        j = self._get()
+        return j is None or j.done()
+
+    def wait(self):
+        j = self._get()
+        return None if j is None else j.wait()
+
+    def stream_wait(self, stream):
+        j = self._get()
+        if j is not None:
+            j.stream_wait(stream)
+
+    @property
+    def path(self):
+        j = self._get()
+        return None if j is None else j.path
+
+
 # --------------------------------------------------------------------------------------------
 # The dataset contract (order, sharding, epochs, resume, prefetch, hand-off), shared by
 # ArrayDataset and TokenDataset (and meant for XarrayDataset): a subclass describes its samples
@@ -766,6 +844,9 @@ class _BatchStream(IterableDataset):
     # (_stage_ahead); a subclass whose _finish may raise about its files opts in once its
     # errors may surface a group early
     _STAGE_AHEAD = False
+    # a subclass whose _submit maps its units' positions through the order itself (in C:
+    # TokenDataset's plan_windows) is handed no precomputed ids
+    _ORDER_IN_PLAN = False
 
     def _init_stream(self, *, batch_size, shuffle, seed, drop_last, device, rank, world_size,
                      prefetch, transform, pin_memory, threads, ctx, sample_group):
@@ -1141,7 +1222,7 @@ class _BatchStream(IterableDataset):
                                   rt.staging_bytes)
         unit_iter = iter(mine)
         ids_for = _IdsAhead(order, lay, mine, max(_IdsAhead.CHUNK, group_units)) \
-            if hasattr(order, "take") else None
+            if hasattr(order, "take") and not self._ORDER_IN_PLAN else None
 
         pending = collections.deque()
         retiring = collections.deque()
@@ -1284,8 +1365,7 @@ class _BatchStream(IterableDataset):
             consumer = torch.cuda.current_stream(rt.device)
             consumer.wait_event(ready)
             self.last_path = g.path
-            for o in outs:
-                _record(o, consumer)
+            self._record_outputs(outs, consumer)
             return outs
         job = g.job
         if job is not None:
@@ -1302,9 +1382,13 @@ class _BatchStream(IterableDataset):
         outs = self._issue(rt, g, retiring, stream, side)
         if side:
             consumer.wait_stream(stream)
-        for o in outs:
-            _record(o, consumer)
+        self._record_outputs(outs, consumer)
         return outs
+
+    def _record_outputs(self, outs, stream):
+        """Tell the caching allocator that `stream` (the consumer's) uses the outputs."""
+        for o in outs:
+            _record(o, stream)
 
     def _needs_side_stream(self, g):
         return bool(self._convert) or self.transform is not None
@@ -1593,9 +1677,10 @@ class TokenDataset(_BatchStream):
     epoch order is computed on the fly (a Feistel permutation, O(1) memory per rank and worker),
     and drop_last defaults to True (equal batches on every rank).
     batches_per_read
-        Batches read by one engine plan, moved to the device by one copy and cast by one kernel
-        per output (None: as many as hold about 32 MiB of tokens, at most 64). Each batch is
-        then a slice of its read's tensors (on CUDA): holding one batch keeps its read's memory.
+        Batches read by one engine plan (planned in one C call), moved to the device by one
+        copy and cast by one kernel for x and y together (None: as many as hold about 32 MiB
+        of tokens, at most 64). Each batch is then a slice of its read's tensors (on CUDA):
+        holding one batch keeps its read's memory.
         Resume stays exact per batch; `prefetch` counts batches, rounded up to whole reads.
     """
     _STATE_TAG = "ferry.torch.TokenDataset"
@@ -1642,19 +1727,62 @@ class TokenDataset(_BatchStream):
     def _make_order(self, epoch):
         return FeistelOrder(self.num_samples, self.seed, epoch, self.shuffle)
 
+    _ORDER_IN_PLAN = _plan_windows is not None
+
+    def _submit(self, rt, order, lay, units, ids=None):
+        """A group's plan in one C call (plan_windows: no id, offset or destination array per
+        window in Python); the ids path (_BatchStream._submit) for seeds beyond int64."""
+        if ids is not None or not self._ORDER_IN_PLAN or not (_I64_MIN <= order.seed <= _I64_MAX and
+                                                             _I64_MIN <= order.epoch <= _I64_MAX):
+            if ids is None:
+                ranges = [lay.unit(s) for s in units]
+                ids = np.concatenate([order[lo:hi] for lo, hi in ranges])
+            return super()._submit(rt, order, lay, units, ids)
+        ranges = [lay.unit(s) for s in units]
+        g = _Group()
+        g.units, g.sizes, g.handles, g.job, g.path = units, [hi - lo for lo, hi in ranges], [], None, None
+        g.extra = []
+        f = self._fields[0]
+        buf = self._alloc(rt, (sum(g.sizes),) + f.shape, f.dtype)    # on this thread: torch's streams
+        g.bufs = [buf]
+
+        def plan_and_submit():
+            # plan_windows and submit release the GIL for their C work (H200, 2026-12-01: the
+            # loader thread was busy 90 us of every 91 us per batch, planning and submitting
+            # 4,096 windows per group among it). No reference to the dataset here: its last
+            # reference must not be dropped on this thread (its __del__ shuts this thread down)
+            plan = _ferry.Plan()
+            f.read_group(None, rt, plan, order, ranges, g, buf)
+            return rt.ctx.submit(plan) if len(plan) else None
+        g.job = _PlannedJob(rt.planner().submit(plan_and_submit))
+        return g
+
+    def _record_outputs(self, outs, stream):
+        # every batch of a group is a view of the group's x and y (_finish): recording one view
+        # of each records their blocks (the allocator tracks storage, not views), not 2 calls
+        # a batch
+        for t in outs[0] if outs else ():
+            if t.is_cuda:
+                t.record_stream(stream)
+
     @property
     def num_tokens(self):
         return int(self._fields[0].tokens.sum())
 
     def _finish(self, g):
         """(x, y) per batch of the read group g. On CUDA x and y of the whole group are cast
-        at once (two kernels per read, not per batch) and batch i is rows [lo, lo + B) of
+        at once (one kernel per read, x and y together: _shift) and batch i is rows [lo, lo + B) of
         them: contiguous views. On the host each batch is cast on its own (the cast is
         memory-bound either way, and a group's int64 copy would be 8x its tokens at once): a
         generator, which _iterate consumes batch by batch."""
         w = g.bufs[0]
         outs, lo = [], 0
         if w.is_cuda:
+            # the casts read w on this stream (the consumer's, or ferry's work stream) after
+            # the group is dropped: recorded, its block is not handed to the next group's read
+            # (the engine's writes are ordered after no torch stream) until they have run.
+            # Unrecorded, a consumer queued behind a training step cast the group read after it
+            w.record_stream(torch.cuda.current_stream(w.device))
             x, y = self._shift(w)
             for size in g.sizes:
                 outs.append((x[lo:lo + size], y[lo:lo + size]))
@@ -1671,15 +1799,23 @@ class TokenDataset(_BatchStream):
             lo += size
 
     def _shift(self, w):
+        """(x, y) of windows w (rows of seq_len + 1 tokens), cast to out_dtype in ONE pass: a
+        (2, rows, seq_len) view of w whose [0] is w[:, :-1] and [1] is w[:, 1:] (the same
+        memory, y one token on), copied into one contiguous buffer, so x and y are its two
+        contiguous halves. One kernel per read group on CUDA, not one per output."""
         dt = self.out_dtype or w.dtype
+        rows, width = w.shape
         if not w.is_cuda and dt in _NUMPY_CASTS:
             # torch's CPU casts and copies of uint16/uint32 are slow (dev box, 256 x 4096
             # tokens: 61 ms to int64, 5 ms a uint16 copy; numpy's astype 7 ms / 0.6 ms)
             n = w.numpy()
-            ndt = _NUMPY_CASTS[dt]
-            return torch.from_numpy(n[:, :-1].astype(ndt)), torch.from_numpy(n[:, 1:].astype(ndt))
-        # .to() of a strided view gives a contiguous tensor; .contiguous() covers dt == w.dtype
-        return w[:, :-1].to(dt).contiguous(), w[:, 1:].to(dt).contiguous()
+            pair = np.lib.stride_tricks.as_strided(n, (2, rows, width - 1),
+                                                   (n.strides[1], n.strides[0], n.strides[1]), writeable=False)
+            out = torch.from_numpy(pair.astype(_NUMPY_CASTS[dt], order="C"))
+        else:
+            out = torch.empty((2, rows, width - 1), dtype=dt, device=w.device)
+            out.copy_(w.as_strided((2, rows, width - 1), (w.stride(1), w.stride(0), w.stride(1))))
+        return out[0], out[1]
 
 
 _NUMPY_CASTS = {getattr(torch, k): np.dtype(k) for k in

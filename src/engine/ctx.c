@@ -2,6 +2,7 @@
  * and what the CUDA / cuFile loaders said. */
 #include "engine/engine.h"
 #include "engine/gather.h"
+#include "engine/gpudecode.h"
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
@@ -24,6 +25,7 @@ int ferry_ctx_create(ferry_ctx **out, const ferry_config *cfg) {
     if (!c->workers) { free(c); return ferry_seterr(FERRY_ENOMEM, "out of memory"); }
     if ((rc = ferry_fcache_init(&c->files)) < 0) { free(c->workers); free(c); return rc; }
     c->gather_pool = ferry_gather_pool_new(&c->cfg);   /* NULL: batches run as packs */
+    c->gpu_pool = ferry_gpudecode_pool_new();           /* NULL: each job allocates its own slots */
     c->pid = getpid();
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->work_cond, NULL);
@@ -55,6 +57,7 @@ void ferry_ctx_destroy(ferry_ctx *c) {
     ferry_pool_stop(c);
     ferry_fcache_free(&c->files);
     ferry_gather_pool_free(c->gather_pool);
+    ferry_gpudecode_pool_free(c->gpu_pool);
     free(c->workers);
     pthread_mutex_destroy(&c->lock);
     pthread_cond_destroy(&c->work_cond);

@@ -32,6 +32,7 @@ struct ferry_ctx {
     pid_t pid;                    /* the creating process: a forked child has no workers */
     ferry_fcache files;           /* files opened by path (fcache.c) */
     struct ferry_gather_pool *gather_pool; /* pinned images of gathered batches (gather.c) */
+    struct ferry_gpudecode_pool *gpu_pool; /* slots of cooperative GPU decode calls (gpudecode.c) */
 };
 /* FERRY_EINVAL with a message when called in a process forked from the creator. */
 int ferry_ctx_check_pid(const ferry_ctx *ctx);

@@ -30,10 +30,13 @@
 #define GATHER_POOL_MAX (1ull << 30)
 #define GATHER_MAX_RUNS 64          /* more runs: packs and the scatter kernel */
 #define GATHER_ROUND (2ull << 20)   /* images are rounded up so batches of nearby sizes share them */
-/* Records up to this size are gathered; larger ones already make copies big enough
- * per pack task. H200, 2026-12-01: ArrayDataset's shuffled 150,528-byte rows (38.5 MB
- * batches) ran 19.6 GB/s gathered against 48.2 as packs, while 8 KiB records scattered
- * over a batch ran 27.8 gathered against 9.7 as packs (ferry bench --records, depth 5). */
+/* Records up to this size (on average, as the plan listed them) are gathered; larger
+ * ones already make copies big enough per pack task. H200, 2026-12-01: ArrayDataset's
+ * shuffled 150,528-byte rows (38.5 MB batches) ran 19.6 GB/s gathered against 48.2 as
+ * packs, while 8 KiB records scattered over a batch ran 27.8 gathered against 9.7 as
+ * packs (ferry bench --records, depth 5). The plan's records, not the job's extents: job.c
+ * merges records adjacent in the file and in the batch (rows in blocks, block_size=16),
+ * and one merged 128 KiB extent sent a batch of 8 KiB rows through packs whole. */
 #define GATHER_MAX_EXTENT (64u << 10)
 
 typedef struct gather_slot { uint8_t *p; size_t size; int dev; int busy; } gather_slot;
@@ -42,7 +45,7 @@ struct ferry_gather_pool {
     pthread_mutex_t mu;
     uint64_t limit;                /* largest span gathered, 0: off */
     char bad[64];                  /* a FERRY_GATHER that is no size, or "" */
-    _Atomic uint64_t n_jobs, n_copies, n_no_image;   /* ferry_gather_counts */
+    _Atomic uint64_t n_jobs, n_copies, n_no_image, n_tasks, n_span, n_image;   /* ferry_gather_counts */
     size_t total;                  /* bytes allocated */
     gather_slot s[GATHER_SLOTS];
 };
@@ -139,7 +142,7 @@ static int cmp_run(const void *a, const void *b) {
 static int gatherable(const ferry_job *j, const ferry_extent *e, const ferry_extent *e0) {
     if (e->kind != FERRY_EXTENT_READ || e->place || e->ncodecs || e->length == 0) return 0;
     if (e->flags & ~(unsigned)FERRY_EXTENT_NOFOLLOW) return 0;   /* MISSING_FILLS: per extent (exec.c) */
-    if (j->direct == FERRY_DIRECT_ON || e->length > GATHER_MAX_EXTENT) return 0;
+    if (j->direct == FERRY_DIRECT_ON) return 0;
     return e->dst.kind == FERRY_MEM_CUDA && e->dst.ptr == e0->dst.ptr && e->dst.device == e0->dst.device;
 }
 
@@ -161,6 +164,7 @@ int ferry_gather_plan(ferry_job *j) {
         if (e->dst_offset + e->length > hi) hi = e->dst_offset + e->length;
         total += e->length;
     }
+    if (total > (uint64_t)GATHER_MAX_EXTENT * (j->plan_records ? j->plan_records : 1)) return 0;
     /* every task whole extents (packable ones are never cut: they are below task_size) */
     for (size_t t = 0; t < j->ntasks; t++)
         if (j->tasks[t].ext >= j->next || (j->tasks[t].n == 1 && (j->tasks[t].lo != 0 || j->tasks[t].hi != j->ext[j->tasks[t].ext].length)))
@@ -185,10 +189,14 @@ int ferry_gather_plan(ferry_job *j) {
     free(r);
     pthread_mutex_lock(&p->mu);
     g->slot = image_get(p, e0->dst.device, hi - lo);
-    if (g->slot >= 0) g->img = p->s[g->slot].p;
+    size_t img_size = 0;
+    if (g->slot >= 0) { g->img = p->s[g->slot].p; img_size = p->s[g->slot].size; }
     pthread_mutex_unlock(&p->mu);
     if (g->slot < 0) { atomic_fetch_add(&p->n_no_image, 1); free(g); return 0; }
     atomic_fetch_add(&p->n_jobs, 1);
+    atomic_fetch_add(&p->n_tasks, j->ntasks);
+    atomic_fetch_add(&p->n_span, hi - lo);
+    atomic_fetch_add(&p->n_image, img_size);
     g->dev = e0->dst.device;
     g->lo = lo;
     g->base = (CUdeviceptr)(uintptr_t)e0->dst.ptr + lo;
@@ -254,9 +262,14 @@ int64_t ferry_exec_gather(ferry_worker *w, ferry_job *j, const ferry_task *t, in
     return r;
 }
 
-void ferry_gather_counts(ferry_ctx *ctx, uint64_t *jobs, uint64_t *copies, uint64_t *no_image) {
+void ferry_gather_counts(ferry_ctx *ctx, ferry_gather_stats *out) {
     ferry_gather_pool *p = ctx->gather_pool;
-    *jobs = p ? atomic_load(&p->n_jobs) : 0;
-    *copies = p ? atomic_load(&p->n_copies) : 0;
-    *no_image = p ? atomic_load(&p->n_no_image) : 0;
+    memset(out, 0, sizeof *out);
+    if (!p) return;
+    out->jobs = atomic_load(&p->n_jobs);
+    out->copies = atomic_load(&p->n_copies);
+    out->no_image = atomic_load(&p->n_no_image);
+    out->tasks = atomic_load(&p->n_tasks);
+    out->span_bytes = atomic_load(&p->n_span);
+    out->image_bytes = atomic_load(&p->n_image);
 }

@@ -21,10 +21,16 @@ int64_t ferry_exec_gather(ferry_worker *w, ferry_job *j, const ferry_task *t, in
 void ferry_gather_release(ferry_job *j);
 /* The context's pool of images (ctx_create; NULL when out of memory: no gathering). */
 ferry_gather_pool *ferry_gather_pool_new(const ferry_config *cfg);
-/* Jobs gathered, copies they sent, and jobs that qualified but found no
- * free image (ran as packs), since the context was made: for `ferry bench
- * --records` (internal: the CLI links the static library). */
-void ferry_gather_counts(ferry_ctx *ctx, uint64_t *jobs, uint64_t *copies, uint64_t *no_image);
+/* What gathering did since the context was made, for `ferry bench --records`
+ * (internal: the CLI links the static library): jobs gathered, the copies
+ * they sent, jobs that qualified but found no free image (ran as packs), the
+ * tasks of the gathered jobs, the bytes of their destination spans and of the
+ * images they got (best fit: an image made for larger batches serves smaller
+ * ones). */
+typedef struct ferry_gather_stats {
+    uint64_t jobs, copies, no_image, tasks, span_bytes, image_bytes;
+} ferry_gather_stats;
+void ferry_gather_counts(ferry_ctx *ctx, ferry_gather_stats *out);
 /* Free the context's pool (ctx_destroy). */
 void ferry_gather_pool_free(ferry_gather_pool *p);
 #endif

@@ -2,7 +2,16 @@
  * memory, decoded on the GPU by one batched nvCOMP call per batch.
  *
  * The plan puts the chunks the GPU may decode in queues, one per device and
- * class (codec). Feeder tasks claim batches from them — runs of chunks from
+ * class (codec). A GPU-only queue is cut into cooperative calls (gd_cbatch,
+ * run_coop): a quarter of the queue each, 32 to 256 chunks, because nvCOMP
+ * decodes a chunk per thread block and its rate is the chunks in flight;
+ * every feeder reads pieces of the current call into that call's slot (the
+ * context's, reused job after job) and copies its piece up, the reader of the
+ * last piece launches the call, up to four calls are in flight per device,
+ * and a call is checked (finish_batch) by whoever next needs its slot or at
+ * the end. The rest of this comment is the per-feeder batch, which a shared
+ * queue (and FERRY_GPU_COOP=off) uses, and whose steps the calls share.
+ * Feeder tasks claim batches from them — runs of chunks from
  * the front of a queue — until they are empty; under AUTO a deflate queue is
  * shared: the other workers take one chunk at a time from it and decode it
  * on the CPU (exec.c), and a feeder claims only what the GPU finishes before
@@ -65,6 +74,8 @@ typedef struct chain_info {
 } chain_info;
 
 enum { CLASS_BLOSC = FERRY_NVCOMP_NALG, NCLASS };
+#define GD_MAX_SLOTS 8   /* batches in flight per feeder (per-feeder batches) or per device (cooperative ones) */
+#define GD_SLOTS_DEFAULT 4
 
 static int is_check(uint32_t id) { return id == FERRY_CODEC_CRC32C || id == FERRY_CODEC_FLETCHER32; }
 
@@ -145,6 +156,7 @@ typedef struct gd_queue {
     size_t first, count;
     _Atomic size_t next;     /* chunks claimed so far (may pass count: CPU claims overshoot) */
     int alg, dev, shared;
+    int coop;                /* GPU-only: its batches are cooperative (cbatch), read by every feeder */
     uint64_t target;         /* decoded bytes per batch */
     /* shared queues: what claim_batch weighs (bytes, seconds) */
     uint64_t bytes;          /* decoded bytes of the whole queue */
@@ -153,6 +165,26 @@ typedef struct gd_queue {
     double cpu_bps, gpu_bps, latency;  /* CPU workers' rate, the GPU's, one chunk's GPU latency */
 } gd_queue;
 
+/* A cooperative batch: the chunks of one nvCOMP call (a run of a GPU-only
+ * queue), read into one slot of the job's slot set by every feeder at once,
+ * a piece of a few chunks per claim; the feeder that reads its last piece
+ * launches it (framing, one call), and whoever next needs its slot — or any
+ * feeder at the end — checks it (finish_batch). */
+enum { CB_NEW = 0, CB_SETUP, CB_FILL, CB_LAUNCHED, CB_CHECKING, CB_DONE };
+typedef struct gd_cbatch {
+    gd_queue *q;
+    size_t first, n;              /* g->idx[first .. first+n) */
+    int slot;                     /* its slot in the device's set */
+    long prev;                    /* the batch that used that slot before it, -1 none */
+    int last_of_slot;             /* no later call of the job uses its slot */
+    const void *checker;          /* the feeder (worker) that checked it */
+    int state;                    /* CB_*, under the job's mu */
+    _Atomic size_t next;          /* chunks claimed for reading */
+    _Atomic size_t read;          /* chunks read (the one that reads the last launches) */
+    _Atomic uint64_t file_bytes;
+} gd_cbatch;
+
+struct gd_cset;
 struct ferry_gpudecode_job {
     uint32_t *idx;       /* extent indices, queue by queue (plan order inside each) */
     uint8_t *owned;      /* per extent: 1 when a queue holds it */
@@ -161,6 +193,19 @@ struct ferry_gpudecode_job {
     size_t feeders;      /* FERRY_GPU_TASK tasks 0 .. feeders-1: GPU feeders */
     size_t cpu_slots;    /* tasks feeders .. feeders+cpu_slots-1: one shared chunk each on the CPU */
     ferry_decode_trace *trace;   /* FERRY_DECODE_TRACE=1: per-stage totals (gpudecode_trace.c), else NULL */
+    /* cooperative batches (GPU-only queues) */
+    gd_cbatch *cb;
+    size_t ncb, piece;           /* batches; chunks a feeder reads per claim */
+    _Atomic size_t cb_cur;       /* the batch feeders are reading now */
+    int nslots;                  /* slots per device set: batches in flight */
+    uint64_t max_h[FERRY_MAX_DEVICES], max_dec[FERRY_MAX_DEVICES], max_chunk[FERRY_MAX_DEVICES];
+    size_t max_n[FERRY_MAX_DEVICES];
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int mu_init, failed;
+    _Atomic size_t coop_done;    /* feeders through run_coop: the last gives the sets back */
+    struct gd_cset *set[FERRY_MAX_DEVICES];   /* from the context's pool while the job runs */
+    ferry_ctx *ctx;
 };
 
 /* Decoded bytes per batch: large enough that nvCOMP's batched kernels fill
@@ -184,6 +229,117 @@ static uint64_t batch_target(uint64_t bytes, size_t feeders, int shared, double 
     if (t < (4u << 20)) t = 4u << 20;
     if (t > hi) t = hi;
     return t;
+}
+
+/* Cooperative batches (GPU-only queues), FERRY_GPU_COOP=off: the older
+ * per-feeder batches (a feeder reads its own batch alone), to compare. */
+static int coop_enabled(void) {
+    const char *s = getenv("FERRY_GPU_COOP");
+    return !(s && (!strcmp(s, "off") || !strcmp(s, "0")));
+}
+
+/* FERRY_GPU_TAIL=off: AUTO leaves no tail of a cooperative queue to the CPU. */
+static int tail_enabled(void) {
+    const char *s = getenv("FERRY_GPU_TAIL");
+    return !(s && (!strcmp(s, "off") || !strcmp(s, "0")));
+}
+
+/* Calls in flight per device for cooperative batches: FERRY_GPU_SLOTS (1 ..
+ * GD_MAX_SLOTS), default 8. On the H200 (15:42 run, 4 GiB of 1 MiB zstd
+ * chunks in 16 calls of 256) four slots made the readers wait 10 ms each for
+ * a call's slot (its decode not done: 1,024 chunks in flight where the GPU
+ * runs ~500 at once) and the job ran 112-119 ms; eight: no wait, 105 ms
+ * (41 GB/s). The price: up to 8 x 256 MiB of pinned staging per device. */
+static int coop_slots(void) {
+    const char *s = getenv("FERRY_GPU_SLOTS");
+    int v = s && *s ? atoi(s) : GD_MAX_SLOTS;
+    return v < 1 ? 1 : v > GD_MAX_SLOTS ? GD_MAX_SLOTS : v;
+}
+
+/* Chunks per cooperative nvCOMP call. nvCOMP decodes a chunk per thread
+ * block and one 1 MiB zstd chunk takes ~11 ms however many run beside it, so
+ * its rate is the chunks in flight: on the H200 32 per call gave 2.97 GB/s,
+ * 128 11.7, 256 22.2, 1,024 53.2 (BENCHMARKS.md) — the GPU holds ~500 at once.
+ * A job's queue is cut into `nslots` calls or more (they pipeline: call k+1 is
+ * read and copied up while k decodes, and nslots calls in flight on their own
+ * streams hold up to nslots x 256 chunks), each of 32 to 256 chunks and at
+ * most 256 MiB decoded (the pinned staging and nvCOMP temp space of every
+ * slot stay bounded: 8 slots of a 1 MiB zstd-0 call are ~2 GiB pinned).
+ * With 8 slots, 1,024 x 1 MiB chunks: 8 calls of 128 (the first launched
+ * after 128 chunks are read, not 256); 4,096: 16 of 256; 256 x 4 MiB: 8 of 32.
+ * FERRY_GPU_CALL overrides the chunk count, FERRY_GPU_BATCH the byte cap. */
+size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots) {
+    const char *s = getenv("FERRY_GPU_CALL");
+    long v = s && *s ? atol(s) : 0;
+    if (v > 0) return (size_t)(v > 4096 ? 4096 : v);
+    if (nslots < 1) nslots = 1;
+    size_t n = (count + (size_t)nslots - 1) / (size_t)nslots;
+    if (n > 256) n = 256;
+    if (n < 32) n = 32;
+    uint64_t cap = 256u << 20;
+    const char *b = getenv("FERRY_GPU_BATCH");
+    if (b) { int64_t x = ferry_parse_size(b); if (x > 0) cap = (uint64_t)x; }
+    if (max_chunk && (uint64_t)n * max_chunk > cap) n = (size_t)(cap / max_chunk);
+    return n ? n : 1;
+}
+
+/* Cut the job's cooperative queues into calls (gd_cbatch), give each a slot
+ * of its device's set in turn, and size the pieces feeders claim. */
+static int plan_coop(struct ferry_gpudecode_job *g, const ferry_job *j, int threads) {
+    size_t ncb = 0;
+    g->nslots = coop_slots();
+    for (size_t qi = 0; qi < g->nq; qi++) {
+        gd_queue *q = &g->q[qi];
+        if (!q->coop) continue;
+        uint64_t mc = 0;
+        for (size_t m = 0; m < q->count; m++) mc = FERRY_MAX(mc, j->ext[g->idx[q->first + m]].decoded_size);
+        q->target = ferry_gpudecode_call_chunks(q->count, mc, g->nslots);   /* here: chunks per call */
+        ncb += (q->count + q->target - 1) / q->target;
+    }
+    if (!ncb) return 0;
+    if (!(g->cb = calloc(ncb, sizeof *g->cb))) return ferry_seterr(FERRY_ENOMEM, "out of memory");
+    long last[FERRY_MAX_DEVICES][GD_MAX_SLOTS];
+    int turn[FERRY_MAX_DEVICES] = {0};
+    for (int d = 0; d < FERRY_MAX_DEVICES; d++) for (int k = 0; k < GD_MAX_SLOTS; k++) last[d][k] = -1;
+    size_t biggest = 0;
+    for (size_t qi = 0; qi < g->nq; qi++) {
+        gd_queue *q = &g->q[qi];
+        if (!q->coop) continue;
+        for (size_t m = 0; m < q->count; m += q->target) {
+            gd_cbatch *c = &g->cb[g->ncb++];
+            c->q = q;
+            c->first = q->first + m;
+            c->n = FERRY_MIN(q->target, q->count - m);
+            c->slot = turn[q->dev];
+            turn[q->dev] = (turn[q->dev] + 1) % g->nslots;
+            c->prev = last[q->dev][c->slot];
+            last[q->dev][c->slot] = (long)(c - g->cb);
+            uint64_t h = 0, dec = 0;
+            for (size_t k = 0; k < c->n; k++) {
+                const ferry_extent *e = &j->ext[g->idx[c->first + k]];
+                h += (e->length + 8 + 7) / 8 * 8 + 8;
+                dec += e->decoded_size;
+                g->max_chunk[q->dev] = FERRY_MAX(g->max_chunk[q->dev], e->decoded_size);
+            }
+            g->max_h[q->dev] = FERRY_MAX(g->max_h[q->dev], h);
+            g->max_dec[q->dev] = FERRY_MAX(g->max_dec[q->dev], dec);
+            g->max_n[q->dev] = FERRY_MAX(g->max_n[q->dev], c->n);
+            biggest = FERRY_MAX(biggest, c->n);
+        }
+    }
+    for (int d = 0; d < FERRY_MAX_DEVICES; d++)
+        for (int k = 0; k < GD_MAX_SLOTS; k++)
+            if (last[d][k] >= 0) g->cb[last[d][k]].last_of_slot = 1;
+    /* pieces: every feeder has about two per call, a few chunks each (one
+     * claim per chunk would cost an atomic and a cache line per MiB) */
+    g->piece = biggest / (2 * (size_t)(threads > 0 ? threads : 1));
+    if (g->piece < 1) g->piece = 1;
+    if (g->piece > 16) g->piece = 16;
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv, NULL);
+    g->mu_init = 1;
+    g->ctx = j->ctx;
+    return 0;
 }
 
 /* GPU feeders for shared queues: a few workers (each has gd_slots()
@@ -221,7 +377,7 @@ int ferry_gpudecode_plan(ferry_job *j, int policy) {
     if (!g->idx || !g->owned) { free(g->idx); free(g->owned); free(g); return ferry_seterr(FERRY_ENOMEM, "out of memory"); }
     const int threads = j->max_workers > 0 ? j->max_workers : 1;
     const size_t sh_feeders = shared_feeders(threads);
-    size_t k = 0, gpu_only = 0, shared = 0, max_batches = 0;
+    size_t k = 0, gpu_only = 0, shared = 0, max_batches = 0, tail_total = 0;
     /* one queue per (device, class): chunks keep plan order inside it */
     for (int d = 0; d < FERRY_MAX_DEVICES && k < cand; d++)
         for (int a = 0; a < NCLASS; a++) {
@@ -244,6 +400,31 @@ int ferry_gpudecode_plan(ferry_job *j, int policy) {
             q->alg = a;
             q->dev = d;
             q->shared = mode == MODE_BOTH;
+            q->coop = !q->shared && coop_enabled();
+            /* AUTO, cooperative: the queue's last chunks are left to the CPU
+             * workers (ordinary tasks, run as feeders finish reading). The
+             * GPU's last call ends one chunk's latency after its last read
+             * (1 MiB zstd: ~11 ms, a third of a 1 GiB job); in that time the
+             * other workers decode on the CPU (threads - 1) x latency x
+             * their rate: (threads - 1) x cpu_gbs x 1000 / chunk_mbs chunks
+             * (H200 zstd: 15 x 0.67 x 1000 / 93 = 108), at most a quarter of
+             * the queue. Only for a job alone on its context: with other jobs
+             * in flight (a dataset's prefetched batches) the workers read
+             * their calls during the drain instead, and the GPU's time is
+             * not idle. FERRY_GPU_TAIL=off: none. */
+            if (q->coop && policy == FERRY_DECODE_AUTO && tail_enabled() && auto_table[a].gpu_chunk_mbs > 0 && threads > 1 &&
+                q->count >= 64 && atomic_load(&j->ctx->active_jobs) == 0) {
+                size_t tail = (size_t)((double)(threads - 1) * auto_table[a].cpu_gbs_per_thread * 1e3 / auto_table[a].gpu_chunk_mbs);
+                if (tail > q->count / 4) tail = q->count / 4;
+                for (size_t m = k - tail; m < k; m++) {
+                    g->owned[g->idx[m]] = 0;
+                    bytes -= j->ext[g->idx[m]].decoded_size;
+                }
+                k -= tail;
+                q->count -= tail;
+                cand -= tail;
+                tail_total += tail;
+            }
             int cpu_threads = threads - (int)sh_feeders > 0 ? threads - (int)sh_feeders : 1;
             class_rate cr_env, *cr = &cr_env;
             cr_env = auto_table[a];
@@ -270,15 +451,26 @@ int ferry_gpudecode_plan(ferry_job *j, int policy) {
         }
     /* feeders: every worker for GPU-only queues (reading is spread over all
      * of them), a few where a queue is shared; never more than there are batches */
+    int rc = plan_coop(g, j, threads);
+    if (rc < 0) { g->nq = 0; j->gpu = g; ferry_gpudecode_job_free(j); return rc; }
+    if (g->ncb) {   /* every feeder reads pieces of the cooperative calls */
+        size_t pieces = 0;
+        for (size_t b = 0; b < g->ncb; b++) pieces += (g->cb[b].n + g->piece - 1) / g->piece;
+        if (pieces > max_batches) max_batches = pieces;
+    }
     g->feeders = gpu_only ? (size_t)threads : sh_feeders;
     if (g->feeders > max_batches) g->feeders = max_batches;
     if (g->feeders < 1) g->feeders = 1;
     g->cpu_slots = shared;
     if (ferry_dt_enabled() && (g->trace = calloc(1, sizeof *g->trace))) {
         g->trace->plan_batches = g->feeders;
-        g->trace->plan_target = g->nq ? g->q[0].target : 0;
+        g->trace->plan_target = g->nq && !g->q[0].coop ? g->q[0].target : 0;
+        g->trace->plan_call = g->ncb ? g->cb[0].n : 0;
+        g->trace->plan_calls = g->ncb;
         g->trace->plan_chunks = cand;
         g->trace->plan_shared = shared;
+        g->trace->plan_tail = tail_total;
+        g->trace->t_plan = ferry_dt_now();
     }
     j->gpu = g;
     return 0;
@@ -296,6 +488,7 @@ static int claim_batch(struct ferry_gpudecode_job *g, const ferry_job *j, gd_que
                        size_t *count) {
     for (size_t qi = 0; qi < g->nq; qi++) {
         gd_queue *q = &g->q[qi];
+        if (q->coop) continue;   /* its calls are read by every feeder (run_coop) */
         size_t cur = atomic_load(&q->next);
         while (cur < q->count) {
             size_t left = q->count - cur, take = 0;
@@ -344,9 +537,16 @@ int64_t ferry_gpudecode_take_one(ferry_job *j) {
     return -1;
 }
 
+struct gd_cset;
+static void set_release(ferry_ctx *ctx, struct gd_cset *set);
+
 void ferry_gpudecode_job_free(ferry_job *j) {
     if (!j || !j->gpu) return;
     if (j->gpu->trace) { ferry_dt_report(j->gpu->trace, j->id, j->max_workers); free(j->gpu->trace); }
+    for (int d = 0; d < FERRY_MAX_DEVICES; d++)
+        if (j->gpu->set[d]) set_release(j->gpu->ctx, j->gpu->set[d]);
+    if (j->gpu->mu_init) { pthread_mutex_destroy(&j->gpu->mu); pthread_cond_destroy(&j->gpu->cv); }
+    free(j->gpu->cb);
     free(j->gpu->idx); free(j->gpu->owned); free(j->gpu);
     j->gpu = NULL;
 }
@@ -364,6 +564,7 @@ typedef struct gd_chunk {
     int placed;          /* fin is scratch: copy (place) it into dst */
     size_t item0, nitems;/* its nvCOMP inputs */
     uint64_t cpu_pos;    /* K_CPU / K_FILL: offset in hcpu */
+    size_t len;          /* its bytes once the checks' trailers are verified and cut (read_chunks) */
 } gd_chunk;
 
 typedef struct gd_item {  /* one nvCOMP input: a frame, or one split of a blosc block */
@@ -381,13 +582,12 @@ typedef struct gd_desc { uint64_t in, out, n, size; int in_din, in_scr, out_scr;
  * used, default 4), so that it reads and frames the next batches while the
  * earlier ones decode on their own streams: nvCOMP decodes a chunk per
  * thread block, so its rate is the number of chunks in flight. */
-#define GD_MAX_SLOTS 4
 typedef struct gd_slot {
     uint8_t *h; size_t hcap; int hpinned;         /* packed chunks, arrays, descriptors (pinned) */
     uint8_t *hres; size_t hres_cap; int hres_pinned; /* statuses, sizes, checks back from the device */
     uint8_t *hcpu; size_t hcpu_cap; int hcpu_pinned; /* chunks decoded on the CPU, before their copy */
-    CUdeviceptr din, dres, dtemp, dscr;
-    size_t din_cap, dres_cap, dtemp_cap, dscr_cap;
+    CUdeviceptr din, dres, dtemp, dscr, darr;     /* darr: a cooperative batch's arrays (din holds its payloads) */
+    size_t din_cap, dres_cap, dtemp_cap, dscr_cap, darr_cap;
     CUstream stream;
     CUevent dec;         /* recorded after the decode and the results' copy back */
     CUevent done;        /* recorded after the batch's last device work (placement) */
@@ -403,6 +603,7 @@ typedef struct gd_slot {
     size_t n;
     gd_queue *q;         /* its queue (the job's): a shared one counts what the GPU holds */
     uint64_t file_bytes, res_size, res_adler, cpu_fallbacks;
+    uint64_t hsize;      /* bytes of h the chunks take (the arrays follow) */
 } gd_slot;
 
 typedef struct gd_dev {
@@ -418,10 +619,11 @@ struct ferry_gpudecode_worker {
 
 enum { K_GPU = 0, K_CPU = 1, K_FILL = 2, K_DONE = 3 /* nvCOMP failed it, the CPU's result is in place */ };
 
-/* Slots a feeder uses per device: FERRY_GPU_SLOTS (1 .. GD_MAX_SLOTS), default all. */
+/* Slots a feeder (per-feeder batches) or a device's set (cooperative calls)
+ * uses: FERRY_GPU_SLOTS (1 .. GD_MAX_SLOTS), default 4. */
 static int gd_slots(void) {
     const char *s = getenv("FERRY_GPU_SLOTS");
-    int v = s && *s ? atoi(s) : GD_MAX_SLOTS;
+    int v = s && *s ? atoi(s) : GD_SLOTS_DEFAULT;
     return v < 1 ? 1 : v > GD_MAX_SLOTS ? GD_MAX_SLOTS : v;
 }
 #define MAX_BLOSC_STREAMS 65536
@@ -434,6 +636,7 @@ static void slot_free(const ferry_cuda_api *cu, gd_slot *g) {
     if (g->dres) cu->MemFree(g->dres);
     if (g->dtemp) cu->MemFree(g->dtemp);
     if (g->dscr) cu->MemFree(g->dscr);
+    if (g->darr) cu->MemFree(g->darr);
     /* from ferry_worker_grow: plain ones may be mmapped (hostmem.c), not malloc'd */
     ferry_worker_free_host(g->h, g->hcap, g->hpinned);
     ferry_worker_free_host(g->hres, g->hres_cap, g->hres_pinned);
@@ -644,9 +847,9 @@ static int add_desc(gd_desc **arr, size_t *n, size_t *cap, gd_desc d) {
 /* Read every chunk of the batch into its slot of h. Files named by path come
  * from the context's open-file cache, as for every other reader (a batch
  * used to open and close each chunk's file itself). */
-static int read_chunks(ferry_worker *w, ferry_job *j, gd_slot *g, uint64_t *file_bytes) {
+static int read_chunks(ferry_worker *w, ferry_job *j, gd_slot *g, size_t k0, size_t k1, uint64_t *file_bytes) {
     gd_chunk *ch = g->ch;
-    for (size_t k = 0; k < g->n; k++) {
+    for (size_t k = k0; k < k1; k++) {
         const ferry_extent *e = &j->ext[ch[k].ext];
         ferry_file *f = e->file;
         if (!f) {
@@ -665,6 +868,15 @@ static int read_chunks(ferry_worker *w, ferry_job *j, gd_slot *g, uint64_t *file
                                 f->path, (unsigned long long)(e->offset + (uint64_t)got), (unsigned long long)e->offset,
                                 (unsigned long long)e->length);
         *file_bytes += (uint64_t)got;
+        /* the CPU's checks (crc32c, fletcher32 over the encoded bytes) here,
+         * by the reader, so that a cooperative call's checks are spread over
+         * every feeder (~280 us per 1 MiB crc32c on one core) */
+        size_t len = e->length;
+        for (int i = 0; i < ch[k].ci.ncheck; i++) {
+            int rc = ferry_codecs_verify_trailer(e->codecs[i].id, g->h + ch[k].slot, &len);
+            if (rc < 0) return chunk_err(rc, e, ext_path(e), &ch[k].ci);
+        }
+        ch[k].len = len;
     }
     return 0;
 }
@@ -676,11 +888,9 @@ static int classify(struct ferry_gpudecode_worker *gw, gd_slot *g, const ferry_n
                     gd_chunk *c, uint32_t ci_idx, int kernels, uint64_t *scr) {
     CUdeviceptr dst = (CUdeviceptr)(uintptr_t)e->dst.ptr + e->dst_offset;
     int contig = place_is_contiguous(e->place, e->decoded_size);
-    size_t len = e->length;
+    size_t len = c->len;   /* checked by read_chunks */
     const uint8_t *p = g->h + c->slot;
     int rc;
-    for (int i = 0; i < c->ci.ncheck; i++)
-        if ((rc = ferry_codecs_verify_trailer(e->codecs[i].id, p, &len)) < 0) return rc;
     ferry_blosc_frame bf;
     memset(&bf, 0, sizeof bf);
     int unshuffle_size = 0;   /* element size of the unshuffle after decoding, 0 none */
@@ -777,21 +987,22 @@ static int slot_ready(gd_slot *g, int d) {
     return 0;
 }
 
-/* First half of a batch on slot g: read the chunks into pinned staging,
- * check and frame them on the CPU, enqueue the copy up, the nvCOMP calls,
- * the filters and the results' copy back on the slot's stream, then decode
- * on the CPU the chunks the GPU does not take. finish_batch completes it. */
-static int start_batch(ferry_worker *w, ferry_job *j, gd_queue *Q, const uint32_t *idx, size_t n, gd_slot *g,
-                       ferry_decode_trace *tr) {
+/* A batch on slot g, in three steps: batch_layout (its stream and events,
+ * the slot's previous batch placed, every chunk's place in pinned staging h),
+ * read_chunks (any feeder, any range of its chunks), batch_launch (check and
+ * frame every chunk on the CPU, enqueue the copy up, the nvCOMP calls, the
+ * filters and the results' copy back on the slot's stream, then decode on
+ * the CPU the chunks the GPU does not take). finish_batch completes it.
+ * min_h / min_din: sizes to grow h and din to at least (cooperative slots are
+ * grown once to the job's largest call, 0 otherwise). */
+static int batch_layout(ferry_worker *w, ferry_job *j, gd_queue *Q, const uint32_t *idx, size_t n, gd_slot *g,
+                        ferry_decode_trace *tr, uint64_t min_h, uint64_t min_din) {
     uint64_t tlap = tr ? ferry_dt_now() : 0;
     const int d = Q->dev;
     const ferry_cuda_api *cu = ferry_cuda_load(NULL);
-    const ferry_nvcomp_api *nv = ferry_nvcomp_load(NULL);
-    struct ferry_gpudecode_worker *gw = w->gpu;
     int rc = ferry_cuda_use_device(d);
     if (rc < 0) return rc;
     if ((rc = slot_ready(g, d)) < 0) return rc;
-    CUstream s = g->stream;
     CUresult r;
     if (g->busy) {   /* the slot's previous batch may still be placed from its buffers */
         if ((r = cu->EventSynchronize(g->done))) return ferry_seterr(FERRY_ECUDA, "device %d: GPU decode failed: %s", d, ferry_cuda_errstr(r));
@@ -812,7 +1023,7 @@ static int start_batch(ferry_worker *w, ferry_job *j, gd_queue *Q, const uint32_
         g->ch_cap = n;
     }
     gd_chunk *ch = g->ch;
-    int kernels = g->kernels = ferry_cuda_kernels_ready(d);
+    g->kernels = ferry_cuda_kernels_ready(d);
     g->it_n = g->cp_n = g->un_n = g->bu_n = 0;
 
     /* slots: each chunk starts `lead` bytes into an 8-aligned slot so that the
@@ -828,9 +1039,30 @@ static int start_batch(ferry_worker *w, ferry_job *j, gd_queue *Q, const uint32_
         ch[k].slot = hsize + (8 - hdr) % 8;
         hsize += up(e->length + 8, 8);
     }
-    if ((rc = host_grow(w, d, &g->h, &g->hcap, &g->hpinned, hsize ? hsize : 1)) < 0) return rc;
-    if ((rc = read_chunks(w, j, g, &g->file_bytes)) < 0) return rc;
-    ferry_dt_lap(tr, FERRY_DT_READ, &tlap);
+    g->hsize = hsize;
+    if ((rc = host_grow(w, d, &g->h, &g->hcap, &g->hpinned, FERRY_MAX(hsize, min_h) ? FERRY_MAX(hsize, min_h) : 1)) < 0) return rc;
+    if (min_din && (rc = dev_grow(&g->din, &g->din_cap, FERRY_MAX(hsize, min_din))) < 0) return rc;
+    ferry_dt_lap(tr, FERRY_DT_LAYOUT, &tlap);
+    return 0;
+}
+/* The rest of a batch whose chunks are all in h (batch_layout says what).
+ * coop: the payloads are on the device already (each reader copied its
+ * range up); only the arrays go up, into darr. */
+static int batch_launch(ferry_worker *w, ferry_job *j, gd_slot *g, ferry_decode_trace *tr, int coop) {
+    uint64_t tlap = tr ? ferry_dt_now() : 0;
+    const int d = g->dev;
+    const size_t n = g->n;
+    const uint64_t hsize = g->hsize;
+    const ferry_cuda_api *cu = ferry_cuda_load(NULL);
+    const ferry_nvcomp_api *nv = ferry_nvcomp_load(NULL);
+    struct ferry_gpudecode_worker *gw = w->gpu;
+    gd_chunk *ch = g->ch;
+    const int kernels = g->kernels;
+    CUstream s = g->stream;
+    CUresult r;
+    int rc = ferry_cuda_use_device(d);
+    if (rc < 0) return rc;
+
 
     /* CPU checks and framing: items, descriptors, outputs */
     uint64_t scr = 0, cpu_total = 0;
@@ -878,6 +1110,8 @@ static int start_batch(ferry_worker *w, ferry_job *j, gd_queue *Q, const uint32_
     memset(&opts, 0, sizeof opts);
     if (any_gpu) {
         if (htotal > g->hcap) {   /* the arrays did not fit behind the payloads: grow, keeping the chunks */
+            if (coop && (r = cu->StreamSynchronize(s)))   /* the readers' copies up from h may be pending */
+                return ferry_seterr(FERRY_ECUDA, "device %d: GPU decode failed: %s", d, ferry_cuda_errstr(r));
             uint8_t *nb = NULL; size_t ncap = 0; int npin = 0;
             if ((rc = host_grow(w, d, &nb, &ncap, &npin, htotal)) < 0) return rc;
             memcpy(nb, g->h, hsize);
@@ -892,7 +1126,11 @@ static int start_batch(ferry_worker *w, ferry_job *j, gd_queue *Q, const uint32_
             if (st) return ferry_seterr(FERRY_ECUDA, "nvCOMP batched decompress: temp size for %zu chunks: %s", na[a], ferry_nvcomp_errstr(st));
             if (t > temp) temp = t;   /* the calls run one after another on one stream: one temp serves all */
         }
-        if ((rc = dev_grow(&g->din, &g->din_cap, htotal)) < 0) return rc;
+        /* device arrays: behind the payloads in din, or (coop: din holds the
+         * payloads already) in darr */
+        if (coop ? (rc = dev_grow(&g->darr, &g->darr_cap, htotal - arr)) < 0 : (rc = dev_grow(&g->din, &g->din_cap, htotal)) < 0)
+            return rc;
+        const CUdeviceptr abase = coop ? g->darr : g->din + arr;
         if ((rc = dev_grow(&g->dres, &g->dres_cap, res_total)) < 0) return rc;
         if (temp && (rc = dev_grow(&g->dtemp, &g->dtemp_cap, temp)) < 0) return rc;
         if ((rc = host_grow(w, d, &g->hres, &g->hres_cap, &g->hres_pinned, res_total)) < 0) return rc;
@@ -927,12 +1165,14 @@ static int start_batch(ferry_worker *w, ferry_job *j, gd_queue *Q, const uint32_
         }
         /* one copy up; copies, one nvCOMP call per algorithm, Adler-32s,
          * unshuffles, byteswaps; one copy of the results back */
-        if ((r = cu->MemcpyHtoDAsync(g->din, g->h, htotal, s)))
+        if (tr) ferry_dt_mark(&tr->t_h2d0, ferry_dt_now());
+        if ((r = coop ? cu->MemcpyHtoDAsync(g->darr, g->h + arr, htotal - arr, s) : cu->MemcpyHtoDAsync(g->din, g->h, htotal, s)))
             return ferry_seterr(FERRY_ECUDA, "cuMemcpyHtoDAsync: %s", ferry_cuda_errstr(r));
-        if (g->cp_n && (rc = ferry_cuda_unshuffle_batch(d, g->din + a_cp, g->cp_n, 0, s)) < 0) return rc;
+        if (g->cp_n && (rc = ferry_cuda_unshuffle_batch(d, abase + (a_cp - arr), g->cp_n, 0, s)) < 0) return rc;
+        if (tr && nitems) ferry_dt_mark(&tr->t_nv0, ferry_dt_now());
         for (int a = 0; a < FERRY_NVCOMP_NALG; a++) {
             if (!na[a]) continue;
-            CUdeviceptr base = g->din + arr;
+            CUdeviceptr base = abase;
             ferry_nvcomp_status_t st = nv->alg[a].DecompressAsync(
                 (const void *const *)(uintptr_t)(base + 8 * q0[a]), (const size_t *)(uintptr_t)(base + 8 * (nitems + q0[a])),
                 (const size_t *)(uintptr_t)(base + 8 * (3 * nitems + q0[a])), (size_t *)(uintptr_t)(g->dres + res_size + 8 * q0[a]),
@@ -946,15 +1186,15 @@ static int start_batch(ferry_worker *w, ferry_job *j, gd_queue *Q, const uint32_
                                                g->dres + res_adler + 4 * q0[a], na[a], s)) < 0)
                 return rc;
         }
-        if (g->un_n && (rc = ferry_cuda_unshuffle_batch(d, g->din + a_un, g->un_n, 0, s)) < 0) return rc;
-        if (g->bu_n && (rc = ferry_cuda_unshuffle_batch(d, g->din + a_bu, g->bu_n, 1, s)) < 0) return rc;
+        if (g->un_n && (rc = ferry_cuda_unshuffle_batch(d, abase + (a_un - arr), g->un_n, 0, s)) < 0) return rc;
+        if (g->bu_n && (rc = ferry_cuda_unshuffle_batch(d, abase + (a_bu - arr), g->bu_n, 1, s)) < 0) return rc;
         for (size_t k = 0; k < n; k++)
             if (ch[k].kind == K_GPU && ch[k].ci.swap &&
                 (rc = ferry_cuda_byteswap(d, ch[k].fin, j->ext[ch[k].ext].decoded_size / ch[k].ci.swap, ch[k].ci.swap, s)) < 0)
                 return rc;
         if ((r = cu->MemcpyDtoHAsync(g->hres, g->dres, res_total, s)) || (r = cu->EventRecord(g->dec, s)))
             return ferry_seterr(FERRY_ECUDA, "cuMemcpyDtoHAsync: %s", ferry_cuda_errstr(r));
-        ferry_dt_in_flight(tr, 1);
+        ferry_dt_in_flight(tr, 1, nitems);
         g->flying = 1;
     }
     ferry_dt_lap(tr, FERRY_DT_ENQUEUE, &tlap);
@@ -972,6 +1212,18 @@ static int start_batch(ferry_worker *w, ferry_job *j, gd_queue *Q, const uint32_
     }
     ferry_dt_lap(tr, FERRY_DT_CPU, &tlap);
     return 0;
+}
+
+/* All three steps on one feeder (per-feeder batches: shared queues, FERRY_GPU_COOP=off). */
+static int start_batch(ferry_worker *w, ferry_job *j, gd_queue *Q, const uint32_t *idx, size_t n, gd_slot *g,
+                       ferry_decode_trace *tr) {
+    int rc = batch_layout(w, j, Q, idx, n, g, tr, 0, 0);
+    if (rc < 0) return rc;
+    uint64_t tlap = tr ? ferry_dt_now() : 0;
+    if (tr) ferry_dt_mark(&tr->t_read0, tlap);
+    if ((rc = read_chunks(w, j, g, 0, n, &g->file_bytes)) < 0) return rc;
+    ferry_dt_lap(tr, FERRY_DT_READ, &tlap);
+    return batch_launch(w, j, g, tr, 0);
 }
 
 /* Second half of the batch in slot g: wait for its decode, check every
@@ -994,7 +1246,8 @@ static int64_t finish_batch(ferry_worker *w, ferry_job *j, gd_slot *g, ferry_dec
     if (g->any_gpu) {
         r = cu->EventSynchronize(g->dec);
         ferry_dt_lap(tr, FERRY_DT_WAIT, &tlap);
-        if (g->flying) { ferry_dt_in_flight(tr, -1); g->flying = 0; }
+        if (tr) ferry_dt_mark_max(&tr->t_done, ferry_dt_now());
+        if (g->flying) { ferry_dt_in_flight(tr, -1, g->it_n); g->flying = 0; }
         if (r) return ferry_seterr(FERRY_ECUDA, "device %d: GPU decode failed: %s", d, ferry_cuda_errstr(r));
         const int32_t *sts = (const int32_t *)g->hres;
         const uint64_t *sizes = (const uint64_t *)(g->hres + g->res_size);
@@ -1074,6 +1327,302 @@ static int64_t finish_batch(ferry_worker *w, ferry_job *j, gd_slot *g, ferry_dec
     return (int64_t)g->file_bytes;
 }
 
+/* ---- cooperative batches: slots per context, calls read by every feeder ---------- */
+/* A device's set of slots for cooperative calls: a job takes one per device
+ * from the context's pool while it runs and gives it back at its end, so
+ * the pinned staging, device buffers and nvCOMP temp space are allocated by
+ * the first GPU-decode job of a context (each slot grown once to the job's
+ * largest call) and reused by every later one. Jobs that run at once (a
+ * dataset's prefetched batches) take a set each: the pool keeps one idle
+ * set per device whatever its size, and more (up to POOL_SETS per device)
+ * while the idle sets' buffers stay within POOL_BYTES, so that those too
+ * are allocated once, not per job. */
+#define POOL_SETS 8
+#define POOL_BYTES (6ull << 30)   /* FERRY_GPU_POOL (a size) overrides */
+
+static uint64_t pool_bytes(void) {
+    const char *s = getenv("FERRY_GPU_POOL");
+    int64_t v = s && *s ? ferry_parse_size(s) : -1;
+    return v >= 0 ? (uint64_t)v : POOL_BYTES;
+}
+typedef struct gd_cset {
+    gd_slot sl[GD_MAX_SLOTS];
+    int dev;
+    struct gd_cset *next;
+} gd_cset;
+
+struct ferry_gpudecode_pool {
+    pthread_mutex_t mu;
+    gd_cset *idle;        /* at most POOL_SETS per device, POOL_BYTES in all */
+};
+
+ferry_gpudecode_pool *ferry_gpudecode_pool_new(void) {
+    ferry_gpudecode_pool *p = calloc(1, sizeof *p);
+    if (p) pthread_mutex_init(&p->mu, NULL);
+    return p;
+}
+
+static uint64_t set_bytes(const gd_cset *set) {
+    uint64_t b = 0;
+    for (int k = 0; k < GD_MAX_SLOTS; k++) {
+        const gd_slot *g = &set->sl[k];
+        b += g->hcap + g->hres_cap + g->hcpu_cap + g->din_cap + g->dres_cap + g->dtemp_cap + g->dscr_cap + g->darr_cap;
+    }
+    return b;
+}
+
+static void set_free(gd_cset *set) {
+    const ferry_cuda_api *cu = ferry_cuda_load(NULL);
+    if (cu) {
+        CUcontext saved = ferry_cuda_current();
+        if (ferry_cuda_use_device(set->dev) == 0)
+            for (int k = 0; k < GD_MAX_SLOTS; k++) slot_free(cu, &set->sl[k]);
+        ferry_clearerr();
+        ferry_cuda_restore(saved);
+    }
+    free(set);
+}
+
+void ferry_gpudecode_pool_free(ferry_gpudecode_pool *p) {
+    if (!p) return;
+    while (p->idle) { gd_cset *s = p->idle; p->idle = s->next; set_free(s); }
+    pthread_mutex_destroy(&p->mu);
+    free(p);
+}
+
+static gd_cset *set_acquire(ferry_ctx *ctx, int dev) {
+    ferry_gpudecode_pool *p = ctx->gpu_pool;
+    gd_cset *got = NULL;
+    if (p) {   /* the largest idle set of the device: the likeliest to need no growth */
+        pthread_mutex_lock(&p->mu);
+        gd_cset **best = NULL;
+        for (gd_cset **pp = &p->idle; *pp; pp = &(*pp)->next)
+            if ((*pp)->dev == dev && (!best || set_bytes(*pp) > set_bytes(*best))) best = pp;
+        if (best) { got = *best; *best = got->next; }
+        pthread_mutex_unlock(&p->mu);
+    }
+    if (!got && (got = calloc(1, sizeof *got))) got->dev = dev;
+    if (got) got->next = NULL;
+    return got;
+}
+
+/* The job is complete (every feeder synchronized the set's streams). */
+static void set_release(ferry_ctx *ctx, gd_cset *set) {
+    for (int k = 0; k < GD_MAX_SLOTS; k++) { set->sl[k].open = set->sl[k].flying = 0; set->sl[k].q = NULL; }
+    ferry_gpudecode_pool *p = ctx ? ctx->gpu_pool : NULL;
+    if (p) {
+        pthread_mutex_lock(&p->mu);
+        int same = 0;
+        uint64_t bytes = set_bytes(set);
+        for (gd_cset *x = p->idle; x; x = x->next) { same += x->dev == set->dev; bytes += set_bytes(x); }
+        /* one set per device always (a 4 GiB job's: 8 slots of 256 MiB staging and
+         * payloads plus nvCOMP's temp space, several GiB), more within POOL_BYTES */
+        if (!same || (same < POOL_SETS && bytes <= pool_bytes())) { set->next = p->idle; p->idle = set; set = NULL; }
+        pthread_mutex_unlock(&p->mu);
+    }
+    if (set) set_free(set);
+}
+
+/* Check the launched call b (mu held on entry and return; dropped while checking). */
+static int64_t coop_check(ferry_worker *w, ferry_job *j, struct ferry_gpudecode_job *G, size_t b) {
+    gd_cbatch *c = &G->cb[b];
+    c->state = CB_CHECKING;
+    c->checker = w;
+    pthread_mutex_unlock(&G->mu);
+    uint64_t t0 = G->trace ? ferry_dt_now() : 0;
+    gd_slot *g = &G->set[c->q->dev]->sl[c->slot];
+    int64_t rc = finish_batch(w, j, g, G->trace);
+    ferry_dt_lap(G->trace, FERRY_DT_CHECK, &t0);
+    pthread_mutex_lock(&G->mu);
+    c->state = CB_DONE;
+    if (rc < 0) G->failed = 1;
+    pthread_cond_broadcast(&G->cv);
+    return rc;
+}
+
+/* Lay out call b on its slot (mu held on entry and return, dropped while
+ * it runs): its chunks' places, and the first time a slot serves a job, its
+ * buffers grown to the job's largest call — pinned staging, device payloads,
+ * arrays, results and nvCOMP's temp space (zstd: ~3 x the call's output) —
+ * so that no call of the job allocates after it. The call's previous user
+ * of the slot is checked (CB_DONE) or there is none. */
+static int coop_setup(ferry_worker *w, ferry_job *j, struct ferry_gpudecode_job *G, size_t b) {
+    gd_cbatch *c = &G->cb[b];
+    c->state = CB_SETUP;
+    pthread_mutex_unlock(&G->mu);
+    uint64_t t0 = G->trace ? ferry_dt_now() : 0;
+    int d = c->q->dev;
+    gd_slot *g = &G->set[d]->sl[c->slot];
+    int rc = batch_layout(w, j, c->q, G->idx + c->first, c->n, g, G->trace, G->max_h[d] + 128 * G->max_n[d] + 64, G->max_h[d]);
+    /* (blosc's splits may ask more arrays and results: they grow then) */
+    if (rc >= 0) rc = dev_grow(&g->darr, &g->darr_cap, 128 * G->max_n[d] + 64);
+    if (rc >= 0) rc = dev_grow(&g->dres, &g->dres_cap, 32 * G->max_n[d] + 64);
+    if (rc >= 0) rc = host_grow(w, d, &g->hres, &g->hres_cap, &g->hres_pinned, 32 * G->max_n[d] + 64);
+    if (rc >= 0 && c->q->alg < FERRY_NVCOMP_NALG) {
+        size_t t = 0;
+        ferry_nvcomp_opts opts;
+        memset(&opts, 0, sizeof opts);
+        const ferry_nvcomp_api *nv = ferry_nvcomp_load(NULL);
+        if (!ferry_nvcomp_temp_size(nv, c->q->alg, G->max_n[d], G->max_chunk[d], opts, &t, G->max_dec[d], g->stream) && t)
+            rc = dev_grow(&g->dtemp, &g->dtemp_cap, t);
+    }
+    ferry_dt_lap(G->trace, FERRY_DT_LAYOUT, &t0);
+    pthread_mutex_lock(&G->mu);
+    c->state = CB_FILL;
+    if (rc < 0) G->failed = 1;
+    pthread_cond_broadcast(&G->cv);
+    return rc;
+}
+
+/* Make call b ready to be read into (mu held): its slot's previous call
+ * checked — by this feeder, if it is launched and nobody checks it yet —
+ * then its layout, by whichever feeder comes first. A feeder that would
+ * wait lays out a later call whose slot is free instead (the first job of a
+ * context grows every slot's buffers this way at once, not one after
+ * another). Returns the bytes of calls this feeder checked, or a negative
+ * code. */
+static int64_t coop_ready(ferry_worker *w, ferry_job *j, struct ferry_gpudecode_job *G, size_t b) {
+    gd_cbatch *c = &G->cb[b];
+    int64_t total = 0, rc;
+    uint64_t t0 = G->trace ? ferry_dt_now() : 0;
+    for (;;) {
+        if (G->failed || atomic_load(&j->error) || atomic_load(&j->canceled)) return total ? total : 0;
+        if (c->state >= CB_FILL) break;
+        if (c->state == CB_NEW) {
+            gd_cbatch *p = c->prev >= 0 ? &G->cb[c->prev] : NULL;
+            if (p && p->state == CB_LAUNCHED) {
+                if ((rc = coop_check(w, j, G, (size_t)c->prev)) < 0) return rc;
+                total += rc;
+                continue;
+            }
+            if (!p || p->state == CB_DONE) {
+                ferry_dt_lap(G->trace, FERRY_DT_SLOTWAIT, &t0);
+                if ((rc = coop_setup(w, j, G, b)) < 0) return rc;
+                t0 = G->trace ? ferry_dt_now() : 0;
+                break;
+            }
+        }
+        size_t ahead = 0;   /* a later call whose slot is free */
+        for (size_t k = b + 1; k < G->ncb && k < b + (size_t)G->nslots && !ahead; k++) {
+            gd_cbatch *x = &G->cb[k];
+            if (x->state == CB_NEW && (x->prev < 0 || G->cb[x->prev].state == CB_DONE)) ahead = k;
+        }
+        if (ahead) {
+            if ((rc = coop_setup(w, j, G, ahead)) < 0) return rc;
+            continue;
+        }
+        pthread_cond_wait(&G->cv, &G->mu);   /* its previous call is filling or being checked; or its setup runs */
+    }
+    ferry_dt_lap(G->trace, FERRY_DT_SLOTWAIT, &t0);
+    return total;
+}
+
+/* A feeder on cooperative calls: until every call is claimed, take a piece
+ * of the current one (readying it first), read it into the call's slot and
+ * copy it up; launch the call when its last piece is read. Then check every
+ * launched call nobody checks yet. Returns the file bytes of the calls it
+ * checked, or a negative code (the job fails; other feeders stop). */
+static int64_t run_coop(ferry_worker *w, ferry_job *j, struct ferry_gpudecode_job *G) {
+    ferry_decode_trace *tr = G->trace;
+    const ferry_cuda_api *cu = ferry_cuda_load(NULL);
+    int64_t total = 0, rc = 0;
+    pthread_mutex_lock(&G->mu);
+    for (int d = 0; d < FERRY_MAX_DEVICES; d++)   /* this job's sets: the first feeder takes them */
+        if (G->max_n[d] && !G->set[d] && !(G->set[d] = set_acquire(j->ctx, d))) {
+            G->failed = 1;
+            rc = ferry_seterr(FERRY_ENOMEM, "out of memory");
+        }
+    while (rc >= 0) {
+        size_t b = atomic_load(&G->cb_cur);
+        if (b >= G->ncb || G->failed) break;
+        if ((rc = coop_ready(w, j, G, b)) < 0) break;
+        total += rc;
+        if (G->failed || atomic_load(&j->error) || atomic_load(&j->canceled)) break;
+        gd_cbatch *c = &G->cb[b];
+        size_t k0 = atomic_fetch_add(&c->next, G->piece);
+        if (k0 >= c->n) {   /* its pieces are all claimed: the next call */
+            atomic_compare_exchange_strong(&G->cb_cur, &b, b + 1);
+            continue;
+        }
+        pthread_mutex_unlock(&G->mu);
+        size_t k1 = FERRY_MIN(k0 + G->piece, c->n);
+        gd_slot *g = &G->set[c->q->dev]->sl[c->slot];
+        uint64_t t0 = tr ? ferry_dt_now() : 0, bytes = 0;
+        if (tr) ferry_dt_mark(&tr->t_read0, t0);
+        rc = ferry_cuda_use_device(c->q->dev);
+        if (rc >= 0) rc = read_chunks(w, j, g, k0, k1, &bytes);
+        if (rc >= 0) {   /* this piece up now, while the others are read */
+            uint64_t lo = g->ch[k0].slot / 8 * 8, hi = g->ch[k1 - 1].slot + j->ext[g->ch[k1 - 1].ext].length;
+            if (tr) ferry_dt_mark(&tr->t_h2d0, ferry_dt_now());
+            CUresult r = cu->MemcpyHtoDAsync(g->din + lo, g->h + lo, hi - lo, g->stream);
+            if (r) rc = ferry_seterr(FERRY_ECUDA, "cuMemcpyHtoDAsync: %s", ferry_cuda_errstr(r));
+        }
+        ferry_dt_lap(tr, FERRY_DT_READ, &t0);
+        int launched = 0;
+        if (rc >= 0) {
+            atomic_fetch_add(&c->file_bytes, bytes);
+            if (atomic_fetch_add(&c->read, k1 - k0) + (k1 - k0) == c->n) {   /* the last piece: launch the call */
+                g->file_bytes = atomic_load(&c->file_bytes);
+                rc = batch_launch(w, j, g, tr, 1);
+                launched = rc >= 0;
+            }
+        }
+        pthread_mutex_lock(&G->mu);
+        if (rc < 0) { G->failed = 1; pthread_cond_broadcast(&G->cv); break; }
+        if (launched) { c->state = CB_LAUNCHED; pthread_cond_broadcast(&G->cv); }
+    }
+    /* check what is launched and unchecked, in order */
+    for (size_t b = 0; rc >= 0 && b < G->ncb && !G->failed; b++)
+        if (G->cb[b].state == CB_LAUNCHED) {
+            int64_t x = coop_check(w, j, G, b);
+            if (x < 0) rc = x; else total += x;
+        }
+    if (rc < 0) G->failed = 1;
+    int failed = G->failed || atomic_load(&j->error) || atomic_load(&j->canceled);
+    /* the placements this feeder enqueued that no later layout of their slot waits for */
+    gd_slot *mine[FERRY_MAX_DEVICES * GD_MAX_SLOTS];
+    int nmine = 0;
+    for (size_t b = 0; !failed && rc >= 0 && b < G->ncb; b++)
+        if (G->cb[b].checker == w && G->cb[b].last_of_slot && nmine < FERRY_MAX_DEVICES * GD_MAX_SLOTS)
+            mine[nmine++] = &G->set[G->cb[b].q->dev]->sl[G->cb[b].slot];
+    pthread_cond_broadcast(&G->cv);
+    pthread_mutex_unlock(&G->mu);
+    /* complete before the task ends: nothing this feeder enqueued outlives
+     * it. Its reads and launches are covered by the check of their call
+     * (EventSynchronize of its decode), the placement a check enqueues by
+     * the next layout of that slot (it waits for the slot's done event) or,
+     * for a slot's last call, by its checker here; after a failure every
+     * feeder waits for everything. A feeder that did neither returns at once
+     * (its worker takes the CPU's tail of the job while the GPU finishes). */
+    for (int m = 0; m < nmine; m++) {
+        ferry_cuda_use_device(mine[m]->dev);
+        CUresult r = cu->EventSynchronize(mine[m]->done);
+        if (r && rc >= 0) rc = ferry_seterr(FERRY_ECUDA, "device %d: GPU decode failed: %s", mine[m]->dev, ferry_cuda_errstr(r));
+    }
+    for (int d = 0; d < FERRY_MAX_DEVICES && (failed || rc < 0); d++) {
+        if (!G->set[d]) continue;
+        ferry_cuda_use_device(d);
+        for (int k = 0; k < G->nslots; k++) {
+            gd_slot *g = &G->set[d]->sl[k];
+            if (!g->stream) continue;
+            CUresult r = cu->StreamSynchronize(g->stream);
+            if (r && rc >= 0) rc = ferry_seterr(FERRY_ECUDA, "device %d: GPU decode failed: %s", d, ferry_cuda_errstr(r));
+        }
+    }
+    /* every feeder is through and every call checked: the sets go back to
+     * the context now, not when the caller frees the job (after a failure
+     * feeders may never start: ferry_gpudecode_job_free gives them back) */
+    if (rc >= 0 && atomic_fetch_add(&G->coop_done, 1) + 1 == G->feeders) {
+        pthread_mutex_lock(&G->mu);
+        int all = !G->failed;
+        for (size_t b = 0; all && b < G->ncb; b++) all = G->cb[b].state == CB_DONE;
+        for (int d = 0; all && d < FERRY_MAX_DEVICES; d++)
+            if (G->set[d]) { set_release(j->ctx, G->set[d]); G->set[d] = NULL; }
+        pthread_mutex_unlock(&G->mu);
+    }
+    return rc < 0 ? rc : total;
+}
+
 /* A feeder (one task): claims batches from the job's queues until they are
  * empty, up to gd_slots() in flight per device — the next batches are read,
  * framed and enqueued before the oldest one's results are checked (when its
@@ -1085,7 +1634,13 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t task, int *def
     struct ferry_gpudecode_job *G = j->gpu;
     ferry_decode_trace *tr = G->trace;
     if (!w->gpu && !(w->gpu = calloc(1, sizeof *w->gpu))) return ferry_seterr(FERRY_ENOMEM, "out of memory");
+    int64_t total_coop = 0;
     tl_trace = tr;
+    if (G->ncb) {   /* cooperative calls first; then any shared queue's batches below */
+        int64_t c = run_coop(w, j, G);
+        if (c < 0) { tl_trace = NULL; return c; }
+        total_coop = c;
+    }
     const int nslots = gd_slots();
     /* every feeder starts on slot 0: one that runs a single batch per job
      * reuses the same buffers job after job instead of growing them all */
@@ -1130,10 +1685,10 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t task, int *def
             ferry_cuda_use_device(d);
             CUresult r = cu->StreamSynchronize(g->stream);
             if (r && rc >= 0) rc = ferry_seterr(FERRY_ECUDA, "device %d: GPU decode failed: %s", d, ferry_cuda_errstr(r));
-            if (g->flying) { ferry_dt_in_flight(tr, -1); g->flying = 0; }
+            if (g->flying) { ferry_dt_in_flight(tr, -1, g->it_n); g->flying = 0; }
             if (g->open) ferry_dt_batch_end(tr, g->n, g->it_n, 0, g->cpu_fallbacks, 0);
             g->busy = g->open = 0;
         }
     tl_trace = NULL;
-    return rc < 0 ? rc : total;
+    return rc < 0 ? rc : total + total_coop;
 }

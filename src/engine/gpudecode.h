@@ -24,14 +24,23 @@ int ferry_gpudecode_owns(const ferry_job *job, size_t i);
 size_t ferry_gpudecode_tasks(const ferry_job *job);
 /* 1 when FERRY_GPU_TASK task number t is a feeder. */
 int ferry_gpudecode_is_feeder(const ferry_job *job, size_t t);
-/* A feeder on worker w: claims batches until the queues are empty, two in
- * flight, and returns the file bytes read once its device work is complete
- * (*deferred = 0), or a negative code with a message naming the file, chunk
- * and codec. */
+/* A feeder on worker w: reads pieces of the job's cooperative calls (every
+ * feeder at once), then claims per-feeder batches of shared queues until they
+ * are empty, and returns the file bytes of the calls and batches it checked
+ * once its device work is complete (*deferred = 0), or a negative code with a
+ * message naming the file, chunk and codec. */
 int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *job, size_t task, int *deferred);
 /* The next chunk of a shared queue for the CPU (its extent index), or -1
  * when the queues are empty (the GPU took the rest). */
 int64_t ferry_gpudecode_take_one(ferry_job *job);
 void ferry_gpudecode_job_free(ferry_job *job);
+/* Chunks per cooperative nvCOMP call for a queue of `count` chunks, the
+ * largest `max_chunk` decoded bytes, `nslots` calls in flight (gpudecode.c
+ * says why; exposed for tests/gpu/test_gpu_decode.c). */
+size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots);
+/* The context's slot sets for cooperative calls (ctx.c makes and frees it). */
+typedef struct ferry_gpudecode_pool ferry_gpudecode_pool;
+ferry_gpudecode_pool *ferry_gpudecode_pool_new(void);
+void ferry_gpudecode_pool_free(ferry_gpudecode_pool *p);
 void ferry_gpudecode_worker_free(ferry_worker *w);
 #endif

@@ -52,11 +52,21 @@ void ferry_dt_batch_begin(ferry_decode_trace *tr) {
     max_int(&tr->max_active, atomic_fetch_add(&tr->active, 1) + 1);
 }
 
-void ferry_dt_in_flight(ferry_decode_trace *tr, int delta) {
+void ferry_dt_in_flight(ferry_decode_trace *tr, int delta, uint64_t items) {
     if (!tr) return;
     int v = atomic_fetch_add(&tr->in_flight, delta) + delta;
-    if (delta > 0) max_int(&tr->max_in_flight, v);
+    int64_t c = delta > 0 ? (int64_t)items : -(int64_t)items;
+    int64_t cv = atomic_fetch_add(&tr->chunks_in_flight, c) + c;
+    if (delta > 0) {
+        max_int(&tr->max_in_flight, v);
+        int64_t cur = atomic_load(&tr->max_chunks_in_flight);
+        while (cv > cur && !atomic_compare_exchange_weak(&tr->max_chunks_in_flight, &cur, cv)) {}
+        max_u64(&tr->max_call, items);
+    }
 }
+
+void ferry_dt_mark(_Atomic uint64_t *t, uint64_t v) { min_u64(t, v); }
+void ferry_dt_mark_max(_Atomic uint64_t *t, uint64_t v) { max_u64(t, v); }
 
 void ferry_dt_batch_end(ferry_decode_trace *tr, uint64_t chunks, uint64_t items, uint64_t decoded,
                         uint64_t cpu_chunks, uint64_t fallbacks) {
@@ -74,22 +84,23 @@ void ferry_dt_batch_end(ferry_decode_trace *tr, uint64_t chunks, uint64_t items,
 }
 
 void ferry_dt_report(const ferry_decode_trace *tr, uint64_t job_id, int threads) {
-    static const char *const names[FERRY_DT_N] = {"prev_wait", "read", "frame", "enqueue", "cpu_chunks",
-                                                  "wait", "fallback", "place", "alloc", "shared"};
-    char buf[1024];
+    static const char *const names[FERRY_DT_N] = {"prev_wait", "layout", "slot_wait", "check", "read", "frame", "enqueue",
+                                                  "cpu_chunks", "wait", "fallback", "place", "alloc", "shared"};
+    char buf[1536];
     size_t n = 0;
     uint64_t b = atomic_load(&tr->batches), first = atomic_load(&tr->t_first), last = atomic_load(&tr->t_last);
     double wall = last > first ? (double)(last - first) * 1e-9 : 0;
     uint64_t dec = atomic_load(&tr->decoded);
     n += (size_t)snprintf(buf + n, sizeof buf - n,
-                          "ferry decode trace: job %llu: planned %llu feeders (%llu chunks, target %.1f MiB per batch; %llu chunks "
-                          "in the one queue), ran %llu batches, %llu chunks (min %llu, avg %.1f, max %llu per batch), "
+                          "ferry decode trace: job %llu: planned %llu feeders (%llu chunks, %llu cooperative calls of %llu chunks, "
+                          "target %.1f MiB per feeder batch; %llu chunks in the one queue, %llu left to the CPU at the end), ran %llu batches, %llu chunks (min %llu, avg %.1f, max %llu per batch), "
                           "%llu nvCOMP items, %.1f MiB decoded in %.4f s (%.2f GB/s), threads %d, batches open (read "
                           "to checked) max %d, decoding (enqueued to waited for) max %d; CPU: %llu chunks in batches, %llu fallbacks, one queue "
                           "%llu chunks (%.1f MiB); %llu allocations; seconds summed over workers:",
                           (unsigned long long)job_id, (unsigned long long)tr->plan_batches,
-                          (unsigned long long)tr->plan_chunks, (double)tr->plan_target / 1048576.0,
-                          (unsigned long long)tr->plan_shared, (unsigned long long)b,
+                          (unsigned long long)tr->plan_chunks, (unsigned long long)tr->plan_calls,
+                          (unsigned long long)tr->plan_call, (double)tr->plan_target / 1048576.0,
+                          (unsigned long long)tr->plan_shared, (unsigned long long)tr->plan_tail, (unsigned long long)b,
                           (unsigned long long)atomic_load(&tr->chunks), (unsigned long long)atomic_load(&tr->min_chunks),
                           b ? (double)atomic_load(&tr->chunks) / (double)b : 0.0,
                           (unsigned long long)atomic_load(&tr->max_chunks), (unsigned long long)atomic_load(&tr->items),
@@ -103,5 +114,18 @@ void ferry_dt_report(const ferry_decode_trace *tr, uint64_t job_id, int threads)
         if (s == FERRY_DT_SHARED) continue;
         n += (size_t)snprintf(buf + n, sizeof buf - n, " %s %.4f", names[s], (double)atomic_load(&tr->ns[s]) * 1e-9);
     }
+    /* the timeline: where the job's wall time goes (ms from the plan) */
+    uint64_t t0 = tr->t_plan;
+    const uint64_t marks[5] = {atomic_load(&tr->t_read0), atomic_load(&tr->t_h2d0), atomic_load(&tr->t_nv0),
+                               atomic_load(&tr->t_done), last};
+    static const char *const mnames[5] = {"first_read", "first_h2d", "first_nvcomp", "last_decode_done", "last_batch_end"};
+    if (n < sizeof buf) n += (size_t)snprintf(buf + n, sizeof buf - n, "; timeline ms from plan:");
+    for (int k = 0; k < 5 && n < sizeof buf; k++) {
+        if (marks[k] && t0 && marks[k] >= t0) n += (size_t)snprintf(buf + n, sizeof buf - n, " %s %.3f", mnames[k], (double)(marks[k] - t0) * 1e-6);
+        else n += (size_t)snprintf(buf + n, sizeof buf - n, " %s -", mnames[k]);
+    }
+    if (n < sizeof buf)
+        n += (size_t)snprintf(buf + n, sizeof buf - n, "; GPU: max chunks in flight %lld, max chunks per call %llu",
+                              (long long)atomic_load(&tr->max_chunks_in_flight), (unsigned long long)atomic_load(&tr->max_call));
     fprintf(stderr, "%s\n", buf);
 }

@@ -10,7 +10,10 @@
 #include <stdint.h>
 
 typedef enum ferry_dt_stage {
-    FERRY_DT_PREV = 0,   /* waiting for this worker's previous batch before reusing its buffers */
+    FERRY_DT_PREV = 0,   /* waiting for the slot's previous batch before reusing its buffers */
+    FERRY_DT_LAYOUT,     /* a batch's places in staging, buffer growth (cooperative: once per context) */
+    FERRY_DT_SLOTWAIT,   /* cooperative: waiting for a call's slot (its previous call checked) or its setup */
+    FERRY_DT_CHECK,      /* cooperative: checking other feeders' calls (finish_batch, its decode wait included) */
     FERRY_DT_READ,       /* pread of the batch's chunks into pinned staging */
     FERRY_DT_FRAME,      /* CPU checks (crc32c, fletcher32) and framing of every chunk */
     FERRY_DT_ENQUEUE,    /* temp sizes, arrays, the H2D copy, nvCOMP and filter kernels enqueued */
@@ -31,8 +34,16 @@ typedef struct ferry_decode_trace {
     _Atomic uint64_t t_first, t_last;                        /* first batch start, last batch end (ns) */
     _Atomic int active, max_active;                          /* batches between read and checked */
     _Atomic int in_flight, max_in_flight;                    /* batches enqueued and not yet waited for */
+    /* the job's timeline (ns, CLOCK_MONOTONIC; 0 unset): planned, first pread,
+     * first copy up, first nvCOMP call enqueued, last decode seen complete */
+    uint64_t t_plan;
+    _Atomic uint64_t t_read0, t_h2d0, t_nv0, t_done;
+    _Atomic int64_t chunks_in_flight, max_chunks_in_flight;  /* nvCOMP items enqueued, not yet waited for */
+    _Atomic uint64_t max_call;                                /* most items in one batch's calls */
     /* the plan */
     uint64_t plan_batches /* feeders */, plan_target, plan_chunks, plan_shared;
+    uint64_t plan_calls, plan_call;   /* cooperative calls, chunks in the first */
+    uint64_t plan_tail;               /* chunks AUTO left to the CPU at a cooperative queue's end */
 } ferry_decode_trace;
 
 /* FERRY_DECODE_TRACE=1 (read at every call: a job plans once). */
@@ -42,7 +53,11 @@ uint64_t ferry_dt_now(void);
 void ferry_dt_lap(ferry_decode_trace *tr, ferry_dt_stage s, uint64_t *t);
 void ferry_dt_add(ferry_decode_trace *tr, ferry_dt_stage s, uint64_t ns);
 void ferry_dt_batch_begin(ferry_decode_trace *tr);
-void ferry_dt_in_flight(ferry_decode_trace *tr, int delta);
+/* A batch of `items` nvCOMP inputs enqueued (delta 1) or waited for (-1). */
+void ferry_dt_in_flight(ferry_decode_trace *tr, int delta, uint64_t items);
+/* *t = v if unset or later than v (first events) / earlier than v (last). */
+void ferry_dt_mark(_Atomic uint64_t *t, uint64_t v);
+void ferry_dt_mark_max(_Atomic uint64_t *t, uint64_t v);
 void ferry_dt_batch_end(ferry_decode_trace *tr, uint64_t chunks, uint64_t items, uint64_t decoded,
                         uint64_t cpu_chunks, uint64_t fallbacks);
 /* One line on stderr: "ferry decode trace: job N: ...". */

@@ -258,6 +258,7 @@ static int job_build(ferry_ctx *ctx, const ferry_plan *plan, const ferry_run_opt
     j->max_workers = opts && opts->threads > 0 ? opts->threads : ctx->cfg.threads;
     if (j->max_workers > ctx->cfg.threads) j->max_workers = ctx->cfg.threads;
     size_t n = plan->n;
+    j->plan_records = n;
     j->ext = malloc((n ? n : 1) * sizeof *j->ext);
     j->places = malloc((plan->nplaces ? plan->nplaces : 1) * sizeof *j->places);
     j->strings = malloc(plan->nstr ? plan->nstr : 1);

@@ -51,6 +51,7 @@ struct ferry_job {
     ferry_ctx *ctx;
     ferry_extent *ext;            /* own copies; place/path/label point into places/strings */
     size_t next;                  /* number of extents */
+    size_t plan_records;          /* the plan's extents before merging (gather.c: the records' size) */
     ferry_place *places;
     char *strings;
     ferry_task *tasks;

@@ -130,33 +130,37 @@ static int inside_store(const zarr_ds *z, const char *path) {
 }
 
 /* What a plan has found out about chunk directories: the last one found
- * inside (realpath), and the last one known to be link-free: the store root
- * (resolved, so without links) followed only by components that lstat
- * showed to be real directories. */
+ * inside (realpath), and the last one known inside without it: the array's
+ * directory (resolved inside once per plan; `base`, as the chunk paths spell
+ * it) followed only by components that lstat showed to be real directories.
+ * A real directory in a directory that resolves inside resolves inside (its
+ * realpath is the parent's plus its name), and so does every prefix of such
+ * a chain down from base — unlike the prefixes of a directory found inside
+ * by realpath, which may have reached it through a link out and back in. */
 typedef struct zarr_dirs {
     char inside[PATH_MAX];
-    char linkfree[PATH_MAX];
+    char known[PATH_MAX];
+    const char *base;      /* NULL: the array's directory was not found inside */
+    size_t baselen;
 } zarr_dirs;
 
-/* dir (dl bytes) link-free under the root, learnt with one lstat per
- * component below the longest prefix it shares with the last link-free
- * directory: 1 yes (d->linkfree updated), 0 no such directory (nothing to
- * read), 2 not shown (a component is a symlink, or dir is not written under
- * the root's resolved path): realpath decides. Chunk keys c/<t>/0/... put
- * every time step in its own directory; a realpath of each, a readlink per
- * component of the whole path, was most of a 10,000-chunk plan's time. A
- * prefix of a link-free path is link-free, so the components it shares with
- * the last one need no look. */
-static int dir_linkfree(const zarr_ds *z, const char *dir, size_t dl, zarr_dirs *d) {
-    size_t rl = strlen(z->root);
-    while (rl > 1 && z->root[rl - 1] == '/') rl--;
-    if (rl <= 1 || dl <= rl || strncmp(dir, z->root, rl) || dir[rl] != '/') return 2;
-    size_t known = rl;   /* dir[0..known) is link-free */
-    const char *lf = d->linkfree;
-    for (size_t i = rl; i <= dl; i++) {
-        if (lf[i] != (i < dl ? dir[i] : 0) && !(i == dl && lf[i] == '/')) break;
-        if (i == dl || dir[i] == '/') known = i;
-    }
+/* dir (dl bytes) inside, learnt with one lstat per component below the
+ * longest prefix it shares with d->known (at least base): 1 yes (d->known
+ * updated), 0 no such directory (nothing to read), 2 not shown (a component
+ * is a symlink, or dir is not below base): realpath decides. Chunk keys
+ * c/<t>/0/... put every time step in its own directory; a realpath of each, a
+ * readlink per component of the whole path, was most of a many-chunk plan's
+ * time (2 lstats now for c/<t>/0 after c/<t-1>/0). */
+static int dir_known_inside(const char *dir, size_t dl, zarr_dirs *d) {
+    size_t bl = d->baselen;
+    if (!d->base || dl <= bl || strncmp(dir, d->base, bl) || dir[bl] != '/') return 2;
+    size_t known = bl;   /* dir[0..known) is inside */
+    const char *kn = d->known;
+    if (!strncmp(kn, d->base, bl) && (kn[bl] == '/' || kn[bl] == 0))
+        for (size_t i = bl; i <= dl; i++) {   /* kn's NUL ends the loop: dir has none before dl */
+            if (kn[i] != (i < dl ? dir[i] : 0) && !(i == dl && kn[i] == '/')) break;
+            if (i == dl || dir[i] == '/') known = i;
+        }
     char tmp[PATH_MAX];
     memcpy(tmp, dir, dl);
     tmp[dl] = 0;
@@ -172,8 +176,8 @@ static int dir_linkfree(const zarr_ds *z, const char *dir, size_t dl, zarr_dirs 
         }
         if (!S_ISDIR(st.st_mode)) return 2;   /* a symlink (to a directory, or not one) */
     }
-    memcpy(d->linkfree, dir, dl);
-    d->linkfree[dl] = 0;
+    memcpy(d->known, dir, dl);
+    d->known[dl] = 0;
     return 1;
 }
 
@@ -185,8 +189,8 @@ static int chunk_dir_inside(const zarr_ds *z, const char *path, zarr_dirs *d) {
     const char *slash = strrchr(path, '/');
     size_t dl = slash ? (size_t)(slash - path) : 0;
     if (dl && dl < PATH_MAX && (strncmp(d->inside, path, dl) || d->inside[dl]) &&
-        (strncmp(d->linkfree, path, dl) || d->linkfree[dl])) {
-        int rc = dir_linkfree(z, path, dl, d);
+        (strncmp(d->known, path, dl) || d->known[dl])) {
+        int rc = dir_known_inside(path, dl, d);
         if (rc < 2) return rc < 0 ? rc : 0;
         char dir[PATH_MAX];
         memcpy(dir, path, dl);
@@ -1625,6 +1629,12 @@ static int64_t zarr_plan(ferry_dataset *ds, int var, const ferry_slice *sel, fer
     memcpy(l->fill, a->fill, sizeof l->fill);
     l->label = a->name;
     l->root = ((zarr_ds *)ds->fmt)->root;   /* chunk files are opened O_NOFOLLOW, links checked under it */
+    if (inside_store(ds->fmt, a->dir) == 1 && strlen(a->dir) < PATH_MAX) {   /* once per plan: see zarr_dirs */
+        p->okdir.base = a->dir;
+        p->okdir.baselen = strlen(a->dir);
+        while (p->okdir.baselen > 1 && a->dir[p->okdir.baselen - 1] == '/') p->okdir.baselen--;
+    }
+    ferry_clearerr();
     p->raw = 1;
     for (int i = 0; i < a->ncodecs; i++) if (a->codecs[i].id != FERRY_CODEC_BYTESWAP) p->raw = 0;
     uint64_t total = a->itemsize;

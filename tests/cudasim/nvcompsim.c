@@ -21,7 +21,9 @@
  * nvcompErrorNotSupported (ferry must decode them on the CPU);
  * =garbage reports success after writing wrong bytes (ferry's checks must
  * catch it where the chunk carries a checksum). nvcompsim_count(name) tells
- * tests what happened: "batches", "chunks", "temp_too_small", "bad_pointer". */
+ * tests what happened: "batches", "chunks", "temp_too_small", "bad_pointer",
+ * "max_per_call" (the most chunks one call was given; "reset_max_per_call"
+ * returns it and starts again from 0). */
 #include "cuda/cuda.h"
 #include <limits.h>
 #include <lz4.h>
@@ -42,12 +44,14 @@ static const align_t aligns[3] = {{1, 1, 8}, {1, 1, 1}, {4, 1, 1}};   /* what 5.
 CUresult cuLaunchHostFunc(CUstream s, void (*fn)(void *), void *arg);
 int cudasim_is_device(CUdeviceptr p, size_t n);
 
-static atomic_long n_batches_, n_chunks_, n_temp_small_, n_bad_ptr_;
+static atomic_long n_batches_, n_chunks_, n_temp_small_, n_bad_ptr_, n_max_call_;
 long nvcompsim_count(const char *what) {
     if (!strcmp(what, "batches")) return atomic_load(&n_batches_);
     if (!strcmp(what, "chunks")) return atomic_load(&n_chunks_);
     if (!strcmp(what, "temp_too_small")) return atomic_load(&n_temp_small_);
     if (!strcmp(what, "bad_pointer")) return atomic_load(&n_bad_ptr_);
+    if (!strcmp(what, "max_per_call")) return atomic_load(&n_max_call_);
+    if (!strcmp(what, "reset_max_per_call")) return atomic_exchange(&n_max_call_, 0);
     return -1;
 }
 
@@ -119,6 +123,8 @@ static void run_job(void *arg) {
     job *j = arg;
     const char *fail = getenv("FERRY_NVCOMPSIM_FAIL");
     atomic_fetch_add(&n_batches_, 1);
+    long prev = atomic_load(&n_max_call_);
+    while ((long)j->n > prev && !atomic_compare_exchange_weak(&n_max_call_, &prev, (long)j->n)) {}
     int arrays_ok = dev_ok(j->in_ptrs, j->n * sizeof(void *)) && dev_ok(j->in_bytes, j->n * sizeof(size_t)) &&
                     dev_ok(j->out_cap, j->n * sizeof(size_t)) && dev_ok(j->out_ptrs, j->n * sizeof(void *)) &&
                     (!j->out_bytes || dev_ok(j->out_bytes, j->n * sizeof(size_t))) &&

@@ -278,6 +278,31 @@ static void test_one_queue_both_decoders(void) {
     unsetenv("FERRY_GPU_BATCH");
 }
 
+/* The claim rule on a long load: AUTO with the built-in H200 rates (no
+ * FERRY_GPU_RATES). An 8 GiB netCDF-4 load of 4 MiB deflate chunks, scaled
+ * by 1/256 (the rule compares bytes / rates, so it is the same in chunks):
+ * 2,048 chunks of 16 KiB = 32 MiB. The CPU alone would take 32 MiB / 6.44
+ * GB/s = 5.2 ms, one GPU chunk's latency is 0.66 ms (4 MiB: 168 ms against
+ * the CPU's 1.33 s for 8 GiB), so the GPU claims about 40 % at the start
+ * (three to four batches of 256 chunks before its claims would finish after
+ * the CPU), and the CPU workers the rest. The 1 GiB model (256 chunks,
+ * test_one_queue_both_decoders) gets nothing. Byte-exact either way. */
+static void test_long_deflate_load_shares_the_gpu(void) {
+    setenv("FERRY_GPU_FEEDERS", "2", 1);   /* the default, said here: the rule's CPU rate is 14 of 16 threads */
+    const char *th = getenv("FERRY_THREADS");
+    ferry_stats_reset(ctx_);
+    grid_case(C_ZLIB_SHUF, 2048, 4096, 64, 64, 0, "auto");
+    ferry_stats s = stats_();
+    printf("  8 GiB model: GPU %llu of 2048 chunks in %llu batches\n", (unsigned long long)s.gpu_chunks,
+           (unsigned long long)s.gpu_batches);
+    CHECK_EQ_I(s.gpu_cpu_fallbacks, 0);
+    if (!th) {   /* 16 threads, as the rates assume */
+        CHECK(s.gpu_chunks >= 256);    /* at least the first claim */
+        CHECK(s.gpu_chunks < 2048);    /* and the CPU workers the rest */
+    }
+    unsetenv("FERRY_GPU_FEEDERS");
+}
+
 /* one chunk file, corrupted in one way, read onto the GPU: an error that names
  * the file, the chunk and the codec */
 static void corrupt_case(int codec, int how, const char *want_msg) {
@@ -512,6 +537,243 @@ static void test_corrupt_chunk_with_batches_in_flight(void) {
     free(src); free(file); free(off); free(len);
 }
 
+/* The batcher's calls (gpudecode.c, ferry_gpudecode_call_chunks): nvCOMP
+ * decodes a chunk per thread block, so the calls in flight must carry
+ * hundreds of chunks (an H200 holds ~500 1 MiB zstd chunks at once): with 4
+ * calls in flight 1,024 x 1 MiB chunks are 4 calls of 256, 4,096 are 16 of
+ * 256, 256 x 4 MiB are 4 of 64 (256 MiB a call); with 8 (the default)
+ * 1,024 are 8 of 128. Then a plan of 1,024 small chunks runs as exactly 8 calls of 128,
+ * every worker reading pieces of each, byte-exact; with a corrupt chunk in
+ * the sixth call the job fails naming it, and the same context reads the
+ * plan again afterwards; under AUTO the last 108 chunks go to the CPU
+ * workers (FERRY_GPU_TAIL=off, or another job in flight: none), byte-exact. */
+size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots);   /* internal (gpudecode.h) */
+static void test_calls_of_hundreds_of_chunks(void) {
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(1024, 1u << 20, 4), 256);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(4096, 1u << 20, 4), 256);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(256, 4u << 20, 4), 64);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(160, 1u << 20, 4), 40);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(10, 1u << 20, 4), 32);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(1024, 1u << 20, 8), 128);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(4096, 1u << 20, 8), 256);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(256, 4u << 20, 8), 32);
+    const size_t nchunk = 1024, cb = 2048;
+    uint8_t *src = malloc(nchunk * cb), *file = malloc(nchunk * (cb + 64)), *back = malloc(nchunk * cb);
+    make_data(src, nchunk * cb, 9);
+    uint64_t *off = malloc(nchunk * 8), *len = malloc(nchunk * 8), pos = 0;
+    for (size_t i = 0; i < nchunk; i++) {
+        size_t n = zstd_enc(src + i * cb, cb, file + pos, cb + 64, 1);
+        off[i] = pos; len[i] = n; pos += n;
+    }
+    char path[600];
+    snprintf(path, sizeof path, "%s/calls1024.bin", dir_);
+    void *sim = dlopen(getenv("FERRY_NVCOMP") ? getenv("FERRY_NVCOMP") : "libnvcomp.so.6", RTLD_NOW | RTLD_NOLOAD);
+    long (*count)(const char *) = sim ? (long (*)(const char *))dlsym(sim, "nvcompsim_count") : NULL;
+    uintptr_t d;
+    ferry_cuda_malloc(ctx_, 0, nchunk * cb, &d);
+    write_file(path, file, pos);
+    for (int bad = 0; bad < 3; bad++) {   /* clean, a truncated chunk (its frame ends early), clean again */
+        ferry_file *f;
+        ferry_file_open(ctx_, path, FERRY_READ, &f);
+        ferry_plan *p;
+        ferry_plan_create(&p);
+        for (size_t i = 0; i < nchunk; i++) {
+            ferry_extent e;
+            memset(&e, 0, sizeof e);
+            e.kind = FERRY_EXTENT_READ; e.file = f; e.offset = off[i]; e.length = len[i] - (bad == 1 && i == 700 ? 7 : 0);
+            e.codecs[0] = (ferry_codec){FERRY_CODEC_ZSTD, 0}; e.ncodecs = 1;
+            e.decoded_size = cb;
+            e.dst = ferry_cuda_buf(0, d, nchunk * cb);
+            e.dst_offset = i * cb;
+            ferry_plan_add(p, &e);
+        }
+        memset(back, 0, nchunk * cb);
+        ferry_memcpy(ctx_, ferry_cuda_buf(0, d, nchunk * cb), ferry_host_buf(back, nchunk * cb), nchunk * cb);
+        ferry_stats_reset(ctx_);
+        long calls0 = count ? count("batches") : 0;
+        if (count) count("reset_max_per_call");
+        ferry_run_opts o;
+        memset(&o, 0, sizeof o);
+        o.decode = FERRY_DECODE_GPU;
+        int64_t r = ferry_run(ctx_, p, &o);
+        if (bad == 1) {
+            CHECK(r < 0);
+            CHECK_STR_CONTAINS(ferry_errmsg(ctx_), "calls1024.bin");
+            CHECK_STR_CONTAINS(ferry_errmsg(ctx_), "zstd");
+        } else {
+            if (r < 0) fprintf(stderr, "  %s\n", ferry_errmsg(ctx_));
+            CHECK_EQ_I(r, (int64_t)pos);
+            CHECK_EQ_I(stats_().gpu_batches, 8);
+            CHECK_EQ_I(stats_().gpu_chunks, nchunk);
+            if (count) {
+                CHECK_EQ_I(count("batches") - calls0, 8);
+                CHECK_EQ_I(count("max_per_call"), 128);
+            }
+            ferry_memcpy(ctx_, ferry_host_buf(back, nchunk * cb), ferry_cuda_buf(0, d, nchunk * cb), nchunk * cb);
+            CHECK(memcmp(back, src, nchunk * cb) == 0);
+        }
+        if (bad == 2) {   /* AUTO: the same calls, less the tail the CPU workers decode while the GPU drains */
+            ferry_plan *p2;
+            ferry_plan_create(&p2);
+            for (size_t i = 0; i < nchunk; i++) {
+                ferry_extent e;
+                memset(&e, 0, sizeof e);
+                e.kind = FERRY_EXTENT_READ; e.file = f; e.offset = off[i]; e.length = len[i];
+                e.codecs[0] = (ferry_codec){FERRY_CODEC_ZSTD, 0}; e.ncodecs = 1;
+                e.decoded_size = cb;
+                e.dst = ferry_cuda_buf(0, d, nchunk * cb);
+                e.dst_offset = i * cb;
+                ferry_plan_add(p2, &e);
+            }
+            for (int tail = 1; tail >= 0; tail--) {
+                if (!tail) setenv("FERRY_GPU_TAIL", "off", 1);
+                memset(back, 0, nchunk * cb);
+                ferry_memcpy(ctx_, ferry_cuda_buf(0, d, nchunk * cb), ferry_host_buf(back, nchunk * cb), nchunk * cb);
+                ferry_stats_reset(ctx_);
+                ferry_run_opts oa;
+                memset(&oa, 0, sizeof oa);
+                oa.decode = FERRY_DECODE_AUTO;
+                CHECK_EQ_I(ferry_run(ctx_, p2, &oa), (int64_t)pos);
+                /* 16 threads: 15 x 0.67 GB/s x 11.3 ms = 108 chunks of 1 MiB at H200 rates (the count
+                 * does not depend on the chunk size) */
+                if (!getenv("FERRY_THREADS")) CHECK_EQ_I(stats_().gpu_chunks, tail ? nchunk - 108 : nchunk);
+                CHECK_EQ_I(stats_().decoded_bytes, nchunk * cb);
+                ferry_memcpy(ctx_, ferry_host_buf(back, nchunk * cb), ferry_cuda_buf(0, d, nchunk * cb), nchunk * cb);
+                CHECK(memcmp(back, src, nchunk * cb) == 0);
+            }
+            unsetenv("FERRY_GPU_TAIL");
+            /* another job in flight (submitted, not yet destroyed): no tail, the workers have its work */
+            uint8_t small[16];
+            ferry_plan *ps;
+            ferry_plan_create(&ps);
+            ferry_extent es;
+            memset(&es, 0, sizeof es);
+            es.kind = FERRY_EXTENT_READ; es.file = f; es.offset = 0; es.length = sizeof small;
+            es.dst = ferry_host_buf(small, sizeof small);
+            ferry_plan_add(ps, &es);
+            ferry_job *other;
+            CHECK_EQ_I(ferry_submit(ctx_, ps, NULL, &other), 0);
+            CHECK_EQ_I(ferry_job_wait(other, -1), (int64_t)sizeof small);
+            ferry_stats_reset(ctx_);
+            ferry_run_opts ob;
+            memset(&ob, 0, sizeof ob);
+            ob.decode = FERRY_DECODE_AUTO;
+            CHECK_EQ_I(ferry_run(ctx_, p2, &ob), (int64_t)pos);
+            CHECK_EQ_I(stats_().gpu_chunks, nchunk);
+            ferry_job_destroy(other);
+            ferry_plan_destroy(ps);
+            ferry_plan_destroy(p2);
+        }
+        ferry_plan_destroy(p);
+        ferry_file_close(f);
+    }
+    ferry_cuda_free(ctx_, d);
+    free(src); free(file); free(off); free(len); free(back);
+}
+
+/* Jobs in flight at once on one context (a dataset's prefetched batches):
+ * each takes a set of call slots from the context's pool and gives it back.
+ * All four jobs progress and are byte-exact, round after round, and the
+ * pool keeps the sets: a job of 96 chunks runs 3 calls, each slot pins two
+ * buffers, so a new set pins 6; however the rounds overlap, rounds 2-6 can
+ * add at most the 3 sets round 1 did not need (18 allocations). When the pool
+ * kept one set, every overlapping job freed its set at its end and the next
+ * allocated it again (6 per extra job per round). */
+static void test_concurrent_jobs_reuse_slots(void) {
+    void *sim = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    long (*count)(const char *, int) = sim ? (long (*)(const char *, int))dlsym(sim, "cudasim_count") : NULL;
+    enum { NJ = 4 };
+    const size_t nchunk = 96, cb = 4096;
+    uint8_t *src = malloc(nchunk * cb), *file = malloc(nchunk * (cb + 64)), *back = malloc(nchunk * cb);
+    make_data(src, nchunk * cb, 11);
+    uint64_t *off = malloc(nchunk * 8), *len = malloc(nchunk * 8), pos = 0;
+    for (size_t i = 0; i < nchunk; i++) {
+        size_t n = zstd_enc(src + i * cb, cb, file + pos, cb + 64, 1);
+        off[i] = pos; len[i] = n; pos += n;
+    }
+    char path[600];
+    snprintf(path, sizeof path, "%s/concurrent.bin", dir_);
+    write_file(path, file, pos);
+    ferry_file *f;
+    ferry_file_open(ctx_, path, FERRY_READ, &f);
+    uintptr_t d[NJ];
+    ferry_plan *p[NJ];
+    for (int k = 0; k < NJ; k++) {
+        ferry_cuda_malloc(ctx_, 0, nchunk * cb, &d[k]);
+        ferry_plan_create(&p[k]);
+        for (size_t i = 0; i < nchunk; i++) {
+            ferry_extent e;
+            memset(&e, 0, sizeof e);
+            e.kind = FERRY_EXTENT_READ; e.file = f; e.offset = off[i]; e.length = len[i];
+            e.codecs[0] = (ferry_codec){FERRY_CODEC_ZSTD, 0}; e.ncodecs = 1;
+            e.decoded_size = cb;
+            e.dst = ferry_cuda_buf(0, d[k], nchunk * cb);
+            e.dst_offset = i * cb;
+            ferry_plan_add(p[k], &e);
+        }
+    }
+    long pinned0 = 0;
+    for (int round = 0; round < 6; round++) {
+        if (round == 1 && count) pinned0 = count("pinned_allocs", 0);
+        ferry_job *jb[NJ];
+        ferry_run_opts o;
+        memset(&o, 0, sizeof o);
+        o.decode = FERRY_DECODE_GPU;
+        for (int k = 0; k < NJ; k++) CHECK_EQ_I(ferry_submit(ctx_, p[k], &o, &jb[k]), 0);
+        for (int k = 0; k < NJ; k++) {
+            CHECK_EQ_I(ferry_job_wait(jb[k], -1), (int64_t)pos);
+            ferry_job_destroy(jb[k]);
+        }
+        for (int k = 0; k < NJ; k++) {
+            memset(back, 0, nchunk * cb);
+            ferry_memcpy(ctx_, ferry_host_buf(back, nchunk * cb), ferry_cuda_buf(0, d[k], nchunk * cb), nchunk * cb);
+            CHECK(memcmp(back, src, nchunk * cb) == 0);
+        }
+    }
+    if (count) {
+        printf("  pinned allocations in rounds 2-6: %ld\n", count("pinned_allocs", 0) - pinned0);
+        CHECK(count("pinned_allocs", 0) - pinned0 <= 6 * (NJ - 1));
+    }
+    /* a fresh context, one job at a time, a pool limit smaller than any set
+     * (a 4 GiB job's set is several GiB): the pool still keeps one set per
+     * device, so the second job allocates nothing */
+    ferry_ctx *c2;
+    CHECK_EQ_I(ferry_ctx_create(&c2, NULL), 0);
+    ferry_file *f2;
+    ferry_file_open(c2, path, FERRY_READ, &f2);
+    uintptr_t d2;
+    ferry_cuda_malloc(c2, 0, nchunk * cb, &d2);
+    ferry_plan *p2;
+    ferry_plan_create(&p2);
+    for (size_t i = 0; i < nchunk; i++) {
+        ferry_extent e;
+        memset(&e, 0, sizeof e);
+        e.kind = FERRY_EXTENT_READ; e.file = f2; e.offset = off[i]; e.length = len[i];
+        e.codecs[0] = (ferry_codec){FERRY_CODEC_ZSTD, 0}; e.ncodecs = 1;
+        e.decoded_size = cb;
+        e.dst = ferry_cuda_buf(0, d2, nchunk * cb);
+        e.dst_offset = i * cb;
+        ferry_plan_add(p2, &e);
+    }
+    setenv("FERRY_GPU_POOL", "1", 1);
+    for (int round = 0; round < 2; round++) {
+        if (round == 1 && count) pinned0 = count("pinned_allocs", 0);
+        ferry_run_opts o;
+        memset(&o, 0, sizeof o);
+        o.decode = FERRY_DECODE_GPU;
+        CHECK_EQ_I(ferry_run(c2, p2, &o), (int64_t)pos);
+    }
+    if (count) CHECK_EQ_I(count("pinned_allocs", 0) - pinned0, 0);
+    unsetenv("FERRY_GPU_POOL");
+    ferry_plan_destroy(p2);
+    ferry_file_close(f2);
+    ferry_cuda_free(c2, d2);
+    ferry_ctx_destroy(c2);
+    for (int k = 0; k < NJ; k++) { ferry_plan_destroy(p[k]); ferry_cuda_free(ctx_, d[k]); }
+    ferry_file_close(f);
+    free(src); free(file); free(off); free(len); free(back);
+}
+
 static void test_status_says_what_loaded(void) {
     const char *s = ferry_nvcomp_status(ctx_);
     CHECK_STR_CONTAINS(s, "loaded nvCOMP");
@@ -537,10 +799,13 @@ int main(void) {
     RUN(test_auto_policy);
     RUN(test_second_device);
     RUN(test_one_queue_both_decoders);
+    RUN(test_long_deflate_load_shares_the_gpu);
     RUN(test_corrupt_chunks_fail_clearly);
     RUN(test_fallbacks_counted);
     RUN(test_many_chunks_one_file);
     RUN(test_corrupt_chunk_with_batches_in_flight);
+    RUN(test_calls_of_hundreds_of_chunks);
+    RUN(test_concurrent_jobs_reuse_slots);
     RUN(test_unpinned_buffers_released);
     ferry_ctx_destroy(ctx_);
     char cmd[300];

@@ -488,6 +488,44 @@ static void test_gathered_batches(void) {
     gathered("off", 8192, 256, 1, 2, 0);
 }
 
+/* Rows read in blocks (ArrayDataset block_size=16: 16 rows adjacent in the file
+ * and in the batch) are merged by the job into 128 KiB extents; the batch is
+ * still 8 KiB records and is gathered whole: one host-to-device copy. It went
+ * through packs (32 copies) while gathering looked at the merged extents. */
+static void test_gathered_merged_records(void) {
+    ferry_file *f;
+    CHECK_EQ_I(ferry_file_open(ctx_, path_, FERRY_READ, &f), 0);
+    enum { N = 256, REC = 8192, BLOCK = 16 };
+    uintptr_t d;
+    CHECK_EQ_I(ferry_cuda_malloc(ctx_, 0, N * REC, &d), 0);
+    uint64_t base[N / BLOCK], st = 991;
+    for (int b = 0; b < N / BLOCK; b++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        base[b] = (st >> 20) % (fsize_ - BLOCK * REC);
+    }
+    ferry_plan *p;
+    ferry_plan_create(&p);
+    for (int i = 0; i < N; i++)
+        CHECK_EQ_I(ferry_plan_read(p, f, base[i / BLOCK] + (uint64_t)(i % BLOCK) * REC, REC,
+                                   ferry_cuda_buf(0, d, N * REC), (uint64_t)i * REC), 0);
+    long c0 = sim_count("htod_copies", 0);
+    CHECK_EQ_I(ferry_run(ctx_, p, NULL), (int64_t)N * REC);
+    long copies = sim_count("htod_copies", 0) - c0;
+    printf("  %d records of %d bytes in blocks of %d: %ld host-to-device copies\n", N, REC, BLOCK, copies);
+    if (c0 >= 0) CHECK_EQ_I(copies, 1);
+    uint8_t *h = malloc(N * REC);
+    ferry_memcpy(ctx_, ferry_host_buf(h, N * REC), ferry_cuda_buf(0, d, N * REC), N * REC);
+    int ok = 1;
+    for (int i = 0; i < N && ok; i++)
+        for (int b = 0; b < REC && ok; b++)
+            ok = h[(size_t)i * REC + b] == byte_at(base[i / BLOCK] + (uint64_t)(i % BLOCK) * REC + b);
+    CHECK(ok);
+    ferry_plan_destroy(p);
+    free(h);
+    ferry_cuda_free(ctx_, d);
+    ferry_file_close(f);
+}
+
 /* A gathered batch with a record past the end of its file fails naming the
  * file and byte, and sends nothing: the destination keeps its bytes. */
 static void test_gathered_short_read(void) {
@@ -679,6 +717,7 @@ int main(void) {
     RUN(test_packed_completes_between_tasks);
     RUN(test_gathered_batches);
     RUN(test_gathered_short_read);
+    RUN(test_gathered_merged_records);
     RUN(test_npy_batch_device);
     RUN(test_device_resolved_once);
     RUN(test_big);

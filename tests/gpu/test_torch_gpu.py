@@ -244,3 +244,28 @@ def test_token_read_groups_on_cuda_equal_host(tmp_path, staging):
         np.testing.assert_array_equal(x.cpu().numpy(), rx)
         np.testing.assert_array_equal(y.cpu().numpy(), ry)
         assert s == rs
+
+
+def test_token_group_buffer_outlives_a_lagging_consumer(tmp_path):
+    """The consumer's stream runs a long kernel before each batch (a training step queued
+    ahead of the loader): the casts of a read group run long after the loader dropped the
+    group, and its buffer must not be handed to a later group's read meanwhile (recorded on
+    the stream that casts it). Every batch equals the host's."""
+    from ferry.torch import TokenDataset
+    toks = np.random.default_rng(2).integers(0, 50257, 40 * 8 * 64 + 1, dtype=np.uint16)
+    toks.tofile(tmp_path / "train.bin")
+    # prefetch=0: one group in flight, so a dropped group's block is the next allocation's (with
+    # more in flight the caching allocator still reuses it, a few groups later)
+    kw = dict(files=str(tmp_path / "train.bin"), seq_len=64, batch_size=8, seed=5, batches_per_read=1,
+              prefetch=0)
+    ref = [(x.numpy().copy(), y.numpy().copy()) for x, y in TokenDataset(device="cpu", **kw)]
+    ds = TokenDataset(device="cuda:0", **kw)
+    got = []
+    for x, y in ds:
+        torch.cuda._sleep(20_000_000)      # ~10 ms on the consumer stream, queued before the next casts
+        got.append((x, y))
+    torch.cuda.synchronize()
+    assert len(got) == len(ref) == 40
+    for (x, y), (rx, ry) in zip(got, ref):
+        np.testing.assert_array_equal(x.cpu().numpy(), rx)
+        np.testing.assert_array_equal(y.cpu().numpy(), ry)

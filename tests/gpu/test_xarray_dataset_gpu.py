@@ -132,3 +132,41 @@ def test_batches_need_no_host_sync(tmp_path, fmt):
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert n == -(-(T - 2) // 3) - 1       # every batch of the epoch after the first
+
+
+def _zarr_zstd(tmp_path):
+    zarr = pytest.importorskip("zarr")
+    full = _era(3)
+    p = str(tmp_path / "ez.zarr")
+    full.to_zarr(p, zarr_format=3, consolidated=False, encoding={
+        n: {"chunks": (1,) + full[n].shape[1:], "compressors": [zarr.codecs.ZstdCodec(level=1)]}
+        for n in ("t2m", "z")})
+    return [p], xr.open_zarr(p, consolidated=False).load()
+
+
+@pytest.mark.parametrize("fmt", ["nc3", "nc4", "zarrz"])
+@pytest.mark.parametrize("group", [1, 3])
+def test_gpu_groups_of_batches_equal_xarray(tmp_path, fmt, group):
+    """One and several batches per plan (the GPU decodes their chunks together): every batch equals
+    xarray's read across group and file boundaries, the short last group included, and modifying
+    x in place leaves y (which shares steps with it) and the other batches as read."""
+    paths, ref = _zarr_zstd(tmp_path) if fmt == "zarrz" else _files(tmp_path, fmt)
+    src = xr.open_dataset(paths[0], engine=ENGINE, device="cpu") if fmt == "zarrz" else paths
+    ds = XarrayDataset(src, ["t2m", "z"], batch_size=2, target_steps=1, lead=1, shuffle=True, seed=4,
+                       device="cuda", return_time=True, batches_per_read=group)
+    assert ds.batch_group == group
+    got = []
+    for b in ds:
+        b["x"].add_(1000.0)
+        got.append(b)
+    seen = []
+    for b in got:
+        x, y = b["x"].cpu().numpy(), b["y"].cpu().numpy()
+        for k, t in enumerate(b["time"].cpu().numpy()):
+            i = int(np.searchsorted(ref.time.values, np.int64(t).astype("datetime64[ns]")))
+            seen.append(i)
+            np.testing.assert_allclose(x[k] - 1000.0, np.concatenate([ref.t2m.values[i][None], ref.z.values[i]]),
+                                       rtol=1e-5, atol=1e-3, equal_nan=True)
+            np.testing.assert_allclose(y[k], np.concatenate([ref.t2m.values[i + 1][None], ref.z.values[i + 1]]),
+                                       rtol=1e-6, equal_nan=True)
+    assert sorted(seen) == list(range(T - 1))

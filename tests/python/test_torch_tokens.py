@@ -212,3 +212,92 @@ def test_default_read_group_holds_about_32_mib(tmp_path):
     np.zeros(4096 * 40 + 1, np.uint16).tofile(tmp_path / "t.bin")
     assert TokenDataset(str(tmp_path / "t.bin"), 4095, 256, device="cpu").batch_group == 16
     assert TokenDataset(str(tmp_path / "t.bin"), 64, 2, device="cpu").batch_group == 64
+
+
+def test_a_read_group_is_one_plan_windows_call(bins, monkeypatch):
+    """Each group of batches is planned by one _ferry.plan_windows call (no ids computed in
+    Python first); its batches are the epoch order's windows, as the numpy network gives them."""
+    import ferry.torch as ft
+    root, toks = bins
+    ref = _windows(toks, L)
+    calls = []
+    real = ft._ferry.plan_windows
+
+    def counting(*a):
+        calls.append(len(a[10]) // 2)                    # the call's batches: (lo, hi) pairs
+        return real(*a)
+    monkeypatch.setattr(ft._ferry, "plan_windows", counting)
+    monkeypatch.setattr(ft._IdsAhead, "__call__", lambda *a: pytest.fail("ids computed in Python"))
+    ds = TokenDataset(str(root / "train_*.bin"), L, 5, seed=4, device="cpu", batches_per_read=4)
+    got = [i for x, y in ds for i in _ids_of(x, ref)]
+    n = len(ref)
+    assert calls == [4, 4, 4, 4, 4] and len(got) == n // 5 * 5        # 20 batches of 5, drop_last
+    assert got == FeistelOrder(n, 4, 0).take_numpy(np.arange(len(got))).tolist()
+
+
+def test_a_seed_beyond_int64_reads_through_the_numpy_order(bins):
+    """plan_windows takes int64 seeds; a larger seed takes the ids path with the same order."""
+    root, toks = bins
+    ref = _windows(toks, L)
+    seed = 2**64 + 5
+    ds = TokenDataset(str(root / "train_*.bin"), L, 8, seed=seed, device="cpu", drop_last=False)
+    got = [i for x, y in ds for i in _ids_of(x, ref)]
+    assert got == FeistelOrder(len(ref), seed, 0).take_numpy(np.arange(len(ref))).tolist()
+
+
+@pytest.mark.parametrize("out_dtype", [None, torch.int32, torch.int64])
+def test_x_and_y_are_halves_of_one_cast(bins, out_dtype):
+    """x and y come from one pass over the read (a (2, rows, L) view cast into one buffer):
+    contiguous, shifted by one, in out_dtype (None: the file's uint16)."""
+    root, toks = bins
+    ref = _windows(toks, L)
+    ds = TokenDataset(str(root / "train_*.bin"), L, 5, shuffle=False, device="cpu", out_dtype=out_dtype,
+                      drop_last=False)
+    xs, ys = zip(*ds)
+    want = torch.uint16 if out_dtype is None else out_dtype
+    assert all(x.dtype == want and y.dtype == want and x.is_contiguous() and y.is_contiguous()
+               for x, y in zip(xs, ys))
+    np.testing.assert_array_equal(torch.cat(xs).numpy().astype(np.int64), ref[:, :-1])
+    np.testing.assert_array_equal(torch.cat(ys).numpy().astype(np.int64), ref[:, 1:])
+
+
+def test_a_file_truncated_after_construction_is_an_error_naming_it(tmp_path):
+    """Groups are planned on the loader's planner thread; a file that shrank since the dataset
+    counted its windows fails the group that reads it, at that group's turn, naming the file
+    (never a short or stale window). The batches of earlier groups arrive first."""
+    rng = np.random.default_rng(3)
+    a = rng.integers(0, 50257, 40 * L + 1, dtype=np.uint16)
+    b = rng.integers(0, 50257, 40 * L + 1, dtype=np.uint16)
+    a.tofile(tmp_path / "a.bin")
+    b.tofile(tmp_path / "b.bin")
+    ds = TokenDataset([str(tmp_path / "a.bin"), str(tmp_path / "b.bin")], L, 4, shuffle=False, device="cpu",
+                      batches_per_read=2, prefetch=0)
+    b[:5].tofile(tmp_path / "b.bin")                 # b.bin's 40 windows are gone
+    got = []
+    with pytest.raises(ferry.FerryError, match="b.bin"):
+        for x, y in ds:
+            got.append(x)
+    assert len(got) == 10 and torch.equal(torch.cat(got), torch.from_numpy(
+        np.stack([a[i * L:i * L + L] for i in range(40)]).astype(np.int64)))
+
+
+def test_a_dataset_dropped_mid_epoch_goes_quietly(bins, monkeypatch):
+    """Dropped with groups still being planned: the reads in flight end, the planner thread is
+    shut down, nothing is raised from a __del__ (a dataset whose last reference went on the
+    planner thread would have joined that thread from itself)."""
+    import gc
+    import sys
+    import threading
+    root, toks = bins
+    raised = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: raised.append(u.exc_value))
+    for _ in range(3):
+        ds = TokenDataset(str(root / "train_*.bin"), L, 2, seed=1, device="cpu", batches_per_read=2, prefetch=8)
+        it = iter(ds)
+        next(it)
+        del it, ds
+        gc.collect()
+    deadline = time.time() + 5
+    while any(t.name.startswith("ferry-plan") for t in threading.enumerate()) and time.time() < deadline:
+        time.sleep(0.01)
+    assert raised == [] and not any(t.name.startswith("ferry-plan") for t in threading.enumerate())

@@ -98,9 +98,11 @@ def test_float32_batches_are_the_buffer_the_engine_read_into(tmp_path, monkeypat
     ds = XarrayDataset(p, ["b", "c"], batch_size=4, shuffle=True, device="cpu", prefetch=0)
     n = 0
     for bt in ds:
-        assert bt["x"].data_ptr() == bufs[-1]
+        # a block of its group's buffer (batches_per_read batches a plan), at the batch's rows
+        assert bt["x"].untyped_storage().data_ptr() == bufs[-1]
+        assert bt["x"].data_ptr() == bufs[-1] + (n % ds.batch_group) * 4 * bt["x"][0].nbytes
         n += 1
-    assert n == 4 and len(bufs) == 4          # one buffer per batch, for every variable
+    assert n == 4 and len(bufs) == -(-4 // ds.batch_group)   # one buffer per group, for every variable
 
 
 def test_batches_are_planned_off_the_consumers_thread(tmp_path, monkeypatch):

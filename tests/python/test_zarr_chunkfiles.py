@@ -169,3 +169,24 @@ def test_middle_link_out_and_back_in_is_refused(tmp_path):
         assert secret not in np.asarray(got).tobytes()
     got = np.asarray(ferry.read(store, selection=(slice(0, 1), slice(None))))
     assert got.tobytes() == b"\1" * 16
+
+
+def test_relative_and_symlinked_store_paths(tmp_path, monkeypatch):
+    """The known-inside chain starts at the array's directory as the path
+    spells it (relative, or through a link to the store): same answers."""
+    secret = b"S" * 16
+    _put(str(tmp_path / "out" / "0"), secret)
+    store = str(tmp_path / "s.zarr")
+    _v3_meta(store, 3)
+    for t in range(3):
+        _put(os.path.join(store, "c", str(t), "0"), bytes([t + 1]) * 16)
+    os.symlink(store, str(tmp_path / "alias.zarr"))
+    monkeypatch.chdir(tmp_path)
+    want = b"".join(bytes([t + 1]) * 16 for t in range(3))
+    for path in ("s.zarr", "alias.zarr", str(tmp_path / "alias.zarr")):
+        assert np.asarray(ferry.read(path)).tobytes() == want, path
+    os.rename(os.path.join(store, "c", "1"), str(tmp_path / "moved"))
+    os.symlink(tmp_path / "out", os.path.join(store, "c", "1"))
+    for path in ("s.zarr", "alias.zarr"):
+        with pytest.raises(ferry.FerryError, match="outside the store"):
+            ferry.read(path)

@@ -176,6 +176,7 @@ PyObject *mod_npy_read_many(PyObject *m, PyObject *args, PyObject *kw);
 
 /* perm.c */
 PyObject *mod_order_take(PyObject *m, PyObject *args);
+PyObject *mod_plan_windows(PyObject *m, PyObject *args);
 
 /* plan.c */
 int plan_check(PlanObject *p);

@@ -194,6 +194,11 @@ static PyMethodDef module_methods[] = {
     {"order_take", mod_order_take, METH_VARARGS,
      "order_take(n, seed, epoch, shuffle, positions, out): out[i] = the keyed epoch order of "
      "[0, n) at positions[i] (int64 arrays; ferry_perm_take)"},
+    {"plan_windows", mod_plan_windows, METH_VARARGS,
+     "plan_windows(plan, files, starts, offsets, stride, length, n, seed, epoch, shuffle, ranges, dst) -> "
+     "count: the windows at epoch positions [lo, hi) of each (lo, hi) pair in ranges, mapped through the "
+     "epoch order, read one after another into dst (window w of file k: starts[k] <= w, at byte "
+     "offsets[k] + (w - starts[k]) * stride, length bytes; files: File sequence or callable k -> File)"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef moduledef = {
