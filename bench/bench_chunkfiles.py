@@ -9,7 +9,10 @@ zarr.json files and c/<t>/0/0 chunk files, which is all v3 needs) — and the
 same chunk bytes concatenated into one big file, then, page cache warm, times
 
   pread-one / pread-files   (host only) os.preadv by Python threads: the big
-             file's extents / every chunk file — the page cache's own rate
+             file's extents / every chunk file — the page cache's own rate,
+             into one small buffer per thread that stays in the CPU's cache
+             (compare the two with each other, not with ferry's rows, which
+             write a destination of the whole size)
   one-file   ferry Plan.read_file: the big file's equal extents, one per chunk
   paths      ferry Plan.extent(path=...): every chunk file whole, by path
   read       ferry.read(store, var) for every variable, ONE plan (the Zarr parser)
