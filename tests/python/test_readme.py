@@ -17,7 +17,6 @@ what builds everything this test uses."""
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +39,20 @@ def _section(heading):
 
 
 def _blocks(text, lang):
-    return re.findall(r"```%s\n(.*?)```" % lang, text, re.S)
+    """The bodies of the ```lang fenced blocks of `text` ("" : fences without a language)."""
+    found, body, open_lang = [], None, None
+    for ln in text.splitlines(keepends=True):
+        if ln.startswith("```"):
+            if body is None:
+                open_lang, body = ln[3:].strip(), ""
+            else:
+                if open_lang == lang:
+                    found.append(body)
+                body = None
+        elif body is not None:
+            body += ln
+    assert body is None, "an unclosed ``` fence"
+    return found
 
 
 def _block(heading, lang="python"):
@@ -64,6 +76,17 @@ def _exec(code, names, what):
     return names
 
 
+def _exec_lines(code, names, what, after=None):
+    """Run a block whose every line is a whole statement one line at a time, calling
+    after(i, names) after line i, so that what each line makes can be checked."""
+    lines = [ln for ln in code.splitlines() if ln.strip()]
+    for i, ln in enumerate(lines):
+        _exec(ln, names, f"{what}, line {i + 1}")
+        if after:
+            after(i, names)
+    return lines
+
+
 PY_HEADINGS = ["## Python", '### xarray: `engine="ferry"`', "### PyTorch: `ferry.torch.ArrayDataset`",
                "### Training on xarray data: `ferry.torch.XarrayDataset` and `ferry.dali`",
                "### Checkpoints: `ferry.checkpoint`"]
@@ -75,6 +98,7 @@ def test_every_python_block_is_tested():
     for h in PY_HEADINGS:
         _block(h)
     assert len(_blocks(README, "c")) == 2 and len(_blocks(_section("## The C API"), "c")) == 2
+    assert len(_blocks(README, "")) == 4                             # install, pip, the command, layout
 
 
 # ---------------------------------------------------------------------------------------------
@@ -117,7 +141,16 @@ def test_python_block(tmp_path, monkeypatch):
 
     code = _translate(_block("## Python"), [('"w", device=0)', '"w", device="cpu")', 1)])
     torch_tensor = torch.empty(a.shape, dtype=torch.float32)
-    ns = _exec(code, {"torch_tensor": torch_tensor}, "## Python")
+    opened = []                                                       # each `f` the block opens
+
+    def after(i, ns):
+        if ns.get("f") is not None and all(ns["f"] is not g for g in opened):
+            opened.append(ns["f"])
+    ns = {"torch_tensor": torch_tensor}
+    assert len(_exec_lines(code, ns, "## Python", after)) == 8
+    assert len(opened) == 2 and opened[1] is ns["f"]
+    assert "t2m" in opened[0].variables                               # ferry.open("era5.nc"): netCDF classic
+    np.testing.assert_array_equal(np.asarray(opened[0]["t2m"][0:10]), t2m[0:10])
     np.testing.assert_array_equal(ns["x"], a)
     np.testing.assert_array_equal(np.asarray(ns["w"]), wt)
     np.testing.assert_array_equal(np.asarray(ns["xs"][0]), a)
@@ -130,6 +163,7 @@ def test_python_block(tmp_path, monkeypatch):
 
 @needs_nc
 @pytest.mark.skipif(not has("zarr"), reason="writing the Zarr store needs zarr")
+@pytest.mark.filterwarnings("ignore:Consolidated metadata is currently not part")
 def test_xarray_block(tmp_path, monkeypatch):
     import xarray as xr
     monkeypatch.chdir(tmp_path)
@@ -143,11 +177,8 @@ def test_xarray_block(tmp_path, monkeypatch):
                       [('engine="ferry", device=0)', 'engine="ferry", device="cpu")', 1),
                        ("device=0, parallel=True", 'device="cpu", parallel=True', 1)])
     # each line is one statement: run them one by one to check every `ds` the block makes
-    lines = [ln for ln in code.splitlines() if ln.strip()]
-    ns, made = {}, []
-    for ln in lines:
-        _exec(ln, ns, "xarray")
-        made.append(ns.get("ds"))
+    made = []
+    _exec_lines(code, {}, "xarray", lambda i, ns: made.append(ns.get("ds")))
     assert len(made) == 6 and made[0] is None                         # the import line
     xr.testing.assert_identical(made[1].load(), nc)
     xr.testing.assert_identical(made[2].load(), xr.open_zarr("era5.zarr", group="surface").load())
@@ -193,6 +224,7 @@ def test_xarray_dataset_block(tmp_path, monkeypatch):
     assert len(x) == 8 and x.as_array().shape == (8, 8, 6, 8) and y.as_array().shape == (8, 4, 6, 8)
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")   # dcp.save in one process, as README
 def test_checkpoint_block(tmp_path, monkeypatch):
     import torch
     import torch.distributed.checkpoint as dcp
@@ -205,7 +237,16 @@ def test_checkpoint_block(tmp_path, monkeypatch):
     want = {k: v.clone() for k, v in model.state_dict().items()}
     code = _translate(_block("### Checkpoints: `ferry.checkpoint`"),
                       [('device="cuda:0"', 'device="cpu"', 1)])
-    ns = _exec(code, {"model": model, "dcp": dcp}, "checkpoints")
+
+    def after(i, ns):
+        if i == 2:                                                    # saved and loaded: now spoil the
+            with torch.no_grad():                                     # model, so that load_into shows
+                for p in model.parameters():                          # that it restores it
+                    p.zero_()
+        if i == 3:
+            assert all(torch.equal(v, want[k]) for k, v in model.state_dict().items())
+    ns = {"model": model, "dcp": dcp}
+    assert len(_exec_lines(code, ns, "checkpoints", after)) == 6
     ns["fut"].result()
     for path in ("step1000.safetensors", "step2000.safetensors"):
         got = load_file(path)                                         # safetensors reads ferry's files
@@ -214,6 +255,22 @@ def test_checkpoint_block(tmp_path, monkeypatch):
     dcp_to_torch_save("ckpt/", "ckpt.pt")                             # torch's own reader
     back = torch.load("ckpt.pt")
     assert all(torch.equal(back[k], want[k]) for k in want)
+
+
+def test_install_blocks_are_covered_by_make():
+    """The install and pip blocks are not run here (`make` built what this file uses; `make
+    test-install` runs `pip install .` into a temporary directory and checks its `ferry` command
+    and `import ferry`); this checks that they name what those targets provide."""
+    make = [ln.split("#")[0].strip() for ln in _blocks(_section("## Install, demo, test"), "")[0].splitlines()]
+    assert [c for c in make if c] == ["make", "make demo", "make test"]
+    makefile = (ROOT / "Makefile").read_text()
+    assert all(re.search(r"^%s:" % t, makefile, re.M) for t in ("all", "demo", "test", "test-install"))
+    pip = [ln.split("#")[0].strip() for ln in _blocks(_section("### pip"), "")[0].splitlines()]
+    assert pip == ["pip install .", "pip install '.[xarray,torch]'"]
+    assert "pip install" in (ROOT / "tools" / "test-install.sh").read_text()
+    import tomllib
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert {"xarray", "torch"} <= set(extras)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -243,7 +300,7 @@ def _compile_run(tmp_path, name, prelude, body, epilogue):
     src.write_text("#include <stdint.h>\n#include <stdio.h>\n#include <stdlib.h>\n" + "\n".join(includes)
                    + "\nint main(void) {\n" + prelude + "\n" + body + "\n" + epilogue + "\n}\n")
     exe = tmp_path / name
-    cc = subprocess.run([os.environ.get("CC", "cc"), "-std=c11", "-Wall", "-Wno-unused-variable",
+    cc = subprocess.run([os.environ.get("CC", "cc"), "-std=c11", "-Wall", "-Werror", "-Wno-unused-variable",
                          "-I", str(ROOT / "include"), str(src), "-o", str(exe)] + _link_line(),
                         capture_output=True, text=True)
     assert cc.returncode == 0, cc.stderr
@@ -292,9 +349,9 @@ def test_c_dataset_block(tmp_path, monkeypatch):
     _nc3("era5.nc", t2m=t2m)                                          # big-endian on disk
     want = t2m[0:10, 0:721, 0:1440:2]
     prelude = ("ferry_ctx *ctx; ferry_plan *plan;\n"
-        "if (ferry_ctx_create(&ctx, NULL) < 0 || ferry_plan_create(&plan) < 0) return 1;\n"
-        f"size_t size = {want.nbytes}; void *host = malloc(size);\n"
-        "ferry_buf dst = ferry_host_buf(host, size);")
+               "if (ferry_ctx_create(&ctx, NULL) < 0 || ferry_plan_create(&plan) < 0) return 1;\n"
+               f"size_t size = {want.nbytes}; void *host = malloc(size);\n"
+               "ferry_buf dst = ferry_host_buf(host, size);")
     epilogue = ('if (v < 0) { fprintf(stderr, "%s\\n", ferry_errmsg(ctx)); return 1; }\n'
                 "int64_t moved = ferry_run(ctx, plan, NULL);\n"
                 'if (moved < 0) { fprintf(stderr, "%s\\n", ferry_errmsg(ctx)); return 1; }\n'
@@ -335,7 +392,6 @@ def test_command_lines(tmp_path):
     root = zarr.open_group(str(tmp_path / "store.zarr"), mode="w")
     root.create_array("temp", shape=(6, 4), chunks=(3, 4), dtype="float32")[:] = 1.5
     (tmp_path / "data.bin").write_bytes(os.urandom(1 << 16))
-    # what each line of README says the command prints, checked on its output
     raw = (tmp_path / "model.safetensors").read_bytes()
     base = 8 + int.from_bytes(raw[:8], "little")                     # data follow the JSON header
     header = json.loads(raw[8:base])
@@ -346,6 +402,7 @@ def test_command_lines(tmp_path):
         return (var["name"], var["shape"], var["chunks"], var["typestr"], var["codecs"]) == \
             ("temp", [6, 4], [3, 4], "<f4", "bytes zstd")
 
+    # what each line of README says the command prints, checked on its output
     checks = {
         ("info", "model.safetensors"):                               # tensors: dtype, shape, byte ranges
             lambda out: re.search(r"embed\.weight +<f4 +\(8, 4\) +bytes \[%d, %d\)" % (lo, hi), out)
