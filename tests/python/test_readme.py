@@ -429,4 +429,6 @@ def test_command_lines(tmp_path):
     for cmd in cmds:
         out = _ferry(small.get(cmd, list(cmd)), tmp_path)
         assert checks[cmd](out), f"ferry {' '.join(cmd)} does not print what README says:\n{out}"
-    assert not (tmp_path / "ferry-bench.bin").exists()               # bench removes its file
+    assert not (tmp_path / "ferry-bench.bin").exists()               # bench removes its file,
+    assert "stays for the next run" in _section("## The command")     # --records keeps its (README says so)
+    assert (tmp_path / "ferry-records.bin").stat().st_size == 16 << 20
