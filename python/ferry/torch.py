@@ -1436,6 +1436,13 @@ class _BatchStream(IterableDataset):
         else:
             self._release(rt, g)
         if not side:
+            # a collate (samples="files", ragged) reads the per-file buffers on the consumer's
+            # stream: recorded there, or a later group's read may be handed their blocks while
+            # a consumer lagging behind a training step has not stacked them yet (the outputs,
+            # recorded by _handoff, are new tensors, not views of them)
+            for b in g.bufs:
+                if isinstance(b, list):
+                    _record(b, stream)
             return self._finish(g)
         with torch.cuda.stream(stream):
             for b in g.bufs:
