@@ -224,3 +224,56 @@ def test_xarray_batches_outlive_a_lagging_consumer(tmp_path, case, group, prefet
     torch.cuda.synchronize()
     assert n == len(ref) > 3
     assert int(bad) == 0
+
+
+def _dali_lagging(tmp_path, prefetch, device, lag_device):
+    """Batches of a DALI pipeline over a packed XarrayDataset on `device`, torch's stream on
+    `lag_device` running a long kernel before each pipe.run() (DALI feeds the next batches then,
+    copying them on torch's current stream); returns (what the pipeline gave, the host's)."""
+    try:
+        import nvidia.dali.fn  # noqa: F401
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"DALI does not import: {e}")
+    import ferry.dali
+    paths = _files_packed(tmp_path)
+    kw = dict(batch_size=2, target_steps=1, shuffle=True, seed=9, normalize={"t2m": (280.0, 10.0)},
+              nan_to=0.0, prefetch=prefetch)
+    ref = [(b["x"].numpy().copy(), b["y"].numpy().copy()) for b in XarrayDataset(paths, ["t2m", "z"], device="cpu", **kw)]
+    pipe = ferry.dali.pipeline(XarrayDataset(paths, ["t2m", "z"], device=device, **kw), outputs=("x", "y"),
+                               layout="CHW")
+    pipe.build()
+    got = []
+    try:
+        while True:
+            with torch.cuda.device(lag_device):
+                torch.cuda._sleep(20_000_000)      # ~10 ms on torch's current stream
+            x, y = pipe.run()
+            got.append((x.as_cpu().as_array(), y.as_cpu().as_array()))
+    except StopIteration:
+        pass
+    return got, ref
+
+
+@pytest.mark.parametrize("prefetch", [0, 4])
+def test_dali_source_behind_a_lagging_stream(tmp_path, prefetch):
+    """DALI copies each batch on torch's current stream, the one ferry ordered the batch on and
+    recorded its memory on: a stream lagging behind a training step delays the copy but the
+    batch's memory is not handed to a later read before it ran. Every batch equals the host's."""
+    got, ref = _dali_lagging(tmp_path, prefetch, "cuda:0", 0)
+    assert len(got) == len(ref) > 3
+    for (x, y), (rx, ry) in zip(got, ref):
+        np.testing.assert_allclose(x, rx, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(y, ry, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (a dataset on cuda:1, current device 0)")
+def test_dali_source_dataset_on_another_device(tmp_path):
+    """A dataset on cuda:1 while the current device is 0: DALI copies on device 0's current stream,
+    which ferry did not order the batch on; the source makes it wait for cuda:1's and records the
+    batch there (before: the copy could run before ferry's reads landed, prefetch=0 makes that likely)."""
+    assert torch.cuda.current_device() == 0
+    got, ref = _dali_lagging(tmp_path, 0, "cuda:1", 1)
+    assert len(got) == len(ref) > 3
+    for (x, y), (rx, ry) in zip(got, ref):
+        np.testing.assert_allclose(x, rx, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(y, ry, rtol=1e-6, atol=1e-6)
