@@ -1838,7 +1838,11 @@ def _apply_convert(t, conv, f):
     if nm is None:
         return t if t.dtype == dt else t.to(dt)
     mean, inv_std = nm
-    key = (mean.tobytes(), inv_std.tobytes(), dt, t.device, t.dim())
+    # per stream: the vectors are allocated on the stream that reads them, so dropping them
+    # (the clear below) cannot hand their blocks to another stream while a lagging kernel of
+    # this one still reads them (one cache is shared by every dataset's work stream)
+    stream = torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else None
+    key = (mean.tobytes(), inv_std.tobytes(), dt, t.device, t.dim(), stream)
     c = _norm_cache.get(key)
     if c is None:
         shape = [1] * t.dim()

@@ -330,3 +330,29 @@ def test_array_batches_outlive_a_lagging_consumer(data, ragged, case, prefetch):
     torch.cuda.synchronize()
     assert n == len(ref) > 3
     assert int(bad) == 0
+
+
+def test_normalise_vectors_live_on_the_stream_that_reads_them(data):
+    """The normalisation vectors are cached for every dataset of the process; each work stream
+    gets its own, allocated on it: a vector allocated on another dataset's stream and dropped by
+    the cache's clear could be handed to that stream's next allocation while this stream, lagging,
+    still reads it. Before: the second dataset read the first one's (allocated on its stream)."""
+    import ferry.torch as ft
+
+    def stream_of(t):
+        p = t.data_ptr()
+        for seg in torch.cuda.memory._snapshot()["segments"]:
+            if seg["address"] <= p < seg["address"] + seg["total_size"]:
+                return seg["stream"]
+    kw = dict(fields={"img": data[0]["img"]}, batch_size=64, device="cuda:0",
+              normalize={"img": ((1.0, 2.0, 3.0), (4.0, 5.0, 6.0))})
+    ft._norm_cache.clear()
+    streams, keep = [], []
+    for ds in (ArrayDataset(**kw), ArrayDataset(**kw)):
+        it = iter(ds)
+        keep.append((ds, it, next(it)))
+        streams.append(ds._rt.work_stream.cuda_stream)
+    torch.cuda.synchronize()
+    assert streams[0] != streams[1]
+    on = {stream_of(t) for pair in ft._norm_cache.values() for t in pair}
+    assert set(streams) <= on
