@@ -783,7 +783,8 @@ static void test_concurrent_jobs_reuse_slots(void) {
  * the 1,024 job's); the default ring pins two 1 MiB buffers per feeder and
  * the slots' result buffers whatever the job (< 2 x 4 + 8 + 2 MiB here), the
  * calls' inputs in plain memory and on the device. Byte-exact either way,
- * and a truncated chunk still fails by name with the ring. */
+ * the context's second job allocates nothing, and a truncated chunk still
+ * fails by name with the ring. */
 static void test_first_job_footprint(void) {
     void *sim = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
     long (*count)(const char *, int) = sim ? (long (*)(const char *, int))dlsym(sim, "cudasim_count") : NULL;
@@ -851,6 +852,15 @@ static void test_first_job_footprint(void) {
                            nchunk, want / 1048576.0, ring ? "ring" : "calls", count("pinned_allocs", 0) - pa,
                            (count("pinned_bytes", 0) - pb) / 1048576.0, peak[ring][big] / 1048576.0,
                            count("device_allocs", 0) - da, (count("device_bytes", 0) - db) / 1048576.0);
+                    /* the context's second job: the ring and the slots are reused, nothing is allocated */
+                    pa = count("pinned_allocs", 0), da = count("device_allocs", 0);
+                    memset(back, 0, nchunk * cb);
+                    ferry_memcpy(c, ferry_cuda_buf(0, d, nchunk * cb), ferry_host_buf(back, nchunk * cb), nchunk * cb);
+                    CHECK_EQ_I(ferry_run(c, p, &o), (int64_t)want);
+                    CHECK_EQ_I(count("pinned_allocs", 0) - pa, 0);
+                    CHECK_EQ_I(count("device_allocs", 0) - da, 0);
+                    ferry_memcpy(c, ferry_host_buf(back, nchunk * cb), ferry_cuda_buf(0, d, nchunk * cb), nchunk * cb);
+                    CHECK(memcmp(back, src, nchunk * cb) == 0);
                 }
                 ferry_plan_destroy(p);
             }
