@@ -5,7 +5,7 @@
 #   steps: wheels build test ctest bench benchwarm sweep engine pybench
 #          part1..part4 dali (DALI's wheel in parts) records decode xtrain plan
 #          formats xbench (bench_xarray, BXARGS) torchbench (bench_torch, BTARGS) records (BRARGS)
-#          ckptbench (bench_checkpoint, BCARGS) nccl (the two-GPU tests)
+#          ckptbench (bench_checkpoint, BCARGS) chunkfiles (bench_chunkfiles, BCFARGS) nccl (the two-GPU tests)
 #          multigpu (issue 11's tests on 2..8 GPUs) mgbench, then mgranks (bench_multigpu in
 #          two commands: limits/file->GPU/decode, then datasets/checkpoints; MGARGS)
 #   wheels: pip-installs .gpu/whl/*.whl (carry ".gpu/whl": zarr, numcodecs,
@@ -144,6 +144,7 @@ for step in "$@"; do
         python3 -c 'import nvidia.dali as d; print("DALI", d.__version__)' ;;
     records) bench bench_records 420 80 ${BRARGS:---gib 8 --count 200000 --reps 3} --dir "$PWD" ;;
     decode) bench bench_decode 400 40 ${BDARGS:-} ;;
+    chunkfiles) bench bench_chunkfiles 500 12 --dir "$PWD" ${BCFARGS:---device 0} ;;
     xtrain) bench bench_xarray_training 500 40 ${BXTARGS:---gib 2} ;;
     plan) PYTHONPATH=$PYTHONPATH bench bench_plan 120 20 ;;
     pybench)

@@ -852,6 +852,8 @@ class XarrayDataset(_BatchStream):
         current stream, without a host sync (index and parameter tensors are made once)."""
         if rt.device.type == "cuda":
             cur = torch.cuda.current_stream(rt.device)
+            # a consumer lagging behind a training step runs all of this late: the slabs are
+            # recorded here, the stack and temporaries are allocated here (tests/gpu lagging test)
             for b in bufs:                  # allocated on the engine's stream, used on this one
                 b.record_stream(cur)
         R = len(row_steps)
@@ -1123,6 +1125,8 @@ def _to_dev(t, device):
     t = torch.as_tensor(t)
     if torch.device(device).type != "cuda":
         return t
+    # lagging streams are safe: torch's pinned block is kept until this copy has run (the host
+    # allocator records it on the stream), and the cached device copies are never written again
     return t.pin_memory().to(device, non_blocking=True)
 
 

@@ -124,6 +124,7 @@ def _for_dali(t):
     dataset made wait for the batch); host tensors as numpy views (DALI would otherwise ask
     torch for a CUDA stream even for host data)."""
     if getattr(t, "is_cuda", False):
+        _order_on_current_device(t)
         return t
     if hasattr(t, "numpy"):
         return t.numpy()
@@ -168,3 +169,19 @@ def pipeline(dataset, *, outputs=None, then=None, device_id=None, num_threads=2,
         pipe.set_outputs(*outs)
     pipe.ferry_source = src
     return pipe
+
+
+def _order_on_current_device(t):
+    """DALI copies a torch tensor on torch.cuda.current_stream() of the CURRENT device, while
+    ferry's dataset ordered the batch after its reads and recorded its memory on the current
+    stream of the batch's device: the same stream, unless the batch's device is not the current
+    one (a dataset on cuda:1 without torch.cuda.set_device(1)). Then DALI's stream waits for the
+    batch's and the batch's memory is recorded on DALI's stream too, so the copy neither reads
+    before ferry's reads land nor after the block went to a later read. (Same device: nothing to
+    do, and a consumer stream lagging behind a training step delays DALI's copy, not its order.)"""
+    import torch
+    dali_stream = torch.cuda.current_stream()
+    own = torch.cuda.current_stream(t.device)
+    if dali_stream.device != own.device:
+        dali_stream.wait_stream(own)
+        t.record_stream(dali_stream)

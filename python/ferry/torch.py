@@ -1436,6 +1436,13 @@ class _BatchStream(IterableDataset):
         else:
             self._release(rt, g)
         if not side:
+            # a collate (samples="files", ragged) reads the per-file buffers on the consumer's
+            # stream: recorded there, or a later group's read may be handed their blocks while
+            # a consumer lagging behind a training step has not stacked them yet (the outputs,
+            # recorded by _handoff, are new tensors, not views of them)
+            for b in g.bufs:
+                if isinstance(b, list):
+                    _record(b, stream)
             return self._finish(g)
         with torch.cuda.stream(stream):
             for b in g.bufs:
@@ -1831,7 +1838,11 @@ def _apply_convert(t, conv, f):
     if nm is None:
         return t if t.dtype == dt else t.to(dt)
     mean, inv_std = nm
-    key = (mean.tobytes(), inv_std.tobytes(), dt, t.device, t.dim())
+    # per stream: the vectors are allocated on the stream that reads them, so dropping them
+    # (the clear below) cannot hand their blocks to another stream while a lagging kernel of
+    # this one still reads them (one cache is shared by every dataset's work stream)
+    stream = torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else None
+    key = (mean.tobytes(), inv_std.tobytes(), dt, t.device, t.dim(), stream)
     c = _norm_cache.get(key)
     if c is None:
         shape = [1] * t.dim()

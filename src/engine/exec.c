@@ -567,7 +567,8 @@ int ferry_exec_task(ferry_worker *w, ferry_job *j, const ferry_task *t) {
         case FERRY_EXTENT_WRITE: r = exec_write(w, j, e, f, t->lo, t->hi); break;
         case FERRY_EXTENT_FILL: r = exec_fill(w, j, e, t->lo, t->hi, &deferred); break;
         default:
-            if (e->place || (e->ncodecs && !ferry_codecs_only_byteswap(e->codecs, e->ncodecs)))
+            if ((e->place && !(e->flags & FERRY_EXTENT_FLAT_)) ||   /* flat: job.h */
+                (e->ncodecs && !ferry_codecs_only_byteswap(e->codecs, e->ncodecs)))
                 r = exec_read_coded(w, j, e, f, &deferred);
             else
                 r = exec_read_plain(w, j, e, f, t->lo, t->hi, &deferred);

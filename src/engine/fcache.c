@@ -167,12 +167,6 @@ int ferry_fcache_get(ferry_fcache *c, ferry_ctx *ctx, const char *path, int nofo
     int rc = nofollow ? ferry_file_open_nofollow(ctx, path, root, &f, &linked)
                       : ferry_file_open_internal(ctx, path, FERRY_READ, &f);
     if (rc < 0) return rc;
-    struct stat st;
-    if (ferry_sys()->fstat(f->fd, &st) != 0) {
-        rc = ferry_seterr(-errno, "%s: fstat: %s", path, strerror(errno));
-        ferry_file_close(f);
-        return rc;
-    }
     ferry_fc_entry *n = calloc(1, sizeof *n);
     if (!n || !(n->path = strdup(path)) || (linked && !(n->link_root = strdup(root)))) {
         if (n) free(n->path);
@@ -182,10 +176,11 @@ int ferry_fcache_get(ferry_fcache *c, ferry_ctx *ctx, const char *path, int nofo
     }
     n->hash = h;
     n->f = f;
-    n->dev = st.st_dev;
-    n->ino = st.st_ino;
-    n->size = st.st_size;
-    n->mtime = st.st_mtim;
+    /* the identity the open's own fstat saw (file.c): one fstat per open */
+    n->dev = f->dev;
+    n->ino = f->ino;
+    n->size = f->size0;
+    n->mtime = f->mtime0;
     n->checked_job = job_id;
     n->refs = 1;
     n->nofollow = nofollow;

@@ -66,6 +66,8 @@ static int file_from_fd(ferry_ctx *ctx, int fd, const char *path, int flags, fer
     f->dfd = -1;
     f->dev = st.st_dev;
     f->ino = st.st_ino;
+    f->size0 = st.st_size;
+    f->mtime0 = st.st_mtim;
     pthread_mutex_init(&f->lock, NULL);
     *out = f;
     return 0;

@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <sys/types.h>
+#include <time.h>
 
 struct ferry_file {
     ferry_ctx *ctx;
@@ -14,6 +15,8 @@ struct ferry_file {
     int fd;                       /* buffered descriptor */
     dev_t dev;                    /* the file it opened: every other descriptor */
     ino_t ino;                    /* (O_DIRECT, cuFile's) must be this inode */
+    off_t size0;                  /* its size and mtime when opened (the open-file */
+    struct timespec mtime0;       /* cache's identity check, without a second fstat) */
     int flags;                    /* FERRY_READ/WRITE/... */
     pthread_mutex_t lock;         /* guards the lazy members below */
     int dfd;                      /* O_DIRECT descriptor: -1 not tried, -2 refused */

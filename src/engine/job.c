@@ -15,8 +15,29 @@
  * range: it can be cut into tasks and pipelined. */
 static int is_plain(const ferry_extent *e) {
     if (e->kind == FERRY_EXTENT_WRITE) return 1;
-    if (e->kind != FERRY_EXTENT_READ || e->place) return 0;
+    if (e->kind != FERRY_EXTENT_READ || (e->place && !(e->flags & FERRY_EXTENT_FLAT_))) return 0;
     return e->ncodecs == 0 || ferry_codecs_only_byteswap(e->codecs, e->ncodecs) > 0;
+}
+
+/* A read by path whose placement moves its bytes unchanged to one
+ * contiguous range: no codecs (a byteswap is applied per element either way,
+ * but packs do not swap), the box starting at the first byte, its elements
+ * adjacent in source and destination (C order in both), and as many bytes as
+ * the extent reads. Zarr plans every uncompressed chunk so (layout.c keeps
+ * the placement for MISSING_FILLS); reading them through the coded path cost
+ * a bounce buffer and a memcpy per chunk on the host and, to a GPU, one
+ * staged copy per chunk instead of packs (issue 14: 0.49x of the same files
+ * read as plain extents on the H200). */
+static int flat_place(const ferry_extent *e) {
+    const ferry_place *p = e->place;
+    if (!p || e->kind != FERRY_EXTENT_READ || e->file || e->ncodecs || p->src_offset || p->ndim < 1) return 0;
+    uint64_t bytes = p->itemsize;
+    for (int k = p->ndim - 1; k >= 0; k--) {
+        if (p->count[k] == 0) return 0;
+        if (p->count[k] > 1 && (p->src_stride[k] != (int64_t)bytes || p->dst_stride[k] != (int64_t)bytes)) return 0;
+        if (ferry_mul_overflow(bytes, p->count[k], &bytes)) return 0;
+    }
+    return bytes == e->length && e->decoded_size == e->length;
 }
 
 static int same_codecs(const ferry_extent *a, const ferry_extent *b) {
@@ -28,6 +49,7 @@ static int same_codecs(const ferry_extent *a, const ferry_extent *b) {
  * the same buffer: a plan of many small runs becomes few large reads. */
 static int try_merge(ferry_extent *a, const ferry_extent *b) {
     if (a->kind != b->kind || !is_plain(a) || !is_plain(b) || !same_codecs(a, b)) return 0;
+    if (a->place || b->place) return 0;   /* a flat placement describes its own extent only */
     if (!a->file || a->file != b->file) return 0;
     if (a->dst.kind != b->dst.kind || a->dst.ptr != b->dst.ptr || a->dst.device != b->dst.device) return 0;
     if (a->offset + a->length != b->offset || a->dst_offset + a->length != b->dst_offset) return 0;
@@ -130,8 +152,11 @@ static int pack_min_policy(const ferry_ctx *ctx, uint64_t *out) {
  * each file through ferry_path_file, which keeps the no-follow open and its
  * root, and a run never joins extents opened differently (pack.c). */
 static int packable(const ferry_job *j, const ferry_extent *e, size_t staging) {
-    if (e->kind != FERRY_EXTENT_READ || e->place || e->ncodecs || e->length == 0) return 0;
-    if (e->flags & ~(unsigned)FERRY_EXTENT_NOFOLLOW) return 0;   /* MISSING_FILLS: filled per extent (exec.c) */
+    if (e->kind != FERRY_EXTENT_READ || e->ncodecs || e->length == 0) return 0;
+    /* a flat placement's extent (a whole uncompressed chunk file) packs: a
+     * pack fills it when its file is absent (MISSING_FILLS, pack.c) */
+    if (e->place && !(e->flags & FERRY_EXTENT_FLAT_)) return 0;
+    if (e->flags & ~(unsigned)(FERRY_EXTENT_NOFOLLOW | FERRY_EXTENT_MISSING_FILLS | FERRY_EXTENT_FLAT_)) return 0;
     if (j->direct == FERRY_DIRECT_ON || e->length > PACK_MAX_EXTENT) return 0;
     return e->dst.kind == FERRY_MEM_HOST || e->length <= staging;
 }
@@ -175,7 +200,8 @@ static int make_tasks(ferry_job *j, size_t task_size, size_t staging) {
             }
         }
         uint64_t len = e->length;
-        if (!is_plain(e) || len <= task_size) {
+        /* an extent that may be filled instead (MISSING_FILLS) is one task: its fill is the whole box */
+        if (!is_plain(e) || len <= task_size || (e->flags & FERRY_EXTENT_MISSING_FILLS)) {
             if (add_task(j, &cap, (uint32_t)i, 1, 0, len) < 0) return FERRY_ENOMEM;
             i++;
             continue;
@@ -250,6 +276,7 @@ static int job_build(ferry_ctx *ctx, const ferry_plan *plan, const ferry_run_opt
         ferry_extent e = plan->ext[i];
         if (e.place) e.place = &j->places[(uintptr_t)e.place - 1];
         if (e.path) e.path = j->strings + ((uintptr_t)e.path - 1);
+        if (flat_place(&e)) e.flags |= FERRY_EXTENT_FLAT_;
         if (e.label) e.label = j->strings + ((uintptr_t)e.label - 1);
         if (e.root) e.root = j->strings + ((uintptr_t)e.root - 1);
         int rc = 0, k;

@@ -8,6 +8,14 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+/* Internal extent flag (ferry_plan_add refuses it from callers): the
+ * extent's placement only copies its bytes, unchanged, to one contiguous
+ * range — a whole uncompressed Zarr chunk, which keeps its placement for
+ * FERRY_EXTENT_MISSING_FILLS (the fill of an absent file needs the element
+ * size). Set by ferry_job_build; such an extent is read like a plain one
+ * (packed, straight into host memory), its placement used only to fill. */
+#define FERRY_EXTENT_FLAT_ (1u << 30)
+
 /* A task is either a byte range [lo, hi) of one extent (n == 1), or a pack:
  * n >= 2 whole small plain reads, ext .. ext+n-1, of one destination memory
  * kind and device (any files). Packs are cut by bytes (make_tasks in job.c):

@@ -72,6 +72,23 @@ static size_t file_run(const ferry_job *j, size_t k, size_t end, ferry_file *f, 
     return m - k;
 }
 
+/* An absent file of a FERRY_EXTENT_MISSING_FILLS extent (a Zarr chunk never
+ * written; its placement is flat, job.h): 1 when its box is to be filled
+ * instead of read, the error cleared. */
+static int fills_absent(const ferry_extent *e, int rc) {
+    if ((rc != -ENOENT && rc != -ENOTDIR) || !(e->flags & FERRY_EXTENT_MISSING_FILLS) || !e->place) return 0;
+    ferry_clearerr();
+    return 1;
+}
+
+/* The fill value repeated over the extent's length bytes at dst (flat: the
+ * box is those bytes, place->itemsize divides them). */
+static void fill_flat(uint8_t *dst, const ferry_extent *e) {
+    unsigned size = e->place->itemsize;
+    ferry_place flat = {1, size, {e->length / size}, {size}, {size}, 0};
+    ferry_fill_host(dst, e->fill, size, &flat, 0);
+}
+
 /* ---- cold records: read ahead of the preads ------------------------------ */
 /* Hint ranges of one file closer than this are one hint (the gap is read
  * too): a sorted batch of neighbouring rows is then one request to the disk. */
@@ -149,6 +166,11 @@ int64_t ferry_pack_read(ferry_worker *w, ferry_job *j, const ferry_task *t, uint
             next_poll = ferry_now() + POLL_EVERY_S;
         }
         ferry_file *f = ext_file(w, j, e, &rc);
+        if (rc < 0 && fills_absent(e, rc)) {
+            fill_flat(img ? img + (e->dst_offset - lo) : (uint8_t *)e->dst.ptr + e->dst_offset, e);
+            k++;
+            continue;
+        }
         if (rc < 0) return pack_error(rc, e, NULL, e->offset);
         uint64_t bytes;
         size_t n = file_run(j, k, end, f, sizeof iov / sizeof *iov, UINT64_MAX, &bytes);
@@ -295,6 +317,16 @@ static int64_t pack_device(ferry_worker *w, ferry_job *j, const ferry_task *t, i
     for (size_t k = t->ext; k < end;) {
         const ferry_extent *e = &j->ext[k];
         ferry_file *f = ext_file(w, j, e, &rc);
+        if (rc < 0 && fills_absent(e, rc)) {   /* the fill goes through staging like a read */
+            uint8_t *buf = w->pack_runs < FERRY_PACK_RUNS ? ferry_pack_reserve(w, e->length) : NULL;
+            if (!buf && ((rc = ferry_pack_flush(w, j, d)) < 0 || (rc = ferry_pack_begin(w, d)) < 0)) { result = rc; break; }
+            if (!buf) buf = ferry_pack_reserve(w, e->length);
+            fill_flat(buf, e);
+            if ((rc = ferry_pack_place(w, e->length, (CUdeviceptr)(uintptr_t)e->dst.ptr + e->dst_offset,
+                                       (uintptr_t)e->dst.ptr)) < 0) { result = rc; break; }
+            k++;
+            continue;
+        }
         if (rc < 0) { result = pack_error(rc, e, NULL, e->offset); break; }
         uint64_t bytes;
         size_t n = file_run(j, k, end, f, FERRY_PACK_RUNS, S, &bytes);

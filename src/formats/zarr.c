@@ -129,40 +129,75 @@ static int inside_store(const zarr_ds *z, const char *path) {
     return rc;
 }
 
+/* What a plan has found out about chunk directories: the last one found
+ * inside (realpath), and the last one known inside without it: the array's
+ * directory (resolved inside once per plan; `base`, as the chunk paths spell
+ * it) followed only by components that lstat showed to be real directories.
+ * A real directory in a directory that resolves inside resolves inside (its
+ * realpath is the parent's plus its name), and so does every prefix of such
+ * a chain down from base — unlike the prefixes of a directory found inside
+ * by realpath, which may have reached it through a link out and back in. */
+typedef struct zarr_dirs {
+    char inside[PATH_MAX];
+    char known[PATH_MAX];
+    const char *base;      /* NULL: the array's directory was not found inside */
+    size_t baselen;
+} zarr_dirs;
+
+/* dir (dl bytes) inside, learnt with one lstat per component below the
+ * longest prefix it shares with d->known (at least base): 1 yes (d->known
+ * updated), 0 no such directory (nothing to read), 2 not shown (a component
+ * is a symlink, or dir is not below base): realpath decides. Chunk keys
+ * c/<t>/0/... put every time step in its own directory; a realpath of each, a
+ * readlink per component of the whole path, was most of a many-chunk plan's
+ * time (2 lstats now for c/<t>/0 after c/<t-1>/0). */
+static int dir_known_inside(const char *dir, size_t dl, zarr_dirs *d) {
+    size_t bl = d->baselen;
+    if (!d->base || dl <= bl || strncmp(dir, d->base, bl) || dir[bl] != '/') return 2;
+    size_t known = bl;   /* dir[0..known) is inside */
+    const char *kn = d->known;
+    if (!strncmp(kn, d->base, bl) && (kn[bl] == '/' || kn[bl] == 0))
+        for (size_t i = bl; i <= dl; i++) {   /* kn's NUL ends the loop: dir has none before dl */
+            if (kn[i] != (i < dl ? dir[i] : 0) && !(i == dl && kn[i] == '/')) break;
+            if (i == dl || dir[i] == '/') known = i;
+        }
+    char tmp[PATH_MAX];
+    memcpy(tmp, dir, dl);
+    tmp[dl] = 0;
+    for (size_t i = known + 1; i <= dl; i++) {
+        if (i < dl && tmp[i] != '/') continue;
+        tmp[i] = 0;
+        struct stat st;
+        int r = lstat(tmp, &st);
+        if (i < dl) tmp[i] = '/';
+        if (r != 0) {
+            if (errno == ENOENT || errno == ENOTDIR) return 0;
+            return ferry_seterr(-errno, "%s: %s", tmp, strerror(errno));
+        }
+        if (!S_ISDIR(st.st_mode)) return 2;   /* a symlink (to a directory, or not one) */
+    }
+    memcpy(d->known, dir, dl);
+    d->known[dl] = 0;
+    return 1;
+}
+
 /* The directory of a chunk or shard file at plan time: 0 when it resolves
  * inside the store (or does not exist: nothing to read), else a negative
- * code. `okdir` and `okparent` (PATH_MAX bytes each, "" at first) cache the
- * last directory found inside and its parent, when that was found inside
- * too: a real directory (no symlink: one lstat) in a parent found inside is
- * inside. Zarr v3 keys put each row of chunks in a directory of its own
- * (c/i/j): one realpath per chunk's directory cost ~3 us a chunk (12.5 ms
- * for 4,096 on a 2-core machine, 5 readlinks and an lstat each). */
-static int chunk_dir_inside(const zarr_ds *z, const char *path, char *okdir, char *okparent) {
+ * code. d caches what earlier chunks of the plan showed, so a plan of many
+ * chunks resolves each directory once, most with an lstat or two. */
+static int chunk_dir_inside(const zarr_ds *z, const char *path, zarr_dirs *d) {
     const char *slash = strrchr(path, '/');
     size_t dl = slash ? (size_t)(slash - path) : 0;
-    if (dl && dl < PATH_MAX && (strncmp(okdir, path, dl) || okdir[dl])) {
+    if (dl && dl < PATH_MAX && (strncmp(d->inside, path, dl) || d->inside[dl]) &&
+        (strncmp(d->known, path, dl) || d->known[dl])) {
+        int rc = dir_known_inside(path, dl, d);
+        if (rc < 2) return rc < 0 ? rc : 0;
         char dir[PATH_MAX];
         memcpy(dir, path, dl);
         dir[dl] = 0;
-        const char *ps = strrchr(dir, '/');
-        size_t pl = ps ? (size_t)(ps - dir) : 0;
-        struct stat st;
-        if (pl && okparent[0] && !strncmp(okparent, dir, pl) && !okparent[pl] && lstat(dir, &st) == 0 &&
-            S_ISDIR(st.st_mode)) {
-            memcpy(okdir, dir, dl + 1);
-            return 0;
-        }
-        int rc = inside_store(z, dir);
+        rc = inside_store(z, dir);
         if (rc < 0) return rc;
-        memcpy(okdir, dir, dl + 1);
-        okparent[0] = 0;
-        if (pl && rc == 1) {
-            char par[PATH_MAX];
-            memcpy(par, dir, pl);
-            par[pl] = 0;
-            if (inside_store(z, par) == 1) memcpy(okparent, par, pl + 1);
-            ferry_clearerr();
-        }
+        memcpy(d->inside, dir, dl + 1);
     }
     return 0;
 }
@@ -172,12 +207,12 @@ static int chunk_dir_inside(const zarr_ds *z, const char *path, char *okdir, cha
  * on its way, resolves outside the store: one lstat per chunk beyond the
  * directory check. (Its extents also carry FERRY_EXTENT_NOFOLLOW: a link
  * swapped in after the plan is checked again when the engine opens it.) */
-static int chunk_inside(const zarr_ds *z, const char *path, char *okdir, char *okparent, struct stat *st) {
+static int chunk_inside(const zarr_ds *z, const char *path, zarr_dirs *okdir, struct stat *st) {
     if (lstat(path, st) != 0) {
         if (errno == ENOENT || errno == ENOTDIR) return 0;
         return ferry_seterr(-errno, "%s: %s", path, strerror(errno));
     }
-    int rc = chunk_dir_inside(z, path, okdir, okparent);
+    int rc = chunk_dir_inside(z, path, okdir);
     if (rc < 0) return rc;
     if (S_ISLNK(st->st_mode)) {
         rc = inside_store(z, path);
@@ -1450,8 +1485,7 @@ typedef struct zarr_plan_ctx {
     size_t cap;
     uint64_t shard_idx[FERRY_MAX_DIMS], file_size;
     ferry_dataset *ds;
-    char okdir[PATH_MAX];              /* chunk_inside's cache: the last directory found inside */
-    char okparent[PATH_MAX];           /* and its parent, where that is inside too */
+    zarr_dirs okdir;                   /* chunk_inside's cache of directories found inside */
 } zarr_plan_ctx;
 
 /* chunk key for grid index idx, appended to dir */
@@ -1480,12 +1514,12 @@ static int plain_chunk(void *arg, const uint64_t *idx, ferry_chunk *c) {
     if (rc < 0) return rc;
     c->path = p->path;
     if (p->raw && p->a->itemsize <= 16) {
-        if ((rc = chunk_dir_inside(p->ds->fmt, p->path, p->okdir, p->okparent)) < 0) return rc;
+        if ((rc = chunk_dir_inside(p->ds->fmt, p->path, &p->okdir)) < 0) return rc;
         c->length = FERRY_CHUNK_UNSIZED;
         return 0;
     }
     struct stat st;
-    if ((rc = chunk_inside(p->ds->fmt, p->path, p->okdir, p->okparent, &st)) < 0) return rc;
+    if ((rc = chunk_inside(p->ds->fmt, p->path, &p->okdir, &st)) < 0) return rc;
     if (rc == 0) { c->length = FERRY_CHUNK_ABSENT; return 0; }
     c->length = (uint64_t)st.st_size;
     return 0;
@@ -1529,7 +1563,7 @@ static int shard_chunk(void *arg, const uint64_t *idx) {
     p->index = NULL;
     p->file_size = 0;
     struct stat st;
-    if ((rc = chunk_inside(p->ds->fmt, p->path, p->okdir, p->okparent, &st)) < 0) return rc;
+    if ((rc = chunk_inside(p->ds->fmt, p->path, &p->okdir, &st)) < 0) return rc;
     if (rc == 0) {
         rc = 0;   /* the whole shard is missing */
     } else {
@@ -1595,6 +1629,12 @@ static int64_t zarr_plan(ferry_dataset *ds, int var, const ferry_slice *sel, fer
     memcpy(l->fill, a->fill, sizeof l->fill);
     l->label = a->name;
     l->root = ((zarr_ds *)ds->fmt)->root;   /* chunk files are opened O_NOFOLLOW, links checked under it */
+    if (inside_store(ds->fmt, a->dir) == 1 && strlen(a->dir) < PATH_MAX) {   /* once per plan: see zarr_dirs */
+        p->okdir.base = a->dir;
+        p->okdir.baselen = strlen(a->dir);
+        while (p->okdir.baselen > 1 && a->dir[p->okdir.baselen - 1] == '/') p->okdir.baselen--;
+    }
+    ferry_clearerr();
     p->raw = 1;
     for (int i = 0; i < a->ncodecs; i++) if (a->codecs[i].id != FERRY_CODEC_BYTESWAP) p->raw = 0;
     uint64_t total = a->itemsize;

@@ -291,6 +291,42 @@ static void test_nofollow(void) {
     ferry_ctx_destroy(ctx);
 }
 
+static _Atomic int fstats_;
+static int counting_fstat(int fd, struct stat *st) { fstats_++; return fstat(fd, st); }
+
+/* A chunk file opened through the open-file cache costs one fstat (the
+ * open's own: file type, inode, and the identity the cache checks later),
+ * not two; a later job checks it with one stat of the path and no fstat. */
+static void test_one_fstat_per_open(void) {
+    ferry_ctx *ctx = make_ctx(2, FERRY_DIRECT_OFF);
+    enum { N = 24 };
+    const size_t n = 4096;
+    char path[N][512];
+    uint8_t *buf = malloc(n);
+    for (int i = 0; i < N; i++) {
+        snprintf(path[i], sizeof path[i], "%s/chunk%d", dir_, i);
+        put_file(path[i], (uint8_t)i, n);
+    }
+    CHECK_EQ_I(ferry_test_set_syscall("fstat", (void *)counting_fstat), 0);
+    fstats_ = 0;
+    for (int i = 0; i < N; i++) CHECK_EQ_I(read_by_path(ctx, path[i], buf, 0, n), (int64_t)n);
+    CHECK_EQ_I(fstats_, N);
+    fstats_ = 0;
+    for (int i = 0; i < N; i++) {
+        CHECK_EQ_I(read_by_path(ctx, path[i], buf, 0, n), (int64_t)n);
+        CHECK(has_seed(buf, (uint8_t)i, 0, n));
+    }
+    CHECK_EQ_I(fstats_, 0);
+    ferry_test_set_syscall(NULL, NULL);
+    /* the identity kept is still the file's: a rewrite in place is seen */
+    usleep(10000);
+    put_file(path[3], 99, n + 8);
+    CHECK_EQ_I(read_by_path(ctx, path[3], buf, 0, n), (int64_t)n);
+    CHECK(has_seed(buf, 99, 0, n));
+    free(buf);
+    ferry_ctx_destroy(ctx);
+}
+
 int main(void) {
     snprintf(dir_, sizeof dir_, "%s/ferry-files-XXXXXX", getenv("FERRY_TEST_DIR") ? getenv("FERRY_TEST_DIR") : ".");
     if (!mkdtemp(dir_)) return 1;
@@ -298,6 +334,7 @@ int main(void) {
     RUN(test_many_files_bounded);
     RUN(test_direct_reopen_same_inode);
     RUN(test_nofollow);
+    RUN(test_one_fstat_per_open);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir_);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir_);

@@ -246,7 +246,8 @@ def test_token_read_groups_on_cuda_equal_host(tmp_path, staging):
         assert s == rs
 
 
-def test_token_group_buffer_outlives_a_lagging_consumer(tmp_path):
+@pytest.mark.parametrize("prefetch", [0, 4])
+def test_token_group_buffer_outlives_a_lagging_consumer(tmp_path, prefetch):
     """The consumer's stream runs a long kernel before each batch (a training step queued
     ahead of the loader): the casts of a read group run long after the loader dropped the
     group, and its buffer must not be handed to a later group's read meanwhile (recorded on
@@ -257,7 +258,7 @@ def test_token_group_buffer_outlives_a_lagging_consumer(tmp_path):
     # prefetch=0: one group in flight, so a dropped group's block is the next allocation's (with
     # more in flight the caching allocator still reuses it, a few groups later)
     kw = dict(files=str(tmp_path / "train.bin"), seq_len=64, batch_size=8, seed=5, batches_per_read=1,
-              prefetch=0)
+              prefetch=prefetch)
     ref = [(x.numpy().copy(), y.numpy().copy()) for x, y in TokenDataset(device="cpu", **kw)]
     ds = TokenDataset(device="cuda:0", **kw)
     got = []
@@ -269,3 +270,89 @@ def test_token_group_buffer_outlives_a_lagging_consumer(tmp_path):
     for (x, y), (rx, ry) in zip(got, ref):
         np.testing.assert_array_equal(x.cpu().numpy(), rx)
         np.testing.assert_array_equal(y.cpu().numpy(), ry)
+
+
+@pytest.fixture(scope="module")
+def ragged(tmp_path_factory):
+    """Per-sample .npy files of one shape (img, id) and of ragged lengths (seq)."""
+    root = tmp_path_factory.mktemp("gpu_lag")
+    rng = np.random.default_rng(7)
+    n = 48
+    for i in range(n):
+        np.save(root / f"img_{i}.npy", rng.integers(0, 255, (3, 8, 8), dtype=np.uint8))
+        np.save(root / f"seq_{i}.npy", rng.standard_normal((2, int(rng.integers(3, 40)))).astype(np.float32))
+        np.save(root / f"id_{i}.npy", np.int64(i))
+    return {k: str(root / f"{k}_*.npy") for k in ("img", "seq", "id")}
+
+
+def _lagging_case(data, ragged, case):
+    from ferry.torch import pad_collate
+    fields = data[0]
+    rows = dict(fields={"img": fields["img"], "vec": fields["vec"]}, batch_size=24)
+    files = dict(fields={"img": ragged["img"], "id": ragged["id"]}, samples="files", batch_size=4)
+    seq = dict(fields={"seq": ragged["seq"], "id": ragged["id"]}, samples="files", batch_size=4,
+               collate={"seq": pad_collate(-1.0)})
+    return {"rows": rows,
+            "rows_cast_normalize": dict(rows, dtype={"img": torch.float16},
+                                        normalize={"img": ((10.0, 20.0, 30.0), (2.0, 3.0, 4.0))}),
+            "rows_per_sample": dict(rows, batch_size=None, sample_group=16),
+            "files": files,
+            "files_cast": dict(files, dtype={"img": torch.float32}),
+            "files_ragged_collate": seq,
+            "files_ragged_collate_cast": dict(seq, dtype={"seq": torch.float64})}[case]
+
+
+@pytest.mark.parametrize("prefetch", [0, 4])
+@pytest.mark.parametrize("case", ["rows", "rows_cast_normalize", "rows_per_sample", "files", "files_cast",
+                                  "files_ragged_collate", "files_ragged_collate_cast"])
+def test_array_batches_outlive_a_lagging_consumer(data, ragged, case, prefetch):
+    """As test_token_group_buffer_outlives_a_lagging_consumer, for ArrayDataset: the consumer's
+    stream runs a long kernel after each batch, so every kernel ferry queues on it (casts, a
+    collate stacking per-file buffers) runs long after the loader dropped the group; no buffer
+    may be handed to a later read meanwhile. Every batch equals the host's. Before the fix the
+    ragged collate without a cast (its per-file buffers, read by pad_collate on the consumer's
+    stream, were recorded nowhere) handed out later files' values."""
+    kw = dict(_lagging_case(data, ragged, case), shuffle=True, seed=6, prefetch=prefetch)
+    ref = [{k: v.numpy().copy() for k, v in b.items()} for b in ArrayDataset(device="cpu", **kw)]
+    want = [{k: torch.from_numpy(v).cuda() for k, v in r.items()} for r in ref]   # uploaded before: no sync in the loop
+    lag = 2_000_000 if kw["batch_size"] is None else 20_000_000   # ~1 ms a sample, ~10 ms a batch
+    bad = torch.zeros((), dtype=torch.float64, device="cuda:0")
+    n = 0
+    for b in ArrayDataset(device="cuda:0", **kw):
+        torch.cuda._sleep(lag)             # on the consumer stream, queued before the next batch's work
+        w = want[n]
+        assert b.keys() == w.keys() and all(v.is_cuda and v.shape == w[k].shape for k, v in b.items())
+        for k, v in b.items():             # checked late, on the consumer stream; then the batch is dropped
+            tol = 2e-3 * (1 + w[k].double().abs()) if v.dtype == torch.float16 else 0
+            bad += ((v.double() - w[k].double()).abs() > tol).sum()
+        n += 1
+        del b
+    torch.cuda.synchronize()
+    assert n == len(ref) > 3
+    assert int(bad) == 0
+
+
+def test_normalise_vectors_live_on_the_stream_that_reads_them(data):
+    """The normalisation vectors are cached for every dataset of the process; each work stream
+    gets its own, allocated on it: a vector allocated on another dataset's stream and dropped by
+    the cache's clear could be handed to that stream's next allocation while this stream, lagging,
+    still reads it. Before: the second dataset read the first one's (allocated on its stream)."""
+    import ferry.torch as ft
+
+    def stream_of(t):
+        p = t.data_ptr()
+        for seg in torch.cuda.memory._snapshot()["segments"]:
+            if seg["address"] <= p < seg["address"] + seg["total_size"]:
+                return seg["stream"]
+    kw = dict(fields={"img": data[0]["img"]}, batch_size=64, device="cuda:0",
+              normalize={"img": ((1.0, 2.0, 3.0), (4.0, 5.0, 6.0))})
+    ft._norm_cache.clear()
+    streams, keep = [], []
+    for ds in (ArrayDataset(**kw), ArrayDataset(**kw)):
+        it = iter(ds)
+        keep.append((ds, it, next(it)))
+        streams.append(ds._rt.work_stream.cuda_stream)
+    torch.cuda.synchronize()
+    assert streams[0] != streams[1]
+    on = {stream_of(t) for pair in ft._norm_cache.values() for t in pair}
+    assert set(streams) <= on

@@ -170,3 +170,110 @@ def test_gpu_groups_of_batches_equal_xarray(tmp_path, fmt, group):
             np.testing.assert_allclose(y[k], np.concatenate([ref.t2m.values[i + 1][None], ref.z.values[i + 1]]),
                                        rtol=1e-6, equal_nan=True)
     assert sorted(seen) == list(range(T - 1))
+
+
+def _files_packed(tmp_path):
+    """netCDF-3 (scipy) with t2m packed as int16 (scale/offset/_FillValue, other parameters in each
+    file: the per-file decode path) and z float32: two slabs, a decode kernel into the stack."""
+    full = _era(5)
+    paths = []
+    for i, (scale, off) in enumerate([(0.01, 280.0), (0.02, 270.0)]):
+        p = str(tmp_path / f"epk_{i}.nc")
+        full.isel(time=slice(10 * i, 10 * i + 10)).to_netcdf(p, engine="scipy", encoding={
+            "t2m": {"dtype": "int16", "scale_factor": scale, "add_offset": off, "_FillValue": -32767}})
+        paths.append(p)
+    return paths
+
+
+def _flip_x(b):
+    return dict(b, x=b["x"].flip(-1))
+
+
+@pytest.mark.parametrize("prefetch", [0, 4])
+@pytest.mark.parametrize("group", [1, 3])
+@pytest.mark.parametrize("case", ["packed", "in_place", "transform"])
+def test_xarray_batches_outlive_a_lagging_consumer(tmp_path, case, group, prefetch):
+    """As test_token_group_buffer_outlives_a_lagging_consumer, for XarrayDataset: the consumer's
+    stream runs a long kernel after each batch, so the decode (CF scale/offset of packed int16 into
+    the stack), normalisation, mask, nan_to and time of every batch run long after the loader
+    dropped its group; no slab, stack or index tensor may be handed to a later read meanwhile.
+    Every batch (x, y, mask, time) equals the host's, checked on the consumer's stream after the lag.
+    Already correct (kept as a guard): _stack records the slabs on the stream that decodes them, the
+    stack and every temporary are allocated on that stream, outputs are recorded on the consumer's."""
+    paths = _files(tmp_path, "nc3")[0] if case == "in_place" else _files_packed(tmp_path)
+    kw = dict(batch_size=2, input_steps=2, target_steps=1, shuffle=True, seed=8, return_time=True,
+              return_mask=True, nan_to=0.0, normalize={"t2m": (280.0, 10.0)}, batches_per_read=group,
+              prefetch=prefetch, transform=_flip_x if case == "transform" else None)
+    ref = [{k: v.numpy().copy() for k, v in b.items()} for b in XarrayDataset(paths, ["t2m", "z"], device="cpu", **kw)]
+    want = [{k: torch.from_numpy(v).cuda() for k, v in r.items()} for r in ref]   # uploaded before: no sync in the loop
+    ds = XarrayDataset(paths, ["t2m", "z"], device="cuda", **kw)
+    assert ds._in_place == (case == "in_place")
+    bad = torch.zeros((), dtype=torch.float64, device="cuda")
+    n = 0
+    for b in ds:
+        torch.cuda._sleep(20_000_000)      # ~10 ms on the consumer stream, queued before the next batch's work
+        w = want[n]
+        assert b.keys() == w.keys() and all(v.is_cuda and v.shape == w[k].shape for k, v in b.items())
+        for k, v in b.items():
+            if v.dtype.is_floating_point:
+                bad += ((v.double() - w[k].double()).abs() > 1e-5 * (1 + w[k].double().abs())).sum()
+            else:
+                bad += (v != w[k]).sum()
+        n += 1
+        del b
+    torch.cuda.synchronize()
+    assert n == len(ref) > 3
+    assert int(bad) == 0
+
+
+def _dali_lagging(tmp_path, prefetch, device, lag_device):
+    """Batches of a DALI pipeline over a packed XarrayDataset on `device`, torch's stream on
+    `lag_device` running a long kernel before each pipe.run() (DALI feeds the next batches then,
+    copying them on torch's current stream); returns (what the pipeline gave, the host's)."""
+    try:
+        import nvidia.dali.fn  # noqa: F401
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"DALI does not import: {e}")
+    import ferry.dali
+    paths = _files_packed(tmp_path)
+    kw = dict(batch_size=2, target_steps=1, shuffle=True, seed=9, normalize={"t2m": (280.0, 10.0)},
+              nan_to=0.0, prefetch=prefetch)
+    ref = [(b["x"].numpy().copy(), b["y"].numpy().copy()) for b in XarrayDataset(paths, ["t2m", "z"], device="cpu", **kw)]
+    pipe = ferry.dali.pipeline(XarrayDataset(paths, ["t2m", "z"], device=device, **kw), outputs=("x", "y"),
+                               layout="CHW")
+    pipe.build()
+    got = []
+    try:
+        while True:
+            with torch.cuda.device(lag_device):
+                torch.cuda._sleep(20_000_000)      # ~10 ms on torch's current stream
+            x, y = pipe.run()
+            got.append((x.as_cpu().as_array(), y.as_cpu().as_array()))
+    except StopIteration:
+        pass
+    return got, ref
+
+
+@pytest.mark.parametrize("prefetch", [0, 4])
+def test_dali_source_behind_a_lagging_stream(tmp_path, prefetch):
+    """DALI copies each batch on torch's current stream, the one ferry ordered the batch on and
+    recorded its memory on: a stream lagging behind a training step delays the copy but the
+    batch's memory is not handed to a later read before it ran. Every batch equals the host's."""
+    got, ref = _dali_lagging(tmp_path, prefetch, "cuda:0", 0)
+    assert len(got) == len(ref) > 3
+    for (x, y), (rx, ry) in zip(got, ref):
+        np.testing.assert_allclose(x, rx, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(y, ry, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (a dataset on cuda:1, current device 0)")
+def test_dali_source_dataset_on_another_device(tmp_path):
+    """A dataset on cuda:1 while the current device is 0: DALI copies on device 0's current stream,
+    which ferry did not order the batch on; the source makes it wait for cuda:1's and records the
+    batch there (before: the copy could run before ferry's reads landed, prefetch=0 makes that likely)."""
+    assert torch.cuda.current_device() == 0
+    got, ref = _dali_lagging(tmp_path, 0, "cuda:1", 1)
+    assert len(got) == len(ref) > 3
+    for (x, y), (rx, ry) in zip(got, ref):
+        np.testing.assert_allclose(x, rx, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(y, ry, rtol=1e-6, atol=1e-6)
