@@ -47,6 +47,17 @@ netCDF-4 rows, two reps each (the second warm), with FERRY_DECODE_TRACE=1: every
 GPU batches writes one "ferry decode trace:" line to stderr (per-stage
 seconds summed over workers, batch shapes, batches in flight), each after a
 "trace:" line naming the row.
+
+--only first: the first GPU job of a fresh process (a subprocess per row: one
+xr.open_dataset(..., device=0).load() in a script pays the context's buffers),
+Zarr v3 zstd-0 1 MiB per --mib size, decode=gpu, with the calls' inputs in plain
+memory through each feeder's pinned ring (FERRY_GPU_STAGE=ring, the default)
+and pinned whole (FERRY_GPU_STAGE=calls, before): rows "ferry gpu, first job
+of a process (ring)" / "(calls)" (open + plan + job) and "ferry gpu, warm
+(ring)" / "(calls)", the same process's later jobs (best of --reps); "(ring
+16M)": FERRY_GPU_RING=16M (two 16 MiB buffers per feeder). With
+FERRY_DECODE_TRACE=1 each job's trace (its allocations and their seconds) is
+logged after a line naming the row.
 """
 import argparse
 import ctypes
@@ -504,6 +515,68 @@ def netcdf_rows(tmp, mib, dev, reps, rows_out, trace=False, lib_path=None, cuda=
     rows_out.extend(r for r in peer_rows if r[0] != name)
 
 
+FIRST_CHILD = r"""
+import sys, time, json
+sys.path[:0] = [sys.argv[1], sys.argv[2]]
+import numpy as np
+from bench_decode import F, field, ferry_read
+path, dev, nrow, cols, reps = sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7])
+a = field(nrow, cols, seed=1)
+ctx = F.Context()
+dst = F.empty(a.shape, "<f4", device=dev, ctx=ctx)   # CUDA is up before the first job
+t0 = time.perf_counter()
+ferry_read(ctx, path, dst, "gpu")
+first = time.perf_counter() - t0
+h = np.empty(a.shape, "<f4")
+ctx.memcpy(h, dst)
+ok = bool(np.array_equal(h.view("<u4"), a.view("<u4")))   # bit for bit, without two 4 GiB copies
+warm = 1e9
+ctx.reset_stats()
+for _ in range(reps):
+    t0 = time.perf_counter()
+    ferry_read(ctx, path, dst, "gpu")
+    warm = min(warm, time.perf_counter() - t0)
+ctx.memcpy(h, dst)
+ok = ok and bool(np.array_equal(h.view("<u4"), a.view("<u4")))
+st = ctx.stats()
+print(json.dumps({"first": first, "warm": warm, "ok": ok, "bytes": a.nbytes,
+                  "share": st["gpu_decoded_bytes"] / max(1, st["decoded_bytes"])}))
+"""
+
+
+def first_job_rows(tmp, args, rows):
+    """--only first: per --mib size and FERRY_GPU_STAGE, one fresh process's
+    first job and its warm jobs (FIRST_CHILD)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    cols = 2048
+    crow = 2**20 // (4 * cols)
+    for mib in args.mibs:
+        nrow = max(crow, int(mib * 2**20 / (4 * cols)) // crow * crow)
+        a = field(nrow, cols, seed=1)
+        path = os.path.join(tmp, "z3_zstd0_1m_first.zarr")
+        how = write_zarr_v3_zstd(path, a, (crow, cols), 0)
+        del a
+        warm(path)
+        name = f"Zarr v3 zstd-0, 1 MiB chunks, {job_label(mib)} ({how})"
+        # the ring's default (2 x 8 MiB per feeder), a larger one, and the calls pinned whole
+        for stage, more in (("ring", {}), ("calls", {}), ("ring 16M", {"FERRY_GPU_RING": "16M"})):
+            env = dict(os.environ, FERRY_GPU_STAGE=stage.split()[0], **more)
+            r = subprocess.run([sys.executable, "-c", FIRST_CHILD, os.path.join(here, "..", "python"), here, path,
+                                str(args.device), str(nrow), str(cols), str(args.reps)],
+                               capture_output=True, text=True, env=env)
+            log(f"first job of a process: {name}, FERRY_GPU_STAGE={stage}")
+            if r.stderr.strip():
+                log(r.stderr.rstrip())
+            if r.returncode:
+                log(f"first job FERRY_GPU_STAGE={stage}: failed: {r.stderr.strip().splitlines()[-1:]}")
+                continue
+            o = json.loads(r.stdout.strip().splitlines()[-1])
+            rows.append((name, f"ferry gpu, first job of a process ({stage})",   # FERRY_GPU_STAGE
+                         o["bytes"] / o["first"] / 1e9, o["ok"], o["share"]))
+            rows.append((name, f"ferry gpu, warm ({stage})", o["bytes"] / o["warm"] / 1e9, o["ok"], o["share"]))
+        shutil.rmtree(path)
+
+
 def job_label(mib):
     return f"{mib / 1024:g} GiB job" if mib >= 1024 else f"{mib:g} MiB job"
 
@@ -556,7 +629,8 @@ def main():
     ap.add_argument("--dir", default=None, help="where to write the data (default: a temporary directory)")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, one rep")
     ap.add_argument("--no-peers", action="store_true", help="only nvCOMP's limit and ferry's rows")
-    ap.add_argument("--only", default="zstd,blosc,netcdf", help="rows to run: zstd, blosc, netcdf (comma list)")
+    ap.add_argument("--only", default="zstd,blosc,netcdf",
+                    help="rows to run: zstd, blosc, netcdf, first (comma list; first: only when named)")
     ap.add_argument("--steps", type=int, default=1000,
                     help="random time steps through xr.open_dataset(engine='ferry', device=...) (peers: a tenth)")
     ap.add_argument("--trace", action="store_true",
@@ -590,6 +664,8 @@ def main():
     rows = Rows()   # (dataset, reader, GB/s, verified, GPU share of decoded bytes)
     try:
         cols = 2048
+        if "first" in args.only.split(","):
+            first_job_rows(tmp, args, rows)
         if args.trace and "zstd" in args.only.split(","):
             trace_rows(tmp, args, lib_path, cuda, ctx, rows)
         only = set(args.only.split(","))

@@ -6,8 +6,9 @@
  * run_coop): a quarter of the queue each, 32 to 256 chunks, because nvCOMP
  * decodes a chunk per thread block and its rate is the chunks in flight;
  * every feeder reads pieces of the current call into that call's slot (the
- * context's, reused job after job) and copies its piece up, the reader of the
- * last piece launches the call, up to four calls are in flight per device,
+ * context's, reused job after job) and copies its piece up (through its own
+ * small pinned ring: the slot's host bytes are plain memory, up_copy), the
+ * reader of the last piece launches the call, up to four calls are in flight per device,
  * and a call is checked (finish_batch) by whoever next needs its slot or at
  * the end. The rest of this comment is the per-feeder batch, which a shared
  * queue (and FERRY_GPU_COOP=off) uses, and whose steps the calls share.
@@ -198,6 +199,7 @@ struct ferry_gpudecode_job {
     size_t ncb, piece;           /* batches; chunks a feeder reads per claim */
     _Atomic size_t cb_cur;       /* the batch feeders are reading now */
     int nslots;                  /* slots per device set: batches in flight */
+    int ring;                    /* calls' inputs in plain host memory, up through each feeder's pinned ring (stage_ring) */
     uint64_t max_h[FERRY_MAX_DEVICES], max_dec[FERRY_MAX_DEVICES], max_chunk[FERRY_MAX_DEVICES];
     size_t max_n[FERRY_MAX_DEVICES];
     pthread_mutex_t mu;
@@ -219,6 +221,7 @@ struct ferry_gpudecode_job {
  * [4 MiB, 256 MiB]: deflate decodes one chunk per thread block, so more
  * chunks per call is the only way to fill the GPU); FERRY_GPU_BATCH overrides. */
 static int gd_slots(void);
+static int stage_ring(void);
 
 static uint64_t batch_target(uint64_t bytes, size_t feeders, int shared, double share) {
     /* (share: the GPU's part of the sum of rates, for a shared queue) */
@@ -249,7 +252,8 @@ static int tail_enabled(void) {
  * chunks in 16 calls of 256) four slots made the readers wait 10 ms each for
  * a call's slot (its decode not done: 1,024 chunks in flight where the GPU
  * runs ~500 at once) and the job ran 112-119 ms; eight: no wait, 105 ms
- * (41 GB/s). The price: up to 8 x 256 MiB of pinned staging per device. */
+ * (41 GB/s). The price: up to 8 x 256 MiB of staging per device (plain
+ * memory since FERRY_GPU_STAGE=ring; pinned with =calls). */
 static int coop_slots(void) {
     const char *s = getenv("FERRY_GPU_SLOTS");
     int v = s && *s ? atoi(s) : GD_MAX_SLOTS;
@@ -263,8 +267,9 @@ static int coop_slots(void) {
  * A job's queue is cut into `nslots` calls or more (they pipeline: call k+1 is
  * read and copied up while k decodes, and nslots calls in flight on their own
  * streams hold up to nslots x 256 chunks), each of 32 to 256 chunks and at
- * most 256 MiB decoded (the pinned staging and nvCOMP temp space of every
- * slot stay bounded: 8 slots of a 1 MiB zstd-0 call are ~2 GiB pinned).
+ * most 256 MiB decoded (the staging and nvCOMP temp space of every slot
+ * stay bounded: 8 slots of a 1 MiB zstd-0 call are ~2 GiB of host staging,
+ * pinned only with FERRY_GPU_STAGE=calls).
  * With 8 slots, 1,024 x 1 MiB chunks: 8 calls of 128 (the first launched
  * after 128 chunks are read, not 256); 4,096: 16 of 256; 256 x 4 MiB: 8 of 32.
  * FERRY_GPU_CALL overrides the chunk count, FERRY_GPU_BATCH the byte cap. */
@@ -288,6 +293,7 @@ size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots)
 static int plan_coop(struct ferry_gpudecode_job *g, const ferry_job *j, int threads) {
     size_t ncb = 0;
     g->nslots = coop_slots();
+    g->ring = stage_ring();
     for (size_t qi = 0; qi < g->nq; qi++) {
         gd_queue *q = &g->q[qi];
         if (!q->coop) continue;
@@ -583,7 +589,7 @@ typedef struct gd_desc { uint64_t in, out, n, size; int in_din, in_scr, out_scr;
  * earlier ones decode on their own streams: nvCOMP decodes a chunk per
  * thread block, so its rate is the number of chunks in flight. */
 typedef struct gd_slot {
-    uint8_t *h; size_t hcap; int hpinned;         /* packed chunks, arrays, descriptors (pinned) */
+    uint8_t *h; size_t hcap; int hpinned;         /* packed chunks, arrays, descriptors (pinned, or plain: hplain) */
     uint8_t *hres; size_t hres_cap; int hres_pinned; /* statuses, sizes, checks back from the device */
     uint8_t *hcpu; size_t hcpu_cap; int hcpu_pinned; /* chunks decoded on the CPU, before their copy */
     CUdeviceptr din, dres, dtemp, dscr, darr;     /* darr: a cooperative batch's arrays (din holds its payloads) */
@@ -604,6 +610,7 @@ typedef struct gd_slot {
     gd_queue *q;         /* its queue (the job's): a shared one counts what the GPU holds */
     uint64_t file_bytes, res_size, res_adler, cpu_fallbacks;
     uint64_t hsize;      /* bytes of h the chunks take (the arrays follow) */
+    int hplain;          /* h is plain host memory: what goes up from it passes the feeder's ring (up_copy) */
 } gd_slot;
 
 typedef struct gd_dev {
@@ -612,8 +619,19 @@ typedef struct gd_dev {
     uint8_t *hfb; size_t hfb_cap; int hfb_pinned;  /* one chunk the CPU decodes after nvCOMP failed it */
 } gd_dev;
 
+/* A feeder's pinned ring for one device: two buffers of ring_piece() bytes
+ * that pieces of plain host memory pass through on their way up, each
+ * reused once the copy from it is done (its event). */
+typedef struct gd_ring {
+    uint8_t *b[2]; size_t cap[2]; int pinned[2];
+    CUevent ev[2];
+    int used[2];         /* ev recorded after a copy from b: wait before refilling */
+    int next;
+} gd_ring;
+
 struct ferry_gpudecode_worker {
     gd_dev dev[FERRY_MAX_DEVICES];
+    gd_ring ring[FERRY_MAX_DEVICES];
     ferry_blosc_stream *bs;             /* one frame's streams while it is parsed */
 };
 
@@ -652,10 +670,16 @@ void ferry_gpudecode_worker_free(ferry_worker *w) {
         gd_dev *g = &gw->dev[d];
         int used = g->hfb != NULL;
         for (int s = 0; s < GD_MAX_SLOTS; s++) used |= g->sl[s].stream || g->sl[s].h || g->sl[s].ch || g->sl[s].it;
+        gd_ring *R = &gw->ring[d];
+        used |= R->b[0] || R->b[1] || R->ev[0] || R->ev[1];
         if (!cu || !used) continue;
         ferry_cuda_use_device(d);
         for (int s = 0; s < GD_MAX_SLOTS; s++) slot_free(cu, &g->sl[s]);
         ferry_worker_free_host(g->hfb, g->hfb_cap, g->hfb_pinned);
+        for (int i = 0; i < 2; i++) {
+            if (R->ev[i]) { cu->EventSynchronize(R->ev[i]); cu->EventDestroy(R->ev[i]); }
+            ferry_worker_free_host(R->b[i], R->cap[i], R->pinned[i]);
+        }
     }
     free(gw->bs);
     free(gw);
@@ -665,13 +689,18 @@ void ferry_gpudecode_worker_free(ferry_worker *w) {
 /* The trace of the batch this thread runs (allocations are counted into it), or NULL. */
 static _Thread_local ferry_decode_trace *tl_trace;
 
-/* Device memory of at least n bytes (contents not kept); the device is current. */
-static int dev_grow(CUdeviceptr *p, size_t *cap, size_t n) {
+/* Device memory of at least n bytes (contents not kept); the device is
+ * current. dev_grow doubles (per-feeder batches vary in size); dev_fit takes
+ * n rounded up to 2 MiB (1 MiB at least): a call slot is grown once to the job's largest
+ * call, and doubling a 128 MiB call's payloads (plus its arrays) made 256 MiB
+ * per slot, 8 slots each of payloads and of nvCOMP's temp space. */
+static int dev_alloc(CUdeviceptr *p, size_t *cap, size_t n, int fit) {
     if (*cap >= n && *p) return 0;
     uint64_t t0 = tl_trace ? ferry_dt_now() : 0;
     if (tl_trace) atomic_fetch_add(&tl_trace->allocs, 1);
     const ferry_cuda_api *cu = ferry_cuda_load(NULL);
     size_t nc = *cap ? *cap : (1u << 20);
+    if (fit) nc = n <= (1u << 20) ? (1u << 20) : (n + ((size_t)2 << 20) - 1) & ~(((size_t)2 << 20) - 1);
     while (nc < n) nc *= 2;
     if (*p) cu->MemFree(*p);
     *p = 0; *cap = 0;
@@ -681,6 +710,8 @@ static int dev_grow(CUdeviceptr *p, size_t *cap, size_t n) {
     ferry_dt_lap(tl_trace, FERRY_DT_ALLOC, &t0);
     return 0;
 }
+static int dev_grow(CUdeviceptr *p, size_t *cap, size_t n) { return dev_alloc(p, cap, n, 0); }
+static int dev_fit(CUdeviceptr *p, size_t *cap, size_t n) { return dev_alloc(p, cap, n, 1); }
 
 /* ferry_worker_grow (per worker, reused: it allocates only to grow), timed for the trace. */
 static int host_grow(ferry_worker *w, int d, uint8_t **buf, size_t *cap, int *pinned, size_t n) {
@@ -690,6 +721,58 @@ static int host_grow(ferry_worker *w, int d, uint8_t **buf, size_t *cap, int *pi
     int rc = ferry_worker_grow(w, d, buf, cap, pinned, n);
     if (*buf != before) { atomic_fetch_add(&tl_trace->allocs, 1); ferry_dt_lap(tl_trace, FERRY_DT_ALLOC, &t0); }
     return rc;
+}
+
+/* FERRY_GPU_STAGE: "ring" (the default) or "calls". The context's call slots
+ * (cooperative calls) hold a whole call's compressed bytes on the host for
+ * the CPU's framing checks and fallbacks. "calls" pins them: the first job of
+ * a context pinned its largest call x 8 slots (a 4 GiB job of 1 MiB chunks:
+ * 8 x 256 MiB, ~0.6 s of cuMemHostAlloc on the H200, and 2 GiB pinned for as
+ * long as the context lives). "ring": plain memory (an mmap, its pages
+ * faulted in by the readers), and every piece goes up through its feeder's
+ * ring of two pinned buffers of FERRY_GPU_RING bytes (default 8 MiB): the
+ * pinned memory is feeders x 2 x 8 MiB whatever the job, at the price of one
+ * memcpy of each piece into the ring. */
+static int stage_ring(void) {
+    const char *s = getenv("FERRY_GPU_STAGE");
+    return !(s && strcasecmp(s, "calls") == 0);
+}
+static size_t ring_piece(void) {
+    const char *s = getenv("FERRY_GPU_RING");
+    int64_t v = s && *s ? ferry_parse_size(s) : -1;
+    return v >= (64 << 10) ? (size_t)v : v >= 0 ? (size_t)64 << 10 : (size_t)8 << 20;
+}
+
+/* n bytes of slot g's host memory at src up to dst on stream s, which is
+ * current (the device too): straight from src when it is pinned staging,
+ * else through the calling worker's ring (src may be reused on return). */
+static int up_copy(ferry_worker *w, gd_slot *g, CUdeviceptr dst, const uint8_t *src, size_t n, CUstream s) {
+    const ferry_cuda_api *cu = ferry_cuda_load(NULL);
+    CUresult r;
+    if (!g->hplain) {
+        if ((r = cu->MemcpyHtoDAsync(dst, src, n, s))) return ferry_seterr(FERRY_ECUDA, "cuMemcpyHtoDAsync: %s", ferry_cuda_errstr(r));
+        return 0;
+    }
+    gd_ring *R = &w->gpu->ring[g->dev];
+    const size_t piece = ring_piece();
+    while (n) {
+        size_t k = n < piece ? n : piece;
+        int i = R->next, rc;
+        R->next ^= 1;
+        if (!R->ev[i] && (r = cu->EventCreate(&R->ev[i], FERRY_CU_EVENT_DISABLE_TIMING)))
+            return ferry_seterr(FERRY_ECUDA, "device %d: GPU decode ring event: %s", g->dev, ferry_cuda_errstr(r));
+        if (R->used[i]) {   /* its last copy up must be done before it is refilled */
+            if ((r = cu->EventSynchronize(R->ev[i]))) return ferry_seterr(FERRY_ECUDA, "device %d: GPU decode failed: %s", g->dev, ferry_cuda_errstr(r));
+            R->used[i] = 0;
+        }
+        if ((rc = host_grow(w, g->dev, &R->b[i], &R->cap[i], &R->pinned[i], piece)) < 0) return rc;
+        memcpy(R->b[i], src, k);
+        if ((r = cu->MemcpyHtoDAsync(dst, R->b[i], k, s)) || (r = cu->EventRecord(R->ev[i], s)))
+            return ferry_seterr(FERRY_ECUDA, "cuMemcpyHtoDAsync: %s", ferry_cuda_errstr(r));
+        R->used[i] = 1;
+        src += k; dst += k; n -= k;
+    }
+    return 0;
 }
 
 /* Room for one more element in a growing array. */
@@ -1040,8 +1123,9 @@ static int batch_layout(ferry_worker *w, ferry_job *j, gd_queue *Q, const uint32
         hsize += up(e->length + 8, 8);
     }
     g->hsize = hsize;
-    if ((rc = host_grow(w, d, &g->h, &g->hcap, &g->hpinned, FERRY_MAX(hsize, min_h) ? FERRY_MAX(hsize, min_h) : 1)) < 0) return rc;
-    if (min_din && (rc = dev_grow(&g->din, &g->din_cap, FERRY_MAX(hsize, min_din))) < 0) return rc;
+    if ((rc = host_grow(w, g->hplain ? -1 : d, &g->h, &g->hcap, &g->hpinned, FERRY_MAX(hsize, min_h) ? FERRY_MAX(hsize, min_h) : 1)) < 0)
+        return rc;
+    if (min_din && (rc = dev_fit(&g->din, &g->din_cap, FERRY_MAX(hsize, min_din))) < 0) return rc;
     ferry_dt_lap(tr, FERRY_DT_LAYOUT, &tlap);
     return 0;
 }
@@ -1113,7 +1197,7 @@ static int batch_launch(ferry_worker *w, ferry_job *j, gd_slot *g, ferry_decode_
             if (coop && (r = cu->StreamSynchronize(s)))   /* the readers' copies up from h may be pending */
                 return ferry_seterr(FERRY_ECUDA, "device %d: GPU decode failed: %s", d, ferry_cuda_errstr(r));
             uint8_t *nb = NULL; size_t ncap = 0; int npin = 0;
-            if ((rc = host_grow(w, d, &nb, &ncap, &npin, htotal)) < 0) return rc;
+            if ((rc = host_grow(w, g->hplain ? -1 : d, &nb, &ncap, &npin, htotal)) < 0) return rc;
             memcpy(nb, g->h, hsize);
             uint8_t *ob = g->h; size_t ocap = g->hcap; int opin = g->hpinned;
             g->h = nb; g->hcap = ncap; g->hpinned = npin;
@@ -1166,8 +1250,7 @@ static int batch_launch(ferry_worker *w, ferry_job *j, gd_slot *g, ferry_decode_
         /* one copy up; copies, one nvCOMP call per algorithm, Adler-32s,
          * unshuffles, byteswaps; one copy of the results back */
         if (tr) ferry_dt_mark(&tr->t_h2d0, ferry_dt_now());
-        if ((r = coop ? cu->MemcpyHtoDAsync(g->darr, g->h + arr, htotal - arr, s) : cu->MemcpyHtoDAsync(g->din, g->h, htotal, s)))
-            return ferry_seterr(FERRY_ECUDA, "cuMemcpyHtoDAsync: %s", ferry_cuda_errstr(r));
+        if ((rc = coop ? up_copy(w, g, g->darr, g->h + arr, htotal - arr, s) : up_copy(w, g, g->din, g->h, htotal, s)) < 0) return rc;
         if (g->cp_n && (rc = ferry_cuda_unshuffle_batch(d, abase + (a_cp - arr), g->cp_n, 0, s)) < 0) return rc;
         if (tr && nitems) ferry_dt_mark(&tr->t_nv0, ferry_dt_now());
         for (int a = 0; a < FERRY_NVCOMP_NALG; a++) {
@@ -1294,7 +1377,7 @@ static int64_t finish_batch(ferry_worker *w, ferry_job *j, gd_slot *g, ferry_dec
     uint64_t *pd = NULL;
     for (size_t k = 0; k < n; k++) nplace += ch[k].placed;
     if (nplace && g->kernels) {
-        if ((rc = host_grow(w, d, &g->h, &g->hcap, &g->hpinned, 128 * nplace)) < 0) return rc;
+        if ((rc = host_grow(w, g->hplain ? -1 : d, &g->h, &g->hcap, &g->hpinned, 128 * nplace)) < 0) return rc;
         if ((rc = dev_grow(&g->din, &g->din_cap, 128 * nplace)) < 0) return rc;
         pd = (uint64_t *)g->h;
     }
@@ -1311,8 +1394,7 @@ static int64_t finish_batch(ferry_worker *w, ferry_job *j, gd_slot *g, ferry_dec
         if ((rc = place_dev(cu, s, base, c->fin, e->place, e->decoded_size)) < 0) return rc;
     }
     if (np) {
-        if ((r = cu->MemcpyHtoDAsync(g->din, g->h, 128 * np, s)))
-            return ferry_seterr(FERRY_ECUDA, "cuMemcpyHtoDAsync: %s", ferry_cuda_errstr(r));
+        if ((rc = up_copy(w, g, g->din, g->h, 128 * np, s)) < 0) return rc;
         if ((rc = ferry_cuda_place_batch(d, g->din, np, s)) < 0) return rc;
     }
     if ((r = cu->EventRecord(g->done, s))) return ferry_seterr(FERRY_ECUDA, "cuEventRecord: %s", ferry_cuda_errstr(r));
@@ -1453,10 +1535,11 @@ static int coop_setup(ferry_worker *w, ferry_job *j, struct ferry_gpudecode_job 
     uint64_t t0 = G->trace ? ferry_dt_now() : 0;
     int d = c->q->dev;
     gd_slot *g = &G->set[d]->sl[c->slot];
+    g->hplain = G->ring;
     int rc = batch_layout(w, j, c->q, G->idx + c->first, c->n, g, G->trace, G->max_h[d] + 128 * G->max_n[d] + 64, G->max_h[d]);
     /* (blosc's splits may ask more arrays and results: they grow then) */
-    if (rc >= 0) rc = dev_grow(&g->darr, &g->darr_cap, 128 * G->max_n[d] + 64);
-    if (rc >= 0) rc = dev_grow(&g->dres, &g->dres_cap, 32 * G->max_n[d] + 64);
+    if (rc >= 0) rc = dev_fit(&g->darr, &g->darr_cap, 128 * G->max_n[d] + 64);
+    if (rc >= 0) rc = dev_fit(&g->dres, &g->dres_cap, 32 * G->max_n[d] + 64);
     if (rc >= 0) rc = host_grow(w, d, &g->hres, &g->hres_cap, &g->hres_pinned, 32 * G->max_n[d] + 64);
     if (rc >= 0 && c->q->alg < FERRY_NVCOMP_NALG) {
         size_t t = 0;
@@ -1464,7 +1547,7 @@ static int coop_setup(ferry_worker *w, ferry_job *j, struct ferry_gpudecode_job 
         memset(&opts, 0, sizeof opts);
         const ferry_nvcomp_api *nv = ferry_nvcomp_load(NULL);
         if (!ferry_nvcomp_temp_size(nv, c->q->alg, G->max_n[d], G->max_chunk[d], opts, &t, G->max_dec[d], g->stream) && t)
-            rc = dev_grow(&g->dtemp, &g->dtemp_cap, t);
+            rc = dev_fit(&g->dtemp, &g->dtemp_cap, t);
     }
     ferry_dt_lap(G->trace, FERRY_DT_LAYOUT, &t0);
     pthread_mutex_lock(&G->mu);
@@ -1554,8 +1637,7 @@ static int64_t run_coop(ferry_worker *w, ferry_job *j, struct ferry_gpudecode_jo
         if (rc >= 0) {   /* this piece up now, while the others are read */
             uint64_t lo = g->ch[k0].slot / 8 * 8, hi = g->ch[k1 - 1].slot + j->ext[g->ch[k1 - 1].ext].length;
             if (tr) ferry_dt_mark(&tr->t_h2d0, ferry_dt_now());
-            CUresult r = cu->MemcpyHtoDAsync(g->din + lo, g->h + lo, hi - lo, g->stream);
-            if (r) rc = ferry_seterr(FERRY_ECUDA, "cuMemcpyHtoDAsync: %s", ferry_cuda_errstr(r));
+            rc = up_copy(w, g, g->din + lo, g->h + lo, hi - lo, g->stream);
         }
         ferry_dt_lap(tr, FERRY_DT_READ, &t0);
         int launched = 0;

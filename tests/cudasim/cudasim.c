@@ -110,6 +110,10 @@ static long delay_us_ = 100;
 static atomic_long count_retains_[MAXDEV], count_pinned_[MAXDEV], count_cross_[MAXDEV];
 static atomic_long count_htod_[MAXDEV], count_launch_[MAXDEV], count_ptrattr_;
 static atomic_long count_bad_kernel_;
+/* bytes of cuMemHostAlloc (allocated in all, live now, the most live at once
+ * since the last "reset_pinned_peak") and of cuMemAlloc (calls, bytes) */
+static atomic_long count_pinned_bytes_[MAXDEV], count_pinned_live_[MAXDEV], count_pinned_peak_[MAXDEV];
+static atomic_long count_dev_allocs_[MAXDEV], count_dev_bytes_[MAXDEV];
 int cudasim_is_device(CUdeviceptr p, size_t n);
 
 /* ---- what tests can ask ------------------------------------------------ */
@@ -125,6 +129,15 @@ long cudasim_count(const char *what, int dev) {
     /* cuPointerGetAttribute calls, any device */
     if (!strcmp(what, "pointer_attributes")) return atomic_load(&count_ptrattr_);
     if (!strcmp(what, "bad_kernel_args")) return atomic_load(&count_bad_kernel_);
+    if (!strcmp(what, "pinned_bytes")) return atomic_load(&count_pinned_bytes_[dev]);
+    if (!strcmp(what, "pinned_live")) return atomic_load(&count_pinned_live_[dev]);
+    if (!strcmp(what, "pinned_peak")) return atomic_load(&count_pinned_peak_[dev]);
+    if (!strcmp(what, "reset_pinned_peak")) {
+        atomic_store(&count_pinned_peak_[dev], atomic_load(&count_pinned_live_[dev]));
+        return atomic_load(&count_pinned_peak_[dev]);
+    }
+    if (!strcmp(what, "device_allocs")) return atomic_load(&count_dev_allocs_[dev]);
+    if (!strcmp(what, "device_bytes")) return atomic_load(&count_dev_bytes_[dev]);
     return -1;
 }
 
@@ -159,6 +172,7 @@ static int drop_region(uintptr_t base, int kind) {
         if ((*pp)->base == base && (*pp)->kind == kind) {
             region *r = *pp;
             *pp = r->next;
+            if (kind == R_PINNED) atomic_fetch_sub(&count_pinned_live_[r->dev], (long)r->size);
             free(r);
             pthread_mutex_unlock(&lock_);
             return 1;
@@ -606,6 +620,10 @@ CUresult cuMemHostAlloc(void **p, size_t n, unsigned flags) {
     if (posix_memalign(p, 4096, n ? n : 1) != 0) return E_OUT_OF_MEMORY;
     add_region((uintptr_t)*p, n, R_PINNED, cur_->dev);
     atomic_fetch_add(&count_pinned_[cur_->dev], 1);
+    atomic_fetch_add(&count_pinned_bytes_[cur_->dev], (long)n);
+    long live = atomic_fetch_add(&count_pinned_live_[cur_->dev], (long)n) + (long)n;
+    for (long pk = atomic_load(&count_pinned_peak_[cur_->dev]); live > pk;)
+        if (atomic_compare_exchange_weak(&count_pinned_peak_[cur_->dev], &pk, live)) break;
     return OK;
 }
 
@@ -662,6 +680,8 @@ CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
     } else if (posix_memalign(&m, 256, n) != 0) return E_OUT_OF_MEMORY;
     memset(m, 0xA5, n);   /* device memory starts as garbage, not zeros */
     add_region((uintptr_t)m, n, R_DEVICE, cur_->dev);
+    atomic_fetch_add(&count_dev_allocs_[cur_->dev], 1);
+    atomic_fetch_add(&count_dev_bytes_[cur_->dev], (long)n);
     *p = (CUdeviceptr)(uintptr_t)m;
     return OK;
 }

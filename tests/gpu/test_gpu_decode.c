@@ -674,8 +674,9 @@ static void test_calls_of_hundreds_of_chunks(void) {
 /* Jobs in flight at once on one context (a dataset's prefetched batches):
  * each takes a set of call slots from the context's pool and gives it back.
  * All four jobs progress and are byte-exact, round after round, and the
- * pool keeps the sets: a job of 96 chunks runs 3 calls, each slot pins two
- * buffers, so a new set pins 6; however the rounds overlap, rounds 2-6 can
+ * pool keeps the sets: a job of 96 chunks runs 3 calls, each slot pins at
+ * most two buffers (its results; its staging with FERRY_GPU_STAGE=calls), so
+ * a new set pins at most 6; however the rounds overlap, rounds 2-6 can
  * add at most the 3 sets round 1 did not need (18 allocations). When the pool
  * kept one set, every overlapping job freed its set at its end and the next
  * allocated it again (6 per extra job per round). */
@@ -774,6 +775,107 @@ static void test_concurrent_jobs_reuse_slots(void) {
     free(src); free(file); free(off); free(len); free(back);
 }
 
+/* The first GPU-decode job of a context (issue: `open_dataset(...,
+ * device=0).load()` once in a process): what it allocates, pinned and on the
+ * device, for 1,024 and 4,096 chunks (16 and 64 MiB of incompressible 16 KiB
+ * chunks), 4 workers, FERRY_GPU_RING=1M. FERRY_GPU_STAGE=calls pinned each of
+ * the 8 call slots to the job's largest call (8 x 256 chunks for 4,096: twice
+ * the 1,024 job's); the default ring pins two 1 MiB buffers per feeder and
+ * the slots' result buffers whatever the job (< 2 x 4 + 8 + 2 MiB here), the
+ * calls' inputs in plain memory and on the device. Byte-exact either way,
+ * the context's second job allocates nothing, and a truncated chunk still
+ * fails by name with the ring. */
+static void test_first_job_footprint(void) {
+    void *sim = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    long (*count)(const char *, int) = sim ? (long (*)(const char *, int))dlsym(sim, "cudasim_count") : NULL;
+    if (!count || count("pinned_peak", 0) < 0) { printf("  (the footprint counts need the stand-in driver)\n"); if (sim) dlclose(sim); return; }
+    const size_t cb = 16384, most = 4096;
+    uint8_t *src = malloc(most * cb), *file = malloc(most * (cb + 64)), *back = malloc(most * cb);
+    uint64_t x = 88172645463325252ull;
+    for (size_t i = 0; i < most * cb; i++) { x ^= x << 13; x ^= x >> 7; x ^= x << 17; src[i] = (uint8_t)x; }
+    uint64_t *off = malloc(most * 8), *len = malloc(most * 8), pos = 0;
+    for (size_t i = 0; i < most; i++) {
+        size_t n = zstd_enc(src + i * cb, cb, file + pos, cb + 64, 1);
+        off[i] = pos; len[i] = n; pos += n;
+    }
+    char path[600];
+    snprintf(path, sizeof path, "%s/footprint.bin", dir_);
+    write_file(path, file, pos);
+    long peak[2][2] = {{0}};
+    setenv("FERRY_GPU_RING", "1M", 1);
+    for (int ring = 0; ring < 2; ring++)
+        for (int big = 0; big < 2; big++) {
+            const size_t nchunk = big ? 4096 : 1024;
+            if (!ring) setenv("FERRY_GPU_STAGE", "calls", 1);
+            ferry_ctx *c;   /* a fresh context: its first job */
+            CHECK_EQ_I(ferry_ctx_create(&c, NULL), 0);
+            ferry_file *f;
+            ferry_file_open(c, path, FERRY_READ, &f);
+            uintptr_t d;
+            ferry_cuda_malloc(c, 0, nchunk * cb, &d);
+            for (int bad = 0; bad < 1 + (ring && big); bad++) {
+                ferry_plan *p;
+                ferry_plan_create(&p);
+                uint64_t want = 0;
+                for (size_t i = 0; i < nchunk; i++) {
+                    ferry_extent e;
+                    memset(&e, 0, sizeof e);
+                    e.kind = FERRY_EXTENT_READ; e.file = f; e.offset = off[i]; e.length = len[i] - (bad && i == 3000 ? 9 : 0);
+                    e.codecs[0] = (ferry_codec){FERRY_CODEC_ZSTD, 0}; e.ncodecs = 1;
+                    e.decoded_size = cb;
+                    e.dst = ferry_cuda_buf(0, d, nchunk * cb);
+                    e.dst_offset = i * cb;
+                    ferry_plan_add(p, &e);
+                    want += len[i];
+                }
+                long pa = count("pinned_allocs", 0), pb = count("pinned_bytes", 0), da = count("device_allocs", 0), db = count("device_bytes", 0);
+                count("reset_pinned_peak", 0);
+                long live = count("pinned_live", 0);
+                ferry_run_opts o;
+                memset(&o, 0, sizeof o);
+                o.decode = FERRY_DECODE_GPU;
+                o.threads = 4;
+                int64_t r = ferry_run(c, p, &o);
+                if (bad) {
+                    CHECK(r < 0);
+                    CHECK_STR_CONTAINS(ferry_errmsg(c), "footprint.bin");
+                    CHECK_STR_CONTAINS(ferry_errmsg(c), "zstd");
+                } else {
+                    if (r < 0) fprintf(stderr, "  %s\n", ferry_errmsg(c));
+                    CHECK_EQ_I(r, (int64_t)want);
+                    memset(back, 0, nchunk * cb);
+                    ferry_memcpy(c, ferry_host_buf(back, nchunk * cb), ferry_cuda_buf(0, d, nchunk * cb), nchunk * cb);
+                    CHECK(memcmp(back, src, nchunk * cb) == 0);
+                    peak[ring][big] = count("pinned_peak", 0) - live;
+                    printf("  first job, %zu x 16 KiB (%.1f MiB compressed), FERRY_GPU_STAGE=%s: pinned %ld allocations, %.1f MiB"
+                           " (most at once %.1f MiB); device %ld allocations, %.1f MiB\n",
+                           nchunk, want / 1048576.0, ring ? "ring" : "calls", count("pinned_allocs", 0) - pa,
+                           (count("pinned_bytes", 0) - pb) / 1048576.0, peak[ring][big] / 1048576.0,
+                           count("device_allocs", 0) - da, (count("device_bytes", 0) - db) / 1048576.0);
+                    /* the context's second job: the ring and the slots are reused, nothing is allocated */
+                    pa = count("pinned_allocs", 0), da = count("device_allocs", 0);
+                    memset(back, 0, nchunk * cb);
+                    ferry_memcpy(c, ferry_cuda_buf(0, d, nchunk * cb), ferry_host_buf(back, nchunk * cb), nchunk * cb);
+                    CHECK_EQ_I(ferry_run(c, p, &o), (int64_t)want);
+                    CHECK_EQ_I(count("pinned_allocs", 0) - pa, 0);
+                    CHECK_EQ_I(count("device_allocs", 0) - da, 0);
+                    ferry_memcpy(c, ferry_host_buf(back, nchunk * cb), ferry_cuda_buf(0, d, nchunk * cb), nchunk * cb);
+                    CHECK(memcmp(back, src, nchunk * cb) == 0);
+                }
+                ferry_plan_destroy(p);
+            }
+            ferry_file_close(f);
+            ferry_cuda_free(c, d);
+            ferry_ctx_destroy(c);
+            unsetenv("FERRY_GPU_STAGE");
+        }
+    unsetenv("FERRY_GPU_RING");
+    CHECK(peak[0][1] >= 8 * 256 * (long)cb);   /* calls: 8 slots of 256 chunks pinned */
+    CHECK(peak[0][1] > peak[0][0]);
+    for (int big = 0; big < 2; big++) CHECK(peak[1][big] <= (2 * 4 + 8 + 2) * (1l << 20));
+    free(src); free(file); free(off); free(len); free(back);
+}
+
 static void test_status_says_what_loaded(void) {
     const char *s = ferry_nvcomp_status(ctx_);
     CHECK_STR_CONTAINS(s, "loaded nvCOMP");
@@ -806,6 +908,7 @@ int main(void) {
     RUN(test_corrupt_chunk_with_batches_in_flight);
     RUN(test_calls_of_hundreds_of_chunks);
     RUN(test_concurrent_jobs_reuse_slots);
+    RUN(test_first_job_footprint);
     RUN(test_unpinned_buffers_released);
     ferry_ctx_destroy(ctx_);
     char cmd[300];
