@@ -213,7 +213,10 @@ def raw_rate(path, device):
     A Zarr store's chunk files are opened as many at a time as the open-file limit allows
     (main() raises it to the hard limit); only the engine's runs are timed."""
     import resource
-    group = max(64, resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 256)
+    # half of what is left beside the engine's own open-file cache (a quarter of the limit) and
+    # the open datasets: at a soft limit of 1024 the H200's 16 GiB Zarr store (16,520 chunk files)
+    # hit "Too many open files" with limit - 256 handles at once
+    group = max(64, (resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 256) // 2)
     import torch
     from ferry import _ferry
     from harness import files_of
