@@ -51,8 +51,8 @@ seconds summed over workers, batch shapes, batches in flight), each after a
 --only first: the first GPU job of a fresh process (a subprocess per row: one
 xr.open_dataset(..., device=0).load() in a script pays the context's buffers),
 Zarr v3 zstd-0 1 MiB per --mib size, decode=gpu, with the calls' inputs in plain
-memory through each feeder's pinned ring (FERRY_GPU_STAGE=ring, the default)
-and pinned whole (FERRY_GPU_STAGE=calls, before): rows "ferry gpu, first job
+memory through each feeder's pinned ring (FERRY_GPU_STAGE=ring)
+and pinned whole (FERRY_GPU_STAGE=calls, the default): rows "ferry gpu, first job
 of a process (ring)" / "(calls)" (open + plan + job) and "ferry gpu, warm
 (ring)" / "(calls)", the same process's later jobs (best of --reps); "(ring
 16M)": FERRY_GPU_RING=16M (two 16 MiB buffers per feeder). With

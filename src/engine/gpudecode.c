@@ -252,8 +252,8 @@ static int tail_enabled(void) {
  * chunks in 16 calls of 256) four slots made the readers wait 10 ms each for
  * a call's slot (its decode not done: 1,024 chunks in flight where the GPU
  * runs ~500 at once) and the job ran 112-119 ms; eight: no wait, 105 ms
- * (41 GB/s). The price: up to 8 x 256 MiB of staging per device (plain
- * memory since FERRY_GPU_STAGE=ring; pinned with =calls). */
+ * (41 GB/s). The price: up to 8 x 256 MiB of staging per device (pinned
+ * by default; plain memory with FERRY_GPU_STAGE=ring). */
 static int coop_slots(void) {
     const char *s = getenv("FERRY_GPU_SLOTS");
     int v = s && *s ? atoi(s) : GD_MAX_SLOTS;
@@ -269,7 +269,7 @@ static int coop_slots(void) {
  * streams hold up to nslots x 256 chunks), each of 32 to 256 chunks and at
  * most 256 MiB decoded (the staging and nvCOMP temp space of every slot
  * stay bounded: 8 slots of a 1 MiB zstd-0 call are ~2 GiB of host staging,
- * pinned only with FERRY_GPU_STAGE=calls).
+ * pinned unless FERRY_GPU_STAGE=ring).
  * With 8 slots, 1,024 x 1 MiB chunks: 8 calls of 128 (the first launched
  * after 128 chunks are read, not 256); 4,096: 16 of 256; 256 x 4 MiB: 8 of 32.
  * FERRY_GPU_CALL overrides the chunk count, FERRY_GPU_BATCH the byte cap. */
@@ -723,19 +723,25 @@ static int host_grow(ferry_worker *w, int d, uint8_t **buf, size_t *cap, int *pi
     return rc;
 }
 
-/* FERRY_GPU_STAGE: "ring" (the default) or "calls". The context's call slots
+/* FERRY_GPU_STAGE: "calls" (the default) or "ring". The context's call slots
  * (cooperative calls) hold a whole call's compressed bytes on the host for
  * the CPU's framing checks and fallbacks. "calls" pins them: the first job of
- * a context pinned its largest call x 8 slots (a 4 GiB job of 1 MiB chunks:
+ * a context pins its largest call x 8 slots (a 4 GiB job of 1 MiB chunks:
  * 8 x 256 MiB, ~0.6 s of cuMemHostAlloc on the H200, and 2 GiB pinned for as
  * long as the context lives). "ring": plain memory (an mmap, its pages
  * faulted in by the readers), and every piece goes up through its feeder's
  * ring of two pinned buffers of FERRY_GPU_RING bytes (default 8 MiB): the
  * pinned memory is feeders x 2 x 8 MiB whatever the job, at the price of one
- * memcpy of each piece into the ring. */
+ * memcpy of each piece into the ring. Measured on the H200 (2026-12-01 16:40,
+ * Zarr v3 zstd-0, 1 MiB chunks, bench_decode --only first): warm jobs
+ * calls 25.2 / 36.4 GB/s (1 / 4 GiB) against ring 21.1 / 26.7 (the extra
+ * memcpy, on a job that is read-bound); the first job of a process calls
+ * 1.2 / 3.4 against ring 2.6 / 7.7. Warm jobs (training loops, repeated
+ * loads) are what the default serves; ring is the choice where pinned memory
+ * is scarce or a process loads once. */
 static int stage_ring(void) {
     const char *s = getenv("FERRY_GPU_STAGE");
-    return !(s && strcasecmp(s, "calls") == 0);
+    return s && strcasecmp(s, "ring") == 0;
 }
 static size_t ring_piece(void) {
     const char *s = getenv("FERRY_GPU_RING");

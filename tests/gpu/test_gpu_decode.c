@@ -806,7 +806,7 @@ static void test_first_job_footprint(void) {
     for (int ring = 0; ring < 2; ring++)
         for (int big = 0; big < 2; big++) {
             const size_t nchunk = big ? 4096 : 1024;
-            if (!ring) setenv("FERRY_GPU_STAGE", "calls", 1);
+            setenv("FERRY_GPU_STAGE", ring ? "ring" : "calls", 1);
             ferry_ctx *c;   /* a fresh context: its first job */
             CHECK_EQ_I(ferry_ctx_create(&c, NULL), 0);
             ferry_file *f;
