@@ -1,6 +1,7 @@
 /* config.c — defaults, FERRY_* environment overrides, path names. */
 #include "engine/engine.h"
 #include "engine/numa.h"
+#include "engine/gpudecode.h"
 #include <ctype.h>
 #include <stdlib.h>
 #include <strings.h>
@@ -58,6 +59,10 @@ int ferry_config_resolve(ferry_config *c) {
         const char *dp = getenv("FERRY_DECODE");   /* gpudecode.c has the names */
         if (dp && (rc = ferry_decode_policy_parse(dp, (ferry_decode_policy *)&c->decode)) < 0) return rc;
         if ((rc = ferry_numa_check_env()) < 0) return rc;   /* multigpu: FERRY_NUMA=auto|off (numa.c) */
+        if ((rc = ferry_gpudecode_check_env()) < 0) return rc;   /* FERRY_GPU_* (gpudecode.c) */
+        const char *es = getenv("FERRY_EVENT_SYNC");       /* read by worker.c */
+        if (es && strcmp(es, "spin") && strcmp(es, "blocking"))
+            return ferry_seterr(FERRY_EINVAL, "FERRY_EVENT_SYNC=\"%s\": use spin or blocking", es);
         const char *d = getenv("FERRY_DIRECT");
         if (d) {
             if (!strcasecmp(d, "auto")) c->direct = FERRY_DIRECT_AUTO;

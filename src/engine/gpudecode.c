@@ -348,6 +348,50 @@ static int plan_coop(struct ferry_gpudecode_job *g, const ferry_job *j, int thre
     return 0;
 }
 
+/* ---- the tuning variables' grammar ------------------------------------------ */
+static int env_count_ok(const char *s, long lo, long hi) {
+    char *end = NULL;
+    long v = strtol(s, &end, 10);
+    return end != s && !*end && v >= lo && v <= hi;
+}
+static int env_size_ok(const char *s, int64_t lo) {
+    int64_t v = ferry_parse_size(s);
+    return v >= lo;
+}
+static int env_onoff_ok(const char *s) {
+    return !strcmp(s, "on") || !strcmp(s, "off") || !strcmp(s, "1") || !strcmp(s, "0");
+}
+
+int ferry_gpudecode_check_env(void) {
+    static const struct { const char *name; int kind; long lo, hi; const char *want; } knobs[] = {
+        {"FERRY_GPU_BATCH", 's', 1, 0, "a size (decoded bytes per batch)"},
+        {"FERRY_GPU_COOP", 'o', 0, 0, "on or off"},
+        {"FERRY_GPU_TAIL", 'o', 0, 0, "on or off"},
+        {"FERRY_GPU_SLOTS", 'n', 1, GD_MAX_SLOTS, "a count from 1 to 8"},
+        {"FERRY_GPU_CALL", 'n', 1, 4096, "a count of chunks from 1 to 4096"},
+        {"FERRY_GPU_FEEDERS", 'n', 1, 4096, "a count of threads from 1"},
+        {"FERRY_GPU_RING", 's', 64 << 10, 0, "a size from 64K"},
+        {"FERRY_GPU_POOL", 's', 0, 0, "a size"},
+    };
+    for (size_t k = 0; k < sizeof knobs / sizeof knobs[0]; k++) {
+        const char *s = getenv(knobs[k].name);
+        if (!s) continue;
+        int ok = knobs[k].kind == 's' ? env_size_ok(s, knobs[k].lo)
+               : knobs[k].kind == 'n' ? env_count_ok(s, knobs[k].lo, knobs[k].hi) : env_onoff_ok(s);
+        if (!ok) return ferry_seterr(FERRY_EINVAL, "%s=\"%s\": use %s", knobs[k].name, s, knobs[k].want);
+    }
+    const char *st = getenv("FERRY_GPU_STAGE");
+    if (st && strcasecmp(st, "calls") && strcasecmp(st, "ring"))
+        return ferry_seterr(FERRY_EINVAL, "FERRY_GPU_STAGE=\"%s\": use calls or ring", st);
+    const char *rs = getenv("FERRY_GPU_RATES");
+    double a, b, c;
+    char tail;
+    if (rs && (sscanf(rs, "%lf,%lf,%lf%c", &a, &b, &c, &tail) != 3 || a <= 0 || b <= 0 || c <= 0))
+        return ferry_seterr(FERRY_EINVAL,
+                            "FERRY_GPU_RATES=\"%s\": use gpu_gbs,chunk_mbs,cpu_gbs_per_thread (three positive numbers)", rs);
+    return 0;
+}
+
 /* GPU feeders for shared queues: a few workers (each has gd_slots()
  * batches in flight); the rest decode on the CPU. FERRY_GPU_FEEDERS overrides. */
 static size_t shared_feeders(int threads) {

@@ -37,6 +37,11 @@ void ferry_gpudecode_job_free(ferry_job *job);
 /* Chunks per cooperative nvCOMP call for a queue of `count` chunks, the
  * largest `max_chunk` decoded bytes, `nslots` calls in flight (gpudecode.c
  * says why; exposed for tests/gpu/test_gpu_decode.c). */
+/* The FERRY_GPU_* tuning variables are read where they are used (tests
+ * change them between jobs); this checks their grammar once, when a context
+ * is made, so that a misspelt value fails there, naming it, instead of
+ * quietly meaning the default. 0, or FERRY_EINVAL with the message set. */
+int ferry_gpudecode_check_env(void);
 size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots);
 /* The context's slot sets for cooperative calls (ctx.c makes and frees it). */
 typedef struct ferry_gpudecode_pool ferry_gpudecode_pool;

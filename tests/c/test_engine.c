@@ -399,6 +399,39 @@ static void test_async_and_timeout(void) {
     ferry_ctx_destroy(ctx);
 }
 
+/* The GPU-decode and event tuning variables are checked when a context is
+ * made: a misspelt value fails there, naming it (it used to mean the
+ * default quietly: FERRY_GPU_STAGE=rign staged like "calls"). */
+static void test_tuning_env_checked(void) {
+    static const char *bad[][2] = {
+        {"FERRY_GPU_STAGE", "rign"}, {"FERRY_GPU_SLOTS", "9"}, {"FERRY_GPU_SLOTS", "four"},
+        {"FERRY_GPU_CALL", "0"}, {"FERRY_GPU_COOP", "no"}, {"FERRY_GPU_TAIL", "maybe"},
+        {"FERRY_GPU_RING", "4K"}, {"FERRY_GPU_BATCH", "lots"}, {"FERRY_GPU_POOL", "-1"},
+        {"FERRY_GPU_FEEDERS", "2x"}, {"FERRY_GPU_RATES", "6.3,25"}, {"FERRY_GPU_RATES", "6.3,25,0.4,1"},
+        {"FERRY_EVENT_SYNC", "sleep"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        setenv(bad[i][0], bad[i][1], 1);
+        ferry_ctx *ctx = NULL;
+        CHECK_EQ_I(ferry_ctx_create(&ctx, NULL), FERRY_EINVAL);
+        CHECK_STR_CONTAINS(ferry_errmsg(NULL), bad[i][0]);
+        CHECK_STR_CONTAINS(ferry_errmsg(NULL), bad[i][1]);
+        unsetenv(bad[i][0]);
+    }
+    static const char *good[][2] = {
+        {"FERRY_GPU_STAGE", "ring"}, {"FERRY_GPU_STAGE", "calls"}, {"FERRY_GPU_SLOTS", "8"},
+        {"FERRY_GPU_COOP", "off"}, {"FERRY_GPU_RING", "16M"}, {"FERRY_GPU_RATES", "6.34,25,0.46"},
+        {"FERRY_EVENT_SYNC", "blocking"},
+    };
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        setenv(good[i][0], good[i][1], 1);
+        ferry_ctx *ctx = NULL;
+        CHECK_EQ_I(ferry_ctx_create(&ctx, NULL), 0);
+        ferry_ctx_destroy(ctx);
+        unsetenv(good[i][0]);
+    }
+}
+
 static void test_config_env(void) {
     setenv("FERRY_THREADS", "3", 1);
     setenv("FERRY_TASK_SIZE", "2M", 1);
@@ -484,6 +517,7 @@ int main(void) {
     RUN(test_concurrent_submitters);
     RUN(test_async_and_timeout);
     RUN(test_config_env);
+    RUN(test_tuning_env_checked);
     RUN(test_cached);
     RUN(test_fork_child);
     char cmd[600];
