@@ -178,19 +178,25 @@ static int parse_run_opts(PyObject *path, int threads, int sync, int no_direct, 
     return 0;
 }
 
-static PyObject *Context_run(ContextObject *self, PyObject *args, PyObject *kw) {
+/* The arguments run() and submit() share: (plan, path=, threads=, sync=,
+ * no_direct=, decode=) into *plan and *o. -1 with an exception set. */
+static int run_args(ContextObject *self, PyObject *args, PyObject *kw, PlanObject **plan, ferry_run_opts *o) {
     static char *kwlist[] = {"plan", "path", "threads", "sync", "no_direct", "decode", NULL};
-    PlanObject *plan;
     PyObject *path = NULL;
     int threads = 0, sync = 0, no_direct = 0;
     const char *decode = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|Oippz", kwlist, &PlanType, &plan, &path,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|Oippz", kwlist, &PlanType, plan, &path,
                                      &threads, &sync, &no_direct, &decode))
-        return NULL;
-    if (ctx_check(self) < 0) return NULL;
+        return -1;
+    if (ctx_check(self) < 0) return -1;
+    if (parse_run_opts(path, threads, sync, no_direct, o) < 0) return -1;
+    return parse_decode_name(decode, &o->decode);
+}
+
+static PyObject *Context_run(ContextObject *self, PyObject *args, PyObject *kw) {
+    PlanObject *plan;
     ferry_run_opts o;
-    if (parse_run_opts(path, threads, sync, no_direct, &o) < 0) return NULL;
-    if (parse_decode_name(decode, &o.decode) < 0) return NULL;
+    if (run_args(self, args, kw, &plan, &o) < 0) return NULL;
     int64_t rc;
     plan->busy++;
     refs_users(plan->refs, +1);
@@ -204,18 +210,9 @@ static PyObject *Context_run(ContextObject *self, PyObject *args, PyObject *kw) 
 }
 
 static PyObject *Context_submit(ContextObject *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"plan", "path", "threads", "sync", "no_direct", "decode", NULL};
     PlanObject *plan;
-    PyObject *path = NULL;
-    int threads = 0, sync = 0, no_direct = 0;
-    const char *decode = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|Oippz", kwlist, &PlanType, &plan, &path,
-                                     &threads, &sync, &no_direct, &decode))
-        return NULL;
-    if (ctx_check(self) < 0) return NULL;
     ferry_run_opts o;
-    if (parse_run_opts(path, threads, sync, no_direct, &o) < 0) return NULL;
-    if (parse_decode_name(decode, &o.decode) < 0) return NULL;
+    if (run_args(self, args, kw, &plan, &o) < 0) return NULL;
     JobObject *job = PyObject_New(JobObject, &JobType);
     if (!job) return NULL;
     job->ctx = NULL; job->job = NULL; job->finished = 0; job->result = 0;
