@@ -11,6 +11,7 @@ import torch
 import xarray as xr
 
 from ferry.torch import XarrayDataset
+from test_xarray_dataset import _sample as _want   # reference channels, in the dataset's order
 
 T, L, H, W = 29, 2, 6, 8
 
@@ -37,13 +38,6 @@ def files(tmp_path_factory):
     return paths, ref
 
 
-def _want(ref, i, names, steps):
-    out = []
-    for s in steps:
-        for n in names:
-            v = ref[n].values[i + s]
-            out.append(v[None] if v.ndim == 2 else v.reshape((-1,) + v.shape[-2:]))
-    return np.concatenate(out, 0)
 
 
 def _check(batches, ref, in_steps, tg_steps, sizes=None):
