@@ -539,6 +539,9 @@ def main():
     ap.add_argument("--step-gbps", type=float, default=10.0)
     ap.add_argument("--batches-per-read", type=int, default=None,
                     help="XarrayDataset's batches_per_read (default 1)")
+    ap.add_argument("--gpu-ahead", action="store_true",
+                    help="for compressed formats, a second XarrayDataset row with FERRY_GPU_AHEAD=on (the claim rule "
+                         "of shared CPU+GPU decode weighs every job in flight, gpudecode.c) beside the default's")
     ap.add_argument("--group-sweep", default="",
                     help="also time one epoch with these batches_per_read values (comma list, e.g. 6)")
     ap.add_argument("--dir", default="/tmp/ferry-xtrain", help="where the files are kept and reused")
@@ -587,6 +590,13 @@ def main():
             rows.append((fmt, "ferry raw file->GPU (all bytes)", raw, None))
         rows.append((fmt, "ferry .load() (limit)", lim, None))
         rows.append((fmt, f"XarrayDataset, {xd.batch_group} batches a read (vs .load())", fr, fr / lim))
+        if a.gpu_ahead and not FORMATS[fmt][3]:
+            os.environ["FERRY_GPU_AHEAD"] = "on"       # read at each job's plan: this row's jobs only
+            try:
+                ah, _, _ = ferry_epoch(path, names, a.device, a.batch, a.prefetch, group=a.batches_per_read)
+            finally:
+                del os.environ["FERRY_GPU_AHEAD"]
+            rows.append((fmt, "XarrayDataset, FERRY_GPU_AHEAD=on (vs .load())", ah, ah / lim))
         for gr in [int(x) for x in a.group_sweep.split(",") if x]:
             gr_rate, _, _ = ferry_epoch(path, names, a.device, a.batch, a.prefetch, group=gr)
             rows.append((fmt, f"XarrayDataset, {gr} batches a read (vs .load())", gr_rate, gr_rate / lim))

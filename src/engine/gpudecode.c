@@ -241,6 +241,23 @@ static int coop_enabled(void) {
     return !(s && (!strcmp(s, "off") || !strcmp(s, "0")));
 }
 
+/* FERRY_GPU_AHEAD=on: a shared queue's claim rule (claim_batch) weighs the
+ * shared decode work of every job in flight on the context, not its own job's
+ * alone. Off (the default, the rule the H200's numbers were measured with): a
+ * dataset's prefetched batches — four jobs of 160 one-MiB deflate chunks, each
+ * run while the one before it is fully claimed — each look like a job the CPU
+ * finishes within one GPU chunk's latency, so the GPU takes nothing (H200,
+ * 2026-12-01: XarrayDataset netCDF-4 8.7 GB/s, CPU-bound, beside a .load() of
+ * 16.2 that shares deflate with the GPU). On: while later batches wait for the
+ * CPU workers, the GPU may take part of this one, finishing it later but
+ * raising the rate of the stream; a job alone is planned as before. Its
+ * default moves only with an H200 run of both (bench_xarray_training.py
+ * --gpu-ahead). */
+static int ahead_enabled(void) {
+    const char *s = getenv("FERRY_GPU_AHEAD");
+    return s && (!strcmp(s, "on") || !strcmp(s, "1"));
+}
+
 /* FERRY_GPU_TAIL=off: AUTO leaves no tail of a cooperative queue to the CPU. */
 static int tail_enabled(void) {
     const char *s = getenv("FERRY_GPU_TAIL");
@@ -367,6 +384,7 @@ int ferry_gpudecode_check_env(void) {
         {"FERRY_GPU_BATCH", 's', 1, 0, "a size (decoded bytes per batch)"},
         {"FERRY_GPU_COOP", 'o', 0, 0, "on or off"},
         {"FERRY_GPU_TAIL", 'o', 0, 0, "on or off"},
+        {"FERRY_GPU_AHEAD", 'o', 0, 0, "on or off"},
         {"FERRY_GPU_SLOTS", 'n', 1, GD_MAX_SLOTS, "a count from 1 to 8"},
         {"FERRY_GPU_CALL", 'n', 1, 4096, "a count of chunks from 1 to 4096"},
         {"FERRY_GPU_FEEDERS", 'n', 1, 4096, "a count of threads from 1"},
@@ -489,6 +507,7 @@ int ferry_gpudecode_plan(ferry_job *j, int policy) {
             for (size_t m = q->first; m < k; m++)
                 if (j->ext[g->idx[m]].decoded_size > max_chunk) max_chunk = j->ext[g->idx[m]].decoded_size;
             q->bytes = bytes;
+            if (q->shared) atomic_fetch_add(&j->ctx->gd_shared_left, bytes);   /* given back as claimed, or at job_free */
             q->cpu_bps = cr->cpu_gbs_per_thread * 1e9 * cpu_threads;
             q->gpu_bps = cr->gpu_gbs * 1e9;
             q->latency = cr->gpu_chunk_mbs > 0 ? (double)max_chunk / (cr->gpu_chunk_mbs * 1e6) : 0;
@@ -502,7 +521,7 @@ int ferry_gpudecode_plan(ferry_job *j, int policy) {
     /* feeders: every worker for GPU-only queues (reading is spread over all
      * of them), a few where a queue is shared; never more than there are batches */
     int rc = plan_coop(g, j, threads);
-    if (rc < 0) { g->nq = 0; j->gpu = g; ferry_gpudecode_job_free(j); return rc; }
+    if (rc < 0) { j->gpu = g; ferry_gpudecode_job_free(j); return rc; }   /* (gives its queues back to the context's sums) */
     if (g->ncb) {   /* every feeder reads pieces of the cooperative calls */
         size_t pieces = 0;
         for (size_t b = 0; b < g->ncb; b++) pieces += (g->cb[b].n + g->piece - 1) / g->piece;
@@ -551,14 +570,24 @@ static int claim_batch(struct ferry_gpudecode_job *g, const ferry_job *j, gd_que
             }
             if (q->shared) {   /* only what the GPU finishes before the CPU workers would */
                 uint64_t left_bytes = q->bytes - FERRY_MIN(q->bytes, atomic_load(&q->taken));
+                uint64_t gpu_holds = atomic_load(&q->gpu_out);
+                if (ahead_enabled()) {   /* the context's shared work: this job's and the jobs' behind it */
+                    left_bytes = FERRY_MAX(left_bytes, atomic_load(&j->ctx->gd_shared_left));
+                    gpu_holds = FERRY_MAX(gpu_holds, atomic_load(&j->ctx->gd_gpu_out));
+                }
                 double cpu_t = (double)left_bytes / q->cpu_bps;
-                double room = cpu_t - q->latency - (double)atomic_load(&q->gpu_out) / q->gpu_bps;
+                double room = cpu_t - q->latency - (double)gpu_holds / q->gpu_bps;
                 double x = room > 0 ? room / (1.0 / q->gpu_bps + 1.0 / (PREAD_GBS * 1e9) + 1.0 / q->cpu_bps) : 0;
                 while (take && (double)bytes > x) bytes -= j->ext[g->idx[q->first + cur + --take]].decoded_size;
                 if (!take) break;   /* the CPU finishes the rest sooner: not this queue */
             }
             if (atomic_compare_exchange_weak(&q->next, &cur, cur + take)) {
-                if (q->shared) { atomic_fetch_add(&q->taken, bytes); atomic_fetch_add(&q->gpu_out, bytes); }
+                if (q->shared) {
+                    atomic_fetch_add(&q->taken, bytes);
+                    atomic_fetch_add(&q->gpu_out, bytes);
+                    atomic_fetch_sub(&j->ctx->gd_shared_left, bytes);
+                    atomic_fetch_add(&j->ctx->gd_gpu_out, bytes);
+                }
                 *qout = q;
                 *idx = g->idx + q->first + cur;
                 *count = take;
@@ -578,6 +607,7 @@ int64_t ferry_gpudecode_take_one(ferry_job *j) {
         if (cur >= q->count) continue;
         uint32_t i = g->idx[q->first + cur];
         atomic_fetch_add(&q->taken, j->ext[i].decoded_size);
+        atomic_fetch_sub(&j->ctx->gd_shared_left, j->ext[i].decoded_size);
         if (g->trace) {
             atomic_fetch_add(&g->trace->shared_cpu_chunks, 1);
             atomic_fetch_add(&g->trace->shared_cpu_bytes, j->ext[i].decoded_size);
@@ -592,6 +622,12 @@ static void set_release(ferry_ctx *ctx, struct gd_cset *set);
 
 void ferry_gpudecode_job_free(ferry_job *j) {
     if (!j || !j->gpu) return;
+    for (size_t qi = 0; qi < j->gpu->nq; qi++) {   /* what a failed or canceled job left in the context's sums */
+        gd_queue *q = &j->gpu->q[qi];
+        if (!q->shared) continue;
+        atomic_fetch_sub(&j->ctx->gd_shared_left, q->bytes - FERRY_MIN(q->bytes, atomic_load(&q->taken)));
+        atomic_fetch_sub(&j->ctx->gd_gpu_out, atomic_load(&q->gpu_out));
+    }
     if (j->gpu->trace) { ferry_dt_report(j->gpu->trace, j->id, j->max_workers); free(j->gpu->trace); }
     for (int d = 0; d < FERRY_MAX_DEVICES; d++)
         if (j->gpu->set[d]) set_release(j->gpu->ctx, j->gpu->set[d]);
@@ -1450,7 +1486,7 @@ static int64_t finish_batch(ferry_worker *w, ferry_job *j, gd_slot *g, ferry_dec
     if ((r = cu->EventRecord(g->done, s))) return ferry_seterr(FERRY_ECUDA, "cuEventRecord: %s", ferry_cuda_errstr(r));
     g->open = 0;   /* checked: only on success (a failure leaves it open: the feeder synchronizes it) */
     g->busy = 1;
-    if (g->q->shared) atomic_fetch_sub(&g->q->gpu_out, dec);
+    if (g->q->shared) { atomic_fetch_sub(&g->q->gpu_out, dec); atomic_fetch_sub(&w->ctx->gd_gpu_out, dec); }
     atomic_fetch_add(&j->path_bytes[FERRY_PATH_STAGED], g->file_bytes);
     atomic_fetch_add(&j->path_ops[FERRY_PATH_STAGED], n);
     count_stats(w->ctx, gpu_bytes, gpu_chunks, fallbacks, dec);

@@ -89,17 +89,30 @@ static size_t blosc_enc(const uint8_t *in, size_t n, uint8_t *out, size_t cap, s
 
 enum { C_ZSTD, C_ZLIB_SHUF, C_LZ4, C_ZSTD_CRC, C_ZSTD_BE, C_BLOSC };
 static int dev_ = 0;   /* the device grid_case reads into */
-static void grid_case(int codec, uint64_t R, uint64_t C, uint64_t r, uint64_t c, int hole, const char *decode) {
-    const size_t es = 4, chunk_bytes = r * c * es;
+/* a grid's chunk files, its plan into device memory d, the data it must read */
+typedef struct grid {
+    int codec, hole;
+    uint64_t R, C, r, c;
+    ferry_plan *plan;
+    uintptr_t d;
+    uint8_t *src;
+} grid;
+enum { ES = 4 };
+
+static void grid_make(grid *g, int codec, uint64_t R, uint64_t C, uint64_t r, uint64_t c, int hole) {
+    const size_t es = ES, chunk_bytes = r * c * es;
     uint64_t gr = (R + r - 1) / r, gc = (C + c - 1) / c;
-    uint8_t *src = malloc(R * C * es), *raw = malloc(chunk_bytes), *tmp = malloc(chunk_bytes);
+    *g = (grid){codec, hole, R, C, r, c, NULL, 0, malloc(R * C * es)};
+    uint8_t *src = g->src, *raw = malloc(chunk_bytes), *tmp = malloc(chunk_bytes);
     size_t cap = chunk_bytes * 2 + 1024;
     uint8_t *enc = malloc(cap);
     make_data(src, R * C * es, (unsigned)codec);
     ferry_plan *plan;
     ferry_plan_create(&plan);
+    g->plan = plan;
     uintptr_t d;
     CHECK_EQ_I(ferry_cuda_malloc(ctx_, dev_, R * C * es + 8, &d), 0);
+    g->d = d;
     float nanfill = -1.0f;
     for (uint64_t i = 0; i < gr; i++)
         for (uint64_t k = 0; k < gc; k++) {
@@ -161,12 +174,24 @@ static void grid_case(int codec, uint64_t R, uint64_t C, uint64_t r, uint64_t c,
             e.label = "v";
             CHECK_EQ_I(ferry_plan_add(plan, &e), 0);
         }
+    free(raw); free(tmp); free(enc);
+}
+
+static ferry_run_opts decode_opts(const char *decode) {
     ferry_run_opts o;
     memset(&o, 0, sizeof o);
     ferry_decode_policy_parse(decode, (ferry_decode_policy *)&o.decode);
-    int64_t got = ferry_run(ctx_, plan, &o);
-    if (got < 0) fprintf(stderr, "  %s\n", ferry_errmsg(ctx_));
-    CHECK(got > 0);
+    return o;
+}
+
+/* what the grid's plan read into device memory, against its data; frees it */
+static void grid_check(grid *g, const char *decode) {
+    const size_t es = ES;
+    uint64_t R = g->R, C = g->C, r = g->r, c = g->c;
+    int codec = g->codec, hole = g->hole;
+    const uint8_t *src = g->src;
+    uintptr_t d = g->d;
+    float nanfill = -1.0f;
     uint8_t *back = malloc(R * C * es);
     ferry_memcpy(ctx_, ferry_host_buf(back, R * C * es), ferry_cuda_buf(dev_, d, R * C * es), R * C * es);
     size_t bad = 0;
@@ -180,8 +205,18 @@ static void grid_case(int codec, uint64_t R, uint64_t C, uint64_t r, uint64_t c,
                      (unsigned long long)C, (unsigned long long)r, (unsigned long long)c, decode, bad);
     CHECK_EQ_I(bad, 0);
     ferry_cuda_free(ctx_, d);
-    ferry_plan_destroy(plan);
-    free(src); free(raw); free(tmp); free(enc); free(back);
+    ferry_plan_destroy(g->plan);
+    free(g->src); free(back);
+}
+
+static void grid_case(int codec, uint64_t R, uint64_t C, uint64_t r, uint64_t c, int hole, const char *decode) {
+    grid g;
+    grid_make(&g, codec, R, C, r, c, hole);
+    ferry_run_opts o = decode_opts(decode);
+    int64_t got = ferry_run(ctx_, g.plan, &o);
+    if (got < 0) fprintf(stderr, "  %s\n", ferry_errmsg(ctx_));
+    CHECK(got > 0);
+    grid_check(&g, decode);
 }
 static void test_zstd_tiles_on_gpu(void) {
     ferry_stats_reset(ctx_);
@@ -301,6 +336,54 @@ static void test_long_deflate_load_shares_the_gpu(void) {
         CHECK(s.gpu_chunks < 2048);    /* and the CPU workers the rest */
     }
     unsetenv("FERRY_GPU_FEEDERS");
+}
+
+/* Jobs in flight together: a dataset's prefetched batches. Four 1 GiB-model
+ * loads (test_one_queue_both_decoders: 256 deflate chunks each, the built-in
+ * H200 rates, 16 threads; alone the GPU takes none) submitted at once. The
+ * rule as measured (FERRY_GPU_AHEAD unset) weighs each job's own queue: the
+ * GPU takes none of any. FERRY_GPU_AHEAD=on weighs the context's shared work
+ * (four jobs' bytes at the first claims): the GPU takes chunks. Byte-exact
+ * either way; afterwards a job alone takes none again (the context's sums
+ * went back to zero with the jobs). */
+static size_t jobs_in_flight_gpu_chunks(void) {
+    enum { NJ = 4 };
+    grid g[NJ];
+    ferry_job *jobs[NJ];
+    ferry_run_opts o = decode_opts("auto");
+    for (int k = 0; k < NJ; k++) grid_make(&g[k], C_ZLIB_SHUF, 1024, 1024, 64, 64, 0);
+    ferry_stats_reset(ctx_);
+    for (int k = 0; k < NJ; k++) CHECK_EQ_I(ferry_submit(ctx_, g[k].plan, &o, &jobs[k]), 0);
+    for (int k = 0; k < NJ; k++) {
+        int64_t got = ferry_job_wait(jobs[k], -1);
+        if (got < 0) fprintf(stderr, "  %s\n", ferry_errmsg(ctx_));
+        CHECK(got > 0);
+        ferry_job_destroy(jobs[k]);
+        grid_check(&g[k], "auto");
+    }
+    ferry_stats s = stats_();
+    CHECK_EQ_I(s.gpu_cpu_fallbacks, 0);
+    return (size_t)s.gpu_chunks;
+}
+
+static void test_jobs_in_flight_share_the_gpu(void) {
+    setenv("FERRY_GPU_BATCH", "64K", 1);   /* 16 KiB chunks: 4 per batch */
+    const char *th = getenv("FERRY_THREADS");
+    size_t own = jobs_in_flight_gpu_chunks();
+    setenv("FERRY_GPU_AHEAD", "on", 1);
+    size_t ahead = jobs_in_flight_gpu_chunks();
+    ferry_stats_reset(ctx_);
+    grid_case(C_ZLIB_SHUF, 1024, 1024, 64, 64, 0, "auto");
+    size_t alone = (size_t)stats_().gpu_chunks;
+    printf("  4 jobs in flight: GPU %zu of 1024 chunks by each job's rule, %zu by the context's; then a job alone %zu\n",
+           own, ahead, alone);
+    if (!th) {   /* 16 threads, as the rates assume */
+        CHECK_EQ_I(own, 0);
+        CHECK(ahead > 0 && ahead < 1024);
+        CHECK_EQ_I(alone, 0);
+    }
+    unsetenv("FERRY_GPU_AHEAD");
+    unsetenv("FERRY_GPU_BATCH");
 }
 
 /* one chunk file, corrupted in one way, read onto the GPU: an error that names
@@ -902,6 +985,7 @@ int main(void) {
     RUN(test_second_device);
     RUN(test_one_queue_both_decoders);
     RUN(test_long_deflate_load_shares_the_gpu);
+    RUN(test_jobs_in_flight_share_the_gpu);
     RUN(test_corrupt_chunks_fail_clearly);
     RUN(test_fallbacks_counted);
     RUN(test_many_chunks_one_file);
