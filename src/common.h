@@ -27,6 +27,17 @@
 int ferry_seterr(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Prefix the current message: "context: <old message>"; returns code. */
 int ferry_preerr(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* A format's memo on the plan it plans into (plan.c): what it checked once
+ * for this plan and may take as known in later calls planning into the same
+ * plan (zarr.c: the array directories found inside their store). Freed with
+ * the plan and by ferry_plan_clear, so "once per plan" means the plan, not one
+ * call: a dataset's batch of 160 reads (20 variables x 8 steps) resolves each
+ * array's directory once. ferry_plan_memo: the memo `owner` set, or NULL.
+ * ferry_plan_set_memo: replace it (the old one released); 0, or FERRY_EINVAL
+ * when a memo of another owner is held (one owner per plan). */
+void *ferry_plan_memo(ferry_plan *plan, const void *owner);
+int ferry_plan_set_memo(ferry_plan *plan, const void *owner, void *memo, void (*release)(void *));
+
 /* The calling thread's message buffer. */
 const char *ferry_lasterr(void);
 void ferry_clearerr(void);

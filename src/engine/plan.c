@@ -11,15 +11,34 @@ int ferry_plan_create(ferry_plan **out) {
     return *out ? 0 : ferry_seterr(FERRY_ENOMEM, "out of memory");
 }
 
+static void memo_drop(ferry_plan *p) {
+    if (p->memo && p->memo_release) p->memo_release(p->memo);
+    p->memo = NULL;
+    p->memo_owner = NULL;
+    p->memo_release = NULL;
+}
+
+void *ferry_plan_memo(ferry_plan *p, const void *owner) { return p && p->memo_owner == owner ? p->memo : NULL; }
+
+int ferry_plan_set_memo(ferry_plan *p, const void *owner, void *memo, void (*release)(void *)) {
+    if (p->memo_owner && p->memo_owner != owner) return FERRY_EINVAL;
+    if (p->memo != memo) memo_drop(p);
+    p->memo_owner = owner;
+    p->memo = memo;
+    p->memo_release = release;
+    return 0;
+}
+
 void ferry_plan_destroy(ferry_plan *p) {
     if (!p) return;
+    memo_drop(p);
     free(p->ext);
     free(p->places);
     free(p->strings);
     free(p);
 }
 
-void ferry_plan_clear(ferry_plan *p) { p->n = p->nplaces = p->nstr = 0; p->last_root = 0; p->nwait = 0; }
+void ferry_plan_clear(ferry_plan *p) { p->n = p->nplaces = p->nstr = 0; p->last_root = 0; p->nwait = 0; memo_drop(p); }
 size_t ferry_plan_count(const ferry_plan *p) { return p ? p->n : 0; }
 
 uint64_t ferry_plan_file_bytes(const ferry_plan *p) {

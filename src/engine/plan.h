@@ -13,6 +13,9 @@ struct ferry_plan {
     void *wait_stream[FERRY_MAX_WAIT_STREAMS];   /* ferry_plan_wait_stream (streamwait.c) */
     int wait_device[FERRY_MAX_WAIT_STREAMS];
     int nwait;
+    const void *memo_owner;       /* ferry_plan_memo (common.h): one format's memo, freed with the plan */
+    void *memo;
+    void (*memo_release)(void *);
 };
 
 #endif

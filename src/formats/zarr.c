@@ -29,6 +29,7 @@
 #include "codecs/codecs.h"
 #include <dirent.h>
 #include <errno.h>
+#include <stdatomic.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -67,6 +68,7 @@ typedef struct zarr_ds {
     zarr_arr *arrs;
     int narrs;
     char *root;            /* realpath of the store: every file read must resolve under it */
+    uint64_t serial;       /* this open's number: the plan memo's key (a later open may reuse the address) */
 } zarr_ds;
 
 /* ---- small helpers ---------------------------------------------------------- */
@@ -179,6 +181,49 @@ static int dir_known_inside(const char *dir, size_t dl, zarr_dirs *d) {
     memcpy(d->known, dir, dl);
     d->known[dl] = 0;
     return 1;
+}
+
+/* What a plan (ferry_plan_memo) knows of the arrays it read through earlier
+ * calls: each array directory found inside the store (realpath: a readlink
+ * per component of its path, a quarter of a batch's planning time on the
+ * 2-core box with 160 calls a plan) and the chunk directory last shown
+ * inside below it. Keyed by the open's serial and the variable. */
+typedef struct zarr_memo_ent {
+    uint64_t serial;
+    int var;
+    char *known;           /* zarr_dirs.known after its last call; NULL: none yet */
+} zarr_memo_ent;
+typedef struct zarr_memo {
+    zarr_memo_ent *e;
+    size_t n, cap;
+} zarr_memo;
+
+static void zarr_memo_free(void *m_) {
+    zarr_memo *m = m_;
+    for (size_t i = 0; i < m->n; i++) free(m->e[i].known);
+    free(m->e);
+    free(m);
+}
+
+/* The plan's entry for (z, var): found, or added when add (NULL: none, or no memory: no memo). */
+static zarr_memo_ent *zarr_memo_get(ferry_plan *plan, const zarr_ds *z, int var, int add) {
+    zarr_memo *m = ferry_plan_memo(plan, &ferry_format_zarr);
+    for (size_t i = 0; m && i < m->n; i++)
+        if (m->e[i].serial == z->serial && m->e[i].var == var) return &m->e[i];
+    if (!add) return NULL;
+    if (!m) {
+        if (!(m = calloc(1, sizeof *m))) return NULL;
+        if (ferry_plan_set_memo(plan, &ferry_format_zarr, m, zarr_memo_free) < 0) { free(m); return NULL; }
+    }
+    if (m->n == m->cap) {
+        size_t cap = m->cap ? 2 * m->cap : 16;
+        zarr_memo_ent *e = realloc(m->e, cap * sizeof *e);
+        if (!e) return NULL;
+        m->e = e;
+        m->cap = cap;
+    }
+    m->e[m->n] = (zarr_memo_ent){z->serial, var, NULL};
+    return &m->e[m->n++];
 }
 
 /* The directory of a chunk or shard file at plan time: 0 when it resolves
@@ -1385,8 +1430,10 @@ static int cmp_arr(const void *x, const void *y) {
 }
 
 static int zarr_open(ferry_dataset *ds, const ferry_open_opts *opts) {
+    static _Atomic uint64_t opens;
     zarr_ds *z = calloc(1, sizeof *z);
     if (!z) return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", ds->path);
+    z->serial = atomic_fetch_add(&opens, 1) + 1;
     ds->fmt = z;
     const char *group = opts && opts->group ? opts->group : "";
     while (*group == '/') group++;
@@ -1609,6 +1656,8 @@ static int shard_chunk(void *arg, const uint64_t *idx) {
     return rc;
 }
 
+extern const ferry_format_ops ferry_format_zarr;
+
 static int64_t zarr_plan(ferry_dataset *ds, int var, const ferry_slice *sel, ferry_buf dst, unsigned flags,
                          ferry_plan *plan) {
     zarr_arr *a = ds->vars[var].fmt;
@@ -1629,10 +1678,14 @@ static int64_t zarr_plan(ferry_dataset *ds, int var, const ferry_slice *sel, fer
     memcpy(l->fill, a->fill, sizeof l->fill);
     l->label = a->name;
     l->root = ((zarr_ds *)ds->fmt)->root;   /* chunk files are opened O_NOFOLLOW, links checked under it */
-    if (inside_store(ds->fmt, a->dir) == 1 && strlen(a->dir) < PATH_MAX) {   /* once per plan: see zarr_dirs */
+    /* once per plan (see zarr_dirs), the plan's earlier calls included (zarr_memo) */
+    zarr_memo_ent *me = zarr_memo_get(plan, ds->fmt, var, 0);
+    if (me || (strlen(a->dir) < PATH_MAX && inside_store(ds->fmt, a->dir) == 1)) {
         p->okdir.base = a->dir;
         p->okdir.baselen = strlen(a->dir);
         while (p->okdir.baselen > 1 && a->dir[p->okdir.baselen - 1] == '/') p->okdir.baselen--;
+        if (!me) me = zarr_memo_get(plan, ds->fmt, var, 1);
+        if (me && me->known) snprintf(p->okdir.known, sizeof p->okdir.known, "%s", me->known);
     }
     ferry_clearerr();
     p->raw = 1;
@@ -1652,6 +1705,10 @@ static int64_t zarr_plan(ferry_dataset *ds, int var, const ferry_slice *sel, fer
         rc = ferry_layout_plan_box(l, sel, NULL, NULL, dst, flags, plan);
     }
     if (rc == FERRY_ENOMEM && !ferry_lasterr()[0]) ferry_seterr(rc, "%s: out of memory", a->dir);
+    if (me && p->okdir.known[0] && (!me->known || strcmp(me->known, p->okdir.known))) {
+        free(me->known);
+        me->known = strdup(p->okdir.known);   /* NULL (no memory): the next call starts from the array's directory */
+    }
     free(p->index_buf);
     free(p);
     return rc < 0 ? rc : (int64_t)total;

@@ -454,6 +454,46 @@ static void test_chunk_files_opened_without_following(void) {
     }
 }
 
+/* "Once per plan" is the plan, across calls (zarr.c's plan memo): a batch's
+ * reads of one array resolve its directory once. The promise stays per plan:
+ * after ferry_plan_clear, and for another store planned into the same plan,
+ * a chunk directory that became (or is) a symlink leading out is refused. */
+static void test_plan_memo_is_per_plan(void) {
+    mk("pmo"); mk("pmo/c");
+    put("pmo/c/0", "SECR");
+    mk("pm1.zarr"); mk("pm1.zarr/c");
+    put("pm1.zarr/zarr.json", V3_ARR);
+    put("pm1.zarr/c/0", "ABCD");
+    mk("pm2.zarr");
+    put("pm2.zarr/zarr.json", V3_ARR);
+    if (symlink(tpath("pmo/c"), tpath("pm2.zarr/c")) != 0) return;
+    ferry_dataset *ds = open_ok("pm1.zarr"), *ds2 = open_ok("pm2.zarr");
+    if (!ds || !ds2) return;
+    uint8_t buf[4][4];
+    memset(buf, 0, sizeof buf);
+    ferry_plan *p;
+    ferry_plan_create(&p);
+    CHECK_EQ_I(ferry_dataset_plan_read(ds, 0, NULL, ferry_host_buf(buf[0], 4), 0, p), 4);
+    CHECK_EQ_I(ferry_dataset_plan_read(ds, 0, NULL, ferry_host_buf(buf[1], 4), 0, p), 4);   /* from the memo */
+    /* another store into the same plan: its own check */
+    CHECK(ferry_dataset_plan_read(ds2, 0, NULL, ferry_host_buf(buf[2], 4), 0, p) < 0);
+    CHECK_STR_CONTAINS(ferry_errmsg(ctx), "outside the store");
+    CHECK(ferry_run(ctx, p, NULL) >= 0);
+    CHECK(!memcmp(buf[0], "ABCD", 4) && !memcmp(buf[1], "ABCD", 4));
+    CHECK(memcmp(buf[2], "SECR", 4) != 0);
+    /* the chunk directory swapped for a link out: a cleared plan checks again */
+    CHECK(rename(tpath("pm1.zarr/c"), tpath("pm1.zarr/c.old")) == 0);
+    CHECK(symlink(tpath("pmo/c"), tpath("pm1.zarr/c")) == 0);
+    ferry_plan_clear(p);
+    CHECK(ferry_dataset_plan_read(ds, 0, NULL, ferry_host_buf(buf[3], 4), 0, p) < 0);
+    CHECK_STR_CONTAINS(ferry_errmsg(ctx), "outside the store");
+    CHECK(ferry_run(ctx, p, NULL) >= 0);
+    CHECK(memcmp(buf[3], "SECR", 4) != 0);
+    ferry_plan_destroy(p);
+    ferry_dataset_close(ds);
+    ferry_dataset_close(ds2);
+}
+
 /* Required keys are required (issue 16.4): a v2 array without fill_value, a
  * v3 member whose node_type is damaged. */
 static void test_required_keys(void) {
@@ -526,6 +566,7 @@ int main(void) {
     RUN(test_malformed_metadata_still_fails);
     RUN(test_keys_stay_inside_the_store);
     RUN(test_chunk_files_opened_without_following);
+    RUN(test_plan_memo_is_per_plan);
     RUN(test_required_keys);
     RUN(test_store_info_fill_and_root_consolidated_groups);
     ferry_ctx_destroy(ctx);
