@@ -8,8 +8,9 @@
 #          ckptbench (bench_checkpoint, BCARGS) chunkfiles (bench_chunkfiles, BCFARGS) nccl (the two-GPU tests)
 #          multigpu (issue 11's tests on 2..8 GPUs) mgbench, then mgranks (bench_multigpu in
 #          two commands: limits/file->GPU/decode, then datasets/checkpoints; MGARGS)
-#   wheels: pip-installs .gpu/whl/*.whl (carry ".gpu/whl": zarr, numcodecs,
-#           netCDF4, dask, ... downloaded here for Python 3.12) into /tmp/site.
+#   wheels: pip-installs .gpu/whl*/*.whl (carry ".gpu/whl": zarr, numcodecs,
+#           netCDF4, dask, ... downloaded here for Python 3.12 by tools/gpu-wheels.sh,
+#           which also makes .gpu/whl-ckpt and DALI's parts .gpu/d1..d4) into /tmp/site.
 set -u
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
@@ -43,9 +44,9 @@ done
 for step in "$@"; do
     case $step in
     wheels)
-        if ls .gpu/whl/*.whl >/dev/null 2>&1; then
+        if ls .gpu/whl*/*.whl >/dev/null 2>&1; then   # .gpu/whl, or .gpu/whl-ckpt (tools/gpu-wheels.sh)
             python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-                .gpu/whl/*.whl > "$OUT/wheels.log" 2>&1; echo "wheels exit $?"
+                .gpu/whl*/*.whl > "$OUT/wheels.log" 2>&1; echo "wheels exit $?"
             export PYTHONPATH=$PWD/python:/tmp/site
             for so in /tmp/site/nvidia/libnvcomp/lib64/libnvcomp.so.6 /tmp/site/nvidia/libnvcomp/lib64/libnvcomp.so.5; do
                 [ -z "${FERRY_NVCOMP:-}" ] && [ -e "$so" ] && export FERRY_NVCOMP=$so

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# gpu-wheels.sh [--no-dali] — assemble here what tools/gpu-run.sh expects to be
+# carried to the GPU machine, which has no registry (../shared/GPU_MACHINE.md):
+#   .gpu/whl       cp312 manylinux wheels of the packages the GPU tests and the
+#                  benchmarks' peers import (zarr, netCDF4, dask, kvikio, nvCOMP,
+#                  xbatcher, ...) and Debian's libdeflate (lib + header) for the
+#                  CPU inflater: carried by one call (`carry: [".gpu/whl"]`, step
+#                  `wheels`); it must stay under the 64 MiB a call carries.
+#   .gpu/whl-ckpt  the checkpoint benchmark's peers (instanttensor, fastsafetensors):
+#                  a second call carrying it with step `wheels` adds them.
+#   .gpu/d1 .. d4  DALI's 199 MB wheel in parts of 62,000,000 bytes, its md5 and
+#                  its own dependencies, one folder per call (steps part1..part4,
+#                  then `dali`, on a machine kept warm between the calls).
+# Idempotent: a wheel already downloaded is kept. Needs network access to PyPI
+# and Debian's archive (this machine, not the GPU one).
+set -eu
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+[ -x "$PY" ] || PY=python3
+dl() {   # dl DIR SPEC...: binary wheels for the GPU machine's python (3.12, manylinux 2.28, x86_64)
+    local dir=$1; shift
+    mkdir -p "$dir"
+    "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+        --platform any -d "$dir" "$@"
+}
+# what the GPU machine lacks (GPU_MACHINE.md's table): the tests' reference readers, the peers
+# of the benchmarks and their dependencies (torch, numpy, cupy, xarray, h5py are there)
+dl .gpu/whl zarr numcodecs donfig google-crc32c msgspec crc32c netCDF4 cftime \
+    dask partd locket toolz cloudpickle \
+    kvikio-cu13 libkvikio-cu13 rapids-logger nvidia-libnvcomp-cu13 nvidia-nvcomp-cu13 xbatcher h5netcdf torchdata
+dl .gpu/whl-ckpt fastsafetensors instanttensor
+# libdeflate from Debian (gpu-run.sh copies it into .deps, the build links it)
+if [ ! -e .gpu/whl/deflate/include/libdeflate.h ]; then
+    tmp=$(mktemp -d)
+    (cd "$tmp" && apt-get download libdeflate0 libdeflate-dev >/dev/null)
+    for d in "$tmp"/*.deb; do dpkg-deb -x "$d" "$tmp/x"; done
+    mkdir -p .gpu/whl/deflate/include .gpu/whl/deflate/lib
+    cp "$tmp"/x/usr/include/libdeflate.h .gpu/whl/deflate/include/
+    cp -P "$tmp"/x/usr/lib/x86_64-linux-gnu/libdeflate.so* .gpu/whl/deflate/lib/
+    rm -rf "$tmp"
+fi
+size=$(du -sb .gpu/whl | cut -f1)
+echo ".gpu/whl: $(ls .gpu/whl/*.whl | wc -l) wheels, $((size / 1000000)) MB"
+[ "$size" -lt $((58 << 20)) ] || { echo ".gpu/whl is over what one call carries with the tree (64 MiB): move a wheel out"; exit 1; }
+[ "${1:-}" = --no-dali ] && exit 0
+# DALI in parts: the wheel split (dalipart.a, .b, ...), its md5, and its dependencies in the last part
+w=nvidia_dali_cuda130-2.4.0-py3-none-manylinux_2_28_x86_64.whl
+mkdir -p .gpu/dali
+[ -e ".gpu/dali/$w" ] || dl .gpu/dali nvidia-dali-cuda130==2.4.0
+dl .gpu/dali-deps astunparse gast optree makefun nvtx libcst
+rm -rf .gpu/d1 .gpu/d2 .gpu/d3 .gpu/d4 .gpu/split
+mkdir -p .gpu/split
+split -b 62000000 -a 1 ".gpu/dali/$w" .gpu/split/dalipart.
+n=0
+for p in .gpu/split/dalipart.*; do
+    n=$((n + 1)); mkdir -p ".gpu/d$n"; mv "$p" ".gpu/d$n/"
+done
+[ "$n" -le 4 ] || { echo "DALI's wheel needs $n parts: gpu-run.sh has part1..part4"; exit 1; }
+md5sum < ".gpu/dali/$w" | cut -d' ' -f1 > ".gpu/d$n/dali.md5"
+cp .gpu/dali-deps/*.whl ".gpu/d$n/"
+rmdir .gpu/split
+for k in $(seq 1 "$n"); do echo ".gpu/d$k: $(du -sb ".gpu/d$k" | cut -f1) bytes"; done
