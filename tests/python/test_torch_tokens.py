@@ -208,6 +208,25 @@ def test_batches_per_read_changes_nothing_but_speed(bins, drop_last):
         TokenDataset(batches_per_read=0, **kw)
 
 
+@pytest.mark.parametrize("out_dtype", [torch.int64, torch.int32, None])
+def test_batches_kept_across_epochs_stay_intact(bins, out_dtype):
+    """On the host a read group's buffer is used again by a later group once its batches are
+    cast: batches a loop keeps (no copy) over three epochs still hold their own windows."""
+    root, toks = bins
+    ref = _windows(toks, L)
+    ds = TokenDataset(str(root / "train_*.bin"), seq_len=L, batch_size=5, seed=4, device="cpu",
+                      batches_per_read=2, prefetch=1, out_dtype=out_dtype)
+    kept = []
+    for epoch in range(3):
+        ds.set_epoch(epoch)
+        kept += [(x, y) for x, y in ds]
+    assert len(kept) == 3 * (len(ref) // 5)
+    for x, y in kept:
+        ids = _ids_of(x, ref)
+        np.testing.assert_array_equal(x.numpy().astype(np.int64), ref[ids, :-1])
+        np.testing.assert_array_equal(y.numpy().astype(np.int64), ref[ids, 1:])
+
+
 def test_default_read_group_holds_about_32_mib(tmp_path):
     np.zeros(4096 * 40 + 1, np.uint16).tofile(tmp_path / "t.bin")
     assert TokenDataset(str(tmp_path / "t.bin"), 4095, 256, device="cpu").batch_group == 16
