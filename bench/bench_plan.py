@@ -10,7 +10,11 @@ runs the same on any machine. Best of --reps, milliseconds:
     backend's read planning (the first plan includes fetching h5py's chunk
     table with chunk_iter; later plans reuse it);
   * a safetensors file of 1,000 tensors: ferry.checkpoint.safe_open (header
-    parsed in C) and the plan of reading every tensor (Plan.read per tensor).
+    parsed in C) and the plan of reading every tensor (Plan.read per tensor);
+  * a training batch as XarrayDataset plans it: one plan of 160 reads (8 random
+    time steps of 20 variables of a Zarr v3 zstd store, a chunk per step), one
+    Plan.read per variable and step (each array directory is resolved once per
+    plan, not once per read: zarr.c's plan memo).
 
     python3 bench/bench_plan.py            # prints one line per case
 """
@@ -85,6 +89,8 @@ def main():
                   f"with the chunk table {first * 1e3:.2f} ms)")
             store.close()
         safetensors_case(d, args.reps)
+        if have("zarr"):
+            batch_case(d, args.reps)
     finally:
         shutil.rmtree(d, ignore_errors=True)
     log("bench_plan: done")
@@ -116,6 +122,31 @@ def safetensors_case(d, reps):
         return len(pl)
     t, n = best(plan, reps)
     print(f"{'safetensors 1,000 tensors':28s} {'plan all':14s} {t * 1e3:8.2f} ms  ({n} extents)")
+    ds.close()
+
+
+def batch_case(d, reps):
+    import zarr
+    import ferry
+    p = os.path.join(d, "batch.zarr")
+    g = zarr.open_group(p, mode="w", zarr_format=3)
+    nt, names = 64, [f"v{i:02d}" for i in range(20)]
+    for n in names:
+        a = g.create_array(n, shape=(nt, 45, 90), chunks=(1, 45, 90), dtype="f4",
+                           compressors=zarr.codecs.ZstdCodec(level=1), fill_value=0)
+        a[:] = np.random.default_rng(0).random((nt, 45, 90), dtype="f4")
+    ds = ferry.Dataset(ferry.default_context(), p)
+    out = np.empty((8, 20, 45, 90), "f4")
+    rng = np.random.default_rng(1)
+
+    def plan():
+        pl = ferry.Plan()
+        for r, t in enumerate(rng.integers(0, nt, 8)):
+            for k, n in enumerate(names):
+                pl.read(ds, n, out[r, k], [(int(t), int(t) + 1, 1), (0, 45, 1), (0, 90, 1)])
+        return len(pl)
+    t, n = best(plan, reps)
+    print(f"{'zarr batch 20 vars x 8 steps':28s} {'160 reads':14s} {t * 1e3:8.2f} ms  ({n} extents)")
     ds.close()
 
 
