@@ -1817,8 +1817,8 @@ class TokenDataset(_BatchStream):
         """A read group's buffer. On the host only the casts read it (every batch handed out is
         a copy: _shift), so it is neither shared (in a DataLoader worker) nor pinned, and it is
         used again once its batches are cast: a fresh 32 MiB buffer per group page-faulted
-        all of it each time (dev box, 16 batches of 256 x 8 KiB a read: 989 batches/s and
-        1,661 process-CPU us a batch, against 1,733 and 781 at one batch a read)."""
+        all of it under the engine's preads (dev box, 16 batches of 256 x 8 KiB a read, uint16
+        out: 913 -> 2,265 batches/s, process CPU 1,814 -> 667 us a batch; BENCHMARKS.md)."""
         if rt.device.type == "cuda":
             return super()._alloc(rt, shape, dtype)
         free = _host_reads(rt)

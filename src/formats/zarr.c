@@ -29,9 +29,9 @@
 #include "codecs/codecs.h"
 #include <dirent.h>
 #include <errno.h>
-#include <stdatomic.h>
 #include <limits.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -1655,8 +1655,6 @@ static int shard_chunk(void *arg, const uint64_t *idx) {
     if (rc == FERRY_ENOMEM && !ferry_lasterr()[0]) ferry_seterr(rc, "%s: out of memory", p->path);
     return rc;
 }
-
-extern const ferry_format_ops ferry_format_zarr;
 
 static int64_t zarr_plan(ferry_dataset *ds, int var, const ferry_slice *sel, ferry_buf dst, unsigned flags,
                          ferry_plan *plan) {
