@@ -57,6 +57,31 @@ static int write_file(const char *path, const uint8_t *p, size_t n) {
 
 static ferry_stats stats_(void) { ferry_stats s; ferry_stats_get(ctx_, &s); return s; }
 
+/* one chunk of `codec` at off/len of f, decoded (cb bytes) into device buffer d
+ * (nbytes long) at dst_off */
+static void add_chunk(ferry_plan *p, ferry_file *f, uint32_t codec, uint64_t off, uint64_t len, uint64_t cb,
+                      uintptr_t d, uint64_t nbytes, uint64_t dst_off) {
+    ferry_extent e;
+    memset(&e, 0, sizeof e);
+    e.kind = FERRY_EXTENT_READ; e.file = f; e.offset = off; e.length = len;
+    e.codecs[0] = (ferry_codec){codec, 0}; e.ncodecs = 1;
+    e.decoded_size = cb;
+    e.dst = ferry_cuda_buf(0, d, nbytes);
+    e.dst_offset = dst_off;
+    CHECK_EQ_I(ferry_plan_add(p, &e), 0);
+}
+
+/* a plan of n zstd chunks of f, chunk i into d at i * cb; chunk `cut_at`
+ * (if any: n or more for none) `cut` bytes short */
+static ferry_plan *zstd_chunks_plan(ferry_file *f, const uint64_t *off, const uint64_t *len, size_t n, uint64_t cb,
+                                    uintptr_t d, size_t cut_at, uint64_t cut) {
+    ferry_plan *p;
+    ferry_plan_create(&p);
+    for (size_t i = 0; i < n; i++)
+        add_chunk(p, f, FERRY_CODEC_ZSTD, off[i], len[i] - (i == cut_at ? cut : 0), cb, d, n * cb, i * cb);
+    return p;
+}
+
 /* A 2-D float32 array of R x C elements in chunks of r x c, every chunk
  * encoded by `codec` and stored as its own file (Zarr-like: edge chunks stored
  * full size, chunk (1,1) missing when `hole`), read into device memory with
@@ -515,15 +540,8 @@ static void test_many_chunks_one_file(void) {
     ferry_plan *p;
     ferry_plan_create(&p);
     for (size_t i = 0; i < nchunk; i++) {
-        size_t k = (i * 7) % nchunk;   /* out of file order */
-        ferry_extent e;
-        memset(&e, 0, sizeof e);
-        e.kind = FERRY_EXTENT_READ; e.file = f; e.offset = off[k]; e.length = len[k];
-        e.codecs[0] = (ferry_codec){FERRY_CODEC_ZSTD, 0}; e.ncodecs = 1;
-        e.decoded_size = cb;
-        e.dst = ferry_cuda_buf(0, d + 1, nchunk * cb);   /* odd address: outputs go through scratch */
-        e.dst_offset = k * cb;
-        ferry_plan_add(p, &e);
+        size_t k = (i * 7) % nchunk;   /* out of file order; an odd address: outputs go through scratch */
+        add_chunk(p, f, FERRY_CODEC_ZSTD, off[k], len[k], cb, d + 1, nchunk * cb, k * cb);
     }
     setenv("FERRY_GPU_BATCH", "64K", 1);
     uint8_t *back = malloc(nchunk * cb);
@@ -581,17 +599,8 @@ static void test_corrupt_chunk_with_batches_in_flight(void) {
     for (int skip_bad = 0; skip_bad < 2; skip_bad++) {
         ferry_plan *p;
         ferry_plan_create(&p);
-        for (size_t i = 0; i < nchunk; i++) {
-            if (skip_bad && i == bad) continue;
-            ferry_extent e;
-            memset(&e, 0, sizeof e);
-            e.kind = FERRY_EXTENT_READ; e.file = f; e.offset = off[i]; e.length = len[i];
-            e.codecs[0] = (ferry_codec){FERRY_CODEC_ZLIB, 0}; e.ncodecs = 1;
-            e.decoded_size = cb;
-            e.dst = ferry_cuda_buf(0, d, nchunk * cb);
-            e.dst_offset = i * cb;
-            ferry_plan_add(p, &e);
-        }
+        for (size_t i = 0; i < nchunk; i++)
+            if (!(skip_bad && i == bad)) add_chunk(p, f, FERRY_CODEC_ZLIB, off[i], len[i], cb, d, nchunk * cb, i * cb);
         ferry_run_opts o;
         memset(&o, 0, sizeof o);
         o.decode = FERRY_DECODE_GPU;
@@ -658,18 +667,7 @@ static void test_calls_of_hundreds_of_chunks(void) {
     for (int bad = 0; bad < 3; bad++) {   /* clean, a truncated chunk (its frame ends early), clean again */
         ferry_file *f;
         ferry_file_open(ctx_, path, FERRY_READ, &f);
-        ferry_plan *p;
-        ferry_plan_create(&p);
-        for (size_t i = 0; i < nchunk; i++) {
-            ferry_extent e;
-            memset(&e, 0, sizeof e);
-            e.kind = FERRY_EXTENT_READ; e.file = f; e.offset = off[i]; e.length = len[i] - (bad == 1 && i == 700 ? 7 : 0);
-            e.codecs[0] = (ferry_codec){FERRY_CODEC_ZSTD, 0}; e.ncodecs = 1;
-            e.decoded_size = cb;
-            e.dst = ferry_cuda_buf(0, d, nchunk * cb);
-            e.dst_offset = i * cb;
-            ferry_plan_add(p, &e);
-        }
+        ferry_plan *p = zstd_chunks_plan(f, off, len, nchunk, cb, d, bad == 1 ? 700 : nchunk, 7);
         memset(back, 0, nchunk * cb);
         ferry_memcpy(ctx_, ferry_cuda_buf(0, d, nchunk * cb), ferry_host_buf(back, nchunk * cb), nchunk * cb);
         ferry_stats_reset(ctx_);
@@ -696,18 +694,7 @@ static void test_calls_of_hundreds_of_chunks(void) {
             CHECK(memcmp(back, src, nchunk * cb) == 0);
         }
         if (bad == 2) {   /* AUTO: the same calls, less the tail the CPU workers decode while the GPU drains */
-            ferry_plan *p2;
-            ferry_plan_create(&p2);
-            for (size_t i = 0; i < nchunk; i++) {
-                ferry_extent e;
-                memset(&e, 0, sizeof e);
-                e.kind = FERRY_EXTENT_READ; e.file = f; e.offset = off[i]; e.length = len[i];
-                e.codecs[0] = (ferry_codec){FERRY_CODEC_ZSTD, 0}; e.ncodecs = 1;
-                e.decoded_size = cb;
-                e.dst = ferry_cuda_buf(0, d, nchunk * cb);
-                e.dst_offset = i * cb;
-                ferry_plan_add(p2, &e);
-            }
+            ferry_plan *p2 = zstd_chunks_plan(f, off, len, nchunk, cb, d, nchunk, 0);
             for (int tail = 1; tail >= 0; tail--) {
                 if (!tail) setenv("FERRY_GPU_TAIL", "off", 1);
                 memset(back, 0, nchunk * cb);
@@ -784,17 +771,7 @@ static void test_concurrent_jobs_reuse_slots(void) {
     ferry_plan *p[NJ];
     for (int k = 0; k < NJ; k++) {
         ferry_cuda_malloc(ctx_, 0, nchunk * cb, &d[k]);
-        ferry_plan_create(&p[k]);
-        for (size_t i = 0; i < nchunk; i++) {
-            ferry_extent e;
-            memset(&e, 0, sizeof e);
-            e.kind = FERRY_EXTENT_READ; e.file = f; e.offset = off[i]; e.length = len[i];
-            e.codecs[0] = (ferry_codec){FERRY_CODEC_ZSTD, 0}; e.ncodecs = 1;
-            e.decoded_size = cb;
-            e.dst = ferry_cuda_buf(0, d[k], nchunk * cb);
-            e.dst_offset = i * cb;
-            ferry_plan_add(p[k], &e);
-        }
+        p[k] = zstd_chunks_plan(f, off, len, nchunk, cb, d[k], nchunk, 0);
     }
     long pinned0 = 0;
     for (int round = 0; round < 6; round++) {
@@ -827,18 +804,7 @@ static void test_concurrent_jobs_reuse_slots(void) {
     ferry_file_open(c2, path, FERRY_READ, &f2);
     uintptr_t d2;
     ferry_cuda_malloc(c2, 0, nchunk * cb, &d2);
-    ferry_plan *p2;
-    ferry_plan_create(&p2);
-    for (size_t i = 0; i < nchunk; i++) {
-        ferry_extent e;
-        memset(&e, 0, sizeof e);
-        e.kind = FERRY_EXTENT_READ; e.file = f2; e.offset = off[i]; e.length = len[i];
-        e.codecs[0] = (ferry_codec){FERRY_CODEC_ZSTD, 0}; e.ncodecs = 1;
-        e.decoded_size = cb;
-        e.dst = ferry_cuda_buf(0, d2, nchunk * cb);
-        e.dst_offset = i * cb;
-        ferry_plan_add(p2, &e);
-    }
+    ferry_plan *p2 = zstd_chunks_plan(f2, off, len, nchunk, cb, d2, nchunk, 0);
     setenv("FERRY_GPU_POOL", "1", 1);
     for (int round = 0; round < 2; round++) {
         if (round == 1 && count) pinned0 = count("pinned_allocs", 0);
@@ -897,20 +863,9 @@ static void test_first_job_footprint(void) {
             uintptr_t d;
             ferry_cuda_malloc(c, 0, nchunk * cb, &d);
             for (int bad = 0; bad < 1 + (ring && big); bad++) {
-                ferry_plan *p;
-                ferry_plan_create(&p);
+                ferry_plan *p = zstd_chunks_plan(f, off, len, nchunk, cb, d, bad ? 3000 : nchunk, 9);
                 uint64_t want = 0;
-                for (size_t i = 0; i < nchunk; i++) {
-                    ferry_extent e;
-                    memset(&e, 0, sizeof e);
-                    e.kind = FERRY_EXTENT_READ; e.file = f; e.offset = off[i]; e.length = len[i] - (bad && i == 3000 ? 9 : 0);
-                    e.codecs[0] = (ferry_codec){FERRY_CODEC_ZSTD, 0}; e.ncodecs = 1;
-                    e.decoded_size = cb;
-                    e.dst = ferry_cuda_buf(0, d, nchunk * cb);
-                    e.dst_offset = i * cb;
-                    ferry_plan_add(p, &e);
-                    want += len[i];
-                }
+                for (size_t i = 0; i < nchunk; i++) want += len[i];
                 long pa = count("pinned_allocs", 0), pb = count("pinned_bytes", 0), da = count("device_allocs", 0), db = count("device_bytes", 0);
                 count("reset_pinned_peak", 0);
                 long live = count("pinned_live", 0);
