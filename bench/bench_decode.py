@@ -245,6 +245,28 @@ class Cuda:
         self.cu.cuStreamSynchronize(None)
 
 
+
+# the ferry rows of a dataset: the decode policies, and the tuning variables set for one row
+STANDARD_ROWS = (("cpu", {}), ("gpu", {}), ("auto", {}), ("gpu", {"FERRY_GPU_COOP": "off"}))
+
+
+def ferry_rows(ctx, path, a, args, name, rows, runs=STANDARD_ROWS, trace=False):
+    """One row per (decode, env) of runs, each with env set for that row only. The per-feeder
+    batches (FERRY_GPU_COOP=off) warm up first (ferry_row)."""
+    for decode, env in runs:
+        label = ", ".join(f"{k}={v}" for k, v in env.items())
+        if trace:
+            log(f"trace: {name}, decode={decode}" + (f", {label}" if label else ""))
+        os.environ.update(env)
+        try:
+            gbs, ok, share, fb = ferry_row(ctx, path, a, args.device, decode, args.reps,
+                                           warmup=3 if "FERRY_GPU_COOP" in env else 0)
+        finally:
+            for k in env:
+                os.environ.pop(k, None)
+        what = f"ferry {decode}" + ((f" {label}" if trace else ", per-feeder batches") if label else "")
+        rows.append((name, what + (f" ({fb} CPU fallbacks)" if fb else ""), gbs, ok, share))
+
 def payloads(path, alg):
     """Every chunk file's nvCOMP input (zstd: the frame; deflate: the zlib
     stream without its 2-byte header and Adler-32) and decoded size."""
@@ -601,18 +623,9 @@ def trace_rows(tmp, args, lib_path, cuda, ctx, rows):
                 gbs, bad = nvcomp_limit(lib_path, cuda, chunks[:k], crow * cols * 4, "Zstd", args.reps)
                 rows.append((name, "nvCOMP batched (limit)" + ("" if k == len(chunks) else f", {k} per call"),
                              gbs, bad == 0, 1.0))
-        for decode, env in (("gpu", {}), ("auto", {}), ("auto", {"FERRY_GPU_TAIL": "off"}),
-                            ("gpu", {"FERRY_GPU_COOP": "off"}), ("gpu", {"FERRY_GPU_SLOTS": "4"})):
-            label = ", ".join(f"{k}={v}" for k, v in env.items())
-            log(f"trace: {name}, decode={decode}" + (f", {label}" if label else ""))
-            os.environ.update(env)
-            try:
-                gbs, ok, share, fb = ferry_row(ctx, path, a, args.device, decode, args.reps,
-                                               warmup=3 if "FERRY_GPU_COOP" in env else 0)
-            finally:
-                for k in env:
-                    os.environ.pop(k, None)
-            rows.append((name, f"ferry {decode}" + (f" {label}" if label else ""), gbs, ok, share))
+        ferry_rows(ctx, path, a, args, name, rows, trace=True,
+                   runs=(("gpu", {}), ("auto", {}), ("auto", {"FERRY_GPU_TAIL": "off"}),
+                         ("gpu", {"FERRY_GPU_COOP": "off"}), ("gpu", {"FERRY_GPU_SLOTS": "4"})))
         shutil.rmtree(path)
 
 
@@ -687,16 +700,7 @@ def main():
                 if lib_path:
                     gbs, bad = nvcomp_limit(lib_path, cuda, payloads(path, "Zstd"), crow * cols * 4, "Zstd", args.reps)
                     rows.append((name, "nvCOMP batched (limit)", gbs, bad == 0, 1.0))
-                for decode, env in (("cpu", {}), ("gpu", {}), ("auto", {}), ("gpu", {"FERRY_GPU_COOP": "off"})):
-                    os.environ.update(env)
-                    try:
-                        gbs, ok, share, fb = ferry_row(ctx, path, a, args.device, decode, args.reps,
-                                                       warmup=3 if env else 0)
-                    finally:
-                        for k in env:
-                            os.environ.pop(k, None)
-                    label = f"ferry {decode}" + (", per-feeder batches" if env else "")
-                    rows.append((name, label + (f" ({fb} CPU fallbacks)" if fb else ""), gbs, ok, share))
+                ferry_rows(ctx, path, a, args, name, rows)
                 if not args.no_peers:
                     zarr_peer_rows(path, a, args.device, args.reps, name, rows)
                 shutil.rmtree(path)
@@ -711,15 +715,7 @@ def main():
             how = write_zarr_v2_blosc(path, a, (crow, cols))
             warm(path)
             name = f"Zarr v2 blosc-lz4+shuffle, 1 MiB chunks, {job_label(a.nbytes / 2**20)} ({how})"
-            for decode, env in (("cpu", {}), ("gpu", {}), ("auto", {}), ("gpu", {"FERRY_GPU_COOP": "off"})):
-                os.environ.update(env)
-                try:
-                    gbs, ok, share, fb = ferry_row(ctx, path, a, args.device, decode, args.reps,
-                                                   warmup=3 if env else 0)
-                finally:
-                    for k in env:
-                        os.environ.pop(k, None)
-                rows.append((name, f"ferry {decode}" + (", per-feeder batches" if env else ""), gbs, ok, share))
+            ferry_rows(ctx, path, a, args, name, rows)
             if not args.no_peers:
                 zarr_peer_rows(path, a, args.device, args.reps, name, rows)
             shutil.rmtree(path)
