@@ -718,9 +718,26 @@ def bench_tokens(args, rows):
               f"limit ({lim:.2f} GB/s); engine alone {eg:.2f} = {eg / lim:.2f}x", flush=True)
 
 
+def _profiled(it, args, sync):
+    """Batches of `it` under cProfile for at most --batches / --seconds, after the warm-up the
+    caller did: (profile, batches, seconds, loader-thread CPU seconds)."""
+    import cProfile
+    sync()
+    pr = cProfile.Profile()
+    t0, c0 = time.perf_counter(), time.thread_time()
+    pr.enable()
+    k = 0
+    for _ in it:
+        k += 1
+        if k >= args.batches or time.perf_counter() - t0 > args.seconds:
+            break
+    sync()
+    pr.disable()
+    return pr, k, time.perf_counter() - t0, time.thread_time() - c0
+
+
 def profile_tokens(args):
     """cProfile of TokenDataset's loop (the loader thread) and its CPU per batch."""
-    import cProfile
     import pstats
     from ferry.torch import TokenDataset
     path, _ = make_tokens(args)
@@ -730,20 +747,9 @@ def profile_tokens(args):
     it = _epochs(ds)
     for _ in range(3 * ds.batch_group):
         next(it)
-    _sync()
-    pr = cProfile.Profile()
-    t0, c0 = time.perf_counter(), time.thread_time()
-    pr.enable()
-    k = 0
-    for _ in it:
-        k += 1
-        if k >= args.batches or time.perf_counter() - t0 > args.seconds:
-            break
-    _sync()
-    pr.disable()
-    dt = time.perf_counter() - t0
+    pr, k, dt, cpu = _profiled(it, args, _sync)
     print(f"# profile tokens: {k / dt:.1f} batches/s, {k * B * (seq_len + 1) * 2 / dt / 1e9:.2f} GB/s, "
-          f"loader thread {(time.thread_time() - c0) / k * 1e6:.0f} us CPU per batch (under cProfile)")
+          f"loader thread {cpu / k * 1e6:.0f} us CPU per batch (under cProfile)")
     pstats.Stats(pr).sort_stats("tottime").print_stats(25)
 
 
@@ -760,7 +766,6 @@ def rss_probe(args):
 
 
 def profile(args):
-    import cProfile
     import pstats
     kind = args.profile
     paths, n, sample = make_data(args.dir, kind, args.gib)
@@ -770,18 +775,7 @@ def profile(args):
     it = iter(ds)
     for _ in range(10):
         next(it)
-    torch.cuda.synchronize()
-    pr = cProfile.Profile()
-    t0 = time.perf_counter()
-    pr.enable()
-    k = 0
-    for _ in it:
-        k += 1
-        if k >= args.batches or time.perf_counter() - t0 > args.seconds:
-            break
-    torch.cuda.synchronize()
-    pr.disable()
-    dt = time.perf_counter() - t0
+    pr, k, dt, _ = _profiled(it, args, torch.cuda.synchronize)
     print(f"# profile {kind}: {k / dt:.1f} batches/s, {k * KINDS[kind]['batch'] * sample / dt / 1e9:.2f} GB/s")
     pstats.Stats(pr).sort_stats("tottime").print_stats(18)
 
