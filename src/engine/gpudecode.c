@@ -108,14 +108,18 @@ static int gpu_chain(const ferry_extent *e, chain_info *ci) {
  * rows, BENCHMARKS.md), GB/s of decoded data:
  *   zstd (Zarr v3, 1 MiB chunks)       ferry GPU 18.3 vs CPU 10.7                       -> GPU
  *   blosc-lz4+shuffle (Zarr v2, 1 MiB) ferry GPU 39.0 vs CPU 27.2                       -> GPU
- *   deflate+shuffle (netCDF-4, 4 MiB)  nvCOMP 6.34 on all 258 chunks at once vs CPU 7.35 -> BOTH
+ *   deflate+shuffle (netCDF-4, 4 MiB)  nvCOMP on every chunk in one call: 6.34 (258
+ *                                      chunks), 12.1 (516), 28.6 (2,064) vs CPU 3.7-7.4 -> BOTH
  *   LZ4 (plain)                        nvCOMP 24.1 vs CPU 24.1; its per-chunk latency is
  *                                      not measured yet                                 -> CPU
  * nvCOMP decodes each chunk on one thread block: its rate comes from
  * chunks in flight at once, and one chunk takes chunk / gpu_chunk_mbs however
  * many run beside it (zstd 1 MiB: 32 per call 2.97 GB/s = 11 ms each, 1024
- * per call 53 GB/s; deflate 4 MiB: 8 per call 0.20 GB/s = 166 ms each, 258
- * per call 6.34) — longer than the CPU's whole 1 GiB netCDF-4 load (146 ms).
+ * per call 53 GB/s). A call of n chunks takes about latency + n x chunk /
+ * gpu_gbs: deflate's three rows above fit latency 136 ms for a 4 MiB chunk
+ * (31 MB/s) and 53 GB/s beyond it to within 3 % (20:25 UTC run) — the GPU is
+ * fast at deflate only with a whole job in flight, and a job the CPU finishes
+ * within a chunk's latency (146 ms for a 1 GiB load) is the CPU's.
  * GPU: every chunk of the class goes to GPU batches, which every worker
  * feeds. BOTH: the chunks form one queue that GPU feeders (a few workers, each
  * claiming a batch at a time) and the other workers (one chunk at a time, on
@@ -125,21 +129,34 @@ static int gpu_chain(const ferry_extent *e, chain_info *ci) {
  * one thread's pread rate, one chunk's latency, the batch at gpu_gbs, after
  * what it already holds — before the CPU workers would finish what is left
  * without it (claim_batch); on a load the CPU finishes within one GPU chunk's
- * latency it claims nothing, and AUTO is the CPU alone. decode="gpu" sends
- * every chunk nvCOMP can take to GPU batches. */
+ * latency it claims nothing, and AUTO is the CPU alone. A BOTH queue the CPU
+ * alone would take BIG_JOB_LATENCIES chunk latencies or more to decode is
+ * run as GPU calls instead (cooperative, every worker reading, the tail on
+ * the CPU as for zstd): two feeders reading alone at one thread's pread rate
+ * cannot keep a whole job in flight. decode="gpu" sends every chunk nvCOMP
+ * can take to GPU batches.
+ * call_max / call_bytes: chunks and decoded bytes of one cooperative call at
+ * most (ferry_gpudecode_call_chunks): zstd's temp space is ~3 x a call's
+ * output and the GPU holds ~500 1 MiB zstd chunks at once, so 256 and 256
+ * MiB; deflate is latency-bound, so its calls are as large as a job needs to
+ * be in flight at once: up to 1,024 chunks and 512 MiB (8 calls in flight: a
+ * 2 GiB job of 4 MiB chunks in one wave, 8 GiB in three). */
 enum { MODE_CPU = 0, MODE_GPU = 1, MODE_BOTH = 2 };
 typedef struct class_rate {
     int mode;
     double gpu_gbs;              /* nvCOMP's batched rate with the GPU full */
     double gpu_chunk_mbs;        /* one chunk's decode rate on the GPU (its latency: chunk / this) */
     double cpu_gbs_per_thread;   /* ferry's CPU decode, 16 threads / 16 */
+    size_t call_max;             /* chunks per cooperative call, at most */
+    uint64_t call_bytes;         /* decoded bytes per cooperative call, at most */
 } class_rate;
 static const class_rate auto_table[NCLASS] = {
-    [FERRY_NVCOMP_ZSTD] = {MODE_GPU, 53.2, 93.0, 0.67},
-    [FERRY_NVCOMP_LZ4] = {MODE_CPU, 24.1, 0, 1.51},
-    [FERRY_NVCOMP_DEFLATE] = {MODE_BOTH, 6.34, 25.0, 0.46},
-    [CLASS_BLOSC] = {MODE_GPU, 39.0, 0, 1.70},
+    [FERRY_NVCOMP_ZSTD] = {MODE_GPU, 53.2, 93.0, 0.67, 256, 256u << 20},
+    [FERRY_NVCOMP_LZ4] = {MODE_CPU, 24.1, 0, 1.51, 256, 256u << 20},
+    [FERRY_NVCOMP_DEFLATE] = {MODE_BOTH, 53.0, 31.0, 0.46, 1024, 512u << 20},
+    [CLASS_BLOSC] = {MODE_GPU, 39.0, 0, 1.70, 256, 256u << 20},
 };
+#define BIG_JOB_LATENCIES 2.0
 #define PREAD_GBS 6.0   /* one thread's page-cache pread on the H200 (FIELD_NOTES.md): a feeder reads its batch alone */
 
 /* How a class is decoded under a policy. */
@@ -283,26 +300,38 @@ static int coop_slots(void) {
  * 128 11.7, 256 22.2, 1,024 53.2 (BENCHMARKS.md) — the GPU holds ~500 at once.
  * A job's queue is cut into `nslots` calls or more (they pipeline: call k+1 is
  * read and copied up while k decodes, and nslots calls in flight on their own
- * streams hold up to nslots x 256 chunks), each of 32 to 256 chunks and at
- * most 256 MiB decoded (the staging and nvCOMP temp space of every slot
- * stay bounded: 8 slots of a 1 MiB zstd-0 call are ~2 GiB of host staging,
- * pinned unless FERRY_GPU_STAGE=ring).
- * With 8 slots, 1,024 x 1 MiB chunks: 8 calls of 128 (the first launched
- * after 128 chunks are read, not 256); 4,096: 16 of 256; 256 x 4 MiB: 8 of 32.
+ * streams), each of 32 chunks at least and at most the class's call_max
+ * chunks and call_bytes decoded (the staging and nvCOMP temp space of every
+ * slot stay bounded: 8 slots of a 1 MiB zstd-0 call are ~2 GiB of host
+ * staging, pinned unless FERRY_GPU_STAGE=ring). The calls are even, in as
+ * few waves of nslots as the caps allow: a last call of a few chunks would
+ * take a whole chunk latency of its own (H200, 516 x 4 MiB deflate chunks in
+ * calls of 64: eight in flight, then a ninth of 4 — 0.37 s, twice the 0.18 s
+ * of one call of all 516).
+ * With 8 slots, 1,024 x 1 MiB zstd chunks: 8 calls of 128 (the first launched
+ * after 128 chunks are read, not 1,024); 4,096: 16 of 256; 256 x 4 MiB: 8 of
+ * 32; deflate, 516 x 4 MiB: 8 of 65; 2,064: 24 of 86.
  * FERRY_GPU_CALL overrides the chunk count, FERRY_GPU_BATCH the byte cap. */
-size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots) {
+size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots, int cls) {
     const char *s = getenv("FERRY_GPU_CALL");
     long v = s && *s ? atol(s) : 0;
     if (v > 0) return (size_t)(v > 4096 ? 4096 : v);
     if (nslots < 1) nslots = 1;
-    size_t n = (count + (size_t)nslots - 1) / (size_t)nslots;
-    if (n > 256) n = 256;
-    if (n < 32) n = 32;
-    uint64_t cap = 256u << 20;
+    const class_rate *cr = &auto_table[cls >= 0 && cls < NCLASS ? cls : FERRY_NVCOMP_ZSTD];
+    uint64_t cap = cr->call_bytes;
     const char *b = getenv("FERRY_GPU_BATCH");
     if (b) { int64_t x = ferry_parse_size(b); if (x > 0) cap = (uint64_t)x; }
-    if (max_chunk && (uint64_t)n * max_chunk > cap) n = (size_t)(cap / max_chunk);
-    return n ? n : 1;
+    size_t most = cr->call_max;
+    if (max_chunk && (uint64_t)most * max_chunk > cap) most = (size_t)(cap / max_chunk);
+    if (most < 1) most = 1;
+    size_t per_wave = most * (size_t)nslots;
+    size_t waves = (count + per_wave - 1) / per_wave;
+    if (waves < 1) waves = 1;
+    size_t calls = waves * (size_t)nslots;
+    size_t n = (count + calls - 1) / calls;
+    if (n < 32) n = 32;
+    if (n > most) n = most;
+    return n;
 }
 
 /* Cut the job's cooperative queues into calls (gd_cbatch), give each a slot
@@ -316,7 +345,7 @@ static int plan_coop(struct ferry_gpudecode_job *g, const ferry_job *j, int thre
         if (!q->coop) continue;
         uint64_t mc = 0;
         for (size_t m = 0; m < q->count; m++) mc = FERRY_MAX(mc, j->ext[g->idx[q->first + m]].decoded_size);
-        q->target = ferry_gpudecode_call_chunks(q->count, mc, g->nslots);   /* here: chunks per call */
+        q->target = ferry_gpudecode_call_chunks(q->count, mc, g->nslots, q->alg);   /* here: chunks per call */
         ncb += (q->count + q->target - 1) / q->target;
     }
     if (!ncb) return 0;
@@ -453,7 +482,7 @@ int ferry_gpudecode_plan(ferry_job *j, int policy) {
             if (mode == MODE_CPU) continue;
             gd_queue *q = &g->q[g->nq];
             q->first = k;
-            uint64_t bytes = 0;
+            uint64_t bytes = 0, max_chunk = 0;
             for (size_t i = 0; i < n; i++) {
                 const ferry_extent *e = &j->ext[i];
                 if (e->kind != FERRY_EXTENT_READ || e->dst.kind != FERRY_MEM_CUDA || e->dst.device != d || !e->decoded_size ||
@@ -462,12 +491,29 @@ int ferry_gpudecode_plan(ferry_job *j, int policy) {
                 g->idx[k++] = (uint32_t)i;
                 g->owned[i] = 1;
                 bytes += e->decoded_size;
+                max_chunk = FERRY_MAX(max_chunk, e->decoded_size);
             }
             q->count = k - q->first;
             if (!q->count) continue;
             q->alg = a;
             q->dev = d;
+            class_rate cr_env, *cr = &cr_env;
+            cr_env = auto_table[a];
+            /* FERRY_GPU_RATES=gpu_gbs,chunk_mbs,cpu_gbs_per_thread: the table's
+             * numbers for shared queues, to measure another machine (and the
+             * stand-in's tests) without a rebuild */
+            const char *rs = getenv("FERRY_GPU_RATES");
+            if (rs && sscanf(rs, "%lf,%lf,%lf", &cr_env.gpu_gbs, &cr_env.gpu_chunk_mbs, &cr_env.cpu_gbs_per_thread) == 3 &&
+                (cr_env.gpu_gbs <= 0 || cr_env.gpu_chunk_mbs <= 0 || cr_env.cpu_gbs_per_thread <= 0))
+                cr_env = auto_table[a];
+            q->latency = cr->gpu_chunk_mbs > 0 ? (double)max_chunk / (cr->gpu_chunk_mbs * 1e6) : 0;
             q->shared = mode == MODE_BOTH;
+            /* a job the CPU alone takes BIG_JOB_LATENCIES chunk latencies or
+             * more to decode: GPU calls (every worker reading them) with the
+             * CPU tail, not a shared queue (the table's comment says why) */
+            if (q->shared && policy != FERRY_DECODE_GPU && coop_enabled() && q->latency > 0 &&
+                (double)bytes / (cr->cpu_gbs_per_thread * 1e9 * threads) >= BIG_JOB_LATENCIES * q->latency)
+                q->shared = 0;
             q->coop = !q->shared && coop_enabled();
             /* AUTO, cooperative: the queue's last chunks are left to the CPU
              * workers (ordinary tasks, run as feeders finish reading). The
@@ -494,23 +540,10 @@ int ferry_gpudecode_plan(ferry_job *j, int policy) {
                 tail_total += tail;
             }
             int cpu_threads = threads - (int)sh_feeders > 0 ? threads - (int)sh_feeders : 1;
-            class_rate cr_env, *cr = &cr_env;
-            cr_env = auto_table[a];
-            /* FERRY_GPU_RATES=gpu_gbs,chunk_mbs,cpu_gbs_per_thread: the table's
-             * numbers for shared queues, to measure another machine (and the
-             * stand-in's tests) without a rebuild */
-            const char *rs = getenv("FERRY_GPU_RATES");
-            if (rs && sscanf(rs, "%lf,%lf,%lf", &cr_env.gpu_gbs, &cr_env.gpu_chunk_mbs, &cr_env.cpu_gbs_per_thread) == 3 &&
-                (cr_env.gpu_gbs <= 0 || cr_env.gpu_chunk_mbs <= 0 || cr_env.cpu_gbs_per_thread <= 0))
-                cr_env = auto_table[a];
-            uint64_t max_chunk = 0;
-            for (size_t m = q->first; m < k; m++)
-                if (j->ext[g->idx[m]].decoded_size > max_chunk) max_chunk = j->ext[g->idx[m]].decoded_size;
             q->bytes = bytes;
             if (q->shared) atomic_fetch_add(&j->ctx->gd_shared_left, bytes);   /* given back as claimed, or at job_free */
             q->cpu_bps = cr->cpu_gbs_per_thread * 1e9 * cpu_threads;
             q->gpu_bps = cr->gpu_gbs * 1e9;
-            q->latency = cr->gpu_chunk_mbs > 0 ? (double)max_chunk / (cr->gpu_chunk_mbs * 1e6) : 0;
             double share = q->gpu_bps / (q->gpu_bps + q->cpu_bps);
             q->target = batch_target(bytes, q->shared ? sh_feeders : (size_t)threads, q->shared, share);
             if (q->shared) shared += q->count; else gpu_only += q->count;

@@ -34,15 +34,15 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *job, size_t task, int *d
  * when the queues are empty (the GPU took the rest). */
 int64_t ferry_gpudecode_take_one(ferry_job *job);
 void ferry_gpudecode_job_free(ferry_job *job);
-/* Chunks per cooperative nvCOMP call for a queue of `count` chunks, the
- * largest `max_chunk` decoded bytes, `nslots` calls in flight (gpudecode.c
- * says why; exposed for tests/gpu/test_gpu_decode.c). */
 /* The FERRY_GPU_* tuning variables are read where they are used (tests
  * change them between jobs); this checks their grammar once, when a context
  * is made, so that a misspelt value fails there, naming it, instead of
  * quietly meaning the default. 0, or FERRY_EINVAL with the message set. */
 int ferry_gpudecode_check_env(void);
-size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots);
+/* Chunks per cooperative nvCOMP call for a queue of `count` chunks of class
+ * `cls` (a ferry_nvcomp_alg), the largest `max_chunk` decoded bytes, `nslots`
+ * calls in flight (gpudecode.c says why; exposed for tests/gpu/test_gpu_decode.c). */
+size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots, int cls);
 /* The context's slot sets for cooperative calls (ctx.c makes and frees it). */
 typedef struct ferry_gpudecode_pool ferry_gpudecode_pool;
 ferry_gpudecode_pool *ferry_gpudecode_pool_new(void);

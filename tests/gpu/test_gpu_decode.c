@@ -9,6 +9,7 @@
  * reason) without a GPU or without nvCOMP. */
 #include "check.h"
 #include "ferry.h"
+#include "cuda/nvcomp.h"
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <lz4.h>
@@ -302,21 +303,23 @@ static void test_auto_policy(void) {
 /* One queue, two decoders: under AUTO deflate chunks form one queue that a
  * GPU feeder (batches of 4 chunks here) and the CPU workers (one chunk each)
  * drain together; the feeder claims only what the GPU finishes before the
- * CPU would finish the rest (gpudecode.c's rates). With the H200's rates a
- * 4 MiB load is done by the CPU sooner than one GPU chunk's latency: the GPU
- * takes nothing. With rates where the GPU helps (FERRY_GPU_RATES: no chunk
- * latency, a slow CPU) both take chunks, none twice or never (the result is
- * byte-exact, gpu_chunks counts only nvCOMP's), none through the fallback.
- * Which side takes how many depends on the threads' scheduling: a run where
- * one side took everything is retried (twice). */
+ * CPU would finish the rest (gpudecode.c's rates). With the H200's rates the
+ * 512 MiB model (128 chunks of 16 KiB for 4 MiB ones: the rule compares
+ * bytes / rates) is done by the CPU sooner than one GPU chunk's latency: the
+ * GPU takes nothing. With rates where the GPU helps but the job is not big
+ * enough for GPU calls (FERRY_GPU_RATES: a slow CPU, a chunk latency of 0.7 of
+ * the CPU's whole time) both take chunks of the 1 GiB model, none twice or
+ * never (the result is byte-exact, gpu_chunks counts only nvCOMP's), none
+ * through the fallback. Which side takes how many depends on the threads'
+ * scheduling: a run where one side took everything is retried (twice). */
 static void test_one_queue_both_decoders(void) {
     setenv("FERRY_GPU_FEEDERS", "1", 1);
     setenv("FERRY_GPU_BATCH", "64K", 1);   /* 16 KiB chunks: 4 per batch */
     const char *th = getenv("FERRY_THREADS");
     ferry_stats_reset(ctx_);
-    grid_case(C_ZLIB_SHUF, 1024, 1024, 64, 64, 0, "auto");
+    grid_case(C_ZLIB_SHUF, 512, 1024, 64, 64, 0, "auto");
     if (!th) CHECK_EQ_I(stats_().gpu_chunks, 0);   /* 16 threads (fewer: the CPU's time grows and the GPU helps) */
-    setenv("FERRY_GPU_RATES", "6.34,1000000,0.05", 1);
+    setenv("FERRY_GPU_RATES", "6.34,4.4,0.05", 1);
     int both = 0;
     for (int attempt = 0; attempt < 3 && !both; attempt++) {
         ferry_stats_reset(ctx_);
@@ -338,15 +341,16 @@ static void test_one_queue_both_decoders(void) {
     unsetenv("FERRY_GPU_BATCH");
 }
 
-/* The claim rule on a long load: AUTO with the built-in H200 rates (no
- * FERRY_GPU_RATES). An 8 GiB netCDF-4 load of 4 MiB deflate chunks, scaled
- * by 1/256 (the rule compares bytes / rates, so it is the same in chunks):
- * 2,048 chunks of 16 KiB = 32 MiB. The CPU alone would take 32 MiB / 6.44
- * GB/s = 5.2 ms, one GPU chunk's latency is 0.66 ms (4 MiB: 168 ms against
- * the CPU's 1.33 s for 8 GiB), so the GPU claims about 40 % at the start
- * (three to four batches of 256 chunks before its claims would finish after
- * the CPU), and the CPU workers the rest. The 1 GiB model (256 chunks,
- * test_one_queue_both_decoders) gets nothing. Byte-exact either way. */
+/* A long load: AUTO with the built-in H200 rates (no FERRY_GPU_RATES). An 8
+ * GiB netCDF-4 load of 4 MiB deflate chunks, scaled by 1/256 (the rule
+ * compares bytes / rates, so it is the same in chunks): 2,048 chunks of 16
+ * KiB = 32 MiB. The CPU alone (16 threads) would take 32 MiB / 7.36 GB/s =
+ * 4.6 ms, one GPU chunk's latency is 0.53 ms (4 MiB: 136 ms against the
+ * CPU's 1.17 s for 8 GiB): more than BIG_JOB_LATENCIES (2) of them, so the
+ * queue is cut into GPU calls that every worker reads, and the last
+ * 15 x 0.46 x 1000 / 31 = 222 chunks go to the CPU workers, as a zstd load's
+ * tail does. The 512 MiB model (test_one_queue_both_decoders) gets no GPU
+ * at all. Byte-exact either way. */
 static void test_long_deflate_load_shares_the_gpu(void) {
     setenv("FERRY_GPU_FEEDERS", "2", 1);   /* the default, said here: the rule's CPU rate is 14 of 16 threads */
     const char *th = getenv("FERRY_THREADS");
@@ -356,15 +360,12 @@ static void test_long_deflate_load_shares_the_gpu(void) {
     printf("  8 GiB model: GPU %llu of 2048 chunks in %llu batches\n", (unsigned long long)s.gpu_chunks,
            (unsigned long long)s.gpu_batches);
     CHECK_EQ_I(s.gpu_cpu_fallbacks, 0);
-    if (!th) {   /* 16 threads, as the rates assume */
-        CHECK(s.gpu_chunks >= 256);    /* at least the first claim */
-        CHECK(s.gpu_chunks < 2048);    /* and the CPU workers the rest */
-    }
+    if (!th) CHECK_EQ_I(s.gpu_chunks, 2048 - 222);   /* 16 threads, as the rates assume */
     unsetenv("FERRY_GPU_FEEDERS");
 }
 
-/* Jobs in flight together: a dataset's prefetched batches. Four 1 GiB-model
- * loads (test_one_queue_both_decoders: 256 deflate chunks each, the built-in
+/* Jobs in flight together: a dataset's prefetched batches. Four 512 MiB-model
+ * loads (test_one_queue_both_decoders: 128 deflate chunks each, the built-in
  * H200 rates, 16 threads; alone the GPU takes none) submitted at once. The
  * rule as measured (FERRY_GPU_AHEAD unset) weighs each job's own queue: the
  * GPU takes none of any. FERRY_GPU_AHEAD=on weighs the context's shared work
@@ -376,7 +377,7 @@ static size_t jobs_in_flight_gpu_chunks(void) {
     grid g[NJ];
     ferry_job *jobs[NJ];
     ferry_run_opts o = decode_opts("auto");
-    for (int k = 0; k < NJ; k++) grid_make(&g[k], C_ZLIB_SHUF, 1024, 1024, 64, 64, 0);
+    for (int k = 0; k < NJ; k++) grid_make(&g[k], C_ZLIB_SHUF, 512, 1024, 64, 64, 0);
     ferry_stats_reset(ctx_);
     for (int k = 0; k < NJ; k++) CHECK_EQ_I(ferry_submit(ctx_, g[k].plan, &o, &jobs[k]), 0);
     for (int k = 0; k < NJ; k++) {
@@ -398,13 +399,13 @@ static void test_jobs_in_flight_share_the_gpu(void) {
     setenv("FERRY_GPU_AHEAD", "on", 1);
     size_t ahead = jobs_in_flight_gpu_chunks();
     ferry_stats_reset(ctx_);
-    grid_case(C_ZLIB_SHUF, 1024, 1024, 64, 64, 0, "auto");
+    grid_case(C_ZLIB_SHUF, 512, 1024, 64, 64, 0, "auto");
     size_t alone = (size_t)stats_().gpu_chunks;
-    printf("  4 jobs in flight: GPU %zu of 1024 chunks by each job's rule, %zu by the context's; then a job alone %zu\n",
+    printf("  4 jobs in flight: GPU %zu of 512 chunks by each job's rule, %zu by the context's; then a job alone %zu\n",
            own, ahead, alone);
     if (!th) {   /* 16 threads, as the rates assume */
         CHECK_EQ_I(own, 0);
-        CHECK(ahead > 0 && ahead < 1024);
+        CHECK(ahead > 0 && ahead < 512);
         CHECK_EQ_I(alone, 0);
     }
     unsetenv("FERRY_GPU_AHEAD");
@@ -632,23 +633,32 @@ static void test_corrupt_chunk_with_batches_in_flight(void) {
 /* The batcher's calls (gpudecode.c, ferry_gpudecode_call_chunks): nvCOMP
  * decodes a chunk per thread block, so the calls in flight must carry
  * hundreds of chunks (an H200 holds ~500 1 MiB zstd chunks at once): with 4
- * calls in flight 1,024 x 1 MiB chunks are 4 calls of 256, 4,096 are 16 of
- * 256, 256 x 4 MiB are 4 of 64 (256 MiB a call); with 8 (the default)
- * 1,024 are 8 of 128. Then a plan of 1,024 small chunks runs as exactly 8 calls of 128,
+ * calls in flight 1,024 x 1 MiB zstd chunks are 4 calls of 256, 4,096 are 16
+ * of 256, 256 x 4 MiB are 4 of 64 (256 MiB a call); with 8 (the default)
+ * 1,024 are 8 of 128. Deflate is latency-bound (a 4 MiB chunk takes 136 ms
+ * on the H200): its calls are even and as few waves of 8 as 512 MiB a call
+ * allows — 516 x 4 MiB are 8 calls of 65, not 8 of 64 and a ninth of 4 that
+ * would take a whole latency alone; 2,064 are three waves of 86.
+ * Then a plan of 1,024 small chunks runs as exactly 8 calls of 128,
  * every worker reading pieces of each, byte-exact; with a corrupt chunk in
  * the sixth call the job fails naming it, and the same context reads the
  * plan again afterwards; under AUTO the last 108 chunks go to the CPU
  * workers (FERRY_GPU_TAIL=off, or another job in flight: none), byte-exact. */
-size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots);   /* internal (gpudecode.h) */
+size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots, int cls);   /* internal (gpudecode.h) */
 static void test_calls_of_hundreds_of_chunks(void) {
-    CHECK_EQ_I(ferry_gpudecode_call_chunks(1024, 1u << 20, 4), 256);
-    CHECK_EQ_I(ferry_gpudecode_call_chunks(4096, 1u << 20, 4), 256);
-    CHECK_EQ_I(ferry_gpudecode_call_chunks(256, 4u << 20, 4), 64);
-    CHECK_EQ_I(ferry_gpudecode_call_chunks(160, 1u << 20, 4), 40);
-    CHECK_EQ_I(ferry_gpudecode_call_chunks(10, 1u << 20, 4), 32);
-    CHECK_EQ_I(ferry_gpudecode_call_chunks(1024, 1u << 20, 8), 128);
-    CHECK_EQ_I(ferry_gpudecode_call_chunks(4096, 1u << 20, 8), 256);
-    CHECK_EQ_I(ferry_gpudecode_call_chunks(256, 4u << 20, 8), 32);
+    const int zstd = FERRY_NVCOMP_ZSTD, deflate = FERRY_NVCOMP_DEFLATE;
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(1024, 1u << 20, 4, zstd), 256);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(4096, 1u << 20, 4, zstd), 256);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(256, 4u << 20, 4, zstd), 64);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(160, 1u << 20, 4, zstd), 40);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(10, 1u << 20, 4, zstd), 32);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(1024, 1u << 20, 8, zstd), 128);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(4096, 1u << 20, 8, zstd), 256);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(256, 4u << 20, 8, zstd), 32);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(516, 4u << 20, 8, zstd), 33);      /* 256 MiB a call: two even waves */
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(516, 4u << 20, 8, deflate), 65);   /* one wave */
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(2064, 4u << 20, 8, deflate), 86);  /* 24 calls: three waves */
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(6000, 1u << 20, 8, deflate), 375); /* 512 a call at most: two waves of 8 */
     const size_t nchunk = 1024, cb = 2048;
     uint8_t *src = malloc(nchunk * cb), *file = malloc(nchunk * (cb + 64)), *back = malloc(nchunk * cb);
     make_data(src, nchunk * cb, 9);
