@@ -540,8 +540,9 @@ def main():
     ap.add_argument("--batches-per-read", type=int, default=None,
                     help="XarrayDataset's batches_per_read (default 1)")
     ap.add_argument("--gpu-ahead", action="store_true",
-                    help="for compressed formats, a second XarrayDataset row with FERRY_GPU_AHEAD=on (the claim rule "
-                         "of shared CPU+GPU decode weighs every job in flight, gpudecode.c) beside the default's")
+                    help="for compressed formats, a second XarrayDataset row with FERRY_GPU_AHEAD=on (a shared "
+                         "CPU+GPU decode queue planned while other jobs are in flight runs as GPU calls, gpudecode.c) "
+                         "beside the default's")
     ap.add_argument("--group-sweep", default="",
                     help="also time one epoch with these batches_per_read values (comma list, e.g. 6)")
     ap.add_argument("--dir", default="/tmp/ferry-xtrain", help="where the files are kept and reused")

@@ -33,10 +33,6 @@ struct ferry_ctx {
     ferry_fcache files;           /* files opened by path (fcache.c) */
     struct ferry_gather_pool *gather_pool; /* pinned images of gathered batches (gather.c) */
     struct ferry_gpudecode_pool *gpu_pool; /* slots of cooperative GPU decode calls (gpudecode.c) */
-    /* shared (CPU + GPU) decode queues of every job in flight (gpudecode.c's
-     * claim rule weighs them): decoded bytes neither side has claimed yet,
-     * and those the GPU holds (claimed, not yet checked) */
-    _Atomic uint64_t gd_shared_left, gd_gpu_out;
 };
 /* FERRY_EINVAL with a message when called in a process forked from the creator. */
 int ferry_ctx_check_pid(const ferry_ctx *ctx);

@@ -258,18 +258,17 @@ static int coop_enabled(void) {
     return !(s && (!strcmp(s, "off") || !strcmp(s, "0")));
 }
 
-/* FERRY_GPU_AHEAD=on: a shared queue's claim rule (claim_batch) weighs the
- * shared decode work of every job in flight on the context, not its own job's
- * alone. Off (the default, the rule the H200's numbers were measured with): a
- * dataset's prefetched batches — four jobs of 160 one-MiB deflate chunks, each
- * run while the one before it is fully claimed — each look like a job the CPU
- * finishes within one GPU chunk's latency, so the GPU takes nothing (H200,
- * 2026-12-01: XarrayDataset netCDF-4 8.7 GB/s, CPU-bound, beside a .load() of
- * 16.2 that shares deflate with the GPU). On: while later batches wait for the
- * CPU workers, the GPU may take part of this one, finishing it later but
- * raising the rate of the stream; a job alone is planned as before. Its
- * default moves only with an H200 run of both (bench_xarray_training.py
- * --gpu-ahead). */
+/* FERRY_GPU_AHEAD=on: a shared (CPU + GPU) queue planned while other jobs are
+ * in flight on the context runs as GPU calls instead, as a big job's does (no
+ * CPU tail: the other jobs keep the workers busy). Off (the default): a
+ * dataset's prefetched batches — jobs of 160 one-MiB deflate chunks, each
+ * decoded by 16 CPU threads in less than one GPU chunk's latency — stay on
+ * the CPU (H200, 2026-12-01: XarrayDataset netCDF-4 7.8-9.8 GB/s beside a
+ * .load() of 25.0 that runs as GPU calls). On: a batch's latency on the GPU
+ * overlaps the other batches' reads and decodes. (The earlier meaning, the
+ * claim rule weighing every job's shared work, ran 6.39 GB/s against 9.63 off
+ * on the H200 and is gone.) Its default moves only with an H200 run of both
+ * (bench_xarray_training.py --gpu-ahead). */
 static int ahead_enabled(void) {
     const char *s = getenv("FERRY_GPU_AHEAD");
     return s && (!strcmp(s, "on") || !strcmp(s, "1"));
@@ -512,7 +511,8 @@ int ferry_gpudecode_plan(ferry_job *j, int policy) {
              * more to decode: GPU calls (every worker reading them) with the
              * CPU tail, not a shared queue (the table's comment says why) */
             if (q->shared && policy != FERRY_DECODE_GPU && coop_enabled() && q->latency > 0 &&
-                (double)bytes / (cr->cpu_gbs_per_thread * 1e9 * threads) >= BIG_JOB_LATENCIES * q->latency)
+                ((double)bytes / (cr->cpu_gbs_per_thread * 1e9 * threads) >= BIG_JOB_LATENCIES * q->latency ||
+                 (ahead_enabled() && atomic_load(&j->ctx->active_jobs) > 0)))
                 q->shared = 0;
             q->coop = !q->shared && coop_enabled();
             /* AUTO, cooperative: the queue's last chunks are left to the CPU
@@ -541,7 +541,6 @@ int ferry_gpudecode_plan(ferry_job *j, int policy) {
             }
             int cpu_threads = threads - (int)sh_feeders > 0 ? threads - (int)sh_feeders : 1;
             q->bytes = bytes;
-            if (q->shared) atomic_fetch_add(&j->ctx->gd_shared_left, bytes);   /* given back as claimed, or at job_free */
             q->cpu_bps = cr->cpu_gbs_per_thread * 1e9 * cpu_threads;
             q->gpu_bps = cr->gpu_gbs * 1e9;
             double share = q->gpu_bps / (q->gpu_bps + q->cpu_bps);
@@ -604,10 +603,6 @@ static int claim_batch(struct ferry_gpudecode_job *g, const ferry_job *j, gd_que
             if (q->shared) {   /* only what the GPU finishes before the CPU workers would */
                 uint64_t left_bytes = q->bytes - FERRY_MIN(q->bytes, atomic_load(&q->taken));
                 uint64_t gpu_holds = atomic_load(&q->gpu_out);
-                if (ahead_enabled()) {   /* the context's shared work: this job's and the jobs' behind it */
-                    left_bytes = FERRY_MAX(left_bytes, atomic_load(&j->ctx->gd_shared_left));
-                    gpu_holds = FERRY_MAX(gpu_holds, atomic_load(&j->ctx->gd_gpu_out));
-                }
                 double cpu_t = (double)left_bytes / q->cpu_bps;
                 double room = cpu_t - q->latency - (double)gpu_holds / q->gpu_bps;
                 double x = room > 0 ? room / (1.0 / q->gpu_bps + 1.0 / (PREAD_GBS * 1e9) + 1.0 / q->cpu_bps) : 0;
@@ -618,8 +613,6 @@ static int claim_batch(struct ferry_gpudecode_job *g, const ferry_job *j, gd_que
                 if (q->shared) {
                     atomic_fetch_add(&q->taken, bytes);
                     atomic_fetch_add(&q->gpu_out, bytes);
-                    atomic_fetch_sub(&j->ctx->gd_shared_left, bytes);
-                    atomic_fetch_add(&j->ctx->gd_gpu_out, bytes);
                 }
                 *qout = q;
                 *idx = g->idx + q->first + cur;
@@ -640,7 +633,6 @@ int64_t ferry_gpudecode_take_one(ferry_job *j) {
         if (cur >= q->count) continue;
         uint32_t i = g->idx[q->first + cur];
         atomic_fetch_add(&q->taken, j->ext[i].decoded_size);
-        atomic_fetch_sub(&j->ctx->gd_shared_left, j->ext[i].decoded_size);
         if (g->trace) {
             atomic_fetch_add(&g->trace->shared_cpu_chunks, 1);
             atomic_fetch_add(&g->trace->shared_cpu_bytes, j->ext[i].decoded_size);
@@ -655,12 +647,6 @@ static void set_release(ferry_ctx *ctx, struct gd_cset *set);
 
 void ferry_gpudecode_job_free(ferry_job *j) {
     if (!j || !j->gpu) return;
-    for (size_t qi = 0; qi < j->gpu->nq; qi++) {   /* what a failed or canceled job left in the context's sums */
-        gd_queue *q = &j->gpu->q[qi];
-        if (!q->shared) continue;
-        atomic_fetch_sub(&j->ctx->gd_shared_left, q->bytes - FERRY_MIN(q->bytes, atomic_load(&q->taken)));
-        atomic_fetch_sub(&j->ctx->gd_gpu_out, atomic_load(&q->gpu_out));
-    }
     if (j->gpu->trace) { ferry_dt_report(j->gpu->trace, j->id, j->max_workers); free(j->gpu->trace); }
     for (int d = 0; d < FERRY_MAX_DEVICES; d++)
         if (j->gpu->set[d]) set_release(j->gpu->ctx, j->gpu->set[d]);
@@ -1519,7 +1505,7 @@ static int64_t finish_batch(ferry_worker *w, ferry_job *j, gd_slot *g, ferry_dec
     if ((r = cu->EventRecord(g->done, s))) return ferry_seterr(FERRY_ECUDA, "cuEventRecord: %s", ferry_cuda_errstr(r));
     g->open = 0;   /* checked: only on success (a failure leaves it open: the feeder synchronizes it) */
     g->busy = 1;
-    if (g->q->shared) { atomic_fetch_sub(&g->q->gpu_out, dec); atomic_fetch_sub(&w->ctx->gd_gpu_out, dec); }
+    if (g->q->shared) atomic_fetch_sub(&g->q->gpu_out, dec);
     atomic_fetch_add(&j->path_bytes[FERRY_PATH_STAGED], g->file_bytes);
     atomic_fetch_add(&j->path_ops[FERRY_PATH_STAGED], n);
     count_stats(w->ctx, gpu_bytes, gpu_chunks, fallbacks, dec);
