@@ -834,6 +834,71 @@ static void test_concurrent_jobs_reuse_slots(void) {
     free(src); free(file); free(off); free(len); free(back);
 }
 
+/* A large job after a few small ones that ran at once (a dataset's batches,
+ * then a `.load()` in the same process): the pool holds two small idle sets
+ * (FERRY_GPU_POOL: room for those, not for the large job's). The large job
+ * takes one and grows it; at its end that grown set stays and the small one
+ * left is freed, so the large job's second run allocates nothing. (Freeing
+ * the returning set instead made the second run take the other small set and
+ * grow it again: every run a full allocation, the H200's 16 GiB Zarr zstd
+ * .load() at the CPU's rate.) Byte-exact throughout. */
+static void test_pool_keeps_the_grown_set(void) {
+    void *sim = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    long (*count)(const char *, int) = sim ? (long (*)(const char *, int))dlsym(sim, "cudasim_count") : NULL;
+    const size_t small = 64, big = 1024, cb = 16384;
+    uint8_t *src = malloc(big * cb), *file = malloc(big * (cb + 64)), *back = malloc(big * cb);
+    make_data(src, big * cb, 13);
+    uint64_t *off = malloc(big * 8), *len = malloc(big * 8), pos = 0;
+    for (size_t i = 0; i < big; i++) {
+        size_t n = zstd_enc(src + i * cb, cb, file + pos, cb + 64, 1);
+        off[i] = pos; len[i] = n; pos += n;
+    }
+    char path[600];
+    snprintf(path, sizeof path, "%s/poolgrow.bin", dir_);
+    write_file(path, file, pos);
+    ferry_ctx *c;
+    CHECK_EQ_I(ferry_ctx_create(&c, NULL), 0);
+    ferry_file *f;
+    ferry_file_open(c, path, FERRY_READ, &f);
+    uintptr_t ds[2], db;
+    ferry_plan *ps[2], *pb;
+    for (int k = 0; k < 2; k++) {
+        ferry_cuda_malloc(c, 0, small * cb, &ds[k]);
+        ps[k] = zstd_chunks_plan(f, off, len, small, cb, ds[k], small, 0);
+    }
+    ferry_cuda_malloc(c, 0, big * cb, &db);
+    pb = zstd_chunks_plan(f, off, len, big, cb, db, big, 0);
+    setenv("FERRY_GPU_POOL", "96M", 1);   /* two small sets (~20 MiB each), not a large one (~300 MiB) */
+    ferry_run_opts o;
+    memset(&o, 0, sizeof o);
+    o.decode = FERRY_DECODE_GPU;
+    ferry_job *jb[2];
+    for (int k = 0; k < 2; k++) CHECK_EQ_I(ferry_submit(c, ps[k], &o, &jb[k]), 0);
+    for (int k = 0; k < 2; k++) { CHECK(ferry_job_wait(jb[k], -1) > 0); ferry_job_destroy(jb[k]); }
+    long allocs[3] = {0};
+    for (int round = 0; round < 3; round++) {
+        long a0 = count ? count("pinned_allocs", 0) + count("device_allocs", 0) : 0;
+        CHECK_EQ_I(ferry_run(c, pb, &o), (int64_t)pos);
+        allocs[round] = count ? count("pinned_allocs", 0) + count("device_allocs", 0) - a0 : 0;
+        memset(back, 0, big * cb);
+        ferry_memcpy(c, ferry_host_buf(back, big * cb), ferry_cuda_buf(0, db, big * cb), big * cb);
+        CHECK(memcmp(back, src, big * cb) == 0);
+    }
+    printf("  large job after two small ones: allocations %ld, then %ld, %ld\n", allocs[0], allocs[1], allocs[2]);
+    if (count) {
+        CHECK(allocs[0] > 0);
+        CHECK_EQ_I(allocs[1], 0);
+        CHECK_EQ_I(allocs[2], 0);
+    }
+    unsetenv("FERRY_GPU_POOL");
+    for (int k = 0; k < 2; k++) { ferry_plan_destroy(ps[k]); ferry_cuda_free(c, ds[k]); }
+    ferry_plan_destroy(pb);
+    ferry_cuda_free(c, db);
+    ferry_file_close(f);
+    ferry_ctx_destroy(c);
+    free(src); free(file); free(off); free(len); free(back);
+}
+
 /* The first GPU-decode job of a context (issue: `open_dataset(...,
  * device=0).load()` once in a process): what it allocates, pinned and on the
  * device, for 1,024 and 4,096 chunks (16 and 64 MiB of incompressible 16 KiB
@@ -957,6 +1022,7 @@ int main(void) {
     RUN(test_corrupt_chunk_with_batches_in_flight);
     RUN(test_calls_of_hundreds_of_chunks);
     RUN(test_concurrent_jobs_reuse_slots);
+    RUN(test_pool_keeps_the_grown_set);
     RUN(test_first_job_footprint);
     RUN(test_unpinned_buffers_released);
     ferry_ctx_destroy(ctx_);
