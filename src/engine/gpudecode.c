@@ -109,15 +109,17 @@ static int gpu_chain(const ferry_extent *e, chain_info *ci) {
  *   zstd (Zarr v3, 1 MiB chunks)       ferry GPU 18.3 vs CPU 10.7                       -> GPU
  *   blosc-lz4+shuffle (Zarr v2, 1 MiB) ferry GPU 39.0 vs CPU 27.2                       -> GPU
  *   deflate+shuffle (netCDF-4, 4 MiB)  nvCOMP on every chunk in one call: 6.34 (258
- *                                      chunks), 12.1 (516), 28.6 (2,064) vs CPU 3.7-7.4 -> BOTH
+ *                                      chunks), 12.1 (516), 22.0 (1,032), 28.6 (2,064)
+ *                                      vs CPU 7.5-7.9                                   -> BOTH
  *   LZ4 (plain)                        nvCOMP 24.1 vs CPU 24.1; its per-chunk latency is
  *                                      not measured yet                                 -> CPU
  * nvCOMP decodes each chunk on one thread block: its rate comes from
  * chunks in flight at once, and one chunk takes chunk / gpu_chunk_mbs however
  * many run beside it (zstd 1 MiB: 32 per call 2.97 GB/s = 11 ms each, 1024
  * per call 53 GB/s). A call of n chunks takes about latency + n x chunk /
- * gpu_gbs: deflate's three rows above fit latency 136 ms for a 4 MiB chunk
- * (31 MB/s) and 53 GB/s beyond it to within 3 % (20:25 UTC run) — the GPU is
+ * gpu_gbs: deflate's 516- and 2,064-chunk rows give latency 136 ms for a 4
+ * MiB chunk (31 MB/s) and 53 GB/s beyond it (the fit is within 10 % of the
+ * other two rows; BENCHMARKS.md, fifth session) — the GPU is
  * fast at deflate only with a whole job in flight, and a job the CPU finishes
  * within a chunk's latency (146 ms for a 1 GiB load) is the CPU's.
  * GPU: every chunk of the class goes to GPU batches, which every worker
