@@ -545,6 +545,18 @@ int ferry_gpudecode_plan(ferry_job *j, int policy) {
             q->bytes = bytes;
             q->cpu_bps = cr->cpu_gbs_per_thread * 1e9 * cpu_threads;
             q->gpu_bps = cr->gpu_gbs * 1e9;
+            /* a shared queue the CPU workers finish within one GPU chunk's
+             * latency: claim_batch never takes any of it (its room only
+             * shrinks), so it is no queue at all — the job runs as decode="cpu"
+             * would, without GPU feeder tasks (a random time step of a
+             * netCDF-4 file: one chunk) */
+            if (q->shared && q->latency > 0 && (double)bytes / q->cpu_bps <= q->latency &&
+                !(ahead_enabled() && atomic_load(&j->ctx->active_jobs) > 0)) {
+                for (size_t m = q->first; m < k; m++) g->owned[g->idx[m]] = 0;
+                cand -= q->count;
+                k = q->first;
+                continue;
+            }
             double share = q->gpu_bps / (q->gpu_bps + q->cpu_bps);
             q->target = batch_target(bytes, q->shared ? sh_feeders : (size_t)threads, q->shared, share);
             if (q->shared) shared += q->count; else gpu_only += q->count;
@@ -554,8 +566,9 @@ int ferry_gpudecode_plan(ferry_job *j, int policy) {
         }
     /* feeders: every worker for GPU-only queues (reading is spread over all
      * of them), a few where a queue is shared; never more than there are batches */
+    if (!g->nq) { free(g->idx); free(g->owned); free(g); return 0; }   /* every queue was the CPU's */
     int rc = plan_coop(g, j, threads);
-    if (rc < 0) { j->gpu = g; ferry_gpudecode_job_free(j); return rc; }   /* (gives its queues back to the context's sums) */
+    if (rc < 0) { j->gpu = g; ferry_gpudecode_job_free(j); return rc; }
     if (g->ncb) {   /* every feeder reads pieces of the cooperative calls */
         size_t pieces = 0;
         for (size_t b = 0; b < g->ncb; b++) pieces += (g->cb[b].n + g->piece - 1) / g->piece;

@@ -312,13 +312,26 @@ static void test_auto_policy(void) {
  * never (the result is byte-exact, gpu_chunks counts only nvCOMP's), none
  * through the fallback. Which side takes how many depends on the threads'
  * scheduling: a run where one side took everything is retried (twice). */
+size_t ferry_gpudecode_tasks(const ferry_job *j);   /* internal (gpudecode.h): GPU feeder and shared-chunk tasks */
 static void test_one_queue_both_decoders(void) {
     setenv("FERRY_GPU_FEEDERS", "1", 1);
     setenv("FERRY_GPU_BATCH", "64K", 1);   /* 16 KiB chunks: 4 per batch */
     const char *th = getenv("FERRY_THREADS");
     ferry_stats_reset(ctx_);
     grid_case(C_ZLIB_SHUF, 512, 1024, 64, 64, 0, "auto");
-    if (!th) CHECK_EQ_I(stats_().gpu_chunks, 0);   /* 16 threads (fewer: the CPU's time grows and the GPU helps) */
+    if (!th) {   /* 16 threads (fewer: the CPU's time grows and the GPU helps) */
+        CHECK_EQ_I(stats_().gpu_chunks, 0);
+        /* a queue the GPU could never claim from is not made: no GPU feeder tasks, the job is decode="cpu"'s */
+        grid g;
+        grid_make(&g, C_ZLIB_SHUF, 512, 1024, 64, 64, 0);
+        ferry_run_opts o = decode_opts("auto");
+        ferry_job *jb;
+        CHECK_EQ_I(ferry_submit(ctx_, g.plan, &o, &jb), 0);
+        CHECK_EQ_I(ferry_gpudecode_tasks(jb), 0);
+        CHECK(ferry_job_wait(jb, -1) > 0);
+        ferry_job_destroy(jb);
+        grid_check(&g, "auto");
+    }
     setenv("FERRY_GPU_RATES", "6.34,4.4,0.05", 1);
     int both = 0;
     for (int attempt = 0; attempt < 3 && !both; attempt++) {
