@@ -83,6 +83,37 @@ static ferry_plan *zstd_chunks_plan(ferry_file *f, const uint64_t *off, const ui
     return p;
 }
 
+/* The stand-in driver's counters (tests/cudasim: cudasim_count(name, device)),
+ * or NULL on a real driver. */
+typedef long (*cudasim_count_fn)(const char *, int);
+static cudasim_count_fn cudasim_counter(void) {
+    void *sim = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    cudasim_count_fn f = sim ? (cudasim_count_fn)dlsym(sim, "cudasim_count") : NULL;
+    if (sim) dlclose(sim);   /* RTLD_NOLOAD: the driver stays loaded, its symbols valid */
+    return f;
+}
+
+/* n chunks of cb bytes (make_data(seed)), each zstd-encoded at `level` (-1:
+ * levels 0-3 in turn), back to back in the file dir_/name (its path in
+ * z->path): the source, each chunk's offset and length, the file's size. */
+typedef struct zchunks { uint8_t *src; uint64_t *off, *len, size; char path[600]; } zchunks;
+static void zchunks_write(zchunks *z, const char *name, size_t n, size_t cb, int seed, int level) {
+    uint8_t *file = malloc(n * (cb + 64));
+    z->src = malloc(n * cb);
+    z->off = malloc(n * 8);
+    z->len = malloc(n * 8);
+    z->size = 0;
+    make_data(z->src, n * cb, seed);
+    for (size_t i = 0; i < n; i++) {
+        size_t k = zstd_enc(z->src + i * cb, cb, file + z->size, cb + 64, level < 0 ? (int)(i % 4) : level);
+        z->off[i] = z->size; z->len[i] = k; z->size += k;
+    }
+    snprintf(z->path, sizeof z->path, "%s/%s", dir_, name);
+    write_file(z->path, file, z->size);
+    free(file);
+}
+static void zchunks_free(zchunks *z) { free(z->src); free(z->off); free(z->len); }
+
 /* A 2-D float32 array of R x C elements in chunks of r x c, every chunk
  * encoded by `codec` and stored as its own file (Zarr-like: edge chunks stored
  * full size, chunk (1,1) missing when `hole`), read into device memory with
@@ -537,16 +568,11 @@ static void test_unpinned_buffers_released(void) {
 /* many small chunks of one file: batches split over workers, one H2D each */
 static void test_many_chunks_one_file(void) {
     const size_t nchunk = 300, cb = 4096;
-    uint8_t *src = malloc(nchunk * cb), *file = malloc(nchunk * (cb + 64));
-    make_data(src, nchunk * cb, 5);
-    uint64_t *off = malloc(nchunk * 8), *len = malloc(nchunk * 8), pos = 0;
-    for (size_t i = 0; i < nchunk; i++) {
-        size_t n = zstd_enc(src + i * cb, cb, file + pos, cb + 64, (int)(i % 4));
-        off[i] = pos; len[i] = n; pos += n;
-    }
-    char path[600];
-    snprintf(path, sizeof path, "%s/many.bin", dir_);
-    write_file(path, file, pos);
+    zchunks z;
+    zchunks_write(&z, "many.bin", nchunk, cb, 5, -1);
+    uint8_t *src = z.src;
+    const uint64_t *off = z.off, *len = z.len, pos = z.size;
+    const char *path = z.path;
     ferry_file *f;
     ferry_file_open(ctx_, path, FERRY_READ, &f);
     uintptr_t d;
@@ -584,7 +610,8 @@ static void test_many_chunks_one_file(void) {
     ferry_plan_destroy(p);
     ferry_file_close(f);
     ferry_cuda_free(ctx_, d);
-    free(src); free(file); free(off); free(len); free(back);
+    free(back);
+    zchunks_free(&z);
 }
 
 /* Feeders keep two batches in flight: a chunk whose corruption only the
@@ -673,20 +700,15 @@ static void test_calls_of_hundreds_of_chunks(void) {
     CHECK_EQ_I(ferry_gpudecode_call_chunks(2064, 4u << 20, 8, deflate), 86);  /* 24 calls: three waves */
     CHECK_EQ_I(ferry_gpudecode_call_chunks(6000, 1u << 20, 8, deflate), 375); /* 512 a call at most: two waves of 8 */
     const size_t nchunk = 1024, cb = 2048;
-    uint8_t *src = malloc(nchunk * cb), *file = malloc(nchunk * (cb + 64)), *back = malloc(nchunk * cb);
-    make_data(src, nchunk * cb, 9);
-    uint64_t *off = malloc(nchunk * 8), *len = malloc(nchunk * 8), pos = 0;
-    for (size_t i = 0; i < nchunk; i++) {
-        size_t n = zstd_enc(src + i * cb, cb, file + pos, cb + 64, 1);
-        off[i] = pos; len[i] = n; pos += n;
-    }
-    char path[600];
-    snprintf(path, sizeof path, "%s/calls1024.bin", dir_);
+    zchunks z;
+    zchunks_write(&z, "calls1024.bin", nchunk, cb, 9, 1);
+    uint8_t *src = z.src, *back = malloc(nchunk * cb);
+    const uint64_t *off = z.off, *len = z.len, pos = z.size;
+    const char *path = z.path;
     void *sim = dlopen(getenv("FERRY_NVCOMP") ? getenv("FERRY_NVCOMP") : "libnvcomp.so.6", RTLD_NOW | RTLD_NOLOAD);
     long (*count)(const char *) = sim ? (long (*)(const char *))dlsym(sim, "nvcompsim_count") : NULL;
     uintptr_t d;
     ferry_cuda_malloc(ctx_, 0, nchunk * cb, &d);
-    write_file(path, file, pos);
     for (int bad = 0; bad < 3; bad++) {   /* clean, a truncated chunk (its frame ends early), clean again */
         ferry_file *f;
         ferry_file_open(ctx_, path, FERRY_READ, &f);
@@ -761,7 +783,8 @@ static void test_calls_of_hundreds_of_chunks(void) {
         ferry_file_close(f);
     }
     ferry_cuda_free(ctx_, d);
-    free(src); free(file); free(off); free(len); free(back);
+    free(back);
+    zchunks_free(&z);
 }
 
 /* Jobs in flight at once on one context (a dataset's prefetched batches):
@@ -774,20 +797,14 @@ static void test_calls_of_hundreds_of_chunks(void) {
  * kept one set, every overlapping job freed its set at its end and the next
  * allocated it again (6 per extra job per round). */
 static void test_concurrent_jobs_reuse_slots(void) {
-    void *sim = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-    long (*count)(const char *, int) = sim ? (long (*)(const char *, int))dlsym(sim, "cudasim_count") : NULL;
+    long (*count)(const char *, int) = cudasim_counter();
     enum { NJ = 4 };
     const size_t nchunk = 96, cb = 4096;
-    uint8_t *src = malloc(nchunk * cb), *file = malloc(nchunk * (cb + 64)), *back = malloc(nchunk * cb);
-    make_data(src, nchunk * cb, 11);
-    uint64_t *off = malloc(nchunk * 8), *len = malloc(nchunk * 8), pos = 0;
-    for (size_t i = 0; i < nchunk; i++) {
-        size_t n = zstd_enc(src + i * cb, cb, file + pos, cb + 64, 1);
-        off[i] = pos; len[i] = n; pos += n;
-    }
-    char path[600];
-    snprintf(path, sizeof path, "%s/concurrent.bin", dir_);
-    write_file(path, file, pos);
+    zchunks z;
+    zchunks_write(&z, "concurrent.bin", nchunk, cb, 11, 1);
+    uint8_t *src = z.src, *back = malloc(nchunk * cb);
+    const uint64_t *off = z.off, *len = z.len, pos = z.size;
+    const char *path = z.path;
     ferry_file *f;
     ferry_file_open(ctx_, path, FERRY_READ, &f);
     uintptr_t d[NJ];
@@ -844,7 +861,8 @@ static void test_concurrent_jobs_reuse_slots(void) {
     ferry_ctx_destroy(c2);
     for (int k = 0; k < NJ; k++) { ferry_plan_destroy(p[k]); ferry_cuda_free(ctx_, d[k]); }
     ferry_file_close(f);
-    free(src); free(file); free(off); free(len); free(back);
+    free(back);
+    zchunks_free(&z);
 }
 
 /* A large job after a few small ones that ran at once (a dataset's batches,
@@ -856,19 +874,13 @@ static void test_concurrent_jobs_reuse_slots(void) {
  * grow it again: every run a full allocation, the H200's 16 GiB Zarr zstd
  * .load() at the CPU's rate.) Byte-exact throughout. */
 static void test_pool_keeps_the_grown_set(void) {
-    void *sim = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-    long (*count)(const char *, int) = sim ? (long (*)(const char *, int))dlsym(sim, "cudasim_count") : NULL;
+    long (*count)(const char *, int) = cudasim_counter();
     const size_t small = 64, big = 1024, cb = 16384;
-    uint8_t *src = malloc(big * cb), *file = malloc(big * (cb + 64)), *back = malloc(big * cb);
-    make_data(src, big * cb, 13);
-    uint64_t *off = malloc(big * 8), *len = malloc(big * 8), pos = 0;
-    for (size_t i = 0; i < big; i++) {
-        size_t n = zstd_enc(src + i * cb, cb, file + pos, cb + 64, 1);
-        off[i] = pos; len[i] = n; pos += n;
-    }
-    char path[600];
-    snprintf(path, sizeof path, "%s/poolgrow.bin", dir_);
-    write_file(path, file, pos);
+    zchunks z;
+    zchunks_write(&z, "poolgrow.bin", big, cb, 13, 1);
+    uint8_t *src = z.src, *back = malloc(big * cb);
+    const uint64_t *off = z.off, *len = z.len, pos = z.size;
+    const char *path = z.path;
     ferry_ctx *c;
     CHECK_EQ_I(ferry_ctx_create(&c, NULL), 0);
     ferry_file *f;
@@ -909,7 +921,8 @@ static void test_pool_keeps_the_grown_set(void) {
     ferry_cuda_free(c, db);
     ferry_file_close(f);
     ferry_ctx_destroy(c);
-    free(src); free(file); free(off); free(len); free(back);
+    free(back);
+    zchunks_free(&z);
 }
 
 /* The first GPU-decode job of a context (issue: `open_dataset(...,
@@ -923,9 +936,8 @@ static void test_pool_keeps_the_grown_set(void) {
  * the context's second job allocates nothing, and a truncated chunk still
  * fails by name with the ring. */
 static void test_first_job_footprint(void) {
-    void *sim = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-    long (*count)(const char *, int) = sim ? (long (*)(const char *, int))dlsym(sim, "cudasim_count") : NULL;
-    if (!count || count("pinned_peak", 0) < 0) { printf("  (the footprint counts need the stand-in driver)\n"); if (sim) dlclose(sim); return; }
+    long (*count)(const char *, int) = cudasim_counter();
+    if (!count || count("pinned_peak", 0) < 0) { printf("  (the footprint counts need the stand-in driver)\n"); return; }
     const size_t cb = 16384, most = 4096;
     uint8_t *src = malloc(most * cb), *file = malloc(most * (cb + 64)), *back = malloc(most * cb);
     uint64_t x = 88172645463325252ull;
