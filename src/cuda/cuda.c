@@ -64,6 +64,7 @@ static void load_once(void) {
      * today; they are kept for the staging and polling work that will, and a
      * driver without them must not make the GPU unusable. */
     *(void **)&api_.StreamGetCtx = dlsym(h, "cuStreamGetCtx");
+    *(void **)&api_.MemGetInfo = dlsym(h, "cuMemGetInfo_v2");
     *(void **)&api_.DriverGetVersion = dlsym(h, "cuDriverGetVersion");
     *(void **)&api_.DevicePrimaryCtxRelease = dlsym(h, "cuDevicePrimaryCtxRelease_v2");
     *(void **)&api_.EventQuery = dlsym(h, "cuEventQuery");

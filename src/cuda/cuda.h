@@ -81,6 +81,7 @@ typedef struct ferry_cuda_api {
     CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                              unsigned, CUstream, void **, void **);
     CUresult (*StreamGetCtx)(CUstream, CUcontext *);   /* optional (CUDA 9.2+): may be NULL */
+    CUresult (*MemGetInfo)(size_t *, size_t *);        /* optional: may be NULL (free, total of the current context's device) */
 } ferry_cuda_api;
 
 /* Load libcuda.so.1 and cuInit(0) once (thread-safe). Returns the table, or

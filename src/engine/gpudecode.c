@@ -151,12 +151,14 @@ typedef struct class_rate {
     double cpu_gbs_per_thread;   /* ferry's CPU decode, 16 threads / 16 */
     size_t call_max;             /* chunks per cooperative call, at most */
     uint64_t call_bytes;         /* decoded bytes per cooperative call, at most */
+    int dev_per_byte;            /* device bytes a call in flight holds per decoded byte (inputs,
+                                    scratch, nvCOMP's temp space: zstd's is ~3 x the output) */
 } class_rate;
 static const class_rate auto_table[NCLASS] = {
-    [FERRY_NVCOMP_ZSTD] = {MODE_GPU, 53.2, 93.0, 0.67, 256, 256u << 20},
-    [FERRY_NVCOMP_LZ4] = {MODE_CPU, 24.1, 0, 1.51, 256, 256u << 20},
-    [FERRY_NVCOMP_DEFLATE] = {MODE_BOTH, 53.0, 31.0, 0.46, 1024, 512u << 20},
-    [CLASS_BLOSC] = {MODE_GPU, 39.0, 0, 1.70, 256, 256u << 20},
+    [FERRY_NVCOMP_ZSTD] = {MODE_GPU, 53.2, 93.0, 0.67, 256, 256u << 20, 5},
+    [FERRY_NVCOMP_LZ4] = {MODE_CPU, 24.1, 0, 1.51, 256, 256u << 20, 3},
+    [FERRY_NVCOMP_DEFLATE] = {MODE_BOTH, 53.0, 31.0, 0.46, 1024, 512u << 20, 3},
+    [CLASS_BLOSC] = {MODE_GPU, 39.0, 0, 1.70, 256, 256u << 20, 3},
 };
 #define BIG_JOB_LATENCIES 2.0
 #define PREAD_GBS 6.0   /* one thread's page-cache pread on the H200 (FIELD_NOTES.md): a feeder reads its batch alone */
@@ -313,7 +315,7 @@ static int coop_slots(void) {
  * after 128 chunks are read, not 1,024); 4,096: 16 of 256; 256 x 4 MiB: 8 of
  * 32; deflate, 516 x 4 MiB: 8 of 65; 2,064: 24 of 86.
  * FERRY_GPU_CALL overrides the chunk count, FERRY_GPU_BATCH the byte cap. */
-size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots, int cls) {
+size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots, int cls, uint64_t dev_free) {
     const char *s = getenv("FERRY_GPU_CALL");
     long v = s && *s ? atol(s) : 0;
     if (v > 0) return (size_t)(v > 4096 ? 4096 : v);
@@ -322,6 +324,9 @@ size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots,
     uint64_t cap = cr->call_bytes;
     const char *b = getenv("FERRY_GPU_BATCH");
     if (b) { int64_t x = ferry_parse_size(b); if (x > 0) cap = (uint64_t)x; }
+    /* the calls in flight take at most half the device memory there is */
+    uint64_t room = dev_free / 2 / ((uint64_t)nslots * (uint64_t)cr->dev_per_byte);
+    if (dev_free && room < cap) cap = room;
     size_t most = cr->call_max;
     if (max_chunk && (uint64_t)most * max_chunk > cap) most = (size_t)(cap / max_chunk);
     if (most < 1) most = 1;
@@ -335,6 +340,22 @@ size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots,
     return n;
 }
 
+/* Device memory a job's calls may grow into on device `dev`: what the driver
+ * reports free plus the idle call-slot sets the context keeps there (a call
+ * reuses them), or 0 where the driver cannot say (no cap). */
+static uint64_t pool_idle_bytes(ferry_ctx *ctx, int dev);
+static uint64_t dev_room(ferry_ctx *ctx, int dev) {
+    const ferry_cuda_api *cu = ferry_cuda_load(NULL);
+    if (!cu || !cu->MemGetInfo) return 0;
+    CUcontext saved = ferry_cuda_current();
+    size_t free_b = 0, total = 0;
+    int ok = 0;
+    if (ferry_cuda_use_device(dev) == 0) ok = cu->MemGetInfo(&free_b, &total) == 0;
+    else ferry_clearerr();   /* no cap: the job's own use of the device reports the failure */
+    ferry_cuda_restore(saved);
+    return ok ? (uint64_t)free_b + pool_idle_bytes(ctx, dev) : 0;
+}
+
 /* Cut the job's cooperative queues into calls (gd_cbatch), give each a slot
  * of its device's set in turn, and size the pieces feeders claim. */
 static int plan_coop(struct ferry_gpudecode_job *g, const ferry_job *j, int threads) {
@@ -346,7 +367,7 @@ static int plan_coop(struct ferry_gpudecode_job *g, const ferry_job *j, int thre
         if (!q->coop) continue;
         uint64_t mc = 0;
         for (size_t m = 0; m < q->count; m++) mc = FERRY_MAX(mc, j->ext[g->idx[q->first + m]].decoded_size);
-        q->target = ferry_gpudecode_call_chunks(q->count, mc, g->nslots, q->alg);   /* here: chunks per call */
+        q->target = ferry_gpudecode_call_chunks(q->count, mc, g->nslots, q->alg, dev_room(j->ctx, q->dev));   /* here: chunks per call */
         ncb += (q->count + q->target - 1) / q->target;
     }
     if (!ncb) return 0;
@@ -1570,6 +1591,17 @@ static uint64_t set_bytes(const gd_cset *set) {
         const gd_slot *g = &set->sl[k];
         b += g->hcap + g->hres_cap + g->hcpu_cap + g->din_cap + g->dres_cap + g->dtemp_cap + g->dscr_cap + g->darr_cap;
     }
+    return b;
+}
+
+static uint64_t pool_idle_bytes(ferry_ctx *ctx, int dev) {
+    ferry_gpudecode_pool *p = ctx ? ctx->gpu_pool : NULL;
+    uint64_t b = 0;
+    if (!p) return 0;
+    pthread_mutex_lock(&p->mu);
+    for (gd_cset *x = p->idle; x; x = x->next)
+        if (x->dev == dev) b += set_bytes(x);
+    pthread_mutex_unlock(&p->mu);
     return b;
 }
 

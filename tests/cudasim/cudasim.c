@@ -36,7 +36,10 @@
  * host-to-device copies, kernel launches and cuPointerGetAttribute calls.
  * FERRY_CUDASIM_DEVICES sets the device count (default 2); device d reports
  * PCI bus id 0000:<0x10 + d>:00.0 (cuDeviceGetPCIBusId). FERRY_CUDASIM_NOPIN=1
- * (read at each call) fails cuMemHostAlloc as a locked-memory limit would. */
+ * (read at each call) fails cuMemHostAlloc as a locked-memory limit would.
+ * FERRY_CUDASIM_MEM=N (bytes, K/M/G suffixes; read at each call) makes each
+ * device that big: cuMemAlloc fails with out-of-memory past it, and
+ * cuMemGetInfo reports it less what is allocated (default 80G, never full). */
 
 #include "cuda/cuda.h"
 #include <pthread.h>
@@ -113,7 +116,7 @@ static atomic_long count_bad_kernel_;
 /* bytes of cuMemHostAlloc (allocated in all, live now, the most live at once
  * since the last "reset_pinned_peak") and of cuMemAlloc (calls, bytes) */
 static atomic_long count_pinned_bytes_[MAXDEV], count_pinned_live_[MAXDEV], count_pinned_peak_[MAXDEV];
-static atomic_long count_dev_allocs_[MAXDEV], count_dev_bytes_[MAXDEV];
+static atomic_long count_dev_allocs_[MAXDEV], count_dev_bytes_[MAXDEV], count_dev_live_[MAXDEV];
 int cudasim_is_device(CUdeviceptr p, size_t n);
 
 /* ---- what tests can ask ------------------------------------------------ */
@@ -138,6 +141,7 @@ long cudasim_count(const char *what, int dev) {
     }
     if (!strcmp(what, "device_allocs")) return atomic_load(&count_dev_allocs_[dev]);
     if (!strcmp(what, "device_bytes")) return atomic_load(&count_dev_bytes_[dev]);
+    if (!strcmp(what, "device_live")) return atomic_load(&count_dev_live_[dev]);
     return -1;
 }
 
@@ -173,6 +177,7 @@ static int drop_region(uintptr_t base, int kind) {
             region *r = *pp;
             *pp = r->next;
             if (kind == R_PINNED) atomic_fetch_sub(&count_pinned_live_[r->dev], (long)r->size);
+            if (kind == R_DEVICE) atomic_fetch_sub(&count_dev_live_[r->dev], (long)r->size);
             free(r);
             pthread_mutex_unlock(&lock_);
             return 1;
@@ -671,9 +676,30 @@ static int adjacent_mode(void) {
     return v;
 }
 
+/* FERRY_CUDASIM_MEM: the device's size, 0 when unset (no limit) */
+static size_t sim_mem(void) {
+    const char *e = getenv("FERRY_CUDASIM_MEM");
+    if (!e || !*e) return 0;
+    char *end;
+    double v = strtod(e, &end);
+    size_t mul = *end == 'K' ? 1u << 10 : *end == 'M' ? 1u << 20 : *end == 'G' ? 1u << 30 : 1;
+    return v > 0 ? (size_t)(v * (double)mul) : 0;
+}
+
+CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total) {
+    if (!cur_) return E_INVALID_CONTEXT;
+    size_t t = sim_mem() ? sim_mem() : (size_t)80 << 30;
+    long live = atomic_load(&count_dev_live_[cur_->dev]);
+    *total = t;
+    *free_b = live > 0 && (size_t)live >= t ? 0 : t - (size_t)(live > 0 ? live : 0);
+    return OK;
+}
+
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
     if (!cur_) return E_INVALID_CONTEXT;
     if (!n) return E_INVALID_VALUE;
+    size_t lim = sim_mem();
+    if (lim && (size_t)atomic_load(&count_dev_live_[cur_->dev]) + n > lim) return E_OUT_OF_MEMORY;
     void *m;
     if (adjacent_mode()) {
         if (!(m = arena_take(n))) return E_OUT_OF_MEMORY;
@@ -682,6 +708,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
     add_region((uintptr_t)m, n, R_DEVICE, cur_->dev);
     atomic_fetch_add(&count_dev_allocs_[cur_->dev], 1);
     atomic_fetch_add(&count_dev_bytes_[cur_->dev], (long)n);
+    atomic_fetch_add(&count_dev_live_[cur_->dev], (long)n);
     *p = (CUdeviceptr)(uintptr_t)m;
     return OK;
 }

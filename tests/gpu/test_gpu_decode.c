@@ -684,21 +684,24 @@ static void test_corrupt_chunk_with_batches_in_flight(void) {
  * the sixth call the job fails naming it, and the same context reads the
  * plan again afterwards; under AUTO the last 108 chunks go to the CPU
  * workers (FERRY_GPU_TAIL=off, or another job in flight: none), byte-exact. */
-size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots, int cls);   /* internal (gpudecode.h) */
+size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots, int cls, uint64_t dev_free);   /* internal (gpudecode.h) */
 static void test_calls_of_hundreds_of_chunks(void) {
     const int zstd = FERRY_NVCOMP_ZSTD, deflate = FERRY_NVCOMP_DEFLATE;
-    CHECK_EQ_I(ferry_gpudecode_call_chunks(1024, 1u << 20, 4, zstd), 256);
-    CHECK_EQ_I(ferry_gpudecode_call_chunks(4096, 1u << 20, 4, zstd), 256);
-    CHECK_EQ_I(ferry_gpudecode_call_chunks(256, 4u << 20, 4, zstd), 64);
-    CHECK_EQ_I(ferry_gpudecode_call_chunks(160, 1u << 20, 4, zstd), 40);
-    CHECK_EQ_I(ferry_gpudecode_call_chunks(10, 1u << 20, 4, zstd), 32);
-    CHECK_EQ_I(ferry_gpudecode_call_chunks(1024, 1u << 20, 8, zstd), 128);
-    CHECK_EQ_I(ferry_gpudecode_call_chunks(4096, 1u << 20, 8, zstd), 256);
-    CHECK_EQ_I(ferry_gpudecode_call_chunks(256, 4u << 20, 8, zstd), 32);
-    CHECK_EQ_I(ferry_gpudecode_call_chunks(516, 4u << 20, 8, zstd), 33);      /* 256 MiB a call: two even waves */
-    CHECK_EQ_I(ferry_gpudecode_call_chunks(516, 4u << 20, 8, deflate), 65);   /* one wave */
-    CHECK_EQ_I(ferry_gpudecode_call_chunks(2064, 4u << 20, 8, deflate), 86);  /* 24 calls: three waves */
-    CHECK_EQ_I(ferry_gpudecode_call_chunks(6000, 1u << 20, 8, deflate), 375); /* 512 a call at most: two waves of 8 */
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(1024, 1u << 20, 4, zstd, 0), 256);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(4096, 1u << 20, 4, zstd, 0), 256);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(256, 4u << 20, 4, zstd, 0), 64);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(160, 1u << 20, 4, zstd, 0), 40);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(10, 1u << 20, 4, zstd, 0), 32);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(1024, 1u << 20, 8, zstd, 0), 128);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(4096, 1u << 20, 8, zstd, 0), 256);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(256, 4u << 20, 8, zstd, 0), 32);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(516, 4u << 20, 8, zstd, 0), 33);      /* 256 MiB a call: two even waves */
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(516, 4u << 20, 8, deflate, 0), 65);   /* one wave */
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(2064, 4u << 20, 8, deflate, 0), 86);  /* 24 calls: three waves */
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(6000, 1u << 20, 8, deflate, 0), 375); /* 512 a call at most: two waves of 8 */
+    /* a device with 1 GiB free: 8 zstd calls in flight take half of it, 5 bytes a decoded byte (13.4 MB a call) */
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(1024, 1u << 20, 8, zstd, 1ull << 30), 12);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(1024, 1u << 20, 8, zstd, 80ull << 30), 128);   /* an H200: no change */
     const size_t nchunk = 1024, cb = 2048;
     zchunks z;
     zchunks_write(&z, "calls1024.bin", nchunk, cb, 9, 1);
@@ -925,6 +928,58 @@ static void test_pool_keeps_the_grown_set(void) {
     zchunks_free(&z);
 }
 
+/* A small device (FERRY_CUDASIM_MEM: 16 MiB of destination and 48 MiB more
+ * free): a job's calls are sized so that those in flight take at most half
+ * of what is free (dev_room); at the H200's sizes (8 calls of 128 chunks, 112
+ * MiB of slots for this job: test_first_job_footprint) it failed with
+ * cuMemAlloc out of memory. Byte-exact, and the error path is kept: with 4
+ * MiB free the job fails naming cuMemAlloc, nothing left half-done. */
+static void test_small_device_smaller_calls(void) {
+    long (*count)(const char *, int) = cudasim_counter();
+    if (!count) { printf("  (needs the stand-in driver)\n"); return; }
+    const size_t nchunk = 1024, cb = 16384;
+    zchunks z;
+    zchunks_write(&z, "smalldev.bin", nchunk, cb, 17, 1);
+    uint8_t *back = malloc(nchunk * cb);
+    ferry_ctx *c;
+    CHECK_EQ_I(ferry_ctx_create(&c, NULL), 0);
+    ferry_file *f;
+    ferry_file_open(c, z.path, FERRY_READ, &f);
+    char mem[64];
+    snprintf(mem, sizeof mem, "%ld", count("device_live", 0) + (long)(nchunk * cb) + (48l << 20));
+    setenv("FERRY_CUDASIM_MEM", mem, 1);
+    uintptr_t d;
+    CHECK_EQ_I(ferry_cuda_malloc(c, 0, nchunk * cb, &d), 0);
+    ferry_plan *p = zstd_chunks_plan(f, z.off, z.len, nchunk, cb, d, nchunk, 0);
+    ferry_run_opts o = decode_opts("gpu");
+    int64_t got = ferry_run(c, p, &o);
+    if (got < 0) fprintf(stderr, "  %s\n", ferry_errmsg(c));
+    CHECK_EQ_I(got, (int64_t)z.size);
+    ferry_memcpy(c, ferry_host_buf(back, nchunk * cb), ferry_cuda_buf(0, d, nchunk * cb), nchunk * cb);
+    CHECK(memcmp(back, z.src, nchunk * cb) == 0);
+    printf("  small device: %ld bytes of device memory in use at the end\n", count("device_live", 0));
+    ferry_plan_destroy(p);
+    ferry_cuda_free(c, d);
+    ferry_ctx_destroy(c);   /* its slot sets too: the next context starts from nothing */
+    CHECK_EQ_I(ferry_ctx_create(&c, NULL), 0);
+    snprintf(mem, sizeof mem, "%ld", count("device_live", 0) + (long)(nchunk * cb) + (4l << 20));
+    setenv("FERRY_CUDASIM_MEM", mem, 1);
+    ferry_file *f2;
+    ferry_file_open(c, z.path, FERRY_READ, &f2);
+    CHECK_EQ_I(ferry_cuda_malloc(c, 0, nchunk * cb, &d), 0);
+    p = zstd_chunks_plan(f2, z.off, z.len, nchunk, cb, d, nchunk, 0);
+    got = ferry_run(c, p, &o);
+    CHECK(got < 0 && strstr(ferry_errmsg(c), "cuMemAlloc"));
+    unsetenv("FERRY_CUDASIM_MEM");
+    ferry_plan_destroy(p);
+    ferry_cuda_free(c, d);
+    ferry_file_close(f2);
+    ferry_file_close(f);
+    ferry_ctx_destroy(c);
+    free(back);
+    zchunks_free(&z);
+}
+
 /* The first GPU-decode job of a context (issue: `open_dataset(...,
  * device=0).load()` once in a process): what it allocates, pinned and on the
  * device, for 1,024 and 4,096 chunks (16 and 64 MiB of incompressible 16 KiB
@@ -1048,6 +1103,7 @@ int main(void) {
     RUN(test_calls_of_hundreds_of_chunks);
     RUN(test_concurrent_jobs_reuse_slots);
     RUN(test_pool_keeps_the_grown_set);
+    RUN(test_small_device_smaller_calls);
     RUN(test_first_job_footprint);
     RUN(test_unpinned_buffers_released);
     ferry_ctx_destroy(ctx_);
