@@ -395,7 +395,7 @@ static void test_one_queue_both_decoders(void) {
  * 15 x 0.46 x 1000 / 31 = 222 chunks go to the CPU workers, as a zstd load's
  * tail does. The 512 MiB model (test_one_queue_both_decoders) gets no GPU
  * at all. Byte-exact either way. */
-static void test_long_deflate_load_shares_the_gpu(void) {
+static void test_long_deflate_load_runs_as_gpu_calls(void) {
     setenv("FERRY_GPU_FEEDERS", "2", 1);   /* the default, said here: the rule's CPU rate is 14 of 16 threads */
     const char *th = getenv("FERRY_THREADS");
     ferry_stats_reset(ctx_);
@@ -1094,7 +1094,7 @@ int main(void) {
     RUN(test_auto_policy);
     RUN(test_second_device);
     RUN(test_one_queue_both_decoders);
-    RUN(test_long_deflate_load_shares_the_gpu);
+    RUN(test_long_deflate_load_runs_as_gpu_calls);
     RUN(test_jobs_in_flight_share_the_gpu);
     RUN(test_corrupt_chunks_fail_clearly);
     RUN(test_fallbacks_counted);
