@@ -342,7 +342,9 @@ size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots,
 
 /* Device memory a job's calls may grow into on device `dev`: what the driver
  * reports free plus the idle call-slot sets the context keeps there (a call
- * reuses them), or 0 where the driver cannot say (no cap). */
+ * reuses them), shared with the jobs already in flight on the context (a
+ * dataset's prefetched batches each take a set), or 0 where the driver
+ * cannot say (no cap). */
 static uint64_t pool_idle_bytes(ferry_ctx *ctx, int dev);
 static uint64_t dev_room(ferry_ctx *ctx, int dev) {
     const ferry_cuda_api *cu = ferry_cuda_load(NULL);
@@ -353,7 +355,9 @@ static uint64_t dev_room(ferry_ctx *ctx, int dev) {
     if (ferry_cuda_use_device(dev) == 0) ok = cu->MemGetInfo(&free_b, &total) == 0;
     else ferry_clearerr();   /* no cap: the job's own use of the device reports the failure */
     ferry_cuda_restore(saved);
-    return ok ? (uint64_t)free_b + pool_idle_bytes(ctx, dev) : 0;
+    if (!ok) return 0;
+    int others = atomic_load(&ctx->active_jobs);
+    return ((uint64_t)free_b + pool_idle_bytes(ctx, dev)) / (uint64_t)(1 + (others > 0 ? others : 0));
 }
 
 /* Cut the job's cooperative queues into calls (gd_cbatch), give each a slot
