@@ -278,10 +278,22 @@ static int ahead_enabled(void) {
     return s && (!strcmp(s, "on") || !strcmp(s, "1"));
 }
 
-/* FERRY_GPU_TAIL=off: AUTO leaves no tail of a cooperative queue to the CPU. */
-static int tail_enabled(void) {
+/* FERRY_GPU_TAIL: how much of a cooperative queue AUTO leaves to the CPU
+ * workers. "on" (the default): what they decode in one GPU chunk latency, a
+ * quarter of the queue at most; "off": none; "balance": as many as make the
+ * CPU's part end when the GPU's does — t chunks of mean size c with
+ * t x c / cpu = latency + (n - t) x c / gpu, half the queue at most. For a
+ * latency-bound class the GPU's part is mostly its latency, so the CPU can
+ * take more than one latency's worth (H200 deflate, 2 GiB of 4 MiB chunks:
+ * 258 of 516 instead of 129; the GPU's 387 ended at 0.228 s, the CPU's 129
+ * well before). Not the default until an H200 run measures it
+ * (bench_decode.py --only netcdf with FERRY_GPU_TAIL=balance). */
+enum { TAIL_OFF = 0, TAIL_ON = 1, TAIL_BALANCE = 2 };
+static int tail_mode(void) {
     const char *s = getenv("FERRY_GPU_TAIL");
-    return !(s && (!strcmp(s, "off") || !strcmp(s, "0")));
+    if (!s) return TAIL_ON;
+    if (!strcmp(s, "off") || !strcmp(s, "0")) return TAIL_OFF;
+    return !strcmp(s, "balance") ? TAIL_BALANCE : TAIL_ON;
 }
 
 /* Calls in flight per device for cooperative batches: FERRY_GPU_SLOTS (1 ..
@@ -438,7 +450,7 @@ int ferry_gpudecode_check_env(void) {
     static const struct { const char *name; int kind; long lo, hi; const char *want; } knobs[] = {
         {"FERRY_GPU_BATCH", 's', 1, 0, "a size (decoded bytes per batch)"},
         {"FERRY_GPU_COOP", 'o', 0, 0, "on or off"},
-        {"FERRY_GPU_TAIL", 'o', 0, 0, "on or off"},
+        {"FERRY_GPU_TAIL", 't', 0, 0, "on, off or balance"},
         {"FERRY_GPU_AHEAD", 'o', 0, 0, "on or off"},
         {"FERRY_GPU_SLOTS", 'n', 1, GD_MAX_SLOTS, "a count from 1 to 8"},
         {"FERRY_GPU_CALL", 'n', 1, 4096, "a count of chunks from 1 to 4096"},
@@ -450,7 +462,8 @@ int ferry_gpudecode_check_env(void) {
         const char *s = getenv(knobs[k].name);
         if (!s) continue;
         int ok = knobs[k].kind == 's' ? env_size_ok(s, knobs[k].lo)
-               : knobs[k].kind == 'n' ? env_count_ok(s, knobs[k].lo, knobs[k].hi) : env_onoff_ok(s);
+               : knobs[k].kind == 'n' ? env_count_ok(s, knobs[k].lo, knobs[k].hi)
+               : knobs[k].kind == 't' ? env_onoff_ok(s) || !strcmp(s, "balance") : env_onoff_ok(s);
         if (!ok) return ferry_seterr(FERRY_EINVAL, "%s=\"%s\": use %s", knobs[k].name, s, knobs[k].want);
     }
     const char *st = getenv("FERRY_GPU_STAGE");
@@ -552,11 +565,19 @@ int ferry_gpudecode_plan(ferry_job *j, int policy) {
              * the queue. Only for a job alone on its context: with other jobs
              * in flight (a dataset's prefetched batches) the workers read
              * their calls during the drain instead, and the GPU's time is
-             * not idle. FERRY_GPU_TAIL=off: none. */
-            if (q->coop && policy == FERRY_DECODE_AUTO && tail_enabled() && auto_table[a].gpu_chunk_mbs > 0 && threads > 1 &&
+             * not idle. FERRY_GPU_TAIL=off: none; =balance: see tail_mode. */
+            const int tm = tail_mode();
+            if (q->coop && policy == FERRY_DECODE_AUTO && tm != TAIL_OFF && auto_table[a].gpu_chunk_mbs > 0 && threads > 1 &&
                 q->count >= 64 && atomic_load(&j->ctx->active_jobs) == 0) {
                 size_t tail = (size_t)((double)(threads - 1) * auto_table[a].cpu_gbs_per_thread * 1e3 / auto_table[a].gpu_chunk_mbs);
                 if (tail > q->count / 4) tail = q->count / 4;
+                if (tm == TAIL_BALANCE && cr->gpu_chunk_mbs > 0) {
+                    double c = (double)bytes / (double)q->count, nq = (double)q->count;
+                    double cpu = (threads - 1) * cr->cpu_gbs_per_thread * 1e9, gpu = cr->gpu_gbs * 1e9;
+                    double lat = (double)max_chunk / (cr->gpu_chunk_mbs * 1e6);
+                    double t = (lat + nq * c / gpu) / (c / cpu + c / gpu);
+                    tail = t > (double)(q->count / 2) ? q->count / 2 : (size_t)t;
+                }
                 for (size_t m = k - tail; m < k; m++) {
                     g->owned[g->idx[m]] = 0;
                     bytes -= j->ext[g->idx[m]].decoded_size;

@@ -405,6 +405,16 @@ static void test_long_deflate_load_runs_as_gpu_calls(void) {
            (unsigned long long)s.gpu_batches);
     CHECK_EQ_I(s.gpu_cpu_fallbacks, 0);
     if (!th) CHECK_EQ_I(s.gpu_chunks, 2048 - 222);   /* 16 threads, as the rates assume */
+    /* FERRY_GPU_TAIL=balance: t x c / cpu = latency + (n - t) x c / gpu with c = 16 KiB, cpu = 15 x
+     * 0.46 GB/s, gpu = 53 GB/s, latency 16 KiB / 31 MB/s: t = (0.528 + 0.633 ms) / 2.683 us = 432 */
+    setenv("FERRY_GPU_TAIL", "balance", 1);
+    ferry_stats_reset(ctx_);
+    grid_case(C_ZLIB_SHUF, 2048, 4096, 64, 64, 0, "auto");
+    s = stats_();
+    printf("  8 GiB model, FERRY_GPU_TAIL=balance: GPU %llu of 2048 chunks\n", (unsigned long long)s.gpu_chunks);
+    CHECK_EQ_I(s.gpu_cpu_fallbacks, 0);
+    if (!th) CHECK_EQ_I(s.gpu_chunks, 2048 - 432);
+    unsetenv("FERRY_GPU_TAIL");
     unsetenv("FERRY_GPU_FEEDERS");
 }
 
