@@ -499,11 +499,16 @@ def netcdf_rows(tmp, mib, dev, reps, rows_out, trace=False, lib_path=None, cuda=
         log("netCDF-4 through xarray: device reads return cupy arrays; cupy is not installed: skipped")
         return
     here = os.path.dirname(os.path.abspath(__file__))
-    for decode in ("gpu", "auto") if trace else ("cpu", "gpu", "auto"):
+    # the last row: AUTO with the CPU's tail balanced against the GPU's part (gpudecode.c's
+    # tail_mode), beside the default's, in the same run
+    variants = [("gpu", {}), ("auto", {})] if trace else \
+        [("cpu", {}), ("gpu", {}), ("auto", {}), ("auto", {"FERRY_GPU_TAIL": "balance"})]
+    for decode, extra in variants:
         if trace:
             log(f"trace: netCDF-4 zlib+shuffle through xarray, decode={decode}")
         r = subprocess.run([sys.executable, "-c", XR_CHILD, os.path.join(here, "..", "python"), here, path,
-                            ",".join(names), str(dev), decode, str(reps)], capture_output=True, text=True)
+                            ",".join(names), str(dev), decode, str(reps)], capture_output=True, text=True,
+                           env={**os.environ, **extra})
         if trace and r.stderr.strip():
             log(r.stderr.rstrip())
         if r.returncode:
@@ -511,8 +516,8 @@ def netcdf_rows(tmp, mib, dev, reps, rows_out, trace=False, lib_path=None, cuda=
             continue
         o = json.loads(r.stdout.strip().splitlines()[-1])
         ok = all(abs(a - b) <= 1e-6 * abs(b) for a, b in zip(o["sums"], want))
-        rows_out.append((name, f"ferry {decode}",
-                         total / o["t"] / 1e9, ok, o["gpu"] / max(1, o["dec"])))
+        label = f"ferry {decode}" + "".join(f", {k}={v}" for k, v in extra.items())
+        rows_out.append((name, label, total / o["t"] / 1e9, ok, o["gpu"] / max(1, o["dec"])))
     if trace:
         return
     # random time steps through xarray (training-style access); the peers
