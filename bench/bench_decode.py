@@ -51,8 +51,9 @@ seconds summed over workers, batch shapes, batches in flight), each after a
 --only first: the first GPU job of a fresh process (a subprocess per row: one
 xr.open_dataset(..., device=0).load() in a script pays the context's buffers),
 Zarr v3 zstd-0 1 MiB per --mib size, decode=gpu, with the calls' inputs in plain
-memory through each feeder's pinned ring (FERRY_GPU_STAGE=ring)
-and pinned whole (FERRY_GPU_STAGE=calls, the default): rows "ferry gpu, first job
+memory through each feeder's pinned ring (FERRY_GPU_STAGE=ring),
+pinned whole (FERRY_GPU_STAGE=calls, the default) and auto (the ring for a
+context's first job, calls after): rows "ferry gpu, first job
 of a process (ring)" / "(calls)" (open + plan + job) and "ferry gpu, warm
 (ring)" / "(calls)", the same process's later jobs (best of --reps); "(ring
 16M)": FERRY_GPU_RING=16M (two 16 MiB buffers per feeder). With
@@ -586,7 +587,7 @@ def first_job_rows(tmp, args, rows):
         warm(path)
         name = f"Zarr v3 zstd-0, 1 MiB chunks, {job_label(mib)} ({how})"
         # the ring's default (2 x 8 MiB per feeder), a larger one, and the calls pinned whole
-        for stage, more in (("ring", {}), ("calls", {}), ("ring 16M", {"FERRY_GPU_RING": "16M"})):
+        for stage, more in (("auto", {}), ("ring", {}), ("calls", {}), ("ring 16M", {"FERRY_GPU_RING": "16M"})):
             env = dict(os.environ, FERRY_GPU_STAGE=stage.split()[0], **more)
             r = subprocess.run([sys.executable, "-c", FIRST_CHILD, os.path.join(here, "..", "python"), here, path,
                                 str(args.device), str(nrow), str(cols), str(args.reps)],

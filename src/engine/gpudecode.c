@@ -242,7 +242,8 @@ struct ferry_gpudecode_job {
  * [4 MiB, 256 MiB]: deflate decodes one chunk per thread block, so more
  * chunks per call is the only way to fill the GPU); FERRY_GPU_BATCH overrides. */
 static int gd_slots(void);
-static int stage_ring(void);
+static int stage_ring(ferry_ctx *ctx);
+static int pool_first_coop_job(ferry_ctx *ctx);
 
 static uint64_t batch_target(uint64_t bytes, size_t feeders, int shared, double share) {
     /* (share: the GPU's part of the sum of rates, for a shared queue) */
@@ -318,7 +319,7 @@ static int coop_slots(void) {
  * streams), each of 32 chunks at least and at most the class's call_max
  * chunks and call_bytes decoded (the staging and nvCOMP temp space of every
  * slot stay bounded: 8 slots of a 1 MiB zstd-0 call are ~2 GiB of host
- * staging, pinned unless FERRY_GPU_STAGE=ring). The calls are even, in as
+ * staging, pinned unless the ring stages them: FERRY_GPU_STAGE). The calls are even, in as
  * few waves of nslots as the caps allow: a last call of a few chunks would
  * take a whole chunk latency of its own (H200, 516 x 4 MiB deflate chunks in
  * calls of 64: eight in flight, then a ninth of 4 — 0.37 s, twice the 0.18 s
@@ -377,7 +378,7 @@ static uint64_t dev_room(ferry_ctx *ctx, int dev) {
 static int plan_coop(struct ferry_gpudecode_job *g, const ferry_job *j, int threads) {
     size_t ncb = 0;
     g->nslots = coop_slots();
-    g->ring = stage_ring();
+    g->ring = stage_ring(j->ctx);
     for (size_t qi = 0; qi < g->nq; qi++) {
         gd_queue *q = &g->q[qi];
         if (!q->coop) continue;
@@ -467,8 +468,8 @@ int ferry_gpudecode_check_env(void) {
         if (!ok) return ferry_seterr(FERRY_EINVAL, "%s=\"%s\": use %s", knobs[k].name, s, knobs[k].want);
     }
     const char *st = getenv("FERRY_GPU_STAGE");
-    if (st && strcasecmp(st, "calls") && strcasecmp(st, "ring"))
-        return ferry_seterr(FERRY_EINVAL, "FERRY_GPU_STAGE=\"%s\": use calls or ring", st);
+    if (st && strcasecmp(st, "auto") && strcasecmp(st, "calls") && strcasecmp(st, "ring"))
+        return ferry_seterr(FERRY_EINVAL, "FERRY_GPU_STAGE=\"%s\": use auto, calls or ring", st);
     const char *rs = getenv("FERRY_GPU_RATES");
     double a, b, c;
     char tail;
@@ -883,7 +884,7 @@ static int host_grow(ferry_worker *w, int d, uint8_t **buf, size_t *cap, int *pi
     return rc;
 }
 
-/* FERRY_GPU_STAGE: "calls" (the default) or "ring". The context's call slots
+/* FERRY_GPU_STAGE: "calls" (the default), "ring" or "auto". The context's call slots
  * (cooperative calls) hold a whole call's compressed bytes on the host for
  * the CPU's framing checks and fallbacks. "calls" pins them: the first job of
  * a context pins its largest call x 8 slots (a 4 GiB job of 1 MiB chunks:
@@ -896,12 +897,18 @@ static int host_grow(ferry_worker *w, int d, uint8_t **buf, size_t *cap, int *pi
  * Zarr v3 zstd-0, 1 MiB chunks, bench_decode --only first): warm jobs
  * calls 25.2 / 36.4 GB/s (1 / 4 GiB) against ring 21.1 / 26.7 (the extra
  * memcpy, on a job that is read-bound); the first job of a process calls
- * 1.2 / 3.4 against ring 2.6 / 7.7. Warm jobs (training loops, repeated
- * loads) are what the default serves; ring is the choice where pinned memory
- * is scarce or a process loads once. */
-static int stage_ring(void) {
+ * 1.2 / 3.4 against ring 2.6 / 7.7. "auto": the first cooperative job of a
+ * context runs with the ring, later ones pin their calls — a process that
+ * loads once would get the ring's first job (2.2 x the calls' on those rows),
+ * one that loads again pays the calls' pinning once, on its second job
+ * instead of its first. Not the default until the H200 measures it
+ * (bench_decode.py --only first has its rows): a "best of two" loop would
+ * then time a ring job and a pinning one, no warm job. */
+static int stage_ring(ferry_ctx *ctx) {
     const char *s = getenv("FERRY_GPU_STAGE");
-    return s && strcasecmp(s, "ring") == 0;
+    if (s && strcasecmp(s, "ring") == 0) return 1;
+    if (s && strcasecmp(s, "auto") == 0) return pool_first_coop_job(ctx);
+    return 0;
 }
 static size_t ring_piece(void) {
     const char *s = getenv("FERRY_GPU_RING");
@@ -1602,6 +1609,7 @@ typedef struct gd_cset {
 struct ferry_gpudecode_pool {
     pthread_mutex_t mu;
     gd_cset *idle;        /* at most POOL_SETS per device, POOL_BYTES in all */
+    _Atomic unsigned long coop_jobs;   /* cooperative jobs planned (stage_ring's "auto") */
 };
 
 ferry_gpudecode_pool *ferry_gpudecode_pool_new(void) {
@@ -1617,6 +1625,12 @@ static uint64_t set_bytes(const gd_cset *set) {
         b += g->hcap + g->hres_cap + g->hcpu_cap + g->din_cap + g->dres_cap + g->dtemp_cap + g->dscr_cap + g->darr_cap;
     }
     return b;
+}
+
+/* 1 for the context's first cooperative job (counted at its plan), else 0 */
+static int pool_first_coop_job(ferry_ctx *ctx) {
+    ferry_gpudecode_pool *p = ctx ? ctx->gpu_pool : NULL;
+    return p ? atomic_fetch_add(&p->coop_jobs, 1) == 0 : 0;
 }
 
 static uint64_t pool_idle_bytes(ferry_ctx *ctx, int dev) {

@@ -421,7 +421,7 @@ static void test_tuning_env_checked(void) {
     static const char *good[][2] = {
         {"FERRY_GPU_STAGE", "ring"}, {"FERRY_GPU_STAGE", "calls"}, {"FERRY_GPU_SLOTS", "8"},
         {"FERRY_GPU_COOP", "off"}, {"FERRY_GPU_RING", "16M"}, {"FERRY_GPU_RATES", "6.34,25,0.46"}, {"FERRY_GPU_AHEAD", "on"},
-        {"FERRY_GPU_TAIL", "balance"}, {"FERRY_GPU_TAIL", "off"},
+        {"FERRY_GPU_TAIL", "balance"}, {"FERRY_GPU_TAIL", "off"}, {"FERRY_GPU_STAGE", "auto"},
         {"FERRY_EVENT_SYNC", "blocking"},
     };
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
