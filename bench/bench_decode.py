@@ -576,16 +576,10 @@ def first_job_rows(tmp, args, rows):
     """--only first: per --mib size and FERRY_GPU_STAGE, one fresh process's
     first job and its warm jobs (FIRST_CHILD)."""
     here = os.path.dirname(os.path.abspath(__file__))
-    cols = 2048
-    crow = 2**20 // (4 * cols)
     for mib in args.mibs:
-        nrow = max(crow, int(mib * 2**20 / (4 * cols)) // crow * crow)
-        a = field(nrow, cols, seed=1)
-        path = os.path.join(tmp, "z3_zstd0_1m_first.zarr")
-        how = write_zarr_v3_zstd(path, a, (crow, cols), 0)
+        path, a, name = zstd_1m_store(tmp, "z3_zstd0_1m_first.zarr", mib)
+        nrow, cols = a.shape
         del a
-        warm(path)
-        name = f"Zarr v3 zstd-0, 1 MiB chunks, {job_label(mib)} ({how})"
         # the ring's default (2 x 8 MiB per feeder), a larger one, and the calls pinned whole
         for stage, more in (("auto", {}), ("ring", {}), ("calls", {}), ("ring 16M", {"FERRY_GPU_RING": "16M"})):
             env = dict(os.environ, FERRY_GPU_STAGE=stage.split()[0], **more)
@@ -609,18 +603,26 @@ def job_label(mib):
     return f"{mib / 1024:g} GiB job" if mib >= 1024 else f"{mib:g} MiB job"
 
 
+def zstd_1m_store(tmp, fname, mib):
+    """A Zarr v3 zstd-0 array of about `mib` decoded MiB in 1 MiB chunks (2,048 float32 columns),
+    written into tmp/fname and read once (page cache warm): its path, the array, the row name."""
+    cols = 2048
+    crow = 2**20 // (4 * cols)
+    nrow = max(crow, int(mib * 2**20 / (4 * cols)) // crow * crow)
+    a = field(nrow, cols, seed=1)
+    path = os.path.join(tmp, fname)
+    how = write_zarr_v3_zstd(path, a, (crow, cols), 0)
+    warm(path)
+    return path, a, f"Zarr v3 zstd-0, 1 MiB chunks, {job_label(mib)} ({how})"
+
+
 def trace_rows(tmp, args, lib_path, cuda, ctx, rows):
     """--trace: the Zarr v3 zstd-0 1 MiB row once per setting and job size,
     each job's trace line on stderr after a line naming the setting."""
-    cols = 2048
-    crow = 2**20 // (4 * cols)
     for mib in args.mibs:
-        nrow = max(crow, int(mib * 2**20 / (4 * cols)) // crow * crow)
-        a = field(nrow, cols, seed=1)
-        path = os.path.join(tmp, "z3_zstd0_1m.zarr")
-        how = write_zarr_v3_zstd(path, a, (crow, cols), 0)
-        warm(path)
-        name = f"Zarr v3 zstd-0, 1 MiB chunks, {job_label(mib)} ({how})"
+        path, a, name = zstd_1m_store(tmp, "z3_zstd0_1m.zarr", mib)
+        cols = a.shape[1]
+        crow = 2**20 // (4 * cols)
         if lib_path:   # the limit, and what fewer chunks per call give (what ferry's calls are)
             chunks = payloads(path, "Zstd")
             for k in (32, 128, 256, 512, len(chunks)):

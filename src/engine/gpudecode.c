@@ -1725,6 +1725,17 @@ static void set_release(ferry_ctx *ctx, gd_cset *set) {
     while (drop) { gd_cset *x = drop; drop = x->next; set_free(x); }   /* outside the lock: cuMemFree waits */
 }
 
+/* The end of a step on call c run with mu dropped (its check, its layout):
+ * mu taken again, c in `state`, the job failed on an error, the feeders
+ * waiting on c woken. Returns rc. */
+static int64_t cb_settle(struct ferry_gpudecode_job *G, gd_cbatch *c, int state, int64_t rc) {
+    pthread_mutex_lock(&G->mu);
+    c->state = state;
+    if (rc < 0) G->failed = 1;
+    pthread_cond_broadcast(&G->cv);
+    return rc;
+}
+
 /* Check the launched call b (mu held on entry and return; dropped while checking). */
 static int64_t coop_check(ferry_worker *w, ferry_job *j, struct ferry_gpudecode_job *G, size_t b) {
     gd_cbatch *c = &G->cb[b];
@@ -1735,11 +1746,7 @@ static int64_t coop_check(ferry_worker *w, ferry_job *j, struct ferry_gpudecode_
     gd_slot *g = &G->set[c->q->dev]->sl[c->slot];
     int64_t rc = finish_batch(w, j, g, G->trace);
     ferry_dt_lap(G->trace, FERRY_DT_CHECK, &t0);
-    pthread_mutex_lock(&G->mu);
-    c->state = CB_DONE;
-    if (rc < 0) G->failed = 1;
-    pthread_cond_broadcast(&G->cv);
-    return rc;
+    return cb_settle(G, c, CB_DONE, rc);
 }
 
 /* Lay out call b on its slot (mu held on entry and return, dropped while
@@ -1770,11 +1777,7 @@ static int coop_setup(ferry_worker *w, ferry_job *j, struct ferry_gpudecode_job 
             rc = dev_fit(&g->dtemp, &g->dtemp_cap, t);
     }
     ferry_dt_lap(G->trace, FERRY_DT_LAYOUT, &t0);
-    pthread_mutex_lock(&G->mu);
-    c->state = CB_FILL;
-    if (rc < 0) G->failed = 1;
-    pthread_cond_broadcast(&G->cv);
-    return rc;
+    return (int)cb_settle(G, c, CB_FILL, rc);
 }
 
 /* Make call b ready to be read into (mu held): its slot's previous call
