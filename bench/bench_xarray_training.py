@@ -31,6 +31,7 @@ value column). Each format's rows are also logged as soon as they are measured.
     python3 bench/bench_xarray_training.py --smoke --device cpu
 """
 import argparse
+import contextlib
 import os
 import shutil
 import struct
@@ -280,6 +281,33 @@ def gpu_sleep(secs):
         e.synchronize()
         _CYCLES.append(200_000_000 / (s.elapsed_time(e) / 1e3))
     torch.cuda._sleep(max(1, int(secs * _CYCLES[0])))
+
+
+def sweep_items(spec):
+    """--sweep's items: (batches_per_read, prefetch, {name: value})."""
+    out = []
+    for item in [x for x in spec.split(";") if x.strip()]:
+        parts = item.strip().split(":", 2)
+        if len(parts) < 2:
+            raise SystemExit(f"--sweep item {item!r}: use BPR:PREFETCH[:NAME=VALUE,...]")
+        env = dict(kv.split("=", 1) for kv in parts[2].split(",") if kv) if len(parts) == 3 else {}
+        out.append((int(parts[0]), int(parts[1]), env))
+    return out
+
+
+@contextlib.contextmanager
+def environ(env):
+    """The environment `env` set for the block (the engine reads these at each job's plan)."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def ferry_dataset(path, names, device, batch, prefetch, group=None):
@@ -545,6 +573,9 @@ def main():
                          "beside the default's")
     ap.add_argument("--group-sweep", default="",
                     help="also time one epoch with these batches_per_read values (comma list, e.g. 6)")
+    ap.add_argument("--sweep", default="",
+                    help="compressed formats: one epoch per item 'BPR:PREFETCH[:NAME=VALUE,...]' (';' between "
+                         "items), the environment set for that epoch only, e.g. '16:32:FERRY_GPU_POOL=32G'")
     ap.add_argument("--dir", default="/tmp/ferry-xtrain", help="where the files are kept and reused")
     ap.add_argument("--fresh", action="store_true", help="write the files again")
     ap.add_argument("--drop", action="store_true", help="delete each format's files after its rows")
@@ -601,6 +632,11 @@ def main():
         for gr in [int(x) for x in a.group_sweep.split(",") if x]:
             gr_rate, _, _ = ferry_epoch(path, names, a.device, a.batch, a.prefetch, group=gr)
             rows.append((fmt, f"XarrayDataset, {gr} batches a read (vs .load())", gr_rate, gr_rate / lim))
+        for gr, pf, env in sweep_items(a.sweep) if not FORMATS[fmt][3] else ():
+            with environ(env):
+                sw_rate, _, _ = ferry_epoch(path, names, a.device, a.batch, pf, group=gr)
+            label = f"XarrayDataset, {gr} a read, prefetch {pf}" + "".join(f", {k}={v}" for k, v in env.items())
+            rows.append((fmt, label + " (vs .load())", sw_rate, sw_rate / lim))
         if FORMATS[fmt][3]:
             rows.append((fmt, "XarrayDataset vs raw file->GPU", fr, fr / raw))
         if have_dali:
