@@ -537,6 +537,17 @@ int ferry_submit(ferry_ctx *ctx, const ferry_plan *plan, const ferry_run_opts *o
 /** Run plan and wait: ferry_submit + ferry_job_wait + ferry_job_destroy.
  *  Returns the bytes moved to or from files, or a negative code. */
 int64_t ferry_run(ferry_ctx *ctx, const ferry_plan *plan, const ferry_run_opts *opts);
+/** The decoded bytes one job should hold when plans like `plan` are run one
+ *  job after another (a dataset's batches, each read while the one before is
+ *  consumed), so that the decoders keep their rate: 0 when any size does —
+ *  nothing in it would be decoded on the GPU under `decode` (a
+ *  ferry_decode_policy; FERRY_DECODE_AUTO: the context's), or only by codecs
+ *  that run at their rate in a job of a few chunks. nvCOMP's deflate does not
+ *  (it decodes one chunk per thread block, so only thousands of chunks at
+ *  once fill the GPU; README "Which decoder runs"): a caller merges that many
+ *  bytes' worth of such plans into one. At most a sixteenth of the
+ *  destination device's memory. The plan is only inspected, not run. */
+uint64_t ferry_plan_job_bytes(ferry_ctx *ctx, const ferry_plan *plan, int decode);
 
 /** Wait up to timeout_ns (negative: forever). Returns bytes moved, or
  *  FERRY_ETIMEDOUT, or the job's error (its message via ferry_errmsg). */

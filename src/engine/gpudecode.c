@@ -142,7 +142,14 @@ static int gpu_chain(const ferry_extent *e, chain_info *ci) {
  * output and the GPU holds ~500 1 MiB zstd chunks at once, so 256 and 256
  * MiB; deflate is latency-bound, so its calls are as large as a job needs to
  * be in flight at once: up to 1,024 chunks and 512 MiB (8 calls in flight: a
- * 2 GiB job of 4 MiB chunks in one wave, 8 GiB in three). */
+ * 2 GiB job of 4 MiB chunks in one wave, 8 GiB in three).
+ * stream_bytes: for the same reason a stream of small deflate jobs (a
+ * dataset's batches) never fills the GPU: jobs of 160 one-MiB chunks stay on
+ * the CPU (8.6 GB/s), and read as jobs of 640 or 1,280 chunks, two in flight,
+ * they ran at 1.8-7.4 (H200, XarrayDataset over netCDF-4, 2026-12-01);
+ * jobs of 2,560 (2.5 GiB) ran at 19.6, 0.77 of one .load() of the whole set
+ * (25.5); 3,840 at 16.8 and 5,120 at 10.6. zstd's batches already run at
+ * 0.79 of its .load(): 0. */
 enum { MODE_CPU = 0, MODE_GPU = 1, MODE_BOTH = 2 };
 typedef struct class_rate {
     int mode;
@@ -153,12 +160,14 @@ typedef struct class_rate {
     uint64_t call_bytes;         /* decoded bytes per cooperative call, at most */
     int dev_per_byte;            /* device bytes a call in flight holds per decoded byte (inputs,
                                     scratch, nvCOMP's temp space: zstd's is ~3 x the output) */
+    uint64_t stream_bytes;       /* decoded bytes of the class one job of a stream of jobs should
+                                    hold (ferry_plan_job_bytes); 0: any size runs at the rate */
 } class_rate;
 static const class_rate auto_table[NCLASS] = {
-    [FERRY_NVCOMP_ZSTD] = {MODE_GPU, 53.2, 93.0, 0.67, 256, 256u << 20, 5},
-    [FERRY_NVCOMP_LZ4] = {MODE_CPU, 24.1, 0, 1.51, 256, 256u << 20, 3},
-    [FERRY_NVCOMP_DEFLATE] = {MODE_BOTH, 53.0, 31.0, 0.46, 1024, 512u << 20, 3},
-    [CLASS_BLOSC] = {MODE_GPU, 39.0, 0, 1.70, 256, 256u << 20, 3},
+    [FERRY_NVCOMP_ZSTD] = {MODE_GPU, 53.2, 93.0, 0.67, 256, 256u << 20, 5, 0},
+    [FERRY_NVCOMP_LZ4] = {MODE_CPU, 24.1, 0, 1.51, 256, 256u << 20, 3, 0},
+    [FERRY_NVCOMP_DEFLATE] = {MODE_BOTH, 53.0, 31.0, 0.46, 1024, 512u << 20, 3, 2560ull << 20},
+    [CLASS_BLOSC] = {MODE_GPU, 39.0, 0, 1.70, 256, 256u << 20, 3, 0},
 };
 #define BIG_JOB_LATENCIES 2.0
 #define PREAD_GBS 6.0   /* one thread's page-cache pread on the H200 (FIELD_NOTES.md): a feeder reads its batch alone */
@@ -487,6 +496,44 @@ static size_t shared_feeders(int threads) {
     if (v > threads - 1) v = threads - 1;
     if (v < 1) v = 1;
     return (size_t)v;
+}
+
+/* ferry_plan_job_bytes (include/ferry.h): the class whose stream_bytes asks
+ * the most, scaled by its share of the plan's decoded bytes, and at most a
+ * sixteenth of its device's memory (two jobs in flight, each with its
+ * destination and a set of call slots of about three times a call's bytes,
+ * stay under half of it). */
+uint64_t ferry_plan_job_bytes(ferry_ctx *ctx, const ferry_plan *plan, int policy) {
+    if (!ctx || !plan) return 0;
+    if (policy == FERRY_DECODE_AUTO) policy = ctx->cfg.decode;
+    if (policy == FERRY_DECODE_CPU) return 0;
+    uint64_t total = 0, of_class[NCLASS] = {0};
+    int dev = -1;
+    chain_info ci;
+    for (size_t i = 0; i < plan->n; i++) {
+        const ferry_extent *e = &plan->ext[i];
+        if (e->kind != FERRY_EXTENT_READ) continue;
+        total += e->decoded_size ? e->decoded_size : e->length;
+        if (e->dst.kind == FERRY_MEM_CUDA && e->decoded_size && gpu_chain(e, &ci) && class_mode(policy, ci.alg) != MODE_CPU) {
+            of_class[ci.alg] += e->decoded_size;
+            if (dev < 0) dev = e->dst.device;
+        }
+    }
+    uint64_t want = 0;
+    for (int a = 0; a < NCLASS; a++)
+        if (of_class[a] && auto_table[a].stream_bytes)
+            want = FERRY_MAX(want, (uint64_t)((double)auto_table[a].stream_bytes * (double)total / (double)of_class[a]));
+    if (!want || !ferry_nvcomp_load(NULL)) return 0;   /* no GPU decode: the CPU's rate at any size */
+    const ferry_cuda_api *cu = ferry_cuda_load(NULL);
+    if (cu && cu->MemGetInfo) {
+        CUcontext saved = ferry_cuda_current();
+        size_t free_b = 0, dev_total = 0;
+        if (ferry_cuda_use_device(dev) == 0 && cu->MemGetInfo(&free_b, &dev_total) == 0 && dev_total / 16 < want)
+            want = dev_total / 16;
+        ferry_clearerr();
+        ferry_cuda_restore(saved);
+    }
+    return want;
 }
 
 int ferry_gpudecode_plan(ferry_job *j, int policy) {
@@ -1588,17 +1635,25 @@ static int64_t finish_batch(ferry_worker *w, ferry_job *j, gd_slot *g, ferry_dec
  * the pinned staging, device buffers and nvCOMP temp space are allocated by
  * the first GPU-decode job of a context (each slot grown once to the job's
  * largest call) and reused by every later one. Jobs that run at once (a
- * dataset's prefetched batches) take a set each: the pool keeps one idle
- * set per device whatever its size, and more (up to POOL_SETS per device)
- * while the idle sets' buffers stay within POOL_BYTES, so that those too
- * are allocated once, not per job. */
+ * dataset's prefetched batches) take a set each: the pool keeps up to
+ * POOL_SETS idle sets per device while their bytes stay within POOL_BYTES
+ * (FERRY_GPU_POOL, a size, replaces it) or twice the returning set's,
+ * whichever is more, so that a stream of jobs two at a time (a dataset's
+ * reads) keeps both of its sets. A flat 6 GiB
+ * freed one of a dataset's two sets (jobs of 2.5 GiB) at every job's end and
+ * allocated it again at the next (H200, XarrayDataset over netCDF-4, 16
+ * batches a read: 9.9 GB/s; 18.9 with a 32 GiB cap, 19.6 with none). With no
+ * cap at all the sets of every job size a process ran stayed pinned (each
+ * pins about twice its calls' decoded bytes): after jobs of 2.5, 3.7 and 5
+ * GiB, later jobs ran at 1.8 GB/s and a Zarr .load() at 10.9 instead of 35.
+ * One set per device always stays. */
 #define POOL_SETS 8
-#define POOL_BYTES (6ull << 30)   /* FERRY_GPU_POOL (a size) overrides */
+#define POOL_BYTES (6ull << 30)
 
-static uint64_t pool_bytes(void) {
+static uint64_t pool_bytes(uint64_t returning) {
     const char *s = getenv("FERRY_GPU_POOL");
     int64_t v = s && *s ? ferry_parse_size(s) : -1;
-    return v >= 0 ? (uint64_t)v : POOL_BYTES;
+    return FERRY_MAX(v >= 0 ? (uint64_t)v : POOL_BYTES, 2 * returning);
 }
 typedef struct gd_cset {
     gd_slot sl[GD_MAX_SLOTS];
@@ -1608,7 +1663,7 @@ typedef struct gd_cset {
 
 struct ferry_gpudecode_pool {
     pthread_mutex_t mu;
-    gd_cset *idle;        /* at most POOL_SETS per device, POOL_BYTES in all */
+    gd_cset *idle;        /* at most POOL_SETS per device, bytes as pool_bytes says */
     _Atomic unsigned long coop_jobs;   /* cooperative jobs planned (stage_ring's "auto") */
 };
 
@@ -1683,7 +1738,7 @@ static gd_cset *set_acquire(ferry_ctx *ctx, int dev) {
  * just used goes back to the pool first (it is grown to the latest job's
  * calls, the likeliest to fit the next); idle sets of its device beyond
  * POOL_SETS, and then the smallest idle sets while the pool is over
- * POOL_BYTES, are freed — never the last one of a device. Freeing the
+ * pool_bytes, are freed — never the last one of a device. Freeing the
  * returning set instead (as before) made a pool of a few small sets (a
  * dataset's concurrent batches) cost a large job a full allocation each time
  * it ran: it took a small set, grew it, and had it freed at its end (H200:
@@ -1694,6 +1749,7 @@ static void set_release(ferry_ctx *ctx, gd_cset *set) {
     ferry_gpudecode_pool *p = ctx ? ctx->gpu_pool : NULL;
     if (!p) { set_free(set); return; }
     gd_cset *drop = NULL;
+    const uint64_t cap = pool_bytes(set_bytes(set));
     pthread_mutex_lock(&p->mu);
     set->next = p->idle;
     p->idle = set;
@@ -1701,7 +1757,7 @@ static void set_release(ferry_ctx *ctx, gd_cset *set) {
         int same = 0;
         uint64_t bytes = 0;
         for (gd_cset *x = p->idle; x; x = x->next) { same += x->dev == set->dev; bytes += set_bytes(x); }
-        int over_count = same > POOL_SETS, over_bytes = bytes > pool_bytes();
+        int over_count = same > POOL_SETS, over_bytes = bytes > cap;
         if (!over_count && !over_bytes) break;
         gd_cset **victim = NULL;
         for (gd_cset **pp = &p->idle; *pp; pp = &(*pp)->next) {

@@ -280,6 +280,21 @@ static PyObject *Context_cuda_device_of(ContextObject *self, PyObject *arg) {
     return PyLong_FromLong(rc);
 }
 
+/* job_bytes(plan, decode=None): ferry_plan_job_bytes (ferry.h) */
+static PyObject *Context_job_bytes(ContextObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"plan", "decode", NULL};
+    PlanObject *plan;
+    const char *decode = NULL;
+    int policy = FERRY_DECODE_AUTO;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|z", kwlist, &PlanType, &plan, &decode)) return NULL;
+    if (ctx_check(self) < 0 || plan_check(plan) < 0 || parse_decode_name(decode, &policy) < 0) return NULL;
+    uint64_t b;
+    Py_BEGIN_ALLOW_THREADS
+    b = ferry_plan_job_bytes(self->ctx, plan->plan, policy);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromUnsignedLongLong(b);
+}
+
 static PyMethodDef Context_methods[] = {
     {"config", (PyCFunction)Context_config, METH_NOARGS, "Effective configuration as a dict."},
     {"stats", (PyCFunction)Context_stats, METH_NOARGS,
@@ -293,6 +308,9 @@ static PyMethodDef Context_methods[] = {
      "run(plan, path=None, threads=0, sync=False, no_direct=False) -> bytes moved (blocking)."},
     {"submit", (PyCFunction)(void (*)(void))Context_submit, METH_VARARGS | METH_KEYWORDS,
      "submit(plan, path=None, threads=0, sync=False, no_direct=False) -> Job (returns at once)."},
+    {"job_bytes", (PyCFunction)(void (*)(void))Context_job_bytes, METH_VARARGS | METH_KEYWORDS,
+     "job_bytes(plan, decode=None) -> decoded bytes one job of a stream of plans like this one should hold "
+     "(0: any size runs at the decoders' rate)."},
     {"memcpy", (PyCFunction)(void (*)(void))Context_memcpy, METH_VARARGS | METH_KEYWORDS,
      "memcpy(dst, src, nbytes=None) -> bytes copied (synchronous; host or device buffers)."},
     {"close", (PyCFunction)Context_close, METH_NOARGS,
