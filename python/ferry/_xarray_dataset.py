@@ -70,6 +70,9 @@ class _VarInfo:
         return int(np.prod(self.levels, dtype=np.int64)) if self.levels else 1
 
 
+_MAX_AUTO_GROUP = 64     # batches a read that _read_group picks at most
+
+
 def _unwrap_backend(data):
     """The FerryBackendArray under xarray's lazy wrappers, and whether the wrappers keep every
     element (an identity lazy key, elementwise CF decoders); else (None, why)."""
@@ -323,12 +326,15 @@ class XarrayDataset(_BatchStream):
     Others as ArrayDataset: shuffle, seed, drop_last, device, rank, world_size, prefetch,
     transform (batch -> batch), threads.
     batches_per_read
-        Batches read by one plan (one engine job), default 1. Each batch handed out is its own
-        block of its group's stack (no batch shares memory with another); the group's memory is
-        freed when all of its batches are. Measured on the H200 (20 variables of 361 x 720, batch
-        8, 8 GiB): 6 and 8 batches per plan were slower than 1 — Zarr v3 zstd 8.3 / 8.4 GB/s
-        against 10.1, uncompressed Zarr 23.0 / 22.1 against 28.0 — so the GPU decoder's chunks in
-        flight per job are not what holds the zstd rate (BENCHMARKS.md).
+        Batches read by one plan (one engine job). Each batch handed out is its own block of its
+        group's stack (no batch shares memory with another); the group's memory is freed when all
+        of its batches are. None (the default): 1, except on a GPU where the engine asks for
+        larger jobs (ferry_plan_job_bytes): deflate-compressed data (netCDF-4), whose GPU decoder
+        needs thousands of chunks at once — there as many batches as make 2.5 GiB (at most a
+        sixteenth of the GPU's memory): on the H200, 20 variables of 361 x 720 float32, batch 8,
+        16 batches a read ran at 19.6 GB/s against 8.6 with one. Uncompressed, zstd and blosc
+        data keep 1 (6 and 8 batches per plan were slower there; BENCHMARKS.md). The value in
+        use is ``batch_group`` once iteration has begun.
 
     Batches are dicts: "x" (B, C*input_steps, H, W) and "y" (B, C_y*target_steps, H, W) when
     target_steps > 0, in `dtype`.
@@ -408,6 +414,7 @@ class XarrayDataset(_BatchStream):
 
         self._init_slabs()
         self.batch_group = self._group_size(batches_per_read)     # _BatchStream's batches per plan
+        self._group_auto, self._auto_groups = batches_per_read is None, {}   # _read_group
         self._norm = None
         self._norm = self._normalisation(normalize, stats_file, int(stats_steps))
 
@@ -806,22 +813,36 @@ class XarrayDataset(_BatchStream):
         variable into the slabs: [(R, channels of the slab, h, w)], the job, the handles."""
         row_steps = np.asarray(row_steps, dtype=np.int64)
         R = len(row_steps)
-        plan = _ferry.Plan()
-        handles, seen = [], {}
-        seg_of = np.searchsorted(self._seg_g0, row_steps, side="right") - 1
-        dev = -1 if rt.device.type != "cuda" else rt.device.index
-        bufs, places = [], []
+        bufs = []
         for slab in self._slabs:
             hw = self.patch if boxes is not None else slab.spatial
-            buf = self._alloc(rt, (R, slab.C) + tuple(hw), _torch_dtype(slab.dtype))
-            bufs.append(buf)
+            bufs.append(self._alloc(rt, (R, slab.C) + tuple(hw), _torch_dtype(slab.dtype)))
+        plan, handles = _ferry.Plan(), []
+        self._plan_rows(rt, plan, row_steps, boxes, [b.data_ptr() for b in bufs], handles)
+        try:
+            job = rt.ctx.submit(plan) if len(plan) else None
+        except BaseException:
+            self._release(rt, _wrap_handles(handles))       # the stores taken so far
+            raise
+        return bufs, job, handles
+
+    def _plan_rows(self, rt, plan, row_steps, boxes, bases, handles):
+        """Add to `plan` the reads of rows (as _read_rows) into slabs at the addresses `bases`; the
+        stores it opens are appended to `handles` (released here on an error)."""
+        R = len(row_steps)
+        seen = {}
+        seg_of = np.searchsorted(self._seg_g0, row_steps, side="right") - 1
+        dev = -1 if rt.device.type != "cuda" else rt.device.index
+        places = []
+        for slab, base in zip(self._slabs, bases):
+            hw = self.patch if boxes is not None else slab.spatial
             plane = int(np.prod(hw, dtype=np.int64)) * slab.dtype.itemsize
             # per variable: (slab, its address, bytes of a row, name, offset in a row, bytes,
             # the selection of the dims after the sample dim as triples)
             for n, off, rc, _ in slab.items:
                 if rc * plane:
                     sel = self._vars[n].sel
-                    places.append((slab, buf.data_ptr(), slab.C * plane, n, off * plane, rc * plane,
+                    places.append((slab, base, slab.C * plane, n, off * plane, rc * plane,
                                    [(s.start, s.stop, s.step) for s in sel]))
         try:
             # one row (a step of one file) at a time: each variable's channels of a row are one
@@ -841,11 +862,32 @@ class XarrayDataset(_BatchStream):
                                           (xs + x0 * xst, xs + (x0 + self.patch[1]) * xst, xst)]
                     st._plan_triples(plan, specs[n], [head] + tri, (ptr + r * row + off, nb, dev))
             _check_stores(handles)
-            job = rt.ctx.submit(plan) if len(plan) else None
         except BaseException:
             self._release(rt, _wrap_handles(handles))       # the stores taken so far
             raise
-        return bufs, job, handles
+
+    def _read_group(self, rt):
+        """Batches read by one plan. batches_per_read=None on a GPU: as many as make a job of the
+        decoded bytes the engine asks for (ferry_plan_job_bytes, from a plan of one row that is
+        never run): 1 for uncompressed, zstd and blosc data; netCDF-4 deflate, 2.5 GiB (H200,
+        20 variables of 361 x 720 float32, batch 8: 16 batches a read, 19.6 GB/s against 8.6
+        with one; BENCHMARKS.md)."""
+        if not self._group_auto or rt.device.type != "cuda" or not self._slabs:
+            return self.batch_group
+        key = str(rt.device)
+        if key not in self._auto_groups:
+            plan, handles = _ferry.Plan(), []
+            fake = 1 << 44     # addresses only: the plan is inspected, never submitted
+            bases = [fake + (k << 36) for k in range(len(self._slabs))]
+            self._plan_rows(rt, plan, np.zeros(1, dtype=np.int64), None, bases, handles)
+            self._release(rt, _wrap_handles(handles))
+            want = rt.ctx.job_bytes(plan)
+            rows = self.batch_size * (self.input_steps + self.target_steps)
+            per_batch = rows * sum(s.C * int(np.prod(s.spatial, dtype=np.int64)) * s.dtype.itemsize
+                                   for s in self._slabs)
+            self._auto_groups[key] = max(1, min(_MAX_AUTO_GROUP, -(-want // max(1, per_batch))))
+        self.batch_group = self._auto_groups[key]
+        return self.batch_group
 
     def _stack(self, rt, bufs, row_steps, patched=False, normalise=True):
         """The slabs' raw values -> the stack (R, C, H, W) of decoded, normalised floats, on the

@@ -1216,7 +1216,7 @@ class _BatchStream(IterableDataset):
                                      "count": lay.count, "ended": False}
         order = self._order(epoch)
         per_sample = self.batch_size is None
-        group_units = self.sample_group if per_sample else self.batch_group
+        group_units = self.sample_group if per_sample else self._read_group(rt)
         group_bytes = group_units * batch * sum(int(getattr(f, "row_bytes", 0) or 0) for f in self._fields)
         depth = _groups_in_flight(self.prefetch, 1 if per_sample else group_units, group_bytes,
                                   rt.staging_bytes)
@@ -1304,6 +1304,10 @@ class _BatchStream(IterableDataset):
             self._retire(retiring, block=True, raise_errors=False)
 
     # ---------------------------------------------------------------- reading
+    def _read_group(self, rt):
+        """Batches one plan reads on rt (XarrayDataset picks it from the data when not given)."""
+        return self.batch_group
+
     def _alloc(self, rt, shape, dtype):
         if rt.device.type == "cuda":
             with torch.cuda.stream(rt.alloc_stream):

@@ -1,0 +1,68 @@
+"""XarrayDataset's batches per read when batches_per_read=None: on a GPU the engine says how large a
+job of the data should be (Context.job_bytes, ferry_plan_job_bytes), from a plan of one row that is
+never run. netCDF-4 deflate asks for 2.5 GiB a job (nvCOMP's deflate fills the GPU only with
+thousands of chunks at once): here the most, 64 batches; netCDF-3 (nothing to decode) and Zarr zstd
+keep 1. Runs on the stand-in driver and nvCOMP (tests/cudasim) as on a GPU: only the plan is made,
+with the runtime's device set to CUDA device 0; the batches of a real GPU are checked in
+test_xarray_dataset_gpu.py."""
+import numpy as np
+import pandas as pd
+import pytest
+
+torch = pytest.importorskip("torch")
+xr = pytest.importorskip("xarray")
+
+from ferry.torch import XarrayDataset  # noqa: E402
+from ferry.xarray import FerryBackendEntrypoint  # noqa: E402
+
+T, H, W = 12, 33, 48
+
+
+def _files(tmp_path, fmt):
+    rng = np.random.default_rng(3)
+    ds = xr.Dataset({"t2m": (("time", "lat", "lon"), rng.normal(280, 10, (T, H, W)).astype(np.float32)),
+                     "sp": (("time", "lat", "lon"), rng.normal(1e5, 50, (T, H, W)).astype(np.float32))},
+                    coords={"time": pd.date_range("2001-01-01", periods=T, freq="h")})
+    p = str(tmp_path / f"g.{fmt}")
+    if fmt == "nc3":
+        ds.to_netcdf(p, engine="scipy")
+    elif fmt == "nc4":
+        pytest.importorskip("netCDF4")
+        ds.to_netcdf(p, engine="netcdf4", encoding={n: {"zlib": True, "shuffle": True, "chunksizes": (1, H, W)}
+                                                    for n in ds.data_vars})
+    else:
+        zarr = pytest.importorskip("zarr")
+        ds.to_zarr(p, zarr_format=3, consolidated=False, encoding={
+            n: {"chunks": (1, H, W), "compressors": [zarr.codecs.ZstdCodec(level=1)]} for n in ds.data_vars})
+    return p
+
+
+def _group_on_cuda(ds):
+    """ds._read_group on a runtime whose device is CUDA device 0 (the probe plan only)."""
+    rt = ds._runtime(torch.device("cpu"), False, 1)
+    if rt.ctx.cuda_device_count() == 0:
+        pytest.skip("no CUDA driver (real or stand-in)")
+    if "loaded" not in (rt.ctx.nvcomp_status or ""):
+        pytest.skip("nvCOMP not loaded: " + (rt.ctx.nvcomp_status or "?"))
+    cpu = rt.device
+    rt.device = torch.device("cuda", 0)
+    try:
+        return ds._read_group(rt)
+    finally:
+        rt.device = cpu
+
+
+@pytest.mark.parametrize("fmt,want", [("nc4", 64), ("nc3", 1), ("zarr", 1)])
+def test_auto_group_follows_the_engine(tmp_path, fmt, want):
+    p = _files(tmp_path, fmt)
+    src = xr.open_dataset(p, engine=FerryBackendEntrypoint, device="cpu")
+    ds = XarrayDataset(src, ["t2m", "sp"], batch_size=2, device="cpu")
+    assert ds.batch_group == 1                 # until a GPU iteration resolves it
+    # 2 variables x 2 steps x 33 x 48 float32 a batch: 2.5 GiB is far more than 64 batches
+    assert _group_on_cuda(ds) == want
+    assert ds.batch_group == want
+    # the user's value is kept; on the CPU the automatic one is 1
+    ds3 = XarrayDataset(src, ["t2m", "sp"], batch_size=2, device="cpu", batches_per_read=3)
+    assert _group_on_cuda(ds3) == 3
+    assert XarrayDataset(src, ["t2m", "sp"], batch_size=2, device="cpu")._read_group(
+        ds._runtime(torch.device("cpu"), False, 1)) == 1
