@@ -1637,23 +1637,22 @@ static int64_t finish_batch(ferry_worker *w, ferry_job *j, gd_slot *g, ferry_dec
  * largest call) and reused by every later one. Jobs that run at once (a
  * dataset's prefetched batches) take a set each: the pool keeps up to
  * POOL_SETS idle sets per device while their bytes stay within POOL_BYTES
- * (FERRY_GPU_POOL, a size, replaces it) or twice the returning set's,
+ * (FERRY_GPU_POOL, a size, replaces it) or twice its largest idle set's,
  * whichever is more, so that a stream of jobs two at a time (a dataset's
- * reads) keeps both of its sets. A flat 6 GiB
- * freed one of a dataset's two sets (jobs of 2.5 GiB) at every job's end and
- * allocated it again at the next (H200, XarrayDataset over netCDF-4, 16
- * batches a read: 9.9 GB/s; 18.9 with a 32 GiB cap, 19.6 with none). With no
- * cap at all the sets of every job size a process ran stayed pinned (each
- * pins about twice its calls' decoded bytes): after jobs of 2.5, 3.7 and 5
- * GiB, later jobs ran at 1.8 GB/s and a Zarr .load() at 10.9 instead of 35.
- * One set per device always stays. */
+ * reads) keeps both of its sets, also beside a larger set an earlier
+ * .load() left. A flat 6 GiB freed one of a dataset's two sets (jobs of 2.5
+ * GiB) at every job's end and allocated it again (48 allocations, 1.1-1.5 s)
+ * at the next (H200, XarrayDataset over netCDF-4, 16 batches a read: 9.9
+ * GB/s; 18.9 with a 32 GiB cap); twice the returning set's freed the
+ * .load()'s set at each epoch's end, and an allocation followed in the next
+ * (9.8-10.0). One set per device always stays. */
 #define POOL_SETS 8
 #define POOL_BYTES (6ull << 30)
 
-static uint64_t pool_bytes(uint64_t returning) {
+static uint64_t pool_bytes(uint64_t largest) {
     const char *s = getenv("FERRY_GPU_POOL");
     int64_t v = s && *s ? ferry_parse_size(s) : -1;
-    return FERRY_MAX(v >= 0 ? (uint64_t)v : POOL_BYTES, 2 * returning);
+    return FERRY_MAX(v >= 0 ? (uint64_t)v : POOL_BYTES, 2 * largest);
 }
 typedef struct gd_cset {
     gd_slot sl[GD_MAX_SLOTS];
@@ -1749,10 +1748,12 @@ static void set_release(ferry_ctx *ctx, gd_cset *set) {
     ferry_gpudecode_pool *p = ctx ? ctx->gpu_pool : NULL;
     if (!p) { set_free(set); return; }
     gd_cset *drop = NULL;
-    const uint64_t cap = pool_bytes(set_bytes(set));
     pthread_mutex_lock(&p->mu);
     set->next = p->idle;
     p->idle = set;
+    uint64_t largest = 0;
+    for (gd_cset *x = p->idle; x; x = x->next) largest = FERRY_MAX(largest, set_bytes(x));
+    const uint64_t cap = pool_bytes(largest);
     for (;;) {   /* evict one idle set at a time: the smallest of those that may go */
         int same = 0;
         uint64_t bytes = 0;

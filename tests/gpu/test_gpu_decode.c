@@ -905,8 +905,9 @@ static void test_concurrent_jobs_reuse_slots(void) {
 /* A large job after a few small ones that ran at once (a dataset's batches,
  * then a `.load()` in the same process): the pool holds two small idle sets
  * (FERRY_GPU_POOL: room for those, not for the large job's). The large job
- * takes one and grows it; at its end that grown set stays and the small one
- * left is freed, so the large job's second run allocates nothing. (Freeing
+ * takes one and grows it; at its end that grown set stays (the small one
+ * left stays too: twice the largest set is room for both), so the large
+ * job's second run allocates nothing. (Freeing
  * the returning set instead made the second run take the other small set and
  * grow it again: every run a full allocation, the H200's 16 GiB Zarr zstd
  * .load() at the CPU's rate.) Byte-exact throughout. */
@@ -964,12 +965,12 @@ static void test_pool_keeps_the_grown_set(void) {
 
 /* A stream of jobs two at a time (a dataset's reads, each submitted while the
  * one before runs), with a pool limit smaller than any set (FERRY_GPU_POOL=1):
- * the pool keeps twice the returning set's bytes, so both sets of the stream
- * stay and rounds after the first allocate at most the second set (if round 1
- * did not overlap). With the limit alone the second set to return evicted
- * the first, and every overlapping round allocated a set again (the H200's
- * netCDF-4 XarrayDataset, 2.5 GiB jobs under the 6 GiB default: 9.9 GB/s
- * against 19.6). Byte-exact throughout. */
+ * the pool keeps twice its largest idle set's bytes, so both sets of the
+ * stream stay and rounds after the first allocate at most the second set (if
+ * round 1 did not overlap). With the limit alone the second set to return
+ * evicted the first, and every overlapping round allocated a set again (the
+ * H200's netCDF-4 XarrayDataset, 2.5 GiB jobs under the 6 GiB default: 9.9
+ * GB/s against 18.9). Byte-exact throughout. */
 static void test_pool_keeps_a_stream_s_two_sets(void) {
     long (*count)(const char *, int) = cudasim_counter();
     const size_t nchunk = 96, cb = 4096;
