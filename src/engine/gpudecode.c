@@ -289,19 +289,21 @@ static int ahead_enabled(void) {
 }
 
 /* FERRY_GPU_TAIL: how much of a cooperative queue AUTO leaves to the CPU
- * workers. "on" (the default): what they decode in one GPU chunk latency, a
- * quarter of the queue at most; "off": none; "balance": as many as make the
- * CPU's part end when the GPU's does — t chunks of mean size c with
- * t x c / cpu = latency + (n - t) x c / gpu, half the queue at most. For a
- * latency-bound class the GPU's part is mostly its latency, so the CPU can
- * take more than one latency's worth (H200 deflate, 2 GiB of 4 MiB chunks:
- * 258 of 516 instead of 129; the GPU's 387 ended at 0.228 s, the CPU's 129
- * well before). Not the default until an H200 run measures it
- * (bench_decode.py --only netcdf with FERRY_GPU_TAIL=balance). */
+ * workers. "on": what they decode in one GPU chunk latency, a quarter of the
+ * queue at most; "off": none; "balance": as many as make the CPU's part end
+ * when the GPU's does — t chunks of mean size c with t x c / cpu = latency +
+ * (n - t) x c / gpu, half the queue at most. For a latency-bound class the
+ * GPU's part is mostly its latency, so the CPU can take more than one
+ * latency's worth (H200 deflate, 2 GiB of 4 MiB chunks: 258 of 516 instead of
+ * 129; the GPU's 387 ended at 0.228 s, the CPU's 129 well before). The
+ * default: balance for deflate (the class both decoders share), on for the
+ * others — H200, 2026-12-01, a 4 GiB netCDF-4 .load() in one run: balance
+ * 15.25 GB/s (GPU share 69 %), on 14.45 (79 %); the other classes' tails were
+ * not measured both ways. */
 enum { TAIL_OFF = 0, TAIL_ON = 1, TAIL_BALANCE = 2 };
-static int tail_mode(void) {
+static int tail_mode(int cls) {
     const char *s = getenv("FERRY_GPU_TAIL");
-    if (!s) return TAIL_ON;
+    if (!s) return cls == FERRY_NVCOMP_DEFLATE ? TAIL_BALANCE : TAIL_ON;
     if (!strcmp(s, "off") || !strcmp(s, "0")) return TAIL_OFF;
     return !strcmp(s, "balance") ? TAIL_BALANCE : TAIL_ON;
 }
@@ -614,7 +616,7 @@ int ferry_gpudecode_plan(ferry_job *j, int policy) {
              * in flight (a dataset's prefetched batches) the workers read
              * their calls during the drain instead, and the GPU's time is
              * not idle. FERRY_GPU_TAIL=off: none; =balance: see tail_mode. */
-            const int tm = tail_mode();
+            const int tm = tail_mode(a);
             if (q->coop && policy == FERRY_DECODE_AUTO && tm != TAIL_OFF && auto_table[a].gpu_chunk_mbs > 0 && threads > 1 &&
                 q->count >= 64 && atomic_load(&j->ctx->active_jobs) == 0) {
                 size_t tail = (size_t)((double)(threads - 1) * auto_table[a].cpu_gbs_per_thread * 1e3 / auto_table[a].gpu_chunk_mbs);

@@ -391,30 +391,31 @@ static void test_one_queue_both_decoders(void) {
  * KiB = 32 MiB. The CPU alone (16 threads) would take 32 MiB / 7.36 GB/s =
  * 4.6 ms, one GPU chunk's latency is 0.53 ms (4 MiB: 136 ms against the
  * CPU's 1.17 s for 8 GiB): more than BIG_JOB_LATENCIES (2) of them, so the
- * queue is cut into GPU calls that every worker reads, and the last
- * 15 x 0.46 x 1000 / 31 = 222 chunks go to the CPU workers, as a zstd load's
- * tail does. The 512 MiB model (test_one_queue_both_decoders) gets no GPU
+ * queue is cut into GPU calls that every worker reads, and the last chunks
+ * go to the CPU workers: FERRY_GPU_TAIL=on, 15 x 0.46 x 1000 / 31 = 222, as
+ * a zstd load's tail does; by default (balance for deflate) 432. The 512 MiB model (test_one_queue_both_decoders) gets no GPU
  * at all. Byte-exact either way. */
 static void test_long_deflate_load_runs_as_gpu_calls(void) {
     setenv("FERRY_GPU_FEEDERS", "2", 1);   /* the default, said here: the rule's CPU rate is 14 of 16 threads */
     const char *th = getenv("FERRY_THREADS");
+    setenv("FERRY_GPU_TAIL", "on", 1);
     ferry_stats_reset(ctx_);
     grid_case(C_ZLIB_SHUF, 2048, 4096, 64, 64, 0, "auto");
     ferry_stats s = stats_();
-    printf("  8 GiB model: GPU %llu of 2048 chunks in %llu batches\n", (unsigned long long)s.gpu_chunks,
+    printf("  8 GiB model, FERRY_GPU_TAIL=on: GPU %llu of 2048 chunks in %llu batches\n", (unsigned long long)s.gpu_chunks,
            (unsigned long long)s.gpu_batches);
     CHECK_EQ_I(s.gpu_cpu_fallbacks, 0);
     if (!th) CHECK_EQ_I(s.gpu_chunks, 2048 - 222);   /* 16 threads, as the rates assume */
-    /* FERRY_GPU_TAIL=balance: t x c / cpu = latency + (n - t) x c / gpu with c = 16 KiB, cpu = 15 x
-     * 0.46 GB/s, gpu = 53 GB/s, latency 16 KiB / 31 MB/s: t = (0.528 + 0.633 ms) / 2.683 us = 432 */
-    setenv("FERRY_GPU_TAIL", "balance", 1);
+    /* the default for deflate, FERRY_GPU_TAIL=balance: t x c / cpu = latency + (n - t) x c / gpu with
+     * c = 16 KiB, cpu = 15 x 0.46 GB/s, gpu = 53 GB/s, latency 16 KiB / 31 MB/s:
+     * t = (0.528 + 0.633 ms) / 2.683 us = 432 */
+    unsetenv("FERRY_GPU_TAIL");
     ferry_stats_reset(ctx_);
     grid_case(C_ZLIB_SHUF, 2048, 4096, 64, 64, 0, "auto");
     s = stats_();
-    printf("  8 GiB model, FERRY_GPU_TAIL=balance: GPU %llu of 2048 chunks\n", (unsigned long long)s.gpu_chunks);
+    printf("  8 GiB model, the default (balance for deflate): GPU %llu of 2048 chunks\n", (unsigned long long)s.gpu_chunks);
     CHECK_EQ_I(s.gpu_cpu_fallbacks, 0);
     if (!th) CHECK_EQ_I(s.gpu_chunks, 2048 - 432);
-    unsetenv("FERRY_GPU_TAIL");
     unsetenv("FERRY_GPU_FEEDERS");
 }
 
