@@ -331,10 +331,11 @@ class XarrayDataset(_BatchStream):
         of its batches are. None (the default): 1, except on a GPU where the engine asks for
         larger jobs (ferry_plan_job_bytes): deflate-compressed data (netCDF-4), whose GPU decoder
         needs thousands of chunks at once — there as many batches as make 2.5 GiB (at most a
-        sixteenth of the GPU's memory): on the H200, 20 variables of 361 x 720 float32, batch 8,
-        16 batches a read ran at 19.6 GB/s against 8.6 with one. Uncompressed, zstd and blosc
-        data keep 1 (6 and 8 batches per plan were slower there; BENCHMARKS.md). The value in
-        use is ``batch_group`` once iteration has begun.
+        sixteenth of the GPU's memory), two such groups in flight whatever `prefetch` asks: on the
+        H200, 20 variables of 361 x 720 float32, batch 8, 17 batches a read ran at 23.3 GB/s
+        against 8.1-8.6 with one. Uncompressed, zstd and blosc data keep 1 (6 and 8 batches per
+        plan were slower there; BENCHMARKS.md). The value in use is ``batch_group`` once
+        iteration has begun.
 
     Batches are dicts: "x" (B, C*input_steps, H, W) and "y" (B, C_y*target_steps, H, W) when
     target_steps > 0, in `dtype`.
@@ -870,7 +871,7 @@ class XarrayDataset(_BatchStream):
         """Batches read by one plan. batches_per_read=None on a GPU: as many as make a job of the
         decoded bytes the engine asks for (ferry_plan_job_bytes, from a plan of one row that is
         never run): 1 for uncompressed, zstd and blosc data; netCDF-4 deflate, 2.5 GiB (H200,
-        20 variables of 361 x 720 float32, batch 8: 16 batches a read, 19.6 GB/s against 8.6
+        20 variables of 361 x 720 float32, batch 8: 17 batches a read, 23.3 GB/s against 8.1-8.6
         with one; BENCHMARKS.md)."""
         if not self._group_auto or rt.device.type != "cuda" or not self._slabs:
             return self.batch_group
@@ -885,9 +886,19 @@ class XarrayDataset(_BatchStream):
             rows = self.batch_size * (self.input_steps + self.target_steps)
             per_batch = rows * sum(s.C * int(np.prod(s.spatial, dtype=np.int64)) * s.dtype.itemsize
                                    for s in self._slabs)
-            self._auto_groups[key] = max(1, min(_MAX_AUTO_GROUP, -(-want // max(1, per_batch))))
-        self.batch_group = self._auto_groups[key]
+            self._auto_groups[key] = max(1, min(_MAX_AUTO_GROUP, -(-want // max(1, per_batch)))) if want else 0
+        self.batch_group = self._auto_groups[key] or 1
         return self.batch_group
+
+    def _read_depth(self, rt, depth):
+        """Engine-sized groups (_read_group: job_bytes asked for more than one batch): two in
+        flight, the one handed out and the one being read, as ferry_plan_job_bytes assumes. A third
+        made them slower (H200, netCDF-4, 16 batches a read, same run: prefetch 4 — two groups —
+        18.9 GB/s, prefetch 32 — three — 14.0: cooperative jobs at once share the engine's
+        workers)."""
+        if self._group_auto and self._auto_groups.get(str(rt.device)):
+            return min(depth, 2)
+        return depth
 
     def _stack(self, rt, bufs, row_steps, patched=False, normalise=True):
         """The slabs' raw values -> the stack (R, C, H, W) of decoded, normalised floats, on the

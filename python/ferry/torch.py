@@ -1218,8 +1218,8 @@ class _BatchStream(IterableDataset):
         per_sample = self.batch_size is None
         group_units = self.sample_group if per_sample else self._read_group(rt)
         group_bytes = group_units * batch * sum(int(getattr(f, "row_bytes", 0) or 0) for f in self._fields)
-        depth = _groups_in_flight(self.prefetch, 1 if per_sample else group_units, group_bytes,
-                                  rt.staging_bytes)
+        depth = self._read_depth(rt, _groups_in_flight(self.prefetch, 1 if per_sample else group_units,
+                                                       group_bytes, rt.staging_bytes))
         unit_iter = iter(mine)
         ids_for = _IdsAhead(order, lay, mine, max(_IdsAhead.CHUNK, group_units)) \
             if hasattr(order, "take") and not self._ORDER_IN_PLAN else None
@@ -1307,6 +1307,11 @@ class _BatchStream(IterableDataset):
     def _read_group(self, rt):
         """Batches one plan reads on rt (XarrayDataset picks it from the data when not given)."""
         return self.batch_group
+
+    def _read_depth(self, rt, depth):
+        """Groups in flight on rt, the one handed out included (XarrayDataset caps its engine-sized
+        groups)."""
+        return depth
 
     def _alloc(self, rt, shape, dtype):
         if rt.device.type == "cuda":

@@ -1,8 +1,8 @@
 """XarrayDataset's batches per read when batches_per_read=None: on a GPU the engine says how large a
 job of the data should be (Context.job_bytes, ferry_plan_job_bytes), from a plan of one row that is
 never run. netCDF-4 deflate asks for 2.5 GiB a job (nvCOMP's deflate fills the GPU only with
-thousands of chunks at once): here the most, 64 batches; netCDF-3 (nothing to decode) and Zarr zstd
-keep 1. Runs on the stand-in driver and nvCOMP (tests/cudasim) as on a GPU: only the plan is made,
+thousands of chunks at once): here the most, 64 batches, two groups in flight; netCDF-3 (nothing to
+decode) and Zarr zstd keep 1 and the prefetch's depth. Runs on the stand-in driver and nvCOMP (tests/cudasim) as on a GPU: only the plan is made,
 with the runtime's device set to CUDA device 0; the batches of a real GPU are checked in
 test_xarray_dataset_gpu.py."""
 import numpy as np
@@ -37,8 +37,9 @@ def _files(tmp_path, fmt):
     return p
 
 
-def _group_on_cuda(ds):
-    """ds._read_group on a runtime whose device is CUDA device 0 (the probe plan only)."""
+def _group_on_cuda(ds, depth=None):
+    """ds._read_group on a runtime whose device is CUDA device 0 (the probe plan only); with
+    `depth`, also the groups in flight it allows for that many asked: (group, depth)."""
     rt = ds._runtime(torch.device("cpu"), False, 1)
     if rt.ctx.cuda_device_count() == 0:
         pytest.skip("no CUDA driver (real or stand-in)")
@@ -47,7 +48,8 @@ def _group_on_cuda(ds):
     cpu = rt.device
     rt.device = torch.device("cuda", 0)
     try:
-        return ds._read_group(rt)
+        g = ds._read_group(rt)
+        return g if depth is None else (g, ds._read_depth(rt, depth))
     finally:
         rt.device = cpu
 
@@ -58,8 +60,9 @@ def test_auto_group_follows_the_engine(tmp_path, fmt, want):
     src = xr.open_dataset(p, engine=FerryBackendEntrypoint, device="cpu")
     ds = XarrayDataset(src, ["t2m", "sp"], batch_size=2, device="cpu")
     assert ds.batch_group == 1                 # until a GPU iteration resolves it
-    # 2 variables x 2 steps x 33 x 48 float32 a batch: 2.5 GiB is far more than 64 batches
-    assert _group_on_cuda(ds) == want
+    # 2 variables x 2 steps x 33 x 48 float32 a batch: 2.5 GiB is far more than 64 batches; such
+    # groups are read two at a time (the one handed out and the next), whatever prefetch asks
+    assert _group_on_cuda(ds, depth=5) == (want, 2 if want > 1 else 5)
     assert ds.batch_group == want
     # the user's value is kept; on the CPU the automatic one is 1
     ds3 = XarrayDataset(src, ["t2m", "sp"], batch_size=2, device="cpu", batches_per_read=3)
