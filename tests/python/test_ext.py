@@ -169,6 +169,26 @@ def test_plan_extent_generic(ctx, tmp_path):
         plan.extent(kind="teleport", dst=fill)
 
 
+def test_job_bytes_host_plans_ask_nothing(ctx, tmp_path):
+    """Context.job_bytes (ferry_plan_job_bytes): a plan whose chunks are decoded on the CPU (host
+    destinations, or no nvCOMP) runs at its rate at any size: 0, under every policy; a policy name
+    that is not one is an error. The GPU side is tests/gpu (test_gpu_decode.c, the XarrayDataset
+    groups)."""
+    import zlib
+    p = tmp_path / "z.bin"
+    p.write_bytes(zlib.compress(bytes(4096)))
+    plan = ferry.Plan()
+    out = np.zeros(4096, np.uint8)
+    plan.extent(path=str(p), offset=0, length=p.stat().st_size, codecs=[("zlib", 0)], decoded_size=4096, dst=out)
+    for decode in (None, "auto", "cpu", "gpu"):
+        assert ctx.job_bytes(plan, decode=decode) == 0
+    assert ctx.job_bytes(ferry.Plan()) == 0
+    with pytest.raises(ValueError):
+        ctx.job_bytes(plan, decode="quantum")
+    with pytest.raises(TypeError):
+        ctx.job_bytes("not a plan")
+
+
 def test_codec_error_is_ferry_error(ctx, tmp_path):
     p = tmp_path / "junk.bin"
     p.write_bytes(b"not zlib at all" * 10)
