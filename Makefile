@@ -194,6 +194,8 @@ test-cudasim: all $(B)/cudasim/libcuda.so.1 $(B)/cudasim/cufile/libcufile.so.0 $
 	@echo "  again with 3 workers, 2 staging buffers of 64 KiB, 1 MiB tasks (more hand-offs per byte), allocations that touch:"
 	@$(SIM_C_ENV) FERRY_THREADS=3 FERRY_STAGING_COUNT=2 FERRY_STAGING_SIZE=64K FERRY_TASK_SIZE=1M FERRY_CUDASIM_ADJACENT=1 \
 	    tools/run-c-tests.sh $(B)/tests/gpu/test_gpu_engine
+	@echo "  the GPU decode tests again with FERRY_GPU_CHECK=one (one feeder checks a job's calls):"
+	@$(SIM_C_ENV) FERRY_GPU_CHECK=one ASAN_OPTIONS=detect_leaks=1 tools/run-c-tests.sh $(filter %/test_gpu_decode,$(GPU_C_TESTS))
 	@echo "  ferry bench on the stand-in driver (every path's bytes verified):"
 	@$(SIM_C_ENV) $(B)/ferry bench --size 16M --reps 1 --no-cold --no-latency --file $(B)/cudasim-bench.bin \
 	    > $(B)/cudasim-bench.log 2>&1 && echo "  1 passed, 0 failed" || { cat $(B)/cudasim-bench.log; echo "  0 passed, 1 failed"; exit 1; }

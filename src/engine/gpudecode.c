@@ -236,6 +236,7 @@ struct ferry_gpudecode_job {
     pthread_cond_t cv;
     int mu_init, failed;
     _Atomic size_t coop_done;    /* feeders through run_coop: the last gives the sets back */
+    size_t coop_read;            /* feeders through run_coop's reads (mu): FERRY_GPU_CHECK=one's checker is the last */
     struct gd_cset *set[FERRY_MAX_DEVICES];   /* from the context's pool while the job runs */
     ferry_ctx *ctx;
 };
@@ -286,6 +287,23 @@ static int coop_enabled(void) {
 static int ahead_enabled(void) {
     const char *s = getenv("FERRY_GPU_AHEAD");
     return s && (!strcmp(s, "on") || !strcmp(s, "1"));
+}
+
+/* FERRY_GPU_CHECK: who checks a job's launched cooperative calls once every
+ * piece is read. "all" (the default): every feeder checks the calls that
+ * are launched and nobody checks yet, so up to one worker per call waits for
+ * the GPU (cuEventSynchronize) — a deflate call's latency is 100-200 ms.
+ * "one": only the job's last feeder through its reads checks them, in order,
+ * and the others return at once: their workers take the next job's tasks
+ * (a dataset's groups in flight) or the CPU's tail. On the H200 three
+ * cooperative jobs in flight ran slower than two (XarrayDataset over
+ * netCDF-4, 16 batches a read: 14.0 against 18.9 GB/s), likely because the
+ * first job's checkers held the workers the next ones' reads need; not the
+ * default until an H200 run measures it (bench_xarray_training.py --sweep
+ * with FERRY_GPU_CHECK=one). */
+static int check_by_one(void) {
+    const char *s = getenv("FERRY_GPU_CHECK");
+    return s && !strcmp(s, "one");
 }
 
 /* FERRY_GPU_TAIL: how much of a cooperative queue AUTO leaves to the CPU
@@ -469,13 +487,15 @@ int ferry_gpudecode_check_env(void) {
         {"FERRY_GPU_FEEDERS", 'n', 1, 4096, "a count of threads from 1"},
         {"FERRY_GPU_RING", 's', 64 << 10, 0, "a size from 64K"},
         {"FERRY_GPU_POOL", 's', 0, 0, "a size"},
+        {"FERRY_GPU_CHECK", 'c', 0, 0, "all or one"},
     };
     for (size_t k = 0; k < sizeof knobs / sizeof knobs[0]; k++) {
         const char *s = getenv(knobs[k].name);
         if (!s) continue;
         int ok = knobs[k].kind == 's' ? env_size_ok(s, knobs[k].lo)
                : knobs[k].kind == 'n' ? env_count_ok(s, knobs[k].lo, knobs[k].hi)
-               : knobs[k].kind == 't' ? env_onoff_ok(s) || !strcmp(s, "balance") : env_onoff_ok(s);
+               : knobs[k].kind == 't' ? env_onoff_ok(s) || !strcmp(s, "balance")
+               : knobs[k].kind == 'c' ? !strcmp(s, "all") || !strcmp(s, "one") : env_onoff_ok(s);
         if (!ok) return ferry_seterr(FERRY_EINVAL, "%s=\"%s\": use %s", knobs[k].name, s, knobs[k].want);
     }
     const char *st = getenv("FERRY_GPU_STAGE");
@@ -756,11 +776,14 @@ int64_t ferry_gpudecode_take_one(ferry_job *j) {
 struct gd_cset;
 static void set_release(ferry_ctx *ctx, struct gd_cset *set);
 
+static void set_sync(struct gd_cset *set);
 void ferry_gpudecode_job_free(ferry_job *j) {
     if (!j || !j->gpu) return;
     if (j->gpu->trace) { ferry_dt_report(j->gpu->trace, j->id, j->max_workers); free(j->gpu->trace); }
+    /* sets still held: a failed or canceled job whose checking feeder never
+     * ran; what it launched completes before the set serves another job */
     for (int d = 0; d < FERRY_MAX_DEVICES; d++)
-        if (j->gpu->set[d]) set_release(j->gpu->ctx, j->gpu->set[d]);
+        if (j->gpu->set[d]) { set_sync(j->gpu->set[d]); set_release(j->gpu->ctx, j->gpu->set[d]); }
     if (j->gpu->mu_init) { pthread_mutex_destroy(&j->gpu->mu); pthread_cond_destroy(&j->gpu->cv); }
     free(j->gpu->cb);
     free(j->gpu->idx); free(j->gpu->owned); free(j->gpu);
@@ -1700,6 +1723,19 @@ static uint64_t pool_idle_bytes(ferry_ctx *ctx, int dev) {
     return b;
 }
 
+/* Wait for everything queued on the set's streams (the device's context
+ * made current for it). Errors are the job's to report, not here: the
+ * thread's message (the job's own error, for the caller) is left as it is. */
+static void set_sync(gd_cset *set) {
+    const ferry_cuda_api *cu = ferry_cuda_load(NULL);
+    if (!cu) return;
+    CUcontext saved = ferry_cuda_current();
+    if (ferry_cuda_use_device(set->dev) == 0)
+        for (int k = 0; k < GD_MAX_SLOTS; k++)
+            if (set->sl[k].stream) cu->StreamSynchronize(set->sl[k].stream);
+    ferry_cuda_restore(saved);
+}
+
 static void set_free(gd_cset *set) {
     const ferry_cuda_api *cu = ferry_cuda_load(NULL);
     if (cu) {
@@ -1935,8 +1971,12 @@ static int64_t run_coop(ferry_worker *w, ferry_job *j, struct ferry_gpudecode_jo
         if (rc < 0) { G->failed = 1; pthread_cond_broadcast(&G->cv); break; }
         if (launched) { c->state = CB_LAUNCHED; pthread_cond_broadcast(&G->cv); }
     }
-    /* check what is launched and unchecked, in order */
-    for (size_t b = 0; rc >= 0 && b < G->ncb && !G->failed; b++)
+    /* check what is launched and unchecked, in order: any feeder, or with
+     * FERRY_GPU_CHECK=one only the last through its reads — by then every
+     * call is launched (a launch is recorded under mu before its feeder
+     * gets here) */
+    int checks = !check_by_one() || ++G->coop_read == G->feeders;
+    for (size_t b = 0; checks && rc >= 0 && b < G->ncb && !G->failed; b++)
         if (G->cb[b].state == CB_LAUNCHED) {
             int64_t x = coop_check(w, j, G, b);
             if (x < 0) rc = x; else total += x;
