@@ -236,7 +236,7 @@ struct ferry_gpudecode_job {
     pthread_cond_t cv;
     int mu_init, failed;
     _Atomic size_t coop_done;    /* feeders through run_coop: the last gives the sets back */
-    size_t coop_read;            /* feeders through run_coop's reads (mu): FERRY_GPU_CHECK=one's checker is the last */
+    size_t coop_launched;        /* calls launched (mu): FERRY_GPU_CHECK=one's checker launched the last */
     struct gd_cset *set[FERRY_MAX_DEVICES];   /* from the context's pool while the job runs */
     ferry_ctx *ctx;
 };
@@ -293,9 +293,12 @@ static int ahead_enabled(void) {
  * piece is read. "all" (the default): every feeder checks the calls that
  * are launched and nobody checks yet, so up to one worker per call waits for
  * the GPU (cuEventSynchronize) — a deflate call's latency is 100-200 ms.
- * "one": only the job's last feeder through its reads checks them, in order,
- * and the others return at once: their workers take the next job's tasks
- * (a dataset's groups in flight) or the CPU's tail. On the H200 three
+ * "one": only the feeder that launches the job's last call checks them, in
+ * order, and the others return at once: their workers take the next job's
+ * tasks (a dataset's groups in flight) or the CPU's tail. That feeder is
+ * running whatever happens to the others (a feeder that never starts, the
+ * job failed or canceled, launches nothing); after a failure every feeder
+ * that runs waits for the streams, as with "all". On the H200 three
  * cooperative jobs in flight ran slower than two (XarrayDataset over
  * netCDF-4, 16 batches a read: 14.0 against 18.9 GB/s), likely because the
  * first job's checkers held the workers the next ones' reads need; not the
@@ -550,9 +553,8 @@ uint64_t ferry_plan_job_bytes(ferry_ctx *ctx, const ferry_plan *plan, int policy
     if (cu && cu->MemGetInfo) {
         CUcontext saved = ferry_cuda_current();
         size_t free_b = 0, dev_total = 0;
-        if (ferry_cuda_use_device(dev) == 0 && cu->MemGetInfo(&free_b, &dev_total) == 0 && dev_total / 16 < want)
-            want = dev_total / 16;
-        ferry_clearerr();
+        if (ferry_cuda_use_device(dev) != 0) ferry_clearerr();   /* no cap: the job's own use reports it */
+        else if (cu->MemGetInfo(&free_b, &dev_total) == 0 && dev_total / 16 < want) want = dev_total / 16;
         ferry_cuda_restore(saved);
     }
     return want;
@@ -1927,6 +1929,7 @@ static int64_t run_coop(ferry_worker *w, ferry_job *j, struct ferry_gpudecode_jo
     ferry_decode_trace *tr = G->trace;
     const ferry_cuda_api *cu = ferry_cuda_load(NULL);
     int64_t total = 0, rc = 0;
+    int last_launcher = 0;
     pthread_mutex_lock(&G->mu);
     for (int d = 0; d < FERRY_MAX_DEVICES; d++)   /* this job's sets: the first feeder takes them */
         if (G->max_n[d] && !G->set[d] && !(G->set[d] = set_acquire(j->ctx, d))) {
@@ -1969,13 +1972,15 @@ static int64_t run_coop(ferry_worker *w, ferry_job *j, struct ferry_gpudecode_jo
         }
         pthread_mutex_lock(&G->mu);
         if (rc < 0) { G->failed = 1; pthread_cond_broadcast(&G->cv); break; }
-        if (launched) { c->state = CB_LAUNCHED; pthread_cond_broadcast(&G->cv); }
+        if (launched) {
+            c->state = CB_LAUNCHED;
+            last_launcher = ++G->coop_launched == G->ncb;
+            pthread_cond_broadcast(&G->cv);
+        }
     }
     /* check what is launched and unchecked, in order: any feeder, or with
-     * FERRY_GPU_CHECK=one only the last through its reads — by then every
-     * call is launched (a launch is recorded under mu before its feeder
-     * gets here) */
-    int checks = !check_by_one() || ++G->coop_read == G->feeders;
+     * FERRY_GPU_CHECK=one only the one that launched the last call */
+    int checks = !check_by_one() || last_launcher;
     for (size_t b = 0; checks && rc >= 0 && b < G->ncb && !G->failed; b++)
         if (G->cb[b].state == CB_LAUNCHED) {
             int64_t x = coop_check(w, j, G, b);
