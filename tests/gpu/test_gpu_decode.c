@@ -113,6 +113,13 @@ static void zchunks_write(zchunks *z, const char *name, size_t n, size_t cb, int
     free(file);
 }
 static void zchunks_free(zchunks *z) { free(z->src); free(z->off); free(z->len); }
+/* A context of its own (its own pool of call slots) with `path` open in it as *f. */
+static ferry_ctx *ctx_with_file(const char *path, ferry_file **f) {
+    ferry_ctx *c = NULL;
+    CHECK_EQ_I(ferry_ctx_create(&c, NULL), 0);
+    CHECK_EQ_I(ferry_file_open(c, path, FERRY_READ, f), 0);
+    return c;
+}
 
 /* A 2-D float32 array of R x C elements in chunks of r x c, every chunk
  * encoded by `codec` and stored as its own file (Zarr-like: edge chunks stored
@@ -978,10 +985,8 @@ static void test_pool_keeps_a_stream_s_two_sets(void) {
     zchunks z;
     zchunks_write(&z, "stream2.bin", nchunk, cb, 19, 1);
     uint8_t *back = malloc(nchunk * cb);
-    ferry_ctx *c;
-    CHECK_EQ_I(ferry_ctx_create(&c, NULL), 0);
     ferry_file *f;
-    ferry_file_open(c, z.path, FERRY_READ, &f);
+    ferry_ctx *c = ctx_with_file(z.path, &f);
     uintptr_t d[2];
     ferry_plan *p[2];
     for (int k = 0; k < 2; k++) {
@@ -1078,10 +1083,8 @@ static void test_small_device_smaller_calls(void) {
     zchunks z;
     zchunks_write(&z, "smalldev.bin", nchunk, cb, 17, 1);
     uint8_t *back = malloc(nchunk * cb);
-    ferry_ctx *c;
-    CHECK_EQ_I(ferry_ctx_create(&c, NULL), 0);
     ferry_file *f;
-    ferry_file_open(c, z.path, FERRY_READ, &f);
+    ferry_ctx *c = ctx_with_file(z.path, &f);
     char mem[64];
     snprintf(mem, sizeof mem, "%ld", count("device_live", 0) + (long)(nchunk * cb) + (48l << 20));
     setenv("FERRY_CUDASIM_MEM", mem, 1);
