@@ -148,8 +148,9 @@ static int gpu_chain(const ferry_extent *e, chain_info *ci) {
  * the CPU (8.6 GB/s), and read as jobs of 640 or 1,280 chunks, two in flight,
  * they ran at 1.8-7.4 (H200, XarrayDataset over netCDF-4, 2026-12-01);
  * jobs of 2,560 (2.5 GiB) ran at 19.6, 0.77 of one .load() of the whole set
- * (25.5); 3,840 at 16.8 and 5,120 at 10.6. zstd's batches already run at
- * 0.79 of its .load(): 0. */
+ * (25.5); 3,840 at 16.8 and 5,120 at 10.6. zstd: 0 — its batches ran at
+ * 0.66-0.79 of its .load() one a plan, and groups of 6 and 8 were slower
+ * (third round). */
 enum { MODE_CPU = 0, MODE_GPU = 1, MODE_BOTH = 2 };
 typedef struct class_rate {
     int mode;
@@ -391,16 +392,25 @@ size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots,
  * dataset's prefetched batches each take a set), or 0 where the driver
  * cannot say (no cap). */
 static uint64_t pool_idle_bytes(ferry_ctx *ctx, int dev);
-static uint64_t dev_room(ferry_ctx *ctx, int dev) {
+
+/* The driver's free and total memory of device `dev` (its context made
+ * current for the query): 1, or 0 where it cannot say — the caller then
+ * caps nothing, and the job's own use of the device reports the failure. */
+static int dev_mem(int dev, size_t *free_b, size_t *total) {
     const ferry_cuda_api *cu = ferry_cuda_load(NULL);
+    *free_b = *total = 0;
     if (!cu || !cu->MemGetInfo) return 0;
     CUcontext saved = ferry_cuda_current();
-    size_t free_b = 0, total = 0;
     int ok = 0;
-    if (ferry_cuda_use_device(dev) == 0) ok = cu->MemGetInfo(&free_b, &total) == 0;
-    else ferry_clearerr();   /* no cap: the job's own use of the device reports the failure */
+    if (ferry_cuda_use_device(dev) == 0) ok = cu->MemGetInfo(free_b, total) == 0;
+    else ferry_clearerr();
     ferry_cuda_restore(saved);
-    if (!ok) return 0;
+    return ok;
+}
+
+static uint64_t dev_room(ferry_ctx *ctx, int dev) {
+    size_t free_b, total;
+    if (!dev_mem(dev, &free_b, &total)) return 0;
     int others = atomic_load(&ctx->active_jobs);
     return ((uint64_t)free_b + pool_idle_bytes(ctx, dev)) / (uint64_t)(1 + (others > 0 ? others : 0));
 }
@@ -549,14 +559,8 @@ uint64_t ferry_plan_job_bytes(ferry_ctx *ctx, const ferry_plan *plan, int policy
         if (of_class[a] && auto_table[a].stream_bytes)
             want = FERRY_MAX(want, (uint64_t)((double)auto_table[a].stream_bytes * (double)total / (double)of_class[a]));
     if (!want || !ferry_nvcomp_load(NULL)) return 0;   /* no GPU decode: the CPU's rate at any size */
-    const ferry_cuda_api *cu = ferry_cuda_load(NULL);
-    if (cu && cu->MemGetInfo) {
-        CUcontext saved = ferry_cuda_current();
-        size_t free_b = 0, dev_total = 0;
-        if (ferry_cuda_use_device(dev) != 0) ferry_clearerr();   /* no cap: the job's own use reports it */
-        else if (cu->MemGetInfo(&free_b, &dev_total) == 0 && dev_total / 16 < want) want = dev_total / 16;
-        ferry_cuda_restore(saved);
-    }
+    size_t free_b, dev_total;
+    if (dev_mem(dev, &free_b, &dev_total) && dev_total / 16 < want) want = dev_total / 16;
     return want;
 }
 
