@@ -388,7 +388,7 @@ def ferry_epoch(path, names, device, batch, prefetch, dali=False, step_gbps=None
     if step:
         gpu_sleep(step)
     sync(device)
-    n, busy, waits = 0, 0.0, []
+    n, busy, waits, marks = 0, 0.0, [], []
     t0 = time.perf_counter()
     if dali:
         pipe.reset()
@@ -401,12 +401,22 @@ def ferry_epoch(path, names, device, batch, prefetch, dali=False, step_gbps=None
         waits.append(time.perf_counter() - t1)
         n += 1
         if step:
+            # the step's own time on the GPU, timed by events around it: _sleep counts SM clock
+            # cycles calibrated once on an idle GPU, and the clock under the engine's load may
+            # differ, so the planned length is not the time the GPU spent busy
+            m = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            m[0].record()
             gpu_sleep(step)
-            busy += step
+            m[1].record()
+            marks.append(m)
             if step_sync:
                 torch.cuda.current_stream().synchronize()
     sync(device)
     dt = time.perf_counter() - t0
+    if marks:
+        busy = sum(a.elapsed_time(b) for a, b in marks) / 1e3
+        log(f"  steps ran {busy:.3f} s on the GPU, planned {step * len(marks):.3f} s "
+            f"({busy / (step * len(marks)):.3f} x), epoch {dt:.3f} s")
     # idle over the epoch, and over the time after its first batch came (the first waits for
     # the whole first read: with large groups most of an epoch's idle is there)
     rest = dt - (waits[0] if waits else 0.0)
