@@ -542,10 +542,12 @@ int64_t ferry_run(ferry_ctx *ctx, const ferry_plan *plan, const ferry_run_opts *
  *  consumed), so that the decoders keep their rate: 0 when any size does —
  *  nothing in it would be decoded on the GPU under `decode` (a
  *  ferry_decode_policy; FERRY_DECODE_AUTO: the context's), or only by codecs
- *  that run at their rate in a job of a few chunks. nvCOMP's deflate does not
- *  (it decodes one chunk per thread block, so only thousands of chunks at
- *  once fill the GPU; README "Which decoder runs"): a caller merges that many
- *  bytes' worth of such plans into one. At most a sixteenth of the
+ *  that run at their rate in a job of a few chunks. nvCOMP's deflate and zstd
+ *  do not (deflate decodes one chunk per thread block, so only thousands of
+ *  chunks at once fill the GPU; zstd's jobs of a few hundred chunks ran at
+ *  0.6-0.7 of its rate on the H200; README "Which decoder runs"): a caller
+ *  merges that many bytes' worth of such plans into one, and keeps two such
+ *  jobs in flight (the one consumed and the next). At most a sixteenth of the
  *  destination device's memory. The plan is only inspected, not run. */
 uint64_t ferry_plan_job_bytes(ferry_ctx *ctx, const ferry_plan *plan, int decode);
 

@@ -329,13 +329,13 @@ class XarrayDataset(_BatchStream):
         Batches read by one plan (one engine job). Each batch handed out is its own block of its
         group's stack (no batch shares memory with another); the group's memory is freed when all
         of its batches are. None (the default): 1, except on a GPU where the engine asks for
-        larger jobs (ferry_plan_job_bytes): deflate-compressed data (netCDF-4), whose GPU decoder
-        needs thousands of chunks at once — there as many batches as make 2.5 GiB (at most a
-        sixteenth of the GPU's memory), two such groups in flight whatever `prefetch` asks: on the
-        H200, 20 variables of 361 x 720 float32, batch 8, 17 batches a read ran at 23.3 GB/s
-        against 8.1-8.6 with one. Uncompressed, zstd and blosc data keep 1 (6 and 8 batches per
-        plan were slower there; BENCHMARKS.md). The value in use is ``batch_group`` once
-        iteration has begun.
+        larger jobs (ferry_plan_job_bytes): deflate-compressed (netCDF-4) and zstd-compressed
+        (Zarr) data, whose GPU decoders need thousands of chunks at once — there as many batches
+        as make 2.5 GiB (at most a sixteenth of the GPU's memory), two such groups in flight
+        whatever `prefetch` asks: on the H200, 20 variables of 361 x 720 float32, batch 8, 17
+        batches a read ran at 21.9-23.3 GB/s (netCDF-4) against 8.1-8.6 with one, and 16 at 44.4
+        (Zarr zstd) against 23.5-26.4 (BENCHMARKS.md). Uncompressed and blosc data keep 1. The
+        value in use is ``batch_group`` once iteration has begun.
 
     Batches are dicts: "x" (B, C*input_steps, H, W) and "y" (B, C_y*target_steps, H, W) when
     target_steps > 0, in `dtype`.
@@ -870,9 +870,9 @@ class XarrayDataset(_BatchStream):
     def _read_group(self, rt):
         """Batches read by one plan. batches_per_read=None on a GPU: as many as make a job of the
         decoded bytes the engine asks for (ferry_plan_job_bytes, from a plan of one row that is
-        never run): 1 for uncompressed, zstd and blosc data; netCDF-4 deflate, 2.5 GiB (H200,
-        20 variables of 361 x 720 float32, batch 8: 17 batches a read, 23.3 GB/s against 8.1-8.6
-        with one; BENCHMARKS.md)."""
+        never run): 1 for uncompressed and blosc data; netCDF-4 deflate and Zarr zstd, 2.5 GiB
+        (H200, 20 variables of 361 x 720 float32, batch 8: 17 batches a read; deflate 23.3 GB/s
+        against 8.1-8.6 with one, zstd 44.4 with 16 against 23.5-26.4; BENCHMARKS.md)."""
         if not self._group_auto or rt.device.type != "cuda" or not self._slabs:
             return self.batch_group
         key = str(rt.device)
@@ -895,7 +895,8 @@ class XarrayDataset(_BatchStream):
         flight, the one handed out and the one being read, as ferry_plan_job_bytes assumes. A third
         made them slower (H200, netCDF-4, 16 batches a read, same run: prefetch 4 — two groups —
         18.9 GB/s, prefetch 32 — three — 14.0: cooperative jobs at once share the engine's
-        workers)."""
+        workers; Zarr zstd, 8 and 16 a read: 41.3-43.6 and 44.4 with two, 40.2-41.4 and 42.8
+        with three)."""
         if self._group_auto and self._auto_groups.get(str(rt.device)):
             return min(depth, 2)
         return depth

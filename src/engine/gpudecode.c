@@ -148,9 +148,12 @@ static int gpu_chain(const ferry_extent *e, chain_info *ci) {
  * the CPU (8.6 GB/s), and read as jobs of 640 or 1,280 chunks, two in flight,
  * they ran at 1.8-7.4 (H200, XarrayDataset over netCDF-4, 2026-12-01);
  * jobs of 2,560 (2.5 GiB) ran at 19.6, 0.77 of one .load() of the whole set
- * (25.5); 3,840 at 16.8 and 5,120 at 10.6. zstd: 0 — its batches ran at
- * 0.66-0.79 of its .load() one a plan, and groups of 6 and 8 were slower
- * (third round). */
+ * (25.5); 3,840 at 16.8 and 5,120 at 10.6. zstd asks the same: Zarr v3
+ * zstd batches of 160 one-MiB chunks, one job each, five in flight, ran at
+ * 23.5-26.4 GB/s (0.66-0.69 of its .load()); jobs of 1,280, 2,560 and 5,120
+ * chunks, two in flight, at 41.3-43.6, 44.4 and 42.5 (1.07-1.16 of .load(),
+ * one run of the seventh session; a third job in flight: 40.2-42.8). Jobs of
+ * 640 ran at 19.9-26.7 in both runs that had them. */
 enum { MODE_CPU = 0, MODE_GPU = 1, MODE_BOTH = 2 };
 typedef struct class_rate {
     int mode;
@@ -165,7 +168,7 @@ typedef struct class_rate {
                                     hold (ferry_plan_job_bytes); 0: any size runs at the rate */
 } class_rate;
 static const class_rate auto_table[NCLASS] = {
-    [FERRY_NVCOMP_ZSTD] = {MODE_GPU, 53.2, 93.0, 0.67, 256, 256u << 20, 5, 0},
+    [FERRY_NVCOMP_ZSTD] = {MODE_GPU, 53.2, 93.0, 0.67, 256, 256u << 20, 5, 2560ull << 20},
     [FERRY_NVCOMP_LZ4] = {MODE_CPU, 24.1, 0, 1.51, 256, 256u << 20, 3, 0},
     [FERRY_NVCOMP_DEFLATE] = {MODE_BOTH, 53.0, 31.0, 0.46, 1024, 512u << 20, 3, 2560ull << 20},
     [CLASS_BLOSC] = {MODE_GPU, 39.0, 0, 1.70, 256, 256u << 20, 3, 0},

@@ -1021,10 +1021,10 @@ static void test_pool_keeps_a_stream_s_two_sets(void) {
     zchunks_free(&z);
 }
 
-/* ferry_plan_job_bytes: the decoded bytes a job of a stream should hold. Only
- * GPU-bound deflate asks for more than any size (2.5 GiB of deflate's bytes,
- * scaled by deflate's share of the plan), at most a sixteenth of the device
- * (the stand-in's FERRY_CUDASIM_MEM); zstd, the CPU policy and host
+/* ferry_plan_job_bytes: the decoded bytes a job of a stream should hold.
+ * GPU-decoded deflate and zstd ask for 2.5 GiB of their bytes, scaled by
+ * their share of the plan, at most a sixteenth of the device (the stand-in's
+ * FERRY_CUDASIM_MEM); lz4 (the CPU's under AUTO), the CPU policy and host
  * destinations ask nothing. The plans are never run (their chunks are not
  * real deflate). */
 static void test_job_bytes_hint(void) {
@@ -1035,12 +1035,14 @@ static void test_job_bytes_hint(void) {
     zchunks_write(&z, "hint.bin", 4, 4096, 23, 1);
     CHECK_EQ_I(ferry_file_open(ctx_, z.path, FERRY_READ, &f), 0);
     const uintptr_t fake = (uintptr_t)1 << 44;   /* addresses only: nothing runs */
-    ferry_plan *defl, *mixed, *zs, *host;
-    ferry_plan_create(&defl); ferry_plan_create(&mixed); ferry_plan_create(&zs); ferry_plan_create(&host);
+    ferry_plan *defl, *mixed, *zs, *lz, *host;
+    ferry_plan_create(&defl); ferry_plan_create(&mixed); ferry_plan_create(&zs); ferry_plan_create(&lz);
+    ferry_plan_create(&host);
     for (int i = 0; i < 8; i++) {
         add_chunk(defl, f, FERRY_CODEC_ZLIB, 0, 100, MiB, fake, 8 * MiB, (uint64_t)i * MiB);
         add_chunk(mixed, f, i % 4 ? FERRY_CODEC_ZSTD : FERRY_CODEC_ZLIB, 0, 100, MiB, fake, 8 * MiB, (uint64_t)i * MiB);
         add_chunk(zs, f, FERRY_CODEC_ZSTD, 0, 100, MiB, fake, 8 * MiB, (uint64_t)i * MiB);
+        add_chunk(lz, f, FERRY_CODEC_LZ4, 0, 100, MiB, fake, 8 * MiB, (uint64_t)i * MiB);
         ferry_extent e;
         memset(&e, 0, sizeof e);
         e.kind = FERRY_EXTENT_READ; e.file = f; e.offset = 0; e.length = 100;
@@ -1055,9 +1057,12 @@ static void test_job_bytes_hint(void) {
     printf("  deflate plan: %llu MiB a job\n", (unsigned long long)(got / MiB));
     if (count) CHECK_EQ_I(got, want);
     else CHECK(got > 0 && got <= want);   /* a real device: its memory may cap it */
-    if (count) CHECK_EQ_I(ferry_plan_job_bytes(ctx_, mixed, FERRY_DECODE_AUTO), 4 * want);   /* a quarter deflate */
+    /* a quarter deflate, three quarters zstd: deflate's share asks the most */
+    if (count) CHECK_EQ_I(ferry_plan_job_bytes(ctx_, mixed, FERRY_DECODE_AUTO), 4 * want);
+    if (count) CHECK_EQ_I(ferry_plan_job_bytes(ctx_, zs, FERRY_DECODE_AUTO), want);
     CHECK_EQ_I(ferry_plan_job_bytes(ctx_, defl, FERRY_DECODE_CPU), 0);
-    CHECK_EQ_I(ferry_plan_job_bytes(ctx_, zs, FERRY_DECODE_AUTO), 0);
+    CHECK_EQ_I(ferry_plan_job_bytes(ctx_, zs, FERRY_DECODE_CPU), 0);
+    CHECK_EQ_I(ferry_plan_job_bytes(ctx_, lz, FERRY_DECODE_AUTO), 0);
     CHECK_EQ_I(ferry_plan_job_bytes(ctx_, host, FERRY_DECODE_GPU), 0);
     CHECK_EQ_I(ferry_plan_job_bytes(ctx_, NULL, FERRY_DECODE_AUTO), 0);
     if (count) {
@@ -1065,7 +1070,8 @@ static void test_job_bytes_hint(void) {
         CHECK_EQ_I(ferry_plan_job_bytes(ctx_, defl, FERRY_DECODE_GPU), (16ull << 30) / 16);
         unsetenv("FERRY_CUDASIM_MEM");
     }
-    ferry_plan_destroy(defl); ferry_plan_destroy(mixed); ferry_plan_destroy(zs); ferry_plan_destroy(host);
+    ferry_plan_destroy(defl); ferry_plan_destroy(mixed); ferry_plan_destroy(zs); ferry_plan_destroy(lz);
+    ferry_plan_destroy(host);
     ferry_file_close(f);
     zchunks_free(&z);
 }

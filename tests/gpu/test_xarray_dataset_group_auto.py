@@ -1,8 +1,8 @@
 """XarrayDataset's batches per read when batches_per_read=None: on a GPU the engine says how large a
 job of the data should be (Context.job_bytes, ferry_plan_job_bytes), from a plan of one row that is
-never run. netCDF-4 deflate asks for 2.5 GiB a job (nvCOMP's deflate fills the GPU only with
-thousands of chunks at once): here the most, 64 batches, two groups in flight; netCDF-3 (nothing to
-decode) and Zarr zstd keep 1 and the prefetch's depth. Runs on the stand-in driver and nvCOMP (tests/cudasim) as on a GPU: only the plan is made,
+never run. netCDF-4 deflate and Zarr zstd ask for 2.5 GiB a job (nvCOMP's decoders fill the GPU
+only with thousands of chunks at once): here the most, 64 batches, two groups in flight; netCDF-3
+(nothing to decode) keeps 1 and the prefetch's depth. Runs on the stand-in driver and nvCOMP (tests/cudasim) as on a GPU: only the plan is made,
 with the runtime's device set to CUDA device 0; the batches of a real GPU are checked in
 test_xarray_dataset_gpu.py."""
 import numpy as np
@@ -54,7 +54,7 @@ def _group_on_cuda(ds, depth=None):
         rt.device = cpu
 
 
-@pytest.mark.parametrize("fmt,want", [("nc4", 64), ("nc3", 1), ("zarr", 1)])
+@pytest.mark.parametrize("fmt,want", [("nc4", 64), ("nc3", 1), ("zarr", 64)])
 def test_auto_group_follows_the_engine(tmp_path, fmt, want):
     p = _files(tmp_path, fmt)
     src = xr.open_dataset(p, engine=FerryBackendEntrypoint, device="cpu")
