@@ -27,7 +27,8 @@ Epochs
     its StopIteration, the step in which the other ranks finish the epoch.
     Worker copies learn their epoch from a shared-memory board (_torch_loader.EpochBoard): each
     new DataLoader pass is the next epoch unless set_epoch/load_state_dict in the main process
-    chose one.
+    chose one. In the main process the next epoch's first reads run while a pass's last batches
+    are consumed (_BatchStream, "Epoch boundaries"; FERRY_EPOCH_AHEAD=off turns it off).
 """
 from __future__ import annotations
 
