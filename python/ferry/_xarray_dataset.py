@@ -1035,6 +1035,13 @@ class XarrayDataset(_BatchStream):
         bufs, job, handles = self._read_rows(rt, rows, row_boxes)
         return bufs, job, handles, (bufs, inv, t0, rows, row_boxes is not None)
 
+    def _start_planning(self, rt):
+        # at a pass's end: the next pass's groups (_BatchStream._read_ahead) are planned now, not
+        # at that pass's first wait; and none is left unplanned on the dataset, where its _Planned
+        # (holding the dataset) would make a cycle that the cyclic GC may end on the planner
+        # thread, whose __del__ would then wait for planning queued behind itself
+        _kick(rt)
+
     def _release(self, rt, g):
         with _lock_of(rt):          # the planner thread takes handles while this one gives them back
             _BatchStream._release(self, rt, g)

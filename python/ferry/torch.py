@@ -27,12 +27,14 @@ Epochs
     its StopIteration, the step in which the other ranks finish the epoch.
     Worker copies learn their epoch from a shared-memory board (_torch_loader.EpochBoard): each
     new DataLoader pass is the next epoch unless set_epoch/load_state_dict in the main process
-    chose one.
+    chose one. In the main process the next epoch's first reads run while a pass's last batches
+    are consumed (_BatchStream, "Epoch boundaries"; FERRY_EPOCH_AHEAD=off turns it off).
 """
 from __future__ import annotations
 
 import collections
 import glob as _glob
+import itertools
 import math
 import os
 import re
@@ -477,8 +479,7 @@ def _plan_sample_files(rt, plan, f, paths, dst, handles, alloc=None):
         # open is of the current file); the signature is taken before the open, so a replace
         # racing it is caught at the file's next batch.
         cached = key in rt.handles
-        st = os.stat(p)
-        sig = (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns)
+        sig = _file_sig(p)
         e = rt.handle(key, lambda p=p: _ferry.Dataset(rt.ctx, p))
         if not cached or len(e) < 3:
             e[2:] = [sig]
@@ -510,6 +511,13 @@ def _plan_sample_files(rt, plan, f, paths, dst, handles, alloc=None):
         elif nbytes:
             plan.read(h, v["name"], (dst.data_ptr() + j * nbytes, nbytes, dev), native=True)
     return out if dst is None else None
+
+
+def _file_sig(path):
+    """What tells a file replaced or rewritten from the one read before: inode, device, size,
+    mtime (OSError when it is gone)."""
+    st = os.stat(path)
+    return st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns
 
 
 def _only_var(h, path, field):
@@ -833,12 +841,55 @@ class _PlannedJob:
         return None if j is None else j.path
 
 
+def _epoch_ahead():
+    """FERRY_EPOCH_AHEAD: whether a pass reads the next pass's first groups (on, the default) or
+    not (off). Any other value is refused: ferry never ignores a bad setting."""
+    v = os.environ.get("FERRY_EPOCH_AHEAD")
+    if v is None or v == "on":
+        return True
+    if v == "off":
+        return False
+    raise ValueError(f'FERRY_EPOCH_AHEAD="{v}": use on or off')
+
+
+class _Ahead:
+    """The next pass's first read groups, submitted while a pass hands out its last batches
+    (_BatchStream._read_ahead). They live on the dataset, not in the pass's generator, whose
+    `finally` would wait for them and drop them; `key` is everything that decides their
+    contents, and the next pass takes them only if it would have submitted the same groups."""
+    __slots__ = ("pid", "rt", "key", "epoch", "lay", "units", "ids_for", "groups", "stamps")
+
+
 # --------------------------------------------------------------------------------------------
 # The dataset contract (order, sharding, epochs, resume, prefetch, hand-off), shared by
 # ArrayDataset and TokenDataset (and meant for XarrayDataset): a subclass describes its samples
 # with `_fields` (objects with name, shape, dtype, row_bytes and read()) and `num_samples`.
 # --------------------------------------------------------------------------------------------
 class _BatchStream(IterableDataset):
+    """The contract ArrayDataset, TokenDataset and XarrayDataset share (the module's docstring
+    says what it promises); _iterate runs one pass, keeping up to `depth` read groups in flight
+    (_groups_in_flight), the one being handed out included.
+
+    Epoch boundaries
+        Once a pass (in the main process) has submitted its last group, it submits the first
+        groups of the next pass — the one the next iter() runs if nothing changes in between:
+        epoch + 1 from its start — while its last batches are consumed, as many as keep `depth`
+        groups in flight (GPU memory holds no more groups than within an epoch). Without them
+        an epoch's first next() waited for a whole read group (H200, XarrayDataset, netCDF-4, 17
+        batches a read: 216 ms); DALI's readers also read across the boundary. The groups are
+        kept on the dataset, and the next pass starts with them only if everything that decides
+        their contents is what it would plan: the runtime (device), epoch, start 0 and no
+        resumed worker position, rank, world size, batch size, drop_last, the number of
+        samples, seed, shuffle, block_size, the group size and the units themselves, and for
+        samples="files" every file unchanged (_ahead_stamp). Otherwise (set_epoch to another
+        epoch, load_state_dict of another position, a pass broken off mid-epoch, another device)
+        they are waited for and dropped, and the pass plans as without them. A read error in a
+        kept group is raised at that group's turn in the next pass, as without it; a group
+        dropped raises nothing. After the last epoch the kept groups hold their memory until the
+        next iter() or the dataset's end. Passes in DataLoader workers, and prefetch=0, read
+        nothing ahead. FERRY_EPOCH_AHEAD=off (read at each iter(); "on" or unset: the default)
+        turns it off: a pass then neither uses nor submits the next pass's groups.
+    """
     _STATE_TAG = _STATE_TAG
     # issue the next group's casts and transform while this one is handed out
     # (_stage_ahead); a subclass whose _finish may raise about its files opts in once its
@@ -885,6 +936,7 @@ class _BatchStream(IterableDataset):
         self._pass_over = False    # this rank's share is used up, the epoch not: see end_of_pass
         self._passes = 0           # passes started by this copy (a worker's tag; see _torch_loader)
         self._order_cache = None
+        self._ahead = None         # the next pass's first groups (_Ahead), read by this pass's end
         self._board = EpochBoard()  # epochs counted across DataLoader worker passes
         self.last_path = None      # engine path that served the latest batch
 
@@ -989,6 +1041,7 @@ class _BatchStream(IterableDataset):
             if rt is not None and rt.pid == pid and rt.device == device:
                 return rt
             if rt is not None and rt.pid == pid:
+                self._drop_ahead()      # their jobs use rt's open files and its device
                 rt.close()
             elif rt is not None:
                 # inherited through fork: its engine threads do not exist here, so it must never
@@ -1021,6 +1074,7 @@ class _BatchStream(IterableDataset):
         st["_rt"] = None
         st["_rt_lock"] = None
         st["_order_cache"] = None
+        st["_ahead"] = None     # jobs of this process's engine, and the buffers they fill
         st["_ctx_arg"] = None   # contexts do not travel between processes
         # the epoch board travels as shared memory to spawned workers (torch's ForkingPickler
         # reduction) and as a private copy through plain pickle
@@ -1031,6 +1085,7 @@ class _BatchStream(IterableDataset):
         self._rt_lock = threading.Lock()
 
     def __del__(self):
+        self._drop_ahead()          # no job may outlive its buffers
         rt = getattr(self, "_rt", None)
         if rt is not None and rt.pid == os.getpid():
             rt.close()
@@ -1194,6 +1249,7 @@ class _BatchStream(IterableDataset):
         return self._epoch, start, 0
 
     def _iterate(self):
+        ahead_on = _epoch_ahead()       # checked in workers too, where nothing is read ahead
         winfo = get_worker_info()
         in_worker = winfo is not None
         wid, nw = (winfo.id, winfo.num_workers) if in_worker else (0, 1)
@@ -1220,11 +1276,14 @@ class _BatchStream(IterableDataset):
         group_bytes = group_units * batch * sum(int(getattr(f, "row_bytes", 0) or 0) for f in self._fields)
         depth = self._read_depth(rt, _groups_in_flight(self.prefetch, 1 if per_sample else group_units,
                                                        group_bytes, rt.staging_bytes))
-        unit_iter = iter(mine)
-        ids_for = _IdsAhead(order, lay, mine, max(_IdsAhead.CHUNK, group_units)) \
-            if hasattr(order, "take") and not self._ORDER_IN_PLAN else None
-
-        pending = collections.deque()
+        ids_for = self._ids_source(order, lay, mine, group_units)
+        ahead_on = ahead_on and not in_worker
+        # the groups the pass before submitted for this one, if it would submit the same
+        pending = collections.deque(self._take_ahead(
+            self._ahead_key(rt, epoch, start, skip, rank, world, group_units) if ahead_on else None,
+            order, mine, group_units))
+        unit_iter = iter(mine[sum(len(g.units) for g in pending):])
+        read_ahead = ahead_on and self.prefetch > 0      # prefetch=0: nothing read ahead
         retiring = collections.deque()
 
         def submit_next():
@@ -1270,6 +1329,8 @@ class _BatchStream(IterableDataset):
             while True:
                 while not exhausted and len(pending) < depth:
                     exhausted = not submit_next()
+                if exhausted and read_ahead and gen == self._generation:
+                    self._read_ahead(rt, epoch + 1, rank, world, group_units, depth - len(pending))
                 if not pending:
                     break
                 g = pending.popleft()
@@ -1292,16 +1353,114 @@ class _BatchStream(IterableDataset):
                     yield out
             other_ranks_step()
         finally:
-            # buffers must outlive the engine's use of them
-            for g in pending:
-                try:
-                    if g.job is not None:
-                        g.job.wait()
-                except Exception:
-                    pass
-                self._release(rt, g)
+            self._abandon(rt, pending)
             pending.clear()
             self._retire(retiring, block=True, raise_errors=False)
+            if read_ahead:
+                self._start_planning(rt)    # the next pass's groups, while nothing is handed out
+
+    def _abandon(self, rt, groups):
+        """Wait for the groups' jobs and give back what they hold: buffers must outlive the
+        engine's use of them. Their errors are nobody's: no batch of them is handed out."""
+        for g in groups:
+            try:
+                if g.job is not None:
+                    g.job.wait()
+            except Exception:
+                pass
+            self._release(rt, g)
+
+    def _ids_source(self, order, lay, mine, group_units):
+        """The sample ids of a pass's units, computed ahead in chunks from an order evaluated on
+        the fly (None: _submit slices the order, or maps positions itself)."""
+        if hasattr(order, "take") and not self._ORDER_IN_PLAN:
+            return _IdsAhead(order, lay, mine, max(_IdsAhead.CHUNK, group_units))
+        return None
+
+    # ---------------------------------------------------------------- the next pass's first reads
+    def _ahead_key(self, rt, epoch, start, skip, rank, world, group_units):
+        """Everything that decides the groups a pass submits first (the order is (num_samples,
+        seed, epoch, shuffle, block_size); the layout (num_samples, start, world, rank, batch,
+        drop_last)). rt compares by identity: another device or a new engine is another key."""
+        return (rt, rt.device, epoch, start, skip, rank, world, self.batch_size, self.drop_last,
+                self.num_samples, self.seed, self.shuffle, self.block_size, group_units)
+
+    def _read_ahead(self, rt, epoch, rank, world, group_units, room):
+        """Submit the first groups of the pass after this one (epoch `epoch` from its start, in
+        the main process) until `room` of them are kept. A submit that raises ends it: those
+        units are the next pass's to submit, and their error is raised there, as without it."""
+        key = self._ahead_key(rt, epoch, 0, 0, rank, world, group_units)
+        a = self._ahead
+        if a is None or a.key != key:
+            self._drop_ahead()
+            a = _Ahead()
+            a.pid, a.rt, a.key, a.epoch, a.groups, a.stamps = os.getpid(), rt, key, epoch, [], []
+            a.lay = _Layout(self.num_samples, 0, world, rank, self.batch_size or 1, self.drop_last)
+            units = range(a.lay.count)
+            a.units = iter(units)
+            a.ids_for = self._ids_source(self._order(epoch), a.lay, units, group_units)
+            self._ahead = a
+        # the order from the cache, and into it: XarrayDataset reads the epoch of its random
+        # patches off the cached order (_epoch_of_order)
+        order = self._order(epoch)
+        while len(a.groups) < room:
+            units = list(itertools.islice(a.units, group_units))
+            if not units:
+                return
+            try:
+                stamp = self._ahead_stamp(order, a.lay, units)      # before the files are read
+                g = self._submit(rt, order, a.lay, units, None if a.ids_for is None else a.ids_for(units))
+            except Exception:
+                a.units = iter(())
+                return
+            a.groups.append(g)
+            a.stamps.append(stamp)
+
+    def _ahead_stamp(self, order, lay, units):
+        """What must not change between the submit of a group read ahead and the pass that takes
+        it, for the group to hold what that pass would read (None: nothing; rows and token
+        windows are read through files opened once per process, which a replaced file does not
+        change, and XarrayDataset's hand-off checks its files itself)."""
+        return None
+
+    def _take_ahead(self, key, order, mine, group_units):
+        """The kept groups (_Ahead) as this pass's first pending groups when they are what it
+        would submit first (key None: use none); else they are waited for and dropped."""
+        a = self._ahead
+        if a is not None and key is not None and self._ahead_fits(a, key, order, mine, group_units):
+            self._ahead = None
+            return a.groups
+        self._drop_ahead()
+        return []
+
+    def _ahead_fits(self, a, key, order, mine, group_units):
+        """Whether the kept groups `a` are the first groups this pass (key, mine) would submit:
+        made in this process for the same key, the same units, their files unchanged."""
+        if a.pid != os.getpid() or a.key != key:
+            return False
+        if any(g.units != list(mine[k * group_units:(k + 1) * group_units]) for k, g in enumerate(a.groups)):
+            return False
+        try:
+            return all(st is None or self._ahead_stamp(order, a.lay, g.units) == st
+                       for g, st in zip(a.groups, a.stamps))
+        except OSError:         # a file gone: the pass submits that group itself (and says so)
+            return False
+
+    def _drop_ahead(self):
+        """Wait for the kept groups and drop them (a mismatch, another runtime, the dataset's end)."""
+        a, self._ahead = getattr(self, "_ahead", None), None
+        if a is None:
+            return
+        if a.pid != os.getpid():
+            # inherited through fork: jobs of the parent's engine, whose threads do not exist
+            # here; never waited for or freed in this process (as _FORKED runtimes)
+            _FORKED.append(a)
+            return
+        self._abandon(a.rt, a.groups)
+
+    def _start_planning(self, rt):
+        """Start planning the groups submitted whose planning waits for a hand-off (XarrayDataset
+        plans on a thread, at the consumer's next wait). Here _submit plans every group itself."""
 
     # ---------------------------------------------------------------- reading
     def _read_group(self, rt):
@@ -1636,6 +1795,15 @@ class ArrayDataset(_BatchStream):
         self.num_samples = self._fields[0].rows
         self._convert = self._conversions(dtype, normalize)
         self._staging_per_field(staging)   # "auto" or "engine": one path either way
+
+    def _ahead_stamp(self, order, lay, units):
+        """samples="files": every file of the group's samples. Their headers are read when the
+        group is submitted (and replaced files opened anew: _plan_sample_files); a file replaced
+        between a group read ahead and the next pass would have been read anew by that pass."""
+        if self.samples != "files":
+            return None
+        ids = np.concatenate([np.asarray(order[lo:hi]) for lo, hi in (lay.unit(s) for s in units)])
+        return tuple(_file_sig(f.paths[i]) for f in self._fields for i in ids.tolist())
 
 
 def _per_field_option(v, names, single, what):

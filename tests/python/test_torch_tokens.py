@@ -247,6 +247,7 @@ def test_a_read_group_is_one_plan_windows_call(bins, monkeypatch):
         return real(*a)
     monkeypatch.setattr(ft._ferry, "plan_windows", counting)
     monkeypatch.setattr(ft._IdsAhead, "__call__", lambda *a: pytest.fail("ids computed in Python"))
+    monkeypatch.setenv("FERRY_EPOCH_AHEAD", "off")       # one epoch's calls, not the next one's first
     ds = TokenDataset(str(root / "train_*.bin"), L, 5, seed=4, device="cpu", batches_per_read=4)
     got = [i for x, y in ds for i in _ids_of(x, ref)]
     n = len(ref)

@@ -259,6 +259,9 @@ def test_when_a_groups_planning_starts(files, monkeypatch, ready):
     for name, fn in (("_submit", submit), ("_handoff", handoff), ("_finish", finish), ("_read_rows", read_rows)):
         monkeypatch.setattr(XarrayDataset, name, fn)
     monkeypatch.setattr(X._Planned, "_start", started)
+    # one epoch's groups; the next epoch's, read ahead, are planned at the pass's end
+    # (test_torch_epoch_ahead.py)
+    monkeypatch.setenv("FERRY_EPOCH_AHEAD", "off")
     ds = _ds(paths, batches_per_read=2, prefetch=2)       # two groups in flight
 
     def batches():                              # ready: a step long enough for every read

@@ -118,6 +118,7 @@ def test_batches_are_planned_off_the_consumers_thread(tmp_path, monkeypatch):
         where.append((threading.get_ident(), tuple(np.asarray(rows).tolist())))
         return orig(self, rt, rows, boxes)
     monkeypatch.setattr(XarrayDataset, "_read_rows", read_rows)
+    monkeypatch.setenv("FERRY_EPOCH_AHEAD", "off")       # one epoch's plans (and no stores kept for the next)
     ds = XarrayDataset(p, ["a", "b", "c"], batch_size=3, shuffle=True, seed=4, device="cpu", prefetch=3,
                        return_time=True)
     got = []
