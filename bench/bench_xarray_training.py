@@ -702,17 +702,22 @@ def main():
                                    group=a.batches_per_read)
             rows.append((fmt, "XarrayDataset via ferry.dali (ratio: vs alone)", dr, dr / fr))
         if cuda:
-            for ss in (False, True):        # the throughput row's dataset, warm: no warm-up epoch
-                _, idle, waits = ferry_epoch(path, names, a.device, a.batch, a.prefetch, step_gbps=a.step_gbps,
-                                             step_sync=ss, xd=xd, warmup=False)
-                label = f"GPU idle behind a {a.step_gbps:g} GB/s step" + (", host waits" if ss else "")
+            # the throughput row's dataset, warm: no warm-up epoch. Each epoch begins with the
+            # groups the epoch before read ahead for it; the last row turns that off (its epoch's
+            # first batch waits for its first read, as before FERRY_EPOCH_AHEAD)
+            for ss, env in ((False, {}), (True, {}), (False, {"FERRY_EPOCH_AHEAD": "off"})):
+                with environ(env):
+                    _, idle, waits = ferry_epoch(path, names, a.device, a.batch, a.prefetch, step_gbps=a.step_gbps,
+                                                 step_sync=ss, xd=xd, warmup=False)
+                label = f"GPU idle behind a {a.step_gbps:g} GB/s step" + (", host waits" if ss else "") + \
+                    "".join(f", {k}={v}" for k, v in env.items())
                 rows.append((fmt, label, idle[0] if idle else None, None))
                 if idle and idle[1] is not None:
                     rows.append((fmt, label + ", after the first batch", idle[1], None))
-                if ss and len(waits) > 1:
+                if (ss or env) and len(waits) > 1:
                     # the epoch's first batch waits for its whole first read; the rest is the stream
                     ms, rest = waits[0] * 1e3, waits[1:] * 1e3
-                    rows.append((fmt, f"  next() host ms, host waits: first {ms:.2f}, then median "
+                    rows.append((fmt, f"  next() host ms, {'host waits' if ss else 'ahead off'}: first {ms:.2f}, then median "
                                       f"{np.median(rest):.3f} p90 {np.percentile(rest, 90):.3f} max {rest.max():.2f}",
                                  float(rest.mean()), None))
         del xd
