@@ -60,13 +60,11 @@ static void load_once(void) {
     S(LaunchKernel, "cuLaunchKernel");
 #undef S
     if (miss) { why_ = "libcuda.so.1 lacks a required function (driver too old)"; return; }
-    /* optional: NULL where the driver lacks them, and a driver without them
-     * must not make the GPU unusable. StreamGetCtx, MemGetInfo, EventQuery and
-     * MemAllocAsync have callers that do without them; DriverGetVersion,
-     * DevicePrimaryCtxRelease and MemHost(Un)Register have none today. */
+    /* optional: NULL where the driver lacks them. Nothing calls the last five
+     * today; they are kept for the staging and polling work that will, and a
+     * driver without them must not make the GPU unusable. */
     *(void **)&api_.StreamGetCtx = dlsym(h, "cuStreamGetCtx");
     *(void **)&api_.MemGetInfo = dlsym(h, "cuMemGetInfo_v2");
-    *(void **)&api_.MemAllocAsync = dlsym(h, "cuMemAllocAsync");
     *(void **)&api_.DriverGetVersion = dlsym(h, "cuDriverGetVersion");
     *(void **)&api_.DevicePrimaryCtxRelease = dlsym(h, "cuDevicePrimaryCtxRelease_v2");
     *(void **)&api_.EventQuery = dlsym(h, "cuEventQuery");

@@ -26,12 +26,8 @@ enum {
     FERRY_CU_STREAM_NON_BLOCKING = 1,
     FERRY_CU_MEMHOSTALLOC_PORTABLE = 1,
     FERRY_CU_MEMHOSTREGISTER_PORTABLE = 1,
-    FERRY_CUDA_ERROR_OUT_OF_MEMORY = 2,
     FERRY_CUDA_ERROR_NOT_READY = 600
 };
-/* The calling thread's own default stream (the driver's CU_STREAM_PER_THREAD):
- * ordered with nothing another thread queued. */
-#define FERRY_CU_STREAM_PER_THREAD ((CUstream)(uintptr_t)0x2)
 
 typedef struct ferry_cu_memcpy2d {
     size_t srcXInBytes, srcY;
@@ -86,7 +82,6 @@ typedef struct ferry_cuda_api {
                              unsigned, CUstream, void **, void **);
     CUresult (*StreamGetCtx)(CUstream, CUcontext *);   /* optional (CUDA 9.2+): may be NULL */
     CUresult (*MemGetInfo)(size_t *, size_t *);        /* optional: may be NULL (free, total of the current context's device) */
-    CUresult (*MemAllocAsync)(CUdeviceptr *, size_t, CUstream);   /* optional (CUDA 11.2+): may be NULL */
 } ferry_cuda_api;
 
 /* Load libcuda.so.1 and cuInit(0) once (thread-safe). Returns the table, or

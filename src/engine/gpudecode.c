@@ -888,48 +888,15 @@ static int gd_slots(void) {
 }
 #define MAX_BLOSC_STREAMS 65536
 
-/* A slot's device memory comes from the driver's stream-ordered allocator
- * where it has one (cuMemAllocAsync, CUDA 11.2+), because cuMemFree of
- * cuMemAlloc'd memory may wait for the whole device: for every kernel any
- * stream has queued, a training loop's steps included. The call-slot pool
- * frees sets and a slot grows (frees, then allocates) between jobs, and each
- * such free stalled the feeders for as long as the loop's queue on the GPU
- * (H200, XarrayDataset over netCDF-4 behind a 10 GB/s step: waits of about
- * 410 ms in mid-epoch). Memory from cuMemAllocAsync is freed by cuMemFree
- * without that wait, once its own uses are done: slot_mem_free waits for the
- * slot's stream, where every copy, decode and placement using its buffers
- * runs. The allocation is made on the calling thread's own stream, which
- * runs nothing else, and waited for there, so any stream may use it. Where
- * the driver lacks it or refuses it (no memory pools), cuMemAlloc. */
-static CUresult slot_mem_alloc(const ferry_cuda_api *cu, CUdeviceptr *p, size_t n) {
-    if (cu->MemAllocAsync) {
-        CUresult r = cu->MemAllocAsync(p, n, FERRY_CU_STREAM_PER_THREAD);
-        if (!r) {
-            if (!(r = cu->StreamSynchronize(FERRY_CU_STREAM_PER_THREAD))) return 0;
-            cu->MemFree(*p);
-        }
-        *p = 0;
-        if (r == FERRY_CUDA_ERROR_OUT_OF_MEMORY) return r;
-    }
-    return cu->MemAlloc(p, n);
-}
-static void slot_mem_free(const ferry_cuda_api *cu, CUstream s, CUdeviceptr *p) {
-    if (!*p) return;
-    if (s) cu->StreamSynchronize(s);
-    cu->MemFree(*p);
-    *p = 0;
-}
-
 static void slot_free(const ferry_cuda_api *cu, gd_slot *g) {
     if (g->done) { cu->EventSynchronize(g->done); cu->EventDestroy(g->done); }
     if (g->dec) cu->EventDestroy(g->dec);
-    if (g->stream) cu->StreamSynchronize(g->stream);
-    slot_mem_free(cu, NULL, &g->din);
-    slot_mem_free(cu, NULL, &g->dres);
-    slot_mem_free(cu, NULL, &g->dtemp);
-    slot_mem_free(cu, NULL, &g->dscr);
-    slot_mem_free(cu, NULL, &g->darr);
-    if (g->stream) cu->StreamDestroy(g->stream);
+    if (g->stream) { cu->StreamSynchronize(g->stream); cu->StreamDestroy(g->stream); }
+    if (g->din) cu->MemFree(g->din);
+    if (g->dres) cu->MemFree(g->dres);
+    if (g->dtemp) cu->MemFree(g->dtemp);
+    if (g->dscr) cu->MemFree(g->dscr);
+    if (g->darr) cu->MemFree(g->darr);
     /* from ferry_worker_grow: plain ones may be mmapped (hostmem.c), not malloc'd */
     ferry_worker_free_host(g->h, g->hcap, g->hpinned);
     ferry_worker_free_host(g->hres, g->hres_cap, g->hres_pinned);
@@ -969,7 +936,7 @@ static _Thread_local ferry_decode_trace *tl_trace;
  * n rounded up to 2 MiB (1 MiB at least): a call slot is grown once to the job's largest
  * call, and doubling a 128 MiB call's payloads (plus its arrays) made 256 MiB
  * per slot, 8 slots each of payloads and of nvCOMP's temp space. */
-static int dev_alloc(const gd_slot *g, CUdeviceptr *p, size_t *cap, size_t n, int fit) {
+static int dev_alloc(CUdeviceptr *p, size_t *cap, size_t n, int fit) {
     if (*cap >= n && *p) return 0;
     uint64_t t0 = tl_trace ? ferry_dt_now() : 0;
     if (tl_trace) atomic_fetch_add(&tl_trace->allocs, 1);
@@ -977,16 +944,16 @@ static int dev_alloc(const gd_slot *g, CUdeviceptr *p, size_t *cap, size_t n, in
     size_t nc = *cap ? *cap : (1u << 20);
     if (fit) nc = n <= (1u << 20) ? (1u << 20) : (n + ((size_t)2 << 20) - 1) & ~(((size_t)2 << 20) - 1);
     while (nc < n) nc *= 2;
-    slot_mem_free(cu, g->stream, p);
-    *cap = 0;
-    CUresult r = slot_mem_alloc(cu, p, nc);
+    if (*p) cu->MemFree(*p);
+    *p = 0; *cap = 0;
+    CUresult r = cu->MemAlloc(p, nc);
     if (r) { *p = 0; return ferry_seterr(FERRY_ENOMEM, "GPU decode: cuMemAlloc(%zu): %s", nc, ferry_cuda_errstr(r)); }
     *cap = nc;
     ferry_dt_lap(tl_trace, FERRY_DT_ALLOC, &t0);
     return 0;
 }
-static int dev_grow(const gd_slot *g, CUdeviceptr *p, size_t *cap, size_t n) { return dev_alloc(g, p, cap, n, 0); }
-static int dev_fit(const gd_slot *g, CUdeviceptr *p, size_t *cap, size_t n) { return dev_alloc(g, p, cap, n, 1); }
+static int dev_grow(CUdeviceptr *p, size_t *cap, size_t n) { return dev_alloc(p, cap, n, 0); }
+static int dev_fit(CUdeviceptr *p, size_t *cap, size_t n) { return dev_alloc(p, cap, n, 1); }
 
 /* ferry_worker_grow (per worker, reused: it allocates only to grow), timed for the trace. */
 static int host_grow(ferry_worker *w, int d, uint8_t **buf, size_t *cap, int *pinned, size_t n) {
@@ -1412,7 +1379,7 @@ static int batch_layout(ferry_worker *w, ferry_job *j, gd_queue *Q, const uint32
     g->hsize = hsize;
     if ((rc = host_grow(w, g->hplain ? -1 : d, &g->h, &g->hcap, &g->hpinned, FERRY_MAX(hsize, min_h) ? FERRY_MAX(hsize, min_h) : 1)) < 0)
         return rc;
-    if (min_din && (rc = dev_fit(g, &g->din, &g->din_cap, FERRY_MAX(hsize, min_din))) < 0) return rc;
+    if (min_din && (rc = dev_fit(&g->din, &g->din_cap, FERRY_MAX(hsize, min_din))) < 0) return rc;
     ferry_dt_lap(tr, FERRY_DT_LAYOUT, &tlap);
     return 0;
 }
@@ -1451,7 +1418,7 @@ static int batch_launch(ferry_worker *w, ferry_job *j, gd_slot *g, ferry_decode_
         c->cpu_pos = cpu_total;
         cpu_total += up(e->decoded_size, 64);
     }
-    if (scr && (rc = dev_grow(g, &g->dscr, &g->dscr_cap, scr)) < 0) return rc;
+    if (scr && (rc = dev_grow(&g->dscr, &g->dscr_cap, scr)) < 0) return rc;
     for (size_t k = 0; k < n; k++) {
         if (ch[k].out_scr) ch[k].out += g->dscr;
         if (ch[k].fin_scr) ch[k].fin += g->dscr;
@@ -1499,11 +1466,11 @@ static int batch_launch(ferry_worker *w, ferry_job *j, gd_slot *g, ferry_decode_
         }
         /* device arrays: behind the payloads in din, or (coop: din holds the
          * payloads already) in darr */
-        if (coop ? (rc = dev_grow(g, &g->darr, &g->darr_cap, htotal - arr)) < 0 : (rc = dev_grow(g, &g->din, &g->din_cap, htotal)) < 0)
+        if (coop ? (rc = dev_grow(&g->darr, &g->darr_cap, htotal - arr)) < 0 : (rc = dev_grow(&g->din, &g->din_cap, htotal)) < 0)
             return rc;
         const CUdeviceptr abase = coop ? g->darr : g->din + arr;
-        if ((rc = dev_grow(g, &g->dres, &g->dres_cap, res_total)) < 0) return rc;
-        if (temp && (rc = dev_grow(g, &g->dtemp, &g->dtemp_cap, temp)) < 0) return rc;
+        if ((rc = dev_grow(&g->dres, &g->dres_cap, res_total)) < 0) return rc;
+        if (temp && (rc = dev_grow(&g->dtemp, &g->dtemp_cap, temp)) < 0) return rc;
         if ((rc = host_grow(w, d, &g->hres, &g->hres_cap, &g->hres_pinned, res_total)) < 0) return rc;
         /* items: q ordered by algorithm; four arrays of nitems u64 entries */
         uint64_t *in_ptrs = (uint64_t *)(g->h + arr), *in_bytes = in_ptrs + nitems, *out_ptrs = in_bytes + nitems,
@@ -1665,7 +1632,7 @@ static int64_t finish_batch(ferry_worker *w, ferry_job *j, gd_slot *g, ferry_dec
     for (size_t k = 0; k < n; k++) nplace += ch[k].placed;
     if (nplace && g->kernels) {
         if ((rc = host_grow(w, g->hplain ? -1 : d, &g->h, &g->hcap, &g->hpinned, 128 * nplace)) < 0) return rc;
-        if ((rc = dev_grow(g, &g->din, &g->din_cap, 128 * nplace)) < 0) return rc;
+        if ((rc = dev_grow(&g->din, &g->din_cap, 128 * nplace)) < 0) return rc;
         pd = (uint64_t *)g->h;
     }
     size_t np = 0;
@@ -1902,8 +1869,8 @@ static int coop_setup(ferry_worker *w, ferry_job *j, struct ferry_gpudecode_job 
     g->hplain = G->ring;
     int rc = batch_layout(w, j, c->q, G->idx + c->first, c->n, g, G->trace, G->max_h[d] + 128 * G->max_n[d] + 64, G->max_h[d]);
     /* (blosc's splits may ask more arrays and results: they grow then) */
-    if (rc >= 0) rc = dev_fit(g, &g->darr, &g->darr_cap, 128 * G->max_n[d] + 64);
-    if (rc >= 0) rc = dev_fit(g, &g->dres, &g->dres_cap, 32 * G->max_n[d] + 64);
+    if (rc >= 0) rc = dev_fit(&g->darr, &g->darr_cap, 128 * G->max_n[d] + 64);
+    if (rc >= 0) rc = dev_fit(&g->dres, &g->dres_cap, 32 * G->max_n[d] + 64);
     if (rc >= 0) rc = host_grow(w, d, &g->hres, &g->hres_cap, &g->hres_pinned, 32 * G->max_n[d] + 64);
     if (rc >= 0 && c->q->alg < FERRY_NVCOMP_NALG) {
         size_t t = 0;
@@ -1911,7 +1878,7 @@ static int coop_setup(ferry_worker *w, ferry_job *j, struct ferry_gpudecode_job 
         memset(&opts, 0, sizeof opts);
         const ferry_nvcomp_api *nv = ferry_nvcomp_load(NULL);
         if (!ferry_nvcomp_temp_size(nv, c->q->alg, G->max_n[d], G->max_chunk[d], opts, &t, G->max_dec[d], g->stream) && t)
-            rc = dev_fit(g, &g->dtemp, &g->dtemp_cap, t);
+            rc = dev_fit(&g->dtemp, &g->dtemp_cap, t);
     }
     ferry_dt_lap(G->trace, FERRY_DT_LAYOUT, &t0);
     return (int)cb_settle(G, c, CB_FILL, rc);

@@ -39,10 +39,7 @@
  * (read at each call) fails cuMemHostAlloc as a locked-memory limit would.
  * FERRY_CUDASIM_MEM=N (bytes, K/M/G suffixes; read at each call) makes each
  * device that big: cuMemAlloc fails with out-of-memory past it, and
- * cuMemGetInfo reports it less what is allocated (default 80G, never full).
- * cuMemAllocAsync allocates as cuMemAlloc does and marks the memory
- * stream-ordered; cuMemFree of other device memory is counted
- * ("waiting_frees"), where a real driver may wait for the whole device. */
+ * cuMemGetInfo reports it less what is allocated (default 80G, never full). */
 
 #include "cuda/cuda.h"
 #include <pthread.h>
@@ -57,7 +54,7 @@
 enum {
     OK = 0, E_INVALID_VALUE = 1, E_OUT_OF_MEMORY = 2, E_NOT_INITIALIZED = 3,
     E_NO_DEVICE = 100, E_INVALID_DEVICE = 101, E_INVALID_CONTEXT = 201,
-    E_INVALID_HANDLE = 400, E_NOT_FOUND = 500, E_NOT_READY = 600, E_NOT_SUPPORTED = 801
+    E_INVALID_HANDLE = 400, E_NOT_FOUND = 500, E_NOT_READY = 600
 };
 #define MAXDEV 16
 
@@ -102,8 +99,7 @@ static void ev_unref(struct CUevent_st *e) {
     if (--e->refs == 0 && e->destroyed) free(e);
 }
 
-/* ordered: from cuMemAllocAsync (its cuMemFree does not wait for the device) */
-typedef struct region { uintptr_t base; size_t size; int kind, dev, ordered; struct region *next; } region;
+typedef struct region { uintptr_t base; size_t size; int kind, dev; struct region *next; } region;
 enum { R_DEVICE = 1, R_PINNED = 2, R_REGISTERED = 3 };
 
 static int ndev_ = 2, inited_;
@@ -121,9 +117,6 @@ static atomic_long count_bad_kernel_;
  * since the last "reset_pinned_peak") and of cuMemAlloc (calls, bytes) */
 static atomic_long count_pinned_bytes_[MAXDEV], count_pinned_live_[MAXDEV], count_pinned_peak_[MAXDEV];
 static atomic_long count_dev_allocs_[MAXDEV], count_dev_bytes_[MAXDEV], count_dev_live_[MAXDEV];
-/* cuMemFree calls on cuMemAlloc'd memory: a real driver may wait there for
- * every stream of the device (the stand-in does not wait, it counts) */
-static atomic_long count_waiting_frees_;
 int cudasim_is_device(CUdeviceptr p, size_t n);
 
 /* ---- what tests can ask ------------------------------------------------ */
@@ -149,7 +142,6 @@ long cudasim_count(const char *what, int dev) {
     if (!strcmp(what, "device_allocs")) return atomic_load(&count_dev_allocs_[dev]);
     if (!strcmp(what, "device_bytes")) return atomic_load(&count_dev_bytes_[dev]);
     if (!strcmp(what, "device_live")) return atomic_load(&count_dev_live_[dev]);
-    if (!strcmp(what, "waiting_frees")) return atomic_load(&count_waiting_frees_);
     return -1;
 }
 
@@ -171,7 +163,7 @@ static int lookup(uintptr_t p, size_t n, int *kind, int *dev) {
 
 static void add_region(uintptr_t base, size_t size, int kind, int dev) {
     region *r = malloc(sizeof *r);
-    *r = (region){base, size, kind, dev, 0, NULL};
+    *r = (region){base, size, kind, dev, NULL};
     pthread_mutex_lock(&lock_);
     r->next = regions_;
     regions_ = r;
@@ -184,7 +176,6 @@ static int drop_region(uintptr_t base, int kind) {
         if ((*pp)->base == base && (*pp)->kind == kind) {
             region *r = *pp;
             *pp = r->next;
-            if (kind == R_DEVICE && !r->ordered) atomic_fetch_add(&count_waiting_frees_, 1);
             if (kind == R_PINNED) atomic_fetch_sub(&count_pinned_live_[r->dev], (long)r->size);
             if (kind == R_DEVICE) atomic_fetch_sub(&count_dev_live_[r->dev], (long)r->size);
             free(r);
@@ -719,22 +710,6 @@ CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
     atomic_fetch_add(&count_dev_bytes_[cur_->dev], (long)n);
     atomic_fetch_add(&count_dev_live_[cur_->dev], (long)n);
     *p = (CUdeviceptr)(uintptr_t)m;
-    return OK;
-}
-
-/* The stream-ordered allocator: memory at once (a real driver makes it
- * usable in `s`'s order; ferry waits for s before any other stream uses it).
- * FERRY_CUDASIM_NO_POOLS=1 (read at each call): not supported, as on a device
- * without memory pools. */
-CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s) {
-    const char *np = getenv("FERRY_CUDASIM_NO_POOLS");
-    if (np && !strcmp(np, "1")) return E_NOT_SUPPORTED;
-    CUresult r = stream_ok(default_stream(s));
-    if (r) return r;
-    if ((r = cuMemAlloc_v2(p, n))) return r;
-    pthread_mutex_lock(&lock_);
-    find_locked((uintptr_t)*p)->ordered = 1;
-    pthread_mutex_unlock(&lock_);
     return OK;
 }
 

@@ -1021,70 +1021,6 @@ static void test_pool_keeps_a_stream_s_two_sets(void) {
     zchunks_free(&z);
 }
 
-/* Call slots' device memory is freed without waiting for the device: it comes
- * from the stream-ordered allocator, whose cuMemFree does not wait for every
- * stream (the stand-in counts the frees of cuMemAlloc'd memory instead). A
- * one-byte pool evicts a set at every job's end, and jobs of growing calls
- * grow their slots (each growth frees the old memory); the bytes stay right.
- * Where the driver has no memory pools (FERRY_CUDASIM_NO_POOLS=1) the slots
- * fall back to cuMemAlloc and still decode. */
-static void slot_frees_run(ferry_ctx *c, ferry_file *f, const zchunks *z, size_t nchunk, size_t cb, uint8_t *back) {
-    uintptr_t d[2];
-    for (int k = 0; k < 2; k++) ferry_cuda_malloc(c, 0, nchunk * cb, &d[k]);
-    ferry_run_opts o = decode_opts("gpu");
-    for (size_t n = 8; n <= nchunk; n *= 2) {   /* calls of n chunks: the slots grow */
-        ferry_plan *p[2];
-        ferry_job *jb[2];
-        for (int k = 0; k < 2; k++) {
-            p[k] = zstd_chunks_plan(f, z->off, z->len, n, cb, d[k], n, 0);
-            CHECK_EQ_I(ferry_submit(c, p[k], &o, &jb[k]), 0);
-        }
-        int64_t moved = 0;   /* the encoded bytes read */
-        for (size_t i = 0; i < n; i++) moved += (int64_t)z->len[i];
-        for (int k = 0; k < 2; k++) {
-            CHECK_EQ_I(ferry_job_wait(jb[k], -1), moved);
-            ferry_job_destroy(jb[k]);
-            ferry_plan_destroy(p[k]);
-            memset(back, 0, n * cb);
-            ferry_memcpy(c, ferry_host_buf(back, n * cb), ferry_cuda_buf(0, d[k], n * cb), n * cb);
-            CHECK(memcmp(back, z->src, n * cb) == 0);
-        }
-    }
-    for (int k = 0; k < 2; k++) ferry_cuda_free(c, d[k]);
-}
-static void test_slot_frees_do_not_wait(void) {
-    long (*count)(const char *, int) = cudasim_counter();
-    const size_t nchunk = 128, cb = 4096;
-    zchunks z;
-    zchunks_write(&z, "slotfree.bin", nchunk, cb, 29, 1);
-    uint8_t *back = malloc(nchunk * cb);
-    setenv("FERRY_GPU_POOL", "1", 1);
-    ferry_file *f;
-    ferry_ctx *c = ctx_with_file(z.path, &f);
-    long w0 = count ? count("waiting_frees", 0) : 0;
-    slot_frees_run(c, f, &z, nchunk, cb, back);
-    ferry_file_close(f);
-    ferry_ctx_destroy(c);   /* the pool's last sets too */
-    if (count) {
-        /* the two destination buffers per round are ferry_cuda_malloc's (cuMemAlloc): 2 frees */
-        long w = count("waiting_frees", 0) - w0;
-        printf("  call slots grown and evicted: %ld frees that may wait for the device (2 are the test's)\n", w);
-        CHECK_EQ_I(w, 2);
-        setenv("FERRY_CUDASIM_NO_POOLS", "1", 1);
-        c = ctx_with_file(z.path, &f);
-        w0 = count("waiting_frees", 0);
-        slot_frees_run(c, f, &z, nchunk, cb, back);
-        ferry_file_close(f);
-        ferry_ctx_destroy(c);
-        printf("  without memory pools: %ld such frees\n", count("waiting_frees", 0) - w0);
-        CHECK(count("waiting_frees", 0) - w0 > 2);
-        unsetenv("FERRY_CUDASIM_NO_POOLS");
-    }
-    unsetenv("FERRY_GPU_POOL");
-    free(back);
-    zchunks_free(&z);
-}
-
 /* ferry_plan_job_bytes: the decoded bytes a job of a stream should hold.
  * GPU-decoded deflate and zstd ask for 2.5 GiB of their bytes, scaled by
  * their share of the plan, at most a sixteenth of the device (the stand-in's
@@ -1322,7 +1258,6 @@ int main(void) {
     RUN(test_concurrent_jobs_reuse_slots);
     RUN(test_pool_keeps_the_grown_set);
     RUN(test_pool_keeps_a_stream_s_two_sets);
-    RUN(test_slot_frees_do_not_wait);
     RUN(test_job_bytes_hint);
     RUN(test_small_device_smaller_calls);
     RUN(test_first_job_footprint);
