@@ -60,9 +60,10 @@ static void load_once(void) {
     S(LaunchKernel, "cuLaunchKernel");
 #undef S
     if (miss) { why_ = "libcuda.so.1 lacks a required function (driver too old)"; return; }
-    /* optional: NULL where the driver lacks them. Nothing calls the last five
-     * today; they are kept for the staging and polling work that will, and a
-     * driver without them must not make the GPU unusable. */
+    /* optional: NULL where the driver lacks them, and a driver without them
+     * must not make the GPU unusable. StreamGetCtx, MemGetInfo and EventQuery
+     * have callers that do without them; DriverGetVersion,
+     * DevicePrimaryCtxRelease and MemHost(Un)Register have none today. */
     *(void **)&api_.StreamGetCtx = dlsym(h, "cuStreamGetCtx");
     *(void **)&api_.MemGetInfo = dlsym(h, "cuMemGetInfo_v2");
     *(void **)&api_.DriverGetVersion = dlsym(h, "cuDriverGetVersion");
