@@ -354,6 +354,14 @@ def ferry_dataset(path, names, device, batch, prefetch, group=None):
                          batches_per_read=group)
 
 
+def _alloc_retries(device):
+    """torch's caching-allocator retries so far (cudaMalloc failed, cache freed, tried again)."""
+    if device == "cpu":
+        return 0
+    import torch
+    return int(torch.cuda.memory_stats().get("num_alloc_retries", 0))
+
+
 def ferry_epoch(path, names, device, batch, prefetch, dali=False, step_gbps=None, step_sync=False,
                 group=None, xd=None, warmup=True):
     """GB/s of one shuffled epoch of XarrayDataset batches (x on `device`); with step_gbps, the
@@ -388,6 +396,10 @@ def ferry_epoch(path, names, device, batch, prefetch, dali=False, step_gbps=None
     if step:
         gpu_sleep(step)
     sync(device)
+    # torch's allocator retries a failed cudaMalloc after freeing its cache (cudaFree, which
+    # waits for the whole device: every step queued): counted per epoch, to tell such waits
+    # from the engine's
+    retries0 = _alloc_retries(device)
     n, busy, waits, marks = 0, 0.0, [], []
     t0 = time.perf_counter()
     if dali:
@@ -413,10 +425,11 @@ def ferry_epoch(path, names, device, batch, prefetch, dali=False, step_gbps=None
                 torch.cuda.current_stream().synchronize()
     sync(device)
     dt = time.perf_counter() - t0
+    retries = _alloc_retries(device) - retries0
     if marks:
         busy = sum(a.elapsed_time(b) for a, b in marks) / 1e3
         log(f"  steps ran {busy:.3f} s on the GPU, planned {step * len(marks):.3f} s "
-            f"({busy / (step * len(marks)):.3f} x), epoch {dt:.3f} s")
+            f"({busy / (step * len(marks)):.3f} x), epoch {dt:.3f} s, torch allocator retries {retries}")
     # idle over the epoch, and over the time after its first batch came (the first waits for
     # the whole first read: with large groups most of an epoch's idle is there)
     rest = dt - (waits[0] if waits else 0.0)
