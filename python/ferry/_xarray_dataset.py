@@ -891,8 +891,9 @@ class XarrayDataset(_BatchStream):
         return self.batch_group
 
     def _read_depth(self, rt, depth):
-        """Engine-sized groups (_read_group: job_bytes asked for more than one batch): two in
-        flight, the one handed out and the one being read, as ferry_plan_job_bytes assumes. A third
+        """Engine-sized groups (_read_group: the engine asked for a job size, whatever number of
+        batches that made): two in flight, the one handed out and the one being read, as
+        ferry_plan_job_bytes assumes. A third
         made them slower (H200, netCDF-4, 16 batches a read, same run: prefetch 4 — two groups —
         18.9 GB/s, prefetch 32 — three — 14.0: cooperative jobs at once share the engine's
         workers; Zarr zstd, 8 and 16 a read: 41.3-43.6 and 44.4 with two, 40.2-41.4 and 42.8

@@ -389,11 +389,6 @@ size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots,
     return n;
 }
 
-/* Device memory a job's calls may grow into on device `dev`: what the driver
- * reports free plus the idle call-slot sets the context keeps there (a call
- * reuses them), shared with the jobs already in flight on the context (a
- * dataset's prefetched batches each take a set), or 0 where the driver
- * cannot say (no cap). */
 static uint64_t pool_idle_bytes(ferry_ctx *ctx, int dev);
 
 /* The driver's free and total memory of device `dev` (its context made
@@ -411,6 +406,11 @@ static int dev_mem(int dev, size_t *free_b, size_t *total) {
     return ok;
 }
 
+/* Device memory a job's calls may grow into on device `dev`: what the driver
+ * reports free plus the idle call-slot sets the context keeps there (a call
+ * reuses them), shared with the jobs already in flight on the context (a
+ * dataset's prefetched batches each take a set), or 0 where the driver
+ * cannot say (no cap). */
 static uint64_t dev_room(ferry_ctx *ctx, int dev) {
     size_t free_b, total;
     if (!dev_mem(dev, &free_b, &total)) return 0;
