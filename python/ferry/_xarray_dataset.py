@@ -335,7 +335,8 @@ class XarrayDataset(_BatchStream):
         whatever `prefetch` asks: on the H200, 20 variables of 361 x 720 float32, batch 8, 17
         batches a read ran at 21.9-23.3 GB/s (netCDF-4) against 8.1-8.6 with one, and 16 at 44.4
         (Zarr zstd) against 23.5-26.4 (BENCHMARKS.md). Uncompressed and blosc data keep 1. The
-        value in use is ``batch_group`` once iteration has begun.
+        value in use is ``batch_group`` once iteration has begun. A pass reads at most that many
+        a plan, evened out over its batches (104 in reads of 17: 7 reads of 15, the last 14).
 
     Batches are dicts: "x" (B, C*input_steps, H, W) and "y" (B, C_y*target_steps, H, W) when
     target_steps > 0, in `dtype`.

@@ -786,6 +786,20 @@ _FILL_STAGINGS = 2          # on CUDA, batches in flight hold at least twice the
 _MAX_GROUPS = 64            # ... but never more groups than this (tiny batches)
 
 
+def _even_group(count, read_units):
+    """Units per read for a pass of `count` units when a read may take `read_units`: as many
+    reads as read_units gives, of one size, so the pass's last read is not a sliver. With two
+    groups in flight (the one handed out and the one being read) a last read of one batch left
+    the engine idle while the group before it was consumed, and the next epoch's first read
+    (_read_ahead) started only one batch before it was needed (H200, netCDF-4, 104 batches in
+    reads of 17: 6 x 17 + 2; its first next() waited 70-77 ms, BENCHMARKS.md). Evened: 7 x 15
+    (the last 14)."""
+    if read_units <= 1 or count <= read_units:
+        return max(1, min(read_units, count)) if count > 0 else max(1, read_units)
+    reads = -(-count // read_units)
+    return -(-count // reads)
+
+
 def _groups_in_flight(prefetch, group_units, group_bytes, staging_bytes):
     """Groups read ahead of the consumer, the one being handed out included: prefetch + 1
     units, counted in groups when batches are grouped. On CUDA (staging_bytes: all of the
@@ -1272,7 +1286,8 @@ class _BatchStream(IterableDataset):
                                      "count": lay.count, "ended": False}
         order = self._order(epoch)
         per_sample = self.batch_size is None
-        group_units = self.sample_group if per_sample else self._read_group(rt)
+        read_units = self.sample_group if per_sample else self._read_group(rt)
+        group_units = _even_group(len(mine), read_units)
         group_bytes = group_units * batch * sum(int(getattr(f, "row_bytes", 0) or 0) for f in self._fields)
         depth = self._read_depth(rt, _groups_in_flight(self.prefetch, 1 if per_sample else group_units,
                                                        group_bytes, rt.staging_bytes))
@@ -1330,7 +1345,7 @@ class _BatchStream(IterableDataset):
                 while not exhausted and len(pending) < depth:
                     exhausted = not submit_next()
                 if exhausted and read_ahead and gen == self._generation:
-                    self._read_ahead(rt, epoch + 1, rank, world, group_units, depth - len(pending))
+                    self._read_ahead(rt, epoch + 1, rank, world, read_units, depth - len(pending))
                 if not pending:
                     break
                 g = pending.popleft()
@@ -1385,17 +1400,20 @@ class _BatchStream(IterableDataset):
         return (rt, rt.device, epoch, start, skip, rank, world, self.batch_size, self.drop_last,
                 self.num_samples, self.seed, self.shuffle, self.block_size, group_units)
 
-    def _read_ahead(self, rt, epoch, rank, world, group_units, room):
+    def _read_ahead(self, rt, epoch, rank, world, read_units, room):
         """Submit the first groups of the pass after this one (epoch `epoch` from its start, in
         the main process) until `room` of them are kept. A submit that raises ends it: those
-        units are the next pass's to submit, and their error is raised there, as without it."""
+        units are the next pass's to submit, and their error is raised there, as without it.
+        read_units: the units a read may take; that pass evens them out over its own units."""
+        lay = _Layout(self.num_samples, 0, world, rank, self.batch_size or 1, self.drop_last)
+        group_units = _even_group(lay.count, read_units)
         key = self._ahead_key(rt, epoch, 0, 0, rank, world, group_units)
         a = self._ahead
         if a is None or a.key != key:
             self._drop_ahead()
             a = _Ahead()
             a.pid, a.rt, a.key, a.epoch, a.groups, a.stamps = os.getpid(), rt, key, epoch, [], []
-            a.lay = _Layout(self.num_samples, 0, world, rank, self.batch_size or 1, self.drop_last)
+            a.lay = lay
             units = range(a.lay.count)
             a.units = iter(units)
             a.ids_for = self._ids_source(self._order(epoch), a.lay, units, group_units)
@@ -1863,7 +1881,8 @@ class TokenDataset(_BatchStream):
     batches_per_read
         Batches read by one engine plan (planned in one C call), moved to the device by one
         copy and cast by one kernel for x and y together (None: as many as hold about 32 MiB
-        of tokens, at most 64). Each batch is then a slice of its read's tensors (on CUDA):
+        of tokens, at most 64; a pass evens its reads out to one size, at most this). Each
+        batch is then a slice of its read's tensors (on CUDA):
         holding one batch keeps its read's memory.
         Resume stays exact per batch; `prefetch` counts batches, rounded up to whole reads.
     """

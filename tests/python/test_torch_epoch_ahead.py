@@ -182,6 +182,35 @@ def test_the_next_epochs_first_groups_are_submitted_before_its_iter(npy, monkeyp
     assert first[0]["id"].tolist() == epoch_order(N, 3, 0)[:8].tolist()
 
 
+def test_a_pass_evens_its_reads_and_the_next_epoch_takes_them(bins, monkeypatch):
+    """13 batches in reads of at most 6 are 5 + 5 + 3, not 6 + 6 + 1: with two groups in flight a
+    last read of one batch left the engine idle while the one before it was consumed, and the next
+    epoch's first read started one batch before it was needed. The next epoch's reads (submitted
+    ahead, evened over its own batches) are the ones it uses, and its batches equal the off case."""
+    root, toks = bins
+    ref = _windows(toks, L)
+
+    def make():
+        return TokenDataset(str(root / "train_*.bin"), L, 8, seed=4, device="cpu", batches_per_read=6,
+                            prefetch=6)
+    assert ft._even_group(13, 6) == 5 and ft._even_group(104, 17) == 15 and ft._even_group(3, 6) == 3
+    assert ft._even_group(0, 6) == 6 and ft._even_group(12, 6) == 6 and ft._even_group(13, 1) == 1
+    _setting(monkeypatch, "off")
+    want = _run_epochs(make(), 2)
+    _setting(monkeypatch, "on")
+    subs = _Submits(monkeypatch, TokenDataset)
+    ds = make()
+    assert len(ds) == 13
+    got = _run_epochs(ds, 2)
+    _same_batches(got[0], want[0])
+    _same_batches(got[1], want[1])
+    sizes = [len(u) for u in subs.calls]
+    # epochs 0 and 1, then epoch 2's read ahead: prefetch 6 on the host keeps 1 + 2 reads in flight
+    assert sizes == [5, 5, 3] * 3, sizes
+    assert sorted(i for b in got[1] for i in _ids_of(torch.from_numpy(b[0]), ref)) == \
+        sorted(epoch_order(len(ref), 4, 1)[:13 * 8].tolist())
+
+
 def test_xarray_plans_the_groups_read_ahead_by_the_passs_end(nc4_files, monkeypatch):
     """XarrayDataset plans a group on its planner thread at the consumer's next wait; those
     kept for the next pass are planned when the pass ends (nothing of them waits for it)."""
