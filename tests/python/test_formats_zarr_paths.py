@@ -234,3 +234,66 @@ def test_non_utf8_member_name(tmp_path):
         ferry.open(str(store))
     msg = str(ei.value)
     assert str(store) in msg and "caf\\xe9" in msg and "not valid UTF-8" in msg
+
+
+# Many chunks in one read: their lstats are taken at once, on several threads, before the
+# chunks are planned (zarr.c prestat_fill, PRESTAT_MIN = 256); the checks on them are the
+# ones a chunk at a time gets, so every case above holds for a store of 300 time steps too.
+STEPS = 300
+
+
+def _steps_store(tmp_path, name, compressed):
+    zarr = pytest.importorskip("zarr")
+    from zarr.codecs import ZstdCodec
+    kw = dict(compressors=ZstdCodec()) if compressed else dict(compressors=None)
+    a = np.arange(STEPS * 16, dtype="u1").reshape(STEPS, 16)
+    store = str(tmp_path / f"{name}.zarr")          # c/<t>/0: every step its own directory
+    zarr.create_array(store, shape=a.shape, chunks=(1, 16), dtype="u1", zarr_format=3, fill_value=7,
+                      **kw)[:] = a
+    return store, a
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+def test_many_chunks_read_as_one_at_a_time(tmp_path, compressed):
+    store, a = _steps_store(tmp_path, "s", compressed)
+    np.testing.assert_array_equal(ferry.read(store), a)
+    for t in (0, 150, STEPS - 1):                    # absent chunks: the fill value
+        os.remove(os.path.join(store, "c", str(t), "0"))
+    a[[0, 150, STEPS - 1]] = 7
+    np.testing.assert_array_equal(ferry.read(store), a)
+    shutil = pytest.importorskip("shutil")
+    shutil.rmtree(os.path.join(store, "c", "200"))  # an absent directory: its chunk is a fill
+    a[200] = 7
+    np.testing.assert_array_equal(ferry.read(store), a)
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+@pytest.mark.parametrize("what", ["chunk-dir", "chunk"])
+def test_many_chunks_with_a_link_leading_out(tmp_path, compressed, what):
+    store, a = _steps_store(tmp_path, "s", compressed)
+    evil, _ = _steps_store(tmp_path, "evil", compressed)
+    k = 177
+    if what == "chunk-dir":
+        d = os.path.join(store, "c", str(k))
+        os.rename(d, d + ".orig")
+        os.symlink(os.path.join(evil, "c", str(k)), d)
+    else:
+        if not compressed:
+            pytest.skip("an uncompressed chunk's file is checked when it is opened (test above)")
+        f = os.path.join(store, "c", str(k), "0")
+        os.replace(f, f + ".orig")
+        os.symlink(os.path.join(evil, "c", str(k), "0"), f)
+    with pytest.raises(ferry.FerryError, match="outside the store") as ei:
+        ferry.read(store)
+    assert os.path.join("c", str(k)) in str(ei.value)
+
+
+def test_many_chunks_with_links_inside_are_followed(tmp_path):
+    store, a = _steps_store(tmp_path, "s", True)
+    d = os.path.join(store, "c", "123")
+    os.rename(d, os.path.join(store, "moved"))
+    os.symlink("../moved", d)                       # a directory link that stays inside
+    f = os.path.join(store, "c", "124", "0")
+    os.replace(f, os.path.join(store, "c", "124", "real"))
+    os.symlink("real", f)                           # a chunk link that stays inside
+    np.testing.assert_array_equal(ferry.read(store), a)
