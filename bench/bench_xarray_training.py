@@ -710,10 +710,6 @@ def main():
             rows.append((fmt, label + " (vs .load())", sw_rate, sw_rate / lim))
         if FORMATS[fmt][3]:
             rows.append((fmt, "XarrayDataset vs raw file->GPU", fr, fr / raw))
-        if have_dali:
-            dr, _, _ = ferry_epoch(path, names, a.device, a.batch, a.prefetch, dali=True,
-                                   group=a.batches_per_read)
-            rows.append((fmt, "XarrayDataset via ferry.dali (ratio: vs alone)", dr, dr / fr))
         if cuda:
             # the throughput row's dataset, warm: no warm-up epoch. Each epoch begins with the
             # groups the epoch before read ahead for it; the last row turns that off (its epoch's
@@ -733,6 +729,15 @@ def main():
                     rows.append((fmt, f"  next() host ms, {'host waits' if ss else 'ahead off'}: first {ms:.2f}, then median "
                                       f"{np.median(rest):.3f} p90 {np.percentile(rest, 90):.3f} max {rest.max():.2f}",
                                  float(rest.mean()), None))
+        if have_dali:
+            # after the idle rows, which measure the dataset alone: a DALI pipeline and the
+            # dataset it holds may outlive their row (DALI's threads and prefetch queue, the
+            # groups read ahead for the next epoch with their device memory). In the
+            # 2026-12-01 23:50 run the idle row that followed it idled 16.6 % (5.7-6.9 % in the
+            # runs before, without DALI; BENCHMARKS.md)
+            dr, _, _ = ferry_epoch(path, names, a.device, a.batch, a.prefetch, dali=True,
+                                   group=a.batches_per_read)
+            rows.append((fmt, "XarrayDataset via ferry.dali (ratio: vs alone)", dr, dr / fr))
         del xd
         log(f"{fmt}: ferry rows done")
         if peer:
