@@ -3,7 +3,6 @@
  * for its own outstanding copies, so every task completes. Small plans run
  * the same loop on the caller's thread with a borrowed worker. */
 #include "engine/engine.h"
-#include <sched.h>
 #include <stdlib.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -12,30 +11,20 @@
 #define cpu_relax() ((void)0)
 #endif
 
-/* FERRY_SPIN_US (at most 1000): an idle worker watches the queue that long
- * before it sleeps on the condition variable (and ferry_job_wait watches its
- * job that long). A batch of small records is tens of microseconds of work
- * for 16 workers; when the queue runs dry between batches every worker
- * sleeps and the next batch wakes each one again, and in a virtual machine a
- * wake-up of an idle vCPU costs tens of microseconds: the same order as the
- * batch. Default: 50 where every worker has a core of its own (the CPUs this
- * process may run on, at least the workers), else 0 — spinning workers on
- * fewer cores take them from the threads that would queue the next batch.
- * H200 (16 cores, 16 workers), 2026-12-01, TokenDataset's 8 KiB windows:
- * 27.6 GB/s with 50 against 21.0-24.0 with 0 in the same run, the engine alone
- * on its plans 31.4 against 22.5-27.9 (BENCHMARKS.md). */
-#define SPIN_DEFAULT_US 50
-static int spin_us(const ferry_ctx *ctx, int *out) {
-    const char *e = ctx->cfg.no_env ? NULL : getenv("FERRY_SPIN_US");
+/* FERRY_SPIN_US (default 0, at most 1000): an idle worker watches the queue
+ * that long before it sleeps on the condition variable. A batch of small
+ * records is tens of microseconds of work for 16 workers; when the queue runs
+ * dry between batches every worker sleeps and the next batch wakes each one
+ * again, and in a virtual machine a wake-up of an idle vCPU costs tens of
+ * microseconds: the same order as the batch. An experiment for the H200
+ * (bench/bench_records.py runs 50 beside 0): the default moves only with its
+ * numbers (a spinning pool costs CPU that a shared machine may want). */
+static int spin_us(int *out) {
+    const char *e = getenv("FERRY_SPIN_US");
     char *end = NULL;
     long v = e ? strtol(e, &end, 10) : 0;
     if (e && (end == e || *end || v < 0 || v > 1000))
         return ferry_seterr(FERRY_EINVAL, "FERRY_SPIN_US=\"%s\": microseconds from 0 to 1000", e);
-    if (!e) {
-        cpu_set_t cpus;
-        int n = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
-        v = n >= ctx->cfg.threads ? SPIN_DEFAULT_US : 0;
-    }
     *out = (int)v;
     return 0;
 }
@@ -131,8 +120,8 @@ static void *worker_main(void *arg) {
 }
 
 int ferry_pool_start(ferry_ctx *ctx, int want) {
-    if (ctx->nworkers == 0) {
-        int us, rc = spin_us(ctx, &us);
+    if (ctx->nworkers == 0 && !ctx->cfg.no_env) {
+        int us, rc = spin_us(&us);
         if (rc < 0) return rc;
         atomic_store(&ctx->spin_us, us);
     }

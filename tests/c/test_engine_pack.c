@@ -8,7 +8,6 @@
 #include "pack_check.h"
 #include "engine/engine.h"
 #include <errno.h>
-#include <sched.h>
 #include <fcntl.h>
 #include <unistd.h>
 #include <limits.h>
@@ -343,29 +342,6 @@ static void test_spin(void) {
     }
     unsetenv("FERRY_SPIN_US");
     free(mem);
-    /* unset: 50 us where every worker has a CPU of its own, else 0 (one
-     * thread runs plans on the caller's: no pool, nothing to test) */
-    cpu_set_t cpus;
-    int ncpu = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
-    int counts[] = {2, ncpu, ncpu + 1, 64};
-    for (int k = 0; k < 4; k++) {
-        if (counts[k] < 2) continue;
-        ferry_ctx *ctx = make_ctx_env(counts[k], 64 << 10, 0);
-        uint8_t *b = malloc(600 * 4096);
-        ferry_file *f;
-        CHECK_EQ_I(ferry_file_open(ctx, files_.path[2], FERRY_READ, &f), 0);
-        ferry_plan *p;
-        ferry_plan_create(&p);
-        for (int i = 0; i < 600; i++)
-            ferry_plan_read(p, f, (uint64_t)(i * 31 % 100) * 4096, 4096, ferry_host_buf(b, 600 * 4096), (uint64_t)i * 4096);
-        CHECK_EQ_I(ferry_run(ctx, p, NULL), 600 * 4096);   /* 2.4 MB: the pool runs it, and starts */
-        CHECK(ctx->nworkers > 0);
-        CHECK_EQ_I(atomic_load(&ctx->spin_us), (counts[k] <= ncpu ? 50 : 0));
-        free(b);
-        ferry_plan_destroy(p);
-        ferry_file_close(f);
-        ferry_ctx_destroy(ctx);
-    }
 }
 
 int main(void) {
