@@ -1300,6 +1300,7 @@ class _BatchStream(IterableDataset):
         unit_iter = iter(mine[sum(len(g.units) for g in pending):])
         read_ahead = ahead_on and self.prefetch > 0      # prefetch=0: nothing read ahead
         retiring = collections.deque()
+        retire_limit = self._retire_limit(rt, depth)
 
         def submit_next():
             units = []
@@ -1352,7 +1353,7 @@ class _BatchStream(IterableDataset):
                 outs = self._handoff(rt, g, retiring)
                 if pending and self._STAGE_AHEAD and rt.device.type == "cuda":
                     self._stage_ahead(rt, pending[0], retiring)
-                self._retire(retiring, block=False)
+                self._retire(retiring, block=False, limit=retire_limit)
                 for s, out in zip(g.units, outs):
                     if gen == self._generation:
                         taken += 1
@@ -1524,9 +1525,15 @@ class _BatchStream(IterableDataset):
             e[1] -= 1
         g.handles = []
 
-    def _retire(self, retiring, block, raise_errors=True):
+    def _retire_limit(self, rt, depth):
+        """Groups handed out whose reads may still run before the consumer's thread waits for
+        the oldest (the reads in flight are then at most depth + this): a consumer that queues
+        its steps and does not wait for them runs that far ahead of the engine."""
+        return self.prefetch + 2
+
+    def _retire(self, retiring, block, raise_errors=True, limit=None):
         rt = self._rt
-        limit = self.prefetch + 2
+        limit = self.prefetch + 2 if limit is None else limit
         while retiring:
             g = retiring[0]
             if not block and len(retiring) <= limit and not g.job.done():

@@ -279,3 +279,58 @@ def test_when_a_groups_planning_starts(files, monkeypatch, ready):
         assert "hand-off" in kinds, (u, repr(events))        # never at submit
         # ready: after the hand-off's output is made; else before it, while the consumer waits
         assert kinds[-1] == ("handing out" if ready else "hand-off"), (u, repr(events))
+
+
+# FERRY_GROUP_WAIT (an experiment, off by default): engine-sized groups handed out to a loop that
+# queues its steps keep at most the dataset's two reads in flight. The CUDA path it changes
+# (_BatchStream keeps unfinished jobs of handed-out groups in `retiring`) runs only on a GPU;
+# here its setting, its scope and the wait it asks for.
+class _Job:
+    def __init__(self):
+        self.waited = 0
+
+    def done(self):
+        return False
+
+    def wait(self):
+        self.waited += 1
+
+
+class _G:
+    def __init__(self):
+        self.job = _Job()
+
+
+def test_group_wait_scope_and_bad_values(files, monkeypatch):
+    import types
+    paths, _ = files
+    ds = _ds(paths)
+    cuda = types.SimpleNamespace(device=torch.device("cuda", 0))
+    default = ds.prefetch + 2
+    for env, auto, want in ((None, 17, default), ("off", 17, default), ("on", 17, 0),
+                            ("on", 0, default)):       # 0: the engine asked for no larger jobs
+        if env is None:
+            monkeypatch.delenv("FERRY_GROUP_WAIT", raising=False)
+        else:
+            monkeypatch.setenv("FERRY_GROUP_WAIT", env)
+        ds._group_auto, ds._auto_groups = True, {"cuda:0": auto}
+        assert ds._retire_limit(cuda, 2) == want, (env, auto)
+    ds._group_auto = False                              # batches_per_read given: not engine-sized
+    assert ds._retire_limit(cuda, 2) == default
+    monkeypatch.setenv("FERRY_GROUP_WAIT", "yes")
+    with pytest.raises(ValueError, match="FERRY_GROUP_WAIT"):
+        next(iter(_ds(paths)))
+    monkeypatch.delenv("FERRY_GROUP_WAIT")
+
+
+def test_a_retire_limit_of_0_waits_for_every_handed_out_read(files):
+    import collections
+    paths, _ = files
+    ds = _ds(paths)
+    ds._release = lambda rt, g: None
+    retiring = collections.deque([_G(), _G()])
+    ds._retire(retiring, block=False)                  # the default keeps them
+    assert len(retiring) == 2 and all(g.job.waited == 0 for g in retiring)
+    gs = list(retiring)
+    ds._retire(retiring, block=False, limit=0)
+    assert not retiring and all(g.job.waited == 1 for g in gs)
