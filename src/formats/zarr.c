@@ -1779,7 +1779,24 @@ static int list_chunk(void *arg, const uint64_t *idx) {
 /* The lstats of the chunks this call will plan (sel over l), taken at once:
  * 0 and pre filled, or -1 (too few or too many chunks, no memory: each chunk
  * is checked by itself, as before). */
+/* At most how many chunks sel touches (per dimension: its indices, or the chunks
+ * from its first index's to its last's): a call planning fewer than
+ * PRESTAT_MIN lists nothing (a batch's 160 calls plan one chunk each). */
+static uint64_t chunks_touched_max(const ferry_layout *l, const ferry_slice *sel) {
+    uint64_t n = 1;
+    for (int k = 0; k < l->ndim; k++) {
+        uint64_t c = ferry_slice_count(sel[k]);
+        if (c == 0) return 0;
+        uint64_t first = (uint64_t)sel[k].start, last = first + (c - 1) * (uint64_t)sel[k].step;
+        uint64_t span = last / l->chunks[k] - first / l->chunks[k] + 1;
+        if (span < c) c = span;
+        if (ferry_mul_overflow(n, c, &n)) return UINT64_MAX;
+    }
+    return n;
+}
+
 static int prestat_fill(zarr_plan_ctx *p, const ferry_layout *l, const ferry_slice *sel, zarr_prestat *pre) {
+    if (chunks_touched_max(l, sel) < PRESTAT_MIN) return -1;
     prestat_list L = {p, NULL, 0, 0, NULL, 0, 0, SIZE_MAX};
     int rc = ferry_layout_visit(l, sel, list_chunk, &L);
     ferry_clearerr();
