@@ -1722,9 +1722,11 @@ static int shard_chunk(void *arg, const uint64_t *idx) {
 
 /* ---- many chunks: their lstats at once ------------------------------------ */
 /* Fewer chunks than this in one call are checked one by one (a 160-read batch
- * plans one chunk per call); more than PRESTAT_MAX are too (memory). */
+ * plans one chunk per call); more than PRESTAT_MAX are too: the list holds two
+ * paths and two struct stat per chunk, ~27 MB at 65,536 chunks (a 64 GiB
+ * load of 1 MiB chunks). */
 #define PRESTAT_MIN 256
-#define PRESTAT_MAX ((size_t)1 << 20)
+#define PRESTAT_MAX ((size_t)1 << 16)
 
 typedef struct prestat_list {
     zarr_plan_ctx *p;
@@ -1776,9 +1778,6 @@ static int list_chunk(void *arg, const uint64_t *idx) {
     return 0;
 }
 
-/* The lstats of the chunks this call will plan (sel over l), taken at once:
- * 0 and pre filled, or -1 (too few or too many chunks, no memory: each chunk
- * is checked by itself, as before). */
 /* At most how many chunks sel touches (per dimension: its indices, or the chunks
  * from its first index's to its last's): a call planning fewer than
  * PRESTAT_MIN lists nothing (a batch's 160 calls plan one chunk each). */
@@ -1795,6 +1794,9 @@ static uint64_t chunks_touched_max(const ferry_layout *l, const ferry_slice *sel
     return n;
 }
 
+/* The lstats of the chunks this call will plan (sel over l), taken at once:
+ * 0 and pre filled, or -1 (too few or too many chunks, no memory: each chunk
+ * is checked by itself, as before). */
 static int prestat_fill(zarr_plan_ctx *p, const ferry_layout *l, const ferry_slice *sel, zarr_prestat *pre) {
     if (chunks_touched_max(l, sel) < PRESTAT_MIN) return -1;
     prestat_list L = {p, NULL, 0, 0, NULL, 0, 0, SIZE_MAX};
