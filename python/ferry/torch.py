@@ -789,11 +789,11 @@ _MAX_GROUPS = 64            # ... but never more groups than this (tiny batches)
 def _even_group(count, read_units):
     """Units per read for a pass of `count` units when a read may take `read_units`: as many
     reads as read_units gives, of one size, so the pass's last read is not a sliver. With two
-    groups in flight (the one handed out and the one being read) a last read of one batch left
-    the engine idle while the group before it was consumed, and the next epoch's first read
-    (_read_ahead) started only one batch before it was needed (H200, netCDF-4, 104 batches in
-    reads of 17: 6 x 17 + 2; its first next() waited 70-77 ms, BENCHMARKS.md). Evened: 7 x 15
-    (the last 14)."""
+    groups in flight (the one handed out and the one being read) a last read of two batches
+    left the engine idle while the group before it was consumed, and the next epoch's first
+    read (_read_ahead) started two batches before it was needed (H200, netCDF-4, 104 batches
+    in reads of 17: 6 x 17 + 2; its first next() waited 70-77 ms). Evened: 7 x 15 (the last
+    14), and the first next() took 0.9-1.2 ms (BENCHMARKS.md, eighth session)."""
     if read_units <= 1 or count <= read_units:
         return max(1, min(read_units, count)) if count > 0 else max(1, read_units)
     reads = -(-count // read_units)
