@@ -33,7 +33,7 @@ import torch
 
 from . import _ferry
 from ._torch_order import _mix64
-from .torch import _BatchStream, _Group, _expand
+from .torch import _BatchStream, _Group, _env_on, _expand
 
 __all__ = ["XarrayDataset"]
 
@@ -75,12 +75,7 @@ _MAX_AUTO_GROUP = 64     # batches a read that _read_group picks at most
 
 def _group_wait():
     """FERRY_GROUP_WAIT: on or off (the default); any other value is refused."""
-    v = os.environ.get("FERRY_GROUP_WAIT")
-    if v is None or v == "off":
-        return False
-    if v == "on":
-        return True
-    raise ValueError(f'FERRY_GROUP_WAIT="{v}": use on or off')
+    return _env_on("FERRY_GROUP_WAIT", False)
 
 
 def _unwrap_backend(data):

@@ -855,15 +855,21 @@ class _PlannedJob:
         return None if j is None else j.path
 
 
+def _env_on(name, default):
+    """An on/off setting from the environment: `default` when unset; any other value is
+    refused (ferry never ignores a bad setting)."""
+    v = os.environ.get(name)
+    if v is None:
+        return default
+    if v in ("on", "off"):
+        return v == "on"
+    raise ValueError(f'{name}="{v}": use on or off')
+
+
 def _epoch_ahead():
     """FERRY_EPOCH_AHEAD: whether a pass reads the next pass's first groups (on, the default) or
-    not (off). Any other value is refused: ferry never ignores a bad setting."""
-    v = os.environ.get("FERRY_EPOCH_AHEAD")
-    if v is None or v == "on":
-        return True
-    if v == "off":
-        return False
-    raise ValueError(f'FERRY_EPOCH_AHEAD="{v}": use on or off')
+    not (off)."""
+    return _env_on("FERRY_EPOCH_AHEAD", True)
 
 
 class _Ahead:

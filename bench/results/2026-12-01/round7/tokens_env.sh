@@ -5,7 +5,10 @@
 # engine's thread count against the 16 cores (the dataset adds a consumer, a loader and a planner
 # thread), the gathered copy, the idle workers' spin or the event waits move it?
 # Run from the repository root on the GPU machine, after tools/gpu-run.sh wheels build.
-exp=bench/results/2026-12-01/round7/tokens_exp.py  # round6's, its paths from here
+# round6's script; its own sys.path entries assume an exp/ folder, so bench/ and python/ come from
+# PYTHONPATH (the 23:56 and 00:03 runs used a copy of it with those two paths set for this folder)
+exp=bench/results/2026-12-01/round6/tokens_exp.py
+export PYTHONPATH=$PWD/bench:$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 for cfg in "" "FERRY_THREADS=12" "FERRY_THREADS=14" "FERRY_THREADS=20" "FERRY_GATHER=off" \
            "FERRY_SPIN_US=50" "FERRY_EVENT_SYNC=blocking" ""; do
     echo "== ${cfg:-default}"
