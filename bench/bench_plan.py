@@ -11,6 +11,8 @@ runs the same on any machine. Best of --reps, milliseconds:
     table with chunk_iter; later plans reuse it);
   * a safetensors file of 1,000 tensors: ferry.checkpoint.safe_open (header
     parsed in C) and the plan of reading every tensor (Plan.read per tensor);
+  * a Zarr v3 zstd array of 4,096 steps, a chunk (and a directory) per step: open and plan
+    the whole array (each chunk's size and directory are lstat'ed at plan time);
   * a training batch as XarrayDataset plans it: one plan of 160 reads (8 random
     time steps of 20 variables of a Zarr v3 zstd store, a chunk per step), one
     Plan.read per variable and step (each array directory is resolved once per
@@ -90,6 +92,7 @@ def main():
             store.close()
         safetensors_case(d, args.reps)
         if have("zarr"):
+            steps_case(d, args.reps)
             batch_case(d, args.reps)
     finally:
         shutil.rmtree(d, ignore_errors=True)
@@ -123,6 +126,28 @@ def safetensors_case(d, reps):
     t, n = best(plan, reps)
     print(f"{'safetensors 1,000 tensors':28s} {'plan all':14s} {t * 1e3:8.2f} ms  ({n} extents)")
     ds.close()
+
+
+def steps_case(d, reps):
+    """A Zarr v3 zstd array of 4,096 steps, one chunk per step (c/<t>/0: every step its own
+    directory), read whole: each chunk's size and directory are looked up at plan time (two
+    lstats a chunk, taken on the engine's threads at once since 2026-12-02)."""
+    import zarr
+    import ferry
+    p = os.path.join(d, "steps.zarr")
+    a = zarr.create_array(store=p, shape=(4096, 64), chunks=(1, 64), dtype="f4", zarr_format=3,
+                          compressors=zarr.codecs.ZstdCodec(level=0), fill_value=0)
+    a[:] = np.random.default_rng(0).random((4096, 64), dtype="f4")
+    out = np.empty((4096, 64), "f4")
+
+    def open_plan():
+        ds = ferry.Dataset(ferry.default_context(), p)
+        pl = ferry.Plan()
+        pl.read(ds, ds.names()[0], out)
+        ds.close()
+        return len(pl)
+    t, n = best(open_plan, reps)
+    print(f"{'zarr v3 4,096 zstd steps':28s} {'open + whole':14s} {t * 1e3:8.2f} ms  ({n} extents)")
 
 
 def batch_case(d, reps):

@@ -1817,11 +1817,19 @@ static int prestat_fill(zarr_plan_ctx *p, const ferry_layout *l, const ferry_sli
         return -1;
     }
     int raw = raw_chunks(p);   /* their files are not looked at: only the directories */
+    size_t wanted = 0;
     for (size_t i = 0; i < m; i++) {
         pre->path[i] = L.off[i] == SIZE_MAX ? NULL : L.buf + L.off[i];
         want[i] = (i % 2 == 0 && raw) ? NULL : pre->path[i];
+        wanted += want[i] != NULL;
     }
     free(L.off);
+    if (wanted < PRESTAT_MIN) {   /* uncompressed chunks in a few directories: nothing to gain */
+        free(want);
+        pre->buf_ = L.buf;
+        prestat_free(pre);
+        return -1;
+    }
     ferry_lstat_many(p->ctx, want, m, pre->st, pre->err);
     free(want);
     pre->n = L.n;
