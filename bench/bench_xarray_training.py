@@ -326,8 +326,14 @@ def sweep_items(spec):
         if len(parts) < 2:
             raise SystemExit(f"--sweep item {item!r}: use BPR:PREFETCH[:NAME=VALUE,...]")
         env = dict(kv.split("=", 1) for kv in parts[2].split(",") if kv) if len(parts) == 3 else {}
-        out.append((int(parts[0]), int(parts[1]), env))
+        # "auto": batches_per_read=None, the engine-sized groups (what FERRY_GROUP_WAIT acts on)
+        out.append((None if parts[0] == "auto" else int(parts[0]), int(parts[1]), env))
     return out
+
+
+def env_items(spec):
+    """--idle-env's items: {name: value} per ';'-separated NAME=VALUE[,NAME=VALUE] item."""
+    return [dict(kv.split("=", 1) for kv in item.split(",") if kv) for item in spec.split(";") if item.strip()]
 
 
 @contextlib.contextmanager
@@ -637,9 +643,13 @@ def main():
                          "beside the default's")
     ap.add_argument("--group-sweep", default="",
                     help="also time one epoch with these batches_per_read values (comma list, e.g. 6)")
+    ap.add_argument("--idle-env", default="",
+                    help="more idle rows (queued and host-wait) under each ';'-separated NAME=VALUE[,...] "
+                         "setting, e.g. FERRY_GROUP_WAIT=on")
     ap.add_argument("--sweep", default="",
                     help="compressed formats: one epoch per item 'BPR:PREFETCH[:NAME=VALUE,...]' (';' between "
-                         "items), the environment set for that epoch only, e.g. '16:32:FERRY_GPU_POOL=32G'")
+                         "items; BPR 'auto': the engine-sized groups), the environment set for that epoch only, "
+                         "e.g. '16:32:FERRY_GPU_POOL=32G' or 'auto:4:FERRY_GROUP_WAIT=on'")
     ap.add_argument("--meminfo", action="store_true", help="log host memory (available, page cache) after rows")
     ap.add_argument("--dir", default="/tmp/ferry-xtrain", help="where the files are kept and reused")
     ap.add_argument("--fresh", action="store_true", help="write the files again")
@@ -704,7 +714,7 @@ def main():
         for gr, pf, env in sweep_items(a.sweep) if not FORMATS[fmt][3] else ():
             with environ(env):
                 sw_rate, _, _ = ferry_epoch(path, names, a.device, a.batch, pf, group=gr)
-            label = f"XarrayDataset, {gr} a read, prefetch {pf}" + "".join(f", {k}={v}" for k, v in env.items())
+            label = f"XarrayDataset, {gr or 'auto'} a read, prefetch {pf}" + "".join(f", {k}={v}" for k, v in env.items())
             if a.meminfo:
                 memlog(f"{fmt} after {label}")
             rows.append((fmt, label + " (vs .load())", sw_rate, sw_rate / lim))
@@ -714,7 +724,8 @@ def main():
             # the throughput row's dataset, warm: no warm-up epoch. Each epoch begins with the
             # groups the epoch before read ahead for it; the last row turns that off (its epoch's
             # first batch waits for its first read, as before FERRY_EPOCH_AHEAD)
-            for ss, env in ((False, {}), (True, {}), (False, {"FERRY_EPOCH_AHEAD": "off"})):
+            extra = [(ss, env) for env in env_items(a.idle_env) for ss in (False, True)]
+            for ss, env in [(False, {}), (True, {}), (False, {"FERRY_EPOCH_AHEAD": "off"})] + extra:
                 with environ(env):
                     _, idle, waits = ferry_epoch(path, names, a.device, a.batch, a.prefetch, step_gbps=a.step_gbps,
                                                  step_sync=ss, xd=xd, warmup=False)
@@ -726,7 +737,8 @@ def main():
                 if (ss or env) and len(waits) > 1:
                     # the epoch's first batch waits for its whole first read; the rest is the stream
                     ms, rest = waits[0] * 1e3, waits[1:] * 1e3
-                    rows.append((fmt, f"  next() host ms, {'host waits' if ss else 'ahead off'}: first {ms:.2f}, then median "
+                    how = ", ".join(["host waits"] * ss + [f"{k}={v}" for k, v in env.items()])
+                    rows.append((fmt, f"  next() host ms, {how}: first {ms:.2f}, then median "
                                       f"{np.median(rest):.3f} p90 {np.percentile(rest, 90):.3f} max {rest.max():.2f}",
                                  float(rest.mean()), None))
         if have_dali:
