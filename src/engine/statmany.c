@@ -9,6 +9,7 @@
  * parallel while the planning thread would have waited anyway. The results
  * are exactly what lstat said, so a format's checks on them are unchanged. */
 #include "engine/engine.h"
+#include "engine/sysio.h"
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -36,7 +37,7 @@ static void *stat_loop(void *arg) {
         size_t hi = lo + CLAIM < w->n ? lo + CLAIM : w->n;
         for (size_t i = lo; i < hi; i++) {
             if (!w->paths[i]) { w->err[i] = ENOENT; continue; }
-            w->err[i] = lstat(w->paths[i], &w->st[i]) == 0 ? 0 : errno;
+            w->err[i] = ferry_sys()->lstat(w->paths[i], &w->st[i]) == 0 ? 0 : errno;
         }
     }
 }

@@ -18,6 +18,7 @@ typedef struct ferry_sys_api {
     int (*fsync)(int fd);
     int (*fstat)(int fd, struct stat *st);
     int (*stat)(const char *path, struct stat *st);
+    int (*lstat)(const char *path, struct stat *st);   /* formats' plan-time lookups (zarr.c, statmany.c) */
     int (*ftruncate)(int fd, off_t len);
     int (*madvise)(void *p, size_t n, int advice);
 } ferry_sys_api;

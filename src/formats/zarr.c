@@ -27,6 +27,7 @@
 #include "formats/select.h"
 #include "formats/layout.h"
 #include "codecs/codecs.h"
+#include "engine/sysio.h"   /* lstat through the test seam (ferry_test_set_syscall) */
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
@@ -175,7 +176,7 @@ static int z_lstat(const zarr_dirs *d, const char *path, int slot, struct stat *
             return 0;
         }
     }
-    return lstat(path, st);
+    return ferry_sys()->lstat(path, st);
 }
 
 /* dir (dl bytes) inside, learnt with one lstat per component below the

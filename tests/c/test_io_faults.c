@@ -253,6 +253,99 @@ static void test_fifo_refused(void) {
     ferry_ctx_destroy(ctx);
 }
 
+/* ---- a Zarr plan's chunk lookups --------------------------------------------- */
+/* A compressed chunk's size is an lstat at plan time, and so is each chunk
+ * directory's check that it stays in the store; with 256 chunks or more they
+ * are taken at once on several threads (zarr.c prestat_fill). Either way an
+ * lstat that fails with EIO is an error naming the chunk — never an absent
+ * chunk planned as a fill, which would hand back fill values for data that
+ * exists — and one that says ENOENT is the fill. */
+static char fail_sub_[64];                  /* lstat of a path ending in this fails */
+static _Atomic int lstat_errno_;
+static _Atomic long lstat_calls_;
+static int faulty_lstat(const char *path, struct stat *st) {
+    atomic_fetch_add(&lstat_calls_, 1);
+    size_t n = strlen(path), m = strlen(fail_sub_);
+    if (m && n >= m && !strcmp(path + n - m, fail_sub_)) { errno = atomic_load(&lstat_errno_); return -1; }
+    return lstat(path, st);
+}
+
+static void write_steps_store(const char *store, int steps) {
+    char p[900];
+    mkdir(store, 0755);
+    snprintf(p, sizeof p, "%s/zarr.json", store);
+    FILE *f = fopen(p, "w");
+    fprintf(f, "{\"zarr_format\": 3, \"node_type\": \"array\", \"shape\": [%d, 4], \"data_type\": \"float32\", "
+               "\"chunk_grid\": {\"name\": \"regular\", \"configuration\": {\"chunk_shape\": [1, 4]}}, "
+               "\"chunk_key_encoding\": {\"name\": \"default\", \"configuration\": {\"separator\": \"/\"}}, "
+               "\"fill_value\": 0, \"codecs\": [{\"name\": \"bytes\", \"configuration\": {\"endian\": \"little\"}}, "
+               "{\"name\": \"zstd\"}]}", steps);
+    fclose(f);
+    snprintf(p, sizeof p, "%s/c", store);
+    mkdir(p, 0755);
+    for (int t = 0; t < steps; t++) {
+        snprintf(p, sizeof p, "%s/c/%d", store, t);
+        mkdir(p, 0755);
+        snprintf(p, sizeof p, "%s/c/%d/0", store, t);
+        f = fopen(p, "w");
+        fputs("not decoded: the plan needs only the size", f);
+        fclose(f);
+    }
+}
+
+/* The plan of the whole array, and its message: rc. */
+static int64_t plan_steps(ferry_ctx *ctx, const char *store, int *extents) {
+    ferry_dataset *ds = NULL;
+    int64_t rc = ferry_dataset_open(ctx, store, NULL, &ds);
+    CHECK_EQ_I(rc, 0);
+    if (rc) return rc;
+    static float out[1000 * 4];
+    ferry_plan *pl;
+    ferry_plan_create(&pl);
+    rc = ferry_dataset_plan_read(ds, 0, NULL, ferry_host_buf(out, sizeof out), 0, pl);
+    *extents = (int)ferry_plan_count(pl);
+    ferry_plan_destroy(pl);
+    ferry_dataset_close(ds);
+    return rc;
+}
+
+static void test_zarr_chunk_lstat_faults(void) {
+    ferry_ctx *ctx = make_ctx(4);
+    static const int steps[] = {10, 300};          /* one by one; at once, on 4 threads */
+    for (int s = 0; s < 2; s++) {
+        char store[600];
+        snprintf(store, sizeof store, "%s/steps%d.zarr", dir_, steps[s]);
+        write_steps_store(store, steps[s]);
+        int k = steps[s] - 3, n = 0;
+        CHECK_EQ_I(ferry_test_set_syscall("lstat", (void *)faulty_lstat), 0);
+        static const struct { const char *what; int err; } cases[] = {
+            {"file EIO", EIO}, {"dir EIO", EIO}, {"file ENOENT", ENOENT}, {"none", 0}};
+        for (int c = 0; c < 4; c++) {
+            if (c == 0 || c == 2) snprintf(fail_sub_, sizeof fail_sub_, "/c/%d/0", k);
+            else if (c == 1) snprintf(fail_sub_, sizeof fail_sub_, "/c/%d", k);
+            else fail_sub_[0] = 0;
+            atomic_store(&lstat_errno_, cases[c].err);
+            atomic_store(&lstat_calls_, 0);
+            int64_t rc = plan_steps(ctx, store, &n);
+            CHECK(atomic_load(&lstat_calls_) >= steps[s]);   /* the lookups went through the seam */
+            if (cases[c].err == EIO) {
+                CHECK(rc < 0);
+                char want[64];
+                snprintf(want, sizeof want, "/c/%d", k);
+                CHECK_STR_CONTAINS(ferry_errmsg(ctx), want);
+                CHECK_STR_CONTAINS(ferry_errmsg(ctx), strerror(EIO));
+            } else {
+                CHECK_EQ_I(rc, (int64_t)steps[s] * 16);   /* planned: a fill for the absent chunk */
+                CHECK_EQ_I(n, steps[s]);
+            }
+            if ((cases[c].err == EIO) != (rc < 0)) fprintf(stderr, "    %d steps, %s: rc %lld, %s\n", steps[s],
+                                                          cases[c].what, (long long)rc, ferry_errmsg(ctx));
+        }
+        ferry_test_set_syscall(NULL, NULL);
+    }
+    ferry_ctx_destroy(ctx);
+}
+
 int main(void) {
     snprintf(dir_, sizeof dir_, "%s/ferry-faults-XXXXXX", getenv("FERRY_TEST_DIR") ? getenv("FERRY_TEST_DIR") : "/tmp");
     if (!mkdtemp(dir_)) return 1;
@@ -268,6 +361,7 @@ int main(void) {
     RUN(test_enospc_and_fsync);
     RUN(test_host_alloc_thp_and_fallback);
     RUN(test_fifo_refused);
+    RUN(test_zarr_chunk_lstat_faults);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir_);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir_);
