@@ -27,7 +27,7 @@
 #include "formats/select.h"
 #include "formats/layout.h"
 #include "codecs/codecs.h"
-#include "engine/sysio.h"   /* lstat through the test seam (ferry_test_set_syscall) */
+#include "engine/sysio.h"   /* stat and lstat through the test seam (ferry_test_set_syscall) */
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
@@ -295,14 +295,14 @@ static int chunk_inside(const zarr_ds *z, const char *path, zarr_dirs *okdir, st
     if (S_ISLNK(st->st_mode)) {
         rc = inside_store(z, path);
         if (rc <= 0) return rc;   /* a dangling link: absent */
-        if (stat(path, st) != 0) return 0;
+        if (ferry_sys()->stat(path, st) != 0) return 0;
     }
     return 1;
 }
 
 static int is_file(const char *path) {
     struct stat st;
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+    return ferry_sys()->stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
 static int has_meta(const char *dir, const char *name) {
@@ -1088,7 +1088,7 @@ static int list_children(const char *dir, char ***out, int *n) {
         if (e->d_name[0] == '.') continue;
         char *p = join(dir, e->d_name);
         struct stat st;
-        int isdir = p && stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+        int isdir = p && ferry_sys()->stat(p, &st) == 0 && S_ISDIR(st.st_mode);
         free(p);
         if (!isdir) continue;
         if (*n >= ZARR_MAX_CHILDREN) { rc = ferry_seterr(FERRY_EFORMAT, "%s: too many children", dir); break; }
