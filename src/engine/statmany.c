@@ -3,11 +3,13 @@
  * they lie in, checked to stay inside the store). One lstat costs a walk of
  * the whole path (~2 µs on the H200 machine); a 4 GiB Zarr v3 zstd load of
  * 4,096 chunks, each in its own directory c/<t>/, made 8,192 of them one after
- * the other: 17.8-19.5 ms of open + plan against ~100 ms for the job itself
- * (BENCHMARKS.md). Path walks of distinct files scale over threads (RCU
- * lookups), so the engine's thread count of short-lived threads walks them in
- * parallel while the planning thread would have waited anyway. The results
- * are exactly what lstat said, so a format's checks on them are unchanged. */
+ * the other: 17.8-19.5 ms of open + plan against ~100 ms for the job itself.
+ * Path walks of distinct files scale over threads (RCU lookups), so up to the
+ * engine's thread count of short-lived threads walk them in parallel while the
+ * planning thread would have waited anyway: 4.3 ms on the H200 (its zstd row
+ * 30.7 -> 40.0 GB/s), 15.7 -> 8.4-8.9 ms on the 2-core box (BENCHMARKS.md,
+ * eighth session). The results are exactly what lstat said (through the
+ * sysio seam), so a format's checks on them are unchanged. */
 #include "engine/engine.h"
 #include "engine/sysio.h"
 #include <errno.h>
