@@ -794,8 +794,8 @@ def _even_group(count, read_units):
     read (_read_ahead) started two batches before it was needed (H200, netCDF-4, 104 batches
     in reads of 17: 6 x 17 + 2; its first next() waited 70-77 ms). Evened: 7 x 15 (the last
     14), and the first next() took 0.9-1.2 ms (BENCHMARKS.md, eighth session)."""
-    if read_units <= 1 or count <= read_units:
-        return max(1, min(read_units, count)) if count > 0 else max(1, read_units)
+    if count <= 0 or read_units <= 1:
+        return max(1, read_units)
     reads = -(-count // read_units)
     return -(-count // reads)
 
@@ -1537,9 +1537,10 @@ class _BatchStream(IterableDataset):
         its steps and does not wait for them runs that far ahead of the engine."""
         return self.prefetch + 2
 
-    def _retire(self, retiring, block, raise_errors=True, limit=None):
+    def _retire(self, retiring, block, raise_errors=True, limit=0):
+        """Wait for and release handed-out groups, oldest first: all of them (block), else until
+        at most `limit` (_retire_limit) remain and the oldest's job is still running."""
         rt = self._rt
-        limit = self.prefetch + 2 if limit is None else limit
         while retiring:
             g = retiring[0]
             if not block and len(retiring) <= limit and not g.job.done():

@@ -6,9 +6,8 @@
  * the other: 17.8-19.5 ms of open + plan against ~100 ms for the job itself.
  * Path walks of distinct files scale over threads (RCU lookups), so up to the
  * engine's thread count of short-lived threads walk them in parallel while the
- * planning thread would have waited anyway: 4.3 ms on the H200 (its zstd row
- * 30.7 -> 40.0 GB/s), 15.7 -> 8.4-8.9 ms on the 2-core box (BENCHMARKS.md,
- * eighth session). The results are exactly what lstat said (through the
+ * planning thread would have waited anyway: 19.5 -> 4.3 ms on the H200,
+ * 15.7 -> 8.4-8.9 ms on the 2-core box (BENCHMARKS.md, eighth session). The results are exactly what lstat said (through the
  * sysio seam), so a format's checks on them are unchanged. */
 #include "engine/engine.h"
 #include "engine/sysio.h"

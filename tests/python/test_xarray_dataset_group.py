@@ -329,7 +329,7 @@ def test_a_retire_limit_of_0_waits_for_every_handed_out_read(files):
     ds = _ds(paths)
     ds._release = lambda rt, g: None
     retiring = collections.deque([_G(), _G()])
-    ds._retire(retiring, block=False)                  # the default keeps them
+    ds._retire(retiring, block=False, limit=ds._retire_limit(None, 2))   # the default keeps them
     assert len(retiring) == 2 and all(g.job.waited == 0 for g in retiring)
     gs = list(retiring)
     ds._retire(retiring, block=False, limit=0)
