@@ -265,7 +265,9 @@ def ferry_rows(ctx, path, a, args, name, rows, runs=STANDARD_ROWS, trace=False):
         finally:
             for k in env:
                 os.environ.pop(k, None)
-        what = f"ferry {decode}" + ((f" {label}" if trace else ", per-feeder batches") if label else "")
+        per_feeder = env == {"FERRY_GPU_COOP": "off"}
+        what = f"ferry {decode}" + ((f" {label}" if trace else ", per-feeder batches" if per_feeder else f", {label}")
+                                    if label else "")
         rows.append((name, what + (f" ({fb} CPU fallbacks)" if fb else ""), gbs, ok, share))
 
 def payloads(path, alg):
@@ -475,7 +477,27 @@ def h5_deflate_payloads(path, names):
     return out
 
 
-def netcdf_rows(tmp, mib, dev, reps, rows_out, trace=False, lib_path=None, cuda=None, nsteps=1000, peers=True):
+def parse_variants(spec):
+    """--variants "DECODE[:NAME=VALUE[,NAME=VALUE]];..." -> [(decode, {NAME: VALUE})]"""
+    out = []
+    for part in (p.strip() for p in spec.split(";")):
+        if not part:
+            continue
+        decode, _, env = part.partition(":")
+        if decode not in ("cpu", "gpu", "auto"):
+            raise SystemExit(f"--variants: {part!r}: the decoder is cpu, gpu or auto")
+        extra = {}
+        for kv in (x for x in env.split(",") if x.strip()):
+            k, eq, v = kv.partition("=")
+            if not eq or not k.strip():
+                raise SystemExit(f"--variants: {part!r}: {kv!r} is not NAME=VALUE")
+            extra[k.strip()] = v.strip()
+        out.append((decode, extra))
+    return out
+
+
+def netcdf_rows(tmp, mib, dev, reps, rows_out, trace=False, lib_path=None, cuda=None, nsteps=1000, peers=True,
+                variants=None):
     if not have("xarray") or not (have("h5py") or have("netCDF4")):
         log("netCDF-4: needs xarray and h5py or netCDF4: skipped")
         return
@@ -502,15 +524,16 @@ def netcdf_rows(tmp, mib, dev, reps, rows_out, trace=False, lib_path=None, cuda=
     here = os.path.dirname(os.path.abspath(__file__))
     # the last row: AUTO with the CPU's tail of one GPU chunk latency (FERRY_GPU_TAIL=on, the
     # default before balance became deflate's: gpudecode.c's tail_mode), beside the default's
-    variants = [("gpu", {}), ("auto", {})] if trace else \
-        [("cpu", {}), ("gpu", {}), ("auto", {}), ("auto", {"FERRY_GPU_TAIL": "on"})]
+    if variants is None:
+        variants = [("gpu", {}), ("auto", {})] if trace else \
+            [("cpu", {}), ("gpu", {}), ("auto", {}), ("auto", {"FERRY_GPU_TAIL": "on"})]
     for decode, extra in variants:
         if trace:
             log(f"trace: netCDF-4 zlib+shuffle through xarray, decode={decode}")
         r = subprocess.run([sys.executable, "-c", XR_CHILD, os.path.join(here, "..", "python"), here, path,
                             ",".join(names), str(dev), decode, str(reps)], capture_output=True, text=True,
                            env={**os.environ, **extra})
-        if trace and r.stderr.strip():
+        if (trace or "FERRY_DECODE_TRACE" in extra) and r.stderr.strip():
             log(r.stderr.rstrip())
         if r.returncode:
             log(f"netCDF-4 decode={decode}: failed: {r.stderr.strip().splitlines()[-1:]}")
@@ -519,7 +542,7 @@ def netcdf_rows(tmp, mib, dev, reps, rows_out, trace=False, lib_path=None, cuda=
         ok = all(abs(a - b) <= 1e-6 * abs(b) for a, b in zip(o["sums"], want))
         label = f"ferry {decode}" + "".join(f", {k}={v}" for k, v in extra.items())
         rows_out.append((name, label, total / o["t"] / 1e9, ok, o["gpu"] / max(1, o["dec"])))
-    if trace:
+    if trace or nsteps <= 0:   # --steps 0: the .load() rows only
         return
     # random time steps through xarray (training-style access); the peers
     steps = [int(x) for x in np.random.default_rng(0).integers(0, nt, nsteps)]
@@ -653,7 +676,11 @@ def main():
     ap.add_argument("--only", default="zstd,blosc,netcdf",
                     help="rows to run: zstd, blosc, netcdf, first (comma list; first: only when named)")
     ap.add_argument("--steps", type=int, default=1000,
-                    help="random time steps through xr.open_dataset(engine='ferry', device=...) (peers: a tenth)")
+                    help="random time steps through xr.open_dataset(engine='ferry', device=...) (peers: a tenth; 0: none)")
+    ap.add_argument("--variants", default=None,
+                    help="ferry's rows of each dataset (the Zarr jobs, the netCDF-4 .load()) instead of the default ones: "
+                         "'DECODE[:NAME=VALUE[,NAME=VALUE]];...' (DECODE cpu, gpu or auto; the settings are "
+                         "environment variables of that row's process)")
     ap.add_argument("--trace", action="store_true",
                     help="zstd 1 MiB and netCDF-4 rows once each with FERRY_DECODE_TRACE=1 (stage times on stderr)")
     args = ap.parse_args()
@@ -662,6 +689,8 @@ def main():
         args.mibs, args.reps, args.steps = [16], 1, 20
     args.mib = args.mibs[0]
     nc_mib = args.nc_mib or args.mib
+    nc_variants = parse_variants(args.variants) if args.variants else None
+    zarr_runs = tuple(nc_variants) if nc_variants else STANDARD_ROWS
     if args.trace:
         args.reps = 2   # two jobs per setting: the first pays the workers' buffer allocations, the second is warm
         os.environ["FERRY_DECODE_TRACE"] = "1"   # read by the library at each job (and by the netCDF children)
@@ -691,7 +720,8 @@ def main():
             trace_rows(tmp, args, lib_path, cuda, ctx, rows)
         only = set(args.only.split(","))
         if args.trace and "netcdf" in only:
-            netcdf_rows(tmp, nc_mib, args.device, args.reps, rows, trace=True, lib_path=lib_path, cuda=cuda)
+            netcdf_rows(tmp, nc_mib, args.device, args.reps, rows, trace=True, lib_path=lib_path, cuda=cuda,
+                        variants=nc_variants)
         levels = [int(x) for x in args.levels.split(",")]
         zstd_sizes = [(mib, int(c)) for mib in args.mibs for c in args.chunk_mib.split(",")]
         for mib, chunk_mib in () if args.trace or "zstd" not in only else zstd_sizes:
@@ -708,7 +738,7 @@ def main():
                 if lib_path:
                     gbs, bad = nvcomp_limit(lib_path, cuda, payloads(path, "Zstd"), crow * cols * 4, "Zstd", args.reps)
                     rows.append((name, "nvCOMP batched (limit)", gbs, bad == 0, 1.0))
-                ferry_rows(ctx, path, a, args, name, rows)
+                ferry_rows(ctx, path, a, args, name, rows, runs=zarr_runs)
                 if not args.no_peers:
                     zarr_peer_rows(path, a, args.device, args.reps, name, rows)
                 shutil.rmtree(path)
@@ -723,7 +753,7 @@ def main():
             how = write_zarr_v2_blosc(path, a, (crow, cols))
             warm(path)
             name = f"Zarr v2 blosc-lz4+shuffle, 1 MiB chunks, {job_label(a.nbytes / 2**20)} ({how})"
-            ferry_rows(ctx, path, a, args, name, rows)
+            ferry_rows(ctx, path, a, args, name, rows, runs=zarr_runs)
             if not args.no_peers:
                 zarr_peer_rows(path, a, args.device, args.reps, name, rows)
             shutil.rmtree(path)
@@ -731,7 +761,7 @@ def main():
             log("Zarr v2 blosc-lz4: needs numcodecs to write the store: skipped")
         if not args.trace and "netcdf" in only:
             netcdf_rows(tmp, nc_mib, args.device, args.reps, rows, lib_path=lib_path, cuda=cuda,
-                        nsteps=args.steps, peers=not args.no_peers)
+                        nsteps=args.steps, peers=not args.no_peers, variants=nc_variants)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"\n{'dataset':<84} {'reader':<44} {'GB/s':>7} {'GPU share':>9}  verified")

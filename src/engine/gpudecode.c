@@ -166,12 +166,14 @@ typedef struct class_rate {
                                     scratch, nvCOMP's temp space: zstd's is ~3 x the output) */
     uint64_t stream_bytes;       /* decoded bytes of the class one job of a stream of jobs should
                                     hold (ferry_plan_job_bytes); 0: any size runs at the rate */
+    int solo;                    /* latency-bound: a queue the GPU decodes within one chunk latency
+                                    is one call (ferry_gpudecode_call_chunks says why) */
 } class_rate;
 static const class_rate auto_table[NCLASS] = {
-    [FERRY_NVCOMP_ZSTD] = {MODE_GPU, 53.2, 93.0, 0.67, 256, 256u << 20, 5, 2560ull << 20},
-    [FERRY_NVCOMP_LZ4] = {MODE_CPU, 24.1, 0, 1.51, 256, 256u << 20, 3, 0},
-    [FERRY_NVCOMP_DEFLATE] = {MODE_BOTH, 53.0, 31.0, 0.46, 1024, 512u << 20, 3, 2560ull << 20},
-    [CLASS_BLOSC] = {MODE_GPU, 39.0, 0, 1.70, 256, 256u << 20, 3, 0},
+    [FERRY_NVCOMP_ZSTD] = {MODE_GPU, 53.2, 93.0, 0.67, 256, 256u << 20, 5, 2560ull << 20, 0},
+    [FERRY_NVCOMP_LZ4] = {MODE_CPU, 24.1, 0, 1.51, 256, 256u << 20, 3, 0, 0},
+    [FERRY_NVCOMP_DEFLATE] = {MODE_BOTH, 53.0, 31.0, 0.46, 1024, 512u << 20, 3, 2560ull << 20, 1},
+    [CLASS_BLOSC] = {MODE_GPU, 39.0, 0, 1.70, 256, 256u << 20, 3, 0, 0},
 };
 #define BIG_JOB_LATENCIES 2.0
 #define PREAD_GBS 6.0   /* one thread's page-cache pread on the H200 (FIELD_NOTES.md): a feeder reads its batch alone */
@@ -363,7 +365,19 @@ static int coop_slots(void) {
  * With 8 slots, 1,024 x 1 MiB zstd chunks: 8 calls of 128 (the first launched
  * after 128 chunks are read, not 1,024); 4,096: 16 of 256; 256 x 4 MiB: 8 of
  * 32; deflate, 516 x 4 MiB: 8 of 65; 2,064: 24 of 86.
+ * A latency-bound class (the table's `solo`: deflate) whose whole queue the
+ * GPU decodes within one chunk's latency at its full rate is one call
+ * instead, if the device has room for it and it holds at most SOLO_BYTES:
+ * the read it would overlap is short beside that latency, and calls side by
+ * side decode slower than one call of all their chunks. H200, 2026-12-02,
+ * a 4 GiB netCDF-4 load (1,034 x 4 MiB deflate chunks, one run): GPU-only
+ * in 1 / 2 / 4 / 8 calls 15.00 / 14.50 / 13.32 / 13.50 GB/s (the job 269 to
+ * 306 ms, one call launched 55 ms in); AUTO's 718 in 1 / 2 / 4 / 8 calls
+ * 16.18 / 16.02 / 14.82 / 15.14-15.46; the old two waves of 8 calls of 65:
+ * 9.24. A queue of 2,064 such chunks (162 ms at 53 GB/s) stays in calls of
+ * 86, and 1 MiB chunks (34 ms) in calls as above.
  * FERRY_GPU_CALL overrides the chunk count, FERRY_GPU_BATCH the byte cap. */
+#define SOLO_BYTES (8ull << 30)   /* a solo call's decoded bytes at most: its compressed bytes are staged (pinned) at once */
 size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots, int cls, uint64_t dev_free) {
     const char *s = getenv("FERRY_GPU_CALL");
     long v = s && *s ? atol(s) : 0;
@@ -373,6 +387,13 @@ size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots,
     uint64_t cap = cr->call_bytes;
     const char *b = getenv("FERRY_GPU_BATCH");
     if (b) { int64_t x = ferry_parse_size(b); if (x > 0) cap = (uint64_t)x; }
+    if (cr->solo && cr->gpu_chunk_mbs > 0 && max_chunk && count) {
+        const double bytes = (double)count * (double)max_chunk;
+        const uint64_t most = b ? cap : SOLO_BYTES;
+        if (bytes / (cr->gpu_gbs * 1e9) <= (double)max_chunk / (cr->gpu_chunk_mbs * 1e6) && bytes <= (double)most &&
+            count <= 4096 && (!dev_free || bytes * cr->dev_per_byte <= (double)(dev_free / 2)))
+            return count;
+    }
     /* the calls in flight take at most half the device memory there is */
     uint64_t room = dev_free / 2 / ((uint64_t)nslots * (uint64_t)cr->dev_per_byte);
     if (dev_free && room < cap) cap = room;

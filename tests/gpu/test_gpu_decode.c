@@ -694,9 +694,11 @@ static void test_corrupt_chunk_with_batches_in_flight(void) {
  * calls in flight 1,024 x 1 MiB zstd chunks are 4 calls of 256, 4,096 are 16
  * of 256, 256 x 4 MiB are 4 of 64 (256 MiB a call); with 8 (the default)
  * 1,024 are 8 of 128. Deflate is latency-bound (a 4 MiB chunk takes 136 ms
- * on the H200): its calls are even and as few waves of 8 as 512 MiB a call
- * allows — 516 x 4 MiB are 8 calls of 65, not 8 of 64 and a ninth of 4 that
- * would take a whole latency alone; 2,064 are three waves of 86.
+ * on the H200): a queue it decodes within one such latency (516 or 1,034 x 4
+ * MiB) is one call where the device has room; beyond, its calls are even and
+ * as few waves of 8 as 512 MiB a call allows — 2,064 x 4 MiB are three waves
+ * of 86, not 8 of 128 twice and a last of 16 that would take a whole latency
+ * alone.
  * Then a plan of 1,024 small chunks runs as exactly 8 calls of 128,
  * every worker reading pieces of each, byte-exact; with a corrupt chunk in
  * the sixth call the job fails naming it, and the same context reads the
@@ -714,7 +716,11 @@ static void test_calls_of_hundreds_of_chunks(void) {
     CHECK_EQ_I(ferry_gpudecode_call_chunks(4096, 1u << 20, 8, zstd, 0), 256);
     CHECK_EQ_I(ferry_gpudecode_call_chunks(256, 4u << 20, 8, zstd, 0), 32);
     CHECK_EQ_I(ferry_gpudecode_call_chunks(516, 4u << 20, 8, zstd, 0), 33);      /* 256 MiB a call: two even waves */
-    CHECK_EQ_I(ferry_gpudecode_call_chunks(516, 4u << 20, 8, deflate, 0), 65);   /* one wave */
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(516, 4u << 20, 8, deflate, 0), 516);    /* within one latency: one call */
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(1034, 4u << 20, 8, deflate, 0), 1034);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(1034, 4u << 20, 8, deflate, 80ull << 30), 1034);   /* an H200 */
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(1034, 4u << 20, 8, deflate, 16ull << 30), 65);     /* no room for it: two waves */
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(516, 4u << 20, 8, zstd, 0) < 516, 1);  /* zstd is not latency-bound */
     CHECK_EQ_I(ferry_gpudecode_call_chunks(2064, 4u << 20, 8, deflate, 0), 86);  /* 24 calls: three waves */
     CHECK_EQ_I(ferry_gpudecode_call_chunks(6000, 1u << 20, 8, deflate, 0), 375); /* 512 a call at most: two waves of 8 */
     /* a device with 1 GiB free: 8 zstd calls in flight take half of it, 5 bytes a decoded byte (13.4 MB a call) */
