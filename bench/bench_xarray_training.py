@@ -326,7 +326,7 @@ def sweep_items(spec):
         if len(parts) < 2:
             raise SystemExit(f"--sweep item {item!r}: use BPR:PREFETCH[:NAME=VALUE,...]")
         env = dict(kv.split("=", 1) for kv in parts[2].split(",") if kv) if len(parts) == 3 else {}
-        # "auto": batches_per_read=None, the engine-sized groups (what FERRY_GROUP_WAIT acts on)
+        # "auto": batches_per_read=None, the engine-sized groups
         out.append((None if parts[0] == "auto" else int(parts[0]), int(parts[1]), env))
     return out
 
@@ -645,11 +645,11 @@ def main():
                     help="also time one epoch with these batches_per_read values (comma list, e.g. 6)")
     ap.add_argument("--idle-env", default="",
                     help="more idle rows (queued and host-wait) under each ';'-separated NAME=VALUE[,...] "
-                         "setting, e.g. FERRY_GROUP_WAIT=on")
+                         "setting, e.g. FERRY_GPU_CHECK=one")
     ap.add_argument("--sweep", default="",
                     help="compressed formats: one epoch per item 'BPR:PREFETCH[:NAME=VALUE,...]' (';' between "
                          "items; BPR 'auto': the engine-sized groups), the environment set for that epoch only, "
-                         "e.g. '16:32:FERRY_GPU_POOL=32G' or 'auto:4:FERRY_GROUP_WAIT=on'")
+                         "e.g. '16:32:FERRY_GPU_POOL=32G' or 'auto:4:FERRY_GPU_CHECK=one'")
     ap.add_argument("--meminfo", action="store_true", help="log host memory (available, page cache) after rows")
     ap.add_argument("--dir", default="/tmp/ferry-xtrain", help="where the files are kept and reused")
     ap.add_argument("--fresh", action="store_true", help="write the files again")

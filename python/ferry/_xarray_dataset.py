@@ -33,7 +33,7 @@ import torch
 
 from . import _ferry
 from ._torch_order import _mix64
-from .torch import _BatchStream, _Group, _env_on, _expand
+from .torch import _BatchStream, _Group, _expand
 
 __all__ = ["XarrayDataset"]
 
@@ -71,11 +71,6 @@ class _VarInfo:
 
 
 _MAX_AUTO_GROUP = 64     # batches a read that _read_group picks at most
-
-
-def _group_wait():
-    """FERRY_GROUP_WAIT: on or off (the default); any other value is refused."""
-    return _env_on("FERRY_GROUP_WAIT", False)
 
 
 def _unwrap_backend(data):
@@ -895,19 +890,6 @@ class XarrayDataset(_BatchStream):
             self._auto_groups[key] = max(1, min(_MAX_AUTO_GROUP, -(-want // max(1, per_batch)))) if want else 0
         self.batch_group = self._auto_groups[key] or 1
         return self.batch_group
-
-    def _retire_limit(self, rt, depth):
-        """FERRY_GROUP_WAIT=on (off by default: an experiment, not yet run on a GPU): with
-        engine-sized groups a group's read is waited for on the consumer's thread once its
-        batches are handed out, so no more than the two reads _read_depth allows are in
-        flight. A loop that queues its steps without waiting for them (the bench's idle row)
-        otherwise runs ahead by up to prefetch + 2 handed-out groups, each an unfinished
-        2.5 GiB job: up to eight cooperative jobs at once, where a third already made
-        netCDF-4 slower (H200, 14.0 against 18.9 GB/s), and that loop idled the GPU 7.0-16.6 %
-        on netCDF-4 against 0.2 % on Zarr zstd (2026-12-01/02, BENCHMARKS.md)."""
-        if _group_wait() and self._group_auto and self._auto_groups.get(str(rt.device)):
-            return 0
-        return super()._retire_limit(rt, depth)
 
     def _read_depth(self, rt, depth):
         """Engine-sized groups (_read_group: the engine asked for a job size, whatever number of

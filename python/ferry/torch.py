@@ -1306,7 +1306,6 @@ class _BatchStream(IterableDataset):
         unit_iter = iter(mine[sum(len(g.units) for g in pending):])
         read_ahead = ahead_on and self.prefetch > 0      # prefetch=0: nothing read ahead
         retiring = collections.deque()
-        retire_limit = self._retire_limit(rt, depth)
 
         def submit_next():
             units = []
@@ -1359,7 +1358,7 @@ class _BatchStream(IterableDataset):
                 outs = self._handoff(rt, g, retiring)
                 if pending and self._STAGE_AHEAD and rt.device.type == "cuda":
                     self._stage_ahead(rt, pending[0], retiring)
-                self._retire(retiring, block=False, limit=retire_limit)
+                self._retire(retiring, block=False)
                 for s, out in zip(g.units, outs):
                     if gen == self._generation:
                         taken += 1
@@ -1531,16 +1530,13 @@ class _BatchStream(IterableDataset):
             e[1] -= 1
         g.handles = []
 
-    def _retire_limit(self, rt, depth):
-        """Groups handed out whose reads may still run before the consumer's thread waits for
-        the oldest (the reads in flight are then at most depth + this): a consumer that queues
-        its steps and does not wait for them runs that far ahead of the engine."""
-        return self.prefetch + 2
-
-    def _retire(self, retiring, block, raise_errors=True, limit=0):
+    def _retire(self, retiring, block, raise_errors=True):
         """Wait for and release handed-out groups, oldest first: all of them (block), else until
-        at most `limit` (_retire_limit) remain and the oldest's job is still running."""
+        at most prefetch + 2 remain and the oldest's job is still running (a consumer that queues
+        its steps without waiting for them runs that far ahead of the engine; waiting sooner
+        made the GPU idle more, H200 2026-12-02, BENCHMARKS.md)."""
         rt = self._rt
+        limit = self.prefetch + 2
         while retiring:
             g = retiring[0]
             if not block and len(retiring) <= limit and not g.job.done():
