@@ -141,8 +141,9 @@ static int gpu_chain(const ferry_extent *e, chain_info *ci) {
  * most (ferry_gpudecode_call_chunks): zstd's temp space is ~3 x a call's
  * output and the GPU holds ~500 1 MiB zstd chunks at once, so 256 and 256
  * MiB; deflate is latency-bound, so its calls are as large as a job needs to
- * be in flight at once: up to 1,024 chunks and 512 MiB (8 calls in flight: a
- * 2 GiB job of 4 MiB chunks in one wave, 8 GiB in three).
+ * be in flight at once: up to 1,024 chunks and 512 MiB (8 calls in flight: an
+ * 8 GiB job of 4 MiB chunks in three waves), and a queue it decodes within one
+ * chunk latency (a 2 or 4 GiB load of 4 MiB chunks) is one call (`solo`).
  * stream_bytes: for the same reason a stream of small deflate jobs (a
  * dataset's batches) never fills the GPU: jobs of 160 one-MiB chunks stay on
  * the CPU (8.6 GB/s), and read as jobs of 640 or 1,280 chunks, two in flight,
