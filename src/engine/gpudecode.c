@@ -143,7 +143,8 @@ static int gpu_chain(const ferry_extent *e, chain_info *ci) {
  * MiB; deflate is latency-bound, so its calls are as large as a job needs to
  * be in flight at once: up to 1,024 chunks and 512 MiB (8 calls in flight: an
  * 8 GiB job of 4 MiB chunks in three waves), and a queue it decodes within one
- * chunk latency (a 2 or 4 GiB load of 4 MiB chunks) is one call (`solo`).
+ * chunk latency (a 2 or 4 GiB load of 4 MiB chunks) is one call, and jobs in
+ * flight together share the calls of a wave (`lat_bound`).
  * stream_bytes: for the same reason a stream of small deflate jobs (a
  * dataset's batches) never fills the GPU: jobs of 160 one-MiB chunks stay on
  * the CPU (8.6 GB/s), and read as jobs of 640 or 1,280 chunks, two in flight,
@@ -167,8 +168,9 @@ typedef struct class_rate {
                                     scratch, nvCOMP's temp space: zstd's is ~3 x the output) */
     uint64_t stream_bytes;       /* decoded bytes of the class one job of a stream of jobs should
                                     hold (ferry_plan_job_bytes); 0: any size runs at the rate */
-    int solo;                    /* latency-bound: a queue the GPU decodes within one chunk latency
-                                    is one call (ferry_gpudecode_call_chunks says why) */
+    int lat_bound;               /* latency-bound: a queue the GPU decodes within one chunk latency
+                                    is one call, and jobs in flight together share a wave's calls
+                                    (ferry_gpudecode_call_chunks says why) */
 } class_rate;
 static const class_rate auto_table[NCLASS] = {
     [FERRY_NVCOMP_ZSTD] = {MODE_GPU, 53.2, 93.0, 0.67, 256, 256u << 20, 5, 2560ull << 20, 0},
@@ -366,7 +368,7 @@ static int coop_slots(void) {
  * With 8 slots, 1,024 x 1 MiB zstd chunks: 8 calls of 128 (the first launched
  * after 128 chunks are read, not 1,024); 4,096: 16 of 256; 256 x 4 MiB: 8 of
  * 32; deflate, 516 x 4 MiB: 8 of 65; 2,064: 24 of 86.
- * A latency-bound class (the table's `solo`: deflate) whose whole queue the
+ * A latency-bound class (the table's `lat_bound`: deflate) whose whole queue the
  * GPU decodes within one chunk's latency at its full rate is one call
  * instead, if the device has room for it and it holds at most SOLO_BYTES:
  * the read it would overlap is short beside that latency, and calls side by
@@ -377,9 +379,16 @@ static int coop_slots(void) {
  * 16.18 / 16.02 / 14.82 / 15.14-15.46; the old two waves of 8 calls of 65:
  * 9.24. A queue of 2,064 such chunks (162 ms at 53 GB/s) stays in calls of
  * 86, and 1 MiB chunks (34 ms) in calls as above.
+ * `jobs` jobs in flight together on the context (this one included) share a
+ * latency-bound class's wave: each cuts its queue into nslots / jobs calls a
+ * wave, each up to jobs x call_bytes, so the calls side by side on the
+ * device and the bytes they hold stay those of one job. H200, 2026-12-02,
+ * XarrayDataset over netCDF-4 (2.5 GiB jobs of 2,560 x 1 MiB chunks, two in
+ * flight): 8 calls of 320 each (16 at once) 18.8-21.0 GB/s; 4 of 640 27.7;
+ * 2 of 1,280 25.3-26.5; 1 of 2,560 22.3-24.4 (FERRY_GPU_CALL, two runs).
  * FERRY_GPU_CALL overrides the chunk count, FERRY_GPU_BATCH the byte cap. */
 #define SOLO_BYTES (8ull << 30)   /* a solo call's decoded bytes at most: its compressed bytes are staged (pinned) at once */
-size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots, int cls, uint64_t dev_free) {
+size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots, int cls, uint64_t dev_free, int jobs) {
     const char *s = getenv("FERRY_GPU_CALL");
     long v = s && *s ? atol(s) : 0;
     if (v > 0) return (size_t)(v > 4096 ? 4096 : v);
@@ -388,12 +397,17 @@ size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots,
     uint64_t cap = cr->call_bytes;
     const char *b = getenv("FERRY_GPU_BATCH");
     if (b) { int64_t x = ferry_parse_size(b); if (x > 0) cap = (uint64_t)x; }
-    if (cr->solo && cr->gpu_chunk_mbs > 0 && max_chunk && count) {
+    if (cr->lat_bound && cr->gpu_chunk_mbs > 0 && max_chunk && count) {
         const double bytes = (double)count * (double)max_chunk;
         const uint64_t most = b ? cap : SOLO_BYTES;
         if (bytes / (cr->gpu_gbs * 1e9) <= (double)max_chunk / (cr->gpu_chunk_mbs * 1e6) && bytes <= (double)most &&
             count <= 4096 && (!dev_free || bytes * cr->dev_per_byte <= (double)(dev_free / 2)))
             return count;
+    }
+    if (cr->lat_bound && jobs > 1 && nslots > 1) {   /* a wave shared with the other jobs in flight */
+        int mine = nslots / jobs > 1 ? nslots / jobs : 1;
+        if (!b) cap *= (uint64_t)(nslots / mine);
+        nslots = mine;
     }
     /* the calls in flight take at most half the device memory there is */
     uint64_t room = dev_free / 2 / ((uint64_t)nslots * (uint64_t)cr->dev_per_byte);
@@ -451,7 +465,8 @@ static int plan_coop(struct ferry_gpudecode_job *g, const ferry_job *j, int thre
         if (!q->coop) continue;
         uint64_t mc = 0;
         for (size_t m = 0; m < q->count; m++) mc = FERRY_MAX(mc, j->ext[g->idx[q->first + m]].decoded_size);
-        q->target = ferry_gpudecode_call_chunks(q->count, mc, g->nslots, q->alg, dev_room(j->ctx, q->dev));   /* here: chunks per call */
+        q->target = ferry_gpudecode_call_chunks(q->count, mc, g->nslots, q->alg, dev_room(j->ctx, q->dev),
+                                                1 + atomic_load(&j->ctx->active_jobs));   /* here: chunks per call */
         ncb += (q->count + q->target - 1) / q->target;
     }
     if (!ncb) return 0;

@@ -704,28 +704,34 @@ static void test_corrupt_chunk_with_batches_in_flight(void) {
  * the sixth call the job fails naming it, and the same context reads the
  * plan again afterwards; under AUTO the last 108 chunks go to the CPU
  * workers (FERRY_GPU_TAIL=off, or another job in flight: none), byte-exact. */
-size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots, int cls, uint64_t dev_free);   /* internal (gpudecode.h) */
+size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots, int cls, uint64_t dev_free, int jobs);   /* internal (gpudecode.h) */
 static void test_calls_of_hundreds_of_chunks(void) {
     const int zstd = FERRY_NVCOMP_ZSTD, deflate = FERRY_NVCOMP_DEFLATE;
-    CHECK_EQ_I(ferry_gpudecode_call_chunks(1024, 1u << 20, 4, zstd, 0), 256);
-    CHECK_EQ_I(ferry_gpudecode_call_chunks(4096, 1u << 20, 4, zstd, 0), 256);
-    CHECK_EQ_I(ferry_gpudecode_call_chunks(256, 4u << 20, 4, zstd, 0), 64);
-    CHECK_EQ_I(ferry_gpudecode_call_chunks(160, 1u << 20, 4, zstd, 0), 40);
-    CHECK_EQ_I(ferry_gpudecode_call_chunks(10, 1u << 20, 4, zstd, 0), 32);
-    CHECK_EQ_I(ferry_gpudecode_call_chunks(1024, 1u << 20, 8, zstd, 0), 128);
-    CHECK_EQ_I(ferry_gpudecode_call_chunks(4096, 1u << 20, 8, zstd, 0), 256);
-    CHECK_EQ_I(ferry_gpudecode_call_chunks(256, 4u << 20, 8, zstd, 0), 32);
-    CHECK_EQ_I(ferry_gpudecode_call_chunks(516, 4u << 20, 8, zstd, 0), 33);      /* 256 MiB a call: two even waves */
-    CHECK_EQ_I(ferry_gpudecode_call_chunks(516, 4u << 20, 8, deflate, 0), 516);    /* within one latency: one call */
-    CHECK_EQ_I(ferry_gpudecode_call_chunks(1034, 4u << 20, 8, deflate, 0), 1034);
-    CHECK_EQ_I(ferry_gpudecode_call_chunks(1034, 4u << 20, 8, deflate, 80ull << 30), 1034);   /* an H200 */
-    CHECK_EQ_I(ferry_gpudecode_call_chunks(1034, 4u << 20, 8, deflate, 16ull << 30), 65);     /* no room for it: two waves */
-    CHECK_EQ_I(ferry_gpudecode_call_chunks(516, 4u << 20, 8, zstd, 0) < 516, 1);  /* zstd is not latency-bound */
-    CHECK_EQ_I(ferry_gpudecode_call_chunks(2064, 4u << 20, 8, deflate, 0), 86);  /* 24 calls: three waves */
-    CHECK_EQ_I(ferry_gpudecode_call_chunks(6000, 1u << 20, 8, deflate, 0), 375); /* 512 a call at most: two waves of 8 */
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(1024, 1u << 20, 4, zstd, 0, 1), 256);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(4096, 1u << 20, 4, zstd, 0, 1), 256);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(256, 4u << 20, 4, zstd, 0, 1), 64);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(160, 1u << 20, 4, zstd, 0, 1), 40);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(10, 1u << 20, 4, zstd, 0, 1), 32);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(1024, 1u << 20, 8, zstd, 0, 1), 128);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(4096, 1u << 20, 8, zstd, 0, 1), 256);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(256, 4u << 20, 8, zstd, 0, 1), 32);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(516, 4u << 20, 8, zstd, 0, 1), 33);      /* 256 MiB a call: two even waves */
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(516, 4u << 20, 8, deflate, 0, 1), 516);    /* within one latency: one call */
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(1034, 4u << 20, 8, deflate, 0, 1), 1034);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(1034, 4u << 20, 8, deflate, 80ull << 30, 1), 1034);   /* an H200 */
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(1034, 4u << 20, 8, deflate, 16ull << 30, 1), 65);     /* no room for it: two waves */
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(516, 4u << 20, 8, zstd, 0, 1) < 516, 1);  /* zstd is not latency-bound */
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(2064, 4u << 20, 8, deflate, 0, 1), 86);  /* 24 calls: three waves */
+    /* two jobs in flight (a dataset's reads): deflate's wave is shared, 4 calls of 640 each, not 8 of 320 */
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(2560, 361 * 720 * 4, 8, deflate, 0, 1), 320);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(2560, 361 * 720 * 4, 8, deflate, 0, 2), 640);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(2560, 361 * 720 * 4, 8, deflate, 80ull << 30, 2), 640);   /* an H200's share */
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(2560, 361 * 720 * 4, 8, deflate, 0, 3), 640);   /* 2 a wave, two waves */
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(2560, 1u << 20, 8, zstd, 0, 2), ferry_gpudecode_call_chunks(2560, 1u << 20, 8, zstd, 0, 1));
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(6000, 1u << 20, 8, deflate, 0, 1), 375); /* 512 a call at most: two waves of 8 */
     /* a device with 1 GiB free: 8 zstd calls in flight take half of it, 5 bytes a decoded byte (13.4 MB a call) */
-    CHECK_EQ_I(ferry_gpudecode_call_chunks(1024, 1u << 20, 8, zstd, 1ull << 30), 12);
-    CHECK_EQ_I(ferry_gpudecode_call_chunks(1024, 1u << 20, 8, zstd, 80ull << 30), 128);   /* an H200: no change */
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(1024, 1u << 20, 8, zstd, 1ull << 30, 1), 12);
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(1024, 1u << 20, 8, zstd, 80ull << 30, 1), 128);   /* an H200: no change */
     const size_t nchunk = 1024, cb = 2048;
     zchunks z;
     zchunks_write(&z, "calls1024.bin", nchunk, cb, 9, 1);
