@@ -42,7 +42,8 @@ int ferry_gpudecode_check_env(void);
 /* Chunks per cooperative nvCOMP call for a queue of `count` chunks of class
  * `cls` (a ferry_nvcomp_alg), the largest `max_chunk` decoded bytes, `nslots`
  * calls in flight, `dev_free` bytes of device memory to grow into (0: not
- * known) (gpudecode.c says why; exposed for tests/gpu/test_gpu_decode.c). */
+ * known), `jobs` jobs in flight on the context with this one (gpudecode.c
+ * says why; exposed for tests/gpu/test_gpu_decode.c). */
 size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots, int cls, uint64_t dev_free, int jobs);
 /* The context's slot sets for cooperative calls (ctx.c makes and frees it). */
 typedef struct ferry_gpudecode_pool ferry_gpudecode_pool;

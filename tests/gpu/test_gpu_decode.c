@@ -698,7 +698,8 @@ static void test_corrupt_chunk_with_batches_in_flight(void) {
  * MiB) is one call where the device has room; beyond, its calls are even and
  * as few waves of 8 as 512 MiB a call allows — 2,064 x 4 MiB are three waves
  * of 86, not 8 of 128 twice and a last of 16 that would take a whole latency
- * alone.
+ * alone; two jobs in flight together share a wave, 4 calls each (a dataset's
+ * 2,560 one-MiB chunks: 640 a call, not 320), where zstd's calls stay.
  * Then a plan of 1,024 small chunks runs as exactly 8 calls of 128,
  * every worker reading pieces of each, byte-exact; with a corrupt chunk in
  * the sixth call the job fails naming it, and the same context reads the
