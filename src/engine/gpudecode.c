@@ -377,8 +377,10 @@ static int coop_slots(void) {
  * in 1 / 2 / 4 / 8 calls 15.00 / 14.50 / 13.32 / 13.50 GB/s (the job 269 to
  * 306 ms, one call launched 55 ms in); AUTO's 718 in 1 / 2 / 4 / 8 calls
  * 16.18 / 16.02 / 14.82 / 15.14-15.46; the old two waves of 8 calls of 65:
- * 9.24. A queue of 2,064 such chunks (162 ms at 53 GB/s) stays in calls of
- * 86, and 1 MiB chunks (34 ms) in calls as above.
+ * 9.24. Both sides scale with the chunk's size, so the rule is a count: up
+ * to gpu_gbs / gpu_chunk_mbs chunks (1,709 for deflate) are one call, more
+ * keep their calls (2,064 x 4 MiB: 24 of 86; a dataset's 2,560 x 1 MiB: see
+ * `jobs` below).
  * `jobs` jobs in flight together on the context (this one included) share a
  * latency-bound class's wave: each cuts its queue into nslots / jobs calls a
  * wave, each up to jobs x call_bytes, so the calls side by side on the
