@@ -390,6 +390,15 @@ static int coop_slots(void) {
  * flight): 8 calls of 320 each (16 at once) 18.8-21.0 GB/s; 4 of 640 27.7;
  * 2 of 1,280 25.3-26.5; 1 of 2,560 22.3-24.4 (FERRY_GPU_CALL, two runs).
  * FERRY_GPU_CALL overrides the chunk count, FERRY_GPU_BATCH the byte cap. */
+/* Calls of a wave one job keeps in flight on a device: nslots, or for a
+ * latency-bound class its share of them with `jobs` jobs in flight together
+ * (below; plan_coop gives its calls their slots in turn among these). */
+static int wave_slots(int cls, int nslots, int jobs) {
+    const class_rate *cr = &auto_table[cls >= 0 && cls < NCLASS ? cls : FERRY_NVCOMP_ZSTD];
+    if (!cr->lat_bound || jobs <= 1 || nslots <= 1) return nslots < 1 ? 1 : nslots;
+    return nslots / jobs > 1 ? nslots / jobs : 1;
+}
+
 #define SOLO_BYTES (8ull << 30)   /* a solo call's decoded bytes at most: its compressed bytes are staged (pinned) at once */
 size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots, int cls, uint64_t dev_free, int jobs) {
     const char *s = getenv("FERRY_GPU_CALL");
@@ -407,11 +416,9 @@ size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots,
             count <= 4096 && (!dev_free || bytes * cr->dev_per_byte <= (double)(dev_free / 2)))
             return count;
     }
-    if (cr->lat_bound && jobs > 1 && nslots > 1) {   /* a wave shared with the other jobs in flight */
-        int mine = nslots / jobs > 1 ? nslots / jobs : 1;
-        if (!b) cap *= (uint64_t)(nslots / mine);
-        nslots = mine;
-    }
+    const int mine = wave_slots(cls, nslots, jobs);   /* a wave shared with the other jobs in flight */
+    if (mine < nslots && !b) cap *= (uint64_t)(nslots / mine);
+    nslots = mine;
     /* the calls in flight take at most half the device memory there is */
     uint64_t room = dev_free / 2 / ((uint64_t)nslots * (uint64_t)cr->dev_per_byte);
     if (dev_free && room < cap) cap = room;
@@ -463,13 +470,13 @@ static int plan_coop(struct ferry_gpudecode_job *g, const ferry_job *j, int thre
     size_t ncb = 0;
     g->nslots = coop_slots();
     g->ring = stage_ring(j->ctx);
+    const int jobs = 1 + atomic_load(&j->ctx->active_jobs);   /* this one and those in flight */
     for (size_t qi = 0; qi < g->nq; qi++) {
         gd_queue *q = &g->q[qi];
         if (!q->coop) continue;
         uint64_t mc = 0;
         for (size_t m = 0; m < q->count; m++) mc = FERRY_MAX(mc, j->ext[g->idx[q->first + m]].decoded_size);
-        q->target = ferry_gpudecode_call_chunks(q->count, mc, g->nslots, q->alg, dev_room(j->ctx, q->dev),
-                                                1 + atomic_load(&j->ctx->active_jobs));   /* here: chunks per call */
+        q->target = ferry_gpudecode_call_chunks(q->count, mc, g->nslots, q->alg, dev_room(j->ctx, q->dev), jobs);   /* here: chunks per call */
         ncb += (q->count + q->target - 1) / q->target;
     }
     if (!ncb) return 0;
@@ -487,7 +494,7 @@ static int plan_coop(struct ferry_gpudecode_job *g, const ferry_job *j, int thre
             c->first = q->first + m;
             c->n = FERRY_MIN(q->target, q->count - m);
             c->slot = turn[q->dev];
-            turn[q->dev] = (turn[q->dev] + 1) % g->nslots;
+            turn[q->dev] = (turn[q->dev] + 1) % wave_slots(q->alg, g->nslots, jobs);
             c->prev = last[q->dev][c->slot];
             last[q->dev][c->slot] = (long)(c - g->cb);
             uint64_t h = 0, dec = 0;
