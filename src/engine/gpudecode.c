@@ -381,7 +381,9 @@ static int coop_slots(void) {
  * 9.24. Both sides scale with the chunk's size, so the rule is a count: up
  * to gpu_gbs / gpu_chunk_mbs chunks (1,709 for deflate) are one call, more
  * keep their calls (2,064 x 4 MiB: 24 of 86; a dataset's 2,560 x 1 MiB: see
- * `jobs` below).
+ * `jobs` below). Measured for 4 MiB chunks only: a load of fewer 1 MiB ones
+ * (a 1 GiB .load(): one call of 1,024) reads for longer beside its 34 ms
+ * latency and has not been run both ways.
  * `jobs` jobs in flight together on the context (this one included) share a
  * latency-bound class's wave: each cuts its queue into nslots / jobs calls a
  * wave, each up to jobs x call_bytes, so the calls side by side on the
