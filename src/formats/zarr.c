@@ -1804,38 +1804,26 @@ static int prestat_fill(zarr_plan_ctx *p, const ferry_layout *l, const ferry_sli
     int rc = ferry_layout_visit(l, sel, list_chunk, &L);
     ferry_clearerr();
     if (rc < 0 || L.n < PRESTAT_MIN) { free(L.buf); free(L.off); return -1; }
-    size_t m = 2 * L.n;
+    size_t m = 2 * L.n, wanted = 0;
+    pre->buf_ = L.buf;   /* from here on prestat_free frees everything */
     pre->path = malloc(m * sizeof *pre->path);
-    char **want = malloc(m * sizeof *want);
     pre->st = malloc(m * sizeof *pre->st);
     pre->err = malloc(m * sizeof *pre->err);
-    if (!pre->path || !want || !pre->st || !pre->err) {
-        free(want);
-        free(L.off);
-        pre->n = 0;
-        prestat_free(pre);
-        free(L.buf);
-        return -1;
-    }
+    char **want = malloc(m * sizeof *want);
+    int ok = pre->path && pre->st && pre->err && want;
     int raw = raw_chunks(p);   /* their files are not looked at: only the directories */
-    size_t wanted = 0;
-    for (size_t i = 0; i < m; i++) {
+    for (size_t i = 0; ok && i < m; i++) {
         pre->path[i] = L.off[i] == SIZE_MAX ? NULL : L.buf + L.off[i];
         want[i] = (i % 2 == 0 && raw) ? NULL : pre->path[i];
         wanted += want[i] != NULL;
     }
     free(L.off);
-    if (wanted < PRESTAT_MIN) {   /* uncompressed chunks in a few directories: nothing to gain */
-        free(want);
-        pre->buf_ = L.buf;
-        prestat_free(pre);
-        return -1;
-    }
-    ferry_lstat_many(p->ctx, want, m, pre->st, pre->err);
+    ok = ok && wanted >= PRESTAT_MIN;   /* else uncompressed chunks in a few directories: nothing to gain */
+    if (ok) ferry_lstat_many(p->ctx, want, m, pre->st, pre->err);
     free(want);
+    if (!ok) { prestat_free(pre); return -1; }
     pre->n = L.n;
     pre->cur = 0;
-    pre->buf_ = L.buf;
     return 0;
 }
 
