@@ -75,7 +75,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import best, have, log, warm  # noqa: E402
+from harness import best, env_settings, have, log, warm  # noqa: E402
 
 from ferry import _ferry as F  # noqa: E402
 
@@ -486,13 +486,7 @@ def parse_variants(spec):
         decode, _, env = part.partition(":")
         if decode not in ("cpu", "gpu", "auto"):
             raise SystemExit(f"--variants: {part!r}: the decoder is cpu, gpu or auto")
-        extra = {}
-        for kv in (x for x in env.split(",") if x.strip()):
-            k, eq, v = kv.partition("=")
-            if not eq or not k.strip():
-                raise SystemExit(f"--variants: {part!r}: {kv!r} is not NAME=VALUE")
-            extra[k.strip()] = v.strip()
-        out.append((decode, extra))
+        out.append((decode, env_settings(env, f"--variants {part!r}")))
     return out
 
 

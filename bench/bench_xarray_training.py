@@ -43,7 +43,7 @@ import numpy as np
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(here, "..", "python"))
 sys.path.insert(0, here)
-from harness import have, log, warm  # noqa: E402
+from harness import env_settings, have, log, warm  # noqa: E402
 from bench_xarray import coords  # noqa: E402
 
 
@@ -325,7 +325,7 @@ def sweep_items(spec):
         parts = item.strip().split(":", 2)
         if len(parts) < 2:
             raise SystemExit(f"--sweep item {item!r}: use BPR:PREFETCH[:NAME=VALUE,...]")
-        env = dict(kv.split("=", 1) for kv in parts[2].split(",") if kv) if len(parts) == 3 else {}
+        env = env_settings(parts[2], f"--sweep item {item!r}") if len(parts) == 3 else {}
         # "auto": batches_per_read=None, the engine-sized groups
         out.append((None if parts[0] == "auto" else int(parts[0]), int(parts[1]), env))
     return out
@@ -333,7 +333,7 @@ def sweep_items(spec):
 
 def env_items(spec):
     """--idle-env's items: {name: value} per ';'-separated NAME=VALUE[,NAME=VALUE] item."""
-    return [dict(kv.split("=", 1) for kv in item.split(",") if kv) for item in spec.split(";") if item.strip()]
+    return [env_settings(item, f"--idle-env item {item!r}") for item in spec.split(";") if item.strip()]
 
 
 @contextlib.contextmanager

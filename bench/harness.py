@@ -36,6 +36,18 @@ def warm(path):
                 pass
 
 
+def env_settings(text, what):
+    """'NAME=VALUE[,NAME=VALUE...]' -> {NAME: VALUE} (the settings of one row of a sweep);
+    anything else ends the run naming `what` and the item, not a row run without it."""
+    out = {}
+    for kv in (x.strip() for x in text.split(",") if x.strip()):
+        k, eq, v = kv.partition("=")
+        if not eq or not k.strip():
+            raise SystemExit(f"{what}: {kv!r} is not NAME=VALUE")
+        out[k.strip()] = v.strip()
+    return out
+
+
 def best(fn, reps):
     """(fastest of `reps` timed calls, the last call's result); the previous
     result is dropped before each call, so two never hold memory at once."""
