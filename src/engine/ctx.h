@@ -27,7 +27,8 @@ struct ferry_ctx {
     int ninline_free;
     pthread_mutex_t stats_lock;
     ferry_stats stats;
-    _Atomic int active_jobs;
+    _Atomic int active_jobs;      /* submitted and not yet destroyed (a finished job its caller holds counts) */
+    _Atomic int running_jobs;     /* submitted and not yet complete: the jobs whose work is on the workers and devices */
     _Atomic uint64_t next_job_id;
     pid_t pid;                    /* the creating process: a forked child has no workers */
     ferry_fcache files;           /* files opened by path (fcache.c) */

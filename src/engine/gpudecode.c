@@ -384,8 +384,8 @@ static int coop_slots(void) {
  * `jobs` below). Measured for 4 MiB chunks only: a load of fewer 1 MiB ones
  * (a 1 GiB .load(): one call of 1,024) reads for longer beside its 34 ms
  * latency and has not been run both ways.
- * `jobs` jobs in flight together on the context (this one included) share a
- * latency-bound class's wave: each cuts its queue into nslots / jobs calls a
+ * `jobs` jobs running together on the context (this one included: submitted
+ * and not yet complete) share a latency-bound class's wave: each cuts its queue into nslots / jobs calls a
  * wave, each up to jobs x call_bytes, so the calls side by side on the
  * device and the bytes they hold stay those of one job. H200, 2026-12-02,
  * XarrayDataset over netCDF-4 (2.5 GiB jobs of 2,560 x 1 MiB chunks, two in
@@ -472,7 +472,13 @@ static int plan_coop(struct ferry_gpudecode_job *g, const ferry_job *j, int thre
     size_t ncb = 0;
     g->nslots = coop_slots();
     g->ring = stage_ring(j->ctx);
-    const int jobs = 1 + atomic_load(&j->ctx->active_jobs);   /* this one and those in flight */
+    /* this one and those still running: a finished job its caller has not yet
+     * destroyed (a dataset's batch waiting to be handed out) decodes nothing.
+     * Counting those too (active_jobs, 440bcd8) made XarrayDataset's jobs see
+     * 5 and more in flight, so each put its calls in one slot, one after the
+     * other: 3 calls of 800 chunks, never two decoding at once, 16.2 GB/s
+     * against 21 before (H200, 2026-12-02 05:10, FERRY_DECODE_TRACE=1). */
+    const int jobs = 1 + atomic_load(&j->ctx->running_jobs);
     for (size_t qi = 0; qi < g->nq; qi++) {
         gd_queue *q = &g->q[qi];
         if (!q->coop) continue;

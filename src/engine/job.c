@@ -315,6 +315,7 @@ static int submit_job(ferry_ctx *ctx, ferry_job *j, int allow_inline) {
     if (rc < 0) return rc;
     j->t_start = ferry_now();
     atomic_fetch_add(&ctx->active_jobs, 1);
+    atomic_fetch_add(&ctx->running_jobs, 1);   /* until ferry_job_complete (jobstate.c) */
     if (j->ntasks == 0) { ferry_job_complete(j); return 0; }
     uint64_t total = 0;
     for (size_t i = 0; i < j->next; i++) total += j->ext[i].length;
@@ -333,6 +334,7 @@ static int submit_job(ferry_ctx *ctx, ferry_job *j, int allow_inline) {
     rc = ferry_pool_start(ctx, want);
     if (rc < 0 && ctx->nworkers == 0) {
         pthread_mutex_unlock(&ctx->lock);
+        atomic_fetch_sub(&ctx->running_jobs, 1);
         atomic_fetch_sub(&ctx->active_jobs, 1);
         return rc;
     }

@@ -39,6 +39,7 @@ void ferry_job_complete(ferry_job *j) {
     }
     ctx->stats.jobs++;
     pthread_mutex_unlock(&ctx->stats_lock);
+    atomic_fetch_sub(&ctx->running_jobs, 1);   /* before done: once it is set the waiter may free j */
     pthread_mutex_lock(&j->lock);
     j->done = 1;
     pthread_cond_broadcast(&j->cond);

@@ -138,6 +138,44 @@ static void test_short_record_names_file(void) {
     ferry_ctx_destroy(ctx);
 }
 
+/* The context counts a job running from its submission until its last task
+ * is done, whether it succeeded or failed, on the pool or on the caller's
+ * thread, and active until the caller destroys it: a finished job a caller
+ * still holds (a dataset's batch waiting to be handed out) decodes nothing,
+ * and the GPU decoder shares a device's calls only among running jobs
+ * (gpudecode.c, plan_coop). */
+static void test_jobs_running_until_complete(void) {
+    ferry_ctx *ctx = make_ctx(4, 64 << 10);
+    ferry_file *f;
+    CHECK_EQ_I(ferry_file_open(ctx, files_.path[1], FERRY_READ, &f), 0);
+    uint8_t *mem = malloc(1 << 20);
+    ferry_plan *pool_plan, *inline_plan, *bad_plan, *empty_plan;
+    ferry_plan_create(&pool_plan);
+    ferry_plan_create(&inline_plan);
+    ferry_plan_create(&bad_plan);
+    ferry_plan_create(&empty_plan);
+    for (int i = 0; i < 200; i++)
+        ferry_plan_read(pool_plan, f, (uint64_t)i * 3001 % (files_.fsize[1] - 1000), 1000, ferry_host_buf(mem, 1 << 20), (uint64_t)i * 1000);
+    ferry_plan_read(inline_plan, f, 0, 100, ferry_host_buf(mem, 1 << 20), 0);
+    ferry_plan_read(bad_plan, f, files_.fsize[1] - 10, 1000, ferry_host_buf(mem, 1 << 20), 0);
+    ferry_plan *plans[4] = {pool_plan, inline_plan, bad_plan, empty_plan};
+    const int64_t want[4] = {200 * 1000, 100, FERRY_ESHORT, 0};
+    ferry_job *held[4];
+    for (int k = 0; k < 4; k++) {
+        CHECK_EQ_I(ferry_submit(ctx, plans[k], NULL, &held[k]), 0);
+        CHECK_EQ_I(ferry_job_wait(held[k], -1), want[k]);
+        CHECK_EQ_I(atomic_load(&ctx->running_jobs), 0);
+        CHECK_EQ_I(atomic_load(&ctx->active_jobs), k + 1);
+    }
+    for (int k = 0; k < 4; k++) ferry_job_destroy(held[k]);
+    CHECK_EQ_I(atomic_load(&ctx->active_jobs), 0);
+    CHECK_EQ_I(atomic_load(&ctx->running_jobs), 0);
+    for (int k = 0; k < 4; k++) ferry_plan_destroy(plans[k]);
+    free(mem);
+    ferry_file_close(f);
+    ferry_ctx_destroy(ctx);
+}
+
 static ferry_extent nofollow_ext(const char *path, const char *root, uint64_t off, uint64_t len, uint8_t *mem,
                                  uint64_t cap, uint64_t dst_off) {
     ferry_extent e;
@@ -356,6 +394,7 @@ int main(void) {
     RUN(test_seeds);
     RUN(test_short_record_names_file);
     RUN(test_small_batch_uses_the_pool);
+    RUN(test_jobs_running_until_complete);
     RUN(test_nofollow_records_pack);
     RUN(test_cold_records_hinted);
     RUN(test_pack_min);

@@ -454,6 +454,35 @@ static size_t jobs_in_flight_gpu_chunks(void) {
     return (size_t)s.gpu_chunks;
 }
 
+/* A finished job its caller still holds (a dataset's batch not yet handed
+ * out) decodes nothing, so a deflate job planned beside it keeps the calls of
+ * a job alone: 2,000 one-KiB chunks (beyond the one-call count) are 8 calls
+ * of 250, not the 4 of 500 of two jobs sharing a wave. Counting held jobs as
+ * in flight put each of XarrayDataset's jobs in one slot on the H200, its
+ * calls one after the other. Byte-exact either way. */
+static void test_held_jobs_do_not_share_the_wave(void) {
+    void *sim = dlopen(getenv("FERRY_NVCOMP") ? getenv("FERRY_NVCOMP") : "libnvcomp.so.6", RTLD_NOW | RTLD_NOLOAD);
+    long (*count)(const char *) = sim ? (long (*)(const char *))dlsym(sim, "nvcompsim_count") : NULL;
+    grid held, g;
+    grid_make(&held, C_ZLIB_SHUF, 64, 64, 16, 16, 0);
+    ferry_run_opts o = decode_opts("gpu");
+    ferry_job *jh;
+    CHECK_EQ_I(ferry_submit(ctx_, held.plan, &o, &jh), 0);
+    int64_t held_got = ferry_job_wait(jh, -1);   /* done, not destroyed */
+    if (held_got <= 0) fprintf(stderr, "  %s\n", ferry_errmsg(ctx_));
+    CHECK(held_got > 0);
+    grid_check(&held, "gpu");
+    grid_make(&g, C_ZLIB_SHUF, 640, 800, 16, 16, 0);   /* 40 x 50 chunks of 16 x 16 float32 (the chunk files are rewritten) */
+    if (count) count("reset_max_per_call");
+    int64_t got = ferry_run(ctx_, g.plan, &o);
+    if (got < 0) fprintf(stderr, "  %s\n", ferry_errmsg(ctx_));
+    CHECK(got > 0);
+    if (count) CHECK_EQ_I(count("max_per_call"), 250);
+    else printf("  (the calls' sizes need the stand-in nvCOMP; byte-exact only)\n");
+    grid_check(&g, "gpu");
+    ferry_job_destroy(jh);
+}
+
 static void test_jobs_in_flight_share_the_gpu(void) {
     setenv("FERRY_GPU_BATCH", "64K", 1);   /* 16 KiB chunks: 4 per batch */
     const char *th = getenv("FERRY_THREADS");
@@ -1263,6 +1292,7 @@ int main(void) {
     RUN(test_one_queue_both_decoders);
     RUN(test_long_deflate_load_runs_as_gpu_calls);
     RUN(test_jobs_in_flight_share_the_gpu);
+    RUN(test_held_jobs_do_not_share_the_wave);
     RUN(test_corrupt_chunks_fail_clearly);
     RUN(test_fallbacks_counted);
     RUN(test_many_chunks_one_file);
