@@ -1,6 +1,7 @@
 /* file.c — open files: a buffered descriptor always, an O_DIRECT descriptor
  * and a cuFile handle lazily (each opened once per file, never per task). */
 #include "engine/engine.h"
+#include "engine/mapread.h"
 #include "engine/sysio.h"
 #include <errno.h>
 #include <fcntl.h>
@@ -135,6 +136,7 @@ int ferry_file_close(ferry_file *f) {
         if (cf) cf->HandleDeregister(f->cfh);
     }
     if (f->dfd >= 0) ferry_sys()->close(f->dfd);
+    ferry_map_release(f);
     if (ferry_sys()->close(f->fd) != 0) rc = ferry_seterr(-errno, "%s: close: %s", f->path, strerror(errno));
     pthread_mutex_destroy(&f->lock);
     free(f->path);

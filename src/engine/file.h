@@ -24,14 +24,10 @@ struct ferry_file {
     int cf_state;                 /* 0 untried, 1 registered, <0 failed (code) */
     char cf_why[160];
     _Atomic int written;          /* a job wrote to it (for FERRY_SYNC) */
+    _Atomic int map_state;        /* its read-only mapping (mapread.c): 0 untried, 1 mapped, -1 none or broken */
+    uint8_t *map;                 /* set before map_state becomes 1 */
+    uint64_t map_len;             /* the file's size when it was mapped */
 };
-
-/* Lazily opened O_DIRECT descriptor; -1 when the file system refuses it. */
-int ferry_file_direct_fd(ferry_file *f);
-/* Registered cuFile handle, or a negative code with a message. */
-int ferry_file_cufile(ferry_file *f, ferry_cufile_handle *out);
-int64_t ferry_file_cached_fd(int fd, uint64_t offset, uint64_t len, uint64_t fsize);
-int ferry_file_open_internal(ferry_ctx *ctx, const char *path, int flags, ferry_file **out);
 
 /* Lazily opened O_DIRECT descriptor; -1 when the file system refuses it. */
 int ferry_file_direct_fd(ferry_file *f);

@@ -144,6 +144,20 @@ static int pack_min_policy(const ferry_ctx *ctx, uint64_t *out) {
     return 0;
 }
 
+/* FERRY_MAP_MAX: warm packed records of up to this many bytes (a run of
+ * adjacent ones in all) are copied from a mapping of their file instead of
+ * read with pread (mapread.c says why); 0 turns it off. */
+static int map_max_policy(const ferry_ctx *ctx, uint64_t *out) {
+    const char *s = ctx->cfg.no_env ? NULL : getenv("FERRY_MAP_MAX");
+    *out = 64u << 10;
+    if (!s) return 0;
+    int64_t v = ferry_parse_size(s);
+    if (v < 0 || v > (1ll << 30))
+        return ferry_seterr(FERRY_EINVAL, "FERRY_MAP_MAX=\"%s\": a size up to 1G (0: off)", s);
+    *out = (uint64_t)v;
+    return 0;
+}
+
 /* Records up to this size are packed (AUTO reads them buffered anyway; the
  * O_DIRECT policy ON keeps them one task each, where alignment decides). */
 #define PACK_MAX_EXTENT (1u << 20)
@@ -247,14 +261,19 @@ static int job_build(ferry_ctx *ctx, const ferry_plan *plan, const ferry_run_opt
      * tenth); a bad value fails every plan until the context is made anew */
     if (!atomic_load(&ctx->job_env_ready)) {
         int ra;
-        uint64_t pm;
-        if (readahead_policy(ctx, &ra) < 0 || pack_min_policy(ctx, &pm) < 0) { job_free(j); return FERRY_EINVAL; }
+        uint64_t pm, mm;
+        if (readahead_policy(ctx, &ra) < 0 || pack_min_policy(ctx, &pm) < 0 || map_max_policy(ctx, &mm) < 0) {
+            job_free(j);
+            return FERRY_EINVAL;
+        }
         atomic_store(&ctx->readahead, ra);
         atomic_store(&ctx->pack_min, pm);
+        atomic_store(&ctx->map_max, mm);
         atomic_store(&ctx->job_env_ready, 1);   /* racing threads store the same values */
     }
     j->readahead = atomic_load(&ctx->readahead);
     j->pack_min = atomic_load(&ctx->pack_min);
+    j->map_max = atomic_load(&ctx->map_max);
     j->max_workers = opts && opts->threads > 0 ? opts->threads : ctx->cfg.threads;
     if (j->max_workers > ctx->cfg.threads) j->max_workers = ctx->cfg.threads;
     size_t n = plan->n;

@@ -9,6 +9,7 @@
  * of records, however small they are. */
 #include "engine/engine.h"
 #include "engine/io.h"
+#include "engine/mapread.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -109,17 +110,21 @@ static int same_file(const ferry_extent *a, const ferry_extent *b) {
  * the reads without waiting: the disk sees all of them at once, and the
  * preads that follow find them in flight or done. Warm tasks pay the one
  * cachestat. FERRY_READAHEAD=on hints always, off never. Failures here are
- * only lost hints: the reads report their own errors. */
-static void cold_hints(ferry_worker *w, ferry_job *j, const ferry_task *t) {
-    if (j->readahead == FERRY_READAHEAD_OFF) return;
+ * only lost hints: the reads report their own errors.
+ * Returns 1 when the task's first record is in the page cache (the check
+ * AUTO makes): its small records are then copied from their files' mappings
+ * (mapread.c), not read one pread each. */
+static int cold_hints(ferry_worker *w, ferry_job *j, const ferry_task *t) {
+    if (j->readahead == FERRY_READAHEAD_OFF) return 0;
     size_t k = t->ext, end = (size_t)t->ext + t->n;
     const ferry_extent *e = &j->ext[k];
     int rc;
     ferry_file *f = ext_file(w, j, e, &rc);
-    if (rc < 0) { ferry_clearerr(); return; }
+    if (rc < 0) { ferry_clearerr(); return 0; }
     if (j->readahead == FERRY_READAHEAD_AUTO) {
         int64_t c = ferry_file_cached_fd(f->fd, e->offset, e->length, e->offset + e->length);
-        if (c < 0 || (uint64_t)c >= e->length) return;   /* warm (or unknown): no hints */
+        if (c < 0) return 0;                              /* unknown: preads, no hints */
+        if ((uint64_t)c >= e->length) return 1;           /* warm: no hints */
     }
     const ferry_extent *cur = e;   /* the range being gathered, of file f */
     uint64_t lo = e->offset, hi = e->offset + e->length, hinted = 1;
@@ -142,6 +147,14 @@ static void cold_hints(ferry_worker *w, ferry_job *j, const ferry_task *t) {
         hinted++;
     }
     w->hinted += hinted;
+    return 0;
+}
+
+/* Read bytes at off of f into dst: from f's mapping when the task is warm
+ * and they are few (j->map_max), else with pread. */
+static int64_t read_run(const ferry_job *j, ferry_file *f, int warm, uint8_t *dst, uint64_t bytes, uint64_t off) {
+    if (warm && bytes <= j->map_max && ferry_map_read(f, dst, off, bytes)) return (int64_t)bytes;
+    return ferry_pread_full(f->fd, dst, bytes, off);
 }
 
 /* ---- into host memory ----------------------------------------------------- */
@@ -152,7 +165,7 @@ int64_t ferry_pack_read(ferry_worker *w, ferry_job *j, const ferry_task *t, uint
     size_t end = (size_t)t->ext + t->n;
     uint64_t total = 0;
     struct iovec iov[64];
-    cold_hints(w, j, t);
+    const int warm = cold_hints(w, j, t);
     /* copies this worker sent (a gathered batch's, gather.c) complete while it
      * reads: its batch is done when the copy is, not a task later (a task of
      * 150 KB rows is 200 us of preads, the time the next batch has to start) */
@@ -177,7 +190,19 @@ int64_t ferry_pack_read(ferry_worker *w, ferry_job *j, const ferry_task *t, uint
         int64_t r;
         if (n == 1) {
             uint8_t *dst = img ? img + (e->dst_offset - lo) : (uint8_t *)e->dst.ptr + e->dst_offset;
-            r = ferry_pread_full(f->fd, dst, e->length, e->offset);
+            r = read_run(j, f, warm, dst, e->length, e->offset);
+        } else if (warm && bytes <= j->map_max) {   /* a short run to scattered places: a copy each */
+            r = 0;
+            for (size_t i = 0; i < n && r >= 0; i++) {
+                const ferry_extent *x = &j->ext[k + i];
+                uint8_t *dst = img ? img + (x->dst_offset - lo) : (uint8_t *)x->dst.ptr + x->dst_offset;
+                int64_t got = read_run(j, f, warm, dst, x->length, x->offset);
+                if (got < 0) r = got;
+                else {
+                    r += got;
+                    if ((uint64_t)got < x->length) break;   /* the file ends here */
+                }
+            }
         } else {
             for (size_t i = 0; i < n; i++) {
                 const ferry_extent *x = &j->ext[k + i];
@@ -312,7 +337,7 @@ static int64_t pack_device(ferry_worker *w, ferry_job *j, const ferry_task *t, i
     uint64_t S = w->ctx->cfg.staging_size, total = 0;
     int64_t result = 0;
     uint64_t seq0 = w->seq[d];
-    cold_hints(w, j, t);
+    const int warm = cold_hints(w, j, t);
     if ((rc = ferry_pack_begin(w, d)) < 0) return rc;
     for (size_t k = t->ext; k < end;) {
         const ferry_extent *e = &j->ext[k];
@@ -335,7 +360,7 @@ static int64_t pack_device(ferry_worker *w, ferry_job *j, const ferry_task *t, i
             if ((rc = ferry_pack_flush(w, j, d)) < 0 || (rc = ferry_pack_begin(w, d)) < 0) { result = rc; break; }
             buf = ferry_pack_reserve(w, bytes);
         }
-        int64_t r = ferry_pread_full(f->fd, buf, bytes, e->offset);
+        int64_t r = read_run(j, f, warm, buf, bytes, e->offset);
         if (r < 0) { ferry_seterr((int)r, "%s", strerror((int)-r)); result = pack_error((int)r, e, f, e->offset); break; }
         if ((uint64_t)r < bytes) {
             uint64_t at = e->offset + (uint64_t)r;

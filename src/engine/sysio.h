@@ -21,6 +21,7 @@ typedef struct ferry_sys_api {
     int (*lstat)(const char *path, struct stat *st);   /* formats' plan-time lookups (zarr.c, statmany.c) */
     int (*ftruncate)(int fd, off_t len);
     int (*madvise)(void *p, size_t n, int advice);
+    void *(*mmap)(void *addr, size_t n, int prot, int flags, int fd, off_t off);   /* files' mappings (mapread.c) */
 } ferry_sys_api;
 
 /* The table in use (libc's functions unless a test replaced some). */

@@ -11,7 +11,11 @@
 #include <fcntl.h>
 #include <unistd.h>
 #include <limits.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 static char dir_[256];
 static pk_set files_;
@@ -382,6 +386,143 @@ static void test_spin(void) {
     free(mem);
 }
 
+/* ---- warm small records from their files' mappings (mapread.c) ---------- */
+static _Atomic int mmaps_;
+static void *counting_mmap(void *addr, size_t n, int prot, int flags, int fd, off_t off) {
+    atomic_fetch_add(&mmaps_, 1);
+    return mmap(addr, n, prot, flags, fd, off);
+}
+
+static void write_pk_file(const char *path, uint64_t n) {
+    uint8_t *b = malloc(n);
+    for (uint64_t i = 0; i < n; i++) b[i] = pk_byte(5, i);
+    FILE *fp = fopen(path, "wb");
+    CHECK(fp && fwrite(b, 1, n, fp) == n);
+    fclose(fp);
+    free(b);
+}
+
+/* n records of `len` bytes: the first at 0, the others at off0 + i * step, in order in mem */
+static ferry_plan *records_plan(ferry_file *f, uint8_t *mem, uint64_t cap, int n, uint64_t len, uint64_t off0, uint64_t step) {
+    ferry_plan *p;
+    ferry_plan_create(&p);
+    for (int i = 0; i < n; i++)
+        ferry_plan_read(p, f, i == 0 ? 0 : off0 + (uint64_t)i * step, len, ferry_host_buf(mem, cap), (uint64_t)i * len);
+    return p;
+}
+
+static int records_ok(const uint8_t *mem, int n, uint64_t len, uint64_t off0, uint64_t step) {
+    for (int i = 0; i < n; i++)
+        for (uint64_t k = 0; k < len; k++)
+            if (mem[(uint64_t)i * len + k] != pk_byte(5, (i == 0 ? 0 : off0 + (uint64_t)i * step) + k)) return 0;
+    return 1;
+}
+
+/* Warm records of 64 KiB or less are copied from one mapping of their file,
+ * made once: byte-exact, one mmap for many jobs. Larger records, and all
+ * records under FERRY_MAP_MAX=0, are read with pread (no mmap). A file
+ * truncated under its mapping: the copy of a record beyond its new end
+ * faults (SIGBUS), which the guard turns into the pread's error naming the
+ * file and the record's byte — no crash, nothing wrong delivered — and the
+ * records before it still read. */
+static void test_warm_records_from_the_mapping(void) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/mapped.bin", dir_);
+    const uint64_t fsize = 4u << 20, len = 3000, step = 7919;
+    const int n = 400;
+    write_pk_file(path, fsize);
+    uint8_t *mem = malloc((uint64_t)n * 70000);
+    atomic_store(&mmaps_, 0);
+    ferry_test_set_syscall("mmap", (void *)counting_mmap);
+    ferry_ctx *ctx = make_ctx(4, 64 << 10);
+    ferry_file *f;
+    CHECK_EQ_I(ferry_file_open(ctx, path, FERRY_READ, &f), 0);
+    for (int rep = 0; rep < 3; rep++) {
+        memset(mem, 0, (uint64_t)n * len);
+        ferry_plan *p = records_plan(f, mem, (uint64_t)n * 70000, n, len, 1000 + (uint64_t)rep, step);
+        CHECK_EQ_I(ferry_run(ctx, p, NULL), (int64_t)(n * len));
+        CHECK(records_ok(mem, n, len, 1000 + (uint64_t)rep, step));
+        ferry_plan_destroy(p);
+    }
+    CHECK_EQ_I(atomic_load(&mmaps_), 1);
+    /* records above 64 KiB: preads, the mapping untouched (it exists already: no new one either way) */
+    ferry_file *f2;
+    CHECK_EQ_I(ferry_file_open(ctx, path, FERRY_READ, &f2), 0);
+    ferry_plan *big = records_plan(f2, mem, (uint64_t)n * 70000, 40, 70000, 5000, 90001);
+    CHECK_EQ_I(ferry_run(ctx, big, NULL), 40 * 70000);
+    CHECK(records_ok(mem, 40, 70000, 5000, 90001));
+    CHECK_EQ_I(atomic_load(&mmaps_), 1);
+    ferry_plan_destroy(big);
+    ferry_file_close(f2);
+    /* FERRY_MAP_MAX=0: no mapping */
+    setenv("FERRY_MAP_MAX", "0", 1);
+    ferry_ctx *off_ctx = make_ctx_env(4, 64 << 10, 0);
+    ferry_file *f3;
+    CHECK_EQ_I(ferry_file_open(off_ctx, path, FERRY_READ, &f3), 0);
+    ferry_plan *p3 = records_plan(f3, mem, (uint64_t)n * 70000, n, len, 77, step);
+    CHECK_EQ_I(ferry_run(off_ctx, p3, NULL), (int64_t)(n * len));
+    CHECK(records_ok(mem, n, len, 77, step));
+    CHECK_EQ_I(atomic_load(&mmaps_), 1);
+    ferry_plan_destroy(p3);
+    ferry_file_close(f3);
+    ferry_ctx_destroy(off_ctx);
+    setenv("FERRY_MAP_MAX", "junk", 1);
+    ferry_ctx *bad_ctx = make_ctx_env(2, 64 << 10, 0);
+    ferry_plan *pb;
+    ferry_plan_create(&pb);
+    CHECK_EQ_I(ferry_run(bad_ctx, pb, NULL), FERRY_EINVAL);
+    CHECK_STR_CONTAINS(ferry_errmsg(bad_ctx), "FERRY_MAP_MAX");
+    ferry_plan_destroy(pb);
+    ferry_ctx_destroy(bad_ctx);
+    unsetenv("FERRY_MAP_MAX");
+    /* truncated under the mapping: the first record (at 0) is warm, so the task copies from the mapping */
+    CHECK_EQ_I(truncate(path, 256 << 10), 0);
+    const uint64_t past = 1u << 20;
+    ferry_plan *pt = records_plan(f, mem, (uint64_t)n * 70000, 50, len, past, step);
+    CHECK_EQ_I(ferry_run(ctx, pt, NULL), FERRY_ESHORT);
+    CHECK_STR_CONTAINS(ferry_errmsg(ctx), path);
+    char at[64];
+    snprintf(at, sizeof at, "byte %llu", (unsigned long long)(past + step));
+    CHECK_STR_CONTAINS(ferry_errmsg(ctx), at);
+    ferry_plan_destroy(pt);
+    ferry_plan *ok = records_plan(f, mem, (uint64_t)n * 70000, 50, len, 1000, 4000);   /* within the new size */
+    CHECK_EQ_I(ferry_run(ctx, ok, NULL), 50 * (int64_t)len);
+    CHECK(records_ok(mem, 50, len, 1000, 4000));
+    ferry_plan_destroy(ok);
+    ferry_file_close(f);
+    ferry_ctx_destroy(ctx);
+    ferry_test_set_syscall(NULL, NULL);
+    free(mem);
+}
+
+/* A SIGBUS outside ferry's guarded copies still reaches the handler that was
+ * there before ferry put its own in front (in a child: the fault ends it). */
+static void on_bus_before(int sig) { (void)sig; _exit(42); }
+static void test_other_sigbus_reaches_the_old_handler(void) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/bus.bin", dir_);
+    write_pk_file(path, 1 << 20);
+    pid_t pid = fork();
+    if (pid == 0) {
+        signal(SIGBUS, on_bus_before);
+        ferry_ctx *ctx = make_ctx(2, 64 << 10);
+        ferry_file *f;
+        uint8_t mem[64 * 100];
+        if (!ctx || ferry_file_open(ctx, path, FERRY_READ, &f) != 0) _exit(1);
+        ferry_plan *p = records_plan(f, mem, sizeof mem, 64, 100, 4096, 4096);
+        if (ferry_run(ctx, p, NULL) != 6400 || !records_ok(mem, 64, 100, 4096, 4096)) _exit(2);   /* ferry's handler is in */
+        int fd = open(path, O_RDONLY);
+        volatile uint8_t *m = mmap(NULL, 1 << 20, PROT_READ, MAP_SHARED, fd, 0);
+        if (m == MAP_FAILED || truncate(path, 4096) != 0) _exit(3);
+        uint8_t x = m[512 << 10];   /* beyond the end: SIGBUS, not in a guarded copy */
+        _exit(x == 255 ? 4 : 5);
+    }
+    int status = 0;
+    CHECK(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status));
+    CHECK_EQ_I(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 42);
+}
+
 int main(void) {
     snprintf(dir_, sizeof dir_, "%s/ferry-pack-XXXXXX", getenv("FERRY_TEST_DIR") ? getenv("FERRY_TEST_DIR") : "/tmp");
     if (!mkdtemp(dir_)) return 1;
@@ -399,6 +540,8 @@ int main(void) {
     RUN(test_cold_records_hinted);
     RUN(test_pack_min);
     RUN(test_spin);
+    RUN(test_warm_records_from_the_mapping);
+    RUN(test_other_sigbus_reaches_the_old_handler);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir_);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir_);

@@ -131,6 +131,12 @@ static void test_short_and_interrupted_reads_retried(void) {
     ferry_ctx_destroy(ctx);
 }
 
+static void *no_mmap(void *addr, size_t n, int prot, int flags, int fd, off_t off) {
+    (void)addr; (void)n; (void)prot; (void)flags; (void)fd; (void)off;
+    errno = ENODEV;
+    return MAP_FAILED;
+}
+
 static void test_eio_names_file_and_byte(void) {
     ferry_ctx *ctx = make_ctx(4);
     ferry_file *f;
@@ -138,6 +144,7 @@ static void test_eio_names_file_and_byte(void) {
     uint8_t *buf = malloc(fsize_);
     ferry_test_set_syscall("pread", (void *)eio_pread);
     ferry_test_set_syscall("preadv", (void *)eio_preadv);
+    ferry_test_set_syscall("mmap", (void *)no_mmap);   /* warm small records would be copied from a mapping */
     atomic_store(&fail_errno_, EIO);
     atomic_store(&fail_from_, 2u << 20);
     int64_t r = ferry_pread(f, ferry_host_buf(buf, fsize_), 0, fsize_, 0);
