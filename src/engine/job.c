@@ -127,6 +127,19 @@ static int add_task(ferry_job *j, size_t *cap, uint32_t ext, uint32_t n, uint64_
     return 0;
 }
 
+/* A size setting of the environment (unless the context ignores it): *out
+ * is dflt when unset, an error naming it when outside [lo, 1G]. */
+static int size_policy(const ferry_ctx *ctx, const char *name, uint64_t dflt, int64_t lo, const char *want,
+                       uint64_t *out) {
+    const char *s = ctx->cfg.no_env ? NULL : getenv(name);
+    *out = dflt;
+    if (!s) return 0;
+    int64_t v = ferry_parse_size(s);
+    if (v < lo || v > (1ll << 30)) return ferry_seterr(FERRY_EINVAL, "%s=\"%s\": %s", name, s, want);
+    *out = (uint64_t)v;
+    return 0;
+}
+
 /* FERRY_PACK_MIN (default 64 KiB): the least bytes of a pack
  * task. Larger packs mean fewer claims and, into device memory, fewer and
  * larger host-to-device copies (each has a fixed cost of microseconds), but
@@ -134,28 +147,14 @@ static int add_task(ferry_job *j, size_t *cap, uint32_t ext, uint32_t n, uint64_
  * (bench/bench_records.py runs 256K beside the default), the default moves
  * only with its numbers. */
 static int pack_min_policy(const ferry_ctx *ctx, uint64_t *out) {
-    const char *s = ctx->cfg.no_env ? NULL : getenv("FERRY_PACK_MIN");
-    *out = 64u << 10;
-    if (!s) return 0;
-    int64_t v = ferry_parse_size(s);
-    if (v < 4096 || v > (1ll << 30))
-        return ferry_seterr(FERRY_EINVAL, "FERRY_PACK_MIN=\"%s\": a size from 4K to 1G", s);
-    *out = (uint64_t)v;
-    return 0;
+    return size_policy(ctx, "FERRY_PACK_MIN", 64u << 10, 4096, "a size from 4K to 1G", out);
 }
 
-/* FERRY_MAP_MAX: warm packed records of up to this many bytes (a run of
- * adjacent ones in all) are copied from a mapping of their file instead of
- * read with pread (mapread.c says why); 0 turns it off. */
+/* FERRY_MAP_MAX (default 64 KiB): warm packed records of up to this many
+ * bytes (a run of adjacent ones in all) are copied from a mapping of their
+ * file instead of read with pread (mapread.c says why); 0 turns it off. */
 static int map_max_policy(const ferry_ctx *ctx, uint64_t *out) {
-    const char *s = ctx->cfg.no_env ? NULL : getenv("FERRY_MAP_MAX");
-    *out = 64u << 10;
-    if (!s) return 0;
-    int64_t v = ferry_parse_size(s);
-    if (v < 0 || v > (1ll << 30))
-        return ferry_seterr(FERRY_EINVAL, "FERRY_MAP_MAX=\"%s\": a size up to 1G (0: off)", s);
-    *out = (uint64_t)v;
-    return 0;
+    return size_policy(ctx, "FERRY_MAP_MAX", 64u << 10, 0, "a size up to 1G (0: off)", out);
 }
 
 /* Records up to this size are packed (AUTO reads them buffered anyway; the
