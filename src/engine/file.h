@@ -27,6 +27,7 @@ struct ferry_file {
     _Atomic int map_state;        /* its read-only mapping (mapread.c): 0 untried, 1 mapped, -1 none or broken */
     uint8_t *map;                 /* set before map_state becomes 1 */
     uint64_t map_len;             /* the file's size when it was mapped */
+    _Atomic double map_check_at;  /* ferry_now() from which an unmapped file's residency is looked at again */
 };
 
 /* Lazily opened O_DIRECT descriptor; -1 when the file system refuses it. */

@@ -79,31 +79,54 @@ static int guard_ready(void) {
 }
 
 /* ---- the mapping --------------------------------------------------------- */
+/* A file is mapped only once the page cache holds all of it (but a 256th):
+ * a copy from a mapping that touches a page not in memory is a major fault,
+ * a synchronous read of that page alone (MADV_RANDOM: no read-around, which
+ * would read 128 KiB for a 4 KiB window), where a pread of the record is one
+ * request and pack.c's cold hints put a whole task's in flight. A token file
+ * larger than the page cache, or one read cold in its first epoch, so keeps
+ * its preads; the residency check (one cachestat over the file) is made again
+ * every RECHECK_S seconds, or 50 times its own duration if that is longer,
+ * until the file is resident. pack.c's per-task check still decides each
+ * task: pages evicted later fault, which is slow, never wrong. */
+#define RECHECK_S 1.0
+
 static int map_file(ferry_file *f) {
     pthread_mutex_lock(&f->lock);
     int st = atomic_load(&f->map_state);
-    if (st == 0) {
+    /* the size it had when opened (no second fstat): bytes it has grown by
+     * since are read with pread; FERRY_ANY_FILE may be a device */
+    const uint64_t size = f->size0 > 0 ? (uint64_t)f->size0 : 0;
+    if (st == 0 && (!(f->flags & FERRY_READ) || (f->flags & (FERRY_WRITE | FERRY_ANY_FILE)) || size == 0 ||
+                    size > (uint64_t)SIZE_MAX))
         st = -1;
-        /* the size it had when opened (no second fstat): bytes it has grown
-         * by since are read with pread; FERRY_ANY_FILE may be a device */
-        const uint64_t size = f->size0 > 0 ? (uint64_t)f->size0 : 0;
-        if ((f->flags & FERRY_READ) && !(f->flags & (FERRY_WRITE | FERRY_ANY_FILE)) && size > 0 && size <= (uint64_t)SIZE_MAX) {
+    double t0 = st == 0 ? ferry_now() : 0;
+    if (st == 0 && t0 >= atomic_load(&f->map_check_at)) {
+        int64_t c = ferry_file_cached_fd(f->fd, 0, size, size);
+        double took = ferry_now() - t0;
+        if (c >= 0 && (uint64_t)c >= size - size / 256) {
             void *m = ferry_sys()->mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, f->fd, 0);
-            if (m != MAP_FAILED) {
+            if (m == MAP_FAILED) st = -1;
+            else {
+                ferry_sys()->madvise(m, (size_t)size, MADV_RANDOM);   /* only a hint: failure changes nothing */
                 f->map = m;
                 f->map_len = size;
                 st = 1;
             }
+        } else {
+            atomic_store(&f->map_check_at, t0 + (50 * took > RECHECK_S ? 50 * took : RECHECK_S));
         }
-        atomic_store_explicit(&f->map_state, st, memory_order_release);
     }
+    if (st != 0) atomic_store_explicit(&f->map_state, st, memory_order_release);
     pthread_mutex_unlock(&f->lock);
     return st;
 }
 
 int ferry_map_read(ferry_file *f, void *dst, uint64_t off, uint64_t len) {
     int st = atomic_load_explicit(&f->map_state, memory_order_acquire);
-    if (st == 0) st = map_file(f);
+    /* not yet resident: looked at again only once its time has come (a
+     * clock read, not the lock, per record until then) */
+    if (st == 0 && ferry_now() >= atomic_load_explicit(&f->map_check_at, memory_order_relaxed)) st = map_file(f);
     if (st != 1 || off > f->map_len || len > f->map_len - off || !guard_ready()) return 0;
     sigjmp_buf env;
     if (sigsetjmp(env, 0)) {   /* the copy faulted: this file's mapping is not used again */

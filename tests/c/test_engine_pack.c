@@ -478,7 +478,7 @@ static void test_warm_records_from_the_mapping(void) {
     /* truncated under the mapping: the first record (at 0) is warm, so the task copies from the mapping */
     CHECK_EQ_I(truncate(path, 256 << 10), 0);
     const uint64_t past = 1u << 20;
-    ferry_plan *pt = records_plan(f, mem, (uint64_t)n * 70000, 50, len, past, step);
+    ferry_plan *pt = records_plan(f, mem, (uint64_t)n * 70000, 20, len, past, step);   /* 60 KB: one task */
     CHECK_EQ_I(ferry_run(ctx, pt, NULL), FERRY_ESHORT);
     CHECK_STR_CONTAINS(ferry_errmsg(ctx), path);
     char at[64];
@@ -492,6 +492,53 @@ static void test_warm_records_from_the_mapping(void) {
     ferry_file_close(f);
     ferry_ctx_destroy(ctx);
     ferry_test_set_syscall(NULL, NULL);
+    free(mem);
+}
+
+/* A file the page cache does not hold entirely is not mapped (a copy from the
+ * mapping would fault its pages in one by one): its warm records are read with
+ * pread, byte-exact, and no mmap is made. Once the whole file is resident, the
+ * next residency check (a second later) maps it. Where the page cache cannot
+ * be emptied of the file (tmpfs), only the second half runs. */
+static void test_partly_cached_file_is_not_mapped(void) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/half-cached.bin", dir_);
+    const uint64_t fsize = 8u << 20, len = 3000, step = 4099;
+    const int n = 300;
+    write_pk_file(path, fsize);
+    int fd = open(path, O_RDONLY);
+    CHECK(fd >= 0);
+    fdatasync(fd);
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    uint8_t *mem = malloc((uint64_t)n * len), *all = malloc(fsize);
+    CHECK(pread(fd, all, 2u << 20, 0) == 2 << 20);   /* the first 2 MiB warm: the tasks' records are */
+    atomic_store(&mmaps_, 0);
+    ferry_test_set_syscall("mmap", (void *)counting_mmap);
+    ferry_ctx *ctx = make_ctx(2, 64 << 10);
+    ferry_file *f;
+    CHECK_EQ_I(ferry_file_open(ctx, path, FERRY_READ, &f), 0);
+    int64_t cached = ferry_file_cached(f, 0, fsize);
+    ferry_plan *p = records_plan(f, mem, (uint64_t)n * len, n, len, 0, step);   /* all within the first 1.3 MiB */
+    if (cached >= 0 && (uint64_t)cached < fsize - fsize / 256) {   /* not resident by mapread.c's rule */
+        CHECK_EQ_I(ferry_run(ctx, p, NULL), (int64_t)(n * len));
+        CHECK(records_ok(mem, n, len, 0, step));
+        CHECK_EQ_I(atomic_load(&mmaps_), 0);
+    } else {
+        printf("  (the page cache kept the file: %lld of %llu bytes; the cold half is skipped)\n", (long long)cached,
+               (unsigned long long)fsize);
+    }
+    CHECK(pread(fd, all, fsize, 0) == (ssize_t)fsize);   /* now all of it */
+    free(all);
+    usleep(1100 * 1000);
+    memset(mem, 0, (uint64_t)n * len);
+    CHECK_EQ_I(ferry_run(ctx, p, NULL), (int64_t)(n * len));
+    CHECK(records_ok(mem, n, len, 0, step));
+    CHECK_EQ_I(atomic_load(&mmaps_), 1);
+    ferry_plan_destroy(p);
+    ferry_file_close(f);
+    ferry_ctx_destroy(ctx);
+    ferry_test_set_syscall(NULL, NULL);
+    close(fd);
     free(mem);
 }
 
@@ -541,6 +588,7 @@ int main(void) {
     RUN(test_pack_min);
     RUN(test_spin);
     RUN(test_warm_records_from_the_mapping);
+    RUN(test_partly_cached_file_is_not_mapped);
     RUN(test_other_sigbus_reaches_the_old_handler);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir_);
