@@ -188,7 +188,8 @@ typedef struct ferry_config {
  * Warm small records [FERRY_MAP_MAX=size, 64K; 0 off]: when a packed task's first record
  * is in the page cache (auto's check), its records (a run of adjacent ones in all) of up to
  * that many bytes are copied out of a read-only mapping of their file, made once per open
- * file, instead of one pread each; a fault on the mapping (the file truncated under it) is
+ * file when the page cache holds all of it (checked again each second until then), instead
+ * of one pread each; a fault on the mapping (the file truncated under it) is
  * caught and the record read with pread, which reports it. Ignored with no_env (64K).
  * Experiments for small records (read from the environment, ignored with no_env; the
  * defaults stay until the GPU machine's numbers move them): [FERRY_PACK_MIN] least bytes
