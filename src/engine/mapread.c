@@ -34,7 +34,8 @@ static _Thread_local sigjmp_buf *volatile guard_;
 static _Thread_local unsigned copies_;
 static struct sigaction prev_;                 /* the handler ours replaced */
 static pthread_mutex_t install_mu_ = PTHREAD_MUTEX_INITIALIZER;
-static int installed_;                         /* under install_mu_, then read-only */
+static _Atomic int installed_;                 /* set under install_mu_ */
+static _Thread_local int chaining_;            /* in the previous handler: one that chains back to ours ends here */
 
 static void on_sigbus(int sig, siginfo_t *si, void *uc) {
     sigjmp_buf *g = guard_;
@@ -43,8 +44,16 @@ static void on_sigbus(int sig, siginfo_t *si, void *uc) {
         siglongjmp(*g, 1);
     }
     struct sigaction p = prev_;
-    if ((p.sa_flags & SA_SIGINFO) && p.sa_sigaction) { p.sa_sigaction(sig, si, uc); return; }
-    if (!(p.sa_flags & SA_SIGINFO) && p.sa_handler != SIG_DFL && p.sa_handler != SIG_IGN) { p.sa_handler(sig); return; }
+    if (!chaining_) {
+        chaining_ = 1;
+        if ((p.sa_flags & SA_SIGINFO) && p.sa_sigaction) { p.sa_sigaction(sig, si, uc); chaining_ = 0; return; }
+        if (!(p.sa_flags & SA_SIGINFO) && p.sa_handler != SIG_DFL && p.sa_handler != SIG_IGN) {
+            p.sa_handler(sig);
+            chaining_ = 0;
+            return;
+        }
+        chaining_ = 0;
+    }
     /* the default action: returning re-runs the access, which now ends the
      * process as it would have without ferry */
     signal(SIGBUS, SIG_DFL);
