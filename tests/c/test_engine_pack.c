@@ -402,6 +402,14 @@ static void write_pk_file(const char *path, uint64_t n) {
     free(b);
 }
 
+/* A file of fsize pattern bytes at dir_/name (path out), with ferry's mmap counted from 0. */
+static void mapped_file(char *path, size_t cap, const char *name, uint64_t fsize) {
+    snprintf(path, cap, "%s/%s", dir_, name);
+    write_pk_file(path, fsize);
+    atomic_store(&mmaps_, 0);
+    ferry_test_set_syscall("mmap", (void *)counting_mmap);
+}
+
 /* n records of `len` bytes: the first at 0, the others at off0 + i * step, in order in mem */
 static ferry_plan *records_plan(ferry_file *f, uint8_t *mem, uint64_t cap, int n, uint64_t len, uint64_t off0, uint64_t step) {
     ferry_plan *p;
@@ -427,13 +435,10 @@ static int records_ok(const uint8_t *mem, int n, uint64_t len, uint64_t off0, ui
  * records before it still read. */
 static void test_warm_records_from_the_mapping(void) {
     char path[600];
-    snprintf(path, sizeof path, "%s/mapped.bin", dir_);
     const uint64_t fsize = 4u << 20, len = 3000, step = 7919;
     const int n = 400;
-    write_pk_file(path, fsize);
+    mapped_file(path, sizeof path, "mapped.bin", fsize);
     uint8_t *mem = malloc((uint64_t)n * 70000);
-    atomic_store(&mmaps_, 0);
-    ferry_test_set_syscall("mmap", (void *)counting_mmap);
     ferry_ctx *ctx = make_ctx(4, 64 << 10);
     ferry_file *f;
     CHECK_EQ_I(ferry_file_open(ctx, path, FERRY_READ, &f), 0);
@@ -502,18 +507,15 @@ static void test_warm_records_from_the_mapping(void) {
  * be emptied of the file (tmpfs), only the second half runs. */
 static void test_partly_cached_file_is_not_mapped(void) {
     char path[600];
-    snprintf(path, sizeof path, "%s/half-cached.bin", dir_);
     const uint64_t fsize = 8u << 20, len = 3000, step = 4099;
     const int n = 300;
-    write_pk_file(path, fsize);
+    mapped_file(path, sizeof path, "half-cached.bin", fsize);
     int fd = open(path, O_RDONLY);
     CHECK(fd >= 0);
     fdatasync(fd);
     posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
     uint8_t *mem = malloc((uint64_t)n * len), *all = malloc(fsize);
     CHECK(pread(fd, all, 2u << 20, 0) == 2 << 20);   /* the first 2 MiB warm: the tasks' records are */
-    atomic_store(&mmaps_, 0);
-    ferry_test_set_syscall("mmap", (void *)counting_mmap);
     ferry_ctx *ctx = make_ctx(2, 64 << 10);
     ferry_file *f;
     CHECK_EQ_I(ferry_file_open(ctx, path, FERRY_READ, &f), 0);
