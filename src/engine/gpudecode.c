@@ -393,7 +393,7 @@ static int coop_slots(void) {
  * 2 of 1,280 25.3-26.5; 1 of 2,560 22.3-24.4 (FERRY_GPU_CALL, two runs).
  * FERRY_GPU_CALL overrides the chunk count, FERRY_GPU_BATCH the byte cap. */
 /* Calls of a wave one job keeps in flight on a device: nslots, or for a
- * latency-bound class its share of them with `jobs` jobs in flight together
+ * latency-bound class its share of them with `jobs` jobs running together
  * (below; plan_coop gives its calls their slots in turn among these). */
 static int wave_slots(int cls, int nslots, int jobs) {
     const class_rate *cr = &auto_table[cls >= 0 && cls < NCLASS ? cls : FERRY_NVCOMP_ZSTD];
