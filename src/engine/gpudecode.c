@@ -456,14 +456,29 @@ static int dev_mem(int dev, size_t *free_b, size_t *total) {
 
 /* Device memory a job's calls may grow into on device `dev`: what the driver
  * reports free plus the idle call-slot sets the context keeps there (a call
- * reuses them), shared with the jobs already in flight on the context (a
- * dataset's prefetched batches each take a set), or 0 where the driver
- * cannot say (no cap). */
-static uint64_t dev_room(ferry_ctx *ctx, int dev) {
+ * reuses them), shared with `others` jobs on the context (a dataset's
+ * prefetched batches each take a set; which jobs count: share_pair below),
+ * or 0 where the driver cannot say (no cap). */
+static uint64_t dev_room(ferry_ctx *ctx, int dev, int others) {
     size_t free_b, total;
     if (!dev_mem(dev, &free_b, &total)) return 0;
-    int others = atomic_load(&ctx->active_jobs);
     return ((uint64_t)free_b + pool_idle_bytes(ctx, dev)) / (uint64_t)(1 + (others > 0 ? others : 0));
+}
+
+/* FERRY_GPU_SHARE=pair: a job planned while another is held (finished, not
+ * yet destroyed: a dataset's batch waiting to be handed out) shares the wave
+ * as one of two, since the dataset's next read is about to be submitted
+ * beside it; and the device's room is divided among the running jobs only,
+ * since a finished job's call slots are back in the pool (counted in the
+ * room) and its destination is already out of the driver's free memory.
+ * The default (`running`) counts only running jobs for the wave and every
+ * held job for the room: of 53 XarrayDataset jobs over netCDF-4 (H200,
+ * 2026-12-02 05:57) 21 ran as 8 calls of 300 and 18 were cut into 12-24
+ * smaller calls by the room, where FERRY_GPU_CALL=640 (4 calls, no cap)
+ * read 8 % faster. Not the default until the H200 measures it. */
+static int share_pair(void) {
+    const char *s = getenv("FERRY_GPU_SHARE");
+    return s && !strcmp(s, "pair");
 }
 
 /* Cut the job's cooperative queues into calls (gd_cbatch), give each a slot
@@ -478,13 +493,16 @@ static int plan_coop(struct ferry_gpudecode_job *g, const ferry_job *j, int thre
      * 5 and more in flight, so each put its calls in one slot, one after the
      * other: 3 calls of 800 chunks, never two decoding at once, 16.2 GB/s
      * against 21 before (H200, 2026-12-02 05:10, FERRY_DECODE_TRACE=1). */
-    const int jobs = 1 + atomic_load(&j->ctx->running_jobs);
+    const int running = atomic_load(&j->ctx->running_jobs), held = atomic_load(&j->ctx->active_jobs);
+    const int pair = share_pair();
+    const int jobs = pair && running == 0 && held > 0 ? 2 : 1 + running;
+    const int room_others = pair ? running : held;
     for (size_t qi = 0; qi < g->nq; qi++) {
         gd_queue *q = &g->q[qi];
         if (!q->coop) continue;
         uint64_t mc = 0;
         for (size_t m = 0; m < q->count; m++) mc = FERRY_MAX(mc, j->ext[g->idx[q->first + m]].decoded_size);
-        q->target = ferry_gpudecode_call_chunks(q->count, mc, g->nslots, q->alg, dev_room(j->ctx, q->dev), jobs);   /* here: chunks per call */
+        q->target = ferry_gpudecode_call_chunks(q->count, mc, g->nslots, q->alg, dev_room(j->ctx, q->dev, room_others), jobs);   /* here: chunks per call */
         ncb += (q->count + q->target - 1) / q->target;
     }
     if (!ncb) return 0;

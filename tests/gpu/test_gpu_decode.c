@@ -480,7 +480,20 @@ static void test_held_jobs_do_not_share_the_wave(void) {
     if (count) CHECK_EQ_I(count("max_per_call"), 250);
     else printf("  (the calls' sizes need the stand-in nvCOMP; byte-exact only)\n");
     grid_check(&g, "gpu");
-    ferry_job_destroy(jh);
+    /* FERRY_GPU_SHARE=pair: beside a held job, one of two (4 calls of 500);
+     * alone, 8 calls of 250 as by default */
+    for (int alone = 0; alone < 2; alone++) {
+        if (alone) ferry_job_destroy(jh);
+        grid_make(&g, C_ZLIB_SHUF, 640, 800, 16, 16, 0);
+        setenv("FERRY_GPU_SHARE", "pair", 1);
+        if (count) count("reset_max_per_call");
+        got = ferry_run(ctx_, g.plan, &o);
+        unsetenv("FERRY_GPU_SHARE");
+        if (got < 0) fprintf(stderr, "  %s\n", ferry_errmsg(ctx_));
+        CHECK(got > 0);
+        if (count) CHECK_EQ_I(count("max_per_call"), alone ? 250 : 500);
+        grid_check(&g, "gpu");
+    }
 }
 
 static void test_jobs_in_flight_share_the_gpu(void) {
