@@ -436,6 +436,17 @@ def ferry_epoch(path, names, device, batch, prefetch, dali=False, step_gbps=None
         busy = sum(a.elapsed_time(b) for a, b in marks) / 1e3
         log(f"  steps ran {busy:.3f} s on the GPU, planned {step * len(marks):.3f} s "
             f"({busy / (step * len(marks)):.3f} x), epoch {dt:.3f} s, torch allocator retries {retries}")
+        # where the GPU idled: the gaps between one step's end and the next one's start, the
+        # largest five with the batch they waited for (a gap every read group's first batch
+        # is a read that came late; one at the start is the first read)
+        try:
+            gaps = [(marks[k - 1][1].elapsed_time(marks[k][0]), k) for k in range(1, len(marks))]
+            top = sorted(gaps, reverse=True)[:5]
+            log(f"  idle between steps {sum(g for g, _ in gaps):.1f} ms over {len(gaps)} gaps; largest: " +
+                ", ".join(f"{g:.1f} ms before batch {k}" for g, k in top) +
+                f" (read groups of {getattr(xd, 'batch_group', 1)})")
+        except Exception as e:      # a diagnostic: never the row's failure
+            log(f"  idle between steps: not measured ({e})")
     # idle over the epoch, and over the time after its first batch came (the first waits for
     # the whole first read: with large groups most of an epoch's idle is there)
     rest = dt - (waits[0] if waits else 0.0)
