@@ -3,7 +3,7 @@
 # the system python3, carried headers in .deps/include, the machine's own
 # zstd/lz4/zlib runtime libraries. Logs go to $OUT (or ./gpu-out).
 #   steps: wheels build test ctest bench benchwarm sweep engine pybench
-#          part1..part4 dali (DALI's wheel in parts) records decode xtrain plan
+#          part1..part5 dali (DALI's wheel in parts) records decode xtrain plan
 #          formats xbench (bench_xarray, BXARGS) torchbench (bench_torch, BTARGS) records (BRARGS)
 #          ckptbench (bench_checkpoint, BCARGS) chunkfiles (bench_chunkfiles, BCFARGS) nccl (the two-GPU tests)
 #          multigpu (issue 11's tests on 2..8 GPUs) mgbench, then mgranks (bench_multigpu in

@@ -8,8 +8,8 @@
 #                  `wheels`); it must stay under the 64 MiB a call carries.
 #   .gpu/whl-ckpt  the checkpoint benchmark's peers (instanttensor, fastsafetensors):
 #                  a second call carrying it with step `wheels` adds them.
-#   .gpu/d1 .. d4  DALI's 199 MB wheel in parts of 62,000,000 bytes, its md5 and
-#                  its own dependencies, one folder per call (steps part1..part4,
+#   .gpu/d1 .. d5  DALI's 199 MB wheel in parts of 48,000,000 bytes, its md5 and
+#                  its own dependencies, one folder per call (steps part1..part5,
 #                  then `dali`, on a machine kept warm between the calls).
 # Idempotent: a wheel already downloaded is kept. Needs network access to PyPI
 # and Debian's archive (this machine, not the GPU one).
@@ -49,14 +49,16 @@ w=nvidia_dali_cuda130-2.4.0-py3-none-manylinux_2_28_x86_64.whl
 mkdir -p .gpu/dali
 [ -e ".gpu/dali/$w" ] || dl .gpu/dali nvidia-dali-cuda130==2.4.0
 dl .gpu/dali-deps astunparse gast optree makefun nvtx libcst
-rm -rf .gpu/d1 .gpu/d2 .gpu/d3 .gpu/d4 .gpu/split
+rm -rf .gpu/d[0-9] .gpu/split
 mkdir -p .gpu/split
-split -b 62000000 -a 1 ".gpu/dali/$w" .gpu/split/dalipart.
+# 48 MB a part: a call carries 64 MiB with the working tree (about 4 MB), and parts of 62 MB
+# stopped fitting once the tree passed 3.5 MB (2026-12-02)
+split -b 48000000 -a 1 ".gpu/dali/$w" .gpu/split/dalipart.
 n=0
 for p in .gpu/split/dalipart.*; do
     n=$((n + 1)); mkdir -p ".gpu/d$n"; mv "$p" ".gpu/d$n/"
 done
-[ "$n" -le 4 ] || { echo "DALI's wheel needs $n parts: gpu-run.sh has part1..part4"; exit 1; }
+[ "$n" -le 9 ] || { echo "DALI's wheel needs $n parts: gpu-run.sh takes part1..part9"; exit 1; }
 md5sum < ".gpu/dali/$w" | cut -d' ' -f1 > ".gpu/d$n/dali.md5"
 cp .gpu/dali-deps/*.whl ".gpu/d$n/"
 rmdir .gpu/split
