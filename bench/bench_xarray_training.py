@@ -735,8 +735,10 @@ def main():
             # the throughput row's dataset, warm: no warm-up epoch. Each epoch begins with the
             # groups the epoch before read ahead for it; the last row turns that off (its epoch's
             # first batch waits for its first read, as before FERRY_EPOCH_AHEAD)
+            # FERRY_EPOCH_AHEAD=off last: the row after it would begin with no groups read ahead
+            # (the 2026-12-02 07:50 run's --idle-env row waited 162 ms for its first batch)
             extra = [(ss, env) for env in env_items(a.idle_env) for ss in (False, True)]
-            for ss, env in [(False, {}), (True, {}), (False, {"FERRY_EPOCH_AHEAD": "off"})] + extra:
+            for ss, env in [(False, {}), (True, {})] + extra + [(False, {"FERRY_EPOCH_AHEAD": "off"})]:
                 with environ(env):
                     _, idle, waits = ferry_epoch(path, names, a.device, a.batch, a.prefetch, step_gbps=a.step_gbps,
                                                  step_sync=ss, xd=xd, warmup=False)

@@ -21,6 +21,7 @@ struct ferry_ctx {
     _Atomic int readahead;
     _Atomic uint64_t pack_min;
     _Atomic uint64_t map_max;
+    _Atomic uint64_t read_around;
     ferry_worker *workers;
     int nworkers;                 /* started */
     int stop;

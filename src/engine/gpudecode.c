@@ -465,20 +465,25 @@ static uint64_t dev_room(ferry_ctx *ctx, int dev, int others) {
     return ((uint64_t)free_b + pool_idle_bytes(ctx, dev)) / (uint64_t)(1 + (others > 0 ? others : 0));
 }
 
-/* FERRY_GPU_SHARE=pair: a job planned while another is held (finished, not
- * yet destroyed: a dataset's batch waiting to be handed out) shares the wave
- * as one of two, since the dataset's next read is about to be submitted
- * beside it; and the device's room is divided among the running jobs only,
- * since a finished job's call slots are back in the pool (counted in the
- * room) and its destination is already out of the driver's free memory.
- * The default (`running`) counts only running jobs for the wave and every
- * held job for the room: of 53 XarrayDataset jobs over netCDF-4 (H200,
- * 2026-12-02 05:57) 21 ran as 8 calls of 300 and 18 were cut into 12-24
- * smaller calls by the room, where FERRY_GPU_CALL=640 (4 calls, no cap)
- * read 8 % faster. Not the default until the H200 measures it. */
+/* FERRY_GPU_SHARE: which of the other jobs on the context a job's calls are
+ * planned beside. "pair" (the default): a job planned while another is held
+ * (finished, not yet destroyed: a dataset's batch waiting to be handed out)
+ * shares the wave as one of two, since the dataset's next read is about to
+ * be submitted beside it; and the device's room is divided among the
+ * running jobs only, since a finished job's call slots are back in the pool
+ * (counted in the room) and its destination is already out of the driver's
+ * free memory. "running" (the rule before): the wave is shared among running
+ * jobs only and the room among every held job too — of 53 XarrayDataset jobs
+ * over netCDF-4, 21 ran as 8 calls of 300 and 18 were cut into 12-24 smaller
+ * calls by the room. H200, 2026-12-02 07:50, one run, 16 GiB sets,
+ * alternated: netCDF-4 21.93 / 22.14 GB/s "running" against 28.07 / 28.03
+ * "pair" (FERRY_GPU_CALL=640, 4 calls of 640 uncapped: 28.31); Zarr zstd
+ * 46.82 / 47.22 against 50.81 / 49.92 (the room alone: zstd is not
+ * latency-bound); GPU idle behind a 10 GB/s step with the loop waiting on
+ * the host, netCDF-4: 5.2 % against 1.5 %. */
 static int share_pair(void) {
     const char *s = getenv("FERRY_GPU_SHARE");
-    return s && !strcmp(s, "pair");
+    return !s || strcmp(s, "running") != 0;
 }
 
 /* Cut the job's cooperative queues into calls (gd_cbatch), give each a slot
@@ -487,9 +492,10 @@ static int plan_coop(struct ferry_gpudecode_job *g, const ferry_job *j, int thre
     size_t ncb = 0;
     g->nslots = coop_slots();
     g->ring = stage_ring(j->ctx);
-    /* this one and those still running: a finished job its caller has not yet
-     * destroyed (a dataset's batch waiting to be handed out) decodes nothing.
-     * Counting those too (active_jobs, 440bcd8) made XarrayDataset's jobs see
+    /* the wave: this one and those still running, or two where others are
+     * only held (share_pair). A finished job its caller has not yet destroyed
+     * (a dataset's batch waiting to be handed out) decodes nothing: counting
+     * each as a sharer (active_jobs, 440bcd8) made XarrayDataset's jobs see
      * 5 and more in flight, so each put its calls in one slot, one after the
      * other: 3 calls of 800 chunks, never two decoding at once, 16.2 GB/s
      * against 21 before (H200, 2026-12-02 05:10, FERRY_DECODE_TRACE=1). */
@@ -577,6 +583,7 @@ int ferry_gpudecode_check_env(void) {
         {"FERRY_GPU_RING", 's', 64 << 10, 0, "a size from 64K"},
         {"FERRY_GPU_POOL", 's', 0, 0, "a size"},
         {"FERRY_GPU_CHECK", 'c', 0, 0, "all or one"},
+        {"FERRY_GPU_SHARE", 'p', 0, 0, "pair or running"},
     };
     for (size_t k = 0; k < sizeof knobs / sizeof knobs[0]; k++) {
         const char *s = getenv(knobs[k].name);
@@ -584,7 +591,8 @@ int ferry_gpudecode_check_env(void) {
         int ok = knobs[k].kind == 's' ? env_size_ok(s, knobs[k].lo)
                : knobs[k].kind == 'n' ? env_count_ok(s, knobs[k].lo, knobs[k].hi)
                : knobs[k].kind == 't' ? env_onoff_ok(s) || !strcmp(s, "balance")
-               : knobs[k].kind == 'c' ? !strcmp(s, "all") || !strcmp(s, "one") : env_onoff_ok(s);
+               : knobs[k].kind == 'c' ? !strcmp(s, "all") || !strcmp(s, "one")
+               : knobs[k].kind == 'p' ? !strcmp(s, "pair") || !strcmp(s, "running") : env_onoff_ok(s);
         if (!ok) return ferry_seterr(FERRY_EINVAL, "%s=\"%s\": use %s", knobs[k].name, s, knobs[k].want);
     }
     const char *st = getenv("FERRY_GPU_STAGE");

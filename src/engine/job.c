@@ -157,6 +157,18 @@ static int map_max_policy(const ferry_ctx *ctx, uint64_t *out) {
     return size_policy(ctx, "FERRY_MAP_MAX", 64u << 10, 0, "a size up to 1G (0: off)", out);
 }
 
+/* FERRY_READAROUND (default 0: off): the cold hints of packed records
+ * (pack.c, cold_hints) cover the aligned windows of this many bytes around
+ * each record, as a memory-mapped reader's faults do, where the file fits
+ * in half the machine's memory. */
+static int read_around_policy(const ferry_ctx *ctx, uint64_t *out) {
+    int rc = size_policy(ctx, "FERRY_READAROUND", 0, 0, "a power of two from 64K to 1G (0: off)", out);
+    if (rc == 0 && *out && (*out < (64u << 10) || (*out & (*out - 1))))
+        return ferry_seterr(FERRY_EINVAL, "FERRY_READAROUND=\"%s\": a power of two from 64K to 1G (0: off)",
+                            getenv("FERRY_READAROUND"));
+    return rc;
+}
+
 /* Records up to this size are packed (AUTO reads them buffered anyway; the
  * O_DIRECT policy ON keeps them one task each, where alignment decides). */
 #define PACK_MAX_EXTENT (1u << 20)
@@ -260,19 +272,22 @@ static int job_build(ferry_ctx *ctx, const ferry_plan *plan, const ferry_run_opt
      * tenth); a bad value fails every plan until the context is made anew */
     if (!atomic_load(&ctx->job_env_ready)) {
         int ra;
-        uint64_t pm, mm;
-        if (readahead_policy(ctx, &ra) < 0 || pack_min_policy(ctx, &pm) < 0 || map_max_policy(ctx, &mm) < 0) {
+        uint64_t pm, mm, rr;
+        if (readahead_policy(ctx, &ra) < 0 || pack_min_policy(ctx, &pm) < 0 || map_max_policy(ctx, &mm) < 0 ||
+            read_around_policy(ctx, &rr) < 0) {
             job_free(j);
             return FERRY_EINVAL;
         }
         atomic_store(&ctx->readahead, ra);
         atomic_store(&ctx->pack_min, pm);
         atomic_store(&ctx->map_max, mm);
+        atomic_store(&ctx->read_around, rr);
         atomic_store(&ctx->job_env_ready, 1);   /* racing threads store the same values */
     }
     j->readahead = atomic_load(&ctx->readahead);
     j->pack_min = atomic_load(&ctx->pack_min);
     j->map_max = atomic_load(&ctx->map_max);
+    j->read_around = atomic_load(&ctx->read_around);
     j->max_workers = opts && opts->threads > 0 ? opts->threads : ctx->cfg.threads;
     if (j->max_workers > ctx->cfg.threads) j->max_workers = ctx->cfg.threads;
     size_t n = plan->n;

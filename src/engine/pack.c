@@ -10,11 +10,13 @@
 #include "engine/engine.h"
 #include "engine/io.h"
 #include "engine/mapread.h"
+#include "engine/sysio.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <sys/uio.h>
+#include <unistd.h>
 
 /* Runs above this many per staging buffer go through the scatter kernel: each
  * cuMemcpyHtoDAsync costs microseconds of driver time and its own DMA setup,
@@ -114,6 +116,34 @@ static int same_file(const ferry_extent *a, const ferry_extent *b) {
  * Returns 1 when the task's first record is in the page cache (the check
  * AUTO makes): its small records are then copied from their files' mappings
  * (mapread.c), not read one pread each. */
+/* Half the machine's memory: the largest file whose cold records' hints are
+ * widened to read-around windows (FERRY_READAROUND). A file that fits stays
+ * cached for the epoch, so the neighbours a window reads are there when their
+ * turn comes; in a larger one they would be evicted first, and every window
+ * would cost its whole size per record. */
+static uint64_t read_around_fit(void) {
+    static _Atomic uint64_t fit;
+    uint64_t v = atomic_load(&fit);
+    if (!v) {
+        long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+        v = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page / 2 : 1;
+        atomic_store(&fit, v);
+    }
+    return v;
+}
+
+/* posix_fadvise(WILLNEED) of [lo, hi) of f, widened to the aligned windows of
+ * j->read_around bytes around it when that is on and f fits (above). */
+static void hint_range(const ferry_job *j, const ferry_file *f, uint64_t lo, uint64_t hi) {
+    const uint64_t w = j->read_around, size = (uint64_t)f->size0;
+    if (w && size <= read_around_fit()) {
+        lo &= ~(w - 1);
+        hi = (hi + w - 1) & ~(w - 1);
+        if (hi > size) hi = size;
+    }
+    if (hi > lo) ferry_sys()->fadvise(f->fd, (off_t)lo, (off_t)(hi - lo), POSIX_FADV_WILLNEED);
+}
+
 static int cold_hints(ferry_worker *w, ferry_job *j, const ferry_task *t) {
     if (j->readahead == FERRY_READAHEAD_OFF) return 0;
     size_t k = t->ext, end = (size_t)t->ext + t->n;
@@ -135,7 +165,7 @@ static int cold_hints(ferry_worker *w, ferry_job *j, const ferry_task *t) {
             hinted++;
             continue;
         }
-        posix_fadvise(f->fd, (off_t)lo, (off_t)(hi - lo), POSIX_FADV_WILLNEED);
+        hint_range(j, f, lo, hi);
         if (!x) break;
         if (!same_file(x, cur)) {
             f = ext_file(w, j, x, &rc);

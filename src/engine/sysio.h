@@ -22,6 +22,7 @@ typedef struct ferry_sys_api {
     int (*ftruncate)(int fd, off_t len);
     int (*madvise)(void *p, size_t n, int advice);
     void *(*mmap)(void *addr, size_t n, int prot, int flags, int fd, off_t off);   /* files' mappings (mapread.c) */
+    int (*fadvise)(int fd, off_t off, off_t len, int advice);   /* cold records' hints (pack.c) */
 } ferry_sys_api;
 
 /* The table in use (libc's functions unless a test replaced some). */

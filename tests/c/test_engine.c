@@ -408,7 +408,7 @@ static void test_tuning_env_checked(void) {
         {"FERRY_GPU_CALL", "0"}, {"FERRY_GPU_COOP", "no"}, {"FERRY_GPU_TAIL", "maybe"},
         {"FERRY_GPU_RING", "4K"}, {"FERRY_GPU_BATCH", "lots"}, {"FERRY_GPU_POOL", "-1"},
         {"FERRY_GPU_FEEDERS", "2x"}, {"FERRY_GPU_RATES", "6.3,25"}, {"FERRY_GPU_RATES", "6.3,25,0.4,1"}, {"FERRY_GPU_AHEAD", "yes"},
-        {"FERRY_GPU_CHECK", "some"}, {"FERRY_EVENT_SYNC", "sleep"},
+        {"FERRY_GPU_CHECK", "some"}, {"FERRY_GPU_SHARE", "held"}, {"FERRY_EVENT_SYNC", "sleep"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         setenv(bad[i][0], bad[i][1], 1);
@@ -422,7 +422,8 @@ static void test_tuning_env_checked(void) {
         {"FERRY_GPU_STAGE", "ring"}, {"FERRY_GPU_STAGE", "calls"}, {"FERRY_GPU_SLOTS", "8"},
         {"FERRY_GPU_COOP", "off"}, {"FERRY_GPU_RING", "16M"}, {"FERRY_GPU_RATES", "6.34,25,0.46"}, {"FERRY_GPU_AHEAD", "on"},
         {"FERRY_GPU_TAIL", "balance"}, {"FERRY_GPU_TAIL", "off"}, {"FERRY_GPU_TAIL", "on"}, {"FERRY_GPU_STAGE", "auto"},
-        {"FERRY_GPU_CHECK", "one"}, {"FERRY_GPU_CHECK", "all"}, {"FERRY_EVENT_SYNC", "blocking"},
+        {"FERRY_GPU_CHECK", "one"}, {"FERRY_GPU_CHECK", "all"}, {"FERRY_GPU_SHARE", "pair"}, {"FERRY_GPU_SHARE", "running"},
+        {"FERRY_EVENT_SYNC", "blocking"},
     };
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
         setenv(good[i][0], good[i][1], 1);

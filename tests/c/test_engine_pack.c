@@ -321,6 +321,78 @@ static void test_cold_records_hinted(void) {
     free(s.r);
 }
 
+/* posix_fadvise seen by the next test: each hint's range */
+#define HINTS_MAX 8192
+static struct { off_t off, len, size; } hints_[HINTS_MAX];
+static _Atomic int nhints_;
+static int record_fadvise(int fd, off_t off, off_t len, int advice) {
+    int k = atomic_fetch_add(&nhints_, 1);
+    struct stat st;
+    if (k < HINTS_MAX) { hints_[k].off = off; hints_[k].len = len; hints_[k].size = fstat(fd, &st) == 0 ? st.st_size : -1; }
+    return posix_fadvise(fd, off, len, advice);
+}
+
+/* FERRY_READAROUND widens each cold hint to the aligned windows around its
+ * records (as a mapped reader's faults read around them), ending at the end
+ * of the file; 0 (the default) hints the records' own bytes; a size that is
+ * not a power of two from 64K is refused by name. FERRY_READAHEAD=on hints
+ * every pack, so the ranges are checked whatever the file system caches. */
+static void test_read_around_windows(void) {
+    pk_set s = files_;
+    pk_make(&s, 1500, 1, 20000, 57);
+    uint8_t *mem = malloc(s.dst_size);
+    ferry_plan *p;
+    ferry_plan_create(&p);
+    CHECK_EQ_I(pk_plan_nofollow(&s, p, NULL, ferry_host_buf(mem, s.dst_size)), 0);
+    ferry_test_set_syscall("posix_fadvise", (void *)record_fadvise);
+    setenv("FERRY_READAHEAD", "on", 1);
+    static const char *sizes[] = {NULL, "64K", "1M"};
+    for (int m = 0; m < 3; m++) {
+        if (sizes[m]) setenv("FERRY_READAROUND", sizes[m], 1);
+        ferry_ctx *ctx = make_ctx_env(3, 64 << 10, 0);
+        atomic_store(&nhints_, 0);
+        memset(mem, 0xEE, s.dst_size);
+        CHECK_EQ_I(ferry_run(ctx, p, NULL), (int64_t)pk_bytes(&s));
+        CHECK(pk_verify(&s, mem));
+        int n = atomic_load(&nhints_);
+        CHECK(n > 0 && n <= HINTS_MAX);
+        const off_t w = m == 0 ? 0 : m == 1 ? 64 << 10 : 1 << 20;
+        int aligned = 1, small = 1;
+        for (int k = 0; k < n && k < HINTS_MAX; k++) {
+            const off_t end = hints_[k].off + hints_[k].len;
+            if (w) aligned &= hints_[k].off % w == 0 && (end % w == 0 || end == hints_[k].size) && end <= hints_[k].size;
+            small &= hints_[k].len < (64 << 10);
+        }
+        /* every record is covered by some hint */
+        int covered = 1;
+        for (size_t i = 0; i < s.n && covered; i++) {
+            int in = 0;
+            for (int k = 0; k < n && k < HINTS_MAX && !in; k++)
+                in = (uint64_t)hints_[k].off <= s.r[i].off && s.r[i].off + s.r[i].len <= (uint64_t)(hints_[k].off + hints_[k].len);
+            covered &= in;
+        }
+        CHECK(covered);
+        if (w) CHECK(aligned);
+        if (m == 2) CHECK(!small);   /* 1 MiB windows: each file (smaller than one) whole, not the records */
+        ferry_ctx_destroy(ctx);
+        unsetenv("FERRY_READAROUND");
+    }
+    ferry_test_set_syscall("posix_fadvise", NULL);
+    static const char *bad[] = {"100K", "4K", "junk"};
+    for (int b = 0; b < 3; b++) {
+        setenv("FERRY_READAROUND", bad[b], 1);
+        ferry_ctx *ctx = make_ctx_env(2, 64 << 10, 0);
+        CHECK_EQ_I(ferry_run(ctx, p, NULL), FERRY_EINVAL);
+        CHECK_STR_CONTAINS(ferry_errmsg(ctx), "FERRY_READAROUND");
+        ferry_ctx_destroy(ctx);
+    }
+    unsetenv("FERRY_READAROUND");
+    unsetenv("FERRY_READAHEAD");
+    ferry_plan_destroy(p);
+    free(mem);
+    free(s.r);
+}
+
 /* FERRY_PACK_MIN sets the least bytes of a pack task: 512 records of 4 KiB
  * over 16 workers are 32 tasks by default, 4 with 512K; a bad value is an
  * error naming the variable. */
@@ -587,6 +659,7 @@ int main(void) {
     RUN(test_jobs_running_until_complete);
     RUN(test_nofollow_records_pack);
     RUN(test_cold_records_hinted);
+    RUN(test_read_around_windows);
     RUN(test_pack_min);
     RUN(test_spin);
     RUN(test_warm_records_from_the_mapping);

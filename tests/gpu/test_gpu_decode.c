@@ -460,6 +460,11 @@ static size_t jobs_in_flight_gpu_chunks(void) {
  * of 250, not the 4 of 500 of two jobs sharing a wave. Counting held jobs as
  * in flight put each of XarrayDataset's jobs in one slot on the H200, its
  * calls one after the other. Byte-exact either way. */
+/* A job planned beside a finished job its caller still holds (a dataset's
+ * batch waiting to be handed out) shares the wave as one of two (4 calls of
+ * 500: the next read is about to come), not as one of every held job (the
+ * count of 440bcd8, which put each call in a slot of its own); alone it keeps
+ * 8 calls of 250. FERRY_GPU_SHARE=running (the rule before): 250 beside it. */
 static void test_held_jobs_do_not_share_the_wave(void) {
     void *sim = dlopen(getenv("FERRY_NVCOMP") ? getenv("FERRY_NVCOMP") : "libnvcomp.so.6", RTLD_NOW | RTLD_NOLOAD);
     long (*count)(const char *) = sim ? (long (*)(const char *))dlsym(sim, "nvcompsim_count") : NULL;
@@ -472,28 +477,23 @@ static void test_held_jobs_do_not_share_the_wave(void) {
     if (held_got <= 0) fprintf(stderr, "  %s\n", ferry_errmsg(ctx_));
     CHECK(held_got > 0);
     grid_check(&held, "gpu");
-    grid_make(&g, C_ZLIB_SHUF, 640, 800, 16, 16, 0);   /* 40 x 50 chunks of 16 x 16 float32 (the chunk files are rewritten) */
-    if (count) count("reset_max_per_call");
-    int64_t got = ferry_run(ctx_, g.plan, &o);
-    if (got < 0) fprintf(stderr, "  %s\n", ferry_errmsg(ctx_));
-    CHECK(got > 0);
-    if (count) CHECK_EQ_I(count("max_per_call"), 250);
-    else printf("  (the calls' sizes need the stand-in nvCOMP; byte-exact only)\n");
-    grid_check(&g, "gpu");
-    /* FERRY_GPU_SHARE=pair: beside a held job, one of two (4 calls of 500);
-     * alone, 8 calls of 250 as by default */
-    for (int alone = 0; alone < 2; alone++) {
-        if (alone) ferry_job_destroy(jh);
-        grid_make(&g, C_ZLIB_SHUF, 640, 800, 16, 16, 0);
-        setenv("FERRY_GPU_SHARE", "pair", 1);
+    static const struct { const char *share; int held; long per_call; } cases[] = {
+        {NULL, 1, 500}, {"running", 1, 250}, {"pair", 1, 500}, {NULL, 0, 250}, {"running", 0, 250},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        if (!cases[k].held && jh) { ferry_job_destroy(jh); jh = NULL; }
+        grid_make(&g, C_ZLIB_SHUF, 640, 800, 16, 16, 0);   /* 40 x 50 chunks of 16 x 16 float32 (the chunk files are rewritten) */
+        if (cases[k].share) setenv("FERRY_GPU_SHARE", cases[k].share, 1);
         if (count) count("reset_max_per_call");
-        got = ferry_run(ctx_, g.plan, &o);
+        int64_t got = ferry_run(ctx_, g.plan, &o);
         unsetenv("FERRY_GPU_SHARE");
         if (got < 0) fprintf(stderr, "  %s\n", ferry_errmsg(ctx_));
         CHECK(got > 0);
-        if (count) CHECK_EQ_I(count("max_per_call"), alone ? 250 : 500);
+        if (count) CHECK_EQ_I(count("max_per_call"), cases[k].per_call);
+        else if (k == 0) printf("  (the calls' sizes need the stand-in nvCOMP; byte-exact only)\n");
         grid_check(&g, "gpu");
     }
+    if (jh) ferry_job_destroy(jh);
 }
 
 static void test_jobs_in_flight_share_the_gpu(void) {
