@@ -157,12 +157,11 @@ static int map_max_policy(const ferry_ctx *ctx, uint64_t *out) {
     return size_policy(ctx, "FERRY_MAP_MAX", 64u << 10, 0, "a size up to 1G (0: off)", out);
 }
 
-/* FERRY_READAROUND (default 0: off): the cold hints of packed records
- * (pack.c, cold_hints) cover the aligned windows of this many bytes around
- * each record, as a memory-mapped reader's faults do, where the file fits
- * in half the machine's memory. */
+/* FERRY_READAROUND (default 4M; 0: off): the cold hints of packed records
+ * (pack.c, hint_range) cover the aligned windows of this many bytes around
+ * each record, as a memory-mapped reader's faults do. */
 static int read_around_policy(const ferry_ctx *ctx, uint64_t *out) {
-    int rc = size_policy(ctx, "FERRY_READAROUND", 0, 0, "a power of two from 64K to 1G (0: off)", out);
+    int rc = size_policy(ctx, "FERRY_READAROUND", 4u << 20, 0, "a power of two from 64K to 1G (0: off)", out);
     if (rc == 0 && *out && (*out < (64u << 10) || (*out & (*out - 1))))
         return ferry_seterr(FERRY_EINVAL, "FERRY_READAROUND=\"%s\": a power of two from 64K to 1G (0: off)",
                             getenv("FERRY_READAROUND"));

@@ -76,7 +76,7 @@ struct ferry_job {
     int readahead;                /* FERRY_READAHEAD_*: hints for cold packed records (pack.c) */
     uint64_t pack_min;            /* least bytes of a pack task (FERRY_PACK_MIN, job.c) */
     uint64_t map_max;             /* warm records this size or less come from a mapping (FERRY_MAP_MAX, pack.c) */
-    uint64_t read_around;         /* cold records' hints widened to aligned windows this large (FERRY_READAROUND, pack.c) */
+    uint64_t read_around;         /* cold records' hints widened to aligned windows this large (FERRY_READAROUND, pack.c: hint_range) */
     int max_workers;              /* per-call thread limit */
     _Atomic int active_workers;   /* workers in one of its tasks: raised under ctx->lock when a
                                      task is claimed, lowered without it (pool.c) */
