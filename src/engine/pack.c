@@ -102,20 +102,6 @@ static int same_file(const ferry_extent *a, const ferry_extent *b) {
     return strcmp(a->path, b->path) == 0 && same_opening(a, b);
 }
 
-/* A worker reads its task's records one pread at a time: cold, that is one
- * request in flight per thread, each waiting for the disk (and a record
- * above the kernel's readahead window, 128 KiB by default, is two requests one
- * after the other). Memory-mapped DataLoader workers get the kernel's
- * readahead instead. So when the task's first record is not in the page cache
- * (cachestat, one system call per task; FERRY_READAHEAD=auto), every record
- * of the task is announced first with posix_fadvise(WILLNEED), which starts
- * the reads without waiting: the disk sees all of them at once, and the
- * preads that follow find them in flight or done. Warm tasks pay the one
- * cachestat. FERRY_READAHEAD=on hints always, off never. Failures here are
- * only lost hints: the reads report their own errors.
- * Returns 1 when the task's first record is in the page cache (the check
- * AUTO makes): its small records are then copied from their files' mappings
- * (mapread.c), not read one pread each. */
 /* Half the machine's memory: the largest file whose cold records' hints are
  * widened to read-around windows (FERRY_READAROUND). A file that fits stays
  * cached for the epoch, so the neighbours a window reads are there when their
@@ -158,6 +144,20 @@ static void hint_range(const ferry_job *j, const ferry_file *f, uint64_t lo, uin
     if (hi > lo) ferry_sys()->fadvise(f->fd, (off_t)lo, (off_t)(hi - lo), POSIX_FADV_WILLNEED);
 }
 
+/* A worker reads its task's records one pread at a time: cold, that is one
+ * request in flight per thread, each waiting for the disk (and a record
+ * above the kernel's readahead window, 128 KiB by default, is two requests one
+ * after the other). Memory-mapped DataLoader workers get the kernel's
+ * readahead instead. So when the task's first record is not in the page cache
+ * (cachestat, one system call per task; FERRY_READAHEAD=auto), every record
+ * of the task is announced first with posix_fadvise(WILLNEED), which starts
+ * the reads without waiting: the disk sees all of them at once, and the
+ * preads that follow find them in flight or done. Warm tasks pay the one
+ * cachestat. FERRY_READAHEAD=on hints always, off never. Failures here are
+ * only lost hints: the reads report their own errors.
+ * Returns 1 when the task's first record is in the page cache (the check
+ * AUTO makes): its small records are then copied from their files' mappings
+ * (mapread.c), not read one pread each. */
 static int cold_hints(ferry_worker *w, ferry_job *j, const ferry_task *t) {
     if (j->readahead == FERRY_READAHEAD_OFF) return 0;
     size_t k = t->ext, end = (size_t)t->ext + t->n;
