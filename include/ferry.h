@@ -186,11 +186,12 @@ typedef struct ferry_config {
  * announces a packed task's records to the kernel (posix_fadvise WILLNEED) when its first
  * record is not in the page cache, on always, off never. Ignored with no_env.
  * Read-around windows [FERRY_READAROUND=size, 4M; a power of two from 64K; 0 off]: in a job
- * of 64 records or more, each announced range under a quarter of that size, in a file of at
- * most half the machine's memory, is widened to the aligned windows of that size around it
- * (what a memory-mapped reader's faults read around its records): a shuffled cold epoch
- * is read in large requests, and a window's other records are cached when their turn comes.
- * Ignored with no_env (4M).
+ * of 64 records or more, each announced range under a quarter of that size is widened to
+ * the aligned windows of that size around it (what a memory-mapped reader's faults read
+ * around its records): a shuffled cold epoch is read in large requests, and a window's
+ * other records are cached when their turn comes. Files larger than a window count their
+ * sizes once against half the machine's memory; once the files counted pass it (a data set
+ * larger than the page cache) the context widens no more. Ignored with no_env (4M).
  * Warm small records [FERRY_MAP_MAX=size, 64K; 0 off]: when a packed task's first record
  * is in the page cache (auto's check), its records (a run of adjacent ones in all) of up to
  * that many bytes are copied out of a read-only mapping of their file, made once per open

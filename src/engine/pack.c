@@ -102,13 +102,17 @@ static int same_file(const ferry_extent *a, const ferry_extent *b) {
     return strcmp(a->path, b->path) == 0 && same_opening(a, b);
 }
 
-/* Half the machine's memory: the largest file whose cold records' hints are
- * widened to read-around windows (FERRY_READAROUND). A file that fits stays
- * cached for the epoch, so the neighbours a window reads are there when their
- * turn comes; in a larger one they would be evicted first, and every window
- * would cost its whole size per record. */
+/* Half the machine's memory: what the files read-around windows are widened
+ * in may add up to (FERRY_READAROUND). Files that fit stay cached for the
+ * epoch, so the neighbours a window reads are there when their turn comes;
+ * a data set larger than that would have them evicted first, and every
+ * window would cost its whole size per record. */
+static _Atomic uint64_t fit_override;
+void ferry_pack_set_read_around_fit(uint64_t bytes) { atomic_store(&fit_override, bytes); }
 static uint64_t read_around_fit(void) {
     static _Atomic uint64_t fit;
+    uint64_t o = atomic_load(&fit_override);
+    if (o) return o;
     uint64_t v = atomic_load(&fit);
     if (!v) {
         long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
@@ -118,6 +122,25 @@ static uint64_t read_around_fit(void) {
     return v;
 }
 
+/* Whether f's hints may be widened to windows of w bytes. A file of one
+ * window or less is hinted whole (one sample a file: its header more). A
+ * larger one counts its size, once, against the context's share (above);
+ * once the files counted pass it — a shuffled data set larger than the page
+ * cache, its shards opened one by one — the context widens no more: the
+ * windows already read cost at most that share once. */
+static int read_around_on(ferry_ctx *ctx, ferry_file *f, uint64_t size, uint64_t w) {
+    if (size <= w) return 1;
+    const uint64_t fit = read_around_fit();
+    if (atomic_load(&ctx->ra_off)) return 0;
+    int fresh = 0;
+    if (atomic_compare_exchange_strong(&f->ra_counted, &fresh, 1) &&
+        atomic_fetch_add(&ctx->ra_bytes, size) + size > fit) {
+        atomic_store(&ctx->ra_off, 1);
+        return 0;
+    }
+    return !atomic_load(&ctx->ra_off);
+}
+
 /* A job of this many records or more is a batch (a dataset's shuffled rows):
  * the sparse reads of a few records keep their own bytes' hints, so a cold
  * lookup of one record never reads a window. */
@@ -125,7 +148,7 @@ static uint64_t read_around_fit(void) {
 
 /* posix_fadvise(WILLNEED) of [lo, hi) of f. With j->read_around (FERRY_READAROUND,
  * default 4M) a range under a quarter of a window, of a batch's job, in a file
- * that fits (above), is widened to the aligned windows around it — what a
+ * the context's share allows (above), is widened to the aligned windows around it — what a
  * memory-mapped reader's faults read around its records, in larger requests:
  * the disk serves a shuffled epoch in windows, and the records a window
  * brought in are in the page cache when their turn comes. H200, 2026-12-02
@@ -134,9 +157,9 @@ static uint64_t read_around_fit(void) {
  * 3.01 with 4M (the 16-worker DataLoader of each run 2.29-2.69); 1 MiB rows
  * read 1.88 / 1.82 with their own hints and 1.51-1.68 widened, so ranges of
  * a quarter window and more keep theirs. */
-static void hint_range(const ferry_job *j, const ferry_file *f, uint64_t lo, uint64_t hi) {
+static void hint_range(const ferry_job *j, ferry_file *f, uint64_t lo, uint64_t hi) {
     const uint64_t w = j->read_around, size = (uint64_t)f->size0;
-    if (w && hi - lo < w / 4 && j->next >= READ_AROUND_MIN_RECORDS && size <= read_around_fit()) {
+    if (w && hi - lo < w / 4 && j->next >= READ_AROUND_MIN_RECORDS && read_around_on(j->ctx, f, size, w)) {
         lo &= ~(w - 1);
         hi = (hi + w - 1) & ~(w - 1);
         if (hi > size) hi = size;

@@ -405,6 +405,68 @@ static void test_read_around_windows(void) {
     free(s.r);
 }
 
+static int hint_cmp(const void *a, const void *b) {
+    const off_t *x = a, *y = b;
+    return x[0] != y[0] ? (x[0] < y[0] ? -1 : 1) : x[1] != y[1] ? (x[1] < y[1] ? -1 : 1) : 0;
+}
+/* The hints of one run of plan p on ctx, sorted: n of them into out (pairs off, len). */
+static int run_hints(ferry_ctx *ctx, ferry_plan *p, const pk_set *s, uint8_t *mem, off_t *out, int cap) {
+    atomic_store(&nhints_, 0);
+    memset(mem, 0xEE, s->dst_size);
+    CHECK_EQ_I(ferry_run(ctx, p, NULL), (int64_t)pk_bytes(s));
+    CHECK(pk_verify(s, mem));
+    int n = atomic_load(&nhints_);
+    if (n > cap) n = cap;
+    for (int k = 0; k < n; k++) { out[2 * k] = hints_[k].off; out[2 * k + 1] = hints_[k].len; }
+    qsort(out, (size_t)n, 2 * sizeof *out, hint_cmp);
+    return n;
+}
+
+/* The files a context widens hints in may add up to half the machine's memory
+ * (here: a test's share of 1,000,000 bytes): once the files counted pass it (a
+ * data set larger than the page cache), no hint is widened any more — the next
+ * job's hints are those of FERRY_READAROUND=0. Files of one window or less are
+ * hinted whole and never counted. */
+static void test_read_around_stops_past_memory(void) {
+    pk_set s = files_;
+    pk_make(&s, 1500, 1, 20000, 58);
+    uint8_t *mem = malloc(s.dst_size);
+    ferry_plan *p;
+    ferry_plan_create(&p);
+    CHECK_EQ_I(pk_plan_nofollow(&s, p, NULL, ferry_host_buf(mem, s.dst_size)), 0);
+    static off_t plain[2 * HINTS_MAX], got[2 * HINTS_MAX];
+    ferry_test_set_syscall("posix_fadvise", (void *)record_fadvise);
+    setenv("FERRY_READAHEAD", "on", 1);
+    setenv("FERRY_READAROUND", "0", 1);
+    ferry_ctx *ctx = make_ctx_env(3, 64 << 10, 0);
+    int n0 = run_hints(ctx, p, &s, mem, plain, HINTS_MAX);
+    ferry_ctx_destroy(ctx);
+    setenv("FERRY_READAROUND", "64K", 1);   /* the files (300,000-611,108 bytes) are larger */
+    ferry_pack_set_read_around_fit(1000000);
+    ctx = make_ctx_env(3, 64 << 10, 0);
+    int n1 = run_hints(ctx, p, &s, mem, got, HINTS_MAX);
+    int widened = n1 != n0 || memcmp(got, plain, (size_t)n0 * 2 * sizeof *got) != 0;
+    CHECK(widened);                          /* the first files counted still fit */
+    CHECK(ctx->ra_off);                      /* five files: 1.7 MB, past the share */
+    int n2 = run_hints(ctx, p, &s, mem, got, HINTS_MAX);
+    CHECK_EQ_I(n2, n0);
+    CHECK(memcmp(got, plain, (size_t)n0 * 2 * sizeof *got) == 0);
+    ferry_ctx_destroy(ctx);
+    setenv("FERRY_READAROUND", "1M", 1);    /* windows larger than the files: each hinted whole, none counted */
+    ctx = make_ctx_env(3, 64 << 10, 0);
+    run_hints(ctx, p, &s, mem, got, HINTS_MAX);
+    CHECK(!ctx->ra_off);
+    CHECK_EQ_I(atomic_load(&ctx->ra_bytes), 0);
+    ferry_ctx_destroy(ctx);
+    ferry_pack_set_read_around_fit(0);
+    ferry_test_set_syscall("posix_fadvise", NULL);
+    unsetenv("FERRY_READAROUND");
+    unsetenv("FERRY_READAHEAD");
+    ferry_plan_destroy(p);
+    free(mem);
+    free(s.r);
+}
+
 /* FERRY_PACK_MIN sets the least bytes of a pack task: 512 records of 4 KiB
  * over 16 workers are 32 tasks by default, 4 with 512K; a bad value is an
  * error naming the variable. */
@@ -672,6 +734,7 @@ int main(void) {
     RUN(test_nofollow_records_pack);
     RUN(test_cold_records_hinted);
     RUN(test_read_around_windows);
+    RUN(test_read_around_stops_past_memory);
     RUN(test_pack_min);
     RUN(test_spin);
     RUN(test_warm_records_from_the_mapping);
