@@ -10,7 +10,7 @@
 #          two commands: limits/file->GPU/decode, then datasets/checkpoints; MGARGS)
 #   wheels: pip-installs .gpu/whl*/*.whl (carry ".gpu/whl": zarr, numcodecs,
 #           netCDF4, dask, ... downloaded here for Python 3.12 by tools/gpu-wheels.sh,
-#           which also makes .gpu/whl-ckpt and DALI's parts .gpu/d1..d4) into /tmp/site.
+#           which also makes .gpu/whl-ckpt and DALI's parts .gpu/d1..d5) into /tmp/site.
 set -u
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
