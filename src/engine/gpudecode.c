@@ -499,10 +499,11 @@ static int plan_coop(struct ferry_gpudecode_job *g, const ferry_job *j, int thre
      * 5 and more in flight, so each put its calls in one slot, one after the
      * other: 3 calls of 800 chunks, never two decoding at once, 16.2 GB/s
      * against 21 before (H200, 2026-12-02 05:10, FERRY_DECODE_TRACE=1). */
-    const int running = atomic_load(&j->ctx->running_jobs), held = atomic_load(&j->ctx->active_jobs);
+    /* others: submitted and not destroyed, running or held */
+    const int running = atomic_load(&j->ctx->running_jobs), others = atomic_load(&j->ctx->active_jobs);
     const int pair = share_pair();
-    const int jobs = pair && running == 0 && held > 0 ? 2 : 1 + running;
-    const int room_others = pair ? running : held;
+    const int jobs = pair && running == 0 && others > 0 ? 2 : 1 + running;
+    const int room_others = pair ? running : others;
     for (size_t qi = 0; qi < g->nq; qi++) {
         gd_queue *q = &g->q[qi];
         if (!q->coop) continue;

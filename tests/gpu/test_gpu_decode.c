@@ -465,7 +465,7 @@ static size_t jobs_in_flight_gpu_chunks(void) {
  * 500: the next read is about to come), not as one of every held job (the
  * count of 440bcd8, which put each call in a slot of its own); alone it keeps
  * 8 calls of 250. FERRY_GPU_SHARE=running (the rule before): 250 beside it. */
-static void test_held_jobs_do_not_share_the_wave(void) {
+static void test_held_job_makes_a_pair(void) {
     void *sim = dlopen(getenv("FERRY_NVCOMP") ? getenv("FERRY_NVCOMP") : "libnvcomp.so.6", RTLD_NOW | RTLD_NOLOAD);
     long (*count)(const char *) = sim ? (long (*)(const char *))dlsym(sim, "nvcompsim_count") : NULL;
     grid held, g;
@@ -1305,7 +1305,7 @@ int main(void) {
     RUN(test_one_queue_both_decoders);
     RUN(test_long_deflate_load_runs_as_gpu_calls);
     RUN(test_jobs_in_flight_share_the_gpu);
-    RUN(test_held_jobs_do_not_share_the_wave);
+    RUN(test_held_job_makes_a_pair);
     RUN(test_corrupt_chunks_fail_clearly);
     RUN(test_fallbacks_counted);
     RUN(test_many_chunks_one_file);
