@@ -327,6 +327,7 @@ int ferry_cli_bench_records(int argc, char **argv) {
         char why[3][512] = {"", "", ""};
         ferry_gather_stats gs0[3], gs1[3];
         memset(gs1, 0, sizeof gs1);
+        uint64_t io_direct[3] = {0, 0, 0}, io_buffered[3] = {0, 0, 0};   /* how ferry's rows read, every rep */
         for (int mode = 0; mode < nmodes; mode++)
             for (int k = 0; k < depth; k++) {
                 if (mode == 0) {
@@ -348,9 +349,14 @@ int ferry_cli_bench_records(int argc, char **argv) {
                 if (cold) drop(file);
                 ferry_gather_stats a, b;
                 ferry_gather_counts(ctx, &a);
+                ferry_stats_reset(ctx);
                 double dt = ferry_records(ctx, f, offs, n, rec, batch, depth, bufs[mode], mode == 2, check, why[mode],
                                           sizeof why[mode]);
                 ferry_gather_counts(ctx, &b);
+                ferry_stats io;
+                ferry_stats_get(ctx, &io);
+                io_direct[mode] += io.direct_bytes;
+                io_buffered[mode] += io.buffered_bytes;
                 if (r == 0) gs0[mode] = a;
                 gs1[mode].jobs += b.jobs - a.jobs;
                 gs1[mode].copies += b.copies - a.copies;
@@ -366,6 +372,8 @@ int ferry_cli_bench_records(int argc, char **argv) {
         (void)gs0;
         for (int mode = 0; mode < nmodes; mode++) {
             print_row(names[mode], bytes, n, best[mode], best_cpu[mode], lim, why[mode]);
+            printf("    read with O_DIRECT %.2f GB, through the page cache %.2f GB (every rep)\n",
+                   (double)io_direct[mode] / 1e9, (double)io_buffered[mode] / 1e9);
             if (mode > 0) {   /* gathered (src/engine/gather.c) or packed, over every rep */
                 const ferry_gather_stats *g = &gs1[mode];
                 uint64_t nb = (uint64_t)reps * (n / batch);
