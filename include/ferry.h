@@ -373,8 +373,16 @@ int64_t ferry_file_cached(ferry_file *f, uint64_t offset, uint64_t len);
 
 /* flags for ferry_pread / ferry_pwrite / ferry_submit */
 enum {
-    FERRY_SYNC = 1u << 0,     /* writes: fsync every written file before completing */
-    FERRY_NO_DIRECT = 1u << 1 /* never use O_DIRECT for this request */
+    FERRY_SYNC = 1u << 0,      /* writes: fsync every written file before completing */
+    FERRY_NO_DIRECT = 1u << 1, /* never use O_DIRECT for this request */
+    /* reads that will be made again (a dataset's next epoch): under the O_DIRECT
+     * policy AUTO and the path AUTO they go through the page cache — no
+     * O_DIRECT, no GDS — so that the next epoch finds them in memory, as long
+     * as the files such jobs read fit in half the machine's memory (each
+     * file's size counted once per context). A data set larger than that would
+     * evict itself before it comes round again; from then on the context's
+     * REREAD jobs read as any other. ferry_npy_batch_submit takes it too. */
+    FERRY_REREAD = 1u << 4
 };
 
 /** Read len bytes at offset into dst (dst.size >= len). Blocks until the data
@@ -538,7 +546,7 @@ typedef struct ferry_job ferry_job;
 typedef struct ferry_run_opts {
     ferry_path path;   /* FERRY_PATH_AUTO: the context's path */
     int threads;       /* 0: the context's; else at most this many workers */
-    unsigned flags;    /* FERRY_SYNC, FERRY_NO_DIRECT */
+    unsigned flags;    /* FERRY_SYNC, FERRY_NO_DIRECT, FERRY_REREAD */
     int decode;        /* ferry_decode_policy; FERRY_DECODE_AUTO: the context's policy */
 } ferry_run_opts;
 
@@ -937,7 +945,8 @@ typedef struct ferry_npy_batch ferry_npy_batch;
  *  file i's array at byte i * stride of dst (stride 0: the array's size;
  *  otherwise at least it). flags: FERRY_NATIVE converts big-endian data to
  *  host order; FERRY_STORED_ORDER accepts Fortran-order files and copies them
- *  as stored (without it they are FERRY_EUNSUPPORTED). info (may be NULL)
+ *  as stored (without it they are FERRY_EUNSUPPORTED); FERRY_REREAD is passed
+ *  to the batch's job (a dataset's files, read again every epoch). info (may be NULL)
  *  receives the first file's dtype and shape. paths are copied; dst must live
  *  until ferry_npy_batch_wait returns. Errors of the first file, bad
  *  arguments and a dst too small are returned here. */

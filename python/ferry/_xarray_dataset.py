@@ -822,7 +822,7 @@ class XarrayDataset(_BatchStream):
         plan, handles = _ferry.Plan(), []
         self._plan_rows(rt, plan, row_steps, boxes, [b.data_ptr() for b in bufs], handles)
         try:
-            job = rt.ctx.submit(plan) if len(plan) else None
+            job = rt.ctx.submit(plan, reread=True) if len(plan) else None   # epochs: FERRY_REREAD
         except BaseException:
             self._release(rt, _wrap_handles(handles))       # the stores taken so far
             raise

@@ -394,7 +394,8 @@ class _NpyBatchJob:
         self.f, self.paths = f, paths
         dev = buf.device.index if buf.is_cuda else -1
         dst = (buf.data_ptr(), len(paths) * f.row_bytes, dev)
-        self.future = rt.reader().submit(_ferry.npy_read_many, rt.ctx, paths, dst, f.row_bytes)
+        # reread: a dataset's files come round again next epoch (FERRY_REREAD keeps them cached)
+        self.future = rt.reader().submit(_ferry.npy_read_many, rt.ctx, paths, dst, f.row_bytes, reread=True)
 
     def done(self):
         return self.future.done()
@@ -1521,7 +1522,7 @@ class _BatchStream(IterableDataset):
             for j in g.extra:
                 _wait_quietly(j)
             raise
-        jobs = ([rt.ctx.submit(plan)] if len(plan) else []) + g.extra
+        jobs = ([rt.ctx.submit(plan, reread=True)] if len(plan) else []) + g.extra   # epochs: FERRY_REREAD
         g.job = None if not jobs else jobs[0] if len(jobs) == 1 else _Jobs(jobs)
         return g
 
@@ -1966,7 +1967,7 @@ class TokenDataset(_BatchStream):
             # reference must not be dropped on this thread (its __del__ shuts this thread down)
             plan = _ferry.Plan()
             f.read_group(None, rt, plan, order, ranges, g, buf)
-            return rt.ctx.submit(plan) if len(plan) else None
+            return rt.ctx.submit(plan, reread=True) if len(plan) else None   # epochs: FERRY_REREAD
         g.job = _PlannedJob(rt.planner().submit(plan_and_submit))
         return g
 

@@ -22,8 +22,8 @@ struct ferry_ctx {
     _Atomic uint64_t pack_min;
     _Atomic uint64_t map_max;
     _Atomic uint64_t read_around;
-    _Atomic uint64_t ra_bytes;    /* sizes of the files read-around windows were widened in (pack.c) */
-    _Atomic int ra_off;           /* those passed the memory they may take: no more windows */
+    _Atomic uint64_t share_used;  /* sizes of the files counted against the page-cache share (cacheshare.c) */
+    _Atomic int share_full;       /* those passed it: no more read-around windows, REREAD jobs read as others */
     ferry_worker *workers;
     int nworkers;                 /* started */
     int stop;

@@ -24,9 +24,6 @@ int64_t ferry_exec_pack(ferry_worker *w, ferry_job *j, const ferry_task *t, int 
  * with img at img + (dst_offset - lo) (gather.c's pinned image). Bytes read or
  * a negative code with the message naming the file and byte. */
 int64_t ferry_pack_read(ferry_worker *w, ferry_job *j, const ferry_task *t, uint8_t *img, uint64_t lo);
-/* Tests: the memory read-around windows are planned against (pack.c:
- * read_around_fit; 0 back to half the machine's memory). */
-void ferry_pack_set_read_around_fit(uint64_t bytes);
 /* Wait until the worker's decode buffers are no longer the source of a copy. */
 int ferry_dec_wait(ferry_worker *w);
 /* Packing into staging buffers (see ferry_task in job.h). */

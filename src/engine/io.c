@@ -54,8 +54,7 @@ int64_t ferry_pwrite_full(int fd, const void *buf, size_t len, uint64_t off) {
 int ferry_use_direct(ferry_file *f, int policy, uint64_t off, uint64_t len, int writing) {
     if (policy == FERRY_DIRECT_OFF) return 0;
     if (policy == FERRY_DIRECT_AUTO) {
-        /* Small transfers: the page cache is cheaper than a device round trip. */
-        if (len < (1u << 20)) return 0;
+        if (len < FERRY_DIRECT_MIN) return 0;
         if (!writing) {
             int64_t sz = ferry_file_size(f);
             if (sz <= 0) return 0;

@@ -10,8 +10,11 @@ int64_t ferry_pwrite_full(int fd, const void *buf, size_t len, uint64_t off);
 /* preadv until the vectors are full or EOF (it modifies iov); -errno on failure. */
 struct iovec;
 int64_t ferry_preadv_full(int fd, struct iovec *iov, int n, uint64_t off);
+/* The smallest range AUTO reads or writes with O_DIRECT: below it the page
+ * cache costs less than a device round trip. */
+#define FERRY_DIRECT_MIN (1u << 20)
 /* Whether to use O_DIRECT for this range under `policy` (ferry_direct):
- * AUTO: ranges of 1 MiB or more that are mostly not in the page cache (reads),
+ * AUTO: ranges of FERRY_DIRECT_MIN or more that are mostly not in the page cache (reads),
  * or 1 MiB or more (writes). Also requires the file system to accept O_DIRECT. */
 int ferry_use_direct(ferry_file *f, int policy, uint64_t off, uint64_t len, int writing);
 /* Page-cache bytes of [off, off+len) of fd (file size fsize). */

@@ -8,6 +8,7 @@
  * The depth in flight is then counted in bytes: every staging buffer is full
  * of records, however small they are. */
 #include "engine/engine.h"
+#include "engine/cacheshare.h"
 #include "engine/io.h"
 #include "engine/mapread.h"
 #include "engine/sysio.h"
@@ -102,43 +103,14 @@ static int same_file(const ferry_extent *a, const ferry_extent *b) {
     return strcmp(a->path, b->path) == 0 && same_opening(a, b);
 }
 
-/* Half the machine's memory: what the files read-around windows are widened
- * in may add up to (FERRY_READAROUND). Files that fit stay cached for the
- * epoch, so the neighbours a window reads are there when their turn comes;
- * a data set larger than that would have them evicted first, and every
- * window would cost its whole size per record. */
-static _Atomic uint64_t fit_override;
-void ferry_pack_set_read_around_fit(uint64_t bytes) { atomic_store(&fit_override, bytes); }
-static uint64_t read_around_fit(void) {
-    static _Atomic uint64_t fit;
-    uint64_t o = atomic_load(&fit_override);
-    if (o) return o;
-    uint64_t v = atomic_load(&fit);
-    if (!v) {
-        long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-        v = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page / 2 : 1;
-        atomic_store(&fit, v);
-    }
-    return v;
-}
-
 /* Whether f's hints may be widened to windows of w bytes. A file of one
  * window or less is hinted whole (one sample a file: its header more). A
- * larger one counts its size, once, against the context's share (above);
- * once the files counted pass it — a shuffled data set larger than the page
- * cache, its shards opened one by one — the context widens no more: the
- * windows already read cost at most that share once. */
+ * larger one must fit the context's page-cache share (cacheshare.c): the
+ * neighbours a window reads are used only if they are still cached when
+ * their turn comes, and a shuffled data set larger than the page cache would
+ * pay a whole window per record. */
 static int read_around_on(ferry_ctx *ctx, ferry_file *f, uint64_t size, uint64_t w) {
-    if (size <= w) return 1;
-    const uint64_t fit = read_around_fit();
-    if (atomic_load(&ctx->ra_off)) return 0;
-    int fresh = 0;
-    if (atomic_compare_exchange_strong(&f->ra_counted, &fresh, 1) &&
-        atomic_fetch_add(&ctx->ra_bytes, size) + size > fit) {
-        atomic_store(&ctx->ra_off, 1);
-        return 0;
-    }
-    return !atomic_load(&ctx->ra_off);
+    return size <= w || ferry_cache_share_holds(ctx, f);
 }
 
 /* A job of this many records or more is a batch (a dataset's shuffled rows):

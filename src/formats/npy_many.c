@@ -157,7 +157,8 @@ int ferry_npy_batch_submit(ferry_ctx *ctx, const char *const *paths, size_t n, f
         if (rc >= 0 && interleave) rc = add_read(p, b->paths[i], b->hlen, nb, dst, i * stride, swap);
     }
     for (size_t i = 0; !interleave && i < n && rc >= 0; i++) rc = add_read(p, b->paths[i], b->hlen, nb, dst, i * stride, swap);
-    if (rc >= 0) rc = ferry_submit(ctx, p, NULL, &b->job);
+    ferry_run_opts ro = {FERRY_PATH_AUTO, 0, flags & FERRY_REREAD, FERRY_DECODE_AUTO};
+    if (rc >= 0) rc = ferry_submit(ctx, p, &ro, &b->job);
     ferry_plan_destroy(p);
     if (rc < 0) { batch_free(b); return rc; }
     if (info) *info = b->info;
@@ -189,7 +190,8 @@ static int64_t fix_up(ferry_npy_batch *b, size_t i) {
     if ((rc = ferry_plan_create(&p)) < 0) { ferry_dataset_close(ds); return rc; }
     int64_t r = ferry_dataset_plan_read(ds, 0, NULL, sub,
                                         (b->flags & FERRY_NATIVE) | (b->info.fortran_order ? FERRY_STORED_ORDER : 0), p);
-    if (r >= 0) r = ferry_run(b->ctx, p, NULL);
+    ferry_run_opts ro = {FERRY_PATH_AUTO, 0, b->flags & FERRY_REREAD, FERRY_DECODE_AUTO};
+    if (r >= 0) r = ferry_run(b->ctx, p, &ro);
     ferry_plan_destroy(p);
     ferry_dataset_close(ds);
     return r;

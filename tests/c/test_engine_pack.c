@@ -7,6 +7,7 @@
 #include "check.h"
 #include "pack_check.h"
 #include "engine/engine.h"
+#include "engine/cacheshare.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <unistd.h>
@@ -442,12 +443,12 @@ static void test_read_around_stops_past_memory(void) {
     int n0 = run_hints(ctx, p, &s, mem, plain, HINTS_MAX);
     ferry_ctx_destroy(ctx);
     setenv("FERRY_READAROUND", "64K", 1);   /* the files (300,000-611,108 bytes) are larger */
-    ferry_pack_set_read_around_fit(1000000);
+    ferry_cache_share_set(1000000);
     ctx = make_ctx_env(3, 64 << 10, 0);
     int n1 = run_hints(ctx, p, &s, mem, got, HINTS_MAX);
     int widened = n1 != n0 || memcmp(got, plain, (size_t)n0 * 2 * sizeof *got) != 0;
     CHECK(widened);                          /* the first files counted still fit */
-    CHECK(ctx->ra_off);                      /* five files: 1.7 MB, past the share */
+    CHECK(ctx->share_full);                      /* five files: 1.7 MB, past the share */
     int n2 = run_hints(ctx, p, &s, mem, got, HINTS_MAX);
     CHECK_EQ_I(n2, n0);
     CHECK(memcmp(got, plain, (size_t)n0 * 2 * sizeof *got) == 0);
@@ -455,10 +456,10 @@ static void test_read_around_stops_past_memory(void) {
     setenv("FERRY_READAROUND", "1M", 1);    /* windows larger than the files: each hinted whole, none counted */
     ctx = make_ctx_env(3, 64 << 10, 0);
     run_hints(ctx, p, &s, mem, got, HINTS_MAX);
-    CHECK(!ctx->ra_off);
-    CHECK_EQ_I(atomic_load(&ctx->ra_bytes), 0);
+    CHECK(!ctx->share_full);
+    CHECK_EQ_I(atomic_load(&ctx->share_used), 0);
     ferry_ctx_destroy(ctx);
-    ferry_pack_set_read_around_fit(0);
+    ferry_cache_share_set(0);
     ferry_test_set_syscall("posix_fadvise", NULL);
     unsetenv("FERRY_READAROUND");
     unsetenv("FERRY_READAHEAD");
@@ -646,6 +647,66 @@ static void test_warm_records_from_the_mapping(void) {
     free(mem);
 }
 
+/* Cold 1 MiB records (AUTO's O_DIRECT size; offsets not aligned): read with
+ * O_DIRECT, they leave the page cache empty, so a dataset's next epoch reads
+ * the disk again. FERRY_REREAD reads them through the page cache — each cold
+ * one announced (WILLNEED) first, no O_DIRECT, all of them cached afterwards,
+ * the next run buffered and unannounced — while
+ * the context's files fit its share (cacheshare.c); past it (a test's share of
+ * 1,000 bytes) REREAD jobs read as others. Byte-exact every time. */
+static void test_reread_keeps_the_page_cache(void) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/%s", dir_, "reread.bin");
+    /* 8 MiB over 4 workers: packs of 1 MiB (job.c, make_tasks), so each record is a task of its own */
+    const uint64_t len = 1u << 20, off0 = 128, step = (1u << 20) + 777;
+    const int n = 8;
+    write_pk_file(path, 10u << 20);
+    int probe = open(path, O_RDONLY | O_DIRECT);   /* tmpfs refuses O_DIRECT */
+    int direct_ok = probe >= 0;
+    if (probe >= 0) close(probe);
+    uint8_t *mem = malloc((uint64_t)n * len);
+    for (int mode = 0; mode < 3; mode++) {   /* 0: no flag, 1: REREAD, 2: REREAD past the share */
+        ferry_cache_share_set(mode == 2 ? 1000 : 0);
+        ferry_ctx *ctx = make_ctx(4, 4u << 20);
+        ferry_file *f;
+        CHECK_EQ_I(ferry_file_open(ctx, path, FERRY_READ, &f), 0);
+        ferry_plan *p = records_plan(f, mem, (uint64_t)n * len, n, len, off0, step);
+        ferry_run_opts o = {FERRY_PATH_AUTO, 0, mode ? FERRY_REREAD : 0, FERRY_DECODE_AUTO};
+        int cold = drop_cache(path) == 1;
+        ferry_test_set_syscall("posix_fadvise", (void *)record_fadvise);
+        for (int rep = 0; rep < 2; rep++) {
+            memset(mem, 0xEE, (uint64_t)n * len);
+            ferry_stats_reset(ctx);
+            atomic_store(&nhints_, 0);
+            CHECK_EQ_I(ferry_run(ctx, p, &o), (int64_t)(n * len));
+            if (mode == 1 && cold) CHECK_EQ_I(atomic_load(&nhints_), rep ? 0 : n);
+            if (mode != 1) CHECK_EQ_I(atomic_load(&nhints_), 0);
+            CHECK(records_ok(mem, n, len, off0, step));
+            ferry_stats st;
+            ferry_stats_get(ctx, &st);
+            if (mode == 1) {
+                CHECK_EQ_I(st.direct_bytes, 0);
+                CHECK(st.buffered_bytes >= (uint64_t)n * len);
+                int64_t c = 0;
+                for (int i = 1; i < n; i++) c += ferry_file_cached(f, off0 + (uint64_t)i * step, len);
+                CHECK_EQ_I(c, (int64_t)(n - 1) * (int64_t)len);
+                CHECK(!ctx->share_full);
+            } else if (cold && direct_ok) {   /* the bytes stay out of the page cache: every run is cold */
+                CHECK(st.direct_bytes >= (uint64_t)n * len);
+            }
+        }
+        ferry_test_set_syscall("posix_fadvise", NULL);
+        if (mode == 2) CHECK(ctx->share_full);
+        if (!cold && mode == 0) printf("  (the file system keeps dropped files cached: O_DIRECT not checked)\n");
+        ferry_plan_destroy(p);
+        ferry_file_close(f);
+        ferry_ctx_destroy(ctx);
+    }
+    ferry_cache_share_set(0);
+    unlink(path);
+    free(mem);
+}
+
 /* A file the page cache does not hold entirely is not mapped (a copy from the
  * mapping would fault its pages in one by one): its warm records are read with
  * pread, byte-exact, and no mmap is made. Once the whole file is resident, the
@@ -737,6 +798,7 @@ int main(void) {
     RUN(test_read_around_stops_past_memory);
     RUN(test_pack_min);
     RUN(test_spin);
+    RUN(test_reread_keeps_the_page_cache);
     RUN(test_warm_records_from_the_mapping);
     RUN(test_partly_cached_file_is_not_mapped);
     RUN(test_other_sigbus_reaches_the_old_handler);

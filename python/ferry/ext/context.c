@@ -170,26 +170,26 @@ static PyObject *Context_get_closed(ContextObject *self, void *closure) {
 /* ------------------------------------------------------------------------- */
 /* Context: run / submit / memory helpers                                     */
 /* ------------------------------------------------------------------------- */
-static int parse_run_opts(PyObject *path, int threads, int sync, int no_direct, ferry_run_opts *o) {
+static int parse_run_opts(PyObject *path, int threads, int sync, int no_direct, int reread, ferry_run_opts *o) {
     memset(o, 0, sizeof *o);
     if (parse_path_name(path, &o->path) < 0) return -1;
     o->threads = threads;
-    o->flags = (sync ? FERRY_SYNC : 0) | (no_direct ? FERRY_NO_DIRECT : 0);
+    o->flags = (sync ? FERRY_SYNC : 0) | (no_direct ? FERRY_NO_DIRECT : 0) | (reread ? FERRY_REREAD : 0);
     return 0;
 }
 
 /* The arguments run() and submit() share: (plan, path=, threads=, sync=,
- * no_direct=, decode=) into *plan and *o. -1 with an exception set. */
+ * no_direct=, decode=, reread=) into *plan and *o. -1 with an exception set. */
 static int run_args(ContextObject *self, PyObject *args, PyObject *kw, PlanObject **plan, ferry_run_opts *o) {
-    static char *kwlist[] = {"plan", "path", "threads", "sync", "no_direct", "decode", NULL};
+    static char *kwlist[] = {"plan", "path", "threads", "sync", "no_direct", "decode", "reread", NULL};
     PyObject *path = NULL;
-    int threads = 0, sync = 0, no_direct = 0;
+    int threads = 0, sync = 0, no_direct = 0, reread = 0;
     const char *decode = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|Oippz", kwlist, &PlanType, plan, &path,
-                                     &threads, &sync, &no_direct, &decode))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|Oippzp", kwlist, &PlanType, plan, &path,
+                                     &threads, &sync, &no_direct, &decode, &reread))
         return -1;
     if (ctx_check(self) < 0) return -1;
-    if (parse_run_opts(path, threads, sync, no_direct, o) < 0) return -1;
+    if (parse_run_opts(path, threads, sync, no_direct, reread, o) < 0) return -1;
     return parse_decode_name(decode, &o->decode);
 }
 
@@ -305,9 +305,10 @@ static PyMethodDef Context_methods[] = {
     {"cuda_device_of", (PyCFunction)Context_cuda_device_of, METH_O,
      "cuda_device_of(ptr) -> device ordinal owning a CUDA pointer."},
     {"run", (PyCFunction)(void (*)(void))Context_run, METH_VARARGS | METH_KEYWORDS,
-     "run(plan, path=None, threads=0, sync=False, no_direct=False) -> bytes moved (blocking)."},
+     "run(plan, path=None, threads=0, sync=False, no_direct=False, decode=None, reread=False) -> bytes moved (blocking). "
+     "reread: the bytes will be read again (a dataset's epochs): keep them in the page cache (FERRY_REREAD)."},
     {"submit", (PyCFunction)(void (*)(void))Context_submit, METH_VARARGS | METH_KEYWORDS,
-     "submit(plan, path=None, threads=0, sync=False, no_direct=False) -> Job (returns at once)."},
+     "submit(plan, path=None, threads=0, sync=False, no_direct=False, decode=None, reread=False) -> Job (returns at once)."},
     {"job_bytes", (PyCFunction)(void (*)(void))Context_job_bytes, METH_VARARGS | METH_KEYWORDS,
      "job_bytes(plan, decode=None) -> decoded bytes one job of a stream of plans like this one should hold "
      "(0: any size runs at the decoders' rate)."},

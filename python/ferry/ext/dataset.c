@@ -275,17 +275,17 @@ PyTypeObject DatasetType = {
     .tp_new = PyType_GenericNew,
 };
 
-/* npy_read_many(ctx, paths, dst, stride=0, native=True, stored_order=False)
+/* npy_read_many(ctx, paths, dst, stride=0, native=True, stored_order=False, reread=False)
  * -> {"typestr", "shape", "fortran_order", "nbytes"}: ferry_npy_read_many (n
  * one-sample .npy files into one batch; the GIL is released while it runs). */
 PyObject *mod_npy_read_many(PyObject *m, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"ctx", "paths", "dst", "stride", "native", "stored_order", NULL};
+    static char *kwlist[] = {"ctx", "paths", "dst", "stride", "native", "stored_order", "reread", NULL};
     ContextObject *c;
     PyObject *pathso, *dsto;
     unsigned long long stride = 0;
-    int native = 1, stored = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!OO|Kpp", kwlist, &ContextType, &c, &pathso, &dsto, &stride,
-                                     &native, &stored))
+    int native = 1, stored = 0, reread = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!OO|Kppp", kwlist, &ContextType, &c, &pathso, &dsto, &stride,
+                                     &native, &stored, &reread))
         return NULL;
     if (ctx_check(c) < 0) return NULL;
     PyObject *seq = PySequence_Fast(pathso, "paths must be a sequence of str, bytes or os.PathLike");
@@ -302,7 +302,7 @@ PyObject *mod_npy_read_many(PyObject *m, PyObject *args, PyObject *kw) {
         paths[i] = PyBytes_AS_STRING(enc[i]);
     }
     if (parse_buffer(dsto, 1, &d) < 0) goto out;
-    unsigned flags = (native ? FERRY_NATIVE : 0) | (stored ? FERRY_STORED_ORDER : 0);
+    unsigned flags = (native ? FERRY_NATIVE : 0) | (stored ? FERRY_STORED_ORDER : 0) | (reread ? FERRY_REREAD : 0);
     ferry_npy_info info;
     int64_t rc;
     Py_BEGIN_ALLOW_THREADS

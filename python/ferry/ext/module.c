@@ -188,7 +188,7 @@ static PyMethodDef module_methods[] = {
      "empty(shape, typestr, device=-1, ctx=None, pinned=False) -> Array "
      "(host: 4 KiB-aligned; device: cuMemAlloc; pinned: page-locked host memory)"},
     {"npy_read_many", (PyCFunction)(void (*)(void))mod_npy_read_many, METH_VARARGS | METH_KEYWORDS,
-     "npy_read_many(ctx, paths, dst, stride=0, native=True, stored_order=False) -> dict: n one-sample .npy "
+     "npy_read_many(ctx, paths, dst, stride=0, native=True, stored_order=False, reread=False) -> dict: n one-sample .npy "
      "files of one dtype and shape into dst (file i at byte i*stride; 0: packed), every header checked "
      "(FerryError naming a file whose dtype or shape differs); returns typestr, shape, fortran_order, nbytes"},
     {"order_take", mod_order_take, METH_VARARGS,
