@@ -369,12 +369,13 @@ def _alloc_retries(device):
 
 
 def ferry_epoch(path, names, device, batch, prefetch, dali=False, step_gbps=None, step_sync=False,
-                group=None, xd=None, warmup=True):
+                group=None, xd=None, warmup=True, reps=1):
     """GB/s of one shuffled epoch of XarrayDataset batches (x on `device`); with step_gbps, the
     fraction of the time the GPU idled behind a step that keeps it busy per/step_gbps seconds a
     batch (step_sync: the host also waits for each step, as a loop calling loss.item() does),
     and the host seconds of each next() (what the loop spends in the dataset between steps).
-    xd: a dataset already made (and warmed up: warmup=False) by an earlier row."""
+    xd: a dataset already made (and warmed up: warmup=False) by an earlier row. reps: the best
+    of that many timed epochs."""
     import torch
     if xd is None:
         free_device_caches(device)
@@ -402,56 +403,62 @@ def ferry_epoch(path, names, device, batch, prefetch, dali=False, step_gbps=None
     if step:
         gpu_sleep(step)
     sync(device)
-    # torch's allocator retries a failed cudaMalloc after freeing its cache (cudaFree, which
-    # waits for the whole device: every step queued): counted per epoch, to tell such waits
-    # from the engine's
-    retries0 = _alloc_retries(device)
-    n, busy, waits, marks = 0, 0.0, [], []
-    t0 = time.perf_counter()
-    if dali:
-        pipe.reset()
-    src = it()
-    while True:
-        t1 = time.perf_counter()
-        b = next(src, None)
-        if b is None:
-            break
-        waits.append(time.perf_counter() - t1)
-        n += 1
-        if step:
-            # the step's own time on the GPU, timed by events around it: _sleep counts SM clock
-            # cycles calibrated once on an idle GPU, and the clock under the engine's load may
-            # differ, so the planned length is not the time the GPU spent busy
-            m = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-            m[0].record()
-            gpu_sleep(step)
-            m[1].record()
-            marks.append(m)
-            if step_sync:
-                torch.cuda.current_stream().synchronize()
-    sync(device)
-    dt = time.perf_counter() - t0
-    retries = _alloc_retries(device) - retries0
-    if marks:
-        busy = sum(a.elapsed_time(b) for a, b in marks) / 1e3
-        log(f"  steps ran {busy:.3f} s on the GPU, planned {step * len(marks):.3f} s "
-            f"({busy / (step * len(marks)):.3f} x), epoch {dt:.3f} s, torch allocator retries {retries}")
-        # where the GPU idled: the gaps between one step's end and the next one's start, the
-        # largest five with the batch they waited for (a gap every read group's first batch
-        # is a read that came late; one at the start is the first read)
-        try:
-            gaps = [(marks[k - 1][1].elapsed_time(marks[k][0]), k) for k in range(1, len(marks))]
-            top = sorted(gaps, reverse=True)[:5]
-            log(f"  idle between steps {sum(g for g, _ in gaps):.1f} ms over {len(gaps)} gaps; largest: " +
-                ", ".join(f"{g:.1f} ms before batch {k}" for g, k in top) +
-                f" (read groups of {getattr(xd, 'batch_group', 1)})")
-        except Exception as e:      # a diagnostic: never the row's failure
-            log(f"  idle between steps: not measured ({e})")
-    # idle over the epoch, and over the time after its first batch came (the first waits for
-    # the whole first read: with large groups most of an epoch's idle is there)
-    rest = dt - (waits[0] if waits else 0.0)
-    idle = (max(0.0, 1 - busy / dt), max(0.0, 1 - busy / rest) if rest > 0 else None) if step else None
-    return rate(n * per, dt), idle, np.asarray(waits)
+
+    def one_epoch():
+        # torch's allocator retries a failed cudaMalloc after freeing its cache (cudaFree, which
+        # waits for the whole device: every step queued): counted per epoch, to tell such waits
+        # from the engine's
+        retries0 = _alloc_retries(device)
+        n, busy, waits, marks = 0, 0.0, [], []
+        t0 = time.perf_counter()
+        if dali:
+            pipe.reset()
+        src = it()
+        while True:
+            t1 = time.perf_counter()
+            b = next(src, None)
+            if b is None:
+                break
+            waits.append(time.perf_counter() - t1)
+            n += 1
+            if step:
+                # the step's own time on the GPU, timed by events around it: _sleep counts SM clock
+                # cycles calibrated once on an idle GPU, and the clock under the engine's load may
+                # differ, so the planned length is not the time the GPU spent busy
+                m = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                m[0].record()
+                gpu_sleep(step)
+                m[1].record()
+                marks.append(m)
+                if step_sync:
+                    torch.cuda.current_stream().synchronize()
+        sync(device)
+        dt = time.perf_counter() - t0
+        retries = _alloc_retries(device) - retries0
+        if marks:
+            busy = sum(a.elapsed_time(b) for a, b in marks) / 1e3
+            log(f"  steps ran {busy:.3f} s on the GPU, planned {step * len(marks):.3f} s "
+                f"({busy / (step * len(marks)):.3f} x), epoch {dt:.3f} s, torch allocator retries {retries}")
+            # where the GPU idled: the gaps between one step's end and the next one's start, the
+            # largest five with the batch they waited for (a gap every read group's first batch
+            # is a read that came late; one at the start is the first read)
+            try:
+                gaps = [(marks[k - 1][1].elapsed_time(marks[k][0]), k) for k in range(1, len(marks))]
+                top = sorted(gaps, reverse=True)[:5]
+                log(f"  idle between steps {sum(g for g, _ in gaps):.1f} ms over {len(gaps)} gaps; largest: " +
+                    ", ".join(f"{g:.1f} ms before batch {k}" for g, k in top) +
+                    f" (read groups of {getattr(xd, 'batch_group', 1)})")
+            except Exception as e:      # a diagnostic: never the row's failure
+                log(f"  idle between steps: not measured ({e})")
+        # idle over the epoch, and over the time after its first batch came (the first waits for
+        # the whole first read: with large groups most of an epoch's idle is there)
+        rest = dt - (waits[0] if waits else 0.0)
+        idle = (max(0.0, 1 - busy / dt), max(0.0, 1 - busy / rest) if rest > 0 else None) if step else None
+        return rate(n * per, dt), idle, np.asarray(waits)
+
+    # reps > 1: the best of that many timed epochs (one dataset, one pipeline): a single epoch
+    # of the DALI row moved 0.82-0.96 x the dataset's in four rows of 2026-12-02 12:51-12:53
+    return max((one_epoch() for _ in range(reps)), key=lambda r: r[0])
 
 
 def _timed(batches, seconds, device):
@@ -665,6 +672,8 @@ def main():
     ap.add_argument("--dir", default="/tmp/ferry-xtrain", help="where the files are kept and reused")
     ap.add_argument("--fresh", action="store_true", help="write the files again")
     ap.add_argument("--drop", action="store_true", help="delete each format's files after its rows")
+    ap.add_argument("--epochs", type=int, default=2,
+                    help="timed epochs of the dataset's first row and of the ferry.dali row (the best)")
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args()
     started = time.perf_counter()
@@ -704,7 +713,7 @@ def main():
         xd = ferry_dataset(path, names, a.device, a.batch, a.prefetch, a.batches_per_read)
         if a.meminfo:
             memlog(f"{fmt} after .load()")
-        fr, _, _ = ferry_epoch(path, names, a.device, a.batch, a.prefetch, xd=xd)
+        fr, _, _ = ferry_epoch(path, names, a.device, a.batch, a.prefetch, xd=xd, reps=a.epochs)
         if a.meminfo:
             memlog(f"{fmt} after XarrayDataset ({xd.batch_group} a read)")
         if FORMATS[fmt][3]:
@@ -761,7 +770,7 @@ def main():
             # 2026-12-01 23:50 run the idle row that followed it idled 16.6 % (5.7-6.9 % in the
             # runs before, without DALI; BENCHMARKS.md)
             dr, _, _ = ferry_epoch(path, names, a.device, a.batch, a.prefetch, dali=True,
-                                   group=a.batches_per_read)
+                                   group=a.batches_per_read, reps=a.epochs)
             rows.append((fmt, "XarrayDataset via ferry.dali (ratio: vs alone)", dr, dr / fr))
         del xd
         log(f"{fmt}: ferry rows done")
