@@ -13,7 +13,9 @@
  * costs a copy for nothing, so both stop. Files are counted once each, as
  * they are first asked about — a shuffled data set's shards open one by one
  * — and the share never comes back within a context: the bytes already read
- * the other way cost at most the share, once. */
+ * the other way cost at most the share, once. A file the open-file cache
+ * (fcache.c) closed and opened again is counted again: the count errs on the
+ * side of a data set larger than memory. */
 #include "engine/cacheshare.h"
 #include <unistd.h>
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import ferry
+from pagecache import drop_from_page_cache
 
 SECONDS = 2.5
 
@@ -46,12 +47,7 @@ def _write(fmt, path, k):
             w[:] = arrs["b"].astype("i4")
     # out of the page cache, as after a save with O_DIRECT or on a busy
     # machine: ferry then reads the large variable with O_DIRECT
-    fd = os.open(tmp, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    drop_from_page_cache(tmp)
     os.replace(tmp, path)
 
 

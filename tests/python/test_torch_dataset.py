@@ -626,21 +626,13 @@ def test_layout_arithmetic_exactly_once_and_elastic(n, world, batch, workers, dr
         assert got == list(range(len(got))) and n - len(got) < max(world * batch, world2 * batch2) + 1
 
 
-def _drop_from_page_cache(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def test_cold_epoch_of_large_rows_stays_cached(tmp_path):
     """Rows of 1 MiB, the size from which the engine reads cold ranges with O_DIRECT (which
     leaves the page cache empty, so every epoch read the disk again): the dataset's batches
     are FERRY_REREAD jobs, so a cold epoch leaves the shard in the page cache for the next one.
     The rows read are the file's, in the epoch's order."""
     from ferry import _ferry
+    from pagecache import drop_from_page_cache
     rows = np.random.default_rng(5).standard_normal((24, 1 << 18)).astype(np.float32)   # 1 MiB each
     p = tmp_path / "rows.npy"
     np.save(p, rows)
@@ -654,7 +646,7 @@ def test_cold_epoch_of_large_rows_stays_cached(tmp_path):
             os.close(probe)
     ctx = _ferry.Context()
     f = _ferry.File(ctx, str(p))
-    _drop_from_page_cache(p)
+    drop_from_page_cache(p)
     if f.cached() > 64 << 10:
         pytest.skip("the file system keeps dropped files cached")
     ds = ArrayDataset(str(p), batch_size=4, shuffle=True, seed=3, device="cpu")
