@@ -908,7 +908,8 @@ int64_t ferry_plan_array(ferry_file *f, uint64_t offset, const ferry_layout *lay
 /** Replace the system call `name` under ferry's file I/O and allocations —
  *  "open", "close", "pread", "preadv", "pwrite", "fsync", "fstat", "stat",
  *  "lstat" (a Zarr plan's chunk lookups), "ftruncate", "madvise", "mmap" (the mappings small
- *  records are copied from), "posix_fadvise" (the hints of cold records) — with fn, a function of libc's signature (open:
+ *  records are copied from), "posix_fadvise" (the hints of cold records), "access" (whether
+ *  nvidia-fs is loaded, which makes AUTO choose cuFile) — with fn, a function of libc's signature (open:
  *  int (*)(const char *, int, mode_t)); fn NULL restores libc's, name NULL
  *  restores all. Tests use it to make reads short, interrupted or failing
  *  (as SQLite's xSetSystemCall does). Process-wide and not synchronised: change

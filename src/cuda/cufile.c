@@ -3,6 +3,7 @@
 #include "cuda/cufile.h"
 #include "cuda/cuda.h"
 #include "common.h"
+#include "engine/sysio.h"
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -70,7 +71,9 @@ const ferry_cufile_api *ferry_cufile_load(const char **why) {
 }
 
 int ferry_cufile_native(void) {
-    return access("/proc/driver/nvidia-fs/stats", F_OK) == 0 || access("/sys/module/nvidia_fs", F_OK) == 0;
+    /* through the system-call table: a test stands in for a machine with nvidia-fs */
+    const ferry_sys_api *sys = ferry_sys();
+    return sys->access("/proc/driver/nvidia-fs/stats", F_OK) == 0 || sys->access("/sys/module/nvidia_fs", F_OK) == 0;
 }
 
 /* cuFile's CU_FILE_* codes (cufile.h; checked by tests/c/test_cuda_abi.c). */

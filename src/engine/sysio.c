@@ -9,8 +9,8 @@
 
 static int sys_open(const char *path, int flags, mode_t mode) { return open(path, flags, mode); }
 
-static const ferry_sys_api libc_ = {sys_open, close, pread, preadv, pwrite, fsync, fstat, stat, lstat, ftruncate, madvise, mmap, posix_fadvise};
-static ferry_sys_api table_ = {sys_open, close, pread, preadv, pwrite, fsync, fstat, stat, lstat, ftruncate, madvise, mmap, posix_fadvise};
+static const ferry_sys_api libc_ = {sys_open, close, pread, preadv, pwrite, fsync, fstat, stat, lstat, ftruncate, madvise, mmap, posix_fadvise, access};
+static ferry_sys_api table_ = {sys_open, close, pread, preadv, pwrite, fsync, fstat, stat, lstat, ftruncate, madvise, mmap, posix_fadvise, access};
 
 const ferry_sys_api *ferry_sys(void) { return &table_; }
 
@@ -23,6 +23,7 @@ int ferry_test_set_syscall(const char *name, void *fn) {
         {"lstat", offsetof(ferry_sys_api, lstat)},
         {"ftruncate", offsetof(ferry_sys_api, ftruncate)}, {"madvise", offsetof(ferry_sys_api, madvise)},
         {"mmap", offsetof(ferry_sys_api, mmap)},     {"posix_fadvise", offsetof(ferry_sys_api, fadvise)},
+        {"access", offsetof(ferry_sys_api, access)},
     };
     if (!name) {   /* all back to libc */
         table_ = libc_;

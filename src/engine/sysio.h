@@ -23,6 +23,7 @@ typedef struct ferry_sys_api {
     int (*madvise)(void *p, size_t n, int advice);
     void *(*mmap)(void *addr, size_t n, int prot, int flags, int fd, off_t off);   /* files' mappings (mapread.c) */
     int (*fadvise)(int fd, off_t off, off_t len, int advice);   /* cold records' hints (pack.c) */
+    int (*access)(const char *path, int mode);   /* whether nvidia-fs is loaded: GDS native (cuda/cufile.c) */
 } ferry_sys_api;
 
 /* The table in use (libc's functions unless a test replaced some). */

@@ -81,6 +81,42 @@ static void test_cufile_reads(void) {
     if (!no_cufile()) reads_on(FERRY_PATH_CUFILE);
 }
 
+/* With nvidia-fs loaded, AUTO reads device memory with cuFile (GDS), which
+ * leaves the page cache out: a FERRY_REREAD job (a dataset's epochs) reads
+ * staged instead, through the page cache, so that the next epoch finds its
+ * bytes there. nvidia-fs is stood in for through the "access" seam; cuFile
+ * itself is the stand-in's or, on a GPU machine without nvidia-fs, its
+ * compatibility mode. Byte-exact either way. */
+static int with_nvidia_fs(const char *path, int mode) { return strstr(path, "nvidia") ? 0 : access(path, mode); }
+static void test_reread_reads_staged_where_gds_is_native(void) {
+    if (no_cufile()) return;
+    ferry_test_set_syscall("access", (void *)with_nvidia_fs);
+    ferry_file *f;
+    CHECK_EQ_I(ferry_file_open(ctx_, path_, FERRY_READ, &f), 0);
+    const uint64_t mib = 1u << 20;
+    uintptr_t d;
+    CHECK_EQ_I(ferry_cuda_malloc(ctx_, 0, 8 * mib, &d), 0);
+    for (int reread = 0; reread < 2; reread++) {
+        ferry_plan *p;
+        ferry_plan_create(&p);
+        for (uint64_t i = 0; i < 8; i++)   /* 1 MiB records, every other MiB of the file: not merged */
+            ferry_plan_read(p, f, (2 * i + (uint64_t)reread) * mib, mib, ferry_cuda_buf(0, d, 8 * mib), i * mib);
+        ferry_run_opts o = {.path = FERRY_PATH_AUTO, .threads = 0, .flags = reread ? FERRY_REREAD : 0};
+        ferry_stats_reset(ctx_);
+        CHECK_EQ_I(ferry_run(ctx_, p, &o), (int64_t)(8 * mib));
+        ferry_plan_destroy(p);
+        for (uint64_t i = 0; i < 8; i++) CHECK(check_device(d, i * mib, mib, (2 * i + (uint64_t)reread) * mib));
+        ferry_stats st;
+        ferry_stats_get(ctx_, &st);
+        CHECK_EQ_I(st.path[FERRY_PATH_CUFILE].bytes, reread ? 0 : 8 * mib);
+        CHECK_EQ_I(st.path[FERRY_PATH_STAGED].bytes, reread ? 8 * mib : 0);
+        if (reread) CHECK_EQ_I(st.direct_bytes, 0);
+    }
+    ferry_test_set_syscall("access", NULL);
+    ferry_cuda_free(ctx_, d);
+    ferry_file_close(f);
+}
+
 static void test_auto_reports_path(void) {
     ferry_file *f;
     ferry_file_open(ctx_, path_, FERRY_READ, &f);
@@ -702,6 +738,7 @@ int main(void) {
     RUN(test_staged_reads);
     RUN(test_cufile_reads);
     RUN(test_auto_reports_path);
+    RUN(test_reread_reads_staged_where_gds_is_native);
     RUN(test_byteswap_place_fill);
     RUN(test_staged_writes);
     RUN(test_cufile_writes);
