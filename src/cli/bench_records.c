@@ -13,7 +13,9 @@
  *   - pinned host-to-device copies (the copy limit).
  * With --cold every measurement starts with the file dropped from the page
  * cache (posix_fadvise DONTNEED): shuffled records read cold, where ferry's
- * readahead hints (FERRY_READAHEAD, src/engine/pack.c) are measured.
+ * readahead hints (FERRY_READAHEAD, src/engine/pack.c) are measured. With
+ * --reread the batches are submitted with FERRY_REREAD, as the datasets submit
+ * their epochs (records of 1 MiB and more then stay buffered: exec.c).
  * Every batch that ferry fills is verified. GB/s are 10^9 bytes/s; CPU us per
  * record (user + system time of the process) is the steadier figure on a
  * machine shared with other work. */
@@ -35,6 +37,7 @@
 #include "cli/bench_util.h"
 
 static double cpu_used_;   /* CPU seconds of the last best measurement */
+static unsigned run_flags_; /* --reread: FERRY_REREAD on every batch */
 
 static uint64_t rng_(uint64_t *s) { *s ^= *s << 13; *s ^= *s >> 7; *s ^= *s << 17; return *s; }
 
@@ -159,7 +162,8 @@ static double ferry_records(ferry_ctx *ctx, ferry_file *f, const uint64_t *offs,
         for (uint64_t i = 0; i < batch; i++)
             ferry_plan_read(plans[k], f, offs[b * batch + i], rec, bufs[k], perm[i] * rec);
         first[k] = b * batch;
-        if (ferry_submit(ctx, plans[k], NULL, &jobs[k]) != 0) { snprintf(why, whylen, "%s", ferry_errmsg(ctx)); bad = 1; }
+        ferry_run_opts o = {FERRY_PATH_AUTO, 0, run_flags_, FERRY_DECODE_AUTO};
+        if (ferry_submit(ctx, plans[k], &o, &jobs[k]) != 0) { snprintf(why, whylen, "%s", ferry_errmsg(ctx)); bad = 1; }
     }
     double dt = bench_now() - t0;
     cpu_used_ = bench_cpu_seconds() - c0;
@@ -211,8 +215,9 @@ int ferry_cli_bench_records(int argc, char **argv) {
         {"batch", required_argument, NULL, 'b'},   {"threads", required_argument, NULL, 't'},
         {"device", required_argument, NULL, 'd'},  {"reps", required_argument, NULL, 'r'},
         {"cold", no_argument, NULL, 'C'},          {"depth", required_argument, NULL, 'D'},
-        {NULL, 0, NULL, 0}};
+        {"reread", no_argument, NULL, 'E'},        {NULL, 0, NULL, 0}};
     int count_i = (int)count, batch_i = (int)batch;
+    run_flags_ = 0;
     optind = 0;
     opterr = 0;
     for (int c; (c = getopt_long(argc, argv, ":", longopts, NULL)) != -1;) {
@@ -227,12 +232,13 @@ int ferry_cli_bench_records(int argc, char **argv) {
         case 'd': bad = cli_int("bench", "device", optarg, 0, 1023, &device); break;
         case 'r': bad = cli_int("bench", "reps", optarg, 1, 1000, &reps); break;
         case 'C': cold = 1; break;
+        case 'E': run_flags_ |= FERRY_REREAD; break;
         case 'D': bad = cli_int("bench", "depth", optarg, 1, MAX_DEPTH, &depth); break;
         default:
             cli_bad_option("bench", c, optopt, argv[optind - 1]);
             fprintf(stderr, "usage: ferry bench --records SIZE[,SIZE...] [--file PATH] [--size N] [--count N]\n"
                             "                   [--batch N] [--threads N] [--device N] [--reps N] [--cold]\n"
-                            "                   [--depth N (batches in flight, 1-16)]\n");
+                            "                   [--depth N (batches in flight, 1-16)] [--reread]\n");
             return 2;
         }
         if (bad) return 2;
@@ -257,10 +263,10 @@ int ferry_cli_bench_records(int argc, char **argv) {
     ferry_ctx_config(ctx, &cfg);
     int gpu = ferry_cuda_device_count(ctx) > device;
     printf("ferry bench --records: %s, %.2f GB %s, %llu random records per size, batches of %llu,\n"
-           "  raw limit with %d threads; ferry with %d threads, staging %d x %zu KiB, %d batches in flight; best of %d\n",
+           "  raw limit with %d threads; ferry with %d threads, staging %d x %zu KiB, %d batches in flight%s; best of %d\n",
            file, size / 1e9, cold ? "dropped from the page cache before each measurement" : "page-cached",
            (unsigned long long)count, (unsigned long long)batch, threads, cfg.threads,
-           cfg.staging_count, cfg.staging_size >> 10, depth, reps);
+           cfg.staging_count, cfg.staging_size >> 10, depth, run_flags_ & FERRY_REREAD ? " (FERRY_REREAD)" : "", reps);
     ferry_file *f;
     if (ferry_file_open(ctx, file, FERRY_READ, &f) != 0) { fprintf(stderr, "ferry bench: %s\n", ferry_errmsg(ctx)); return 1; }
     if (gpu) {   /* the copy limit: pinned host -> device, 256 MiB */

@@ -25,6 +25,20 @@ def test_equals_syntax_accepted_and_runs(tmp_path):
     assert '"what"' in r.stdout and not (tmp_path / "b.bin").exists()
 
 
+def test_records_reread_submits_the_datasets_flag(tmp_path):
+    """--reread: the batches go as FERRY_REREAD jobs (as the datasets' do), and the run says so;
+    its records of 1 MiB (AUTO's O_DIRECT size) are read through the page cache, cold or warm."""
+    f = tmp_path / "r.bin"
+    r = run("bench", "--records", "1M", "--size", "16M", "--count", "32", "--batch", "8", "--reps", "1",
+            "--threads", "2", "--cold", "--reread", f"--file={f}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "(FERRY_REREAD)" in r.stdout
+    assert "read with O_DIRECT 0.00 GB" in r.stdout, r.stdout
+    plain = run("bench", "--records", "1M", "--size", "16M", "--count", "32", "--batch", "8", "--reps", "1",
+                "--threads", "2", "--cold", f"--file={f}")
+    assert plain.returncode == 0 and "(FERRY_REREAD)" not in plain.stdout
+
+
 @pytest.mark.parametrize("args,needle", [
     (("bench", "--threads", "abc"), "--threads: \"abc\""),
     (("bench", "--threads=0"), "--threads"),
