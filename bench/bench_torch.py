@@ -926,7 +926,7 @@ def main():
             best = max((v[1] / v[2] for k, v in res.items() if k.startswith("dl")), default=float("nan"))
             f_rate = res["ferry"][1] / res["ferry"][2]
             raw = res["raw"][1] / res["raw"][2]
-            print(f"{kind:5s} {cache:4s}  ferry {f_rate / 1e9:6.2f} GB/s = {f_rate / best:5.1f}x best "
+            print(f"{kind:5s} {cache:4s}  ferry {f_rate / 1e9:6.2f} GB/s = {f_rate / best:5.2f}x best "
                   f"DataLoader ({best / 1e9:.2f} GB/s), {f_rate / raw:4.2f}x engine alone "
                   f"({raw / 1e9:.2f} GB/s)", flush=True)
         if not args.no_train:

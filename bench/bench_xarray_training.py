@@ -369,13 +369,14 @@ def _alloc_retries(device):
 
 
 def ferry_epoch(path, names, device, batch, prefetch, dali=False, step_gbps=None, step_sync=False,
-                group=None, xd=None, warmup=True, reps=1):
+                group=None, xd=None, warmup=True, reps=1, host_sync=False):
     """GB/s of one shuffled epoch of XarrayDataset batches (x on `device`); with step_gbps, the
     fraction of the time the GPU idled behind a step that keeps it busy per/step_gbps seconds a
     batch (step_sync: the host also waits for each step, as a loop calling loss.item() does),
     and the host seconds of each next() (what the loop spends in the dataset between steps).
     xd: a dataset already made (and warmed up: warmup=False) by an earlier row. reps: the best
-    of that many timed epochs."""
+    of that many timed epochs. host_sync: the host waits for each batch to land (the current
+    stream synchronized after each next(), as DALI's pipe.run() waits for its copy of it)."""
     import torch
     if xd is None:
         free_device_caches(device)
@@ -384,6 +385,27 @@ def ferry_epoch(path, names, device, batch, prefetch, dali=False, step_gbps=None
         import ferry.dali
         pipe = ferry.dali.pipeline(xd, outputs=("x",), prefetch_queue_depth=2)
         pipe.build()
+        # the host seconds of each of the dataset's next() inside the source (DALI calls it from
+        # pipe.run()): what pipe.run() costs beyond it is DALI's own
+        src, inner = pipe.ferry_source, []
+        seek = src._seek
+
+        def timed_seek(epoch_idx, iteration):
+            seek(epoch_idx, iteration)
+            batches = src._it
+
+            def timed():
+                while True:
+                    t = time.perf_counter()
+                    try:
+                        b = next(batches)
+                    except StopIteration:
+                        return
+                    finally:
+                        inner.append(time.perf_counter() - t)
+                    yield b
+            src._it = timed()
+        src._seek = timed_seek
 
         def it():
             try:
@@ -419,6 +441,8 @@ def ferry_epoch(path, names, device, batch, prefetch, dali=False, step_gbps=None
             b = next(src, None)
             if b is None:
                 break
+            if host_sync:
+                torch.cuda.current_stream().synchronize()
             waits.append(time.perf_counter() - t1)
             n += 1
             if step:
@@ -454,6 +478,18 @@ def ferry_epoch(path, names, device, batch, prefetch, dali=False, step_gbps=None
         # the whole first read: with large groups most of an epoch's idle is there)
         rest = dt - (waits[0] if waits else 0.0)
         idle = (max(0.0, 1 - busy / dt), max(0.0, 1 - busy / rest) if rest > 0 else None) if step else None
+        if dali and len(waits) > 1:
+            w, q = np.asarray(waits) * 1e3, np.asarray(inner or [0.0]) * 1e3
+            log(f"  ferry.dali: epoch {dt * 1e3:.1f} ms, {n} batches; pipe.run() first "
+                f"{w[0]:.2f} ms, then median {np.median(w[1:]):.3f} p90 {np.percentile(w[1:], 90):.3f}; "
+                f"the source's next() median {np.median(q):.3f} ms over {len(q)} calls; the epoch after "
+                f"its first batch {rate((n - 1) * per, dt - w[0] / 1e3):.2f} GB/s")
+            inner.clear()
+        elif len(waits) > 1 and (reps > 1 or host_sync):
+            w = np.asarray(waits) * 1e3
+            log(f"  dataset: epoch {dt * 1e3:.1f} ms, {n} batches; next() first {w[0]:.2f} ms, then median "
+                f"{np.median(w[1:]):.3f} p90 {np.percentile(w[1:], 90):.3f}; the epoch after its first batch "
+                f"{rate((n - 1) * per, dt - w[0] / 1e3):.2f} GB/s")
         return rate(n * per, dt), idle, np.asarray(waits)
 
     # reps > 1: the best of that many timed epochs (one dataset, one pipeline): a single epoch
@@ -674,6 +710,10 @@ def main():
     ap.add_argument("--drop", action="store_true", help="delete each format's files after its rows")
     ap.add_argument("--epochs", type=int, default=2,
                     help="timed epochs of the dataset's first row and of the ferry.dali row (the best)")
+    ap.add_argument("--sync-sweep", default="",
+                    help="more epochs whose consumer waits for each batch, each 'PREFETCH:BPR[:dali]' (';' "
+                         "between; BPR auto: engine-sized groups; dali: through ferry.dali, else the host "
+                         "synchronizes after each next()), e.g. '4:auto;4:auto:dali;40:auto:dali;4:4:dali'")
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args()
     started = time.perf_counter()
@@ -772,6 +812,17 @@ def main():
             dr, _, _ = ferry_epoch(path, names, a.device, a.batch, a.prefetch, dali=True,
                                    group=a.batches_per_read, reps=a.epochs)
             rows.append((fmt, "XarrayDataset via ferry.dali (ratio: vs alone)", dr, dr / fr))
+
+        for item in [x for x in a.sync_sweep.split(";") if x] if cuda else ():
+            # a consumer that waits for each batch (DALI's run(), a loop calling loss.item()),
+            # under other read groupings and depths: prefetch:batches_per_read[:dali]
+            pf, gr, *how = item.split(":")
+            gr = None if gr in ("", "auto") else int(gr)
+            via = bool(how and how[0] == "dali")
+            sr, _, _ = ferry_epoch(path, names, a.device, a.batch, int(pf), dali=via, group=gr, reps=a.epochs,
+                                   host_sync=not via)
+            rows.append((fmt, f"{'ferry.dali' if via else 'XarrayDataset, host waits each batch'}, prefetch {pf}, "
+                              f"{gr or 'auto'} a read (ratio: vs alone)", sr, sr / fr))
         del xd
         log(f"{fmt}: ferry rows done")
         if peer:
