@@ -122,7 +122,14 @@ class DALISource:
 def _for_dali(t):
     """GPU tensors go as they are (DALI copies them on torch's current stream, which ferry's
     dataset made wait for the batch); host tensors as numpy views (DALI would otherwise ask
-    torch for a CUDA stream even for host data)."""
+    torch for a CUDA stream even for host data).
+
+    The copy stays: with external_source(no_copy=True) DALI reads the batch's memory itself
+    without waiting for the stream the batch is ordered on, and behind a stream lagging 10 ms
+    (tests/gpu's lagging-stream case) 99-100 % of the elements it returned were wrong (H200,
+    2026-12-02 14:40; the source kept every batch referenced for prefetch_queue_depth + 2 calls).
+    The copy is not what a DALI epoch costs beyond the dataset's (BENCHMARKS.md, thirteenth
+    session: no_copy=True moved 0.85 x the dataset's Zarr zstd rate, the copy 0.77 x)."""
     if getattr(t, "is_cuda", False):
         _order_on_current_device(t)
         return t
