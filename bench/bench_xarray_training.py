@@ -383,7 +383,16 @@ def ferry_epoch(path, names, device, batch, prefetch, dali=False, step_gbps=None
     xd = xd if xd is not None else ferry_dataset(path, names, device, batch, prefetch, group)
     if dali:
         import ferry.dali
-        pipe = ferry.dali.pipeline(xd, outputs=("x",), prefetch_queue_depth=2)
+        # dali may name pipeline() options: "nockpt" (enable_checkpointing=False), "depthN"
+        opts = {}
+        for o in (dali.split("-")[1:] if isinstance(dali, str) else ()):
+            if o == "nockpt":
+                opts["enable_checkpointing"] = False
+            elif o.startswith("depth"):
+                opts["prefetch_queue_depth"] = int(o[5:])
+            else:
+                raise SystemExit(f"unknown ferry.dali option {o!r} (nockpt, depthN)")
+        pipe = ferry.dali.pipeline(xd, outputs=("x",), **{"prefetch_queue_depth": 2, **opts})
         pipe.build()
         # the host seconds of each of the dataset's next() inside the source (DALI calls it from
         # pipe.run()): what pipe.run() costs beyond it is DALI's own
@@ -711,9 +720,10 @@ def main():
     ap.add_argument("--epochs", type=int, default=2,
                     help="timed epochs of the dataset's first row and of the ferry.dali row (the best)")
     ap.add_argument("--sync-sweep", default="",
-                    help="more epochs whose consumer waits for each batch, each 'PREFETCH:BPR[:dali]' (';' "
-                         "between; BPR auto: engine-sized groups; dali: through ferry.dali, else the host "
-                         "synchronizes after each next()), e.g. '4:auto;4:auto:dali;40:auto:dali;4:4:dali'")
+                    help="more epochs whose consumer waits for each batch, each 'PREFETCH:BPR[:dali[-OPT...]]' "
+                         "(';' between; BPR auto: engine-sized groups; dali: through ferry.dali, with -nockpt "
+                         "enable_checkpointing=False, -depthN prefetch_queue_depth=N; else the host "
+                         "synchronizes after each next()), e.g. '4:auto;4:auto:dali;4:auto:dali-nockpt'")
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args()
     started = time.perf_counter()
@@ -818,10 +828,10 @@ def main():
             # under other read groupings and depths: prefetch:batches_per_read[:dali]
             pf, gr, *how = item.split(":")
             gr = None if gr in ("", "auto") else int(gr)
-            via = bool(how and how[0] == "dali")
+            via = how[0] if how and how[0].startswith("dali") else False
             sr, _, _ = ferry_epoch(path, names, a.device, a.batch, int(pf), dali=via, group=gr, reps=a.epochs,
                                    host_sync=not via)
-            rows.append((fmt, f"{'ferry.dali' if via else 'XarrayDataset, host waits each batch'}, prefetch {pf}, "
+            rows.append((fmt, f"{via.replace('dali', 'ferry.dali', 1) if via else 'XarrayDataset, host waits each batch'}, prefetch {pf}, "
                               f"{gr or 'auto'} a read (ratio: vs alone)", sr, sr / fr))
         del xd
         log(f"{fmt}: ferry rows done")
