@@ -368,6 +368,32 @@ def _alloc_retries(device):
     return int(torch.cuda.memory_stats().get("num_alloc_retries", 0))
 
 
+def trace_ahead(xd, who):
+    """BXT_TRACE_AHEAD=1: log, at each pass's start, the groups read ahead for it (taken, planned,
+    read) and the time since the pass before ended (its generator's finally: _start_planning)."""
+    if getattr(xd, "_traced", False):
+        return
+    xd._traced = True
+    take, plan, t_end = xd._take_ahead, xd._start_planning, [None]
+
+    def start_planning(rt):
+        t_end[0] = time.perf_counter()
+        return plan(rt)
+
+    def take_ahead(key, order, mine, group_units):
+        a = xd._ahead
+        st = None if a is None else [(getattr(g.job, "fut", None) is not None,
+                                      bool(getattr(g.job, "fut", None) and g.job.fut.done()),
+                                      bool(getattr(g.job, "fut", None) and g.job.fut.done() and g.job.done()))
+                                     for g in a.groups]
+        got = take(key, order, mine, group_units)
+        since = "" if t_end[0] is None else f", {1e3 * (time.perf_counter() - t_end[0]):.1f} ms after the last pass ended"
+        log(f"  {who} pass of epoch {key[2] if key else None}: took {len(got)} groups read ahead; kept "
+            f"{'none' if st is None else len(st)} (planning started, planned, read: {st}){since}")
+        return got
+    xd._take_ahead, xd._start_planning = take_ahead, start_planning
+
+
 def ferry_epoch(path, names, device, batch, prefetch, dali=False, step_gbps=None, step_sync=False,
                 group=None, xd=None, warmup=True, reps=1, host_sync=False):
     """GB/s of one shuffled epoch of XarrayDataset batches (x on `device`); with step_gbps, the
@@ -381,6 +407,8 @@ def ferry_epoch(path, names, device, batch, prefetch, dali=False, step_gbps=None
     if xd is None:
         free_device_caches(device)
     xd = xd if xd is not None else ferry_dataset(path, names, device, batch, prefetch, group)
+    if os.environ.get("BXT_TRACE_AHEAD"):
+        trace_ahead(xd, "dali" if dali else "dataset")
     if dali:
         import ferry.dali
         # dali may name pipeline() options: "nockpt" (enable_checkpointing=False), "depthN"
