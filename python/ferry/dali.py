@@ -127,9 +127,9 @@ def _for_dali(t):
     The copy stays: with external_source(no_copy=True) DALI reads the batch's memory itself
     without waiting for the stream the batch is ordered on, and behind a stream lagging 10 ms
     (tests/gpu's lagging-stream case) 99-100 % of the elements it returned were wrong (H200,
-    2026-12-02 14:40; the source kept every batch referenced for prefetch_queue_depth + 2 calls).
-    The copy is not what a DALI epoch costs beyond the dataset's (BENCHMARKS.md, thirteenth
-    session: no_copy=True moved 0.85 x the dataset's Zarr zstd rate, the copy 0.77 x)."""
+    2026-12-02 14:38; the source kept every batch referenced for prefetch_queue_depth + 2 calls).
+    Nor is the copy what a DALI epoch costs beyond the dataset's (BENCHMARKS.md, thirteenth
+    session: mostly the wait for an epoch's first batch)."""
     if getattr(t, "is_cuda", False):
         _order_on_current_device(t)
         return t

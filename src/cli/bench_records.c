@@ -15,7 +15,8 @@
  * cache (posix_fadvise DONTNEED): shuffled records read cold, where ferry's
  * readahead hints (FERRY_READAHEAD, src/engine/pack.c) are measured. With
  * --reread the batches are submitted with FERRY_REREAD, as the datasets submit
- * their epochs (records of 1 MiB and more then stay buffered: exec.c).
+ * their epochs (records of 1 MiB and more then read through the page cache
+ * while the file fits the context's share: exec.c, cacheshare.c).
  * Every batch that ferry fills is verified. GB/s are 10^9 bytes/s; CPU us per
  * record (user + system time of the process) is the steadier figure on a
  * machine shared with other work. */
