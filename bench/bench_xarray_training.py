@@ -850,13 +850,15 @@ def main():
             dr, _, _ = ferry_epoch(path, names, a.device, a.batch, a.prefetch, dali=True,
                                    group=a.batches_per_read, reps=a.epochs)
             rows.append((fmt, "XarrayDataset via ferry.dali (ratio: vs alone)", dr, dr / fr))
-
         for item in [x for x in a.sync_sweep.split(";") if x] if cuda else ():
             # a consumer that waits for each batch (DALI's run(), a loop calling loss.item()),
             # under other read groupings and depths: prefetch:batches_per_read[:dali]
             pf, gr, *how = item.split(":")
             gr = None if gr in ("", "auto") else int(gr)
             via = how[0] if how and how[0].startswith("dali") else False
+            if via and not have_dali:
+                log(f"{fmt}: --sync-sweep {item}: DALI does not import, skipped")
+                continue
             sr, _, _ = ferry_epoch(path, names, a.device, a.batch, int(pf), dali=via, group=gr, reps=a.epochs,
                                    host_sync=not via)
             rows.append((fmt, f"{via.replace('dali', 'ferry.dali', 1) if via else 'XarrayDataset, host waits each batch'}, prefetch {pf}, "
