@@ -129,7 +129,7 @@ def _for_dali(t):
     (tests/gpu's lagging-stream case) 99-100 % of the elements it returned were wrong (H200,
     2026-12-02 14:38; the source kept every batch referenced for prefetch_queue_depth + 2 calls).
     Nor is the copy what a DALI epoch costs beyond the dataset's (BENCHMARKS.md, thirteenth
-    session: mostly the wait for an epoch's first batch)."""
+    session: an epoch's first batch, and DALI's own work per iteration)."""
     if getattr(t, "is_cuda", False):
         _order_on_current_device(t)
         return t
