@@ -302,6 +302,43 @@ def test_dali_cpu_pipeline_epochs_operators_and_checkpoint(nc4_files):
     np.testing.assert_array_equal(nxt, want[2][0])
 
 
+def test_dali_epochs_start_with_the_groups_read_ahead(nc4_files):
+    """Each epoch after the first begins with the read groups the epoch before submitted for it
+    (FERRY_EPOCH_AHEAD), through DALI as without it: the source's seek at DALI's epoch boundary
+    (load_state_dict + iter) must take them, not drop them and read the epoch's start again."""
+    _dali_or_skip()
+    import ferry.dali
+    paths, _ = nc4_files
+    mf = xr.open_mfdataset(paths, engine="ferry", device="cpu")
+    for via_dali in (False, True):
+        ds = XarrayDataset(mf, ["t2m", "z"], batch_size=2, shuffle=True, seed=5, device="cpu",
+                           batches_per_read=2, prefetch=2)
+        taken, take = [], ds._take_ahead
+
+        def counting(key, order, mine, group_units, take=take, taken=taken):
+            got = take(key, order, mine, group_units)
+            taken.append(len(got))
+            return got
+        ds._take_ahead = counting
+        if via_dali:
+            pipe = ferry.dali.pipeline(ds, outputs=("x",))
+            pipe.build()
+            for e in range(4):
+                n = 0
+                try:
+                    while True:
+                        pipe.run()
+                        n += 1
+                except StopIteration:
+                    pass
+                assert n == 12
+                pipe.reset()
+        else:
+            for e in range(4):
+                assert sum(1 for _ in ds) == 12
+        assert len(taken) == 4 and taken[0] == 0 and all(t > 0 for t in taken[1:]), (via_dali, taken)
+
+
 def test_dali_source_checks_its_outputs(nc4_files):
     _dali_or_skip()
     import ferry.dali
