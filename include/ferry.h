@@ -546,7 +546,7 @@ typedef struct ferry_job ferry_job;
 typedef struct ferry_run_opts {
     ferry_path path;   /* FERRY_PATH_AUTO: the context's path */
     int threads;       /* 0: the context's; else at most this many workers */
-    unsigned flags;    /* FERRY_SYNC, FERRY_NO_DIRECT, FERRY_REREAD */
+    unsigned flags;    /* FERRY_SYNC, FERRY_NO_DIRECT, FERRY_REREAD; any other bit: FERRY_EINVAL */
     int decode;        /* ferry_decode_policy; FERRY_DECODE_AUTO: the context's policy */
 } ferry_run_opts;
 

@@ -266,6 +266,13 @@ static int job_build(ferry_ctx *ctx, const ferry_plan *plan, const ferry_run_opt
     j->ctx = ctx;
     j->id = atomic_fetch_add(&ctx->next_job_id, 1) + 1;
     j->flags = opts ? opts->flags : 0;
+    /* another family's flag (FERRY_NATIVE, FERRY_EXACT_RUNS) passed here would
+     * otherwise mean whatever run flag shares its bit, or nothing */
+    if (j->flags & ~(unsigned)(FERRY_SYNC | FERRY_NO_DIRECT | FERRY_REREAD)) {
+        unsigned bad = j->flags;
+        job_free(j);
+        return ferry_seterr(FERRY_EINVAL, "run flags 0x%x: unknown bits (FERRY_SYNC, FERRY_NO_DIRECT, FERRY_REREAD)", bad);
+    }
     j->direct = (j->flags & FERRY_NO_DIRECT) ? FERRY_DIRECT_OFF : ctx->cfg.direct;
     /* read once per context (a getenv scan costs a 4 KiB read's latency a
      * tenth); a bad value fails every plan until the context is made anew */

@@ -707,6 +707,38 @@ static void test_reread_keeps_the_page_cache(void) {
     free(mem);
 }
 
+/* Run flags of another family (ferry_plan_array's FERRY_EXACT_RUNS, bit 2) or
+ * unknown bits are refused by name, by ferry_run, ferry_submit and
+ * ferry_pread alike; FERRY_REREAD is taken. */
+static void test_unknown_run_flags_refused(void) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/%s", dir_, "flags.bin");
+    write_pk_file(path, 64 << 10);
+    ferry_ctx *ctx = make_ctx(2, 64 << 10);
+    ferry_file *f;
+    CHECK_EQ_I(ferry_file_open(ctx, path, FERRY_READ, &f), 0);
+    uint8_t mem[4096];
+    ferry_plan *p = records_plan(f, mem, sizeof mem, 1, sizeof mem, 0, 0);
+    static const unsigned bad[] = {FERRY_EXACT_RUNS, 1u << 3, 1u << 31};
+    for (int k = 0; k < 3; k++) {
+        ferry_run_opts o = {FERRY_PATH_AUTO, 0, bad[k] | FERRY_REREAD, FERRY_DECODE_AUTO};
+        CHECK_EQ_I(ferry_run(ctx, p, &o), FERRY_EINVAL);
+        CHECK_STR_CONTAINS(ferry_errmsg(ctx), "run flags");
+        ferry_job *j = NULL;
+        CHECK_EQ_I(ferry_submit(ctx, p, &o, &j), FERRY_EINVAL);
+        CHECK(j == NULL);
+        CHECK_EQ_I(ferry_pread(f, ferry_host_buf(mem, sizeof mem), 0, sizeof mem, bad[k]), FERRY_EINVAL);
+    }
+    ferry_run_opts ok = {FERRY_PATH_AUTO, 0, FERRY_REREAD | FERRY_NO_DIRECT, FERRY_DECODE_AUTO};
+    memset(mem, 0, sizeof mem);
+    CHECK_EQ_I(ferry_run(ctx, p, &ok), (int64_t)sizeof mem);
+    CHECK(records_ok(mem, 1, sizeof mem, 0, 0));
+    ferry_plan_destroy(p);
+    ferry_file_close(f);
+    ferry_ctx_destroy(ctx);
+    unlink(path);
+}
+
 /* A file the page cache does not hold entirely is not mapped (a copy from the
  * mapping would fault its pages in one by one): its warm records are read with
  * pread, byte-exact, and no mmap is made. Once the whole file is resident, the
@@ -799,6 +831,7 @@ int main(void) {
     RUN(test_pack_min);
     RUN(test_spin);
     RUN(test_reread_keeps_the_page_cache);
+    RUN(test_unknown_run_flags_refused);
     RUN(test_warm_records_from_the_mapping);
     RUN(test_partly_cached_file_is_not_mapped);
     RUN(test_other_sigbus_reaches_the_old_handler);
