@@ -69,9 +69,9 @@ static int keeps_cache(ferry_job *j, ferry_file *f, uint64_t len) {
  * readahead window (128 KiB on the H200 machine's disk) after another. */
 static int read_direct_policy(ferry_job *j, ferry_file *f, uint64_t off, uint64_t len) {
     if (j->direct != FERRY_DIRECT_AUTO || !keeps_cache(j, f, len)) return j->direct;
-    if (j->readahead == FERRY_READAHEAD_ON ||
-        (j->readahead == FERRY_READAHEAD_AUTO && f->size0 > 0 &&
-         (uint64_t)ferry_file_cached_fd(f->fd, off, len, (uint64_t)f->size0) * 2 < len))
+    int64_t cached = j->readahead == FERRY_READAHEAD_AUTO && f->size0 > 0
+                         ? ferry_file_cached_fd(f->fd, off, len, (uint64_t)f->size0) : -1;   /* < 0: unknown */
+    if (j->readahead == FERRY_READAHEAD_ON || (cached >= 0 && (uint64_t)cached * 2 < len))
         ferry_sys()->fadvise(f->fd, (off_t)off, (off_t)len, POSIX_FADV_WILLNEED);
     return FERRY_DIRECT_OFF;
 }
