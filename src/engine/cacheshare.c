@@ -17,6 +17,7 @@
  * (fcache.c) closed and opened again is counted again: the count errs on the
  * side of a data set larger than memory. */
 #include "engine/cacheshare.h"
+#include <sched.h>
 #include <unistd.h>
 
 static _Atomic uint64_t share_override;
@@ -35,15 +36,20 @@ static uint64_t share_bytes(void) {
     return v;
 }
 
+/* f->share_counted: 0 not yet, 1 being counted, 2 counted. A worker asking
+ * while another counts the same file waits for the verdict (a few
+ * instructions away): before, it took the file as held because share_full
+ * was not set yet, so one read of a data set past the share kept the page
+ * cache (and was announced) while the rest read as others. */
 int ferry_cache_share_holds(ferry_ctx *ctx, ferry_file *f) {
     if (atomic_load(&ctx->share_full)) return 0;
     int fresh = 0;
     if (atomic_compare_exchange_strong(&f->share_counted, &fresh, 1)) {
         uint64_t size = f->size0 > 0 ? (uint64_t)f->size0 : 0;
-        if (atomic_fetch_add(&ctx->share_used, size) + size > share_bytes()) {
-            atomic_store(&ctx->share_full, 1);
-            return 0;
-        }
+        if (atomic_fetch_add(&ctx->share_used, size) + size > share_bytes()) atomic_store(&ctx->share_full, 1);
+        atomic_store(&f->share_counted, 2);
+    } else {
+        while (atomic_load(&f->share_counted) != 2) sched_yield();
     }
     return !atomic_load(&ctx->share_full);
 }

@@ -28,7 +28,7 @@ struct ferry_file {
     uint8_t *map;                 /* set before map_state becomes 1 */
     uint64_t map_len;             /* the file's size when it was mapped */
     _Atomic double map_check_at;  /* ferry_now() from which an unmapped file's residency is looked at again */
-    _Atomic int share_counted;    /* its size is in ctx->share_used (cacheshare.c) */
+    _Atomic int share_counted;    /* 2: its size is in ctx->share_used; 1: being added (cacheshare.c) */
 };
 
 /* Lazily opened O_DIRECT descriptor; -1 when the file system refuses it. */

@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 #include <limits.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <sys/mman.h>
@@ -707,6 +708,51 @@ static void test_reread_keeps_the_page_cache(void) {
     free(mem);
 }
 
+/* A worker asking whether a file fits the share while another worker is
+ * counting that file (share_counted 1) waits for the verdict. Before, it took
+ * the file as held because share_full was not set yet: in one of the CI runs
+ * a data set past the share had one of its 1 MiB reads announced and kept in
+ * the page cache (test_reread_keeps_the_page_cache, mode 2). Here the other
+ * worker is the test, and its verdict is "full". */
+static ferry_ctx *asking_ctx_;
+static ferry_file *asking_file_;
+static _Atomic int asked_ = -1;
+static void *ask_share(void *arg) {
+    (void)arg;
+    atomic_store(&asked_, ferry_cache_share_holds(asking_ctx_, asking_file_));
+    return NULL;
+}
+static void test_share_verdict_waits_for_its_count(void) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/%s", dir_, "share.bin");
+    write_pk_file(path, 64 << 10);
+    asking_ctx_ = make_ctx(2, 64 << 10);
+    CHECK_EQ_I(ferry_file_open(asking_ctx_, path, FERRY_READ, &asking_file_), 0);
+    atomic_store(&asking_file_->share_counted, 1);   /* being counted by "another worker" */
+    pthread_t t;
+    CHECK_EQ_I(pthread_create(&t, NULL, ask_share, NULL), 0);
+    usleep(50 * 1000);
+    CHECK_EQ_I(atomic_load(&asked_), -1);   /* still waiting */
+    atomic_store(&asking_ctx_->share_full, 1);
+    atomic_store(&asking_file_->share_counted, 2);
+    pthread_join(t, NULL);
+    CHECK_EQ_I(atomic_load(&asked_), 0);
+    /* counted by the asker itself: a file within the share holds, one past it does not */
+    ferry_file *g;
+    ferry_ctx *ctx = make_ctx(2, 64 << 10);
+    CHECK_EQ_I(ferry_file_open(ctx, path, FERRY_READ, &g), 0);
+    ferry_cache_share_set(100 << 10);
+    CHECK_EQ_I(ferry_cache_share_holds(ctx, g), 1);
+    CHECK_EQ_I(ferry_cache_share_holds(ctx, g), 1);
+    CHECK_EQ_I(atomic_load(&g->share_counted), 2);
+    ferry_cache_share_set(0);
+    ferry_file_close(g);
+    ferry_ctx_destroy(ctx);
+    ferry_file_close(asking_file_);
+    ferry_ctx_destroy(asking_ctx_);
+    unlink(path);
+}
+
 /* Run flags of another family (ferry_plan_array's FERRY_EXACT_RUNS, bit 2) or
  * unknown bits are refused by name, by ferry_run, ferry_submit and
  * ferry_pread alike; FERRY_REREAD is taken. */
@@ -831,6 +877,7 @@ int main(void) {
     RUN(test_pack_min);
     RUN(test_spin);
     RUN(test_reread_keeps_the_page_cache);
+    RUN(test_share_verdict_waits_for_its_count);
     RUN(test_unknown_run_flags_refused);
     RUN(test_warm_records_from_the_mapping);
     RUN(test_partly_cached_file_is_not_mapped);
