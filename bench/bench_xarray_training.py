@@ -458,6 +458,8 @@ def ferry_epoch(path, names, device, batch, prefetch, dali=False, step_gbps=None
     if warmup:
         for b in it():
             pass
+        if dali:
+            inner.clear()       # the timed epochs' calls only: the first is the epoch's first batch
     step = per / (step_gbps * 1e9) if (step_gbps and device != "cpu") else None
     if step:
         gpu_sleep(step)
@@ -519,8 +521,9 @@ def ferry_epoch(path, names, device, batch, prefetch, dali=False, step_gbps=None
             w, q = np.asarray(waits) * 1e3, np.asarray(inner or [0.0]) * 1e3
             log(f"  ferry.dali: epoch {dt * 1e3:.1f} ms, {n} batches; pipe.run() first "
                 f"{w[0]:.2f} ms, then median {np.median(w[1:]):.3f} p90 {np.percentile(w[1:], 90):.3f}; "
-                f"the source's next() median {np.median(q):.3f} ms over {len(q)} calls; the epoch after "
-                f"its first batch {rate((n - 1) * per, dt - w[0] / 1e3):.2f} GB/s")
+                f"the source's next() first {q[0]:.2f} ms, median {np.median(q):.3f} ms over {len(q)} calls; "
+                f"torch allocator retries {retries}; the epoch after its first batch "
+                f"{rate((n - 1) * per, dt - w[0] / 1e3):.2f} GB/s")
             inner.clear()
         elif len(waits) > 1 and (reps > 1 or host_sync):
             w = np.asarray(waits) * 1e3
