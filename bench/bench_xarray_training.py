@@ -368,9 +368,31 @@ def _alloc_retries(device):
     return int(torch.cuda.memory_stats().get("num_alloc_retries", 0))
 
 
+_GC_SLOW = 0.01
+
+
+def _trace_gc():
+    """Log Python's collections that took over 10 ms (a pause of the consumer's thread at a point
+    fixed by the allocations before it: the same epoch of every run)."""
+    import gc
+    if getattr(_trace_gc, "on", False):
+        return
+    _trace_gc.on, began = True, [0.0]
+
+    def cb(phase, info):
+        if phase == "start":
+            began[0] = time.perf_counter()
+        elif time.perf_counter() - began[0] > _GC_SLOW:
+            log(f"  gc: generation {info.get('generation')} took {1e3 * (time.perf_counter() - began[0]):.1f} ms "
+                f"({info.get('collected')} collected)")
+    gc.callbacks.append(cb)
+
+
 def trace_ahead(xd, who):
     """BXT_TRACE_AHEAD=1: log, at each pass's start, the groups read ahead for it (taken, planned,
-    read) and the time since the pass before ended (its generator's finally: _start_planning)."""
+    read) and the time since the pass before ended (its generator's finally: _start_planning);
+    and Python's slow collections (_trace_gc)."""
+    _trace_gc()
     if getattr(xd, "_traced", False):
         return
     xd._traced = True
@@ -428,6 +450,14 @@ def ferry_epoch(path, names, device, batch, prefetch, dali=False, step_gbps=None
         seek = src._seek
 
         def timed_seek(epoch_idx, iteration):
+            if os.environ.get("BXT_TRACE_AHEAD"):
+                # which thread DALI calls the source on, and torch's current stream there (a
+                # thread of DALI's own would queue the dataset's work on its default stream)
+                import threading
+                cur = torch.cuda.current_stream() if device != "cpu" else None
+                log(f"  source seeks ({epoch_idx}, {iteration}) on the "
+                    f"{'main' if threading.current_thread() is threading.main_thread() else threading.current_thread().name}"
+                    f" thread, torch's current stream {getattr(cur, 'cuda_stream', None)}")
             seek(epoch_idx, iteration)
             batches = src._it
 
