@@ -473,7 +473,8 @@ static void test_cached(void) {
 }
 
 /* A forked child cannot use the parent's engine (its workers do not exist
- * there): submitting fails with a clear error and destroying is harmless. */
+ * there): submitting fails with a clear error and destroying is harmless; a
+ * context the child makes works there, and is refused in the child's child. */
 static void test_fork_child(void) {
     char path[512];
     make_path(path, "pattern.bin");
@@ -492,6 +493,15 @@ static void test_fork_child(void) {
         ferry_file *g;
         ok = ok && ferry_file_open(mine, path, FERRY_READ, &g) == 0;
         ok = ok && ferry_pread(g, ferry_host_buf(buf, 1 << 20), 7, 1 << 20, 0) == (1 << 20) && check_pattern(buf, 7, 1 << 20);
+        /* a grandchild is refused the child's context too (the process id ferry keeps is
+         * renewed at every fork, not only the first) */
+        pid_t gp = ok ? fork() : -1;
+        if (gp == 0) {
+            int64_t rg = ferry_pread(g, ferry_host_buf(buf, 1 << 20), 0, 1 << 20, 0);
+            _exit(rg == FERRY_EINVAL && strstr(ferry_errmsg(mine), "fork") != NULL ? 0 : 1);
+        }
+        int gs = 0;
+        ok = ok && gp > 0 && waitpid(gp, &gs, 0) == gp && WIFEXITED(gs) && WEXITSTATUS(gs) == 0;
         _exit(ok ? 0 : 1);
     }
     int status = 0;
