@@ -745,6 +745,15 @@ static void test_share_verdict_waits_for_its_count(void) {
     CHECK_EQ_I(ferry_cache_share_holds(ctx, g), 1);
     CHECK_EQ_I(ferry_cache_share_holds(ctx, g), 1);
     CHECK_EQ_I(atomic_load(&g->share_counted), 2);
+    char path2[600];
+    snprintf(path2, sizeof path2, "%s/%s", dir_, "share2.bin");
+    write_pk_file(path2, 64 << 10);
+    ferry_file *g2;   /* 64 KiB more: 128 KiB counted against 100 */
+    CHECK_EQ_I(ferry_file_open(ctx, path2, FERRY_READ, &g2), 0);
+    CHECK_EQ_I(ferry_cache_share_holds(ctx, g2), 0);
+    CHECK_EQ_I(ferry_cache_share_holds(ctx, g), 0);   /* the share never comes back within a context */
+    ferry_file_close(g2);
+    unlink(path2);
     ferry_cache_share_set(0);
     ferry_file_close(g);
     ferry_ctx_destroy(ctx);
