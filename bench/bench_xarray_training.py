@@ -414,6 +414,44 @@ def trace_ahead(xd, who):
             f"{'none' if st is None else len(st)} (planning started, planned, read: {st}){since}")
         return got
     xd._take_ahead, xd._start_planning = take_ahead, start_planning
+    _trace_timeline(xd, who, t_end)
+
+
+def _trace_timeline(xd, who, t_end):
+    """BXT_TRACE_AHEAD: at each pass's start, the last pass's tail as a timeline (ms before its
+    end): the consumer's hand-offs (and their waits), the planner thread's plans (epoch, samples)
+    and the next pass's read-ahead submits; which of them ran late is what the epoch's first
+    batch waits for."""
+    events = []                             # (start, end, what)
+    plan_group, handoff, read_ahead, take = xd._plan_group, xd._handoff, xd._read_ahead, xd._take_ahead
+
+    def timed(fn, what):
+        def run(*a):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a)
+            finally:
+                events.append((t0, time.perf_counter(), what(*a)))
+        return run
+    xd._plan_group = timed(plan_group, lambda rt, ids, epoch, sizes: f"plan epoch {epoch}, {len(ids)} samples")
+    xd._handoff = timed(handoff, lambda rt, g, retiring: f"hand-off of {len(g.units)} batches")
+    xd._read_ahead = timed(read_ahead, lambda rt, epoch, rank, world, units, room:
+                           f"read-ahead submit for epoch {epoch}, room {room}")
+
+    began = [None]                          # the last pass's start (its take)
+
+    def take_ahead(*a):
+        end, start = t_end[0], began[0]
+        if end is not None:
+            # the last pass's first 300 ms and last 500 ms
+            for t0, t1, what in events:
+                if t1 > end - 0.5 or (start is not None and t0 < start + 0.3):
+                    log(f"    {who} pass: {1e3 * (t0 - end):+8.1f} .. {1e3 * (t1 - end):+8.1f} ms "
+                        f"from its end  {what}")
+        events.clear()
+        began[0] = time.perf_counter()
+        return take(*a)
+    xd._take_ahead = take_ahead
 
 
 def ferry_epoch(path, names, device, batch, prefetch, dali=False, step_gbps=None, step_sync=False,
