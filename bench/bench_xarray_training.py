@@ -837,7 +837,7 @@ def main():
                          "(';' between; BPR auto: engine-sized groups; dali: through ferry.dali, with -nockpt "
                          "enable_checkpointing=False, -depthN prefetch_queue_depth=N; else the host "
                          "synchronizes after each next(); NAME=VALUE: the environment for that row only), "
-                         "e.g. '4:auto;4:auto:dali;4:auto:dali-nockpt;4:auto:dali:FERRY_PLAN_EARLY=off'")
+                         "e.g. '4:auto;4:auto:dali;4:auto:dali-nockpt;4:auto:dali:FERRY_GPU_SHARE=running'")
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args()
     started = time.perf_counter()

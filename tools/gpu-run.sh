@@ -41,6 +41,16 @@ export LD_LIBRARY_PATH=$PWD/.deps/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 for so in /tmp/site/nvidia/libnvcomp/lib64/libnvcomp.so.6 /tmp/site/nvidia/libnvcomp/lib64/libnvcomp.so.5; do
     [ -z "${FERRY_NVCOMP:-}" ] && [ -e "$so" ] && export FERRY_NVCOMP=$so
 done
+# This VM has no udev database, and cuFile (even in compatibility mode)
+# refuses files whose block device has no udev properties. To exercise
+# ferry's cuFile code path (tests/gpu, C or Python), record the one property it asks for.
+cufile_udev() {
+    local dev; dev=$(mountpoint -d "$(df --output=target . | tail -1)" 2>/dev/null)
+    if [ -n "$dev" ] && [ ! -e "/run/udev/data/b$dev" ]; then
+        mkdir -p /run/udev/data && printf 'E:ID_FS_USAGE=filesystem\nE:ID_FS_TYPE=ext4\n' > "/run/udev/data/b$dev"
+        echo "wrote /run/udev/data/b$dev for cuFile" >> "$OUT/machine.txt"
+    fi
+}
 for step in "$@"; do
     case $step in
     wheels)
@@ -62,20 +72,14 @@ for step in "$@"; do
         build/tests/test_cuda_abi 2>&1 | tail -3
         echo "build ok" ;;
     test)
-        # This VM has no udev database, and cuFile (even in compatibility mode)
-        # refuses files whose block device has no udev properties. To exercise
-        # ferry's cuFile code path, record the one property it asks for.
-        dev=$(mountpoint -d "$(df --output=target . | tail -1)" 2>/dev/null)
-        if [ -n "$dev" ] && [ ! -e "/run/udev/data/b$dev" ]; then
-            mkdir -p /run/udev/data && printf 'E:ID_FS_USAGE=filesystem\nE:ID_FS_TYPE=ext4\n' > "/run/udev/data/b$dev"
-            echo "wrote /run/udev/data/b$dev for cuFile" >> "$OUT/machine.txt"
-        fi
+        cufile_udev
         FERRY_TEST_DIR=$PWD timeout 400 tests/gpu/run.sh python3 > "$OUT/gpu-tests.log" 2>&1; echo "gpu tests exit $?"
         grep -E "passed|failed|FAIL|skip" "$OUT/gpu-tests.log" | tail -25 ;;
     bench)
         timeout 300 ./build/ferry bench --size 4G --reps 3 --file "$PWD/ferry-bench.bin" > "$OUT/bench.txt" 2>&1; echo "bench exit $?"
         cat "$OUT/bench.txt" ;;
     ctest)
+        cufile_udev
         FERRY_TEST_DIR=$PWD FERRY_GPU_BIG=0 timeout 120 build/tests/gpu/test_gpu_engine > "$OUT/gpu-ctest.log" 2>&1; echo "gpu C tests exit $?"
         tail -3 "$OUT/gpu-ctest.log" ;;
     benchwarm)

@@ -33,7 +33,7 @@ import torch
 
 from . import _ferry
 from ._torch_order import _mix64
-from .torch import _BatchStream, _Group, _env_on, _expand
+from .torch import _BatchStream, _Group, _expand
 
 __all__ = ["XarrayDataset"]
 
@@ -1227,10 +1227,9 @@ class _Planned:
     milliseconds of CPU a batch; on the consumer's thread that time is GPU idle whenever the
     consumer waits for its training step (loss.item()). Dev box, 20 variables x 4 steps of
     361x720, consumer-thread CPU per batch: 5.9 ms planning there, 0.8 ms with the planner
-    thread. The planning starts when the consumer takes the group before it (_resolve: during
-    that group's wait, or beside its hand-off when its reads are done: the engine idles then,
-    and the GIL the planner takes from that hand-off is the cost below), else once it has handed
-    out the group before it (_kick at the end of _finish), never at submit: a planner started at submit ran
+    thread. The planning starts when the consumer is about to wait for a group (its planning or
+    its reads: _resolve), else once it has handed out the group before it (_kick at the end of
+    _finish), never at submit: a planner started at submit ran
     Python beside the hand-off of the group before (the GIL is one), and each C call there that
     released the GIL (job.path, job.done) gave it to the planner. Dev box (2 shared cores), 20
     variables of 45x90, a 6 ms step between batches: _submit of a group of 6 took 1.5 ms of wall
@@ -1246,7 +1245,6 @@ class _Planned:
         self.fut = None
         self._rtx = rt
         self._args = (ds._plan_group, rt, ids, epoch, list(g.sizes))
-        self._plan_early = _env_on("FERRY_PLAN_EARLY", True)
         _unplanned(rt).append(self)
 
     def _start(self):
@@ -1269,16 +1267,7 @@ class _Planned:
                 bufs, job, handles, meta = self.fut.result()
             except BaseException as e:   # noqa: BLE001 — raised by the job's calls, not by cleanup
                 self._error, bufs, job, handles, meta = e, [], None, [], None
-            if job is not None and (self._plan_early or not job.done()):
-                # the groups behind this one are planned now. While its reads run: during the
-                # consumer's wait. Its reads done: beside its hand-off, where the engine has
-                # nothing else to do: left to the end of the hand-off, a consumer that takes a
-                # batch in a few ms (DALI's copy) let the engine idle for that whole hand-off
-                # and the planning after it, and with two groups in flight their reads came in
-                # pairs, the second one done when the first was (H200, netCDF-4, 7 groups of 15
-                # batches an epoch: the pass whose last group was the second of a pair left
-                # the next epoch's first read unplanned, and that epoch's first batch waited
-                # 150 ms; FERRY_PLAN_EARLY=off keeps the old rule)
+            if job is not None and not job.done():
                 _kick(self._rtx)
             g = self.g
             g.bufs, g.handles, g.stores = bufs, handles, [e[0] for e in handles]

@@ -219,16 +219,14 @@ class _SlowJob:
         return getattr(self.job, name)
 
 
-@pytest.mark.parametrize("ready,early", [(True, "on"), (False, "on"), (True, "off"), (False, "off")])
-def test_when_a_groups_planning_starts(files, monkeypatch, ready, early):
+@pytest.mark.parametrize("ready", [True, False])
+def test_when_a_groups_planning_starts(files, monkeypatch, ready):
     """Never at submit: the planner thread runs Python, and started at submit it ran beside the
-    consumer's hand-off of the group before (one GIL). The groups behind a group are planned when
-    the consumer takes it: during its wait when its reads still run (else, with two groups in
-    flight, the engine idles while the next one is planned), and, its reads done, at the start of
-    its hand-off, where the engine has nothing else to do (FERRY_PLAN_EARLY=off: once it is
-    handed out, the rule before)."""
+    consumer's hand-off of the group before (one GIL). When the group handed out is ready (a loop
+    waiting on its step), the groups behind it are planned once it is handed out; when the consumer
+    is about to wait for it, during that wait (else, with two groups in flight, the engine idles
+    while the next one is planned)."""
     import ferry._xarray_dataset as X
-    monkeypatch.setenv("FERRY_PLAN_EARLY", early)
     paths, ref = files
     events = []
     sub, fin, start, rows = XarrayDataset._submit, XarrayDataset._finish, X._Planned._start, XarrayDataset._read_rows
@@ -279,6 +277,5 @@ def test_when_a_groups_planning_starts(files, monkeypatch, ready, early):
         i, j = events.index(("submit", u)), events.index(("start", u))
         kinds = [kind for kind, _ in events[i + 1:j]]
         assert "hand-off" in kinds, (u, repr(events))        # never at submit
-        # at the hand-off's start (while the consumer waits, if it does); with the old rule a
-        # group ready is handed out first
-        assert kinds[-1] == ("handing out" if ready and early == "off" else "hand-off"), (u, repr(events))
+        # ready: after the hand-off's output is made; else before it, while the consumer waits
+        assert kinds[-1] == ("handing out" if ready else "hand-off"), (u, repr(events))
