@@ -36,6 +36,7 @@ import os
 import shutil
 import struct
 import sys
+import threading
 import time
 
 import numpy as np
@@ -433,7 +434,22 @@ def _trace_timeline(xd, who, t_end):
             finally:
                 events.append((t0, time.perf_counter(), what(*a)))
         return run
-    xd._plan_group = timed(plan_group, lambda rt, ids, epoch, sizes: f"plan epoch {epoch}, {len(ids)} samples")
+    planned = timed(plan_group, lambda rt, ids, epoch, sizes: f"plan epoch {epoch}, {len(ids)} samples from {ids[0]}")
+
+    def plan_and_watch(rt, ids, epoch, sizes):
+        # and when the engine finished the group's reads (polled: a diagnostic beside the run,
+        # whose pairs of groups done together, or an engine idle between groups, show here)
+        out = planned(rt, ids, epoch, sizes)
+        job = out[1]
+        if job is not None:
+            def watch():
+                while not job.done():
+                    time.sleep(0.0005)
+                t = time.perf_counter()
+                events.append((t, t, f"reads done, epoch {epoch}, {len(ids)} samples from {ids[0]}"))
+            threading.Thread(target=watch, daemon=True).start()
+        return out
+    xd._plan_group = plan_and_watch
     xd._handoff = timed(handoff, lambda rt, g, retiring: f"hand-off of {len(g.units)} batches")
     xd._read_ahead = timed(read_ahead, lambda rt, epoch, rank, world, units, room:
                            f"read-ahead submit for epoch {epoch}, room {room}")
@@ -443,9 +459,9 @@ def _trace_timeline(xd, who, t_end):
     def take_ahead(*a):
         end, start = t_end[0], began[0]
         if end is not None:
-            # the last pass's first 300 ms and last 500 ms
-            for t0, t1, what in events:
-                if t1 > end - 0.5 or (start is not None and t0 < start + 0.3):
+            # the last pass, whole (an epoch's groups are a few dozen events)
+            for t0, t1, what in sorted(events):
+                if start is None or t1 >= start:
                     log(f"    {who} pass: {1e3 * (t0 - end):+8.1f} .. {1e3 * (t1 - end):+8.1f} ms "
                         f"from its end  {what}")
         events.clear()
