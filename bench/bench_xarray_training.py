@@ -357,8 +357,14 @@ def ferry_dataset(path, names, device, batch, prefetch, group=None):
     from ferry.torch import XarrayDataset
     from ferry.xarray import FerryBackendEntrypoint
     ds = xr.open_dataset(path, engine=FerryBackendEntrypoint, device="cpu")
-    return XarrayDataset(ds, names, batch_size=batch, shuffle=True, seed=1, device=device, prefetch=prefetch,
-                         batches_per_read=group)
+    xd = XarrayDataset(ds, names, batch_size=batch, shuffle=True, seed=1, device=device, prefetch=prefetch,
+                       batches_per_read=group)
+    if os.environ.get("BXT_DEPTH"):
+        # an experiment (a row's NAME=VALUE): read groups in flight, the one handed out included,
+        # in place of the dataset's own rule (two of the engine-sized groups)
+        depth = int(os.environ["BXT_DEPTH"])
+        xd._read_depth = lambda rt, d: depth
+    return xd
 
 
 def _alloc_retries(device):
