@@ -456,6 +456,21 @@ def _trace_timeline(xd, who, t_end):
             threading.Thread(target=watch, daemon=True).start()
         return out
     xd._plan_group = plan_and_watch
+    # the planning's parts (wall and the planner thread's CPU ms): the plan's reads built in
+    # Python, and the whole of _read_rows (its buffers, that and ctx.submit)
+    plan_rows, read_rows = xd._plan_rows, xd._read_rows
+
+    def cpu_timed(fn, what):
+        def run(*a):
+            t0, c0 = time.perf_counter(), time.thread_time()
+            try:
+                return fn(*a)
+            finally:
+                t1 = time.perf_counter()
+                events.append((t0, t1, f"{what}: {1e3 * (time.thread_time() - c0):.1f} ms CPU"))
+        return run
+    xd._plan_rows = cpu_timed(plan_rows, "  plan_rows (Python)")
+    xd._read_rows = cpu_timed(read_rows, "  read_rows (buffers, plan_rows, submit)")
     xd._handoff = timed(handoff, lambda rt, g, retiring: f"hand-off of {len(g.units)} batches")
     xd._read_ahead = timed(read_ahead, lambda rt, epoch, rank, world, units, room:
                            f"read-ahead submit for epoch {epoch}, room {room}")
