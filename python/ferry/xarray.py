@@ -342,6 +342,18 @@ class _H5Source:
                     codecs=self.filters[::-1], swap=self.swap_size if self.swap else 0, fill=self.fill,
                     selection=triples if self.shape else None, label=label, file_size=self.file_size)
 
+    def row_layout(self, label: str):
+        """The layout add_to_plan plans, described once (_ferry.layout), for Plan.read_rows."""
+        with self._lock:
+            lay = getattr(self, "_row_layout", None)
+        if lay is None:
+            lay = _ferry.layout(self.shape, self.chunks or self.shape, self.itemsize, table=self.table(),
+                                path=self.path, codecs=self.filters[::-1], swap=self.swap_size if self.swap else 0,
+                                fill=self.fill, label=label, file_size=self.file_size)
+            with self._lock:
+                self._row_layout = lay
+        return lay
+
 
 def _h5_dims(dset, dimid_names: dict) -> tuple | None:
     if dset.ndim == 0:
@@ -1086,6 +1098,17 @@ class FerryStore(AbstractDataStore):
                 raise
             except Exception as e:  # noqa: BLE001 — h5py reading a damaged chunk index
                 raise _h5_error(self.filename, f"variable {s.name}: chunk index", e) from None
+
+    def _row_source(self, s: _VarSpec):
+        """s as a source of Plan.read_rows (the reads _plan_triples makes, row by row in one call)."""
+        if s.kind == "ferry":
+            return (s.source, s.index if s.index is not None else s.name)
+        try:
+            return s.source.row_layout(s.name)
+        except (ferry.FerryError, MemoryError):
+            raise
+        except Exception as e:  # noqa: BLE001 — h5py reading a damaged chunk index
+            raise _h5_error(self.filename, f"variable {s.name}: chunk index", e) from None
 
     def _plan_into(self, plan, s: _VarSpec, key: tuple, dst):
         """Plan the raw read (stored values, native byte order, C order, no CF decoding) of

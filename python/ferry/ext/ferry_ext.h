@@ -193,6 +193,13 @@ int seq_to_i64(PyObject *seq, const char *what, int64_t *out, int n);
 int seq_to_u64(PyObject *seq, const char *what, uint64_t *out);
 PyObject *mod_chunk_table(PyObject *mod, PyObject *args, PyObject *kw);
 PyObject *Plan_layout(PlanObject *self, PyObject *args, PyObject *kw);
+/* ferry._ferry.layout(): a parsed chunked layout (a capsule) for Plan.read_rows */
+PyObject *mod_layout(PyObject *mod, PyObject *args, PyObject *kw);
+/* The layout in a capsule made by layout() (and its native flag), or NULL if o is none */
+const ferry_layout *layout_of(PyObject *o, int *native);
+
+/* rows.c */
+PyObject *Plan_read_rows(PlanObject *self, PyObject *args, PyObject *kw);
 PyObject *Plan_read_array(PlanObject *self, PyObject *args, PyObject *kw);
 
 /* selection.c */

@@ -95,6 +95,77 @@ done:
     return result;
 }
 
+/* What describes a chunked array to ferry_plan_layout, parsed once: the
+ * layout, and the Python objects its pointers point into (the path's bytes,
+ * the table's capsule), held as long as the layout is. */
+typedef struct layout_held {
+    ferry_layout l;
+    int native;
+    PyObject *pathb, *table, *labelb;
+} layout_held;
+
+static void layout_held_clear(layout_held *h) {
+    Py_CLEAR(h->pathb);
+    Py_CLEAR(h->table);
+    Py_CLEAR(h->labelb);
+}
+
+/* Fill h from the arguments Plan.layout and layout() share; -1 with an
+ * exception set (h cleared). */
+static int layout_parse(layout_held *h, PyObject *shapeo, PyObject *chunkso, unsigned int itemsize, PyObject *tableo,
+                        PyObject *patho, PyObject *codecs, unsigned int swap, const Py_buffer *fill, const char *order,
+                        int native, const char *label, unsigned long long file_size) {
+    memset(h, 0, sizeof *h);
+    ferry_layout *l = &h->l;
+    int nd = seq_to_u64(shapeo, "shape", l->shape);
+    if (nd < 0 || seq_to_u64(chunkso, "chunks", l->chunks) != nd) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "chunks must have as many items as shape");
+        goto fail;
+    }
+    l->ndim = nd;
+    l->itemsize = itemsize;
+    l->swap = swap;
+    l->file_size = file_size;
+    h->native = native;
+    if (label) {
+        if (!(h->labelb = PyBytes_FromString(label))) goto fail;
+        l->label = PyBytes_AS_STRING(h->labelb);
+    }
+    if (!strcmp(order, "C")) l->order = FERRY_ORDER_C;
+    else if (!strcmp(order, "F")) l->order = FERRY_ORDER_F;
+    else { PyErr_Format(PyExc_ValueError, "order must be 'C' or 'F', not %s", order); goto fail; }
+    if (fill && fill->buf) {
+        if ((size_t)fill->len > 16 || (fill->len && (size_t)fill->len != itemsize)) {
+            PyErr_Format(PyExc_ValueError, "fill must be the %u-byte element (at most 16 bytes)", itemsize);
+            goto fail;
+        }
+        memcpy(l->fill, fill->buf, (size_t)fill->len);
+    }
+    if (codecs != Py_None && parse_codec_list(codecs, l->codecs, &l->ncodecs) < 0) goto fail;
+    if (patho != Py_None) {
+        if (!PyUnicode_FSConverter(patho, &h->pathb)) goto fail;
+        l->path = PyBytes_AS_STRING(h->pathb);
+    }
+    if (tableo != Py_None) {
+        chunk_table *t = PyCapsule_GetPointer(tableo, CHUNK_TABLE_CAPSULE);
+        if (!t) goto fail;
+        if (t->ndim != nd || memcmp(t->shape, l->shape, sizeof(uint64_t) * (size_t)nd) ||
+            memcmp(t->chunks, l->chunks, sizeof(uint64_t) * (size_t)nd)) {
+            PyErr_SetString(PyExc_ValueError, "the chunk table was made for another shape or chunk shape");
+            goto fail;
+        }
+        l->table = t->table;
+        l->table_index = t->index;
+        l->ntable = t->n;
+        Py_INCREF(tableo);
+        h->table = tableo;
+    }
+    return 0;
+fail:
+    layout_held_clear(h);
+    return -1;
+}
+
 PyObject *Plan_layout(PlanObject *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"dst", "shape", "chunks", "itemsize", "table", "path", "codecs", "swap", "fill",
                              "order", "selection", "native", "label", "file_size", NULL};
@@ -108,54 +179,20 @@ PyObject *Plan_layout(PlanObject *self, PyObject *args, PyObject *kw) {
                                      &tableo, &patho, &codecs, &swap, &fill, &order, &sel, &native, &label,
                                      &file_size))
         return NULL;
-    PyObject *result = NULL, *pathb = NULL;
+    PyObject *result = NULL;
     parsed_buf d = {.keep = NULL};
-    ferry_layout l;
-    memset(&l, 0, sizeof l);
-    if (plan_check(self) < 0) goto done;
-    int nd = seq_to_u64(shapeo, "shape", l.shape);
-    if (nd < 0 || seq_to_u64(chunkso, "chunks", l.chunks) != nd) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "chunks must have as many items as shape");
+    layout_held h;
+    memset(&h, 0, sizeof h);
+    if (plan_check(self) < 0 ||
+        layout_parse(&h, shapeo, chunkso, itemsize, tableo, patho, codecs, swap, &fill, order, native, label,
+                     file_size) < 0)
         goto done;
-    }
-    l.ndim = nd;
-    l.itemsize = itemsize;
-    l.swap = swap;
-    l.file_size = file_size;
-    l.label = label;
-    if (!strcmp(order, "C")) l.order = FERRY_ORDER_C;
-    else if (!strcmp(order, "F")) l.order = FERRY_ORDER_F;
-    else { PyErr_Format(PyExc_ValueError, "order must be 'C' or 'F', not %s", order); goto done; }
-    if (fill.buf) {
-        if ((size_t)fill.len > 16 || (fill.len && (size_t)fill.len != itemsize)) {
-            PyErr_Format(PyExc_ValueError, "fill must be the %u-byte element (at most 16 bytes)", itemsize);
-            goto done;
-        }
-        memcpy(l.fill, fill.buf, (size_t)fill.len);
-    }
-    if (codecs != Py_None && parse_codec_list(codecs, l.codecs, &l.ncodecs) < 0) goto done;
-    if (patho != Py_None) {
-        if (!PyUnicode_FSConverter(patho, &pathb)) goto done;
-        l.path = PyBytes_AS_STRING(pathb);
-    }
-    if (tableo != Py_None) {
-        chunk_table *t = PyCapsule_GetPointer(tableo, CHUNK_TABLE_CAPSULE);
-        if (!t) goto done;
-        if (t->ndim != nd || memcmp(t->shape, l.shape, sizeof(uint64_t) * (size_t)nd) ||
-            memcmp(t->chunks, l.chunks, sizeof(uint64_t) * (size_t)nd)) {
-            PyErr_SetString(PyExc_ValueError, "the chunk table was made for another shape or chunk shape");
-            goto done;
-        }
-        l.table = t->table;
-        l.table_index = t->index;
-        l.ntable = t->n;
-    }
     ferry_slice slices[FERRY_MAX_DIMS];
-    if (sel != Py_None && parse_triples(sel, slices, nd, label) < 0) goto done;
+    if (sel != Py_None && parse_triples(sel, slices, h.l.ndim, label) < 0) goto done;
     if (parse_buffer(dsto, 1, &d) < 0) goto done;
     int64_t rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = ferry_plan_layout(&l, sel != Py_None ? slices : NULL, d.buf, native ? FERRY_NATIVE : 0, self->plan);
+    rc = ferry_plan_layout(&h.l, sel != Py_None ? slices : NULL, d.buf, native ? FERRY_NATIVE : 0, self->plan);
     Py_END_ALLOW_THREADS
     if (rc < 0) { raise_code_msg((int)rc, ferry_errmsg(NULL)); goto done; }
     if (plan_keep(self, d.keep) < 0) { d.keep = NULL; goto done; }
@@ -163,9 +200,53 @@ PyObject *Plan_layout(PlanObject *self, PyObject *args, PyObject *kw) {
     result = PyLong_FromLongLong(rc);
 done:
     Py_XDECREF(d.keep);
-    Py_XDECREF(pathb);
+    layout_held_clear(&h);
     if (fill.buf) PyBuffer_Release(&fill);
     return result;
+}
+
+/* ferry._ferry.layout(): a layout_held in a capsule, for Plan.read_rows
+ * (rows.c), which plans many rows of many arrays in one call. */
+#define LAYOUT_CAPSULE "ferry._ferry.layout"
+
+static void layout_capsule_free(PyObject *cap) {
+    layout_held *h = PyCapsule_GetPointer(cap, LAYOUT_CAPSULE);
+    if (!h) { PyErr_Clear(); return; }
+    layout_held_clear(h);
+    free(h);
+}
+
+PyObject *mod_layout(PyObject *mod, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"shape", "chunks", "itemsize", "table", "path", "codecs", "swap", "fill", "order",
+                             "native", "label", "file_size", NULL};
+    PyObject *shapeo, *chunkso, *tableo = Py_None, *patho = Py_None, *codecs = Py_None;
+    unsigned int itemsize, swap = 0;
+    unsigned long long file_size = 0;
+    Py_buffer fill = {0};
+    const char *order = "C", *label = NULL;
+    int native = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOI|OOOIy*spzK", kwlist, &shapeo, &chunkso, &itemsize, &tableo,
+                                     &patho, &codecs, &swap, &fill, &order, &native, &label, &file_size))
+        return NULL;
+    PyObject *result = NULL;
+    layout_held *h = malloc(sizeof *h);
+    if (!h) { PyErr_NoMemory(); goto done; }
+    if (layout_parse(h, shapeo, chunkso, itemsize, tableo, patho, codecs, swap, &fill, order, native, label,
+                     file_size) < 0) {
+        free(h);
+        goto done;
+    }
+    if (!(result = PyCapsule_New(h, LAYOUT_CAPSULE, layout_capsule_free))) { layout_held_clear(h); free(h); }
+done:
+    if (fill.buf) PyBuffer_Release(&fill);
+    return result;
+}
+
+const ferry_layout *layout_of(PyObject *o, int *native) {
+    if (!PyCapsule_IsValid(o, LAYOUT_CAPSULE)) return NULL;
+    layout_held *h = PyCapsule_GetPointer(o, LAYOUT_CAPSULE);
+    if (native) *native = h->native;
+    return &h->l;
 }
 
 /* Plan.read_array: a box of an array stored as is in an open file

@@ -165,6 +165,10 @@ static PyMethodDef module_methods[] = {
     {"chunk_table", (PyCFunction)(void (*)(void))mod_chunk_table, METH_VARARGS | METH_KEYWORDS,
      "chunk_table(shape, chunks, origins, offsets, lengths, skips=None) -> a sorted chunk table for "
      "Plan.layout (uint64 origins: n x ndim element coordinates; uint64 offsets, lengths; uint32 skips)"},
+    {"layout", (PyCFunction)(void (*)(void))mod_layout, METH_VARARGS | METH_KEYWORDS,
+     "layout(shape, chunks, itemsize, table=None, path=None, codecs=None, swap=0, fill=b'', order='C', "
+     "native=True, label=None, file_size=0) -> a chunked array described once (Plan.layout's arguments "
+     "without dst and selection), for Plan.read_rows"},
     {"normalize_selection", mod_normalize_selection, METH_VARARGS,
      "normalize_selection(shape, selection) -> (triples or None, out_shape, squeeze_axes)"},
     {"dtype_name", (PyCFunction)(void (*)(void))mod_dtype_name, METH_VARARGS | METH_KEYWORDS,

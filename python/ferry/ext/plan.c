@@ -633,6 +633,11 @@ static PyMethodDef Plan_methods[] = {
      "layout(dst, shape, chunks, itemsize, table=None, path=None, codecs=None, swap=0, fill=b'', order='C', "
      "selection=None, native=True, label=None, file_size=0) -> bytes placed: ferry_plan_layout of a chunked "
      "array (table: a chunk_table(); None: every chunk absent)"},
+    {"read_rows", (PyCFunction)(void (*)(void))Plan_read_rows, METH_VARARGS | METH_KEYWORDS,
+     "read_rows(sources, selections, rows, dsts, dst_offsets) -> bytes placed: for each row index rows[i] "
+     "(outer) and each source k (inner: a layout() or a (Dataset, var) pair), the selection k (ndim triples, "
+     "None: all) with its first dimension at rows[i], into dsts[k] at byte offset dst_offsets[i * K + k]; "
+     "int64 arrays; every row and offset is checked before any is planned (rows.c)"},
     {"wait_stream", (PyCFunction)(void (*)(void))Plan_wait_stream, METH_VARARGS | METH_KEYWORDS,
      "wait_stream(stream, device=-1): jobs of this plan first wait for the work queued on a CUstream "
      "(int; None/0: legacy default, 1 legacy, 2 per-thread) before submit (ferry_plan_wait_stream)"},
