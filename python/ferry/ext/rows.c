@@ -117,7 +117,9 @@ PyObject *Plan_read_rows(PlanObject *self, PyObject *args, PyObject *kw) {
     row_src *s = NULL;
     int64_t *rows = NULL, *offs = NULL;
     Py_ssize_t K = 0, R = 0, nofs = 0;
-    if (!(srcs = PySequence_Fast(srco, "read_rows: sources must be a sequence")) ||
+    /* a tuple of the sources: it holds them (their layouts are read without the GIL,
+     * while another thread could empty the caller's list) */
+    if (!(srcs = PySequence_Tuple(srco)) ||
         !(sels = PySequence_Fast(selso, "read_rows: selections must be a sequence")) ||
         !(dsts = PySequence_Fast(dstso, "read_rows: dsts must be a sequence")))
         goto done;
