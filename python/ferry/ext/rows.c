@@ -8,11 +8,11 @@
  * for netCDF-4 and 27 ms for Zarr zstd on the H200 (2026-12-04 01:51,
  * bench/results/2026-12-04), against 1-2 ms for its buffers and the submit,
  * and the engine idled for that long whenever both groups in flight were read
- * before the consumer asked for the next. Here the
- * loop is C: each array's description is parsed once a call, the rows are
- * planned with the GIL released, and the extents enter the plan in the order
- * the loop in Python added them (row by row, each row's arrays in turn), so
- * the engine packs and copies a batch as before.
+ * before the consumer asked for the next. Here the loop is C: each array's
+ * description is parsed once a call, the rows are planned with the GIL
+ * released, and the extents enter the plan in the order the loop in Python
+ * added them (row by row, each row's arrays in turn), so the engine packs and
+ * copies a batch as before.
  */
 #include "ferry_ext.h"
 
