@@ -100,6 +100,22 @@ def test_torch_md_array_dataset_loop(one_rank):
     assert second["step"] == 10
 
 
+def test_torch_md_per_sample_loop(one_rank):
+    rng = np.random.default_rng(2)
+    os.makedirs("train/images")
+    os.makedirs("train/labels")
+    for i in range(40):                        # one file per sample: a 3x8x8 image, a scalar label
+        np.save(f"train/images/img_{i}.npy", rng.integers(0, 255, (3, 8, 8), dtype=np.uint8))
+        np.save(f"train/labels/lbl_{i}.npy", np.int64(rng.integers(0, 10)))
+    code = _translate(_block("torch.md", "## One file per sample"),
+                      DEVICE + [("batch_size=256", "batch_size=8"), ("range(start_epoch, 30)", "range(start_epoch, 2)"),
+                                ("step % 500 == 0", "step % 3 == 0")])
+    first, second, saved = _run_twice(code, {"MyModel": _Classifier})
+    assert first["step"] == 2 * (40 // 8)      # drop_last: 5 batches an epoch, 2 epochs
+    assert saved["step"] == 9
+    assert second["step"] == 10                # resumed at step 9: the epoch's last batch
+
+
 class _GPT(torch.nn.Module):
     def __init__(self, vocab=512, dim=16):
         super().__init__()
