@@ -92,3 +92,24 @@ def test_refused_calls_add_nothing(stores):
     # None: the whole of the other dimensions
     assert plan.read_rows([la], [None], np.array([1, 0], np.int64), [dst], np.array([0, H * W * 4], np.int64)) \
         == 2 * H * W * 4
+
+
+def test_the_same_plan_as_one_call_a_row(stores):
+    """What XarrayDataset planned before, one Plan.layout / Plan.read a row and array: the same
+    extents (count and file bytes) and, run, the same bytes."""
+    (sa, a), (sb, b) = stores
+    rows, sel_yx = [6, 2, 2, 8], ((1, 6, 1), (0, 10, 2))
+    plan, slab = _rows_plan(stores, rows, sel_yx)
+    h, w = slab.shape[2:]
+    plane = h * w * 4
+    loop = np.full(slab.size, 0x7F7F7F7F, "<u4")
+    one = ferry.Plan()
+    tail = [tuple(t) for t in sel_yx]
+    for r, t in enumerate(rows):
+        for k, (st, name) in enumerate(((sa, "a"), (sb, "b"))):
+            dst = (loop.ctypes.data + (r * 2 + k) * plane, plane, -1)
+            st._plan_triples(one, st.specs[name], [(t, t + 1, 1)] + tail, dst)
+    assert len(one) == len(plan) and one.file_bytes == plan.file_bytes
+    ferry.default_context().run(plan)
+    ferry.default_context().run(one)
+    np.testing.assert_array_equal(loop.reshape(slab.shape), slab)
