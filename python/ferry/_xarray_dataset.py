@@ -820,22 +820,18 @@ class XarrayDataset(_BatchStream):
         bench/results/2026-12-04). Dev box, 36x72 grids: netCDF-4 7.0-7.4 -> 0.7-1.7 ms a group;
         Zarr zstd 20.2-23.8 -> 16.7-17.9 (its chunk files' lstats, in C, remain)."""
         R = len(row_steps)
-        dsts = [(base, R * row, dev) for _, base, row, _, _, _, _ in places]
-        sels = [[(0, 1, 1)] + tri for *_, tri in places]
-        row_of = np.array([row for _, _, row, _, _, _, _ in places], dtype=np.int64)
-        off_of = np.array([off for _, _, _, _, off, _, _ in places], dtype=np.int64)
-        r = 0
-        while r < R:
-            k = int(seg_of[r])
-            e = r + int(np.argmax(seg_of[r:] != k)) if (seg_of[r:] != k).any() else R
-            seg = self._segs[k]
+        _, bases, row_bytes, names, offs, _, tails = zip(*places)
+        dsts = [(base, R * row, dev) for base, row in zip(bases, row_bytes)]
+        sels = [[(0, 1, 1)] + tail for tail in tails]
+        # offset of row r's variable k in its slab: r * (the slab's row bytes) + k's place in the row
+        at = np.arange(R, dtype=np.int64)[:, None] * np.array(row_bytes, np.int64) + np.array(offs, np.int64)
+        cuts = (np.flatnonzero(np.diff(seg_of)) + 1).tolist()      # where the rows' file changes
+        for r, e in zip([0] + cuts, cuts + [R]):
+            seg = self._segs[int(seg_of[r])]
             st = self._store(rt, seg, handles, seen)
             specs = self._specs(st, seen)
-            srcs = [st._row_source(specs[n]) for _, _, _, n, _, _, _ in places]
-            steps = row_steps[r:e] - seg.g0 + seg.lo
-            offs = np.arange(r, e, dtype=np.int64)[:, None] * row_of[None, :] + off_of[None, :]
-            plan.read_rows(srcs, sels, np.ascontiguousarray(steps, dtype=np.int64), dsts, offs.reshape(-1))
-            r = e
+            steps = np.ascontiguousarray(row_steps[r:e] - seg.g0 + seg.lo, dtype=np.int64)
+            plan.read_rows([st._row_source(specs[n]) for n in names], sels, steps, dsts, at[r:e].reshape(-1))
 
     def _read_rows(self, rt, row_steps, boxes):
         """ONE plan reading rows (a global step each, and a patch corner each when `boxes`) of every

@@ -185,6 +185,20 @@ int plan_keep(PlanObject *p, PyObject *o);
 /* selection: None, or a sequence of (start, stop[, step]) */
 int parse_triples(PyObject *sel, ferry_slice *out, int ndim, const char *name);
 int parse_codec_list(PyObject *codecs, ferry_codec *out, int *nout);
+/* A contiguous 1-D int64/uint64 array (or, scalar_ok, one int) given for a
+ * column of a batched call: read_file_runs' offsets, read_rows' rows. fn and
+ * what name the call and the argument in the TypeError. */
+typedef struct {
+    Py_buffer view;
+    int have;          /* view holds a buffer (else scalar) */
+    int is_signed;
+    unsigned long long scalar;
+} u64_column;
+int column_parse(PyObject *o, const char *fn, const char *what, int scalar_ok, u64_column *c);
+Py_ssize_t column_len(const u64_column *c);
+/* Value i; *neg set for a negative signed item. */
+unsigned long long column_at(const u64_column *c, Py_ssize_t i, int *neg);
+void column_release(u64_column *c);
 /* Fill an int64 array of `n` items from a sequence; -1 on error. */
 int seq_to_i64(PyObject *seq, const char *what, int64_t *out, int n);
 

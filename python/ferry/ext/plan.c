@@ -129,14 +129,7 @@ static PyObject *Plan_read_file(PlanObject *self, PyObject *args, PyObject *kw) 
  * read_file call each is ~400k Python->C calls a second on the loader's one
  * thread, so the loop lives here. Every run is checked before any is added,
  * so a refused call leaves the plan as it was. */
-typedef struct {
-    Py_buffer view;
-    int have;          /* view holds a buffer (else scalar) */
-    int is_signed;
-    unsigned long long scalar;
-} u64_column;
-
-static int column_parse(PyObject *o, const char *what, int scalar_ok, u64_column *c) {
+int column_parse(PyObject *o, const char *fn, const char *what, int scalar_ok, u64_column *c) {
     memset(c, 0, sizeof *c);
     if (scalar_ok && PyLong_Check(o)) {
         c->scalar = PyLong_AsUnsignedLongLong(o);
@@ -145,8 +138,8 @@ static int column_parse(PyObject *o, const char *what, int scalar_ok, u64_column
     }
     if (PyObject_GetBuffer(o, &c->view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
         PyErr_Clear();
-        PyErr_Format(PyExc_TypeError, "read_file_runs: %s must be a contiguous 1-D int64/uint64 array%s",
-                     what, scalar_ok ? " or an int" : "");
+        PyErr_Format(PyExc_TypeError, "%s: %s must be a contiguous 1-D int64/uint64 array%s",
+                     fn, what, scalar_ok ? " or an int" : "");
         return -1;
     }
     c->have = 1;
@@ -154,8 +147,8 @@ static int column_parse(PyObject *o, const char *what, int scalar_ok, u64_column
     if (*fmt == '<' || *fmt == '=' || *fmt == '@') fmt++;
     int ok = c->view.ndim == 1 && c->view.itemsize == 8 && fmt[0] && !fmt[1] && strchr("qlnQLN", fmt[0]);
     if (!ok) {
-        PyErr_Format(PyExc_TypeError, "read_file_runs: %s must be a contiguous 1-D int64/uint64 array "
-                     "(got format '%s', %d dimensions, %zd-byte items)", what,
+        PyErr_Format(PyExc_TypeError, "%s: %s must be a contiguous 1-D int64/uint64 array "
+                     "(got format '%s', %d dimensions, %zd-byte items)", fn, what,
                      c->view.format ? c->view.format : "B", c->view.ndim, c->view.itemsize);
         PyBuffer_Release(&c->view);
         c->have = 0;
@@ -165,10 +158,10 @@ static int column_parse(PyObject *o, const char *what, int scalar_ok, u64_column
     return 0;
 }
 
-static Py_ssize_t column_len(const u64_column *c) { return c->have ? c->view.shape[0] : -1; }
+Py_ssize_t column_len(const u64_column *c) { return c->have ? c->view.shape[0] : -1; }
 
 /* Value i; -1 (and *neg set) for a negative signed item. */
-static unsigned long long column_at(const u64_column *c, Py_ssize_t i, int *neg) {
+unsigned long long column_at(const u64_column *c, Py_ssize_t i, int *neg) {
     if (!c->have) return c->scalar;
     int64_t v;
     memcpy(&v, (const char *)c->view.buf + 8 * i, 8);
@@ -176,7 +169,7 @@ static unsigned long long column_at(const u64_column *c, Py_ssize_t i, int *neg)
     return (unsigned long long)v;
 }
 
-static void column_release(u64_column *c) {
+void column_release(u64_column *c) {
     if (c->have) PyBuffer_Release(&c->view);
     c->have = 0;
 }
@@ -237,9 +230,10 @@ static PyObject *add_runs(PlanObject *self, PyObject *fileso, PyObject *idxo, Py
     memset(&doffs, 0, sizeof doffs);
     PyObject *ret = NULL;
     parsed_buf d = {.keep = NULL};
-    if (idxo && column_parse(idxo, "file_index", 0, &idx) < 0) { Py_DECREF(files); return NULL; }
-    if (column_parse(offo, "offsets", 0, &offs) < 0 || column_parse(leno, "lengths", 1, &lens) < 0 ||
-        column_parse(doffo, "dst_offsets", 0, &doffs) < 0)
+    const char *fn = idxo ? "read_files_runs" : "read_file_runs";
+    if (idxo && column_parse(idxo, fn, "file_index", 0, &idx) < 0) { Py_DECREF(files); return NULL; }
+    if (column_parse(offo, fn, "offsets", 0, &offs) < 0 || column_parse(leno, fn, "lengths", 1, &lens) < 0 ||
+        column_parse(doffo, fn, "dst_offsets", 0, &doffs) < 0)
         goto out;
     Py_ssize_t n = column_len(&offs);
     if ((idx.have && column_len(&idx) != n) || (lens.have && column_len(&lens) != n) || column_len(&doffs) != n) {

@@ -88,23 +88,20 @@ static int src_parse(PyObject *o, PyObject *selo, Py_ssize_t k, PlanObject *plan
     return 0;
 }
 
-/* An int64/uint64 array of n items (a copy: the caller's array may change
- * once the GIL is released); NULL with an exception set. */
+/* An int64/uint64 array (column_parse) copied: the caller's array may change
+ * once the GIL is released. Values past INT64_MAX come out negative, and are
+ * refused as such. NULL with an exception set. */
 static int64_t *i64_copy(PyObject *o, const char *what, Py_ssize_t *n) {
-    Py_buffer v;
-    if (PyObject_GetBuffer(o, &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
-    const char *fmt = v.format ? v.format : "B";
-    if (*fmt == '<' || *fmt == '=' || *fmt == '@') fmt++;
-    if (v.ndim != 1 || v.itemsize != 8 || !fmt[0] || fmt[1] || !strchr("qlnQLN", fmt[0])) {
-        PyErr_Format(PyExc_TypeError, "read_rows: %s must be a contiguous 1-D int64 array", what);
-        PyBuffer_Release(&v);
-        return NULL;
-    }
-    *n = v.shape[0];
+    u64_column c;
+    if (column_parse(o, "read_rows", what, 0, &c) < 0) return NULL;
+    *n = column_len(&c);
     int64_t *out = malloc((size_t)(*n ? *n : 1) * 8);
     if (!out) PyErr_NoMemory();
-    else memcpy(out, v.buf, (size_t)*n * 8);
-    PyBuffer_Release(&v);
+    for (Py_ssize_t i = 0; out && i < *n; i++) {
+        int neg = 0;
+        out[i] = (int64_t)column_at(&c, i, &neg);
+    }
+    column_release(&c);
     return out;
 }
 
