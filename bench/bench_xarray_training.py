@@ -493,7 +493,7 @@ def _trace_timeline(xd, who, t_end):
 
 
 def ferry_epoch(path, names, device, batch, prefetch, dali=False, step_gbps=None, step_sync=False,
-                group=None, xd=None, warmup=True, reps=1, host_sync=False, stats=None):
+                group=None, xd=None, warmup=True, reps=1, host_sync=False, stats=None, copy=None):
     """GB/s of one shuffled epoch of XarrayDataset batches (x on `device`); with step_gbps, the
     fraction of the time the GPU idled behind a step that keeps it busy per/step_gbps seconds a
     batch (step_sync: the host also waits for each step, as a loop calling loss.item() does),
@@ -502,7 +502,11 @@ def ferry_epoch(path, names, device, batch, prefetch, dali=False, step_gbps=None
     of that many timed epochs. host_sync: the host waits for each batch to land (the current
     stream synchronized after each next(), as DALI's pipe.run() waits for its copy of it).
     stats: a dict to receive "mean", the rate over all `reps` epochs back to back (their bytes
-    over the time from the first one's start to the last one's end), and "epochs", each one's."""
+    over the time from the first one's start to the last one's end), and "epochs", each one's.
+    copy: with host_sync, each batch is first copied into a buffer of the consumer's, as DALI's
+    external_source does: "memcpy" (cudaMemcpyAsync, a copy engine: DALI's default) or "kernel"
+    (an elementwise kernel, DALI's use_copy_kernel=True) — whether such a copy waits behind the
+    engine's host-to-device copies, without DALI."""
     import torch
     if xd is None:
         free_device_caches(device)
@@ -512,14 +516,17 @@ def ferry_epoch(path, names, device, batch, prefetch, dali=False, step_gbps=None
     if dali:
         import ferry.dali
         # dali may name pipeline() options: "nockpt" (enable_checkpointing=False), "depthN"
+        # (prefetch_queue_depth=N), "kernel"/"memcpy" (use_copy_kernel=True/False)
         opts = {}
         for o in (dali.split("-")[1:] if isinstance(dali, str) else ()):
             if o == "nockpt":
                 opts["enable_checkpointing"] = False
             elif o.startswith("depth"):
                 opts["prefetch_queue_depth"] = int(o[5:])
+            elif o in ("kernel", "memcpy"):
+                opts["use_copy_kernel"] = o == "kernel"
             else:
-                raise SystemExit(f"unknown ferry.dali option {o!r} (nockpt, depthN)")
+                raise SystemExit(f"unknown ferry.dali option {o!r} (nockpt, depthN, kernel, memcpy)")
         pipe = ferry.dali.pipeline(xd, outputs=("x",), **{"prefetch_queue_depth": 2, **opts})
         pipe.build()
         # the host seconds of each of the dataset's next() inside the source (DALI calls it from
@@ -582,6 +589,7 @@ def ferry_epoch(path, names, device, batch, prefetch, dali=False, step_gbps=None
     sync(device)
 
     n_bytes = [0]
+    copy_dst = [None]
 
     def one_epoch():
         # torch's allocator retries a failed cudaMalloc after freeing its cache (cudaFree, which
@@ -598,6 +606,14 @@ def ferry_epoch(path, names, device, batch, prefetch, dali=False, step_gbps=None
             b = next(src, None)
             if b is None:
                 break
+            if copy is not None:
+                x = b["x"]
+                if copy_dst[0] is None or copy_dst[0].shape != x.shape:
+                    copy_dst[0] = torch.empty_like(x)
+                if copy == "kernel":
+                    torch.mul(x, 1, out=copy_dst[0])
+                else:
+                    copy_dst[0].copy_(x)
             if host_sync:
                 torch.cuda.current_stream().synchronize()
             waits.append(time.perf_counter() - t1)
@@ -881,7 +897,9 @@ def main():
     ap.add_argument("--sync-sweep", default="",
                     help="more epochs whose consumer waits for each batch, each 'PREFETCH:BPR[:dali[-OPT...]][:NAME=VALUE,...]' "
                          "(';' between; BPR auto: engine-sized groups; dali: through ferry.dali, with -nockpt "
-                         "enable_checkpointing=False, -depthN prefetch_queue_depth=N; else the host "
+                         "enable_checkpointing=False, -depthN prefetch_queue_depth=N, -kernel/-memcpy "
+                         "use_copy_kernel=True/False; copy/kcopy: the host copies each batch (cudaMemcpyAsync / "
+                         "a kernel) before it waits; else the host "
                          "synchronizes after each next(); NAME=VALUE: the environment for that row only), "
                          "e.g. '4:auto;4:auto:dali;4:auto:dali-nockpt;4:auto:dali:FERRY_GPU_SHARE=running'")
     ap.add_argument("--smoke", action="store_true")
@@ -1000,6 +1018,7 @@ def main():
             pf, gr, *how = item.split(":")
             gr = None if gr in ("", "auto") else int(gr)
             via = how[0] if how and how[0].startswith("dali") else False
+            copy = {"copy": "memcpy", "kcopy": "kernel"}.get(how[0]) if how else None
             env = env_settings(how[-1], f"--sync-sweep item {item!r}") if how and "=" in how[-1] else {}
             if via and not have_dali:
                 log(f"{fmt}: --sync-sweep {item}: DALI does not import, skipped")
@@ -1007,8 +1026,9 @@ def main():
             st = {}
             with environ(env):
                 sr, _, _ = ferry_epoch(path, names, a.device, a.batch, int(pf), dali=via, group=gr, reps=a.epochs,
-                                       host_sync=not via, stats=st)
-            label = (f"{via.replace('dali', 'ferry.dali', 1) if via else 'XarrayDataset, host waits each batch'}, "
+                                       host_sync=not via, stats=st, copy=copy)
+            waits = {None: "", "memcpy": " (copied by cudaMemcpyAsync)", "kernel": " (copied by a kernel)"}[copy]
+            label = (f"{via.replace('dali', 'ferry.dali', 1) if via else 'XarrayDataset, host waits each batch' + waits}, "
                      f"prefetch {pf}, {gr or 'auto'} a read" + "".join(f", {k}={v}" for k, v in env.items()))
             rows.append((fmt, label + " (ratio: vs alone)", sr, sr / fr))
             if a.epochs > 1:

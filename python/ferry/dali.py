@@ -34,6 +34,10 @@ import collections
 
 __all__ = ["DALISource", "pipeline"]
 
+# pipeline()'s default for external_source(use_copy_kernel=): how DALI copies each GPU batch
+# into its own buffer (False: cudaMemcpyAsync, DALI's default)
+COPY_KERNEL = False
+
 
 def _dali():
     try:
@@ -139,13 +143,15 @@ def _for_dali(t):
 
 
 def pipeline(dataset, *, outputs=None, then=None, device_id=None, num_threads=2, prefetch_queue_depth=2,
-             layout=None, enable_checkpointing=True, checkpoint=None, **pipeline_kwargs):
+             layout=None, enable_checkpointing=True, checkpoint=None, use_copy_kernel=None, **pipeline_kwargs):
     """A DALI Pipeline whose input is `dataset` through a DALISource.
 
     outputs: the batch dict keys to feed (None: tensor batches); then: a function of the source's
     DataNodes returning the pipeline's outputs (your DALI operators), default: the source's
     outputs as they are. device_id: the GPU (default: the dataset's device; None and a CPU
     dataset give a CPU-only pipeline). layout: DALI layout string(s) of a sample, e.g. "CHW".
+    use_copy_kernel: external_source's option (DALI copies each GPU batch with a kernel instead
+    of cudaMemcpyAsync); None: ferry's choice, COPY_KERNEL.
     The source object is the pipeline's ``ferry_source`` attribute."""
     dali, fn = _dali()
     dev = getattr(dataset, "device", None)
@@ -162,7 +168,7 @@ def pipeline(dataset, *, outputs=None, then=None, device_id=None, num_threads=2,
                          enable_checkpointing=enable_checkpointing, checkpoint=checkpoint, **pipeline_kwargs)
     where = "gpu" if device_id is not None and (dev is None or getattr(dev, "type", "cuda") == "cuda") else "cpu"
     with pipe:
-        kw = {}
+        kw = {"use_copy_kernel": COPY_KERNEL if use_copy_kernel is None else bool(use_copy_kernel)}
         if layout is not None:
             kw["layout"] = layout
         if src.num_outputs is None:

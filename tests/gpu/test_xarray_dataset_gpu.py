@@ -226,7 +226,7 @@ def test_xarray_batches_outlive_a_lagging_consumer(tmp_path, case, group, prefet
     assert int(bad) == 0
 
 
-def _dali_lagging(tmp_path, prefetch, device, lag_device):
+def _dali_lagging(tmp_path, prefetch, device, lag_device, use_copy_kernel=None):
     """Batches of a DALI pipeline over a packed XarrayDataset on `device`, torch's stream on
     `lag_device` running a long kernel before each pipe.run() (DALI feeds the next batches then,
     copying them on torch's current stream); returns (what the pipeline gave, the host's)."""
@@ -240,7 +240,7 @@ def _dali_lagging(tmp_path, prefetch, device, lag_device):
               nan_to=0.0, prefetch=prefetch)
     ref = [(b["x"].numpy().copy(), b["y"].numpy().copy()) for b in XarrayDataset(paths, ["t2m", "z"], device="cpu", **kw)]
     pipe = ferry.dali.pipeline(XarrayDataset(paths, ["t2m", "z"], device=device, **kw), outputs=("x", "y"),
-                               layout="CHW")
+                               layout="CHW", use_copy_kernel=use_copy_kernel)
     pipe.build()
     got = []
     try:
@@ -254,12 +254,14 @@ def _dali_lagging(tmp_path, prefetch, device, lag_device):
     return got, ref
 
 
+@pytest.mark.parametrize("use_copy_kernel", [False, True])
 @pytest.mark.parametrize("prefetch", [0, 4])
-def test_dali_source_behind_a_lagging_stream(tmp_path, prefetch):
-    """DALI copies each batch on torch's current stream, the one ferry ordered the batch on and
-    recorded its memory on: a stream lagging behind a training step delays the copy but the
-    batch's memory is not handed to a later read before it ran. Every batch equals the host's."""
-    got, ref = _dali_lagging(tmp_path, prefetch, "cuda:0", 0)
+def test_dali_source_behind_a_lagging_stream(tmp_path, prefetch, use_copy_kernel):
+    """DALI copies each batch on torch's current stream (with cudaMemcpyAsync or its copy kernel),
+    the one ferry ordered the batch on and recorded its memory on: a stream lagging behind a
+    training step delays the copy but the batch's memory is not handed to a later read before it
+    ran. Every batch equals the host's."""
+    got, ref = _dali_lagging(tmp_path, prefetch, "cuda:0", 0, use_copy_kernel)
     assert len(got) == len(ref) > 3
     for (x, y), (rx, ry) in zip(got, ref):
         np.testing.assert_allclose(x, rx, rtol=1e-6, atol=1e-6)
