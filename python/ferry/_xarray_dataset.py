@@ -33,7 +33,7 @@ import torch
 
 from . import _ferry
 from ._torch_order import _mix64
-from .torch import _BatchStream, _Group, _expand
+from .torch import _BatchStream, _Group, _expand, _wait_quietly
 
 __all__ = ["XarrayDataset"]
 
@@ -833,9 +833,11 @@ class XarrayDataset(_BatchStream):
             steps = np.ascontiguousarray(row_steps[r:e] - seg.g0 + seg.lo, dtype=np.int64)
             plan.read_rows([st._row_source(specs[n]) for n in names], sels, steps, dsts, at[r:e].reshape(-1))
 
-    def _read_rows(self, rt, row_steps, boxes):
+    def _read_rows(self, rt, row_steps, boxes, engine_jobs=None):
         """ONE plan reading rows (a global step each, and a patch corner each when `boxes`) of every
-        variable into the slabs: [(R, channels of the slab, h, w)], the job, the handles."""
+        variable into the slabs: [(R, channels of the slab, h, w)], the job, the handles.
+        engine_jobs: submitted once fewer than that many of rt's jobs made so are in the engine
+        (_engine_room; on the planner thread)."""
         row_steps = np.asarray(row_steps, dtype=np.int64)
         R = len(row_steps)
         bufs = []
@@ -845,10 +847,14 @@ class XarrayDataset(_BatchStream):
         plan, handles = _ferry.Plan(), []
         self._plan_rows(rt, plan, row_steps, boxes, [b.data_ptr() for b in bufs], handles)
         try:
+            if engine_jobs and len(plan):
+                _engine_room(rt, engine_jobs)
             job = rt.ctx.submit(plan, reread=True) if len(plan) else None   # epochs: FERRY_REREAD
         except BaseException:
             self._release(rt, _wrap_handles(handles))       # the stores taken so far
             raise
+        if engine_jobs and job is not None:
+            _in_engine(rt).append(job)
         return bufs, job, handles
 
     def _plan_rows(self, rt, plan, row_steps, boxes, bases, handles):
@@ -920,15 +926,26 @@ class XarrayDataset(_BatchStream):
 
     def _read_depth(self, rt, depth):
         """Engine-sized groups (_read_group: the engine asked for a job size, whatever number of
-        batches that made): two in flight, the one handed out and the one being read, as
-        ferry_plan_job_bytes assumes. A third
-        made them slower (H200, netCDF-4, 16 batches a read, same run: prefetch 4 — two groups —
-        18.9 GB/s, prefetch 32 — three — 14.0: cooperative jobs at once share the engine's
-        workers; Zarr zstd, 8 and 16 a read: 41.3-43.6 and 44.4 with two, 40.2-41.4 and 42.8
-        with three)."""
+        batches that made): three in flight, the one handed out and two in the engine, of which
+        the second is submitted only once the engine has fewer than two of them (_ENGINE_JOBS,
+        _engine_room): ferry_plan_job_bytes sizes a job for two in the engine at once.
+        - A third job in the engine made them slower (H200, netCDF-4, 16 batches a read, same
+          run: two groups 18.9 GB/s, three 14.0: cooperative jobs at once share the engine's
+          workers; Zarr zstd, 8 and 16 a read: 41.3-43.6 and 44.4 with two, 40.2-41.4 and 42.8
+          with three; 2026-12-04 01:46, three: netCDF-4 0.75 x over four epochs).
+        - Two in flight (the one handed out and one read) left the engine one job whenever the
+          consumer took its time over a group: a deflate job alone took ~150 ms where two at once
+          gave one every ~88 (its GPU latency), and at a pass's end the next epoch's first group
+          was submitted only when the last one was handed out. A consumer that copies and waits
+          for each batch, as DALI's pipeline does, began every other epoch 195-200 ms late
+          (H200, 2026-12-04 03:13, netCDF-4: 0.86-0.90 x the dataset alone over four epochs)."""
         if self._group_auto and self._auto_groups.get(str(rt.device)):
-            return min(depth, 2)
+            return 1 if depth <= 1 else 3
         return depth
+
+    def _engine_jobs(self, rt):
+        """How many of this runtime's group jobs may be in the engine at once (None: any)."""
+        return _ENGINE_JOBS if self._group_auto and self._auto_groups.get(str(rt.device)) else None
 
     def _stack(self, rt, bufs, row_steps, patched=False, normalise=True):
         """The slabs' raw values -> the stack (R, C, H, W) of decoded, normalised floats, on the
@@ -1061,7 +1078,7 @@ class XarrayDataset(_BatchStream):
     def _plan_group(self, rt, ids, epoch, sizes):
         """The planner thread's work for a group: its rows, then ONE plan reading them."""
         t0, rows, inv, row_boxes = self._group_rows(ids, epoch, sizes)
-        bufs, job, handles = self._read_rows(rt, rows, row_boxes)
+        bufs, job, handles = self._read_rows(rt, rows, row_boxes, self._engine_jobs(rt))
         return bufs, job, handles, (bufs, inv, t0, rows, row_boxes is not None)
 
     def _start_planning(self, rt):
@@ -1239,6 +1256,25 @@ def _unplanned(rt):
     """rt's groups submitted whose planning has not started (oldest first; the consumer's thread)."""
     q = rt.__dict__.get("_xunplanned")
     return q if q is not None else rt.__dict__.setdefault("_xunplanned", collections.deque())
+
+
+_ENGINE_JOBS = 2     # engine-sized group jobs in the engine at once (_read_depth says why)
+
+
+def _in_engine(rt):
+    """rt's group jobs submitted with an engine_jobs limit, oldest first (the planner thread's)."""
+    q = rt.__dict__.get("_xin_engine")
+    return q if q is not None else rt.__dict__.setdefault("_xin_engine", collections.deque())
+
+
+def _engine_room(rt, limit):
+    """Wait (on the planner thread) until fewer than `limit` of rt's jobs are in the engine. A
+    job's error is not raised here: the consumer's wait for its group raises it, in turn."""
+    q = _in_engine(rt)
+    while q and q[0].done():
+        q.popleft()
+    while len(q) >= limit:
+        _wait_quietly(q.popleft())
 
 
 def _kick(rt):

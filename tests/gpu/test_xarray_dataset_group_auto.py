@@ -1,7 +1,8 @@
 """XarrayDataset's batches per read when batches_per_read=None: on a GPU the engine says how large a
 job of the data should be (Context.job_bytes, ferry_plan_job_bytes), from a plan of one row that is
 never run. netCDF-4 deflate and Zarr zstd ask for 2.5 GiB a job (nvCOMP's decoders fill the GPU
-only with thousands of chunks at once): here the most, 64 batches, two groups in flight; netCDF-3
+only with thousands of chunks at once): here the most, 64 batches, three groups in flight (two
+in the engine); netCDF-3
 (nothing to decode) keeps 1 and the prefetch's depth. Runs on the stand-in driver and nvCOMP (tests/cudasim) as on a GPU: only the plan is made,
 with the runtime's device set to CUDA device 0; the batches of a real GPU are checked in
 test_xarray_dataset_gpu.py."""
@@ -61,9 +62,18 @@ def test_auto_group_follows_the_engine(tmp_path, fmt, want):
     ds = XarrayDataset(src, ["t2m", "sp"], batch_size=2, device="cpu")
     assert ds.batch_group == 1                 # until a GPU iteration resolves it
     # 2 variables x 2 steps x 33 x 48 float32 a batch: 2.5 GiB is far more than 64 batches; such
-    # groups are read two at a time (the one handed out and the next), whatever prefetch asks
-    assert _group_on_cuda(ds, depth=5) == (want, 2 if want > 1 else 5)
+    # groups are three in flight (the one handed out and two in the engine, at most two of
+    # them submitted at once), whatever prefetch asks; prefetch=0 keeps no read-ahead
+    assert _group_on_cuda(ds, depth=5) == (want, 3 if want > 1 else 5)
     assert ds.batch_group == want
+    if want > 1:
+        assert _group_on_cuda(ds, depth=1) == (want, 1)
+    rt = ds._runtime(torch.device("cpu"), False, 1)
+    rt.device = torch.device("cuda", 0)
+    try:
+        assert ds._engine_jobs(rt) == (2 if want > 1 else None)
+    finally:
+        rt.device = torch.device("cpu")
     # the user's value is kept; on the CPU the automatic one is 1
     ds3 = XarrayDataset(src, ["t2m", "sp"], batch_size=2, device="cpu", batches_per_read=3)
     assert _group_on_cuda(ds3) == 3
