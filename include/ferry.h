@@ -567,9 +567,10 @@ int64_t ferry_run(ferry_ctx *ctx, const ferry_plan *plan, const ferry_run_opts *
  *  do not (deflate decodes one chunk per thread block, so only thousands of
  *  chunks at once fill the GPU; zstd's jobs of a few hundred chunks ran at
  *  0.6-0.7 of its rate on the H200; README "Which decoder runs"): a caller
- *  merges that many bytes' worth of such plans into one, and keeps two such
- *  jobs in flight (the one consumed and the next). At most a sixteenth of the
- *  destination device's memory. The plan is only inspected, not run. */
+ *  merges that many bytes' worth of such plans into one and keeps two such
+ *  jobs in the engine at once (a third waits to be submitted: they would
+ *  share the workers), besides the one being consumed. At most a sixteenth
+ *  of the destination device's memory. The plan is only inspected, not run. */
 uint64_t ferry_plan_job_bytes(ferry_ctx *ctx, const ferry_plan *plan, int decode);
 
 /** Wait up to timeout_ns (negative: forever). Returns bytes moved, or

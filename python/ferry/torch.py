@@ -1493,7 +1493,7 @@ class _BatchStream(IterableDataset):
         return self.batch_group
 
     def _read_depth(self, rt, depth):
-        """Groups in flight on rt, the one handed out included (XarrayDataset caps its engine-sized
+        """Groups in flight on rt, the one handed out included (XarrayDataset sets its engine-sized
         groups)."""
         return depth
 

@@ -620,9 +620,10 @@ static size_t shared_feeders(int threads) {
 
 /* ferry_plan_job_bytes (include/ferry.h): the class whose stream_bytes asks
  * the most, scaled by its share of the plan's decoded bytes, and at most a
- * sixteenth of its device's memory (two jobs in flight, each with its
+ * sixteenth of its device's memory (two jobs in the engine, each with its
  * destination and a set of call slots of about three times a call's bytes,
- * stay under half of it). */
+ * stay under half of it; the one being consumed holds only its destination,
+ * another sixteenth). */
 uint64_t ferry_plan_job_bytes(ferry_ctx *ctx, const ferry_plan *plan, int policy) {
     if (!ctx || !plan) return 0;
     if (policy == FERRY_DECODE_AUTO) policy = ctx->cfg.decode;
