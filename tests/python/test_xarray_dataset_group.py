@@ -250,8 +250,8 @@ def test_when_a_groups_planning_starts(files, monkeypatch, ready):
             events.append(("start", self.g.units[0]))
         start(self)
 
-    def read_rows(self, rt, row_steps, boxes):
-        bufs, job, handles = rows(self, rt, row_steps, boxes)
+    def read_rows(self, rt, row_steps, boxes, *engine_jobs):
+        bufs, job, handles = rows(self, rt, row_steps, boxes, *engine_jobs)
         if ready:
             job.wait()                          # read before the consumer asks for it
             return bufs, job, handles

@@ -114,9 +114,9 @@ def test_batches_are_planned_off_the_consumers_thread(tmp_path, monkeypatch):
     where = []
     orig = XarrayDataset._read_rows
 
-    def read_rows(self, rt, rows, boxes):
+    def read_rows(self, rt, rows, boxes, *engine_jobs):
         where.append((threading.get_ident(), tuple(np.asarray(rows).tolist())))
-        return orig(self, rt, rows, boxes)
+        return orig(self, rt, rows, boxes, *engine_jobs)
     monkeypatch.setattr(XarrayDataset, "_read_rows", read_rows)
     monkeypatch.setenv("FERRY_EPOCH_AHEAD", "off")       # one epoch's plans (and no stores kept for the next)
     ds = XarrayDataset(p, ["a", "b", "c"], batch_size=3, shuffle=True, seed=4, device="cpu", prefetch=3,
@@ -141,9 +141,9 @@ def test_a_group_read_before_its_job_waits_for_the_planning(tmp_path, monkeypatc
     gate = threading.Event()
     orig = XarrayDataset._read_rows
 
-    def slow(self, rt, rows, boxes):
+    def slow(self, rt, rows, boxes, *engine_jobs):
         gate.wait(5)
-        return orig(self, rt, rows, boxes)
+        return orig(self, rt, rows, boxes, *engine_jobs)
     monkeypatch.setattr(XarrayDataset, "_read_rows", slow)
     rt = ds._runtime(ds._resolve_device(False), False, 1)
     order = ds._order(0)
@@ -156,7 +156,7 @@ def test_a_group_read_before_its_job_waits_for_the_planning(tmp_path, monkeypatc
     np.testing.assert_allclose(ds._finish(g)[0]["x"][:, 0].numpy(), ref.a.values[:2], rtol=1e-6)
     ds._release(rt, g)
 
-    def broken(self, rt, rows, boxes):
+    def broken(self, rt, rows, boxes, *engine_jobs):
         raise RuntimeError("planning failed")
     monkeypatch.setattr(XarrayDataset, "_read_rows", broken)
     g = ds._submit(rt, order, lay, [1])
