@@ -332,8 +332,9 @@ class XarrayDataset(_BatchStream):
         larger jobs (ferry_plan_job_bytes): deflate-compressed (netCDF-4) and zstd-compressed
         (Zarr) data, whose GPU decoders need thousands of chunks at once — there as many batches
         as make 2.5 GiB (at most a sixteenth of the GPU's memory), three such groups in flight
-        whatever `prefetch` asks (the one handed out and two in the engine; prefetch=0: one): on the H200, 20 variables of 361 x 720 float32, batch 8, 17
-        batches a read ran at 21.9-23.3 GB/s (netCDF-4) against 8.1-8.6 with one, and 16 at 44.4
+        whatever `prefetch` asks (the one handed out and two in the engine; prefetch=0: one):
+        on the H200, 20 variables of 361 x 720 float32, batch 8, 17 batches a read ran at
+        21.9-23.3 GB/s (netCDF-4) against 8.1-8.6 with one, and 16 at 44.4
         (Zarr zstd) against 23.5-26.4 (BENCHMARKS.md). Uncompressed and blosc data keep 1. The
         value in use is ``batch_group`` once iteration has begun. A pass reads at most that many
         a plan, evened out over its batches (104 in reads of 17: 7 reads of 15, the last 14).
@@ -926,9 +927,9 @@ class XarrayDataset(_BatchStream):
 
     def _read_depth(self, rt, depth):
         """Engine-sized groups (_read_group: the engine asked for a job size, whatever number of
-        batches that made): three in flight, the one handed out and two in the engine, of which
-        the second is submitted only once the engine has fewer than two of them (_ENGINE_JOBS,
-        _engine_room): ferry_plan_job_bytes sizes a job for two in the engine at once.
+        batches that made): three in flight, the one handed out and two in the engine. Each is
+        planned at once but submitted only when fewer than two of them are in the engine
+        (_ENGINE_JOBS, _engine_room): ferry_plan_job_bytes sizes a job for two in the engine.
         - A third job in the engine made them slower (H200, netCDF-4, 16 batches a read, same
           run: two groups 18.9 GB/s, three 14.0: cooperative jobs at once share the engine's
           workers; Zarr zstd, 8 and 16 a read: 41.3-43.6 and 44.4 with two, 40.2-41.4 and 42.8
@@ -936,9 +937,10 @@ class XarrayDataset(_BatchStream):
         - Two in flight (the one handed out and one read) left the engine one job whenever the
           consumer took its time over a group: a deflate job alone took ~150 ms where two at once
           gave one every ~88 (its GPU latency), and at a pass's end the next epoch's first group
-          was submitted only when the last one was handed out. A consumer that copies and waits
-          for each batch, as DALI's pipeline does, began every other epoch 195-200 ms late
-          (H200, 2026-12-04 03:13, netCDF-4: 0.86-0.90 x the dataset alone over four epochs)."""
+          was submitted only when the last one was handed out. DALI's pipeline began every other
+          netCDF-4 epoch ~200 ms late, and so did a loop that copies and waits for each batch,
+          without DALI (H200, 2026-12-04 03:13: 0.86-0.90 x the dataset alone over four epochs;
+          three in flight, 03:27 and 03:35: 0.95-1.00 x; BENCHMARKS.md, sixteenth session)."""
         if self._group_auto and self._auto_groups.get(str(rt.device)):
             return 1 if depth <= 1 else 3
         return depth
