@@ -858,6 +858,24 @@ def dataset_file(d, fmt, names, nt, ny, nx, fresh):
     return path, eng
 
 
+def cuda_sched(how):
+    """BXT_SCHED=spin|yield|blocking: set the primary context's scheduling (how a host thread waits
+    for the GPU: cudaStreamSynchronize, cuEventSynchronize on events without their own flag) for
+    the whole process — ferry's engine, torch and DALI alike. An experiment: whether threads
+    spinning in such waits take the cores a CPU-bound engine reads with (the default, AUTO, spins
+    when the process has fewer contexts than cores). Returns the flags now set."""
+    import ctypes
+    flags = {"auto": 0, "spin": 1, "yield": 2, "blocking": 4}[how]
+    cu = ctypes.CDLL("libcuda.so.1")
+    dev, got, active = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
+    for rc in (cu.cuInit(0), cu.cuDeviceGet(ctypes.byref(dev), 0),
+               cu.cuDevicePrimaryCtxSetFlags_v2(dev, flags),
+               cu.cuDevicePrimaryCtxGetState(dev, ctypes.byref(got), ctypes.byref(active))):
+        if rc != 0:
+            raise SystemExit(f"BXT_SCHED={how}: CUDA driver call failed ({rc})")
+    return got.value, active.value
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gib", type=float, default=4.0)
@@ -905,6 +923,9 @@ def main():
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args()
     started = time.perf_counter()
+    if os.environ.get("BXT_SCHED"):
+        log(f"BXT_SCHED={os.environ['BXT_SCHED']}: primary context flags, active: "
+            f"{cuda_sched(os.environ['BXT_SCHED'])}")
     import resource
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard == resource.RLIM_INFINITY or hard > soft:          # the raw row opens every chunk file
