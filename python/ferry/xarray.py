@@ -336,20 +336,24 @@ class _H5Source:
                                                  np.array([r[2] for r in rows], dtype=np.uint64), skips)
             return self._table
 
+    def _layout(self, label: str):
+        """The arguments of this variable's layout (Plan.layout, _ferry.layout) but the selection."""
+        return ((self.shape, self.chunks or self.shape, self.itemsize),
+                dict(table=self.table(), path=self.path, codecs=self.filters[::-1],
+                     swap=self.swap_size if self.swap else 0, fill=self.fill, label=label, file_size=self.file_size))
+
     def add_to_plan(self, plan: ferry.Plan, triples, dst, label: str):
         """Plan the selection `triples` into dst (C order): ferry_plan_layout."""
-        plan.layout(dst, self.shape, self.chunks or self.shape, self.itemsize, table=self.table(), path=self.path,
-                    codecs=self.filters[::-1], swap=self.swap_size if self.swap else 0, fill=self.fill,
-                    selection=triples if self.shape else None, label=label, file_size=self.file_size)
+        args, kw = self._layout(label)
+        plan.layout(dst, *args, selection=triples if self.shape else None, **kw)
 
     def row_layout(self, label: str):
         """The layout add_to_plan plans, described once (_ferry.layout), for Plan.read_rows."""
         with self._lock:
             lay = getattr(self, "_row_layout", None)
         if lay is None:
-            lay = _ferry.layout(self.shape, self.chunks or self.shape, self.itemsize, table=self.table(),
-                                path=self.path, codecs=self.filters[::-1], swap=self.swap_size if self.swap else 0,
-                                fill=self.fill, label=label, file_size=self.file_size)
+            args, kw = self._layout(label)
+            lay = _ferry.layout(*args, **kw)
             with self._lock:
                 self._row_layout = lay
         return lay
@@ -1087,28 +1091,30 @@ class FerryStore(AbstractDataStore):
             return self._decode(s, r)
         return finish
 
+    @contextlib.contextmanager
+    def _chunk_index_errors(self, s: _VarSpec):
+        """h5py's errors reading a damaged chunk index, raised as ferry's naming the file and variable."""
+        try:
+            yield
+        except (ferry.FerryError, MemoryError):
+            raise
+        except Exception as e:  # noqa: BLE001 — h5py reading a damaged chunk index
+            raise _h5_error(self.filename, f"variable {s.name}: chunk index", e) from None
+
     def _plan_triples(self, plan, s: _VarSpec, triples, dst):
         if s.kind == "ferry":
             plan.read(s.source, s.index if s.index is not None else s.name, dst,
                       triples if s.shape else None, True)
         else:
-            try:
+            with self._chunk_index_errors(s):
                 s.source.add_to_plan(plan, triples, dst, s.name)
-            except (ferry.FerryError, MemoryError):
-                raise
-            except Exception as e:  # noqa: BLE001 — h5py reading a damaged chunk index
-                raise _h5_error(self.filename, f"variable {s.name}: chunk index", e) from None
 
     def _row_source(self, s: _VarSpec):
         """s as a source of Plan.read_rows (the reads _plan_triples makes, row by row in one call)."""
         if s.kind == "ferry":
             return (s.source, s.index if s.index is not None else s.name)
-        try:
+        with self._chunk_index_errors(s):
             return s.source.row_layout(s.name)
-        except (ferry.FerryError, MemoryError):
-            raise
-        except Exception as e:  # noqa: BLE001 — h5py reading a damaged chunk index
-            raise _h5_error(self.filename, f"variable {s.name}: chunk index", e) from None
 
     def _plan_into(self, plan, s: _VarSpec, key: tuple, dst):
         """Plan the raw read (stored values, native byte order, C order, no CF decoding) of
