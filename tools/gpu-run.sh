@@ -23,7 +23,9 @@ for l in zstd lz4 z; do
     so=$(ls /usr/lib/x86_64-linux-gnu/lib$l.so.1 /lib/x86_64-linux-gnu/lib$l.so.1 /usr/lib64/lib$l.so.1 2>/dev/null | head -1)
     [ -n "$so" ] && ln -sf "$so" .deps/lib/lib$l.so
 done
-# bench NAME SECONDS LINES ARGS...: bench/NAME.py into $OUT/NAME.txt, show its last LINES
+# bench NAME SECONDS LINES ARGS...: bench/NAME.py into $OUT/NAME.txt, show its last LINES.
+# The *ARGS variables are split on spaces, not parsed by a shell: give values without quotes
+# (BXTARGS="--sync-sweep 4:auto:dali;4:auto:copy"; quotes would reach the script as characters)
 bench() {
     local name=$1 secs=$2 lines=$3; shift 3
     timeout "$secs" python3 "bench/$name.py" "$@" > "$OUT/$name.txt" 2>&1; echo "$name exit $?"
