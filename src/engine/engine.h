@@ -5,9 +5,8 @@
  *   ctx.h      the context (ctx.c)
  *   worker.h   a worker's resources (worker.c) and the pool (pool.c)
  *   exec.h     running a task (exec.c, pack.c, place.c)
- * job.c (building, submitting and waiting for jobs), streamwait.c (jobs
- * waiting for callers' CUDA streams) and runstream.c (ferry_run of a big
- * GPU-decoded read as a stream of jobs) sit on top. */
+ * job.c (building, submitting and waiting for jobs) and streamwait.c (jobs
+ * waiting for callers' CUDA streams) sit on top. */
 #ifndef FERRY_ENGINE_H
 #define FERRY_ENGINE_H
 #include "engine/limits.h"

@@ -6,7 +6,6 @@
 #include "engine/io.h"
 #include "engine/gpudecode.h"
 #include "engine/gather.h"
-#include "engine/runstream.h"
 #include <errno.h>
 #include <stdlib.h>
 #include <time.h>
@@ -456,13 +455,10 @@ void ferry_job_destroy(ferry_job *j) {
 }
 
 int64_t ferry_run(ferry_ctx *ctx, const ferry_plan *plan, const ferry_run_opts *opts) {
-    int streamed;
-    int64_t r = ferry_run_stream(ctx, plan, opts, &streamed);   /* runstream.c: a big GPU-decoded read */
-    if (streamed || r < 0) return r;
     ferry_job *j;
     int rc = ferry_submit(ctx, plan, opts, &j);
     if (rc < 0) return rc;
-    r = ferry_job_wait(j, -1);
+    int64_t r = ferry_job_wait(j, -1);
     ferry_job_destroy(j);
     return r;
 }
