@@ -45,6 +45,13 @@ int ferry_gpudecode_check_env(void);
  * known), `jobs` jobs in flight on the context with this one (gpudecode.c
  * says why; exposed for tests/gpu/test_gpu_decode.c). */
 size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots, int cls, uint64_t dev_free, int jobs);
+/* Where a batch's next chunk goes in its pinned buffer (the first offset at
+ * or after `at`: at the chunk's place in a 64-byte line of its file, file
+ * offset `file_off`, moved down so that its payload, `hdr` bytes in, is
+ * `align`-aligned), and the most bytes a chunk of `len` bytes takes that
+ * way (gpudecode.c says why; exposed for tests/c). */
+uint64_t ferry_gpudecode_slot(uint64_t at, uint64_t file_off, unsigned hdr, unsigned align);
+uint64_t ferry_gpudecode_slot_room(uint64_t len);
 /* The context's slot sets for cooperative calls (ctx.c makes and frees it). */
 typedef struct ferry_gpudecode_pool ferry_gpudecode_pool;
 ferry_gpudecode_pool *ferry_gpudecode_pool_new(void);

@@ -730,6 +730,35 @@ static void test_corrupt_chunk_with_batches_in_flight(void) {
     free(src); free(file); free(off); free(len);
 }
 
+/* Where a batch's chunks go in its pinned buffer (gpudecode.c,
+ * ferry_gpudecode_slot): at the chunk's place in a 64-byte line of its file,
+ * so that the kernel's copy out of the page cache runs at memory speed (a
+ * destination 8 bytes after the source read at a quarter of it), moved down
+ * where nvCOMP's alignment of the payload after a header asks for it; never
+ * before `at`, never more than ferry_gpudecode_slot_room. */
+uint64_t ferry_gpudecode_slot(uint64_t at, uint64_t file_off, unsigned hdr, unsigned align);   /* internal (gpudecode.h) */
+uint64_t ferry_gpudecode_slot_room(uint64_t len);
+static void test_slots_follow_the_file_line(void) {
+    CHECK_EQ_I(ferry_gpudecode_slot(0, 0, 0, 8), 0);            /* a Zarr chunk file: line-aligned */
+    CHECK_EQ_I(ferry_gpudecode_slot(790001, 0, 0, 8), 790016);  /* the next line after the last chunk */
+    CHECK_EQ_I(ferry_gpudecode_slot(100, 4096 + 1234, 0, 1), 146);   /* 1234 mod 64 = 18, the line at 128 */
+    CHECK_EQ_I(ferry_gpudecode_slot(0, 0, 2, 4), 62);           /* zlib in its own file: payload at 64 */
+    CHECK_EQ_I(ferry_gpudecode_slot(0, 11, 2, 4), 10);          /* moved down one: payload at 12 */
+    int bad = 0;
+    for (uint64_t at = 0; at < 200; at++)
+        for (uint64_t off = 0; off < 130; off++)
+            for (unsigned hdr = 0; hdr <= 4; hdr += 2)
+                for (unsigned align = 1; align <= 8; align *= 2) {
+                    uint64_t s = ferry_gpudecode_slot(at, off, hdr, align), len = 1000 + off;
+                    int same_line = (off % 64 + hdr) % align == 0;
+                    if (s < at || (s + hdr) % align || (same_line && s % 64 != off % 64) ||
+                        (!same_line && (off % 64 - s % 64 + 64) % 64 >= align) ||
+                        s + len > at + ferry_gpudecode_slot_room(len))
+                        bad++;
+                }
+    CHECK_EQ_I(bad, 0);
+}
+
 /* The batcher's calls (gpudecode.c, ferry_gpudecode_call_chunks): nvCOMP
  * decodes a chunk per thread block, so the calls in flight must carry
  * hundreds of chunks (an H200 holds ~500 1 MiB zstd chunks at once): with 4
@@ -1297,6 +1326,7 @@ int main(void) {
     snprintf(dir_, sizeof dir_, "/tmp/ferry_gpudecode_%d", (int)getpid());
     mkdir(dir_, 0755);
     RUN(test_status_says_what_loaded);
+    RUN(test_slots_follow_the_file_line);
     RUN(test_zstd_tiles_on_gpu);
     RUN(test_zstd_contiguous);
     RUN(test_every_codec_gpu_equals_cpu);
