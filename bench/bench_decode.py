@@ -79,6 +79,8 @@ from harness import best, env_settings, have, log, warm  # noqa: E402
 
 from ferry import _ferry as F  # noqa: E402
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+
 
 # ---------------------------------------------------------------------------
 # data and writers
@@ -340,6 +342,30 @@ def nvcomp_limit(lib_path, cuda, chunks, chunk_bytes, alg, reps):
 # peers on the same Zarr stores: zarr-python on the CPU (then cupy.asarray),
 # zarr.config.enable_gpu() (cupy buffers), and with kvikio's GDSStore
 # ---------------------------------------------------------------------------
+def pread_bound(path, decoded, reps, threads=16):
+    """GB/s of decoded data at which `threads` threads pread every chunk file of
+    the store at `path` whole into one buffer (bench/pread_align.c, compiled
+    here with cc), page cache warm: the rate no reader of these files through
+    host memory passes, whatever decodes them. None without a compiler."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        return None
+    tmp = tempfile.mkdtemp(prefix="ferry_pread_")
+    try:
+        exe, lst = os.path.join(tmp, "pread_align"), os.path.join(tmp, "files")
+        subprocess.run([cc, "-O2", "-pthread", os.path.join(HERE, "pread_align.c"), "-o", exe], check=True)
+        files = [os.path.join(r, f) for r, _, fs in os.walk(path) for f in fs if os.sep + "c" + os.sep in os.path.join(r, f)]
+        with open(lst, "w") as fh:
+            fh.write("\n".join(files) + "\n")
+        out = subprocess.run([exe, "-l", lst, str(threads), str(max(reps, 3)), "0"], check=True,
+                             capture_output=True, text=True).stdout
+        gbs = float(re.search(r"([0-9.]+) GB/s", out).group(1))
+        comp = sum(os.path.getsize(f) for f in files)
+        return gbs * decoded / comp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def zarr_peer_rows(path, a, dev, reps, name, rows):
     if not have("zarr"):
         log("zarr-python peers: zarr not importable: skipped")
@@ -733,6 +759,9 @@ def main():
                     gbs, bad = nvcomp_limit(lib_path, cuda, payloads(path, "Zstd"), crow * cols * 4, "Zstd", args.reps)
                     rows.append((name, "nvCOMP batched (limit)", gbs, bad == 0, 1.0))
                 ferry_rows(ctx, path, a, args, name, rows, runs=zarr_runs)
+                bound = pread_bound(path, a.nbytes, args.reps)
+                if bound:
+                    rows.append((name, "pread of its chunk files, 16 threads (read bound)", bound, True, 0.0))
                 if not args.no_peers:
                     zarr_peer_rows(path, a, args.device, args.reps, name, rows)
                 shutil.rmtree(path)
@@ -772,6 +801,13 @@ def main():
         if lim and reader.startswith("ferry"):
             ratio += f"  {gbs / lim:4.2f}x limit"
         print(f"{ds:<84} {reader:<44} {gbs:7.2f} {share:9.0%}  {'yes' if ok else 'NO'}{ratio}")
+    # the zstd rows' ceiling through host memory: the chunk files' pread bound and one
+    # chunk's decode latency after the last read (~11 ms for 1 MiB zstd, FIELD_NOTES.md)
+    for ds in dict.fromkeys(r[0] for r in rows if r[0].startswith("Zarr v3 zstd")):
+        rs = {r[1]: r[2] for r in rows if r[0] == ds}
+        b, lim = rs.get("pread of its chunk files, 16 threads (read bound)"), rs.get("nvCOMP batched (limit)")
+        if b and lim:
+            print(f"\n{ds}: 0.8 x limit = {0.8 * lim:.2f} GB/s; the chunk files' pread bound {b:.2f} GB/s of decoded data")
     # issue 12's netCDF-4 target: 0.8 x (the CPU's rate + nvCOMP Deflate's limit), both from this run
     nc = [r for r in rows if r[0].startswith("netCDF-4") and r[0].endswith(".load()")]
     cpu = next((r[2] for r in nc if r[1] == "ferry cpu"), None)

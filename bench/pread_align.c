@@ -10,7 +10,9 @@
  * 4096, for each ALIGN given; best of REPS passes; prints GB/s (1e9).
  * SRC_OFF=B in the environment: the bytes read start B bytes into each file.
  *   cc -O2 -pthread bench/pread_align.c -o pread_align
- *   ./pread_align DIR N LEN T REPS ALIGN...   (e.g. /tmp/pa 4096 790000 16 5 0 8 64 4096) */
+ *   ./pread_align DIR N LEN T REPS ALIGN...   (e.g. /tmp/pa 4096 790000 16 5 0 8 64 2)
+ *   ./pread_align -l LIST T REPS ALIGN...     (the files named in LIST, one per line, as
+ *                                              they are: a store's chunk files, warm) */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
@@ -19,11 +21,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 static int nfiles, *fds;
-static long long len, slotsz;
+static long long len, slotsz, *lens, *slots;   /* lens/slots: -l, files of their own sizes */
 static uint8_t *buf;
 static long align_, src_off;
 static _Atomic int next_;
@@ -39,15 +42,72 @@ static void *reader(void *arg) {
     for (;;) {
         int i = next_++;
         if (i >= nfiles) break;
-        uint8_t *dst = buf + (size_t)i * slotsz + align_;
-        if (pread(fds[i], dst, len, src_off) != len) { perror("pread"); exit(1); }
+        long long n = lens ? lens[i] : len;
+        uint8_t *dst = buf + (lens ? (size_t)slots[i] : (size_t)i * slotsz) + align_;
+        if (pread(fds[i], dst, n, src_off) != n) { perror("pread"); exit(1); }
     }
     return NULL;
 }
 
+/* best GB/s of REPS passes over every file at each ALIGN in av */
+static int sweep(int ac, char **av, int threads, int reps, double bytes) {
+    pthread_t t[256];
+    for (int a = 0; a < ac; a++) {
+        align_ = atol(av[a]);
+        if (align_ < 0 || align_ >= 4096) return -1;
+        double best = 0;
+        for (int r = 0; r < reps; r++) {
+            next_ = 0;
+            double t0 = now();
+            for (int i = 0; i < threads; i++) pthread_create(&t[i], NULL, reader, NULL);
+            for (int i = 0; i < threads; i++) pthread_join(t[i], NULL);
+            double gbs = bytes / (now() - t0) / 1e9;
+            if (gbs > best) best = gbs;
+        }
+        printf("source at %ld, destination at %4ld mod 4096: %6.2f GB/s (%d files, %.0f bytes, %d threads, best of %d)\n",
+               src_off, align_, best, nfiles, bytes, threads, reps);
+        fflush(stdout);
+    }
+    return 0;
+}
+
+/* -l LIST THREADS REPS ALIGN...: the listed files, each whole, packed one after
+ * another in the buffer on 4 KiB boundaries (+ ALIGN) */
+static int list_main(int argc, char **argv) {
+    FILE *lf = fopen(argv[2], "r");
+    if (!lf) { perror(argv[2]); return 1; }
+    int threads = atoi(argv[3]), reps = atoi(argv[4]), cap = 0;
+    if (threads <= 0 || threads > 256 || reps <= 0) return 2;
+    char path[4096];
+    size_t total = 0;
+    while (fgets(path, sizeof path, lf)) {
+        path[strcspn(path, "\n")] = 0;
+        if (!*path) continue;
+        int fd = open(path, O_RDONLY);
+        struct stat st;
+        if (fd < 0 || fstat(fd, &st) != 0) { perror(path); return 1; }
+        if (nfiles == cap) {
+            cap = cap ? 2 * cap : 1024;
+            fds = realloc(fds, cap * sizeof *fds); lens = realloc(lens, cap * sizeof *lens); slots = realloc(slots, cap * sizeof *slots);
+        }
+        fds[nfiles] = fd; lens[nfiles] = st.st_size; slots[nfiles] = (long long)total;
+        total += ((size_t)st.st_size + 4096 + 4095) / 4096 * 4096;
+        nfiles++;
+    }
+    fclose(lf);
+    if (!nfiles) return 2;
+    double bytes = 0;
+    for (int i = 0; i < nfiles; i++) bytes += (double)lens[i];
+    buf = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    if (buf == MAP_FAILED) { perror("mmap"); return 1; }
+    mlock(buf, total);
+    return sweep(argc - 5, argv + 5, threads, reps, bytes) < 0 ? 2 : 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc >= 5 && strcmp(argv[1], "-l") == 0) return list_main(argc, argv);
     if (argc < 7) {
-        fprintf(stderr, "usage: %s DIR N LEN THREADS REPS ALIGN...\n", argv[0]);
+        fprintf(stderr, "usage: %s DIR N LEN THREADS REPS ALIGN... | -l LIST THREADS REPS ALIGN...\n", argv[0]);
         return 2;
     }
     const char *dir = argv[1];
@@ -71,23 +131,7 @@ int main(int argc, char **argv) {
     buf = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
     if (buf == MAP_FAILED) { perror("mmap"); return 1; }
     mlock(buf, total);   /* like pinned staging: resident, no faults while timed (best effort) */
-    pthread_t t[256];
-    for (int a = 6; a < argc; a++) {
-        align_ = atol(argv[a]);
-        if (align_ < 0 || align_ >= 4096) return 2;
-        double best = 0;
-        for (int r = 0; r < reps; r++) {
-            next_ = 0;
-            double t0 = now();
-            for (int i = 0; i < threads; i++) pthread_create(&t[i], NULL, reader, NULL);
-            for (int i = 0; i < threads; i++) pthread_join(t[i], NULL);
-            double gbs = (double)nfiles * len / (now() - t0) / 1e9;
-            if (gbs > best) best = gbs;
-        }
-        printf("source at %ld, destination at %4ld mod 4096: %6.2f GB/s (%d files of %lld bytes, %d threads, best of %d)\n",
-               src_off, align_, best, nfiles, len, threads, reps);
-        fflush(stdout);
-    }
+    if (sweep(argc - 6, argv + 6, threads, reps, (double)nfiles * len) < 0) return 2;
     for (int i = 0; i < nfiles; i++) {
         snprintf(path, sizeof path, "%s/f%05d", dir, i);
         close(fds[i]);

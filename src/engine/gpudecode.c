@@ -1618,7 +1618,7 @@ static int batch_launch(ferry_worker *w, ferry_job *j, gd_slot *g, ferry_decode_
         if (tr) ferry_dt_mark(&tr->t_h2d0, ferry_dt_now());
         if ((rc = coop ? up_copy(w, g, g->darr, g->h + arr, htotal - arr, s) : up_copy(w, g, g->din, g->h, htotal, s)) < 0) return rc;
         if (g->cp_n && (rc = ferry_cuda_unshuffle_batch(d, abase + (a_cp - arr), g->cp_n, 0, s)) < 0) return rc;
-        if (tr && nitems) ferry_dt_mark(&tr->t_nv0, ferry_dt_now());
+        if (tr && nitems) { uint64_t t = ferry_dt_now(); ferry_dt_mark(&tr->t_nv0, t); ferry_dt_mark_max(&tr->t_nv1, t); }
         for (int a = 0; a < FERRY_NVCOMP_NALG; a++) {
             if (!na[a]) continue;
             CUdeviceptr base = abase;
@@ -1672,6 +1672,7 @@ static int start_batch(ferry_worker *w, ferry_job *j, gd_queue *Q, const uint32_
     if (tr) ferry_dt_mark(&tr->t_read0, tlap);
     if ((rc = read_chunks(w, j, g, 0, n, &g->file_bytes)) < 0) return rc;
     ferry_dt_lap(tr, FERRY_DT_READ, &tlap);
+    if (tr) ferry_dt_mark_max(&tr->t_read1, tlap);
     return batch_launch(w, j, g, tr, 0);
 }
 
@@ -2074,6 +2075,7 @@ static int64_t run_coop(ferry_worker *w, ferry_job *j, struct ferry_gpudecode_jo
         if (tr) ferry_dt_mark(&tr->t_read0, t0);
         rc = ferry_cuda_use_device(c->q->dev);
         if (rc >= 0) rc = read_chunks(w, j, g, k0, k1, &bytes);
+        if (tr && rc >= 0) ferry_dt_mark_max(&tr->t_read1, ferry_dt_now());
         if (rc >= 0) {   /* this piece up now, while the others are read */
             uint64_t lo = g->ch[k0].slot / 8 * 8, hi = g->ch[k1 - 1].slot + j->ext[g->ch[k1 - 1].ext].length;
             if (tr) ferry_dt_mark(&tr->t_h2d0, ferry_dt_now());

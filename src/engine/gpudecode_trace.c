@@ -86,7 +86,7 @@ void ferry_dt_batch_end(ferry_decode_trace *tr, uint64_t chunks, uint64_t items,
 void ferry_dt_report(const ferry_decode_trace *tr, uint64_t job_id, int threads) {
     static const char *const names[FERRY_DT_N] = {"prev_wait", "layout", "slot_wait", "check", "read", "frame", "enqueue",
                                                   "cpu_chunks", "wait", "fallback", "place", "alloc", "shared"};
-    char buf[1536];
+    char buf[2048];
     size_t n = 0;
     uint64_t b = atomic_load(&tr->batches), first = atomic_load(&tr->t_first), last = atomic_load(&tr->t_last);
     double wall = last > first ? (double)(last - first) * 1e-9 : 0;
@@ -116,11 +116,12 @@ void ferry_dt_report(const ferry_decode_trace *tr, uint64_t job_id, int threads)
     }
     /* the timeline: where the job's wall time goes (ms from the plan) */
     uint64_t t0 = tr->t_plan;
-    const uint64_t marks[5] = {atomic_load(&tr->t_read0), atomic_load(&tr->t_h2d0), atomic_load(&tr->t_nv0),
-                               atomic_load(&tr->t_done), last};
-    static const char *const mnames[5] = {"first_read", "first_h2d", "first_nvcomp", "last_decode_done", "last_batch_end"};
+    const uint64_t marks[7] = {atomic_load(&tr->t_read0), atomic_load(&tr->t_h2d0), atomic_load(&tr->t_nv0),
+                               atomic_load(&tr->t_read1), atomic_load(&tr->t_nv1), atomic_load(&tr->t_done), last};
+    static const char *const mnames[7] = {"first_read", "first_h2d", "first_nvcomp", "last_read_done", "last_nvcomp",
+                                          "last_decode_done", "last_batch_end"};
     if (n < sizeof buf) n += (size_t)snprintf(buf + n, sizeof buf - n, "; timeline ms from plan:");
-    for (int k = 0; k < 5 && n < sizeof buf; k++) {
+    for (int k = 0; k < 7 && n < sizeof buf; k++) {
         if (marks[k] && t0 && marks[k] >= t0) n += (size_t)snprintf(buf + n, sizeof buf - n, " %s %.3f", mnames[k], (double)(marks[k] - t0) * 1e-6);
         else n += (size_t)snprintf(buf + n, sizeof buf - n, " %s -", mnames[k]);
     }

@@ -35,9 +35,10 @@ typedef struct ferry_decode_trace {
     _Atomic int active, max_active;                          /* batches between read and checked */
     _Atomic int in_flight, max_in_flight;                    /* batches enqueued and not yet waited for */
     /* the job's timeline (ns, CLOCK_MONOTONIC; 0 unset): planned, first pread,
-     * first copy up, first nvCOMP call enqueued, last decode seen complete */
+     * first copy up, first nvCOMP call enqueued, last pread done, last nvCOMP
+     * call enqueued, last decode seen complete */
     uint64_t t_plan;
-    _Atomic uint64_t t_read0, t_h2d0, t_nv0, t_done;
+    _Atomic uint64_t t_read0, t_h2d0, t_nv0, t_read1, t_nv1, t_done;
     _Atomic int64_t chunks_in_flight, max_chunks_in_flight;  /* nvCOMP items enqueued, not yet waited for */
     _Atomic uint64_t max_call;                                /* most items in one batch's calls */
     /* the plan */
