@@ -38,13 +38,18 @@ def warm(path):
 
 def env_settings(text, what):
     """'NAME=VALUE[,NAME=VALUE...]' -> {NAME: VALUE} (the settings of one row of a sweep);
+    a piece without '=' after a setting continues its value (FERRY_GPU_RATES=53,31,0.75);
     anything else ends the run naming `what` and the item, not a row run without it."""
-    out = {}
+    out, last = {}, None
     for kv in (x.strip() for x in text.split(",") if x.strip()):
         k, eq, v = kv.partition("=")
+        if not eq and last is not None:
+            out[last] += "," + kv
+            continue
         if not eq or not k.strip():
             raise SystemExit(f"{what}: {kv!r} is not NAME=VALUE")
-        out[k.strip()] = v.strip()
+        last = k.strip()
+        out[last] = v.strip()
     return out
 
 
