@@ -1427,7 +1427,10 @@ static int slot_ready(gd_slot *g, int d) {
  * files (Zarr zstd chunks) read whole on the 2-core development machine (AMD
  * EPYC), 2 threads: destination at 0 mod 64 18.2 GB/s, at 8 (the packing
  * before: 8-aligned slots) 4.8, at 2 4.3; a source at 1234 mod 4096 read to
- * 1234 14.6, to 1232 10.7, to 1236 4.0. Costs at most 63 bytes per chunk
+ * 1234 14.6, to 1232 10.7, to 1236 4.0. The H200's Intel Xeon copies at
+ * one speed whatever the places (16 threads: 45.0 GB/s at 0, 44.9 at 8; a
+ * 4 GiB Zarr zstd job the same within the run's spread, BENCHMARKS.md,
+ * eighteenth session). Costs at most 63 bytes per chunk
  * (ferry_gpudecode_slot_room). FERRY_GPU_LINE=off: the 8-aligned slots. */
 uint64_t ferry_gpudecode_slot(uint64_t at, uint64_t file_off, unsigned hdr, unsigned align) {
     if (!align || align > 64 || (align & (align - 1))) align = 8;
