@@ -570,7 +570,9 @@ int64_t ferry_run(ferry_ctx *ctx, const ferry_plan *plan, const ferry_run_opts *
  *  merges that many bytes' worth of such plans into one and keeps two such
  *  jobs in the engine at once (a third waits to be submitted: they would
  *  share the workers), besides the one being consumed. At most a sixteenth
- *  of the destination device's memory. The plan is only inspected, not run. */
+ *  of the destination device's memory free at the call (the driver's free
+ *  memory and the context's idle decode buffers: a model may hold the rest).
+ *  The plan is only inspected, not run. */
 uint64_t ferry_plan_job_bytes(ferry_ctx *ctx, const ferry_plan *plan, int decode);
 
 /** Wait up to timeout_ns (negative: forever). Returns bytes moved, or

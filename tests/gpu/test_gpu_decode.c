@@ -1108,7 +1108,7 @@ static void test_pool_keeps_a_stream_s_two_sets(void) {
 /* ferry_plan_job_bytes: the decoded bytes a job of a stream should hold.
  * GPU-decoded deflate and zstd ask for 2.5 GiB of their bytes, scaled by
  * their share of the plan, at most a sixteenth of the device (the stand-in's
- * FERRY_CUDASIM_MEM); lz4 (the CPU's under AUTO), the CPU policy and host
+ * FERRY_CUDASIM_MEM), and of its free memory where a model holds most of it; lz4 (the CPU's under AUTO), the CPU policy and host
  * destinations ask nothing. The plans are never run (their chunks are not
  * real deflate). */
 static void test_job_bytes_hint(void) {
@@ -1151,6 +1151,13 @@ static void test_job_bytes_hint(void) {
     CHECK_EQ_I(ferry_plan_job_bytes(ctx_, NULL, FERRY_DECODE_AUTO), 0);
     if (count) {
         setenv("FERRY_CUDASIM_MEM", "16G", 1);
+        CHECK_EQ_I(ferry_plan_job_bytes(ctx_, defl, FERRY_DECODE_GPU), (16ull << 30) / 16);
+        /* a model holds 15 of the 16 GiB: a sixteenth of the free GiB (a dataset's
+         * groups sized for the whole device did not fit beside it) */
+        uintptr_t model = 0;
+        CHECK_EQ_I(ferry_cuda_malloc(ctx_, 0, 15ull << 30, &model), 0);
+        CHECK_EQ_I(ferry_plan_job_bytes(ctx_, defl, FERRY_DECODE_GPU), (1ull << 30) / 16);
+        ferry_cuda_free(ctx_, model);
         CHECK_EQ_I(ferry_plan_job_bytes(ctx_, defl, FERRY_DECODE_GPU), (16ull << 30) / 16);
         unsetenv("FERRY_CUDASIM_MEM");
     }
