@@ -624,9 +624,9 @@ static size_t shared_feeders(int threads) {
  * sixteenth of its device's memory (two jobs in the engine, each with its
  * destination and a set of call slots of about three times a call's bytes,
  * stay under half of it; the one being consumed holds only its destination,
- * another sixteenth) — of the memory free for it: what the driver reports
- * free plus the context's idle call slots, where a training process's model
- * holds the rest. With a sixteenth of the whole device, XarrayDataset over
+ * another sixteenth) — of the memory the driver reports free, where a
+ * training process's model may hold the rest (the context's idle call slots
+ * do not count: they hold calls, not the jobs' destinations). With a sixteenth of the whole device, XarrayDataset over
  * Zarr zstd on an H200 whose free memory a model had cut to 256 MiB sized
  * its groups for 8.7 GiB, three 96 MiB groups did not fit, and the read
  * failed with cuMemAlloc out of memory (2026-12-04, tests/gpu). */
@@ -653,7 +653,7 @@ uint64_t ferry_plan_job_bytes(ferry_ctx *ctx, const ferry_plan *plan, int policy
     if (!want || !ferry_nvcomp_load(NULL)) return 0;   /* no GPU decode: the CPU's rate at any size */
     size_t free_b, dev_total;
     if (dev_mem(dev, &free_b, &dev_total)) {
-        const uint64_t room = FERRY_MIN((uint64_t)dev_total, (uint64_t)free_b + pool_idle_bytes(ctx, dev));
+        const uint64_t room = FERRY_MIN((uint64_t)dev_total, (uint64_t)free_b);
         if (room / 16 < want) want = room / 16 ? room / 16 : 1;
     }
     return want;
