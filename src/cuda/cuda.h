@@ -17,6 +17,7 @@ typedef struct CUfunc_st *CUfunction;
 typedef unsigned long long CUdeviceptr;
 
 enum {
+    FERRY_CU_ERROR_OUT_OF_MEMORY = 2,      /* CUDA_ERROR_OUT_OF_MEMORY */
     FERRY_CU_MEMORYTYPE_HOST = 1,
     FERRY_CU_MEMORYTYPE_DEVICE = 2,
     FERRY_CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,

@@ -1028,6 +1028,12 @@ static _Thread_local ferry_decode_trace *tl_trace;
  * n rounded up to 2 MiB (1 MiB at least): a call slot is grown once to the job's largest
  * call, and doubling a 128 MiB call's payloads (plus its arrays) made 256 MiB
  * per slot, 8 slots each of payloads and of nvCOMP's temp space. */
+/* The context of the job the calling feeder runs (set with tl_trace): an
+ * allocation that finds the device full gives back the context's idle call
+ * slots first (pool_trim), as a caching allocator does. */
+static _Thread_local ferry_ctx *tl_ctx;
+static size_t pool_trim(ferry_ctx *ctx);
+
 static int dev_alloc(CUdeviceptr *p, size_t *cap, size_t n, int fit) {
     if (*cap >= n && *p) return 0;
     uint64_t t0 = tl_trace ? ferry_dt_now() : 0;
@@ -1039,6 +1045,11 @@ static int dev_alloc(CUdeviceptr *p, size_t *cap, size_t n, int fit) {
     if (*p) cu->MemFree(*p);
     *p = 0; *cap = 0;
     CUresult r = cu->MemAlloc(p, nc);
+    /* full: the idle sets other jobs left (the pool counts them as room for
+     * this job's calls, dev_room) go back to the driver, and one more try.
+     * A model that leaves little free: XarrayDataset over Zarr zstd in 256
+     * MiB free on the H200 failed here beside earlier jobs' idle sets. */
+    if (r == FERRY_CU_ERROR_OUT_OF_MEMORY && tl_ctx && pool_trim(tl_ctx)) r = cu->MemAlloc(p, nc);
     if (r) { *p = 0; return ferry_seterr(FERRY_ENOMEM, "GPU decode: cuMemAlloc(%zu): %s", nc, ferry_cuda_errstr(r)); }
     *cap = nc;
     ferry_dt_lap(tl_trace, FERRY_DT_ALLOC, &t0);
@@ -1881,6 +1892,20 @@ static void set_free(gd_cset *set) {
     free(set);
 }
 
+/* Every idle set of the context's pool freed (their streams are idle: a
+ * set is returned only once its job is complete); the number freed. */
+static size_t pool_trim(ferry_ctx *ctx) {
+    ferry_gpudecode_pool *p = ctx ? ctx->gpu_pool : NULL;
+    if (!p) return 0;
+    pthread_mutex_lock(&p->mu);
+    gd_cset *drop = p->idle;
+    p->idle = NULL;
+    pthread_mutex_unlock(&p->mu);
+    size_t n = 0;
+    while (drop) { gd_cset *x = drop; drop = x->next; set_free(x); n++; }   /* outside the lock: cuMemFree waits */
+    return n;
+}
+
 void ferry_gpudecode_pool_free(ferry_gpudecode_pool *p) {
     if (!p) return;
     while (p->idle) { gd_cset *s = p->idle; p->idle = s->next; set_free(s); }
@@ -2177,9 +2202,10 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t task, int *def
     if (!w->gpu && !(w->gpu = calloc(1, sizeof *w->gpu))) return ferry_seterr(FERRY_ENOMEM, "out of memory");
     int64_t total_coop = 0;
     tl_trace = tr;
+    tl_ctx = j->ctx;
     if (G->ncb) {   /* cooperative calls first; then any shared queue's batches below */
         int64_t c = run_coop(w, j, G);
-        if (c < 0) { tl_trace = NULL; return c; }
+        if (c < 0) { tl_trace = NULL; tl_ctx = NULL; return c; }
         total_coop = c;
     }
     const int nslots = gd_slots();
@@ -2231,5 +2257,6 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t task, int *def
             g->busy = g->open = 0;
         }
     tl_trace = NULL;
+    tl_ctx = NULL;
     return rc < 0 ? rc : total + total_coop;
 }

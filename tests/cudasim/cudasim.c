@@ -133,8 +133,6 @@ long cudasim_count(const char *what, int dev) {
     if (!strcmp(what, "pointer_attributes")) return atomic_load(&count_ptrattr_);
     if (!strcmp(what, "bad_kernel_args")) return atomic_load(&count_bad_kernel_);
     if (!strcmp(what, "pinned_bytes")) return atomic_load(&count_pinned_bytes_[dev]);
-    /* device bytes allocated and not freed (what cuMemGetInfo takes from the device's size) */
-    if (!strcmp(what, "dev_live_bytes")) return atomic_load(&count_dev_live_[dev]);
     if (!strcmp(what, "pinned_live")) return atomic_load(&count_pinned_live_[dev]);
     if (!strcmp(what, "pinned_peak")) return atomic_load(&count_pinned_peak_[dev]);
     if (!strcmp(what, "reset_pinned_peak")) {

@@ -1153,7 +1153,7 @@ static void test_job_bytes_hint(void) {
         /* a sixteenth of what the device has free (earlier tests' idle call
          * slots hold some of it: they do not count, they hold calls) */
         setenv("FERRY_CUDASIM_MEM", "16G", 1);
-        const uint64_t live = (uint64_t)count("dev_live_bytes", 0);
+        const uint64_t live = (uint64_t)count("device_live", 0);
         CHECK_EQ_I(ferry_plan_job_bytes(ctx_, defl, FERRY_DECODE_GPU), ((16ull << 30) - live) / 16);
         /* a model holds 15 of the 16 GiB: a sixteenth of the free GiB (a dataset's
          * groups sized for the whole device did not fit beside it) */
@@ -1167,6 +1167,82 @@ static void test_job_bytes_hint(void) {
     ferry_plan_destroy(defl); ferry_plan_destroy(mixed); ferry_plan_destroy(zs); ferry_plan_destroy(lz);
     ferry_plan_destroy(host);
     ferry_file_close(f);
+    zchunks_free(&z);
+}
+
+/* A device a model has nearly filled, beside the idle call slots of earlier
+ * jobs that ran together (a dataset's reads: each took a set, the context
+ * keeps them, and the room a job's calls are sized for counts them): a job
+ * whose calls need more than the set it takes gets its memory by giving the
+ * other idle sets back (dev_alloc, pool_trim) instead of failing with
+ * cuMemAlloc out of memory (XarrayDataset over Zarr zstd in 256 MiB free on
+ * the H200, 2026-12-04). Byte-exact; the slots of the job are back in the
+ * pool afterwards. */
+static void test_full_device_gives_back_idle_slots(void) {
+    long (*count)(const char *, int) = cudasim_counter();
+    if (!count) { printf("  (needs the stand-in driver)\n"); return; }
+    enum { NJ = 4 };
+    const size_t nchunk = 512, cb = 16384;
+    zchunks z;
+    zchunks_write(&z, "trim.bin", nchunk, cb, 29, 1);
+    /* eight workers whatever FERRY_THREADS says: jobs in flight together overlap */
+    ferry_config cfg;
+    ferry_config_init(&cfg);
+    cfg.threads = 8;
+    cfg.no_env = 1;
+    ferry_ctx *c = NULL;
+    CHECK_EQ_I(ferry_ctx_create(&c, &cfg), 0);
+    ferry_file *f;
+    CHECK_EQ_I(ferry_file_open(c, z.path, FERRY_READ, &f), 0);
+    ferry_run_opts o = decode_opts("gpu");
+    uintptr_t d[NJ];
+    ferry_plan *p[NJ];
+    for (int k = 0; k < NJ; k++) {
+        CHECK_EQ_I(ferry_cuda_malloc(c, 0, nchunk * cb, &d[k]), 0);
+        p[k] = zstd_chunks_plan(f, z.off, z.len, nchunk, cb, d[k], nchunk, 0);
+    }
+    const long dest = count("device_live", 0);
+    CHECK_EQ_I(ferry_run(c, p[0], &o), (int64_t)z.size);   /* alone: one set */
+    const long one = count("device_live", 0) - dest;
+    int sets = 1;
+    for (int tries = 0; tries < 20 && sets < 2; tries++) {   /* together: a set each, while they overlap */
+        ferry_job *jb[NJ];
+        for (int k = 0; k < NJ; k++) CHECK_EQ_I(ferry_submit(c, p[k], &o, &jb[k]), 0);
+        for (int k = 0; k < NJ; k++) {
+            CHECK_EQ_I(ferry_job_wait(jb[k], -1), (int64_t)z.size);
+            ferry_job_destroy(jb[k]);
+        }
+        sets = (int)((count("device_live", 0) - dest + one / 2) / one);
+    }
+    printf("  %d idle call-slot sets of %ld bytes after jobs in flight together\n", sets, one);
+    CHECK(sets >= 2);
+    /* a model takes all but 1 MiB; the next job's chunks are sixteen times as
+     * large (256 KiB): the set it takes must grow past what is free */
+    zchunks z4;
+    zchunks_write(&z4, "trim4.bin", nchunk, 16 * cb, 31, 1);
+    ferry_file *f4;
+    CHECK_EQ_I(ferry_file_open(c, z4.path, FERRY_READ, &f4), 0);
+    uintptr_t d4;
+    CHECK_EQ_I(ferry_cuda_malloc(c, 0, nchunk * 16 * cb, &d4), 0);
+    char mem[64];
+    snprintf(mem, sizeof mem, "%ld", count("device_live", 0) + (1l << 20));
+    setenv("FERRY_CUDASIM_MEM", mem, 1);
+    ferry_plan *p4 = zstd_chunks_plan(f4, z4.off, z4.len, nchunk, 16 * cb, d4, nchunk, 0);
+    int64_t got = ferry_run(c, p4, &o);
+    if (got < 0) fprintf(stderr, "  %s\n", ferry_errmsg(c));
+    CHECK_EQ_I(got, (int64_t)z4.size);
+    uint8_t *back = malloc(nchunk * 16 * cb);
+    ferry_memcpy(c, ferry_host_buf(back, nchunk * 16 * cb), ferry_cuda_buf(0, d4, nchunk * 16 * cb), nchunk * 16 * cb);
+    CHECK(memcmp(back, z4.src, nchunk * 16 * cb) == 0);
+    unsetenv("FERRY_CUDASIM_MEM");
+    free(back);
+    ferry_plan_destroy(p4);
+    for (int k = 0; k < NJ; k++) { ferry_plan_destroy(p[k]); ferry_cuda_free(c, d[k]); }
+    ferry_cuda_free(c, d4);
+    ferry_file_close(f4);
+    ferry_file_close(f);
+    ferry_ctx_destroy(c);
+    zchunks_free(&z4);
     zchunks_free(&z);
 }
 
@@ -1356,6 +1432,7 @@ int main(void) {
     RUN(test_pool_keeps_a_stream_s_two_sets);
     RUN(test_job_bytes_hint);
     RUN(test_small_device_smaller_calls);
+    RUN(test_full_device_gives_back_idle_slots);
     RUN(test_first_job_footprint);
     RUN(test_unpinned_buffers_released);
     ferry_ctx_destroy(ctx_);
