@@ -620,16 +620,19 @@ static size_t shared_feeders(int threads) {
 }
 
 /* ferry_plan_job_bytes (include/ferry.h): the class whose stream_bytes asks
- * the most, scaled by its share of the plan's decoded bytes, and at most a
- * sixteenth of its device's memory (two jobs in the engine, each with its
- * destination and a set of call slots of about three times a call's bytes,
- * stay under half of it; the one being consumed holds only its destination,
- * another sixteenth) — of the memory the driver reports free, where a
- * training process's model may hold the rest (the context's idle call slots
- * do not count: they hold calls, not the jobs' destinations). With a sixteenth of the whole device, XarrayDataset over
- * Zarr zstd on an H200 whose free memory a model had cut to 256 MiB sized
- * its groups for 8.7 GiB, three 96 MiB groups did not fit, and the read
- * failed with cuMemAlloc out of memory (2026-12-04, tests/gpu). */
+ * the most, scaled by its share of the plan's decoded bytes, and at most the
+ * share of the device memory the driver reports free that leaves half of it
+ * free with the caller's jobs in flight: two in the engine, each holding its
+ * destination and call slots of dev_per_byte times its bytes (inputs,
+ * scratch, nvCOMP's temp space), and the one being consumed its destination —
+ * free / (2 x (2 x (1 + dev_per_byte) + 1)): zstd 1/26, deflate 1/18 (and
+ * never more than a sixteenth of the device). Free, not total: a training
+ * process's model may hold the rest. Sized from the whole device, XarrayDataset
+ * over Zarr zstd beside a model that left 256 MiB free planned groups for 8.7
+ * GiB and failed with cuMemAlloc out of memory on the H200; from a sixteenth
+ * of the free memory its two jobs' calls (5 x 16 MiB each) and three groups
+ * left torch 9 MiB for the next group (2026-12-04, tests/gpu). The context's
+ * idle call slots do not count: they hold calls, not destinations. */
 uint64_t ferry_plan_job_bytes(ferry_ctx *ctx, const ferry_plan *plan, int policy) {
     if (!ctx || !plan) return 0;
     if (policy == FERRY_DECODE_AUTO) policy = ctx->cfg.decode;
@@ -647,14 +650,18 @@ uint64_t ferry_plan_job_bytes(ferry_ctx *ctx, const ferry_plan *plan, int policy
         }
     }
     uint64_t want = 0;
+    int per_byte = 0;   /* the most device bytes per decoded byte among the classes that ask */
     for (int a = 0; a < NCLASS; a++)
-        if (of_class[a] && auto_table[a].stream_bytes)
+        if (of_class[a] && auto_table[a].stream_bytes) {
             want = FERRY_MAX(want, (uint64_t)((double)auto_table[a].stream_bytes * (double)total / (double)of_class[a]));
+            per_byte = FERRY_MAX(per_byte, auto_table[a].dev_per_byte);
+        }
     if (!want || !ferry_nvcomp_load(NULL)) return 0;   /* no GPU decode: the CPU's rate at any size */
     size_t free_b, dev_total;
     if (dev_mem(dev, &free_b, &dev_total)) {
-        const uint64_t room = FERRY_MIN((uint64_t)dev_total, (uint64_t)free_b);
-        if (room / 16 < want) want = room / 16 ? room / 16 : 1;
+        const uint64_t share = FERRY_MAX(16u, 2u * (2u * (1u + (unsigned)per_byte) + 1u));
+        const uint64_t cap = FERRY_MIN((uint64_t)dev_total / 16, (uint64_t)free_b / share);
+        if (cap < want) want = cap ? cap : 1;
     }
     return want;
 }

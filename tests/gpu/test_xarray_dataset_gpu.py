@@ -175,10 +175,13 @@ def test_gpu_groups_of_batches_equal_xarray(tmp_path, fmt, group):
 @pytest.mark.parametrize("fmt", ["nc4", "zarrz"])
 def test_engine_sized_groups_on_a_nearly_full_gpu(tmp_path, fmt):
     """A training process's model takes most of the GPU: the dataset's engine-sized groups of
-    compressed data (a 96 MiB group, the whole set, decoded on the GPU, later epochs' groups
-    in flight beside it) still run, byte-exact over two epochs, in the 256 MiB the driver says
-    are free (probed on the H200, 2026-12-04: 256 MiB and more ran; 128 MiB failed loudly,
-    torch's OutOfMemoryError for the second group)."""
+    compressed data (decoded on the GPU, three in flight) still run, byte-exact over two epochs,
+    in the 256 MiB the driver says are free, their size taken from the free memory
+    (ferry_plan_job_bytes). On the H200, 2026-12-04, Zarr zstd: groups sized from the whole
+    device failed with cuMemAlloc out of memory; from a sixteenth of the free memory, beside
+    earlier tests' idle call slots, again in ferry's decode (fixed: the slots are given back);
+    then torch had 9 MiB left for the next 16 MiB group (now 1/26 of the free memory for zstd:
+    not yet run on the H200). netCDF-4 passed at each step."""
     import ferry
     if "loaded" not in (ferry.default_context().nvcomp_status or ""):
         pytest.skip("nvCOMP not loaded")
