@@ -12,6 +12,7 @@ if not torch.cuda.is_available():
 
 from ferry.torch import XarrayDataset  # noqa: E402
 from ferry.xarray import FerryBackendEntrypoint  # noqa: E402
+from step_files import write_step_chunked  # noqa: E402
 
 # engine="ferry" once the package is installed (entry point); the class works either way
 ENGINE = "ferry" if "ferry" in xr.backends.list_engines() else FerryBackendEntrypoint
@@ -135,12 +136,7 @@ def test_batches_need_no_host_sync(tmp_path, fmt):
 
 
 def _zarr_zstd(tmp_path):
-    zarr = pytest.importorskip("zarr")
-    full = _era(3)
-    p = str(tmp_path / "ez.zarr")
-    full.to_zarr(p, zarr_format=3, consolidated=False, encoding={
-        n: {"chunks": (1,) + full[n].shape[1:], "compressors": [zarr.codecs.ZstdCodec(level=1)]}
-        for n in ("t2m", "z")})
+    p = write_step_chunked(_era(3), str(tmp_path / "ez.zarr"), "zarr")
     return [p], xr.open_zarr(p, consolidated=False).load()
 
 
@@ -191,15 +187,8 @@ def test_engine_sized_groups_on_a_nearly_full_gpu(tmp_path, fmt):
     full = xr.Dataset({n: (("time", "lat", "lon"), (base * (k + 1) + rng.normal(0, 0.01, (nt, ny, nx))).astype(np.float32))
                        for k, n in enumerate(["a", "b"])},
                       coords={"time": pd.date_range("2001-01-01", periods=nt, freq="h")})
-    p = str(tmp_path / ("f.nc" if fmt == "nc4" else "f.zarr"))
-    if fmt == "nc4":
-        pytest.importorskip("netCDF4")
-        full.to_netcdf(p, engine="netcdf4", encoding={n: {"zlib": True, "shuffle": True, "chunksizes": (1, ny, nx)}
-                                                      for n in full.data_vars})
-    else:
-        zarr = pytest.importorskip("zarr")
-        full.to_zarr(p, zarr_format=3, consolidated=False, encoding={
-            n: {"chunks": (1, ny, nx), "compressors": [zarr.codecs.ZstdCodec(level=1)]} for n in full.data_vars})
+    p = write_step_chunked(full, str(tmp_path / ("f.nc" if fmt == "nc4" else "f.zarr")),
+                           "nc4" if fmt == "nc4" else "zarr")
     want = np.stack([full.a.values, full.b.values], axis=1)   # (time, 2, lat, lon)
     ds = XarrayDataset(xr.open_dataset(p, engine=ENGINE, device="cpu"), ["a", "b"], batch_size=4, device="cuda")
     torch.cuda.empty_cache()

@@ -15,6 +15,7 @@ xr = pytest.importorskip("xarray")
 
 from ferry.torch import XarrayDataset  # noqa: E402
 from ferry.xarray import FerryBackendEntrypoint  # noqa: E402
+from step_files import write_step_chunked  # noqa: E402
 
 T, H, W = 12, 33, 48
 
@@ -27,14 +28,8 @@ def _files(tmp_path, fmt):
     p = str(tmp_path / f"g.{fmt}")
     if fmt == "nc3":
         ds.to_netcdf(p, engine="scipy")
-    elif fmt == "nc4":
-        pytest.importorskip("netCDF4")
-        ds.to_netcdf(p, engine="netcdf4", encoding={n: {"zlib": True, "shuffle": True, "chunksizes": (1, H, W)}
-                                                    for n in ds.data_vars})
     else:
-        zarr = pytest.importorskip("zarr")
-        ds.to_zarr(p, zarr_format=3, consolidated=False, encoding={
-            n: {"chunks": (1, H, W), "compressors": [zarr.codecs.ZstdCodec(level=1)]} for n in ds.data_vars})
+        write_step_chunked(ds, p, fmt)
     return p
 
 
