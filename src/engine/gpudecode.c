@@ -1029,18 +1029,17 @@ void ferry_gpudecode_worker_free(ferry_worker *w) {
 
 /* The trace of the batch this thread runs (allocations are counted into it), or NULL. */
 static _Thread_local ferry_decode_trace *tl_trace;
-
-/* Device memory of at least n bytes (contents not kept); the device is
- * current. dev_grow doubles (per-feeder batches vary in size); dev_fit takes
- * n rounded up to 2 MiB (1 MiB at least): a call slot is grown once to the job's largest
- * call, and doubling a 128 MiB call's payloads (plus its arrays) made 256 MiB
- * per slot, 8 slots each of payloads and of nvCOMP's temp space. */
 /* The context of the job the calling feeder runs (set with tl_trace): an
  * allocation that finds the device full gives back the context's idle call
  * slots first (pool_trim), as a caching allocator does. */
 static _Thread_local ferry_ctx *tl_ctx;
 static size_t pool_trim(ferry_ctx *ctx);
 
+/* Device memory of at least n bytes (contents not kept); the device is
+ * current. dev_grow doubles (per-feeder batches vary in size); dev_fit takes
+ * n rounded up to 2 MiB (1 MiB at least): a call slot is grown once to the job's largest
+ * call, and doubling a 128 MiB call's payloads (plus its arrays) made 256 MiB
+ * per slot, 8 slots each of payloads and of nvCOMP's temp space. */
 static int dev_alloc(CUdeviceptr *p, size_t *cap, size_t n, int fit) {
     if (*cap >= n && *p) return 0;
     uint64_t t0 = tl_trace ? ferry_dt_now() : 0;
@@ -1434,14 +1433,6 @@ static int slot_ready(gd_slot *g, int d) {
     return 0;
 }
 
-/* A batch on slot g, in three steps: batch_layout (its stream and events,
- * the slot's previous batch placed, every chunk's place in pinned staging h),
- * read_chunks (any feeder, any range of its chunks), batch_launch (check and
- * frame every chunk on the CPU, enqueue the copy up, the nvCOMP calls, the
- * filters and the results' copy back on the slot's stream, then decode on
- * the CPU the chunks the GPU does not take). finish_batch completes it.
- * min_h / min_din: sizes to grow h and din to at least (cooperative slots are
- * grown once to the job's largest call, 0 otherwise). */
 /* Where in a batch's pinned buffer a chunk's bytes go: the first position at
  * or after `at` that sits where the chunk's first byte sits in its 64-byte
  * line of the file (its page-cache copy), moved down to the nearest position
@@ -1471,6 +1462,14 @@ static int line_slots(void) {
     return !(s && (strcasecmp(s, "off") == 0 || strcmp(s, "0") == 0));
 }
 
+/* A batch on slot g, in three steps: batch_layout (its stream and events,
+ * the slot's previous batch placed, every chunk's place in pinned staging h),
+ * read_chunks (any feeder, any range of its chunks), batch_launch (check and
+ * frame every chunk on the CPU, enqueue the copy up, the nvCOMP calls, the
+ * filters and the results' copy back on the slot's stream, then decode on
+ * the CPU the chunks the GPU does not take). finish_batch completes it.
+ * min_h / min_din: sizes to grow h and din to at least (cooperative slots are
+ * grown once to the job's largest call, 0 otherwise). */
 static int batch_layout(ferry_worker *w, ferry_job *j, gd_queue *Q, const uint32_t *idx, size_t n, gd_slot *g,
                         ferry_decode_trace *tr, uint64_t min_h, uint64_t min_din) {
     uint64_t tlap = tr ? ferry_dt_now() : 0;
