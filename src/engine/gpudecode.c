@@ -1052,10 +1052,15 @@ static int dev_alloc(CUdeviceptr *p, size_t *cap, size_t n, int fit) {
     *p = 0; *cap = 0;
     CUresult r = cu->MemAlloc(p, nc);
     /* full: the idle sets other jobs left (the pool counts them as room for
-     * this job's calls, dev_room) go back to the driver, and one more try.
+     * this job's calls, dev_room) go back to the driver, and one more try —
+     * also when none were left: another feeder's trim, waited for, may just
+     * have freed them (a stand-in test failed one run in a few without).
      * A model that leaves little free: XarrayDataset over Zarr zstd in 256
      * MiB free on the H200 failed here beside earlier jobs' idle sets. */
-    if (r == FERRY_CU_ERROR_OUT_OF_MEMORY && tl_ctx && pool_trim(tl_ctx)) r = cu->MemAlloc(p, nc);
+    if (r == FERRY_CU_ERROR_OUT_OF_MEMORY && tl_ctx) {
+        pool_trim(tl_ctx);
+        r = cu->MemAlloc(p, nc);
+    }
     if (r) { *p = 0; return ferry_seterr(FERRY_ENOMEM, "GPU decode: cuMemAlloc(%zu): %s", nc, ferry_cuda_errstr(r)); }
     *cap = nc;
     ferry_dt_lap(tl_trace, FERRY_DT_ALLOC, &t0);
@@ -1837,13 +1842,15 @@ typedef struct gd_cset {
 
 struct ferry_gpudecode_pool {
     pthread_mutex_t mu;
+    pthread_mutex_t trim_mu;   /* one pool_trim at a time: a feeder that finds the device full
+                                  while another trims waits for the memory that one frees */
     gd_cset *idle;        /* at most POOL_SETS per device, bytes as pool_bytes says */
     _Atomic unsigned long coop_jobs;   /* cooperative jobs planned (stage_ring's "auto") */
 };
 
 ferry_gpudecode_pool *ferry_gpudecode_pool_new(void) {
     ferry_gpudecode_pool *p = calloc(1, sizeof *p);
-    if (p) pthread_mutex_init(&p->mu, NULL);
+    if (p) { pthread_mutex_init(&p->mu, NULL); pthread_mutex_init(&p->trim_mu, NULL); }
     return p;
 }
 
@@ -1899,16 +1906,19 @@ static void set_free(gd_cset *set) {
 }
 
 /* Every idle set of the context's pool freed (their streams are idle: a
- * set is returned only once its job is complete); the number freed. */
+ * set is returned only once its job is complete); the number freed. A call
+ * made while another trims returns once that one's sets are freed. */
 static size_t pool_trim(ferry_ctx *ctx) {
     ferry_gpudecode_pool *p = ctx ? ctx->gpu_pool : NULL;
     if (!p) return 0;
+    pthread_mutex_lock(&p->trim_mu);
     pthread_mutex_lock(&p->mu);
     gd_cset *drop = p->idle;
     p->idle = NULL;
     pthread_mutex_unlock(&p->mu);
     size_t n = 0;
-    while (drop) { gd_cset *x = drop; drop = x->next; set_free(x); n++; }   /* outside the lock: cuMemFree waits */
+    while (drop) { gd_cset *x = drop; drop = x->next; set_free(x); n++; }   /* outside mu: cuMemFree waits */
+    pthread_mutex_unlock(&p->trim_mu);
     return n;
 }
 
@@ -1916,6 +1926,7 @@ void ferry_gpudecode_pool_free(ferry_gpudecode_pool *p) {
     if (!p) return;
     while (p->idle) { gd_cset *s = p->idle; p->idle = s->next; set_free(s); }
     pthread_mutex_destroy(&p->mu);
+    pthread_mutex_destroy(&p->trim_mu);
     free(p);
 }
 
