@@ -569,10 +569,10 @@ int64_t ferry_run(ferry_ctx *ctx, const ferry_plan *plan, const ferry_run_opts *
  *  0.6-0.7 of its rate on the H200; README "Which decoder runs"): a caller
  *  merges that many bytes' worth of such plans into one and keeps two such
  *  jobs in the engine at once (a third waits to be submitted: they would
- *  share the workers), besides the one being consumed. At most a sixteenth
- *  of the destination device's memory, and at most the share of its memory
- *  free at the call (a model may hold the rest) that leaves half of that free
- *  with those three jobs and their decode buffers (zstd: 1/26; deflate: 1/18).
+ *  share the workers), besides the one being consumed. At most the share of
+ *  the destination device's memory free at the call (a model may hold the
+ *  rest) that leaves half of it free with those three jobs and their decode
+ *  buffers (zstd: 1/26; deflate: 1/18).
  *  The plan is only inspected, not run. */
 uint64_t ferry_plan_job_bytes(ferry_ctx *ctx, const ferry_plan *plan, int decode);
 

@@ -625,8 +625,8 @@ static size_t shared_feeders(int threads) {
  * free with the caller's jobs in flight: two in the engine, each holding its
  * destination and call slots of dev_per_byte times its bytes (inputs,
  * scratch, nvCOMP's temp space), and the one being consumed its destination —
- * free / (2 x (2 x (1 + dev_per_byte) + 1)): zstd 1/26, deflate 1/18 (and
- * never more than a sixteenth of the device). Free, not total: a training
+ * free / (2 x (2 x (1 + dev_per_byte) + 1)): zstd 1/26, deflate 1/18 (less
+ * than the sixteenth of the whole device of the rule before). Free, not total: a training
  * process's model may hold the rest. Sized from the whole device, XarrayDataset
  * over Zarr zstd beside a model that left 256 MiB free planned groups for 8.7
  * GiB and failed with cuMemAlloc out of memory on the H200; from a sixteenth
@@ -659,8 +659,8 @@ uint64_t ferry_plan_job_bytes(ferry_ctx *ctx, const ferry_plan *plan, int policy
     if (!want || !ferry_nvcomp_load(NULL)) return 0;   /* no GPU decode: the CPU's rate at any size */
     size_t free_b, dev_total;
     if (dev_mem(dev, &free_b, &dev_total)) {
-        const uint64_t share = FERRY_MAX(16u, 2u * (2u * (1u + (unsigned)per_byte) + 1u));
-        const uint64_t cap = FERRY_MIN((uint64_t)dev_total / 16, (uint64_t)free_b / share);
+        (void)dev_total;   /* free <= total: the free memory alone caps it */
+        const uint64_t cap = (uint64_t)free_b / (2u * (2u * (1u + (unsigned)per_byte) + 1u));
         if (cap < want) want = cap ? cap : 1;
     }
     return want;
