@@ -342,18 +342,21 @@ def nvcomp_limit(lib_path, cuda, chunks, chunk_bytes, alg, reps):
 # peers on the same Zarr stores: zarr-python on the CPU (then cupy.asarray),
 # zarr.config.enable_gpu() (cupy buffers), and with kvikio's GDSStore
 # ---------------------------------------------------------------------------
-def pread_bound(path, decoded, reps, threads=16):
+def pread_bound(path, decoded, reps, workdir, threads=16):
     """GB/s of decoded data at which `threads` threads pread every chunk file of
     the store at `path` whole into one buffer (bench/pread_align.c, compiled
-    here with cc), page cache warm: the rate no reader of these files through
-    host memory passes, whatever decodes them. None without a compiler."""
+    once into `workdir` with cc), page cache warm: the rate no reader of these
+    files through host memory passes, whatever decodes them. None without a
+    compiler."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if not cc:
         return None
+    exe = os.path.join(workdir, "pread_align")
+    if not os.path.exists(exe):
+        subprocess.run([cc, "-O2", "-pthread", os.path.join(HERE, "pread_align.c"), "-o", exe], check=True)
     tmp = tempfile.mkdtemp(prefix="ferry_pread_")
     try:
-        exe, lst = os.path.join(tmp, "pread_align"), os.path.join(tmp, "files")
-        subprocess.run([cc, "-O2", "-pthread", os.path.join(HERE, "pread_align.c"), "-o", exe], check=True)
+        lst = os.path.join(tmp, "files")
         files = [os.path.join(r, f) for r, _, fs in os.walk(path) for f in fs if os.sep + "c" + os.sep in os.path.join(r, f)]
         with open(lst, "w") as fh:
             fh.write("\n".join(files) + "\n")
@@ -759,7 +762,7 @@ def main():
                     gbs, bad = nvcomp_limit(lib_path, cuda, payloads(path, "Zstd"), crow * cols * 4, "Zstd", args.reps)
                     rows.append((name, "nvCOMP batched (limit)", gbs, bad == 0, 1.0))
                 ferry_rows(ctx, path, a, args, name, rows, runs=zarr_runs)
-                bound = pread_bound(path, a.nbytes, args.reps)
+                bound = pread_bound(path, a.nbytes, args.reps, tmp)
                 if bound:
                     rows.append((name, "pread of its chunk files, 16 threads (read bound)", bound, True, 0.0))
                 if not args.no_peers:

@@ -1,10 +1,12 @@
 /* Page cache -> memory at a chosen destination alignment: is a pread slower
- * when its destination is not cache-line aligned? The question behind the
- * GPU decode's packed staging (gpudecode.c puts each compressed chunk 8-byte
- * aligned in one pinned buffer, where the uncompressed path reads page-aligned):
- * the kernel's copy out of the page cache (rep movsb) splits every store
- * across two cache lines when the destination is off a 64-byte line.
- * No ferry code involved. Writes N files of LEN bytes in DIR (page cache warm
+ * when its destination sits elsewhere in a 64-byte line than its source? The
+ * question behind the GPU decode's packed staging (gpudecode.c put each
+ * compressed chunk 8-aligned in one pinned buffer, where the uncompressed
+ * path reads page-aligned). Measured (BENCHMARKS.md, eighteenth session):
+ * yes on the development machine's AMD EPYC (790 KB files, 2 threads: 18.2
+ * GB/s to 0 mod 64, 4.8 to 8), no on the H200's Intel Xeon (16 threads: 45.0
+ * and 44.9). bench_decode.py runs its -l form as the read bound of a Zarr
+ * store's chunk files. No ferry code involved. Writes N files of LEN bytes in DIR (page cache warm
  * from the writes), then T threads pread every file whole into one shared
  * buffer at slots spaced like packed chunks, each slot's start at ALIGN mod
  * 4096, for each ALIGN given; best of REPS passes; prints GB/s (1e9).
@@ -49,6 +51,15 @@ static void *reader(void *arg) {
     return NULL;
 }
 
+/* The one buffer every pread goes to: resident and locked like pinned
+ * staging (best effort), so no page faults are timed. */
+static int stage(size_t total) {
+    buf = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    if (buf == MAP_FAILED) { perror("mmap"); return -1; }
+    mlock(buf, total);
+    return 0;
+}
+
 /* best GB/s of REPS passes over every file at each ALIGN in av */
 static int sweep(int ac, char **av, int threads, int reps, double bytes) {
     pthread_t t[256];
@@ -89,6 +100,7 @@ static int list_main(int argc, char **argv) {
         if (nfiles == cap) {
             cap = cap ? 2 * cap : 1024;
             fds = realloc(fds, cap * sizeof *fds); lens = realloc(lens, cap * sizeof *lens); slots = realloc(slots, cap * sizeof *slots);
+            if (!fds || !lens || !slots) { perror("realloc"); return 1; }
         }
         fds[nfiles] = fd; lens[nfiles] = st.st_size; slots[nfiles] = (long long)total;
         total += ((size_t)st.st_size + 4096 + 4095) / 4096 * 4096;
@@ -98,9 +110,7 @@ static int list_main(int argc, char **argv) {
     if (!nfiles) return 2;
     double bytes = 0;
     for (int i = 0; i < nfiles; i++) bytes += (double)lens[i];
-    buf = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-    if (buf == MAP_FAILED) { perror("mmap"); return 1; }
-    mlock(buf, total);
+    if (stage(total) < 0) return 1;
     return sweep(argc - 5, argv + 5, threads, reps, bytes) < 0 ? 2 : 0;
 }
 
@@ -119,6 +129,7 @@ int main(int argc, char **argv) {
     slotsz = (len + 4096 + 4095) / 4096 * 4096;   /* room for any ALIGN < 4096 beyond a page-aligned start */
     fds = calloc(nfiles, sizeof *fds);
     uint8_t *data = malloc(len);
+    if (!fds || !data) { perror("malloc"); return 1; }
     for (long long k = 0; k < len; k++) data[k] = (uint8_t)(k * 2654435761u >> 13);
     char path[4096];
     for (int i = 0; i < nfiles; i++) {
@@ -128,9 +139,7 @@ int main(int argc, char **argv) {
         fds[i] = fd;
     }
     size_t total = (size_t)nfiles * slotsz;
-    buf = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-    if (buf == MAP_FAILED) { perror("mmap"); return 1; }
-    mlock(buf, total);   /* like pinned staging: resident, no faults while timed (best effort) */
+    if (stage(total) < 0) return 1;
     if (sweep(argc - 6, argv + 6, threads, reps, (double)nfiles * len) < 0) return 2;
     for (int i = 0; i < nfiles; i++) {
         snprintf(path, sizeof path, "%s/f%05d", dir, i);
