@@ -1033,14 +1033,14 @@ static _Thread_local ferry_decode_trace *tl_trace;
  * allocation that finds the device full gives back the context's idle call
  * slots first (pool_trim), as a caching allocator does. */
 static _Thread_local ferry_ctx *tl_ctx;
-static size_t pool_trim(ferry_ctx *ctx);
+static size_t pool_trim(ferry_ctx *ctx, int dev);
 
-/* Device memory of at least n bytes (contents not kept); the device is
- * current. dev_grow doubles (per-feeder batches vary in size); dev_fit takes
+/* Device memory of at least n bytes (contents not kept) on device dev,
+ * which is current. dev_grow doubles (per-feeder batches vary in size); dev_fit takes
  * n rounded up to 2 MiB (1 MiB at least): a call slot is grown once to the job's largest
  * call, and doubling a 128 MiB call's payloads (plus its arrays) made 256 MiB
  * per slot, 8 slots each of payloads and of nvCOMP's temp space. */
-static int dev_alloc(CUdeviceptr *p, size_t *cap, size_t n, int fit) {
+static int dev_alloc(int dev, CUdeviceptr *p, size_t *cap, size_t n, int fit) {
     if (*cap >= n && *p) return 0;
     uint64_t t0 = tl_trace ? ferry_dt_now() : 0;
     if (tl_trace) atomic_fetch_add(&tl_trace->allocs, 1);
@@ -1058,7 +1058,7 @@ static int dev_alloc(CUdeviceptr *p, size_t *cap, size_t n, int fit) {
      * A model that leaves little free: XarrayDataset over Zarr zstd in 256
      * MiB free on the H200 failed here beside earlier jobs' idle sets. */
     if (r == FERRY_CU_ERROR_OUT_OF_MEMORY && tl_ctx) {
-        pool_trim(tl_ctx);
+        pool_trim(tl_ctx, dev);
         r = cu->MemAlloc(p, nc);
     }
     if (r) { *p = 0; return ferry_seterr(FERRY_ENOMEM, "GPU decode: cuMemAlloc(%zu): %s", nc, ferry_cuda_errstr(r)); }
@@ -1066,8 +1066,8 @@ static int dev_alloc(CUdeviceptr *p, size_t *cap, size_t n, int fit) {
     ferry_dt_lap(tl_trace, FERRY_DT_ALLOC, &t0);
     return 0;
 }
-static int dev_grow(CUdeviceptr *p, size_t *cap, size_t n) { return dev_alloc(p, cap, n, 0); }
-static int dev_fit(CUdeviceptr *p, size_t *cap, size_t n) { return dev_alloc(p, cap, n, 1); }
+static int dev_grow(int dev, CUdeviceptr *p, size_t *cap, size_t n) { return dev_alloc(dev, p, cap, n, 0); }
+static int dev_fit(int dev, CUdeviceptr *p, size_t *cap, size_t n) { return dev_alloc(dev, p, cap, n, 1); }
 
 /* ferry_worker_grow (per worker, reused: it allocates only to grow), timed for the trace. */
 static int host_grow(ferry_worker *w, int d, uint8_t **buf, size_t *cap, int *pinned, size_t n) {
@@ -1524,7 +1524,7 @@ static int batch_layout(ferry_worker *w, ferry_job *j, gd_queue *Q, const uint32
     g->hsize = hsize;
     if ((rc = host_grow(w, g->hplain ? -1 : d, &g->h, &g->hcap, &g->hpinned, FERRY_MAX(hsize, min_h) ? FERRY_MAX(hsize, min_h) : 1)) < 0)
         return rc;
-    if (min_din && (rc = dev_fit(&g->din, &g->din_cap, FERRY_MAX(hsize, min_din))) < 0) return rc;
+    if (min_din && (rc = dev_fit(g->dev, &g->din, &g->din_cap, FERRY_MAX(hsize, min_din))) < 0) return rc;
     ferry_dt_lap(tr, FERRY_DT_LAYOUT, &tlap);
     return 0;
 }
@@ -1563,7 +1563,7 @@ static int batch_launch(ferry_worker *w, ferry_job *j, gd_slot *g, ferry_decode_
         c->cpu_pos = cpu_total;
         cpu_total += up(e->decoded_size, 64);
     }
-    if (scr && (rc = dev_grow(&g->dscr, &g->dscr_cap, scr)) < 0) return rc;
+    if (scr && (rc = dev_grow(g->dev, &g->dscr, &g->dscr_cap, scr)) < 0) return rc;
     for (size_t k = 0; k < n; k++) {
         if (ch[k].out_scr) ch[k].out += g->dscr;
         if (ch[k].fin_scr) ch[k].fin += g->dscr;
@@ -1611,11 +1611,11 @@ static int batch_launch(ferry_worker *w, ferry_job *j, gd_slot *g, ferry_decode_
         }
         /* device arrays: behind the payloads in din, or (coop: din holds the
          * payloads already) in darr */
-        if (coop ? (rc = dev_grow(&g->darr, &g->darr_cap, htotal - arr)) < 0 : (rc = dev_grow(&g->din, &g->din_cap, htotal)) < 0)
+        if (coop ? (rc = dev_grow(g->dev, &g->darr, &g->darr_cap, htotal - arr)) < 0 : (rc = dev_grow(g->dev, &g->din, &g->din_cap, htotal)) < 0)
             return rc;
         const CUdeviceptr abase = coop ? g->darr : g->din + arr;
-        if ((rc = dev_grow(&g->dres, &g->dres_cap, res_total)) < 0) return rc;
-        if (temp && (rc = dev_grow(&g->dtemp, &g->dtemp_cap, temp)) < 0) return rc;
+        if ((rc = dev_grow(g->dev, &g->dres, &g->dres_cap, res_total)) < 0) return rc;
+        if (temp && (rc = dev_grow(g->dev, &g->dtemp, &g->dtemp_cap, temp)) < 0) return rc;
         if ((rc = host_grow(w, d, &g->hres, &g->hres_cap, &g->hres_pinned, res_total)) < 0) return rc;
         /* items: q ordered by algorithm; four arrays of nitems u64 entries */
         uint64_t *in_ptrs = (uint64_t *)(g->h + arr), *in_bytes = in_ptrs + nitems, *out_ptrs = in_bytes + nitems,
@@ -1778,7 +1778,7 @@ static int64_t finish_batch(ferry_worker *w, ferry_job *j, gd_slot *g, ferry_dec
     for (size_t k = 0; k < n; k++) nplace += ch[k].placed;
     if (nplace && g->kernels) {
         if ((rc = host_grow(w, g->hplain ? -1 : d, &g->h, &g->hcap, &g->hpinned, 128 * nplace)) < 0) return rc;
-        if ((rc = dev_grow(&g->din, &g->din_cap, 128 * nplace)) < 0) return rc;
+        if ((rc = dev_grow(g->dev, &g->din, &g->din_cap, 128 * nplace)) < 0) return rc;
         pd = (uint64_t *)g->h;
     }
     size_t np = 0;
@@ -1905,16 +1905,23 @@ static void set_free(gd_cset *set) {
     free(set);
 }
 
-/* Every idle set of the context's pool freed (their streams are idle: a
- * set is returned only once its job is complete); the number freed. A call
- * made while another trims returns once that one's sets are freed. */
-static size_t pool_trim(ferry_ctx *ctx) {
+/* Every idle set of device dev in the context's pool freed (their streams
+ * are idle: a set is returned only once its job is complete; other devices'
+ * sets stay); the number freed. A call made while another trims returns
+ * once that one's sets are freed. */
+static size_t pool_trim(ferry_ctx *ctx, int dev) {
     ferry_gpudecode_pool *p = ctx ? ctx->gpu_pool : NULL;
     if (!p) return 0;
     pthread_mutex_lock(&p->trim_mu);
     pthread_mutex_lock(&p->mu);
-    gd_cset *drop = p->idle;
-    p->idle = NULL;
+    gd_cset *drop = NULL;
+    for (gd_cset **pp = &p->idle; *pp;) {
+        gd_cset *x = *pp;
+        if (x->dev != dev) { pp = &x->next; continue; }
+        *pp = x->next;
+        x->next = drop;
+        drop = x;
+    }
     pthread_mutex_unlock(&p->mu);
     size_t n = 0;
     while (drop) { gd_cset *x = drop; drop = x->next; set_free(x); n++; }   /* outside mu: cuMemFree waits */
@@ -2035,8 +2042,8 @@ static int coop_setup(ferry_worker *w, ferry_job *j, struct ferry_gpudecode_job 
     g->hplain = G->ring;
     int rc = batch_layout(w, j, c->q, G->idx + c->first, c->n, g, G->trace, G->max_h[d] + 128 * G->max_n[d] + 64, G->max_h[d]);
     /* (blosc's splits may ask more arrays and results: they grow then) */
-    if (rc >= 0) rc = dev_fit(&g->darr, &g->darr_cap, 128 * G->max_n[d] + 64);
-    if (rc >= 0) rc = dev_fit(&g->dres, &g->dres_cap, 32 * G->max_n[d] + 64);
+    if (rc >= 0) rc = dev_fit(g->dev, &g->darr, &g->darr_cap, 128 * G->max_n[d] + 64);
+    if (rc >= 0) rc = dev_fit(g->dev, &g->dres, &g->dres_cap, 32 * G->max_n[d] + 64);
     if (rc >= 0) rc = host_grow(w, d, &g->hres, &g->hres_cap, &g->hres_pinned, 32 * G->max_n[d] + 64);
     if (rc >= 0 && c->q->alg < FERRY_NVCOMP_NALG) {
         size_t t = 0;
@@ -2044,7 +2051,7 @@ static int coop_setup(ferry_worker *w, ferry_job *j, struct ferry_gpudecode_job 
         memset(&opts, 0, sizeof opts);
         const ferry_nvcomp_api *nv = ferry_nvcomp_load(NULL);
         if (!ferry_nvcomp_temp_size(nv, c->q->alg, G->max_n[d], G->max_chunk[d], opts, &t, G->max_dec[d], g->stream) && t)
-            rc = dev_fit(&g->dtemp, &g->dtemp_cap, t);
+            rc = dev_fit(g->dev, &g->dtemp, &g->dtemp_cap, t);
     }
     ferry_dt_lap(G->trace, FERRY_DT_LAYOUT, &t0);
     return (int)cb_settle(G, c, CB_FILL, rc);
