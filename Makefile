@@ -20,13 +20,21 @@ endif
 # gives its own default visibility; src/libferry.map is the version script).
 VISIBILITY := -fvisibility=hidden
 LDLIBS := -L$(DEPS)/lib -lzstd -llz4 -lz -ldl -lpthread -lm
-# libdeflate inflates zlib/gzip 3.5x faster than zlib (H200, BENCHMARKS.md); used where installed
-ifneq ($(wildcard /usr/include/libdeflate.h $(DEPS)/include/libdeflate.h),)
-CFLAGS_COMMON += -DFERRY_HAVE_LIBDEFLATE
-LDLIBS += -ldeflate
+# Optional libraries (tools/optional-libs.sh lists them; setup.py reads the
+# same list): each is linked, and its FERRY_HAVE_* defined, where its header
+# is installed (/usr/include, the multiarch include folder or $(DEPS)/include).
+MULTIARCH_INC := /usr/include/$(shell $(CC) -print-multiarch 2>/dev/null)
+define optional_lib
+ifneq ($$(wildcard /usr/include/$(1) $(MULTIARCH_INC)/$(1) $(DEPS)/include/$(1)),)
+CFLAGS_COMMON += -D$(2)
+LDLIBS += -l$(3)
 endif
+endef
+$(foreach l,$(shell tools/optional-libs.sh | tr ' ' ':'),$(eval $(call optional_lib,$(word 1,$(subst :, ,$(l))),$(word 2,$(subst :, ,$(l))),$(word 3,$(subst :, ,$(l))))))
 
-LIB_SRCS := $(sort $(wildcard src/engine/*.c src/cuda/*.c src/formats/*.c src/codecs/*.c))
+# the library's folders (src/cli is the command, linked apart)
+LIB_DIRS := base engine cuda formats formats/hdf5 codecs sources
+LIB_SRCS := $(sort $(wildcard $(LIB_DIRS:%=src/%/*.c)))
 CLI_SRCS := $(sort $(wildcard src/cli/*.c))
 TEST_SRCS := $(sort $(wildcard tests/c/test_*.c))
 FUZZ_SRCS := $(sort $(wildcard tests/fuzz/fuzz_*.c))
@@ -61,7 +69,7 @@ lib: $(B)/libferry.a $(B)/libferry.so
 cli: $(B)/ferry
 python: $(PY_EXT)
 
-$(B)/%.o: %.c include/ferry.h $(wildcard src/*/*.h)
+$(B)/%.o: %.c include/ferry.h $(wildcard src/*/*.h src/*/*/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_COMMON) $(VISIBILITY) $(CFLAGS) -c $< -o $@
 

@@ -44,7 +44,8 @@ def rel(p):
     return os.path.relpath(p, HERE)
 
 
-LIB_SOURCES = sorted(rel(p) for d in ("engine", "cuda", "formats", "codecs")
+LIB_DIRS = ("base", "engine", "cuda", "formats", "formats/hdf5", "codecs", "sources")   # as the Makefile's
+LIB_SOURCES = sorted(rel(p) for d in LIB_DIRS
                      for p in glob.glob(os.path.join(HERE, "src", d, "*.c")))
 EXT_SOURCES = sorted(rel(p) for p in glob.glob(os.path.join(HERE, "python", "ferry", "ext", "*.c")))
 CLI_SOURCES = sorted(rel(p) for p in glob.glob(os.path.join(HERE, "src", "cli", "*.c")))
@@ -127,13 +128,39 @@ class BuildExt(build_ext):
 
 
 deps = os.path.join(HERE, ".deps")
+
+
+def optional_libs():
+    """The optional libraries whose headers are installed (tools/optional-libs.sh,
+    the Makefile's list): their FERRY_HAVE_* macros and library names."""
+    out = subprocess.run([os.path.join(HERE, "tools", "optional-libs.sh")], check=True,
+                         capture_output=True, text=True).stdout
+    inc = ["/usr/include", os.path.join(deps, "include")]
+    try:
+        arch = subprocess.run(["cc", "-print-multiarch"], capture_output=True, text=True).stdout.strip()
+        if arch:
+            inc.append(os.path.join("/usr/include", arch))
+    except OSError:
+        pass
+    macros, libs = [], []
+    for line in out.split("\n"):
+        if line.strip():
+            header, define, lib = line.split()
+            if any(os.path.exists(os.path.join(d, header)) for d in inc):
+                macros.append((define, None))
+                libs.append(lib)
+    return macros, libs
+
+
+OPT_MACROS, OPT_LIBS = optional_libs()
 ext_modules = [Extension(
     "ferry._ferry",
     sources=EXT_SOURCES + LIB_SOURCES,
     depends=sorted(rel(p) for p in glob.glob(os.path.join(HERE, "python", "ferry", "ext", "*.h"))),
     include_dirs=["include", "src", os.path.join(deps, "include")],
     library_dirs=[os.path.join(deps, "lib")] if os.path.isdir(os.path.join(deps, "lib")) else [],
-    libraries=["zstd", "lz4", "z", "dl", "pthread", "m"],
+    libraries=["zstd", "lz4", "z", *OPT_LIBS, "dl", "pthread", "m"],
+    define_macros=OPT_MACROS,
     extra_compile_args=["-std=c11", "-D_GNU_SOURCE", "-pthread", "-O2", "-fvisibility=hidden"],
     extra_link_args=["-pthread"],
 )]

@@ -17,6 +17,10 @@ have_hdr zlib.h || need_pkgs+=(zlib1g-dev)
 have_hdr zstd.h || need_pkgs+=(libzstd-dev)
 have_hdr lz4.h  || need_pkgs+=(liblz4-dev)
 have_hdr libdeflate.h || need_pkgs+=(libdeflate-dev)   # CPU inflate, 3.5x zlib (optional: zlib serves without it)
+have_hdr turbojpeg.h || need_pkgs+=(libturbojpeg0-dev)  # JPEG decode on the CPU
+have_hdr spng.h || need_pkgs+=(libspng-dev)             # PNG decode on the CPU
+have_hdr x86_64-linux-gnu/curl/curl.h || have_hdr curl/curl.h || need_pkgs+=(libcurl4-openssl-dev)  # remote objects
+command -v nginx >/dev/null || need_pkgs+=(nginx-light)  # the remote-read tests' loopback HTTP server
 command -v cc >/dev/null || need_pkgs+=(gcc)
 command -v make >/dev/null || need_pkgs+=(make)
 command -v clang >/dev/null || need_pkgs+=(clang)
@@ -40,10 +44,11 @@ if [ "$PY" != ".venv/bin/python" ]; then
 fi
 
 stamp=.venv/.ferry-setup
-want="$(cat requirements-dev.txt tools/setup.sh | sha256sum | cut -c1-16)"
+want="$(cat requirements-dev.txt requirements-nodeps.txt tools/setup.sh | sha256sum | cut -c1-16)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then exit 0; fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip setuptools wheel
 .venv/bin/python -m pip install -q -r requirements-dev.txt
+.venv/bin/python -m pip install -q --no-deps -r requirements-nodeps.txt
 .venv/bin/python -m pip install -q --no-deps --no-build-isolation -e . >/dev/null
 echo "$want" > "$stamp"
