@@ -81,3 +81,23 @@ def test_info_options_after_paths(tmp_path):
     np.save(tmp_path / "a.npy", np.zeros(3, np.float32))
     r = run("info", str(tmp_path / "a.npy"), "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["variables"][0]["dtype"] == "f4"
+
+
+def test_bench_cold_drops_only_its_own_file(tmp_path):
+    """Cold runs drop the bench file's pages (posix_fadvise), never the machine's whole page
+    cache, unless --drop-caches asks for it: traced, no write to /proc/sys/vm/drop_caches."""
+    import shutil
+    strace = shutil.which("strace")
+    if not strace:
+        pytest.skip("strace is not installed")
+    args = ["bench", "--size=8M", "--reps=1", "--no-latency", f"--file={tmp_path / 'c.bin'}", "--threads", "2"]
+    traced = subprocess.run([strace, "-f", "-e", "trace=openat,fadvise64", FERRY, *args],
+                            capture_output=True, text=True, timeout=300)
+    assert traced.returncode == 0, traced.stdout + traced.stderr
+    assert "FADV_DONTNEED" in traced.stderr
+    assert "drop_caches" not in traced.stderr
+    assert "--drop-caches" in run("bench", "--help").stdout
+    if os.geteuid() == 0:
+        opted = subprocess.run([strace, "-f", "-e", "trace=openat", FERRY, *args, "--drop-caches"],
+                               capture_output=True, text=True, timeout=300)
+        assert opted.returncode == 0 and "/proc/sys/vm/drop_caches" in opted.stderr
