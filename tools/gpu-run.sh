@@ -78,7 +78,7 @@ for step in "$@"; do
         FERRY_TEST_DIR=$PWD timeout 400 tests/gpu/run.sh python3 > "$OUT/gpu-tests.log" 2>&1; echo "gpu tests exit $?"
         grep -E "passed|failed|FAIL|skip" "$OUT/gpu-tests.log" | tail -25 ;;
     bench)
-        timeout 300 ./build/ferry bench --size 4G --reps 3 --file "$PWD/ferry-bench.bin" > "$OUT/bench.txt" 2>&1; echo "bench exit $?"
+        timeout 300 ./build/ferry bench --size 4G --reps 3 --drop-caches --file "$PWD/ferry-bench.bin" > "$OUT/bench.txt" 2>&1; echo "bench exit $?"
         cat "$OUT/bench.txt" ;;
     ctest)
         cufile_udev
