@@ -9,4 +9,10 @@
  * error. A file of no known format is not an error: its size and page-cache
  * residency are shown instead. */
 int ferry_cli_info(ferry_ctx *ctx, int argc, char **argv);
+
+/* A torch.distributed.checkpoint directory (info_dcp.c): 1 when DIR holds a
+ * `.metadata` and its description was appended to out, 0 when DIR is no DCP
+ * checkpoint, -1 after printing why it could not be read. */
+struct ferry_sbuf;
+int ferry_cli_info_dcp(const char *dir, int json, struct ferry_sbuf *out);
 #endif

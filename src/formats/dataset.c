@@ -4,6 +4,7 @@
 #include "formats/dataset.h"
 #include "formats/select.h"
 #include "formats/layout.h"
+#include <dirent.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -138,12 +139,62 @@ static int build_name_index(ferry_dataset *ds) {
     return 0;
 }
 
+/* A Hugging Face checkpoint directory (what save_pretrained writes) opens as
+ * its checkpoint: model.safetensors.index.json, else the one
+ * *.safetensors.index.json, else model.safetensors, else the one *.safetensors.
+ * A Zarr store (any of its metadata files present) is never taken for one.
+ * 1 with *resolved (malloc'd) set, 0 when dir is no such directory. */
+static int checkpoint_dir(const char *dir, char **resolved) {
+    static const char *zarr_files[] = {".zgroup", ".zarray", ".zmetadata", "zarr.json"};
+    char probe[4096];
+    struct stat st;
+    for (size_t k = 0; k < sizeof zarr_files / sizeof *zarr_files; k++) {
+        snprintf(probe, sizeof probe, "%s/%s", dir, zarr_files[k]);
+        if (stat(probe, &st) == 0) return 0;
+    }
+    static const char *preferred[] = {"model.safetensors.index.json", "model.safetensors"};
+    static const char *suffixes[] = {".safetensors.index.json", ".safetensors"};
+    for (size_t k = 0; k < 2; k++) {
+        snprintf(probe, sizeof probe, "%s/%s", dir, preferred[k]);
+        if (stat(probe, &st) == 0 && S_ISREG(st.st_mode)) return (*resolved = strdup(probe)) ? 1 : FERRY_ENOMEM;
+        DIR *d = opendir(dir);
+        if (!d) return 0;
+        char *only = NULL;
+        int found = 0;
+        size_t sl = strlen(suffixes[k]);
+        for (struct dirent *e; (e = readdir(d));) {
+            size_t nl = strlen(e->d_name);
+            if (nl <= sl || strcmp(e->d_name + nl - sl, suffixes[k]) || e->d_name[0] == '.') continue;
+            if (found++) continue;
+            snprintf(probe, sizeof probe, "%s/%s", dir, e->d_name);
+            only = strdup(probe);
+        }
+        closedir(d);
+        if (found == 1 && only) { *resolved = only; return 1; }
+        free(only);
+        if (found > 1) return 0;   /* several checkpoints side by side: the caller names one */
+    }
+    return 0;
+}
+
 int ferry_dataset_open(ferry_ctx *ctx, const char *path, const ferry_open_opts *opts, ferry_dataset **out) {
     if (!out) return ferry_seterr(FERRY_EINVAL, "ferry_dataset_open: out is NULL");
     *out = NULL;
     if (!ctx || !path || !*path) return ferry_seterr(FERRY_EINVAL, "ferry_dataset_open: no context or path");
     ferry_open_opts dflt = {0};
     if (!opts) opts = &dflt;
+    struct stat dst;
+    char *resolved = NULL;
+    if ((!opts->format || !*opts->format || !strcmp(opts->format, "safetensors")) && stat(path, &dst) == 0 &&
+        S_ISDIR(dst.st_mode)) {
+        int r = checkpoint_dir(path, &resolved);
+        if (r < 0) return ferry_seterr(r, "%s: out of memory", path);
+        if (r > 0) {
+            int rc = ferry_dataset_open(ctx, resolved, opts, out);
+            free(resolved);
+            return rc;
+        }
+    }
 
     const ferry_format_ops *ops = NULL;
     if (opts->format && *opts->format) {

@@ -84,5 +84,25 @@ for name, text in docs.items():
     with open(out("json", name), "w", encoding="utf-8") as f:
         f.write(text)
 
+# pickle: the reader that runs nothing (torch.distributed.checkpoint's .metadata and plain values)
+import collections
+import pickle
+with open(out("pickle", "seed-proto2.pickle"), "wb") as f:
+    f.write(pickle.dumps({"a": [1, 2, (3, 4.5)], "b": b"xy", "c": None, "d": True, "e": 2**70, "f": -3}, protocol=2))
+with open(out("pickle", "seed-proto5.pickle"), "wb") as f:
+    f.write(pickle.dumps([collections.OrderedDict(x=1), {1, 2}, frozenset([3]), "\u00e9" * 300], protocol=5))
+with open(out("pickle", "seed-global.pickle"), "wb") as f:
+    f.write(pickle.dumps(collections.OrderedDict, protocol=2))
+try:
+    import tempfile
+    import torch
+    import torch.distributed.checkpoint as dcp
+    with tempfile.TemporaryDirectory() as t:
+        dcp.save({"w": torch.arange(10.0)}, storage_writer=dcp.FileSystemWriter(t))
+        with open(os.path.join(t, ".metadata"), "rb") as src, open(out("pickle", "seed-torch-dcp.metadata"), "wb") as f:
+            f.write(src.read())
+except ImportError:
+    pass
+
 total = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs)
 print(f"corpus: {total} bytes")

@@ -101,3 +101,85 @@ def test_bench_cold_drops_only_its_own_file(tmp_path):
         opted = subprocess.run([strace, "-f", "-e", "trace=openat", FERRY, *args, "--drop-caches"],
                                capture_output=True, text=True, timeout=300)
         assert opted.returncode == 0 and "/proc/sys/vm/drop_caches" in opted.stderr
+
+
+def _dcp_dirs(tmp_path):
+    torch = pytest.importorskip("torch")
+    dcp = pytest.importorskip("torch.distributed.checkpoint")
+    import warnings
+    sd = {"w": torch.arange(12.0).reshape(3, 4), "b": torch.zeros(5, dtype=torch.bfloat16), "step": 7}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(sd, storage_writer=dcp.FileSystemWriter(str(tmp_path / "torch_dcp")))
+        from ferry.checkpoint import FerryWriter
+        dcp.save(sd, storage_writer=FerryWriter(str(tmp_path / "ferry_dcp")))
+    return tmp_path / "torch_dcp", tmp_path / "ferry_dcp"
+
+
+def test_info_describes_dcp_directories(tmp_path):
+    """torch's and ferry's DCP checkpoints: every entry with its dtype and shape, the data files'
+    bytes; read by a pickle reader that runs nothing (below: a crafted .metadata)."""
+    for d in _dcp_dirs(tmp_path):
+        r = run("info", str(d))
+        assert r.returncode == 0, r.stderr
+        assert "torch.distributed.checkpoint" in r.stdout
+        assert "2 tensors, 1 bytes item" in r.stdout, r.stdout
+        assert "float32" in r.stdout and "(3, 4)" in r.stdout and "bfloat16" in r.stdout
+        j = json.loads(run("info", "--json", str(d)).stdout)
+        assert j["format"] == "dcp" and j["total_bytes"] == sum(j["files"].values()) > 0
+        ent = {e["name"]: e for e in j["entries"]}
+        assert ent["w"]["shape"] == [3, 4] and ent["w"]["dtype"] == "float32" and ent["step"]["kind"] == "bytes"
+
+
+def test_info_dcp_metadata_runs_no_code(tmp_path):
+    import pickle
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {tmp_path / 'pwned'}",))
+    d = tmp_path / "evil"
+    d.mkdir()
+    (d / ".metadata").write_bytes(pickle.dumps(Evil(), protocol=4))
+    r = run("info", str(d))
+    assert r.returncode == 1 and "Metadata" in r.stderr and ".metadata" in r.stderr
+    assert not (tmp_path / "pwned").exists()
+    (d / ".metadata").write_bytes(b"\x80\x04\x95garbage")
+    r = run("info", str(d))
+    assert r.returncode == 1 and "pickle byte" in r.stderr
+
+
+def test_info_describes_hf_checkpoint_directories(tmp_path):
+    torch = pytest.importorskip("torch")
+    st = pytest.importorskip("safetensors.torch")
+    st.save_file({"a": torch.zeros(4, 4), "b": torch.ones(3)}, str(tmp_path / "model-00001-of-00002.safetensors"))
+    st.save_file({"c": torch.zeros(2, dtype=torch.bfloat16)}, str(tmp_path / "model-00002-of-00002.safetensors"))
+    index = {"metadata": {"total_size": 80},
+             "weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00001-of-00002.safetensors",
+                            "c": "model-00002-of-00002.safetensors"}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    r = run("info", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "3 tensors, 80 bytes in 2 files" in r.stdout, r.stdout
+    assert "model-00002-of-00002.safetensors" in r.stdout
+    one = tmp_path / "one"
+    one.mkdir()
+    st.save_file({"x": torch.ones(2)}, str(one / "model.safetensors"))
+    r = run("info", str(one))
+    assert r.returncode == 0 and "1 tensor, 8 bytes in 1 file" in r.stdout, r.stdout
+
+
+def test_info_zarr_groups_to_a_depth(tmp_path):
+    zarr = pytest.importorskip("zarr")
+    g = zarr.open_group(str(tmp_path / "z.zarr"), mode="w")
+    g.create_array("x", shape=(4,), dtype="f4")
+    sub = g.create_group("sub")
+    sub.create_array("y", shape=(2, 3), dtype="i2")
+    sub.create_group("deep").create_array("q", shape=(1,), dtype="u1")
+    r = run("info", str(tmp_path / "z.zarr"))
+    assert "z.zarr/sub: zarr" in r.stdout and "z.zarr/sub/deep" not in r.stdout.split("groups")[-1].split("\n", 1)[-1]
+    r = run("info", "--depth", "2", str(tmp_path / "z.zarr"))
+    assert "z.zarr/sub/deep: zarr" in r.stdout
+    assert "z.zarr/sub" not in run("info", "--depth=0", str(tmp_path / "z.zarr")).stdout.replace('["sub"]', "")
+    j = json.loads(run("info", "--json", "--depth", "2", str(tmp_path / "z.zarr")).stdout)
+    assert j["subgroups"][0]["subgroups"][0]["variables"][0]["name"] == "q"
+    assert run("info", "--depth", "-1", str(tmp_path)).returncode == 2
