@@ -566,7 +566,7 @@ int64_t ferry_run(ferry_ctx *ctx, const ferry_plan *plan, const ferry_run_opts *
  *  that run at their rate in a job of a few chunks. nvCOMP's deflate and zstd
  *  do not (deflate decodes one chunk per thread block, so only thousands of
  *  chunks at once fill the GPU; zstd's jobs of a few hundred chunks ran at
- *  0.6-0.7 of its rate on the H200; README "Which decoder runs"): a caller
+ *  0.6-0.7 of its rate; docs/decoding.md): a caller
  *  merges that many bytes' worth of such plans into one and keeps two such
  *  jobs in the engine at once (a third waits to be submitted: they would
  *  share the workers), besides the one being consumed. At most the share of
