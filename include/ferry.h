@@ -212,7 +212,7 @@ typedef struct ferry_config {
  *       CPU and is counted in ferry_stats.gpu_cpu_fallbacks. Forcing GPU when
  *       nvCOMP is not loaded is FERRY_EPATH (ferry_nvcomp_status says why).
  *  AUTO: the GPU only for device destinations and only for codecs where it
- *       measured faster than the CPU (see README "Which decoder runs"); for
+ *       measured faster than the CPU (see docs/decoding.md); for
  *       deflate both decoders take chunks from one queue, the GPU only what
  *       it finishes before the CPU would (a short load: the CPU alone).
  *       Host destinations always decode on the CPU. */
