@@ -26,7 +26,7 @@ path (packs: far fewer than chunks). Every row is checked: raw rows against
 numpy's read of the chunk files, read and load against the written arrays.
 
     python3 bench/bench_chunkfiles.py --device 0                    # ~8 GiB, issue 14's shape
-    python3 bench/bench_chunkfiles.py --device cpu --vars 5 --steps 400 --threads 2   # dev box
+    python3 bench/bench_chunkfiles.py --device cpu --vars 5 --steps 400 --threads 2   # no GPU
     python3 bench/bench_chunkfiles.py --smoke
 """
 import argparse
@@ -176,8 +176,8 @@ def main():
         # the kernel's side alone: os.preadv of every chunk file (or of the big
         # file's equal extents) into one reused host buffer per thread, as many
         # threads as the engine (preadv releases the GIL). What the page cache
-        # gives these files in their present state: on the dev box a 1 MB
-        # chunk file read 96-111 us right after it was written and 100-215 us
+        # gives these files in their present state: a 1 MB chunk file
+        # once read 96-111 us right after it was written and 100-215 us
         # after an eviction and re-read (the kernel's per-page work).
         nthreads = a.threads or ctx.config()["threads"]
 

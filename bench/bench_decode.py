@@ -185,9 +185,9 @@ def ferry_read(ctx, path, dst, decode):
 
 def ferry_row(ctx, path, a, dev, decode, reps, warmup=0):
     """warmup: untimed jobs first. The per-feeder batches (FERRY_GPU_COOP=off)
-    keep their buffers per worker, grown by whichever workers run batches: in
-    the 15:42 H200 run its two timed jobs still allocated (13.4 GB/s at 4 GiB
-    where main's code, warm from earlier rows, ran 35.2); the cooperative
+    keep their buffers per worker, grown by whichever workers run batches: its
+    two timed jobs could still allocate (13.4 GB/s at 4 GiB once, where the
+    same jobs warm from earlier rows ran 35.2); the cooperative
     calls' buffers belong to the context and the row's first job pays them."""
     dst = F.empty(a.shape, "<f4", device=dev, ctx=ctx)
     for _ in range(warmup):

@@ -23,11 +23,8 @@ Every batch's sample ids are checked (each sample carries its id in its first 8 
     python bench/bench_torch.py --gib 1 --seconds 3 --workers 8 --cache warm --no-train  # smoke
     python bench/bench_torch.py --profile image # cProfile of ferry's loader
     python bench/bench_torch.py --profile tokens --token-gib 4  # cProfile of TokenDataset's loop
-Measured on the H200 machine (2026-11-29, 4.3 GB of data, warm, 3-5 s per measurement, smoke
-runs): images 24.4 GB/s (633 batches/s) with staging="pinned", 13-14 GB/s with
-staging="engine", 35 GB/s with block_size=16, vs 2.2-2.5 GB/s for DataLoader(16 workers);
-1 MiB rows 28-41 GB/s vs 2.0 GB/s; cold: ~1.4 GB/s for ferry (engine-bound) vs ~2.1 for the
-DataLoader; ferry's loader process peaked at 0.8-0.9 GiB RSS (0.6 GiB of it torch + CUDA).
+The current figures, with the machine and the command of each run, are in BENCHMARKS.md
+(tables T1-T7).
 Files are written once under --dir (default $FERRY_BENCH_DIR or /tmp/ferry-bench-torch) and
 reused while their sizes match.
 """
@@ -267,8 +264,8 @@ def cpu_note():
 
 def bench_ferry(paths, kind, n, sample, args, cold, step=None, block_size=None, device="cuda",
                 staging="auto", threads=None):
-    # staging defaults to the dataset's own default: until 2026-12-01 this said "engine", so
-    # the "ferry" and "staging='engine'" rows of that day's run measured the same thing
+    # staging defaults to the dataset's own default, so that the "ferry" row measures what a
+    # user gets and the "staging='engine'" row differs from it only where the default does
     from ferry.torch import ArrayDataset, epoch_order
     B = KINDS[kind]["batch"]
     ds = ArrayDataset(paths, batch_size=B, shuffle=True, seed=1, device=device,
@@ -684,7 +681,7 @@ def bench_tokens(args, rows):
     mm = np.memmap(path, dtype=np.uint16, mode="r")
     # the limit first, then the loaders, then the limit again: the row is the better of the two
     lim0 = pread_limit(path, rec, seq_len * 2, 16, max(1.0, secs / 2))
-    # batches_per_read=1: one plan, copy and cast per batch (the loader before 2026-12-01 13:30)
+    # batches_per_read=1: one plan, copy and cast per batch (beside the read groups of the default)
     runs = [("auto", None), ("auto", 4), ("auto", 1)]
     group = None
     for staging, per_read in runs:
@@ -695,7 +692,7 @@ def bench_tokens(args, rows):
         check = _TokenCheck(mm, seq_len)
         # epoch after epoch for `secs`, timed after 3 read groups: one epoch of a 4 GiB file is
         # 2,047 batches, 0.4 s at 10 GB/s, and its first groups pay for pinned images and the
-        # caching allocator's first blocks (the 2026-12-01 rows timed one epoch after 3 batches)
+        # caching allocator's first blocks (a row timed from the fourth batch measured those)
         batches = _epochs(ds)
         r = _timed(batches, secs, lambda b: b[0].shape[0] * rec, check, warmup=3 * ds.batch_group)
         batches.close()                 # the dataset's reads in flight end here, not under the next row

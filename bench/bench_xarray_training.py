@@ -216,7 +216,7 @@ def raw_rate(path, device):
     (main() raises it to the hard limit); only the engine's runs are timed."""
     import resource
     # half of what is left beside the engine's own open-file cache (a quarter of the limit) and
-    # the open datasets: at a soft limit of 1024 the H200's 16 GiB Zarr store (16,520 chunk files)
+    # the open datasets: at a soft limit of 1024 a 16 GiB Zarr store (16,520 chunk files)
     # hit "Too many open files" with limit - 256 handles at once
     group = max(64, (resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 256) // 2)
     import torch
@@ -252,8 +252,9 @@ def raw_rate(path, device):
 def free_device_caches(device):
     """Give the memory torch's and cupy's caches hold back to the device before a row: each row's
     dataset allocates on streams of its own, whose cached blocks no later row reuses, and the
-    engine sizes its decode calls to the device memory the driver reports free (H200: after a few
-    rows in one process, netCDF-4 calls of 17 chunks instead of 340, 2.4 GB/s instead of 14)."""
+    engine sizes its decode calls to the device memory the driver reports free (without this,
+    after a few rows in one process, netCDF-4 calls of 17 chunks instead of 340, 2.4 GB/s instead
+    of 14)."""
     if device == "cpu":
         return
     import gc
@@ -668,10 +669,10 @@ def ferry_epoch(path, names, device, batch, prefetch, dali=False, step_gbps=None
         return rate(n * per, dt), idle, np.asarray(waits)
 
     # reps > 1: the best of that many timed epochs (one dataset, one pipeline): a single epoch
-    # of the DALI row moved 0.82-0.96 x the dataset's in four rows of 2026-12-02 12:51-12:53
-    # The best alone flatters a pipeline whose epochs alternate: with an odd number of read
-    # groups an epoch, in every other one the next epoch's first read began late (2026-12-03);
-    # the mean over the epochs run back to back is what a training run gets
+    # of the DALI row moved 0.82-0.96 x the dataset's between four runs of one command.
+    # The best alone flatters a pipeline whose epochs alternate (with an odd number of read
+    # groups an epoch, the next epoch's first read began late in every other one): the mean
+    # over the epochs run back to back is what a training run gets
     t_all = time.perf_counter()
     runs = [one_epoch() for _ in range(reps)]
     t_all = time.perf_counter() - t_all
@@ -1002,7 +1003,7 @@ def main():
             # groups the epoch before read ahead for it; the last row turns that off (its epoch's
             # first batch waits for its first read, as before FERRY_EPOCH_AHEAD)
             # FERRY_EPOCH_AHEAD=off last: the row after it would begin with no groups read ahead
-            # (the 2026-12-02 07:50 run's --idle-env row waited 162 ms for its first batch)
+            # (an --idle-env row that followed it waited 162 ms for its first batch)
             extra = [(ss, env) for env in env_items(a.idle_env) for ss in (False, True)]
             for ss, env in [(False, {}), (True, {})] + extra + [(False, {"FERRY_EPOCH_AHEAD": "off"})]:
                 with environ(env):
@@ -1023,9 +1024,8 @@ def main():
         if have_dali:
             # after the idle rows, which measure the dataset alone: a DALI pipeline and the
             # dataset it holds may outlive their row (DALI's threads and prefetch queue, the
-            # groups read ahead for the next epoch with their device memory). In the
-            # 2026-12-01 23:50 run the idle row that followed it idled 16.6 % (5.7-6.9 % in the
-            # runs before, without DALI; BENCHMARKS.md)
+            # groups read ahead for the next epoch with their device memory): an idle row that
+            # followed it once idled 16.6 %, against 5.7-6.9 % without DALI before it
             ds_ = {}
             dr, _, _ = ferry_epoch(path, names, a.device, a.batch, a.prefetch, dali=True,
                                    group=a.batches_per_read, reps=a.epochs, stats=ds_)

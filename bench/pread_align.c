@@ -2,10 +2,9 @@
  * when its destination sits elsewhere in a 64-byte line than its source? The
  * question behind the GPU decode's packed staging (gpudecode.c put each
  * compressed chunk 8-aligned in one pinned buffer, where the uncompressed
- * path reads page-aligned). Measured (BENCHMARKS.md, eighteenth session):
- * yes on the development machine's AMD EPYC (790 KB files, 2 threads: 18.2
- * GB/s to 0 mod 64, 4.8 to 8), no on the H200's Intel Xeon (16 threads: 45.0
- * and 44.9). bench_decode.py runs its -l form as the read bound of a Zarr
+ * path reads page-aligned). Measured (BENCHMARKS.md, D5): yes on an AMD EPYC
+ * (790 KB files, 2 threads: 18.2 GB/s to 0 mod 64, 4.8 to 8), no on an Intel
+ * Xeon (16 threads: 45.0 and 44.9). bench_decode.py runs its -l form as the read bound of a Zarr
  * store's chunk files. No ferry code involved. Writes N files of LEN bytes in DIR (page cache warm
  * from the writes), then T threads pread every file whole into one shared
  * buffer at slots spaced like packed chunks, each slot's start at ALIGN mod

@@ -212,7 +212,7 @@ typedef struct ferry_config {
  *       CPU and is counted in ferry_stats.gpu_cpu_fallbacks. Forcing GPU when
  *       nvCOMP is not loaded is FERRY_EPATH (ferry_nvcomp_status says why).
  *  AUTO: the GPU only for device destinations and only for codecs where it
- *       measured faster than the CPU (see README "Which decoder runs"); for
+ *       measured faster than the CPU (see docs/decoding.md); for
  *       deflate both decoders take chunks from one queue, the GPU only what
  *       it finishes before the CPU would (a short load: the CPU alone).
  *       Host destinations always decode on the CPU. */
@@ -566,7 +566,7 @@ int64_t ferry_run(ferry_ctx *ctx, const ferry_plan *plan, const ferry_run_opts *
  *  that run at their rate in a job of a few chunks. nvCOMP's deflate and zstd
  *  do not (deflate decodes one chunk per thread block, so only thousands of
  *  chunks at once fill the GPU; zstd's jobs of a few hundred chunks ran at
- *  0.6-0.7 of its rate on the H200; README "Which decoder runs"): a caller
+ *  0.6-0.7 of its rate; docs/decoding.md): a caller
  *  merges that many bytes' worth of such plans into one and keeps two such
  *  jobs in the engine at once (a third waits to be submitted: they would
  *  share the workers), besides the one being consumed. At most the share of

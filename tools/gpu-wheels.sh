@@ -52,7 +52,7 @@ dl .gpu/dali-deps astunparse gast optree makefun nvtx libcst
 rm -rf .gpu/d[0-9] .gpu/split
 mkdir -p .gpu/split
 # 48 MB a part: a call carries 64 MiB with the working tree (about 4 MB), and parts of 62 MB
-# stopped fitting once the tree passed 3.5 MB (2026-12-02)
+# stop fitting once the tree passes 3.5 MB
 split -b 48000000 -a 1 ".gpu/dali/$w" .gpu/split/dalipart.
 n=0
 for p in .gpu/split/dalipart.*; do

@@ -307,8 +307,8 @@ int ferry_cli_bench_records(int argc, char **argv) {
         print_row(label, bytes, n, lim, lim_cpu, -1, NULL);
         /* the same preads into a batch-sized destination per thread: the limit
          * reuses one record-sized buffer that stays in the CPU cache, where a
-         * batch is fresh memory (2-core box, 8 KiB, loaded: 2.10 CPU us per
-         * record for the limit, 2.40 for this row, 2.38 for ferry into host) */
+         * batch is fresh memory (8 KiB records: 2.10 CPU us per record for the
+         * limit, 2.40 for this row, 2.38 for ferry into host batches) */
         double lim2 = 1e9, lim2_cpu = 0;
         uint64_t cap = batch * rec > rec ? batch * rec : rec;
         for (int r = 0; r < reps; r++) {
@@ -323,8 +323,8 @@ int ferry_cli_bench_records(int argc, char **argv) {
          * The two device modes run interleaved, rep by rep, each rep in the other
          * order: what one leaves behind (the gather pool's images, sized for the
          * record size before) or a drift of the machine falls on both, not on the
-         * one that runs first (H200, 2026-12-01: 8 KiB in order 17.1 GB/s against
-         * 27.8 scattered, in order always measured first after 150 KB records) */
+         * one that runs first (8 KiB in order once read 17.1 GB/s against 27.8
+         * scattered, in order always measured first after 150 KB records) */
         static const char *names[3] = {"ferry -> host batches", "ferry -> device batches (rows in order)",
                                        "ferry -> device batches (rows scattered)"};
         int nmodes = gpu ? 3 : 1;

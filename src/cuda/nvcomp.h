@@ -10,8 +10,8 @@
  * than call them with the wrong arguments. 6.0 renamed the temp-size query:
  * 5.x's GetTempSizeAsync(n, max, opts, &temp, total) became
  * GetTempSize(n, max, opts, &temp, total, stream) — one more argument, found
- * by test_cuda_abi against the 6.0 wheel's headers on the H200 (the release
- * notes did not say). Both are looked up and ferry_nvcomp_temp_size calls the
+ * by test_cuda_abi against the 6.0 wheel's headers (the release notes did
+ * not say). Both are looked up and ferry_nvcomp_temp_size calls the
  * one the library has. The other batched signatures are unchanged; the
  * version check accepts majors 5 and 6 only, so a later break is refused,
  * not miscalled. */

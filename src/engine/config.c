@@ -77,9 +77,9 @@ int ferry_config_resolve(ferry_config *c) {
     }
     if (c->threads > FERRY_MAX_WORKERS) c->threads = FERRY_MAX_WORKERS;
     if (c->task_size == 0) c->task_size = 8u << 20;
-    /* 2 MiB measured best on the H200 machine (49 GB/s staged vs 39 GB/s with
-     * 4 MiB, 16 threads, BENCHMARKS.md): the buffer is still in the CPU cache
-     * when the copy engine reads it. */
+    /* 2 MiB measured best (49 GB/s staged against 34-39 with 4 MiB buffers, 16
+     * threads; BENCHMARKS.md, E1 for today's rate): the buffer is still in the
+     * CPU cache when the copy engine reads it. */
     if (c->staging_size == 0) c->staging_size = 2u << 20;
     c->staging_size = (c->staging_size + FERRY_ALIGN - 1) & ~(size_t)(FERRY_ALIGN - 1);
     if (c->task_size < c->staging_size) c->task_size = c->staging_size;

@@ -15,7 +15,7 @@ double ferry_now(void) {
 
 /* This process's id, kept and renewed in a child by fork's atfork hook: a
  * getpid() per job was a system call per small read (about 7 % of a 4 KiB
- * ferry_pread from the page cache on the 2-core machine). A child made
+ * ferry_pread from the page cache). A child made
  * without fork's hooks (a raw clone) that kept using a context is not caught. */
 static _Atomic pid_t self_pid;
 static pthread_once_t pid_once = PTHREAD_ONCE_INIT;

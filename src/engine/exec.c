@@ -55,9 +55,10 @@ void ferry_mark_device(ferry_worker *w, ferry_job *j, int d) {
  * dataset's epochs) does while its files fit the context's share
  * (cacheshare.c): it reads them buffered, not with O_DIRECT or GDS, so that
  * the next epoch finds them in memory. Before this, cold shuffled 1 MiB rows
- * (AUTO's O_DIRECT size) came from the disk again every epoch: 2 GB of npy
- * shards on the 2-core machine, ArrayDataset 1.30 / 1.22 / 1.28 GB/s in
- * epochs 0-2, where 512 KiB rows, read buffered, ran 1.12 / 5.69 / 5.57. */
+ * (AUTO's O_DIRECT size) came from the disk again every epoch: over 2 GB of
+ * npy shards ArrayDataset read 1.30 / 1.22 / 1.28 GB/s in epochs 0-2, where
+ * 512 KiB rows, read buffered, ran 1.12 / 5.69 / 5.57 (BENCHMARKS.md, T7:
+ * the epoch after a cold one at memory speed since). */
 static int keeps_cache(ferry_job *j, ferry_file *f, uint64_t len) {
     return (j->flags & FERRY_REREAD) && len >= FERRY_DIRECT_MIN && ferry_cache_share_holds(j->ctx, f);
 }
@@ -66,7 +67,7 @@ static int keeps_cache(ferry_job *j, ferry_file *f, uint64_t len) {
  * A read kept in the page cache that finds its range cold announces it first
  * (WILLNEED; FERRY_READAHEAD as for packs, pack.c): the kernel then asks the
  * disk for the whole range at once, where a pread alone asks for it a
- * readahead window (128 KiB on the H200 machine's disk) after another. */
+ * readahead window (often 128 KiB: read_ahead_kb) after another. */
 static int read_direct_policy(ferry_job *j, ferry_file *f, uint64_t off, uint64_t len) {
     if (j->direct != FERRY_DIRECT_AUTO || !keeps_cache(j, f, len)) return j->direct;
     int64_t cached = j->readahead == FERRY_READAHEAD_AUTO && f->size0 > 0

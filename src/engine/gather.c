@@ -7,8 +7,8 @@
  *
  * Why: packed staging (pack.c) sends every task's staging buffer by itself,
  * and a batch's tasks are small so that every worker gets some (256 x 8 KiB is
- * 32 tasks of 64 KiB: 32 copies per batch). On the H200 that ran 8.7 GB/s to
- * the device against 23.6 into host batches of the same records, 10.6 CPU us
+ * 32 tasks of 64 KiB: 32 copies per batch). That ran 8.7 GB/s to the device
+ * against 23.6 into host batches of the same records, 10.6 CPU us
  * a record against 4.4: the copies of 16 workers' streams queue on the copy
  * engine at a fixed cost each, and each worker has three staging buffers in
  * flight before it waits. The pinned gathering that ArrayDataset did in
@@ -19,7 +19,7 @@
  * The images come from a pool in the context (pinned allocation costs
  * milliseconds): best fit, at most GATHER_SLOTS of them and GATHER_POOL_MAX
  * bytes in all; a job that finds none free runs as packs. FERRY_GATHER=off
- * turns it off (an experiment for the H200 beside packs); a size sets the
+ * turns it off (an experiment beside packs); a size sets the
  * largest destination span gathered (default 64M). */
 #include "engine/engine.h"
 #include "engine/gather.h"
@@ -31,10 +31,10 @@
 #define GATHER_MAX_RUNS 64          /* more runs: packs and the scatter kernel */
 #define GATHER_ROUND (2ull << 20)   /* images are rounded up so batches of nearby sizes share them */
 /* Records up to this size (on average, as the plan listed them) are gathered; larger
- * ones already make copies big enough per pack task. H200, 2026-12-01: ArrayDataset's
- * shuffled 150,528-byte rows (38.5 MB batches) ran 19.6 GB/s gathered against 48.2 as
- * packs, while 8 KiB records scattered over a batch ran 27.8 gathered against 9.7 as
- * packs (ferry bench --records, depth 5). The plan's records, not the job's extents: job.c
+ * ones already make copies big enough per pack task: ArrayDataset's shuffled
+ * 150,528-byte rows (38.5 MB batches) ran 19.6 GB/s gathered against 48.2 as packs,
+ * while 8 KiB records scattered over a batch ran 27.8 gathered against 9.7 as packs
+ * (ferry bench --records, depth 5). The plan's records, not the job's extents: job.c
  * merges records adjacent in the file and in the batch (rows in blocks, block_size=16),
  * and one merged 128 KiB extent sent a batch of 8 KiB rows through packs whole. */
 #define GATHER_MAX_EXTENT (64u << 10)

@@ -4,7 +4,7 @@
  * pages in (in parallel, one 2 MiB page per fault where THP is on) instead of
  * the allocating thread touching 4 KiB at a time. numpy gets THP for its large
  * allocations the same way; ferry's posix_memalign did not (16.4 vs 21.4 GB/s
- * into fresh memory on the H200 machine). Where THP is off (or madvise is
+ * into fresh memory; BENCHMARKS.md, T3 for ferry.read today). Where THP is off (or madvise is
  * refused) the mapping is plain 4 KiB pages: same semantics, no error.
  * Smaller blocks come from posix_memalign (4 KiB aligned). */
 #include "engine/engine.h"

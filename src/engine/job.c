@@ -26,8 +26,8 @@ static int is_plain(const ferry_extent *e) {
  * the extent reads. Zarr plans every uncompressed chunk so (layout.c keeps
  * the placement for MISSING_FILLS); reading them through the coded path cost
  * a bounce buffer and a memcpy per chunk on the host and, to a GPU, one
- * staged copy per chunk instead of packs (issue 14: 0.49x of the same files
- * read as plain extents on the H200). */
+ * staged copy per chunk instead of packs (0.49x the rate of the same files
+ * read as plain extents). */
 static int flat_place(const ferry_extent *e) {
     const ferry_place *p = e->place;
     if (!p || e->kind != FERRY_EXTENT_READ || e->file || e->ncodecs || p->src_offset || p->ndim < 1) return 0;
@@ -143,8 +143,8 @@ static int size_policy(const ferry_ctx *ctx, const char *name, uint64_t dflt, in
 /* FERRY_PACK_MIN (default 64 KiB): the least bytes of a pack
  * task. Larger packs mean fewer claims and, into device memory, fewer and
  * larger host-to-device copies (each has a fixed cost of microseconds), but
- * fewer tasks per batch for the workers to share: an experiment for the H200
- * (bench/bench_records.py runs 256K beside the default), the default moves
+ * fewer tasks per batch for the workers to share: an experiment
+ * (bench/bench_records.py runs 256K beside the default); the default moves
  * only with its numbers. */
 static int pack_min_policy(const ferry_ctx *ctx, uint64_t *out) {
     return size_policy(ctx, "FERRY_PACK_MIN", 64u << 10, 4096, "a size from 4K to 1G", out);
@@ -362,7 +362,7 @@ static int submit_job(ferry_ctx *ctx, ferry_job *j, int allow_inline) {
      * decompress, records packed into a few tasks) still go to the pool,
      * where they run in parallel — counting tasks here sent a batch of 256
      * 8 KiB records (a few packs) to one thread: 16 GB/s against a 39 GB/s
-     * pread limit on the H200; a job that waits for a caller's stream never
+     * pread limit; a job that waits for a caller's stream never
      * runs here: ferry_submit must not wait for the stream */
     if (allow_inline && !j->nwait && ((total <= ctx->cfg.small_io && j->next <= 4 && j->ntasks <= 4) || j->max_workers <= 1) &&
         ferry_pool_run_inline(ctx, j) == 0)

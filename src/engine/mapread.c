@@ -1,13 +1,12 @@
 /* mapread.c — small records copied out of a mapping of their file.
  *
  * A pread of 8 KiB from the page cache costs a system call and a page-cache
- * lookup per page on top of the copy: on the H200's 16 cores random 8 KiB
- * preads stop near 40 GB/s (2.4-3.4 us each), while a copy of the same bytes
- * out of a mapping of the file is a memcpy at memory speed (2-core
- * development machine, 2 threads, random 8,192-byte windows of a 2 GB file
- * in the page cache: pread 6.3 GB/s, memcpy from the mapping 14.9; on the
- * H200 TokenDataset's 8 KiB windows went from 0.57 to 0.87-0.92 x the random
- * 8 KiB pread limit, BENCHMARKS.md, tenth session). So warm
+ * lookup per page on top of the copy: 16 threads of random 8 KiB preads stop
+ * near 40 GB/s, while a copy of the same bytes out of a mapping of the file is
+ * a memcpy at memory speed (2 threads over random 8,192-byte windows of a 2 GB
+ * file in the page cache: pread 6.3 GB/s, memcpy from the mapping 14.9).
+ * TokenDataset's 8 KiB windows read at 0.74-0.88 x the random 8 KiB pread
+ * limit with the mapping (BENCHMARKS.md, T2), 0.56-0.59 x without. So warm
  * small records (pack.c decides which) are copied from a read-only shared
  * mapping of the whole file, made once per open file.
  *

@@ -4,8 +4,8 @@
  * Why: on a two-socket host with four GPUs per socket, a staging buffer on the
  * far socket makes every byte cross the socket link twice (pread writes it,
  * the copy engine reads it), and a worker on the far socket reads the page
- * cache through the same link. Where the host has one node (the one-GPU H200
- * VM, CI) nothing here runs beyond reading two sysfs files once.
+ * cache through the same link. Where the host has one node (most one-GPU VMs,
+ * CI) nothing here runs beyond reading two sysfs files once.
  *
  * No libnuma: two syscalls (sched_setaffinity, set_mempolicy) and sysfs text. */
 #include "engine/numa.h"

@@ -123,12 +123,12 @@ static int read_around_on(ferry_ctx *ctx, ferry_file *f, uint64_t size, uint64_t
  * the context's share allows (above), is widened to the aligned windows around it — what a
  * memory-mapped reader's faults read around its records, in larger requests:
  * the disk serves a shuffled epoch in windows, and the records a window
- * brought in are in the page cache when their turn comes. H200, 2026-12-02
- * 08:04, cold shuffled 150,528-byte rows of 8.6 GB, one process per row:
- * 2.11 / 1.74 GB/s with the records' own hints, 2.58 with 1M windows, 3.08 /
- * 3.01 with 4M (the 16-worker DataLoader of each run 2.29-2.69); 1 MiB rows
- * read 1.88 / 1.82 with their own hints and 1.51-1.68 widened, so ranges of
- * a quarter window and more keep theirs. */
+ * brought in are in the page cache when their turn comes. Cold shuffled
+ * 150,528-byte rows of 8.6 GB, one process per row, read 1.74-2.11 GB/s with
+ * the records' own hints, 2.58 with 1M windows, 3.01-3.08 with 4M (the
+ * 16-worker DataLoader of each run 2.29-2.69); 1 MiB rows read 1.82-1.88 with
+ * their own hints and 1.51-1.68 widened, so ranges of a quarter window and
+ * more keep theirs (BENCHMARKS.md, T4: the default against the DataLoader). */
 static void hint_range(const ferry_job *j, ferry_file *f, uint64_t lo, uint64_t hi) {
     const uint64_t w = j->read_around, size = (uint64_t)f->size0;
     if (w && hi - lo < w / 4 && j->next >= READ_AROUND_MIN_RECORDS && read_around_on(j->ctx, f, size, w)) {

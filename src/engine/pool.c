@@ -16,7 +16,7 @@
  * records is tens of microseconds of work for 16 workers; when the queue runs
  * dry between batches every worker sleeps and the next batch wakes each one
  * again, and in a virtual machine a wake-up of an idle vCPU costs tens of
- * microseconds: the same order as the batch. An experiment for the H200
+ * microseconds: the same order as the batch. An experiment
  * (bench/bench_records.py runs 50 beside 0): the default moves only with its
  * numbers (a spinning pool costs CPU that a shared machine may want). */
 static int spin_us(int *out) {

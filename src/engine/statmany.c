@@ -1,14 +1,15 @@
 /* statmany.c — lstat(2) of many paths at once, for formats that plan many
  * files (a Zarr array's compressed chunks: their sizes, and the directories
  * they lie in, checked to stay inside the store). One lstat costs a walk of
- * the whole path (~2 µs on the H200 machine); a 4 GiB Zarr v3 zstd load of
- * 4,096 chunks, each in its own directory c/<t>/, made 8,192 of them one after
- * the other: 17.8-19.5 ms of open + plan against ~100 ms for the job itself.
- * Path walks of distinct files scale over threads (RCU lookups), so up to the
- * engine's thread count of short-lived threads walk them in parallel while the
- * planning thread would have waited anyway: 19.5 -> 4.3 ms on the H200,
- * 15.7 -> 8.4-8.9 ms on the 2-core box (BENCHMARKS.md, eighth session). The results are exactly what lstat said (through the
- * sysio seam), so a format's checks on them are unchanged. */
+ * the whole path (~2 µs); a 4 GiB Zarr v3 zstd load of 4,096 chunks, each in
+ * its own directory c/<t>/, makes 8,192 of them: one after the other they took
+ * 17.8-19.5 ms of open + plan against ~100 ms for the job itself. Path walks
+ * of distinct files scale over threads (RCU lookups), so up to the engine's
+ * thread count of short-lived threads walk them in parallel while the
+ * planning thread would have waited anyway: 19.5 -> 4.3 ms with 16 threads,
+ * 15.7 -> 8.4-8.9 ms with 2 (BENCHMARKS.md, "Development machine"). The
+ * results are exactly what lstat said (through the sysio seam), so a format's
+ * checks on them are unchanged. */
 #include "engine/engine.h"
 #include "engine/sysio.h"
 #include <errno.h>

@@ -132,8 +132,8 @@ void ferry_worker_free(ferry_worker *w) {
  * CU_EVENT_BLOCKING_SYNC, which leaves the core to the workers still reading
  * (16 spinning waiters on 16 cores compete with the preads they wait for).
  * Callers' threads (small reads) always spin: their latency is the point.
- * An experiment for the H200 (bench/bench_records.py runs both); the default
- * changes only with its numbers. */
+ * An experiment (bench/bench_records.py runs both); the default changes only
+ * with its numbers. */
 static int blocking_events(void) {
     static _Atomic int v = -1;
     int x = atomic_load(&v);
