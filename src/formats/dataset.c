@@ -139,6 +139,10 @@ static int build_name_index(ferry_dataset *ds) {
     return 0;
 }
 
+static int format_has_groups(const ferry_format_ops *ops) {
+    return !strcmp(ops->name, "zarr") || !strcmp(ops->name, "hdf5");
+}
+
 /* A Hugging Face checkpoint directory (what save_pretrained writes) opens as
  * its checkpoint: model.safetensors.index.json, else the one
  * *.safetensors.index.json, else model.safetensors, else the one *.safetensors.
@@ -219,6 +223,12 @@ int ferry_dataset_open(ferry_ctx *ctx, const char *path, const ferry_open_opts *
                                 "or ferry.open in Python", path,
                                 ferry_hdf5_signature(ctx, path) > 0 ? " (after a user block)" : "");
     }
+
+    /* A group asked of a format that has none is not its root: "no group", as
+     * netCDF4 answers for a netCDF-4 file (xarray's group= on a classic file) */
+    if (opts->group && *opts->group && strcmp(opts->group, "/") && !format_has_groups(ops))
+        return ferry_seterr(FERRY_ENOTFOUND, "%s: no group \"%s\" (a %s file has only its root group)", path,
+                            opts->group, ops->name);
 
     ferry_dataset *ds = calloc(1, sizeof *ds);
     if (!ds || !(ds->path = strdup(path))) {

@@ -231,6 +231,22 @@ static void test_every_truncation(void) {
     }
 }
 
+/* xarray's group= on a classic file: "no group", never the root read as if it were the group */
+static void test_group_of_a_file_without_groups(void) {
+    const char *p = tpath("groups.nc");
+    size_t n = build(file, OK1);
+    write_file(p, file, n);
+    ferry_open_opts o = {NULL, "nope"};
+    ferry_dataset *ds = NULL;
+    CHECK(ferry_dataset_open(ctx, p, &o, &ds) == FERRY_ENOTFOUND);
+    CHECK(ds == NULL);
+    CHECK(strstr(ferry_errmsg(ctx), "no group \"nope\"") != NULL);
+    CHECK(strstr(ferry_errmsg(ctx), "groups.nc") != NULL);
+    o.group = "/";   /* the root, named */
+    CHECK(ferry_dataset_open(ctx, p, &o, &ds) == 0);
+    ferry_dataset_close(ds);
+}
+
 int main(void) {
     snprintf(dir, sizeof dir, "/tmp/ferry_test_nc_XXXXXX");
     if (!mkdtemp(dir)) { perror("mkdtemp"); return 1; }
@@ -245,6 +261,7 @@ int main(void) {
     RUN(test_single_record_variable);
     RUN(test_lying_headers);
     RUN(test_every_truncation);
+    RUN(test_group_of_a_file_without_groups);
     ferry_ctx_destroy(ctx);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
