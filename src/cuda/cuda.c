@@ -18,6 +18,7 @@ static CUmodule dev_mod_[MAX_DEVICES];
 static CUfunction dev_swap_[MAX_DEVICES][5];   /* by log2(size): 2, 4, 8, 16 */
 static CUfunction dev_adler_[MAX_DEVICES], dev_unshuffle_[MAX_DEVICES], dev_bitunshuffle_[MAX_DEVICES], dev_place_[MAX_DEVICES];
 static int dev_mod_state_[MAX_DEVICES];        /* 0 untried, 1 ok, -1 failed */
+static CUfunction dev_imgxform_[MAX_DEVICES];   /* NULL: a fatbin without ferry_image_xform_batch */
 static CUfunction dev_scatter_[MAX_DEVICES];   /* NULL: a fatbin without ferry_scatter */
 
 static void *sym(void *h, const char *name, int *missing) {
@@ -167,6 +168,9 @@ static int load_kernels(int dev) {
             if (api_.ModuleGetFunction(&dev_unshuffle_[dev], dev_mod_[dev], "ferry_unshuffle_batch") != 0) dev_unshuffle_[dev] = NULL;
             if (api_.ModuleGetFunction(&dev_bitunshuffle_[dev], dev_mod_[dev], "ferry_bitunshuffle_batch") != 0) dev_bitunshuffle_[dev] = NULL;
             if (api_.ModuleGetFunction(&dev_place_[dev], dev_mod_[dev], "ferry_place_batch") != 0) dev_place_[dev] = NULL;
+            /* the image transform after decode (codecs/imagexform.h) */
+            if (api_.ModuleGetFunction(&dev_imgxform_[dev], dev_mod_[dev], "ferry_image_xform_batch") != 0)
+                dev_imgxform_[dev] = NULL;
         }
         dev_mod_state_[dev] = ok;
     }
@@ -242,5 +246,25 @@ int ferry_cuda_place_batch(int dev, CUdeviceptr desc, size_t count, CUstream str
     unsigned blocks = count > 65535 ? 65535 : (unsigned)count;
     CUresult r = api_.LaunchKernel(dev_place_[dev], blocks, 1, 1, 256, 1, 1, 0, stream, args, NULL);
     if (r != 0) return ferry_seterr(FERRY_ECUDA, "place kernel launch: %s", ferry_cuda_errstr(r));
+    return 0;
+}
+
+int ferry_cuda_image_xform_batch(int dev, CUdeviceptr desc, size_t count, const ferry_cuda_img_params *p,
+                                 CUstream stream) {
+    if (dev < 0 || dev >= MAX_DEVICES || load_kernels(dev) != 1 || !dev_imgxform_[dev]) return FERRY_EUNSUPPORTED;
+    if (count == 0) return 0;
+    unsigned long long n = count;
+    unsigned oh = p->out_h, ow = p->out_w, ch = p->channels, layout = p->layout, dt = p->dt;
+    float m0 = p->mean[0], m1 = p->mean[1], m2 = p->mean[2], s0 = p->std[0], s1 = p->std[1], s2 = p->std[2];
+    void *args[] = {&desc, &n, &oh, &ow, &ch, &layout, &dt, &m0, &m1, &m2, &s0, &s1, &s2};
+    /* one thread per output pixel (128 a block: each holds up to 1,024 float
+     * weights in local memory), the samples along y (grid-stride past 65535) */
+    unsigned long long pixels = (unsigned long long)oh * ow;
+    unsigned threads = 128;
+    unsigned long long bx = (pixels + threads - 1) / threads;
+    if (bx > 0x7fffffffull) return ferry_seterr(FERRY_EINVAL, "image transform: %llu output pixels", pixels);
+    unsigned by = count > 65535 ? 65535 : (unsigned)count;
+    CUresult r = api_.LaunchKernel(dev_imgxform_[dev], (unsigned)bx, by, 1, threads, 1, 1, 0, stream, args, NULL);
+    if (r != 0) return ferry_seterr(FERRY_ECUDA, "image transform kernel launch: %s", ferry_cuda_errstr(r));
     return 0;
 }

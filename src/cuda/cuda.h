@@ -139,4 +139,17 @@ int ferry_cuda_unshuffle_batch(int dev, CUdeviceptr desc, size_t count, int bits
  * array of 16 u64 each (src, dst, width, rows0..2, src strides 0..2, dst
  * strides 0..2, 4 unused): rows0 x rows1 x rows2 runs of width bytes. */
 int ferry_cuda_place_batch(int dev, CUdeviceptr desc, size_t count, CUstream stream);
+/* The image transform after decode (src/codecs/imagexform.h; kernels.cu
+ * ferry_image_xform_batch): `count` samples described by the device array
+ * desc of 8 u64 each (src, dst, src row stride, h << 32 | w, box y << 32 | x,
+ * box h << 32 | w, flip, 0), every one to out_h x out_w x channels in layout
+ * (0 CHW, 1 HWC) of dt (0 uint8, 1 float32, 2 float16, 3 bfloat16), then
+ * normalised with mean/std where std != 0. FERRY_EUNSUPPORTED without the
+ * kernel. The caller checks each box (ferry_img_check). */
+typedef struct ferry_cuda_img_params {
+    uint32_t out_h, out_w, channels, layout, dt;
+    float mean[3], std[3];
+} ferry_cuda_img_params;
+int ferry_cuda_image_xform_batch(int dev, CUdeviceptr desc, size_t count, const ferry_cuda_img_params *p,
+                                 CUstream stream);
 #endif

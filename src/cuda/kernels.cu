@@ -169,3 +169,123 @@ extern "C" __global__ void ferry_place_batch(const unsigned long long *desc, uns
         }
     }
 }
+
+// Image transform after decode (src/codecs/imagexform.c is its CPU twin and
+// says why): each thread makes one output pixel of one sample, every channel.
+// desc: 8 u64 per sample (src, dst, src row stride, h << 32 | w,
+// box y << 32 | x, box h << 32 | w, flip, unused). dt: 0 uint8, 1 float32,
+// 2 float16, 3 bfloat16. Every floating-point operation is an explicit
+// round-to-nearest intrinsic, so nothing is fused and the CPU twin (built with
+// -ffp-contract=off) gets the same bits.
+#define FERRY_IMG_MAX_TAPS 1024
+
+__device__ static int ferry_img_taps(unsigned start, unsigned len, unsigned n, unsigned i, unsigned *lo,
+                                     float *wt, int store) {
+    double scale = __ddiv_rn((double)len, (double)n), fscale = scale > 1.0 ? scale : 1.0;
+    double support = fscale, inv = __ddiv_rn(1.0, fscale);
+    double center = __dadd_rn((double)start, __dmul_rn(__dadd_rn((double)i, 0.5), scale));
+    double a = floor(__dadd_rn(__dsub_rn(center, support), 0.5)), b = floor(__dadd_rn(__dadd_rn(center, support), 0.5));
+    long long xmin = a < (double)start ? (long long)start : (long long)a;
+    long long end = (long long)start + len;
+    long long xmax = b > (double)end ? end : (long long)b;
+    if (xmax <= xmin) xmax = xmin + 1;
+    int count = (int)(xmax - xmin);
+    double sum = 0;
+    for (int k = 0; k < count; k++) {
+        double t = __dmul_rn(__dadd_rn(__dsub_rn((double)(xmin + k), center), 0.5), inv);
+        t = t < 0 ? -t : t;
+        sum = __dadd_rn(sum, t < 1.0 ? __dsub_rn(1.0, t) : 0.0);
+    }
+    if (store)
+        for (int k = 0; k < count; k++) {
+            double t = __dmul_rn(__dadd_rn(__dsub_rn((double)(xmin + k), center), 0.5), inv);
+            t = t < 0 ? -t : t;
+            double w = t < 1.0 ? __dsub_rn(1.0, t) : 0.0;
+            wt[k] = __double2float_rn(sum > 0 ? __ddiv_rn(w, sum) : __ddiv_rn(1.0, (double)count));
+        }
+    *lo = (unsigned)xmin;
+    return count;
+}
+
+__device__ static unsigned short ferry_img_bf16(float f) {
+    unsigned u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1);
+    return (unsigned short)(u >> 16);
+}
+
+__device__ static unsigned short ferry_img_f16(float f) {
+    unsigned u = __float_as_uint(f);
+    unsigned sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (unsigned short)(sign | 0x7e00u);
+    if (a >= 0x477ff000u) return (unsigned short)(sign | 0x7c00u);
+    if (a < 0x38800000u) {
+        if (a < 0x33000000u) return (unsigned short)sign;
+        unsigned m = (a & 0x7fffffu) | 0x800000u;
+        int shift = 126 - (int)(a >> 23);
+        unsigned r = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (r & 1))) r++;
+        return (unsigned short)(sign | r);
+    }
+    unsigned r = (a - 0x38000000u) >> 13, rem = a & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (r & 1))) r++;
+    return (unsigned short)(sign | r);
+}
+
+extern "C" __global__ void ferry_image_xform_batch(const unsigned long long *desc, unsigned long long count,
+                                                   unsigned oh, unsigned ow, unsigned ch, unsigned layout,
+                                                   unsigned dt, float m0, float m1, float m2, float s0,
+                                                   float s1, float s2) {
+    unsigned long long pix = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+    if (pix >= (unsigned long long)oh * ow) return;
+    unsigned oy = (unsigned)(pix / ow), ox = (unsigned)(pix % ow);
+    float mean[3] = {m0, m1, m2}, stdv[3] = {s0, s1, s2};
+    float xw[FERRY_IMG_MAX_TAPS];
+    for (unsigned long long n = blockIdx.y; n < count; n += gridDim.y) {
+        const unsigned long long *d = desc + 8 * n;
+        const unsigned char *src = (const unsigned char *)d[0];
+        unsigned long long stride = d[2];
+        unsigned by = (unsigned)(d[4] >> 32), bx = (unsigned)d[4], bh = (unsigned)(d[5] >> 32), bw = (unsigned)d[5];
+        int flip = (int)d[6];
+        unsigned xlo, ylo;
+        int xn = ferry_img_taps(bx, bw, ow, ox, &xlo, xw, 1);
+        int yn = ferry_img_taps(by, bh, oh, oy, &ylo, xw, 0);
+        float acc[3] = {0.0f, 0.0f, 0.0f};
+        // the vertical weights one row at a time: the same arithmetic as the CPU's taps()
+        double scale = __ddiv_rn((double)bh, (double)oh), fscale = scale > 1.0 ? scale : 1.0;
+        double inv = __ddiv_rn(1.0, fscale);
+        double center = __dadd_rn((double)by, __dmul_rn(__dadd_rn((double)oy, 0.5), scale));
+        double sum = 0;
+        for (int j = 0; j < yn; j++) {
+            double t = __dmul_rn(__dadd_rn(__dsub_rn((double)(ylo + j), center), 0.5), inv);
+            t = t < 0 ? -t : t;
+            sum = __dadd_rn(sum, t < 1.0 ? __dsub_rn(1.0, t) : 0.0);
+        }
+        for (int k = 0; k < yn; k++) {
+            double t = __dmul_rn(__dadd_rn(__dsub_rn((double)(ylo + k), center), 0.5), inv);
+            t = t < 0 ? -t : t;
+            double w = t < 1.0 ? __dsub_rn(1.0, t) : 0.0;
+            float yw = __double2float_rn(sum > 0 ? __ddiv_rn(w, sum) : __ddiv_rn(1.0, (double)yn));
+            const unsigned char *row = src + (unsigned long long)(ylo + k) * stride;
+            for (unsigned c = 0; c < ch; c++) {
+                float r = 0.0f;
+                for (int j = 0; j < xn; j++)
+                    r = __fadd_rn(r, __fmul_rn(xw[j], (float)row[(unsigned long long)(xlo + j) * ch + c]));
+                acc[c] = __fadd_rn(acc[c], __fmul_rn(yw, r));
+            }
+        }
+        unsigned dx = flip ? ow - 1 - ox : ox;
+        for (unsigned c = 0; c < ch; c++) {
+            float u8 = floorf(__fadd_rn(acc[c], 0.5f));
+            u8 = u8 < 0.0f ? 0.0f : u8 > 255.0f ? 255.0f : u8;
+            unsigned long long idx = layout == 0 ? ((unsigned long long)c * oh + oy) * ow + dx
+                                                 : ((unsigned long long)oy * ow + dx) * ch + c;
+            if (dt == 0) { ((unsigned char *)d[1])[idx] = (unsigned char)u8; continue; }
+            float v = __fdiv_rn(u8, 255.0f);
+            if (stdv[c] != 0.0f) v = __fdiv_rn(__fsub_rn(v, mean[c]), stdv[c]);
+            if (dt == 1) ((float *)d[1])[idx] = v;
+            else if (dt == 2) ((unsigned short *)d[1])[idx] = ferry_img_f16(v);
+            else ((unsigned short *)d[1])[idx] = ferry_img_bf16(v);
+        }
+    }
+}

@@ -42,6 +42,7 @@
  * cuMemGetInfo reports it less what is allocated (default 80G, never full). */
 
 #include "cuda/cuda.h"
+#include "codecs/imagexform_core.h"
 #include <pthread.h>
 #include <sys/mman.h>
 #include <stdatomic.h>
@@ -61,10 +62,11 @@ enum {
 struct CUctx_st { int dev; int refs; };
 struct CUmod_st { int dev; };
 struct CUfunc_st { int swap; int kind; };   /* element size of ferry_bswapN; kind: K_* */
-enum { K_SWAP = 0, K_ADLER = 1, K_UNSHUFFLE = 2, K_SCATTER = 3, K_BITUNSHUFFLE = 4, K_PLACE = 5 };
+enum { K_SWAP = 0, K_ADLER = 1, K_UNSHUFFLE = 2, K_SCATTER = 3, K_BITUNSHUFFLE = 4, K_PLACE = 5, K_IMGXFORM = 6 };
 
 typedef struct op {
-    enum { OP_COPY, OP_RECORD, OP_WAIT, OP_SWAP, OP_SCATTER, OP_HOST, OP_ADLER, OP_UNSHUFFLE, OP_PLACE } kind;
+    enum { OP_COPY, OP_RECORD, OP_WAIT, OP_SWAP, OP_SCATTER, OP_HOST, OP_ADLER, OP_UNSHUFFLE, OP_PLACE, OP_IMGXFORM } kind;
+    ferry_cuda_img_params img;                     /* IMGXFORM: the batch's output (desc in src, n samples) */
     void (*fn)(void *); void *arg;                 /* HOST */
     uint32_t *out;                                 /* ADLER: ptrs in dst, sizes in src, n */
     uint8_t *dst; const uint8_t *src; size_t n;    /* COPY (src may be owned) */
@@ -256,6 +258,23 @@ static void run_op(op *o) {
                         if (!cudasim_is_device(s, width) || !cudasim_is_device(t, width)) { atomic_fetch_add(&count_bad_kernel_, 1); continue; }
                         memmove((void *)t, (const void *)s, width);
                     }
+        }
+    } else if (o->kind == OP_IMGXFORM) {   /* as kernels.cu's ferry_image_xform_batch, on the CPU twin */
+        const unsigned long long *desc = (const unsigned long long *)o->src;
+        const ferry_cuda_img_params *p = &o->img;
+        size_t isz = p->dt == 0 ? 1 : p->dt == 1 ? 4 : 2;
+        for (size_t d = 0; d < o->n; d++) {
+            const unsigned long long *q = desc + 8 * d;
+            uint32_t h = (uint32_t)(q[3] >> 32), by = (uint32_t)(q[4] >> 32), bx = (uint32_t)q[4];
+            uint32_t bh = (uint32_t)(q[5] >> 32), bw = (uint32_t)q[5];
+            size_t out_bytes = (size_t)p->out_h * p->out_w * p->channels * isz;
+            if (!cudasim_is_device((CUdeviceptr)q[0], (size_t)q[2] * h) || !cudasim_is_device((CUdeviceptr)q[1], out_bytes)) {
+                atomic_fetch_add(&count_bad_kernel_, 1);   /* a real GPU would fault */
+                continue;
+            }
+            ferry_img_transform_core((const uint8_t *)(uintptr_t)q[0], (size_t)q[2], by, bx, bh, bw, (int)q[6], p->out_h,
+                                     p->out_w, p->channels, (int)p->layout, (int)p->dt, p->mean, p->std,
+                                     (void *)(uintptr_t)q[1]);
         }
     } else if (o->kind == OP_UNSHUFFLE) {   /* descriptors (in, out, n, size), read when it runs */
         const unsigned long long *desc = (const unsigned long long *)o->src;
@@ -769,6 +788,7 @@ CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
     else if (!strcmp(name, "ferry_bswap16")) *f = &swaps[4];
     else if (!strcmp(name, "ferry_adler32_batch")) { static struct CUfunc_st k = {0, K_ADLER}; *f = &k; }
     else if (!strcmp(name, "ferry_place_batch")) { static struct CUfunc_st k = {0, K_PLACE}; *f = &k; }
+    else if (!strcmp(name, "ferry_image_xform_batch")) { static struct CUfunc_st k = {0, K_IMGXFORM}; *f = &k; }
     else if (!strcmp(name, "ferry_bitunshuffle_batch")) { static struct CUfunc_st k = {1, K_BITUNSHUFFLE}; *f = &k; }
     else if (!strcmp(name, "ferry_unshuffle_batch")) { static struct CUfunc_st k = {0, K_UNSHUFFLE}; *f = &k; }
     else return E_NOT_FOUND;
@@ -815,6 +835,20 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
         op *o = new_op(OP_PLACE);
         o->src = (const uint8_t *)(uintptr_t)desc;
         o->n = n;
+        submit(s, o);
+        return OK;
+    }
+    if (f->kind == K_IMGXFORM) {   /* (desc, count, oh, ow, ch, layout, dt, mean[3], std[3]) */
+        CUdeviceptr desc = *(CUdeviceptr *)args[0];
+        unsigned long long n = *(unsigned long long *)args[1];
+        if (n && (rc = device_range(desc, n * 64))) return rc;
+        op *o = new_op(OP_IMGXFORM);
+        o->src = (const uint8_t *)(uintptr_t)desc;
+        o->n = n;
+        o->img = (ferry_cuda_img_params){*(unsigned *)args[2], *(unsigned *)args[3], *(unsigned *)args[4],
+                                         *(unsigned *)args[5], *(unsigned *)args[6],
+                                         {*(float *)args[7], *(float *)args[8], *(float *)args[9]},
+                                         {*(float *)args[10], *(float *)args[11], *(float *)args[12]}};
         submit(s, o);
         return OK;
     }

@@ -203,6 +203,12 @@ static PyMethodDef module_methods[] = {
      "count: the windows at epoch positions [lo, hi) of each (lo, hi) pair in ranges, mapped through the "
      "epoch order, read one after another into dst (window w of file k: starts[k] <= w, at byte "
      "offsets[k] + (w - starts[k]) * stride, length bytes; files: File sequence or callable k -> File)"},
+    {"image_transform", (PyCFunction)(void (*)(void))mod_image_transform, METH_VARARGS | METH_KEYWORDS,
+     "image_transform(src, shape, box, size, flip=False, layout='CHW', dtype='uint8', mean=None, std=None) -> bytes"},
+    {"random_resized_crop", mod_random_resized_crop, METH_VARARGS,
+     "random_resized_crop(seed, epoch, sample, h, w, scale, ratio) -> (y, x, h, w)"},
+    {"center_box", mod_center_box, METH_VARARGS, "center_box(h, w, crop_h, crop_w) -> (y, x, h, w)"},
+    {"flip_draw", mod_flip_draw, METH_VARARGS, "flip_draw(seed, epoch, sample, p) -> bool"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef moduledef = {
