@@ -4,6 +4,8 @@
  * file, offset and destination of every window computed here, no array per window in
  * Python). */
 #include "ferry_ext.h"
+#include "formats/rows.h"
+#include <errno.h>
 
 static int int64_column_of(const char *fn, PyObject *o, const char *what, int writable, Py_buffer *v) {
     if (PyObject_GetBuffer(o, v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0) {
@@ -102,11 +104,6 @@ PyObject *mod_plan_windows(PyObject *m, PyObject *args) {
                           &n, &seed, &epoch, &shuffle, &ro, &dsto))
         return NULL;
     if (plan_check(plan) < 0) return NULL;
-    ferry_perm ord;
-    if (ferry_perm_init(&ord, n, seed, epoch, shuffle) < 0)
-        return raise_code_msg(FERRY_EINVAL, "plan_windows: n must be below 2**63");
-    if (length == 0 || length > (1ull << 40) || stride > (1ull << 40))
-        return PyErr_Format(PyExc_ValueError, "plan_windows: length %llu / stride %llu", length, stride);
     Py_buffer sv, ov, rv;
     if (int64_column_of("plan_windows", so, "starts", 0, &sv) < 0) return NULL;
     if (int64_column_of("plan_windows", oo, "offsets", 0, &ov) < 0) { PyBuffer_Release(&sv); return NULL; }
@@ -117,101 +114,71 @@ PyObject *mod_plan_windows(PyObject *m, PyObject *args) {
     }
     PyObject *ret = NULL, *used = NULL;
     FileObject **fobj = NULL;
+    ferry_file **ff = NULL;
     int64_t *ids = NULL;
     int32_t *fidx = NULL;
     int64_t *own = NULL;
     parsed_buf d = {.keep = NULL};
-    const int64_t *starts = sv.buf, *offs = ov.buf, *rng = rv.buf;
     Py_ssize_t nf = sv.shape[0], nr = rv.shape[0] / 2;
     if (nf < 1 || ov.shape[0] != nf || rv.shape[0] % 2) {
         PyErr_Format(PyExc_ValueError, "plan_windows: %zd starts, %zd offsets (equal, at least one), %zd range "
                      "bounds (pairs)", nf, ov.shape[0], rv.shape[0]);
         goto out;
     }
-    for (Py_ssize_t k = 0; k < nf; k++)
-        if (offs[k] < 0 || starts[k] < 0 || (uint64_t)starts[k] > n || (k == 0 && starts[k] != 0) ||
-            (k > 0 && starts[k] < starts[k - 1])) {
-            PyErr_Format(PyExc_ValueError, "plan_windows: file %zd: start %lld, offset %lld (starts ascending "
-                         "from 0 up to n = %llu, offsets >= 0)", k, (long long)starts[k], (long long)offs[k], n);
-            goto out;
-        }
-    uint64_t total = 0;
-    for (Py_ssize_t r = 0; r < nr; r++) {
-        if (rng[2 * r] < 0 || rng[2 * r] > rng[2 * r + 1] || (uint64_t)rng[2 * r + 1] > n) {
-            PyErr_Format(PyExc_IndexError, "plan_windows: range %zd is [%lld, %lld), outside [0, %llu)", r,
-                         (long long)rng[2 * r], (long long)rng[2 * r + 1], n);
-            goto out;
-        }
-        total += (uint64_t)(rng[2 * r + 1] - rng[2 * r]);
-    }
-    if (parse_buffer(dsto, 1, &d) < 0) goto out;
-    if (total > d.buf.size / length) {
-        PyErr_Format(PyExc_ValueError, "plan_windows: %llu windows of %llu bytes do not fit the destination "
-                     "(%zu bytes)", (unsigned long long)total, length, d.buf.size);
+    /* private starts, offsets and ranges: the library reads them without the GIL */
+    own = malloc((2 * (size_t)nf + 2 * (size_t)nr + 1) * sizeof *own);
+    if (!own) { PyErr_NoMemory(); goto out; }
+    memcpy(own, sv.buf, (size_t)nf * sizeof *own);
+    memcpy(own + nf, ov.buf, (size_t)nf * sizeof *own);
+    memcpy(own + 2 * nf, rv.buf, 2 * (size_t)nr * sizeof *own);
+    ferry_windows w = {n, stride, length, (size_t)nf, own, own + nf};
+    const int64_t *rng = own + 2 * nf;
+    ferry_perm ord;
+    if (ferry_perm_init(&ord, n, seed, epoch, shuffle) < 0) {
+        raise_code_msg(FERRY_EINVAL, "plan_windows: n must be below 2**63");
         goto out;
     }
-    if (nf > INT32_MAX) { PyErr_SetString(PyExc_ValueError, "plan_windows: more than 2**31 files"); goto out; }
+    int64_t checked = ferry_windows_check(&w, rng, (size_t)nr);
+    if (checked < 0) {   /* Python's types for bad arguments (src/formats/rows.h) */
+        PyErr_SetString(checked == -ERANGE ? PyExc_IndexError : PyExc_ValueError, ferry_errmsg(NULL));
+        goto out;
+    }
+    size_t total = (size_t)checked;
+    if (parse_buffer(dsto, 1, &d) < 0) goto out;
+    if (total > d.buf.size / length) {
+        PyErr_Format(PyExc_ValueError, "plan_windows: %zu windows of %llu bytes do not fit the destination "
+                     "(%zu bytes)", total, length, d.buf.size);
+        goto out;
+    }
     ids = malloc((total ? total : 1) * sizeof *ids);
     fidx = malloc((total ? total : 1) * sizeof *fidx);
     fobj = calloc((size_t)nf, sizeof *fobj);
-    own = malloc(2 * (size_t)nf * sizeof *own);   /* private starts and offsets: read without the GIL */
+    ff = calloc((size_t)nf, sizeof *ff);
     used = PyList_New(0);
-    if (!ids || !fidx || !fobj || !own || !used) { PyErr_NoMemory(); goto out; }
-    memcpy(own, starts, (size_t)nf * sizeof *own);
-    memcpy(own + nf, offs, (size_t)nf * sizeof *own);
-    starts = own;
-    offs = own + nf;
-    size_t j = 0;
-    for (Py_ssize_t r = 0; r < nr; r++)
-        for (int64_t p = rng[2 * r]; p < rng[2 * r + 1]; p++) ids[j++] = p;
+    if (!ids || !fidx || !fobj || !ff || !used) { PyErr_NoMemory(); goto out; }
     /* the order and each window's file without the GIL (a loader thread plans the next group
      * while the consumer's thread hands batches out): a group of 4,096 windows is ~0.1 ms */
-    int64_t prc;
+    int prc;
     int nogil = total >= 256;
     PyThreadState *ts = nogil ? PyEval_SaveThread() : NULL;
-    prc = ferry_perm_take(&ord, ids, total, ids);   /* in place: each id replaces its position */
-    for (j = 0; prc >= 0 && j < total; j++) {
-        int64_t w = ids[j];
-        Py_ssize_t k = 0;
-        if (nf > 1) {   /* the last file whose start is <= w (empty files share starts: skip them) */
-            Py_ssize_t lo = 0, hi = nf;
-            while (hi - lo > 1) {
-                Py_ssize_t mid = lo + (hi - lo) / 2;
-                if (starts[mid] <= w) lo = mid; else hi = mid;
-            }
-            k = lo;
-        }
-        fidx[j] = (int32_t)k;
-    }
+    prc = ferry_windows_resolve(&w, &ord, rng, (size_t)nr, ids, fidx);
     if (ts) PyEval_RestoreThread(ts);
-    if (prc < 0) {
-        raise_code_msg(FERRY_EINVAL, "plan_windows: a position outside the order");
-        goto out;
-    }
+    if (prc < 0) { raise_code_msg(prc, ferry_errmsg(NULL)); goto out; }
     /* pass 1: every file a window lies in opened (in the order windows come up) and checked;
      * nothing is added to the plan before all of them pass (a failed call leaves it as it was) */
-    for (j = 0; j < total; j++) {
+    for (size_t j = 0; j < total; j++) {
         Py_ssize_t k = fidx[j];
         if (fobj[k]) continue;
-        /* first window of file k in this call: open it, check its last window fits */
         FileObject *f = windows_file(files, k);
         if (!f) goto out;
         if (PyList_Append(used, (PyObject *)f) < 0) { Py_DECREF(f); goto out; }
         Py_DECREF(f);   /* `used` holds it */
         fobj[k] = f;
-        uint64_t nwin = (k + 1 < nf ? (uint64_t)starts[k + 1] : n) - (uint64_t)starts[k];
-        int64_t size = ferry_file_size(f->f);
-        const char *path = ferry_file_path(f->f);
-        uint64_t span = 0, end = 0;   /* offs < 2^63 and length <= 2^40: their sum fits */
-        int over = __builtin_mul_overflow(nwin - 1, (uint64_t)stride, &span) ||
-                   __builtin_add_overflow(span, (uint64_t)offs[k] + length, &end);
-        if (size < 0) { raise_ctx(f->ctx->ctx, (int)size); goto out; }
-        if (over || end > (uint64_t)size) {
-            char msg[512];
-            snprintf(msg, sizeof msg, "plan_windows: %s: %llu windows of %llu bytes every %llu from byte %lld "
-                     "end at byte %llu, the file has %lld", path ? path : "?", (unsigned long long)nwin, length,
-                     stride, (long long)offs[k], (unsigned long long)end, (long long)size);
-            raise_code_msg(FERRY_ESHORT, msg);
+        ff[k] = f->f;
+        int rc = ferry_windows_fit(&w, (size_t)k, f->f);
+        if (rc < 0) {
+            if (rc == FERRY_ESHORT) raise_code_msg(rc, ferry_errmsg(NULL));
+            else raise_ctx(f->ctx->ctx, rc);
             goto out;
         }
     }
@@ -226,24 +193,20 @@ PyObject *mod_plan_windows(PyObject *m, PyObject *args) {
         used = NULL;
         if (plan_keep(plan, u) < 0) goto out;
     }
-    int rc = 0;
+    int64_t rc;
     size_t bad = 0;
     plan->busy++;
     ts = nogil ? PyEval_SaveThread() : NULL;
-    for (j = 0; j < total && rc >= 0; j++) {
-        Py_ssize_t k = fidx[j];
-        uint64_t off = (uint64_t)offs[k] + (uint64_t)(ids[j] - starts[k]) * stride;
-        rc = ferry_plan_read(plan->plan, fobj[k]->f, off, length, d.buf, j * length);
-        bad = j;
-    }
+    rc = ferry_plan_windows(&w, ff, ids, fidx, total, d.buf, plan->plan, &bad);
     if (ts) PyEval_RestoreThread(ts);
     plan->busy--;
-    if (rc < 0) { raise_ctx(fobj[fidx[bad]]->ctx->ctx, rc); goto out; }
+    if (rc < 0) { raise_ctx(fobj[fidx[bad]]->ctx->ctx, (int)rc); goto out; }
     ret = PyLong_FromUnsignedLongLong((unsigned long long)total);
 out:
     Py_XDECREF(d.keep);
     Py_XDECREF(used);
     free(fobj);
+    free(ff);
     free(fidx);
     free(own);
     free(ids);
