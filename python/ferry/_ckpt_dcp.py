@@ -253,15 +253,146 @@ class FerryWriter(StorageWriter):
                         pass
 
 
+_MISSING = object()
+
+
+def _int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _ints(v):
+    return isinstance(v, (tuple, list)) and all(_int(x) and x >= 0 for x in v)
+
+
+def _numel(shape):
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _field(obj, name, p, what):
+    v = getattr(obj, name, _MISSING)
+    if v is _MISSING:
+        raise _io.error("%s: corrupted DCP metadata: %s has no field %r" % (p, what, name))
+    return v
+
+
+def check_metadata(md, p):
+    """Check unpickled DCP metadata before anything trusts it: every field there with the
+    right type, tensor chunks inside their tensor and covering it, one storage record per
+    chunk and per bytes item, and ferry's layout (data offset, dtype, shape) equal to what
+    the tensor's own metadata says. FerryError naming p (the .metadata file) otherwise."""
+    from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, MetadataIndex,
+                                                       TensorStorageMetadata)
+
+    def bad(msg):
+        raise _io.error("%s: corrupted DCP metadata: %s" % (p, msg))
+
+    sdm = _field(md, "state_dict_metadata", p, "Metadata")
+    storage = _field(md, "storage_data", p, "Metadata")
+    layout = getattr(md, LAYOUT_ATTR, None) or {}
+    for name, v in (("state_dict_metadata", sdm), ("storage_data", storage),
+                    (LAYOUT_ATTR, layout)):
+        if not isinstance(v, dict):
+            bad("%s is %s, not a dict" % (name, "None" if v is None else "a " + type(v).__name__))
+    for idx, info in storage.items():
+        if not isinstance(idx, MetadataIndex) or not isinstance(getattr(idx, "fqn", None), str):
+            bad("storage_data key %r is not a MetadataIndex" % (idx,))
+        if not isinstance(info, (_StorageInfo, FerryStorageInfo)):
+            bad("storage_data[%s] is a %s" % (idx.fqn, type(info).__name__))
+        rp = _field(info, "relative_path", p, "storage_data[%s]" % idx.fqn)
+        off = _field(info, "offset", p, "storage_data[%s]" % idx.fqn)
+        n = _field(info, "length", p, "storage_data[%s]" % idx.fqn)
+        if not isinstance(rp, str) or not rp or "/" in rp or "\0" in rp or rp in (".", ".."):
+            bad("storage_data[%s] names %r, not a file of the directory" % (idx.fqn, rp))
+        if not (_int(off) and _int(n) and off >= 0 and n >= 0):
+            bad("storage_data[%s] has offset %r, length %r" % (idx.fqn, off, n))
+        if getattr(info, "transform_descriptors", None):
+            raise _io.error("%s: storage_data[%s] is stored through transforms %r, which "
+                            "FerryReader does not undo" % (p, idx.fqn,
+                                                           info.transform_descriptors),
+                            _io.EUNSUPPORTED)
+    for fqn, m in sdm.items():
+        if not isinstance(fqn, str):
+            bad("state dict key %r is not a string" % (fqn,))
+        if isinstance(m, BytesStorageMetadata):
+            if MetadataIndex(fqn) not in storage:
+                bad("no storage record for bytes item %r" % fqn)
+            continue
+        if not isinstance(m, TensorStorageMetadata):
+            bad("%r is described by a %s" % (fqn, type(m).__name__))
+        props = _field(m, "properties", p, "metadata of %r" % fqn)
+        dtype = _field(props, "dtype", p, "properties of %r" % fqn)
+        size = _field(m, "size", p, "metadata of %r" % fqn)
+        chunks = _field(m, "chunks", p, "metadata of %r" % fqn)
+        if not isinstance(dtype, torch.dtype) or not _ints(size) or not isinstance(chunks, list):
+            bad("%r has dtype %r, size %r, chunks of type %s"
+                % (fqn, dtype, size, type(chunks).__name__))
+        covered = 0
+        for c in chunks:
+            offs = _field(c, "offsets", p, "a chunk of %r" % fqn)
+            sizes = _field(c, "sizes", p, "a chunk of %r" % fqn)
+            if not (_ints(offs) and _ints(sizes) and len(offs) == len(sizes) == len(size)) or \
+                    any(o + s > n for o, s, n in zip(offs, sizes, size)):
+                bad("%r: chunk at %s of %s is not inside its %s tensor"
+                    % (fqn, offs, sizes, list(size)))
+            covered += _numel(sizes)
+            idx = MetadataIndex(fqn, offs)
+            info = storage.get(idx)
+            if info is None:
+                bad("no storage record for chunk %s of %r" % (list(offs), fqn))
+            if isinstance(info, FerryStorageInfo):
+                lay = (info.offset, info.dtype, info.shape)
+            else:
+                lay = layout.get(idx)
+            if lay is None:
+                continue                  # a torch FileSystemWriter record
+            ok = isinstance(lay, tuple) and len(lay) == 3 and _int(lay[0]) and lay[0] >= 0 \
+                and _ints(lay[2])
+            if not ok or lay[1] != _dtype_name(dtype) or tuple(lay[2]) != tuple(sizes):
+                bad("%r: ferry layout %r disagrees with the tensor's metadata (%s, chunk %s)"
+                    % (fqn, lay, _dtype_name(dtype), list(sizes)))
+        if covered != _numel(size):
+            bad("%r: chunks hold %d elements of its %d (size %s)"
+                % (fqn, covered, _numel(size), list(size)))
+    for idx in layout:
+        if idx not in storage:
+            bad("ferry layout for %s, which has no storage record" % (idx,))
+
+
+def inside(root, path, what="directory"):
+    """path, refused (FerryError) when it resolves outside root: the rule and the words of
+    the C library's multi-file formats (src/formats/inside.c)."""
+    r, top = os.path.realpath(path), os.path.realpath(root)
+    if r != top and not r.startswith(top.rstrip("/") + "/"):
+        _io.fail("%s: resolves to %s, outside the %s %s (a symlink leading out is refused)"
+                 % (path, r, what, top), -13)
+    return path
+
+
+def _holds_tensor(planner, fqn):
+    sd = getattr(planner, "state_dict", None)
+    v = sd.get(fqn, None) if isinstance(sd, dict) else None
+    return isinstance(v, torch.Tensor) or type(v).__name__ == "ShardedTensor"
+
+
 class FerryReader(StorageReader):
     """StorageReader for checkpoints written by FerryWriter. threads: engine workers.
 
-    .metadata is a pickle, read as torch's FileSystemReader reads it: unpickling a file
-    from someone else can run code. safe=True reads it with a restricted unpickler that
-    builds only DCP's metadata types (FerryError for anything else): use it for
-    directories you do not trust."""
+    safe=True (the default): nothing in the directory can run code. .metadata is read
+    with a restricted unpickler that builds only DCP's metadata types (FerryError for
+    anything else, and for attribute setting on anything it did not build); non-tensor
+    items (DCP's bytes items) are read with torch.load(weights_only=True) and handed to
+    the planner re-saved from what that built, so the planner's own torch.load sees only
+    plain values; a key stored as bytes where the state dict holds a tensor is refused.
 
-    def __init__(self, path=None, *, threads=0, safe=False):
+    safe=False runs the directory's pickles: .metadata is unpickled as torch's
+    FileSystemReader unpickles it, and bytes items go to the planner as stored (torch's
+    DefaultLoadPlanner torch.load()s them with weights_only=False). Only for directories
+    you trust, or non-tensor values torch.load(weights_only=True) refuses."""
+
+    def __init__(self, path=None, *, threads=0, safe=True):
         super().__init__()
         self.path = _local_dir(path, type(self).__name__) if path is not None else None
         self.threads = threads
@@ -286,18 +417,23 @@ class FerryReader(StorageReader):
         name = METADATA if rank is None else "__%d%s" % (rank, METADATA)
         p = os.path.join(self.path, name)
         try:
-            with open(p, "rb") as f:
+            with open(inside(self.path, p), "rb") as f:
                 md = _pickle.load(f, p, self.safe)
         except FileNotFoundError:
             raise _io.error("%s: no DCP metadata (not a checkpoint, or the save did not "
                             "finish)" % p, -2)
         except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError,
-                ValueError, IndexError, KeyError, RecursionError) as e:
+                ValueError, IndexError, KeyError, RecursionError, OverflowError,
+                MemoryError, UnicodeDecodeError) as e:
             raise _io.error("%s: corrupted DCP metadata: %s" % (p, e))
         if not isinstance(md, Metadata):
             raise _io.error("%s: not DCP metadata" % p)
+        check_metadata(md, p)
         if getattr(md, "storage_meta", None) is None:
             md.storage_meta = StorageMeta()
+        elif not isinstance(md.storage_meta, StorageMeta):
+            raise _io.error("%s: corrupted DCP metadata: storage_meta is a %s"
+                            % (p, type(md.storage_meta).__name__))
         md.storage_meta.load_id = self.load_id
         return md
 
@@ -316,6 +452,38 @@ class FerryReader(StorageReader):
     def prepare_global_plan(self, plans):
         return plans
 
+    def _record(self, f, info, fqn):
+        """(raw data start, length) of the torch.save archive at info in file f."""
+        def pread(n, at):
+            b = bytearray(n)
+            if n and f.pread(b, info.offset + at) != n:
+                raise ValueError("short read")
+            return b
+        try:
+            at, n = _blob.locate(pread, info.length, "%s: item %r (bytes [%d, %d))"
+                                 % (f.path, fqn, info.offset, info.offset + info.length))
+        except ValueError as e:
+            raise _io.error("%s: corrupted checkpoint: %s" % (self.path, e), _io.EFORMAT)
+        return info.offset + at, n
+
+    def _bytes_for(self, item, raw, path):
+        """What the planner gets for a bytes item: in safe mode the value as
+        torch.load(weights_only=True) builds it, saved again."""
+        if not self.safe:
+            return io.BytesIO(bytes(raw))
+        try:
+            obj = torch.load(io.BytesIO(bytes(raw)), weights_only=True)
+        except Exception as e:  # noqa: BLE001 — anything the loader refuses
+            raise _io.error("%s: item %r: torch.load(weights_only=True) does not read its "
+                            "bytes (%s: %s); FerryReader(safe=True) loads nothing else -- "
+                            "pass safe=False only for a directory you trust"
+                            % (path, item.storage_index.fqn, type(e).__name__,
+                               str(e).splitlines()[0] if str(e) else ""), _io.EFORMAT)
+        b = io.BytesIO()
+        torch.save(obj, b)
+        b.seek(0)
+        return b
+
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
         ctx = _io.context()
         p = _ferry.Plan()
@@ -325,6 +493,7 @@ class FerryReader(StorageReader):
         try:
             for item in plan.items:
                 info = self.storage_data.get(item.storage_index)
+                fqn = item.storage_index.fqn
                 raw_at, dtype_name, shape = None, None, None
                 if isinstance(info, FerryStorageInfo):          # before the torch framing
                     raw_at, dtype_name, shape = info.offset, info.dtype, info.shape
@@ -344,38 +513,44 @@ class FerryReader(StorageReader):
                 f = files.get(info.relative_path)
                 if f is None:
                     fp = os.path.join(self.path, os.path.basename(info.relative_path))
-                    f = files[info.relative_path] = _ferry.File(ctx, fp, "r")
+                    f = files[info.relative_path] = _ferry.File(ctx, inside(self.path, fp), "r")
                 if f.size < info.offset + info.length:
-                    raise _io.error("%s: truncated: item %s needs bytes [%d, %d) but the file "
-                                    "has %d" % (f.path, item.storage_index.fqn, info.offset,
+                    raise _io.error("%s: truncated: item %r needs bytes [%d, %d) but the file "
+                                    "has %d" % (f.path, fqn, info.offset,
                                                 info.offset + info.length, f.size),
                                     _io.EFORMAT)
                 if item.type == LoadItemType.BYTE_IO:
+                    if _holds_tensor(planner, fqn):
+                        raise _io.error("%s: item %r is stored as bytes (a pickled value) but "
+                                        "the state dict holds a tensor there: refused"
+                                        % (f.path, fqn), _io.EFORMAT)
                     b = bytearray(info.length)
                     if info.length:
                         p.read_file(f, info.offset, info.length, b)
-                    after.append(("bytes", item, b))
+                    after.append(("bytes", item, (b, f.path)))
                     continue
                 dtype = _dtype_of(dtype_name)
                 shape = tuple(shape)
                 itemsize = torch.empty((), dtype=dtype).element_size()
-                n = 1
-                for s in shape:
-                    n *= s
-                inside = info.offset <= raw_at and \
-                    raw_at + n * itemsize <= info.offset + info.length
-                if not inside or (isinstance(info, FerryStorageInfo) and
-                                  n * itemsize != info.length):
-                    raise _io.error("%s: corrupted metadata for %s: shape %s of %s at byte %d "
-                                    "is not inside the item's %d bytes at %d"
-                                    % (self.path, item.storage_index.fqn, list(shape),
-                                       dtype_name, raw_at, info.length, info.offset))
+                nbytes = _numel(shape) * itemsize
+                if isinstance(info, FerryStorageInfo):
+                    where = (raw_at, nbytes) if nbytes == info.length else None
+                else:
+                    where = self._record(f, info, fqn)
+                    if nbytes == 0 and where[1] == 0:
+                        where = (raw_at, 0)        # nothing to read: no position to agree on
+                if where != (raw_at, nbytes):
+                    raise _io.error("%s: corrupted metadata for %r: shape %s of %s at byte %d "
+                                    "(%d bytes) is not the item's stored data (%s)"
+                                    % (f.path, fqn, list(shape), dtype_name, raw_at, nbytes,
+                                       "%d bytes at %d" % (where[1], where[0]) if where
+                                       else "%d bytes" % info.length))
                 target = planner.resolve_tensor(item).detach()
                 lengths = tuple(int(x) for x in item.lengths)
                 sel = [(int(o), int(o) + L, 1) for o, L in zip(item.storage_offsets, lengths)]
                 if tuple(target.shape) != lengths:
                     raise _io.error("%s: %s: the planner asks for a %s region into a %s tensor"
-                                    % (self.path, item.storage_index.fqn, list(lengths),
+                                    % (self.path, fqn, list(lengths),
                                        list(target.shape)), _io.EINVAL)
                 direct = (target.dtype == dtype and target.is_contiguous() and
                           target.device.type in ("cpu", "cuda"))
@@ -388,7 +563,7 @@ class FerryReader(StorageReader):
                     devices.add(_io.cuda_index(dst.device))
                 # exact: every rank reads only the runs its box needs (ferry.h)
                 p.read_array(f, raw_at, shape, itemsize, _io.buf(dst), selection=sel,
-                             label=item.storage_index.fqn, exact=True)
+                             label=fqn, exact=True)
                 after.append(("tensor", item, (target, dst)))
             _io.wait_devices(p, devices)
             if len(p):
@@ -398,7 +573,8 @@ class FerryReader(StorageReader):
                 f.close()
         for kind, item, payload in after:
             if kind == "bytes":
-                planner.load_bytes(item, io.BytesIO(bytes(payload)))
+                raw, path = payload
+                planner.load_bytes(item, self._bytes_for(item, raw, path))
             else:
                 target, dst = payload
                 if dst is not target:

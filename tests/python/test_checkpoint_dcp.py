@@ -99,7 +99,7 @@ class _Evil:
 def test_safe_mode_refuses_code_in_metadata(tmp_path):
     d = tmp_path / "evil"
     dcp.save({"w": torch.ones(2)}, storage_writer=ck.FerryWriter(d), no_dist=True)
-    md = ck.FerryReader(d).read_metadata()
+    md = ck.FerryReader(d, safe=False).read_metadata()
     evil = _Evil()
     evil.target = str(tmp_path / "pwned")
     md.storage_meta.modules = [evil]                  # anything pickled inside .metadata
@@ -111,9 +111,12 @@ def test_safe_mode_refuses_code_in_metadata(tmp_path):
                  no_dist=True)
     assert "system, which FerryReader(safe=True) does not build" in _why(ei.value)
     assert not (tmp_path / "pwned").exists()
-    # the default follows torch's FileSystemReader: it unpickles (documented)
+    with pytest.raises(FerryError, match="does not build"):
+        ck.FerryReader(d).read_metadata()              # safe is the default
+    assert not (tmp_path / "pwned").exists()
+    # safe=False follows torch's FileSystemReader: it unpickles (documented)
     try:
-        ck.FerryReader(d).read_metadata()
+        ck.FerryReader(d, safe=False).read_metadata()
     except Exception:
         pass
     assert (tmp_path / "pwned").exists()
