@@ -13,12 +13,16 @@
  *
  * An index ({"metadata": {...}, "weight_map": {tensor: shard file}}) opens
  * every shard it names (relative to the index's directory); the dataset holds
- * the tensors of all shards, each reading from its own file.
+ * the tensors of all shards, each reading from its own file. A shard is opened
+ * only when it resolves inside the index's directory (inside.h): a symlink to
+ * a file elsewhere is refused, one that stays inside is followed.
  *
  * The dataset keeps the files open; plans refer to them. */
 #include "formats/dataset.h"
 #include "formats/json.h"
 #include "formats/select.h"
+#include "formats/inside.h"
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -348,9 +352,20 @@ static int open_index(ferry_dataset *ds, st_state *st, size_t *cap) {
         }
         shard_of[i] = found;
     }
-    for (int s = 0; s < st->nshards && !rc; s++) {
-        rc = parse_shard(ds, st, s, !ds->attrs_json, cap);
+    /* shards stay inside the index's directory (resolved once: links in its own path are the user's) */
+    char *root = NULL;
+    if (!rc) {
+        char *dir = dirlen ? strndup(path, dirlen) : strdup(".");
+        if (!dir) rc = ferry_seterr(FERRY_ENOMEM, "%s: out of memory", path);
+        else if (!(root = realpath(dir, NULL))) rc = ferry_seterr(-errno, "%s: %s: %s", path, dir, strerror(errno));
+        free(dir);
     }
+    for (int s = 0; s < st->nshards && !rc; s++) {
+        int in = ferry_path_inside(root, st->shards[s].path, "directory");
+        if (in < 0) rc = ferry_preerr(in, "%s: weight_map", path);
+        else rc = parse_shard(ds, st, s, !ds->attrs_json, cap);
+    }
+    free(root);
     /* every weight_map entry must name a tensor that its shard holds */
     ferry_var *sorted = NULL;
     if (!rc && ds->nvars) {
