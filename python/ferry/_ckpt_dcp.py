@@ -242,6 +242,7 @@ class FerryWriter(StorageWriter):
         else:
             name = "__%d%s" % (self.rank, METADATA)
         final = os.path.join(self.path, name)
+        _io.remove_stale_temps(final)            # of coordinators killed earlier
         _io.write_small_file_atomic(final, pickle.dumps(metadata))
         if name == METADATA:
             used = set(info.relative_path for info in storage.values())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 
 from . import _ferry
 
@@ -88,35 +89,53 @@ def temp_name(final):
                                               os.urandom(6).hex()))
 
 
+STALE_AGE_S = 3600      # a temporary of another host untouched this long is a dead writer's
+
+
 def remove_stale_temps(final):
-    """Remove temporaries of saves of `final` killed earlier on this host (their
-    process is gone). Temporaries have unique names, so leftovers never collide with
-    a new save; this only reclaims their space."""
-    d, base = os.path.split(os.path.abspath(final))
-    prefix = ".%s%s%s." % (base, TMP_TAG, _HOST)
+    """Remove the temporaries (.<name>.ferry-tmp.<host>.<pid>.<random>) that dead writers
+    left in the directory of `final` -- of any file there, not only `final`'s: a sharded
+    save names its shards afresh each time, so a killed one leaves temporaries no later
+    save of the same names would ever match. Dead: on this host, a process that no longer
+    exists; on another host (a shared file system, where the pid says nothing), untouched
+    for STALE_AGE_S (a live writer keeps its temporary's mtime fresh). Temporaries have
+    unique names, so leftovers never collide with a new save; this reclaims their space."""
+    d = os.path.dirname(os.path.abspath(final))
     try:
         names = os.listdir(d)
     except OSError:
         return
+    now = time.time()
     for n in names:
-        if not n.startswith(prefix):
+        if not n.startswith(".") or TMP_TAG not in n:
             continue
-        rest = n[len(prefix):].split(".")
+        rest = n.rsplit(TMP_TAG, 1)[1].split(".")
+        if len(rest) != 3:
+            continue
+        host, pid = rest[0], rest[1]
+        p = os.path.join(d, n)
         try:
-            pid = int(rest[0])
-        except (ValueError, IndexError):
+            pid = int(pid)
+        except ValueError:
             continue
-        if pid == os.getpid():
-            continue
+        if host == _HOST:
+            if pid == os.getpid():
+                continue
+            try:
+                os.kill(pid, 0)
+                continue              # still running: another save in progress
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                continue
+        else:
+            try:
+                if now - os.lstat(p).st_mtime < STALE_AGE_S:
+                    continue
+            except OSError:
+                continue
         try:
-            os.kill(pid, 0)
-            continue              # still running: another save in progress
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            continue
-        try:
-            os.unlink(os.path.join(d, n))
+            os.unlink(p)
         except OSError:
             pass
 

@@ -7,12 +7,17 @@ by a training job saving latest.safetensors) therefore reads as the file whose h
 parsed, never as one file's header paired with another's bytes. C's errors (truncated,
 damaged headers, data not exactly covered by the offsets, ...) reach the caller unchanged.
 
+A sharded set whose index is replaced between reading it and opening its shards (a save
+that commits and removes the old shards) is opened once more from the new index; a shard
+still missing then is a FerryError.
+
 Python only resolves the conventions around the parser: which file of a directory to
 open, the CRCs and structure ferry keeps in __metadata__, and the torch dtypes.
 """
 from __future__ import annotations
 
 import collections
+import errno
 import json
 import os
 
@@ -82,7 +87,15 @@ class Checkpoint:
         target = resolve(path)
         self.is_index = target.endswith(INDEX_SUFFIX)
         # format= keeps an .index.json (or a file without the suffix) from being sniffed
-        self.ds = _ferry.Dataset(_io.context(), target, format="safetensors")
+        try:
+            self.ds = _ferry.Dataset(_io.context(), target, format="safetensors")
+        except _io.FerryError as e:
+            # a sharded save committed a new index and removed the shards of the one
+            # read here between reading it and opening them: once more, from the new index
+            if not self.is_index or getattr(e, "code", None) != -errno.ENOENT or \
+                    not os.path.exists(target):
+                raise
+            self.ds = _ferry.Dataset(_io.context(), target, format="safetensors")
         try:
             self._describe(target)
         except BaseException:

@@ -6,7 +6,8 @@ Sharded (max_shard_size): every save writes its shards under new names
 (<stem>-<token>-0000i-of-0000n.safetensors), renames them into place, and only then
 replaces <path>.index.json -- the commit point. The shards the old index named are removed
 after that. A save killed at any moment leaves the old index and the old shards, which
-still load together; shards of a killed save are reclaimed by a later save.
+still load together; shards and temporaries of a killed save are reclaimed by a later save
+in that directory.
 """
 from __future__ import annotations
 
@@ -175,8 +176,7 @@ def write(prep, final, user_md, max_bytes, threads, durable=True, report=None, d
     index_path = final + INDEX_SUFFIX
     d = os.path.dirname(final)
     if not direct:
-        for f in finals + ([index_path] if sharded else [final]):
-            _io.remove_stale_temps(f)
+        _io.remove_stale_temps(final)        # every dead writer's, in final's directory
 
     ctx = _io.context()
     files, temps, ops, devices, keep = [], [], [], set(), []
