@@ -26,6 +26,7 @@ a different world size or sharding) reads only the byte runs it needs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import os
 import pickle
@@ -102,12 +103,31 @@ def _dtype_of(name):
     return dt
 
 
+def _keeps_error(fn):
+    """DCP hands what a storage layer raises to the caller only inside its own
+    CheckpointException (a BaseException), and an error reading .metadata only as the text
+    of an AssertionError of its own. So the first FerryError of a save or load (reset()
+    starts one) is kept in the writer's or reader's .error, for the caller to raise:
+        except CheckpointException as e: raise reader.error or e"""
+    @functools.wraps(fn)
+    def run(self, *args, **kwargs):
+        try:
+            return fn(self, *args, **kwargs)
+        except _io.FerryError as e:
+            if getattr(self, "error", None) is None:
+                self.error = e
+            raise
+    return run
+
+
 class FerryWriter(StorageWriter):
     """StorageWriter writing raw, 4 KiB-aligned tensor bytes per rank through ferry.
 
     path: the checkpoint directory (created if missing). threads: engine workers (0: the
     context's). sync_files: fsync data files before the metadata is written (durable).
-    overwrite: allow saving over an existing checkpoint in `path` (safely: see module doc)."""
+    overwrite: allow saving over an existing checkpoint in `path` (safely: see module doc).
+    error: the first FerryError of the last save (DCP raises it wrapped in its
+    CheckpointException; `raise writer.error or e` gives it back with its path)."""
 
     def __init__(self, path=None, *, threads=0, sync_files=True, overwrite=True):
         super().__init__()
@@ -119,14 +139,18 @@ class FerryWriter(StorageWriter):
         self.is_coordinator = False
         self.use_collectives = True
         self.save_id = _gen_id()
+        self.error = None          # the first FerryError of this save (see _keeps_error)
 
     # -- protocol ----------------------------------------------------------------
     def reset(self, checkpoint_id=None):
+        self.error = None
         if checkpoint_id:
             self.path = _local_dir(checkpoint_id, type(self).__name__)
         self.save_id = _gen_id()
 
+    @_keeps_error
     def set_up_storage_writer(self, is_coordinator, *args, **kwargs):
+        self.error = None          # a save starts here (DCP calls reset() only with an id)
         if self.path is None:
             raise ValueError("FerryWriter: no checkpoint path (pass one or a checkpoint_id)")
         self.is_coordinator = is_coordinator
@@ -140,6 +164,7 @@ class FerryWriter(StorageWriter):
     def validate_checkpoint_id(cls, checkpoint_id):
         return _is_local_path(checkpoint_id)
 
+    @_keeps_error
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         os.makedirs(self.path, exist_ok=True)
         if not self.overwrite and os.path.exists(os.path.join(self.path, METADATA)):
@@ -153,6 +178,7 @@ class FerryWriter(StorageWriter):
         return [dataclasses.replace(p, storage_data="__%d_" % i) if p.storage_data is None
                 else p for i, p in enumerate(plans)]
 
+    @_keeps_error
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
         prefix = plan.storage_data if isinstance(plan.storage_data, str) else \
             "__%d_" % (self.rank or 0)
@@ -223,6 +249,7 @@ class FerryWriter(StorageWriter):
         fut.set_result(results)
         return fut
 
+    @_keeps_error
     def finish(self, metadata: Metadata, results) -> None:
         # storage_data holds torch's own _StorageInfo, so FileSystemReader (and
         # dcp_to_torch_save) read the directory; where ferry's raw bytes start inside each
@@ -391,7 +418,12 @@ class FerryReader(StorageReader):
     safe=False runs the directory's pickles: .metadata is unpickled as torch's
     FileSystemReader unpickles it, and bytes items go to the planner as stored (torch's
     DefaultLoadPlanner torch.load()s them with weights_only=False). Only for directories
-    you trust, or non-tensor values torch.load(weights_only=True) refuses."""
+    you trust, or non-tensor values torch.load(weights_only=True) refuses.
+
+    error: the first FerryError of the last load. DCP raises it wrapped in its
+    CheckpointException (a BaseException; a .metadata error only as text inside an
+    AssertionError), so `except CheckpointException as e: raise reader.error or e` gives
+    the caller the FerryError naming the file."""
 
     def __init__(self, path=None, *, threads=0, safe=True):
         super().__init__()
@@ -402,8 +434,10 @@ class FerryReader(StorageReader):
         self.layout = {}
         self.load_id = _gen_id()
         self.rank = None
+        self.error = None          # the first FerryError of this load (see _keeps_error)
 
     def reset(self, checkpoint_id=None):
+        self.error = None
         self.storage_data = {}
         if checkpoint_id:
             self.path = _local_dir(checkpoint_id, type(self).__name__)
@@ -413,8 +447,11 @@ class FerryReader(StorageReader):
     def validate_checkpoint_id(cls, checkpoint_id):
         return _is_local_path(checkpoint_id)
 
+    @_keeps_error
     def read_metadata(self, *args, **kwargs) -> Metadata:
         rank = kwargs.get("rank")
+        if rank is None:
+            self.error = None      # a load starts here (DCP calls reset() only with an id)
         name = METADATA if rank is None else "__%d%s" % (rank, METADATA)
         p = os.path.join(self.path, name)
         try:
@@ -426,7 +463,7 @@ class FerryReader(StorageReader):
         except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError,
                 ValueError, IndexError, KeyError, RecursionError, OverflowError,
                 MemoryError, UnicodeDecodeError) as e:
-            raise _io.error("%s: corrupted DCP metadata: %s" % (p, e))
+            raise _io.error("%s: corrupted DCP metadata: %s: %s" % (p, type(e).__name__, e))
         if not isinstance(md, Metadata):
             raise _io.error("%s: not DCP metadata" % p)
         check_metadata(md, p)
@@ -438,6 +475,7 @@ class FerryReader(StorageReader):
         md.storage_meta.load_id = self.load_id
         return md
 
+    @_keeps_error
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator, *args, **kwargs):
         self.storage_data = metadata.storage_data
         self.layout = getattr(metadata, LAYOUT_ATTR, None) or {}
@@ -485,6 +523,7 @@ class FerryReader(StorageReader):
         b.seek(0)
         return b
 
+    @_keeps_error
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
         ctx = _io.context()
         p = _ferry.Plan()

@@ -129,3 +129,26 @@ def test_bit_flip_and_truncation_sweep(tmp_path):
         errs = _load_errors(d, back)
         assert errs and all(isinstance(e, FerryError) for e in errs), (cut, errs)
         assert all(data in str(e) for e in errs), (cut, errs)
+
+
+def test_reader_and_writer_keep_the_ferry_error_dcp_wraps(tmp_path):
+    """issue 38 item 14: DCP wraps a storage layer's errors in its CheckpointException (and
+    a .metadata error in an AssertionError's text); the reader and writer keep the
+    FerryError, so `raise reader.error or e` gives the caller the error with its path."""
+    d = tmp_path / "ck"
+    _save(d, _sd())
+    data = [n for n in os.listdir(d) if n.endswith(".ferry")][0]
+    with open(d / data, "r+b") as f:
+        f.truncate(100)
+    reader = ck.FerryReader(d)
+    with pytest.raises(CheckpointException):
+        dcp.load(_zeros(), storage_reader=reader, no_dist=True)
+    assert isinstance(reader.error, FerryError) and data in str(reader.error), reader.error
+    assert "truncated" in str(reader.error)
+    (d / ".metadata").write_bytes(b"not a pickle")
+    with pytest.raises(CheckpointException):
+        dcp.load(_zeros(), storage_reader=reader, no_dist=True)
+    assert isinstance(reader.error, FerryError) and str(reader.error).startswith(
+        str(d / ".metadata")), reader.error              # the first error, not the rank-local one
+    reader.reset()
+    assert reader.error is None
