@@ -92,52 +92,54 @@ def temp_name(final):
 STALE_AGE_S = 3600      # a temporary of another host untouched this long is a dead writer's
 
 
+def dead_writer(d, n, tag):
+    """Whether entry n of directory d, named .<name><tag><host>.<pid>.<random>, belongs to
+    a writer that is gone: on this host, a process that no longer exists; on another host
+    (a shared file system, where the pid says nothing), untouched for STALE_AGE_S (a live
+    writer keeps its temporary's mtime fresh). Other names: False."""
+    if not n.startswith(".") or tag not in n:
+        return False
+    rest = n.rsplit(tag, 1)[1].split(".")
+    if len(rest) != 3:
+        return False
+    host, pid = rest[0], rest[1]
+    try:
+        pid = int(pid)
+    except ValueError:
+        return False
+    if host == _HOST:
+        if pid == os.getpid():
+            return False
+        try:
+            os.kill(pid, 0)
+            return False              # still running: another save in progress
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+    try:
+        return time.time() - os.lstat(os.path.join(d, n)).st_mtime >= STALE_AGE_S
+    except OSError:
+        return False
+
+
 def remove_stale_temps(final):
     """Remove the temporaries (.<name>.ferry-tmp.<host>.<pid>.<random>) that dead writers
-    left in the directory of `final` -- of any file there, not only `final`'s: a sharded
-    save names its shards afresh each time, so a killed one leaves temporaries no later
-    save of the same names would ever match. Dead: on this host, a process that no longer
-    exists; on another host (a shared file system, where the pid says nothing), untouched
-    for STALE_AGE_S (a live writer keeps its temporary's mtime fresh). Temporaries have
-    unique names, so leftovers never collide with a new save; this reclaims their space."""
+    (dead_writer) left in the directory of `final` -- of any file there, not only
+    `final`'s: a killed sharded save leaves temporaries of shard names no later save may
+    write again. Temporaries have unique names, so leftovers never collide with a new
+    save; this reclaims their space."""
     d = os.path.dirname(os.path.abspath(final))
     try:
         names = os.listdir(d)
     except OSError:
         return
-    now = time.time()
     for n in names:
-        if not n.startswith(".") or TMP_TAG not in n:
-            continue
-        rest = n.rsplit(TMP_TAG, 1)[1].split(".")
-        if len(rest) != 3:
-            continue
-        host, pid = rest[0], rest[1]
-        p = os.path.join(d, n)
-        try:
-            pid = int(pid)
-        except ValueError:
-            continue
-        if host == _HOST:
-            if pid == os.getpid():
-                continue
+        if dead_writer(d, n, TMP_TAG):
             try:
-                os.kill(pid, 0)
-                continue              # still running: another save in progress
-            except ProcessLookupError:
-                pass
-            except PermissionError:
-                continue
-        else:
-            try:
-                if now - os.lstat(p).st_mtime < STALE_AGE_S:
-                    continue
+                os.unlink(os.path.join(d, n))
             except OSError:
-                continue
-        try:
-            os.unlink(p)
-        except OSError:
-            pass
+                pass
 
 
 def fsync_dir(path):

@@ -285,6 +285,27 @@ static void test_index_shard_links(void) {
     CHECK_STR_CONTAINS(ferry_errmsg(ctx), "a symlink leading out is refused");
 }
 
+/* ferry's sharded saves stamp index and shards with one save id: shards of
+ * another save than the index are refused with -ESTALE; sets without ids open */
+static void test_index_save_ids(void) {
+    float a[2] = {1, 2};
+    size_t n = make_st(file, "{\"__metadata__\":{\"ferry.save\":\"s2\"},"
+                             "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", a, 8);
+    write_file(tpath("ids-00001-of-00001.safetensors"), file, n);
+    const char *p = tpath("ids.safetensors.index.json");
+    const char *idx = "{\"metadata\":{\"ferry.save\":\"s1\"},\"weight_map\":{\"a\":\"ids-00001-of-00001.safetensors\"}}";
+    write_file(p, idx, strlen(idx));
+    expect_open_error(p, NULL, -ESTALE, "belongs to save s2, the index to save s1");
+    idx = "{\"weight_map\":{\"a\":\"ids-00001-of-00001.safetensors\"}}";   /* index without an id */
+    write_file(p, idx, strlen(idx));
+    expect_open_error(p, NULL, -ESTALE, "the index to save (none)");
+    idx = "{\"metadata\":{\"ferry.save\":\"s2\"},\"weight_map\":{\"a\":\"ids-00001-of-00001.safetensors\"}}";
+    write_file(p, idx, strlen(idx));
+    ferry_dataset *ds = NULL;
+    CHECK_EQ_I(ferry_dataset_open(ctx, p, NULL, &ds), 0);
+    ferry_dataset_close(ds);
+}
+
 int main(void) {
     snprintf(dir, sizeof dir, "/tmp/ferry_test_st_XXXXXX");
     if (!mkdtemp(dir)) { perror("mkdtemp"); return 1; }
@@ -299,6 +320,7 @@ int main(void) {
     RUN(test_every_truncation);
     RUN(test_index_shards);
     RUN(test_index_shard_links);
+    RUN(test_index_save_ids);
     ferry_ctx_destroy(ctx);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

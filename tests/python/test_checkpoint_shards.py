@@ -1,6 +1,8 @@
-"""Sharded saves are atomic as a set (issue 16 item 11): shards are written under new names
-and the index is switched last, so a save killed at any point leaves the previous set
-loadable -- never old and new shards that load together."""
+"""Sharded saves are atomic as a set (issue 16 item 11) under Hugging Face's fixed shard names
+(issue 38 item 3): the index is switched last and the previous set is kept as hard links
+until then, so a save killed at any point leaves the previous set loadable -- never old and
+new shards that load together. Dead writers' temporaries are reclaimed (issue 36 item 4)."""
+import json
 import os
 import random
 import signal
@@ -12,6 +14,7 @@ import time
 import pytest
 
 torch = pytest.importorskip("torch")
+safetensors_torch = pytest.importorskip("safetensors.torch")
 
 import ferry  # noqa: E402
 from ferry import checkpoint as ck  # noqa: E402
@@ -203,6 +206,57 @@ def test_reader_retries_once_from_a_fresh_index(tmp_path, monkeypatch):
     calls.clear()
     idx.write_bytes(stale)
     fresh = stale
-    with pytest.raises(FerryError, match="No such file"):
+    with pytest.raises(FerryError, match="belongs to save .*the set was replaced"):
         ck.load(path)
     assert len(calls) == 2
+
+
+# ------------------------------------------ Hugging Face's shard names (issue 38 item 3)
+def _hf_names(stem, n):
+    # save_pretrained / huggingface_hub's pattern: "model{suffix}.safetensors", suffix
+    # "-00001-of-00004", beside "model.safetensors.index.json"
+    return ["%s-%05d-of-%05d.safetensors" % (stem, i + 1, n) for i in range(n)]
+
+
+def test_sharded_names_follow_hugging_face(tmp_path):
+    path = tmp_path / "model.safetensors"
+    ck.save(version(1), path, max_shard_size=4 * 4096 * 3)
+    want = _hf_names("model", 4) + ["model.safetensors.index.json"]
+    assert sorted(os.listdir(tmp_path)) == sorted(want)
+    idx = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert sorted(set(idx["weight_map"].values())) == _hf_names("model", 4)
+    for n in _hf_names("model", 4):                       # each shard is plain safetensors
+        safetensors_torch.load_file(str(tmp_path / n))
+    # saving again writes the same names; nothing else stays behind
+    ck.save(version(2), path, max_shard_size=4 * 4096 * 3)
+    assert sorted(os.listdir(tmp_path)) == sorted(want)
+    assert check_one_version(path) == 200
+    # another shard count: the other names, the old ones removed after the commit
+    ck.save(version(3), path, max_shard_size=4 * 4096 * 6)
+    assert sorted(os.listdir(tmp_path)) == sorted(_hf_names("model", 2) +
+                                                  ["model.safetensors.index.json"])
+    assert check_one_version(path) == 300
+
+
+def test_a_reader_never_pairs_an_index_with_another_saves_shards(tmp_path):
+    """The state a reader can meet while a save renames shards over the old names: the
+    old index, some new shards. The C parser refuses the pair (save ids differ) and the
+    reader loads the copy of the old set the save keeps; without it, a FerryError."""
+    import shutil
+    path = tmp_path / "model.safetensors"
+    ck.save(version(1), path, max_shard_size=4 * 4096 * 3)
+    other = tmp_path / "other"
+    other.mkdir()
+    ck.save(version(2), other / "model.safetensors", max_shard_size=4 * 4096 * 3)
+    keep = tmp_path / (".model.safetensors.index.json.ferry-prev.%s.%d.0123456789ab"
+                       % (ck._io._HOST, os.getpid()))
+    keep.mkdir()
+    for n in _hf_names("model", 4) + ["model.safetensors.index.json"]:
+        os.link(tmp_path / n, keep / n)
+    os.replace(other / _hf_names("model", 4)[0], tmp_path / _hf_names("model", 4)[0])
+    assert check_one_version(path) == 100               # the kept copy of the old set
+    with ck.safe_open(path) as f:
+        assert float(f.get_tensor("t03")[0]) == 103
+    shutil.rmtree(keep)
+    with pytest.raises(FerryError, match="belongs to save .*the index to save"):
+        ck.load(path)
