@@ -21,7 +21,9 @@ previous checkpoint in the directory loadable, because new data files have new n
 the new .metadata is in place the coordinator removes data files it does not name.
 
 Loading runs one plan per rank. A read item that covers part of a stored chunk (loading with
-a different world size or sharding) reads only the byte runs it needs.
+a different world size or sharding) reads only the byte runs it needs. Directories of torch's
+FileSystemWriter (.distcp files of torch.save archives) load the same way: where each
+tensor's bytes start comes from its archive's zip directory and data.pkl (_ckpt_dcp_blob).
 """
 from __future__ import annotations
 
@@ -399,6 +401,16 @@ def inside(root, path, what="directory"):
     return path
 
 
+def _pread_at(f, base):
+    """pread(n, at): n bytes at byte base + at of ferry File f (ValueError if short)."""
+    def pread(n, at):
+        b = bytearray(n)
+        if n and f.pread(b, base + at) != n:
+            raise ValueError("%s: short read of %d bytes at %d" % (f.path, n, base + at))
+        return b
+    return pread
+
+
 def _holds_tensor(planner, fqn):
     sd = getattr(planner, "state_dict", None)
     v = sd.get(fqn, None) if isinstance(sd, dict) else None
@@ -406,7 +418,9 @@ def _holds_tensor(planner, fqn):
 
 
 class FerryReader(StorageReader):
-    """StorageReader for checkpoints written by FerryWriter. threads: engine workers.
+    """StorageReader for checkpoints written by FerryWriter, or by torch's own
+    FileSystemWriter (its torch.save archives, read without unpickling anything that can
+    run code). threads: engine workers.
 
     safe=True (the default): nothing in the directory can run code. .metadata is read
     with a restricted unpickler that builds only DCP's metadata types (FerryError for
@@ -434,6 +448,7 @@ class FerryReader(StorageReader):
         self.layout = {}
         self.load_id = _gen_id()
         self.rank = None
+        self.metadata = None
         self.error = None          # the first FerryError of this load (see _keeps_error)
 
     def reset(self, checkpoint_id=None):
@@ -478,6 +493,7 @@ class FerryReader(StorageReader):
     @_keeps_error
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator, *args, **kwargs):
         self.storage_data = metadata.storage_data
+        self.metadata = metadata
         self.layout = getattr(metadata, LAYOUT_ATTR, None) or {}
         if not isinstance(self.layout, dict):
             raise _io.error("%s: corrupted ferry layout in the DCP metadata" % self.path)
@@ -493,17 +509,52 @@ class FerryReader(StorageReader):
 
     def _record(self, f, info, fqn):
         """(raw data start, length) of the torch.save archive at info in file f."""
-        def pread(n, at):
-            b = bytearray(n)
-            if n and f.pread(b, info.offset + at) != n:
-                raise ValueError("short read")
-            return b
+        pread = _pread_at(f, info.offset)
         try:
             at, n = _blob.locate(pread, info.length, "%s: item %r (bytes [%d, %d))"
                                  % (f.path, fqn, info.offset, info.offset + info.length))
         except ValueError as e:
             raise _io.error("%s: corrupted checkpoint: %s" % (self.path, e), _io.EFORMAT)
         return info.offset + at, n
+
+    def _foreign(self, f, info, item):
+        """A tensor item of a directory torch's FileSystemWriter wrote: a torch.save
+        archive of the chunk, described through its zip directory and data.pkl (read by a
+        loader that builds nothing, _blob.describe) and checked against the tensor's
+        metadata. ("raw", data start, dtype name, shape) for C-order data, read like
+        FerryWriter's; ("strided", dtype, size, stride, element offset, storage start,
+        storage bytes) otherwise."""
+        fqn = item.storage_index.fqn
+        what = "%s: item %r (bytes [%d, %d))" % (f.path, fqn, info.offset,
+                                                 info.offset + info.length)
+        try:
+            dtype, size, stride, eoff, start, nb = _blob.describe(
+                _pread_at(f, info.offset), info.length, what)
+        except ValueError as e:
+            raise _io.error("%s: corrupted checkpoint: %s" % (self.path, e), _io.EFORMAT)
+        md = (getattr(self.metadata, "state_dict_metadata", None) or {}).get(fqn)
+        want = None
+        for c in getattr(md, "chunks", None) or ():
+            if tuple(c.offsets) == tuple(item.storage_index.offset or ()):
+                want = tuple(c.sizes)
+        if md is None or md.properties.dtype != dtype or want != size:
+            raise _io.error("%s: holds a %s tensor of shape %s; the metadata says %s of %s"
+                            % (what, _dtype_name(dtype), list(size),
+                               getattr(getattr(md, "properties", None), "dtype", None),
+                               list(want) if want is not None else None), _io.EFORMAT)
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        if _numel(size) and eoff + sum((n - 1) * st for n, st in zip(size, stride)) >= \
+                nb // itemsize:
+            raise _io.error("%s: size %s, stride %s at element %d run past its %d-byte "
+                            "storage" % (what, list(size), list(stride), eoff, nb), _io.EFORMAT)
+        c_order, step = True, 1
+        for n, st in reversed(list(zip(size, stride))):
+            if n > 1 and st != step:
+                c_order = False
+            step *= n
+        if c_order:
+            return "raw", info.offset + start + eoff * itemsize, _dtype_name(dtype), size
+        return "strided", dtype, size, stride, eoff, info.offset + start, nb
 
     def _bytes_for(self, item, raw, path):
         """What the planner gets for a bytes item: in safe mode the value as
@@ -534,7 +585,7 @@ class FerryReader(StorageReader):
             for item in plan.items:
                 info = self.storage_data.get(item.storage_index)
                 fqn = item.storage_index.fqn
-                raw_at, dtype_name, shape = None, None, None
+                raw_at, dtype_name, shape, foreign = None, None, None, False
                 if isinstance(info, FerryStorageInfo):          # before the torch framing
                     raw_at, dtype_name, shape = info.offset, info.dtype, info.shape
                 elif isinstance(info, _StorageInfo) and (
@@ -546,10 +597,11 @@ class FerryReader(StorageReader):
                         except (TypeError, ValueError):
                             raise _io.error("%s: corrupted ferry layout for %s"
                                             % (self.path, item.storage_index))
+                elif isinstance(info, _StorageInfo):
+                    foreign = True                 # torch's FileSystemWriter: a torch.save
                 else:
-                    raise _io.error("%s: no ferry storage entry for %s (checkpoint not "
-                                    "written by FerryWriter? torch's FileSystemReader "
-                                    "reads those)" % (self.path, item.storage_index))
+                    raise _io.error("%s: no storage entry for %s in the DCP metadata"
+                                    % (self.path, item.storage_index))
                 f = files.get(info.relative_path)
                 if f is None:
                     fp = os.path.join(self.path, os.path.basename(info.relative_path))
@@ -569,17 +621,29 @@ class FerryReader(StorageReader):
                         p.read_file(f, info.offset, info.length, b)
                     after.append(("bytes", item, (b, f.path)))
                     continue
+                if foreign:
+                    got = self._foreign(f, info, item)
+                    if got[0] == "strided":            # not C order: the whole storage, then
+                        _, dtype, size, stride, eoff, at, nb = got      # torch's own view
+                        b = bytearray(nb)
+                        if nb:
+                            p.read_file(f, at, nb, b)
+                        after.append(("strided", item, (b, dtype, size, stride, eoff)))
+                        continue
+                    _, raw_at, dtype_name, shape = got
                 dtype = _dtype_of(dtype_name)
                 shape = tuple(shape)
                 itemsize = torch.empty((), dtype=dtype).element_size()
                 nbytes = _numel(shape) * itemsize
-                if isinstance(info, FerryStorageInfo):
+                if foreign:
+                    pass                               # placed by _foreign from the archive
+                elif isinstance(info, FerryStorageInfo):
                     where = (raw_at, nbytes) if nbytes == info.length else None
                 else:
                     where = self._record(f, info, fqn)
                     if nbytes == 0 and where[1] == 0:
                         where = (raw_at, 0)        # nothing to read: no position to agree on
-                if where != (raw_at, nbytes):
+                if not foreign and where != (raw_at, nbytes):
                     raise _io.error("%s: corrupted metadata for %r: shape %s of %s at byte %d "
                                     "(%d bytes) is not the item's stored data (%s)"
                                     % (f.path, fqn, list(shape), dtype_name, raw_at, nbytes,
@@ -615,6 +679,21 @@ class FerryReader(StorageReader):
             if kind == "bytes":
                 raw, path = payload
                 planner.load_bytes(item, self._bytes_for(item, raw, path))
+            elif kind == "strided":
+                raw, dtype, size, stride, eoff = payload
+                src = torch.frombuffer(raw, dtype=torch.uint8) if raw else \
+                    torch.empty(0, dtype=torch.uint8)
+                src = src.view(dtype).as_strided(size, stride, eoff)
+                for dim, (o, n) in enumerate(zip(item.storage_offsets, item.lengths)):
+                    src = src.narrow(dim, int(o), int(n))
+                target = planner.resolve_tensor(item).detach()
+                if tuple(target.shape) != tuple(src.shape):
+                    raise _io.error("%s: %s: the planner asks for a %s region into a %s tensor"
+                                    % (self.path, item.storage_index.fqn, list(src.shape),
+                                       list(target.shape)), _io.EINVAL)
+                with torch.no_grad():
+                    target.copy_(src)
+                planner.commit_tensor(item, target)
             else:
                 target, dst = payload
                 if dst is not target:
