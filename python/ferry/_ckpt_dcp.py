@@ -21,11 +21,14 @@ previous checkpoint in the directory loadable, because new data files have new n
 the new .metadata is in place the coordinator removes data files it does not name.
 
 Loading runs one plan per rank. A read item that covers part of a stored chunk (loading with
-a different world size or sharding) reads only the byte runs it needs.
+a different world size or sharding) reads only the byte runs it needs. Directories of torch's
+FileSystemWriter (.distcp files of torch.save archives) load the same way: where each
+tensor's bytes start comes from its archive's zip directory and data.pkl (_ckpt_dcp_blob).
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import os
 import pickle
@@ -102,12 +105,31 @@ def _dtype_of(name):
     return dt
 
 
+def _keeps_error(fn):
+    """DCP hands what a storage layer raises to the caller only inside its own
+    CheckpointException (a BaseException), and an error reading .metadata only as the text
+    of an AssertionError of its own. So the first FerryError of a save or load (reset()
+    starts one) is kept in the writer's or reader's .error, for the caller to raise:
+        except CheckpointException as e: raise reader.error or e"""
+    @functools.wraps(fn)
+    def run(self, *args, **kwargs):
+        try:
+            return fn(self, *args, **kwargs)
+        except _io.FerryError as e:
+            if getattr(self, "error", None) is None:
+                self.error = e
+            raise
+    return run
+
+
 class FerryWriter(StorageWriter):
     """StorageWriter writing raw, 4 KiB-aligned tensor bytes per rank through ferry.
 
     path: the checkpoint directory (created if missing). threads: engine workers (0: the
     context's). sync_files: fsync data files before the metadata is written (durable).
-    overwrite: allow saving over an existing checkpoint in `path` (safely: see module doc)."""
+    overwrite: allow saving over an existing checkpoint in `path` (safely: see module doc).
+    error: the first FerryError of the last save (DCP raises it wrapped in its
+    CheckpointException; `raise writer.error or e` gives it back with its path)."""
 
     def __init__(self, path=None, *, threads=0, sync_files=True, overwrite=True):
         super().__init__()
@@ -119,14 +141,18 @@ class FerryWriter(StorageWriter):
         self.is_coordinator = False
         self.use_collectives = True
         self.save_id = _gen_id()
+        self.error = None          # the first FerryError of this save (see _keeps_error)
 
     # -- protocol ----------------------------------------------------------------
     def reset(self, checkpoint_id=None):
+        self.error = None
         if checkpoint_id:
             self.path = _local_dir(checkpoint_id, type(self).__name__)
         self.save_id = _gen_id()
 
+    @_keeps_error
     def set_up_storage_writer(self, is_coordinator, *args, **kwargs):
+        self.error = None          # a save starts here (DCP calls reset() only with an id)
         if self.path is None:
             raise ValueError("FerryWriter: no checkpoint path (pass one or a checkpoint_id)")
         self.is_coordinator = is_coordinator
@@ -140,6 +166,7 @@ class FerryWriter(StorageWriter):
     def validate_checkpoint_id(cls, checkpoint_id):
         return _is_local_path(checkpoint_id)
 
+    @_keeps_error
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         os.makedirs(self.path, exist_ok=True)
         if not self.overwrite and os.path.exists(os.path.join(self.path, METADATA)):
@@ -153,6 +180,7 @@ class FerryWriter(StorageWriter):
         return [dataclasses.replace(p, storage_data="__%d_" % i) if p.storage_data is None
                 else p for i, p in enumerate(plans)]
 
+    @_keeps_error
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
         prefix = plan.storage_data if isinstance(plan.storage_data, str) else \
             "__%d_" % (self.rank or 0)
@@ -223,6 +251,7 @@ class FerryWriter(StorageWriter):
         fut.set_result(results)
         return fut
 
+    @_keeps_error
     def finish(self, metadata: Metadata, results) -> None:
         # storage_data holds torch's own _StorageInfo, so FileSystemReader (and
         # dcp_to_torch_save) read the directory; where ferry's raw bytes start inside each
@@ -242,6 +271,7 @@ class FerryWriter(StorageWriter):
         else:
             name = "__%d%s" % (self.rank, METADATA)
         final = os.path.join(self.path, name)
+        _io.remove_stale_temps(final)            # of coordinators killed earlier
         _io.write_small_file_atomic(final, pickle.dumps(metadata))
         if name == METADATA:
             used = set(info.relative_path for info in storage.values())
@@ -253,15 +283,163 @@ class FerryWriter(StorageWriter):
                         pass
 
 
+_MISSING = object()
+
+
+def _int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _ints(v):
+    return isinstance(v, (tuple, list)) and all(_int(x) and x >= 0 for x in v)
+
+
+def _numel(shape):
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _field(obj, name, p, what):
+    v = getattr(obj, name, _MISSING)
+    if v is _MISSING:
+        raise _io.error("%s: corrupted DCP metadata: %s has no field %r" % (p, what, name))
+    return v
+
+
+def check_metadata(md, p):
+    """Check unpickled DCP metadata before anything trusts it: every field there with the
+    right type, tensor chunks inside their tensor and covering it, one storage record per
+    chunk and per bytes item, and ferry's layout (data offset, dtype, shape) equal to what
+    the tensor's own metadata says. FerryError naming p (the .metadata file) otherwise."""
+    from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, MetadataIndex,
+                                                       TensorStorageMetadata)
+
+    def bad(msg):
+        raise _io.error("%s: corrupted DCP metadata: %s" % (p, msg))
+
+    sdm = _field(md, "state_dict_metadata", p, "Metadata")
+    storage = _field(md, "storage_data", p, "Metadata")
+    layout = getattr(md, LAYOUT_ATTR, None) or {}
+    for name, v in (("state_dict_metadata", sdm), ("storage_data", storage),
+                    (LAYOUT_ATTR, layout)):
+        if not isinstance(v, dict):
+            bad("%s is %s, not a dict" % (name, "None" if v is None else "a " + type(v).__name__))
+    for idx, info in storage.items():
+        if not isinstance(idx, MetadataIndex) or not isinstance(getattr(idx, "fqn", None), str):
+            bad("storage_data key %r is not a MetadataIndex" % (idx,))
+        if not isinstance(info, (_StorageInfo, FerryStorageInfo)):
+            bad("storage_data[%s] is a %s" % (idx.fqn, type(info).__name__))
+        rp = _field(info, "relative_path", p, "storage_data[%s]" % idx.fqn)
+        off = _field(info, "offset", p, "storage_data[%s]" % idx.fqn)
+        n = _field(info, "length", p, "storage_data[%s]" % idx.fqn)
+        if not isinstance(rp, str) or not rp or "/" in rp or "\0" in rp or rp in (".", ".."):
+            bad("storage_data[%s] names %r, not a file of the directory" % (idx.fqn, rp))
+        if not (_int(off) and _int(n) and off >= 0 and n >= 0):
+            bad("storage_data[%s] has offset %r, length %r" % (idx.fqn, off, n))
+        if getattr(info, "transform_descriptors", None):
+            raise _io.error("%s: storage_data[%s] is stored through transforms %r, which "
+                            "FerryReader does not undo" % (p, idx.fqn,
+                                                           info.transform_descriptors),
+                            _io.EUNSUPPORTED)
+    for fqn, m in sdm.items():
+        if not isinstance(fqn, str):
+            bad("state dict key %r is not a string" % (fqn,))
+        if isinstance(m, BytesStorageMetadata):
+            if MetadataIndex(fqn) not in storage:
+                bad("no storage record for bytes item %r" % fqn)
+            continue
+        if not isinstance(m, TensorStorageMetadata):
+            bad("%r is described by a %s" % (fqn, type(m).__name__))
+        props = _field(m, "properties", p, "metadata of %r" % fqn)
+        dtype = _field(props, "dtype", p, "properties of %r" % fqn)
+        size = _field(m, "size", p, "metadata of %r" % fqn)
+        chunks = _field(m, "chunks", p, "metadata of %r" % fqn)
+        if not isinstance(dtype, torch.dtype) or not _ints(size) or not isinstance(chunks, list):
+            bad("%r has dtype %r, size %r, chunks of type %s"
+                % (fqn, dtype, size, type(chunks).__name__))
+        covered = 0
+        for c in chunks:
+            offs = _field(c, "offsets", p, "a chunk of %r" % fqn)
+            sizes = _field(c, "sizes", p, "a chunk of %r" % fqn)
+            if not (_ints(offs) and _ints(sizes) and len(offs) == len(sizes) == len(size)) or \
+                    any(o + s > n for o, s, n in zip(offs, sizes, size)):
+                bad("%r: chunk at %s of %s is not inside its %s tensor"
+                    % (fqn, offs, sizes, list(size)))
+            covered += _numel(sizes)
+            idx = MetadataIndex(fqn, offs)
+            info = storage.get(idx)
+            if info is None:
+                bad("no storage record for chunk %s of %r" % (list(offs), fqn))
+            if isinstance(info, FerryStorageInfo):
+                lay = (info.offset, info.dtype, info.shape)
+            else:
+                lay = layout.get(idx)
+            if lay is None:
+                continue                  # a torch FileSystemWriter record
+            ok = isinstance(lay, tuple) and len(lay) == 3 and _int(lay[0]) and lay[0] >= 0 \
+                and _ints(lay[2])
+            if not ok or lay[1] != _dtype_name(dtype) or tuple(lay[2]) != tuple(sizes):
+                bad("%r: ferry layout %r disagrees with the tensor's metadata (%s, chunk %s)"
+                    % (fqn, lay, _dtype_name(dtype), list(sizes)))
+        if covered != _numel(size):
+            bad("%r: chunks hold %d elements of its %d (size %s)"
+                % (fqn, covered, _numel(size), list(size)))
+    for idx in layout:
+        if idx not in storage:
+            bad("ferry layout for %s, which has no storage record" % (idx,))
+
+
+def inside(root, path, what="directory"):
+    """path, refused (FerryError) when it resolves outside root: the rule and the words of
+    the C library's multi-file formats (src/formats/inside.c)."""
+    r, top = os.path.realpath(path), os.path.realpath(root)
+    if r != top and not r.startswith(top.rstrip("/") + "/"):
+        _io.fail("%s: resolves to %s, outside the %s %s (a symlink leading out is refused)"
+                 % (path, r, what, top), -13)
+    return path
+
+
+def _pread_at(f, base):
+    """pread(n, at): n bytes at byte base + at of ferry File f (ValueError if short)."""
+    def pread(n, at):
+        b = bytearray(n)
+        if n and f.pread(b, base + at) != n:
+            raise ValueError("%s: short read of %d bytes at %d" % (f.path, n, base + at))
+        return b
+    return pread
+
+
+def _holds_tensor(planner, fqn):
+    sd = getattr(planner, "state_dict", None)
+    v = sd.get(fqn, None) if isinstance(sd, dict) else None
+    return isinstance(v, torch.Tensor) or type(v).__name__ == "ShardedTensor"
+
+
 class FerryReader(StorageReader):
-    """StorageReader for checkpoints written by FerryWriter. threads: engine workers.
+    """StorageReader for checkpoints written by FerryWriter, or by torch's own
+    FileSystemWriter (its torch.save archives, read without unpickling anything that can
+    run code). threads: engine workers.
 
-    .metadata is a pickle, read as torch's FileSystemReader reads it: unpickling a file
-    from someone else can run code. safe=True reads it with a restricted unpickler that
-    builds only DCP's metadata types (FerryError for anything else): use it for
-    directories you do not trust."""
+    safe=True (the default): nothing in the directory can run code. .metadata is read
+    with a restricted unpickler that builds only DCP's metadata types (FerryError for
+    anything else, and for attribute setting on anything it did not build); non-tensor
+    items (DCP's bytes items) are read with torch.load(weights_only=True) and handed to
+    the planner re-saved from what that built, so the planner's own torch.load sees only
+    plain values; a key stored as bytes where the state dict holds a tensor is refused.
 
-    def __init__(self, path=None, *, threads=0, safe=False):
+    safe=False runs the directory's pickles: .metadata is unpickled as torch's
+    FileSystemReader unpickles it, and bytes items go to the planner as stored (torch's
+    DefaultLoadPlanner torch.load()s them with weights_only=False). Only for directories
+    you trust, or non-tensor values torch.load(weights_only=True) refuses.
+
+    error: the first FerryError of the last load. DCP raises it wrapped in its
+    CheckpointException (a BaseException; a .metadata error only as text inside an
+    AssertionError), so `except CheckpointException as e: raise reader.error or e` gives
+    the caller the FerryError naming the file."""
+
+    def __init__(self, path=None, *, threads=0, safe=True):
         super().__init__()
         self.path = _local_dir(path, type(self).__name__) if path is not None else None
         self.threads = threads
@@ -270,8 +448,11 @@ class FerryReader(StorageReader):
         self.layout = {}
         self.load_id = _gen_id()
         self.rank = None
+        self.metadata = None
+        self.error = None          # the first FerryError of this load (see _keeps_error)
 
     def reset(self, checkpoint_id=None):
+        self.error = None
         self.storage_data = {}
         if checkpoint_id:
             self.path = _local_dir(checkpoint_id, type(self).__name__)
@@ -281,28 +462,38 @@ class FerryReader(StorageReader):
     def validate_checkpoint_id(cls, checkpoint_id):
         return _is_local_path(checkpoint_id)
 
+    @_keeps_error
     def read_metadata(self, *args, **kwargs) -> Metadata:
         rank = kwargs.get("rank")
+        if rank is None:
+            self.error = None      # a load starts here (DCP calls reset() only with an id)
         name = METADATA if rank is None else "__%d%s" % (rank, METADATA)
         p = os.path.join(self.path, name)
         try:
-            with open(p, "rb") as f:
+            with open(inside(self.path, p), "rb") as f:
                 md = _pickle.load(f, p, self.safe)
         except FileNotFoundError:
             raise _io.error("%s: no DCP metadata (not a checkpoint, or the save did not "
                             "finish)" % p, -2)
         except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError,
-                ValueError, IndexError, KeyError, RecursionError) as e:
-            raise _io.error("%s: corrupted DCP metadata: %s" % (p, e))
+                ValueError, IndexError, KeyError, RecursionError, OverflowError,
+                MemoryError, UnicodeDecodeError) as e:
+            raise _io.error("%s: corrupted DCP metadata: %s: %s" % (p, type(e).__name__, e))
         if not isinstance(md, Metadata):
             raise _io.error("%s: not DCP metadata" % p)
+        check_metadata(md, p)
         if getattr(md, "storage_meta", None) is None:
             md.storage_meta = StorageMeta()
+        elif not isinstance(md.storage_meta, StorageMeta):
+            raise _io.error("%s: corrupted DCP metadata: storage_meta is a %s"
+                            % (p, type(md.storage_meta).__name__))
         md.storage_meta.load_id = self.load_id
         return md
 
+    @_keeps_error
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator, *args, **kwargs):
         self.storage_data = metadata.storage_data
+        self.metadata = metadata
         self.layout = getattr(metadata, LAYOUT_ATTR, None) or {}
         if not isinstance(self.layout, dict):
             raise _io.error("%s: corrupted ferry layout in the DCP metadata" % self.path)
@@ -316,6 +507,74 @@ class FerryReader(StorageReader):
     def prepare_global_plan(self, plans):
         return plans
 
+    def _record(self, f, info, fqn):
+        """(raw data start, length) of the torch.save archive at info in file f."""
+        pread = _pread_at(f, info.offset)
+        try:
+            at, n = _blob.locate(pread, info.length, "%s: item %r (bytes [%d, %d))"
+                                 % (f.path, fqn, info.offset, info.offset + info.length))
+        except ValueError as e:
+            raise _io.error("%s: corrupted checkpoint: %s" % (self.path, e), _io.EFORMAT)
+        return info.offset + at, n
+
+    def _foreign(self, f, info, item):
+        """A tensor item of a directory torch's FileSystemWriter wrote: a torch.save
+        archive of the chunk, described through its zip directory and data.pkl (read by a
+        loader that builds nothing, _blob.describe) and checked against the tensor's
+        metadata. ("raw", data start, dtype name, shape) for C-order data, read like
+        FerryWriter's; ("strided", dtype, size, stride, element offset, storage start,
+        storage bytes) otherwise."""
+        fqn = item.storage_index.fqn
+        what = "%s: item %r (bytes [%d, %d))" % (f.path, fqn, info.offset,
+                                                 info.offset + info.length)
+        try:
+            dtype, size, stride, eoff, start, nb = _blob.describe(
+                _pread_at(f, info.offset), info.length, what)
+        except ValueError as e:
+            raise _io.error("%s: corrupted checkpoint: %s" % (self.path, e), _io.EFORMAT)
+        md = (getattr(self.metadata, "state_dict_metadata", None) or {}).get(fqn)
+        want = None
+        for c in getattr(md, "chunks", None) or ():
+            if tuple(c.offsets) == tuple(item.storage_index.offset or ()):
+                want = tuple(c.sizes)
+        if md is None or md.properties.dtype != dtype or want != size:
+            raise _io.error("%s: holds a %s tensor of shape %s; the metadata says %s of %s"
+                            % (what, _dtype_name(dtype), list(size),
+                               getattr(getattr(md, "properties", None), "dtype", None),
+                               list(want) if want is not None else None), _io.EFORMAT)
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        if _numel(size) and eoff + sum((n - 1) * st for n, st in zip(size, stride)) >= \
+                nb // itemsize:
+            raise _io.error("%s: size %s, stride %s at element %d run past its %d-byte "
+                            "storage" % (what, list(size), list(stride), eoff, nb), _io.EFORMAT)
+        c_order, step = True, 1
+        for n, st in reversed(list(zip(size, stride))):
+            if n > 1 and st != step:
+                c_order = False
+            step *= n
+        if c_order:
+            return "raw", info.offset + start + eoff * itemsize, _dtype_name(dtype), size
+        return "strided", dtype, size, stride, eoff, info.offset + start, nb
+
+    def _bytes_for(self, item, raw, path):
+        """What the planner gets for a bytes item: in safe mode the value as
+        torch.load(weights_only=True) builds it, saved again."""
+        if not self.safe:
+            return io.BytesIO(bytes(raw))
+        try:
+            obj = torch.load(io.BytesIO(bytes(raw)), weights_only=True)
+        except Exception as e:  # noqa: BLE001 — anything the loader refuses
+            raise _io.error("%s: item %r: torch.load(weights_only=True) does not read its "
+                            "bytes (%s: %s); FerryReader(safe=True) loads nothing else -- "
+                            "pass safe=False only for a directory you trust"
+                            % (path, item.storage_index.fqn, type(e).__name__,
+                               str(e).splitlines()[0] if str(e) else ""), _io.EFORMAT)
+        b = io.BytesIO()
+        torch.save(obj, b)
+        b.seek(0)
+        return b
+
+    @_keeps_error
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
         ctx = _io.context()
         p = _ferry.Plan()
@@ -325,7 +584,8 @@ class FerryReader(StorageReader):
         try:
             for item in plan.items:
                 info = self.storage_data.get(item.storage_index)
-                raw_at, dtype_name, shape = None, None, None
+                fqn = item.storage_index.fqn
+                raw_at, dtype_name, shape, foreign = None, None, None, False
                 if isinstance(info, FerryStorageInfo):          # before the torch framing
                     raw_at, dtype_name, shape = info.offset, info.dtype, info.shape
                 elif isinstance(info, _StorageInfo) and (
@@ -337,45 +597,64 @@ class FerryReader(StorageReader):
                         except (TypeError, ValueError):
                             raise _io.error("%s: corrupted ferry layout for %s"
                                             % (self.path, item.storage_index))
+                elif isinstance(info, _StorageInfo):
+                    foreign = True                 # torch's FileSystemWriter: a torch.save
                 else:
-                    raise _io.error("%s: no ferry storage entry for %s (checkpoint not "
-                                    "written by FerryWriter? torch's FileSystemReader "
-                                    "reads those)" % (self.path, item.storage_index))
+                    raise _io.error("%s: no storage entry for %s in the DCP metadata"
+                                    % (self.path, item.storage_index))
                 f = files.get(info.relative_path)
                 if f is None:
                     fp = os.path.join(self.path, os.path.basename(info.relative_path))
-                    f = files[info.relative_path] = _ferry.File(ctx, fp, "r")
+                    f = files[info.relative_path] = _ferry.File(ctx, inside(self.path, fp), "r")
                 if f.size < info.offset + info.length:
-                    raise _io.error("%s: truncated: item %s needs bytes [%d, %d) but the file "
-                                    "has %d" % (f.path, item.storage_index.fqn, info.offset,
+                    raise _io.error("%s: truncated: item %r needs bytes [%d, %d) but the file "
+                                    "has %d" % (f.path, fqn, info.offset,
                                                 info.offset + info.length, f.size),
                                     _io.EFORMAT)
                 if item.type == LoadItemType.BYTE_IO:
+                    if _holds_tensor(planner, fqn):
+                        raise _io.error("%s: item %r is stored as bytes (a pickled value) but "
+                                        "the state dict holds a tensor there: refused"
+                                        % (f.path, fqn), _io.EFORMAT)
                     b = bytearray(info.length)
                     if info.length:
                         p.read_file(f, info.offset, info.length, b)
-                    after.append(("bytes", item, b))
+                    after.append(("bytes", item, (b, f.path)))
                     continue
+                if foreign:
+                    got = self._foreign(f, info, item)
+                    if got[0] == "strided":            # not C order: the whole storage, then
+                        _, dtype, size, stride, eoff, at, nb = got      # torch's own view
+                        b = bytearray(nb)
+                        if nb:
+                            p.read_file(f, at, nb, b)
+                        after.append(("strided", item, (b, dtype, size, stride, eoff)))
+                        continue
+                    _, raw_at, dtype_name, shape = got
                 dtype = _dtype_of(dtype_name)
                 shape = tuple(shape)
                 itemsize = torch.empty((), dtype=dtype).element_size()
-                n = 1
-                for s in shape:
-                    n *= s
-                inside = info.offset <= raw_at and \
-                    raw_at + n * itemsize <= info.offset + info.length
-                if not inside or (isinstance(info, FerryStorageInfo) and
-                                  n * itemsize != info.length):
-                    raise _io.error("%s: corrupted metadata for %s: shape %s of %s at byte %d "
-                                    "is not inside the item's %d bytes at %d"
-                                    % (self.path, item.storage_index.fqn, list(shape),
-                                       dtype_name, raw_at, info.length, info.offset))
+                nbytes = _numel(shape) * itemsize
+                if foreign:
+                    pass                               # placed by _foreign from the archive
+                elif isinstance(info, FerryStorageInfo):
+                    where = (raw_at, nbytes) if nbytes == info.length else None
+                else:
+                    where = self._record(f, info, fqn)
+                    if nbytes == 0 and where[1] == 0:
+                        where = (raw_at, 0)        # nothing to read: no position to agree on
+                if not foreign and where != (raw_at, nbytes):
+                    raise _io.error("%s: corrupted metadata for %r: shape %s of %s at byte %d "
+                                    "(%d bytes) is not the item's stored data (%s)"
+                                    % (f.path, fqn, list(shape), dtype_name, raw_at, nbytes,
+                                       "%d bytes at %d" % (where[1], where[0]) if where
+                                       else "%d bytes" % info.length))
                 target = planner.resolve_tensor(item).detach()
                 lengths = tuple(int(x) for x in item.lengths)
                 sel = [(int(o), int(o) + L, 1) for o, L in zip(item.storage_offsets, lengths)]
                 if tuple(target.shape) != lengths:
                     raise _io.error("%s: %s: the planner asks for a %s region into a %s tensor"
-                                    % (self.path, item.storage_index.fqn, list(lengths),
+                                    % (self.path, fqn, list(lengths),
                                        list(target.shape)), _io.EINVAL)
                 direct = (target.dtype == dtype and target.is_contiguous() and
                           target.device.type in ("cpu", "cuda"))
@@ -388,7 +667,7 @@ class FerryReader(StorageReader):
                     devices.add(_io.cuda_index(dst.device))
                 # exact: every rank reads only the runs its box needs (ferry.h)
                 p.read_array(f, raw_at, shape, itemsize, _io.buf(dst), selection=sel,
-                             label=item.storage_index.fqn, exact=True)
+                             label=fqn, exact=True)
                 after.append(("tensor", item, (target, dst)))
             _io.wait_devices(p, devices)
             if len(p):
@@ -398,7 +677,23 @@ class FerryReader(StorageReader):
                 f.close()
         for kind, item, payload in after:
             if kind == "bytes":
-                planner.load_bytes(item, io.BytesIO(bytes(payload)))
+                raw, path = payload
+                planner.load_bytes(item, self._bytes_for(item, raw, path))
+            elif kind == "strided":
+                raw, dtype, size, stride, eoff = payload
+                src = torch.frombuffer(raw, dtype=torch.uint8) if raw else \
+                    torch.empty(0, dtype=torch.uint8)
+                src = src.view(dtype).as_strided(size, stride, eoff)
+                for dim, (o, n) in enumerate(zip(item.storage_offsets, item.lengths)):
+                    src = src.narrow(dim, int(o), int(n))
+                target = planner.resolve_tensor(item).detach()
+                if tuple(target.shape) != tuple(src.shape):
+                    raise _io.error("%s: %s: the planner asks for a %s region into a %s tensor"
+                                    % (self.path, item.storage_index.fqn, list(src.shape),
+                                       list(target.shape)), _io.EINVAL)
+                with torch.no_grad():
+                    target.copy_(src)
+                planner.commit_tensor(item, target)
             else:
                 target, dst = payload
                 if dst is not target:

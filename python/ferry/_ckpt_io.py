@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 
 from . import _ferry
 
@@ -88,37 +89,57 @@ def temp_name(final):
                                               os.urandom(6).hex()))
 
 
+STALE_AGE_S = 3600      # a temporary of another host untouched this long is a dead writer's
+
+
+def dead_writer(d, n, tag):
+    """Whether entry n of directory d, named .<name><tag><host>.<pid>.<random>, belongs to
+    a writer that is gone: on this host, a process that no longer exists; on another host
+    (a shared file system, where the pid says nothing), untouched for STALE_AGE_S (a live
+    writer keeps its temporary's mtime fresh). Other names: False."""
+    if not n.startswith(".") or tag not in n:
+        return False
+    rest = n.rsplit(tag, 1)[1].split(".")
+    if len(rest) != 3:
+        return False
+    host, pid = rest[0], rest[1]
+    try:
+        pid = int(pid)
+    except ValueError:
+        return False
+    if host == _HOST:
+        if pid == os.getpid():
+            return False
+        try:
+            os.kill(pid, 0)
+            return False              # still running: another save in progress
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+    try:
+        return time.time() - os.lstat(os.path.join(d, n)).st_mtime >= STALE_AGE_S
+    except OSError:
+        return False
+
+
 def remove_stale_temps(final):
-    """Remove temporaries of saves of `final` killed earlier on this host (their
-    process is gone). Temporaries have unique names, so leftovers never collide with
-    a new save; this only reclaims their space."""
-    d, base = os.path.split(os.path.abspath(final))
-    prefix = ".%s%s%s." % (base, TMP_TAG, _HOST)
+    """Remove the temporaries (.<name>.ferry-tmp.<host>.<pid>.<random>) that dead writers
+    (dead_writer) left in the directory of `final` -- of any file there, not only
+    `final`'s: a killed sharded save leaves temporaries of shard names no later save may
+    write again. Temporaries have unique names, so leftovers never collide with a new
+    save; this reclaims their space."""
+    d = os.path.dirname(os.path.abspath(final))
     try:
         names = os.listdir(d)
     except OSError:
         return
     for n in names:
-        if not n.startswith(prefix):
-            continue
-        rest = n[len(prefix):].split(".")
-        try:
-            pid = int(rest[0])
-        except (ValueError, IndexError):
-            continue
-        if pid == os.getpid():
-            continue
-        try:
-            os.kill(pid, 0)
-            continue              # still running: another save in progress
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            continue
-        try:
-            os.unlink(os.path.join(d, n))
-        except OSError:
-            pass
+        if dead_writer(d, n, TMP_TAG):
+            try:
+                os.unlink(os.path.join(d, n))
+            except OSError:
+                pass
 
 
 def fsync_dir(path):

@@ -7,12 +7,17 @@ by a training job saving latest.safetensors) therefore reads as the file whose h
 parsed, never as one file's header paired with another's bytes. C's errors (truncated,
 damaged headers, data not exactly covered by the offsets, ...) reach the caller unchanged.
 
+A sharded set whose shards a save replaces while it is opened (the C parser refuses
+shards of another save than its index, SAVE_KEY) loads from the copy of the set that
+save keeps, or once more from the index in place (Checkpoint._open_set); never mixed.
+
 Python only resolves the conventions around the parser: which file of a directory to
 open, the CRCs and structure ferry keeps in __metadata__, and the torch dtypes.
 """
 from __future__ import annotations
 
 import collections
+import errno
 import json
 import os
 
@@ -23,6 +28,8 @@ from . import _ferry
 
 CRC_KEY = "ferry.crc32c"         # __metadata__: JSON {tensor name: "8 hex digits"}
 INDEX_SUFFIX = ".index.json"
+SAVE_KEY = "ferry.save"          # index and shard metadata: the id of the save that wrote them
+PREV_TAG = ".ferry-prev."        # .<index>.ferry-prev.<host>.<pid>.<random>/: a set kept by a save
 
 
 class Entry:
@@ -73,6 +80,20 @@ def resolve(path):
     return path
 
 
+def _save_id(index_path):
+    """SAVE_KEY of an index file's metadata, or None."""
+    try:
+        with open(index_path, "rb") as f:
+            md = json.loads(f.read(ST_MAX_INDEX)).get("metadata")
+        v = md.get(SAVE_KEY) if isinstance(md, dict) else None
+        return v if isinstance(v, str) else None
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return None
+
+
+ST_MAX_INDEX = 64 << 20          # the C parser's bound on an index file
+
+
 class Checkpoint:
     """A checkpoint opened through the C parser; close() releases its descriptors."""
 
@@ -82,11 +103,49 @@ class Checkpoint:
         target = resolve(path)
         self.is_index = target.endswith(INDEX_SUFFIX)
         # format= keeps an .index.json (or a file without the suffix) from being sniffed
-        self.ds = _ferry.Dataset(_io.context(), target, format="safetensors")
+        self.ds, target = self._open_set(target) if self.is_index else \
+            (_ferry.Dataset(_io.context(), target, format="safetensors"), target)
         try:
             self._describe(target)
         except BaseException:
             self.close()
+            raise
+
+    @staticmethod
+    def _open_set(target):
+        """(Dataset, index opened) of a sharded set. A save replacing it renames its
+        shards over the old names before it replaces the index, so an index read meanwhile
+        may pair with shards of the new save (the C parser refuses: -ESTALE) or name shards
+        already removed (-ENOENT). The set then loads from the copy that save keeps (hard
+        links in .<index>.ferry-prev.*/) when its index is the one in place, else once more
+        from the index in place; a FerryError after that."""
+        ctx = _io.context()
+        try:
+            return _ferry.Dataset(ctx, target, format="safetensors"), target
+        except _io.FerryError as e:
+            if getattr(e, "code", None) not in (-errno.ESTALE, -errno.ENOENT) or \
+                    not os.path.exists(target):
+                raise
+            first = e
+        want = _save_id(target)
+        d, base = os.path.split(target)
+        try:
+            kept = sorted(n for n in os.listdir(d or ".") if n.startswith("." + base + PREV_TAG))
+        except OSError:
+            kept = []
+        for n in kept:
+            idx = os.path.join(d, n, base)
+            if want is None or _save_id(idx) != want:
+                continue
+            try:
+                return _ferry.Dataset(ctx, idx, format="safetensors"), idx
+            except _io.FerryError:
+                continue                  # removed meanwhile: its save has committed
+        try:
+            return _ferry.Dataset(ctx, target, format="safetensors"), target
+        except _io.FerryError as e:
+            if getattr(e, "code", None) in (-errno.ESTALE, -errno.ENOENT):
+                raise e from first
             raise
 
     def close(self):

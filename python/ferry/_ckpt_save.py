@@ -2,11 +2,17 @@
 
 Single file: header + tensors go to a temporary beside the target, which is fsynced and
 renamed over it (a crash leaves the old file).
-Sharded (max_shard_size): every save writes its shards under new names
-(<stem>-<token>-0000i-of-0000n.safetensors), renames them into place, and only then
-replaces <path>.index.json -- the commit point. The shards the old index named are removed
-after that. A save killed at any moment leaves the old index and the old shards, which
-still load together; shards of a killed save are reclaimed by a later save.
+Sharded (max_shard_size): Hugging Face's names, as save_pretrained writes them:
+<stem>-0000i-of-0000n.safetensors beside <path>.index.json. Every save stamps the index and
+each shard with one save id (SAVE_KEY in their metadata), writes the shards as temporaries,
+keeps the set in place as hard links in .<index>.ferry-prev.<host>.<pid>.<random>/, renames
+the shards over the old names, and only then replaces the index -- the commit point. After
+it, the shards only the old index named and the kept copy are removed. The C parser refuses
+a set whose ids differ (a reader that opened the old index while shards were replaced) and
+the reader then opens the kept copy, whose index is the one in place (_ckpt_open.py): a
+reader never gets two saves mixed, and a save killed at any moment leaves the previous set
+loadable (through the kept copy until the next save completes). Shards and temporaries of
+killed saves are reclaimed by a later save in that directory.
 """
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ import errno
 import json
 import os
 import re
+import shutil
 import time
 
 from . import _ckpt_io as _io
@@ -25,7 +32,9 @@ from . import _ckpt_tree as _tree
 from . import _ferry
 
 INDEX_SUFFIX = _open.INDEX_SUFFIX
-ORPHAN_AGE_S = 600      # shards of a killed save older than this are reclaimed
+ORPHAN_AGE_S = 600      # shards of a killed save (older token-named layout) reclaimed after this
+SAVE_KEY = _open.SAVE_KEY
+PREV_TAG = _open.PREV_TAG
 
 
 class Prepared:
@@ -113,9 +122,59 @@ def _stem(final):
 
 
 def _shard_names(final, n):
-    d, stem, token = os.path.dirname(final), _stem(final), os.urandom(6).hex()
-    return [os.path.join(d, "%s-%s-%05d-of-%05d.safetensors" % (stem, token, i + 1, n))
-            for i in range(n)]
+    """Hugging Face's shard names: model.safetensors -> model-00001-of-00004.safetensors."""
+    d, stem = os.path.dirname(final), _stem(final)
+    return [os.path.join(d, "%s-%05d-of-%05d.safetensors" % (stem, i + 1, n)) for i in range(n)]
+
+
+def _set_is_whole(index_path):
+    """Whether the sharded set in place opens as one save (the C parser's check)."""
+    try:
+        ds = _ferry.Dataset(_io.context(), index_path, format="safetensors")
+    except _io.FerryError:
+        return False
+    ds.close()
+    return True
+
+
+def _prev_dirs(index_path, only_dead):
+    d, base = os.path.split(index_path)
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return []
+    return [os.path.join(d, n) for n in names if n.startswith("." + base + PREV_TAG) and
+            (not only_dead or _io.dead_writer(d, n, PREV_TAG))]
+
+
+def _keep_previous(index_path, names, durable):
+    """Hard links to the whole set in place (index and shards) in a fresh
+    .<index>.ferry-prev.* directory, so it stays loadable while its shard names are
+    written over; None when there is no whole set, or links cannot be made here."""
+    if not os.path.exists(index_path) or not _set_is_whole(index_path):
+        return None
+    for p in _prev_dirs(index_path, only_dead=True):  # older copies: the set in place is whole
+        shutil.rmtree(p, ignore_errors=True)
+    d = os.path.dirname(index_path)
+    keep = _io.temp_name(index_path).replace(_io.TMP_TAG, PREV_TAG)
+    try:
+        os.mkdir(keep)
+        for n in names:
+            p = _safe_member(d, n)
+            if p is None or "/" in n:
+                raise OSError("not a plain name: %s" % n)
+            os.link(p, os.path.join(keep, n))
+        os.link(index_path, os.path.join(keep, os.path.basename(index_path)))
+        if durable:
+            _io.fsync_dir(keep)
+            _io.fsync_dir(d)
+    except OSError as e:
+        _run.log.warning("%s: the previous set could not be kept as hard links (%s); a save "
+                         "killed now may leave it mixed (loads then fail, never mix)",
+                         index_path, e)
+        shutil.rmtree(keep, ignore_errors=True)
+        return None
+    return keep
 
 
 def _orphan_re(final):
@@ -174,9 +233,9 @@ def write(prep, final, user_md, max_bytes, threads, durable=True, report=None, d
     finals = _shard_names(final, len(groups)) if sharded else [final]
     index_path = final + INDEX_SUFFIX
     d = os.path.dirname(final)
+    save_id = os.urandom(8).hex()
     if not direct:
-        for f in finals + ([index_path] if sharded else [final]):
-            _io.remove_stale_temps(f)
+        _io.remove_stale_temps(final)        # every dead writer's, in final's directory
 
     ctx = _io.context()
     files, temps, ops, devices, keep = [], [], [], set(), []
@@ -186,6 +245,8 @@ def write(prep, final, user_md, max_bytes, threads, durable=True, report=None, d
             md.update(user_md)
             if not sharded:
                 md.update(prep.struct_md)
+            else:
+                md[SAVE_KEY] = save_id
             crcs = {n: prep.crcs[n] for n in names if n in prep.crcs}
             if crcs:
                 md[_open.CRC_KEY] = json.dumps(crcs, separators=(",", ":"))
@@ -220,13 +281,17 @@ def write(prep, final, user_md, max_bytes, threads, durable=True, report=None, d
         if direct:
             return
         old_index_files = _index_files(index_path) if os.path.exists(index_path) else []
+        kept = _keep_previous(index_path, old_index_files, durable) if sharded else None
         for tmp, path in zip(temps, finals):
             os.replace(tmp, path)
         temps = []
         if durable:
             _io.fsync_dir(d)
         if sharded:
-            _commit_index(prep, final, index_path, groups, finals, user_md, keep, durable)
+            _commit_index(prep, final, index_path, groups, finals, user_md, keep, durable,
+                          save_id)
+            for p in ([kept] if kept else []) + _prev_dirs(index_path, only_dead=True):
+                shutil.rmtree(p, ignore_errors=True)
             new = set(os.path.basename(f) for f in finals)
             for name in old_index_files:              # shards of the older save, now unused
                 p = _safe_member(d, name)
@@ -241,6 +306,8 @@ def write(prep, final, user_md, max_bytes, threads, durable=True, report=None, d
                 p = _safe_member(d, name)
                 if p and p != final:
                     _unlink(p)
+            for p in _prev_dirs(index_path, only_dead=True):
+                shutil.rmtree(p, ignore_errors=True)
     finally:
         for f in files:
             try:
@@ -251,13 +318,14 @@ def write(prep, final, user_md, max_bytes, threads, durable=True, report=None, d
             _unlink(tmp)
 
 
-def _commit_index(prep, final, index_path, groups, finals, user_md, keep, durable):
+def _commit_index(prep, final, index_path, groups, finals, user_md, keep, durable, save_id):
     wm = {}
     for names, path in zip(groups, finals):
         for n in names:
             wm[n] = os.path.basename(path)
     imd = {"total_size": prep.nbytes}
     imd.update(user_md)
+    imd[SAVE_KEY] = save_id
     imd.update(prep.struct_md)
     if prep.crcs:
         imd[_open.CRC_KEY] = json.dumps(prep.crcs, separators=(",", ":"))

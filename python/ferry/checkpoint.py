@@ -126,8 +126,9 @@ def save(state_dict, path, metadata=None, *, crc32c=False, max_shard_size=None, 
     metadata: {str: str} stored in __metadata__. crc32c: store a CRC32C per tensor and one
     over the header (names, shapes, offsets, metadata, the structure and its values),
     checked by load. max_shard_size (bytes, "5GB" = 5·10⁹, "5GiB" = 5·2³⁰): when the
-    tensors exceed it, write shards plus <path>.index.json (Hugging Face layout), the index
-    last, so a killed save leaves the previous set loadable. progress: None, True/"tqdm",
+    tensors exceed it, write shards plus <path>.index.json under Hugging Face's names
+    (model-00001-of-00004.safetensors ...), the index last, so a killed save leaves the
+    previous set loadable and a reader never gets two saves mixed (docs/checkpoint.md). progress: None, True/"tqdm",
     or progress(done_bytes, total_bytes). Tensors that are the very same view of one
     storage (tied weights) are stored once and tied again by ferry's load.
     """

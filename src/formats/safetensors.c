@@ -13,12 +13,16 @@
  *
  * An index ({"metadata": {...}, "weight_map": {tensor: shard file}}) opens
  * every shard it names (relative to the index's directory); the dataset holds
- * the tensors of all shards, each reading from its own file.
+ * the tensors of all shards, each reading from its own file. A shard is opened
+ * only when it resolves inside the index's directory (inside.h): a symlink to
+ * a file elsewhere is refused, one that stays inside is followed.
  *
  * The dataset keeps the files open; plans refer to them. */
 #include "formats/dataset.h"
 #include "formats/json.h"
 #include "formats/select.h"
+#include "formats/inside.h"
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -294,6 +298,29 @@ static int cmp_name(const void *a, const void *b) {
     return strcmp(((const ferry_var *)a)->info.name, ((const ferry_var *)b)->info.name);
 }
 
+/* ferry's sharded saves write Hugging Face's fixed shard names and stamp the
+ * index and every shard with one save id ("ferry.save" in their metadata). An
+ * index read while a save renames its shards into place may name shards of
+ * that other save: a set whose ids differ is refused with -ESTALE ("the set
+ * changed while it was opened"), which the caller answers by opening the set
+ * again. Sets without ids (other writers) are taken as they are. */
+static const char *save_id(const ferry_json *md) {
+    const ferry_json *v = md && md->type == FERRY_JSON_OBJECT ? ferry_json_get(md, "ferry.save") : NULL;
+    return v && v->type == FERRY_JSON_STRING ? v->str : NULL;
+}
+
+static int same_save(const st_state *st, const char *path) {
+    const char *want = save_id(ferry_json_get(st->index, "metadata"));
+    for (int s = 0; s < st->nshards; s++) {
+        const char *got = save_id(ferry_json_get(st->shards[s].hdr, "__metadata__"));
+        if ((want || got) && (!want || !got || strcmp(want, got)))
+            return ferry_seterr(-ESTALE, "%s: shard %s belongs to save %s, the index to save %s (the set was "
+                                "replaced while it was opened)", path, st->shards[s].path, got ? got : "(none)",
+                                want ? want : "(none)");
+    }
+    return 0;
+}
+
 static int open_index(ferry_dataset *ds, st_state *st, size_t *cap) {
     const char *path = ds->path;
     ferry_file *f;
@@ -348,9 +375,21 @@ static int open_index(ferry_dataset *ds, st_state *st, size_t *cap) {
         }
         shard_of[i] = found;
     }
-    for (int s = 0; s < st->nshards && !rc; s++) {
-        rc = parse_shard(ds, st, s, !ds->attrs_json, cap);
+    /* shards stay inside the index's directory (resolved once: links in its own path are the user's) */
+    char *root = NULL;
+    if (!rc) {
+        char *dir = dirlen ? strndup(path, dirlen) : strdup(".");
+        if (!dir) rc = ferry_seterr(FERRY_ENOMEM, "%s: out of memory", path);
+        else if (!(root = realpath(dir, NULL))) rc = ferry_seterr(-errno, "%s: %s: %s", path, dir, strerror(errno));
+        free(dir);
     }
+    for (int s = 0; s < st->nshards && !rc; s++) {
+        int in = ferry_path_inside(root, st->shards[s].path, "directory");
+        if (in < 0) rc = ferry_preerr(in, "%s: weight_map", path);
+        else rc = parse_shard(ds, st, s, !ds->attrs_json, cap);
+    }
+    free(root);
+    if (!rc) rc = same_save(st, path);
     /* every weight_map entry must name a tensor that its shard holds */
     ferry_var *sorted = NULL;
     if (!rc && ds->nvars) {

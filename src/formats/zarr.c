@@ -26,6 +26,7 @@
 #include "formats/json.h"
 #include "formats/select.h"
 #include "formats/layout.h"
+#include "formats/inside.h"
 #include "codecs/codecs.h"
 #include "engine/sysio.h"   /* stat and lstat through the test seam (ferry_test_set_syscall) */
 #include <dirent.h>
@@ -117,19 +118,10 @@ static int key_ok(const char *k, size_t len) {
 }
 
 /* 1: path resolves under the store root; 0: it does not exist (nothing to
- * read); a negative code (message set) when it leads outside the store. */
+ * read); a negative code (message set) when it leads outside the store: the
+ * rule every multi-file format shares (inside.h). */
 static int inside_store(const zarr_ds *z, const char *path) {
-    char *r = realpath(path, NULL);
-    if (!r) {
-        if (errno == ENOENT || errno == ENOTDIR) return 0;
-        return ferry_seterr(-errno, "%s: %s", path, strerror(errno));
-    }
-    size_t rl = strlen(z->root);
-    int ok = !strncmp(r, z->root, rl) && (r[rl] == 0 || r[rl] == '/' || (rl == 1 && z->root[0] == '/'));
-    int rc = ok ? 1 : ferry_seterr(-EACCES, "%s: resolves to %s, outside the store %s (a symlink leading out is refused)",
-                                   path, r, z->root);
-    free(r);
-    return rc;
+    return ferry_path_inside(z->root, path, "store");
 }
 
 /* What a plan has found out about chunk directories: the last one found

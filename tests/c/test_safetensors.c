@@ -3,7 +3,10 @@
 #include "check.h"
 #include "formats_check.h"
 #include "ferry.h"
+#include <errno.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 static ferry_ctx *ctx;
 
@@ -248,6 +251,61 @@ static void test_index_shards(void) {
     expect_open_error(p, NULL, FERRY_EFORMAT, NULL);
 }
 
+/* a shard that is a symlink resolving outside the index's directory is refused
+ * (the rule Zarr stores follow, inside.h); one that stays inside is followed */
+static void test_index_shard_links(void) {
+    float a[2] = {6, 7};
+    size_t n = make_st(file, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", a, 8);
+    char m[600], sub[600], link[700], target[700];
+    snprintf(m, sizeof m, "%s/links", dir);
+    snprintf(sub, sizeof sub, "%s/links/real", dir);
+    CHECK(mkdir(m, 0755) == 0 && mkdir(sub, 0755) == 0);
+    write_file(tpath("outside.safetensors"), file, n);
+    write_file(tpath("links/real/in.safetensors"), file, n);
+    snprintf(link, sizeof link, "%s/links/out.safetensors", dir);
+    CHECK(symlink("../outside.safetensors", link) == 0);
+    snprintf(link, sizeof link, "%s/links/in.safetensors", dir);
+    CHECK(symlink("real/in.safetensors", link) == 0);
+    const char *p = tpath("links/model.safetensors.index.json");
+    const char *idx = "{\"weight_map\":{\"a\":\"in.safetensors\"}}";
+    write_file(p, idx, strlen(idx));
+    ferry_dataset *ds = NULL;
+    CHECK_EQ_I(ferry_dataset_open(ctx, p, NULL, &ds), 0);
+    if (ds) {
+        float out[2] = {0, 0};
+        CHECK_EQ_I(read_var(ds, 0, NULL, out, 8), 8);
+        CHECK(out[0] == 6 && out[1] == 7);
+        ferry_dataset_close(ds);
+    }
+    idx = "{\"weight_map\":{\"a\":\"out.safetensors\"}}";
+    write_file(p, idx, strlen(idx));
+    snprintf(target, sizeof target, "outside the directory");
+    expect_open_error(p, NULL, -EACCES, target);
+    CHECK_STR_CONTAINS(ferry_errmsg(ctx), "out.safetensors");
+    CHECK_STR_CONTAINS(ferry_errmsg(ctx), "a symlink leading out is refused");
+}
+
+/* ferry's sharded saves stamp index and shards with one save id: shards of
+ * another save than the index are refused with -ESTALE; sets without ids open */
+static void test_index_save_ids(void) {
+    float a[2] = {1, 2};
+    size_t n = make_st(file, "{\"__metadata__\":{\"ferry.save\":\"s2\"},"
+                             "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", a, 8);
+    write_file(tpath("ids-00001-of-00001.safetensors"), file, n);
+    const char *p = tpath("ids.safetensors.index.json");
+    const char *idx = "{\"metadata\":{\"ferry.save\":\"s1\"},\"weight_map\":{\"a\":\"ids-00001-of-00001.safetensors\"}}";
+    write_file(p, idx, strlen(idx));
+    expect_open_error(p, NULL, -ESTALE, "belongs to save s2, the index to save s1");
+    idx = "{\"weight_map\":{\"a\":\"ids-00001-of-00001.safetensors\"}}";   /* index without an id */
+    write_file(p, idx, strlen(idx));
+    expect_open_error(p, NULL, -ESTALE, "the index to save (none)");
+    idx = "{\"metadata\":{\"ferry.save\":\"s2\"},\"weight_map\":{\"a\":\"ids-00001-of-00001.safetensors\"}}";
+    write_file(p, idx, strlen(idx));
+    ferry_dataset *ds = NULL;
+    CHECK_EQ_I(ferry_dataset_open(ctx, p, NULL, &ds), 0);
+    ferry_dataset_close(ds);
+}
+
 int main(void) {
     snprintf(dir, sizeof dir, "/tmp/ferry_test_st_XXXXXX");
     if (!mkdtemp(dir)) { perror("mkdtemp"); return 1; }
@@ -261,6 +319,8 @@ int main(void) {
     RUN(test_header_length);
     RUN(test_every_truncation);
     RUN(test_index_shards);
+    RUN(test_index_shard_links);
+    RUN(test_index_save_ids);
     ferry_ctx_destroy(ctx);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

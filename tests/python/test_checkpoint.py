@@ -745,12 +745,13 @@ def main(rank, world, d, port, mode):
                             timeout=datetime.timedelta(seconds=60))
     mesh = init_device_mesh("cpu", (world,))
     f = full()
-    if mode == "save":
+    if mode.startswith("save"):
         sd = {{"w": distribute_tensor(f["w"], mesh, [Shard(0)]),
                "b": distribute_tensor(f["b"], mesh, [Shard(0)]),
                "h": distribute_tensor(f["h"], mesh, [Shard(1)]),
                "step": 12, "r": f["b"] * 2}}
-        dcp.save(sd, storage_writer=ck.FerryWriter(d))
+        dcp.save(sd, storage_writer=ck.FerryWriter(d) if mode == "save" else
+                 dcp.FileSystemWriter(d))          # save_torch: torch's own .distcp files
     else:  # load resharded: Shard(1) where Shard(0) was saved and vice versa
         sd = {{"w": distribute_tensor(torch.zeros(64, 480), mesh, [Shard(1)]),
                "b": distribute_tensor(torch.zeros(50), mesh, [Replicate()]),
@@ -762,8 +763,11 @@ def main(rank, world, d, port, mode):
         st = ctx.stats()
         moved = sum(st[k]["bytes"] for k in ("host", "staged", "cufile"))
         # this rank needs half the columns of w (64 x 240 x 4 bytes), b, half of h, r and
-        # the pickled step: far less than w's 122880 stored bytes
-        need = 64 * 240 * 4 + 50 * 4 + 15 * 16 * 2 + 50 * 4 + 4096
+        # the pickled step: far less than w's 122880 stored bytes; and per item read, the
+        # zip directory of its archive (~0.6 KiB) that says where its bytes start
+        need = 64 * 240 * 4 + 50 * 4 + 15 * 16 * 2 + 50 * 4 + 4096 + 6 * 640
+        if mode == "load_torch":             # torch's archives: data.pkl read too (~1 KiB)
+            need += 8 * 1024
         assert 64 * 240 * 4 <= moved <= need, (moved, need)
         for k in ("w", "b", "h"):
             assert torch.equal(sd[k].full_tensor(), f[k]), k
@@ -824,3 +828,21 @@ def test_dcp_two_process_gloo_and_resharding(tmp_path):
     assert sd["step"] == 12
     # world size 2 with a different sharding
     _run_dcp_worker(tmp_path, d, "load")
+
+
+def test_dcp_two_process_torch_writer_read_by_ferry_resharded(tmp_path):
+    """issue 38 item 1: FerryReader reads directories torch's own FileSystemWriter wrote
+    (its .distcp torch.save archives), saved by 2 ranks and loaded resharded by 1 and 2."""
+    d = tmp_path / "torchdist"
+    _run_dcp_worker(tmp_path, d, "save_torch")
+    assert any(n.endswith(".distcp") for n in os.listdir(d))
+    g = torch.Generator().manual_seed(3)
+    ref = {"w": torch.randn(64, 480, generator=g), "b": torch.randn(50, generator=g),
+           "h": torch.randn(30, 16, generator=g).to(torch.bfloat16)}
+    sd = {"w": torch.zeros(64, 480), "b": torch.zeros(50),
+          "h": torch.zeros(30, 16, dtype=torch.bfloat16), "step": 0}
+    dcp.load(sd, storage_reader=ck.FerryReader(d))
+    for k in ref:
+        assert torch.equal(sd[k], ref[k]), k
+    assert sd["step"] == 12
+    _run_dcp_worker(tmp_path, d, "load_torch")

@@ -57,12 +57,68 @@ def test_dcp_to_torch_save_on_a_ferry_directory(tmp_path):
     assert all(at % 4096 == 0 for at, _, _ in md.ferry_layout.values())
 
 
-def test_torch_filesystem_writer_directory_refused_clearly(tmp_path):
+def _torch_sd():
+    g = torch.Generator().manual_seed(2)
+    return {"w": torch.randn(33, 70, generator=g),
+            "h": torch.randn(5, 3, generator=g).to(torch.bfloat16),
+            "t": torch.randn(4, 6, generator=g).t(),          # stored with its strides
+            "i": torch.arange(-5, 5, dtype=torch.int64), "e": torch.zeros(0, 4),
+            "s": torch.tensor(2.5), "f8": torch.ones(5).to(torch.float8_e4m3fn),
+            "u": torch.arange(7, dtype=torch.uint8), "step": 7, "name": "run"}
+
+
+def _torch_zeros():
+    return {k: torch.zeros_like(v).contiguous() if isinstance(v, torch.Tensor) else
+            type(v)() for k, v in _torch_sd().items()}
+
+
+def test_torch_filesystem_writer_directory_read_by_ferry(tmp_path):
+    """issue 38 item 1: torch's FileSystemWriter stores each tensor as a torch.save
+    archive; FerryReader finds its bytes through the zip directory and data.pkl (read by a
+    loader that builds nothing) and reads them through the engine, safely."""
     d = tmp_path / "fsw"
-    dcp.save({"w": torch.ones(3)}, storage_writer=dcp.FileSystemWriter(d), no_dist=True)
-    with pytest.raises(BaseException) as ei:              # DCP wraps the FerryError
-        dcp.load({"w": torch.zeros(3)}, storage_reader=ck.FerryReader(d), no_dist=True)
-    assert "not written by FerryWriter" in _why(ei.value)
+    sd = _torch_sd()
+    dcp.save(sd, storage_writer=dcp.FileSystemWriter(d), no_dist=True)
+    back = _torch_zeros()
+    dcp.load(back, storage_reader=ck.FerryReader(d), no_dist=True)
+    for k, v in sd.items():
+        if isinstance(v, torch.Tensor):
+            assert back[k].dtype == v.dtype and torch.equal(back[k].float(), v.float()), k
+        else:
+            assert back[k] == v, k
+    # a box of a stored tensor: only its rows are read
+    part = {"w": torch.zeros(33, 70)}
+    dcp.load(part, storage_reader=ck.FerryReader(d), no_dist=True)
+    assert torch.equal(part["w"], sd["w"])
+
+
+def test_torch_filesystem_writer_damage_refused(tmp_path):
+    d = tmp_path / "fsw"
+    dcp.save({"w": torch.arange(64.0)}, storage_writer=dcp.FileSystemWriter(d), no_dist=True)
+    data = [n for n in os.listdir(d) if n.endswith(".distcp")][0]
+    blob = (d / data).read_bytes()
+    flips = 0
+    for at in range(0, len(blob)):
+        bad = bytearray(blob)
+        bad[at] ^= 1 << (at % 8)
+        (d / data).write_bytes(bad)
+        back = {"w": torch.zeros(64)}
+        try:
+            dcp.load(back, storage_reader=ck.FerryReader(d), no_dist=True)
+        except BaseException as e:  # noqa: BLE001 — DCP's CheckpointException
+            inner = [w[0] if isinstance(w, tuple) else w
+                     for w in getattr(e, "failures", {0: e}).values()]
+            assert all(isinstance(x, FerryError) for x in inner), (at, inner)
+            flips += 1
+            continue
+        # a flip in the tensor's bytes changes a value (no checksum); anywhere else: equal
+        diff = (back["w"] != torch.arange(64.0)).nonzero()
+        assert diff.numel() <= 1, (at, diff)
+    assert flips > len(blob) // 10
+    (d / data).write_bytes(blob[:len(blob) // 2])
+    with pytest.raises(BaseException) as ei:
+        dcp.load({"w": torch.zeros(64)}, storage_reader=ck.FerryReader(d), no_dist=True)
+    assert "truncated" in _why(ei.value)
 
 
 def test_older_raw_layout_still_loads(tmp_path):
@@ -99,7 +155,7 @@ class _Evil:
 def test_safe_mode_refuses_code_in_metadata(tmp_path):
     d = tmp_path / "evil"
     dcp.save({"w": torch.ones(2)}, storage_writer=ck.FerryWriter(d), no_dist=True)
-    md = ck.FerryReader(d).read_metadata()
+    md = ck.FerryReader(d, safe=False).read_metadata()
     evil = _Evil()
     evil.target = str(tmp_path / "pwned")
     md.storage_meta.modules = [evil]                  # anything pickled inside .metadata
@@ -111,9 +167,12 @@ def test_safe_mode_refuses_code_in_metadata(tmp_path):
                  no_dist=True)
     assert "system, which FerryReader(safe=True) does not build" in _why(ei.value)
     assert not (tmp_path / "pwned").exists()
-    # the default follows torch's FileSystemReader: it unpickles (documented)
+    with pytest.raises(FerryError, match="does not build"):
+        ck.FerryReader(d).read_metadata()              # safe is the default
+    assert not (tmp_path / "pwned").exists()
+    # safe=False follows torch's FileSystemReader: it unpickles (documented)
     try:
-        ck.FerryReader(d).read_metadata()
+        ck.FerryReader(d, safe=False).read_metadata()
     except Exception:
         pass
     assert (tmp_path / "pwned").exists()

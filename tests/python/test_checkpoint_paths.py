@@ -146,3 +146,46 @@ def test_symlink_target_followed(tmp_path):
     dangling.symlink_to("new.safetensors")
     ck.save(SD, dangling)
     assert dangling.is_symlink() and _eq(ck.load(tmp_path / "new.safetensors"), SD)
+
+
+# ------------------------------------------- never leave the directory (issue 36 item 3)
+def test_sharded_index_shard_symlinked_outside_refused(tmp_path):
+    d = tmp_path / "model"
+    d.mkdir()
+    ck.save(SD, d / "model.safetensors", max_shard_size=40)
+    idx = d / "model.safetensors.index.json"
+    shard = sorted(p for p in d.iterdir() if p.name != idx.name)[0]
+    outside = tmp_path / "secret.safetensors"
+    os.replace(shard, outside)
+    os.symlink(os.path.relpath(outside, d), shard)
+    with pytest.raises(FerryError, match=r"%s: resolves to .*secret\.safetensors, outside the "
+                                         r"directory .*\(a symlink leading out is refused\)"
+                       % shard.name):
+        ck.load(idx)
+    # a symlink that stays inside the directory keeps working
+    shard.unlink()
+    (d / "real").mkdir()
+    os.replace(outside, d / "real" / shard.name)
+    os.symlink(os.path.join("real", shard.name), shard)
+    assert _eq(ck.load(idx), SD)
+
+
+def test_dcp_data_file_symlinked_outside_refused(tmp_path):
+    dcp = pytest.importorskip("torch.distributed.checkpoint")
+    d = tmp_path / "ck"
+    dcp.save({"w": torch.arange(6.0)}, storage_writer=ck.FerryWriter(d), no_dist=True)
+    data = [n for n in os.listdir(d) if n.endswith(".ferry")][0]
+    outside = tmp_path / "elsewhere.ferry"
+    os.replace(d / data, outside)
+    os.symlink(os.path.relpath(outside, d), d / data)
+    with pytest.raises(BaseException) as ei:
+        dcp.load({"w": torch.zeros(6)}, storage_reader=ck.FerryReader(d), no_dist=True)
+    why = str(ei.value)
+    assert "%s: resolves to" % data in why and "outside the directory" in why, why
+    (d / data).unlink()
+    (d / "sub").mkdir()
+    os.replace(outside, d / "sub" / data)
+    os.symlink(os.path.join("sub", data), d / data)
+    back = {"w": torch.zeros(6)}
+    dcp.load(back, storage_reader=ck.FerryReader(d), no_dist=True)
+    assert torch.equal(back["w"], torch.arange(6.0))
