@@ -269,12 +269,18 @@ static int emit(plan_state *p, const dim_hit *const *h, const uint64_t *idx, con
     }
     if (raw) {
         /* stored as is: read only the span the selection covers */
+        /* an uncompressed chunk is exactly a chunk's bytes, as zarr-python
+         * requires (it reshapes them): a longer one read from its start would
+         * place bytes that are not this chunk's. A chunk file not looked at
+         * is checked when the engine opens it (file_size). */
         if (c->length == FERRY_CHUNK_UNSIZED) {
             e.flags |= FERRY_EXTENT_MISSING_FILLS;
+            e.file_size = p->cbytes;
             memcpy(e.fill, p->fill, l->itemsize);
-        } else if (c->length < p->cbytes)
-            return ferry_seterr(FERRY_EFORMAT, "%s: chunk holds %llu bytes, an uncompressed chunk needs %llu", path,
-                                (unsigned long long)c->length, (unsigned long long)p->cbytes);
+        } else if (c->length != p->cbytes)
+            return ferry_seterr(FERRY_EFORMAT, "%s: variable \"%s\": chunk holds %llu bytes, an uncompressed chunk is "
+                                "exactly %llu", path, lname(l), (unsigned long long)c->length,
+                                (unsigned long long)p->cbytes);
         if (ferry_add_overflow(c->offset, src_off, &e.offset))
             return ferry_seterr(FERRY_EFORMAT, "%s: variable \"%s\": chunk offset %llu overflows", path, lname(l),
                                 (unsigned long long)c->offset);
@@ -340,7 +346,7 @@ static int plan_single(plan_state *p, const ferry_chunk *c) {
 }
 
 static int single_raw(const ferry_layout *l, const ferry_chunk *c, const plan_state *p) {
-    if (c->length == FERRY_CHUNK_ABSENT || c->length == FERRY_CHUNK_UNSIZED || c->length < p->cbytes) return 0;
+    if (c->length == FERRY_CHUNK_ABSENT || c->length == FERRY_CHUNK_UNSIZED || c->length != p->cbytes) return 0;
     if (!(c->path || l->path) || p->fdst) return 0;
     int n = 0;
     for (int i = 0; i < l->ncodecs; i++)

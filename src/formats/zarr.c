@@ -753,7 +753,10 @@ static int parse_v2(zarr_arr *a, const char *file, const ferry_json *za, const f
     const ferry_json *filters = ferry_json_get(za, "filters");
     if (filters && filters->type != FERRY_JSON_NULL && filters->type != FERRY_JSON_ARRAY)
         return MERR(FERRY_EFORMAT, file, filters, "filters must be null or an array");
-    if (comp && comp->type != FERRY_JSON_NULL && comp->type != FERRY_JSON_OBJECT)
+    /* required by the v2 spec (null: uncompressed): a document without it,
+     * say one whose key lost a byte, would read compressed bytes as values */
+    if (!comp) return MERR(FERRY_EFORMAT, file, za, "no \"compressor\" key (required; null means uncompressed)");
+    if (comp->type != FERRY_JSON_NULL && comp->type != FERRY_JSON_OBJECT)
         return MERR(FERRY_EFORMAT, file, comp, "compressor must be null or an object");
     size_t nf = filters && filters->type == FERRY_JSON_ARRAY ? filters->n : 0;
     for (size_t i = 0; i < nf; i++) {   /* description in storage order */

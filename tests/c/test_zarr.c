@@ -507,6 +507,55 @@ static void test_required_keys(void) {
     fc_expect_open_error(ctx, tpath("r2.zarr"), NULL, FERRY_EFORMAT, "node_type must be");
 }
 
+/* A v2 array's "compressor" is required (null: uncompressed): a key that lost
+ * a byte ("cmpressor") would read a blosc frame's bytes as values. Issue 36.1. */
+static void test_v2_compressor_key_required(void) {
+    mk("k.zarr");
+    put("k.zarr/.zarray", "{\"zarr_format\": 2, \"shape\": [4], \"chunks\": [4], \"dtype\": \"|u1\", "
+                          "\"fill_value\": 0, \"order\": \"C\", \"filters\": null, "
+                          "\"cmpressor\": {\"id\": \"blosc\", \"cname\": \"lz4\", \"clevel\": 5, \"shuffle\": 1}}");
+    fc_expect_open_error(ctx, tpath("k.zarr"), NULL, FERRY_EFORMAT, "no \"compressor\" key");
+    fc_expect_open_error(ctx, tpath("k.zarr"), NULL, FERRY_EFORMAT, "k.zarr/.zarray");
+}
+
+/* An uncompressed chunk file is exactly a chunk's bytes (zarr-python refuses a
+ * shorter and a longer one alike): the read fails naming the chunk file, even
+ * when the selection needs only the chunk's first bytes. Issue 36.1. */
+static void test_raw_chunk_size_checked(void) {
+    static const char *const v[2][2] = {
+        {"s2.zarr", "s2.zarr/.zarray"}, {"s3.zarr", "s3.zarr/zarr.json"}};
+    for (int fmt = 0; fmt < 2; fmt++) {
+        mk(v[fmt][0]);
+        if (fmt == 0)
+            put(v[fmt][1], "{\"zarr_format\": 2, \"shape\": [8], \"chunks\": [4], \"dtype\": \"|u1\", "
+                           "\"fill_value\": 0, \"order\": \"C\", \"filters\": null, \"compressor\": null}");
+        else
+            put(v[fmt][1], V3_HEAD "\"shape\": [8], \"data_type\": \"uint8\", " V3_GRID("[4]") V3_KEYS
+                           "\"fill_value\": 0, \"codecs\": [{\"name\": \"bytes\"}]}");
+        char c0[64], c1[64];
+        snprintf(c0, sizeof c0, "%s/%s0", v[fmt][0], fmt ? "c/" : "");
+        snprintf(c1, sizeof c1, "%s/%s1", v[fmt][0], fmt ? "c/" : "");
+        if (fmt) { char cd[64]; snprintf(cd, sizeof cd, "%s/c", v[fmt][0]); mk(cd); }
+        ferry_dataset *ds = open_ok(v[fmt][0]);
+        if (!ds) return;
+        uint8_t buf[8];
+        ferry_slice first2[1] = {{0, 2, 1}}, second[1] = {{4, 8, 1}};
+        write_file(tpath(c0), "ABCD", 4);            /* exact: read */
+        write_file(tpath(c1), "EFGHIJ", 6);          /* longer */
+        CHECK_EQ_I(fc_read(ctx, ds, 0, first2, buf, sizeof buf, 0), 2);
+        CHECK(!memcmp(buf, "AB", 2));
+        CHECK(fc_read(ctx, ds, 0, second, buf, sizeof buf, 0) == FERRY_EFORMAT);
+        CHECK_STR_CONTAINS(ferry_errmsg(ctx), c1);
+        CHECK_STR_CONTAINS(ferry_errmsg(ctx), "holds 6 bytes, an uncompressed chunk is exactly 4");
+        write_file(tpath(c0), "ABC", 3);             /* shorter, though the selection needs 2 bytes */
+        CHECK(fc_read(ctx, ds, 0, first2, buf, sizeof buf, 0) == FERRY_EFORMAT);
+        CHECK_STR_CONTAINS(ferry_errmsg(ctx), c0);
+        CHECK_STR_CONTAINS(ferry_errmsg(ctx), "holds 3 bytes");
+        CHECK(fc_read(ctx, ds, 0, NULL, buf, sizeof buf, 0) < 0);   /* whole: both */
+        ferry_dataset_close(ds);
+    }
+}
+
 /* ferry_dataset_store_info and ferry_dataset_fill: what the parser found,
  * so that no caller reads the store's documents again. A v3 root whose
  * consolidated_metadata lists g1 and its array: g1 opened as a group is listed
@@ -568,6 +617,8 @@ int main(void) {
     RUN(test_chunk_files_opened_without_following);
     RUN(test_plan_memo_is_per_plan);
     RUN(test_required_keys);
+    RUN(test_v2_compressor_key_required);
+    RUN(test_raw_chunk_size_checked);
     RUN(test_store_info_fill_and_root_consolidated_groups);
     ferry_ctx_destroy(ctx);
     char cmd[128];
