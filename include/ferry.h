@@ -473,6 +473,10 @@ typedef struct ferry_extent {
     unsigned flags;          /* FERRY_EXTENT_* below                             */
     const char *root;        /* FERRY_EXTENT_NOFOLLOW: the directory a symlinked file
                                 must resolve under (see below); ferry_plan_add copies it */
+    uint64_t file_size;      /* READ by path: nonzero, the file must hold exactly this
+                                many bytes, else the read fails with FERRY_EFORMAT
+                                naming the file (an uncompressed Zarr chunk read
+                                without a stat at plan time); 0: not checked     */
 } ferry_extent;
 
 enum {

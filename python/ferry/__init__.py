@@ -358,11 +358,23 @@ def typestr_itemsize(ts: str) -> int:
     return dt.itemsize if dt is not None else 0
 
 
+def _bytes_str(n: int) -> str:
+    for unit, k in (("EiB", 60), ("PiB", 50), ("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << k:
+            return f"{n / (1 << k):.1f} {unit}"
+    return f"{n} bytes"
+
+
 def _prepare_dst(out, nbytes: int, shape: tuple, typestr: str, dev: int, ctx: Context,
                  where: str = "ferry.read", out_bytes: bool = False):
     """(destination object for the plan, value to return)."""
     if out is None:
-        arr = _alloc(shape, typestr, dev, ctx)
+        try:
+            arr = _alloc(shape, typestr, dev, ctx)
+        except MemoryError as e:   # numpy's and the extension's say nothing of what was asked
+            raise FerryError(_ferry.ENOMEM, f"{where}: the result would be {nbytes} bytes ({_bytes_str(nbytes)}, "
+                                            f"shape {tuple(shape)} of {typestr}), more than can be allocated "
+                                            "here: read a selection, or into out=") from e
         return arr, arr
     _check_out(out, nbytes, shape, typestr, where, out_bytes)
     o = out

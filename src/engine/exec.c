@@ -528,6 +528,15 @@ static int64_t exec_write(ferry_worker *w, ferry_job *j, const ferry_extent *e, 
     return (int64_t)len;
 }
 
+/* An extent's file_size (ferry.h): the size the file had when it was opened
+ * must be exactly that (a longer chunk file read from its start would be
+ * another array's bytes; zarr-python refuses both a shorter and a longer one). */
+static int path_size_ok(const ferry_extent *e, const ferry_file *f) {
+    if (!e->file_size || (f->size0 >= 0 && (uint64_t)f->size0 == e->file_size)) return 0;
+    return ferry_seterr(FERRY_EFORMAT, "the chunk file holds %lld bytes, an uncompressed chunk is exactly %llu",
+                        (long long)f->size0, (unsigned long long)e->file_size);
+}
+
 /* Files named by path come from the context's open-file cache (opened by the
  * worker that first needs one, so many files open in parallel); the worker
  * holds the last one for the rest of the job's tasks (a shard read as many
@@ -540,7 +549,7 @@ int ferry_path_file(ferry_worker *w, ferry_job *j, const ferry_extent *e, ferry_
         (!nofollow || (w->pathfile_nofollow && (w->pathfile_root == root ||
                                                 (root && w->pathfile_root && !strcmp(w->pathfile_root, root)))))) {
         *out = w->pathfile;
-        return 0;
+        return path_size_ok(e, w->pathfile);
     }
     ferry_worker_idle(w);
     int rc = ferry_fcache_get(&w->ctx->files, w->ctx, path, nofollow, root, j->id, &w->pathfile, &w->pathfile_entry);
@@ -549,7 +558,7 @@ int ferry_path_file(ferry_worker *w, ferry_job *j, const ferry_extent *e, ferry_
     w->pathfile_nofollow = nofollow;
     w->pathfile_root = root;   /* the job's copy: lives as long as pathfile_job */
     *out = w->pathfile;
-    return 0;
+    return path_size_ok(e, w->pathfile);
 }
 
 int ferry_exec_task(ferry_worker *w, ferry_job *j, const ferry_task *t) {

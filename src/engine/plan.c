@@ -95,6 +95,8 @@ static int validate(const ferry_extent *e) {
         (e->kind != FERRY_EXTENT_READ || e->file || !e->place || e->place->itemsize > 16))
         return ferry_seterr(FERRY_EINVAL, "extent: MISSING_FILLS needs a read by path with a placement "
                                           "of elements of at most 16 bytes");
+    if (e->file_size && (e->kind != FERRY_EXTENT_READ || e->file))
+        return ferry_seterr(FERRY_EINVAL, "extent: file_size needs a read by path");
     if ((e->flags & FERRY_EXTENT_NOFOLLOW) && (e->kind != FERRY_EXTENT_READ || e->file))
         return ferry_seterr(FERRY_EINVAL, "extent: NOFOLLOW needs a read by path");
     if ((e->flags & FERRY_EXTENT_NOFOLLOW) && e->root && e->root[0] != '/')

@@ -13,6 +13,7 @@
 #include "formats/layout.h"
 #include "formats/select.h"
 #include <limits.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 int64_t ferry_selection_normalize(int ndim, const uint64_t *shape, uint32_t itemsize, const ferry_slice *sel,
@@ -108,8 +109,16 @@ static int dim_hits(ferry_slice s, uint64_t csize, uint64_t lo, uint64_t hi, dim
     return 0;
 }
 
-/* Per-dimension hit lists of sel inside [lo, hi), then fn for each product. */
-typedef int (*hits_fn)(void *arg, const dim_hit *const *h);
+/* Per-dimension hit lists of sel inside [lo, hi), then fn for each product
+ * (in C order of the grid: it[] its position in the lists), and once more with
+ * h NULL after the last one (the planner's pending fill run). */
+typedef struct hit_iter {
+    int nd;
+    const dim_hit *const *lists;
+    const size_t *counts;
+    const size_t *it;
+} hit_iter;
+typedef int (*hits_fn)(void *arg, const dim_hit *const *h, const hit_iter *hi);
 
 static int for_each_hit(const ferry_layout *l, const ferry_slice *sel, const uint64_t *lo, const uint64_t *hi,
                         hits_fn fn, void *arg) {
@@ -122,22 +131,26 @@ static int for_each_hit(const ferry_layout *l, const ferry_slice *sel, const uin
     int empty = 0;
     for (int k = 0; k < nd; k++) if (!counts[k]) empty = 1;
     size_t it[FERRY_MAX_DIMS] = {0};
+    hit_iter hx = {nd, (const dim_hit *const *)lists, counts, it};
     while (!rc && !empty) {
         const dim_hit *h[FERRY_MAX_DIMS] = {0};
         for (int k = 0; k < nd; k++) h[k] = &lists[k][it[k]];
-        if ((rc = fn(arg, h)) < 0) break;
+        if ((rc = fn(arg, h, &hx)) < 0) break;
         int k = nd - 1;
         while (k >= 0 && ++it[k] == counts[k]) it[k--] = 0;
         if (k < 0) break;
     }
+    if (!rc && !empty) rc = fn(arg, NULL, &hx);
     for (int k = 0; k < nd; k++) free(lists[k]);
     return rc < 0 ? rc : 0;
 }
 
 typedef struct visit_arg { const ferry_layout *l; ferry_grid_fn fn; void *arg; } visit_arg;
 
-static int visit_one(void *varg, const dim_hit *const *h) {
+static int visit_one(void *varg, const dim_hit *const *h, const hit_iter *hx) {
     visit_arg *v = varg;
+    (void)hx;
+    if (!h) return 0;
     uint64_t idx[FERRY_MAX_DIMS];
     for (int k = 0; k < v->l->ndim; k++) idx[k] = h[k]->chunk;
     return v->fn(v->arg, idx);
@@ -163,6 +176,12 @@ typedef struct plan_state {
     uint8_t fill[16];                  /* in the order the data lands in */
     uint64_t gstr[FERRY_MAX_DIMS];     /* linear grid index strides (tables) */
     size_t cursor;                     /* sparse table: entries before it are passed */
+    /* absent chunks: a run of them, consecutive in the visit's order, as
+     * linear positions [run_lo, run_hi) in the product of the hit lists */
+    int run;
+    uint64_t run_lo, run_hi;
+    size_t base;                       /* the plan's records when this call began */
+    uint64_t bound;                    /* the records it may add (plan_bound) */
 } plan_state;
 
 /* The chunk at grid index idx, from the table or the lookup. */
@@ -188,7 +207,133 @@ static int find_chunk(plan_state *p, const uint64_t *idx, ferry_chunk *c) {
     return 0;
 }
 
-static int emit(plan_state *p, const dim_hit *const *h, const uint64_t *idx, const ferry_chunk *c) {
+/* How many records one planning call may add to a plan. A plan holds one
+ * record per stored chunk its selection touches and, for the absent chunks
+ * between them, at most 2 x ndim fill records per run (flush_run): so its
+ * size follows the chunks that exist, never the chunks the metadata claims.
+ * A record costs about a KiB (the extent, its placement, its path) while a
+ * stored chunk may place a single element, so a read of many tiny chunks
+ * could still need far more memory for its plan than for its data: the
+ * records are bounded by max(2^20, dst bytes / 64), a plan at most ~16 times
+ * its destination (~1 GiB at the floor). Every read of chunks of 64 bytes or
+ * more fits, and so does any read of up to 2^20 chunks; a read past the bound
+ * fails naming the file, the variable, the chunks the selection touches and
+ * the bound, before the plan has used that memory (a smaller selection, read
+ * in turn, plans within it). */
+static _Atomic uint64_t records_floor = (uint64_t)1 << 20;
+void ferry_layout_set_records_floor_(uint64_t floor) { records_floor = floor ? floor : (uint64_t)1 << 20; }
+static uint64_t plan_bound(uint64_t dst_bytes) {
+    uint64_t b = dst_bytes / 64, f = records_floor;
+    return b > f ? b : f;
+}
+
+static int over_bound(plan_state *p, const hit_iter *hx) {
+    size_t now = ferry_plan_count(p->plan);
+    if (now - p->base <= p->bound) return 0;
+    const ferry_layout *l = p->l;
+    uint64_t touched = 1;
+    for (int k = 0; hx && k < hx->nd; k++) touched *= hx->counts[k];   /* <= the elements selected */
+    return ferry_seterr(FERRY_ENOMEM, "%s: variable \"%s\": the selection touches %llu chunks; its plan would pass "
+                        "%llu records (max(2^20, destination bytes / 64)) — chunks of %llu bytes are too small to "
+                        "plan this many at once: read a smaller selection at a time", lfile(l), lname(l),
+                        (unsigned long long)touched, (unsigned long long)p->bound,
+                        (unsigned long long)p->cbytes);
+}
+
+static int add_extent(plan_state *p, const ferry_extent *e, const hit_iter *hx) {
+    int rc = ferry_plan_add(p->plan, e);
+    if (rc == FERRY_ENOMEM)
+        return ferry_seterr(rc, "%s: variable \"%s\": out of memory for a plan of %zu records",
+                            lfile(p->l), lname(p->l), ferry_plan_count(p->plan));
+    return rc < 0 ? rc : over_bound(p, hx);
+}
+
+/* A FILL extent of the fill value over the box pl (count and dst strides set)
+ * at dst_off. */
+static int add_fill(plan_state *p, ferry_place *pl, uint64_t dst_off, const hit_iter *hx) {
+    const ferry_layout *l = p->l;
+    ferry_extent e;
+    memset(&e, 0, sizeof e);
+    e.kind = FERRY_EXTENT_FILL;
+    e.dst = p->dst;
+    e.dst_offset = dst_off;
+    e.label = l->label;
+    e.place = pl;
+    if (l->itemsize > 16) {
+        /* fills repeat at most 16 bytes: a zero fill of wide elements
+         * becomes a fill of single bytes over one more dimension */
+        if (pl->ndim >= FERRY_MAX_DIMS)
+            return ferry_seterr(FERRY_EUNSUPPORTED, "%s: variable \"%s\": absent chunk of a %d-d array of "
+                                "%u-byte elements", lfile(l), lname(l), l->ndim, l->itemsize);
+        pl->count[pl->ndim] = l->itemsize;
+        pl->dst_stride[pl->ndim] = 1;
+        pl->src_stride[pl->ndim] = 0;
+        pl->ndim++;
+        pl->itemsize = 1;
+        return add_extent(p, &e, hx);
+    }
+    memcpy(e.fill, p->fill, l->itemsize);
+    return add_extent(p, &e, hx);
+}
+
+/* The run of absent chunks [run_lo, run_hi) (linear positions in the product
+ * of the hit lists, C order) as few boxes: from each position, the largest
+ * aligned block that fits in the run — a range of hits in one dimension k,
+ * the dimensions before k fixed, every hit of those after k. Each box is one
+ * fill: the selected indices of consecutive hits of a dimension are
+ * consecutive in dst. At most 2 x ndim boxes per run. */
+static int flush_run(plan_state *p, const hit_iter *hx) {
+    if (!p->run) return 0;
+    p->run = 0;
+    const ferry_layout *l = p->l;
+    int nd = hx->nd;
+    uint64_t blk[FERRY_MAX_DIMS + 1], total[FERRY_MAX_DIMS];
+    blk[nd] = 1;
+    for (int k = nd - 1; k >= 0; k--) blk[k] = blk[k + 1] * hx->counts[k];   /* <= elements selected */
+    for (int k = 0; k < nd; k++) {
+        total[k] = 0;
+        for (size_t i = 0; i < hx->counts[k]; i++) total[k] += hx->lists[k][i].n;
+    }
+    uint64_t pos = p->run_lo, hi = p->run_hi;
+    while (pos < hi) {
+        size_t idx[FERRY_MAX_DIMS];
+        for (int k = 0; k < nd; k++) idx[k] = (size_t)(pos / blk[k + 1] % hx->counts[k]);
+        int j = nd - 1;
+        while (j > 0 && pos % blk[j] == 0 && pos + blk[j] <= hi) j--;
+        /* here blk[j + 1] divides pos and fits: take m steps of dimension j */
+        uint64_t m = (hi - pos) / blk[j + 1];
+        if (m > hx->counts[j] - idx[j]) m = hx->counts[j] - idx[j];
+        ferry_place pl;
+        memset(&pl, 0, sizeof pl);
+        pl.ndim = nd;
+        pl.itemsize = l->itemsize;
+        uint64_t dst_off = 0;
+        for (int k = 0; k < nd; k++) {
+            const ferry_slice *sk = &p->sel[k];
+            uint64_t first, count = 0;
+            if (k < j) {
+                first = hx->lists[k][idx[k]].first;
+                count = hx->lists[k][idx[k]].n;
+            } else if (k == j) {
+                first = hx->lists[k][idx[k]].first;
+                for (uint64_t i = 0; i < m; i++) count += hx->lists[k][idx[k] + i].n;
+            } else {
+                first = hx->lists[k][0].first;
+                count = total[k];
+            }
+            pl.count[k] = count;
+            pl.dst_stride[k] = p->dstr[k];
+            dst_off += (first - (uint64_t)sk->start) / (uint64_t)sk->step * (uint64_t)p->dstr[k];
+        }
+        int rc = add_fill(p, &pl, dst_off, hx);
+        if (rc < 0) return rc;
+        pos += m * blk[j + 1];
+    }
+    return 0;
+}
+
+static int emit(plan_state *p, const dim_hit *const *h, const uint64_t *idx, const ferry_chunk *c,
+                const hit_iter *hx) {
     const ferry_layout *l = p->l;
     ferry_place pl;
     memset(&pl, 0, sizeof pl);
@@ -208,30 +353,13 @@ static int emit(plan_state *p, const dim_hit *const *h, const uint64_t *idx, con
     if (l->ndim == 0) {   /* a scalar: a one-element box */
         pl.ndim = 1; pl.count[0] = 1; pl.dst_stride[0] = pl.src_stride[0] = l->itemsize;
     }
+    if (c->length == FERRY_CHUNK_ABSENT) return add_fill(p, &pl, dst_off, hx);
     ferry_extent e;
     memset(&e, 0, sizeof e);
     e.dst = p->dst;
     e.dst_offset = dst_off;
     e.label = l->label;
     e.place = &pl;
-    if (c->length == FERRY_CHUNK_ABSENT) {
-        e.kind = FERRY_EXTENT_FILL;
-        if (l->itemsize > 16) {
-            /* fills repeat at most 16 bytes: a zero fill of wide elements
-             * becomes a fill of single bytes over one more dimension */
-            if (pl.ndim >= FERRY_MAX_DIMS)
-                return ferry_seterr(FERRY_EUNSUPPORTED, "%s: variable \"%s\": absent chunk of a %d-d array of "
-                                    "%u-byte elements", lfile(l), lname(l), l->ndim, l->itemsize);
-            pl.count[pl.ndim] = l->itemsize;
-            pl.dst_stride[pl.ndim] = 1;
-            pl.src_stride[pl.ndim] = 0;
-            pl.ndim++;
-            pl.itemsize = 1;
-            return ferry_plan_add(p->plan, &e);
-        }
-        memcpy(e.fill, p->fill, l->itemsize);
-        return ferry_plan_add(p->plan, &e);
-    }
     const char *path = c->path ? c->path : l->path;
     if (!path) return ferry_seterr(FERRY_EINVAL, "layout: variable \"%s\": a chunk with no file", lname(l));
     /* the chain for this chunk: the layout's less what its mask skips */
@@ -269,12 +397,18 @@ static int emit(plan_state *p, const dim_hit *const *h, const uint64_t *idx, con
     }
     if (raw) {
         /* stored as is: read only the span the selection covers */
+        /* an uncompressed chunk is exactly a chunk's bytes, as zarr-python
+         * requires (it reshapes them): a longer one read from its start would
+         * place bytes that are not this chunk's. A chunk file not looked at
+         * is checked when the engine opens it (file_size). */
         if (c->length == FERRY_CHUNK_UNSIZED) {
             e.flags |= FERRY_EXTENT_MISSING_FILLS;
+            e.file_size = p->cbytes;
             memcpy(e.fill, p->fill, l->itemsize);
-        } else if (c->length < p->cbytes)
-            return ferry_seterr(FERRY_EFORMAT, "%s: chunk holds %llu bytes, an uncompressed chunk needs %llu", path,
-                                (unsigned long long)c->length, (unsigned long long)p->cbytes);
+        } else if (c->length != p->cbytes)
+            return ferry_seterr(FERRY_EFORMAT, "%s: variable \"%s\": chunk holds %llu bytes, an uncompressed chunk is "
+                                "exactly %llu", path, lname(l), (unsigned long long)c->length,
+                                (unsigned long long)p->cbytes);
         if (ferry_add_overflow(c->offset, src_off, &e.offset))
             return ferry_seterr(FERRY_EFORMAT, "%s: variable \"%s\": chunk offset %llu overflows", path, lname(l),
                                 (unsigned long long)c->offset);
@@ -305,17 +439,30 @@ static int emit(plan_state *p, const dim_hit *const *h, const uint64_t *idx, con
             if (pl.count[k] > 1 && pl.src_stride[k] != pl.dst_stride[k]) whole = 0;
         if (whole) e.place = NULL;
     }
-    return ferry_plan_add(p->plan, &e);
+    return add_extent(p, &e, hx);
 }
 
-static int plan_one(void *arg, const dim_hit *const *h) {
+static int plan_one(void *arg, const dim_hit *const *h, const hit_iter *hx) {
     plan_state *p = arg;
+    if (!h) return flush_run(p, hx);   /* after the last chunk */
     uint64_t idx[FERRY_MAX_DIMS];
     for (int k = 0; k < p->l->ndim; k++) idx[k] = h[k]->chunk;
     ferry_chunk c;
     int rc = find_chunk(p, idx, &c);
     if (rc < 0) return rc;
-    return emit(p, h, idx, &c);
+    if (c.length == FERRY_CHUNK_ABSENT && hx->nd > 0) {   /* joins the run, or starts one */
+        uint64_t pos = 0;
+        for (int k = 0; k < hx->nd; k++) pos = pos * hx->counts[k] + hx->it[k];
+        if (p->run && pos == p->run_hi) { p->run_hi++; return 0; }
+        if ((rc = flush_run(p, hx)) < 0) return rc;
+        p->run = 1;
+        p->run_lo = pos;
+        p->run_hi = pos + 1;
+        return 0;
+    }
+    if ((rc = flush_run(p, hx)) < 0) return rc;
+    if (c.length == FERRY_CHUNK_PLANNED) return over_bound(p, hx);   /* the lookup planned it (a shard) */
+    return emit(p, h, idx, &c, hx);
 }
 
 /* One chunk holding the whole array, stored as is (HDF5's contiguous layout):
@@ -340,7 +487,9 @@ static int plan_single(plan_state *p, const ferry_chunk *c) {
 }
 
 static int single_raw(const ferry_layout *l, const ferry_chunk *c, const plan_state *p) {
-    if (c->length == FERRY_CHUNK_ABSENT || c->length == FERRY_CHUNK_UNSIZED || c->length < p->cbytes) return 0;
+    if (c->length == FERRY_CHUNK_ABSENT || c->length == FERRY_CHUNK_UNSIZED || c->length == FERRY_CHUNK_PLANNED ||
+        c->length != p->cbytes)
+        return 0;
     if (!(c->path || l->path) || p->fdst) return 0;
     int n = 0;
     for (int i = 0; i < l->ncodecs; i++)
@@ -358,6 +507,8 @@ int ferry_layout_plan_box(const ferry_layout *l, const ferry_slice *sel, const u
     plan_state *p = calloc(1, sizeof *p);
     if (!p) return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", lfile(l));
     p->l = l; p->sel = sel; p->dst = dst; p->plan = plan;
+    p->base = ferry_plan_count(plan);
+    p->bound = plan_bound(dst.size);
     int nd = l->ndim;
     /* destination strides: C order of the selection (F order when asked to
      * keep a whole F-order array as stored) */

@@ -28,11 +28,21 @@ int ferry_layout_check(const ferry_layout *l);
 typedef int (*ferry_grid_fn)(void *arg, const uint64_t *idx);
 int ferry_layout_visit(const ferry_layout *l, const ferry_slice *sel, ferry_grid_fn fn, void *arg);
 
+/* A lookup's ferry_chunk.length saying it planned the chunk itself (Zarr: a
+ * shard, through its index): the planner adds nothing for it. */
+#define FERRY_CHUNK_PLANNED (UINT64_MAX - 2)
+
 /* Plan the part of the normalised selection sel that lies in the box
  * [lo, hi) of the array (chunk-aligned: lo a multiple of the chunk shape;
  * hi may pass the shape; NULL: the whole array). dst is the C-order array of
- * the WHOLE selection. The layout is not checked (ferry_layout_check). Returns
- * 0 or a negative code. */
+ * the WHOLE selection. The layout is not checked (ferry_layout_check). A run
+ * of absent chunks becomes a few fills, and the records one call may add are
+ * bounded (layout.c: plan_bound). Returns 0 or a negative code. */
 int ferry_layout_plan_box(const ferry_layout *l, const ferry_slice *sel, const uint64_t *lo, const uint64_t *hi,
                           ferry_buf dst, unsigned flags, ferry_plan *plan);
+
+/* Tests only: the floor of the records bound (layout.c: plan_bound; 0: the
+ * default, 2^20), so that a test need not build a plan of a million records. */
+void ferry_layout_set_records_floor_(uint64_t floor);
+
 #endif

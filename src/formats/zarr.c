@@ -27,6 +27,7 @@
 #include "formats/select.h"
 #include "formats/layout.h"
 #include "formats/inside.h"
+#include "formats/dirnames.h"
 #include "codecs/codecs.h"
 #include "engine/sysio.h"   /* stat and lstat through the test seam (ferry_test_set_syscall) */
 #include <dirent.h>
@@ -252,21 +253,22 @@ static zarr_memo_ent *zarr_memo_get(ferry_plan *plan, const zarr_ds *z, int var,
 }
 
 /* The directory of a chunk or shard file at plan time: 0 when it resolves
- * inside the store (or does not exist: nothing to read), else a negative
- * code. d caches what earlier chunks of the plan showed, so a plan of many
- * chunks resolves each directory once, most with an lstat or two. */
+ * inside the store, 1 when it does not exist (nothing to read: the chunk is
+ * absent), else a negative code. d caches what earlier chunks of the plan
+ * showed, so a plan of many chunks resolves each directory once, most with an
+ * lstat or two. */
 static int chunk_dir_inside(const zarr_ds *z, const char *path, zarr_dirs *d) {
     const char *slash = strrchr(path, '/');
     size_t dl = slash ? (size_t)(slash - path) : 0;
     if (dl && dl < PATH_MAX && (strncmp(d->inside, path, dl) || d->inside[dl]) &&
         (strncmp(d->known, path, dl) || d->known[dl])) {
         int rc = dir_known_inside(path, dl, d);
-        if (rc < 2) return rc < 0 ? rc : 0;
+        if (rc < 2) return rc < 0 ? rc : rc == 0 ? 1 : 0;
         char dir[PATH_MAX];
         memcpy(dir, path, dl);
         dir[dl] = 0;
         rc = inside_store(z, dir);
-        if (rc < 0) return rc;
+        if (rc <= 0) return rc < 0 ? rc : 1;
         memcpy(d->inside, dir, dl + 1);
     }
     return 0;
@@ -284,6 +286,7 @@ static int chunk_inside(const zarr_ds *z, const char *path, zarr_dirs *okdir, st
     }
     int rc = chunk_dir_inside(z, path, okdir);
     if (rc < 0) return rc;
+    if (rc == 1) return 0;   /* gone since the lstat */
     if (S_ISLNK(st->st_mode)) {
         rc = inside_store(z, path);
         if (rc <= 0) return rc;   /* a dangling link: absent */
@@ -745,7 +748,10 @@ static int parse_v2(zarr_arr *a, const char *file, const ferry_json *za, const f
     const ferry_json *filters = ferry_json_get(za, "filters");
     if (filters && filters->type != FERRY_JSON_NULL && filters->type != FERRY_JSON_ARRAY)
         return MERR(FERRY_EFORMAT, file, filters, "filters must be null or an array");
-    if (comp && comp->type != FERRY_JSON_NULL && comp->type != FERRY_JSON_OBJECT)
+    /* required by the v2 spec (null: uncompressed): a document without it,
+     * say one whose key lost a byte, would read compressed bytes as values */
+    if (!comp) return MERR(FERRY_EFORMAT, file, za, "no \"compressor\" key (required; null means uncompressed)");
+    if (comp->type != FERRY_JSON_NULL && comp->type != FERRY_JSON_OBJECT)
         return MERR(FERRY_EFORMAT, file, comp, "compressor must be null or an object");
     size_t nf = filters && filters->type == FERRY_JSON_ARRAY ? filters->n : 0;
     for (size_t i = 0; i < nf; i++) {   /* description in storage order */
@@ -1545,6 +1551,7 @@ typedef struct zarr_plan_ctx {
     zarr_arr *a;
     ferry_ctx *ctx;
     int raw;                           /* the chain is element-wise only */
+    int stat_raw;                      /* look at uncompressed chunk files too (raw_chunks) */
     char path[PATH_MAX];
     /* sharded arrays: the shard being planned */
     ferry_layout inner;                /* inner-chunk layout, path = the shard */
@@ -1558,6 +1565,9 @@ typedef struct zarr_plan_ctx {
     uint64_t shard_idx[FERRY_MAX_DIMS], file_size;
     ferry_dataset *ds;
     zarr_dirs okdir;                   /* chunk_inside's cache of directories found inside */
+    ferry_dirnames names;              /* list_max: the listing of the last chunk directory */
+    size_t list_max;                   /* > 0: absent chunk files are learnt from listings of up to
+                                          this many names (plain_chunk) */
 } zarr_plan_ctx;
 
 static size_t put_u64(char *out, uint64_t v) {
@@ -1600,14 +1610,24 @@ static int chunk_path(zarr_plan_ctx *p, const uint64_t *idx) {
  * symlink is followed only when it resolves inside the store, at read time,
  * and one leading out fails the read naming the file. Compressed chunks need
  * their size: one lstat each, and a symlink resolved now. */
-static int raw_chunks(const zarr_plan_ctx *p) { return p->raw && p->a->itemsize <= 16; }
+/* A chunk whose directory does not exist is absent without a look at its
+ * file (a store whose metadata claims 2^40 chunks and holds none plans one
+ * fill). And when a call places fewer than RAW_STAT_BYTES per chunk on
+ * average over PRESTAT_MIN chunks or more (chunks of a few elements, or a
+ * column through many chunks), each
+ * record (about a KiB: extent, placement, path) outweighs what it places:
+ * then uncompressed chunk files are looked at after all (p->stat_raw), so
+ * that absent ones join their neighbours' fill instead of costing a record
+ * each, and a stat is little beside the open and read of a present one. */
+#define RAW_STAT_BYTES 256
+static int raw_chunks(const zarr_plan_ctx *p) { return p->raw && !p->stat_raw && p->a->itemsize <= 16; }
 
 static int plain_chunk_at(zarr_plan_ctx *p, ferry_chunk *c) {
     int rc;
     c->path = p->path;
     if (raw_chunks(p)) {
         if ((rc = chunk_dir_inside(p->ds->fmt, p->path, &p->okdir)) < 0) return rc;
-        c->length = FERRY_CHUNK_UNSIZED;
+        c->length = rc == 1 ? FERRY_CHUNK_ABSENT : FERRY_CHUNK_UNSIZED;
         return 0;
     }
     struct stat st;
@@ -1617,10 +1637,30 @@ static int plain_chunk_at(zarr_plan_ctx *p, ferry_chunk *c) {
     return 0;
 }
 
+/* In a plan of very many chunks (list_max set): 1 when p->path is not in its
+ * directory's listing (absent: no lstat), 0 when it may exist, or an error. */
+static int listed_absent(zarr_plan_ctx *p) {
+    if (!p->list_max) return 0;
+    const char *slash = strrchr(p->path, '/');
+    size_t dl = slash ? (size_t)(slash - p->path) : 0;
+    if (!dl) return 0;
+    if (!ferry_dirnames_is(&p->names, p->path, dl)) {
+        int rc = ferry_dirnames_load(&p->names, p->path, dl, p->list_max);
+        if (rc == FERRY_ENOMEM) return ferry_seterr(rc, "%s: out of memory listing the chunks", p->a->dir);
+        if (rc != 0) { p->list_max = 0; return 0; }   /* too many names, or unreadable: an lstat each */
+    }
+    return !ferry_dirnames_has(&p->names, p->path + dl + 1);
+}
+
 static int plain_chunk(void *arg, const uint64_t *idx, ferry_chunk *c) {
     zarr_plan_ctx *p = arg;
     int rc = chunk_path(p, idx);
     if (rc < 0) return rc;
+    if ((rc = listed_absent(p)) != 0) {
+        c->path = p->path;
+        c->length = FERRY_CHUNK_ABSENT;
+        return rc < 0 ? rc : 0;
+    }
     zarr_prestat *pre = p->okdir.pre;
     p->okdir.pre_at = SIZE_MAX;
     if (pre && pre->cur < pre->n && !strcmp(pre->path[2 * pre->cur], p->path)) p->okdir.pre_at = pre->cur++;
@@ -1652,7 +1692,7 @@ static int shard_inner(void *arg, const uint64_t *idx, ferry_chunk *c) {
 }
 
 /* One shard the selection touches: read and check its index, then plan the
- * inner chunks inside it. */
+ * inner chunks inside it; 1 when the shard is absent (nothing planned). */
 static int shard_chunk(void *arg, const uint64_t *idx) {
     zarr_plan_ctx *p = arg;
     zarr_arr *a = p->a;
@@ -1668,9 +1708,8 @@ static int shard_chunk(void *arg, const uint64_t *idx) {
     p->file_size = 0;
     struct stat st;
     if ((rc = chunk_inside(p->ds->fmt, p->path, &p->okdir, &st)) < 0) return rc;
-    if (rc == 0) {
-        rc = 0;   /* the whole shard is missing */
-    } else {
+    if (rc == 0) return 1;   /* the whole shard is missing: a fill, with its absent neighbours' */
+    {
         rc = 0;
         uint64_t fsz = (uint64_t)st.st_size, isz;
         if (ferry_mul_overflow(n_inner, 16, &isz) || ferry_add_overflow(isz, a->index_crc ? 4 : 0, &isz) || isz > fsz)
@@ -1711,6 +1750,23 @@ static int shard_chunk(void *arg, const uint64_t *idx) {
     rc = ferry_layout_plan_box(&p->inner, p->sel, lo, hi, p->dst, p->flags, p->plan);
     if (rc == FERRY_ENOMEM && !ferry_lasterr()[0]) ferry_seterr(rc, "%s: out of memory", p->path);
     return rc;
+}
+
+/* The shard grid's lookup: an absent shard is an absent chunk of the shard
+ * grid (runs of them are a few fills), a present one has its inner chunks
+ * planned here. */
+static int shard_lookup(void *arg, const uint64_t *idx, ferry_chunk *c) {
+    zarr_plan_ctx *p = arg;
+    int rc = p->list_max ? chunk_path(p, idx) : 0;
+    if (rc == 0 && p->list_max) rc = listed_absent(p);
+    if (rc != 0) {
+        c->length = FERRY_CHUNK_ABSENT;
+        return rc < 0 ? rc : 0;
+    }
+    rc = shard_chunk(arg, idx);
+    if (rc < 0) return rc;
+    c->length = rc == 1 ? FERRY_CHUNK_ABSENT : FERRY_CHUNK_PLANNED;
+    return 0;
 }
 
 /* ---- many chunks: their lstats at once ------------------------------------ */
@@ -1862,15 +1918,29 @@ static int64_t zarr_plan(ferry_dataset *ds, int var, const ferry_slice *sel, fer
     uint64_t total = a->itemsize;
     for (int k = 0; k < a->ndim; k++) total *= ferry_slice_count(sel[k]);
     int rc = ferry_layout_check(l);
+    if (!rc && !a->sharded) {   /* a plan of many chunks placing little each (raw_chunks) */
+        uint64_t touched = chunks_touched_max(l, sel);
+        p->stat_raw = touched >= PRESTAT_MIN && touched > total / RAW_STAT_BYTES;
+    }
     if (!rc && a->sharded) {
         l->lookup = shard_inner;
         l->lookup_arg = p;
-        ferry_layout shards = *l;   /* the shard grid, to visit the shards touched */
+        ferry_layout shards = *l;   /* the shard grid, planned with shard_lookup */
         memcpy(shards.chunks, a->chunk, sizeof shards.chunks);
-        rc = ferry_layout_visit(&shards, sel, shard_chunk, p);
+        shards.lookup = shard_lookup;
+        uint64_t nshards = chunks_touched_max(&shards, sel);   /* listed as plain chunks are (below) */
+        if (nshards > PRESTAT_MAX) p->list_max = nshards > SIZE_MAX / 4 ? SIZE_MAX : (size_t)nshards * 4;
+        uint64_t lo[FERRY_MAX_DIMS] = {0};   /* a box: no whole-array probe of shard 0 */
+        rc = ferry_layout_plan_box(&shards, sel, lo, shards.shape, dst, flags, plan);
     } else if (!rc) {
         zarr_prestat pre = {0};
-        if (prestat_fill(p, l, sel, &pre) == 0) p->okdir.pre = &pre;
+        /* More chunks than one lstat batch holds, each looked at: listing their
+         * directories answers which exist (a listing costs less than the lstats
+         * of the chunks it answers for, hence at most 4 names a chunk). */
+        uint64_t touched = chunks_touched_max(l, sel);
+        if (!raw_chunks(p) && touched > PRESTAT_MAX)
+            p->list_max = touched > SIZE_MAX / 4 ? SIZE_MAX : (size_t)touched * 4;
+        else if (prestat_fill(p, l, sel, &pre) == 0) p->okdir.pre = &pre;
         p->okdir.pre_at = SIZE_MAX;
         l->lookup = plain_chunk;
         l->lookup_arg = p;
@@ -1884,6 +1954,7 @@ static int64_t zarr_plan(ferry_dataset *ds, int var, const ferry_slice *sel, fer
         me->known = strdup(p->okdir.known);   /* NULL (no memory): the next call starts from the array's directory */
     }
     free(p->index_buf);
+    ferry_dirnames_free(&p->names);
     free(p);
     return rc < 0 ? rc : (int64_t)total;
 }

@@ -507,6 +507,128 @@ static void test_required_keys(void) {
     fc_expect_open_error(ctx, tpath("r2.zarr"), NULL, FERRY_EFORMAT, "node_type must be");
 }
 
+/* A v2 array's "compressor" is required (null: uncompressed): a key that lost
+ * a byte ("cmpressor") would read a blosc frame's bytes as values. Issue 36.1. */
+static void test_v2_compressor_key_required(void) {
+    mk("k.zarr");
+    put("k.zarr/.zarray", "{\"zarr_format\": 2, \"shape\": [4], \"chunks\": [4], \"dtype\": \"|u1\", "
+                          "\"fill_value\": 0, \"order\": \"C\", \"filters\": null, "
+                          "\"cmpressor\": {\"id\": \"blosc\", \"cname\": \"lz4\", \"clevel\": 5, \"shuffle\": 1}}");
+    fc_expect_open_error(ctx, tpath("k.zarr"), NULL, FERRY_EFORMAT, "no \"compressor\" key");
+    fc_expect_open_error(ctx, tpath("k.zarr"), NULL, FERRY_EFORMAT, "k.zarr/.zarray");
+}
+
+/* An uncompressed chunk file is exactly a chunk's bytes (zarr-python refuses a
+ * shorter and a longer one alike): the read fails naming the chunk file, even
+ * when the selection needs only the chunk's first bytes. Issue 36.1. */
+static void test_raw_chunk_size_checked(void) {
+    static const char *const v[2][2] = {
+        {"s2.zarr", "s2.zarr/.zarray"}, {"s3.zarr", "s3.zarr/zarr.json"}};
+    for (int fmt = 0; fmt < 2; fmt++) {
+        mk(v[fmt][0]);
+        if (fmt == 0)
+            put(v[fmt][1], "{\"zarr_format\": 2, \"shape\": [8], \"chunks\": [4], \"dtype\": \"|u1\", "
+                           "\"fill_value\": 0, \"order\": \"C\", \"filters\": null, \"compressor\": null}");
+        else
+            put(v[fmt][1], V3_HEAD "\"shape\": [8], \"data_type\": \"uint8\", " V3_GRID("[4]") V3_KEYS
+                           "\"fill_value\": 0, \"codecs\": [{\"name\": \"bytes\"}]}");
+        char c0[64], c1[64];
+        snprintf(c0, sizeof c0, "%s/%s0", v[fmt][0], fmt ? "c/" : "");
+        snprintf(c1, sizeof c1, "%s/%s1", v[fmt][0], fmt ? "c/" : "");
+        if (fmt) { char cd[64]; snprintf(cd, sizeof cd, "%s/c", v[fmt][0]); mk(cd); }
+        ferry_dataset *ds = open_ok(v[fmt][0]);
+        if (!ds) return;
+        uint8_t buf[8];
+        ferry_slice first2[1] = {{0, 2, 1}}, second[1] = {{4, 8, 1}};
+        write_file(tpath(c0), "ABCD", 4);            /* exact: read */
+        write_file(tpath(c1), "EFGHIJ", 6);          /* longer */
+        CHECK_EQ_I(fc_read(ctx, ds, 0, first2, buf, sizeof buf, 0), 2);
+        CHECK(!memcmp(buf, "AB", 2));
+        CHECK(fc_read(ctx, ds, 0, second, buf, sizeof buf, 0) == FERRY_EFORMAT);
+        CHECK_STR_CONTAINS(ferry_errmsg(ctx), c1);
+        CHECK_STR_CONTAINS(ferry_errmsg(ctx), "holds 6 bytes, an uncompressed chunk is exactly 4");
+        write_file(tpath(c0), "ABC", 3);             /* shorter, though the selection needs 2 bytes */
+        CHECK(fc_read(ctx, ds, 0, first2, buf, sizeof buf, 0) == FERRY_EFORMAT);
+        CHECK_STR_CONTAINS(ferry_errmsg(ctx), c0);
+        CHECK_STR_CONTAINS(ferry_errmsg(ctx), "holds 3 bytes");
+        CHECK(fc_read(ctx, ds, 0, NULL, buf, sizeof buf, 0) < 0);   /* whole: both */
+        ferry_dataset_close(ds);
+    }
+}
+
+/* What the metadata claims costs nothing until chunks exist (issue 36.4): an
+ * array of 2^40 one-element chunks, none written — v3 with no chunk
+ * directory, v2 whose chunks would sit beside .zarray, v3 sharded — read over
+ * 300,000 elements plans one fill and gives the fill value; a few chunks
+ * written give their values and a few records more. */
+static void test_claimed_chunks_cost_nothing(void) {
+    static const char *const docs[3][2] = {
+        {"h3.zarr", V3_HEAD "\"shape\": [1099511627776], \"data_type\": \"float64\", " V3_GRID("[1]") V3_KEYS
+                    "\"fill_value\": 1.5, \"codecs\": [{\"name\": \"bytes\", \"configuration\": {\"endian\": \"little\"}}]}"},
+        {"h2.zarr", "{\"zarr_format\": 2, \"shape\": [1099511627776], \"chunks\": [1], \"dtype\": \"<f8\", "
+                    "\"fill_value\": 1.5, \"order\": \"C\", \"filters\": null, \"compressor\": null}"},
+        {"hs.zarr", V3_HEAD "\"shape\": [1099511627776], \"data_type\": \"float64\", " V3_GRID("[2]") V3_KEYS
+                    "\"fill_value\": 1.5, \"codecs\": [{\"name\": \"sharding_indexed\", \"configuration\": "
+                    "{\"chunk_shape\": [1], \"codecs\": [{\"name\": \"bytes\", \"configuration\": {\"endian\": \"little\"}}], "
+                    "\"index_codecs\": [{\"name\": \"bytes\", \"configuration\": {\"endian\": \"little\"}}]}}]}"},
+    };
+    enum { N = 300000 };
+    double *buf = malloc(N * sizeof *buf);
+    if (!buf) return;
+    for (int d = 0; d < 3; d++) {
+        char meta[64];
+        mk(docs[d][0]);
+        snprintf(meta, sizeof meta, "%s/%s", docs[d][0], d == 1 ? ".zarray" : "zarr.json");
+        put(meta, docs[d][1]);
+        ferry_dataset *ds = open_ok(docs[d][0]);
+        if (!ds) continue;
+        ferry_slice sel[1] = {{1000, 1000 + N, 1}};
+        for (int written = 0; written < 2; written++) {
+            if (written && d < 2) {   /* chunks 1000 and 1002 (v2: beside .zarray) */
+                double v[2] = {7.0, 8.0};
+                char c[96];
+                if (d == 0) { snprintf(c, sizeof c, "%s/c", docs[d][0]); mk(c); }
+                snprintf(c, sizeof c, "%s/%s1000", docs[d][0], d == 0 ? "c/" : "");
+                write_file(tpath(c), &v[0], 8);
+                snprintf(c, sizeof c, "%s/%s1002", docs[d][0], d == 0 ? "c/" : "");
+                write_file(tpath(c), &v[1], 8);
+            } else if (written) {
+                /* shard 500 holds elements 1000, 1001: inner chunk 0 written (7.0), 1 absent */
+                uint8_t shard[8 + 32];
+                double v = 7.0;
+                uint64_t idx[4] = {0, 8, UINT64_MAX, UINT64_MAX};
+                memcpy(shard, &v, 8);
+                memcpy(shard + 8, idx, 32);
+                char c[96];
+                snprintf(c, sizeof c, "%s/c", docs[d][0]); mk(c);
+                snprintf(c, sizeof c, "%s/c/500", docs[d][0]);
+                write_file(tpath(c), shard, sizeof shard);
+            }
+            for (int i = 0; i < N; i++) buf[i] = 0;
+            ferry_plan *p;
+            ferry_plan_create(&p);
+            int64_t rc = ferry_dataset_plan_read(ds, 0, sel, ferry_host_buf(buf, N * sizeof *buf), 0, p);
+            CHECK_EQ_I(rc, (int64_t)N * 8);
+            size_t records = ferry_plan_count(p);
+            if (rc >= 0) CHECK(ferry_run(ctx, p, NULL) >= 0);
+            else fprintf(stderr, "    %s\n", ferry_errmsg(ctx));
+            ferry_plan_destroy(p);
+            CHECK(records <= (written ? 5u : 1u));
+            if (records > (written ? 5u : 1u)) fprintf(stderr, "    %s: %zu records\n", docs[d][0], records);
+            int bad = 0;
+            for (int i = 0; i < N; i++) {
+                double w = 1.5;
+                if (written && i == 0) w = 7.0;
+                if (written && i == 2 && d < 2) w = 8.0;
+                bad += buf[i] != w;
+            }
+            CHECK_EQ_I(bad, 0);
+        }
+        ferry_dataset_close(ds);
+    }
+    free(buf);
+}
+
 /* ferry_dataset_store_info and ferry_dataset_fill: what the parser found,
  * so that no caller reads the store's documents again. A v3 root whose
  * consolidated_metadata lists g1 and its array: g1 opened as a group is listed
@@ -568,6 +690,9 @@ int main(void) {
     RUN(test_chunk_files_opened_without_following);
     RUN(test_plan_memo_is_per_plan);
     RUN(test_required_keys);
+    RUN(test_v2_compressor_key_required);
+    RUN(test_raw_chunk_size_checked);
+    RUN(test_claimed_chunks_cost_nothing);
     RUN(test_store_info_fill_and_root_consolidated_groups);
     ferry_ctx_destroy(ctx);
     char cmd[128];

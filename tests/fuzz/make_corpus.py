@@ -106,3 +106,25 @@ except ImportError:
 
 total = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs)
 print(f"corpus: {total} bytes")
+
+# blosc: header and bstarts damage c-blosc refuses (issue 36.2), from a
+# numcodecs frame of several blocks: blocksize past nbytes, the delta flag,
+# typesize 0, a stored frame longer than its data, a bstarts entry pointing
+# at another block's streams, an empty frame with trailing bytes
+import numcodecs
+frame = bytearray(numcodecs.Blosc("lz4", 5, numcodecs.Blosc.SHUFFLE, blocksize=256).encode(
+    np.arange(256, dtype="<i4")))
+def damaged(name, edit):
+    b = bytearray(frame)
+    edit(b)
+    with open(out("blosc", "damaged_" + name), "wb") as f:
+        f.write(bytes(b))
+damaged("blocksize_past_nbytes", lambda b: b.__setitem__(slice(8, 12), (4096).to_bytes(4, "little")))
+damaged("delta_flag", lambda b: b.__setitem__(2, b[2] | 0x08))
+damaged("typesize_0", lambda b: b.__setitem__(3, 0))
+damaged("bstart_repeated", lambda b: b.__setitem__(slice(20, 24), b[16:20]))
+with open(out("blosc", "damaged_memcpyed_longer"), "wb") as f:
+    f.write(bytes([2, 1, 3, 1]) + (4).to_bytes(4, "little") + (4).to_bytes(4, "little") +
+            (24).to_bytes(4, "little") + bytes(8))
+with open(out("blosc", "damaged_empty_trailing"), "wb") as f:
+    f.write(bytes([2, 1, 3, 1]) + bytes(8) + (20).to_bytes(4, "little") + bytes(4))
