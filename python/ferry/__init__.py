@@ -236,13 +236,13 @@ def _json_number(v):
 def decode_attrs(attrs_json: str, fmt: str) -> dict:
     """Attributes from a Dataset's JSON, with the types the reference readers give.
 
-    netcdf3 numeric attributes {"type": "<typestr>", "value": [...]} become numpy
-    scalars (one value) or 1-d arrays; text attributes become str. Other formats'
-    attributes are returned as parsed JSON.
+    netcdf3 and hdf5 numeric attributes {"type": "<typestr>", "value": [...]}
+    become numpy scalars (one value) or 1-d arrays; text attributes become str.
+    Other formats' attributes are returned as parsed JSON.
     """
     import numpy as np
     d = json.loads(attrs_json or "{}")
-    if fmt != "netcdf3":
+    if fmt not in ("netcdf3", "hdf5"):
         return d
     out = {}
     for k, v in d.items():

@@ -50,6 +50,10 @@ static int parse_attr(h5_file *h, const uint8_t *d, uint64_t len, uint64_t pos, 
 
 typedef struct alist { h5_file *h; const char *what; h5_attr *v; size_t n, cap; h5_fheap *heap; } alist;
 
+static int cmp_name(const void *a, const void *b) {
+    return strcmp(((const h5_attr *)a)->name, ((const h5_attr *)b)->name);
+}
+
 static int push(alist *L, const uint8_t *d, uint64_t len, uint64_t pos) {
     if (L->n == L->cap) {
         if (L->n >= H5_MAX_MEMBERS) return h5_fail(L->h, FERRY_EFORMAT, pos, L->what, "too many attributes");
@@ -90,6 +94,8 @@ int h5_obj_attrs(h5_file *h, const h5_obj *o, h5_attr **out, size_t *n) {
             rc = h5_fheap_open(h, heap, o->name, &L.heap);
             if (!rc) rc = byorder != H5_UNDEF ? h5_btree2_walk(h, byorder, 9, o->name, dense_rec, &L)
                                               : h5_btree2_walk(h, names, 8, o->name, dense_rec, &L);
+            /* the name index is in hash order: name order, as HDF5 lists them */
+            if (!rc && byorder == H5_UNDEF && L.n) qsort(L.v, L.n, sizeof *L.v, cmp_name);
         }
     }
     if (rc) { free(L.v); return rc; }

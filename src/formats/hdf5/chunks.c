@@ -173,8 +173,8 @@ static int bt2_chunk(void *arg, const uint8_t *rec, uint32_t size, uint64_t pos)
     return add(c, origin, addr, csize, mask, pos);
 }
 
-int h5_chunks_read(h5_file *h, const h5_layout *lay, int ndim, const uint64_t *dims, const uint64_t *maxdims, int nfilters,
-                   uint32_t itemsize, const char *what, h5_chunks *out) {
+int h5_chunks_read(h5_file *h, const h5_layout *lay, int ndim, const uint64_t *dims, const uint64_t *maxdims,
+                   const uint64_t *shape, int nfilters, uint32_t itemsize, const char *what, h5_chunks *out) {
     memset(out, 0, sizeof *out);
     ctab c = {.h = h, .what = what, .ndim = ndim, .nfilters = nfilters, .dims = dims, .chunk = lay->chunk};
     c.chunk_bytes = itemsize;
@@ -223,7 +223,7 @@ int h5_chunks_read(h5_file *h, const h5_layout *lay, int ndim, const uint64_t *d
     }
     if (!rc && c.n) {
         ferry_layout l = {.ndim = ndim, .itemsize = itemsize, .label = what};
-        memcpy(l.shape, dims, (size_t)ndim * sizeof *dims);
+        memcpy(l.shape, shape, (size_t)ndim * sizeof *dims);
         memcpy(l.chunks, lay->chunk, (size_t)ndim * sizeof *dims);
         out->index = malloc(c.n * sizeof *out->index);
         if (!out->index) rc = ferry_seterr(FERRY_ENOMEM, "%s: out of memory", h->path);

@@ -283,7 +283,8 @@ int h5_layout_parse(const h5_file *h, const h5_msg *m, const char *what, int ran
             out->addr = c.pos;
             h5c_skip(&c, out->size);
         }
-    } else if (version == 3 || version == 4) {
+    } else if (version >= 3 && version <= 5) {
+        /* version 5 (HDF5 2.0) lays out these classes as version 4 does */
         out->cls = h5c_u8(&c);
         if (out->cls == 0) {
             out->size = h5c_u16(&c);
@@ -294,9 +295,9 @@ int h5_layout_parse(const h5_file *h, const h5_msg *m, const char *what, int ran
             out->size = h5c_len(&c);
         } else if (out->cls == 2) {
             unsigned enc = 4;
-            if (version == 4) out->flags = h5c_u8(&c);
+            if (version >= 4) out->flags = h5c_u8(&c);
             unsigned nd = h5c_u8(&c);
-            if (version == 4) enc = h5c_u8(&c);
+            if (version >= 4) enc = h5c_u8(&c);
             else out->index_addr = h5c_addr(&c);
             if (nd < 1 || nd > FERRY_MAX_DIMS + 1 || enc < 1 || enc > 8)
                 return h5_fail(h, FERRY_EFORMAT, m->pos, what, "chunked layout of %u dimensions (%u-byte sizes)", nd, enc);
@@ -305,7 +306,7 @@ int h5_layout_parse(const h5_file *h, const h5_msg *m, const char *what, int ran
                 uint64_t v = h5c_un(&c, enc);
                 if (k < (unsigned)out->ndim) out->chunk[k] = v;
             }
-            if (version == 4) {
+            if (version >= 4) {
                 out->index = h5c_u8(&c);
                 switch (out->index) {
                 case 1: if (out->flags & 2) { out->single_size = h5c_len(&c); out->single_mask = h5c_u32(&c); } break;

@@ -5,11 +5,12 @@
  *     are symbol nodes ("SNOD": entries of name offset, header address, cache
  *     fields), names in a local heap ("HEAP": data segment size and address).
  *     Members come in name order.
- *   "Link Message"s in the header (compact, new style), in creation order when
- *     the links carry it, else in message order.
+ *   "Link Message"s in the header (compact, new style).
  *   "Link Info Message" with a fractal heap (dense): link messages stored in
  *     the heap, found through the creation-order index (v2 B-tree type 6) when
  *     it exists, else the name index (type 5).
+ * Members are listed in creation order where the links record it (netCDF-4
+ * lists variables so), else in name order (as HDF5 iterates them).
  * Soft and external links are not followed (they name no object of the
  * file, or one reached elsewhere). */
 #include "formats/hdf5/h5.h"
@@ -174,6 +175,10 @@ static int cmp_order(const void *a, const void *b, void *arg) {
     return o[x] < o[y] ? -1 : o[x] > o[y] ? 1 : (x > y) - (x < y);
 }
 
+static int cmp_name(const void *a, const void *b) {
+    return strcmp(((const h5_link *)a)->name, ((const h5_link *)b)->name);
+}
+
 int h5_is_group(const h5_obj *o) {
     return h5_obj_find(o, H5M_STAB) || h5_obj_find(o, H5M_LINFO) || h5_obj_find(o, H5M_LINK) || h5_obj_find(o, H5M_GINFO);
 }
@@ -218,6 +223,9 @@ int h5_group_links(h5_file *h, const h5_obj *o, h5_link **out, size_t *n) {
         }
         free(ix);
         free(sorted);
+    } else if (!rc && L.n) {
+        /* no creation order: name order, as HDF5 lists such groups */
+        qsort(L.v, L.n, sizeof *L.v, cmp_name);
     }
     free(L.order);
     if (rc) { free(L.v); return rc; }

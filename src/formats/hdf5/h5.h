@@ -233,10 +233,12 @@ typedef struct h5_chunks {
     uint64_t *index;
     size_t n;
 } h5_chunks;
-/* The chunk table of a chunked dataset of shape dims[ndim] (sorted, for
- * ferry_layout). nfilters: pipeline length (filter masks are renumbered). */
-int h5_chunks_read(h5_file *h, const h5_layout *lay, int ndim, const uint64_t *dims, const uint64_t *maxdims, int nfilters,
-                   uint32_t itemsize, const char *what, h5_chunks *out);
+/* The chunk table of a chunked dataset of extent dims[ndim] (sorted, for a
+ * ferry_layout of the given shape, each >= dims: netCDF-4 pads variables to
+ * their unlimited dimensions' lengths). nfilters: pipeline length (filter
+ * masks are renumbered). */
+int h5_chunks_read(h5_file *h, const h5_layout *lay, int ndim, const uint64_t *dims, const uint64_t *maxdims,
+                   const uint64_t *shape, int nfilters, uint32_t itemsize, const char *what, h5_chunks *out);
 
 /* ---- netcdf4.c -------------------------------------------------------------- */
 typedef struct h5_nc h5_nc;
@@ -251,6 +253,7 @@ int h5nc_add_scale(h5_file *h, h5_nc *nc, const h5_obj *o, const char *name, con
 int h5nc_var_dims(h5_file *h, h5_nc *nc, const h5_obj *o, const char *name, const h5_space *sp, const h5_attr *a,
                   size_t n, char **dims_json);
 int h5nc_hidden(const char *attr_name);
+void h5nc_pad(h5_nc *nc, const char *dims_json, int ndim, uint64_t *shape);
 /* {"name": {"size": n, "unlimited": bool}} of the group's and the used dimensions (malloc'd). */
 int h5nc_dims_json(h5_file *h, h5_nc *nc, char **out);
 #endif

@@ -341,6 +341,12 @@ static int h5_open(ferry_dataset *ds, const ferry_open_opts *opts) {
         }
     }
     ferry_sbuf_append(&gb, "]", 1);
+    /* netCDF-4: a variable along an unlimited dimension is as long as the
+     * dimension (the rest reads as fill, as netCDF-C and h5netcdf give it) */
+    for (int k = 0; k < ds->nvars && !rc; k++) {
+        ferry_var_info *vi = &ds->vars[k].info;
+        if (st->vars[k].lay.cls == 2 && !vi->error) h5nc_pad(st->nc, vi->dims_json, vi->ndim, vi->shape);
+    }
     if (!(ds->groups_json = ferry_sbuf_take(&gb))) return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", ds->path);
 
     /* the group's own attributes, and its dimensions */
@@ -387,8 +393,8 @@ static int64_t h5_plan_read(ferry_dataset *ds, int var, const ferry_slice *sel, 
         pthread_mutex_lock(&st->mu);
         int rc = 0;
         if (!v->loaded) {
-            rc = h5_chunks_read(&st->h, &v->lay, vi->ndim, vi->shape, v->space.maxdims, v->nfilters, vi->itemsize,
-                                v->what, &v->ch);
+            rc = h5_chunks_read(&st->h, &v->lay, vi->ndim, v->space.dims, v->space.maxdims, vi->shape, v->nfilters,
+                                vi->itemsize, v->what, &v->ch);
             v->loaded = rc == 0;
         }
         pthread_mutex_unlock(&st->mu);

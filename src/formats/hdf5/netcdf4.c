@@ -3,7 +3,8 @@
  * netCDF-4 (and h5netcdf) store a dimension as an HDF5 dimension scale: a
  * dataset with the attribute CLASS = "DIMENSION_SCALE", named after the
  * dimension; its first axis's current size is the dimension's length, and
- * an unlimited maximum makes the dimension unlimited. A dimension that has
+ * an unlimited maximum makes the dimension unlimited (and its length the
+ * longest of the variables along it, as netCDF-C reports it). A dimension that has
  * no coordinate variable is still a dataset, whose NAME attribute starts
  * "This is a netCDF dimension but not a netCDF variable": it is not listed as
  * a variable. Every other variable names its dimensions by the
@@ -25,6 +26,7 @@ typedef struct h5_dim {
     uint64_t size;
     int unlimited, used, local;
     int64_t dimid;
+    size_t ord;                       /* order found, to keep qsort stable */
 } h5_dim;
 
 struct h5_nc {
@@ -44,6 +46,7 @@ static int add_dim(h5_file *h, h5_nc *nc, h5_dim d) {
         nc->d = nd;
         nc->cap = cap;
     }
+    d.ord = nc->n;
     nc->d[nc->n++] = d;
     return 0;
 }
@@ -75,7 +78,7 @@ int h5nc_add_scale(h5_file *h, h5_nc *nc, const h5_obj *o, const char *name, con
     const h5_attr *na = find_attr(a, n, "NAME");
     const char *s = na ? h5_attr_string(h, na) : NULL;
     if (s && !strncmp(s, NOT_A_VARIABLE, strlen(NOT_A_VARIABLE))) *is_var = 0;
-    h5_dim d = {o->addr, name, 0, 0, 0, local, attr_int(find_attr(a, n, "_Netcdf4Dimid"))};
+    h5_dim d = {o->addr, name, 0, 0, 0, local, attr_int(find_attr(a, n, "_Netcdf4Dimid")), 0};
     if (sp->ndim >= 1) {
         d.size = sp->dims[0];
         d.unlimited = sp->maxdims[0] == H5_UNDEF;
@@ -125,7 +128,7 @@ static h5_dim *phony(h5_file *h, h5_nc *nc, uint64_t size, h5_dim **taken, int n
     }
     char name[32];
     snprintf(name, sizeof name, "phony_dim_%d", nc->nphony++);
-    h5_dim d = {H5_UNDEF, h5_strndup(h, name, strlen(name)), size, 0, 0, 1, -1};
+    h5_dim d = {H5_UNDEF, h5_strndup(h, name, strlen(name)), size, 0, 0, 1, -1, 0};
     if (!d.name || add_dim(h, nc, d)) return NULL;
     return &nc->d[nc->n - 1];
 }
@@ -156,6 +159,9 @@ int h5nc_var_dims(h5_file *h, h5_nc *nc, const h5_obj *o, const char *name, cons
         if (!got[k] || (got[k]->size != sp->dims[k] && !got[k]->unlimited)) got[k] = phony(h, nc, sp->dims[k], got, k);
         if (!got[k]) { ferry_sbuf_free(&b); return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", h->path); }
         got[k]->used = 1;
+        /* an unlimited dimension is as long as the longest variable along it
+         * (its scale may never have been extended) */
+        if (got[k]->unlimited && sp->dims[k] > got[k]->size) got[k]->size = sp->dims[k];
         if (k) ferry_sbuf_append(&b, ",", 1);
         ferry_sbuf_json_string(&b, got[k]->name, strlen(got[k]->name));
     }
@@ -178,10 +184,18 @@ int h5nc_hidden(const char *name) {
     return 0;
 }
 
+static int cmp_dimid(const void *a, const void *b) {
+    const h5_dim *x = a, *y = b;
+    int64_t i = x->dimid < 0 ? INT64_MAX : x->dimid, j = y->dimid < 0 ? INT64_MAX : y->dimid;
+    return i < j ? -1 : i > j ? 1 : (x->ord > y->ord) - (x->ord < y->ord);
+}
+
+/* In netCDF-4's order (dimension ids), phony dimensions last. */
 int h5nc_dims_json(h5_file *h, h5_nc *nc, char **out) {
     ferry_sbuf b = {0};
     ferry_sbuf_append(&b, "{", 1);
     int first = 1;
+    qsort(nc->d, nc->n, sizeof *nc->d, cmp_dimid);   /* after every variable took its dimensions */
     for (size_t i = 0; i < nc->n; i++) {
         const h5_dim *d = &nc->d[i];
         if (!d->local && !d->used) continue;
@@ -197,4 +211,19 @@ int h5nc_dims_json(h5_file *h, h5_nc *nc, char **out) {
     ferry_sbuf_append(&b, "}", 1);
     if (!(*out = ferry_sbuf_take(&b))) return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", h->path);
     return 0;
+}
+
+/* Grow shape[k] to the length of dimension k when it is unlimited. dims_json
+ * is the array h5nc_var_dims wrote (names only, escaped as JSON strings). */
+void h5nc_pad(h5_nc *nc, const char *dims_json, int ndim, uint64_t *shape) {
+    ferry_json *j = NULL;
+    if (ferry_json_parse(dims_json, strlen(dims_json), "dims", 0, &j)) { ferry_clearerr(); return; }
+    for (int k = 0; k < ndim && j->type == FERRY_JSON_ARRAY && (size_t)k < j->n; k++) {
+        const char *name = j->items[k].type == FERRY_JSON_STRING ? j->items[k].str : NULL;
+        for (size_t i = 0; name && i < nc->n; i++)
+            if (nc->d[i].unlimited && nc->d[i].addr != H5_UNDEF && !strcmp(nc->d[i].name, name) &&
+                nc->d[i].size > shape[k])
+                shape[k] = nc->d[i].size;
+    }
+    ferry_json_free(j);
 }

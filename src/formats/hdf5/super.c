@@ -208,7 +208,8 @@ int h5_file_open(h5_file *h, ferry_file *f, const char *path) {
         h->sl = c.sl = h5c_u8(&c);
         h5c_skip(&c, 1);
     }
-    if (c.bad || (h->so != 2 && h->so != 4 && h->so != 8) || (h->sl != 2 && h->sl != 4 && h->sl != 8))
+    if (c.bad) return h5_fail(h, FERRY_EFORMAT, at, what, "truncated");
+    if ((h->so != 2 && h->so != 4 && h->so != 8) || (h->sl != 2 && h->sl != 4 && h->sl != 8))
         return h5_fail(h, FERRY_EFORMAT, at + 13, what, "size of offsets %u / lengths %u (2, 4 or 8)", h->so, h->sl);
     base = h5c_addr(&c);
     if (h->sb_version <= 1) {
