@@ -117,7 +117,7 @@ int h5_dtype_parse(h5_file *h, h5_cur *c, const char *what, int depth, h5_type *
         c->p = c->end;
         break;
     default:
-        snprintf(t->typestr, sizeof t->typestr, "class-%u", (unsigned)t->cls);
+        snprintf(t->typestr, sizeof t->typestr, "class-%u", (unsigned)t->cls & 0x0f);
         c->p = c->end;
         break;
     }

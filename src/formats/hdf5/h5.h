@@ -174,7 +174,7 @@ typedef struct h5_type {
     const char **names;               /* ENUM member names */
     const uint8_t *values;            /* ENUM values: nmembers × base->size */
     ferry_dtype dt;                   /* FERRY_DT_UNKNOWN when ferry has none */
-    char typestr[16];                 /* "<f4", ">i2", "|S8", ... */
+    char typestr[24];                 /* "<f4", ">i2", "|S8", ... */
 } h5_type;
 int h5_dtype_parse(h5_file *h, h5_cur *c, const char *what, int depth, h5_type *t);
 /* The object's datatype, following a shared (committed) one. */
