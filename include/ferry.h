@@ -627,14 +627,13 @@ void ferry_stats_reset(ferry_ctx *ctx);
  *   "netcdf3"      netCDF classic: CDF-1, CDF-2 (64-bit offset), CDF-5
  *   "zarr"         a Zarr v2 or v3 store directory (a group or one array)
  *   "hdf5"         netCDF-4 / HDF5 (superblock 0-3, after a user block too):
- *                  one group's datasets, contiguous, compact or chunked (chunk
- *                  indexes: v1 B-tree, single chunk, implicit, fixed array,
- *                  v2 B-tree; filters deflate, shuffle, fletcher32, blosc,
- *                  zstd), netCDF-4 dimensions from dimension scales. Described
- *                  but refused on read (ferry_var_info.error): variable-length
- *                  strings and sequences, compound, reference and array types,
- *                  other filters (named with their id), the extensible-array
- *                  chunk index (one unlimited dimension, libver "latest"),
+ *                  one group's datasets, contiguous, compact or chunked (every
+ *                  chunk index: v1 B-tree, single chunk, implicit, fixed array,
+ *                  extensible array, v2 B-tree; filters deflate, shuffle,
+ *                  fletcher32, blosc, zstd), netCDF-4 dimensions from dimension
+ *                  scales. Described but refused on read (ferry_var_info.error):
+ *                  variable-length strings and sequences, compound, reference
+ *                  and array types, other filters (named with their id),
  *                  external and virtual storage.
  * Metadata is parsed once at open (only headers are read); reads become plans. */
 

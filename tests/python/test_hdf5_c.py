@@ -124,19 +124,29 @@ def test_h5py_layouts_types_and_attributes(tmp_path, libver):
     assert (read(p, "never") == 2.5).all()
 
 
-def test_h5py_unlimited_one_dimension(tmp_path):
-    p = tmp_path / "u.h5"
-    x = np.arange(50, dtype="<i2")
-    with h5py.File(p, "w") as f:                                  # v1 B-tree: read
-        f.create_dataset("u", data=x, chunks=(8,), maxshape=(None,))
-    np.testing.assert_array_equal(read(p, "u"), x)
-    q = tmp_path / "ul.h5"
-    with h5py.File(q, "w", libver="latest") as f:                 # extensible array: refused, by name
-        f.create_dataset("u", data=x, chunks=(8,), maxshape=(None,))
-    cv, *_ = c_vars(q)
-    assert cv["u"]["shape"] == (50,)
-    with pytest.raises(ferry.FerryError, match=r"ul\.h5: byte \d+: /u: chunk index type 4 \(extensible array"):
-        read(q, "u")
+@pytest.mark.parametrize("libver", [None, "latest"])
+def test_h5py_many_chunks_every_index(tmp_path, libver):
+    # libver "latest": extensible arrays (one unlimited dimension; data blocks, secondary blocks and
+    # paged blocks past 1024 elements), fixed arrays (paged past 1024 chunks), v2 B-trees; else v1 B-trees
+    p = tmp_path / "m.h5"
+    with h5py.File(p, "w", libver=libver) as f:
+        f.create_dataset("ea", data=np.arange(200000, dtype="<u1"), chunks=(1,), maxshape=(None,))
+        f.create_dataset("ea_gz", data=np.arange(30000, dtype="<f8"), chunks=(3,), maxshape=(None,), compression="gzip")
+        f.create_dataset("ea_axis1", data=np.arange(2800, dtype="<i2").reshape(4, 700), chunks=(2, 3),
+                         maxshape=(4, None))
+        d = f.create_dataset("ea_sparse", shape=(0, 5), dtype="<f4", chunks=(2, 5), maxshape=(None, 5), fillvalue=-1)
+        d.resize((9, 5))
+        d[7:9] = 1
+        d[0] = 2
+        f.create_dataset("fa", data=np.arange(3000, dtype="<i4"), chunks=(1,))
+        s = f.create_dataset("fa_sparse", shape=(5000,), dtype="<i2", chunks=(1,), fillvalue=9)
+        s[4000:4100] = 1
+        f.create_dataset("bt2", data=np.arange(3000, dtype=">i4").reshape(100, 30), chunks=(1, 1),
+                         maxshape=(None, None))
+    with h5py.File(p, "r") as h:
+        for name in h:
+            np.testing.assert_array_equal(read(p, name), h[name][()], err_msg=name)
+        np.testing.assert_array_equal(read(p, "ea", selection=(slice(149000, 151000, 7),)), h["ea"][149000:151000:7])
 
 
 def test_groups_nested(tmp_path):

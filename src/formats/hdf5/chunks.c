@@ -12,7 +12,7 @@
  *     3 fixed array ("FAHD", data block "FADB", paged past 2^page_bits
  *       entries): address, or address + size + mask when filtered, per chunk
  *       in grid order;
- *     4 extensible array: refused;
+ *     4 extensible array (below);
  *     5 v2 B-tree of type 10 (address, scaled offsets) or 11 (address, size,
  *       mask, scaled offsets).
  * Grid order for implicit and fixed arrays runs over the maximum dimensions
@@ -150,6 +150,160 @@ static int fixed_array(ctab *c, const h5_layout *lay, const uint64_t *maxdims) {
     return 0;
 }
 
+/* ---- extensible array (one unlimited dimension) ------------------------------------ */
+/* Element i of the array is chunk i in grid order with the unlimited axis
+ * moved first ("swizzled"); the first elements live in the index block
+ * ("EAIB"), the rest in data blocks ("EADB") grouped by super block s, which
+ * holds 2^(s/2) data blocks of 2^((s+1)/2) · min elements each. The index
+ * block points straight at the data blocks of its first 2·log2(min pointers)
+ * super blocks and at secondary blocks ("EASB") for the others. */
+typedef struct ea {
+    ctab *c;
+    uint8_t cid, esize, off_bytes;
+    uint64_t page_n;                  /* elements per data block page */
+    uint64_t grid[FERRY_MAX_DIMS];
+    int perm[FERRY_MAX_DIMS];         /* swizzled order: the unlimited axis first */
+    uint64_t limit;                   /* elements that can name a chunk */
+} ea;
+
+static int ea_elements(ea *e, const uint8_t *p, uint64_t n, uint64_t first, uint64_t pos) {
+    ctab *c = e->c;
+    h5_cur ec = h5_cur_make(c->h, p, n * e->esize, pos);
+    for (uint64_t i = 0; i < n && first + i < e->limit; i++) {
+        uint64_t addr = h5c_addr(&ec), size = c->chunk_bytes, origin[FERRY_MAX_DIMS], idx = first + i;
+        uint32_t mask = 0;
+        if (e->cid) { size = h5c_un(&ec, e->esize - c->h->so - 4); mask = h5c_u32(&ec); }
+        else h5c_skip(&ec, e->esize - c->h->so);
+        for (int k = c->ndim - 1; k >= 0; k--) {
+            int ax = e->perm[k];
+            origin[ax] = (idx % e->grid[ax]) * c->chunk[ax];
+            idx /= e->grid[ax];
+        }
+        int rc = add(c, origin, addr, size, mask, pos);
+        if (rc) return rc;
+    }
+    return ec.bad ? h5_fail(c->h, FERRY_EFORMAT, pos, c->what, "extensible array elements truncated") : 0;
+}
+
+/* One data block of n elements (index `first`) at addr; paged when n > page_n
+ * (then bits bit0, bit0 + 1, ... of `init`, when given, say which pages were
+ * ever written: the secondary block's bits run on across its data blocks). */
+static int ea_dblock(ea *e, uint64_t addr, uint64_t n, uint64_t first, const uint8_t *init, uint64_t bit0) {
+    h5_file *h = e->c->h;
+    const char *what = e->c->what;
+    uint64_t abs = h->base + addr, pre = 4 + 1 + 1 + h->so + e->off_bytes;
+    const uint8_t *p;
+    int rc;
+    if (n <= e->page_n) {
+        uint64_t total = pre + n * e->esize + 4;
+        if ((rc = h5_read(h, addr, total, &p, what))) return rc;
+        if (memcmp(p, "EADB", 4)) return h5_fail(h, FERRY_EFORMAT, abs, what, "data block without \"EADB\"");
+        if ((rc = h5_check_sum(h, p, total, abs, what))) return rc;
+        return ea_elements(e, p + pre, n, first, abs + pre);
+    }
+    if ((rc = h5_read(h, addr, pre + 4, &p, what))) return rc;
+    if (memcmp(p, "EADB", 4)) return h5_fail(h, FERRY_EFORMAT, abs, what, "data block without \"EADB\"");
+    if ((rc = h5_check_sum(h, p, pre + 4, abs, what))) return rc;
+    uint64_t at = addr + pre + 4, bytes = e->page_n * e->esize + 4;
+    for (uint64_t pg = 0; pg * e->page_n < n; pg++, at += bytes) {
+        if (first + pg * e->page_n >= e->limit) break;
+        uint64_t bit = bit0 + pg;
+        if (init && !(init[bit / 8] & (0x80 >> (bit % 8)))) continue;   /* page never written */
+        if ((rc = h5_read(h, at, bytes, &p, what)) || (rc = h5_check_sum(h, p, bytes, h->base + at, what))) return rc;
+        if ((rc = ea_elements(e, p, e->page_n, first + pg * e->page_n, h->base + at))) return rc;
+    }
+    return 0;
+}
+
+static int earray(ctab *c, const h5_layout *lay, const uint64_t *maxdims) {
+    h5_file *h = c->h;
+    const char *what = c->what;
+    const uint8_t *p;
+    uint64_t abs = h->base + lay->index_addr, hl = 4 + 1 + 1 + 6 + 6 * (uint64_t)h->sl + h->so + 4;
+    int rc = h5_read(h, lay->index_addr, hl, &p, what);
+    if (rc) return rc;
+    if (memcmp(p, "EAHD", 4) || p[4] != 0) return h5_fail(h, FERRY_EFORMAT, abs, what, "extensible array without \"EAHD\"");
+    if ((rc = h5_check_sum(h, p, hl, abs, what))) return rc;
+    h5_cur hc = h5_cur_make(h, p + 5, hl - 5, abs + 5);
+    ea e = {.c = c};
+    e.cid = h5c_u8(&hc);
+    e.esize = h5c_u8(&hc);
+    uint8_t max_bits = h5c_u8(&hc), iblk_n = h5c_u8(&hc), dblk_min = h5c_u8(&hc), sblk_min_ptrs = h5c_u8(&hc),
+            page_bits = h5c_u8(&hc);
+    for (int i = 0; i < 4; i++) h5c_len(&hc);   /* secondary / data block counts and sizes */
+    uint64_t max_set = h5c_len(&hc);
+    h5c_len(&hc);                               /* elements realized */
+    uint64_t iblock = h5c_addr(&hc);
+    unsigned want = e.cid ? h->so + 4 + 1 : h->so;
+    if (e.cid > 1 || e.esize < want || e.esize > h->so + 8 + 4 || max_bits == 0 || max_bits > 64 || dblk_min == 0 ||
+        (dblk_min & (dblk_min - 1)) || sblk_min_ptrs == 0 || (sblk_min_ptrs & (sblk_min_ptrs - 1)) || page_bits > 32)
+        return h5_fail(h, FERRY_EFORMAT, abs, what, "extensible array parameters");
+    e.off_bytes = (uint8_t)((max_bits + 7) / 8);
+    e.page_n = (uint64_t)1 << page_bits;
+    /* the grid, the unlimited axis first */
+    int unlim = -1, n = 0;
+    for (int k = 0; k < c->ndim; k++)
+        if (maxdims[k] == H5_UNDEF) unlim = k;
+    if (unlim < 0) return h5_fail(h, FERRY_EFORMAT, abs, what, "extensible array index without an unlimited dimension");
+    e.perm[n++] = unlim;
+    uint64_t ngrid = 1;
+    for (int k = 0; k < c->ndim; k++) {
+        uint64_t m = k == unlim ? c->dims[k] : maxdims[k];
+        e.grid[k] = m / c->chunk[k] + (m % c->chunk[k] != 0);
+        if (k != unlim) e.perm[n++] = k;
+        if (ferry_mul_overflow(ngrid, e.grid[k] ? e.grid[k] : 1, &ngrid)) ngrid = UINT64_MAX;
+    }
+    if (e.grid[unlim] == 0) e.grid[unlim] = 1;
+    e.limit = FERRY_MIN(max_set, ngrid);
+    if (iblock == H5_UNDEF || e.limit == 0) return 0;
+
+    /* super blocks: how many, which the index block covers */
+    unsigned lmin = 0, lptrs = 0;
+    while ((1u << lmin) < dblk_min) lmin++;
+    while ((1u << lptrs) < sblk_min_ptrs) lptrs++;
+    if (max_bits < lmin) return h5_fail(h, FERRY_EFORMAT, abs, what, "extensible array parameters");
+    unsigned nsblks = 1 + max_bits - lmin, ib_sblks = 2 * lptrs;
+    uint64_t ib_dptrs = 2 * ((uint64_t)sblk_min_ptrs - 1), ib_sptrs = nsblks > ib_sblks ? nsblks - ib_sblks : 0;
+    uint64_t ibl = 4 + 1 + 1 + h->so + (uint64_t)iblk_n * e.esize + (ib_dptrs + ib_sptrs) * h->so + 4;
+    uint64_t iabs = h->base + iblock;
+    if ((rc = h5_read(h, iblock, ibl, &p, what))) return rc;
+    if (memcmp(p, "EAIB", 4)) return h5_fail(h, FERRY_EFORMAT, iabs, what, "index block without \"EAIB\"");
+    if ((rc = h5_check_sum(h, p, ibl, iabs, what))) return rc;
+    uint64_t off = 6 + h->so;
+    if ((rc = ea_elements(&e, p + off, iblk_n, 0, iabs + off))) return rc;
+    off += (uint64_t)iblk_n * e.esize;
+    h5_cur dp = h5_cur_make(h, p + off, ib_dptrs * h->so, iabs + off);
+    h5_cur sp = h5_cur_make(h, p + off + ib_dptrs * h->so, ib_sptrs * h->so, iabs + off + ib_dptrs * h->so);
+    uint64_t start = iblk_n;
+    for (unsigned s = 0; s < nsblks && start < e.limit; s++) {
+        uint64_t ndblks = (uint64_t)1 << (s / 2), dn = ((uint64_t)1 << ((s + 1) / 2)) * dblk_min;
+        if (s < ib_sblks) {
+            for (uint64_t d = 0; d < ndblks && start < e.limit; d++, start += dn) {
+                uint64_t a = h5c_addr(&dp);
+                if (dp.bad) return h5_fail(h, FERRY_EFORMAT, iabs, what, "index block truncated");
+                if (a != H5_UNDEF && (rc = ea_dblock(&e, a, dn, start, NULL, 0))) return rc;
+            }
+            continue;
+        }
+        uint64_t sb = h5c_addr(&sp);
+        if (sp.bad) return h5_fail(h, FERRY_EFORMAT, iabs, what, "index block truncated");
+        if (sb == H5_UNDEF) { start += ndblks * dn; continue; }
+        uint64_t npages = dn > e.page_n ? dn / e.page_n : 0, mask_bytes = npages ? (npages + 7) / 8 : 0;
+        uint64_t spre = 4 + 1 + 1 + h->so + e.off_bytes, sl = spre + ndblks * (mask_bytes + h->so) + 4;
+        const uint8_t *q;
+        if ((rc = h5_read(h, sb, sl, &q, what))) return rc;
+        if (memcmp(q, "EASB", 4)) return h5_fail(h, FERRY_EFORMAT, h->base + sb, what, "secondary block without \"EASB\"");
+        if ((rc = h5_check_sum(h, q, sl, h->base + sb, what))) return rc;
+        const uint8_t *masks = q + spre;
+        h5_cur bp = h5_cur_make(h, q + spre + ndblks * mask_bytes, ndblks * h->so, h->base + sb + spre + ndblks * mask_bytes);
+        for (uint64_t d = 0; d < ndblks && start < e.limit; d++, start += dn) {
+            uint64_t a = h5c_addr(&bp);
+            if (a != H5_UNDEF && (rc = ea_dblock(&e, a, dn, start, npages ? masks : NULL, d * npages))) return rc;
+        }
+    }
+    return 0;
+}
+
 /* ---- v2 B-tree ---------------------------------------------------------------------- */
 typedef struct bt2c { ctab *c; int filtered; } bt2c;
 
@@ -211,15 +365,14 @@ int h5_chunks_read(h5_file *h, const h5_layout *lay, int ndim, const uint64_t *d
         break;
     }
     case 3: rc = fixed_array(&c, lay, maxdims); break;
+    case 4: rc = earray(&c, lay, maxdims); break;
     case 5: {
         bt2c b = {&c, nfilters > 0};
         rc = h5_btree2_walk(h, lay->index_addr, b.filtered ? 11 : 10, what, bt2_chunk, &b);
         break;
     }
     default:
-        rc = h5_fail(h, FERRY_EUNSUPPORTED, h->base + lay->index_addr, what,
-                     "chunk index type %d (extensible array: chunked with one unlimited dimension, written with "
-                     "libver=\"latest\") is not read by ferry yet", lay->index);
+        rc = h5_fail(h, FERRY_EFORMAT, h->base + lay->index_addr, what, "chunk index type %d", lay->index);
     }
     if (!rc && c.n) {
         ferry_layout l = {.ndim = ndim, .itemsize = itemsize, .label = what};
