@@ -160,6 +160,34 @@ static void test_user_block_and_detect(void) {
     ferry_dataset_close(ds);
 }
 
+static void test_types_and_fill(void) {
+    ferry_dataset *ds = open_ok(SEEDS "seed-types.h5", NULL);
+    if (!ds) return;
+    ferry_var_info vi;
+    int i = var(ds, "b", &vi);          /* h5py's bool: an enumeration FALSE/TRUE */
+    CHECK(!strcmp(vi.typestr, "|b1") && vi.dtype == FERRY_DT_BOOL);
+    uint8_t b[2];
+    CHECK_EQ_I(fc_read(ctx, ds, i, NULL, b, sizeof b, 0), 2);
+    CHECK(b[0] == 1 && b[1] == 0);
+    i = var(ds, "c", &vi);              /* h5py's complex: a compound of two floats, big-endian */
+    CHECK(!strcmp(vi.typestr, ">c8") && vi.dtype == FERRY_DT_C64);
+    float c[12], fill[2];
+    CHECK_EQ_I(fc_read(ctx, ds, i, NULL, c, sizeof c, FERRY_NATIVE), 48);
+    for (int k = 0; k < 6; k++) CHECK(c[2 * k] == k && c[2 * k + 1] == -2 * k);
+    CHECK_EQ_I(ferry_dataset_fill(ds, i, fill, sizeof fill), 8);
+    CHECK(fill[0] == 1 && fill[1] == 1);
+    i = var(ds, "e", &vi);              /* an enumeration reads as its integer base */
+    CHECK(!strcmp(vi.typestr, "|i1"));
+    i = var(ds, "never", &vi);          /* contiguous, never written: the fill value */
+    int16_t nv[3];
+    CHECK_EQ_I(fc_read(ctx, ds, i, NULL, nv, sizeof nv, FERRY_NATIVE), 6);
+    CHECK(nv[0] == -4 && nv[2] == -4);
+    CHECK_EQ_I(fc_read(ctx, ds, i, NULL, nv, sizeof nv, 0), 6);   /* as stored: big-endian */
+    CHECK_EQ_I((uint16_t)nv[1], 0xfcff);
+    CHECK_STR_CONTAINS(ferry_dataset_attrs_json(ds), "\"vs\":[\"x\",\"yy\"]");
+    ferry_dataset_close(ds);
+}
+
 /* every truncation and a sweep of bit flips: an error with a message, or a dataset */
 static void test_damaged_files(void) {
     FILE *f = fopen(SEEDS "seed-nc4.nc", "rb");
@@ -206,6 +234,7 @@ int main(void) {
     RUN(test_latest_layouts);
     RUN(test_netcdf4);
     RUN(test_user_block_and_detect);
+    RUN(test_types_and_fill);
     RUN(test_damaged_files);
     ferry_ctx_destroy(ctx);
     rmdir(dir);

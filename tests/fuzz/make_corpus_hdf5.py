@@ -69,5 +69,13 @@ with h5netcdf.File(out("seed-h5netcdf.nc"), "w") as f:
     v[:] = np.arange(6, dtype="f4").reshape(2, 3)
     v.attrs["long_name"] = "a seed"
 
+# numpy's bool and complex as h5py stores them, an enumeration, fill values
+with h5py.File(out("seed-types.h5"), "w", libver="latest") as f:
+    f["b"] = np.array([True, False])
+    f.create_dataset("c", data=(np.arange(6) * (1 - 2j)).astype(">c8"), chunks=(4,), fillvalue=1 + 1j)
+    f.create_dataset("e", data=np.array([0, 1], "i1"), dtype=h5py.enum_dtype({"A": 0, "B": 1}, "i1"))
+    f.create_dataset("never", shape=(3,), dtype=">i2", fillvalue=-4)
+    f.attrs.create("vs", ["x", "yy"], dtype=h5py.string_dtype())
+
 with h5py.File(out("seed-userblock.h5"), "w", userblock_size=512) as f:
     f["x"] = np.arange(5, dtype=">f4")

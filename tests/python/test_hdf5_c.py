@@ -103,6 +103,12 @@ def test_h5py_layouts_types_and_attributes(tmp_path, libver):
                          maxshape=(None, None))
         f["text"] = np.array([b"alpha", b"be", b"gamma"], "S5")
         f.create_dataset("scalar", data=np.float64(3.5))
+        f["bool"] = np.array([True, False, True])                  # an enum FALSE/TRUE: numpy's bool
+        f["cplx"] = np.arange(4) * (1 + 2j)                          # a compound of two floats: complex
+        f.create_dataset("cplx_be", data=(np.arange(30) * (1 - 2j)).astype(">c8"), chunks=(7,),
+                         compression="gzip", fillvalue=3 + 4j)
+        f.create_dataset("enum", data=np.array([0, 1, 1], "i1"), dtype=h5py.enum_dtype({"RED": 0, "GREEN": 1}, "i1"))
+        f.attrs["flag"] = np.bool_(True)
         f.attrs["s"] = "hello"
         f.attrs["b"] = np.bytes_(b"fixed")
         f.attrs["i"] = np.int64(-3)

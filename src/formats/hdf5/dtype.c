@@ -8,8 +8,10 @@
  * fields (bit 0 big-endian; bit 6, VAX order, is refused); strings nothing
  * (size = fixed length); enumerations a base type, member names (padded to 8
  * bytes before version 3) and values; variable-length a base type (class bits
- * 0-3: 1 = string). Other classes are described by their typestr and left to
- * the caller to refuse. */
+ * 0-3: 1 = string); compounds are read only as h5py's complex numbers (two
+ * floats of one type), enumerations FALSE/TRUE over a byte as numpy's bool.
+ * Other classes are described by their typestr and left to the caller to
+ * refuse. */
 #include "formats/hdf5/h5.h"
 #include <stdio.h>
 
@@ -37,7 +39,8 @@ int h5_dtype_parse(h5_file *h, h5_cur *c, const char *what, int depth, h5_type *
     unsigned version = cv >> 4;
     t->size = h5c_u32(c);
     if (c->bad) return h5_fail(h, FERRY_EFORMAT, at, what, "datatype truncated");
-    if (version < 1 || version > 4) return h5_fail(h, FERRY_EFORMAT, at, what, "datatype version %u", version);
+    /* version 5 (HDF5 2.0) keeps version 3's encodings for the classes read here */
+    if (version < 1 || version > 5) return h5_fail(h, FERRY_EFORMAT, at, what, "datatype version %u", version);
     if (t->size == 0 || t->size > (1u << 20)) return h5_fail(h, FERRY_EFORMAT, at, what, "datatype of %u bytes", t->size);
     t->big_endian = bits & 1;
     switch (t->cls) {
@@ -97,6 +100,12 @@ int h5_dtype_parse(h5_file *h, h5_cur *c, const char *what, int depth, h5_type *
         t->is_signed = t->base->is_signed;
         t->big_endian = t->base->big_endian;
         memcpy(t->typestr, t->base->typestr, sizeof t->typestr);
+        /* numpy's bool as h5py stores it: FALSE = 0, TRUE = 1 over one byte */
+        if (t->size == 1 && t->nmembers == 2 && !strcmp(t->names[0], "FALSE") && !strcmp(t->names[1], "TRUE") &&
+            t->values[0] == 0 && t->values[1] == 1) {
+            t->dt = FERRY_DT_BOOL;
+            snprintf(t->typestr, sizeof t->typestr, "|b1");
+        }
         break;
     }
     case H5T_VLEN: {
@@ -108,10 +117,38 @@ int h5_dtype_parse(h5_file *h, h5_cur *c, const char *what, int depth, h5_type *
         snprintf(t->typestr, sizeof t->typestr, "%s", t->vlen_string ? "vlen-string" : "vlen");
         break;
     }
-    case H5T_COMPOUND:
+    case H5T_COMPOUND: {
+        /* h5py's complex numbers: two members of one float type, at 0 and size/2 */
         snprintf(t->typestr, sizeof t->typestr, "compound");
-        c->p = c->end;                /* members not parsed: the caller refuses the type */
+        uint32_t n = bits & 0xffff;
+        h5_type m[2];
+        uint64_t offs[2] = {0, 0};
+        int complex = n == 2;
+        for (uint32_t i = 0; i < n && complex; i++) {
+            size_t len = strnlen((const char *)c->p, h5c_left(c));
+            if (len == h5c_left(c)) return h5_fail(h, FERRY_EFORMAT, c->pos, what, "member name not terminated");
+            h5c_skip(c, version >= 3 ? len + 1 : (len + 8) & ~(size_t)7);
+            if (version >= 3) {
+                unsigned ob = t->size < 256 ? 1 : t->size < 65536 ? 2 : t->size < (1u << 24) ? 3 : 4;
+                offs[i] = h5c_un(c, ob);
+            } else {
+                offs[i] = h5c_u32(c);
+                if (version == 1) h5c_skip(c, 1 + 3 + 4 + 4 + 16);   /* array fields of version 1 */
+            }
+            int rc = h5_dtype_parse(h, c, what, depth + 1, &m[i]);
+            if (rc) return rc;
+            complex = m[i].cls == H5T_FLOAT && (m[i].size == 4 || m[i].size == 8);
+        }
+        if (complex && m[0].size == m[1].size && m[0].big_endian == m[1].big_endian && offs[0] == 0 &&
+            offs[1] == m[0].size && t->size == 2 * m[0].size) {
+            t->dt = m[0].size == 4 ? FERRY_DT_C64 : FERRY_DT_C128;
+            t->big_endian = m[0].big_endian;
+            t->is_complex = 1;
+            snprintf(t->typestr, sizeof t->typestr, "%cc%u", t->big_endian ? '>' : '<', t->size);
+        }
+        c->p = c->end;                /* the rest unparsed: the caller refuses other compounds */
         break;
+    }
     case H5T_ARRAY:
         snprintf(t->typestr, sizeof t->typestr, "array");
         c->p = c->end;

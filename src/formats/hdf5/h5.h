@@ -169,6 +169,7 @@ typedef struct h5_type {
     uint32_t size;
     int big_endian, is_signed;
     int vlen_string;                  /* VLEN: 1 string, 0 sequence */
+    int is_complex;                   /* COMPOUND of two floats: complex (swapped by halves) */
     struct h5_type *base;             /* ENUM and VLEN: the base type */
     uint32_t nmembers;                /* ENUM */
     const char **names;               /* ENUM member names */

@@ -179,9 +179,9 @@ static int build_var(h5ds *st, ferry_dataset *ds, const h5_obj *o, const char *n
     uint64_t fn;
     if ((rc = h5_obj_fill(h, o, t->size, &fp, &fn))) { set_error(h, vi, rc); return 0; }
     if (fp) {
-        uint32_t swap = (t->big_endian && (t->cls == H5T_INT || t->cls == H5T_FLOAT || t->cls == H5T_ENUM)) ? t->size : 0;
-        for (uint32_t i = 0; i < t->size && i < 16; i++) v->fill[i] = fp[swap ? swap - 1 - i : i];
-        if (swap > 16) memset(v->fill, 0, 16);
+        uint32_t swap = !t->big_endian ? 0 : t->is_complex ? t->size / 2
+                        : (t->cls == H5T_INT || t->cls == H5T_FLOAT || t->cls == H5T_ENUM) ? t->size : 0;
+        for (uint32_t i = 0; i < t->size && i < 16; i++) v->fill[i] = swap ? fp[(i / swap) * swap + swap - 1 - i % swap] : fp[i];
         fv->fill = v->fill;
     }
     if ((m = h5_obj_find(o, H5M_EFL))) {
@@ -369,7 +369,8 @@ static int64_t h5_plan_read(ferry_dataset *ds, int var, const ferry_slice *sel, 
     h5ds *st = ds->fmt;
     h5var *v = &st->vars[var];
     const ferry_var_info *vi = &ds->vars[var].info;
-    uint32_t swap = v->type.big_endian && v->type.size > 1 && v->type.cls != H5T_STRING ? v->type.size : 0;
+    uint32_t swap = v->type.big_endian && v->type.size > 1 && v->type.cls != H5T_STRING
+                    ? (v->type.is_complex ? v->type.size / 2 : v->type.size) : 0;
     uint64_t total = vi->itemsize;
     for (int k = 0; k < vi->ndim; k++) total *= ferry_slice_count(sel[k]);
     if (v->lay.cls != 2 && !v->absent) {
