@@ -54,9 +54,10 @@ def same_attr(got, want):
     assert np.asarray(got).dtype == np.asarray(want).dtype.newbyteorder("=")
 
 
-# the netCDF-4 / dimension-scale bookkeeping ferry leaves out of attributes
-HIDDEN = {"DIMENSION_LIST", "REFERENCE_LIST", "CLASS", "NAME", "_Netcdf4Dimid", "_Netcdf4Coordinates",
-          "_NCProperties", "_nc3_strict"}
+# the netCDF-4 / dimension-scale bookkeeping ferry leaves out of attributes (CLASS, NAME and
+# REFERENCE_LIST only on dimension scales)
+HIDDEN = {"DIMENSION_LIST", "_Netcdf4Dimid", "_Netcdf4Coordinates", "_NCProperties", "_nc3_strict"}
+SCALE_HIDDEN = HIDDEN | {"CLASS", "NAME", "REFERENCE_LIST"}
 
 
 def compare_h5py(path, group="/"):
@@ -80,9 +81,10 @@ def compare_h5py(path, group="/"):
                     continue
                 assert v.dtype == obj.dtype.newbyteorder("="), name
                 np.testing.assert_array_equal(v.read(), obj[()], err_msg=name)
-                assert set(v.attrs) == set(obj.attrs) - HIDDEN
+                hidden = SCALE_HIDDEN if obj.attrs.get("CLASS") == b"DIMENSION_SCALE" else HIDDEN
+                assert set(v.attrs) == set(obj.attrs) - hidden
                 for k, want in obj.attrs.items():
-                    if k not in HIDDEN:
+                    if k not in hidden:
                         same_attr(v.attrs[k], want)
 
 
@@ -109,6 +111,8 @@ def test_h5py_layouts_types_and_attributes(tmp_path, libver):
                          compression="gzip", fillvalue=3 + 4j)
         f.create_dataset("enum", data=np.array([0, 1, 1], "i1"), dtype=h5py.enum_dtype({"RED": 0, "GREEN": 1}, "i1"))
         f.attrs["flag"] = np.bool_(True)
+        f["text"].attrs["NAME"] = "not a scale: kept"        # bookkeeping names only hidden on scales
+        f["text"].attrs["CLASS"] = "kept too"
         f.attrs["s"] = "hello"
         f.attrs["b"] = np.bytes_(b"fixed")
         f.attrs["i"] = np.int64(-3)

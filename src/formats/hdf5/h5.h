@@ -253,7 +253,7 @@ int h5nc_add_scale(h5_file *h, h5_nc *nc, const h5_obj *o, const char *name, con
 /* JSON array of o's dimension names (allocated in h). */
 int h5nc_var_dims(h5_file *h, h5_nc *nc, const h5_obj *o, const char *name, const h5_space *sp, const h5_attr *a,
                   size_t n, char **dims_json);
-int h5nc_hidden(const char *attr_name);
+int h5nc_hidden(const char *attr_name, int is_scale);
 void h5nc_pad(h5_nc *nc, const char *dims_json, int ndim, uint64_t *shape);
 /* {"name": {"size": n, "unlimited": bool}} of the group's and the used dimensions (malloc'd). */
 int h5nc_dims_json(h5_file *h, h5_nc *nc, char **out);

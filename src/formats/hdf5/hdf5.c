@@ -82,11 +82,12 @@ static char *join(h5_file *h, const char *dir, const char *name) {
 /* JSON object of attributes, those of the netCDF-4 bookkeeping left out;
  * *fill_json: the _FillValue's first value (NULL: none). */
 static int attrs_json(h5_file *h, const h5_attr *a, size_t n, char **json, char **fill_json) {
+    int scale = h5nc_is_scale(h, a, n);
     ferry_sbuf b = {0};
     ferry_sbuf_append(&b, "{", 1);
     int first = 1, rc = 0;
     for (size_t i = 0; i < n && !rc; i++) {
-        if (h5nc_hidden(a[i].name)) continue;
+        if (h5nc_hidden(a[i].name, scale)) continue;
         if (!first) ferry_sbuf_append(&b, ",", 1);
         first = 0;
         ferry_sbuf_json_string(&b, a[i].name, strlen(a[i].name));

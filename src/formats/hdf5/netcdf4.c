@@ -174,14 +174,15 @@ int h5nc_var_dims(h5_file *h, h5_nc *nc, const h5_obj *o, const char *name, cons
     return *dims_json ? 0 : FERRY_ENOMEM;
 }
 
-/* Attributes that carry the netCDF-4 / dimension-scale bookkeeping above, not data. */
-int h5nc_hidden(const char *name) {
-    static const char *const hidden[] = {"DIMENSION_LIST", "REFERENCE_LIST", "CLASS", "NAME", "_Netcdf4Dimid",
-                                         "_Netcdf4Coordinates", "_NCProperties", "_nc3_strict", "_SuperblockVersion",
-                                         "_IsNetcdf4"};
-    for (size_t i = 0; i < sizeof hidden / sizeof hidden[0]; i++)
-        if (!strcmp(name, hidden[i])) return 1;
-    return 0;
+/* Attributes that carry the netCDF-4 / dimension-scale bookkeeping above,
+ * not data: CLASS, NAME and REFERENCE_LIST only on a dimension scale (a
+ * plain dataset may have attributes of those names). */
+int h5nc_hidden(const char *name, int is_scale) {
+    static const char *const always[] = {"DIMENSION_LIST", "_Netcdf4Dimid", "_Netcdf4Coordinates", "_NCProperties",
+                                         "_nc3_strict", "_SuperblockVersion", "_IsNetcdf4"};
+    for (size_t i = 0; i < sizeof always / sizeof always[0]; i++)
+        if (!strcmp(name, always[i])) return 1;
+    return is_scale && (!strcmp(name, "CLASS") || !strcmp(name, "NAME") || !strcmp(name, "REFERENCE_LIST"));
 }
 
 static int cmp_dimid(const void *a, const void *b) {
