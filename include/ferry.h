@@ -1006,9 +1006,10 @@ int64_t ferry_perm_take(const ferry_perm *o, const int64_t *pos, size_t count, i
  *   hdf5:    as netcdf3 for numbers (with the stored byte order in "type") and
  *            text (fixed or variable-length strings; several as a JSON array);
  *            null for values of other types. The netCDF-4 and dimension-scale
- *            bookkeeping (DIMENSION_LIST, REFERENCE_LIST, CLASS, NAME,
- *            _Netcdf4Dimid, _Netcdf4Coordinates, _NCProperties, _nc3_strict)
- *            is left out. Variables list in creation order where the file
+ *            bookkeeping (DIMENSION_LIST, _Netcdf4Dimid, _Netcdf4Coordinates,
+ *            _NCProperties, _nc3_strict; on dimension scales also CLASS, NAME,
+ *            REFERENCE_LIST) is left out. Types: numpy's bool and complex as
+ *            h5py stores them ("|b1", "<c8"), enumerations as their integers. Variables list in creation order where the file
  *            records it, else by name. dims_json: each axis's dimension scale,
  *            else "phony_dim_<n>" (one per distinct length, as netCDF-C names
  *            them); a variable along an unlimited dimension is as long as the
