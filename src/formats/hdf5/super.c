@@ -33,9 +33,10 @@ int h5_abs(const h5_file *h, uint64_t addr, uint64_t n, uint64_t *abs, const cha
     uint64_t a, end;
     if (addr == H5_UNDEF || ferry_add_overflow(h->base, addr, &a) || ferry_add_overflow(a, n, &end) ||
         end > h->size)
-        return ferry_seterr(FERRY_EFORMAT, "%s: %s%saddress %llu (+%llu bytes) outside the file (%llu bytes)",
-                            h->path, what ? what : "", what ? ": " : "", (unsigned long long)addr,
-                            (unsigned long long)n, (unsigned long long)h->size);
+        return ferry_seterr(FERRY_EFORMAT, "%s: byte %llu: %s%s%llu bytes at address %llu: outside the file (%llu bytes)",
+                            h->path, (unsigned long long)(h->base + (addr == H5_UNDEF ? 0 : addr)), what ? what : "",
+                            what ? ": " : "", (unsigned long long)n, (unsigned long long)addr,
+                            (unsigned long long)h->size);
     *abs = a;
     return 0;
 }
