@@ -423,8 +423,8 @@ typedef struct ferry_codec {
     uint32_t param;   /* element size for SHUFFLE / BYTESWAP; else 0 */
 } ferry_codec;
 
-/** The codec of an HDF5 filter (the netCDF-4 chunk tables the Python package
- *  hands to ferry_plan_layout): deflate (1) zlib, shuffle (2) shuffle with the
+/** The codec of an HDF5 filter (as the HDF5 parser and the Python package's
+ *  netCDF-4 chunk tables use it): deflate (1) zlib, shuffle (2) shuffle with the
  *  element size in cd_values[0] (else itemsize), fletcher32 (3), blosc (32001),
  *  zstd (32015). FERRY_EUNSUPPORTED, naming the filter id, for any other. */
 int ferry_codec_of_hdf5_filter(uint32_t filter_id, const uint32_t *cd_values, size_t ncd, uint32_t itemsize,
@@ -630,6 +630,15 @@ void ferry_stats_reset(ferry_ctx *ctx);
  *   "safetensors"  a .safetensors file, or a *.safetensors.index.json of shards
  *   "netcdf3"      netCDF classic: CDF-1, CDF-2 (64-bit offset), CDF-5
  *   "zarr"         a Zarr v2 or v3 store directory (a group or one array)
+ *   "hdf5"         netCDF-4 / HDF5 (superblock 0-3, after a user block too):
+ *                  one group's datasets, contiguous, compact or chunked (every
+ *                  chunk index: v1 B-tree, single chunk, implicit, fixed array,
+ *                  extensible array, v2 B-tree; filters deflate, shuffle,
+ *                  fletcher32, blosc, zstd), netCDF-4 dimensions from dimension
+ *                  scales. Described but refused on read (ferry_var_info.error):
+ *                  variable-length strings and sequences, compound, reference
+ *                  and array types, other filters (named with their id),
+ *                  external and virtual storage.
  * Metadata is parsed once at open (only headers are read); reads become plans. */
 
 typedef enum ferry_dtype {
@@ -701,7 +710,8 @@ typedef struct ferry_var_info {
 
 typedef struct ferry_open_opts {
     const char *format;   /* NULL: detect from content and name */
-    const char *group;    /* Zarr: group path inside the store ("" = root) */
+    const char *group;    /* Zarr, HDF5: group path inside the store or file ("" = root,
+                             "a/b" a child group) */
 } ferry_open_opts;
 
 typedef struct ferry_dataset ferry_dataset;
@@ -710,7 +720,7 @@ typedef struct ferry_dataset ferry_dataset;
  *  FERRY_ENOFORMAT when the path is not a file or store of any supported format. */
 int ferry_dataset_open(ferry_ctx *ctx, const char *path, const ferry_open_opts *opts, ferry_dataset **out);
 /** Close and free. Plans made by ferry_dataset_plan_read may name the files
- *  the dataset keeps open (npy, safetensors, netcdf3): close it only after
+ *  the dataset keeps open (npy, safetensors, netcdf3, hdf5): close it only after
  *  every job running such a plan has completed. Every string the dataset
  *  returned (ferry_var_info's, the *_json ones) dies with it. NULL: no-op. */
 void ferry_dataset_close(ferry_dataset *ds);
@@ -718,14 +728,11 @@ const char *ferry_dataset_format(const ferry_dataset *ds);   /* "npy", "safetens
 /** Byte offset of the HDF5 superblock signature "\x89HDF\r\n\x1a\n" (the
  *  container of netCDF-4) in the file at path: 0, or 512, 1024, 2048, ... after
  *  a user block. FERRY_ENOFORMAT when the file has none, -errno when it cannot
- *  be read. ferry does not parse HDF5 in C: ferry_dataset_open fails on such a
- *  file with FERRY_EUNSUPPORTED and a message naming the readers that work
- *  (the Python package reads it through h5py). */
+ *  be read. ferry_dataset_open reads such a file as format "hdf5". */
 int64_t ferry_hdf5_signature(ferry_ctx *ctx, const char *path);
 /** The format ferry_dataset_open would pick for path, by content and then by
  *  name: "npy", "safetensors", "netcdf3", "zarr", or "hdf5" for a netCDF-4/HDF5
- *  file (which ferry_dataset_open refuses; the Python package reads its
- *  metadata with h5py). *format is a static string. FERRY_ENOFORMAT (naming
+ *  file. *format is a static string. FERRY_ENOFORMAT (naming
  *  the path) when it is none of them, -errno when it cannot be read. */
 int ferry_format_detect(ferry_ctx *ctx, const char *path, const char **format);
 /** JSON object of global attributes (netCDF global attributes, Zarr group
@@ -734,7 +741,7 @@ int ferry_format_detect(ferry_ctx *ctx, const char *path, const char **format);
 const char *ferry_dataset_attrs_json(const ferry_dataset *ds);
 /** JSON object of dimensions: {"name": {"size": n, "unlimited": bool}}, "{}" if none. */
 const char *ferry_dataset_dims_json(const ferry_dataset *ds);
-/** JSON array of child group names (Zarr), "[]" if none. */
+/** JSON array of child group names (Zarr, HDF5), "[]" if none. */
 const char *ferry_dataset_groups_json(const ferry_dataset *ds);
 /** What ferry_dataset_open found about the store itself (all zeros for a
  *  format other than Zarr). */
@@ -791,8 +798,8 @@ int64_t ferry_dataset_plan_read(ferry_dataset *ds, int var, const ferry_slice *s
 /* ------------------------------------------------------------------------- */
 /* ferry_plan_layout plans a selection of any regularly chunked array from a
  * description of its layout and a table (or a callback) saying where each
- * chunk is stored. Zarr's parser plans through it, and so does the xarray
- * backend for HDF5 / netCDF-4, whose chunk tables h5py reads. Only the chunks
+ * chunk is stored. The Zarr and HDF5 parsers plan through it, and so does the
+ * xarray backend for netCDF-4, whose chunk tables h5py reads. Only the chunks
  * the selection touches are visited:
  *   - a stored chunk is one READ extent: its encoded bytes, the layout's codec
  *     chain (less the codecs its `skip` mask drops), and a placement copying
@@ -1000,6 +1007,19 @@ int64_t ferry_perm_take(const ferry_perm *o, const int64_t *pos, size_t count, i
  *   netcdf3: {"name": {"type": "<typestr>", "value": [numbers]} } for numeric
  *            attributes (NaN/Infinity written as the strings "NaN", "Infinity",
  *            "-Infinity"), {"name": "text"} for char attributes.
+ *   hdf5:    as netcdf3 for numbers (with the stored byte order in "type") and
+ *            text (fixed or variable-length strings; several as a JSON array);
+ *            null for values of other types. The netCDF-4 and dimension-scale
+ *            bookkeeping (DIMENSION_LIST, _Netcdf4Dimid, _Netcdf4Coordinates,
+ *            _NCProperties, _nc3_strict; on dimension scales also CLASS, NAME,
+ *            REFERENCE_LIST) is left out. Types: numpy's bool and complex as
+ *            h5py stores them ("|b1", "<c8"), enumerations as their integers. Variables list in creation order where the file
+ *            records it, else by name. dims_json: each axis's dimension scale,
+ *            else "phony_dim_<n>" (one per distinct length, as netCDF-C names
+ *            them); a variable along an unlimited dimension is as long as the
+ *            dimension, the rest read as its fill value. fill_json is the
+ *            _FillValue attribute; ferry_dataset_fill gives HDF5's fill value
+ *            (what unwritten chunks read as). codecs: decoding order.
  *   zarr:    the attributes exactly as stored (.zattrs / zarr.json "attributes").
  *   safetensors: {} per tensor; the file's __metadata__ as dataset attrs.
  *   npy:     {}.

@@ -236,13 +236,13 @@ def _json_number(v):
 def decode_attrs(attrs_json: str, fmt: str) -> dict:
     """Attributes from a Dataset's JSON, with the types the reference readers give.
 
-    netcdf3 numeric attributes {"type": "<typestr>", "value": [...]} become numpy
-    scalars (one value) or 1-d arrays; text attributes become str. Other formats'
-    attributes are returned as parsed JSON.
+    netcdf3 and hdf5 numeric attributes {"type": "<typestr>", "value": [...]}
+    become numpy scalars (one value) or 1-d arrays; text attributes become str.
+    Other formats' attributes are returned as parsed JSON.
     """
     import numpy as np
     d = json.loads(attrs_json or "{}")
-    if fmt != "netcdf3":
+    if fmt not in ("netcdf3", "hdf5"):
         return d
     out = {}
     for k, v in d.items():
@@ -690,8 +690,9 @@ class Opened:
 
 def open(path, *, device: Any = "cpu", ctx: Context | None = None, format: str | None = None,
          group: str | None = None) -> Opened:  # noqa: A001 — the public name the design asks for
-    """Open a file or store (npy, safetensors, netCDF classic, Zarr; netCDF-4/HDF5
-    through h5py, as the xarray backend reads it) and list its variables."""
+    """Open a file or store (npy, safetensors, netCDF classic, Zarr, netCDF-4/HDF5;
+    format="hdf5" reads the latter through h5py, as the xarray backend does) and
+    list its variables."""
     if format == "hdf5":
         return _H5Opened(path, device=device, ctx=ctx, group=group)
     try:
@@ -703,9 +704,10 @@ def open(path, *, device: Any = "cpu", ctx: Context | None = None, format: str |
 
 
 # ---------------------------------------------------------------------------
-# netCDF-4 / HDF5: the C library recognises the signature and refuses
-# (FERRY_EUNSUPPORTED); Python reads it through the xarray backend's h5py
-# scan (ferry.xarray.FerryStore), so both see the same variables and chunks.
+# netCDF-4 / HDF5: the C library parses it (src/formats/hdf5/), so ferry.open
+# and ferry.read go through C; format="hdf5" (or a C refusal with
+# FERRY_EUNSUPPORTED) reads it through the xarray backend's h5py scan
+# (ferry.xarray.FerryStore) instead.
 # ---------------------------------------------------------------------------
 def _is_hdf5(path, err: FerryError) -> bool:
     return err.code == _ferry.EUNSUPPORTED and _ferry.hdf5_signature(path) >= 0

@@ -11,7 +11,7 @@
 
 /* Probe order matters only for names: magic numbers do not collide. */
 static const ferry_format_ops *const formats[] = {
-    &ferry_format_npy, &ferry_format_safetensors, &ferry_format_netcdf3, &ferry_format_zarr,
+    &ferry_format_npy, &ferry_format_safetensors, &ferry_format_netcdf3, &ferry_format_zarr, &ferry_format_hdf5,
 };
 #define NFORMATS (sizeof formats / sizeof formats[0])
 #define PROBE_BYTES 512
@@ -32,6 +32,7 @@ static const ferry_format_ops *by_name(const char *path) {
     if (has_suffix(path, ".npy")) return &ferry_format_npy;
     if (has_suffix(path, ".safetensors")) return &ferry_format_safetensors;
     if (has_suffix(path, ".nc") || has_suffix(path, ".nc3") || has_suffix(path, ".cdf")) return &ferry_format_netcdf3;
+    if (has_suffix(path, ".h5") || has_suffix(path, ".hdf5") || has_suffix(path, ".nc4")) return &ferry_format_hdf5;
     return NULL;
 }
 
@@ -46,11 +47,10 @@ static int read_head(ferry_ctx *ctx, const char *path, uint8_t *head, size_t *n)
     return 0;
 }
 
-/* HDF5 (netCDF-4's container) is not parsed in C, but it is the format xarray
- * writes by default: recognise its superblock signature, at byte 0 or after a
- * user block of 512, 1024, 2048, ... bytes (HDF5 File Format Specification,
- * "Format Signature"), so that users are told what reads it instead of a
- * netCDF-3 "bad magic". */
+/* HDF5 (netCDF-4's container, the format xarray writes by default): its
+ * superblock signature is at byte 0 or after a user block of 512, 1024,
+ * 2048, ... bytes (HDF5 File Format Specification, "Format Signature"); the
+ * probe sees only the first, this finds the others. */
 int64_t ferry_hdf5_signature(ferry_ctx *ctx, const char *path) {
     static const uint8_t sig[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
     if (!ctx || !path) return ferry_seterr(FERRY_EINVAL, "ferry_hdf5_signature: no context or path");
@@ -71,7 +71,7 @@ int64_t ferry_hdf5_signature(ferry_ctx *ctx, const char *path) {
 }
 
 /* The one format sniffer (ferry_dataset_open and ferry_format_detect): by
- * content, then by a telling name. *ops NULL with 0 returned: an HDF5 file. */
+ * content, then by a telling name. */
 static int detect(ferry_ctx *ctx, const char *path, const ferry_format_ops **ops) {
     *ops = NULL;
     struct stat st;
@@ -88,14 +88,15 @@ static int detect(ferry_ctx *ctx, const char *path, const ferry_format_ops **ops
     }
     for (size_t i = 0; i < NFORMATS && !*ops; i++)
         if (formats[i]->probe(path, head, n, is_dir)) *ops = formats[i];
-    if (!*ops && !is_dir && ferry_hdf5_signature(ctx, path) >= 0) return 0;
+    if (!*ops && !is_dir && ferry_hdf5_signature(ctx, path) >= 0) *ops = &ferry_format_hdf5;
+    ferry_clearerr();
     /* content matched nothing: a telling name still picks the parser, so
      * a damaged "x.npy" gets npy's precise complaint, not a shrug */
     if (!*ops && !is_dir) *ops = by_name(path);
     if (!*ops)
         return ferry_seterr(FERRY_ENOFORMAT,
                             "%s: not a file or store of a known format (npy, safetensors, "
-                            "netCDF classic, Zarr)", path);
+                            "netCDF classic, Zarr, netCDF-4/HDF5)", path);
     return 0;
 }
 
@@ -104,7 +105,7 @@ int ferry_format_detect(ferry_ctx *ctx, const char *path, const char **format) {
     const ferry_format_ops *ops;
     int rc = detect(ctx, path, &ops);
     if (rc < 0) return rc;
-    *format = ops ? ops->name : "hdf5";
+    *format = ops->name;
     return 0;
 }
 
@@ -205,7 +206,7 @@ int ferry_dataset_open(ferry_ctx *ctx, const char *path, const ferry_open_opts *
         for (size_t i = 0; i < NFORMATS && !ops; i++)
             if (!strcmp(formats[i]->name, opts->format)) ops = formats[i];
         if (!ops)
-            return ferry_seterr(FERRY_EINVAL, "%s: unknown format \"%s\" (npy, safetensors, netcdf3, zarr)",
+            return ferry_seterr(FERRY_EINVAL, "%s: unknown format \"%s\" (npy, safetensors, netcdf3, zarr, hdf5)",
                                 path, opts->format);
     }
 
@@ -217,11 +218,6 @@ int ferry_dataset_open(ferry_ctx *ctx, const char *path, const ferry_open_opts *
     if (!ops) {
         int rc = detect(ctx, path, &ops);
         if (rc < 0) return rc;
-        if (!ops)
-            return ferry_seterr(FERRY_EUNSUPPORTED,
-                                "%s: netCDF-4/HDF5 file%s: read it with xr.open_dataset(path, engine=\"ferry\") "
-                                "or ferry.open in Python", path,
-                                ferry_hdf5_signature(ctx, path) > 0 ? " (after a user block)" : "");
     }
 
     /* A group asked of a format that has none is not its root: "no group", as

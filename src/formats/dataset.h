@@ -13,7 +13,7 @@ typedef struct ferry_var {
 } ferry_var;
 
 typedef struct ferry_format_ops {
-    const char *name;      /* "npy", "safetensors", "netcdf3", "zarr" */
+    const char *name;      /* "npy", "safetensors", "netcdf3", "zarr", "hdf5" */
     /* 1 if path/head (first bytes of the file, n may be 0 for directories) is this format */
     int (*probe)(const char *path, const uint8_t *head, size_t n, int is_dir);
     /* Parse metadata; fill ds->vars, ds->nvars, attrs/dims/groups JSON. On
@@ -44,4 +44,5 @@ extern const ferry_format_ops ferry_format_npy;
 extern const ferry_format_ops ferry_format_safetensors;
 extern const ferry_format_ops ferry_format_netcdf3;
 extern const ferry_format_ops ferry_format_zarr;
+extern const ferry_format_ops ferry_format_hdf5;
 #endif

@@ -1,7 +1,8 @@
 /* test_hdf5_probe.c — netCDF-4/HDF5 files are recognised by their superblock
- * signature (at 0, or after a user block of 512, 1024, 2048... bytes) and
- * refused with FERRY_EUNSUPPORTED and a message naming what reads them, never
- * a netCDF-3 "bad magic". (tests/python/test_hdf5_open.py checks files h5py writes.) */
+ * signature (at 0, or after a user block of 512, 1024, 2048... bytes) and go
+ * to the HDF5 parser, which names what is wrong with a damaged superblock,
+ * never a netCDF-3 "bad magic". (test_hdf5.c reads real files;
+ * tests/python/test_hdf5_c.py checks files h5py and netCDF4 write.) */
 #include "check.h"
 #include "formats_check.h"
 #include "ferry.h"
@@ -25,11 +26,15 @@ static void test_signature_at_zero_and_after_user_blocks(void) {
     for (size_t i = 0; i < sizeof offs / sizeof offs[0]; i++) {
         const char *p = with_sig_at("a.nc", offs[i], offs[i] + 64);
         CHECK_EQ_I(ferry_hdf5_signature(ctx, p), (long long)offs[i]);
-        fc_expect_open_error(ctx, p, NULL, FERRY_EUNSUPPORTED, "netCDF-4/HDF5 file");
-        CHECK_STR_CONTAINS(ferry_errmsg(ctx), "engine=\"ferry\"");
+        /* 0x5a after the signature: superblock version 90 */
+        fc_expect_open_error(ctx, p, NULL, FERRY_EUNSUPPORTED, "superblock: version 90 (0-3 supported)");
+        CHECK(!strstr(ferry_errmsg(ctx), "bad magic"));
     }
     /* any name: the content decides */
-    fc_expect_open_error(ctx, with_sig_at("data.h5", 0, 100), NULL, FERRY_EUNSUPPORTED, "ferry.open in Python");
+    fc_expect_open_error(ctx, with_sig_at("data.nc", 0, 100), NULL, FERRY_EUNSUPPORTED, "superblock");
+    uint8_t v0[12] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n', 0, 0, 0, 0};   /* version 0, cut short */
+    write_file(tpath("data.h5"), v0, sizeof v0);
+    fc_expect_open_error(ctx, tpath("data.h5"), "hdf5", FERRY_EFORMAT, "superblock: truncated");
 }
 
 static void test_no_signature_or_wrong_place(void) {

@@ -1,0 +1,415 @@
+/* hdf5.c — netCDF-4 / HDF5 files as a ferry dataset (ferry_format_ops).
+ *
+ * open: the superblock, then the group opts->group names ("" or NULL: the
+ * root; "a/b" inside it), walked down from the root; the dimension scales of
+ * that group and of its ancestors (netCDF-4 dimensions are visible in child
+ * groups); then each dataset of the group becomes a variable with its
+ * datatype, shape, attributes, dimensions (netcdf4.c), fill value, filters
+ * and layout. Child groups are listed in groups_json. A dataset ferry cannot
+ * read (variable-length strings, compound types, a filter without a ferry
+ * codec, data outside the file) is still described, with vi->error saying
+ * why; reading it fails with that message.
+ *
+ * plan_read: contiguous and compact data are one strided array in the file
+ * (select.c; compact data lies inside the object header); chunked data plans
+ * through ferry_layout with the chunk table read from the index on first use
+ * (chunks.c) and kept for the dataset's life. The file stays open: plans name it. */
+#include "formats/hdf5/h5.h"
+#include "formats/layout.h"
+#include "formats/select.h"
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+typedef struct h5var {
+    const char *what;                 /* the dataset's path in the file, for messages */
+    h5_type type;
+    h5_space space;
+    h5_layout lay;
+    uint64_t data_abs;                /* contiguous / compact: absolute offset of the data */
+    int absent;                       /* contiguous, never written: all fill */
+    int ncodecs;
+    ferry_codec codecs[FERRY_MAX_CODECS];
+    int nfilters;
+    uint8_t fill[16];                 /* host order */
+    int loaded;                       /* chunk table read */
+    h5_chunks ch;
+} h5var;
+
+typedef struct h5ds {
+    h5_file h;
+    ferry_file *file;
+    h5_nc *nc;
+    h5var *vars;
+    pthread_mutex_t mu;               /* chunk tables are read on first plan */
+    int mu_ok;
+} h5ds;
+
+static const uint8_t SIG[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+
+static int h5_probe(const char *path, const uint8_t *head, size_t n, int is_dir) {
+    (void)path;
+    return !is_dir && n >= 8 && !memcmp(head, SIG, 8);
+}
+
+static void h5_close(ferry_dataset *ds) {
+    h5ds *st = ds->fmt;
+    if (st) {
+        for (int i = 0; st->vars && i < ds->nvars; i++) { free(st->vars[i].ch.table); free(st->vars[i].ch.index); }
+        free(st->vars);
+        h5nc_free(st->nc);
+        h5_file_free(&st->h);
+        ferry_file_close(st->file);
+        if (st->mu_ok) pthread_mutex_destroy(&st->mu);
+        free(st);
+    }
+    free(ds->vars);
+    free(ds->attrs_json); free(ds->dims_json); free(ds->groups_json);
+    ds->vars = NULL; ds->nvars = 0; ds->fmt = NULL;
+    ds->attrs_json = ds->dims_json = ds->groups_json = NULL;
+}
+
+static char *join(h5_file *h, const char *dir, const char *name) {
+    size_t a = strlen(dir), b = strlen(name);
+    char *s = h5_alloc(h, a + b + 2);
+    if (!s) return NULL;
+    memcpy(s, dir, a);
+    if (!a || s[a - 1] != '/') s[a++] = '/';
+    memcpy(s + a, name, b);
+    return s;
+}
+
+/* JSON object of attributes, those of the netCDF-4 bookkeeping left out;
+ * *fill_json: the _FillValue's first value (NULL: none). */
+static int attrs_json(h5_file *h, const h5_attr *a, size_t n, char **json, char **fill_json) {
+    int scale = h5nc_is_scale(h, a, n);
+    ferry_sbuf b = {0};
+    ferry_sbuf_append(&b, "{", 1);
+    int first = 1, rc = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
+        if (h5nc_hidden(a[i].name, scale)) continue;
+        if (!first) ferry_sbuf_append(&b, ",", 1);
+        first = 0;
+        ferry_sbuf_json_string(&b, a[i].name, strlen(a[i].name));
+        ferry_sbuf_append(&b, ":", 1);
+        rc = h5_attr_json(h, &a[i], &b);
+        if (!rc && fill_json && !strcmp(a[i].name, "_FillValue") && a[i].space.ndim >= 0 && a[i].space.npoints >= 1) {
+            h5_attr one = a[i];
+            one.space.ndim = 0;
+            one.space.npoints = 1;
+            ferry_sbuf fb = {0};
+            if ((rc = h5_attr_json(h, &one, &fb))) { ferry_sbuf_free(&fb); break; }
+            char *s = ferry_sbuf_take(&fb);
+            if (!s) { rc = ferry_seterr(FERRY_ENOMEM, "%s: out of memory", h->path); break; }
+            /* a number's JSON is {"type":..,"value":[x]}: keep x */
+            char *v = strstr(s, "\"value\":[");
+            if (v) {
+                v += 9;
+                size_t k = strlen(v);
+                if (k >= 2) v[k - 2] = 0;
+            }
+            *fill_json = h5_strndup(h, v ? v : s, strlen(v ? v : s));
+            free(s);
+            if (!*fill_json) rc = FERRY_ENOMEM;
+        }
+    }
+    ferry_sbuf_append(&b, "}", 1);
+    if (rc) { ferry_sbuf_free(&b); return rc; }
+    char *s = ferry_sbuf_take(&b);
+    if (!s) return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", h->path);
+    *json = h5_strndup(h, s, strlen(s));
+    free(s);
+    return *json ? 0 : FERRY_ENOMEM;
+}
+
+static void set_error(h5_file *h, ferry_var_info *vi, int code) {
+    (void)code;
+    const char *m = ferry_lasterr();
+    vi->error = h5_strndup(h, m, strlen(m));
+    if (!vi->error) vi->error = "out of memory";
+    ferry_clearerr();
+}
+
+/* Describe dataset o as variable vi/v; a problem with its data (not its
+ * header) becomes vi->error. */
+static int build_var(h5ds *st, ferry_dataset *ds, const h5_obj *o, const char *name, const h5_attr *a, size_t na,
+                     ferry_var_info *vi, ferry_var *fv, h5var *v) {
+    h5_file *h = &st->h;
+    v->what = o->name;
+    vi->name = name;
+    vi->path = ds->path;
+    vi->codecs = "";
+    vi->fill_json = "null";
+    vi->dims_json = "[]";
+    int rc = h5_obj_dtype(h, o, &v->type);
+    if (rc) return rc;
+    const h5_msg *m = h5_obj_find(o, H5M_DATASPACE);
+    if (!m) return h5_fail(h, FERRY_EFORMAT, h->base + o->addr, o->name, "dataset without a dataspace");
+    h5_cur c = h5_cur_make(h, m->data, m->len, m->pos);
+    if ((rc = h5_space_parse(h, &c, o->name, &v->space))) return rc;
+    char *fj = NULL, *aj = NULL, *dj = NULL;
+    if ((rc = attrs_json(h, a, na, &aj, &fj))) return rc;
+    vi->attrs_json = aj;
+    if (fj) vi->fill_json = fj;
+    if ((rc = h5nc_var_dims(h, st->nc, o, name, &v->space, a, na, &dj))) return rc;
+    vi->dims_json = dj;
+    const h5_type *t = &v->type;
+    vi->ndim = v->space.ndim < 0 ? 0 : v->space.ndim;
+    memcpy(vi->shape, v->space.dims, sizeof vi->shape);
+    memcpy(vi->chunks, v->space.dims, sizeof vi->chunks);
+    vi->dtype = t->dt;
+    vi->itemsize = t->dt == FERRY_DT_UNKNOWN ? 1 : t->size;
+    vi->typestr = h5_strndup(h, t->typestr, strlen(t->typestr));
+    if (!vi->typestr) return FERRY_ENOMEM;
+
+    /* from here on, what goes wrong is this variable's, not the file's */
+    if (t->dt == FERRY_DT_UNKNOWN) {
+        const char *why = t->cls == H5T_VLEN ? (t->vlen_string ? "variable-length strings" : "variable-length sequences")
+                          : t->cls == H5T_COMPOUND ? "compound (struct) values" : t->cls == H5T_REFERENCE ? "references"
+                          : t->cls == H5T_ARRAY ? "array-typed elements" : "values of this type";
+        h5_fail(h, FERRY_EUNSUPPORTED, h->base + o->addr, o->name, "%s (%s) are not read by ferry", why, t->typestr);
+        set_error(h, vi, 0);
+        return 0;
+    }
+    if (v->space.ndim < 0) {
+        h5_fail(h, FERRY_EUNSUPPORTED, h->base + o->addr, o->name, "null dataspace (no values)");
+        set_error(h, vi, 0);
+        return 0;
+    }
+    const uint8_t *fp;
+    uint64_t fn;
+    if ((rc = h5_obj_fill(h, o, t->size, &fp, &fn))) { set_error(h, vi, rc); return 0; }
+    if (fp) {
+        uint32_t swap = !t->big_endian ? 0 : t->is_complex ? t->size / 2
+                        : (t->cls == H5T_INT || t->cls == H5T_FLOAT || t->cls == H5T_ENUM) ? t->size : 0;
+        for (uint32_t i = 0; i < t->size && i < 16; i++) v->fill[i] = swap ? fp[(i / swap) * swap + swap - 1 - i % swap] : fp[i];
+        fv->fill = v->fill;
+    }
+    if ((m = h5_obj_find(o, H5M_EFL))) {
+        h5_fail(h, FERRY_EUNSUPPORTED, m->pos, o->name, "data in external files");
+        set_error(h, vi, 0);
+        return 0;
+    }
+    if (!(m = h5_obj_find(o, H5M_LAYOUT))) return h5_fail(h, FERRY_EFORMAT, h->base + o->addr, o->name, "dataset without a layout");
+    if ((rc = h5_layout_parse(h, m, o->name, vi->ndim, &v->lay))) {
+        if (rc == FERRY_EUNSUPPORTED) { set_error(h, vi, rc); return 0; }
+        return rc;
+    }
+    const h5_msg *fm = h5_obj_find(o, H5M_FILTERS);
+    if (fm) {
+        h5_filters f;
+        if ((rc = h5_filters_parse(h, fm, o->name, &f))) {
+            if (rc == FERRY_EUNSUPPORTED) { set_error(h, vi, rc); return 0; }
+            return rc;
+        }
+        ferry_sbuf cb = {0};
+        v->nfilters = f.n;
+        for (int i = f.n - 1; i >= 0; i--) {   /* decoding order: the pipeline reversed */
+            ferry_codec k;
+            if (ferry_codec_of_hdf5_filter(f.f[i].id, f.f[i].cd, f.f[i].ncd < 8 ? f.f[i].ncd : 8, t->size, &k) < 0) {
+                ferry_sbuf_free(&cb);
+                h5_fail(h, FERRY_EUNSUPPORTED, fm->pos, o->name,
+                        "HDF5 filter %u (\"%s\") has no ferry codec (ferry decodes deflate 1, shuffle 2, "
+                        "fletcher32 3, blosc 32001, zstd 32015)", f.f[i].id, f.f[i].name ? f.f[i].name : "unnamed");
+                set_error(h, vi, 0);
+                return 0;
+            }
+            v->codecs[v->ncodecs++] = k;
+            if (cb.len) ferry_sbuf_append(&cb, " ", 1);
+            ferry_sbuf_puts(&cb, ferry_codec_name((ferry_codec_id)k.id));
+        }
+        char *s = ferry_sbuf_take(&cb);
+        if (s) { vi->codecs = h5_strndup(h, s, strlen(s)); free(s); }
+        if (!vi->codecs) return FERRY_ENOMEM;
+    }
+    uint64_t bytes = t->size;
+    for (int k = 0; k < vi->ndim; k++) bytes *= vi->shape[k];   /* below 2^62 × 2^20: h5_space_parse bounds it */
+    if (v->lay.cls == 2) {
+        memcpy(vi->chunks, v->lay.chunk, sizeof vi->chunks);
+        if (vi->ndim == 0) { h5_fail(h, FERRY_EFORMAT, m->pos, o->name, "chunked scalar"); set_error(h, vi, 0); }
+        return 0;
+    }
+    if (v->ncodecs) {
+        h5_fail(h, FERRY_EFORMAT, fm->pos, o->name, "filters on data that is not chunked");
+        set_error(h, vi, 0);
+        return 0;
+    }
+    if (v->lay.cls == 1 && v->lay.addr == H5_UNDEF) { v->absent = 1; return 0; }
+    if (v->lay.size != UINT64_MAX && v->lay.size < bytes) {
+        h5_fail(h, FERRY_EFORMAT, m->pos, o->name, "%llu bytes of data stored, %llu needed", (unsigned long long)v->lay.size,
+                (unsigned long long)bytes);
+        set_error(h, vi, 0);
+        return 0;
+    }
+    if (v->lay.cls == 0) v->data_abs = v->lay.addr;
+    else if (h5_abs(h, v->lay.addr, bytes, &v->data_abs, o->name)) { set_error(h, vi, 0); return 0; }
+    vi->data_offset = v->data_abs;
+    vi->data_bytes = bytes;
+    return 0;
+}
+
+typedef struct member { const char *name, *path; h5_obj o; h5_attr *a; size_t na; h5_space sp; int is_group, is_data; } member;
+
+/* Read the members of group g (its path gpath): headers, attributes, dataspaces;
+ * record its dimension scales (local: the opened group). */
+static int scan_group(h5ds *st, const h5_obj *g, const char *gpath, int local, member **out, size_t *n) {
+    h5_file *h = &st->h;
+    h5_link *links;
+    size_t nl;
+    int rc = h5_group_links(h, g, &links, &nl);
+    if (rc) return rc;
+    member *ms = h5_alloc(h, nl * sizeof *ms);
+    if (!ms) return FERRY_ENOMEM;
+    for (size_t i = 0; i < nl; i++) {
+        member *m = &ms[i];
+        m->name = links[i].name;
+        if (!(m->path = join(h, gpath, m->name))) return FERRY_ENOMEM;
+        if ((rc = h5_ohdr_read(h, links[i].addr, m->path, &m->o))) return rc;
+        m->is_group = h5_is_group(&m->o);
+        m->is_data = h5_obj_find(&m->o, H5M_LAYOUT) != NULL;
+        if (!m->is_data) continue;
+        if ((rc = h5_obj_attrs(h, &m->o, &m->a, &m->na))) return rc;
+        const h5_msg *sm = h5_obj_find(&m->o, H5M_DATASPACE);
+        if (sm) {
+            h5_cur c = h5_cur_make(h, sm->data, sm->len, sm->pos);
+            if ((rc = h5_space_parse(h, &c, m->path, &m->sp))) return rc;
+        }
+        int is_var;
+        if ((rc = h5nc_add_scale(h, st->nc, &m->o, m->name, &m->sp, m->a, m->na, local, &is_var))) return rc;
+        if (!is_var) m->is_data = 0;   /* a dimension only */
+    }
+    *out = ms;
+    *n = nl;
+    return 0;
+}
+
+static int h5_open(ferry_dataset *ds, const ferry_open_opts *opts) {
+    h5ds *st = calloc(1, sizeof *st);
+    ds->fmt = st;
+    if (!st) return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", ds->path);
+    if (pthread_mutex_init(&st->mu, NULL)) return ferry_seterr(FERRY_ENOMEM, "%s: no mutex", ds->path);
+    st->mu_ok = 1;
+    int rc = ferry_file_open(ds->ctx, ds->path, FERRY_READ, &st->file);
+    if (rc < 0) { st->file = NULL; return ferry_preerr(rc, "%s", ds->path); }
+    h5_file *h = &st->h;
+    if ((rc = h5_file_open(h, st->file, ds->path))) return rc;
+    if (!(st->nc = h5nc_new(h))) return FERRY_ENOMEM;
+
+    /* down to the group asked for, scanning each ancestor for dimensions */
+    const char *want = opts && opts->group ? opts->group : "";
+    h5_obj g;
+    if ((rc = h5_ohdr_read(h, h->root, "/", &g))) return rc;
+    char *gpath = "/";
+    member *ms;
+    size_t nm;
+    for (int depth = 0;; depth++) {
+        while (*want == '/') want++;
+        int last = !*want;
+        if ((rc = scan_group(st, &g, gpath, last, &ms, &nm))) return rc;
+        if (last) break;
+        if (depth >= H5_MAX_DEPTH)
+            return ferry_seterr(FERRY_EINVAL, "%s: group \"%s\" nests deeper than %d", ds->path, opts->group, H5_MAX_DEPTH);
+        size_t k = strcspn(want, "/");
+        size_t i = 0;
+        while (i < nm && (strlen(ms[i].name) != k || memcmp(ms[i].name, want, k) || !ms[i].is_group)) i++;
+        if (i == nm)
+            return ferry_seterr(FERRY_ENOTFOUND, "%s: no group \"%.*s\" in \"%s\"", ds->path, (int)k, want, gpath);
+        g = ms[i].o;
+        gpath = (char *)ms[i].path;
+        want += k;
+    }
+
+    /* variables and child groups */
+    int nv = 0;
+    for (size_t i = 0; i < nm; i++) nv += ms[i].is_data;
+    ds->vars = calloc((size_t)nv + 1, sizeof *ds->vars);
+    st->vars = calloc((size_t)nv + 1, sizeof *st->vars);
+    if (!ds->vars || !st->vars) return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", ds->path);
+    ferry_sbuf gb = {0};
+    ferry_sbuf_append(&gb, "[", 1);
+    for (size_t i = 0; i < nm; i++) {
+        if (ms[i].is_group && !ms[i].is_data) {
+            if (gb.len > 1) ferry_sbuf_append(&gb, ",", 1);
+            ferry_sbuf_json_string(&gb, ms[i].name, strlen(ms[i].name));
+        }
+        if (!ms[i].is_data) continue;
+        int k = ds->nvars;
+        ds->vars[k].fmt = &st->vars[k];
+        ds->nvars++;
+        if ((rc = build_var(st, ds, &ms[i].o, ms[i].name, ms[i].a, ms[i].na, &ds->vars[k].info, &ds->vars[k], &st->vars[k]))) {
+            ferry_sbuf_free(&gb);
+            return rc;
+        }
+    }
+    ferry_sbuf_append(&gb, "]", 1);
+    /* netCDF-4: a variable along an unlimited dimension is as long as the
+     * dimension (the rest reads as fill, as netCDF-C and h5netcdf give it) */
+    for (int k = 0; k < ds->nvars && !rc; k++) {
+        ferry_var_info *vi = &ds->vars[k].info;
+        if (st->vars[k].lay.cls == 2 && !vi->error) h5nc_pad(st->nc, vi->dims_json, vi->ndim, vi->shape);
+    }
+    if (!(ds->groups_json = ferry_sbuf_take(&gb))) return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", ds->path);
+
+    /* the group's own attributes, and its dimensions */
+    h5_attr *ga;
+    size_t nga;
+    char *aj;
+    if ((rc = h5_obj_attrs(h, &g, &ga, &nga)) || (rc = attrs_json(h, ga, nga, &aj, NULL))) return rc;
+    if (!(ds->attrs_json = strdup(aj))) return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", ds->path);
+    return h5nc_dims_json(h, st->nc, &ds->dims_json);
+}
+
+static int chunk_absent(void *arg, const uint64_t *idx, ferry_chunk *out) {
+    (void)arg; (void)idx;
+    *out = (ferry_chunk){NULL, 0, FERRY_CHUNK_ABSENT, 0};
+    return 0;
+}
+
+static int64_t h5_plan_read(ferry_dataset *ds, int var, const ferry_slice *sel, ferry_buf dst, unsigned flags,
+                            ferry_plan *plan) {
+    h5ds *st = ds->fmt;
+    h5var *v = &st->vars[var];
+    const ferry_var_info *vi = &ds->vars[var].info;
+    uint32_t swap = v->type.big_endian && v->type.size > 1 && v->type.cls != H5T_STRING
+                    ? (v->type.is_complex ? v->type.size / 2 : v->type.size) : 0;
+    uint64_t total = vi->itemsize;
+    for (int k = 0; k < vi->ndim; k++) total *= ferry_slice_count(sel[k]);
+    if (v->lay.cls != 2 && !v->absent) {
+        ferry_select_src src;
+        ferry_select_src_init(&src, st->file, vi, v->data_abs, 0, (flags & FERRY_NATIVE) ? swap : 0);
+        src.label = vi->name;
+        return ferry_select_plan(&src, sel, dst, 0, plan);
+    }
+    ferry_layout l = {.ndim = vi->ndim, .itemsize = vi->itemsize, .swap = swap, .label = vi->name, .path = ds->path,
+                      .file_size = st->h.size, .order = FERRY_ORDER_C};
+    memcpy(l.shape, vi->shape, sizeof l.shape);
+    memcpy(l.fill, v->fill, sizeof l.fill);
+    if (v->absent) {
+        memcpy(l.chunks, vi->shape, sizeof l.chunks);
+        for (int k = 0; k < l.ndim; k++) if (!l.chunks[k]) l.chunks[k] = 1;
+        l.lookup = chunk_absent;
+    } else {
+        memcpy(l.chunks, v->lay.chunk, sizeof l.chunks);
+        l.ncodecs = v->ncodecs;
+        memcpy(l.codecs, v->codecs, sizeof l.codecs);
+        pthread_mutex_lock(&st->mu);
+        int rc = 0;
+        if (!v->loaded) {
+            rc = h5_chunks_read(&st->h, &v->lay, vi->ndim, v->space.dims, v->space.maxdims, vi->shape, v->nfilters,
+                                vi->itemsize, v->what, &v->ch);
+            v->loaded = rc == 0;
+        }
+        pthread_mutex_unlock(&st->mu);
+        if (rc) return rc;
+        static const ferry_chunk none = {0};
+        static const uint64_t none_ix = 0;
+        l.table = v->ch.n ? v->ch.table : &none;
+        l.table_index = v->ch.n ? v->ch.index : &none_ix;
+        l.ntable = v->ch.n;
+    }
+    int rc = ferry_layout_check(&l);
+    if (!rc) rc = ferry_layout_plan_box(&l, sel, NULL, NULL, dst, flags, plan);
+    return rc < 0 ? rc : (int64_t)total;
+}
+
+const ferry_format_ops ferry_format_hdf5 = {"hdf5", h5_probe, h5_open, h5_close, h5_plan_read};

@@ -1,0 +1,365 @@
+"""netCDF-4 / HDF5 read by the C parser (src/formats/hdf5/), checked against
+the reference readers: files are written here by h5py (default and
+libver="latest" layouts), netCDF4-python and h5netcdf (and hdf5plugin's
+filters when installed), opened through ferry's C Dataset (ferry._ferry.Dataset,
+ferry.open, ferry.read), and every value, dimension and attribute compared with
+what h5py / netCDF4 read. Damaged copies (every truncation, bit flips) must
+give a FerryError, never a crash or a silent wrong value."""
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+import ferry
+from ferry import _ferry
+
+h5py = pytest.importorskip("h5py")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FERRY = os.environ.get("FERRY_BIN", os.path.join(ROOT, "build", "ferry"))
+
+
+def c_open(path, group=None):
+    return _ferry.Dataset(ferry.default_context(), str(path), None, group)
+
+
+def c_vars(path, group=None):
+    d = c_open(path, group)
+    try:
+        return {v["name"]: v for v in d.variables()}, json.loads(d.dims), json.loads(d.attrs), json.loads(d.groups)
+    finally:
+        d.close()
+
+
+def read(path, name, group=None, selection=None):
+    with ferry.open(path, group=group) as f:
+        assert type(f).__name__ == "Opened"          # the C dataset, not the h5py fallback
+        v = f[name]
+        return v.read(selection) if selection is not None else v.read()
+
+
+def same_attr(got, want):
+    if isinstance(want, bytes):
+        want = want.decode()
+    if isinstance(want, np.ndarray) and want.dtype.kind in "SOU":
+        want = [w.decode() if isinstance(w, bytes) else w for w in want.tolist()]
+        assert list(got) == want if isinstance(got, list) else [got] == want
+        return
+    if isinstance(want, str):
+        assert got == want
+        return
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert np.asarray(got).dtype == np.asarray(want).dtype.newbyteorder("=")
+
+
+# the netCDF-4 / dimension-scale bookkeeping ferry leaves out of attributes (CLASS, NAME and
+# REFERENCE_LIST only on dimension scales)
+HIDDEN = {"DIMENSION_LIST", "_Netcdf4Dimid", "_Netcdf4Coordinates", "_NCProperties", "_nc3_strict"}
+SCALE_HIDDEN = HIDDEN | {"CLASS", "NAME", "REFERENCE_LIST"}
+
+
+def compare_h5py(path, group="/"):
+    """Every dataset and attribute of the group, as h5py reads them."""
+    with h5py.File(path, "r") as h:
+        g = h[group]
+        with ferry.open(path, group=None if group == "/" else group) as f:
+            assert set(f.attrs) == set(g.attrs) - HIDDEN
+            for k, want in g.attrs.items():
+                if k not in HIDDEN:
+                    same_attr(f.attrs[k], want)
+            for name, obj in g.items():
+                if not isinstance(obj, h5py.Dataset):
+                    continue
+                if str(obj.attrs.get("NAME", b"")).find("not a netCDF variable") >= 0:
+                    assert name not in f       # a dimension without a variable
+                    continue
+                v = f[name]
+                assert v.shape == obj.shape
+                if v.error:
+                    continue
+                assert v.dtype == obj.dtype.newbyteorder("="), name
+                np.testing.assert_array_equal(v.read(), obj[()], err_msg=name)
+                hidden = SCALE_HIDDEN if obj.attrs.get("CLASS") == b"DIMENSION_SCALE" else HIDDEN
+                assert set(v.attrs) == set(obj.attrs) - hidden
+                for k, want in obj.attrs.items():
+                    if k not in hidden:
+                        same_attr(v.attrs[k], want)
+
+
+@pytest.mark.parametrize("libver", [None, "latest"])
+def test_h5py_layouts_types_and_attributes(tmp_path, libver):
+    p = tmp_path / "a.h5"
+    rng = np.random.default_rng(1)
+    with h5py.File(p, "w", libver=libver) as f:
+        for dt in ["<f8", ">f4", ">i4", "<i8", ">u2", "|i1", "|u1", "<f2", ">f8"]:
+            f[f"c_{dt[1:]}_{'be' if dt[0] == '>' else 'le'}"] = (rng.standard_normal((5, 7)) * 100).astype(dt)
+        f.create_dataset("z", data=rng.standard_normal((9, 10, 11)).astype("f4"), chunks=(4, 3, 5),
+                         compression="gzip", compression_opts=6, shuffle=True, fletcher32=True)
+        f.create_dataset("zbe", data=np.arange(100, dtype=">i8").reshape(10, 10), chunks=(3, 7), compression="gzip")
+        f.create_dataset("sparse", shape=(10, 10), dtype="<i4", chunks=(4, 4), fillvalue=-5)
+        f["sparse"][0:4, 4:8] = 1                               # one chunk written, the rest fill
+        f.create_dataset("never", shape=(3, 2), dtype="<f4", fillvalue=2.5)   # contiguous, never written
+        f.create_dataset("grow2", data=np.arange(30, dtype="<f4").reshape(5, 6), chunks=(2, 4),
+                         maxshape=(None, None))
+        f["text"] = np.array([b"alpha", b"be", b"gamma"], "S5")
+        f.create_dataset("scalar", data=np.float64(3.5))
+        f["bool"] = np.array([True, False, True])                  # an enum FALSE/TRUE: numpy's bool
+        f["cplx"] = np.arange(4) * (1 + 2j)                          # a compound of two floats: complex
+        f.create_dataset("cplx_be", data=(np.arange(30) * (1 - 2j)).astype(">c8"), chunks=(7,),
+                         compression="gzip", fillvalue=3 + 4j)
+        f.create_dataset("enum", data=np.array([0, 1, 1], "i1"), dtype=h5py.enum_dtype({"RED": 0, "GREEN": 1}, "i1"))
+        f.attrs["flag"] = np.bool_(True)
+        f["text"].attrs["NAME"] = "not a scale: kept"        # bookkeeping names only hidden on scales
+        f["text"].attrs["CLASS"] = "kept too"
+        f.attrs["s"] = "hello"
+        f.attrs["b"] = np.bytes_(b"fixed")
+        f.attrs["i"] = np.int64(-3)
+        f.attrs["u8"] = np.uint8(200)
+        f.attrs["fbe"] = np.array([1.5, -2.25], ">f4")
+        f.attrs.create("vs", ["x", "yy"], dtype=h5py.string_dtype())
+        for i in range(12):                                     # dense attributes on a dataset
+            f["z"].attrs[f"a{i:02d}"] = i * 1.5
+    compare_h5py(p)
+    cv, dims, attrs, groups = c_vars(p)
+    assert cv["z"]["codecs"] == "fletcher32 zlib shuffle"
+    assert cv["z"]["chunks"] == (4, 3, 5)
+    assert attrs["s"] == "hello" and attrs["vs"] == ["x", "yy"]
+    assert attrs["fbe"] == {"type": ">f4", "value": [1.5, -2.25]}
+    with h5py.File(p, "r") as h:
+        np.testing.assert_array_equal(read(p, "z", selection=(slice(1, 8, 3), 2, slice(None, None, 4))),
+                                      h["z"][1:8:3, 2, ::4])
+        np.testing.assert_array_equal(read(p, "sparse"), h["sparse"][()])
+    assert (read(p, "never") == 2.5).all()
+
+
+@pytest.mark.parametrize("libver", [None, "latest"])
+def test_h5py_many_chunks_every_index(tmp_path, libver):
+    # libver "latest": extensible arrays (one unlimited dimension; data blocks, secondary blocks and
+    # paged blocks past 1024 elements), fixed arrays (paged past 1024 chunks), v2 B-trees; else v1 B-trees
+    p = tmp_path / "m.h5"
+    with h5py.File(p, "w", libver=libver) as f:
+        f.create_dataset("ea", data=np.arange(200000, dtype="<u1"), chunks=(1,), maxshape=(None,))
+        f.create_dataset("ea_gz", data=np.arange(30000, dtype="<f8"), chunks=(3,), maxshape=(None,), compression="gzip")
+        f.create_dataset("ea_axis1", data=np.arange(2800, dtype="<i2").reshape(4, 700), chunks=(2, 3),
+                         maxshape=(4, None))
+        d = f.create_dataset("ea_sparse", shape=(0, 5), dtype="<f4", chunks=(2, 5), maxshape=(None, 5), fillvalue=-1)
+        d.resize((9, 5))
+        d[7:9] = 1
+        d[0] = 2
+        f.create_dataset("fa", data=np.arange(3000, dtype="<i4"), chunks=(1,))
+        s = f.create_dataset("fa_sparse", shape=(5000,), dtype="<i2", chunks=(1,), fillvalue=9)
+        s[4000:4100] = 1
+        f.create_dataset("bt2", data=np.arange(3000, dtype=">i4").reshape(100, 30), chunks=(1, 1),
+                         maxshape=(None, None))
+    with h5py.File(p, "r") as h:
+        for name in h:
+            np.testing.assert_array_equal(read(p, name), h[name][()], err_msg=name)
+        np.testing.assert_array_equal(read(p, "ea", selection=(slice(149000, 151000, 7),)), h["ea"][149000:151000:7])
+
+
+def test_groups_nested(tmp_path):
+    p = tmp_path / "g.h5"
+    with h5py.File(p, "w") as f:
+        f.create_group("a/b/c")["x"] = np.arange(4.0)
+        f["a"].attrs["level"] = 1
+        f["a/b"]["y"] = np.ones((2, 2), "i4")
+    _, _, attrs, groups = c_vars(p)
+    assert groups == ["a"]
+    _, _, attrs, groups = c_vars(p, "a")
+    assert groups == ["b"] and attrs == {"level": {"type": "<i8", "value": [1]}}
+    np.testing.assert_array_equal(read(p, "x", group="a/b/c"), np.arange(4.0))
+    compare_h5py(p, "a/b")
+    with pytest.raises(ferry.FerryError, match='no group "q"'):
+        c_open(p, "a/q")
+
+
+def test_netcdf4_python_file(tmp_path):
+    netCDF4 = pytest.importorskip("netCDF4")
+    p = tmp_path / "n.nc"
+    rng = np.random.default_rng(2)
+    with netCDF4.Dataset(p, "w") as nc:
+        nc.createDimension("time", None)
+        nc.createDimension("lev", None)
+        nc.createDimension("lat", 4)
+        nc.createDimension("lon", 5)
+        nc.createDimension("nchar", 6)
+        for i in range(10):                                      # > 8 attributes: dense
+            setattr(nc, f"g{i}", f"value {i}")
+        nc.history = "made by the test"
+        t = nc.createVariable("time", "f8", ("time",))
+        t.units = "days since 2000-01-01"
+        t[:] = np.arange(3)
+        lat = nc.createVariable("lat", "f4", ("lat",))
+        lat[:] = np.linspace(-45, 45, 4)
+        v = nc.createVariable("temp", "f4", ("time", "lat", "lon"), zlib=True, complevel=4, shuffle=True,
+                              fill_value=np.float32(-999), chunksizes=(1, 2, 5))
+        v.units = "K"
+        v.valid_range = np.array([0, 400], "f4")
+        v[:] = rng.standard_normal((3, 4, 5)).astype("f4")
+        w = nc.createVariable("w", "i4", ("time", "lev"))        # two unlimited dimensions
+        w[0:2, 0:3] = np.arange(6).reshape(2, 3)
+        c = nc.createVariable("code", "S1", ("lat", "nchar"))
+        c[:] = netCDF4.stringtochar(np.array(["abc", "de", "f", "ghijkl"], "S6"))
+        e = nc.createVariable("big", ">i8", ("lat",), endian="big")
+        e[:] = [1, -2, 3, 1 << 40]
+        for i in range(10):                                      # > 8 variables: dense links
+            nc.createVariable(f"v{i}", "u2", ("lon",))[:] = np.full(5, i)
+        g = nc.createGroup("forecast")
+        g.createDimension("step", 2)
+        h = g.createVariable("h", "f8", ("step", "lat"))
+        h[:] = np.arange(8.0).reshape(2, 4)
+        g.createGroup("inner").createVariable("k", "i2", ("lon",))[:] = np.arange(5)
+
+    cv, dims, attrs, groups = c_vars(p)
+    with netCDF4.Dataset(p) as nc:
+        assert list(cv) == [n for n in nc.variables]             # creation order
+        assert dims == {n: {"size": len(d), "unlimited": d.isunlimited()} for n, d in nc.dimensions.items()}
+        assert list(attrs) == nc.ncattrs()
+        assert groups == ["forecast"]
+        nc.set_auto_mask(False)
+        with ferry.open(p) as f:
+            for name, var in nc.variables.items():
+                v = f[name]
+                assert v.dims == var.dimensions, name
+                if name == "w":   # written 2 x 3, padded to the unlimited dimensions' 3 x 3 with the fill value
+                    got = v.read()
+                    assert got.shape == var.shape == (3, 3)
+                    np.testing.assert_array_equal(got[:2], var[:2, :])
+                    assert (got[2] == netCDF4.default_fillvals["i4"]).all()
+                    continue
+                np.testing.assert_array_equal(v.read(), var[...], err_msg=name)
+                for k in var.ncattrs():
+                    same_attr(v.attrs[k], var.getncattr(k))
+            for k in nc.ncattrs():
+                same_attr(f.attrs[k], nc.getncattr(k))
+        assert json.loads(cv["temp"]["fill"]) == -999
+        assert cv["temp"]["codecs"] == "zlib shuffle"
+        g = nc["forecast"]
+        gv, gdims, _, ggroups = c_vars(p, "forecast")
+        assert ggroups == ["inner"] and gdims["step"] == {"size": 2, "unlimited": False}
+        assert json.loads(gv["h"]["dims"]) == ["step", "lat"]           # lat from the parent group
+        np.testing.assert_array_equal(read(p, "h", group="forecast"), g["h"][...])
+        np.testing.assert_array_equal(read(p, "k", group="forecast/inner"), g["inner"]["k"][...])
+
+
+def test_netcdf4_strings_refused_clearly(tmp_path):
+    netCDF4 = pytest.importorskip("netCDF4")
+    p = tmp_path / "s.nc"
+    with netCDF4.Dataset(p, "w") as nc:
+        nc.createDimension("n", 2)
+        s = nc.createVariable("names", str, ("n",))
+        s[:] = np.array(["a", "bcd"], object)
+        nc.createVariable("ok", "i4", ("n",))[:] = [1, 2]
+    cv, *_ = c_vars(p)
+    assert "variable-length strings" in cv["names"]["error"] and "s.nc: byte " in cv["names"]["error"]
+    with pytest.raises(ferry.FerryError, match="variable-length strings"):
+        read(p, "names")
+    np.testing.assert_array_equal(read(p, "ok"), [1, 2])
+
+
+def test_h5netcdf_files(tmp_path):
+    h5netcdf = pytest.importorskip("h5netcdf")
+    p = tmp_path / "h.nc"
+    with h5netcdf.File(p, "w") as f:
+        f.dimensions = {"t": None, "x": 3}
+        v = f.create_variable("v", ("t", "x"), "f8", chunks=(2, 3), compression="gzip", shuffle=True)
+        v.resize_dimension("t", 4) if hasattr(v, "resize_dimension") else f.resize_dimension("t", 4)
+        v[:] = np.arange(12.0).reshape(4, 3)
+        v.attrs["units"] = "m/s"
+        f.create_variable("x", ("x",), "i4", data=np.array([10, 20, 30]))
+    cv, dims, *_ = c_vars(p)
+    assert dims == {"t": {"size": 4, "unlimited": True}, "x": {"size": 3, "unlimited": False}}
+    assert json.loads(cv["v"]["dims"]) == ["t", "x"]
+    np.testing.assert_array_equal(read(p, "v"), np.arange(12.0).reshape(4, 3))
+    compare_h5py(p)
+
+
+def test_xarray_written_file_reads_in_c(tmp_path):
+    xr = pytest.importorskip("xarray")
+    pytest.importorskip("netCDF4")
+    t = np.random.default_rng(0).standard_normal((4, 5, 6)).astype(np.float32)
+    ds = xr.Dataset({"t": (("time", "y", "x"), t, {"units": "K"})},
+                    coords={"time": np.arange(4), "x": np.linspace(0, 1, 6)})
+    p = tmp_path / "era.nc"
+    ds.to_netcdf(p, encoding={"t": {"zlib": True, "chunksizes": (1, 5, 6)}})
+    with ferry.open(p) as f:
+        assert type(f).__name__ == "Opened" and f.format == "hdf5"
+        assert f["t"].dims == ("time", "y", "x") and f["t"].attrs["units"] == "K"
+        np.testing.assert_array_equal(f["t"][1:3, :, 2], t[1:3, :, 2])
+
+
+@pytest.mark.parametrize("kind", ["zstd", "blosc", "lz4", "bitshuffle"])
+def test_plugin_filters(tmp_path, kind):
+    hdf5plugin = pytest.importorskip("hdf5plugin")
+    p = tmp_path / f"{kind}.h5"
+    x = np.arange(2000, dtype="<f4").reshape(40, 50)
+    opts = {"zstd": hdf5plugin.Zstd(), "blosc": hdf5plugin.Blosc(cname="lz4", shuffle=hdf5plugin.Blosc.SHUFFLE),
+            "lz4": hdf5plugin.LZ4(), "bitshuffle": hdf5plugin.Bitshuffle()}[kind]
+    try:
+        with h5py.File(p, "w") as f:
+            f.create_dataset("x", data=x, chunks=(10, 25), **opts)
+    except ValueError as e:   # a plugin built for another HDF5 than h5py's
+        pytest.skip(f"hdf5plugin cannot write {kind} with this h5py: {e}")
+    if kind in ("zstd", "blosc"):
+        np.testing.assert_array_equal(read(p, "x"), x)
+        np.testing.assert_array_equal(read(p, "x", selection=(slice(5, 35), 7)), x[5:35, 7])
+    else:
+        fid = {"lz4": 32004, "bitshuffle": 32008}[kind]
+        cv, *_ = c_vars(p)
+        assert f"HDF5 filter {fid} (" in cv["x"]["error"] and "has no ferry codec" in cv["x"]["error"]
+        with pytest.raises(ferry.FerryError, match=f"filter {fid}"):
+            read(p, "x")
+
+
+def test_cli_info_describes_netcdf4(tmp_path):
+    netCDF4 = pytest.importorskip("netCDF4")
+    if not os.path.exists(FERRY):
+        pytest.skip(f"{FERRY} not built (make cli)")
+    p = tmp_path / "i.nc"
+    with netCDF4.Dataset(p, "w") as nc:
+        nc.createDimension("time", None)
+        v = nc.createVariable("v", "f4", ("time",), zlib=True)
+        v[:] = np.arange(3)
+    r = subprocess.run([FERRY, "info", str(p)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "hdf5" in r.stdout and "codecs zlib" in r.stdout and '"time":{"size":3,"unlimited":true}' in r.stdout
+
+
+def _damaged(tmp_path, data, name):
+    q = tmp_path / name
+    q.write_bytes(data)
+    try:
+        d = c_open(q)
+    except ferry.FerryError as e:
+        assert name in str(e)
+        return
+    try:
+        for v in d.variables():
+            try:
+                ferry.read(q, v["name"])
+            except ferry.FerryError:
+                pass
+    finally:
+        d.close()
+
+
+def test_truncations_and_bit_flips_fail_cleanly(tmp_path):
+    netCDF4 = pytest.importorskip("netCDF4")
+    p = tmp_path / "f.nc"
+    with netCDF4.Dataset(p, "w") as nc:
+        nc.createDimension("t", None)
+        nc.createDimension("x", 4)
+        v = nc.createVariable("v", "f4", ("t", "x"), zlib=True, fletcher32=True)
+        v[:] = np.arange(8.0).reshape(2, 4)
+        v.note = "n"
+        nc.createVariable("c", "i2", ("x",))[:] = [1, 2, 3, 4]
+    data = p.read_bytes()
+    for cut in range(0, len(data), max(1, len(data) // 150)):
+        _damaged(tmp_path, data[:cut], "cut.nc")
+    rng = np.random.default_rng(3)
+    for at in rng.integers(0, len(data), 300):
+        b = bytearray(data)
+        b[at] ^= 1 << int(rng.integers(0, 8))
+        _damaged(tmp_path, bytes(b), "flip.nc")
