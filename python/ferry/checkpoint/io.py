@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 
-from . import _ferry
+from .. import _ferry
 
 FerryError = _ferry.FerryError
 EFORMAT = -10005

@@ -25,7 +25,7 @@ Epochs
     next iter() is the next epoch. The state stays global: a rank whose share of an uneven tail
     is empty reports the position after its last step (where every rank is at that step) until
     its StopIteration, the step in which the other ranks finish the epoch.
-    Worker copies learn their epoch from a shared-memory board (_torch_loader.EpochBoard): each
+    Worker copies learn their epoch from a shared-memory board (loader.EpochBoard): each
     new DataLoader pass is the next epoch unless set_epoch/load_state_dict in the main process
     chose one. In the main process the next epoch's first reads run while a pass's last batches
     are consumed (_BatchStream, "Epoch boundaries"; FERRY_EPOCH_AHEAD=off turns it off).
@@ -45,9 +45,9 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from . import _ferry, _torch_device
-from ._torch_loader import EpochBoard, auto_collation, pass_tag
-from ._torch_order import FeistelOrder, Layout as _Layout, epoch_order
+from .. import _ferry, _torch_device
+from .loader import EpochBoard, auto_collation, pass_tag
+from .order import FeistelOrder, Layout as _Layout, epoch_order
 
 _plan_windows = getattr(_ferry, "plan_windows", None)   # TokenDataset's group plans (ext/perm.c)
 _I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
@@ -955,7 +955,7 @@ class _BatchStream(IterableDataset):
         self._worker_progress = None
         self._generation = 0
         self._pass_over = False    # this rank's share is used up, the epoch not: see end_of_pass
-        self._passes = 0           # passes started by this copy (a worker's tag; see _torch_loader)
+        self._passes = 0           # passes started by this copy (a worker's tag; see loader.py)
         self._order_cache = None
         self._ahead = None         # the next pass's first groups (_Ahead), read by this pass's end
         self._board = EpochBoard()  # epochs counted across DataLoader worker passes
@@ -2155,10 +2155,3 @@ def global_state(loader_state):
         base.update(epoch=epoch, samples_consumed=consumed)
     return base
 
-
-def __getattr__(name):
-    # XarrayDataset lives in its own module (it needs xarray, which ArrayDataset does not)
-    if name == "XarrayDataset":
-        from ._xarray_dataset import XarrayDataset
-        return XarrayDataset
-    raise AttributeError(f"module 'ferry.torch' has no attribute {name!r}")

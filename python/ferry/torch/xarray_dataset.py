@@ -31,9 +31,9 @@ import threading
 import numpy as np
 import torch
 
-from . import _ferry
-from ._torch_order import _mix64
-from .torch import _BatchStream, _Group, _expand, _wait_quietly
+from .. import _ferry
+from .order import _mix64
+from .stream import _BatchStream, _Group, _expand, _wait_quietly
 
 __all__ = ["XarrayDataset"]
 
@@ -77,7 +77,7 @@ def _unwrap_backend(data):
     """The FerryBackendArray under xarray's lazy wrappers, and whether the wrappers keep every
     element (an identity lazy key, elementwise CF decoders); else (None, why)."""
     from xarray.core import indexing
-    from .xarray import FerryBackendArray
+    from ..xarray.store import FerryBackendArray
     for _ in range(32):
         if isinstance(data, FerryBackendArray):
             return data, None
@@ -112,7 +112,7 @@ def _check_stored_graph(data, name):
 
 def _backend_arrays(var, name="?"):
     """Every FerryBackendArray behind one xarray Variable (one per file for open_mfdataset)."""
-    from .xarray import FerryBackendArray
+    from ..xarray.store import FerryBackendArray
     data = var._data
     found = []
     try:
@@ -150,7 +150,7 @@ def _backend_arrays(var, name="?"):
 
 def _open_meta(path, group):
     import xarray as xr
-    from .xarray import FerryBackendEntrypoint
+    from ..xarray.store import FerryBackendEntrypoint
     return xr.open_dataset(path, engine=FerryBackendEntrypoint, group=group, device="cpu")
 
 
@@ -563,7 +563,7 @@ class XarrayDataset(_BatchStream):
         non-sample shape and coordinates read from the first file are used for all of them. CF
         parameters (scale_factor, add_offset, fills, _Unsigned) may differ: each file's are kept and
         its steps decoded with them (CDS ERA5 files each carry their own packing)."""
-        from .xarray import _file_identity
+        from ..xarray.store import _file_identity
         files = list(dict.fromkeys((s.path, s.group) for s in self._segs))
         ref = None
         sigs = {}
@@ -777,9 +777,9 @@ class XarrayDataset(_BatchStream):
         key = ("xstore", seg.path, seg.group)
         e = seen.get(key)
         if e is None:
-            from .xarray import FerryStore
+            from ..xarray.store import FerryStore
             def opener():
-                from .xarray import _describe_ident
+                from ..xarray.store import _describe_ident
                 st = FerryStore(seg.path, group=seg.group, device="cpu", ctx=rt.ctx, mask_and_scale=False,
                                 decode_times=False)
                 want = self._idents.get((seg.path, seg.group))
