@@ -25,7 +25,7 @@ import torch  # noqa: E402
 
 import ferry.torch as ft  # noqa: E402
 from ferry import _ferry as _ferry_ext  # noqa: E402
-import ferry.torch.stream as ft_stream  # noqa: E402
+import ferry.torch.groups as ft_groups  # noqa: E402
 
 
 def per_batch_us(ds, ids_of, reps):
@@ -35,7 +35,7 @@ def per_batch_us(ds, ids_of, reps):
     for _ in range(3):
         t0 = time.process_time()
         for r in range(reps):
-            g = ft_stream._Group()
+            g = ft_groups._Group()
             g.handles = []
             plan = _ferry_ext.Plan()
             field.read(ds, rt, plan, ids_of(r), g)

@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch")
 import ferry  # noqa: E402
 import ferry.torch as ft  # noqa: E402
 from ferry import _ferry as _ferry_ext  # noqa: E402
+import ferry.torch.groups as ft_groups  # noqa: E402
 import ferry.torch.stream as ft_stream  # noqa: E402
 from ferry.torch import ArrayDataset, TokenDataset, epoch_order  # noqa: E402
 from test_torch_dataset import N, npy  # noqa: E402,F401 — the module's fixture
@@ -195,8 +196,8 @@ def test_a_pass_evens_its_reads_and_the_next_epoch_takes_them(bins, monkeypatch)
     def make():
         return TokenDataset(str(root / "train_*.bin"), L, 8, seed=4, device="cpu", batches_per_read=6,
                             prefetch=6)
-    assert ft_stream._even_group(13, 6) == 5 and ft_stream._even_group(104, 17) == 15 and ft_stream._even_group(3, 6) == 3
-    assert ft_stream._even_group(0, 6) == 6 and ft_stream._even_group(12, 6) == 6 and ft_stream._even_group(13, 1) == 1
+    assert ft_groups._even_group(13, 6) == 5 and ft_groups._even_group(104, 17) == 15 and ft_groups._even_group(3, 6) == 3
+    assert ft_groups._even_group(0, 6) == 6 and ft_groups._even_group(12, 6) == 6 and ft_groups._even_group(13, 1) == 1
     _setting(monkeypatch, "off")
     want = _run_epochs(make(), 2)
     _setting(monkeypatch, "on")
