@@ -44,7 +44,7 @@ def _unwrap_backend(data):
     """The FerryBackendArray under xarray's lazy wrappers, and whether the wrappers keep every
     element (an identity lazy key, elementwise CF decoders); else (None, why)."""
     from xarray.core import indexing
-    from ..xarray.store import FerryBackendArray
+    from ..xarray.array import FerryBackendArray
     for _ in range(32):
         if isinstance(data, FerryBackendArray):
             return data, None
@@ -79,7 +79,7 @@ def _check_stored_graph(data, name):
 
 def _backend_arrays(var, name="?"):
     """Every FerryBackendArray behind one xarray Variable (one per file for open_mfdataset)."""
-    from ..xarray.store import FerryBackendArray
+    from ..xarray.array import FerryBackendArray
     data = var._data
     found = []
     try:
@@ -117,7 +117,7 @@ def _backend_arrays(var, name="?"):
 
 def _open_meta(path, group):
     import xarray as xr
-    from ..xarray.store import FerryBackendEntrypoint
+    from ..xarray.backend import FerryBackendEntrypoint
     return xr.open_dataset(path, engine=FerryBackendEntrypoint, group=group, device="cpu")
 
 
@@ -339,7 +339,7 @@ class _XarrayDiscovery:
         non-sample shape and coordinates read from the first file are used for all of them. CF
         parameters (scale_factor, add_offset, fills, _Unsigned) may differ: each file's are kept and
         its steps decoded with them (CDS ERA5 files each carry their own packing)."""
-        from ..xarray.store import _file_identity
+        from ..xarray.common import _file_identity
         files = list(dict.fromkeys((s.path, s.group) for s in self._segs))
         ref = None
         sigs = {}

@@ -213,7 +213,7 @@ class _XarrayReads:
         if e is None:
             from ..xarray.store import FerryStore
             def opener():
-                from ..xarray.store import _describe_ident
+                from ..xarray.common import _describe_ident
                 st = FerryStore(seg.path, group=seg.group, device="cpu", ctx=rt.ctx, mask_and_scale=False,
                                 decode_times=False)
                 want = self._idents.get((seg.path, seg.group))
