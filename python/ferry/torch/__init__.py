@@ -36,6 +36,11 @@ Epochs
 """
 from __future__ import annotations
 
+try:   # the one place that says what to install; the modules below import torch plainly
+    import torch as _torch  # noqa: F401
+except ImportError as e:
+    raise ImportError(f"ferry.torch needs PyTorch: pip install ferry-io[torch] ({e})") from e
+
 from .arrays import ArrayDataset, pad_collate
 from .order import epoch_order
 from .state import InaccurateStateWarning, global_state  # noqa: F401 (the warning's class)

@@ -52,6 +52,11 @@ exception).
 """
 from __future__ import annotations
 
+try:   # the one place that says what to install; the modules below import xarray plainly
+    import xarray as _xarray  # noqa: F401
+except ImportError as e:
+    raise ImportError(f"ferry.xarray needs xarray: pip install ferry-io[xarray] ({e})") from e
+
 from .array import FerryBackendArray
 from .backend import FerryBackendEntrypoint, open_mfdataset
 from .dask_hook import cupy_meta
