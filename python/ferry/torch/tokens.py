@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 
 import numpy as np
 import torch
@@ -154,7 +155,7 @@ def _load_token_field(ctx, files, seq_len, dtype):
 class TokenDataset(_BatchStream):
     """(x, y) batches of token windows from flat token files, for language-model training.
 
-    TokenDataset(files, seq_len, batch_size, dtype="uint16", shuffle=True, seed=0,
+    TokenDataset(files, seq_len, batch_size, dtype="uint16", shuffle=None, seed=0,
                  drop_last=True, device=None, rank=None, world_size=None, prefetch=4,
                  out_dtype=torch.int64, threads=0, ctx=None, staging="auto",
                  batches_per_read=None)
@@ -170,7 +171,9 @@ class TokenDataset(_BatchStream):
         (both (batch_size, seq_len), contiguous, `out_dtype` — int64 for nn.Embedding and
         cross_entropy — on `device`). shuffle=True visits the windows of an epoch in a random
         order (every window once per epoch); shuffle=False in file order: strided,
-        non-overlapping windows for evaluation.
+        non-overlapping windows for evaluation. Not given (None): True for one more release,
+        with a DeprecationWarning; then False, the default of ArrayDataset, XarrayDataset and
+        torch's DataLoader (docs/python-extension.md, "Defaults").
     Order, sharding, epochs and resume are those of ArrayDataset (docs/torch.md), except that the
     epoch order is computed on the fly (a Feistel permutation, O(1) memory per rank and worker),
     and drop_last defaults to True (equal batches on every rank).
@@ -185,7 +188,7 @@ class TokenDataset(_BatchStream):
     _STATE_TAG = "ferry.torch.TokenDataset"
     _STAGE_AHEAD = True
 
-    def __init__(self, files, seq_len, batch_size, dtype="uint16", *, shuffle=True, seed=0,
+    def __init__(self, files, seq_len, batch_size, dtype="uint16", *, shuffle=None, seed=0,
                  drop_last=True, device=None, rank=None, world_size=None, prefetch=4,
                  out_dtype=torch.int64, threads=0, ctx=None, staging="auto",
                  batches_per_read=None):
@@ -194,6 +197,11 @@ class TokenDataset(_BatchStream):
             raise ValueError(f"TokenDataset: seq_len must be a positive int, not {seq_len!r}")
         if batch_size is None:
             raise ValueError("TokenDataset: batch_size is required")
+        if shuffle is None:
+            warnings.warn("TokenDataset: shuffle is not given; it defaults to True for one more release, "
+                          "then to False as in ArrayDataset, XarrayDataset and torch's DataLoader: pass "
+                          "shuffle=True to keep random windows", DeprecationWarning, stacklevel=2)
+            shuffle = True
         self._init_stream(batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
                           device=device, rank=rank, world_size=world_size, prefetch=prefetch,
                           transform=None, pin_memory=False, threads=threads, ctx=ctx,

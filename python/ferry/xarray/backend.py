@@ -11,7 +11,7 @@ from xarray.backends.store import StoreBackendEntrypoint
 
 import ferry
 from ferry import _ferry
-from .common import _format_of
+from .common import _format_of, _route
 from .dask_hook import cupy_meta
 from .hdf5 import _h5_groups
 from .store import FerryStore
@@ -95,7 +95,7 @@ class FerryBackendEntrypoint(BackendEntrypoint):
     url = ""   # no public home yet: xarray shows none rather than a made-up address
     open_dataset_parameters = ("filename_or_obj", "mask_and_scale", "decode_times", "concat_characters",
                                "decode_coords", "drop_variables", "use_cftime", "decode_timedelta", "group",
-                               "device", "threads", "path", "decode", "lock", "storage_options", "consolidated")
+                               "device", "threads", "path_policy", "path", "decode", "lock", "storage_options", "consolidated")
 
     def guess_can_open(self, filename_or_obj) -> bool:
         return False   # opt-in only: never take files from xarray's own engines
@@ -103,15 +103,17 @@ class FerryBackendEntrypoint(BackendEntrypoint):
     def open_dataset(self, filename_or_obj, *, mask_and_scale=True, decode_times=True, concat_characters=True,
                      decode_coords=True, drop_variables: str | Iterable[str] | None = None, use_cftime=None,
                      decode_timedelta=None, group: str | None = None, device: Any = "cpu", threads: int = 0,
-                     path: str | None = None, decode: str | None = None, lock=None,
-                     storage_options: dict | None = None, consolidated: bool | None = None):
+                     path_policy: str | None = None, decode: str | None = None, lock=None,
+                     storage_options: dict | None = None, consolidated: bool | None = None,
+                     path: str | None = None):
+        path_policy = _route(path_policy, path, "engine='ferry'")
         if isinstance(filename_or_obj, FerryStore):
             store = filename_or_obj
         else:
             p = _local_path(filename_or_obj, storage_options)
             if consolidated is not None and _format_of(p) != "zarr":
                 raise ValueError(f"{p}: consolidated= applies to Zarr stores only")
-            store = FerryStore(p, group=group, device=device, threads=threads, path=path, decode=decode,
+            store = FerryStore(p, group=group, device=device, threads=threads, path_policy=path_policy, decode=decode,
                                mask_and_scale=mask_and_scale, decode_times=decode_times,
                                decode_timedelta=decode_timedelta, lock=lock)
             try:
@@ -129,8 +131,10 @@ class FerryBackendEntrypoint(BackendEntrypoint):
     def open_groups_as_dict(self, filename_or_obj, *, mask_and_scale=True, decode_times=True,
                             concat_characters=True, decode_coords=True, drop_variables=None, use_cftime=None,
                             decode_timedelta=None, group: str | None = None, device: Any = "cpu",
-                            threads: int = 0, path: str | None = None, lock=None,
-                            storage_options: dict | None = None, consolidated: bool | None = None) -> dict:
+                            threads: int = 0, path_policy: str | None = None, lock=None,
+                            storage_options: dict | None = None, consolidated: bool | None = None,
+                            path: str | None = None) -> dict:
+        path_policy = _route(path_policy, path, "engine='ferry'")
         p = _local_path(filename_or_obj, storage_options)
         fmt = _format_of(p)
         root = (group or "/").rstrip("/") or "/"
@@ -146,7 +150,7 @@ class FerryBackendEntrypoint(BackendEntrypoint):
                                    concat_characters=concat_characters, decode_coords=decode_coords,
                                    drop_variables=drop_variables, use_cftime=use_cftime,
                                    decode_timedelta=decode_timedelta, group=None if g == "/" else g,
-                                   device=device, threads=threads, path=path, lock=lock,
+                                   device=device, threads=threads, path_policy=path_policy, lock=lock,
                                    consolidated=consolidated)
             rel = "/" + g[len(root):].lstrip("/") if root != "/" else g
             out[rel] = ds
@@ -154,14 +158,17 @@ class FerryBackendEntrypoint(BackendEntrypoint):
 
     def open_datatree(self, filename_or_obj, *, mask_and_scale=True, decode_times=True, concat_characters=True,
                       decode_coords=True, drop_variables=None, use_cftime=None, decode_timedelta=None,
-                      group: str | None = None, device: Any = "cpu", threads: int = 0, path: str | None = None,
-                      lock=None, storage_options: dict | None = None, consolidated: bool | None = None):
+                      group: str | None = None, device: Any = "cpu", threads: int = 0,
+                      path_policy: str | None = None, lock=None, storage_options: dict | None = None,
+                      consolidated: bool | None = None, path: str | None = None):
+        path_policy = _route(path_policy, path, "engine='ferry'")
         from xarray import DataTree
         d = self.open_groups_as_dict(filename_or_obj, mask_and_scale=mask_and_scale, decode_times=decode_times,
                                      concat_characters=concat_characters, decode_coords=decode_coords,
                                      drop_variables=drop_variables, use_cftime=use_cftime,
                                      decode_timedelta=decode_timedelta, group=group, device=device,
-                                     threads=threads, path=path, lock=lock, storage_options=storage_options,
+                                     threads=threads, path_policy=path_policy, lock=lock,
+                                     storage_options=storage_options,
                                      consolidated=consolidated)
         return DataTree.from_dict(d)
 

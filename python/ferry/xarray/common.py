@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 
 import numpy as np
 
@@ -150,3 +151,16 @@ def _describe_ident(ident) -> str:
     if ident is None:
         return "a store"
     return f"inode {ident[1]}, {ident[2]} bytes, mtime {ident[3] / 1e9:.6f}"
+
+
+def _route(path_policy, path, where):
+    """The I/O route keyword (auto, cufile, staged, host): path_policy=, as ferry.read and
+    read_many name it (there path is the file). path=, its old name in this backend, is taken
+    for one more release with a DeprecationWarning."""
+    if path is None:
+        return path_policy
+    if path_policy is not None:
+        raise TypeError(f"{where}: path= is the old name of path_policy=; give path_policy= only")
+    warnings.warn(f"{where}: path= is deprecated, use path_policy= (as ferry.read); path= goes away "
+                  "in the next release", DeprecationWarning, stacklevel=3)
+    return path

@@ -17,7 +17,7 @@ from xarray.core.variable import Variable
 import ferry
 from ferry import _ferry
 from .array import FerryBackendArray
-from .common import _VarSpec, _describe_ident, _file_identity, _format_of, _is_time_like
+from .common import _VarSpec, _describe_ident, _file_identity, _format_of, _is_time_like, _route
 from .dask_hook import _install_dask_hook
 from .hdf5 import _h5_identity, _h5_scan
 from .reads import _StoreReads
@@ -70,9 +70,9 @@ def _reopen_store(args, expect):
         s = _STORES.get(key) if key is not None else None
     if s is not None:
         return s
-    filename, group, device, threads, path = args[:5]
+    filename, group, device, threads, path_policy = args[:5]
     mask_and_scale, decode_times, decode_timedelta, decode = args[5:9]
-    s = FerryStore(filename, group=group, device=device, threads=threads, path=path, decode=decode,
+    s = FerryStore(filename, group=group, device=device, threads=threads, path_policy=path_policy, decode=decode,
                    mask_and_scale=mask_and_scale, decode_times=decode_times, decode_timedelta=decode_timedelta,
                    _expect=expect)
     with _reopen_lock():
@@ -97,8 +97,9 @@ class FerryStore(_StoreReads, AbstractDataStore):
     parsed (replaced, or changed in place)."""
 
     def __init__(self, filename: str, *, group: str | None = None, device: Any = "cpu", threads: int = 0,
-                 path: str | None = None, decode: str | None = None, mask_and_scale: bool = True,
-                 decode_times: Any = True, decode_timedelta: Any = None, ctx=None, lock=None, _expect=None):
+                 path_policy: str | None = None, decode: str | None = None, mask_and_scale: bool = True,
+                 decode_times: Any = True, decode_timedelta: Any = None, ctx=None, lock=None, _expect=None,
+                 path: str | None = None):
         self.filename = os.fspath(filename)
         # lock= as xarray's engines take it: held around every read when given (a
         # lock is not pickled: another process has its own)
@@ -106,7 +107,7 @@ class FerryStore(_StoreReads, AbstractDataStore):
         self.group = group
         self.device = ferry.parse_device(device)
         self.threads = int(threads or 0)
-        self.path_policy = path
+        self.path_policy = _route(path_policy, path, "FerryStore")
         self.decode = decode   # where compressed chunks decode: None/"auto", "gpu" (nvCOMP), "cpu"
         self._ctx = ctx          # None: the default context of whichever process reads
         self._decoding = (mask_and_scale, decode_times, decode_timedelta)
