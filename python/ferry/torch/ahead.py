@@ -66,7 +66,8 @@ class _IdsAhead:
 
 
 class _EpochAhead:
-    """The next pass's first reads, submitted at the end of a pass (_BatchStream, "Epoch boundaries")."""
+    """The next pass's first reads, submitted at the end of a pass (_BatchStream, "Epoch
+    boundaries")."""
 
     def _ids_source(self, order, lay, mine, group_units):
         """The sample ids of a pass's units, computed ahead in chunks from an order evaluated on

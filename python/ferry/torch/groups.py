@@ -123,7 +123,8 @@ def _record(o, stream):
 
 
 class _GroupIO:
-    """A _BatchStream's read groups: submission, retirement, and the hand-off of their batches (casts, transform, CUDA streams)."""
+    """A _BatchStream's read groups: submission, retirement, and the hand-off of their batches
+    (casts, transform, CUDA streams)."""
 
     def _start_planning(self, rt):
         """Start planning the groups submitted whose planning waits for a hand-off (XarrayDataset

@@ -69,7 +69,8 @@ def global_state(loader_state):
 
 
 class _StreamState:
-    """Order, length, epochs and the resumable state (torchdata's Stateful) of a _BatchStream."""
+    """Order, length, epochs and the resumable state (torchdata's Stateful) of a
+    _BatchStream."""
 
     # ---------------------------------------------------------------- order and length
     def _order(self, epoch):

@@ -196,7 +196,8 @@ class _wrap_handles:
 
 
 class _XarrayDiscovery:
-    """XarrayDataset's discovery: the variables, their files and chunks, the sample dimension's spacing."""
+    """XarrayDataset's discovery: the variables, their files and chunks, the sample
+    dimension's spacing."""
 
     # ---------------------------------------------------------------- discovery
     def _discover(self, data, variables, sample_dim, group):

@@ -185,7 +185,8 @@ class _Planned:
 
 
 class _XarrayReads:
-    """XarrayDataset's reads: group sizes, plans of the rows a group needs (planned on a thread), and the engine jobs in flight."""
+    """XarrayDataset's reads: group sizes, plans of the rows a group needs (planned on a
+    thread), and the engine jobs in flight."""
 
     @staticmethod
     def _group_size(batches_per_read):

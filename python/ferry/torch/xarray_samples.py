@@ -93,7 +93,8 @@ def _to_dev(t, device):
 
 
 class _XarraySamples:
-    """XarrayDataset's samples: normalisation statistics, the batch's layout (slabs of channels), CF decoding and stacking."""
+    """XarrayDataset's samples: normalisation statistics, the batch's layout (slabs of
+    channels), CF decoding and stacking."""
 
     # ---------------------------------------------------------------- normalisation
     def _normalisation(self, normalize, stats_file, stats_steps):

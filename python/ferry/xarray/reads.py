@@ -16,7 +16,9 @@ from .hdf5 import _h5_error
 
 
 class _StoreReads:
-    """Reading a FerryStore's variables: plans of the chunks a selection touches, the reads h5py or\nzarr-python make for what the engine cannot, decoding on the device, and one plan for a whole\nDataset.load()."""
+    """Reading a FerryStore's variables: plans of the chunks a selection touches, the reads
+    h5py or zarr-python make for what the engine cannot, decoding on the device, and one plan
+    for a whole Dataset.load()."""
 
     # -- reading -------------------------------------------------------------
     def _alloc(self, shape, dtype: np.dtype, device: int):
