@@ -55,8 +55,10 @@ def test_xarray_path_policy_and_the_old_path_keyword(nc3):
         warnings.simplefilter("error", DeprecationWarning)       # the new name: no warning
         new = xr.open_dataset(p, engine="ferry", path_policy="host")
         np.testing.assert_array_equal(new["t"].values, np.arange(6.0, dtype="f4"))
-    with pytest.warns(DeprecationWarning, match="path_policy"):
+    with pytest.warns(DeprecationWarning, match="path_policy") as rec:
         old = xr.open_dataset(p, engine="ferry", path="host")
+    # the user's line, past xarray's frames: shown by Python's default filters in __main__
+    assert [w.filename for w in rec if w.category is DeprecationWarning] == [__file__]
     np.testing.assert_array_equal(old["t"].values, new["t"].values)
     with pytest.raises(TypeError, match="path_policy"):
         xr.open_dataset(p, engine="ferry", path="host", path_policy="host")
@@ -89,8 +91,9 @@ def test_token_dataset_shuffle_default_is_warned(tmp_path):
     pytest.importorskip("torch")
     from ferry.torch import TokenDataset
     p = _tokens(tmp_path)
-    with pytest.warns(DeprecationWarning, match="shuffle"):
+    with pytest.warns(DeprecationWarning, match="shuffle") as rec:
         ds = TokenDataset(p, 16, 4, device="cpu", seed=3)
+    assert [w.filename for w in rec if w.category is DeprecationWarning] == [__file__]
     assert ds.shuffle is True                                    # the old default, this release
     want = [x.clone() for x, _ in TokenDataset(p, 16, 4, device="cpu", seed=3, shuffle=True)]
     got = [x.clone() for x, _ in ds]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import warnings
 
 import numpy as np
@@ -161,6 +162,11 @@ def _route(path_policy, path, where):
         return path_policy
     if path_policy is not None:
         raise TypeError(f"{where}: path= is the old name of path_policy=; give path_policy= only")
+    # attributed to the user's call, past xarray's and ferry's frames: Python shows a
+    # DeprecationWarning by default only where __main__ made the call
+    level, f = 2, sys._getframe(1)
+    while f.f_back is not None and f.f_globals.get("__name__", "").partition(".")[0] in ("ferry", "xarray"):
+        level, f = level + 1, f.f_back
     warnings.warn(f"{where}: path= is deprecated, use path_policy= (as ferry.read); path= goes away "
-                  "in the next release", DeprecationWarning, stacklevel=3)
+                  "in the next release", DeprecationWarning, stacklevel=level)
     return path
