@@ -172,7 +172,9 @@ $(ASAN_PY_EXT): $(EXT_SRCS) $(EXT_HDRS) $(BA)/libferry.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_COMMON) $(ASAN_FLAGS) -I$(PY_INC) -shared -o $@ $(EXT_SRCS) $(BA)/libferry.a $(LDLIBS)
 test-asan-python: $(ASAN_PY_EXT)
-	@for f in python/ferry/*.py python/ferry/*.pyi; do ln -sf $(abspath .)/$$f $(BA)/py/ferry/; done
+	@find $(BA)/py/ferry -type l -delete
+	@cd python && find ferry -name '*.py' -o -name '*.pyi' | while read -r f; do \
+	    mkdir -p $(abspath $(BA))/py/$$(dirname $$f) && ln -sf $(abspath .)/python/$$f $(abspath $(BA))/py/$$f; done
 	@tools/asan-pytest.sh $(PYTHON) $(BA)/py
 
 # first: libferry.so exports exactly ferry.h (src/common.h says why)

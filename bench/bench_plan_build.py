@@ -24,6 +24,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 import ferry.torch as ft  # noqa: E402
+from ferry import _ferry as _ferry_ext  # noqa: E402
+import ferry.torch.groups as ft_groups  # noqa: E402
 
 
 def per_batch_us(ds, ids_of, reps):
@@ -33,9 +35,9 @@ def per_batch_us(ds, ids_of, reps):
     for _ in range(3):
         t0 = time.process_time()
         for r in range(reps):
-            g = ft._Group()
+            g = ft_groups._Group()
             g.handles = []
-            plan = ft._ferry.Plan()
+            plan = _ferry_ext.Plan()
             field.read(ds, rt, plan, ids_of(r), g)
             for e in g.handles:
                 e[1] -= 1

@@ -284,7 +284,8 @@ def bench_raw(paths, kind, n, sample, args, cold):
     """The engine alone: the same batches' rows as plans (one extent per row, batch order) into
     a few reused GPU buffers, as many batches in flight as the dataset keeps."""
     from ferry import _ferry
-    from ferry.torch import _groups_in_flight, epoch_order
+    from ferry.torch.groups import _groups_in_flight
+    from ferry.torch import epoch_order
     B = KINDS[kind]["batch"]
     ctx = _ferry.default_context() if args.threads == 0 else _ferry.Context(threads=args.threads)
     files, offs, counts = [], [], []
@@ -616,8 +617,8 @@ def bench_tokens_engine(path, seq_len, B, group, args, inflight=None):
     one plan each (windows in destination order, one read_file_runs call), as many groups in
     flight as the dataset keeps, into reused device buffers; no cast, no Python per batch."""
     from ferry import _ferry
-    from ferry.torch import _groups_in_flight
-    from ferry._torch_order import FeistelOrder
+    from ferry.torch.groups import _groups_in_flight
+    from ferry.torch.order import FeistelOrder
     ctx = _ferry.default_context() if args.threads == 0 else _ferry.Context(threads=args.threads)
     rec = (seq_len + 1) * 2
     nwin = (os.path.getsize(path) // 2 - 1) // seq_len

@@ -27,6 +27,14 @@ import sys, numpy as np, ferry
 assert ferry.__file__.startswith(sys.argv[1]), ferry.__file__
 np.save(\"x.npy\", np.arange(10.0)); assert (ferry.read(\"x.npy\") == np.arange(10.0)).all()
 print(ferry.stats()[\"kernels\"])' '$S'"
+check "the subpackages are installed, the xarray engine's entry point resolves to them" bash -c "cd '$T' && PYTHONPATH='$S' '$PY' -c '
+import sys, importlib.metadata as md
+for m in (\"ferry/torch/stream.py\", \"ferry/xarray/backend.py\", \"ferry/checkpoint/dcp.py\", \"ferry/__init__.pyi\"):
+    open(sys.argv[1] + \"/\" + m).close()
+ep = [e for e in md.distribution(\"ferry-io\").entry_points if e.group == \"xarray.backends\"][0]
+assert ep.value == \"ferry.xarray:FerryBackendEntrypoint\", ep
+cls = ep.load()
+assert sys.modules[cls.__module__].__file__.startswith(sys.argv[1]), cls' '$S'"
 check "the distribution is ferry-io, Apache-2.0" bash -c "grep -q '^Name: ferry-io' '$S'/ferry_io-*.dist-info/METADATA && grep -q 'Apache-2.0' '$S'/ferry_io-*.dist-info/METADATA && ls '$S'/ferry_io-*.dist-info/licenses/LICENSE"
 # without nvcc (NVCC=none): no fatbin, so the kernels come from NVRTC at run
 # time when a libnvrtc is found (the ferry command's Python wrapper points

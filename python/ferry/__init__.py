@@ -758,7 +758,8 @@ class _H5Opened(Opened):
 
     def __init__(self, path, *, device: Any = "cpu", ctx: Context | None = None, group: str | None = None):
         try:
-            from .xarray import FerryStore, _h5_groups
+            from .xarray.hdf5 import _h5_groups
+            from .xarray.store import FerryStore
         except ImportError as e:
             raise FerryError(_ferry.EUNSUPPORTED, f"{os.fsdecode(path)}: netCDF-4/HDF5 file: reading it needs "
                                                   f"h5py and xarray ({e})") from None

@@ -31,6 +31,21 @@ DALI is optional (``pip install ferry-io[dali]`` or ``nvidia-dali-cuda130``) and
 from __future__ import annotations
 
 import collections
+import importlib.util
+
+
+def _dali_installed():
+    try:
+        return importlib.util.find_spec("nvidia.dali") is not None
+    except (ImportError, ValueError):     # no `nvidia` package at all
+        return False
+
+
+# DALI itself is imported only when a pipeline is built (_dali: it is slow to import); whether
+# it is installed is known here, so `import ferry.dali` says what to install
+if not _dali_installed():
+    raise ImportError("ferry.dali needs NVIDIA DALI: pip install ferry-io[dali] "
+                      "(nvidia-dali-cuda130; nvidia-dali-cuda120 for CUDA 12)")
 
 __all__ = ["DALISource", "pipeline"]
 
@@ -46,7 +61,7 @@ def _dali():
         import nvidia.dali as dali
         import nvidia.dali.fn as fn
     except ImportError as e:   # pragma: no cover - depends on the environment
-        raise ImportError("ferry.dali needs NVIDIA DALI (pip install nvidia-dali-cuda130)") from e
+        raise ImportError(f"ferry.dali needs NVIDIA DALI: pip install ferry-io[dali] ({e})") from e
     return dali, fn
 
 

@@ -22,7 +22,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PYDIR = os.path.join(os.path.dirname(os.path.dirname(HERE)), "python")
 sys.path.insert(0, PYDIR)
 
-from ferry._torch_order import epoch_order, FeistelOrder  # noqa: E402
+from ferry.torch.order import epoch_order, FeistelOrder  # noqa: E402
 
 ROWS, FILES, L, BATCH, STEPS = 203, 150, 8, 3, 3
 

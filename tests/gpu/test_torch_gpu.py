@@ -338,6 +338,7 @@ def test_normalise_vectors_live_on_the_stream_that_reads_them(data):
     the cache's clear could be handed to that stream's next allocation while this stream, lagging,
     still reads it. Before: the second dataset read the first one's (allocated on its stream)."""
     import ferry.torch as ft
+    import ferry.torch.groups as ft_groups  # noqa: E402
 
     def stream_of(t):
         p = t.data_ptr()
@@ -346,7 +347,7 @@ def test_normalise_vectors_live_on_the_stream_that_reads_them(data):
                 return seg["stream"]
     kw = dict(fields={"img": data[0]["img"]}, batch_size=64, device="cuda:0",
               normalize={"img": ((1.0, 2.0, 3.0), (4.0, 5.0, 6.0))})
-    ft._norm_cache.clear()
+    ft_groups._norm_cache.clear()
     streams, keep = [], []
     for ds in (ArrayDataset(**kw), ArrayDataset(**kw)):
         it = iter(ds)
@@ -354,5 +355,5 @@ def test_normalise_vectors_live_on_the_stream_that_reads_them(data):
         streams.append(ds._rt.work_stream.cuda_stream)
     torch.cuda.synchronize()
     assert streams[0] != streams[1]
-    on = {stream_of(t) for pair in ft._norm_cache.values() for t in pair}
+    on = {stream_of(t) for pair in ft_groups._norm_cache.values() for t in pair}
     assert set(streams) <= on

@@ -15,6 +15,8 @@ torch = pytest.importorskip("torch")
 import ferry_arrays  # noqa: E402
 from ferry import _ferry as F  # noqa: E402
 from ferry import torch as ft  # noqa: E402
+import ferry.torch.runtime as ft_runtime  # noqa: E402
+import ferry.torch.sources as ft_sources  # noqa: E402
 
 
 def _sim_count():
@@ -39,7 +41,7 @@ def test_shuffled_rows_of_four_shards_need_no_scatter_kernel(ctx, tmp_path):
     ref = np.concatenate(parts)
     ds = ft.ArrayDataset(paths, batch_size=128, shuffle=True, seed=3, device="cpu")
     field = ds._fields[0]
-    rt = ft._Runtime(ctx, torch.device("cpu"))     # the handle cache; the destination is ferry's
+    rt = ft_runtime._Runtime(ctx, torch.device("cpu"))     # the handle cache; the destination is ferry's
     ids = ft.epoch_order(len(ref), 3, 0)[:128]
     assert len(np.unique(np.searchsorted(field.starts, ids, side="right"))) == 4
     dst = ferry_arrays.full(ctx, (len(ids),) + row, np.uint8)
@@ -47,7 +49,7 @@ def test_shuffled_rows_of_four_shards_need_no_scatter_kernel(ctx, tmp_path):
     count = _sim_count()
     before = count("launches") if count else 0
     plan, handles = F.Plan(), []
-    ft._plan_rows(rt, plan, field, ids, ptr, dst.nbytes, 0, handles)
+    ft_sources._plan_rows(rt, plan, field, ids, ptr, dst.nbytes, 0, handles)
     ctx.run(plan)
     np.testing.assert_array_equal(ferry_arrays.to_numpy(ctx, dst, np.uint8), ref[ids])
     if count:
@@ -64,7 +66,7 @@ def test_token_windows_of_three_files_need_no_scatter_kernel(ctx, tmp_path):
         t.tofile(tmp_path / f"t{i}.bin")
     ds = ft.TokenDataset(str(tmp_path / "t*.bin"), seq_len=L, batch_size=64, device="cpu", seed=2)
     field = ds._fields[0]
-    rt = ft._Runtime(ctx, torch.device("cpu"))
+    rt = ft_runtime._Runtime(ctx, torch.device("cpu"))
     ids = np.asarray(ds._order(0).take(np.arange(64, dtype=np.int64)), dtype=np.int64)
     k = np.searchsorted(field.starts, ids, side="right") - 1
     assert len(np.unique(k)) == 3

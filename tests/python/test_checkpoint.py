@@ -133,7 +133,7 @@ def test_alignment_and_layout(tmp_path):
 
 
 def test_layout_greedy_fill():
-    from ferry import _ckpt_st as st
+    from ferry.checkpoint import st
     ents = [("a", 4096 * 3), ("odd1", 70000), ("odd2", 90000), ("s1", 2048), ("s2", 1024),
             ("s3", 496), ("s4", 12), ("s5", 100), ("z", 0)]
     lay = st.layout(ents)
@@ -606,7 +606,7 @@ def test_failed_save_cleans_temp(tmp_path, monkeypatch):
     class Boom(Exception):
         pass
 
-    from ferry import _ckpt_run
+    from ferry.checkpoint import run as _ckpt_run
     real = _ckpt_run._ferry
 
     class BoomPlan:

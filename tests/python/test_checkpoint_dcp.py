@@ -124,7 +124,7 @@ def test_torch_filesystem_writer_damage_refused(tmp_path):
 def test_older_raw_layout_still_loads(tmp_path):
     """Directories written before the torch.save framing: FerryStorageInfo per item,
     raw bytes at its offset."""
-    from ferry import _ckpt_dcp
+    from ferry.checkpoint import dcp as _ckpt_dcp
     sd = {"w": torch.randn(8, 9), "step": 3}
     d = tmp_path / "old"
     dcp.save(sd, storage_writer=ck.FerryWriter(d), no_dist=True)
@@ -141,7 +141,9 @@ def test_older_raw_layout_still_loads(tmp_path):
             old[idx] = _ckpt_dcp.FerryStorageInfo(info.relative_path, info.offset, info.length)
     md.storage_data = old
     del md.ferry_layout
-    (d / ".metadata").write_bytes(pickle.dumps(md))
+    raw = pickle.dumps(md)
+    assert b"ferry._ckpt_dcp" in raw          # the class's name in those directories
+    (d / ".metadata").write_bytes(raw)
     back = {"w": torch.zeros(8, 9), "step": 0}
     dcp.load(back, storage_reader=ck.FerryReader(d, safe=True), no_dist=True)
     assert _eq(back, sd)

@@ -15,7 +15,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from ferry import _ckpt_tree as tree  # noqa: E402
+from ferry.checkpoint import tree  # noqa: E402
 from ferry import checkpoint as ck  # noqa: E402
 from ferry.checkpoint import FerryError  # noqa: E402
 

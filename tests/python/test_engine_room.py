@@ -7,7 +7,7 @@ import threading
 import pytest
 
 pytest.importorskip("torch")
-from ferry import _xarray_dataset as xd  # noqa: E402
+from ferry.torch import xarray_reads as xd  # noqa: E402
 
 
 class _Job:

@@ -111,7 +111,7 @@ def test_fnuz_tensors_load_and_stream_as_their_torch_dtype(tmp_path):
 def test_sub_byte_tensors_stay_bytes_for_torch(tmp_path):
     # F4 now has a row in C's table; it must still not pass for torch.float4_e2m1fn_x2 of
     # the logical shape (the bytes hold two elements each)
-    from ferry import _ckpt_st
+    from ferry.checkpoint import st as _ckpt_st
     assert _ckpt_st.torch_dtype("F4") is None and _ckpt_st.st_of_typestr("float4_e2m1fn_x2") is None
     torch = pytest.importorskip("torch")
     if hasattr(torch, "float4_e2m1fn_x2"):

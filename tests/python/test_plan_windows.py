@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ferry import _ferry
-from ferry._torch_order import FeistelOrder
+from ferry.torch.order import FeistelOrder
 
 L = 16          # tokens per step; a window is L + 1 uint16 tokens
 

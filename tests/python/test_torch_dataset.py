@@ -17,6 +17,10 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402
 
 import ferry.torch as ft  # noqa: E402
+import ferry.torch.groups as ft_groups  # noqa: E402
+import ferry.torch.order as ft_order  # noqa: E402
+import ferry.torch.state as ft_state  # noqa: E402
+import ferry.torch.stream as ft_stream  # noqa: E402
 from ferry.torch import ArrayDataset, epoch_order, global_state  # noqa: E402
 
 N = 103                     # samples; shards of uneven sizes
@@ -65,12 +69,15 @@ def _check_contents(batch, ref):
 @contextlib.contextmanager
 def _as_worker(wid, nw):
     """Run as if inside DataLoader worker `wid` of `nw` (no process)."""
-    saved = ft.get_worker_info
-    ft.get_worker_info = lambda: types.SimpleNamespace(id=wid, num_workers=nw)
+    mods = [m for m in (ft_stream, ft_state, ft_groups) if hasattr(m, "get_worker_info")]
+    saved = [m.get_worker_info for m in mods]
+    for m in mods:
+        m.get_worker_info = lambda: types.SimpleNamespace(id=wid, num_workers=nw)
     try:
         yield
     finally:
-        ft.get_worker_info = saved
+        for m, f in zip(mods, saved):
+            m.get_worker_info = f
 
 
 def _rank_stream(fields, rank, world, workers, **kw):
@@ -500,7 +507,7 @@ def test_stateful_dataloader_workers_exact_and_elastic(npy):
     # loading a worker state into another layout says what to do
     d = ArrayDataset(**kw)
     ws = []
-    ft._find_states(state, ws)
+    ft_state._find_states(state, ws)
     d.load_state_dict([s for s in ws if s.get("worker")][0])
     with pytest.raises(ValueError, match="global_state"):
         next(iter(d))
@@ -603,7 +610,7 @@ def test_layout_arithmetic_exactly_once_and_elastic(n, world, batch, workers, dr
     def pass_positions(start, W, B, stop_after_steps=None):
         taken, consumed = [], start
         for r in range(W):
-            lay = ft._Layout(n, start, W, r, B, drop_last)
+            lay = ft_order.Layout(n, start, W, r, B, drop_last)
             units = [s for w in range(workers) for s in range(w, lay.count, workers)]
             for s in sorted(units):
                 if stop_after_steps is not None and s >= stop_after_steps:
@@ -612,7 +619,7 @@ def test_layout_arithmetic_exactly_once_and_elastic(n, world, batch, workers, dr
                 taken += range(lo, hi)
                 consumed = max(consumed, n if (drop_last and s == lay.count - 1) else lay.consumed_after(s))
         return taken, consumed
-    full = ft._Layout(n, 0, world, 0, batch, drop_last).full
+    full = ft_order.Layout(n, 0, world, 0, batch, drop_last).full
     k = int(frac * full)
     first, consumed = pass_positions(0, world, batch, stop_after_steps=k)
     assert sorted(first) == list(range(min(n, k * world * batch)))

@@ -5,7 +5,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from ferry.torch import _MAX_GROUPS, _groups_in_flight  # noqa: E402
+from ferry.torch.groups import _MAX_GROUPS, _groups_in_flight  # noqa: E402
 
 MiB = 1 << 20
 STAGING = 16 * 3 * 2 * MiB          # the default engine: 16 workers x 3 buffers of 2 MiB

@@ -17,6 +17,9 @@ torch = pytest.importorskip("torch")
 
 import ferry  # noqa: E402
 import ferry.torch as ft  # noqa: E402
+from ferry import _ferry as _ferry_ext  # noqa: E402
+import ferry.torch.groups as ft_groups  # noqa: E402
+import ferry.torch.stream as ft_stream  # noqa: E402
 from ferry.torch import ArrayDataset, TokenDataset, epoch_order  # noqa: E402
 from test_torch_dataset import N, npy  # noqa: E402,F401 — the module's fixture
 from test_torch_tokens import L, _ids_of, _windows, bins  # noqa: E402,F401
@@ -193,8 +196,8 @@ def test_a_pass_evens_its_reads_and_the_next_epoch_takes_them(bins, monkeypatch)
     def make():
         return TokenDataset(str(root / "train_*.bin"), L, 8, seed=4, device="cpu", batches_per_read=6,
                             prefetch=6)
-    assert ft._even_group(13, 6) == 5 and ft._even_group(104, 17) == 15 and ft._even_group(3, 6) == 3
-    assert ft._even_group(0, 6) == 6 and ft._even_group(12, 6) == 6 and ft._even_group(13, 1) == 1
+    assert ft_groups._even_group(13, 6) == 5 and ft_groups._even_group(104, 17) == 15 and ft_groups._even_group(3, 6) == 3
+    assert ft_groups._even_group(0, 6) == 6 and ft_groups._even_group(12, 6) == 6 and ft_groups._even_group(13, 1) == 1
     _setting(monkeypatch, "off")
     want = _run_epochs(make(), 2)
     _setting(monkeypatch, "on")
@@ -256,19 +259,19 @@ def _between(npy, monkeypatch, value, between):
     that pass, groups of them it used)."""
     _setting(monkeypatch, value)
     took = []
-    real = ft._BatchStream._take_ahead
+    real = ft_stream._BatchStream._take_ahead
 
     def take(ds, key, order, mine, group_units):
         kept = len(ds._ahead.groups) if ds._ahead is not None else 0
         used = real(ds, key, order, mine, group_units)
         took.append((kept, len(used)))
         return used
-    monkeypatch.setattr(ft._BatchStream, "_take_ahead", take)
+    monkeypatch.setattr(ft_stream._BatchStream, "_take_ahead", take)
     ds = _array(npy)
     list(ds)
     between(ds)
     out = [_host(b) for b in ds]
-    monkeypatch.setattr(ft._BatchStream, "_take_ahead", real)
+    monkeypatch.setattr(ft_stream._BatchStream, "_take_ahead", real)
     return out, took[-1]
 
 
@@ -333,13 +336,13 @@ def test_uneven_tails_over_two_ranks_equal_the_off_case(tmp_path, monkeypatch, n
     one step early), 103 an uneven one. Lightning never asks for the StopIteration."""
     path = _write_rows(tmp_path, n)
     took = []
-    real = ft._BatchStream._take_ahead
+    real = ft_stream._BatchStream._take_ahead
 
     def take(ds, key, order, mine, group_units):
         used = real(ds, key, order, mine, group_units)
         took.append(len(used))
         return used
-    monkeypatch.setattr(ft._BatchStream, "_take_ahead", take)
+    monkeypatch.setattr(ft_stream._BatchStream, "_take_ahead", take)
 
     def epochs(value):
         _setting(monkeypatch, value)
@@ -392,7 +395,7 @@ class _FailingJob:
     def wait(self, *a):
         if self.job is not None:
             self.job.wait()
-        raise ft._ferry.FerryError(ft._ferry.EIO, "x.npy: injected read error")
+        raise _ferry_ext.FerryError(_ferry_ext.EIO, "x.npy: injected read error")
 
     def done(self):
         return True
@@ -488,13 +491,13 @@ def test_deleting_a_dataset_with_groups_kept_waits_for_them(kind, request, monke
     _setting(monkeypatch, "on")
     raised, abandoned = [], []
     monkeypatch.setattr(sys, "unraisablehook", lambda u: raised.append(u.exc_value))
-    real = ft._BatchStream._abandon
+    real = ft_stream._BatchStream._abandon
 
     def abandon(ds, rt, groups):
         groups = list(groups)
         real(ds, rt, groups)
         abandoned.extend((id(ds), g.job is None or g.job.done(), g.handles) for g in groups)
-    monkeypatch.setattr(ft._BatchStream, "_abandon", abandon)
+    monkeypatch.setattr(ft_stream._BatchStream, "_abandon", abandon)
     gc.collect()                                        # other tests' datasets go first
     for _ in range(2):
         ds = make()

@@ -12,6 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from ferry import torch as ft  # noqa: E402
+import ferry.torch.groups as ft_groups  # noqa: E402
 
 
 class FakeJob:
@@ -37,7 +38,7 @@ class FakeStream:
 
 
 def _group(job, handle):
-    g = ft._Group()
+    g = ft_groups._Group()
     g.units, g.sizes, g.bufs, g.job, g.handles, g.path, g.extra, g.staged = \
         [0], [4], [FakeDeviceBuffer()], job, [handle], None, [], None
     return g

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402
 
 import ferry  # noqa: E402
-from ferry._torch_order import FeistelOrder  # noqa: E402
+from ferry.torch.order import FeistelOrder  # noqa: E402
 from ferry.torch import TokenDataset  # noqa: E402
 
 L = 16
@@ -237,16 +237,18 @@ def test_a_read_group_is_one_plan_windows_call(bins, monkeypatch):
     """Each group of batches is planned by one _ferry.plan_windows call (no ids computed in
     Python first); its batches are the epoch order's windows, as the numpy network gives them."""
     import ferry.torch as ft
+    from ferry import _ferry as _ferry_ext  # noqa: E402
+    import ferry.torch.ahead as ft_ahead  # noqa: E402
     root, toks = bins
     ref = _windows(toks, L)
     calls = []
-    real = ft._ferry.plan_windows
+    real = _ferry_ext.plan_windows
 
     def counting(*a):
         calls.append(len(a[10]) // 2)                    # the call's batches: (lo, hi) pairs
         return real(*a)
-    monkeypatch.setattr(ft._ferry, "plan_windows", counting)
-    monkeypatch.setattr(ft._IdsAhead, "__call__", lambda *a: pytest.fail("ids computed in Python"))
+    monkeypatch.setattr(_ferry_ext, "plan_windows", counting)
+    monkeypatch.setattr(ft_ahead._IdsAhead, "__call__", lambda *a: pytest.fail("ids computed in Python"))
     monkeypatch.setenv("FERRY_EPOCH_AHEAD", "off")       # one epoch's calls, not the next one's first
     ds = TokenDataset(str(root / "train_*.bin"), L, 5, seed=4, device="cpu", batches_per_read=4)
     got = [i for x, y in ds for i in _ids_of(x, ref)]

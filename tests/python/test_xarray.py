@@ -15,6 +15,7 @@ import ferry  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 from ferry import xarray as fx  # noqa: E402
+import ferry.xarray.dask_hook as fx_dask  # noqa: E402
 
 
 HAS_NC4 = has("netCDF4")
@@ -431,7 +432,7 @@ def test_rechunk_on_device_helper_keeps_values(tmp_path):
     p = tmp_path / "dk.nc"
     ds.to_netcdf(p, engine="scipy" if HAS_SCIPY else None)
     g = xr.open_dataset(p, engine="ferry", chunks={"t": 3})
-    new = fx._rechunk_on_device(g["a"].data, np.empty((0, 0)))
+    new = fx_dask._rechunk_on_device(g["a"].data, np.empty((0, 0)))
     assert new is not None and new.chunks == ((3, 3, 2), (5,))
     assert isinstance(new.blocks[1].compute(), np.ndarray)
     np.testing.assert_array_equal(new.compute(), ds["a"].values)

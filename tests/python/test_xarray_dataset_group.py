@@ -226,7 +226,7 @@ def test_when_a_groups_planning_starts(files, monkeypatch, ready):
     waiting on its step), the groups behind it are planned once it is handed out; when the consumer
     is about to wait for it, during that wait (else, with two groups in flight, the engine idles
     while the next one is planned)."""
-    import ferry._xarray_dataset as X
+    import ferry.torch.xarray_reads as X
     paths, ref = files
     events = []
     sub, fin, start, rows = XarrayDataset._submit, XarrayDataset._finish, X._Planned._start, XarrayDataset._read_rows

@@ -147,7 +147,7 @@ def test_a_group_read_before_its_job_waits_for_the_planning(tmp_path, monkeypatc
     monkeypatch.setattr(XarrayDataset, "_read_rows", slow)
     rt = ds._runtime(ds._resolve_device(False), False, 1)
     order = ds._order(0)
-    from ferry.torch import _Layout
+    from ferry.torch.stream import _Layout
     lay = _Layout(ds.num_samples, 0, 1, 0, 2, False)
     g = ds._submit(rt, order, lay, [0])
     threading.Timer(0.2, gate.set).start()

@@ -15,6 +15,8 @@ from optional import has
 xr = pytest.importorskip("xarray")
 import ferry  # noqa: E402
 from ferry import xarray as fx  # noqa: E402
+import ferry.xarray.array as fx_array  # noqa: E402
+import ferry.xarray.store as fx_store  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning", "ignore::RuntimeWarning")
 
@@ -80,7 +82,7 @@ def test_every_object_pickles(tmp_path, kind):
     ds["t2m"][0].load()                       # the context has been used before pickling
     v = ds.variables["t2m"]
     lazy = v._data
-    arr = fx._find_backend(lazy)[0]
+    arr = fx_array._find_backend(lazy)[0]
     objs = {"dataset": ds, "dataarray": ds["t2m"], "variable": v, "lazy": lazy, "backend_array": arr,
             "store": arr.store, "isel": ds.isel(time=[1, 4], lat=slice(1, 4)),
             "entrypoint": fx.FerryBackendEntrypoint()}
@@ -147,7 +149,7 @@ def test_unpickling_a_replaced_file_refuses(tmp_path):
     other = make_ds(7, nt=9)                  # same variables, another shape
     write(other, str(tmp_path / "new.nc"), "nc4")
     os.replace(tmp_path / "new.nc", p)
-    fx._STORES.clear()
+    fx_store._STORES.clear()
     with pytest.raises(ferry.FerryError, match="changed since it was opened"):
         pickle.loads(blob).load()
 

@@ -24,12 +24,12 @@ import re
 import shutil
 import time
 
-from . import _ckpt_io as _io
-from . import _ckpt_open as _open
-from . import _ckpt_run as _run
-from . import _ckpt_st as _st
-from . import _ckpt_tree as _tree
-from . import _ferry
+from . import io as _io
+from . import open as _open
+from . import run as _run
+from . import st as _st
+from . import tree as _tree
+from .. import _ferry
 
 INDEX_SUFFIX = _open.INDEX_SUFFIX
 ORPHAN_AGE_S = 600      # shards of a killed save (older token-named layout) reclaimed after this

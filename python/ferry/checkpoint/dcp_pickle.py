@@ -23,7 +23,7 @@ import pickle
 
 import torch
 
-from . import _ckpt_io as _io
+from . import io as _io
 
 _MODULES = {
     "torch.distributed.checkpoint.metadata": {

@@ -21,10 +21,10 @@ import errno
 import json
 import os
 
-from . import _ckpt_io as _io
-from . import _ckpt_st as _st
-from . import _ckpt_tree as _tree
-from . import _ferry
+from . import io as _io
+from . import st as _st
+from . import tree as _tree
+from .. import _ferry
 
 CRC_KEY = "ferry.crc32c"         # __metadata__: JSON {tensor name: "8 hex digits"}
 INDEX_SUFFIX = ".index.json"

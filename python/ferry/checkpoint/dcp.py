@@ -33,6 +33,7 @@ import io
 import os
 import pickle
 import re
+import sys
 
 import torch
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
@@ -43,12 +44,12 @@ from torch.futures import Future
 
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 
-from . import _ckpt_dcp_blob as _blob
-from . import _ckpt_dcp_pickle as _pickle
-from . import _ckpt_io as _io
-from . import _ckpt_st as _st
-from . import _ckpt_url as _url
-from . import _ferry
+from . import dcp_blob as _blob
+from . import dcp_pickle as _pickle
+from . import io as _io
+from . import st as _st
+from . import url as _url
+from .. import _ferry
 
 METADATA = ".metadata"
 _DATA_RE = re.compile(r"^__\d+_[0-9a-f]+\.ferry$")
@@ -67,6 +68,13 @@ class FerryStorageInfo:
     dtype: str | None = None          # "float32", ...; None for BYTE_IO items
     shape: tuple | None = None
     data_offset: int | None = None
+
+
+# Directories written before the torch.save framing pickled this class under its module's
+# name of that time, ferry._ckpt_dcp (before ferry.checkpoint was a package): that name is
+# part of their .metadata, so it stays the pickled name and stays importable.
+FerryStorageInfo.__module__ = "ferry._ckpt_dcp"
+sys.modules.setdefault("ferry._ckpt_dcp", sys.modules[__name__])
 
 
 LAYOUT_ATTR = "ferry_layout"      # Metadata attribute: {MetadataIndex: (data offset, dtype, shape)}

@@ -6,7 +6,7 @@ import os
 import socket
 import time
 
-from . import _ferry
+from .. import _ferry
 
 FerryError = _ferry.FerryError
 EFORMAT = -10005

@@ -8,8 +8,8 @@ from __future__ import annotations
 import logging
 import time
 
-from . import _ckpt_io as _io
-from . import _ferry
+from . import io as _io
+from .. import _ferry
 
 log = logging.getLogger("ferry.checkpoint")
 

@@ -22,7 +22,7 @@ import functools
 import json
 import struct
 
-from . import _ferry
+from .. import _ferry
 
 ALIGN = 4096
 MAX_HEADER = 100 * 1000 * 1000   # safetensors' own bound on N

@@ -13,7 +13,7 @@
 Files are plain safetensors: `safetensors.torch.load_file` reads what ferry writes, and
 ferry reads what safetensors and Hugging Face (sharded, model.safetensors.index.json)
 write. The header is padded with spaces so tensor data start 4 KiB-aligned, and tensors are
-ordered so that almost all of them start on 4 KiB boundaries (see _ckpt_st.py). Nested
+ordered so that almost all of them start on 4 KiB boundaries (see checkpoint/st.py). Nested
 state dicts and non-tensor values (an optimizer's state_dict, step counters, numpy RNG
 state, ...) are kept in the header's __metadata__ (key "ferry.tree") and come back with
 their types; numpy arrays are stored as tensors.
@@ -29,14 +29,14 @@ import os
 
 import ferry as _ferry_pkg
 
-from . import _ckpt_async as _async
-from . import _ckpt_io as _io
-from . import _ckpt_open as _open
-from . import _ckpt_run as _run
-from . import _ckpt_save as _save
-from . import _ckpt_tree as _tree
-from . import _ckpt_url as _url
-from . import _ferry
+from . import background as _async
+from . import io as _io
+from . import open as _open
+from . import run as _run
+from . import writer as _save
+from . import tree as _tree
+from . import url as _url
+from .. import _ferry
 
 FerryError = _ferry.FerryError
 
@@ -54,7 +54,7 @@ IncompatibleKeys = collections.namedtuple("IncompatibleKeys", ["missing_keys", "
 
 def __getattr__(name):           # the DCP plugin imports torch.distributed lazily
     if name in ("FerryWriter", "FerryReader"):
-        from . import _ckpt_dcp
+        from . import dcp as _ckpt_dcp
         return getattr(_ckpt_dcp, name)
     raise AttributeError("module 'ferry.checkpoint' has no attribute %r" % name)
 

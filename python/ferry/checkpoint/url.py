@@ -11,7 +11,7 @@ import errno
 import os
 import re
 
-from . import _ckpt_io as _io
+from . import io as _io
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 

@@ -206,7 +206,7 @@ def _numpy_array_tensor(x, path):
     except TypeError:
         raise TypeError("ferry.checkpoint: cannot store the numpy array at %s: dtype %s has "
                         "no torch equivalent" % (".".join(map(str, path)) or "<root>", x.dtype))
-    from . import _ckpt_st
+    from . import st as _ckpt_st
     try:
         _ckpt_st.st_dtype(t.dtype)
     except TypeError as e:               # complex128: no safetensors dtype
@@ -255,7 +255,7 @@ MAX_DEPTH = 200            # nesting flatten() writes and decode() accepts
 
 
 def _fail(target, path, msg):
-    from . import _ckpt_io as _io
+    from . import io as _io
     where = ".".join(str(p) for p in path) or "<root>"
     _io.fail("%s: corrupted %s metadata at %s: %s" % (target, TREE_KEY, where, msg))
 

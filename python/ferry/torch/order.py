@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 try:   # the same permutation in C (src/formats/perm.c): ~15x faster per batch of ids
-    from ._ferry import order_take as _order_take
+    from .._ferry import order_take as _order_take
 except ImportError:                     # pragma: no cover - an extension built before it
     _order_take = None
 

@@ -12,10 +12,10 @@ import os
 import threading
 import time
 
-from . import _ckpt_io as _io
-from . import _ckpt_save as _save
-from . import _ckpt_st as _st
-from . import _ckpt_tree as _tree
+from . import io as _io
+from . import writer as _save
+from . import st as _st
+from . import tree as _tree
 
 
 def _torch():

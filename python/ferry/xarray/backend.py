@@ -1,0 +1,205 @@
+"""FerryBackendEntrypoint: xarray's engine="ferry" (open_dataset, open_datatree, open_groups,
+guess_can_open) over local paths and stores."""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterable
+
+from xarray.backends import BackendEntrypoint
+from xarray.backends.store import StoreBackendEntrypoint
+
+import ferry
+from ferry import _ferry
+from .common import _format_of, _route
+from .dask_hook import cupy_meta
+from .hdf5 import _h5_groups
+from .store import FerryStore
+
+
+# ---------------------------------------------------------------------------
+# what a user may pass as the file
+# ---------------------------------------------------------------------------
+def _remote_error(what, proto: str) -> ferry.FerryError:
+    return ferry.FerryError(_ferry.EUNSUPPORTED,
+                            f"{what}: ferry reads local files only, not {proto}:// (copy the data to a local "
+                            "disk, or open it with another engine, e.g. engine='h5netcdf' or 'zarr' with fsspec)")
+
+
+def _local_path(obj, storage_options=None) -> str:
+    """The local path named by what xarray's engines accept as a file: str,
+    bytes (os.fsencode'd names that are not UTF-8 too), os.PathLike, file://
+    URLs, fsspec mappers of a local file system, zarr's LocalStore (and v2's
+    DirectoryStore). A remote URL or store is a FerryError: it must never become
+    a local path (``s3://b/x`` is not ``./s3:/b/x``)."""
+    if isinstance(obj, FerryStore):
+        return obj.filename
+    if isinstance(obj, (str, bytes, os.PathLike)):
+        p = os.fspath(obj)
+        path = os.fsdecode(p) if isinstance(p, bytes) else p
+    else:
+        fs, root = getattr(obj, "fs", None), getattr(obj, "root", None)
+        if fs is not None and root is None:
+            root = getattr(obj, "path", None)                 # zarr's FsspecStore
+        if fs is not None and root is not None:            # fsspec FSMap, zarr FsspecStore
+            protos = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+            if not {"file", "local"} & set(protos):
+                raise _remote_error(f"{type(obj).__name__}({root!r})", protos[0])
+            path = os.fspath(root)
+        elif type(obj).__name__ in ("LocalStore", "DirectoryStore", "NestedDirectoryStore"):
+            path = os.fspath(root if root is not None else obj.path)
+        else:
+            raise TypeError(f"engine='ferry' opens local files and stores: a path (str, bytes, os.PathLike), "
+                            f"a file:// URL, or an fsspec mapper / zarr LocalStore of a local directory; "
+                            f"not {type(obj).__name__}")
+        path = os.fsdecode(path) if isinstance(path, bytes) else path
+    if "://" in path:
+        proto = path.split("://", 1)[0]
+        if proto.lower() != "file":
+            raise _remote_error(path, proto)
+        from urllib.parse import unquote, urlsplit
+        u = urlsplit(path)
+        if u.netloc not in ("", "localhost"):
+            raise _remote_error(path, f"file://{u.netloc}")
+        path = unquote(u.path, errors="surrogateescape")
+    return path
+
+
+def _check_consolidated(store: "FerryStore", consolidated):
+    """consolidated= as the zarr engine reads it: True requires consolidated
+    metadata; False asks to ignore it, which ferry's parser cannot do, so it is
+    refused when the parser read the node's members from consolidated metadata
+    (and is what ferry does when it did not). The C parser says which it did."""
+    if consolidated is None:
+        return
+    path = store.filename
+    has = store._cds.store_info["consolidated"]
+    if consolidated and not has:
+        raise ferry.FerryError(_ferry.ENOTFOUND, f"{path}: consolidated=True but the store has no consolidated "
+                               "metadata (.zmetadata or zarr.json consolidated_metadata)")
+    if not consolidated and has:
+        raise ferry.FerryError(_ferry.EUNSUPPORTED, f"{path}: consolidated=False: ferry reads the consolidated "
+                               "metadata the store has and cannot ignore it; omit consolidated= (or use "
+                               "consolidated=True)")
+
+
+# ---------------------------------------------------------------------------
+# the entry point
+# ---------------------------------------------------------------------------
+class FerryBackendEntrypoint(BackendEntrypoint):
+    """ferry: netCDF classic, netCDF-4/HDF5 and Zarr read by ferry's engine, into
+    host memory (``device="cpu"``, the default: numpy, as every xarray engine) or
+    GPU memory (``device=0`` / ``"cuda:N"``: cupy arrays)."""
+
+    description = "Read netCDF (classic and netCDF-4/HDF5) and Zarr with ferry, straight into GPU memory"
+    url = ""   # no public home yet: xarray shows none rather than a made-up address
+    open_dataset_parameters = ("filename_or_obj", "mask_and_scale", "decode_times", "concat_characters",
+                               "decode_coords", "drop_variables", "use_cftime", "decode_timedelta", "group",
+                               "device", "threads", "path_policy", "path", "decode", "lock", "storage_options", "consolidated")
+
+    def guess_can_open(self, filename_or_obj) -> bool:
+        return False   # opt-in only: never take files from xarray's own engines
+
+    def open_dataset(self, filename_or_obj, *, mask_and_scale=True, decode_times=True, concat_characters=True,
+                     decode_coords=True, drop_variables: str | Iterable[str] | None = None, use_cftime=None,
+                     decode_timedelta=None, group: str | None = None, device: Any = "cpu", threads: int = 0,
+                     path_policy: str | None = None, decode: str | None = None, lock=None,
+                     storage_options: dict | None = None, consolidated: bool | None = None,
+                     path: str | None = None):
+        path_policy = _route(path_policy, path, "engine='ferry'")
+        if isinstance(filename_or_obj, FerryStore):
+            store = filename_or_obj
+        else:
+            p = _local_path(filename_or_obj, storage_options)
+            if consolidated is not None and _format_of(p) != "zarr":
+                raise ValueError(f"{p}: consolidated= applies to Zarr stores only")
+            store = FerryStore(p, group=group, device=device, threads=threads, path_policy=path_policy, decode=decode,
+                               mask_and_scale=mask_and_scale, decode_times=decode_times,
+                               decode_timedelta=decode_timedelta, lock=lock)
+            try:
+                _check_consolidated(store, consolidated)
+            except BaseException:
+                store.close()
+                raise
+        ds = StoreBackendEntrypoint().open_dataset(
+            store, mask_and_scale=mask_and_scale, decode_times=decode_times, concat_characters=concat_characters,
+            decode_coords=decode_coords, drop_variables=drop_variables, use_cftime=use_cftime,
+            decode_timedelta=decode_timedelta)
+        ds.set_close(store.close)
+        return ds
+
+    def open_groups_as_dict(self, filename_or_obj, *, mask_and_scale=True, decode_times=True,
+                            concat_characters=True, decode_coords=True, drop_variables=None, use_cftime=None,
+                            decode_timedelta=None, group: str | None = None, device: Any = "cpu",
+                            threads: int = 0, path_policy: str | None = None, lock=None,
+                            storage_options: dict | None = None, consolidated: bool | None = None,
+                            path: str | None = None) -> dict:
+        path_policy = _route(path_policy, path, "engine='ferry'")
+        p = _local_path(filename_or_obj, storage_options)
+        fmt = _format_of(p)
+        root = (group or "/").rstrip("/") or "/"
+        if fmt == "hdf5":
+            groups = [g for g in _h5_groups(p) if g == root or g.startswith(root.rstrip("/") + "/") or root == "/"]
+        elif fmt == "zarr":
+            groups = _zarr_groups(p, root)
+        else:
+            groups = ["/"]
+        out = {}
+        for g in groups:
+            ds = self.open_dataset(p, mask_and_scale=mask_and_scale, decode_times=decode_times,
+                                   concat_characters=concat_characters, decode_coords=decode_coords,
+                                   drop_variables=drop_variables, use_cftime=use_cftime,
+                                   decode_timedelta=decode_timedelta, group=None if g == "/" else g,
+                                   device=device, threads=threads, path_policy=path_policy, lock=lock,
+                                   consolidated=consolidated)
+            rel = "/" + g[len(root):].lstrip("/") if root != "/" else g
+            out[rel] = ds
+        return out
+
+    def open_datatree(self, filename_or_obj, *, mask_and_scale=True, decode_times=True, concat_characters=True,
+                      decode_coords=True, drop_variables=None, use_cftime=None, decode_timedelta=None,
+                      group: str | None = None, device: Any = "cpu", threads: int = 0,
+                      path_policy: str | None = None, lock=None, storage_options: dict | None = None,
+                      consolidated: bool | None = None, path: str | None = None):
+        path_policy = _route(path_policy, path, "engine='ferry'")
+        from xarray import DataTree
+        d = self.open_groups_as_dict(filename_or_obj, mask_and_scale=mask_and_scale, decode_times=decode_times,
+                                     concat_characters=concat_characters, decode_coords=decode_coords,
+                                     drop_variables=drop_variables, use_cftime=use_cftime,
+                                     decode_timedelta=decode_timedelta, group=group, device=device,
+                                     threads=threads, path_policy=path_policy, lock=lock,
+                                     storage_options=storage_options,
+                                     consolidated=consolidated)
+        return DataTree.from_dict(d)
+
+
+def _zarr_groups(store: str, root: str) -> list:
+    out = []
+
+    def walk(g):
+        out.append(g)
+        ds = ferry.Dataset(ferry.default_context(), store, None, None if g == "/" else g.strip("/"))
+        try:
+            children = json.loads(ds.groups)
+        finally:
+            ds.close()
+        for c in children:
+            walk((g.rstrip("/") + "/" + c) if g != "/" else "/" + c)
+    walk(root)
+    return out
+
+
+def open_mfdataset(paths, *, device: Any = "cpu", preprocess=None, **kwargs):
+    """``xr.open_mfdataset(paths, engine="ferry", device=device, ...)``.
+
+    ``device`` defaults to ``"cpu"`` here as in ``open_dataset``: engine="ferry"
+    returns numpy as every xarray engine does unless a GPU is asked for
+    (``device=0``, ``"cuda:1"``); GPU variables are then dask arrays of cupy chunks."""
+    import xarray as xr
+    dev = ferry.parse_device(device)
+
+    def pre(ds):
+        if preprocess is not None:
+            ds = preprocess(ds)
+        return cupy_meta(ds) if dev >= 0 else ds
+    return xr.open_mfdataset(paths, engine=FerryBackendEntrypoint, device=device, preprocess=pre, **kwargs)

@@ -1,0 +1,223 @@
+"""Reading a FerryStore's variables (_StoreReads): plans of the chunks a selection touches, the
+reads h5py or zarr-python make for what the engine cannot, decoding on the device, and one plan
+for a whole Dataset.load()."""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+from xarray.core import indexing
+
+import ferry
+from ferry import _ferry
+from .array import _find_backend, _loading_dataset
+from .common import _VarSpec, _apply_post, _key_triples, _norm_key
+from .hdf5 import _h5_error
+
+
+class _StoreReads:
+    """Reading a FerryStore's variables: plans of the chunks a selection touches, the reads
+    h5py or zarr-python make for what the engine cannot, decoding on the device, and one plan
+    for a whole Dataset.load()."""
+
+    # -- reading -------------------------------------------------------------
+    def _alloc(self, shape, dtype: np.dtype, device: int):
+        if device < 0:
+            if dtype.kind == "O":
+                return np.empty(shape, dtype=dtype)
+            a = ferry.empty(shape, dtype, "cpu", ctx=self.ctx)
+            return np.asarray(a).view(dtype)
+        import cupy
+        with cupy.cuda.Device(device):
+            return cupy.empty(shape, dtype=dtype)
+
+    def _add(self, plan, s: _VarSpec, key: tuple):
+        """Add the read of `key` (OUTER backend key) of s to plan; return a
+        finisher giving the array once the plan ran."""
+        triples, post = _key_triples(key, s.shape)
+        counts = tuple(max(0, (b - a + st - 1) // st) for a, b, st in triples)
+        if s.kind in ("h5py", "zarrpy", "unsupported"):
+            with self._user_lock if self._user_lock is not None else contextlib.nullcontext():
+                return self._direct(s, triples, counts, post)
+        out = self._alloc(counts, s.dtype, s.device)
+        if out.size:
+            self._plan_triples(plan, s, triples, out)
+
+        def finish():
+            r = _apply_post(out, post)
+            return self._decode(s, r)
+        return finish
+
+    @contextlib.contextmanager
+    def _chunk_index_errors(self, s: _VarSpec):
+        """h5py's errors reading a damaged chunk index, raised as ferry's naming the file and variable."""
+        try:
+            yield
+        except (ferry.FerryError, MemoryError):
+            raise
+        except Exception as e:  # noqa: BLE001 — h5py reading a damaged chunk index
+            raise _h5_error(self.filename, f"variable {s.name}: chunk index", e) from None
+
+    def _plan_triples(self, plan, s: _VarSpec, triples, dst):
+        if s.kind == "ferry":
+            plan.read(s.source, s.index if s.index is not None else s.name, dst,
+                      triples if s.shape else None, True)
+        else:
+            with self._chunk_index_errors(s):
+                s.source.add_to_plan(plan, triples, dst, s.name)
+
+    def _row_source(self, s: _VarSpec):
+        """s as a source of Plan.read_rows (the reads _plan_triples makes, row by row in one call)."""
+        if s.kind == "ferry":
+            return (s.source, s.index if s.index is not None else s.name)
+        with self._chunk_index_errors(s):
+            return s.source.row_layout(s.name)
+
+    def _plan_into(self, plan, s: _VarSpec, key: tuple, dst):
+        """Plan the raw read (stored values, native byte order, C order, no CF decoding) of
+        `key` — slices only — of s into dst: an array or a (ptr, nbytes, device) tuple of
+        exactly the selection's bytes. For ferry.torch.XarrayDataset, which decodes on its own
+        device."""
+        if s.kind not in ("ferry", "h5"):
+            raise ferry.FerryError(_ferry.EUNSUPPORTED, s.error or f"{self.filename}: variable {s.name}: "
+                                   f"read by {s.kind}, not by ferry's engine")
+        triples, post = _key_triples(key, s.shape)
+        if post is not None:
+            raise ValueError("_plan_into takes slices only")
+        self._plan_triples(plan, s, triples, dst)
+
+    def _direct(self, s: _VarSpec, triples, counts, post):
+        sl = tuple(slice(a, b, st) for a, b, st in triples)
+        if s.kind == "h5py":
+            import h5py
+            try:
+                if h5py.check_dtype(vlen=s.source.dtype) is str:
+                    data = s.source.asstr()[sl] if s.shape else s.source.asstr()[()]
+                    data = np.asarray(data, dtype=object)
+                else:
+                    data = s.source[sl] if s.shape else s.source[()]
+                    data = np.asarray(data)
+                    if data.dtype != s.dtype:
+                        data = data.astype(s.dtype)
+            except MemoryError:
+                raise
+            except Exception as e:  # noqa: BLE001 — h5py's errors on damaged data
+                raise _h5_error(self.filename, f"variable {s.name}", e) from None
+        elif s.kind == "zarrpy":
+            arr = s.source if not isinstance(s.source, ferry.Dataset) else None
+            if arr is None:
+                import zarr
+                g = (self.group or "").strip("/")
+                arr = zarr.open_array(store=self.filename, path=f"{g}/{s.name}" if g else s.name, mode="r")
+            data = np.asarray(arr[sl] if s.shape else arr[()])
+            if s.dtype.kind == "O" and data.dtype != s.dtype:
+                data = data.astype(s.dtype)
+        else:
+            raise ferry.FerryError(_ferry.EUNSUPPORTED,
+                                   s.error or f"{self.filename}: variable {s.name}: unsupported type")
+
+        def finish():
+            r = _apply_post(data, post)
+            if s.device >= 0:
+                import cupy
+                with cupy.cuda.Device(s.device):
+                    r = cupy.asarray(r)
+            return self._decode(s, r)
+        return finish
+
+    def _decode(self, s: _VarSpec, arr):
+        if not s.gpu_decode:
+            return arr
+        from xarray.coding import variables as cv
+        for f in s.gpu_decode:
+            fn = getattr(f, "func", None)
+            kw = getattr(f, "keywords", {}) or {}
+            if fn is cv._apply_mask:
+                arr = _device_apply_mask(arr, **kw)
+            elif fn is np.asarray:
+                arr = arr.view(np.dtype(kw["dtype"])) if arr.dtype.itemsize == np.dtype(kw["dtype"]).itemsize \
+                    else arr.astype(kw["dtype"])
+            else:
+                arr = f(arr)
+        return arr
+
+    def run(self, plan):
+        if len(plan):
+            # before and after: a replace or an in-place write of the file in between
+            # would pair this metadata with other bytes; the reader sees an error instead
+            with self._user_lock if self._user_lock is not None else contextlib.nullcontext():
+                self._check_unchanged()
+                try:
+                    self.ctx.run(plan, path=self.path_policy, threads=self.threads, decode=self.decode)
+                except ferry.FerryError as e:
+                    if not self._alias:
+                        raise
+                    raise ferry.FerryError(e.code, str(e).replace(self._alias, self.filename)) from None
+                self._check_unchanged()
+
+    def read(self, name, key: tuple):
+        s = self.spec(name)
+        ck = (s.name, _norm_key(key))
+        with self._lock:
+            hit = self._cache.pop(ck, None)
+        if hit is not None:
+            return hit
+        self._maybe_batch(s, key)
+        with self._lock:
+            hit = self._cache.pop(ck, None)
+        if hit is not None:
+            return hit
+        plan = ferry.Plan()
+        fin = self._add(plan, s, key)
+        self.run(plan)
+        return fin()
+
+    def read_many(self, requests: list) -> list:
+        """[(variable name, key)] -> arrays, with ONE plan."""
+        self._live()
+        plan = ferry.Plan()
+        fins = [self._add(plan, self.specs[n], k) for n, k in requests]
+        self.run(plan)
+        return [f() for f in fins]
+
+    # -- batching Dataset.load() ---------------------------------------------
+    def _maybe_batch(self, s: _VarSpec, key: tuple):
+        ds = _loading_dataset()
+        if ds is None:
+            return
+        reqs = []
+        seen = set()
+        for v in ds.variables.values():
+            found = _find_backend(v._data)
+            if found is None:
+                continue
+            arr, lkey = found
+            if arr.store is not self:
+                continue
+            try:
+                bk, _ = indexing.decompose_indexer(lkey, arr.shape, indexing.IndexingSupport.OUTER)
+            except Exception:  # noqa: BLE001 — anything unusual: read it on its own later
+                continue
+            ck = (arr.name, _norm_key(bk.tuple))
+            if ck in seen:
+                continue
+            seen.add(ck)
+            reqs.append((arr.name, bk.tuple, ck))
+        if len(reqs) < 2:
+            return
+        results = self.read_many([(sp, k) for sp, k, _ in reqs])
+        with self._lock:
+            for (_, _, ck), r in zip(reqs, results):
+                self._cache[ck] = r
+
+
+def _device_apply_mask(data, encoded_fill_values, decoded_fill_value, dtype):
+    """xarray.coding.variables._apply_mask for device (cupy) arrays."""
+    data = data.astype(dtype, copy=True)
+    if encoded_fill_values:
+        cond = None
+        for fv in encoded_fill_values:
+            c = data == fv
+            cond = c if cond is None else (cond | c)
+        data[cond] = decoded_fill_value
+    return data

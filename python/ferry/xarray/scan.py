@@ -1,0 +1,158 @@
+"""The scan of files ferry's C parsers read (netCDF classic, Zarr): variables, attributes,
+dimensions and fill values as xarray's own backends give them."""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+
+import numpy as np
+
+import ferry
+from ferry import _ferry
+from .common import _VarSpec, _native, log
+from .zarr_py import _zarr3_attr_fill, _zarr_py_spec
+
+
+# ---------------------------------------------------------------------------
+# netCDF classic and Zarr through ferry's C parsers
+# ---------------------------------------------------------------------------
+def _fill_value(raw: bytes | None, stored: np.dtype | None):
+    """The C parser's fill element (Dataset.fill: little-endian bytes, decoded
+    from Zarr's fill_value once, in zarr.c) as a numpy scalar of the stored type."""
+    if raw is None or stored is None:
+        return None
+    return np.frombuffer(raw, dtype=stored.newbyteorder("<")).astype(stored)[0]
+
+
+def _engine_readable(typestr: str) -> bool:
+    """Fixed-size numpy types the engine can move as bytes even when ferry names them "other"."""
+    try:
+        return np.dtype(typestr).kind == "U"
+    except TypeError:
+        return False
+
+
+def _c_variables(ds) -> list:
+    """[(index, info dict | None, raw name | None)]: ds.variables(), or one by one
+    when the C parser hands over bytes that are not UTF-8 (a Zarr member named by
+    a non-UTF-8 directory): that variable comes back as (i, None, its raw name)
+    instead of one UnicodeDecodeError making the whole store unreadable."""
+    try:
+        return [(i, v, None) for i, v in enumerate(ds.variables())]
+    except UnicodeDecodeError:
+        pass
+    out = []
+    for i in itertools.count():
+        try:
+            out.append((i, ds.variable(i), None))
+        except IndexError:
+            return out
+        except UnicodeDecodeError as e:
+            out.append((i, None, bytes(e.object)))
+    return out
+
+
+def _utf8_path(path: str) -> bool:
+    try:
+        os.fsencode(path).decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def _c_scan(path: str, fmt: str, group: str | None, ctx, cpath: str | None = None):
+    """cpath: what the C parser opens when `path` itself cannot be handed to it
+    (a /proc/self/fd alias of a path that is not UTF-8)."""
+    ds = ferry.Dataset(ctx, cpath or path, None, group if fmt == "zarr" else None)
+    actual = ds.format
+    gattrs = ferry.decode_attrs(ds.attrs, actual)
+    dims_j = json.loads(ds.dims)
+    dims = {k: int(v.get("size", 0)) if isinstance(v, dict) else int(v) for k, v in dims_j.items()}
+    unlimited = {k for k, v in dims_j.items() if isinstance(v, dict) and v.get("unlimited")}
+    store = ds.store_info
+    zv = store["zarr_format"]
+    specs = []
+    for index, v, raw in _c_variables(ds):
+        if v is None:
+            name = raw.decode("utf-8", "surrogateescape")
+            base = os.fsencode(os.path.join(path, group.strip("/")) if group else path)
+            sp = None
+            if actual == "zarr" and os.path.isdir(os.path.join(base, raw)):
+                sp = _zarr_py_spec(path, group, name, store, (), "its name is not UTF-8")
+            if sp is None:
+                raise ferry.FerryError(_ferry.EFORMAT, f"{path}: variable {name!r} (#{index}): its metadata is "
+                                       "not UTF-8" + (" and zarr-python cannot read it" if actual == "zarr" else ""))
+            for dn, n in zip(sp.dims, sp.shape):
+                dims.setdefault(dn, int(n))
+            specs.append(sp)
+            continue
+        name = v["name"]
+        err = v.get("error")    # the C parser describes it but cannot read it
+        if actual == "zarr" and (err or (v["dtype"] == "other" and not _engine_readable(v["typestr"]))):
+            sp = _zarr_py_spec(path, group, name, store, tuple(v["shape"]), err)
+            if sp is not None:
+                for dn, n in zip(sp.dims, sp.shape):
+                    dims.setdefault(dn, int(n))
+                specs.append(sp)
+                continue
+            if not err:
+                continue
+        attrs = ferry.decode_attrs(v["attrs"], actual)
+        d = json.loads(v["dims"] or "null")
+        if actual == "zarr":
+            if d is None:
+                d = attrs.get("_ARRAY_DIMENSIONS")
+            attrs.pop("_ARRAY_DIMENSIONS", None)
+        if d is None and not v["shape"]:
+            d = []
+        if d is None:
+            d = [f"dim_{i}" for i in range(len(v["shape"]))] if actual != "zarr" else None
+        if d is None:
+            raise KeyError(f"{path}: Zarr array {name} has no dimension names (_ARRAY_DIMENSIONS)")
+        shape = tuple(v["shape"])
+        typestr = v["typestr"]
+        try:
+            if err and typestr[:1] not in "<>|=":   # written in the metadata's own terms, not numpy's
+                raise TypeError(typestr)
+            stored = np.dtype(typestr)
+            dtype = _native(stored)
+            ok = not err and (v["dtype"] != "other" or _engine_readable(typestr)) and stored.kind in "biufcSUmM"
+        except (TypeError, ValueError, SyntaxError):
+            stored = dtype = None
+            ok = False
+        encoding = {"source": path, "original_shape": shape, "ferry_reader": "engine"}
+        if stored is not None:
+            encoding["dtype"] = stored
+        if actual == "zarr":
+            encoding["chunks"] = tuple(v["chunks"])
+            encoding["preferred_chunks"] = dict(zip(d, v["chunks"]))
+            fv = _fill_value(ds.fill(index), stored)
+            if zv == 2:
+                if fv is not None:
+                    attrs["_FillValue"] = fv
+            else:
+                if stored is not None:
+                    encoding["fill_value"] = fv
+                if "_FillValue" in attrs and stored is not None:
+                    attrs["_FillValue"] = _zarr3_attr_fill(attrs["_FillValue"], stored)
+        if not ok:
+            kind = "zarrpy" if actual == "zarr" and not err else "unsupported"
+            encoding["ferry_reader"] = "zarr-python" if kind == "zarrpy" else "none"
+            if kind == "zarrpy":
+                log.info("%s: variable %s (%s) is read by zarr-python on the CPU", path, name, typestr)
+            if dtype is None:   # a type numpy has no name for: an opaque placeholder keeps the open lazy
+                dtype = np.dtype(object) if kind == "zarrpy" else np.dtype("V1")
+            if err:
+                encoding["ferry_error"] = err
+        else:
+            kind = "ferry"
+        for dn, n in zip(d, shape):
+            dims.setdefault(dn, int(n))
+        spec = _VarSpec(name, d, shape, dtype, attrs, encoding, kind, ds)
+        spec.error = err
+        spec.index = index
+        specs.append(spec)
+    if actual == "zarr":
+        gattrs = {k: v for k, v in gattrs.items() if not k.lower().startswith("_nc")}
+    return specs, gattrs, dims, unlimited, ds
