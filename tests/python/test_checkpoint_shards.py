@@ -183,7 +183,7 @@ def test_kills_during_sharded_saves_leave_no_temporaries_behind(tmp_path):
 def test_reader_retries_once_from_a_fresh_index(tmp_path, monkeypatch):
     """The index read names shards a save removed before they were opened: the load opens
     the set again from the index now in place."""
-    from ferry import _ckpt_open
+    from ferry.checkpoint import open as _ckpt_open
     path = tmp_path / "model.safetensors"
     idx = tmp_path / "model.safetensors.index.json"
     ck.save(version(1), path, max_shard_size=4 * 4096 * 3)

@@ -59,3 +59,22 @@ def test_error_in_dataloader_worker_reaches_main_process_with_message(tmp_path):
     with pytest.raises(ferry.FerryError) as ei:
         next(iter(loader))
     assert str(direct.value) in str(ei.value) and "worker" in str(ei.value)
+
+
+def test_group_of_a_classic_netcdf_file_is_no_group(tmp_path):
+    """xr.open_dataset(classic.nc, group="nope") raised nothing and returned the root (issue 38
+    item 8): a file without groups has only its root, as netCDF4 answers for a netCDF-4 file."""
+    xr = pytest.importorskip("xarray")
+    pytest.importorskip("scipy")
+    p = tmp_path / "classic.nc"
+    xr.Dataset({"t": ("x", np.arange(4.0))}).to_netcdf(p, engine="scipy")
+    with pytest.raises(ferry.FerryError, match="no group \"nope\"") as ei:
+        xr.open_dataset(p, engine="ferry", group="nope")
+    assert str(p) in str(ei.value) and ei.value.code == _ferry.ENOTFOUND
+    with xr.open_dataset(p, engine="ferry", group="/") as ds:   # the root, named
+        np.testing.assert_array_equal(ds["t"].values, np.arange(4.0))
+    for fmt, write in (("npy", lambda q: np.save(q, np.zeros(3))),):
+        q = tmp_path / f"a.{fmt}"
+        write(q)
+        with pytest.raises(ferry.FerryError, match="no group"):
+            ferry.Dataset(ferry.default_context(), str(q), None, "g")

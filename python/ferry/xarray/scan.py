@@ -64,7 +64,8 @@ def _utf8_path(path: str) -> bool:
 def _c_scan(path: str, fmt: str, group: str | None, ctx, cpath: str | None = None):
     """cpath: what the C parser opens when `path` itself cannot be handed to it
     (a /proc/self/fd alias of a path that is not UTF-8)."""
-    ds = ferry.Dataset(ctx, cpath or path, None, group if fmt == "zarr" else None)
+    # every format gets the group: one without groups answers "no group" for any but the root
+    ds = ferry.Dataset(ctx, cpath or path, None, group)
     actual = ds.format
     gattrs = ferry.decode_attrs(ds.attrs, actual)
     dims_j = json.loads(ds.dims)
