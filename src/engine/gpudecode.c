@@ -401,6 +401,9 @@ static int wave_slots(int cls, int nslots, int jobs) {
     return nslots / jobs > 1 ? nslots / jobs : 1;
 }
 
+/* A call slot's device buffers beyond dev_per_byte x its call: din and dtemp
+ * rounded up to 2 MiB each (dev_fit), darr and dres of 64 KiB at least. */
+#define SLOT_SLACK ((uint64_t)9 << 19)
 #define SOLO_BYTES (8ull << 30)   /* a solo call's decoded bytes at most: its compressed bytes are staged (pinned) at once */
 size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots, int cls, uint64_t dev_free, int jobs) {
     const char *s = getenv("FERRY_GPU_CALL");
@@ -421,9 +424,14 @@ size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots,
     const int mine = wave_slots(cls, nslots, jobs);   /* a wave shared with the other jobs in flight */
     if (mine < nslots && !b) cap *= (uint64_t)(nslots / mine);
     nslots = mine;
-    /* the calls in flight take at most half the device memory there is */
+    /* the calls in flight take at most half the device memory there is —
+     * unless the whole queue does: its calls in flight hold no more than it
+     * (a dataset's small job on a nearly full device was cut into calls of
+     * one chunk in every slot, each slot's buffers rounded up: more memory,
+     * not less, than one call of all of it) */
     uint64_t room = dev_free / 2 / ((uint64_t)nslots * (uint64_t)cr->dev_per_byte);
-    if (dev_free && room < cap) cap = room;
+    const double whole = (double)count * (double)max_chunk * cr->dev_per_byte + (double)SLOT_SLACK;
+    if (dev_free && room < cap && !(max_chunk && whole <= (double)(dev_free / 2))) cap = room;
     size_t most = cr->call_max;
     if (max_chunk && (uint64_t)most * max_chunk > cap) most = (size_t)(cap / max_chunk);
     if (most < 1) most = 1;
@@ -438,6 +446,8 @@ size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots,
 }
 
 static uint64_t pool_idle_bytes(ferry_ctx *ctx, int dev);
+static size_t pool_trim(ferry_ctx *ctx, int dev);
+static int place_is_contiguous(const ferry_place *place, uint64_t decoded);
 
 /* The driver's free and total memory of device `dev` (its context made
  * current for the query): 1, or 0 where it cannot say — the caller then
@@ -619,26 +629,13 @@ static size_t shared_feeders(int threads) {
     return (size_t)v;
 }
 
-/* ferry_plan_job_bytes (include/ferry.h): the class whose stream_bytes asks
- * the most, scaled by its share of the plan's decoded bytes, and at most the
- * share of the device memory the driver reports free that leaves half of it
- * free with the caller's jobs in flight: two in the engine, each holding its
- * destination and call slots of dev_per_byte times its bytes (inputs,
- * scratch, nvCOMP's temp space), and the one being consumed its destination —
- * free / (2 x (2 x (1 + dev_per_byte) + 1)): zstd 1/26, deflate 1/18 (less
- * than the sixteenth of the whole device of the rule before). Free, not total: a training
- * process's model may hold the rest. Sized from the whole device, XarrayDataset
- * over Zarr zstd beside a model that left 256 MiB free planned groups for 8.7
- * GiB and failed with cuMemAlloc out of memory on the H200; from a sixteenth
- * of the free memory its two jobs' calls (5 x 16 MiB each) and three groups
- * left torch 9 MiB for the next group (2026-12-04, tests/gpu). The context's
- * idle call slots do not count: they hold calls, not destinations. */
-uint64_t ferry_plan_job_bytes(ferry_ctx *ctx, const ferry_plan *plan, int policy) {
-    if (!ctx || !plan) return 0;
+void ferry_gpudecode_cost_of(ferry_ctx *ctx, const ferry_plan *plan, int policy, ferry_gpudecode_cost *out) {
+    memset(out, 0, sizeof *out);
+    out->dev = -1;
+    if (!ctx || !plan) return;
     if (policy == FERRY_DECODE_AUTO) policy = ctx->cfg.decode;
-    if (policy == FERRY_DECODE_CPU) return 0;
-    uint64_t total = 0, of_class[NCLASS] = {0};
-    int dev = -1;
+    if (policy == FERRY_DECODE_CPU) return;
+    uint64_t total = 0, in = 0, of_class[NCLASS] = {0};
     chain_info ci;
     for (size_t i = 0; i < plan->n; i++) {
         const ferry_extent *e = &plan->ext[i];
@@ -646,21 +643,92 @@ uint64_t ferry_plan_job_bytes(ferry_ctx *ctx, const ferry_plan *plan, int policy
         total += e->decoded_size ? e->decoded_size : e->length;
         if (e->dst.kind == FERRY_MEM_CUDA && e->decoded_size && gpu_chain(e, &ci) && class_mode(policy, ci.alg) != MODE_CPU) {
             of_class[ci.alg] += e->decoded_size;
-            if (dev < 0) dev = e->dst.device;
+            in += e->length;
+            out->max_chunk = FERRY_MAX(out->max_chunk, e->decoded_size);
+            if (!place_is_contiguous(e->place, e->decoded_size) || ci.shuffle) out->scratch = 1;
+            if (out->dev < 0) out->dev = e->dst.device;
         }
     }
-    uint64_t want = 0;
-    int per_byte = 0;   /* the most device bytes per decoded byte among the classes that ask */
     for (int a = 0; a < NCLASS; a++)
         if (of_class[a] && auto_table[a].stream_bytes) {
-            want = FERRY_MAX(want, (uint64_t)((double)auto_table[a].stream_bytes * (double)total / (double)of_class[a]));
-            per_byte = FERRY_MAX(per_byte, auto_table[a].dev_per_byte);
+            const uint64_t w = (uint64_t)((double)auto_table[a].stream_bytes * (double)total / (double)of_class[a]);
+            if (w > out->want) { out->want = w; out->cls = a; }
+            out->per_byte = FERRY_MAX(out->per_byte, (unsigned)auto_table[a].dev_per_byte);
         }
-    if (!want || !ferry_nvcomp_load(NULL)) return 0;   /* no GPU decode: the CPU's rate at any size */
+    uint64_t dec = 0;
+    for (int a = 0; a < NCLASS; a++) dec += of_class[a];
+    out->in_per_out = dec ? (double)in / (double)dec : 0;
+    if (!out->want || !ferry_nvcomp_load(NULL)) out->want = 0;   /* no GPU decode: the CPU's rate at any size */
+}
+
+/* dev_fit's rounding (dev_alloc) */
+static uint64_t fit_size(uint64_t n) {
+    const uint64_t step = n <= (1u << 20) ? (uint64_t)64 << 10 : (uint64_t)2 << 20;
+    return (n + step - 1) / step * step;
+}
+
+uint64_t ferry_gpudecode_job_device_bytes(const ferry_gpudecode_cost *c, uint64_t job_bytes, int jobs) {
+    if (!c || !c->want || !job_bytes) return 0;
+    const uint64_t chunk = c->max_chunk ? c->max_chunk : (uint64_t)1 << 20;
+    const int nslots = coop_slots();
+    const size_t count = (size_t)((job_bytes + chunk - 1) / chunk);
+    const size_t n = ferry_gpudecode_call_chunks(count, chunk, nslots, c->cls, 0, jobs);
+    const size_t calls = (count + n - 1) / n;
+    const int wave = wave_slots(c->cls, nslots, jobs);
+    const uint64_t slots = calls < (size_t)wave ? calls : (uint64_t)wave;
+    /* every slot the job takes is grown to its largest call (coop_setup):
+     * its compressed chunks and arrays (din), arrays and results (darr,
+     * dres), nvCOMP's temp space (asked of nvCOMP where it says, else the
+     * table's dev_per_byte less the input and output), scratch outputs */
+    const uint64_t k = n < count ? n : count, call = k * chunk;
+    const double ratio = c->in_per_out > 0 && c->in_per_out < 2 ? c->in_per_out : 1.0;
+    const uint64_t in = fit_size(k * ferry_gpudecode_slot_room((uint64_t)((double)chunk * ratio) + 1) + 128 * k + 64);
+    uint64_t temp = 0;
+    size_t t = 0;
+    const ferry_nvcomp_api *nv = ferry_nvcomp_load(NULL);
+    ferry_nvcomp_opts opts;
+    memset(&opts, 0, sizeof opts);
+    if (nv && c->cls < FERRY_NVCOMP_NALG && c->dev >= 0) {
+        CUcontext saved = ferry_cuda_current();
+        if (ferry_cuda_use_device(c->dev) == 0 && !ferry_nvcomp_temp_size(nv, c->cls, k, chunk, opts, &t, call, NULL))
+            temp = fit_size(t ? t : 1);
+        else
+            ferry_clearerr();
+        ferry_cuda_restore(saved);
+    }
+    if (!temp) temp = call * (c->per_byte > 2 ? c->per_byte - 2 : 1);
+    const uint64_t slot = in + fit_size(128 * k + 64) + fit_size(32 * k + 64) + temp + (c->scratch ? 2 * call : 0);
+    return slots * slot;
+}
+
+int ferry_gpudecode_dev_free(int dev, uint64_t *free_b) {
+    size_t f, total;
+    *free_b = 0;
+    if (!dev_mem(dev, &f, &total)) return 0;
+    *free_b = f;
+    return 1;
+}
+
+size_t ferry_gpudecode_give_back(ferry_ctx *ctx, int dev) { return pool_trim(ctx, dev); }
+
+/* ferry_plan_job_bytes (include/ferry.h): the class whose stream_bytes asks
+ * the most, scaled by its share of the plan's decoded bytes, and at most the
+ * share of the device memory the driver reports free that leaves half of it
+ * free with the caller's jobs in flight: two in the engine, each holding its
+ * destination and call slots of dev_per_byte times its bytes (inputs,
+ * scratch, nvCOMP's temp space), and the one being consumed its destination —
+ * free / (2 x (2 x (1 + dev_per_byte) + 1)): zstd 1/26, deflate 1/18. The
+ * context's idle call slots do not count: they hold calls, not destinations.
+ * ferry_plan_budget (ferry_experimental.h, budget.c) is the rule that counts
+ * every byte the stream holds; this one is kept for its callers. */
+uint64_t ferry_plan_job_bytes(ferry_ctx *ctx, const ferry_plan *plan, int policy) {
+    ferry_gpudecode_cost c;
+    ferry_gpudecode_cost_of(ctx, plan, policy, &c);
+    uint64_t want = c.want;
     size_t free_b, dev_total;
-    if (dev_mem(dev, &free_b, &dev_total)) {
+    if (want && dev_mem(c.dev, &free_b, &dev_total)) {
         (void)dev_total;   /* free <= total: the free memory alone caps it */
-        const uint64_t cap = (uint64_t)free_b / (2u * (2u * (1u + (unsigned)per_byte) + 1u));
+        const uint64_t cap = (uint64_t)free_b / (2u * (2u * (1u + c.per_byte) + 1u));
         if (cap < want) want = cap ? cap : 1;
     }
     return want;
@@ -1037,7 +1105,7 @@ static size_t pool_trim(ferry_ctx *ctx, int dev);
 
 /* Device memory of at least n bytes (contents not kept) on device dev,
  * which is current. dev_grow doubles (per-feeder batches vary in size); dev_fit takes
- * n rounded up to 2 MiB (1 MiB at least): a call slot is grown once to the job's largest
+ * n rounded up to 2 MiB (to 64 KiB up to 1 MiB): a call slot is grown once to the job's largest
  * call, and doubling a 128 MiB call's payloads (plus its arrays) made 256 MiB
  * per slot, 8 slots each of payloads and of nvCOMP's temp space. */
 static int dev_alloc(int dev, CUdeviceptr *p, size_t *cap, size_t n, int fit) {
@@ -1046,7 +1114,9 @@ static int dev_alloc(int dev, CUdeviceptr *p, size_t *cap, size_t n, int fit) {
     if (tl_trace) atomic_fetch_add(&tl_trace->allocs, 1);
     const ferry_cuda_api *cu = ferry_cuda_load(NULL);
     size_t nc = *cap ? *cap : (1u << 20);
-    if (fit) nc = n <= (1u << 20) ? (1u << 20) : (n + ((size_t)2 << 20) - 1) & ~(((size_t)2 << 20) - 1);
+    /* fit: small buffers (a call's arrays and results, kilobytes) in 64 KiB steps, not a whole MiB each */
+    if (fit) nc = n <= (1u << 20) ? (n + ((size_t)64 << 10) - 1) & ~(((size_t)64 << 10) - 1)
+                                  : (n + ((size_t)2 << 20) - 1) & ~(((size_t)2 << 20) - 1);
     while (nc < n) nc *= 2;
     if (*p) cu->MemFree(*p);
     *p = 0; *cap = 0;
@@ -1061,7 +1131,16 @@ static int dev_alloc(int dev, CUdeviceptr *p, size_t *cap, size_t n, int fit) {
         pool_trim(tl_ctx, dev);
         r = cu->MemAlloc(p, nc);
     }
-    if (r) { *p = 0; return ferry_seterr(FERRY_ENOMEM, "GPU decode: cuMemAlloc(%zu): %s", nc, ferry_cuda_errstr(r)); }
+    if (r) {
+        *p = 0;
+        size_t fr = 0, tot = 0;
+        (void)dev_mem(dev, &fr, &tot);
+        return ferry_seterr(FERRY_ENOMEM,
+                            "GPU decode: cuMemAlloc(%zu) on device %d: %s (%zu MiB free): a job's calls need device memory "
+                            "of about 5 x their decoded bytes; lower it with smaller jobs (fewer batches a read), "
+                            "FERRY_GPU_SLOTS=1, or decode on the CPU (decode=\"cpu\")",
+                            nc, dev, ferry_cuda_errstr(r), fr >> 20);
+    }
     *cap = nc;
     ferry_dt_lap(tl_trace, FERRY_DT_ALLOC, &t0);
     return 0;
@@ -2000,6 +2079,14 @@ static void set_release(ferry_ctx *ctx, gd_cset *set) {
     }
     pthread_mutex_unlock(&p->mu);
     while (drop) { gd_cset *x = drop; drop = x->next; set_free(x); }   /* outside the lock: cuMemFree waits */
+    /* a stream budgeted with ferry_plan_budget promised its caller keep_free
+     * bytes of the device: idle sets are not kept below it (a model's next
+     * allocation cannot take them back the way dev_alloc does). The H100
+     * ran out of memory in torch, allocating a dataset's next group beside
+     * the idle sets of its earlier jobs. */
+    const uint64_t keep = set->dev >= 0 && set->dev < FERRY_MAX_DEVICES ? atomic_load(&ctx->gpu_keep_free[set->dev]) : 0;
+    uint64_t free_b;
+    if (keep && ferry_gpudecode_dev_free(set->dev, &free_b) && free_b < keep) pool_trim(ctx, set->dev);
 }
 
 /* The end of a step on call c run with mu dropped (its check, its layout):
