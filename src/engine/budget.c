@@ -119,7 +119,7 @@ int ferry_plan_budget(ferry_ctx *ctx, const ferry_plan *like, int decode, uint64
                         "(one job of one unit of %llu MiB in the engine: its destination and %llu MiB of decode buffers; "
                         "two more destinations, the one consumed and the next one) beside the %llu MiB kept free, and "
                         "the device has %llu MiB free: lower it with a smaller unit (batch size), less kept free, "
-                        "or decode on the CPU (decode=\"cpu\")",
+                        "or decode on the CPU (decode=\"cpu\", FERRY_DECODE=cpu)",
                         c.dev, class_name(c.cls), mib_up(need), mib_up(unit_bytes), mib_up(dec),
                         mib_up(keep_free), (unsigned long long)(free_b >> 20));
 }

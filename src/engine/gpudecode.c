@@ -1138,7 +1138,7 @@ static int dev_alloc(int dev, CUdeviceptr *p, size_t *cap, size_t n, int fit) {
         return ferry_seterr(FERRY_ENOMEM,
                             "GPU decode: cuMemAlloc(%zu) on device %d: %s (%zu MiB free): a job's calls need device memory "
                             "of about 5 x their decoded bytes; lower it with smaller jobs (fewer batches a read), "
-                            "FERRY_GPU_SLOTS=1, or decode on the CPU (decode=\"cpu\")",
+                            "FERRY_GPU_SLOTS=1, or decode on the CPU (decode=\"cpu\", FERRY_DECODE=cpu)",
                             nc, dev, ferry_cuda_errstr(r), fr >> 20);
     }
     *cap = nc;
