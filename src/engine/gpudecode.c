@@ -11,7 +11,7 @@
  * reader of the last piece launches the call, up to four calls are in flight per device,
  * and a call is checked (finish_batch) by whoever next needs its slot or at
  * the end. The rest of this comment is the per-feeder batch, which a shared
- * queue (and FERRY_GPU_COOP=off) uses, and whose steps the calls share.
+ * queue uses, and whose steps the calls share.
  * Feeder tasks claim batches from them — runs of chunks from
  * the front of a queue — until they are empty; under AUTO a deflate queue is
  * shared: the other workers take one chunk at a time from it and decode it
@@ -273,29 +273,6 @@ static uint64_t batch_target(uint64_t bytes, size_t feeders, int shared, double 
     if (t < (4u << 20)) t = 4u << 20;
     if (t > hi) t = hi;
     return t;
-}
-
-/* Cooperative batches (GPU-only queues), FERRY_GPU_COOP=off: the older
- * per-feeder batches (a feeder reads its own batch alone), to compare. */
-static int coop_enabled(void) {
-    const char *s = getenv("FERRY_GPU_COOP");
-    return !(s && (!strcmp(s, "off") || !strcmp(s, "0")));
-}
-
-/* FERRY_GPU_AHEAD=on: a shared (CPU + GPU) queue planned while other jobs are
- * in flight on the context runs as GPU calls instead, as a big job's does (no
- * CPU tail: the other jobs keep the workers busy). Off (the default): a
- * dataset's prefetched batches — jobs of 160 one-MiB deflate chunks, each
- * decoded by 16 CPU threads in less than one GPU chunk's latency — stay on
- * the CPU (H200, 2026-12-01: XarrayDataset netCDF-4 7.8-9.8 GB/s beside a
- * .load() of 25.0 that runs as GPU calls). On: a batch's latency on the GPU
- * overlaps the other batches' reads and decodes. (The earlier meaning, the
- * claim rule weighing every job's shared work, ran 6.39 GB/s against 9.63 off
- * on the H200 and is gone.) Its default moves only with an H200 run of both
- * (bench_xarray_training.py --gpu-ahead). */
-static int ahead_enabled(void) {
-    const char *s = getenv("FERRY_GPU_AHEAD");
-    return s && (!strcmp(s, "on") || !strcmp(s, "1"));
 }
 
 /* FERRY_GPU_CHECK: who checks a job's launched cooperative calls once every
@@ -585,9 +562,7 @@ static int env_onoff_ok(const char *s) {
 int ferry_gpudecode_check_env(void) {
     static const struct { const char *name; int kind; long lo, hi; const char *want; } knobs[] = {
         {"FERRY_GPU_BATCH", 's', 1, 0, "a size (decoded bytes per batch)"},
-        {"FERRY_GPU_COOP", 'o', 0, 0, "on or off"},
         {"FERRY_GPU_TAIL", 't', 0, 0, "on, off or balance"},
-        {"FERRY_GPU_AHEAD", 'o', 0, 0, "on or off"},
         {"FERRY_GPU_SLOTS", 'n', 1, GD_MAX_SLOTS, "a count from 1 to 8"},
         {"FERRY_GPU_CALL", 'n', 1, 4096, "a count of chunks from 1 to 4096"},
         {"FERRY_GPU_FEEDERS", 'n', 1, 4096, "a count of threads from 1"},
@@ -796,11 +771,10 @@ int ferry_gpudecode_plan(ferry_job *j, int policy) {
             /* a job the CPU alone takes BIG_JOB_LATENCIES chunk latencies or
              * more to decode: GPU calls (every worker reading them) with the
              * CPU tail, not a shared queue (the table's comment says why) */
-            if (q->shared && policy != FERRY_DECODE_GPU && coop_enabled() && q->latency > 0 &&
-                ((double)bytes / (cr->cpu_gbs_per_thread * 1e9 * threads) >= BIG_JOB_LATENCIES * q->latency ||
-                 (ahead_enabled() && atomic_load(&j->ctx->active_jobs) > 0)))
+            if (q->shared && policy != FERRY_DECODE_GPU && q->latency > 0 &&
+                (double)bytes / (cr->cpu_gbs_per_thread * 1e9 * threads) >= BIG_JOB_LATENCIES * q->latency)
                 q->shared = 0;
-            q->coop = !q->shared && coop_enabled();
+            q->coop = !q->shared;
             /* AUTO, cooperative: the queue's last chunks are left to the CPU
              * workers (ordinary tasks, run as feeders finish reading). The
              * GPU's last call ends one chunk's latency after its last read
@@ -842,8 +816,7 @@ int ferry_gpudecode_plan(ferry_job *j, int policy) {
              * shrinks), so it is no queue at all — the job runs as decode="cpu"
              * would, without GPU feeder tasks (a random time step of a
              * netCDF-4 file: one chunk) */
-            if (q->shared && q->latency > 0 && (double)bytes / q->cpu_bps <= q->latency &&
-                !(ahead_enabled() && atomic_load(&j->ctx->active_jobs) > 0)) {
+            if (q->shared && q->latency > 0 && (double)bytes / q->cpu_bps <= q->latency) {
                 for (size_t m = q->first; m < k; m++) g->owned[g->idx[m]] = 0;
                 cand -= q->count;
                 k = q->first;
@@ -1775,7 +1748,7 @@ static int batch_launch(ferry_worker *w, ferry_job *j, gd_slot *g, ferry_decode_
     return 0;
 }
 
-/* All three steps on one feeder (per-feeder batches: shared queues, FERRY_GPU_COOP=off). */
+/* All three steps on one feeder (per-feeder batches: shared queues). */
 static int start_batch(ferry_worker *w, ferry_job *j, gd_queue *Q, const uint32_t *idx, size_t n, gd_slot *g,
                        ferry_decode_trace *tr) {
     int rc = batch_layout(w, j, Q, idx, n, g, tr, 0, 0);

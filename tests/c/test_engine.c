@@ -405,9 +405,9 @@ static void test_async_and_timeout(void) {
 static void test_tuning_env_checked(void) {
     static const char *bad[][2] = {
         {"FERRY_GPU_STAGE", "rign"}, {"FERRY_GPU_SLOTS", "9"}, {"FERRY_GPU_SLOTS", "four"},
-        {"FERRY_GPU_CALL", "0"}, {"FERRY_GPU_COOP", "no"}, {"FERRY_GPU_TAIL", "maybe"},
+        {"FERRY_GPU_CALL", "0"}, {"FERRY_GPU_TAIL", "maybe"},
         {"FERRY_GPU_RING", "4K"}, {"FERRY_GPU_BATCH", "lots"}, {"FERRY_GPU_POOL", "-1"},
-        {"FERRY_GPU_FEEDERS", "2x"}, {"FERRY_GPU_RATES", "6.3,25"}, {"FERRY_GPU_RATES", "6.3,25,0.4,1"}, {"FERRY_GPU_AHEAD", "yes"},
+        {"FERRY_GPU_FEEDERS", "2x"}, {"FERRY_GPU_RATES", "6.3,25"}, {"FERRY_GPU_RATES", "6.3,25,0.4,1"},
         {"FERRY_GPU_CHECK", "some"}, {"FERRY_GPU_SHARE", "held"}, {"FERRY_EVENT_SYNC", "sleep"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -420,7 +420,7 @@ static void test_tuning_env_checked(void) {
     }
     static const char *good[][2] = {
         {"FERRY_GPU_STAGE", "ring"}, {"FERRY_GPU_STAGE", "calls"}, {"FERRY_GPU_SLOTS", "8"},
-        {"FERRY_GPU_COOP", "off"}, {"FERRY_GPU_RING", "16M"}, {"FERRY_GPU_RATES", "6.34,25,0.46"}, {"FERRY_GPU_AHEAD", "on"},
+        {"FERRY_GPU_RING", "16M"}, {"FERRY_GPU_RATES", "6.34,25,0.46"},
         {"FERRY_GPU_TAIL", "balance"}, {"FERRY_GPU_TAIL", "off"}, {"FERRY_GPU_TAIL", "on"}, {"FERRY_GPU_STAGE", "auto"},
         {"FERRY_GPU_CHECK", "one"}, {"FERRY_GPU_CHECK", "all"}, {"FERRY_GPU_SHARE", "pair"}, {"FERRY_GPU_SHARE", "running"},
         {"FERRY_EVENT_SYNC", "blocking"},
