@@ -45,6 +45,7 @@
 #include "engine/gpudecode.h"
 #include "engine/gpudecode_trace.h"
 #include "engine/io.h"
+#include "engine/knobs.h"
 #include "codecs/framing.h"
 #include "cuda/nvcomp.h"
 #include <errno.h>
@@ -260,15 +261,15 @@ struct ferry_gpudecode_job {
  * chunks in flight, H200 trace) (shared queues: the GPU's part of them, within
  * [4 MiB, 256 MiB]: deflate decodes one chunk per thread block, so more
  * chunks per call is the only way to fill the GPU); FERRY_GPU_BATCH overrides. */
-static int gd_slots(void);
+static int gd_slots(const ferry_ctx *ctx);
 static int stage_ring(ferry_ctx *ctx);
 static int pool_first_coop_job(ferry_ctx *ctx);
 
-static uint64_t batch_target(uint64_t bytes, size_t feeders, int shared, double share) {
+static uint64_t batch_target(const ferry_ctx *ctx, uint64_t bytes, size_t feeders, int shared, double share) {
     /* (share: the GPU's part of the sum of rates, for a shared queue) */
-    const char *s = getenv("FERRY_GPU_BATCH");
+    const char *s = ferry_knob(ctx, "FERRY_GPU_BATCH");
     if (s) { int64_t v = ferry_parse_size(s); if (v > 0) return (uint64_t)v; }
-    uint64_t t = (uint64_t)((double)bytes * (shared ? share : 1.0)) / ((uint64_t)gd_slots() * (feeders ? feeders : 1));
+    uint64_t t = (uint64_t)((double)bytes * (shared ? share : 1.0)) / ((uint64_t)gd_slots(ctx) * (feeders ? feeders : 1));
     uint64_t hi = shared ? (256u << 20) : (32u << 20);
     if (t < (4u << 20)) t = 4u << 20;
     if (t > hi) t = hi;
@@ -291,8 +292,8 @@ static uint64_t batch_target(uint64_t bytes, size_t feeders, int shared, double 
  * on the H200 (2026-12-02), not the default: XarrayDataset over netCDF-4 read
  * 18.6 GB/s against 19.2 and idled the GPU 31.7 % against 17.2 %; a 4 GiB
  * zstd job's AUTO 46.5 against 43.5-45.6 (the spread of the default). */
-static int check_by_one(void) {
-    const char *s = getenv("FERRY_GPU_CHECK");
+static int check_by_one(const ferry_ctx *ctx) {
+    const char *s = ferry_knob(ctx, "FERRY_GPU_CHECK");
     return s && !strcmp(s, "one");
 }
 
@@ -309,8 +310,8 @@ static int check_by_one(void) {
  * 15.25 GB/s (GPU share 69 %), on 14.45 (79 %); the other classes' tails were
  * not measured both ways. */
 enum { TAIL_OFF = 0, TAIL_ON = 1, TAIL_BALANCE = 2 };
-static int tail_mode(int cls) {
-    const char *s = getenv("FERRY_GPU_TAIL");
+static int tail_mode(const ferry_ctx *ctx, int cls) {
+    const char *s = ferry_knob(ctx, "FERRY_GPU_TAIL");
     if (!s) return cls == FERRY_NVCOMP_DEFLATE ? TAIL_BALANCE : TAIL_ON;
     if (!strcmp(s, "off") || !strcmp(s, "0")) return TAIL_OFF;
     return !strcmp(s, "balance") ? TAIL_BALANCE : TAIL_ON;
@@ -323,8 +324,8 @@ static int tail_mode(int cls) {
  * runs ~500 at once) and the job ran 112-119 ms; eight: no wait, 105 ms
  * (41 GB/s). The price: up to 8 x 256 MiB of staging per device (pinned
  * by default; plain memory with FERRY_GPU_STAGE=ring). */
-static int coop_slots(void) {
-    const char *s = getenv("FERRY_GPU_SLOTS");
+static int coop_slots(const ferry_ctx *ctx) {
+    const char *s = ferry_knob(ctx, "FERRY_GPU_SLOTS");
     int v = s && *s ? atoi(s) : GD_MAX_SLOTS;
     return v < 1 ? 1 : v > GD_MAX_SLOTS ? GD_MAX_SLOTS : v;
 }
@@ -468,8 +469,8 @@ static uint64_t dev_room(ferry_ctx *ctx, int dev, int others) {
  * 46.82 / 47.22 against 50.81 / 49.92 (the room alone: zstd is not
  * latency-bound); GPU idle behind a 10 GB/s step with the loop waiting on
  * the host, netCDF-4: 5.2 % against 1.5 %. */
-static int share_pair(void) {
-    const char *s = getenv("FERRY_GPU_SHARE");
+static int share_pair(const ferry_ctx *ctx) {
+    const char *s = ferry_knob(ctx, "FERRY_GPU_SHARE");
     return !s || strcmp(s, "running") != 0;
 }
 
@@ -477,7 +478,7 @@ static int share_pair(void) {
  * of its device's set in turn, and size the pieces feeders claim. */
 static int plan_coop(struct ferry_gpudecode_job *g, const ferry_job *j, int threads) {
     size_t ncb = 0;
-    g->nslots = coop_slots();
+    g->nslots = coop_slots(j->ctx);
     g->ring = stage_ring(j->ctx);
     /* the wave: this one and those still running, or two where others are
      * only held (share_pair). A finished job its caller has not yet destroyed
@@ -488,7 +489,7 @@ static int plan_coop(struct ferry_gpudecode_job *g, const ferry_job *j, int thre
      * against 21 before (H200, 2026-12-02 05:10, FERRY_DECODE_TRACE=1). */
     /* others: submitted and not destroyed, running or held */
     const int running = atomic_load(&j->ctx->running_jobs), others = atomic_load(&j->ctx->active_jobs);
-    const int pair = share_pair();
+    const int pair = share_pair(j->ctx);
     const int jobs = pair && running == 0 && others > 0 ? 2 : 1 + running;
     const int room_others = pair ? running : others;
     for (size_t qi = 0; qi < g->nq; qi++) {
@@ -545,59 +546,10 @@ static int plan_coop(struct ferry_gpudecode_job *g, const ferry_job *j, int thre
     return 0;
 }
 
-/* ---- the tuning variables' grammar ------------------------------------------ */
-static int env_count_ok(const char *s, long lo, long hi) {
-    char *end = NULL;
-    long v = strtol(s, &end, 10);
-    return end != s && !*end && v >= lo && v <= hi;
-}
-static int env_size_ok(const char *s, int64_t lo) {
-    int64_t v = ferry_parse_size(s);
-    return v >= lo;
-}
-static int env_onoff_ok(const char *s) {
-    return !strcmp(s, "on") || !strcmp(s, "off") || !strcmp(s, "1") || !strcmp(s, "0");
-}
-
-int ferry_gpudecode_check_env(void) {
-    static const struct { const char *name; int kind; long lo, hi; const char *want; } knobs[] = {
-        {"FERRY_GPU_BATCH", 's', 1, 0, "a size (decoded bytes per batch)"},
-        {"FERRY_GPU_TAIL", 't', 0, 0, "on, off or balance"},
-        {"FERRY_GPU_SLOTS", 'n', 1, GD_MAX_SLOTS, "a count from 1 to 8"},
-        {"FERRY_GPU_CALL", 'n', 1, 4096, "a count of chunks from 1 to 4096"},
-        {"FERRY_GPU_FEEDERS", 'n', 1, 4096, "a count of threads from 1"},
-        {"FERRY_GPU_RING", 's', 64 << 10, 0, "a size from 64K"},
-        {"FERRY_GPU_POOL", 's', 0, 0, "a size"},
-        {"FERRY_GPU_CHECK", 'c', 0, 0, "all or one"},
-        {"FERRY_GPU_SHARE", 'p', 0, 0, "pair or running"},
-        {"FERRY_GPU_LINE", 'o', 0, 0, "on or off"},
-    };
-    for (size_t k = 0; k < sizeof knobs / sizeof knobs[0]; k++) {
-        const char *s = getenv(knobs[k].name);
-        if (!s) continue;
-        int ok = knobs[k].kind == 's' ? env_size_ok(s, knobs[k].lo)
-               : knobs[k].kind == 'n' ? env_count_ok(s, knobs[k].lo, knobs[k].hi)
-               : knobs[k].kind == 't' ? env_onoff_ok(s) || !strcmp(s, "balance")
-               : knobs[k].kind == 'c' ? !strcmp(s, "all") || !strcmp(s, "one")
-               : knobs[k].kind == 'p' ? !strcmp(s, "pair") || !strcmp(s, "running") : env_onoff_ok(s);
-        if (!ok) return ferry_seterr(FERRY_EINVAL, "%s=\"%s\": use %s", knobs[k].name, s, knobs[k].want);
-    }
-    const char *st = getenv("FERRY_GPU_STAGE");
-    if (st && strcasecmp(st, "auto") && strcasecmp(st, "calls") && strcasecmp(st, "ring"))
-        return ferry_seterr(FERRY_EINVAL, "FERRY_GPU_STAGE=\"%s\": use auto, calls or ring", st);
-    const char *rs = getenv("FERRY_GPU_RATES");
-    double a, b, c;
-    char tail;
-    if (rs && (sscanf(rs, "%lf,%lf,%lf%c", &a, &b, &c, &tail) != 3 || a <= 0 || b <= 0 || c <= 0))
-        return ferry_seterr(FERRY_EINVAL,
-                            "FERRY_GPU_RATES=\"%s\": use gpu_gbs,chunk_mbs,cpu_gbs_per_thread (three positive numbers)", rs);
-    return 0;
-}
-
 /* GPU feeders for shared queues: a few workers (each has gd_slots()
  * batches in flight); the rest decode on the CPU. FERRY_GPU_FEEDERS overrides. */
-static size_t shared_feeders(int threads) {
-    const char *s = getenv("FERRY_GPU_FEEDERS");
+static size_t shared_feeders(const ferry_ctx *ctx, int threads) {
+    const char *s = ferry_knob(ctx, "FERRY_GPU_FEEDERS");
     long v = s && *s ? atol(s) : 2;
     if (v > threads - 1) v = threads - 1;
     if (v < 1) v = 1;
@@ -607,6 +559,7 @@ static size_t shared_feeders(int threads) {
 void ferry_gpudecode_cost_of(ferry_ctx *ctx, const ferry_plan *plan, int policy, ferry_gpudecode_cost *out) {
     memset(out, 0, sizeof *out);
     out->dev = -1;
+    out->ctx = ctx;
     if (!ctx || !plan) return;
     if (policy == FERRY_DECODE_AUTO) policy = ctx->cfg.decode;
     if (policy == FERRY_DECODE_CPU) return;
@@ -645,7 +598,7 @@ static uint64_t fit_size(uint64_t n) {
 uint64_t ferry_gpudecode_job_device_bytes(const ferry_gpudecode_cost *c, uint64_t job_bytes, int jobs) {
     if (!c || !c->want || !job_bytes) return 0;
     const uint64_t chunk = c->max_chunk ? c->max_chunk : (uint64_t)1 << 20;
-    const int nslots = coop_slots();
+    const int nslots = coop_slots(c->ctx);
     const size_t count = (size_t)((job_bytes + chunk - 1) / chunk);
     const size_t n = ferry_gpudecode_call_chunks(count, chunk, nslots, c->cls, 0, jobs);
     const size_t calls = (count + n - 1) / n;
@@ -733,7 +686,7 @@ int ferry_gpudecode_plan(ferry_job *j, int policy) {
     g->owned = calloc(n, 1);
     if (!g->idx || !g->owned) { free(g->idx); free(g->owned); free(g); return ferry_seterr(FERRY_ENOMEM, "out of memory"); }
     const int threads = j->max_workers > 0 ? j->max_workers : 1;
-    const size_t sh_feeders = shared_feeders(threads);
+    const size_t sh_feeders = shared_feeders(j->ctx, threads);
     size_t k = 0, gpu_only = 0, shared = 0, max_batches = 0, tail_total = 0;
     /* one queue per (device, class): chunks keep plan order inside it */
     for (int d = 0; d < FERRY_MAX_DEVICES && k < cand; d++)
@@ -762,7 +715,7 @@ int ferry_gpudecode_plan(ferry_job *j, int policy) {
             /* FERRY_GPU_RATES=gpu_gbs,chunk_mbs,cpu_gbs_per_thread: the table's
              * numbers for shared queues, to measure another machine (and the
              * stand-in's tests) without a rebuild */
-            const char *rs = getenv("FERRY_GPU_RATES");
+            const char *rs = ferry_knob(j->ctx, "FERRY_GPU_RATES");
             if (rs && sscanf(rs, "%lf,%lf,%lf", &cr_env.gpu_gbs, &cr_env.gpu_chunk_mbs, &cr_env.cpu_gbs_per_thread) == 3 &&
                 (cr_env.gpu_gbs <= 0 || cr_env.gpu_chunk_mbs <= 0 || cr_env.cpu_gbs_per_thread <= 0))
                 cr_env = auto_table[a];
@@ -786,7 +739,7 @@ int ferry_gpudecode_plan(ferry_job *j, int policy) {
              * in flight (a dataset's prefetched batches) the workers read
              * their calls during the drain instead, and the GPU's time is
              * not idle. FERRY_GPU_TAIL=off: none; =balance: see tail_mode. */
-            const int tm = tail_mode(a);
+            const int tm = tail_mode(j->ctx, a);
             if (q->coop && policy == FERRY_DECODE_AUTO && tm != TAIL_OFF && auto_table[a].gpu_chunk_mbs > 0 && threads > 1 &&
                 q->count >= 64 && atomic_load(&j->ctx->active_jobs) == 0) {
                 size_t tail = (size_t)((double)(threads - 1) * auto_table[a].cpu_gbs_per_thread * 1e3 / auto_table[a].gpu_chunk_mbs);
@@ -823,7 +776,7 @@ int ferry_gpudecode_plan(ferry_job *j, int policy) {
                 continue;
             }
             double share = q->gpu_bps / (q->gpu_bps + q->cpu_bps);
-            q->target = batch_target(bytes, q->shared ? sh_feeders : (size_t)threads, q->shared, share);
+            q->target = batch_target(j->ctx, bytes, q->shared ? sh_feeders : (size_t)threads, q->shared, share);
             if (q->shared) shared += q->count; else gpu_only += q->count;
             size_t nb = (size_t)(bytes / q->target) + 1;
             if (nb > max_batches) max_batches = nb;
@@ -1021,8 +974,8 @@ enum { K_GPU = 0, K_CPU = 1, K_FILL = 2, K_DONE = 3 /* nvCOMP failed it, the CPU
 
 /* Slots a feeder (per-feeder batches) or a device's set (cooperative calls)
  * uses: FERRY_GPU_SLOTS (1 .. GD_MAX_SLOTS), default 4. */
-static int gd_slots(void) {
-    const char *s = getenv("FERRY_GPU_SLOTS");
+static int gd_slots(const ferry_ctx *ctx) {
+    const char *s = ferry_knob(ctx, "FERRY_GPU_SLOTS");
     int v = s && *s ? atoi(s) : GD_SLOTS_DEFAULT;
     return v < 1 ? 1 : v > GD_MAX_SLOTS ? GD_MAX_SLOTS : v;
 }
@@ -1152,13 +1105,13 @@ static int host_grow(ferry_worker *w, int d, uint8_t **buf, size_t *cap, int *pi
  * (bench_decode.py --only first has its rows): a "best of two" loop would
  * then time a ring job and a pinning one, no warm job. */
 static int stage_ring(ferry_ctx *ctx) {
-    const char *s = getenv("FERRY_GPU_STAGE");
+    const char *s = ferry_knob(ctx, "FERRY_GPU_STAGE");
     if (s && strcasecmp(s, "ring") == 0) return 1;
     if (s && strcasecmp(s, "auto") == 0) return pool_first_coop_job(ctx);
     return 0;
 }
-static size_t ring_piece(void) {
-    const char *s = getenv("FERRY_GPU_RING");
+static size_t ring_piece(const ferry_ctx *ctx) {
+    const char *s = ferry_knob(ctx, "FERRY_GPU_RING");
     int64_t v = s && *s ? ferry_parse_size(s) : -1;
     return v >= (64 << 10) ? (size_t)v : v >= 0 ? (size_t)64 << 10 : (size_t)8 << 20;
 }
@@ -1174,7 +1127,7 @@ static int up_copy(ferry_worker *w, gd_slot *g, CUdeviceptr dst, const uint8_t *
         return 0;
     }
     gd_ring *R = &w->gpu->ring[g->dev];
-    const size_t piece = ring_piece();
+    const size_t piece = ring_piece(w->ctx);
     while (n) {
         size_t k = n < piece ? n : piece;
         int i = R->next, rc;
@@ -1514,8 +1467,8 @@ uint64_t ferry_gpudecode_slot(uint64_t at, uint64_t file_off, unsigned hdr, unsi
 }
 uint64_t ferry_gpudecode_slot_room(uint64_t len) { return up(len, 8) + 72; }
 
-static int line_slots(void) {
-    const char *s = getenv("FERRY_GPU_LINE");
+static int line_slots(const ferry_ctx *ctx) {
+    const char *s = ferry_knob(ctx, "FERRY_GPU_LINE");
     return !(s && (strcasecmp(s, "off") == 0 || strcmp(s, "0") == 0));
 }
 
@@ -1560,7 +1513,7 @@ static int batch_layout(ferry_worker *w, ferry_job *j, gd_queue *Q, const uint32
 
     /* slots: where each chunk's framed bytes go (intact, for the CPU's checks) */
     const ferry_nvcomp_api *nv = ferry_nvcomp_load(NULL);
-    const int line = line_slots();
+    const int line = line_slots(j->ctx);
     uint64_t hsize = 0;
     for (size_t k = 0; k < n; k++) {
         const ferry_extent *e = &j->ext[idx[k]];
@@ -1881,8 +1834,8 @@ static int64_t finish_batch(ferry_worker *w, ferry_job *j, gd_slot *g, ferry_dec
 #define POOL_SETS 8
 #define POOL_BYTES (6ull << 30)
 
-static uint64_t pool_bytes(uint64_t largest) {
-    const char *s = getenv("FERRY_GPU_POOL");
+static uint64_t pool_bytes(const ferry_ctx *ctx, uint64_t largest) {
+    const char *s = ferry_knob(ctx, "FERRY_GPU_POOL");
     int64_t v = s && *s ? ferry_parse_size(s) : -1;
     return FERRY_MAX(v >= 0 ? (uint64_t)v : POOL_BYTES, 2 * largest);
 }
@@ -2025,7 +1978,7 @@ static void set_release(ferry_ctx *ctx, gd_cset *set) {
     p->idle = set;
     uint64_t largest = 0;
     for (gd_cset *x = p->idle; x; x = x->next) largest = FERRY_MAX(largest, set_bytes(x));
-    const uint64_t cap = pool_bytes(largest);
+    const uint64_t cap = pool_bytes(ctx, largest);
     for (;;) {   /* evict one idle set at a time: the smallest of those that may go */
         int same = 0;
         uint64_t bytes = 0;
@@ -2221,7 +2174,7 @@ static int64_t run_coop(ferry_worker *w, ferry_job *j, struct ferry_gpudecode_jo
     }
     /* check what is launched and unchecked, in order: any feeder, or with
      * FERRY_GPU_CHECK=one only the one that launched the last call */
-    int checks = !check_by_one() || last_launcher;
+    int checks = !check_by_one(j->ctx) || last_launcher;
     for (size_t b = 0; checks && rc >= 0 && b < G->ncb && !G->failed; b++)
         if (G->cb[b].state == CB_LAUNCHED) {
             int64_t x = coop_check(w, j, G, b);
@@ -2292,7 +2245,7 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t task, int *def
         if (c < 0) { tl_trace = NULL; tl_ctx = NULL; return c; }
         total_coop = c;
     }
-    const int nslots = gd_slots();
+    const int nslots = gd_slots(j->ctx);
     /* every feeder starts on slot 0: one that runs a single batch per job
      * reuses the same buffers job after job instead of growing them all */
     for (int d = 0; d < FERRY_MAX_DEVICES; d++) w->gpu->dev[d].cur = 0;

@@ -34,11 +34,6 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *job, size_t task, int *d
  * when the queues are empty (the GPU took the rest). */
 int64_t ferry_gpudecode_take_one(ferry_job *job);
 void ferry_gpudecode_job_free(ferry_job *job);
-/* The FERRY_GPU_* tuning variables are read where they are used (tests
- * change them between jobs); this checks their grammar once, when a context
- * is made, so that a misspelt value fails there, naming it, instead of
- * quietly meaning the default. 0, or FERRY_EINVAL with the message set. */
-int ferry_gpudecode_check_env(void);
 /* Chunks per cooperative nvCOMP call for a queue of `count` chunks of class
  * `cls` (a ferry_nvcomp_alg), the largest `max_chunk` decoded bytes, `nslots`
  * calls in flight, `dev_free` bytes of device memory to grow into (0: not
@@ -61,6 +56,7 @@ void ferry_gpudecode_worker_free(ferry_worker *w);
 /* What a plan's chunks cost on the device when decoded there under a policy
  * (ferry_plan_budget in budget.c, ferry_plan_job_bytes). */
 typedef struct ferry_gpudecode_cost {
+    const ferry_ctx *ctx; /* whose knobs (FERRY_GPU_SLOTS) apply */
     int dev;              /* destination device of the chunks the GPU decodes; -1: none */
     int cls;              /* the class whose stream asks the largest job */
     uint64_t want;        /* decoded bytes one job of a stream should hold; 0: any size runs at the
