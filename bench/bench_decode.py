@@ -35,14 +35,12 @@ size, each with nvCOMP's limit for that size (every chunk in one call); the
 blosc and netCDF-4 rows use the first size (--nc-mib sets netCDF-4's). A
 1 GiB job of 1 MiB zstd chunks decodes in ~20 ms at nvCOMP's rate, so its
 fill (the first reads and copy up) and drain (the last chunk's ~11 ms) weigh;
-a whole-variable load is GBs. The "ferry gpu, per-feeder batches" row is
-FERRY_GPU_COOP=off (each feeder reads its own batches of 16-32 chunks): what
-the cooperative calls of 256 chunks replaced, in the same run.
+a whole-variable load is GBs. (The per-feeder batches the cooperative calls
+of 256 chunks replaced, FERRY_GPU_COOP=off, are gone; BENCHMARKS.md has their rows.)
 
 --trace runs only the Zarr v3 zstd-0 1 MiB row per --mib size (ferry gpu and auto, then
-ferry auto without its CPU tail (FERRY_GPU_TAIL=off), ferry gpu with per-feeder batches
-(FERRY_GPU_COOP=off) and with 4 calls in flight (FERRY_GPU_SLOTS=4, 8 by default): what the
-batching does) and the
+ferry auto without its CPU tail (FERRY_GPU_TAIL=off), ferry gpu with 4 calls in flight
+(FERRY_GPU_SLOTS=4, 8 by default): what the batching does) and the
 netCDF-4 rows, two reps each (the second warm), with FERRY_DECODE_TRACE=1: every job that ran
 GPU batches writes one "ferry decode trace:" line to stderr (per-stage
 seconds summed over workers, batch shapes, batches in flight), each after a
@@ -184,11 +182,8 @@ def ferry_read(ctx, path, dst, decode):
 
 
 def ferry_row(ctx, path, a, dev, decode, reps, warmup=0):
-    """warmup: untimed jobs first. The per-feeder batches (FERRY_GPU_COOP=off)
-    keep their buffers per worker, grown by whichever workers run batches: its
-    two timed jobs could still allocate (13.4 GB/s at 4 GiB once, where the
-    same jobs warm from earlier rows ran 35.2); the cooperative
-    calls' buffers belong to the context and the row's first job pays them."""
+    """warmup: untimed jobs first (the cooperative calls' buffers belong to the
+    context and the row's first job pays them)."""
     dst = F.empty(a.shape, "<f4", device=dev, ctx=ctx)
     for _ in range(warmup):
         ferry_read(ctx, path, dst, decode)
@@ -250,26 +245,22 @@ class Cuda:
 
 
 # the ferry rows of a dataset: the decode policies, and the tuning variables set for one row
-STANDARD_ROWS = (("cpu", {}), ("gpu", {}), ("auto", {}), ("gpu", {"FERRY_GPU_COOP": "off"}))
+STANDARD_ROWS = (("cpu", {}), ("gpu", {}), ("auto", {}))
 
 
 def ferry_rows(ctx, path, a, args, name, rows, runs=STANDARD_ROWS, trace=False):
-    """One row per (decode, env) of runs, each with env set for that row only. The per-feeder
-    batches (FERRY_GPU_COOP=off) warm up first (ferry_row)."""
+    """One row per (decode, env) of runs, each with env set for that row only."""
     for decode, env in runs:
         label = ", ".join(f"{k}={v}" for k, v in env.items())
         if trace:
             log(f"trace: {name}, decode={decode}" + (f", {label}" if label else ""))
         os.environ.update(env)
         try:
-            gbs, ok, share, fb = ferry_row(ctx, path, a, args.device, decode, args.reps,
-                                           warmup=3 if "FERRY_GPU_COOP" in env else 0)
+            gbs, ok, share, fb = ferry_row(ctx, path, a, args.device, decode, args.reps)
         finally:
             for k in env:
                 os.environ.pop(k, None)
-        per_feeder = env == {"FERRY_GPU_COOP": "off"}
-        what = f"ferry {decode}" + ((f" {label}" if trace else ", per-feeder batches" if per_feeder else f", {label}")
-                                    if label else "")
+        what = f"ferry {decode}" + ((f" {label}" if trace else f", {label}") if label else "")
         rows.append((name, what + (f" ({fb} CPU fallbacks)" if fb else ""), gbs, ok, share))
 
 def payloads(path, alg):
@@ -679,7 +670,7 @@ def trace_rows(tmp, args, lib_path, cuda, ctx, rows):
                              gbs, bad == 0, 1.0))
         ferry_rows(ctx, path, a, args, name, rows, trace=True,
                    runs=(("gpu", {}), ("auto", {}), ("auto", {"FERRY_GPU_TAIL": "off"}),
-                         ("gpu", {"FERRY_GPU_COOP": "off"}), ("gpu", {"FERRY_GPU_SLOTS": "4"})))
+                         ("gpu", {"FERRY_GPU_SLOTS": "4"})))
         shutil.rmtree(path)
 
 

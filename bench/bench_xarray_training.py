@@ -894,10 +894,6 @@ def main():
     ap.add_argument("--step-gbps", type=float, default=10.0)
     ap.add_argument("--batches-per-read", type=int, default=None,
                     help="XarrayDataset's batches_per_read (default 1)")
-    ap.add_argument("--gpu-ahead", action="store_true",
-                    help="for compressed formats, a second XarrayDataset row with FERRY_GPU_AHEAD=on (a shared "
-                         "CPU+GPU decode queue planned while other jobs are in flight runs as GPU calls, gpudecode.c) "
-                         "beside the default's")
     ap.add_argument("--group-sweep", default="",
                     help="also time one epoch with these batches_per_read values (comma list, e.g. 6)")
     ap.add_argument("--idle-env", default="",
@@ -975,13 +971,6 @@ def main():
         if a.epochs > 1:
             rows.append((fmt, f"  the same, {a.epochs} epochs back to back (vs .load())", alone["mean"],
                          alone["mean"] / lim))
-        if a.gpu_ahead and not FORMATS[fmt][3]:
-            os.environ["FERRY_GPU_AHEAD"] = "on"       # read at each job's plan: this row's jobs only
-            try:
-                ah, _, _ = ferry_epoch(path, names, a.device, a.batch, a.prefetch, group=a.batches_per_read)
-            finally:
-                del os.environ["FERRY_GPU_AHEAD"]
-            rows.append((fmt, "XarrayDataset, FERRY_GPU_AHEAD=on (vs .load())", ah, ah / lim))
         for gr in [int(x) for x in a.group_sweep.split(",") if x]:
             gr_rate, _, _ = ferry_epoch(path, names, a.device, a.batch, a.prefetch, group=gr)
             rows.append((fmt, f"XarrayDataset, {gr} batches a read (vs .load())", gr_rate, gr_rate / lim))

@@ -577,7 +577,11 @@ int64_t ferry_run(ferry_ctx *ctx, const ferry_plan *plan, const ferry_run_opts *
  *  the destination device's memory free at the call (a model may hold the
  *  rest) that leaves half of it free with those three jobs and their decode
  *  buffers (zstd: 1/26; deflate: 1/18).
- *  The plan is only inspected, not run. */
+ *  The plan is only inspected, not run. ferry_plan_budget
+ *  (ferry_experimental.h) is the rule a dataset should ask instead: it counts
+ *  every device byte the stream holds (destinations, call slots) against the
+ *  free memory less what the caller keeps, and says how many jobs to keep
+ *  in the engine. */
 uint64_t ferry_plan_job_bytes(ferry_ctx *ctx, const ferry_plan *plan, int decode);
 
 /** Wait up to timeout_ns (negative: forever). Returns bytes moved, or

@@ -10,6 +10,7 @@
 #include "cli/args.h"
 #include "formats/json.h"
 #include "engine/numa.h"
+#include "engine/knobs.h"
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -155,14 +156,54 @@ static void describe_text(ferry_dataset *ds, const char *path, ferry_sbuf *b) {
 }
 
 static void usage(FILE *to) {
-    fprintf(to, "usage: ferry info [--json] [--depth N] [FILE|DIR...]\n"
+    fprintf(to, "usage: ferry info [--json] [--knobs] [--depth N] [FILE|DIR...]\n"
                 "  Variables, tensors or arrays with dtype, shape, chunks, codecs, byte ranges and\n"
                 "  attributes; for other files, the size and how much is in the page cache.\n"
                 "  DIR: a Zarr store or group (its subgroups too, --depth levels down, default 1;\n"
                 "  0: this group only), a Hugging Face checkpoint directory (its index or\n"
                 "  model.safetensors), or a torch.distributed.checkpoint directory.\n"
                 "  Without a path: this build and machine (version, CUDA, cuFile, nvCOMP, GPU kernels,\n"
-                "  decode policy).\n");
+                "  decode policy). --knobs: the FERRY_* tuning variables ferry checks (name, grammar,\n"
+                "  default, what it does, and its value where set).\n");
+}
+
+/* `ferry info --knobs`: the knobs' table (config.c) */
+static int describe_knobs(int json) {
+    size_t n;
+    const ferry_knob_row *t = ferry_knob_table(&n);
+    static const char *const kinds[] = {"size", "count", "word", "rates"};
+    ferry_sbuf b = {0};
+    if (json) ferry_sbuf_puts(&b, "[");
+    for (size_t k = 0; k < n; k++) {
+        const ferry_knob_row *r = &t[k];
+        char grammar[200];
+        if (r->kind == FERRY_KNOB_SIZE) snprintf(grammar, sizeof grammar, r->lo > 0 ? "size >= %lld" : "size", r->lo);
+        else if (r->kind == FERRY_KNOB_COUNT) snprintf(grammar, sizeof grammar, "count %lld..%lld", r->lo, r->hi);
+        else if (r->kind == FERRY_KNOB_WORD) snprintf(grammar, sizeof grammar, "%s", r->words);
+        else snprintf(grammar, sizeof grammar, "gpu_gbs,chunk_mbs,cpu_gbs_per_thread");
+        const char *v = getenv(r->name);
+        if (json) {
+            ferry_sbuf_printf(&b, "%s{\"name\":\"%s\",\"kind\":\"%s\",\"grammar\":", k ? "," : "", r->name, kinds[r->kind]);
+            ferry_sbuf_json_string(&b, grammar, strlen(grammar));
+            ferry_sbuf_puts(&b, ",\"default\":");
+            ferry_sbuf_json_string(&b, r->def, strlen(r->def));
+            ferry_sbuf_puts(&b, ",\"doc\":");
+            ferry_sbuf_json_string(&b, r->doc, strlen(r->doc));
+            ferry_sbuf_puts(&b, ",\"value\":");
+            if (v) ferry_sbuf_json_string(&b, v, strlen(v));
+            else ferry_sbuf_puts(&b, "null");
+            ferry_sbuf_puts(&b, "}");
+        } else {
+            ferry_sbuf_printf(&b, "%-18s %-36s default %s%s%s\n  %18s %s\n", r->name, grammar, r->def,
+                              v ? "; set: " : "", v ? v : "", "", r->doc);
+        }
+    }
+    if (json) ferry_sbuf_puts(&b, "]\n");
+    char *out = ferry_sbuf_take(&b);
+    if (out) fputs(out, stdout);
+    free(out);
+    fflush(stdout);
+    return 0;
 }
 
 /* `ferry info` alone: what this build and machine can do, and which GPU
@@ -263,9 +304,9 @@ static void describe(ferry_ctx *ctx, ferry_dataset *ds, const char *path, int js
 }
 
 int ferry_cli_info(ferry_ctx *ctx, int argc, char **argv) {
-    int json = 0, status = 0, depth = 1;
+    int json = 0, status = 0, depth = 1, knobs = 0;
     static const struct option longopts[] = {
-        {"help", no_argument, NULL, 'h'}, {"json", no_argument, NULL, 'j'},
+        {"help", no_argument, NULL, 'h'}, {"json", no_argument, NULL, 'j'}, {"knobs", no_argument, NULL, 'k'},
         {"depth", required_argument, NULL, 'd'}, {NULL, 0, NULL, 0}};
     optind = 0;
     opterr = 0;
@@ -276,10 +317,12 @@ int ferry_cli_info(ferry_ctx *ctx, int argc, char **argv) {
             if (cli_int("info", "depth", optarg, 0, 64, &depth)) return 2;
             continue;
         }
+        if (c == 'k') { knobs = 1; continue; }
         cli_bad_option("info", c, optopt, argv[optind - 1]);
         return 2;
     }
     int npaths = argc - optind;
+    if (knobs) return describe_knobs(json);
     if (!npaths) return describe_library(ctx, json);
     if (json && npaths > 1) printf("[");
     int printed = 0;

@@ -4,6 +4,7 @@
 #define FERRY_ENGINE_CTX_H
 #include "common.h"
 #include "engine/fcache.h"
+#include "engine/limits.h"
 #include <pthread.h>
 #include <stdatomic.h>
 #include <sys/types.h>
@@ -38,6 +39,8 @@ struct ferry_ctx {
     ferry_fcache files;           /* files opened by path (fcache.c) */
     struct ferry_gather_pool *gather_pool; /* pinned images of gathered batches (gather.c) */
     struct ferry_gpudecode_pool *gpu_pool; /* slots of cooperative GPU decode calls (gpudecode.c) */
+    _Atomic uint64_t gpu_keep_free[FERRY_MAX_DEVICES]; /* ferry_plan_budget's keep_free per device (budget.c):
+                                                          a job's end gives idle decode buffers back below it */
 };
 /* FERRY_EINVAL with a message when called in a process forked from the creator. */
 int ferry_ctx_check_pid(const ferry_ctx *ctx);

@@ -11,7 +11,7 @@
  * reader of the last piece launches the call, up to four calls are in flight per device,
  * and a call is checked (finish_batch) by whoever next needs its slot or at
  * the end. The rest of this comment is the per-feeder batch, which a shared
- * queue (and FERRY_GPU_COOP=off) uses, and whose steps the calls share.
+ * queue uses, and whose steps the calls share.
  * Feeder tasks claim batches from them — runs of chunks from
  * the front of a queue — until they are empty; under AUTO a deflate queue is
  * shared: the other workers take one chunk at a time from it and decode it
@@ -45,6 +45,7 @@
 #include "engine/gpudecode.h"
 #include "engine/gpudecode_trace.h"
 #include "engine/io.h"
+#include "engine/knobs.h"
 #include "codecs/framing.h"
 #include "cuda/nvcomp.h"
 #include <errno.h>
@@ -260,42 +261,19 @@ struct ferry_gpudecode_job {
  * chunks in flight, H200 trace) (shared queues: the GPU's part of them, within
  * [4 MiB, 256 MiB]: deflate decodes one chunk per thread block, so more
  * chunks per call is the only way to fill the GPU); FERRY_GPU_BATCH overrides. */
-static int gd_slots(void);
+static int gd_slots(const ferry_ctx *ctx);
 static int stage_ring(ferry_ctx *ctx);
 static int pool_first_coop_job(ferry_ctx *ctx);
 
-static uint64_t batch_target(uint64_t bytes, size_t feeders, int shared, double share) {
+static uint64_t batch_target(const ferry_ctx *ctx, uint64_t bytes, size_t feeders, int shared, double share) {
     /* (share: the GPU's part of the sum of rates, for a shared queue) */
-    const char *s = getenv("FERRY_GPU_BATCH");
+    const char *s = ferry_knob(ctx, "FERRY_GPU_BATCH");
     if (s) { int64_t v = ferry_parse_size(s); if (v > 0) return (uint64_t)v; }
-    uint64_t t = (uint64_t)((double)bytes * (shared ? share : 1.0)) / ((uint64_t)gd_slots() * (feeders ? feeders : 1));
+    uint64_t t = (uint64_t)((double)bytes * (shared ? share : 1.0)) / ((uint64_t)gd_slots(ctx) * (feeders ? feeders : 1));
     uint64_t hi = shared ? (256u << 20) : (32u << 20);
     if (t < (4u << 20)) t = 4u << 20;
     if (t > hi) t = hi;
     return t;
-}
-
-/* Cooperative batches (GPU-only queues), FERRY_GPU_COOP=off: the older
- * per-feeder batches (a feeder reads its own batch alone), to compare. */
-static int coop_enabled(void) {
-    const char *s = getenv("FERRY_GPU_COOP");
-    return !(s && (!strcmp(s, "off") || !strcmp(s, "0")));
-}
-
-/* FERRY_GPU_AHEAD=on: a shared (CPU + GPU) queue planned while other jobs are
- * in flight on the context runs as GPU calls instead, as a big job's does (no
- * CPU tail: the other jobs keep the workers busy). Off (the default): a
- * dataset's prefetched batches — jobs of 160 one-MiB deflate chunks, each
- * decoded by 16 CPU threads in less than one GPU chunk's latency — stay on
- * the CPU (H200, 2026-12-01: XarrayDataset netCDF-4 7.8-9.8 GB/s beside a
- * .load() of 25.0 that runs as GPU calls). On: a batch's latency on the GPU
- * overlaps the other batches' reads and decodes. (The earlier meaning, the
- * claim rule weighing every job's shared work, ran 6.39 GB/s against 9.63 off
- * on the H200 and is gone.) Its default moves only with an H200 run of both
- * (bench_xarray_training.py --gpu-ahead). */
-static int ahead_enabled(void) {
-    const char *s = getenv("FERRY_GPU_AHEAD");
-    return s && (!strcmp(s, "on") || !strcmp(s, "1"));
 }
 
 /* FERRY_GPU_CHECK: who checks a job's launched cooperative calls once every
@@ -314,8 +292,8 @@ static int ahead_enabled(void) {
  * on the H200 (2026-12-02), not the default: XarrayDataset over netCDF-4 read
  * 18.6 GB/s against 19.2 and idled the GPU 31.7 % against 17.2 %; a 4 GiB
  * zstd job's AUTO 46.5 against 43.5-45.6 (the spread of the default). */
-static int check_by_one(void) {
-    const char *s = getenv("FERRY_GPU_CHECK");
+static int check_by_one(const ferry_ctx *ctx) {
+    const char *s = ferry_knob(ctx, "FERRY_GPU_CHECK");
     return s && !strcmp(s, "one");
 }
 
@@ -332,8 +310,8 @@ static int check_by_one(void) {
  * 15.25 GB/s (GPU share 69 %), on 14.45 (79 %); the other classes' tails were
  * not measured both ways. */
 enum { TAIL_OFF = 0, TAIL_ON = 1, TAIL_BALANCE = 2 };
-static int tail_mode(int cls) {
-    const char *s = getenv("FERRY_GPU_TAIL");
+static int tail_mode(const ferry_ctx *ctx, int cls) {
+    const char *s = ferry_knob(ctx, "FERRY_GPU_TAIL");
     if (!s) return cls == FERRY_NVCOMP_DEFLATE ? TAIL_BALANCE : TAIL_ON;
     if (!strcmp(s, "off") || !strcmp(s, "0")) return TAIL_OFF;
     return !strcmp(s, "balance") ? TAIL_BALANCE : TAIL_ON;
@@ -346,8 +324,8 @@ static int tail_mode(int cls) {
  * runs ~500 at once) and the job ran 112-119 ms; eight: no wait, 105 ms
  * (41 GB/s). The price: up to 8 x 256 MiB of staging per device (pinned
  * by default; plain memory with FERRY_GPU_STAGE=ring). */
-static int coop_slots(void) {
-    const char *s = getenv("FERRY_GPU_SLOTS");
+static int coop_slots(const ferry_ctx *ctx) {
+    const char *s = ferry_knob(ctx, "FERRY_GPU_SLOTS");
     int v = s && *s ? atoi(s) : GD_MAX_SLOTS;
     return v < 1 ? 1 : v > GD_MAX_SLOTS ? GD_MAX_SLOTS : v;
 }
@@ -401,6 +379,9 @@ static int wave_slots(int cls, int nslots, int jobs) {
     return nslots / jobs > 1 ? nslots / jobs : 1;
 }
 
+/* A call slot's device buffers beyond dev_per_byte x its call: din and dtemp
+ * rounded up to 2 MiB each (dev_fit), darr and dres of 64 KiB at least. */
+#define SLOT_SLACK ((uint64_t)9 << 19)
 #define SOLO_BYTES (8ull << 30)   /* a solo call's decoded bytes at most: its compressed bytes are staged (pinned) at once */
 size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots, int cls, uint64_t dev_free, int jobs) {
     const char *s = getenv("FERRY_GPU_CALL");
@@ -421,9 +402,14 @@ size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots,
     const int mine = wave_slots(cls, nslots, jobs);   /* a wave shared with the other jobs in flight */
     if (mine < nslots && !b) cap *= (uint64_t)(nslots / mine);
     nslots = mine;
-    /* the calls in flight take at most half the device memory there is */
+    /* the calls in flight take at most half the device memory there is —
+     * unless the whole queue does: its calls in flight hold no more than it
+     * (a dataset's small job on a nearly full device was cut into calls of
+     * one chunk in every slot, each slot's buffers rounded up: more memory,
+     * not less, than one call of all of it) */
     uint64_t room = dev_free / 2 / ((uint64_t)nslots * (uint64_t)cr->dev_per_byte);
-    if (dev_free && room < cap) cap = room;
+    const double whole = (double)count * (double)max_chunk * cr->dev_per_byte + (double)SLOT_SLACK;
+    if (dev_free && room < cap && !(max_chunk && whole <= (double)(dev_free / 2))) cap = room;
     size_t most = cr->call_max;
     if (max_chunk && (uint64_t)most * max_chunk > cap) most = (size_t)(cap / max_chunk);
     if (most < 1) most = 1;
@@ -438,6 +424,8 @@ size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots,
 }
 
 static uint64_t pool_idle_bytes(ferry_ctx *ctx, int dev);
+static size_t pool_trim(ferry_ctx *ctx, int dev);
+static int place_is_contiguous(const ferry_place *place, uint64_t decoded);
 
 /* The driver's free and total memory of device `dev` (its context made
  * current for the query): 1, or 0 where it cannot say — the caller then
@@ -481,8 +469,8 @@ static uint64_t dev_room(ferry_ctx *ctx, int dev, int others) {
  * 46.82 / 47.22 against 50.81 / 49.92 (the room alone: zstd is not
  * latency-bound); GPU idle behind a 10 GB/s step with the loop waiting on
  * the host, netCDF-4: 5.2 % against 1.5 %. */
-static int share_pair(void) {
-    const char *s = getenv("FERRY_GPU_SHARE");
+static int share_pair(const ferry_ctx *ctx) {
+    const char *s = ferry_knob(ctx, "FERRY_GPU_SHARE");
     return !s || strcmp(s, "running") != 0;
 }
 
@@ -490,7 +478,7 @@ static int share_pair(void) {
  * of its device's set in turn, and size the pieces feeders claim. */
 static int plan_coop(struct ferry_gpudecode_job *g, const ferry_job *j, int threads) {
     size_t ncb = 0;
-    g->nslots = coop_slots();
+    g->nslots = coop_slots(j->ctx);
     g->ring = stage_ring(j->ctx);
     /* the wave: this one and those still running, or two where others are
      * only held (share_pair). A finished job its caller has not yet destroyed
@@ -501,7 +489,7 @@ static int plan_coop(struct ferry_gpudecode_job *g, const ferry_job *j, int thre
      * against 21 before (H200, 2026-12-02 05:10, FERRY_DECODE_TRACE=1). */
     /* others: submitted and not destroyed, running or held */
     const int running = atomic_load(&j->ctx->running_jobs), others = atomic_load(&j->ctx->active_jobs);
-    const int pair = share_pair();
+    const int pair = share_pair(j->ctx);
     const int jobs = pair && running == 0 && others > 0 ? 2 : 1 + running;
     const int room_others = pair ? running : others;
     for (size_t qi = 0; qi < g->nq; qi++) {
@@ -558,87 +546,24 @@ static int plan_coop(struct ferry_gpudecode_job *g, const ferry_job *j, int thre
     return 0;
 }
 
-/* ---- the tuning variables' grammar ------------------------------------------ */
-static int env_count_ok(const char *s, long lo, long hi) {
-    char *end = NULL;
-    long v = strtol(s, &end, 10);
-    return end != s && !*end && v >= lo && v <= hi;
-}
-static int env_size_ok(const char *s, int64_t lo) {
-    int64_t v = ferry_parse_size(s);
-    return v >= lo;
-}
-static int env_onoff_ok(const char *s) {
-    return !strcmp(s, "on") || !strcmp(s, "off") || !strcmp(s, "1") || !strcmp(s, "0");
-}
-
-int ferry_gpudecode_check_env(void) {
-    static const struct { const char *name; int kind; long lo, hi; const char *want; } knobs[] = {
-        {"FERRY_GPU_BATCH", 's', 1, 0, "a size (decoded bytes per batch)"},
-        {"FERRY_GPU_COOP", 'o', 0, 0, "on or off"},
-        {"FERRY_GPU_TAIL", 't', 0, 0, "on, off or balance"},
-        {"FERRY_GPU_AHEAD", 'o', 0, 0, "on or off"},
-        {"FERRY_GPU_SLOTS", 'n', 1, GD_MAX_SLOTS, "a count from 1 to 8"},
-        {"FERRY_GPU_CALL", 'n', 1, 4096, "a count of chunks from 1 to 4096"},
-        {"FERRY_GPU_FEEDERS", 'n', 1, 4096, "a count of threads from 1"},
-        {"FERRY_GPU_RING", 's', 64 << 10, 0, "a size from 64K"},
-        {"FERRY_GPU_POOL", 's', 0, 0, "a size"},
-        {"FERRY_GPU_CHECK", 'c', 0, 0, "all or one"},
-        {"FERRY_GPU_SHARE", 'p', 0, 0, "pair or running"},
-        {"FERRY_GPU_LINE", 'o', 0, 0, "on or off"},
-    };
-    for (size_t k = 0; k < sizeof knobs / sizeof knobs[0]; k++) {
-        const char *s = getenv(knobs[k].name);
-        if (!s) continue;
-        int ok = knobs[k].kind == 's' ? env_size_ok(s, knobs[k].lo)
-               : knobs[k].kind == 'n' ? env_count_ok(s, knobs[k].lo, knobs[k].hi)
-               : knobs[k].kind == 't' ? env_onoff_ok(s) || !strcmp(s, "balance")
-               : knobs[k].kind == 'c' ? !strcmp(s, "all") || !strcmp(s, "one")
-               : knobs[k].kind == 'p' ? !strcmp(s, "pair") || !strcmp(s, "running") : env_onoff_ok(s);
-        if (!ok) return ferry_seterr(FERRY_EINVAL, "%s=\"%s\": use %s", knobs[k].name, s, knobs[k].want);
-    }
-    const char *st = getenv("FERRY_GPU_STAGE");
-    if (st && strcasecmp(st, "auto") && strcasecmp(st, "calls") && strcasecmp(st, "ring"))
-        return ferry_seterr(FERRY_EINVAL, "FERRY_GPU_STAGE=\"%s\": use auto, calls or ring", st);
-    const char *rs = getenv("FERRY_GPU_RATES");
-    double a, b, c;
-    char tail;
-    if (rs && (sscanf(rs, "%lf,%lf,%lf%c", &a, &b, &c, &tail) != 3 || a <= 0 || b <= 0 || c <= 0))
-        return ferry_seterr(FERRY_EINVAL,
-                            "FERRY_GPU_RATES=\"%s\": use gpu_gbs,chunk_mbs,cpu_gbs_per_thread (three positive numbers)", rs);
-    return 0;
-}
-
 /* GPU feeders for shared queues: a few workers (each has gd_slots()
  * batches in flight); the rest decode on the CPU. FERRY_GPU_FEEDERS overrides. */
-static size_t shared_feeders(int threads) {
-    const char *s = getenv("FERRY_GPU_FEEDERS");
+static size_t shared_feeders(const ferry_ctx *ctx, int threads) {
+    const char *s = ferry_knob(ctx, "FERRY_GPU_FEEDERS");
     long v = s && *s ? atol(s) : 2;
     if (v > threads - 1) v = threads - 1;
     if (v < 1) v = 1;
     return (size_t)v;
 }
 
-/* ferry_plan_job_bytes (include/ferry.h): the class whose stream_bytes asks
- * the most, scaled by its share of the plan's decoded bytes, and at most the
- * share of the device memory the driver reports free that leaves half of it
- * free with the caller's jobs in flight: two in the engine, each holding its
- * destination and call slots of dev_per_byte times its bytes (inputs,
- * scratch, nvCOMP's temp space), and the one being consumed its destination —
- * free / (2 x (2 x (1 + dev_per_byte) + 1)): zstd 1/26, deflate 1/18 (less
- * than the sixteenth of the whole device of the rule before). Free, not total: a training
- * process's model may hold the rest. Sized from the whole device, XarrayDataset
- * over Zarr zstd beside a model that left 256 MiB free planned groups for 8.7
- * GiB and failed with cuMemAlloc out of memory on the H200; from a sixteenth
- * of the free memory its two jobs' calls (5 x 16 MiB each) and three groups
- * left torch 9 MiB for the next group (2026-12-04, tests/gpu). The context's
- * idle call slots do not count: they hold calls, not destinations. */
-uint64_t ferry_plan_job_bytes(ferry_ctx *ctx, const ferry_plan *plan, int policy) {
-    if (!ctx || !plan) return 0;
+void ferry_gpudecode_cost_of(ferry_ctx *ctx, const ferry_plan *plan, int policy, ferry_gpudecode_cost *out) {
+    memset(out, 0, sizeof *out);
+    out->dev = -1;
+    out->ctx = ctx;
+    if (!ctx || !plan) return;
     if (policy == FERRY_DECODE_AUTO) policy = ctx->cfg.decode;
-    if (policy == FERRY_DECODE_CPU) return 0;
-    uint64_t total = 0, of_class[NCLASS] = {0};
-    int dev = -1;
+    if (policy == FERRY_DECODE_CPU) return;
+    uint64_t total = 0, in = 0, of_class[NCLASS] = {0};
     chain_info ci;
     for (size_t i = 0; i < plan->n; i++) {
         const ferry_extent *e = &plan->ext[i];
@@ -646,21 +571,92 @@ uint64_t ferry_plan_job_bytes(ferry_ctx *ctx, const ferry_plan *plan, int policy
         total += e->decoded_size ? e->decoded_size : e->length;
         if (e->dst.kind == FERRY_MEM_CUDA && e->decoded_size && gpu_chain(e, &ci) && class_mode(policy, ci.alg) != MODE_CPU) {
             of_class[ci.alg] += e->decoded_size;
-            if (dev < 0) dev = e->dst.device;
+            in += e->length;
+            out->max_chunk = FERRY_MAX(out->max_chunk, e->decoded_size);
+            if (!place_is_contiguous(e->place, e->decoded_size) || ci.shuffle) out->scratch = 1;
+            if (out->dev < 0) out->dev = e->dst.device;
         }
     }
-    uint64_t want = 0;
-    int per_byte = 0;   /* the most device bytes per decoded byte among the classes that ask */
     for (int a = 0; a < NCLASS; a++)
         if (of_class[a] && auto_table[a].stream_bytes) {
-            want = FERRY_MAX(want, (uint64_t)((double)auto_table[a].stream_bytes * (double)total / (double)of_class[a]));
-            per_byte = FERRY_MAX(per_byte, auto_table[a].dev_per_byte);
+            const uint64_t w = (uint64_t)((double)auto_table[a].stream_bytes * (double)total / (double)of_class[a]);
+            if (w > out->want) { out->want = w; out->cls = a; }
+            out->per_byte = FERRY_MAX(out->per_byte, (unsigned)auto_table[a].dev_per_byte);
         }
-    if (!want || !ferry_nvcomp_load(NULL)) return 0;   /* no GPU decode: the CPU's rate at any size */
+    uint64_t dec = 0;
+    for (int a = 0; a < NCLASS; a++) dec += of_class[a];
+    out->in_per_out = dec ? (double)in / (double)dec : 0;
+    if (!out->want || !ferry_nvcomp_load(NULL)) out->want = 0;   /* no GPU decode: the CPU's rate at any size */
+}
+
+/* dev_fit's rounding (dev_alloc) */
+static uint64_t fit_size(uint64_t n) {
+    const uint64_t step = n <= (1u << 20) ? (uint64_t)64 << 10 : (uint64_t)2 << 20;
+    return (n + step - 1) / step * step;
+}
+
+uint64_t ferry_gpudecode_job_device_bytes(const ferry_gpudecode_cost *c, uint64_t job_bytes, int jobs) {
+    if (!c || !c->want || !job_bytes) return 0;
+    const uint64_t chunk = c->max_chunk ? c->max_chunk : (uint64_t)1 << 20;
+    const int nslots = coop_slots(c->ctx);
+    const size_t count = (size_t)((job_bytes + chunk - 1) / chunk);
+    const size_t n = ferry_gpudecode_call_chunks(count, chunk, nslots, c->cls, 0, jobs);
+    const size_t calls = (count + n - 1) / n;
+    const int wave = wave_slots(c->cls, nslots, jobs);
+    const uint64_t slots = calls < (size_t)wave ? calls : (uint64_t)wave;
+    /* every slot the job takes is grown to its largest call (coop_setup):
+     * its compressed chunks and arrays (din), arrays and results (darr,
+     * dres), nvCOMP's temp space (asked of nvCOMP where it says, else the
+     * table's dev_per_byte less the input and output), scratch outputs */
+    const uint64_t k = n < count ? n : count, call = k * chunk;
+    const double ratio = c->in_per_out > 0 && c->in_per_out < 2 ? c->in_per_out : 1.0;
+    const uint64_t in = fit_size(k * ferry_gpudecode_slot_room((uint64_t)((double)chunk * ratio) + 1) + 128 * k + 64);
+    uint64_t temp = 0;
+    size_t t = 0;
+    const ferry_nvcomp_api *nv = ferry_nvcomp_load(NULL);
+    ferry_nvcomp_opts opts;
+    memset(&opts, 0, sizeof opts);
+    if (nv && c->cls < FERRY_NVCOMP_NALG && c->dev >= 0) {
+        CUcontext saved = ferry_cuda_current();
+        if (ferry_cuda_use_device(c->dev) == 0 && !ferry_nvcomp_temp_size(nv, c->cls, k, chunk, opts, &t, call, NULL))
+            temp = fit_size(t ? t : 1);
+        else
+            ferry_clearerr();
+        ferry_cuda_restore(saved);
+    }
+    if (!temp) temp = call * (c->per_byte > 2 ? c->per_byte - 2 : 1);
+    const uint64_t slot = in + fit_size(128 * k + 64) + fit_size(32 * k + 64) + temp + (c->scratch ? 2 * call : 0);
+    return slots * slot;
+}
+
+int ferry_gpudecode_dev_free(int dev, uint64_t *free_b) {
+    size_t f, total;
+    *free_b = 0;
+    if (!dev_mem(dev, &f, &total)) return 0;
+    *free_b = f;
+    return 1;
+}
+
+size_t ferry_gpudecode_give_back(ferry_ctx *ctx, int dev) { return pool_trim(ctx, dev); }
+
+/* ferry_plan_job_bytes (include/ferry.h): the class whose stream_bytes asks
+ * the most, scaled by its share of the plan's decoded bytes, and at most the
+ * share of the device memory the driver reports free that leaves half of it
+ * free with the caller's jobs in flight: two in the engine, each holding its
+ * destination and call slots of dev_per_byte times its bytes (inputs,
+ * scratch, nvCOMP's temp space), and the one being consumed its destination —
+ * free / (2 x (2 x (1 + dev_per_byte) + 1)): zstd 1/26, deflate 1/18. The
+ * context's idle call slots do not count: they hold calls, not destinations.
+ * ferry_plan_budget (ferry_experimental.h, budget.c) is the rule that counts
+ * every byte the stream holds; this one is kept for its callers. */
+uint64_t ferry_plan_job_bytes(ferry_ctx *ctx, const ferry_plan *plan, int policy) {
+    ferry_gpudecode_cost c;
+    ferry_gpudecode_cost_of(ctx, plan, policy, &c);
+    uint64_t want = c.want;
     size_t free_b, dev_total;
-    if (dev_mem(dev, &free_b, &dev_total)) {
+    if (want && dev_mem(c.dev, &free_b, &dev_total)) {
         (void)dev_total;   /* free <= total: the free memory alone caps it */
-        const uint64_t cap = (uint64_t)free_b / (2u * (2u * (1u + (unsigned)per_byte) + 1u));
+        const uint64_t cap = (uint64_t)free_b / (2u * (2u * (1u + c.per_byte) + 1u));
         if (cap < want) want = cap ? cap : 1;
     }
     return want;
@@ -690,7 +686,7 @@ int ferry_gpudecode_plan(ferry_job *j, int policy) {
     g->owned = calloc(n, 1);
     if (!g->idx || !g->owned) { free(g->idx); free(g->owned); free(g); return ferry_seterr(FERRY_ENOMEM, "out of memory"); }
     const int threads = j->max_workers > 0 ? j->max_workers : 1;
-    const size_t sh_feeders = shared_feeders(threads);
+    const size_t sh_feeders = shared_feeders(j->ctx, threads);
     size_t k = 0, gpu_only = 0, shared = 0, max_batches = 0, tail_total = 0;
     /* one queue per (device, class): chunks keep plan order inside it */
     for (int d = 0; d < FERRY_MAX_DEVICES && k < cand; d++)
@@ -719,7 +715,7 @@ int ferry_gpudecode_plan(ferry_job *j, int policy) {
             /* FERRY_GPU_RATES=gpu_gbs,chunk_mbs,cpu_gbs_per_thread: the table's
              * numbers for shared queues, to measure another machine (and the
              * stand-in's tests) without a rebuild */
-            const char *rs = getenv("FERRY_GPU_RATES");
+            const char *rs = ferry_knob(j->ctx, "FERRY_GPU_RATES");
             if (rs && sscanf(rs, "%lf,%lf,%lf", &cr_env.gpu_gbs, &cr_env.gpu_chunk_mbs, &cr_env.cpu_gbs_per_thread) == 3 &&
                 (cr_env.gpu_gbs <= 0 || cr_env.gpu_chunk_mbs <= 0 || cr_env.cpu_gbs_per_thread <= 0))
                 cr_env = auto_table[a];
@@ -728,11 +724,10 @@ int ferry_gpudecode_plan(ferry_job *j, int policy) {
             /* a job the CPU alone takes BIG_JOB_LATENCIES chunk latencies or
              * more to decode: GPU calls (every worker reading them) with the
              * CPU tail, not a shared queue (the table's comment says why) */
-            if (q->shared && policy != FERRY_DECODE_GPU && coop_enabled() && q->latency > 0 &&
-                ((double)bytes / (cr->cpu_gbs_per_thread * 1e9 * threads) >= BIG_JOB_LATENCIES * q->latency ||
-                 (ahead_enabled() && atomic_load(&j->ctx->active_jobs) > 0)))
+            if (q->shared && policy != FERRY_DECODE_GPU && q->latency > 0 &&
+                (double)bytes / (cr->cpu_gbs_per_thread * 1e9 * threads) >= BIG_JOB_LATENCIES * q->latency)
                 q->shared = 0;
-            q->coop = !q->shared && coop_enabled();
+            q->coop = !q->shared;
             /* AUTO, cooperative: the queue's last chunks are left to the CPU
              * workers (ordinary tasks, run as feeders finish reading). The
              * GPU's last call ends one chunk's latency after its last read
@@ -744,7 +739,7 @@ int ferry_gpudecode_plan(ferry_job *j, int policy) {
              * in flight (a dataset's prefetched batches) the workers read
              * their calls during the drain instead, and the GPU's time is
              * not idle. FERRY_GPU_TAIL=off: none; =balance: see tail_mode. */
-            const int tm = tail_mode(a);
+            const int tm = tail_mode(j->ctx, a);
             if (q->coop && policy == FERRY_DECODE_AUTO && tm != TAIL_OFF && auto_table[a].gpu_chunk_mbs > 0 && threads > 1 &&
                 q->count >= 64 && atomic_load(&j->ctx->active_jobs) == 0) {
                 size_t tail = (size_t)((double)(threads - 1) * auto_table[a].cpu_gbs_per_thread * 1e3 / auto_table[a].gpu_chunk_mbs);
@@ -774,15 +769,14 @@ int ferry_gpudecode_plan(ferry_job *j, int policy) {
              * shrinks), so it is no queue at all — the job runs as decode="cpu"
              * would, without GPU feeder tasks (a random time step of a
              * netCDF-4 file: one chunk) */
-            if (q->shared && q->latency > 0 && (double)bytes / q->cpu_bps <= q->latency &&
-                !(ahead_enabled() && atomic_load(&j->ctx->active_jobs) > 0)) {
+            if (q->shared && q->latency > 0 && (double)bytes / q->cpu_bps <= q->latency) {
                 for (size_t m = q->first; m < k; m++) g->owned[g->idx[m]] = 0;
                 cand -= q->count;
                 k = q->first;
                 continue;
             }
             double share = q->gpu_bps / (q->gpu_bps + q->cpu_bps);
-            q->target = batch_target(bytes, q->shared ? sh_feeders : (size_t)threads, q->shared, share);
+            q->target = batch_target(j->ctx, bytes, q->shared ? sh_feeders : (size_t)threads, q->shared, share);
             if (q->shared) shared += q->count; else gpu_only += q->count;
             size_t nb = (size_t)(bytes / q->target) + 1;
             if (nb > max_batches) max_batches = nb;
@@ -980,8 +974,8 @@ enum { K_GPU = 0, K_CPU = 1, K_FILL = 2, K_DONE = 3 /* nvCOMP failed it, the CPU
 
 /* Slots a feeder (per-feeder batches) or a device's set (cooperative calls)
  * uses: FERRY_GPU_SLOTS (1 .. GD_MAX_SLOTS), default 4. */
-static int gd_slots(void) {
-    const char *s = getenv("FERRY_GPU_SLOTS");
+static int gd_slots(const ferry_ctx *ctx) {
+    const char *s = ferry_knob(ctx, "FERRY_GPU_SLOTS");
     int v = s && *s ? atoi(s) : GD_SLOTS_DEFAULT;
     return v < 1 ? 1 : v > GD_MAX_SLOTS ? GD_MAX_SLOTS : v;
 }
@@ -1037,7 +1031,7 @@ static size_t pool_trim(ferry_ctx *ctx, int dev);
 
 /* Device memory of at least n bytes (contents not kept) on device dev,
  * which is current. dev_grow doubles (per-feeder batches vary in size); dev_fit takes
- * n rounded up to 2 MiB (1 MiB at least): a call slot is grown once to the job's largest
+ * n rounded up to 2 MiB (to 64 KiB up to 1 MiB): a call slot is grown once to the job's largest
  * call, and doubling a 128 MiB call's payloads (plus its arrays) made 256 MiB
  * per slot, 8 slots each of payloads and of nvCOMP's temp space. */
 static int dev_alloc(int dev, CUdeviceptr *p, size_t *cap, size_t n, int fit) {
@@ -1046,7 +1040,9 @@ static int dev_alloc(int dev, CUdeviceptr *p, size_t *cap, size_t n, int fit) {
     if (tl_trace) atomic_fetch_add(&tl_trace->allocs, 1);
     const ferry_cuda_api *cu = ferry_cuda_load(NULL);
     size_t nc = *cap ? *cap : (1u << 20);
-    if (fit) nc = n <= (1u << 20) ? (1u << 20) : (n + ((size_t)2 << 20) - 1) & ~(((size_t)2 << 20) - 1);
+    /* fit: small buffers (a call's arrays and results, kilobytes) in 64 KiB steps, not a whole MiB each */
+    if (fit) nc = n <= (1u << 20) ? (n + ((size_t)64 << 10) - 1) & ~(((size_t)64 << 10) - 1)
+                                  : (n + ((size_t)2 << 20) - 1) & ~(((size_t)2 << 20) - 1);
     while (nc < n) nc *= 2;
     if (*p) cu->MemFree(*p);
     *p = 0; *cap = 0;
@@ -1061,7 +1057,16 @@ static int dev_alloc(int dev, CUdeviceptr *p, size_t *cap, size_t n, int fit) {
         pool_trim(tl_ctx, dev);
         r = cu->MemAlloc(p, nc);
     }
-    if (r) { *p = 0; return ferry_seterr(FERRY_ENOMEM, "GPU decode: cuMemAlloc(%zu): %s", nc, ferry_cuda_errstr(r)); }
+    if (r) {
+        *p = 0;
+        size_t fr = 0, tot = 0;
+        (void)dev_mem(dev, &fr, &tot);
+        return ferry_seterr(FERRY_ENOMEM,
+                            "GPU decode: cuMemAlloc(%zu) on device %d: %s (%zu MiB free): a job's calls need device memory "
+                            "of about 5 x their decoded bytes; lower it with smaller jobs (fewer batches a read), "
+                            "FERRY_GPU_SLOTS=1, or decode on the CPU (decode=\"cpu\", FERRY_DECODE=cpu)",
+                            nc, dev, ferry_cuda_errstr(r), fr >> 20);
+    }
     *cap = nc;
     ferry_dt_lap(tl_trace, FERRY_DT_ALLOC, &t0);
     return 0;
@@ -1100,13 +1105,13 @@ static int host_grow(ferry_worker *w, int d, uint8_t **buf, size_t *cap, int *pi
  * (bench_decode.py --only first has its rows): a "best of two" loop would
  * then time a ring job and a pinning one, no warm job. */
 static int stage_ring(ferry_ctx *ctx) {
-    const char *s = getenv("FERRY_GPU_STAGE");
+    const char *s = ferry_knob(ctx, "FERRY_GPU_STAGE");
     if (s && strcasecmp(s, "ring") == 0) return 1;
     if (s && strcasecmp(s, "auto") == 0) return pool_first_coop_job(ctx);
     return 0;
 }
-static size_t ring_piece(void) {
-    const char *s = getenv("FERRY_GPU_RING");
+static size_t ring_piece(const ferry_ctx *ctx) {
+    const char *s = ferry_knob(ctx, "FERRY_GPU_RING");
     int64_t v = s && *s ? ferry_parse_size(s) : -1;
     return v >= (64 << 10) ? (size_t)v : v >= 0 ? (size_t)64 << 10 : (size_t)8 << 20;
 }
@@ -1122,7 +1127,7 @@ static int up_copy(ferry_worker *w, gd_slot *g, CUdeviceptr dst, const uint8_t *
         return 0;
     }
     gd_ring *R = &w->gpu->ring[g->dev];
-    const size_t piece = ring_piece();
+    const size_t piece = ring_piece(w->ctx);
     while (n) {
         size_t k = n < piece ? n : piece;
         int i = R->next, rc;
@@ -1462,8 +1467,8 @@ uint64_t ferry_gpudecode_slot(uint64_t at, uint64_t file_off, unsigned hdr, unsi
 }
 uint64_t ferry_gpudecode_slot_room(uint64_t len) { return up(len, 8) + 72; }
 
-static int line_slots(void) {
-    const char *s = getenv("FERRY_GPU_LINE");
+static int line_slots(const ferry_ctx *ctx) {
+    const char *s = ferry_knob(ctx, "FERRY_GPU_LINE");
     return !(s && (strcasecmp(s, "off") == 0 || strcmp(s, "0") == 0));
 }
 
@@ -1508,7 +1513,7 @@ static int batch_layout(ferry_worker *w, ferry_job *j, gd_queue *Q, const uint32
 
     /* slots: where each chunk's framed bytes go (intact, for the CPU's checks) */
     const ferry_nvcomp_api *nv = ferry_nvcomp_load(NULL);
-    const int line = line_slots();
+    const int line = line_slots(j->ctx);
     uint64_t hsize = 0;
     for (size_t k = 0; k < n; k++) {
         const ferry_extent *e = &j->ext[idx[k]];
@@ -1696,7 +1701,7 @@ static int batch_launch(ferry_worker *w, ferry_job *j, gd_slot *g, ferry_decode_
     return 0;
 }
 
-/* All three steps on one feeder (per-feeder batches: shared queues, FERRY_GPU_COOP=off). */
+/* All three steps on one feeder (per-feeder batches: shared queues). */
 static int start_batch(ferry_worker *w, ferry_job *j, gd_queue *Q, const uint32_t *idx, size_t n, gd_slot *g,
                        ferry_decode_trace *tr) {
     int rc = batch_layout(w, j, Q, idx, n, g, tr, 0, 0);
@@ -1829,8 +1834,8 @@ static int64_t finish_batch(ferry_worker *w, ferry_job *j, gd_slot *g, ferry_dec
 #define POOL_SETS 8
 #define POOL_BYTES (6ull << 30)
 
-static uint64_t pool_bytes(uint64_t largest) {
-    const char *s = getenv("FERRY_GPU_POOL");
+static uint64_t pool_bytes(const ferry_ctx *ctx, uint64_t largest) {
+    const char *s = ferry_knob(ctx, "FERRY_GPU_POOL");
     int64_t v = s && *s ? ferry_parse_size(s) : -1;
     return FERRY_MAX(v >= 0 ? (uint64_t)v : POOL_BYTES, 2 * largest);
 }
@@ -1973,7 +1978,7 @@ static void set_release(ferry_ctx *ctx, gd_cset *set) {
     p->idle = set;
     uint64_t largest = 0;
     for (gd_cset *x = p->idle; x; x = x->next) largest = FERRY_MAX(largest, set_bytes(x));
-    const uint64_t cap = pool_bytes(largest);
+    const uint64_t cap = pool_bytes(ctx, largest);
     for (;;) {   /* evict one idle set at a time: the smallest of those that may go */
         int same = 0;
         uint64_t bytes = 0;
@@ -2000,6 +2005,14 @@ static void set_release(ferry_ctx *ctx, gd_cset *set) {
     }
     pthread_mutex_unlock(&p->mu);
     while (drop) { gd_cset *x = drop; drop = x->next; set_free(x); }   /* outside the lock: cuMemFree waits */
+    /* a stream budgeted with ferry_plan_budget promised its caller keep_free
+     * bytes of the device: idle sets are not kept below it (a model's next
+     * allocation cannot take them back the way dev_alloc does). The H100
+     * ran out of memory in torch, allocating a dataset's next group beside
+     * the idle sets of its earlier jobs. */
+    const uint64_t keep = set->dev >= 0 && set->dev < FERRY_MAX_DEVICES ? atomic_load(&ctx->gpu_keep_free[set->dev]) : 0;
+    uint64_t free_b;
+    if (keep && ferry_gpudecode_dev_free(set->dev, &free_b) && free_b < keep) pool_trim(ctx, set->dev);
 }
 
 /* The end of a step on call c run with mu dropped (its check, its layout):
@@ -2161,7 +2174,7 @@ static int64_t run_coop(ferry_worker *w, ferry_job *j, struct ferry_gpudecode_jo
     }
     /* check what is launched and unchecked, in order: any feeder, or with
      * FERRY_GPU_CHECK=one only the one that launched the last call */
-    int checks = !check_by_one() || last_launcher;
+    int checks = !check_by_one(j->ctx) || last_launcher;
     for (size_t b = 0; checks && rc >= 0 && b < G->ncb && !G->failed; b++)
         if (G->cb[b].state == CB_LAUNCHED) {
             int64_t x = coop_check(w, j, G, b);
@@ -2232,7 +2245,7 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t task, int *def
         if (c < 0) { tl_trace = NULL; tl_ctx = NULL; return c; }
         total_coop = c;
     }
-    const int nslots = gd_slots();
+    const int nslots = gd_slots(j->ctx);
     /* every feeder starts on slot 0: one that runs a single batch per job
      * reuses the same buffers job after job instead of growing them all */
     for (int d = 0; d < FERRY_MAX_DEVICES; d++) w->gpu->dev[d].cur = 0;

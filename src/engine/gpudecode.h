@@ -34,11 +34,6 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *job, size_t task, int *d
  * when the queues are empty (the GPU took the rest). */
 int64_t ferry_gpudecode_take_one(ferry_job *job);
 void ferry_gpudecode_job_free(ferry_job *job);
-/* The FERRY_GPU_* tuning variables are read where they are used (tests
- * change them between jobs); this checks their grammar once, when a context
- * is made, so that a misspelt value fails there, naming it, instead of
- * quietly meaning the default. 0, or FERRY_EINVAL with the message set. */
-int ferry_gpudecode_check_env(void);
 /* Chunks per cooperative nvCOMP call for a queue of `count` chunks of class
  * `cls` (a ferry_nvcomp_alg), the largest `max_chunk` decoded bytes, `nslots`
  * calls in flight, `dev_free` bytes of device memory to grow into (0: not
@@ -57,4 +52,30 @@ typedef struct ferry_gpudecode_pool ferry_gpudecode_pool;
 ferry_gpudecode_pool *ferry_gpudecode_pool_new(void);
 void ferry_gpudecode_pool_free(ferry_gpudecode_pool *p);
 void ferry_gpudecode_worker_free(ferry_worker *w);
+
+/* What a plan's chunks cost on the device when decoded there under a policy
+ * (ferry_plan_budget in budget.c, ferry_plan_job_bytes). */
+typedef struct ferry_gpudecode_cost {
+    const ferry_ctx *ctx; /* whose knobs (FERRY_GPU_SLOTS) apply */
+    int dev;              /* destination device of the chunks the GPU decodes; -1: none */
+    int cls;              /* the class whose stream asks the largest job */
+    uint64_t want;        /* decoded bytes one job of a stream should hold; 0: any size runs at the
+                             rate (nothing decoded on the GPU, or only codecs that need no large job) */
+    unsigned per_byte;    /* device bytes a call in flight holds per decoded byte (the plan's most) */
+    uint64_t max_chunk;   /* the largest decoded chunk the GPU decodes */
+    double in_per_out;    /* their compressed bytes per decoded byte */
+    int scratch;          /* some decode into scratch first (not one contiguous run of their destination, or shuffled) */
+} ferry_gpudecode_cost;
+void ferry_gpudecode_cost_of(ferry_ctx *ctx, const ferry_plan *plan, int policy, ferry_gpudecode_cost *out);
+/* Device memory the decode of one job of job_bytes holds at most, with `jobs`
+ * jobs of the stream in flight: the call slots its calls take (as
+ * ferry_gpudecode_call_chunks cuts them on a device with room), each grown to
+ * the largest call — its compressed input, arrays, nvCOMP's temp space (as
+ * nvCOMP says), scratch — with their buffers' rounding. */
+uint64_t ferry_gpudecode_job_device_bytes(const ferry_gpudecode_cost *c, uint64_t job_bytes, int jobs);
+/* The driver's free memory on device dev: 1, or 0 where it cannot say. */
+int ferry_gpudecode_dev_free(int dev, uint64_t *free_b);
+/* The context's idle decode buffers on device dev given back to the driver;
+ * the number of call-slot sets freed. */
+size_t ferry_gpudecode_give_back(ferry_ctx *ctx, int dev);
 #endif

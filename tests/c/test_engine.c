@@ -3,6 +3,8 @@
  * plans with placements and fills, concurrency, errors. */
 #include "check.h"
 #include "ferry.h"
+#include "engine/ctx.h"
+#include "engine/knobs.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -405,9 +407,9 @@ static void test_async_and_timeout(void) {
 static void test_tuning_env_checked(void) {
     static const char *bad[][2] = {
         {"FERRY_GPU_STAGE", "rign"}, {"FERRY_GPU_SLOTS", "9"}, {"FERRY_GPU_SLOTS", "four"},
-        {"FERRY_GPU_CALL", "0"}, {"FERRY_GPU_COOP", "no"}, {"FERRY_GPU_TAIL", "maybe"},
+        {"FERRY_GPU_CALL", "0"}, {"FERRY_GPU_TAIL", "maybe"},
         {"FERRY_GPU_RING", "4K"}, {"FERRY_GPU_BATCH", "lots"}, {"FERRY_GPU_POOL", "-1"},
-        {"FERRY_GPU_FEEDERS", "2x"}, {"FERRY_GPU_RATES", "6.3,25"}, {"FERRY_GPU_RATES", "6.3,25,0.4,1"}, {"FERRY_GPU_AHEAD", "yes"},
+        {"FERRY_GPU_FEEDERS", "2x"}, {"FERRY_GPU_RATES", "6.3,25"}, {"FERRY_GPU_RATES", "6.3,25,0.4,1"},
         {"FERRY_GPU_CHECK", "some"}, {"FERRY_GPU_SHARE", "held"}, {"FERRY_EVENT_SYNC", "sleep"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -420,7 +422,7 @@ static void test_tuning_env_checked(void) {
     }
     static const char *good[][2] = {
         {"FERRY_GPU_STAGE", "ring"}, {"FERRY_GPU_STAGE", "calls"}, {"FERRY_GPU_SLOTS", "8"},
-        {"FERRY_GPU_COOP", "off"}, {"FERRY_GPU_RING", "16M"}, {"FERRY_GPU_RATES", "6.34,25,0.46"}, {"FERRY_GPU_AHEAD", "on"},
+        {"FERRY_GPU_RING", "16M"}, {"FERRY_GPU_RATES", "6.34,25,0.46"},
         {"FERRY_GPU_TAIL", "balance"}, {"FERRY_GPU_TAIL", "off"}, {"FERRY_GPU_TAIL", "on"}, {"FERRY_GPU_STAGE", "auto"},
         {"FERRY_GPU_CHECK", "one"}, {"FERRY_GPU_CHECK", "all"}, {"FERRY_GPU_SHARE", "pair"}, {"FERRY_GPU_SHARE", "running"},
         {"FERRY_EVENT_SYNC", "blocking"},
@@ -431,6 +433,37 @@ static void test_tuning_env_checked(void) {
         CHECK_EQ_I(ferry_ctx_create(&ctx, NULL), 0);
         ferry_ctx_destroy(ctx);
         unsetenv(good[i][0]);
+    }
+}
+
+/* The knobs' table (config.c, `ferry info --knobs`): every row named,
+ * documented, with a default, and checked when a context is made; a context
+ * made with no_env checks none and ferry_knob gives it none (the GPU decode
+ * stage reads its knobs that way; worker.c's FERRY_EVENT_SYNC and numa.c's
+ * FERRY_NUMA still read the environment). */
+static void test_knob_table_and_no_env(void) {
+    size_t n;
+    const ferry_knob_row *t = ferry_knob_table(&n);
+    CHECK(n >= 14);
+    for (size_t k = 0; k < n; k++) {
+        CHECK(!strncmp(t[k].name, "FERRY_", 6) && t[k].def && *t[k].def && t[k].doc && *t[k].doc);
+        CHECK(t[k].kind != FERRY_KNOB_WORD || (t[k].words && *t[k].words));
+        CHECK(t[k].kind != FERRY_KNOB_COUNT || t[k].lo <= t[k].hi);
+        for (size_t m = 0; m < k; m++) CHECK(strcmp(t[k].name, t[m].name) != 0);
+    }
+    for (size_t k = 0; k < n; k++) {
+        setenv(t[k].name, "(not a value)", 1);
+        ferry_ctx *ctx = NULL;
+        CHECK_EQ_I(ferry_ctx_create(&ctx, NULL), FERRY_EINVAL);   /* every row checked */
+        CHECK_STR_CONTAINS(ferry_errmsg(NULL), t[k].name);
+        ferry_config cfg;
+        ferry_config_init(&cfg);
+        cfg.no_env = 1;
+        CHECK_EQ_I(ferry_ctx_create(&ctx, &cfg), 0);
+        CHECK(ferry_knob(ctx, t[k].name) == NULL);
+        ferry_ctx_destroy(ctx);
+        CHECK_STR_CONTAINS(ferry_knob(NULL, t[k].name), "not a value");
+        unsetenv(t[k].name);
     }
 }
 
@@ -530,6 +563,7 @@ int main(void) {
     RUN(test_async_and_timeout);
     RUN(test_config_env);
     RUN(test_tuning_env_checked);
+    RUN(test_knob_table_and_no_env);
     RUN(test_cached);
     RUN(test_fork_child);
     char cmd[600];

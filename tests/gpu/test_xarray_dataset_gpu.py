@@ -172,12 +172,14 @@ def test_gpu_groups_of_batches_equal_xarray(tmp_path, fmt, group):
 def test_engine_sized_groups_on_a_nearly_full_gpu(tmp_path, fmt):
     """A training process's model takes most of the GPU: the dataset's engine-sized groups of
     compressed data (decoded on the GPU, three in flight) still run, byte-exact over two epochs,
-    in the 256 MiB the driver says are free, their size taken from the free memory
-    (ferry_plan_job_bytes). On the H200, 2026-12-04, Zarr zstd: groups sized from the whole
-    device failed with cuMemAlloc out of memory; from a sixteenth of the free memory, beside
-    earlier tests' idle call slots, again in ferry's decode (fixed: the slots are given back);
-    then torch had 9 MiB left for the next 16 MiB group (now 1/26 of the free memory for zstd:
-    not yet run on the H200). netCDF-4 passed at each step."""
+    in the 256 MiB the driver says are free, their size and the jobs in the engine from
+    ferry_plan_budget (every device byte the stream holds against the free memory less what it
+    keeps for the model). On the H200, Zarr zstd: groups sized from the whole device failed with
+    cuMemAlloc out of memory; from a sixteenth of the free memory, beside earlier tests' idle
+    call slots, again in ferry's decode (fixed: the slots are given back); then torch had 9 MiB
+    left for the next 16 MiB group; at 1/26 of the free memory the H100 left torch 2 MiB for a
+    12 MiB group (tests/gpu/test_gpu_budget.c reproduces it on the stand-in). netCDF-4 passed
+    at each step."""
     import ferry
     if "loaded" not in (ferry.default_context().nvcomp_status or ""):
         pytest.skip("nvCOMP not loaded")

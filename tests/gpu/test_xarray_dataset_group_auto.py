@@ -74,3 +74,27 @@ def test_auto_group_follows_the_engine(tmp_path, fmt, want):
     assert _group_on_cuda(ds3) == 3
     assert XarrayDataset(src, ["t2m", "sp"], batch_size=2, device="cpu")._read_group(
         ds._runtime(torch.device("cpu"), False, 1)) == 1
+
+
+def test_auto_group_beside_a_model_that_fills_the_device(tmp_path, monkeypatch):
+    """The stand-in's device nearly full (FERRY_CUDASIM_MEM: what is allocated plus a little): the
+    group comes from ferry_plan_budget, which counts the groups and their decode buffers against
+    the free memory less what it keeps for the model (64 MiB at least): with 320 MiB free the
+    2.5 GiB it asks is far more than 64 batches, so 64, two in the engine; with 64 MiB free not
+    even one batch a read fits, and the dataset says so (what it needs, how to lower it) before it
+    allocates anything, instead of the model's next allocation failing."""
+    import ctypes
+    import ferry
+    try:
+        count = ctypes.CDLL("libcuda.so.1").cudasim_count
+    except (OSError, AttributeError):
+        pytest.skip("needs the stand-in driver (tests/cudasim)")
+    count.restype, count.argtypes = ctypes.c_long, [ctypes.c_char_p, ctypes.c_int]
+    src = xr.open_dataset(_files(tmp_path, "zarr"), engine=FerryBackendEntrypoint, device="cpu")
+    ds = XarrayDataset(src, ["t2m", "sp"], batch_size=2, device="cpu")
+    monkeypatch.setenv("FERRY_CUDASIM_MEM", str(max(1, count(b"device_live", 0)) + (320 << 20)))
+    assert _group_on_cuda(ds, depth=5) == (64, 3)
+    small = XarrayDataset(src, ["t2m", "sp"], batch_size=2, device="cpu")
+    monkeypatch.setenv("FERRY_CUDASIM_MEM", str(max(1, count(b"device_live", 0)) + (64 << 20)))
+    with pytest.raises(ferry.FerryError, match=r"needs \d+ MiB at least .* decode on the CPU"):
+        _group_on_cuda(small)

@@ -76,6 +76,19 @@ def test_info_without_path_names_the_kernel_source():
     assert d["kernels"] in ("embedded fatbin", "none") and d["version"]
 
 
+def test_info_knobs_lists_the_table():
+    """`ferry info --knobs`: the FERRY_* tuning variables ferry checks, with their grammar, default
+    and doc; --json gives the same rows and the value of each one set."""
+    r = run("info", "--knobs")
+    assert r.returncode == 0 and "FERRY_GPU_SLOTS" in r.stdout and "default" in r.stdout
+    env = dict(os.environ, FERRY_GPU_TAIL="off")
+    d = json.loads(subprocess.run([FERRY, "info", "--knobs", "--json"], capture_output=True, text=True,
+                                  env=env).stdout)
+    rows = {x["name"]: x for x in d}
+    assert rows["FERRY_GPU_TAIL"]["value"] == "off" and rows["FERRY_GPU_SLOTS"]["value"] is None
+    assert all(x["doc"] and x["default"] for x in d)
+
+
 def test_info_options_after_paths(tmp_path):
     np = pytest.importorskip("numpy")
     np.save(tmp_path / "a.npy", np.zeros(3, np.float32))

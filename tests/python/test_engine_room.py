@@ -1,6 +1,6 @@
 """XarrayDataset's engine-sized groups: the planner thread submits a group only once fewer than
-_ENGINE_JOBS of the runtime's group jobs are in the engine (_engine_room), so a third group in
-flight waits for the oldest instead of sharing the engine's workers with it. The rule itself,
+the budget's jobs (ferry_plan_budget: two, or one) of the runtime's group jobs are in the engine
+(_engine_room), so a third group in flight waits for the oldest instead of sharing the engine's workers with it. The rule itself,
 with jobs that say when they are done; the groups on a GPU are tests/gpu's."""
 import threading
 

@@ -189,6 +189,29 @@ def test_job_bytes_host_plans_ask_nothing(ctx, tmp_path):
         ctx.job_bytes("not a plan")
 
 
+def test_plan_budget_host_plans(ctx, tmp_path):
+    """Context.plan_budget (ferry_plan_budget): nothing decoded on the GPU (host destinations)
+    is one unit a job and no limit on jobs in the engine, under every policy; a unit of 0 bytes,
+    a bad policy or a non-plan are errors. The GPU side is tests/gpu (test_gpu_budget.c, the
+    XarrayDataset groups)."""
+    import zlib
+    p = tmp_path / "z.bin"
+    p.write_bytes(zlib.compress(bytes(4096)))
+    plan = ferry.Plan()
+    out = np.zeros(4096, np.uint8)
+    plan.extent(path=str(p), offset=0, length=p.stat().st_size, codecs=[("zlib", 0)], decoded_size=4096, dst=out)
+    for decode in (None, "auto", "cpu", "gpu"):
+        b = ctx.plan_budget(plan, 1 << 20, decode=decode)
+        assert (b["units"], b["job_bytes"], b["jobs"], b["job_device_bytes"]) == (1, 1 << 20, 0, 0)
+    assert ctx.plan_budget(plan, 4096, keep_free=0)["jobs"] == 0
+    with pytest.raises(ferry.FerryError, match="unit_bytes is 0"):
+        ctx.plan_budget(plan, 0)
+    with pytest.raises(ValueError):
+        ctx.plan_budget(plan, 4096, decode="quantum")
+    with pytest.raises(TypeError):
+        ctx.plan_budget("not a plan", 4096)
+
+
 def test_codec_error_is_ferry_error(ctx, tmp_path):
     p = tmp_path / "junk.bin"
     p.write_bytes(b"not zlib at all" * 10)

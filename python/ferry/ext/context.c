@@ -3,6 +3,7 @@
  * run/submit of plans, memcpy, and the process-wide default context.
  */
 #include "ferry_ext.h"
+#include "ferry_experimental.h"
 
 static PyObject *default_ctx;       /* lazily created Context (default_context()) */
 
@@ -295,6 +296,34 @@ static PyObject *Context_job_bytes(ContextObject *self, PyObject *args, PyObject
     return PyLong_FromUnsignedLongLong(b);
 }
 
+/* plan_budget(plan, unit_bytes, keep_free=None, decode=None): ferry_plan_budget
+ * (ferry_experimental.h) as a dict; keep_free None: the library's default */
+static PyObject *Context_plan_budget(ContextObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"plan", "unit_bytes", "keep_free", "decode", NULL};
+    PlanObject *plan;
+    unsigned long long unit = 0;
+    PyObject *keep_obj = Py_None;
+    const char *decode = NULL;
+    int policy = FERRY_DECODE_AUTO;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!K|Oz", kwlist, &PlanType, &plan, &unit, &keep_obj, &decode)) return NULL;
+    if (ctx_check(self) < 0 || plan_check(plan) < 0 || parse_decode_name(decode, &policy) < 0) return NULL;
+    uint64_t keep = FERRY_KEEP_FREE_DEFAULT;
+    if (keep_obj != Py_None) {
+        keep = PyLong_AsUnsignedLongLong(keep_obj);
+        if (keep == (uint64_t)-1 && PyErr_Occurred()) return NULL;
+    }
+    ferry_budget b;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ferry_plan_budget(self->ctx, plan->plan, policy, (uint64_t)unit, keep, &b);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) return raise_ctx(self->ctx, rc);
+    return Py_BuildValue("{s:K,s:K,s:i,s:K,s:K,s:K,s:K}", "units", (unsigned long long)b.units, "job_bytes",
+                         (unsigned long long)b.job_bytes, "jobs", b.jobs, "job_device_bytes",
+                         (unsigned long long)b.job_device_bytes, "device_bytes", (unsigned long long)b.device_bytes,
+                         "free_bytes", (unsigned long long)b.free_bytes, "keep_free", (unsigned long long)b.keep_free);
+}
+
 static PyMethodDef Context_methods[] = {
     {"config", (PyCFunction)Context_config, METH_NOARGS, "Effective configuration as a dict."},
     {"stats", (PyCFunction)Context_stats, METH_NOARGS,
@@ -312,6 +341,11 @@ static PyMethodDef Context_methods[] = {
     {"job_bytes", (PyCFunction)(void (*)(void))Context_job_bytes, METH_VARARGS | METH_KEYWORDS,
      "job_bytes(plan, decode=None) -> decoded bytes one job of a stream of plans like this one should hold "
      "(0: any size runs at the decoders' rate)."},
+    {"plan_budget", (PyCFunction)(void (*)(void))Context_plan_budget, METH_VARARGS | METH_KEYWORDS,
+     "plan_budget(plan, unit_bytes, keep_free=None, decode=None) -> {'units', 'job_bytes', 'jobs', "
+     "'job_device_bytes', 'device_bytes', 'free_bytes', 'keep_free'}: ferry_plan_budget (ferry_experimental.h), "
+     "how large each job of a stream of plans like this one should be (whole units of unit_bytes) and how many "
+     "to keep in the engine (0: any); FerryError where even one unit does not fit."},
     {"memcpy", (PyCFunction)(void (*)(void))Context_memcpy, METH_VARARGS | METH_KEYWORDS,
      "memcpy(dst, src, nbytes=None) -> bytes copied (synchronous; host or device buffers)."},
     {"close", (PyCFunction)Context_close, METH_NOARGS,

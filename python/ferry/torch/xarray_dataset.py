@@ -78,11 +78,12 @@ class XarrayDataset(_XarrayDiscovery, _XarraySamples, _XarrayReads, _BatchStream
         Batches read by one plan (one engine job). Each batch handed out is its own block of its
         group's stack (no batch shares memory with another); the group's memory is freed when all
         of its batches are. None (the default): 1, except on a GPU where the engine asks for
-        larger jobs (ferry_plan_job_bytes): deflate-compressed (netCDF-4) and zstd-compressed
+        larger jobs (ferry_plan_budget): deflate-compressed (netCDF-4) and zstd-compressed
         (Zarr) data, whose GPU decoders need thousands of chunks at once — there as many batches
-        as make 2.5 GiB (at most 1/26 of the GPU's free memory for zstd, 1/18 for deflate: half of
-        it stays free with three groups and their decode buffers), three such groups in flight
-        whatever `prefetch` asks (the one handed out and two in the engine; prefetch=0: one):
+        as make 2.5 GiB, fewer where the groups and their decode buffers would not fit beside
+        what the GPU has free (a quarter of it, 64 MiB at least, stays free for the model), three
+        such groups in flight whatever `prefetch` asks (the one handed out and two in the engine,
+        or one where two do not fit; prefetch=0: one); a FerryError where one batch does not:
         on the H200, 20 variables of 361 x 720 float32, batch 8, 17 batches a read ran at
         21.9-23.3 GB/s (netCDF-4) against 8.1-8.6 with one, and 16 at 44.4
         (Zarr zstd) against 23.5-26.4 (BENCHMARKS.md). Uncompressed and blosc data keep 1. The

@@ -71,7 +71,18 @@ def _unplanned(rt):
     return q if q is not None else rt.__dict__.setdefault("_xunplanned", collections.deque())
 
 
-_ENGINE_JOBS = 2     # engine-sized group jobs in the engine at once (_read_depth says why)
+def _engine_budget(ctx, plan, unit_bytes):
+    """(batches a read, group jobs in the engine at once) for a stream of plans like `plan` (one
+    batch of `unit_bytes` bytes, only inspected), or None where any size runs at the decoders' rate
+    (nothing decoded on the GPU): ferry_plan_budget, which counts every device byte the stream
+    holds — the groups in the engine, the one handed out and the next one planned, the decode's
+    call slots — against the GPU's free memory less what it keeps free for the caller (a quarter,
+    64 MiB at least), two jobs in the engine where they fit, else one; a FerryError saying what
+    one batch a read needs and how to lower it where even that does not fit."""
+    b = ctx.plan_budget(plan, int(unit_bytes))
+    if not b["jobs"]:
+        return None
+    return max(1, min(_MAX_AUTO_GROUP, b["units"])), b["jobs"]
 
 
 def _in_engine(rt):
@@ -340,7 +351,7 @@ class _XarrayReads:
 
     def _read_group(self, rt):
         """Batches read by one plan. batches_per_read=None on a GPU: as many as make a job of the
-        decoded bytes the engine asks for (ferry_plan_job_bytes, from a plan of one row that is
+        decoded bytes the engine's budget gives (_engine_budget, from a plan of one row that is
         never run): 1 for uncompressed and blosc data; netCDF-4 deflate and Zarr zstd, 2.5 GiB
         (H200, 20 variables of 361 x 720 float32, batch 8: 17 batches a read; deflate 23.3 GB/s
         against 8.1-8.6 with one, zstd 44.4 with 16 against 23.5-26.4; BENCHMARKS.md)."""
@@ -353,19 +364,20 @@ class _XarrayReads:
             bases = [fake + (k << 36) for k in range(len(self._slabs))]
             self._plan_rows(rt, plan, np.zeros(1, dtype=np.int64), None, bases, handles)
             self._release(rt, _wrap_handles(handles))
-            want = rt.ctx.job_bytes(plan)
             rows = self.batch_size * (self.input_steps + self.target_steps)
             per_batch = rows * sum(s.C * int(np.prod(s.spatial, dtype=np.int64)) * s.dtype.itemsize
                                    for s in self._slabs)
-            self._auto_groups[key] = max(1, min(_MAX_AUTO_GROUP, -(-want // max(1, per_batch)))) if want else 0
-        self.batch_group = self._auto_groups[key] or 1
+            self._auto_groups[key] = _engine_budget(rt.ctx, plan, per_batch)
+        got = self._auto_groups[key]
+        self.batch_group = got[0] if got else 1
         return self.batch_group
 
     def _read_depth(self, rt, depth):
         """Engine-sized groups (_read_group: the engine asked for a job size, whatever number of
         batches that made): three in flight, the one handed out and two in the engine. Each is
         planned at once but submitted only when fewer than two of them are in the engine
-        (_ENGINE_JOBS, _engine_room): ferry_plan_job_bytes sizes a job for two in the engine.
+        (_engine_room): ferry_plan_budget sizes a job for two in the engine, or one where two do
+        not fit beside what the GPU has free (then two in flight).
         - A third job in the engine made them slower (H200, netCDF-4, 16 batches a read, same
           run: two groups 18.9 GB/s, three 14.0: cooperative jobs at once share the engine's
           workers; Zarr zstd, 8 and 16 a read: 41.3-43.6 and 44.4 with two, 40.2-41.4 and 42.8
@@ -377,13 +389,15 @@ class _XarrayReads:
           netCDF-4 epoch ~200 ms late, and so did a loop that copies and waits for each batch,
           without DALI (H200, 2026-12-04 03:13: 0.86-0.90 x the dataset alone over four epochs;
           three in flight, 03:27 and 03:35: 0.95-1.00 x; BENCHMARKS.md, sixteenth session)."""
-        if self._group_auto and self._auto_groups.get(str(rt.device)):
-            return 1 if depth <= 1 else 3
+        got = self._auto_groups.get(str(rt.device)) if self._group_auto else None
+        if got:
+            return 1 if depth <= 1 else got[1] + 1
         return depth
 
     def _engine_jobs(self, rt):
         """How many of this runtime's group jobs may be in the engine at once (None: any)."""
-        return _ENGINE_JOBS if self._group_auto and self._auto_groups.get(str(rt.device)) else None
+        got = self._auto_groups.get(str(rt.device)) if self._group_auto else None
+        return got[1] if got else None
 
     def _sample_boxes(self, ids, epoch):
         """Sample ids -> (start steps, patch corners or None)."""
