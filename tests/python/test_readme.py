@@ -349,6 +349,7 @@ def test_command_lines(tmp_path):
               str(tmp_path / "model.safetensors"))
     root = zarr.open_group(str(tmp_path / "store.zarr"), mode="w")
     root.create_array("temp", shape=(6, 4), chunks=(3, 4), dtype="float32")[:] = 1.5
+    root.create_group("sub").create_group("deep").create_array("q", shape=(1,), dtype="u1")
     (tmp_path / "data.bin").write_bytes(os.urandom(1 << 16))
     raw = (tmp_path / "model.safetensors").read_bytes()
     base = 8 + int.from_bytes(raw[:8], "little")                     # data follow the JSON header
@@ -375,6 +376,11 @@ def test_command_lines(tmp_path):
             lambda out: "records of 150528 bytes" in out and "records of 8192 bytes" in out
             and "pread limit" in out,
         ("info",): lambda out: "CUDA:" in out and "cuFile:" in out and "GPU kernels:" in out,
+        ("info", "--knobs"):                                         # every setting it checks
+            lambda out: "FERRY_GPU_CALL" in out and "default" in out,
+        ("info", "--depth", "2", "store.zarr"):                      # a group and its subgroups
+            lambda out: "store.zarr: zarr" in out and "store.zarr/sub: zarr" in out
+            and "store.zarr/sub/deep: zarr" in out,
         ("--help",): lambda out: "ferry info" in out and "ferry bench" in out,
     }
     # a dev box runs the benchmarks small: only sizes, counts and repetitions change, and the
