@@ -2,6 +2,7 @@
 #include "engine/engine.h"
 #include "engine/numa.h"
 #include "engine/gpudecode.h"
+#include "sources/remote.h"
 #include <ctype.h>
 #include <stdlib.h>
 #include <strings.h>
@@ -60,6 +61,7 @@ int ferry_config_resolve(ferry_config *c) {
         if (dp && (rc = ferry_decode_policy_parse(dp, (ferry_decode_policy *)&c->decode)) < 0) return rc;
         if ((rc = ferry_numa_check_env()) < 0) return rc;   /* multigpu: FERRY_NUMA=auto|off (numa.c) */
         if ((rc = ferry_gpudecode_check_env()) < 0) return rc;   /* FERRY_GPU_* (gpudecode.c) */
+        if ((rc = ferry_remote_check_env()) < 0) return rc;      /* FERRY_REMOTE_* (sources/http.c) */
         const char *es = getenv("FERRY_EVENT_SYNC");       /* read by worker.c */
         if (es && strcmp(es, "spin") && strcmp(es, "blocking"))
             return ferry_seterr(FERRY_EINVAL, "FERRY_EVENT_SYNC=\"%s\": use spin or blocking", es);

@@ -82,7 +82,7 @@ static int64_t read_to_host(ferry_worker *w, ferry_job *j, ferry_file *f, uint64
     int direct = ferry_use_direct(f, read_direct_policy(j, f, off, len), off, len, 0);
     int dfd = direct ? ferry_file_direct_fd(f) : -1;
     if (dfd < 0) {
-        int64_t r = ferry_pread_full(f->fd, dst, len, off);
+        int64_t r = ferry_file_read(f, dst, len, off);
         if (r > 0) ferry_count_io(w->ctx, 0, (uint64_t)r, 0);
         return r;
     }
@@ -90,11 +90,11 @@ static int64_t read_to_host(ferry_worker *w, ferry_job *j, ferry_file *f, uint64
     if (off % FERRY_ALIGN == 0 && ((uintptr_t)dst % FERRY_ALIGN) == 0) {
         uint64_t mid = ferry_align_down(len);
         int64_t r = mid ? ferry_pread_full(dfd, dst, mid, off) : 0;
-        if (r == -EINVAL) { r = ferry_pread_full(f->fd, dst, len, off); if (r > 0) ferry_count_io(w->ctx, 0, (uint64_t)r, 0); return r; }
+        if (r == -EINVAL) { r = ferry_file_read(f, dst, len, off); if (r > 0) ferry_count_io(w->ctx, 0, (uint64_t)r, 0); return r; }
         if (r < 0) return r;
         ferry_count_io(w->ctx, (uint64_t)r, 0, 0);
         if ((uint64_t)r < mid) return r;
-        int64_t t = len > mid ? ferry_pread_full(f->fd, dst + mid, len - mid, off + mid) : 0;
+        int64_t t = len > mid ? ferry_file_read(f, dst + mid, len - mid, off + mid) : 0;
         if (t < 0) return t;
         ferry_count_io(w->ctx, 0, (uint64_t)t, 0);
         return r + t;
@@ -109,7 +109,7 @@ static int64_t read_to_host(ferry_worker *w, ferry_job *j, ferry_file *f, uint64
         uint64_t want = FERRY_MIN((uint64_t)S, ferry_align_up(end) - c);
         int64_t r = ferry_pread_full(dfd, w->stage[i], want, c);
         if (r == -EINVAL) {   /* accepted at open, refused at read: fall back */
-            int64_t b = ferry_pread_full(f->fd, dst + done, len - done, off + done);
+            int64_t b = ferry_file_read(f, dst + done, len - done, off + done);
             return b < 0 ? b : (int64_t)done + b;
         }
         if (r < 0) return r;
@@ -224,7 +224,7 @@ restart:;
             if (c + (uint64_t)r < hi) hi = c + (uint64_t)r > lo ? c + (uint64_t)r : lo;
             src = w->stage[i] + (lo - c);
         } else {
-            int64_t r = ferry_pread_full(f->fd, w->stage[i], hi - lo, lo);
+            int64_t r = ferry_file_read(f, w->stage[i], hi - lo, lo);
             if (r < 0) return r;
             nbuf += (uint64_t)r;
             hi = lo + (uint64_t)r;
