@@ -135,7 +135,9 @@ static int parse_bucket_url(const char *s, const ferry_url_env *env, ferry_url *
     const char *rest = NULL;
     char *host = NULL;
     if (!endpoint || !u->region) rc = ferry_seterr(FERRY_ENOMEM, "out of memory");
-    else rc = split_endpoint(endpoint, u->scheme == FERRY_URL_S3 ? "endpoint (AWS_ENDPOINT_URL)" : "endpoint", &host, &rest, &https);
+    else if ((rc = split_endpoint(endpoint, u->scheme == FERRY_URL_S3 ? "endpoint (AWS_ENDPOINT_URL)" : "endpoint (STORAGE_EMULATOR_HOST)",
+                                  &host, &rest, &https)) < 0)
+        ferry_preerr(rc, "%s", s);
     if (rc == 0) {
         /* an endpoint with a base path (a proxy's prefix) keeps it in front */
         size_t bl = strlen(rest);
