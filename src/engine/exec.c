@@ -309,7 +309,8 @@ static int64_t exec_read_plain(ferry_worker *w, ferry_job *j, const ferry_extent
         CUdeviceptr base = (CUdeviceptr)(uintptr_t)e->dst.ptr;
         used = j->path;
         got = -1;
-        if (used == FERRY_PATH_CUFILE && !j->forced && keeps_cache(j, f, len)) used = FERRY_PATH_STAGED;
+        /* GDS reads local files only: a remote object is staged (not a fallback) */
+        if (used == FERRY_PATH_CUFILE && !j->forced && (f->remote || keeps_cache(j, f, len))) used = FERRY_PATH_STAGED;
         if (used == FERRY_PATH_CUFILE) {
             got = read_cufile(w, j, f, off, len, d, base, e->dst_offset + lo, swap, deferred);
             if (got < 0 && !j->forced) {   /* AUTO: this file cannot use GDS; staged serves it */

@@ -10,123 +10,14 @@ import io
 import json
 import os
 import socket
-import struct
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pytest
 
 ferry = pytest.importorskip("ferry")
 from ferry import FerryError  # noqa: E402
-
-
-# ---------------------------------------------------------------------------
-# A range server with faults
-# ---------------------------------------------------------------------------
-class RangeServer:
-    """Objects by path, each with an ETag; `faults` is a list of what the next
-    GET requests of data meet, in order ("drop", 500, 503, "slowdown", "short",
-    "replace", "stall"), `open_faults` the same for the GETs of an object's
-    first bytes that open it; `log` records (method, range, if-match) per request."""
-
-    def __init__(self):
-        self.objects = {}
-        self.faults = []
-        self.open_faults = []
-        self.log = []
-        self.lock = threading.Lock()
-        self.version = 0
-        self.stall = threading.Event()
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *a):
-                pass
-
-            def do_HEAD(self):
-                self.serve(head=True)
-
-            def do_GET(self):
-                self.serve(head=False)
-
-            def send(self, status, headers, body=b""):
-                self.send_response(status)
-                for k, v in headers.items():
-                    self.send_header(k, v)
-                self.end_headers()
-                if body:
-                    self.wfile.write(body)
-
-            def serve(self, head):
-                with server.lock:
-                    server.log.append((self.command, self.headers.get("Range"), self.headers.get("If-Match")))
-                    opening = (self.headers.get("Range") or "").startswith("bytes=0-")
-                    queue = server.open_faults if opening else server.faults
-                    fault = queue.pop(0) if queue and not head else None
-                    if fault == "replace":
-                        for k, (data, _) in list(server.objects.items()):
-                            server.version += 1
-                            server.objects[k] = (bytes(reversed(data)), f'"v{server.version}"')
-                    obj = server.objects.get(self.path)
-                if obj is None:
-                    return self.send(404, {"Content-Length": "9"}, b"not found")
-                data, etag = obj
-                im = self.headers.get("If-Match")
-                if im is not None and im != etag:
-                    return self.send(412, {"Content-Length": "0", "ETag": etag})
-                if fault in (500, 503):
-                    body = b"busy, try again"
-                    return self.send(fault, {"Content-Length": str(len(body))}, body)
-                if fault == "slowdown":
-                    body = (b"<?xml version='1.0'?><Error><Code>SlowDown</Code>"
-                            b"<Message>Please reduce your request rate.</Message></Error>")
-                    return self.send(503, {"Content-Length": str(len(body))}, body)
-                if fault == "stall":
-                    server.stall.wait(30)
-                    return
-                size = len(data)
-                rng = self.headers.get("Range")
-                lo, hi, status = 0, size - 1, 200
-                if rng:
-                    a, b = rng.split("=")[1].split("-")
-                    lo = int(a)
-                    hi = min(int(b) if b else size - 1, size - 1)
-                    if lo >= size:
-                        return self.send(416, {"Content-Range": f"bytes */{size}", "Content-Length": "0"})
-                    status = 206
-                body = data[lo:hi + 1]
-                headers = {"ETag": etag, "Accept-Ranges": "bytes", "Content-Length": str(len(body))}
-                if status == 206:
-                    headers["Content-Range"] = f"bytes {lo}-{hi}/{size}"
-                if fault == "short":   # a complete-looking response of half the bytes
-                    body = body[: len(body) // 2]
-                    headers["Content-Length"] = str(len(body))
-                if head:
-                    return self.send(status, headers)
-                if fault == "drop":    # headers and half the body, then the connection closes
-                    self.send(status, headers, body[: len(body) // 2])
-                    self.wfile.flush()
-                    self.close_connection = True
-                    self.connection.shutdown(socket.SHUT_RDWR)
-                    return
-                self.send(status, headers, body)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.port = self.httpd.server_address[1]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def put(self, name, data):
-        self.version += 1
-        self.objects["/" + name] = (bytes(data), f'"v{self.version}"')
-        return f"http://127.0.0.1:{self.port}/{name}"
-
-    def gets(self):
-        return [x for x in self.log if x[0] == "GET"]
+from rangeserver import RangeServer  # noqa: E402
 
 
 @pytest.fixture
@@ -134,13 +25,9 @@ def server(monkeypatch):
     # short bounds: every fault is decided in seconds
     monkeypatch.setenv("FERRY_REMOTE_RETRY_SECONDS", "20")
     monkeypatch.setenv("FERRY_REMOTE_STALL_SECONDS", "2")
-    s = RangeServer()
-    s.thread.start()
+    s = RangeServer().start()
     yield s
-    s.stall.set()
-    s.httpd.shutdown()
-    s.httpd.server_close()
-    s.thread.join(10)
+    s.stop()
 
 
 def npy_bytes(a):
