@@ -299,3 +299,41 @@ def test_gs_public_endpoint_is_path_style(monkeypatch, server):
     a = np.arange(10, dtype=np.int16)
     server.put("bucket/k/a.npy", npy_bytes(a))
     np.testing.assert_array_equal(ferry.read("gs://bucket/k/a.npy", device="cpu"), a)
+
+
+def test_s3_session_token(moto_s3, monkeypatch):
+    boto3 = pytest.importorskip("boto3")
+    moto_s3.s3.put_object(Bucket="data", Key="t.npy", Body=npy_bytes(np.arange(7, dtype=np.int8)))
+    sts = boto3.client("sts", endpoint_url=moto_s3.endpoint, region_name="us-east-1",
+                       aws_access_key_id=moto_s3.key["AccessKeyId"],
+                       aws_secret_access_key=moto_s3.key["SecretAccessKey"])
+    iam = boto3.client("iam", endpoint_url=moto_s3.endpoint, region_name="us-east-1")
+    trust = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
+                                                     "Principal": {"AWS": "*"}}]}
+    role = iam.create_role(RoleName="loader", AssumeRolePolicyDocument=json.dumps(trust))["Role"]
+    iam.put_role_policy(RoleName="loader", PolicyName="s3read", PolicyDocument=json.dumps(
+        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:GetObject", "Resource": "*"}]}))
+    tmp = sts.assume_role(RoleArn=role["Arn"], RoleSessionName="ferry")["Credentials"]
+    moto_s3.reset_auth("0")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", tmp["AccessKeyId"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", tmp["SecretAccessKey"])
+    monkeypatch.setenv("AWS_SESSION_TOKEN", tmp["SessionToken"])
+    np.testing.assert_array_equal(ferry.read("s3://data/t.npy", device="cpu"), np.arange(7, dtype=np.int8))
+    monkeypatch.setenv("AWS_SESSION_TOKEN", tmp["SessionToken"][:-4] + "AAAA")   # a token moto does not know
+    with pytest.raises(FerryError) as ei:
+        ferry.read("s3://data/t.npy", device="cpu")
+    assert "InvalidToken" in str(ei.value)
+
+
+def test_s3_object_replaced_while_open(moto_s3, monkeypatch):
+    monkeypatch.setenv("FERRY_REMOTE_REQUEST_SIZE", "64K")
+    a = np.arange(100_000, dtype=np.int32)
+    moto_s3.s3.put_object(Bucket="data", Key="r.npy", Body=npy_bytes(a))
+    with ferry.open("s3://data/r.npy") as f:
+        np.testing.assert_array_equal(f.read(None, slice(0, 10)), a[:10])   # from the bytes fetched at open
+        moto_s3.s3.put_object(Bucket="data", Key="r.npy", Body=npy_bytes(a[::-1].copy()))
+        with pytest.raises(FerryError) as ei:
+            f.read(None, slice(50_000, 60_000))
+        assert "s3://data/r.npy" in str(ei.value) and "changed since it was opened" in str(ei.value)
+    # opened again: the new version
+    np.testing.assert_array_equal(ferry.read("s3://data/r.npy", device="cpu"), a[::-1])
