@@ -337,3 +337,72 @@ def test_s3_object_replaced_while_open(moto_s3, monkeypatch):
         assert "s3://data/r.npy" in str(ei.value) and "changed since it was opened" in str(ei.value)
     # opened again: the new version
     np.testing.assert_array_equal(ferry.read("s3://data/r.npy", device="cpu"), a[::-1])
+
+
+# ---------------------------------------------------------------------------
+# A real web server: nginx serving files from tmp (ETag, Range, If-Match)
+# ---------------------------------------------------------------------------
+@pytest.fixture
+def nginx(tmp_path):
+    import shutil
+    import subprocess
+    exe = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+    if not exe:
+        pytest.skip("nginx is not installed (tools/setup.sh installs nginx-light)")
+    www = tmp_path / "www"
+    www.mkdir()
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    user = "user root;\n" if os.geteuid() == 0 else ""   # workers must read tmp_path
+    conf = tmp_path / "nginx.conf"
+    conf.write_text(f"""{user}worker_processes 1;
+error_log {tmp_path}/error.log;
+pid {tmp_path}/nginx.pid;
+events {{ worker_connections 64; }}
+http {{
+    access_log off;
+    client_body_temp_path {tmp_path}/body;
+    proxy_temp_path {tmp_path}/proxy;
+    fastcgi_temp_path {tmp_path}/fastcgi;
+    uwsgi_temp_path {tmp_path}/uwsgi;
+    scgi_temp_path {tmp_path}/scgi;
+    server {{ listen 127.0.0.1:{port}; root {www}; }}
+}}
+""")
+    p = subprocess.Popen([exe, "-c", str(conf), "-p", str(tmp_path), "-g", "daemon off;"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if p.poll() is not None or time.monotonic() > deadline:
+                p.kill()
+                pytest.skip("nginx did not start: " + p.stderr.read().decode(errors="replace")[-300:])
+            time.sleep(0.05)
+    yield www, f"http://127.0.0.1:{port}"
+    p.terminate()
+    try:
+        p.wait(10)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+
+
+def test_nginx_reads_and_pins_the_version(nginx, monkeypatch):
+    monkeypatch.setenv("FERRY_REMOTE_REQUEST_SIZE", "128K")
+    www, base = nginx
+    a = np.random.default_rng(1).standard_normal((500, 400))
+    np.save(www / "a.npy", a)
+    np.testing.assert_array_equal(ferry.read(base + "/a.npy", device="cpu"), a)
+    with ferry.open(base + "/a.npy") as f:
+        # rewritten in place, same size, another mtime: nginx's ETag changes
+        np.save(www / "a.npy", a * 2)
+        os.utime(www / "a.npy", (time.time() + 5, time.time() + 5))
+        with pytest.raises(FerryError) as ei:
+            f.read(None, slice(300, 400))
+        assert base + "/a.npy" in str(ei.value) and "changed since it was opened" in str(ei.value)
+    np.testing.assert_array_equal(ferry.read(base + "/a.npy", device="cpu"), a * 2)
