@@ -6,6 +6,7 @@
  * the answer is final (403, 404, 412). */
 #include "common.h"
 #include "sources/remote.h"
+#include "sources/response.h"
 #include "sources/s3.h"
 #include "sources/url.h"
 #include <errno.h>
@@ -126,10 +127,9 @@ typedef struct xfer {
     int head;                 /* a HEAD request (open of an empty object) */
     int open;                 /* learns size and version */
     /* the response being received */
-    long status;
-    int have_crange, have_clen, started;
-    uint64_t cr_start, cr_total, clen, pos;
-    char etag[TAG_MAX], lastmod[64];
+    ferry_http_resp resp;
+    int started;
+    uint64_t pos;             /* the object offset of the next body byte */
     char body[512];
     size_t body_len;
     int stop, changed, bad_start;
@@ -211,49 +211,12 @@ static void client_put(client *c) {
 }
 
 /* ---- responses ------------------------------------------------------------ */
-static int hname(const char *line, size_t n, const char *name, const char **val) {
-    size_t k = strlen(name);
-    if (n <= k || strncasecmp(line, name, k) || line[k] != ':') return 0;
-    const char *v = line + k + 1;
-    while (v < line + n && (*v == ' ' || *v == '\t')) v++;
-    *val = v;
-    return 1;
-}
-
-static void copy_val(char *dst, size_t cap, const char *v, const char *end) {
-    while (end > v && (end[-1] == '\r' || end[-1] == '\n' || end[-1] == ' ')) end--;
-    size_t n = (size_t)(end - v) < cap - 1 ? (size_t)(end - v) : cap - 1;
-    memcpy(dst, v, n);
-    dst[n] = 0;
-}
-
 static size_t on_header(char *p, size_t sz, size_t nm, void *ud) {
     xfer *x = ud;
     size_t n = sz * nm;
-    const char *v, *end = p + n;
-    if (n > 5 && !strncmp(p, "HTTP/", 5)) {   /* a new response (after a redirect or 100) */
-        const char *s = memchr(p, ' ', n);
-        x->status = s ? strtol(s + 1, NULL, 10) : 0;
-        x->have_crange = x->have_clen = x->started = 0;
-        x->etag[0] = x->lastmod[0] = 0;
+    if (ferry_http_resp_line(&x->resp, p, n)) {   /* a new response: its body starts afresh */
+        x->started = 0;
         x->body_len = 0;
-    } else if (hname(p, n, "content-range", &v)) {
-        /* "bytes START-END/TOTAL", or "bytes * /TOTAL" (no space) of a 416 */
-        char tmp[128];
-        copy_val(tmp, sizeof tmp, v, end);
-        unsigned long long a, b, t;
-        if (sscanf(tmp, "bytes %llu-%llu/%llu", &a, &b, &t) == 3) {
-            x->have_crange = 1; x->cr_start = a; x->cr_total = t;
-        } else if (sscanf(tmp, "bytes */%llu", &t) == 1) {
-            x->have_crange = 2; x->cr_total = t;
-        }
-    } else if (hname(p, n, "content-length", &v)) {
-        x->clen = strtoull(v, NULL, 10);
-        x->have_clen = 1;
-    } else if (hname(p, n, "etag", &v)) {
-        copy_val(x->etag, sizeof x->etag, v, end);
-    } else if (hname(p, n, "last-modified", &v)) {
-        copy_val(x->lastmod, sizeof x->lastmod, v, end);
     }
     return n;
 }
@@ -262,7 +225,7 @@ static size_t on_body(char *p, size_t sz, size_t nm, void *ud) {
     xfer *x = ud;
     size_t n = sz * nm;
     ferry_remote *r = x->r;
-    if (x->status < 200 || x->status >= 300) {   /* an error's body: its message */
+    if (x->resp.status < 200 || x->resp.status >= 300) {   /* an error's body: its message */
         size_t k = n < sizeof x->body - 1 - x->body_len ? n : sizeof x->body - 1 - x->body_len;
         memcpy(x->body + x->body_len, p, k);
         x->body_len += k;
@@ -271,14 +234,14 @@ static size_t on_body(char *p, size_t sz, size_t nm, void *ud) {
     }
     if (!x->started) {
         x->started = 1;
-        x->pos = x->status == 206 && x->have_crange == 1 ? x->cr_start : 0;
-        if (x->status == 206 && x->have_crange != 1) { x->bad_start = 1; return 0; }
+        x->pos = x->resp.status == 206 && x->resp.have_crange == 1 ? x->resp.cr_start : 0;
+        if (x->resp.status == 206 && x->resp.have_crange != 1) { x->bad_start = 1; return 0; }
         if (!x->open) {
             /* the response must be the version opened, whatever the server
              * made of If-Match: same ETag, same size */
-            uint64_t total = x->have_crange == 1 ? x->cr_total : x->clen;
-            if ((r->etag[0] && x->etag[0] && strcmp(r->etag, x->etag)) ||
-                ((x->have_crange == 1 || x->status == 200) && total != r->size)) {
+            uint64_t total = x->resp.have_crange == 1 ? x->resp.cr_total : x->resp.clen;
+            if ((r->etag[0] && x->resp.etag[0] && strcmp(r->etag, x->resp.etag)) ||
+                ((x->resp.have_crange == 1 || x->resp.status == 200) && total != r->size)) {
                 x->changed = 1;
                 return 0;
             }
@@ -292,41 +255,11 @@ static size_t on_body(char *p, size_t sz, size_t nm, void *ud) {
         x->got += take;
     }
     x->pos = hi;
-    if (x->got == x->len && hi >= want_end && x->status == 200 && (!x->have_clen || hi < x->clen)) {
+    if (x->got == x->len && hi >= want_end && x->resp.status == 200 && (!x->resp.have_clen || hi < x->resp.clen)) {
         x->stop = 1;   /* a server that ignored Range: the rest is not wanted */
         return 0;
     }
     return n;
-}
-
-/* "Code: Message" of an S3 XML error body, else its first printable bytes. */
-static void server_message(const xfer *x, char *out, size_t cap) {
-    out[0] = 0;
-    const char *b = x->body, *c = strstr(b, "<Code>"), *m = strstr(b, "<Message>");
-    if (c) {
-        const char *ce = strstr(c, "</Code>"), *me = m ? strstr(m, "</Message>") : NULL;
-        if (ce) snprintf(out, cap, "%.*s%s%.*s", (int)(ce - c - 6), c + 6, me ? ": " : "", me ? (int)(me - m - 9) : 0, me ? m + 9 : "");
-        return;
-    }
-    size_t o = 0;
-    for (size_t i = 0; i < x->body_len && o + 1 < cap && o < 200; i++) {
-        char ch = x->body[i];
-        out[o++] = (ch >= 0x20 && ch < 0x7f) ? ch : ' ';
-    }
-    while (o && out[o - 1] == ' ') o--;
-    out[o] = 0;
-}
-
-static const char *reason(long s) {
-    switch (s) {
-    case 400: return "Bad Request"; case 403: return "Forbidden"; case 404: return "Not Found";
-    case 408: return "Request Timeout"; case 412: return "Precondition Failed";
-    case 416: return "Range Not Satisfiable"; case 429: return "Too Many Requests";
-    case 500: return "Internal Server Error"; case 502: return "Bad Gateway";
-    case 503: return "Service Unavailable"; case 504: return "Gateway Timeout";
-    case 301: return "Moved Permanently"; case 307: return "Temporary Redirect";
-    default: return "";
-    }
 }
 
 static int retryable_curl(CURLcode c) {
@@ -347,16 +280,16 @@ enum { DONE = 0, RETRY = 1, NEED_HEAD = 2 };
 static int classify(xfer *x, CURLcode res) {
     ferry_remote *r = x->r;
     char msg[300];
-    if (x->changed || x->status == 412) {
+    if (x->changed || x->resp.status == 412) {
         atomic_store(&r->changed, 1);
         snprintf(x->why, sizeof x->why, "the object changed since it was opened (%s %.120s%s%.120s): %s; open it again to read the new version",
                  r->etag[0] ? "ETag" : "Last-Modified", r->etag[0] ? r->etag : r->lastmod,
-                 x->etag[0] && strcmp(x->etag, r->etag) ? ", now " : "", x->etag[0] && strcmp(x->etag, r->etag) ? x->etag : "",
-                 x->status == 412 ? "HTTP 412 Precondition Failed" : "the server sent another version");
+                 x->resp.etag[0] && strcmp(x->resp.etag, r->etag) ? ", now " : "", x->resp.etag[0] && strcmp(x->resp.etag, r->etag) ? x->resp.etag : "",
+                 x->resp.status == 412 ? "HTTP 412 Precondition Failed" : "the server sent another version");
         return FERRY_EIO;
     }
     if (x->bad_start) {
-        snprintf(x->why, sizeof x->why, "HTTP %ld: the response starts at byte %llu, not at %llu as asked", x->status,
+        snprintf(x->why, sizeof x->why, "HTTP %ld: the response starts at byte %llu, not at %llu as asked", x->resp.status,
                  (unsigned long long)x->pos, (unsigned long long)(x->off + x->got));
         return FERRY_EIO;
     }
@@ -367,7 +300,7 @@ static int classify(xfer *x, CURLcode res) {
                      (unsigned long long)x->len);
         return retryable_curl(res) ? RETRY : FERRY_EIO;
     }
-    long s = x->status;
+    long s = x->resp.status;
     if (s == 200 || s == 206) {
         if (x->head || x->open) return DONE;
         if (x->got == x->len || x->off + x->got >= r->size) return DONE;
@@ -375,8 +308,9 @@ static int classify(xfer *x, CURLcode res) {
                  (unsigned long long)x->len);
         return RETRY;
     }
-    server_message(x, msg, sizeof msg);
-    snprintf(x->why, sizeof x->why, "HTTP %ld%s%s%s%s", s, *reason(s) ? " " : "", reason(s), *msg ? ": " : "", msg);
+    ferry_http_server_message(x->body, x->body_len, msg, sizeof msg);
+    snprintf(x->why, sizeof x->why, "HTTP %ld%s%s%s%s", s, *ferry_http_reason(s) ? " " : "", ferry_http_reason(s),
+             *msg ? ": " : "", msg);
     if (s == 416 && x->open) return NEED_HEAD;
     if (s == 416 && x->off >= r->size) return DONE;
     if (s == 408 || s == 429 || s >= 500 || (s == 400 && strstr(x->body, "<Code>RequestTimeout</Code>"))) return RETRY;
@@ -390,9 +324,9 @@ static int prepare(xfer *x, CURL *e) {
     ferry_remote *r = x->r;
     curl_easy_reset(e);
     x->easy = e;
-    x->status = 0;
-    x->have_crange = x->have_clen = x->started = x->stop = x->changed = x->bad_start = 0;
-    x->etag[0] = x->lastmod[0] = x->errbuf[0] = 0;
+    memset(&x->resp, 0, sizeof x->resp);
+    x->started = x->stop = x->changed = x->bad_start = 0;
+    x->errbuf[0] = 0;
     x->body_len = 0;
     x->body[0] = 0;
     curl_slist_free_all(x->hdrs);
@@ -552,8 +486,8 @@ static void remote_free(ferry_remote *r) {
 /* The version to pin: a strong ETag, else Last-Modified (a weak ETag,
  * W/"...", never matches If-Match). */
 static void take_version(ferry_remote *r, const xfer *x) {
-    if (x->etag[0] && strncmp(x->etag, "W/", 2)) snprintf(r->etag, sizeof r->etag, "%s", x->etag);
-    else if (x->lastmod[0]) snprintf(r->lastmod, sizeof r->lastmod, "%s", x->lastmod);
+    if (x->resp.etag[0] && strncmp(x->resp.etag, "W/", 2)) snprintf(r->etag, sizeof r->etag, "%s", x->resp.etag);
+    else if (x->resp.lastmod[0]) snprintf(r->lastmod, sizeof r->lastmod, "%s", x->resp.lastmod);
 }
 
 int ferry_remote_open(const char *url, ferry_remote **out) {
@@ -578,16 +512,16 @@ int ferry_remote_open(const char *url, ferry_remote **out) {
         xfer h = {.r = r, .head = 1, .open = 1};
         rc = run(r, &h, 1);
         if (rc == 0) {
-            r->size = h.clen;
+            r->size = h.resp.clen;
             take_version(r, &h);
-            if (!h.have_clen) rc = ferry_seterr(FERRY_EIO, "HEAD: no Content-Length");
+            if (!h.resp.have_clen) rc = ferry_seterr(FERRY_EIO, "HEAD: no Content-Length");
         }
     } else if (rc == 0) {
         take_version(r, &x);
-        if (x.status == 206 && x.have_crange == 1) r->size = x.cr_total;
-        else if (x.status == 200 && x.have_clen) r->size = x.clen;
-        else if (x.status == 200 && !x.stop) r->size = x.got;   /* the whole body came: it is the size */
-        else rc = ferry_seterr(FERRY_EIO, "HTTP %ld: the response gives no size (no Content-Range or Content-Length)", x.status);
+        if (x.resp.status == 206 && x.resp.have_crange == 1) r->size = x.resp.cr_total;
+        else if (x.resp.status == 200 && x.resp.have_clen) r->size = x.resp.clen;
+        else if (x.resp.status == 200 && !x.stop) r->size = x.got;   /* the whole body came: it is the size */
+        else rc = ferry_seterr(FERRY_EIO, "HTTP %ld: the response gives no size (no Content-Range or Content-Length)", x.resp.status);
         r->head_len = (size_t)(x.got < r->size ? x.got : r->size);
     }
     if (rc < 0) {

@@ -86,3 +86,18 @@ for name, text in docs.items():
 
 total = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs)
 print(f"corpus: {total} bytes")
+
+# url (fuzz_url.c): first byte 0 = a URL, 1 = response header lines, 2 = an error body
+for name, data in [
+        ("s3_key", b"\x00s3://my-bucket/dir/a b+c.npy"), ("gs", b"\x00gs://pub/era5/t.nc"),
+        ("https", b"\x00https://h.example:8443/a/b.npy?x=1#f"), ("file", b"\x00file:///tmp/a%20b.npy"),
+        ("userinfo", b"\x00http://user:pw@h/x"),
+        ("headers_206", b"\x01HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-65535/800128\r\n"
+                        b"Content-Length: 65536\r\nETag: \"v1\"\r\nLast-Modified: Mon, 07 Dec 2026 13:00:00 GMT\r\n"),
+        ("headers_416", b"\x01HTTP/1.1 416 Range Not Satisfiable\r\nContent-Range: bytes */0\r\n"
+                        b"Content-Range: bytes 5-3/2\r\nContent-Length: -1\r\n"),
+        ("body_slowdown", b"\x02<?xml version=\"1.0\"?><Error><Code>SlowDown</Code>"
+                          b"<Message>Please reduce your request rate.</Message></Error>"),
+        ("body_partial", b"\x02<Error><Code>NoSuchKey</Code>\x01\xff")]:
+    with open(out("url", name), "wb") as f:
+        f.write(data)
