@@ -399,7 +399,8 @@ enum {
 int ferry_file_open(ferry_ctx *ctx, const char *path, int flags, ferry_file **out);
 /** Close (waits for nothing: do not close a file a running job uses). NULL: no-op. */
 int ferry_file_close(ferry_file *f);
-/** Current size in bytes (fstat), or a negative code. */
+/** Current size in bytes (fstat), or a negative code. A remote object: its
+ *  size when opened (the version every read is pinned to). */
 int64_t ferry_file_size(ferry_file *f);
 /** The path given to ferry_file_open; valid until ferry_file_close. */
 const char *ferry_file_path(const ferry_file *f);
@@ -407,7 +408,8 @@ const char *ferry_file_path(const ferry_file *f);
 int ferry_file_sync(ferry_file *f);
 /** Set the file's length (ftruncate). */
 int ferry_file_truncate(ferry_file *f, uint64_t size);
-/** Bytes of [offset, offset+len) resident in the page cache (cachestat or mincore). */
+/** Bytes of [offset, offset+len) resident in the page cache (cachestat or
+ *  mincore); 0 for a remote object. */
 int64_t ferry_file_cached(ferry_file *f, uint64_t offset, uint64_t len);
 
 /* flags for ferry_pread / ferry_pwrite / ferry_submit */

@@ -17,6 +17,7 @@ class RangeServer:
         self.faults = []
         self.open_faults = []
         self.log = []
+        self.peers = set()   # (host, port) of every connection a request came on
         self.lock = threading.Lock()
         self.version = 0
         self.stall = threading.Event()
@@ -45,6 +46,7 @@ class RangeServer:
             def serve(self, head):
                 with server.lock:
                     server.log.append((self.command, self.headers.get("Range"), self.headers.get("If-Match")))
+                    server.peers.add(self.client_address)
                     opening = (self.headers.get("Range") or "").startswith("bytes=0-")
                     queue = server.open_faults if opening else server.faults
                     fault = queue.pop(0) if queue and not head else None

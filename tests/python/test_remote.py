@@ -55,6 +55,18 @@ def test_http_npy_equals_local(server, monkeypatch):
     assert all(im == '"v1"' for _, _, im in reads)
 
 
+def test_connections_are_reused(server, monkeypatch):
+    monkeypatch.setenv("FERRY_REMOTE_REQUEST_SIZE", "16K")
+    monkeypatch.setenv("FERRY_REMOTE_CONNECTIONS", "4")   # at most 4 requests in flight: 4 connections suffice
+    a = np.arange(400_000, dtype=np.uint8)
+    url = server.put("reuse.npy", npy_bytes(a))
+    for _ in range(3):
+        np.testing.assert_array_equal(ferry.read(url, device="cpu"), a)
+    # 3 x (2 opens + 21 ranges) requests over a handful of kept-alive connections
+    assert len(server.gets()) >= 60
+    assert len(server.peers) <= 8, len(server.peers)
+
+
 def test_http_open_selection(server):
     a = np.arange(50_000, dtype=np.int64).reshape(250, 200)
     url = server.put("b.npy", npy_bytes(a))
