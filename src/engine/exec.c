@@ -255,6 +255,25 @@ restart:;
     return (int64_t)done;
 }
 
+/* A remote object bound for device memory: the task's bytes in one read,
+ * whose range requests run side by side (sources/http.c), into the worker's
+ * pinned input buffer, then one copy. Staging buffer by staging buffer, each
+ * 2 MiB would wait a network round trip of its own, one after the other. */
+static int64_t read_remote_staged(ferry_worker *w, ferry_job *j, ferry_file *f, uint64_t off, uint64_t len, int d,
+                                  CUdeviceptr dst, unsigned swap, int *deferred) {
+    int rc = ferry_dec_wait(w);   /* the input buffer may still be the source of a copy */
+    if (rc < 0) return rc;
+    if ((rc = ferry_worker_grow(w, d, &w->in_buf, &w->in_cap, &w->in_pinned, len ? len : 1)) < 0) return rc;
+    int64_t got = ferry_file_read(f, w->in_buf, len, off);
+    if (got <= 0) return got;
+    if (swap > 1) swap_host(w->in_buf, (uint64_t)got, swap);
+    ferry_count_io(w->ctx, 0, (uint64_t)got, 0);
+    if ((rc = to_device(w, j, d, w->in_buf, (uint64_t)got, dst, NULL)) < 0) return rc;
+    if ((rc = ferry_worker_defer(w, j, d)) < 0) return rc;
+    *deferred = 1;
+    return got;
+}
+
 static int64_t read_cufile(ferry_worker *w, ferry_job *j, ferry_file *f, uint64_t off, uint64_t len, int d,
                            CUdeviceptr base, uint64_t dst_off, unsigned swap, int *deferred) {
     ferry_cufile_handle fh;
@@ -321,7 +340,8 @@ static int64_t exec_read_plain(ferry_worker *w, ferry_job *j, const ferry_extent
             }
         }
         if (used == FERRY_PATH_STAGED)
-            got = read_staged(w, j, f, off, len, d, base + e->dst_offset + lo, swap, deferred);
+            got = f->remote ? read_remote_staged(w, j, f, off, len, d, base + e->dst_offset + lo, swap, deferred)
+                            : read_staged(w, j, f, off, len, d, base + e->dst_offset + lo, swap, deferred);
     }
     if (got < 0) return got;
     atomic_fetch_add(&j->path_bytes[used], (uint64_t)got);

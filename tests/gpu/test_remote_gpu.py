@@ -57,3 +57,18 @@ def test_remote_npy_to_device(ctx, server):
         c.close()
     # no GDS for a remote object: the staged path, with no fallback counted
     assert st["staged"]["bytes"] >= a.nbytes and st["cufile"]["bytes"] == 0 and st["fallbacks"] == 0
+
+
+def test_remote_tasks_reuse_one_workers_buffer(ctx, server, monkeypatch):
+    # one worker, 1 MiB tasks: its pinned input buffer is refilled while the
+    # previous task's copy may still be queued (the simulated driver delays
+    # copies at random: a missing wait shows as wrong bytes)
+    monkeypatch.setenv("FERRY_TASK_SIZE", "1M")
+    a = np.random.default_rng(5).integers(0, 2**31, 2_500_000, dtype=np.int32)   # 10 MB: 10 tasks
+    url = server.put("c.npy", npy(a))
+    c = F.Context(threads=1)
+    try:
+        for _ in range(2):
+            np.testing.assert_array_equal(host(ctx, ferry.read(url, device=0, ctx=c)), a)
+    finally:
+        c.close()
