@@ -188,7 +188,13 @@ static pid_t pool_pid_;
 
 static client *client_get(void) {
     pthread_mutex_lock(&pool_lock_);
-    if (pool_pid_ != getpid()) { pool_ = NULL; pool_pid_ = getpid(); }   /* the parent's are left alone */
+    if (pool_pid_ != getpid()) {   /* a forked child: the parent's clients and requests are not its own */
+        pool_ = NULL;
+        pool_pid_ = getpid();
+        pthread_mutex_lock(&slot_lock_);
+        slots_used_ = 0;
+        pthread_mutex_unlock(&slot_lock_);
+    }
     client *c = pool_;
     if (c) pool_ = c->next;
     pthread_mutex_unlock(&pool_lock_);

@@ -410,3 +410,21 @@ def test_nginx_reads_and_pins_the_version(nginx, monkeypatch):
             f.read(None, slice(300, 400))
         assert base + "/a.npy" in str(ei.value) and "changed since it was opened" in str(ei.value)
     np.testing.assert_array_equal(ferry.read(base + "/a.npy", device="cpu"), a * 2)
+
+
+def test_forked_child_reads_with_its_own_connections(server):
+    a = np.arange(50_000, dtype=np.int64)
+    url = server.put("fork.npy", npy_bytes(a))
+    np.testing.assert_array_equal(ferry.read(url, device="cpu"), a)   # the parent's connections stay open
+    pid = os.fork()
+    if pid == 0:   # the child: a new context, new connections, the same bytes
+        code = 1
+        try:
+            c = ferry._ferry.Context(threads=2)
+            code = 0 if np.array_equal(ferry.read(url, device="cpu", ctx=c), a) else 2
+            c.close()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    np.testing.assert_array_equal(ferry.read(url, device="cpu"), a)
