@@ -3,6 +3,7 @@ test_remote.py, tests/gpu/test_remote_gpu.py): Range, ETag, If-Match -> 412,
 416 past the end, and faults injected per request."""
 import socket
 import threading
+from email.utils import formatdate, parsedate_to_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
@@ -12,7 +13,10 @@ class RangeServer:
     "replace", "stall"), `open_faults` the same for the GETs of an object's
     first bytes that open it; `log` records (method, range, if-match) per request."""
 
-    def __init__(self):
+    def __init__(self, etags=True):
+        """etags=False: no ETag, a Last-Modified date per version instead
+        (If-Unmodified-Since -> 412), as servers of plain files may do."""
+        self.etags = etags
         self.objects = {}
         self.faults = []
         self.open_faults = []
@@ -61,6 +65,11 @@ class RangeServer:
                 im = self.headers.get("If-Match")
                 if im is not None and im != etag:
                     return self.send(412, {"Content-Length": "0", "ETag": etag})
+                # the version's date: ten seconds per version
+                modified = formatdate(1_700_000_000 + 10 * int(etag.strip('"v')), usegmt=True)
+                ius = self.headers.get("If-Unmodified-Since")
+                if ius is not None and parsedate_to_datetime(ius) < parsedate_to_datetime(modified):
+                    return self.send(412, {"Content-Length": "0"})
                 if fault in (500, 503):
                     body = b"busy, try again"
                     return self.send(fault, {"Content-Length": str(len(body))}, body)
@@ -82,7 +91,11 @@ class RangeServer:
                         return self.send(416, {"Content-Range": f"bytes */{size}", "Content-Length": "0"})
                     status = 206
                 body = data[lo:hi + 1]
-                headers = {"ETag": etag, "Accept-Ranges": "bytes", "Content-Length": str(len(body))}
+                headers = {"Accept-Ranges": "bytes", "Content-Length": str(len(body))}
+                if server.etags:
+                    headers["ETag"] = etag
+                else:
+                    headers["Last-Modified"] = modified
                 if status == 206:
                     headers["Content-Range"] = f"bytes {lo}-{hi}/{size}"
                 if fault == "short":   # a complete-looking response of half the bytes

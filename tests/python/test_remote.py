@@ -155,6 +155,22 @@ def test_replaced_between_ranges_is_an_error(server, monkeypatch):
     assert url in msg and "changed since it was opened" in msg and "412" in msg
 
 
+def test_no_etag_pins_last_modified(monkeypatch):
+    monkeypatch.setenv("FERRY_REMOTE_REQUEST_SIZE", "64K")
+    monkeypatch.setenv("FERRY_REMOTE_CONNECTIONS", "1")
+    s = RangeServer(etags=False).start()
+    try:
+        a, url = big(s)
+        np.testing.assert_array_equal(ferry.read(url, device="cpu"), a)
+        assert all(im is None for _, _, im in s.log)
+        s.faults = [None, "replace"]
+        with pytest.raises(FerryError) as ei:
+            ferry.read(url, device="cpu")
+        assert url in str(ei.value) and "Last-Modified" in str(ei.value) and "412" in str(ei.value)
+    finally:
+        s.stop()
+
+
 def test_persistent_5xx_names_url_range_status_message(server, monkeypatch):
     monkeypatch.setenv("FERRY_REMOTE_RETRIES", "2")
     a, url = big(server)
