@@ -393,9 +393,9 @@ enum {
  *   FERRY_REMOTE_CONNECTIONS    requests in flight in the process (64)
  *   FERRY_REMOTE_RETRIES        retries of one request (10)
  *   FERRY_REMOTE_RETRY_SECONDS  time after which a read retries no more (60)
- *   FERRY_REMOTE_STALL_SECONDS  a request that moves no byte this long is
- *                               ended and retried (30; also caps the connect
- *                               timeout at 10) */
+ *   FERRY_REMOTE_STALL_SECONDS  a request that moves under 1 KiB/s this long
+ *                               is ended and retried (30; the connect timeout
+ *                               is this, at most 10) */
 int ferry_file_open(ferry_ctx *ctx, const char *path, int flags, ferry_file **out);
 /** Close (waits for nothing: do not close a file a running job uses). NULL: no-op. */
 int ferry_file_close(ferry_file *f);

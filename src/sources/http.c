@@ -317,6 +317,8 @@ static int classify(xfer *x, CURLcode res) {
     ferry_http_server_message(x->body, x->body_len, msg, sizeof msg);
     snprintf(x->why, sizeof x->why, "HTTP %ld%s%s%s%s", s, *ferry_http_reason(s) ? " " : "", ferry_http_reason(s),
              *msg ? ": " : "", msg);
+    if ((s == 301 || s == 307) && r->bucket && strlen(x->why) + 60 < sizeof x->why)
+        strcat(x->why, " (AWS_REGION: the bucket's region; AWS_ENDPOINT_URL)");
     if (s == 416 && x->open) return NEED_HEAD;
     if (s == 416 && x->off >= r->size) return DONE;
     if (s == 408 || s == 429 || s >= 500 || (s == 400 && strstr(x->body, "<Code>RequestTimeout</Code>"))) return RETRY;
@@ -370,8 +372,9 @@ static int prepare(xfer *x, CURL *e) {
     curl_easy_setopt(e, CURLOPT_ERRORBUFFER, x->errbuf);
     curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(e, CURLOPT_USERAGENT, "ferry/" FERRY_VERSION_STRING);
-    /* a request that moves no byte for stall_s is ended (and retried) */
-    curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1L);
+    /* a request that moves under 1 KiB/s for stall_s is ended (and retried):
+     * a stalled server, or one that trickles */
+    curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1024L);
     curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, (long)(r->k.stall_s + 0.5));
     curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)(1000 * (r->k.stall_s < 10 ? r->k.stall_s : 10)));
     /* signed requests are never redirected (the signature names the host);
@@ -430,7 +433,8 @@ static int run(ferry_remote *r, xfer *xs, size_t n) {
             continue;
         }
         int running;
-        curl_multi_perform(c->multi, &running);
+        CURLMcode mc = curl_multi_perform(c->multi, &running);
+        if (mc != CURLM_OK) { rc = ferry_seterr(FERRY_EIO, "libcurl: %s", curl_multi_strerror(mc)); break; }
         CURLMsg *m;
         int q;
         while ((m = curl_multi_info_read(c->multi, &q))) {
