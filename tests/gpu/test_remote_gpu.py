@@ -14,7 +14,9 @@ import ferry_arrays
 from ferry import _ferry as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
-from rangeserver import RangeServer  # noqa: E402
+from rangeserver import RangeServer, ferry_reads_urls  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not ferry_reads_urls(), reason="ferry was built without libcurl (no remote objects)")
 
 
 def host(ctx, a):

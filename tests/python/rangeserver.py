@@ -1,6 +1,7 @@
 """A loopback HTTP range server for the remote-object tests (tests/python/
 test_remote.py, tests/gpu/test_remote_gpu.py): Range, ETag, If-Match -> 412,
 416 past the end, and faults injected per request."""
+import os
 import socket
 import threading
 from email.utils import formatdate, parsedate_to_datetime
@@ -133,3 +134,20 @@ class RangeServer:
         self.httpd.shutdown()
         self.httpd.server_close()
         self.thread.join(10)
+
+
+def ferry_reads_urls():
+    """False for a ferry built without libcurl (it refuses URLs, saying so)."""
+    import ferry
+    old = os.environ.get("FERRY_REMOTE_RETRIES")
+    os.environ["FERRY_REMOTE_RETRIES"] = "0"
+    try:
+        ferry.read("http://127.0.0.1:9/x.npy", device="cpu")   # nothing listens on port 9
+    except ferry.FerryError as e:
+        return "needs libcurl" not in str(e)
+    finally:
+        if old is None:
+            del os.environ["FERRY_REMOTE_RETRIES"]
+        else:
+            os.environ["FERRY_REMOTE_RETRIES"] = old
+    return True

@@ -17,7 +17,10 @@ import pytest
 
 ferry = pytest.importorskip("ferry")
 from ferry import FerryError  # noqa: E402
-from rangeserver import RangeServer  # noqa: E402
+from rangeserver import RangeServer, ferry_reads_urls  # noqa: E402
+
+
+pytestmark = pytest.mark.skipif(not ferry_reads_urls(), reason="ferry was built without libcurl (no remote objects)")
 
 
 @pytest.fixture
