@@ -463,3 +463,17 @@ def test_gs_hmac_keys_sign_for_the_s3_compatible_api(moto_s3, monkeypatch):
     with pytest.raises(FerryError) as ei:
         ferry.read("gs://data/g/a.npy", device="cpu")
     assert "gs://data/g/a.npy" in str(ei.value) and "403" in str(ei.value)
+
+
+def test_http_sharded_safetensors_index(server):
+    st = pytest.importorskip("safetensors.numpy")
+    shards = {"model-00001-of-00002.safetensors": {"a": np.arange(10, dtype=np.float32)},
+              "model-00002-of-00002.safetensors": {"b": np.ones((3, 4), np.int64)}}
+    weight_map = {}
+    for name, tensors in shards.items():
+        server.put("ckpt/" + name, st.save(tensors))
+        weight_map.update({t: name for t in tensors})
+    url = server.put("ckpt/model.safetensors.index.json", json.dumps({"metadata": {}, "weight_map": weight_map}).encode())
+    for tensors in shards.values():
+        for t, v in tensors.items():   # each tensor from its shard, by a URL made from the index's
+            np.testing.assert_array_equal(ferry.read(url, t, device="cpu"), v)
