@@ -356,11 +356,51 @@ enum {
 
 /** Open path. Errors: -ENOENT, -EACCES, -EISDIR (directories are refused),
  *  FERRY_EINVAL for a FIFO, device or socket unless flags has FERRY_ANY_FILE
- *  (a FIFO would block a read forever), ... */
+ *  (a FIFO would block a read forever), ...
+ *
+ *  URLs. path may be a URL, read like a file (FERRY_READ only; FERRY_WRITE is
+ *  FERRY_EUNSUPPORTED):
+ *   - file:///abs/path (host empty or "localhost"; %XX decoded): the local file.
+ *   - http://host[:port]/path?query, https://...: sent as written.
+ *   - s3://BUCKET/KEY: the key is encoded by ferry. Endpoint: AWS_ENDPOINT_URL_S3,
+ *     AWS_ENDPOINT_URL, or endpoint_url of the profile in ~/.aws/config
+ *     (AWS_CONFIG_FILE), else https://s3.REGION.amazonaws.com. Region: AWS_REGION,
+ *     AWS_DEFAULT_REGION, the profile's region, else us-east-1. Virtual-hosted
+ *     style (BUCKET.s3.REGION.amazonaws.com) on AWS for DNS-safe bucket names,
+ *     path style (ENDPOINT/BUCKET/KEY) for custom endpoints and dotted names;
+ *     FERRY_S3_ADDRESSING=path|virtual|auto forces one. Credentials:
+ *     AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY (+ AWS_SESSION_TOKEN), else the
+ *     AWS_PROFILE (default "default") section of ~/.aws/credentials
+ *     (AWS_SHARED_CREDENTIALS_FILE), else none: unsigned requests (public
+ *     buckets). Requests are signed with AWS Signature Version 4.
+ *   - gs://BUCKET/KEY: https://storage.googleapis.com/BUCKET/KEY (or
+ *     STORAGE_EMULATOR_HOST), anonymous; with GS_ACCESS_KEY_ID and
+ *     GS_SECRET_ACCESS_KEY (HMAC keys) signed for its S3-compatible API.
+ *  Other schemes are FERRY_EUNSUPPORTED naming the scheme; so is every URL but
+ *  file:// in a ferry built without libcurl.
+ *  Opening a remote object costs one request: a GET of its first 64 KiB,
+ *  which gives its size and version (ETag, else Last-Modified) and serves
+ *  reads of those bytes (headers) without another request. Every later read
+ *  is conditional on that version (If-Match): an object replaced while it is
+ *  open is an error naming the URL ("changed since it was opened"), never a
+ *  mix of two versions. A read is split into range requests run side by side;
+ *  timeouts, dropped connections, 5xx, 429, S3 SlowDown and short bodies are
+ *  retried with backoff, within bounds; errors name the URL, the byte range,
+ *  the HTTP status and the server's message. Remote files take no O_DIRECT
+ *  and no GDS: device destinations go through the staged path. Knobs (read at
+ *  each open, checked by ferry_ctx_create):
+ *   FERRY_REMOTE_REQUEST_SIZE   bytes per range request (8M; 4K to 4G)
+ *   FERRY_REMOTE_CONNECTIONS    requests in flight in the process (64)
+ *   FERRY_REMOTE_RETRIES        retries of one request (10)
+ *   FERRY_REMOTE_RETRY_SECONDS  time after which a read retries no more (60)
+ *   FERRY_REMOTE_STALL_SECONDS  a request that moves under 1 KiB/s this long
+ *                               is ended and retried (30; the connect timeout
+ *                               is this, at most 10) */
 int ferry_file_open(ferry_ctx *ctx, const char *path, int flags, ferry_file **out);
 /** Close (waits for nothing: do not close a file a running job uses). NULL: no-op. */
 int ferry_file_close(ferry_file *f);
-/** Current size in bytes (fstat), or a negative code. */
+/** Current size in bytes (fstat), or a negative code. A remote object: its
+ *  size when opened (the version every read is pinned to). */
 int64_t ferry_file_size(ferry_file *f);
 /** The path given to ferry_file_open; valid until ferry_file_close. */
 const char *ferry_file_path(const ferry_file *f);
@@ -368,7 +408,8 @@ const char *ferry_file_path(const ferry_file *f);
 int ferry_file_sync(ferry_file *f);
 /** Set the file's length (ftruncate). */
 int ferry_file_truncate(ferry_file *f, uint64_t size);
-/** Bytes of [offset, offset+len) resident in the page cache (cachestat or mincore). */
+/** Bytes of [offset, offset+len) resident in the page cache (cachestat or
+ *  mincore); 0 for a remote object. */
 int64_t ferry_file_cached(ferry_file *f, uint64_t offset, uint64_t len);
 
 /* flags for ferry_pread / ferry_pwrite / ferry_submit */
@@ -721,7 +762,9 @@ typedef struct ferry_open_opts {
 typedef struct ferry_dataset ferry_dataset;
 
 /** Open and parse metadata. opts may be NULL. Errors name the file and byte position;
- *  FERRY_ENOFORMAT when the path is not a file or store of any supported format. */
+ *  FERRY_ENOFORMAT when the path is not a file or store of any supported format.
+ *  path may be a URL (see ferry_file_open) of a single-file format: npy,
+ *  safetensors, netCDF classic; Zarr stores are read from local paths only. */
 int ferry_dataset_open(ferry_ctx *ctx, const char *path, const ferry_open_opts *opts, ferry_dataset **out);
 /** Close and free. Plans made by ferry_dataset_plan_read may name the files
  *  the dataset keeps open (npy, safetensors, netcdf3, hdf5): close it only after

@@ -273,7 +273,9 @@ def _open_dataset(path: str, ctx: Context):
     try:
         return Dataset(ctx, os.fspath(path))
     except FerryError as e:
-        if e.code == _ferry.ENOFORMAT and os.path.isfile(path):
+        # a file, or a URL the C library opened (its scheme decides, as there),
+        # in no format ferry knows: its raw bytes
+        if e.code == _ferry.ENOFORMAT and (os.path.isfile(path) or "://" in path):
             return None
         raise
 

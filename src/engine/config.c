@@ -3,6 +3,7 @@
 #include "engine/engine.h"
 #include "engine/knobs.h"
 #include "engine/numa.h"
+#include "sources/remote.h"
 #include <ctype.h>
 #include <stdlib.h>
 #include <strings.h>
@@ -157,6 +158,7 @@ int ferry_config_resolve(ferry_config *c) {
         const char *dp = getenv("FERRY_DECODE");   /* gpudecode.c has the names */
         if (dp && (rc = ferry_decode_policy_parse(dp, (ferry_decode_policy *)&c->decode)) < 0) return rc;
         if ((rc = ferry_knobs_check()) < 0) return rc;   /* the knobs' table: FERRY_GPU_*, _EVENT_SYNC, _NUMA */
+        if ((rc = ferry_remote_check_env()) < 0) return rc;      /* FERRY_REMOTE_* (sources/http.c) */
         const char *d = getenv("FERRY_DIRECT");
         if (d) {
             if (!strcasecmp(d, "auto")) c->direct = FERRY_DIRECT_AUTO;

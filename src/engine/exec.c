@@ -83,7 +83,7 @@ static int64_t read_to_host(ferry_worker *w, ferry_job *j, ferry_file *f, uint64
     int direct = ferry_use_direct(f, read_direct_policy(j, f, off, len), off, len, 0);
     int dfd = direct ? ferry_file_direct_fd(f) : -1;
     if (dfd < 0) {
-        int64_t r = ferry_pread_full(f->fd, dst, len, off);
+        int64_t r = ferry_file_read(f, dst, len, off);
         if (r > 0) ferry_count_io(w->ctx, 0, (uint64_t)r, 0);
         return r;
     }
@@ -91,11 +91,11 @@ static int64_t read_to_host(ferry_worker *w, ferry_job *j, ferry_file *f, uint64
     if (off % FERRY_ALIGN == 0 && ((uintptr_t)dst % FERRY_ALIGN) == 0) {
         uint64_t mid = ferry_align_down(len);
         int64_t r = mid ? ferry_pread_full(dfd, dst, mid, off) : 0;
-        if (r == -EINVAL) { r = ferry_pread_full(f->fd, dst, len, off); if (r > 0) ferry_count_io(w->ctx, 0, (uint64_t)r, 0); return r; }
+        if (r == -EINVAL) { r = ferry_file_read(f, dst, len, off); if (r > 0) ferry_count_io(w->ctx, 0, (uint64_t)r, 0); return r; }
         if (r < 0) return r;
         ferry_count_io(w->ctx, (uint64_t)r, 0, 0);
         if ((uint64_t)r < mid) return r;
-        int64_t t = len > mid ? ferry_pread_full(f->fd, dst + mid, len - mid, off + mid) : 0;
+        int64_t t = len > mid ? ferry_file_read(f, dst + mid, len - mid, off + mid) : 0;
         if (t < 0) return t;
         ferry_count_io(w->ctx, 0, (uint64_t)t, 0);
         return r + t;
@@ -110,7 +110,7 @@ static int64_t read_to_host(ferry_worker *w, ferry_job *j, ferry_file *f, uint64
         uint64_t want = FERRY_MIN((uint64_t)S, ferry_align_up(end) - c);
         int64_t r = ferry_pread_full(dfd, w->stage[i], want, c);
         if (r == -EINVAL) {   /* accepted at open, refused at read: fall back */
-            int64_t b = ferry_pread_full(f->fd, dst + done, len - done, off + done);
+            int64_t b = ferry_file_read(f, dst + done, len - done, off + done);
             return b < 0 ? b : (int64_t)done + b;
         }
         if (r < 0) return r;
@@ -225,7 +225,7 @@ restart:;
             if (c + (uint64_t)r < hi) hi = c + (uint64_t)r > lo ? c + (uint64_t)r : lo;
             src = w->stage[i] + (lo - c);
         } else {
-            int64_t r = ferry_pread_full(f->fd, w->stage[i], hi - lo, lo);
+            int64_t r = ferry_file_read(f, w->stage[i], hi - lo, lo);
             if (r < 0) return r;
             nbuf += (uint64_t)r;
             hi = lo + (uint64_t)r;
@@ -254,6 +254,25 @@ restart:;
         *deferred = 1;
     }
     return (int64_t)done;
+}
+
+/* A remote object bound for device memory: the task's bytes in one read,
+ * whose range requests run side by side (sources/http.c), into the worker's
+ * pinned input buffer, then one copy. Staging buffer by staging buffer, each
+ * 2 MiB would wait a network round trip of its own, one after the other. */
+static int64_t read_remote_staged(ferry_worker *w, ferry_job *j, ferry_file *f, uint64_t off, uint64_t len, int d,
+                                  CUdeviceptr dst, unsigned swap, int *deferred) {
+    int rc = ferry_dec_wait(w);   /* the input buffer may still be the source of a copy */
+    if (rc < 0) return rc;
+    if ((rc = ferry_worker_grow(w, d, &w->in_buf, &w->in_cap, &w->in_pinned, len ? len : 1)) < 0) return rc;
+    int64_t got = ferry_file_read(f, w->in_buf, len, off);
+    if (got <= 0) return got;
+    if (swap > 1) swap_host(w->in_buf, (uint64_t)got, swap);
+    ferry_count_io(w->ctx, 0, (uint64_t)got, 0);
+    if ((rc = to_device(w, j, d, w->in_buf, (uint64_t)got, dst, NULL)) < 0) return rc;
+    if ((rc = ferry_worker_defer(w, j, d)) < 0) return rc;
+    *deferred = 1;
+    return got;
 }
 
 static int64_t read_cufile(ferry_worker *w, ferry_job *j, ferry_file *f, uint64_t off, uint64_t len, int d,
@@ -310,7 +329,8 @@ static int64_t exec_read_plain(ferry_worker *w, ferry_job *j, const ferry_extent
         CUdeviceptr base = (CUdeviceptr)(uintptr_t)e->dst.ptr;
         used = j->path;
         got = -1;
-        if (used == FERRY_PATH_CUFILE && !j->forced && keeps_cache(j, f, len)) used = FERRY_PATH_STAGED;
+        /* GDS reads local files only: a remote object is staged (not a fallback) */
+        if (used == FERRY_PATH_CUFILE && !j->forced && (f->remote || keeps_cache(j, f, len))) used = FERRY_PATH_STAGED;
         if (used == FERRY_PATH_CUFILE) {
             got = read_cufile(w, j, f, off, len, d, base, e->dst_offset + lo, swap, deferred);
             if (got < 0 && !j->forced) {   /* AUTO: this file cannot use GDS; staged serves it */
@@ -321,7 +341,8 @@ static int64_t exec_read_plain(ferry_worker *w, ferry_job *j, const ferry_extent
             }
         }
         if (used == FERRY_PATH_STAGED)
-            got = read_staged(w, j, f, off, len, d, base + e->dst_offset + lo, swap, deferred);
+            got = f->remote ? read_remote_staged(w, j, f, off, len, d, base + e->dst_offset + lo, swap, deferred)
+                            : read_staged(w, j, f, off, len, d, base + e->dst_offset + lo, swap, deferred);
     }
     if (got < 0) return got;
     atomic_fetch_add(&j->path_bytes[used], (uint64_t)got);

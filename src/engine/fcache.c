@@ -8,6 +8,7 @@
 #include "engine/engine.h"
 #include "engine/sysio.h"
 #include "engine/fcache.h"
+#include "sources/remote.h"
 #include <errno.h>
 #include <stdlib.h>
 #include <sys/resource.h>
@@ -147,7 +148,10 @@ int ferry_fcache_get(ferry_fcache *c, ferry_ctx *ctx, const char *path, int nofo
     close_list(stale);
     if (e) {   /* first use by this job: is it still the file at this path? */
         struct stat st;
-        if (ferry_sys()->stat(path, &st) == 0 && same_file(e, &st)) {
+        /* a remote object is not asked again (a request per object per
+         * job): its reads are conditional on the version opened, and one
+         * that found it replaced marks it, so the next job opens it afresh */
+        if (e->f->remote ? !ferry_remote_changed(e->f->remote) : ferry_sys()->stat(path, &st) == 0 && same_file(e, &st)) {
             pthread_mutex_lock(&c->lock);
             e->checked_job = job_id;
             c->hits++;

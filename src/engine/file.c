@@ -1,8 +1,13 @@
 /* file.c — open files: a buffered descriptor always, an O_DIRECT descriptor
- * and a cuFile handle lazily (each opened once per file, never per task). */
+ * and a cuFile handle lazily (each opened once per file, never per task);
+ * or, for a URL, a remote object read through sources/ behind the same
+ * ferry_file (ferry_file_read is the one place that tells them apart). */
 #include "engine/engine.h"
+#include "engine/io.h"
 #include "engine/mapread.h"
 #include "engine/sysio.h"
+#include "sources/remote.h"
+#include "sources/url.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -13,6 +18,32 @@
 
 static int file_from_fd(ferry_ctx *ctx, int fd, const char *path, int flags, ferry_file **out);
 
+/* A remote object as a ferry_file: no descriptor, O_DIRECT refused (-2),
+ * cuFile refused with its reason, the size it had at open. */
+static int open_remote(ferry_ctx *ctx, const char *url, int flags, ferry_file **out) {
+    if (flags & (FERRY_WRITE | FERRY_CREATE | FERRY_TRUNC))
+        return ferry_seterr(FERRY_EUNSUPPORTED, "%s: remote objects are read-only here (open with FERRY_READ)", url);
+    ferry_remote *r;
+    int rc = ferry_remote_open(url, &r);
+    if (rc < 0) return rc;
+    ferry_file *f = calloc(1, sizeof *f);
+    char *p = strdup(url);
+    if (!f || !p) { free(f); free(p); ferry_remote_close(r); return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", url); }
+    f->ctx = ctx;
+    f->path = p;
+    f->remote = r;
+    f->fd = -1;
+    f->dfd = -2;
+    f->flags = FERRY_READ;
+    f->size0 = (off_t)ferry_remote_size(r);
+    f->cf_state = FERRY_ENOCUFILE;
+    snprintf(f->cf_why, sizeof f->cf_why, "a remote object: GPUDirect Storage reads local files only");
+    atomic_store(&f->map_state, -1);
+    pthread_mutex_init(&f->lock, NULL);
+    *out = f;
+    return 0;
+}
+
 int ferry_file_open_internal(ferry_ctx *ctx, const char *path, int flags, ferry_file **out) {
     *out = NULL;
     if (!path || !*path) return ferry_seterr(FERRY_EINVAL, "empty path");
@@ -20,6 +51,21 @@ int ferry_file_open_internal(ferry_ctx *ctx, const char *path, int flags, ferry_
         return ferry_seterr(FERRY_EINVAL, "%s: open flags need FERRY_READ or FERRY_WRITE", path);
     if (flags & ~(FERRY_READ | FERRY_WRITE | FERRY_CREATE | FERRY_TRUNC | FERRY_ANY_FILE))
         return ferry_seterr(FERRY_EINVAL, "%s: unknown open flags 0x%x", path, (unsigned)flags);
+    ferry_url_scheme scheme = ferry_url_scheme_of(path);
+    if (scheme == FERRY_URL_FILE) {   /* file:///path: the local file, named as given */
+        ferry_url u;
+        int rc = ferry_url_parse(path, NULL, &u);
+        if (rc == 0) {
+            rc = ferry_file_open_internal(ctx, u.key, flags, out);
+            if (rc == 0) {
+                char *p = strdup(path);
+                if (p) { free((*out)->path); (*out)->path = p; }
+            }
+        }
+        ferry_url_free(&u);
+        return rc;
+    }
+    if (scheme != FERRY_URL_NONE) return open_remote(ctx, path, flags, out);
     /* O_NONBLOCK: opening a FIFO for reading would wait for a writer forever
      * (the file type is only known once it is open); cleared again below */
     int oflags = O_CLOEXEC | O_NONBLOCK;
@@ -137,7 +183,8 @@ int ferry_file_close(ferry_file *f) {
     }
     if (f->dfd >= 0) ferry_sys()->close(f->dfd);
     ferry_map_release(f);
-    if (ferry_sys()->close(f->fd) != 0) rc = ferry_seterr(-errno, "%s: close: %s", f->path, strerror(errno));
+    if (f->remote) ferry_remote_close(f->remote);
+    else if (ferry_sys()->close(f->fd) != 0) rc = ferry_seterr(-errno, "%s: close: %s", f->path, strerror(errno));
     pthread_mutex_destroy(&f->lock);
     free(f->path);
     free(f);
@@ -145,6 +192,7 @@ int ferry_file_close(ferry_file *f) {
 }
 
 int64_t ferry_file_size(ferry_file *f) {
+    if (f->remote) return (int64_t)ferry_remote_size(f->remote);   /* the version pinned at open */
     struct stat st;
     if (ferry_sys()->fstat(f->fd, &st) != 0) return ferry_seterr(-errno, "%s: fstat: %s", f->path, strerror(errno));
     return (int64_t)st.st_size;
@@ -152,12 +200,32 @@ int64_t ferry_file_size(ferry_file *f) {
 
 const char *ferry_file_path(const ferry_file *f) { return f ? f->path : ""; }
 
+int64_t ferry_file_read(ferry_file *f, void *buf, size_t len, uint64_t off) {
+    if (f->remote) return ferry_remote_pread(f->remote, buf, len, off);
+    return ferry_pread_full(f->fd, buf, len, off);
+}
+
+int64_t ferry_file_readv(ferry_file *f, struct iovec *iov, int n, uint64_t off) {
+    if (!f->remote) return ferry_preadv_full(f->fd, iov, n, off);
+    /* vectors of one contiguous range: read one after the other */
+    uint64_t done = 0;
+    for (int i = 0; i < n; i++) {
+        int64_t r = ferry_remote_pread(f->remote, iov[i].iov_base, iov[i].iov_len, off + done);
+        if (r < 0) return r;
+        done += (uint64_t)r;
+        if ((size_t)r < iov[i].iov_len) break;   /* the object ends */
+    }
+    return (int64_t)done;
+}
+
 int ferry_file_sync(ferry_file *f) {
+    if (f->remote) return 0;   /* read-only: nothing to make durable */
     if (ferry_sys()->fsync(f->fd) != 0) return ferry_seterr(-errno, "%s: fsync: %s", f->path, strerror(errno));
     return 0;
 }
 
 int ferry_file_truncate(ferry_file *f, uint64_t size) {
+    if (f->remote) return ferry_seterr(FERRY_EUNSUPPORTED, "%s: remote objects are read-only", f->path);
     if (ferry_sys()->ftruncate(f->fd, (off_t)size) != 0)
         return ferry_seterr(-errno, "%s: ftruncate to %llu: %s", f->path, (unsigned long long)size, strerror(errno));
     return 0;
@@ -246,6 +314,7 @@ struct ferry_cachestat_range { uint64_t off, len; };
 struct ferry_cachestat { uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted; };
 
 int64_t ferry_file_cached_fd(int fd, uint64_t offset, uint64_t len, uint64_t fsize) {
+    if (fd < 0) return -EBADF;   /* a remote object: no page cache to ask */
     if (offset >= fsize || len == 0) return 0;
     if (len > fsize - offset) len = fsize - offset;
     long page = sysconf(_SC_PAGESIZE);
@@ -283,6 +352,7 @@ int64_t ferry_file_cached_fd(int fd, uint64_t offset, uint64_t len, uint64_t fsi
 }
 
 int64_t ferry_file_cached(ferry_file *f, uint64_t offset, uint64_t len) {
+    if (f->remote) return 0;   /* nothing of it is in the page cache */
     int64_t sz = ferry_file_size(f);
     if (sz < 0) return sz;
     int64_t r = ferry_file_cached_fd(f->fd, offset, len, (uint64_t)sz);

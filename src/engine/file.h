@@ -1,5 +1,6 @@
 /* file.h — an open file: a buffered descriptor, lazily an O_DIRECT one and a
- * cuFile handle, all of one inode. Internal; a leaf. */
+ * cuFile handle, all of one inode; or a remote object (sources/remote.h),
+ * which has none of them. Internal; a leaf. */
 #ifndef FERRY_ENGINE_FILE_H
 #define FERRY_ENGINE_FILE_H
 #include "common.h"
@@ -9,9 +10,12 @@
 #include <sys/types.h>
 #include <time.h>
 
+struct ferry_remote;
+
 struct ferry_file {
     ferry_ctx *ctx;
     char *path;
+    struct ferry_remote *remote;  /* a remote object (fd -1, no O_DIRECT, no cuFile), or NULL */
     int fd;                       /* buffered descriptor */
     dev_t dev;                    /* the file it opened: every other descriptor */
     ino_t ino;                    /* (O_DIRECT, cuFile's) must be this inode */
@@ -31,6 +35,14 @@ struct ferry_file {
     _Atomic int share_counted;    /* 2: its size is in ctx->share_used; 1: being added (cacheshare.c) */
 };
 
+/* The seam every read of a file's bytes goes through: [off, off+len) into
+ * buf, len bytes or fewer where the file ends. A local file: pread (-errno on
+ * failure, no message); a remote object: its range requests (a negative code
+ * with the message set). */
+int64_t ferry_file_read(ferry_file *f, void *buf, size_t len, uint64_t off);
+/* The same into vectors (it modifies iov). */
+struct iovec;
+int64_t ferry_file_readv(ferry_file *f, struct iovec *iov, int n, uint64_t off);
 /* Lazily opened O_DIRECT descriptor; -1 when the file system refuses it. */
 int ferry_file_direct_fd(ferry_file *f);
 /* Registered cuFile handle, or a negative code with a message. */

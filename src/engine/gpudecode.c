@@ -1317,7 +1317,7 @@ static int read_chunks(ferry_worker *w, ferry_job *j, gd_slot *g, size_t k0, siz
             }
             if (rc < 0) return ferry_preerr(rc, "%s", e->path);
         }
-        int64_t got = ferry_pread_full(f->fd, g->h + ch[k].slot, e->length, e->offset);
+        int64_t got = ferry_file_read(f, g->h + ch[k].slot, e->length, e->offset);
         if (got < 0) return ferry_preerr((int)got, "%s: byte %llu", f->path, (unsigned long long)e->offset);
         if ((uint64_t)got < e->length)
             return ferry_seterr(FERRY_ESHORT, "%s: file ends at byte %llu but the chunk at byte %llu has %llu bytes",

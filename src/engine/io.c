@@ -52,7 +52,7 @@ int64_t ferry_pwrite_full(int fd, const void *buf, size_t len, uint64_t off) {
 }
 
 int ferry_use_direct(ferry_file *f, int policy, uint64_t off, uint64_t len, int writing) {
-    if (policy == FERRY_DIRECT_OFF) return 0;
+    if (policy == FERRY_DIRECT_OFF || f->remote) return 0;   /* O_DIRECT is a local file's */
     if (policy == FERRY_DIRECT_AUTO) {
         if (len < FERRY_DIRECT_MIN) return 0;
         if (!writing) {

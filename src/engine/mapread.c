@@ -107,7 +107,7 @@ static int map_file(ferry_file *f) {
     /* the size it had when opened (no second fstat): bytes it has grown by
      * since are read with pread; FERRY_ANY_FILE may be a device */
     const uint64_t size = f->size0 > 0 ? (uint64_t)f->size0 : 0;
-    if (st == 0 && (!(f->flags & FERRY_READ) || (f->flags & (FERRY_WRITE | FERRY_ANY_FILE)) || size == 0 ||
+    if (st == 0 && (!(f->flags & FERRY_READ) || (f->flags & (FERRY_WRITE | FERRY_ANY_FILE)) || size == 0 || f->fd < 0 ||
                     size > (uint64_t)SIZE_MAX))
         st = -1;
     double t0 = st == 0 ? ferry_now() : 0;

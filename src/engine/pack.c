@@ -193,7 +193,7 @@ static int cold_hints(ferry_worker *w, ferry_job *j, const ferry_task *t) {
  * and they are few (j->map_max), else with pread. */
 static int64_t read_run(const ferry_job *j, ferry_file *f, int warm, uint8_t *dst, uint64_t bytes, uint64_t off) {
     if (warm && bytes <= j->map_max && ferry_map_read(f, dst, off, bytes)) return (int64_t)bytes;
-    return ferry_pread_full(f->fd, dst, bytes, off);
+    return ferry_file_read(f, dst, bytes, off);
 }
 
 /* ---- into host memory ----------------------------------------------------- */
@@ -248,9 +248,12 @@ int64_t ferry_pack_read(ferry_worker *w, ferry_job *j, const ferry_task *t, uint
                 iov[i].iov_base = img ? img + (x->dst_offset - lo) : (uint8_t *)x->dst.ptr + x->dst_offset;
                 iov[i].iov_len = x->length;
             }
-            r = ferry_preadv_full(f->fd, iov, (int)n, e->offset);
+            r = ferry_file_readv(f, iov, (int)n, e->offset);
         }
-        if (r < 0) { ferry_seterr((int)r, "%s", strerror((int)-r)); return pack_error((int)r, e, f, e->offset); }
+        if (r < 0) {   /* a local pread's errno has no message yet; a remote read's has its own */
+            if (!ferry_lasterr()[0]) ferry_seterr((int)r, "%s", ferry_strerror((int)r));
+            return pack_error((int)r, e, f, e->offset);
+        }
         if ((uint64_t)r < bytes) {   /* name the extent the file ended in */
             uint64_t at = e->offset + (uint64_t)r;
             size_t i = k;

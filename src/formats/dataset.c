@@ -4,6 +4,7 @@
 #include "formats/dataset.h"
 #include "formats/select.h"
 #include "formats/layout.h"
+#include "sources/url.h"
 #include <dirent.h>
 #include <errno.h>
 #include <stdlib.h>
@@ -75,16 +76,19 @@ int64_t ferry_hdf5_signature(ferry_ctx *ctx, const char *path) {
 static int detect(ferry_ctx *ctx, const char *path, const ferry_format_ops **ops) {
     *ops = NULL;
     struct stat st;
-    if (stat(path, &st) != 0) {
+    /* a URL names one object (stores of many are not read remotely yet):
+     * its first bytes tell its format, as a file's do */
+    int url = (ferry_url_scheme_of(path) != FERRY_URL_NONE);
+    if (!url && stat(path, &st) != 0) {
         int e = errno;
         return ferry_seterr(-e, "%s: %s", path, strerror(e));
     }
-    int is_dir = S_ISDIR(st.st_mode);
+    int is_dir = !url && S_ISDIR(st.st_mode);
     uint8_t head[PROBE_BYTES];
     size_t n = 0;
     if (!is_dir) {
         int rc = read_head(ctx, path, head, &n);
-        if (rc < 0) return ferry_preerr(rc, "%s", path);
+        if (rc < 0) return url ? rc : ferry_preerr(rc, "%s", path);   /* a remote open's message names its URL */
     }
     for (size_t i = 0; i < NFORMATS && !*ops; i++)
         if (formats[i]->probe(path, head, n, is_dir)) *ops = formats[i];
@@ -211,7 +215,7 @@ int ferry_dataset_open(ferry_ctx *ctx, const char *path, const ferry_open_opts *
     }
 
     struct stat st;
-    if (ops && stat(path, &st) != 0) {
+    if (ops && !(ferry_url_scheme_of(path) != FERRY_URL_NONE) && stat(path, &st) != 0) {
         int e = errno;
         return ferry_seterr(-e, "%s: %s", path, strerror(e));
     }

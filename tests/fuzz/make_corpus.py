@@ -128,3 +128,17 @@ with open(out("blosc", "damaged_memcpyed_longer"), "wb") as f:
             (24).to_bytes(4, "little") + bytes(8))
 with open(out("blosc", "damaged_empty_trailing"), "wb") as f:
     f.write(bytes([2, 1, 3, 1]) + bytes(8) + (20).to_bytes(4, "little") + bytes(4))
+# url (fuzz_url.c): first byte 0 = a URL, 1 = response header lines, 2 = an error body
+for name, data in [
+        ("s3_key", b"\x00s3://my-bucket/dir/a b+c.npy"), ("gs", b"\x00gs://pub/era5/t.nc"),
+        ("https", b"\x00https://h.example:8443/a/b.npy?x=1#f"), ("file", b"\x00file:///tmp/a%20b.npy"),
+        ("userinfo", b"\x00http://user:pw@h/x"),
+        ("headers_206", b"\x01HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-65535/800128\r\n"
+                        b"Content-Length: 65536\r\nETag: \"v1\"\r\nLast-Modified: Mon, 07 Dec 2026 13:00:00 GMT\r\n"),
+        ("headers_416", b"\x01HTTP/1.1 416 Range Not Satisfiable\r\nContent-Range: bytes */0\r\n"
+                        b"Content-Range: bytes 5-3/2\r\nContent-Length: -1\r\n"),
+        ("body_slowdown", b"\x02<?xml version=\"1.0\"?><Error><Code>SlowDown</Code>"
+                          b"<Message>Please reduce your request rate.</Message></Error>"),
+        ("body_partial", b"\x02<Error><Code>NoSuchKey</Code>\x01\xff")]:
+    with open(out("url", name), "wb") as f:
+        f.write(data)
