@@ -98,6 +98,7 @@ $(B)/kernels_cu.o: $(B)/kernels_cu.c
 $(B)/libferry.a: $(LIB_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
+	@echo "$(subst -L$(DEPS)/lib,-L$(abspath $(DEPS))/lib,$(LDLIBS))" > $(B)/libferry.libs   # what a program linking the archive adds (README)
 $(B)/libferry.so: $(LIB_OBJS) src/libferry.map
 	$(CC) -shared -Wl,--version-script=src/libferry.map -o $@ $(LIB_OBJS) $(LDLIBS)
 $(B)/ferry: $(CLI_OBJS) $(B)/libferry.a
