@@ -192,6 +192,14 @@ int ferry_dataset_open(ferry_ctx *ctx, const char *path, const ferry_open_opts *
     if (!ctx || !path || !*path) return ferry_seterr(FERRY_EINVAL, "ferry_dataset_open: no context or path");
     ferry_open_opts dflt = {0};
     if (!opts) opts = &dflt;
+    /* file:// is a local path at the door: stores, directories and their links are local files */
+    if (ferry_url_scheme_of(path) == FERRY_URL_FILE) {
+        ferry_url u;
+        int rc = ferry_url_parse(path, NULL, &u);
+        if (rc >= 0) rc = ferry_dataset_open(ctx, u.key, opts, out);
+        ferry_url_free(&u);
+        return rc;
+    }
     struct stat dst;
     char *resolved = NULL;
     if ((!opts->format || !*opts->format || !strcmp(opts->format, "safetensors")) && stat(path, &dst) == 0 &&

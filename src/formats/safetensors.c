@@ -22,6 +22,7 @@
 #include "formats/json.h"
 #include "formats/select.h"
 #include "formats/inside.h"
+#include "sources/url.h"
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -375,16 +376,18 @@ static int open_index(ferry_dataset *ds, st_state *st, size_t *cap) {
         }
         shard_of[i] = found;
     }
-    /* shards stay inside the index's directory (resolved once: links in its own path are the user's) */
+    /* shards stay inside the index's directory (resolved once: links in its own path are the user's);
+     * an index read from a URL names objects beside it, which have no links to follow */
     char *root = NULL;
-    if (!rc) {
+    int remote = ferry_url_scheme_of(path) > FERRY_URL_FILE;
+    if (!rc && !remote) {
         char *dir = dirlen ? strndup(path, dirlen) : strdup(".");
         if (!dir) rc = ferry_seterr(FERRY_ENOMEM, "%s: out of memory", path);
         else if (!(root = realpath(dir, NULL))) rc = ferry_seterr(-errno, "%s: %s: %s", path, dir, strerror(errno));
         free(dir);
     }
     for (int s = 0; s < st->nshards && !rc; s++) {
-        int in = ferry_path_inside(root, st->shards[s].path, "directory");
+        int in = remote ? 1 : ferry_path_inside(root, st->shards[s].path, "directory");
         if (in < 0) rc = ferry_preerr(in, "%s: weight_map", path);
         else rc = parse_shard(ds, st, s, !ds->attrs_json, cap);
     }
