@@ -51,8 +51,8 @@ __all__ = ["DALISource", "pipeline"]
 
 # pipeline()'s default for external_source(use_copy_kernel=): how DALI copies each GPU batch
 # into its own buffer. False: cudaMemcpyAsync, DALI's default. Its copy kernel did not run faster
-# beside the engine's host-to-device copies (H200, 2026-12-04 03:27, four epochs back to back:
-# 0.94-1.02 x the dataset alone against 0.95-0.99 with the memcpy; BENCHMARKS.md)
+# beside the engine's host-to-device copies (on the GPU machine, four epochs back to back:
+# 0.94-1.02 x the dataset alone against 0.95-0.99 with the memcpy; BENCHMARKS.md, X3)
 COPY_KERNEL = False
 
 
@@ -147,10 +147,10 @@ def _for_dali(t):
 
     The copy stays: with external_source(no_copy=True) DALI reads the batch's memory itself
     without waiting for the stream the batch is ordered on, and behind a stream lagging 10 ms
-    (tests/gpu's lagging-stream case) 99-100 % of the elements it returned were wrong (H200,
-    2026-12-02 14:38; the source kept every batch referenced for prefetch_queue_depth + 2 calls).
-    Nor is the copy what a DALI epoch costs beyond the dataset's (BENCHMARKS.md, thirteenth
-    session: an epoch's first batch, and DALI's own work per iteration)."""
+    (tests/gpu's lagging-stream case) 99-100 % of the elements it returned were wrong (the
+    source kept every batch referenced for prefetch_queue_depth + 2 calls). Nor is the copy what
+    a DALI epoch costs beyond the dataset's (BENCHMARKS.md's history: an epoch's first batch, and
+    DALI's own work per iteration)."""
     if getattr(t, "is_cuda", False):
         _order_on_current_device(t)
         return t

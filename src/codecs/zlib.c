@@ -1,8 +1,9 @@
 /* zlib.c — zlib streams (RFC 1950) and gzip members (RFC 1952): through
  * libdeflate where the build has it (FERRY_HAVE_LIBDEFLATE: 0.29 vs 0.12 GB/s
- * per core for 1 MiB HDF5-shuffled chunks on the H200, 3.39 vs 0.98 GB/s on
- * 16 cores), else zlib's inflate. Both verify the trailers: zlib's Adler-32,
- * gzip's CRC-32 and ISIZE. One decompressor / z_stream per scratch, reused. */
+ * per core for 1 MiB HDF5-shuffled chunks on the GPU machine, 3.39 vs 0.98
+ * GB/s on 16 cores; BENCHMARKS.md), else zlib's inflate. Both verify the
+ * trailers: zlib's Adler-32, gzip's CRC-32 and ISIZE. One decompressor /
+ * z_stream per scratch, reused. */
 #include "codecs/impl.h"
 #include <stdlib.h>
 #include <zlib.h>

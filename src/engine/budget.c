@@ -22,8 +22,8 @@
  * Sized by a share of the free memory alone (ferry_plan_job_bytes: 1/26 of
  * it for zstd), XarrayDataset over Zarr zstd beside a model that left 256 MiB
  * free held its groups, its jobs' call slots and the idle sets of earlier
- * jobs, and torch found 2 MiB free for the next 12 MiB group (H100,
- * tests/gpu). Here the idle sets are given back before the free memory is
+ * jobs, and torch found 2 MiB free for the next 12 MiB group (an 80 GB
+ * GPU, tests/gpu). Here the idle sets are given back before the free memory is
  * measured, and the keep_free promise is remembered for the device so that
  * a job's end gives its set back whenever the free memory is below it
  * (gpudecode.c, set_release).

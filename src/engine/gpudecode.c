@@ -104,9 +104,9 @@ static int gpu_chain(const ferry_extent *e, chain_info *ci) {
     return i == n;
 }
 
-/* AUTO, per batch class, from measured rates for device destinations — the
- * H200, 16 cores, nvCOMP 6.0, 2026-12-01 (bench/bench_decode.py, its --trace
- * rows, BENCHMARKS.md), GB/s of decoded data:
+/* AUTO, per batch class, from measured rates for device destinations on the
+ * GPU machine (16 cores, nvCOMP 6.0; bench/bench_decode.py, its --trace rows,
+ * BENCHMARKS.md), GB/s of decoded data:
  *   zstd (Zarr v3, 1 MiB chunks)       ferry GPU 18.3 vs CPU 10.7                       -> GPU
  *   blosc-lz4+shuffle (Zarr v2, 1 MiB) ferry GPU 39.0 vs CPU 27.2                       -> GPU
  *   deflate+shuffle (netCDF-4, 4 MiB)  nvCOMP on every chunk in one call: 6.34 (258
@@ -120,7 +120,7 @@ static int gpu_chain(const ferry_extent *e, chain_info *ci) {
  * per call 53 GB/s). A call of n chunks takes about latency + n x chunk /
  * gpu_gbs: deflate's 516- and 2,064-chunk rows give latency 136 ms for a 4
  * MiB chunk (31 MB/s) and 53 GB/s beyond it (the fit is within 10 % of the
- * other two rows; BENCHMARKS.md, fifth session) — the GPU is
+ * other two rows; BENCHMARKS.md's history) — the GPU is
  * fast at deflate only with a whole job in flight, and a job the CPU finishes
  * within a chunk's latency (146 ms for a 1 GiB load) is the CPU's.
  * GPU: every chunk of the class goes to GPU batches, which every worker
@@ -149,13 +149,13 @@ static int gpu_chain(const ferry_extent *e, chain_info *ci) {
  * stream_bytes: for the same reason a stream of small deflate jobs (a
  * dataset's batches) never fills the GPU: jobs of 160 one-MiB chunks stay on
  * the CPU (8.6 GB/s), and read as jobs of 640 or 1,280 chunks, two in flight,
- * they ran at 1.8-7.4 (H200, XarrayDataset over netCDF-4, 2026-12-01);
+ * they ran at 1.8-7.4 (XarrayDataset over netCDF-4, on the GPU machine);
  * jobs of 2,560 (2.5 GiB) ran at 19.6, 0.77 of one .load() of the whole set
  * (25.5); 3,840 at 16.8 and 5,120 at 10.6. zstd asks the same: Zarr v3
  * zstd batches of 160 one-MiB chunks, one job each, five in flight, ran at
  * 23.5-26.4 GB/s (0.66-0.69 of its .load()); jobs of 1,280, 2,560 and 5,120
  * chunks, two in flight, at 41.3-43.6, 44.4 and 42.5 (1.07-1.16 of .load(),
- * one run of the seventh session; a third job in flight: 40.2-42.8). Jobs of
+ * one run; a third job in flight: 40.2-42.8). Jobs of
  * 640 ran at 19.9-26.7 in both runs that had them. */
 enum { MODE_CPU = 0, MODE_GPU = 1, MODE_BOTH = 2 };
 typedef struct class_rate {
@@ -180,7 +180,7 @@ static const class_rate auto_table[NCLASS] = {
     [CLASS_BLOSC] = {MODE_GPU, 39.0, 0, 1.70, 256, 256u << 20, 3, 0, 0},
 };
 #define BIG_JOB_LATENCIES 2.0
-#define PREAD_GBS 6.0   /* one thread's page-cache pread on the H200 (FIELD_NOTES.md): a feeder reads its batch alone */
+#define PREAD_GBS 6.0   /* one thread's page-cache pread, GPU machine (BENCHMARKS.md, E1): a feeder reads its batch alone */
 
 /* How a class is decoded under a policy. */
 static int class_mode(int policy, int cls) {
@@ -258,7 +258,7 @@ struct ferry_gpudecode_job {
  * nvCOMP 5.3) and the pinned memory of every slot of every feeder stay
  * modest: the queue's bytes / (slots x feeders), within [4 MiB, 32 MiB]
  * (a whole 1 GiB job in flight at once: nvCOMP's rate is the number of
- * chunks in flight, H200 trace) (shared queues: the GPU's part of them, within
+ * chunks in flight, FERRY_DECODE_TRACE) (shared queues: the GPU's part of them, within
  * [4 MiB, 256 MiB]: deflate decodes one chunk per thread block, so more
  * chunks per call is the only way to fill the GPU); FERRY_GPU_BATCH overrides. */
 static int gd_slots(const ferry_ctx *ctx);
@@ -285,11 +285,11 @@ static uint64_t batch_target(const ferry_ctx *ctx, uint64_t bytes, size_t feeder
  * tasks (a dataset's groups in flight) or the CPU's tail. That feeder is
  * running whatever happens to the others (a feeder that never starts, the
  * job failed or canceled, launches nothing); after a failure every feeder
- * that runs waits for the streams, as with "all". On the H200 three
+ * that runs waits for the streams, as with "all". On the GPU machine three
  * cooperative jobs in flight ran slower than two (XarrayDataset over
  * netCDF-4, 16 batches a read: 14.0 against 18.9 GB/s), likely because the
  * first job's checkers held the workers the next ones' reads need. Measured
- * on the H200 (2026-12-02), not the default: XarrayDataset over netCDF-4 read
+ * on the GPU machine, not the default: XarrayDataset over netCDF-4 read
  * 18.6 GB/s against 19.2 and idled the GPU 31.7 % against 17.2 %; a 4 GiB
  * zstd job's AUTO 46.5 against 43.5-45.6 (the spread of the default). */
 static int check_by_one(const ferry_ctx *ctx) {
@@ -303,10 +303,10 @@ static int check_by_one(const ferry_ctx *ctx) {
  * when the GPU's does — t chunks of mean size c with t x c / cpu = latency +
  * (n - t) x c / gpu, half the queue at most. For a latency-bound class the
  * GPU's part is mostly its latency, so the CPU can take more than one
- * latency's worth (H200 deflate, 2 GiB of 4 MiB chunks: 258 of 516 instead of
+ * latency's worth (deflate on the GPU machine, 2 GiB of 4 MiB chunks: 258 of 516 instead of
  * 129; the GPU's 387 ended at 0.228 s, the CPU's 129 well before). The
  * default: balance for deflate (the class both decoders share), on for the
- * others — H200, 2026-12-01, a 4 GiB netCDF-4 .load() in one run: balance
+ * others — on the GPU machine, a 4 GiB netCDF-4 .load() in one run: balance
  * 15.25 GB/s (GPU share 69 %), on 14.45 (79 %); the other classes' tails were
  * not measured both ways. */
 enum { TAIL_OFF = 0, TAIL_ON = 1, TAIL_BALANCE = 2 };
@@ -318,7 +318,7 @@ static int tail_mode(const ferry_ctx *ctx, int cls) {
 }
 
 /* Calls in flight per device for cooperative batches: FERRY_GPU_SLOTS (1 ..
- * GD_MAX_SLOTS), default 8. On the H200 (15:42 run, 4 GiB of 1 MiB zstd
+ * GD_MAX_SLOTS), default 8. On the GPU machine (4 GiB of 1 MiB zstd
  * chunks in 16 calls of 256) four slots made the readers wait 10 ms each for
  * a call's slot (its decode not done: 1,024 chunks in flight where the GPU
  * runs ~500 at once) and the job ran 112-119 ms; eight: no wait, 105 ms
@@ -332,7 +332,7 @@ static int coop_slots(const ferry_ctx *ctx) {
 
 /* Chunks per cooperative nvCOMP call. nvCOMP decodes a chunk per thread
  * block and one 1 MiB zstd chunk takes ~11 ms however many run beside it, so
- * its rate is the chunks in flight: on the H200 32 per call gave 2.97 GB/s,
+ * its rate is the chunks in flight: on the GPU machine 32 per call gave 2.97 GB/s,
  * 128 11.7, 256 22.2, 1,024 53.2 (BENCHMARKS.md) — the GPU holds ~500 at once.
  * A job's queue is cut into `nslots` calls or more (they pipeline: call k+1 is
  * read and copied up while k decodes, and nslots calls in flight on their own
@@ -341,7 +341,7 @@ static int coop_slots(const ferry_ctx *ctx) {
  * slot stay bounded: 8 slots of a 1 MiB zstd-0 call are ~2 GiB of host
  * staging, pinned unless the ring stages them: FERRY_GPU_STAGE). The calls are even, in as
  * few waves of nslots as the caps allow: a last call of a few chunks would
- * take a whole chunk latency of its own (H200, 516 x 4 MiB deflate chunks in
+ * take a whole chunk latency of its own (516 x 4 MiB deflate chunks in
  * calls of 64: eight in flight, then a ninth of 4 — 0.37 s, twice the 0.18 s
  * of one call of all 516).
  * With 8 slots, 1,024 x 1 MiB zstd chunks: 8 calls of 128 (the first launched
@@ -351,7 +351,7 @@ static int coop_slots(const ferry_ctx *ctx) {
  * GPU decodes within one chunk's latency at its full rate is one call
  * instead, if the device has room for it and it holds at most SOLO_BYTES:
  * the read it would overlap is short beside that latency, and calls side by
- * side decode slower than one call of all their chunks. H200, 2026-12-02,
+ * side decode slower than one call of all their chunks. On the GPU machine,
  * a 4 GiB netCDF-4 load (1,034 x 4 MiB deflate chunks, one run): GPU-only
  * in 1 / 2 / 4 / 8 calls 15.00 / 14.50 / 13.32 / 13.50 GB/s (the job 269 to
  * 306 ms, one call launched 55 ms in); AUTO's 718 in 1 / 2 / 4 / 8 calls
@@ -365,7 +365,7 @@ static int coop_slots(const ferry_ctx *ctx) {
  * `jobs` jobs running together on the context (this one included: submitted
  * and not yet complete) share a latency-bound class's wave: each cuts its queue into nslots / jobs calls a
  * wave, each up to jobs x call_bytes, so the calls side by side on the
- * device and the bytes they hold stay those of one job. H200, 2026-12-02,
+ * device and the bytes they hold stay those of one job. On the GPU machine,
  * XarrayDataset over netCDF-4 (2.5 GiB jobs of 2,560 x 1 MiB chunks, two in
  * flight): 8 calls of 320 each (16 at once) 18.8-21.0 GB/s; 4 of 640 27.7;
  * 2 of 1,280 25.3-26.5; 1 of 2,560 22.3-24.4 (FERRY_GPU_CALL, two runs).
@@ -463,7 +463,7 @@ static uint64_t dev_room(ferry_ctx *ctx, int dev, int others) {
  * free memory. "running" (the rule before): the wave is shared among running
  * jobs only and the room among every held job too — of 53 XarrayDataset jobs
  * over netCDF-4, 21 ran as 8 calls of 300 and 18 were cut into 12-24 smaller
- * calls by the room. H200, 2026-12-02 07:50, one run, 16 GiB sets,
+ * calls by the room. On the GPU machine, one run, 16 GiB sets,
  * alternated: netCDF-4 21.93 / 22.14 GB/s "running" against 28.07 / 28.03
  * "pair" (FERRY_GPU_CALL=640, 4 calls of 640 uncapped: 28.31); Zarr zstd
  * 46.82 / 47.22 against 50.81 / 49.92 (the room alone: zstd is not
@@ -483,10 +483,10 @@ static int plan_coop(struct ferry_gpudecode_job *g, const ferry_job *j, int thre
     /* the wave: this one and those still running, or two where others are
      * only held (share_pair). A finished job its caller has not yet destroyed
      * (a dataset's batch waiting to be handed out) decodes nothing: counting
-     * each as a sharer (active_jobs, 440bcd8) made XarrayDataset's jobs see
+     * each as a sharer (active_jobs, the rule before) made XarrayDataset's jobs see
      * 5 and more in flight, so each put its calls in one slot, one after the
      * other: 3 calls of 800 chunks, never two decoding at once, 16.2 GB/s
-     * against 21 before (H200, 2026-12-02 05:10, FERRY_DECODE_TRACE=1). */
+     * against 21 before (on the GPU machine, FERRY_DECODE_TRACE=1). */
     /* others: submitted and not destroyed, running or held */
     const int running = atomic_load(&j->ctx->running_jobs), others = atomic_load(&j->ctx->active_jobs);
     const int pair = share_pair(j->ctx);
@@ -734,7 +734,7 @@ int ferry_gpudecode_plan(ferry_job *j, int policy) {
              * (1 MiB zstd: ~11 ms, a third of a 1 GiB job); in that time the
              * other workers decode on the CPU (threads - 1) x latency x
              * their rate: (threads - 1) x cpu_gbs x 1000 / chunk_mbs chunks
-             * (H200 zstd: 15 x 0.67 x 1000 / 93 = 108), at most a quarter of
+             * (zstd on the GPU machine: 15 x 0.67 x 1000 / 93 = 108), at most a quarter of
              * the queue. Only for a job alone on its context: with other jobs
              * in flight (a dataset's prefetched batches) the workers read
              * their calls during the drain instead, and the GPU's time is
@@ -1052,7 +1052,7 @@ static int dev_alloc(int dev, CUdeviceptr *p, size_t *cap, size_t n, int fit) {
      * also when none were left: another feeder's trim, waited for, may just
      * have freed them (a stand-in test failed one run in a few without).
      * A model that leaves little free: XarrayDataset over Zarr zstd in 256
-     * MiB free on the H200 failed here beside earlier jobs' idle sets. */
+     * MiB free on the GPU machine failed here beside earlier jobs' idle sets. */
     if (r == FERRY_CU_ERROR_OUT_OF_MEMORY && tl_ctx) {
         pool_trim(tl_ctx, dev);
         r = cu->MemAlloc(p, nc);
@@ -1088,12 +1088,12 @@ static int host_grow(ferry_worker *w, int d, uint8_t **buf, size_t *cap, int *pi
  * (cooperative calls) hold a whole call's compressed bytes on the host for
  * the CPU's framing checks and fallbacks. "calls" pins them: the first job of
  * a context pins its largest call x 8 slots (a 4 GiB job of 1 MiB chunks:
- * 8 x 256 MiB, ~0.6 s of cuMemHostAlloc on the H200, and 2 GiB pinned for as
+ * 8 x 256 MiB, ~0.6 s of cuMemHostAlloc on the GPU machine, and 2 GiB pinned for as
  * long as the context lives). "ring": plain memory (an mmap, its pages
  * faulted in by the readers), and every piece goes up through its feeder's
  * ring of two pinned buffers of FERRY_GPU_RING bytes (default 8 MiB): the
  * pinned memory is feeders x 2 x 8 MiB whatever the job, at the price of one
- * memcpy of each piece into the ring. Measured on the H200 (2026-12-01 16:40,
+ * memcpy of each piece into the ring. Measured on the GPU machine (BENCHMARKS.md, D4;
  * Zarr v3 zstd-0, 1 MiB chunks, bench_decode --only first): warm jobs
  * calls 25.2 / 36.4 GB/s (1 / 4 GiB) against ring 21.1 / 26.7 (the extra
  * memcpy, on a job that is read-bound); the first job of a process calls
@@ -1101,7 +1101,7 @@ static int host_grow(ferry_worker *w, int d, uint8_t **buf, size_t *cap, int *pi
  * context runs with the ring, later ones pin their calls — a process that
  * loads once would get the ring's first job (2.2 x the calls' on those rows),
  * one that loads again pays the calls' pinning once, on its second job
- * instead of its first. Not the default until the H200 measures it
+ * instead of its first. Not the default until a GPU run measures it
  * (bench_decode.py --only first has its rows): a "best of two" loop would
  * then time a ring job and a pinning one, no warm job. */
 static int stage_ring(ferry_ctx *ctx) {
@@ -1451,13 +1451,13 @@ static int slot_ready(gd_slot *g, int d) {
  * a pread out of the page cache at memory speed when source and destination
  * share their place in a cache line, and several times slower when the
  * destination sits a few bytes after the source — bench/pread_align.c, 790 KB
- * files (Zarr zstd chunks) read whole on the 2-core development machine (AMD
- * EPYC), 2 threads: destination at 0 mod 64 18.2 GB/s, at 8 (the packing
+ * files (Zarr zstd chunks) read whole on a 2-thread AMD EPYC run (BENCHMARKS.md,
+ * D5): destination at 0 mod 64 18.2 GB/s, at 8 (the packing
  * before: 8-aligned slots) 4.8, at 2 4.3; a source at 1234 mod 4096 read to
- * 1234 14.6, to 1232 10.7, to 1236 4.0. The H200's Intel Xeon copies at
- * one speed whatever the places (16 threads: 45.0 GB/s at 0, 44.9 at 8; a
- * 4 GiB Zarr zstd job the same within the run's spread, BENCHMARKS.md,
- * eighteenth session). Costs at most 63 bytes per chunk
+ * 1234 14.6, to 1232 10.7, to 1236 4.0. The GPU machine's Intel Xeon copies
+ * at one speed whatever the places (16 threads: 45.0 GB/s at 0, 44.9 at 8; a
+ * 4 GiB Zarr zstd job the same within the run's spread, BENCHMARKS.md, D5
+ * and D1). Costs at most 63 bytes per chunk
  * (ferry_gpudecode_slot_room). FERRY_GPU_LINE=off: the 8-aligned slots. */
 uint64_t ferry_gpudecode_slot(uint64_t at, uint64_t file_off, unsigned hdr, unsigned align) {
     if (!align || align > 64 || (align & (align - 1))) align = 8;
@@ -1827,7 +1827,7 @@ static int64_t finish_batch(ferry_worker *w, ferry_job *j, gd_slot *g, ferry_dec
  * reads) keeps both of its sets, also beside a larger set an earlier
  * .load() left. A flat 6 GiB freed one of a dataset's two sets (jobs of 2.5
  * GiB) at every job's end and allocated it again (48 allocations, 1.1-1.5 s)
- * at the next (H200, XarrayDataset over netCDF-4, 16 batches a read: 9.9
+ * at the next (GPU machine, XarrayDataset over netCDF-4, 16 batches a read: 9.9
  * GB/s; 18.9 with a 32 GiB cap); twice the returning set's freed the
  * .load()'s set at each epoch's end, and an allocation followed in the next
  * (9.8-10.0). One set per device always stays. */
@@ -1965,7 +1965,7 @@ static gd_cset *set_acquire(ferry_ctx *ctx, int dev) {
  * pool_bytes, are freed — never the last one of a device. Freeing the
  * returning set instead (as before) made a pool of a few small sets (a
  * dataset's concurrent batches) cost a large job a full allocation each time
- * it ran: it took a small set, grew it, and had it freed at its end (H200:
+ * it ran: it took a small set, grew it, and had it freed at its end (GPU machine:
  * a 16 GiB Zarr zstd .load() at 10.7 GB/s, the CPU's rate, after netCDF-4
  * batches in the same process; 38.8 without them). */
 static void set_release(ferry_ctx *ctx, gd_cset *set) {
@@ -2007,7 +2007,7 @@ static void set_release(ferry_ctx *ctx, gd_cset *set) {
     while (drop) { gd_cset *x = drop; drop = x->next; set_free(x); }   /* outside the lock: cuMemFree waits */
     /* a stream budgeted with ferry_plan_budget promised its caller keep_free
      * bytes of the device: idle sets are not kept below it (a model's next
-     * allocation cannot take them back the way dev_alloc does). The H100
+     * allocation cannot take them back the way dev_alloc does). A GPU of 80 GB
      * ran out of memory in torch, allocating a dataset's next group beside
      * the idle sets of its earlier jobs. */
     const uint64_t keep = set->dev >= 0 && set->dev < FERRY_MAX_DEVICES ? atomic_load(&ctx->gpu_keep_free[set->dev]) : 0;

@@ -32,7 +32,7 @@
  *     address dst inside the caller's buffer buf (adjacent runs with adjacent
  *     destinations in the same buffer merge: cupy's pool, for one, hands out
  *     separate cudaMalloc blocks that touch, and a copy spanning two of them
- *     is CUDA_ERROR_INVALID_VALUE, seen on the H200);
+ *     is CUDA_ERROR_INVALID_VALUE);
  *   - ferry_pack_flush(w, j, d): move the buffer to the device: one
  *     cuMemcpyHtoDAsync per contiguous destination run, or, when the runs are
  *     many, one copy of the packed bytes into device scratch and one scatter

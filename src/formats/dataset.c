@@ -116,7 +116,7 @@ int ferry_format_detect(ferry_ctx *ctx, const char *path, const char **format) {
 /* ---- lookups by name ----------------------------------------------------------
  * f[name] for every variable of a 100,000-tensor checkpoint or a 40,000-
  * variable netCDF file was quadratic (a linear search each: 153 s and 28 s on
- * the dev box). One table per dataset, built once after the format's open
+ * one CPU core). One table per dataset, built once after the format's open
  * (so finds on a shared dataset only read it): FNV-1a, linear probing, at
  * most half full. A name that appears twice keeps its first index, as the
  * linear search did. */

@@ -6,7 +6,7 @@
  * multiply-shift hash, ((r ^ k) * m) >> (64 - half), whose top bits depend on every input bit.
  * python/ferry/_torch_order.py's FeistelOrder is the same permutation in numpy (the reference
  * the tests compare with); this one exists because the numpy version's cycle walk costs ~30
- * numpy calls per batch of ids (dev box: 540 us for 4,096 ids; here ~40 us). */
+ * numpy calls per batch of ids (540 us for 4,096 ids; here ~40 us). */
 #include "ferry.h"
 
 #include <string.h>

@@ -211,8 +211,8 @@ static int dir_known_inside(const char *dir, size_t dl, zarr_dirs *d) {
 
 /* What a plan (ferry_plan_memo) knows of the arrays it read through earlier
  * calls: each array directory found inside the store (realpath: a readlink
- * per component of its path, a quarter of a batch's planning time on the
- * 2-core box with 160 calls a plan) and the chunk directory last shown
+ * per component of its path, a quarter of a batch's planning time
+ * with 160 calls a plan) and the chunk directory last shown
  * inside below it. Keyed by the open's serial and the variable. */
 typedef struct zarr_memo_ent {
     uint64_t serial;
@@ -1581,7 +1581,7 @@ static size_t put_u64(char *out, uint64_t v) {
 /* chunk key for grid index idx, appended to dir: dir/c/1/2 (v3, "/"),
  * dir/1.2 (v2), dir/0 (v2 scalar). Without snprintf: a plan of thousands of
  * chunks formats each key twice (prestat_fill, then the plan), and printf's
- * machinery was a tenth of such a plan's time (2-core box). */
+ * machinery was a tenth of such a plan's time. */
 static int chunk_path(zarr_plan_ctx *p, const uint64_t *idx) {
     zarr_arr *a = p->a;
     size_t dl = strlen(a->dir);

@@ -20,9 +20,9 @@ def _even_group(count, read_units):
     reads as read_units gives, of one size, so the pass's last read is not a sliver. With two
     groups in flight (the one handed out and the one being read) a last read of two batches
     left the engine idle while the group before it was consumed, and the next epoch's first
-    read (_read_ahead) started two batches before it was needed (H200, netCDF-4, 104 batches
-    in reads of 17: 6 x 17 + 2; its first next() waited 70-77 ms). Evened: 7 x 15 (the last
-    14), and the first next() took 0.9-1.2 ms (BENCHMARKS.md, eighth session)."""
+    read (_read_ahead) started two batches before it was needed (GPU machine, netCDF-4, 104
+    batches in reads of 17: 6 x 17 + 2; its first next() waited 70-77 ms). Evened: 7 x 15 (the
+    last 14), and the first next() took 0.9-1.2 ms (BENCHMARKS.md's history)."""
     if count <= 0 or read_units <= 1:
         return max(1, read_units)
     reads = -(-count // read_units)
@@ -33,7 +33,7 @@ def _groups_in_flight(prefetch, group_units, group_bytes, staging_bytes):
     """Groups read ahead of the consumer, the one being handed out included: prefetch + 1
     units, counted in groups when batches are grouped. On CUDA (staging_bytes: all of the
     engine's staging buffers) also enough groups to fill twice that: the engine keeps its 16
-    workers busy only with bytes queued, not batches (H200, ferry bench --records, 150 KB
+    workers busy only with bytes queued, not batches (GPU machine, ferry bench --records, 150 KB
     rows: 35.5 GB/s with 2 batches of 38.5 MB in flight, 47.4 with 5; a batch of 256 8 KiB
     windows is 2 MiB, one staging buffer). prefetch=0 means no read-ahead and keeps it."""
     depth = prefetch + 1 if group_units == 1 else 1 + -(-prefetch // group_units)
@@ -178,7 +178,7 @@ class _GroupIO:
         """Wait for and release handed-out groups, oldest first: all of them (block), else until
         at most prefetch + 2 remain and the oldest's job is still running (a consumer that queues
         its steps without waiting for them runs that far ahead of the engine; waiting sooner
-        made the GPU idle more, H200 2026-12-02, BENCHMARKS.md)."""
+        made the GPU idle more, BENCHMARKS.md's history)."""
         rt = self._rt
         limit = self.prefetch + 2
         while retiring:

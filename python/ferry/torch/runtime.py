@@ -109,7 +109,7 @@ def _collect_before_fork():
     # uncollected garbage; when the child's cyclic GC frees a CUDA tensor that ferry recorded
     # on its streams, torch's allocator calls CUDA there and aborts the child ("CUDA error:
     # initialization error" in insert_events). Collecting in the parent first, once ferry has
-    # made CUDA batches, leaves the child nothing of ours to free (H200, bench_xarray_training:
+    # made CUDA batches, leaves the child nothing of ours to free (bench_xarray_training on a GPU:
     # the isel DataLoader peer after XarrayDataset rows).
     import gc
     gc.collect()

@@ -35,21 +35,21 @@ class _BatchStream(_StreamState, _EpochAhead, _GroupIO, IterableDataset):
         Once a pass (in the main process) has submitted its last group, it submits the first
         groups of the next pass — the one the next iter() runs if nothing changes in between:
         epoch + 1 from its start — while its last batches are consumed, as many as keep `depth`
-        groups in flight (GPU memory holds no more groups than within an epoch). Without them
-        an epoch's first next() waited for a whole read group (H200, XarrayDataset, netCDF-4, 17
-        batches a read: 216 ms); DALI's readers also read across the boundary. The groups are
+        groups in flight (GPU memory holds no more groups than within an epoch). Without them an
+        epoch's first next() waited for a whole read group (GPU machine, XarrayDataset, netCDF-4,
+        17 batches a read: 216 ms); DALI's readers also read across the boundary. The groups are
         kept on the dataset, and the next pass starts with them only if everything that decides
-        their contents is what it would plan: the runtime (device), epoch, start 0 and no
-        resumed worker position, rank, world size, batch size, drop_last, the number of
-        samples, seed, shuffle, block_size, the group size and the units themselves, and for
-        samples="files" every file unchanged (_ahead_stamp). Otherwise (set_epoch to another
-        epoch, load_state_dict of another position, a pass broken off mid-epoch, another device)
-        they are waited for and dropped, and the pass plans as without them. A read error in a
-        kept group is raised at that group's turn in the next pass, as without it; a group
-        dropped raises nothing. After the last epoch the kept groups hold their memory until the
-        next iter() or the dataset's end. Passes in DataLoader workers, and prefetch=0, read
-        nothing ahead. FERRY_EPOCH_AHEAD=off (read at each iter(); "on" or unset: the default)
-        turns it off: a pass then neither uses nor submits the next pass's groups.
+        their contents is what it would plan: the runtime (device), epoch, start 0 and no resumed
+        worker position, rank, world size, batch size, drop_last, the number of samples, seed,
+        shuffle, block_size, the group size and the units themselves, and for samples="files" every
+        file unchanged (_ahead_stamp). Otherwise (set_epoch to another epoch, load_state_dict of
+        another position, a pass broken off mid-epoch, another device) they are waited for and
+        dropped, and the pass plans as without them. A read error in a kept group is raised at that
+        group's turn in the next pass, as without it; a group dropped raises nothing. After the
+        last epoch the kept groups hold their memory until the next iter() or the dataset's end.
+        Passes in DataLoader workers, and prefetch=0, read nothing ahead. FERRY_EPOCH_AHEAD=off
+        (read at each iter(); "on" or unset: the default) turns it off: a pass then neither uses
+        nor submits the next pass's groups.
     """
     _STATE_TAG = _STATE_TAG
     # issue the next group's casts and transform while this one is handed out

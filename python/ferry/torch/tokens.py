@@ -221,8 +221,8 @@ class TokenDataset(_BatchStream):
         self.staging = staging
         self._staging_per_field(staging)   # "auto" or "engine": one path either way
         if batches_per_read is None:
-            # the loader's per-read work (ids, plan, submit, hand-off) was 364 us on the H200 at
-            # one read per 2 MiB batch; 16 such batches per read make it ~25 us per batch
+            # the loader's per-read work (ids, plan, submit, hand-off) was 364 us on the GPU
+            # machine at one read per 2 MiB batch; 16 such batches per read make it ~25 us per batch
             per_batch = self.batch_size * self._fields[0].row_bytes
             batches_per_read = max(1, min(64, (32 << 20) // max(1, per_batch)))
         elif not isinstance(batches_per_read, int) or isinstance(batches_per_read, bool) or \
@@ -254,7 +254,7 @@ class TokenDataset(_BatchStream):
         g.bufs = [buf]
 
         def plan_and_submit():
-            # plan_windows and submit release the GIL for their C work (H200, 2026-12-01: the
+            # plan_windows and submit release the GIL for their C work (on the GPU machine the
             # loader thread was busy 90 us of every 91 us per batch, planning and submitting
             # 4,096 windows per group among it). No reference to the dataset here: its last
             # reference must not be dropped on this thread (its __del__ shuts this thread down)
@@ -299,7 +299,7 @@ class TokenDataset(_BatchStream):
 
     def _host_batches(self, w, sizes, rt):
         # lazily, one batch as it is asked for: casting a whole read at once held 16 int64
-        # batches (268 MB) and page-faulted them all afresh (dev box: 4.3 ms a batch, not 1.6)
+        # batches (268 MB) and page-faulted them all afresh (4.3 ms a batch, not 1.6)
         lo = 0
         for k, size in enumerate(sizes):
             out = self._shift(w[lo:lo + size])
@@ -317,8 +317,8 @@ class TokenDataset(_BatchStream):
         """A read group's buffer. On the host only the casts read it (every batch handed out is
         a copy: _shift), so it is neither shared (in a DataLoader worker) nor pinned, and it is
         used again once its batches are cast: a fresh 32 MiB buffer per group page-faulted
-        all of it under the engine's preads (dev box, 16 batches of 256 x 8 KiB a read, uint16
-        out: 913 -> 2,265 batches/s, process CPU 1,814 -> 667 us a batch; BENCHMARKS.md)."""
+        all of it under the engine's preads (on two cores, 16 batches of 256 x 8 KiB a read, uint16
+        out: 913 -> 2,265 batches/s, process CPU 1,814 -> 667 us a batch; BENCHMARKS.md history)."""
         if rt.device.type == "cuda":
             return super()._alloc(rt, shape, dtype)
         free = _host_reads(rt)
@@ -335,7 +335,7 @@ class TokenDataset(_BatchStream):
         dt = self.out_dtype or w.dtype
         rows, width = w.shape
         if not w.is_cuda and dt in _NUMPY_CASTS:
-            # torch's CPU casts and copies of uint16/uint32 are slow (dev box, 256 x 4096
+            # torch's CPU casts and copies of uint16/uint32 are slow (256 x 4096
             # tokens: 61 ms to int64, 5 ms a uint16 copy; numpy's astype 7 ms / 0.6 ms)
             n = w.numpy()
             pair = np.lib.stride_tricks.as_strided(n, (2, rows, width - 1),

@@ -84,7 +84,7 @@ class XarrayDataset(_XarrayDiscovery, _XarraySamples, _XarrayReads, _BatchStream
         what the GPU has free (a quarter of it, 64 MiB at least, stays free for the model), three
         such groups in flight whatever `prefetch` asks (the one handed out and two in the engine,
         or one where two do not fit; prefetch=0: one); a FerryError where one batch does not:
-        on the H200, 20 variables of 361 x 720 float32, batch 8, 17 batches a read ran at
+        on the GPU machine, 20 variables of 361 x 720 float32, batch 8, 17 batches a read ran at
         21.9-23.3 GB/s (netCDF-4) against 8.1-8.6 with one, and 16 at 44.4
         (Zarr zstd) against 23.5-26.4 (BENCHMARKS.md). Uncompressed and blosc data keep 1. The
         value in use is ``batch_group`` once iteration has begun. A pass reads at most that many

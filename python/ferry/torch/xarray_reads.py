@@ -146,7 +146,7 @@ class _Planned:
             # submitted so far, this one and those behind it, is planned now, during that wait.
             # Left to the end of the hand-off, the group behind was planned only once this one's
             # reads were issued, and with two groups in flight (6 batches a plan, prefetch 4) the
-            # engine idled meanwhile (the H200's mid-session build, likely with that rule:
+            # engine idled meanwhile (an earlier build on the GPU machine, likely with that rule:
             # uncompressed Zarr 23.0 GB/s with 6 batches a plan against 28.0 with one).
             if self.fut is None or not self.fut.done():
                 _kick(self._rtx)
@@ -263,9 +263,9 @@ class _XarrayReads:
         row's variables go to their channels of the row, and the extents enter the plan as the
         row-by-row loop adds them. That loop made a Python call a row and variable, 2,400 for a
         group of 120 samples of 20 variables: a median of 13 ms of the planner's CPU a group for
-        netCDF-4, 27 ms for Zarr zstd, on the H200, the engine idle meanwhile whenever both groups
-        in flight were read before the consumer asked for the next (2026-12-04 01:51,
-        bench/results/2026-12-04). Dev box, 36x72 grids: netCDF-4 7.0-7.4 -> 0.7-1.7 ms a group;
+        netCDF-4, 27 ms for Zarr zstd, on the GPU machine, the engine idle meanwhile whenever both
+        groups in flight were read before the consumer asked for the next. On two CPU cores, 36x72
+        grids: netCDF-4 7.0-7.4 -> 0.7-1.7 ms a group;
         Zarr zstd 20.2-23.8 -> 16.7-17.9 (its chunk files' lstats, in C, remain)."""
         R = len(row_steps)
         _, bases, row_bytes, names, offs, _, tails = zip(*places)
@@ -353,8 +353,8 @@ class _XarrayReads:
         """Batches read by one plan. batches_per_read=None on a GPU: as many as make a job of the
         decoded bytes the engine's budget gives (_engine_budget, from a plan of one row that is
         never run): 1 for uncompressed and blosc data; netCDF-4 deflate and Zarr zstd, 2.5 GiB
-        (H200, 20 variables of 361 x 720 float32, batch 8: 17 batches a read; deflate 23.3 GB/s
-        against 8.1-8.6 with one, zstd 44.4 with 16 against 23.5-26.4; BENCHMARKS.md)."""
+        (GPU machine, 20 variables of 361 x 720 float32, batch 8: 17 batches a read; deflate
+        23.3 GB/s against 8.1-8.6 with one, zstd 44.4 with 16 against 23.5-26.4; BENCHMARKS.md)."""
         if not self._group_auto or rt.device.type != "cuda" or not self._slabs:
             return self.batch_group
         key = str(rt.device)
@@ -378,17 +378,17 @@ class _XarrayReads:
         planned at once but submitted only when fewer than two of them are in the engine
         (_engine_room): ferry_plan_budget sizes a job for two in the engine, or one where two do
         not fit beside what the GPU has free (then two in flight).
-        - A third job in the engine made them slower (H200, netCDF-4, 16 batches a read, same
-          run: two groups 18.9 GB/s, three 14.0: cooperative jobs at once share the engine's
+        - A third job in the engine made them slower (GPU machine, netCDF-4, 16 batches a read,
+          same run: two groups 18.9 GB/s, three 14.0: cooperative jobs at once share the engine's
           workers; Zarr zstd, 8 and 16 a read: 41.3-43.6 and 44.4 with two, 40.2-41.4 and 42.8
-          with three; 2026-12-04 01:46, three: netCDF-4 0.75 x over four epochs).
+          with three; in another run, three: netCDF-4 0.75 x over four epochs).
         - Two in flight (the one handed out and one read) left the engine one job whenever the
           consumer took its time over a group: a deflate job alone took ~150 ms where two at once
           gave one every ~88 (its GPU latency), and at a pass's end the next epoch's first group
           was submitted only when the last one was handed out. DALI's pipeline began every other
           netCDF-4 epoch ~200 ms late, and so did a loop that copies and waits for each batch,
-          without DALI (H200, 2026-12-04 03:13: 0.86-0.90 x the dataset alone over four epochs;
-          three in flight, 03:27 and 03:35: 0.95-1.00 x; BENCHMARKS.md, sixteenth session)."""
+          without DALI (GPU machine: 0.86-0.90 x the dataset alone over four epochs; three in
+          flight: 0.95-1.00 x; BENCHMARKS.md, X3, and its history)."""
         got = self._auto_groups.get(str(rt.device)) if self._group_auto else None
         if got:
             return 1 if depth <= 1 else got[1] + 1

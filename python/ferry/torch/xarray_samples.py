@@ -188,9 +188,10 @@ class _XarraySamples:
         (x's, then y's others), channels in the documented order. Variables of one stored dtype read
         without re-indexing share one slab (a destination buffer of the same layout): the engine
         writes each variable's channels of a row straight into its place in the stack, so for
-        float32 data stored as float32 the slab IS the batch (no copy, no kernel; H200 netCDF-3:
-        XarrayDataset 26 GB/s = 0.60x of .load() while it decoded, gathered and concatenated per
-        variable). A variable read as a bounding range (post-selection) has a slab of its own."""
+        float32 data stored as float32 the slab IS the batch (no copy, no kernel; GPU machine,
+        netCDF-3: XarrayDataset 26 GB/s = 0.60x of .load() while it decoded, gathered and
+        concatenated per variable). A variable read as a bounding range (post-selection) has a slab
+        of its own."""
         names = list(dict.fromkeys(self.variables + self.target_variables))
         self._coff, c = {}, 0
         for n in names:
@@ -213,7 +214,7 @@ class _XarraySamples:
         self._slabs = slabs
         # variables whose stored values are their decoded values in every file (float data with no
         # scale/offset and no fill but NaN): nothing to do for them in place (slicing 20 of them
-        # was 1.4 ms a batch on the dev box)
+        # was 1.4 ms a batch)
         self._as_stored = {n for n in names if np.dtype(self._vars[n].dtype).kind == "f" and all(
             not cf["unsigned"] and cf["scale"] is None and cf["offset"] is None and
             all(isinstance(f, float) and math.isnan(f) for f in cf["fills"])
