@@ -827,7 +827,7 @@ static void test_partly_cached_file_is_not_mapped(void) {
     free(all);
     /* the residency is looked at again after RECHECK_S (1 s) or 50 times the
      * last check's own duration, whichever is longer: under ASan on a loaded
-     * machine that can pass 1.1 s (a clean-clone CI, 2026-12-04), so wait up
+     * machine that can pass 1.1 s (seen in a clean-clone CI run), so wait up
      * to a few such periods for the file to be mapped */
     for (int tries = 0; tries < 6 && atomic_load(&mmaps_) == 0; tries++) {
         usleep(1100 * 1000);

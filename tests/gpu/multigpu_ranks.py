@@ -4,7 +4,7 @@ environment, torch.distributed initialised from it), for test_multigpu_ranks.py.
     python multigpu_ranks.py SPEC.pkl OUT_DIR gloo|nccl
 
 One launcher process imports torch once and forks each phase's ranks (importing torch in 8
-fresh processes costs ~10 s of the 2-core CI box per phase; CUDA is never touched before the
+fresh processes costs ~10 s of a small CI machine per phase; CUDA is never touched before the
 fork, so NCCL ranks may be forked too). Phases run in order; a "resume" phase takes the state
 rank 0 saved in the phase it names; "dcp_save" / "dcp_load" phases save and load a
 checkpoint in the phase's "dir". Each rank writes OUT_DIR/<phase>_rank<r>.pkl.

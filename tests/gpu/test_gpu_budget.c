@@ -211,8 +211,8 @@ static void test_budget_gives_back_idle_slots(void) {
 }
 
 /* A training loop beside a model that fills the GPU (tests/gpu's
- * test_engine_sized_groups_on_a_nearly_full_gpu[zarrz], which failed on the
- * H100: torch found 2 MiB free for the next 12 MiB group while the dataset's
+ * test_engine_sized_groups_on_a_nearly_full_gpu[zarrz], which failed on an
+ * 80 GB GPU: torch found 2 MiB free for the next 12 MiB group while the dataset's
  * decode buffers held the rest). Its shape: batches of 4 MiB in chunks of
  * 512 KiB, zstd; the device has `free_mb` MiB free beside what is allocated
  * now (the stand-in's size); nvCOMP's temp space is `temp_chunk` bytes a
@@ -338,10 +338,10 @@ static void test_stream_beside_a_model(void) {
     if (!cudasim_counter()) { printf("  (needs the stand-in driver: a real GPU runs it in tests/gpu's Python test)\n"); return; }
     /* the rule before, for the record (not checked: whether its two jobs'
      * call slots are held at once when the caller allocates is timing): the
-     * caller's allocation of a later 12 MiB group fails, as on the H100 */
+     * caller's allocation of a later 12 MiB group fails, as on the 80 GB GPU */
     const int before = stream_beside_a_model(256, 2 * MiB, 16, 1);
     printf("  the rule before: %d failures\n", before);
-    stream_beside_a_model(256, 0, 12, 0);          /* the H100 test's 256 MiB */
+    stream_beside_a_model(256, 0, 12, 0);          /* the GPU test's 256 MiB */
     CHECK_EQ_I(last_jobs_, 2);
     stream_beside_a_model(256, 2 * MiB, 12, 0);    /* a larger temp space: smaller groups */
     stream_beside_a_model(120, 2 * MiB, 8, 0);     /* less: one job in the engine */

@@ -327,7 +327,7 @@ static void test_second_device(void) {
     CHECK_EQ_I(stats_().gpu_cpu_fallbacks, 0);
 }
 
-/* AUTO (the H200's measured rates, gpudecode.c): zstd goes to the GPU
+/* AUTO (the built-in measured rates, gpudecode.c): zstd goes to the GPU
  * alone; "cpu" keeps it on the CPU */
 static void test_auto_policy(void) {
     ferry_stats_reset(ctx_);
@@ -341,7 +341,7 @@ static void test_auto_policy(void) {
 /* One queue, two decoders: under AUTO deflate chunks form one queue that a
  * GPU feeder (batches of 4 chunks here) and the CPU workers (one chunk each)
  * drain together; the feeder claims only what the GPU finishes before the
- * CPU would finish the rest (gpudecode.c's rates). With the H200's rates the
+ * CPU would finish the rest (gpudecode.c's rates). With the built-in rates the
  * 512 MiB model (128 chunks of 16 KiB for 4 MiB ones: the rule compares
  * bytes / rates) is done by the CPU sooner than one GPU chunk's latency: the
  * GPU takes nothing. With rates where the GPU helps but the job is not big
@@ -392,7 +392,7 @@ static void test_one_queue_both_decoders(void) {
     unsetenv("FERRY_GPU_BATCH");
 }
 
-/* A long load: AUTO with the built-in H200 rates (no FERRY_GPU_RATES). An 8
+/* A long load: AUTO with the built-in rates (no FERRY_GPU_RATES). An 8
  * GiB netCDF-4 load of 4 MiB deflate chunks, scaled by 1/256 (the rule
  * compares bytes / rates, so it is the same in chunks): 2,048 chunks of 16
  * KiB = 32 MiB. The CPU alone (16 threads) would take 32 MiB / 7.36 GB/s =
@@ -428,9 +428,9 @@ static void test_long_deflate_load_runs_as_gpu_calls(void) {
 
 /* Jobs in flight together: a dataset's prefetched batches. Four 512 MiB-model
  * loads (test_one_queue_both_decoders: 128 deflate chunks each, the built-in
- * H200 rates, 16 threads; alone the GPU takes none) submitted at once: each
+ * rates, 16 threads; alone the GPU takes none) submitted at once: each
  * is planned on its own, and the GPU takes none of any (FERRY_GPU_AHEAD, which
- * sent the jobs behind the first to the GPU, is gone: the H200 ran it slower).
+ * sent the jobs behind the first to the GPU, is gone: it ran slower on the GPU machine).
  * Byte-exact; afterwards a job alone takes none either. */
 static size_t jobs_in_flight_gpu_chunks(void) {
     enum { NJ = 4 };
@@ -456,7 +456,7 @@ static size_t jobs_in_flight_gpu_chunks(void) {
  * out) decodes nothing, so a deflate job planned beside it keeps the calls of
  * a job alone: 2,000 one-KiB chunks (beyond the one-call count) are 8 calls
  * of 250, not the 4 of 500 of two jobs sharing a wave. Counting held jobs as
- * in flight put each of XarrayDataset's jobs in one slot on the H200, its
+ * in flight put each of XarrayDataset's jobs in one slot on the GPU machine, its
  * calls one after the other. Byte-exact either way. */
 /* A job planned beside a finished job its caller still holds (a dataset's
  * batch waiting to be handed out) shares the wave as one of two (4 calls of
@@ -754,11 +754,11 @@ static void test_slots_follow_the_file_line(void) {
 
 /* The batcher's calls (gpudecode.c, ferry_gpudecode_call_chunks): nvCOMP
  * decodes a chunk per thread block, so the calls in flight must carry
- * hundreds of chunks (an H200 holds ~500 1 MiB zstd chunks at once): with 4
+ * hundreds of chunks (the GPU machine's card holds ~500 1 MiB zstd chunks at once): with 4
  * calls in flight 1,024 x 1 MiB zstd chunks are 4 calls of 256, 4,096 are 16
  * of 256, 256 x 4 MiB are 4 of 64 (256 MiB a call); with 8 (the default)
  * 1,024 are 8 of 128. Deflate is latency-bound (a 4 MiB chunk takes 136 ms
- * on the H200): a queue it decodes within one such latency (516 or 1,034 x 4
+ * on the GPU machine): a queue it decodes within one such latency (516 or 1,034 x 4
  * MiB) is one call where the device has room; beyond, its calls are even and
  * as few waves of 8 as 512 MiB a call allows — 2,064 x 4 MiB are three waves
  * of 86, not 8 of 128 twice and a last of 16 that would take a whole latency
@@ -783,20 +783,20 @@ static void test_calls_of_hundreds_of_chunks(void) {
     CHECK_EQ_I(ferry_gpudecode_call_chunks(516, 4u << 20, 8, zstd, 0, 1), 33);      /* 256 MiB a call: two even waves */
     CHECK_EQ_I(ferry_gpudecode_call_chunks(516, 4u << 20, 8, deflate, 0, 1), 516);    /* within one latency: one call */
     CHECK_EQ_I(ferry_gpudecode_call_chunks(1034, 4u << 20, 8, deflate, 0, 1), 1034);
-    CHECK_EQ_I(ferry_gpudecode_call_chunks(1034, 4u << 20, 8, deflate, 80ull << 30, 1), 1034);   /* an H200 */
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(1034, 4u << 20, 8, deflate, 80ull << 30, 1), 1034);   /* 80 GiB free */
     CHECK_EQ_I(ferry_gpudecode_call_chunks(1034, 4u << 20, 8, deflate, 16ull << 30, 1), 65);     /* no room for it: two waves */
     CHECK_EQ_I(ferry_gpudecode_call_chunks(516, 4u << 20, 8, zstd, 0, 1) < 516, 1);  /* zstd is not latency-bound */
     CHECK_EQ_I(ferry_gpudecode_call_chunks(2064, 4u << 20, 8, deflate, 0, 1), 86);  /* 24 calls: three waves */
     /* two jobs in flight (a dataset's reads): deflate's wave is shared, 4 calls of 640 each, not 8 of 320 */
     CHECK_EQ_I(ferry_gpudecode_call_chunks(2560, 361 * 720 * 4, 8, deflate, 0, 1), 320);
     CHECK_EQ_I(ferry_gpudecode_call_chunks(2560, 361 * 720 * 4, 8, deflate, 0, 2), 640);
-    CHECK_EQ_I(ferry_gpudecode_call_chunks(2560, 361 * 720 * 4, 8, deflate, 80ull << 30, 2), 640);   /* an H200's share */
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(2560, 361 * 720 * 4, 8, deflate, 80ull << 30, 2), 640);   /* 80 GiB free: the share */
     CHECK_EQ_I(ferry_gpudecode_call_chunks(2560, 361 * 720 * 4, 8, deflate, 0, 3), 640);   /* 2 a wave, two waves */
     CHECK_EQ_I(ferry_gpudecode_call_chunks(2560, 1u << 20, 8, zstd, 0, 2), ferry_gpudecode_call_chunks(2560, 1u << 20, 8, zstd, 0, 1));
     CHECK_EQ_I(ferry_gpudecode_call_chunks(6000, 1u << 20, 8, deflate, 0, 1), 375); /* 512 a call at most: two waves of 8 */
     /* a device with 1 GiB free: 8 zstd calls in flight take half of it, 5 bytes a decoded byte (13.4 MB a call) */
     CHECK_EQ_I(ferry_gpudecode_call_chunks(1024, 1u << 20, 8, zstd, 1ull << 30, 1), 12);
-    CHECK_EQ_I(ferry_gpudecode_call_chunks(1024, 1u << 20, 8, zstd, 80ull << 30, 1), 128);   /* an H200: no change */
+    CHECK_EQ_I(ferry_gpudecode_call_chunks(1024, 1u << 20, 8, zstd, 80ull << 30, 1), 128);   /* 80 GiB free: no change */
     const size_t nchunk = 1024, cb = 2048;
     zchunks z;
     zchunks_write(&z, "calls1024.bin", nchunk, cb, 9, 1);
@@ -847,7 +847,7 @@ static void test_calls_of_hundreds_of_chunks(void) {
                 memset(&oa, 0, sizeof oa);
                 oa.decode = FERRY_DECODE_AUTO;
                 CHECK_EQ_I(ferry_run(ctx_, p2, &oa), (int64_t)pos);
-                /* 16 threads: 15 x 0.67 GB/s x 11.3 ms = 108 chunks of 1 MiB at H200 rates (the count
+                /* 16 threads: 15 x 0.67 GB/s x 11.3 ms = 108 chunks of 1 MiB at the built-in rates (the count
                  * does not depend on the chunk size) */
                 if (!getenv("FERRY_THREADS")) CHECK_EQ_I(stats_().gpu_chunks, tail ? nchunk - 108 : nchunk);
                 CHECK_EQ_I(stats_().decoded_bytes, nchunk * cb);
@@ -994,7 +994,7 @@ static void test_concurrent_jobs_reuse_slots(void) {
  * left stays too: twice the largest set is room for both), so the large
  * job's second run allocates nothing. (Freeing
  * the returning set instead made the second run take the other small set and
- * grow it again: every run a full allocation, the H200's 16 GiB Zarr zstd
+ * grow it again: every run a full allocation, the GPU machine's 16 GiB Zarr zstd
  * .load() at the CPU's rate.) Byte-exact throughout. */
 static void test_pool_keeps_the_grown_set(void) {
     long (*count)(const char *, int) = cudasim_counter();
@@ -1054,7 +1054,7 @@ static void test_pool_keeps_the_grown_set(void) {
  * stream stay and rounds after the first allocate at most the second set (if
  * round 1 did not overlap). With the limit alone the second set to return
  * evicted the first, and every overlapping round allocated a set again (the
- * H200's netCDF-4 XarrayDataset, 2.5 GiB jobs under the 6 GiB default: 9.9
+ * GPU machine's netCDF-4 XarrayDataset, 2.5 GiB jobs under the 6 GiB default: 9.9
  * GB/s against 18.9). Byte-exact throughout. */
 static void test_pool_keeps_a_stream_s_two_sets(void) {
     long (*count)(const char *, int) = cudasim_counter();
@@ -1174,7 +1174,7 @@ static void test_job_bytes_hint(void) {
  * whose calls need more than the set it takes gets its memory by giving the
  * other idle sets back (dev_alloc, pool_trim) instead of failing with
  * cuMemAlloc out of memory (XarrayDataset over Zarr zstd in 256 MiB free on
- * the H200, 2026-12-04). Byte-exact; the slots of the job are back in the
+ * the GPU machine). Byte-exact; the slots of the job are back in the
  * pool afterwards. */
 static void test_full_device_gives_back_idle_slots(void) {
     long (*count)(const char *, int) = cudasim_counter();
@@ -1246,7 +1246,7 @@ static void test_full_device_gives_back_idle_slots(void) {
 
 /* A small device (FERRY_CUDASIM_MEM: 16 MiB of destination and 48 MiB more
  * free): a job's calls are sized so that those in flight take at most half
- * of what is free (dev_room); at the H200's sizes (8 calls of 128 chunks, 112
+ * of what is free (dev_room); at the GPU machine's sizes (8 calls of 128 chunks, 112
  * MiB of slots for this job: test_first_job_footprint) it failed with
  * cuMemAlloc out of memory. Byte-exact, and the error path is kept: with 256
  * KiB free (4 MiB ran, in calls of a few chunks, once a call's arrays took

@@ -5,7 +5,7 @@ Zstd/Zlib/LZ4), and HDF5 (netCDF-4 layout) zlib + shuffle + fletcher32 chunks
 written by h5py, read into device memory with decode="gpu" and decode="cpu",
 equal byte for byte to zarr/h5py, and the statistics say which decoder ran.
 Corrupted chunks raise FerryError naming the file, the chunk and the codec.
-Runs on the H200 with real nvCOMP, and in `make test-cudasim` on the stand-in
+Runs on a GPU machine with real nvCOMP, and in `make test-cudasim` on the stand-in
 driver and nvCOMP. Skips with the reason where there is no GPU or no nvCOMP."""
 import os
 
@@ -144,7 +144,7 @@ def _case(name):
 
 
 def test_auto_uses_gpu_for_zstd_and_blosc_shares_lz4(gctx, tmp_path):
-    """AUTO follows the H200's measured rates (gpudecode.c): zstd and blosc on the GPU,
+    """AUTO follows the built-in measured rates (gpudecode.c): zstd and blosc on the GPU,
     plain LZ4 (a tie) in one queue that the GPU and the CPU workers drain together:
     whichever side took each chunk, the result is exact and no chunk is counted twice."""
     p, z = make_zarr(tmp_path, ZARR_CASES[0], False)

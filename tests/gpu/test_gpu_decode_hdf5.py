@@ -2,7 +2,7 @@
 deflate (a zlib stream) [+ fletcher32] chunks written by h5py, edge chunks
 stored full size, placed as tiles of a device array with decode="gpu" and
 "cpu", equal byte for byte to h5py's data. Apart from test_gpu_decode.py so
-that it runs where h5py is and zarr is not (the H200 machine). Skips with
+that it runs where h5py is and zarr is not (a GPU machine may have only one). Skips with
 the reason where there is no GPU or no nvCOMP."""
 import numpy as np
 import pytest
@@ -69,7 +69,7 @@ def test_hdf5_zlib_shuffle_on_gpu(gctx, tmp_path, dtype, fletcher):
 
 def test_hdf5_auto_one_queue(gctx, tmp_path, monkeypatch):
     """AUTO on netCDF-4's deflate + shuffle chunks: one queue for the GPU and
-    the CPU workers. With the H200's rates a small load stays on the CPU (one
+    the CPU workers. With the built-in rates a small load stays on the CPU (one
     GPU chunk's latency exceeds the CPU's whole time); with rates where the GPU
     helps (FERRY_GPU_RATES) both may take chunks; either way every chunk is
     decoded once, exactly (h5py's bytes), and none through the fallback."""

@@ -374,7 +374,7 @@ static void packed_records(int mode, size_t n, uint64_t max_len, uint64_t seed) 
 /* Records read into separate buffers that happen to touch in the address
  * space (cupy's pool does that; the stand-in with FERRY_CUDASIM_ADJACENT=1
  * too): packed runs of different buffers must not merge into one copy, which
- * the driver refuses (CUDA_ERROR_INVALID_VALUE, seen on the H200 reading 256
+ * the driver refuses (CUDA_ERROR_INVALID_VALUE, seen on a GPU reading 256
  * .npy files into cupy arrays). 3 buffers take the copy-per-run path, 12 the
  * scatter kernel. */
 static void adjacent_buffers(int nb) {
@@ -457,7 +457,7 @@ static void test_packed_completes_between_tasks(void) {
 /* A batch of small records into one device buffer goes through a pinned
  * image of the destination (src/engine/gather.c): one host-to-device copy per
  * contiguous destination run, not one per pack task (256 x 8 KiB was 32
- * copies; on the H200 8.7 GB/s against 23.6 into host memory). Rows in order
+ * copies; on the GPU machine 8.7 GB/s against 23.6 into host memory). Rows in order
  * and shuffled, a second block with a hole between (two runs: the hole keeps
  * its bytes), odd sizes, duplicated records; FERRY_GATHER=off gives the same
  * bytes through packs. Many batches in flight reuse the pool's images. */

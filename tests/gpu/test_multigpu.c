@@ -1,7 +1,7 @@
 /* test_multigpu.c — one process, many GPUs: a plan whose extents target a
  * subset of the devices opens contexts on those only; one plan fills every
  * device byte-exact; one context per device in one thread per device, each
- * thread's own current device left as it was (the bug the two-H200 run found:
+ * thread's own current device left as it was (the bug a two-GPU run found:
  * a rank's context left current on the wrong device). On the stand-in driver
  * (tests/cudasim) it asks for 8 devices (FERRY_CUDASIM_DEVICES, unless set);
  * on a real machine it uses what there is and skips below two. Contexts

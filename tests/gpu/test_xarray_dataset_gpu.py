@@ -116,7 +116,7 @@ def test_dali_gpu_pipeline(tmp_path):
 def test_batches_need_no_host_sync(tmp_path, fmt):
     """The consumer's path never waits for the GPU: a pageable host->device copy per variable
     (index lists, normalisation, times) waited for the training step queued before it — the GPU
-    then idled while Python built the next batch (H200: 23-28% idle behind a 10 GB/s step)."""
+    then idled while Python built the next batch (23-28% idle behind a 10 GB/s step)."""
     paths, ref = _files(tmp_path, fmt)
     ds = XarrayDataset(paths, ["t2m", "z"], batch_size=3, input_steps=2, target_steps=1, shuffle=True,
                        device="cuda", return_time=True, return_mask=True, nan_to=0.0,
@@ -174,10 +174,10 @@ def test_engine_sized_groups_on_a_nearly_full_gpu(tmp_path, fmt):
     compressed data (decoded on the GPU, three in flight) still run, byte-exact over two epochs,
     in the 256 MiB the driver says are free, their size and the jobs in the engine from
     ferry_plan_budget (every device byte the stream holds against the free memory less what it
-    keeps for the model). On the H200, Zarr zstd: groups sized from the whole device failed with
+    keeps for the model). GPU machine, Zarr zstd: groups sized from the whole device failed with
     cuMemAlloc out of memory; from a sixteenth of the free memory, beside earlier tests' idle
     call slots, again in ferry's decode (fixed: the slots are given back); then torch had 9 MiB
-    left for the next 16 MiB group; at 1/26 of the free memory the H100 left torch 2 MiB for a
+    left for the next 16 MiB group; at 1/26 of the free memory an 80 GB GPU left torch 2 MiB for a
     12 MiB group (tests/gpu/test_gpu_budget.c reproduces it on the stand-in). netCDF-4 passed
     at each step."""
     import ferry

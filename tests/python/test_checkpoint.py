@@ -569,8 +569,8 @@ def test_sigkill_during_save_keeps_previous(tmp_path):
     env = dict(os.environ, PYTHONPATH=pydir + os.pathsep + os.environ.get("PYTHONPATH", ""))
     killed_mid_save = 0
     # at least 4 kills, and more (up to 12) until one has landed inside a save: a random
-    # moment of a loop of saves sometimes falls between them (a clean clone on the 2-core
-    # machine, 2026-12-04: none of 4)
+    # moment of a loop of saves sometimes falls between them (a clean clone on a small CI
+    # machine once landed none of 4)
     for trial in range(12):
         if trial >= 4 and killed_mid_save:
             break

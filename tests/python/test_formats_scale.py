@@ -3,7 +3,7 @@
 f[name] for every variable was a linear search each: 153 s for a
 100,000-tensor safetensors file, 28 s for a 40,000-variable netCDF file, and
 a 40,000-array consolidated Zarr store took 23 s to open, 7 s more with a
-dimension name per array (dev box, loaded).
+dimension name per array (on a loaded CI machine).
 The bounds below are ~50x what the hashed lookups take and ~10x below the
 quadratic times, so they fail on the old code and not on a busy machine."""
 import json

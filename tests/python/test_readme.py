@@ -377,7 +377,7 @@ def test_command_lines(tmp_path):
             and "store.zarr/sub/deep: zarr" in out,
         ("--help",): lambda out: "ferry info" in out and "ferry bench" in out,
     }
-    # a dev box runs the benchmarks small: only sizes, counts and repetitions change, and the
+    # a test machine runs the benchmarks small: only sizes, counts and repetitions change, and the
     # cold reads are left out (as root they drop the whole machine's page cache: drop_caches)
     small = {("bench", "--size", "4G"): ["bench", "--size", "64M", "--reps", "1", "--no-cold"],
              ("bench", "--records", "150528,8192"): ["bench", "--records", "150528,8192", "--size", "16M",

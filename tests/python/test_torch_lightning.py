@@ -137,7 +137,7 @@ def test_main_process_state_with_workers_warns(files):
 def test_spawned_workers_share_the_epoch_board(files):
     """Spawned workers get the dataset through multiprocessing's ForkingPickler, where torch
     passes shared-memory tensors by handle: the copy's board is the main process's board (a real
-    spawn per epoch takes ~9 s to import torch on the 2-core box; this is the same pickling)."""
+    spawn per epoch takes ~9 s to import torch on a small CI machine; this is the same pickling)."""
     import pickle
     from multiprocessing.reduction import ForkingPickler
     ds = ArrayDataset(fields=files, batch_size=B, shuffle=True, seed=7, device="cpu")
