@@ -105,7 +105,7 @@ def _snapshot_bytes(state_dict, snapshot="host"):
 def reserve_pinned(state_dict_or_nbytes, snapshot="host"):
     """Allocate and page-lock the host buffer async_save will use for this state dict (or
     this many bytes) now, e.g. at start-up, so the first async_save blocks only for its
-    copies (pinning 4 GiB takes ~1.4 s on the H200 machine)."""
+    copies (pinning 4 GiB takes ~1.4 s on the GPU machine)."""
     torch = _torch()
     n = state_dict_or_nbytes if isinstance(state_dict_or_nbytes, int) else \
         _snapshot_bytes(state_dict_or_nbytes, snapshot)
