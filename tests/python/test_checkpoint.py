@@ -661,9 +661,16 @@ def test_async_save(tmp_path):
     assert ck._async._free_arenas == []
     with pytest.raises(FerryError, match="NUL"):   # refused before the snapshot
         ck.async_save({"x": torch.ones(2)}, tmp_path / "no" / "such" / "\0dir" / "f")
+    # errors while writing surface through result(): the save waits behind a job that holds the
+    # saves' one thread until its file's name has become a directory (without the gate the save
+    # could land between the replace and the mkdir)
+    import threading
+    gate = threading.Event()
+    ck._async._executor_get().submit(gate.wait, 60)
     f4 = ck.async_save({"x": torch.ones(2)}, tmp_path / "one.safetensors", metadata={"a": "b"})
     os.replace(tmp_path / "one.safetensors", tmp_path / "moved.safetensors")
-    (tmp_path / "one.safetensors").mkdir()     # errors while writing surface through result()
+    (tmp_path / "one.safetensors").mkdir()
+    gate.set()
     with pytest.raises(Exception):
         f4.result(timeout=60)
 
