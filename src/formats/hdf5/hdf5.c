@@ -102,7 +102,7 @@ static int attrs_json(h5_file *h, const h5_attr *a, size_t n, char **json, char 
             char *s = ferry_sbuf_take(&fb);
             if (!s) { rc = ferry_seterr(FERRY_ENOMEM, "%s: out of memory", h->path); break; }
             /* a number's JSON is {"type":..,"value":[x]}: keep x */
-            char *v = strstr(s, "\"value\":[");
+            char *v = !strncmp(s, "{\"type\":", 8) ? strstr(s, "\"value\":[") : NULL;
             if (v) {
                 v += 9;
                 size_t k = strlen(v);
