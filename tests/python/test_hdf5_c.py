@@ -259,6 +259,23 @@ def test_netcdf4_strings_refused_clearly(tmp_path):
     np.testing.assert_array_equal(read(p, "ok"), [1, 2])
 
 
+def test_committed_types(tmp_path):
+    # netCDF-4 user-defined types are committed datatypes: variables and attributes point at them
+    netCDF4 = pytest.importorskip("netCDF4")
+    p = tmp_path / "e.nc"
+    with netCDF4.Dataset(p, "w") as nc:
+        et = nc.createEnumType(np.uint8, "cloud", {"clear": 0, "cumulus": 1, "stratus": 2})
+        nc.createDimension("t", 4)
+        v = nc.createVariable("c", et, ("t",), fill_value=255)
+        v[:] = np.array([0, 1, 2, 1], "u1")
+    with h5py.File(p, "a") as f:
+        f.attrs.create("kind", np.array([2], "u1"), dtype=f["cloud"])
+    cv, _, attrs, _ = c_vars(p)
+    assert cv["c"]["typestr"] == "|u1" and json.loads(cv["c"]["fill"]) == 255
+    assert attrs["kind"] == {"type": "|u1", "value": [2]}
+    np.testing.assert_array_equal(read(p, "c"), [0, 1, 2, 1])
+
+
 def test_h5netcdf_files(tmp_path):
     h5netcdf = pytest.importorskip("h5netcdf")
     p = tmp_path / "h.nc"
