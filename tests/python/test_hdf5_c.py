@@ -270,7 +270,9 @@ def test_committed_types(tmp_path):
         v[:] = np.array([0, 1, 2, 1], "u1")
     with h5py.File(p, "a") as f:
         f.attrs.create("kind", np.array([2], "u1"), dtype=f["cloud"])
+        f.attrs["deep"] = np.zeros((1,) * 20)                  # more dimensions than ferry has: null
     cv, _, attrs, _ = c_vars(p)
+    assert attrs["deep"] is None
     assert cv["c"]["typestr"] == "|u1" and json.loads(cv["c"]["fill"]) == 255
     assert attrs["kind"] == {"type": "|u1", "value": [2]}
     np.testing.assert_array_equal(read(p, "c"), [0, 1, 2, 1])
