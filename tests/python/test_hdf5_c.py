@@ -278,6 +278,18 @@ def test_committed_types(tmp_path):
     np.testing.assert_array_equal(read(p, "c"), [0, 1, 2, 1])
 
 
+def test_unreadable_dataset_leaves_the_rest(tmp_path):
+    p = tmp_path / "deep.h5"
+    with h5py.File(p, "w") as f:
+        f["deep"] = np.zeros((1,) * 20)                 # more dimensions than ferry has
+        f["x"] = np.arange(3)
+    cv, *_ = c_vars(p)
+    assert "deep.h5: byte " in cv["deep"]["error"] and "/deep: 20 dimensions (at most 16)" in cv["deep"]["error"]
+    with pytest.raises(ferry.FerryError, match="20 dimensions"):
+        read(p, "deep")
+    np.testing.assert_array_equal(read(p, "x"), np.arange(3))
+
+
 def test_h5netcdf_files(tmp_path):
     h5netcdf = pytest.importorskip("h5netcdf")
     p = tmp_path / "h.nc"

@@ -141,12 +141,29 @@ static int build_var(h5ds *st, ferry_dataset *ds, const h5_obj *o, const char *n
     vi->codecs = "";
     vi->fill_json = "null";
     vi->dims_json = "[]";
-    int rc = h5_obj_dtype(h, o, &v->type);
-    if (rc) return rc;
+    /* a valid type or shape beyond ferry (a type in the shared-message heap,
+     * more than 16 dimensions) makes this variable unreadable, not the file */
+    int rc = h5_obj_dtype(h, o, &v->type), unsupported = 0;
+    if (rc == FERRY_EUNSUPPORTED) {
+        set_error(h, vi);
+        unsupported = 1;
+        memset(&v->type, 0, sizeof v->type);
+        v->type.cls = H5T_COMPOUND;
+        snprintf(v->type.typestr, sizeof v->type.typestr, "unsupported");
+    } else if (rc) {
+        return rc;
+    }
     const h5_msg *m = h5_obj_find(o, H5M_DATASPACE);
     if (!m) return h5_fail(h, FERRY_EFORMAT, h->base + o->addr, o->name, "dataset without a dataspace");
     h5_cur c = h5_cur_make(h, m->data, m->len, m->pos);
-    if ((rc = h5_space_parse(h, &c, o->name, &v->space))) return rc;
+    if ((rc = h5_space_parse(h, &c, o->name, &v->space)) == FERRY_EUNSUPPORTED) {
+        if (!unsupported) set_error(h, vi);
+        ferry_clearerr();
+        unsupported = 1;
+        memset(&v->space, 0, sizeof v->space);
+    } else if (rc) {
+        return rc;
+    }
     char *fj = NULL, *aj = NULL, *dj = NULL;
     if ((rc = attrs_json(h, a, na, &aj, &fj))) return rc;
     vi->attrs_json = aj;
@@ -163,6 +180,7 @@ static int build_var(h5ds *st, ferry_dataset *ds, const h5_obj *o, const char *n
     if (!vi->typestr) return FERRY_ENOMEM;
 
     /* from here on, what goes wrong is this variable's, not the file's */
+    if (unsupported) return 0;
     if (t->dt == FERRY_DT_UNKNOWN) {
         const char *why = t->cls == H5T_VLEN ? (t->vlen_string ? "variable-length strings" : "variable-length sequences")
                           : t->cls == H5T_COMPOUND ? "compound (struct) values" : t->cls == H5T_REFERENCE ? "references"
@@ -272,7 +290,9 @@ static int scan_group(h5ds *st, const h5_obj *g, const char *gpath, int local, m
         const h5_msg *sm = h5_obj_find(&m->o, H5M_DATASPACE);
         if (sm) {
             h5_cur c = h5_cur_make(h, sm->data, sm->len, sm->pos);
-            if ((rc = h5_space_parse(h, &c, m->path, &m->sp))) return rc;
+            rc = h5_space_parse(h, &c, m->path, &m->sp);
+            if (rc == FERRY_EUNSUPPORTED) { ferry_clearerr(); memset(&m->sp, 0, sizeof m->sp); rc = 0; }   /* build_var says why */
+            if (rc) return rc;
         }
         int is_var;
         if ((rc = h5nc_add_scale(h, st->nc, &m->o, m->name, &m->sp, m->a, m->na, local, &is_var))) return rc;
