@@ -1056,7 +1056,7 @@ int64_t ferry_perm_take(const ferry_perm *o, const int64_t *pos, size_t count, i
  *            "-Infinity"), {"name": "text"} for char attributes.
  *   hdf5:    as netcdf3 for numbers (with the stored byte order in "type") and
  *            text (fixed or variable-length strings; several as a JSON array);
- *            null for values of other types. The netCDF-4 and dimension-scale
+ *            null for values of other types or shapes ferry cannot express. The netCDF-4 and dimension-scale
  *            bookkeeping (DIMENSION_LIST, _Netcdf4Dimid, _Netcdf4Coordinates,
  *            _NCProperties, _nc3_strict; on dimension scales also CLASS, NAME,
  *            REFERENCE_LIST) is left out. Types: numpy's bool and complex as

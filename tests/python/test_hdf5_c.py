@@ -259,6 +259,37 @@ def test_netcdf4_strings_refused_clearly(tmp_path):
     np.testing.assert_array_equal(read(p, "ok"), [1, 2])
 
 
+def test_committed_types(tmp_path):
+    # netCDF-4 user-defined types are committed datatypes: variables and attributes point at them
+    netCDF4 = pytest.importorskip("netCDF4")
+    p = tmp_path / "e.nc"
+    with netCDF4.Dataset(p, "w") as nc:
+        et = nc.createEnumType(np.uint8, "cloud", {"clear": 0, "cumulus": 1, "stratus": 2})
+        nc.createDimension("t", 4)
+        v = nc.createVariable("c", et, ("t",), fill_value=255)
+        v[:] = np.array([0, 1, 2, 1], "u1")
+    with h5py.File(p, "a") as f:
+        f.attrs.create("kind", np.array([2], "u1"), dtype=f["cloud"])
+        f.attrs["deep"] = np.zeros((1,) * 20)                  # more dimensions than ferry has: null
+    cv, _, attrs, _ = c_vars(p)
+    assert attrs["deep"] is None
+    assert cv["c"]["typestr"] == "|u1" and json.loads(cv["c"]["fill"]) == 255
+    assert attrs["kind"] == {"type": "|u1", "value": [2]}
+    np.testing.assert_array_equal(read(p, "c"), [0, 1, 2, 1])
+
+
+def test_unreadable_dataset_leaves_the_rest(tmp_path):
+    p = tmp_path / "deep.h5"
+    with h5py.File(p, "w") as f:
+        f["deep"] = np.zeros((1,) * 20)                 # more dimensions than ferry has
+        f["x"] = np.arange(3)
+    cv, *_ = c_vars(p)
+    assert "deep.h5: byte " in cv["deep"]["error"] and "/deep: 20 dimensions (at most 16)" in cv["deep"]["error"]
+    with pytest.raises(ferry.FerryError, match="20 dimensions"):
+        read(p, "deep")
+    np.testing.assert_array_equal(read(p, "x"), np.arange(3))
+
+
 def test_h5netcdf_files(tmp_path):
     h5netcdf = pytest.importorskip("h5netcdf")
     p = tmp_path / "h.nc"

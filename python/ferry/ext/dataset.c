@@ -251,7 +251,7 @@ static PyMethodDef Dataset_methods[] = {
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef Dataset_getset[] = {
-    {"format", (getter)Dataset_get_format, NULL, "npy, safetensors, netcdf3, zarr", NULL},
+    {"format", (getter)Dataset_get_format, NULL, "npy, safetensors, netcdf3, zarr, hdf5", NULL},
     {"path", (getter)Dataset_get_path, NULL, "the path opened", NULL},
     {"attrs", (getter)Dataset_get_attrs, NULL, "global attributes (JSON)", NULL},
     {"dims", (getter)Dataset_get_dims, NULL, "dimensions (JSON)", NULL},

@@ -7,8 +7,8 @@
  * (compound, references, nested variable-length sequences) become null.
  *
  * Message versions: 1 pads the name, datatype and dataspace to 8 bytes; 2
- * does not; 3 adds a character-set byte. Datatypes or dataspaces shared
- * through the shared-message heap (flags bits 0-1) are refused. */
+ * does not; 3 adds a character-set byte. A committed datatype (flags bit 0)
+ * is followed; a shared dataspace (bit 1) is refused. */
 #include "formats/hdf5/h5.h"
 #include <math.h>
 #include <stdlib.h>
@@ -27,7 +27,7 @@ static int parse_attr(h5_file *h, const uint8_t *d, uint64_t len, uint64_t pos, 
     if (!name || nlen == 0) return h5_fail(h, FERRY_EFORMAT, pos, what, "attribute name truncated");
     a->name = h5_strndup(h, (const char *)name, strnlen((const char *)name, nlen));
     if (!a->name) return FERRY_ENOMEM;
-    if (flags & 3) return h5_fail(h, FERRY_EUNSUPPORTED, pos, what, "attribute \"%s\": shared datatype or dataspace", a->name);
+    if (flags & 2) return h5_fail(h, FERRY_EUNSUPPORTED, pos, what, "attribute \"%s\": shared dataspace", a->name);
     uint64_t tpos = c.pos;
     const uint8_t *tb = h5c_bytes(&c, pad ? (tlen + 7u) & ~7u : tlen);
     uint64_t spos = c.pos;
@@ -36,7 +36,8 @@ static int parse_attr(h5_file *h, const uint8_t *d, uint64_t len, uint64_t pos, 
     char label[300];
     snprintf(label, sizeof label, "%s: attribute \"%s\"", what, a->name);
     h5_cur tc = h5_cur_make(h, tb, tlen, tpos), sc = h5_cur_make(h, sb, slen, spos);
-    int rc = h5_dtype_parse(h, &tc, label, 0, &a->type);
+    /* flags bit 0: the datatype is committed (netCDF-4 user-defined types) */
+    int rc = (flags & 1) ? h5_dtype_shared(h, tb, tlen, tpos, label, &a->type) : h5_dtype_parse(h, &tc, label, 0, &a->type);
     if (!rc) rc = h5_space_parse(h, &sc, label, &a->space);
     if (rc) return rc;
     uint64_t need;
@@ -63,7 +64,20 @@ static int push(alist *L, const uint8_t *d, uint64_t len, uint64_t pos) {
         L->v = nv;
         L->cap = cap;
     }
-    int rc = parse_attr(L->h, d, len, pos, L->what, &L->v[L->n]);
+    h5_attr *a = &L->v[L->n];
+    int rc = parse_attr(L->h, d, len, pos, L->what, a);
+    if (rc == FERRY_EUNSUPPORTED && a->name) {
+        /* valid but beyond ferry (a shared dataspace, a type in the shared-
+         * message heap): listed with a null value, the rest still read */
+        const char *name = a->name;
+        memset(a, 0, sizeof *a);
+        a->name = name;
+        a->pos = pos;
+        a->type.cls = H5T_COMPOUND;
+        a->space.ndim = -1;
+        ferry_clearerr();
+        rc = 0;
+    }
     if (rc) return rc;
     L->n++;
     return 0;

@@ -162,37 +162,38 @@ int h5_dtype_parse(h5_file *h, h5_cur *c, const char *what, int depth, h5_type *
     return 0;
 }
 
-int h5_obj_dtype(h5_file *h, const h5_obj *o, h5_type *t) {
-    const h5_msg *m = h5_obj_find(o, H5M_DTYPE);
-    if (!m) return h5_fail(h, FERRY_EFORMAT, h->base + o->addr, o->name, "dataset without a datatype message");
-    if (m->flags & 0x02) {
-        /* a committed (named) datatype: the message holds where it is */
-        h5_cur c = h5_cur_make(h, m->data, m->len, m->pos);
+/* A shared datatype message (d, len at pos): the address of a committed
+ * datatype, followed (through further shared messages, a bounded chain) to
+ * the datatype itself. Types in the shared-message heap are refused. */
+int h5_dtype_shared(h5_file *h, const uint8_t *d, uint64_t len, uint64_t pos, const char *what, h5_type *t) {
+    for (int hop = 0;; hop++) {
+        if (hop > H5_MAX_DEPTH) return h5_fail(h, FERRY_EFORMAT, pos, what, "shared datatypes chain too long");
+        h5_cur c = h5_cur_make(h, d, len, pos);
         uint8_t version = h5c_u8(&c), kind = h5c_u8(&c);
         if (version == 1) h5c_skip(&c, 6);
         if (version == 3 && kind != 2)
-            return h5_fail(h, FERRY_EUNSUPPORTED, m->pos, o->name, "datatype shared through the shared-message heap");
+            return h5_fail(h, FERRY_EUNSUPPORTED, pos, what, "datatype shared through the shared-message heap");
         uint64_t addr = h5c_addr(&c);
-        if (c.bad || version < 1 || version > 3) return h5_fail(h, FERRY_EFORMAT, m->pos, o->name, "shared datatype message");
-        for (int hop = 0;; hop++) {
-            if (hop > H5_MAX_DEPTH) return h5_fail(h, FERRY_EFORMAT, m->pos, o->name, "shared datatypes chain too long");
-            h5_obj to;
-            int rc = h5_ohdr_read(h, addr, o->name, &to);
-            if (rc) return rc;
-            const h5_msg *tm = h5_obj_find(&to, H5M_DTYPE);
-            if (!tm) return h5_fail(h, FERRY_EFORMAT, h->base + addr, o->name, "committed datatype without a datatype");
-            if (!(tm->flags & 0x02)) {
-                h5_cur tc = h5_cur_make(h, tm->data, tm->len, tm->pos);
-                return h5_dtype_parse(h, &tc, o->name, 0, t);
-            }
+        if (c.bad || version < 1 || version > 3) return h5_fail(h, FERRY_EFORMAT, pos, what, "shared datatype message");
+        h5_obj to;
+        int rc = h5_ohdr_read(h, addr, what, &to);
+        if (rc) return rc;
+        const h5_msg *tm = h5_obj_find(&to, H5M_DTYPE);
+        if (!tm) return h5_fail(h, FERRY_EFORMAT, h->base + addr, what, "committed datatype without a datatype");
+        if (!(tm->flags & 0x02)) {
             h5_cur tc = h5_cur_make(h, tm->data, tm->len, tm->pos);
-            version = h5c_u8(&tc);
-            h5c_u8(&tc);
-            if (version == 1) h5c_skip(&tc, 6);
-            addr = h5c_addr(&tc);
-            if (tc.bad) return h5_fail(h, FERRY_EFORMAT, tm->pos, o->name, "shared datatype message");
+            return h5_dtype_parse(h, &tc, what, 0, t);
         }
+        d = tm->data;
+        len = tm->len;
+        pos = tm->pos;
     }
+}
+
+int h5_obj_dtype(h5_file *h, const h5_obj *o, h5_type *t) {
+    const h5_msg *m = h5_obj_find(o, H5M_DTYPE);
+    if (!m) return h5_fail(h, FERRY_EFORMAT, h->base + o->addr, o->name, "dataset without a datatype message");
+    if (m->flags & 0x02) return h5_dtype_shared(h, m->data, m->len, m->pos, o->name, t);   /* a committed type */
     h5_cur c = h5_cur_make(h, m->data, m->len, m->pos);
     return h5_dtype_parse(h, &c, o->name, 0, t);
 }

@@ -178,6 +178,7 @@ typedef struct h5_type {
     char typestr[24];                 /* "<f4", ">i2", "|S8", ... */
 } h5_type;
 int h5_dtype_parse(h5_file *h, h5_cur *c, const char *what, int depth, h5_type *t);
+int h5_dtype_shared(h5_file *h, const uint8_t *d, uint64_t len, uint64_t pos, const char *what, h5_type *t);
 /* The object's datatype, following a shared (committed) one. */
 int h5_obj_dtype(h5_file *h, const h5_obj *o, h5_type *t);
 typedef struct h5_space {

@@ -102,7 +102,7 @@ static int attrs_json(h5_file *h, const h5_attr *a, size_t n, char **json, char 
             char *s = ferry_sbuf_take(&fb);
             if (!s) { rc = ferry_seterr(FERRY_ENOMEM, "%s: out of memory", h->path); break; }
             /* a number's JSON is {"type":..,"value":[x]}: keep x */
-            char *v = strstr(s, "\"value\":[");
+            char *v = !strncmp(s, "{\"type\":", 8) ? strstr(s, "\"value\":[") : NULL;
             if (v) {
                 v += 9;
                 size_t k = strlen(v);
@@ -122,8 +122,8 @@ static int attrs_json(h5_file *h, const h5_attr *a, size_t n, char **json, char 
     return *json ? 0 : FERRY_ENOMEM;
 }
 
-static void set_error(h5_file *h, ferry_var_info *vi, int code) {
-    (void)code;
+/* The message just set becomes the variable's error (reads of it fail with it). */
+static void set_error(h5_file *h, ferry_var_info *vi) {
     const char *m = ferry_lasterr();
     vi->error = h5_strndup(h, m, strlen(m));
     if (!vi->error) vi->error = "out of memory";
@@ -141,12 +141,29 @@ static int build_var(h5ds *st, ferry_dataset *ds, const h5_obj *o, const char *n
     vi->codecs = "";
     vi->fill_json = "null";
     vi->dims_json = "[]";
-    int rc = h5_obj_dtype(h, o, &v->type);
-    if (rc) return rc;
+    /* a valid type or shape beyond ferry (a type in the shared-message heap,
+     * more than 16 dimensions) makes this variable unreadable, not the file */
+    int rc = h5_obj_dtype(h, o, &v->type), unsupported = 0;
+    if (rc == FERRY_EUNSUPPORTED) {
+        set_error(h, vi);
+        unsupported = 1;
+        memset(&v->type, 0, sizeof v->type);
+        v->type.cls = H5T_COMPOUND;
+        snprintf(v->type.typestr, sizeof v->type.typestr, "unsupported");
+    } else if (rc) {
+        return rc;
+    }
     const h5_msg *m = h5_obj_find(o, H5M_DATASPACE);
     if (!m) return h5_fail(h, FERRY_EFORMAT, h->base + o->addr, o->name, "dataset without a dataspace");
     h5_cur c = h5_cur_make(h, m->data, m->len, m->pos);
-    if ((rc = h5_space_parse(h, &c, o->name, &v->space))) return rc;
+    if ((rc = h5_space_parse(h, &c, o->name, &v->space)) == FERRY_EUNSUPPORTED) {
+        if (!unsupported) set_error(h, vi);
+        ferry_clearerr();
+        unsupported = 1;
+        memset(&v->space, 0, sizeof v->space);
+    } else if (rc) {
+        return rc;
+    }
     char *fj = NULL, *aj = NULL, *dj = NULL;
     if ((rc = attrs_json(h, a, na, &aj, &fj))) return rc;
     vi->attrs_json = aj;
@@ -163,22 +180,23 @@ static int build_var(h5ds *st, ferry_dataset *ds, const h5_obj *o, const char *n
     if (!vi->typestr) return FERRY_ENOMEM;
 
     /* from here on, what goes wrong is this variable's, not the file's */
+    if (unsupported) return 0;
     if (t->dt == FERRY_DT_UNKNOWN) {
         const char *why = t->cls == H5T_VLEN ? (t->vlen_string ? "variable-length strings" : "variable-length sequences")
                           : t->cls == H5T_COMPOUND ? "compound (struct) values" : t->cls == H5T_REFERENCE ? "references"
                           : t->cls == H5T_ARRAY ? "array-typed elements" : "values of this type";
         h5_fail(h, FERRY_EUNSUPPORTED, h->base + o->addr, o->name, "%s (%s) are not read by ferry", why, t->typestr);
-        set_error(h, vi, 0);
+        set_error(h, vi);
         return 0;
     }
     if (v->space.ndim < 0) {
         h5_fail(h, FERRY_EUNSUPPORTED, h->base + o->addr, o->name, "null dataspace (no values)");
-        set_error(h, vi, 0);
+        set_error(h, vi);
         return 0;
     }
     const uint8_t *fp;
     uint64_t fn;
-    if ((rc = h5_obj_fill(h, o, t->size, &fp, &fn))) { set_error(h, vi, rc); return 0; }
+    if ((rc = h5_obj_fill(h, o, t->size, &fp, &fn))) { set_error(h, vi); return 0; }
     if (fp) {
         uint32_t swap = !t->big_endian ? 0 : t->is_complex ? t->size / 2
                         : (t->cls == H5T_INT || t->cls == H5T_FLOAT || t->cls == H5T_ENUM) ? t->size : 0;
@@ -187,19 +205,19 @@ static int build_var(h5ds *st, ferry_dataset *ds, const h5_obj *o, const char *n
     }
     if ((m = h5_obj_find(o, H5M_EFL))) {
         h5_fail(h, FERRY_EUNSUPPORTED, m->pos, o->name, "data in external files");
-        set_error(h, vi, 0);
+        set_error(h, vi);
         return 0;
     }
     if (!(m = h5_obj_find(o, H5M_LAYOUT))) return h5_fail(h, FERRY_EFORMAT, h->base + o->addr, o->name, "dataset without a layout");
     if ((rc = h5_layout_parse(h, m, o->name, vi->ndim, &v->lay))) {
-        if (rc == FERRY_EUNSUPPORTED) { set_error(h, vi, rc); return 0; }
+        if (rc == FERRY_EUNSUPPORTED) { set_error(h, vi); return 0; }
         return rc;
     }
     const h5_msg *fm = h5_obj_find(o, H5M_FILTERS);
     if (fm) {
         h5_filters f;
         if ((rc = h5_filters_parse(h, fm, o->name, &f))) {
-            if (rc == FERRY_EUNSUPPORTED) { set_error(h, vi, rc); return 0; }
+            if (rc == FERRY_EUNSUPPORTED) { set_error(h, vi); return 0; }
             return rc;
         }
         ferry_sbuf cb = {0};
@@ -211,7 +229,7 @@ static int build_var(h5ds *st, ferry_dataset *ds, const h5_obj *o, const char *n
                 h5_fail(h, FERRY_EUNSUPPORTED, fm->pos, o->name,
                         "HDF5 filter %u (\"%s\") has no ferry codec (ferry decodes deflate 1, shuffle 2, "
                         "fletcher32 3, blosc 32001, zstd 32015)", f.f[i].id, f.f[i].name ? f.f[i].name : "unnamed");
-                set_error(h, vi, 0);
+                set_error(h, vi);
                 return 0;
             }
             v->codecs[v->ncodecs++] = k;
@@ -226,23 +244,23 @@ static int build_var(h5ds *st, ferry_dataset *ds, const h5_obj *o, const char *n
     for (int k = 0; k < vi->ndim; k++) bytes *= vi->shape[k];   /* below 2^62 × 2^20: h5_space_parse bounds it */
     if (v->lay.cls == 2) {
         memcpy(vi->chunks, v->lay.chunk, sizeof vi->chunks);
-        if (vi->ndim == 0) { h5_fail(h, FERRY_EFORMAT, m->pos, o->name, "chunked scalar"); set_error(h, vi, 0); }
+        if (vi->ndim == 0) { h5_fail(h, FERRY_EFORMAT, m->pos, o->name, "chunked scalar"); set_error(h, vi); }
         return 0;
     }
     if (v->ncodecs) {
         h5_fail(h, FERRY_EFORMAT, fm->pos, o->name, "filters on data that is not chunked");
-        set_error(h, vi, 0);
+        set_error(h, vi);
         return 0;
     }
     if (v->lay.cls == 1 && v->lay.addr == H5_UNDEF) { v->absent = 1; return 0; }
     if (v->lay.size != UINT64_MAX && v->lay.size < bytes) {
         h5_fail(h, FERRY_EFORMAT, m->pos, o->name, "%llu bytes of data stored, %llu needed", (unsigned long long)v->lay.size,
                 (unsigned long long)bytes);
-        set_error(h, vi, 0);
+        set_error(h, vi);
         return 0;
     }
     if (v->lay.cls == 0) v->data_abs = v->lay.addr;
-    else if (h5_abs(h, v->lay.addr, bytes, &v->data_abs, o->name)) { set_error(h, vi, 0); return 0; }
+    else if (h5_abs(h, v->lay.addr, bytes, &v->data_abs, o->name)) { set_error(h, vi); return 0; }
     vi->data_offset = v->data_abs;
     vi->data_bytes = bytes;
     return 0;
@@ -272,7 +290,9 @@ static int scan_group(h5ds *st, const h5_obj *g, const char *gpath, int local, m
         const h5_msg *sm = h5_obj_find(&m->o, H5M_DATASPACE);
         if (sm) {
             h5_cur c = h5_cur_make(h, sm->data, sm->len, sm->pos);
-            if ((rc = h5_space_parse(h, &c, m->path, &m->sp))) return rc;
+            rc = h5_space_parse(h, &c, m->path, &m->sp);
+            if (rc == FERRY_EUNSUPPORTED) { ferry_clearerr(); memset(&m->sp, 0, sizeof m->sp); rc = 0; }   /* build_var says why */
+            if (rc) return rc;
         }
         int is_var;
         if ((rc = h5nc_add_scale(h, st->nc, &m->o, m->name, &m->sp, m->a, m->na, local, &is_var))) return rc;

@@ -252,6 +252,8 @@ int h5_btree2_walk(h5_file *h, uint64_t addr, int type, const char *what, h5_rec
         t.cum_bytes[d] = enc_size(cum) > 8 ? 8 : enc_size(cum);
     }
     t.cum_bytes[0] = 0;
-    t.budget = total;
+    /* each record is stored once: more visits than the file can hold
+     * records means nodes are shared (a hostile tree), not a bigger index */
+    t.budget = FERRY_MIN(total, h->size / t.rec_size + 1);
     return bt2_node(&t, root, root_n, depth);
 }

@@ -196,7 +196,7 @@ int h5nc_dims_json(h5_file *h, h5_nc *nc, char **out) {
     ferry_sbuf b = {0};
     ferry_sbuf_append(&b, "{", 1);
     int first = 1;
-    qsort(nc->d, nc->n, sizeof *nc->d, cmp_dimid);   /* after every variable took its dimensions */
+    if (nc->n) qsort(nc->d, nc->n, sizeof *nc->d, cmp_dimid);   /* after every variable took its dimensions */
     for (size_t i = 0; i < nc->n; i++) {
         const h5_dim *d = &nc->d[i];
         if (!d->local && !d->used) continue;

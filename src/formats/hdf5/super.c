@@ -229,6 +229,7 @@ int h5_file_open(h5_file *h, ferry_file *f, const char *path) {
         eof = h5c_addr(&c);
         h->root = h5c_addr(&c);
         uint64_t n = (uint64_t)(c.p - p);
+        h5c_skip(&c, 4);                       /* the checksum, which must be there */
         if (!c.bad && (rc = h5_check_sum(h, p, n + 4, at, what))) return rc;
     }
     if (c.bad) return h5_fail(h, FERRY_EFORMAT, at, what, "truncated");
