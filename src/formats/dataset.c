@@ -267,9 +267,10 @@ int64_t ferry_dataset_plan_read(ferry_dataset *ds, int var, const ferry_slice *s
                             ds->nvars);
     const ferry_var_info *vi = &ds->vars[var].info;
     if (vi->error) return ferry_seterr(FERRY_EUNSUPPORTED, "%s", vi->error);   /* even an empty selection */
-    /* Normalise: NULL is everything; a stop past the end is clipped (like a
-     * Python slice); a negative start/stop, a start past the end or a step
-     * below 1 is a caller error, not something to guess about. */
+    /* Normalise: NULL is everything; a negative start/stop, a start or stop
+     * past the end or a step below 1 is a caller error, not something to
+     * guess about (clipped, a read of 0:721 on 24 elements gave 24, silently;
+     * Python clips its slices as numpy does before they get here). */
     ferry_slice norm[FERRY_MAX_DIMS];
     int64_t nbytes = ferry_selection_normalize(vi->ndim, vi->shape, vi->itemsize, sel, norm, ds->path, vi->name);
     if (nbytes < 0) return nbytes;

@@ -59,3 +59,52 @@ def test_error_in_dataloader_worker_reaches_main_process_with_message(tmp_path):
     with pytest.raises(ferry.FerryError) as ei:
         next(iter(loader))
     assert str(direct.value) in str(ei.value) and "worker" in str(ei.value)
+
+
+def _formats_of_24(tmp_path):
+    """A 24-long float64 variable in each format ferry parses in C."""
+    a = np.arange(24, dtype="<f8")
+    out = {}
+    p = str(tmp_path / "a.npy")
+    np.save(p, a)
+    out["npy"] = (p, 0)
+    try:
+        from safetensors.numpy import save_file
+        p = str(tmp_path / "a.safetensors")
+        save_file({"a": a}, p)
+        out["safetensors"] = (p, "a")
+    except ImportError:
+        pass
+    try:
+        import zarr
+        p = str(tmp_path / "a.zarr")
+        zarr.create_array(p, shape=(24,), chunks=(5,), dtype="<f8", zarr_format=3)[:] = a
+        out["zarr"] = (p, 0)
+    except ImportError:
+        pass
+    try:
+        import scipy.io
+        p = str(tmp_path / "a.nc")
+        with scipy.io.netcdf_file(p, "w") as f:
+            f.createDimension("x", 24)
+            f.createVariable("a", "f8", ("x",))[:] = a
+        out["netcdf3"] = (p, "a")
+    except ImportError:
+        pass
+    return out
+
+
+def test_c_api_refuses_a_selection_outside_the_variable(tmp_path):
+    """ferry_dataset_plan_read of 0:721:1 on a 24-long axis is an error naming the
+    variable and the axis, in every format (issue 38.13); it clipped and read
+    24 elements, silently. Python's slices are clipped as numpy's before C."""
+    for fmt, (p, var) in _formats_of_24(tmp_path).items():
+        ds = _ferry.Dataset(None, p)
+        dst = np.zeros(721)
+        plan = _ferry.Plan()
+        with pytest.raises(ferry.FerryError, match=r"dimension 0: selection 0:721:1 outside 0\.\.24") as ei:
+            plan.read(ds, var, dst, [(0, 721, 1)], True)
+        assert p in str(ei.value), (fmt, str(ei.value))
+        got = np.zeros(24)
+        assert plan.read(ds, var, got, [(0, 24, 1)], True) == 24 * 8
+        assert ferry.read(p, None if fmt in ("npy", "zarr") else var, selection=(slice(0, 721),)).shape == (24,)
