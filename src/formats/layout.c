@@ -236,7 +236,7 @@ static int over_bound(plan_state *p, const hit_iter *hx) {
     uint64_t touched = 1;
     for (int k = 0; hx && k < hx->nd; k++) touched *= hx->counts[k];   /* <= the elements selected */
     return ferry_seterr(FERRY_ENOMEM, "%s: variable \"%s\": the selection touches %llu chunks; its plan would pass "
-                        "%llu records (max(2^20, destination bytes / 64)) — chunks of %llu bytes are too small to "
+                        "%llu records (max(2^20, destination bytes / 64)): chunks of %llu bytes are too small to "
                         "plan this many at once: read a smaller selection at a time", lfile(l), lname(l),
                         (unsigned long long)touched, (unsigned long long)p->bound,
                         (unsigned long long)p->cbytes);
