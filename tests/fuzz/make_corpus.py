@@ -108,3 +108,7 @@ with open(out("blosc", "damaged_memcpyed_longer"), "wb") as f:
             (24).to_bytes(4, "little") + bytes(8))
 with open(out("blosc", "damaged_empty_trailing"), "wb") as f:
     f.write(bytes([2, 1, 3, 1]) + bytes(8) + (20).to_bytes(4, "little") + bytes(4))
+
+# sniff: heads of the kinds the sniffer names (the files are small by hand:
+# tests/fuzz/corpus/sniff/ holds a torch.save zip head, HDF5's signature,
+# text, UTF-8 cut mid-sequence, an npy and a blosc frame)
