@@ -831,8 +831,10 @@ enum {
 };
 
 /** Append to `plan` the extents that read variable `var`, restricted to sel
- *  (ndim slices, already clipped to the shape; NULL: everything), into dst as
- *  a C-order array of the selection's shape (dst.size >= product × itemsize).
+ *  (ndim slices inside the shape: a start or stop past the end, a negative
+ *  index or a step < 1 is FERRY_EINVAL naming the dimension; NULL:
+ *  everything), into dst as a C-order array of the selection's shape
+ *  (dst.size >= product × itemsize).
  *  Only the chunks / records / rows the selection touches are read; missing
  *  Zarr chunks become fills. Returns the number of bytes placed in dst.
  *  Lifetimes: dst must live until a job running the plan completes, and so
@@ -921,7 +923,7 @@ typedef struct ferry_layout {
 } ferry_layout;
 
 /** Append to `plan` the extents that read sel (ndim slices; NULL: everything;
- *  the same rules as ferry_dataset_plan_read: a stop past the end is clipped,
+ *  the same rules as ferry_dataset_plan_read: a stop past the end,
  *  a negative index or step < 1 is FERRY_EINVAL) of the array `layout`
  *  describes into dst as a C-order array of the selection's shape
  *  (FERRY_STORED_ORDER: a whole read of an F-order array stays F order).
@@ -943,7 +945,7 @@ int ferry_layout_sort_table(const ferry_layout *layout, const uint64_t *origins,
                             uint64_t *index, size_t n);
 
 /** Append to `plan` the extents that read sel (as ferry_plan_layout: ndim
- *  slices, NULL: everything, a stop past the end clipped) of an array stored as
+ *  slices, NULL: everything, a stop past the end FERRY_EINVAL) of an array stored as
  *  is in the open file f, element (0, ..., 0) at byte `offset`: layout gives
  *  ndim, shape, itemsize, order (C or F) and label, and must have no codecs,
  *  swap, perm or chunk table (its chunks are ignored). dst receives a C-order

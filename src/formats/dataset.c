@@ -4,6 +4,7 @@
 #include "formats/dataset.h"
 #include "formats/select.h"
 #include "formats/layout.h"
+#include "formats/sniff.h"
 #include "sources/url.h"
 #include <dirent.h>
 #include <errno.h>
@@ -71,6 +72,28 @@ int64_t ferry_hdf5_signature(ferry_ctx *ctx, const char *path) {
     return found;
 }
 
+/* A reader's error on a file of another kind is replaced by what the file is
+ * and what reads it (sniff.c): "x.safetensors: a torch.save zip archive, not
+ * safetensors: read it with torch.load", not a complaint about a header
+ * length. Only for FERRY_EFORMAT on a regular file that sniffs as something
+ * other than the format tried; otherwise rc and its message stand. */
+static int sniffed_error(ferry_ctx *ctx, const char *path, const char *tried, int rc) {
+    if (rc != FERRY_EFORMAT) return rc;
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode)) return rc;
+    char saved[1024];
+    snprintf(saved, sizeof saved, "%s", ferry_lasterr());
+    uint8_t head[PROBE_BYTES];
+    size_t n = 0;
+    ferry_sniffed sn;
+    if (read_head(ctx, path, head, &n) < 0 || !ferry_sniff(head, n, &sn) || (sn.format && !strcmp(sn.format, tried)) ||
+        (sn.format && !strcmp(sn.format, "json") && !strcmp(tried, "safetensors"))) {   /* its index */
+        ferry_seterr(rc, "%s", saved);
+        return rc;
+    }
+    return ferry_seterr(FERRY_EFORMAT, "%s: %s, not %s: %s", path, sn.what, tried, sn.todo);
+}
+
 /* The one format sniffer (ferry_dataset_open and ferry_format_detect): by
  * content, then by a telling name. */
 static int detect(ferry_ctx *ctx, const char *path, const ferry_format_ops **ops) {
@@ -97,6 +120,10 @@ static int detect(ferry_ctx *ctx, const char *path, const ferry_format_ops **ops
     /* content matched nothing: a telling name still picks the parser, so
      * a damaged "x.npy" gets npy's precise complaint, not a shrug */
     if (!*ops && !is_dir) *ops = by_name(path);
+    ferry_sniffed sn;
+    if (!*ops && !is_dir && ferry_sniff(head, n, &sn))
+        return ferry_seterr(FERRY_ENOFORMAT, "%s: %s, not a file of a format ferry reads (npy, safetensors, "
+                            "netCDF classic, Zarr): %s", path, sn.what, sn.todo);
     if (!*ops)
         return ferry_seterr(FERRY_ENOFORMAT,
                             "%s: not a file or store of a known format (npy, safetensors, "
@@ -246,6 +273,7 @@ int ferry_dataset_open(ferry_ctx *ctx, const char *path, const ferry_open_opts *
     ds->ctx = ctx;
     ds->ops = ops;
     int rc = ops->open(ds, opts);
+    if (rc < 0) rc = sniffed_error(ctx, path, ops->name, rc);
     /* Every format: a shape whose non-zero dimensions times the item size
      * overflow a signed 64-bit size (numpy's and torch's limit, even when
      * another dimension is 0) is refused at open, not by numpy later. */
@@ -336,9 +364,10 @@ int64_t ferry_dataset_plan_read(ferry_dataset *ds, int var, const ferry_slice *s
                             ds->nvars);
     const ferry_var_info *vi = &ds->vars[var].info;
     if (vi->error) return ferry_seterr(FERRY_EUNSUPPORTED, "%s", vi->error);   /* even an empty selection */
-    /* Normalise: NULL is everything; a stop past the end is clipped (like a
-     * Python slice); a negative start/stop, a start past the end or a step
-     * below 1 is a caller error, not something to guess about. */
+    /* Normalise: NULL is everything; a negative start/stop, a start or stop
+     * past the end or a step below 1 is a caller error, not something to
+     * guess about (clipped, a read of 0:721 on 24 elements gave 24, silently;
+     * Python clips its slices as numpy does before they get here). */
     ferry_slice norm[FERRY_MAX_DIMS];
     int64_t nbytes = ferry_selection_normalize(vi->ndim, vi->shape, vi->itemsize, sel, norm, ds->path, vi->name);
     if (nbytes < 0) return nbytes;

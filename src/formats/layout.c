@@ -21,12 +21,14 @@ int64_t ferry_selection_normalize(int ndim, const uint64_t *shape, uint32_t item
     uint64_t bytes = itemsize;
     for (int k = 0; k < ndim; k++) {
         ferry_slice s = sel ? sel[k] : (ferry_slice){0, (int64_t)shape[k], 1};
-        if (s.step < 1 || s.start < 0 || s.stop < 0 || (uint64_t)s.start > shape[k])
+        /* a C caller's selection is taken as meant: one reaching past the
+         * variable is an error, not clipped into a smaller read than asked
+         * (Python clips slices as numpy does before they get here) */
+        if (s.step < 1 || s.start < 0 || s.stop < 0 || (uint64_t)s.start > shape[k] || (uint64_t)s.stop > shape[k])
             return ferry_seterr(FERRY_EINVAL,
                                 "%s: variable \"%s\": dimension %d: selection %lld:%lld:%lld outside 0..%llu",
                                 file ? file : "?", name ? name : "?", k, (long long)s.start, (long long)s.stop,
                                 (long long)s.step, (unsigned long long)shape[k]);
-        if ((uint64_t)s.stop > shape[k]) s.stop = (int64_t)shape[k];
         if (s.stop < s.start) s.stop = s.start;
         out[k] = s;
         if (ferry_mul_overflow(bytes, ferry_slice_count(s), &bytes) || bytes > (uint64_t)INT64_MAX)
@@ -234,7 +236,7 @@ static int over_bound(plan_state *p, const hit_iter *hx) {
     uint64_t touched = 1;
     for (int k = 0; hx && k < hx->nd; k++) touched *= hx->counts[k];   /* <= the elements selected */
     return ferry_seterr(FERRY_ENOMEM, "%s: variable \"%s\": the selection touches %llu chunks; its plan would pass "
-                        "%llu records (max(2^20, destination bytes / 64)) — chunks of %llu bytes are too small to "
+                        "%llu records (max(2^20, destination bytes / 64)): chunks of %llu bytes are too small to "
                         "plan this many at once: read a smaller selection at a time", lfile(l), lname(l),
                         (unsigned long long)touched, (unsigned long long)p->bound,
                         (unsigned long long)p->cbytes);

@@ -11,9 +11,9 @@
 #include "common.h"
 
 /* Normalise sel (ndim slices, NULL: everything) against shape as
- * ferry_dataset_plan_read documents: a stop past the end is clipped, a stop
- * before the start selects nothing, a negative start/stop, a start past the
- * end or a step < 1 is FERRY_EINVAL ("<file>: variable "<name>": dimension k:
+ * ferry_dataset_plan_read documents: a stop before the start selects nothing;
+ * a negative start/stop, a start or stop past the end or a step < 1 is
+ * FERRY_EINVAL ("<file>: variable "<name>": dimension k:
  * selection a:b:c outside 0..n"). Writes out[ndim]; returns the selection's
  * bytes (element count × itemsize), or a negative code. */
 int64_t ferry_selection_normalize(int ndim, const uint64_t *shape, uint32_t itemsize, const ferry_slice *sel,

