@@ -69,7 +69,7 @@ lib: $(B)/libferry.a $(B)/libferry.so
 cli: $(B)/ferry
 python: $(PY_EXT)
 
-$(B)/%.o: %.c include/ferry.h $(wildcard src/*/*.h src/*/*/*.h)
+$(B)/%.o: %.c $(wildcard include/*.h src/*/*.h src/*/*/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_COMMON) $(VISIBILITY) $(CFLAGS) -c $< -o $@
 
@@ -140,7 +140,7 @@ $(B)/cudasim/nvcomp/libnvcomp.so.6: tests/cudasim/nvcompsim.c src/cuda/cuda.h $(
 	$(CC) $(CFLAGS_COMMON) $(CFLAGS) -shared -Wl,-soname,libnvcomp.so.6 -o $@ $< -L$(B)/cudasim -l:libcuda.so.1 $(LDLIBS)
 
 # AddressSanitizer + UndefinedBehaviorSanitizer build of the library and C tests
-$(BA)/%.o: %.c include/ferry.h $(wildcard src/*/*.h)
+$(BA)/%.o: %.c $(wildcard include/*.h src/*/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_COMMON) $(VISIBILITY) $(ASAN_FLAGS) -c $< -o $@
 $(BA)/kernels_fatbin.o: $(B)/kernels_fatbin.c
@@ -175,9 +175,9 @@ test-asan-python: $(ASAN_PY_EXT)
 	@for f in python/ferry/*.py python/ferry/*.pyi; do ln -sf $(abspath .)/$$f $(BA)/py/ferry/; done
 	@tools/asan-pytest.sh $(PYTHON) $(BA)/py
 
-# first: libferry.so exports exactly ferry.h (src/common.h says why)
+# first: libferry.so exports exactly ferry.h and ferry_experimental.h (src/common.h says why)
 test-c: $(TESTS) $(B)/libferry.so
-	@tools/check-exports.sh $(B)/libferry.so include/ferry.h
+	@tools/check-exports.sh $(B)/libferry.so include/ferry.h include/ferry_experimental.h
 	@tools/run-c-tests.sh $(TESTS)
 test-asan: $(ASAN_TESTS) $(if $(FUZZ_SRCS),$(BA)/fuzz_replay)
 	@ASAN_OPTIONS=detect_leaks=1 tools/run-c-tests.sh $(ASAN_TESTS)
