@@ -26,7 +26,7 @@
 #endif
 
 typedef struct jpeg_markers {
-    int progressive, lossless, precision, adobe, found_sof;
+    int progressive, lossless, precision, adobe, found_sof, dht;
 } jpeg_markers;
 
 /* Markers from SOI to SOS: segment lengths bounded by n. */
@@ -51,6 +51,8 @@ static int jpeg_walk(const uint8_t *p, size_t n, jpeg_markers *m) {
             m->precision = seg[0];
             m->progressive = t == 0xC2 || t == 0xC6 || t == 0xCA || t == 0xCE;
             m->lossless = t == 0xC3 || t == 0xC7 || t == 0xCB || t == 0xCF;
+        } else if (t == 0xC4) {
+            m->dht = 1;
         } else if (t == 0xEE && sl >= 12 && !memcmp(seg, "Adobe", 5)) {
             m->adobe = 1;
         } else if (t == 0xDA) {
@@ -68,9 +70,20 @@ static pthread_once_t tj_once = PTHREAD_ONCE_INIT;
 static void tj_free(void *h) { tjDestroy((tjhandle)h); }
 static void tj_key_make(void) { (void)pthread_key_create(&tj_key, tj_free); }
 
-/* The calling thread's decompressor, made on first use, freed at thread exit. */
-static tjhandle tj_get(void) {
+/* The calling thread's decompressor, made on first use, freed at thread exit.
+ * A decompressor remembers the Huffman tables of the images it decoded (JPEG
+ * lets an image omit tables it shares with earlier ones), and one that failed
+ * may keep a damaged table: `fresh` (an image without tables of its own) and
+ * every failure (tj_drop) give the next image a new decompressor, so no image
+ * decodes differently for what came before it. */
+static void tj_drop(void) {
+    tjhandle h = pthread_getspecific(tj_key);
+    if (h) { pthread_setspecific(tj_key, NULL); tjDestroy(h); }
+}
+
+static tjhandle tj_get(int fresh) {
     pthread_once(&tj_once, tj_key_make);
+    if (fresh) tj_drop();
     tjhandle h = pthread_getspecific(tj_key);
     if (!h && (h = tjInitDecompress()) != NULL && pthread_setspecific(tj_key, h) != 0) {
         tjDestroy(h);
@@ -80,14 +93,16 @@ static tjhandle tj_get(void) {
 }
 
 static int tj_err(tjhandle h, const char *what) {
-    return ferry_seterr(FERRY_ECODEC, "jpeg: %s: %s", what, tjGetErrorStr2(h));
+    int rc = ferry_seterr(FERRY_ECODEC, "jpeg: %s: %s", what, tjGetErrorStr2(h));
+    tj_drop();
+    return rc;
 }
 
 int ferry_jpeg_probe(const uint8_t *data, size_t n, ferry_image_info *out) {
     jpeg_markers m;
     int rc = jpeg_walk(data, n, &m);
     if (rc < 0) return rc;
-    tjhandle h = tj_get();
+    tjhandle h = tj_get(!m.dht);
     if (!h) return ferry_seterr(FERRY_ENOMEM, "jpeg: cannot make a TurboJPEG decompressor");
     int w, ht, ss, cs;
     if (n > ULONG_MAX || tjDecompressHeader3(h, data, (unsigned long)n, &w, &ht, &ss, &cs) != 0)
@@ -116,7 +131,10 @@ static uint8_t cmyk_mix(unsigned c, unsigned nk) {
 }
 
 int ferry_jpeg_decode(const uint8_t *data, size_t n, const ferry_image_info *info, int ch, uint8_t *dst) {
-    tjhandle h = tj_get();
+    jpeg_markers m;
+    int rc = jpeg_walk(data, n, &m);
+    if (rc < 0) return rc;
+    tjhandle h = tj_get(!m.dht);
     if (!h) return ferry_seterr(FERRY_ENOMEM, "jpeg: cannot make a TurboJPEG decompressor");
     int flags = TJFLAG_STOPONWARNING | TJFLAG_LIMITSCANS | TJFLAG_ACCURATEDCT;
     int w = (int)info->width, ht = (int)info->height;
@@ -125,9 +143,6 @@ int ferry_jpeg_decode(const uint8_t *data, size_t n, const ferry_image_info *inf
         if (tjDecompress2(h, data, (unsigned long)n, dst, w, w * ch, ht, pf, flags) != 0) return tj_err(h, "decode");
         return 0;
     }
-    jpeg_markers m;
-    int rc = jpeg_walk(data, n, &m);
-    if (rc < 0) return rc;
     uint8_t *cmyk = malloc((size_t)w * (size_t)ht * 4);
     if (!cmyk) return ferry_seterr(FERRY_ENOMEM, "jpeg: out of memory for a %d x %d CMYK image", w, ht);
     if (tjDecompress2(h, data, (unsigned long)n, cmyk, w, w * 4, ht, TJPF_CMYK, flags) != 0) {
