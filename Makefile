@@ -139,6 +139,13 @@ $(B)/cudasim/nvcomp/libnvcomp.so.6: tests/cudasim/nvcompsim.c src/cuda/cuda.h $(
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_COMMON) $(CFLAGS) -shared -Wl,-soname,libnvcomp.so.6 -o $@ $< -L$(B)/cudasim -l:libcuda.so.1 $(LDLIBS)
 
+# A stand-in nvJPEG (tests/cudasim/nvjpegsim.c: single-image decoding with
+# libjpeg-turbo, written on the stand-in driver's streams); FERRY_NVJPEG names
+# it. Built where libturbojpeg is.
+$(B)/cudasim/nvjpeg/libnvjpeg.so.12: tests/cudasim/nvjpegsim.c src/cuda/cuda.h $(B)/cudasim/libcuda.so.1
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_COMMON) $(CFLAGS) -shared -Wl,-soname,libnvjpeg.so.12 -o $@ $< -L$(B)/cudasim -l:libcuda.so.1 -lturbojpeg
+
 # AddressSanitizer + UndefinedBehaviorSanitizer build of the library and C tests
 $(BA)/%.o: %.c $(wildcard include/*.h src/*/*.h)
 	@mkdir -p $(dir $@)
@@ -194,10 +201,14 @@ test-gpu: all
 # The C tests also get the stand-in cuFile (its own directory: torch, imported
 # by pytest, must not find it); pytest runs with cuFile off.
 SIM_NVCOMP := FERRY_NVCOMP=$(abspath $(B)/cudasim/nvcomp/libnvcomp.so.6)
-SIM_ENV := LD_LIBRARY_PATH=$(abspath $(B)/cudasim) FERRY_CUFILE=off FERRY_GPU_BIG=0 $(SIM_NVCOMP)
-SIM_C_ENV := LD_LIBRARY_PATH=$(abspath $(B)/cudasim):$(abspath $(B)/cudasim/cufile) FERRY_GPU_BIG=0 $(SIM_NVCOMP)
+ifneq ($(filter -DFERRY_HAVE_TURBOJPEG,$(CFLAGS_COMMON)),)
+SIM_NVJPEG_LIB := $(B)/cudasim/nvjpeg/libnvjpeg.so.12
+SIM_NVJPEG := FERRY_NVJPEG=$(abspath $(SIM_NVJPEG_LIB))
+endif
+SIM_ENV := LD_LIBRARY_PATH=$(abspath $(B)/cudasim) FERRY_CUFILE=off FERRY_GPU_BIG=0 $(SIM_NVCOMP) $(SIM_NVJPEG)
+SIM_C_ENV := LD_LIBRARY_PATH=$(abspath $(B)/cudasim):$(abspath $(B)/cudasim/cufile) FERRY_GPU_BIG=0 $(SIM_NVCOMP) $(SIM_NVJPEG)
 GPU_C_TESTS := $(patsubst tests/gpu/%.c,$(BA)/tests/gpu/%,$(wildcard tests/gpu/test_*.c))
-test-cudasim: all $(B)/cudasim/libcuda.so.1 $(B)/cudasim/cufile/libcufile.so.0 $(B)/cudasim/nvcomp/libnvcomp.so.6 $(GPU_C_TESTS) $(B)/tests/gpu/test_gpu_engine
+test-cudasim: all $(B)/cudasim/libcuda.so.1 $(B)/cudasim/cufile/libcufile.so.0 $(B)/cudasim/nvcomp/libnvcomp.so.6 $(SIM_NVJPEG_LIB) $(GPU_C_TESTS) $(B)/tests/gpu/test_gpu_engine
 	@$(SIM_C_ENV) ASAN_OPTIONS=detect_leaks=1 tools/run-c-tests.sh $(GPU_C_TESTS)
 	@echo "  again with 3 workers, 2 staging buffers of 64 KiB, 1 MiB tasks (more hand-offs per byte), allocations that touch:"
 	@$(SIM_C_ENV) FERRY_THREADS=3 FERRY_STAGING_COUNT=2 FERRY_STAGING_SIZE=64K FERRY_TASK_SIZE=1M FERRY_CUDASIM_ADJACENT=1 \

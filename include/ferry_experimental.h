@@ -166,6 +166,23 @@ typedef struct ferry_image_job {
  *  the message of that job (naming its label) as the thread's message. */
 int64_t ferry_image_decode_batch(ferry_image_job *jobs, size_t n, unsigned flags, int threads);
 
+/** Decode one JPEG on CUDA device `device` with nvJPEG (libnvjpeg.so.13 or
+ *  .so.12, loaded at run time; FERRY_NVJPEG names the file, or "off") into
+ *  device memory dst: height x width x 3 bytes of RGB (gray images
+ *  replicated), cap at least that, else FERRY_EINVAL. The pixels are written
+ *  on `stream` (a CUstream; NULL: the legacy default stream): work queued on
+ *  it after this call sees them; data may be freed when the call returns.
+ *  The header is read on the CPU first (info, may be NULL, receives it; this
+ *  needs libturbojpeg), and an image without its end-of-image marker is
+ *  refused (FERRY_ECODEC) before nvJPEG sees it: nvJPEG checks damaged data
+ *  less strictly than ferry_image_decode. FERRY_EUNSUPPORTED for PNG, CMYK
+ *  JPEGs and when nvJPEG cannot be loaded (the message says why). The calling
+ *  thread's CUDA context is left as it was. Returns the bytes written. */
+int64_t ferry_image_decode_cuda(const void *data, size_t n, int device, uintptr_t dst, size_t cap, void *stream,
+                                ferry_image_info *info);
+/** "loaded nvJPEG 12.4 from libnvjpeg.so.12", or why nvJPEG is not loaded (static text). */
+const char *ferry_nvjpeg_status(void);
+
 FERRY_API_END
 #ifdef __cplusplus
 }
