@@ -114,7 +114,10 @@ ABI_INC := $(patsubst %/cuda.h,-isystem %,$(firstword $(wildcard /usr/local/cuda
 NVCOMP_INC := $(patsubst %/nvcomp/zstd.h,-idirafter %,$(firstword $(wildcard \
              .venv/lib/python3*/site-packages/nvidia/libnvcomp/include/nvcomp/zstd.h \
              $(dir $(PYTHON))../lib/python3*/site-packages/nvidia/libnvcomp/include/nvcomp/zstd.h)))
-$(B)/tests/test_cuda_abi $(BA)/tests/test_cuda_abi: CFLAGS_COMMON += $(ABI_INC) $(NVCOMP_INC)
+NVJPEG_INC := $(patsubst %/nvjpeg.h,-idirafter %,$(firstword $(wildcard /usr/local/cuda/include/nvjpeg.h \
+             .venv/lib/python3*/site-packages/nvidia/cu*/include/nvjpeg.h \
+             $(dir $(PYTHON))../lib/python3*/site-packages/nvidia/cu*/include/nvjpeg.h)))
+$(B)/tests/test_cuda_abi $(BA)/tests/test_cuda_abi: CFLAGS_COMMON += $(ABI_INC) $(NVCOMP_INC) $(NVJPEG_INC)
 $(B)/tests/%: tests/c/%.c $(wildcard tests/c/*.h) $(B)/libferry.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_COMMON) $(CFLAGS) -Itests/c -o $@ $< $(B)/libferry.a $(LDLIBS)

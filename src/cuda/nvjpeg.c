@@ -16,29 +16,20 @@
  * entropy-coded data 0xFF is always followed by 0x00 or a restart marker, so
  * FF D9 there is the real end. CMYK images are refused (decode them on the
  * CPU: nvJPEG's CMYK output is not Pillow's conversion). */
-#include "cuda/cuda.h"
+#include "cuda/nvjpeg.h"
 #include "common.h"
 #include "ferry_experimental.h"
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdlib.h>
 
-typedef int nvjpegStatus_t;
-enum { NVJ_OK = 0, NVJ_NOT_INIT = 1, NVJ_INVALID = 2, NVJ_BAD_JPEG = 3, NVJ_NOT_SUPPORTED = 4, NVJ_ALLOC = 5,
-       NVJ_EXEC = 6, NVJ_ARCH = 7, NVJ_INTERNAL = 8, NVJ_IMPL = 9, NVJ_INCOMPLETE = 10 };
-enum { NVJ_OUTPUT_RGBI = 5 };
-#define NVJ_MAX_COMPONENT 4
-typedef struct nvj_image { unsigned char *channel[NVJ_MAX_COMPONENT]; size_t pitch[NVJ_MAX_COMPONENT]; } nvj_image;
-typedef void *nvj_handle;
-typedef void *nvj_state;
-
 typedef struct nvj_api {
-    nvjpegStatus_t (*CreateSimple)(nvj_handle *);
-    nvjpegStatus_t (*Destroy)(nvj_handle);
-    nvjpegStatus_t (*JpegStateCreate)(nvj_handle, nvj_state *);
-    nvjpegStatus_t (*JpegStateDestroy)(nvj_state);
-    nvjpegStatus_t (*Decode)(nvj_handle, nvj_state, const unsigned char *, size_t, int, nvj_image *, CUstream);
-    nvjpegStatus_t (*GetProperty)(int, int *);   /* optional */
+    nvj_status (*CreateSimple)(nvj_handle *);
+    nvj_status (*Destroy)(nvj_handle);
+    nvj_status (*JpegStateCreate)(nvj_handle, nvj_state *);
+    nvj_status (*JpegStateDestroy)(nvj_state);
+    nvj_status (*Decode)(nvj_handle, nvj_state, const unsigned char *, size_t, int, nvj_image *, CUstream);
+    nvj_status (*GetProperty)(int, int *);   /* optional */
     int major, minor;
     char path[512];
 } nvj_api;
@@ -85,8 +76,8 @@ static void load_locked(void) {
 #undef SYM
     *(void **)&api_.GetProperty = dlsym(h, "nvjpegGetProperty");
     if (api_.GetProperty) {
-        api_.GetProperty(0, &api_.major);   /* MAJOR_VERSION */
-        api_.GetProperty(1, &api_.minor);   /* MINOR_VERSION */
+        api_.GetProperty(NVJ_PROP_MAJOR, &api_.major);
+        api_.GetProperty(NVJ_PROP_MINOR, &api_.minor);
     }
     snprintf(desc_, sizeof desc_, "loaded nvJPEG %d.%d from %s", api_.major, api_.minor, api_.path);
     loaded_ = &api_;   /* the library stays open for the life of the process */
@@ -106,7 +97,7 @@ static const nvj_api *nvj_load(void) {
 
 const char *ferry_nvjpeg_status(void) { return nvj_load() ? desc_ : why_; }
 
-static const char *nvj_name(nvjpegStatus_t s) {
+static const char *nvj_name(nvj_status s) {
     static const char *const n[] = {"success", "not initialized", "invalid parameter", "bad jpeg",
                                     "jpeg not supported", "allocator failure", "execution failed",
                                     "arch mismatch", "internal error", "implementation not supported",
@@ -114,7 +105,7 @@ static const char *nvj_name(nvjpegStatus_t s) {
     return s >= 0 && s <= NVJ_INCOMPLETE ? n[s] : "unknown status";
 }
 
-static int nvj_err(nvjpegStatus_t s, const char *call) {
+static int nvj_err(nvj_status s, const char *call) {
     int code = (s == NVJ_BAD_JPEG || s == NVJ_INCOMPLETE) ? FERRY_ECODEC
              : (s == NVJ_NOT_SUPPORTED || s == NVJ_IMPL) ? FERRY_EUNSUPPORTED
              : s == NVJ_ALLOC ? FERRY_ENOMEM : FERRY_ECUDA;
@@ -140,7 +131,7 @@ static void state_drop(nvj_tls *t) {
 /* The device's handle and this thread's state for it (the device's context current). */
 static int nvj_get(const nvj_api *nv, int dev, nvj_handle *h, nvj_tls **tls) {
     pthread_mutex_lock(&lock_);
-    nvjpegStatus_t s = handles_[dev] ? NVJ_OK : nv->CreateSimple(&handles_[dev]);
+    nvj_status s = handles_[dev] ? NVJ_OK : nv->CreateSimple(&handles_[dev]);
     *h = handles_[dev];
     pthread_mutex_unlock(&lock_);
     if (s != NVJ_OK) return nvj_err(s, "nvjpegCreateSimple");
@@ -198,7 +189,7 @@ int64_t ferry_image_decode_cuda(const void *data, size_t n, int device, uintptr_
         memset(&img, 0, sizeof img);
         img.channel[0] = (unsigned char *)dst;
         img.pitch[0] = (size_t)in->width * 3;
-        nvjpegStatus_t s = nv->Decode(h, t->state, data, n, NVJ_OUTPUT_RGBI, &img, (CUstream)stream);
+        nvj_status s = nv->Decode(h, t->state, data, n, NVJ_OUTPUT_RGBI, &img, (CUstream)stream);
         if (s != NVJ_OK) {
             rc = nvj_err(s, "nvjpegDecode");
             state_drop(t);
