@@ -82,6 +82,11 @@ def image_cases():
 
 
 CASES = image_cases()
+try:
+    images.probe(CASES[0][1])
+    images.probe(dict(CASES)["rgba-png"])
+except FerryError as e:   # a build without libturbojpeg or libspng: they refuse, by design
+    pytest.skip(f"image decoders not built in: {e}", allow_module_level=True)
 
 
 # ---- decoders ------------------------------------------------------------------
