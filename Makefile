@@ -69,7 +69,7 @@ lib: $(B)/libferry.a $(B)/libferry.so
 cli: $(B)/ferry
 python: $(PY_EXT)
 
-$(B)/%.o: %.c include/ferry.h include/ferry_experimental.h $(wildcard src/*/*.h src/*/*/*.h)
+$(B)/%.o: %.c $(wildcard include/*.h src/*/*.h src/*/*/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_COMMON) $(VISIBILITY) $(CFLAGS) -c $< -o $@
 
@@ -115,7 +115,10 @@ ABI_INC := $(patsubst %/cuda.h,-isystem %,$(firstword $(wildcard /usr/local/cuda
 NVCOMP_INC := $(patsubst %/nvcomp/zstd.h,-idirafter %,$(firstword $(wildcard \
              .venv/lib/python3*/site-packages/nvidia/libnvcomp/include/nvcomp/zstd.h \
              $(dir $(PYTHON))../lib/python3*/site-packages/nvidia/libnvcomp/include/nvcomp/zstd.h)))
-$(B)/tests/test_cuda_abi $(BA)/tests/test_cuda_abi: CFLAGS_COMMON += $(ABI_INC) $(NVCOMP_INC)
+NVJPEG_INC := $(patsubst %/nvjpeg.h,-idirafter %,$(firstword $(wildcard /usr/local/cuda/include/nvjpeg.h \
+             .venv/lib/python3*/site-packages/nvidia/cu*/include/nvjpeg.h \
+             $(dir $(PYTHON))../lib/python3*/site-packages/nvidia/cu*/include/nvjpeg.h)))
+$(B)/tests/test_cuda_abi $(BA)/tests/test_cuda_abi: CFLAGS_COMMON += $(ABI_INC) $(NVCOMP_INC) $(NVJPEG_INC)
 $(B)/tests/%: tests/c/%.c $(wildcard tests/c/*.h) $(B)/libferry.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_COMMON) $(CFLAGS) -Itests/c -o $@ $< $(B)/libferry.a $(LDLIBS)
@@ -140,8 +143,15 @@ $(B)/cudasim/nvcomp/libnvcomp.so.6: tests/cudasim/nvcompsim.c src/cuda/cuda.h $(
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_COMMON) $(CFLAGS) -shared -Wl,-soname,libnvcomp.so.6 -o $@ $< -L$(B)/cudasim -l:libcuda.so.1 $(LDLIBS)
 
+# A stand-in nvJPEG (tests/cudasim/nvjpegsim.c: single-image decoding with
+# libjpeg-turbo, written on the stand-in driver's streams); FERRY_NVJPEG names
+# it. Built where libturbojpeg is.
+$(B)/cudasim/nvjpeg/libnvjpeg.so.12: tests/cudasim/nvjpegsim.c src/cuda/cuda.h $(B)/cudasim/libcuda.so.1
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_COMMON) $(CFLAGS) -shared -Wl,-soname,libnvjpeg.so.12 -o $@ $< -L$(B)/cudasim -l:libcuda.so.1 -lturbojpeg
+
 # AddressSanitizer + UndefinedBehaviorSanitizer build of the library and C tests
-$(BA)/%.o: %.c include/ferry.h include/ferry_experimental.h $(wildcard src/*/*.h)
+$(BA)/%.o: %.c $(wildcard include/*.h src/*/*.h src/*/*/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_COMMON) $(VISIBILITY) $(ASAN_FLAGS) -c $< -o $@
 $(BA)/kernels_fatbin.o: $(B)/kernels_fatbin.c
@@ -197,10 +207,14 @@ test-gpu: all
 # The C tests also get the stand-in cuFile (its own directory: torch, imported
 # by pytest, must not find it); pytest runs with cuFile off.
 SIM_NVCOMP := FERRY_NVCOMP=$(abspath $(B)/cudasim/nvcomp/libnvcomp.so.6)
-SIM_ENV := LD_LIBRARY_PATH=$(abspath $(B)/cudasim) FERRY_CUFILE=off FERRY_GPU_BIG=0 $(SIM_NVCOMP)
-SIM_C_ENV := LD_LIBRARY_PATH=$(abspath $(B)/cudasim):$(abspath $(B)/cudasim/cufile) FERRY_GPU_BIG=0 $(SIM_NVCOMP)
+ifneq ($(filter -DFERRY_HAVE_TURBOJPEG,$(CFLAGS_COMMON)),)
+SIM_NVJPEG_LIB := $(B)/cudasim/nvjpeg/libnvjpeg.so.12
+SIM_NVJPEG := FERRY_NVJPEG=$(abspath $(SIM_NVJPEG_LIB))
+endif
+SIM_ENV := LD_LIBRARY_PATH=$(abspath $(B)/cudasim) FERRY_CUFILE=off FERRY_GPU_BIG=0 $(SIM_NVCOMP) $(SIM_NVJPEG)
+SIM_C_ENV := LD_LIBRARY_PATH=$(abspath $(B)/cudasim):$(abspath $(B)/cudasim/cufile) FERRY_GPU_BIG=0 $(SIM_NVCOMP) $(SIM_NVJPEG)
 GPU_C_TESTS := $(patsubst tests/gpu/%.c,$(BA)/tests/gpu/%,$(wildcard tests/gpu/test_*.c))
-test-cudasim: all $(B)/cudasim/libcuda.so.1 $(B)/cudasim/cufile/libcufile.so.0 $(B)/cudasim/nvcomp/libnvcomp.so.6 $(GPU_C_TESTS) $(B)/tests/gpu/test_gpu_engine
+test-cudasim: all $(B)/cudasim/libcuda.so.1 $(B)/cudasim/cufile/libcufile.so.0 $(B)/cudasim/nvcomp/libnvcomp.so.6 $(SIM_NVJPEG_LIB) $(GPU_C_TESTS) $(B)/tests/gpu/test_gpu_engine
 	@$(SIM_C_ENV) ASAN_OPTIONS=detect_leaks=1 tools/run-c-tests.sh $(GPU_C_TESTS)
 	@echo "  again with 3 workers, 2 staging buffers of 64 KiB, 1 MiB tasks (more hand-offs per byte), allocations that touch:"
 	@$(SIM_C_ENV) FERRY_THREADS=3 FERRY_STAGING_COUNT=2 FERRY_STAGING_SIZE=64K FERRY_TASK_SIZE=1M FERRY_CUDASIM_ADJACENT=1 \

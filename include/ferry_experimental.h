@@ -1,7 +1,12 @@
-/* ferry_experimental.h — interfaces whose shape may still change between
- * minor versions. Include it after (or instead of) ferry.h; ferry.h does not
- * include it. Its functions are exported like ferry.h's (`make test-c`
- * checks `nm -D` against both headers).
+/*
+ * ferry_experimental.h — the tier of ferry's C API that may still change.
+ *
+ * Everything here is exported and documented like ferry.h, under the same
+ * rules (return codes, per-thread messages, lifetimes), but its names and
+ * structs may change between minor versions while the features settle: the
+ * device memory budget of a stream of jobs, image shards and image decoders.
+ * Include it after (or instead of) ferry.h; ferry.h does not include it.
+ * `make test-c` checks `nm -D` against both headers.
  */
 #ifndef FERRY_EXPERIMENTAL_H
 #define FERRY_EXPERIMENTAL_H
@@ -67,8 +72,176 @@ typedef struct ferry_budget {
 int ferry_plan_budget(ferry_ctx *ctx, const ferry_plan *like, int decode, uint64_t unit_bytes, uint64_t keep_free,
                       ferry_budget *out);
 
+/* ------------------------------------------------------------------------- */
+/* Sample shards: WebDataset tar, Mosaic MDS, folders of files               */
+/* ------------------------------------------------------------------------- */
+/* A shard set is an index, built once at open from headers only, of every
+ * sample of a list of shards: per sample its key and members, per member
+ * (a tar member's extension, an MDS column, a file's extension) the file, byte
+ * offset and size of its bytes. Samples are then read in any order.
+ *
+ *  "tar"     WebDataset tar files (ustar, GNU long names, pax path/size
+ *            records; GNU sparse members are refused). Members are grouped as
+ *            webdataset groups them: consecutive members with one key, the key
+ *            being the path up to the first dot of its basename, the member's
+ *            name the rest, lowercased ("a/b.seg.png": key "a/b", "seg.png").
+ *            Only regular files count; names without a dot in the basename and
+ *            __meta__ names are skipped. Every header's checksum is verified,
+ *            every member must lie inside the file, and the archive must end
+ *            with its end-of-archive block.
+ *  "mds"     a Mosaic streaming directory (index.json + shard.NNNNN.mds, or
+ *            .mds.zstd when written with compression="zstd"): members are the
+ *            columns, named as in index.json, their encodings given by
+ *            ferry_member_info.encoding ("jpeg", "png", "int", "str", ...;
+ *            ferry decodes none of them but the images).
+ *  "folder"  torchvision's ImageFolder layout: one sub-folder per class, sorted
+ *            by name (class i = the i-th name), image files in each (extensions
+ *            as torchvision's IMG_EXTENSIONS, case-insensitive), sorted, searched
+ *            recursively; each file is one sample with one member named by its
+ *            lowercased extension and the class index as label.
+ *  "files"   a flat list of files: each is a sample, keyed by its path less the
+ *            extension, one member named by the extension.
+ */
+typedef struct ferry_shards ferry_shards;
+
+/** Open `n` paths as one shard set of `format` ("tar", "mds", "folder",
+ *  "files"; NULL: detected — a directory holding index.json is "mds", any
+ *  other directory "folder", files ending in .tar "tar", other files "files").
+ *  A path with *, ? or [ is a glob(3) pattern, expanded in sorted order (no
+ *  match: -ENOENT). "mds" and "folder" take one directory each; paths of
+ *  several MDS directories append their samples in order. Errors name the
+ *  shard, the member and the byte: FERRY_EFORMAT for a damaged shard,
+ *  FERRY_EUNSUPPORTED for what ferry does not read (sparse tar members, MDS
+ *  compression other than zstd), -errno from the file system. *out is NULL on
+ *  failure. The set holds no file open; it is read-only once open, so threads
+ *  may share it (reads of compressed MDS shards take a lock). */
+int ferry_shards_open(ferry_ctx *ctx, const char *const *paths, size_t n, const char *format, ferry_shards **out);
+/** Free the set and every string it returned. NULL: no-op. */
+void ferry_shards_close(ferry_shards *s);
+/** "tar", "mds", "folder" or "files" (static). */
+const char *ferry_shards_format(const ferry_shards *s);
+/** Number of samples. */
+int64_t ferry_shards_count(const ferry_shards *s);
+/** Number of shard files (tar files, MDS shards, or image files). */
+int64_t ferry_shards_nfiles(const ferry_shards *s);
+/** Classes of a "folder" set (0 for the other formats) and the name of class i
+ *  (NULL when out of range); valid while the set is open. */
+int ferry_shards_nclasses(const ferry_shards *s);
+const char *ferry_shards_class(const ferry_shards *s, int i);
+
+typedef struct ferry_sample_info {
+    const char *key;       /* valid while the set is open */
+    int nmembers;
+    int label;             /* "folder": the class index; else -1 */
+} ferry_sample_info;
+/** Describe sample i (0 <= i < count; FERRY_EINVAL otherwise). */
+int ferry_shards_sample(const ferry_shards *s, int64_t i, ferry_sample_info *out);
+
+typedef struct ferry_member_info {
+    const char *name;      /* extension or column name, valid while the set is open */
+    const char *encoding;  /* MDS: the column's encoding ("jpeg", "int", ...); else NULL */
+    const char *path;      /* the file holding its bytes */
+    uint64_t offset;       /* byte offset in that file (compressed: in the decoded shard) */
+    uint64_t size;         /* bytes */
+    int compressed;        /* 1: in a zstd-compressed MDS shard; ferry_shards_plan_member refuses it */
+} ferry_member_info;
+/** Describe member m of sample i (FERRY_EINVAL when out of range). */
+int ferry_shards_member(const ferry_shards *s, int64_t i, int m, ferry_member_info *out);
+/** Index of sample i's member called `name` (an extension or column), or
+ *  FERRY_ENOTFOUND naming the sample. Case-sensitive; tar names are lowercased. */
+int ferry_shards_find(const ferry_shards *s, int64_t i, const char *name);
+/** Append to `plan` one READ extent of member m of sample i into dst at
+ *  dst_offset (by path: the engine's open-file cache opens it). Returns the
+ *  member's size. FERRY_EUNSUPPORTED for a member of a compressed MDS shard
+ *  (use ferry_shards_read), FERRY_EINVAL when dst is too small. The set may be
+ *  closed once the plan has been built. */
+int64_t ferry_shards_plan_member(const ferry_shards *s, int64_t i, int m, ferry_buf dst, uint64_t dst_offset,
+                                 ferry_plan *plan);
+/** Read member m of sample i into host memory dst (cap bytes at least its
+ *  size, else FERRY_EINVAL). Returns its size. A file that changed since the
+ *  set was opened (shorter now) is FERRY_ESHORT naming the shard, the member
+ *  and the byte. */
+int64_t ferry_shards_read(ferry_shards *s, int64_t i, int m, void *dst, size_t cap);
+
+/* ------------------------------------------------------------------------- */
+/* Image decoders (JPEG through libjpeg-turbo, PNG through libspng)          */
+/* ------------------------------------------------------------------------- */
+/* Images decode to HWC uint8 arrays: 3 channels (RGB), or 1 for gray images
+ * when asked (FERRY_IMAGE_KEEP_GRAY); 16-bit PNGs are reduced to 8 bits,
+ * alpha is dropped (composited on nothing: the color channels as stored),
+ * palettes expanded, CMYK JPEGs converted to RGB. Corrupt data is an error,
+ * never a partial image: libjpeg-turbo's warnings about corrupt data count as
+ * errors. A build without libturbojpeg / libspng refuses that format with
+ * FERRY_EUNSUPPORTED at run time. */
+typedef enum ferry_image_format {
+    FERRY_IMAGE_UNKNOWN = 0,
+    FERRY_IMAGE_JPEG = 1,
+    FERRY_IMAGE_PNG = 2
+} ferry_image_format;
+
+typedef struct ferry_image_info {
+    ferry_image_format format;
+    uint32_t width, height;
+    int channels;          /* stored channels: 1 gray, 2 gray+alpha, 3 color, 4 RGBA or CMYK */
+    int subsampling;       /* JPEG chroma subsampling as "4:N:M" digits: 444, 422, 420, 440, 411,
+                              441; 400 for gray; 0 for PNG or unknown */
+    int progressive;       /* JPEG: 1 progressive, 0 baseline/extended; PNG: 1 interlaced (Adam7) */
+    int bit_depth;         /* bits per sample as stored (8, or PNG's 1..16) */
+    int cmyk;              /* JPEG stored as CMYK or YCCK */
+} ferry_image_info;
+
+enum {
+    FERRY_IMAGE_KEEP_GRAY = 1u << 0    /* gray images decode to 1 channel, not 3 */
+};
+
+/** The format of data by its signature (JPEG: FF D8 FF; PNG: the 8-byte signature). */
+ferry_image_format ferry_image_sniff(const void *data, size_t n);
+/** Read the header of an encoded image without decoding its pixels.
+ *  FERRY_ECODEC for a corrupt header, FERRY_EUNSUPPORTED for an unknown format
+ *  or a decoder this build lacks. */
+int ferry_image_probe(const void *data, size_t n, ferry_image_info *out);
+/** The channels an image decodes to under `flags` (1 or 3). */
+int ferry_image_out_channels(const ferry_image_info *info, unsigned flags);
+/** Decode into dst (height x width x channels bytes, C order; cap at least
+ *  that, else FERRY_EINVAL). info (may be NULL) receives the header. Returns
+ *  the bytes written. Thread-safe (each thread keeps its own decoder). */
+int64_t ferry_image_decode(const void *data, size_t n, void *dst, size_t cap, unsigned flags, ferry_image_info *info);
+
+/** One image of a batch: the encoded bytes in, the pixels out. */
+typedef struct ferry_image_job {
+    const void *data;      /* encoded bytes */
+    size_t size;
+    void *dst;             /* host memory for the pixels */
+    size_t cap;            /* bytes at dst */
+    const char *label;     /* named in the error message (a sample key and member); may be NULL */
+    ferry_image_info info; /* out: the header */
+    int64_t result;        /* out: bytes written, or a negative code */
+} ferry_image_job;
+/** Decode jobs[0..n) on `threads` threads (the caller's and threads-1 started
+ *  for the call; 0: one per CPU, at most 16). Every job gets its result; the
+ *  call returns n when all succeeded, else the first failing job's code, with
+ *  the message of that job (naming its label) as the thread's message. */
+int64_t ferry_image_decode_batch(ferry_image_job *jobs, size_t n, unsigned flags, int threads);
+
+/** Decode one JPEG on CUDA device `device` with nvJPEG (libnvjpeg.so.13 or
+ *  .so.12, loaded at run time; FERRY_NVJPEG names the file, or "off") into
+ *  device memory dst: height x width x 3 bytes of RGB (gray images
+ *  replicated), cap at least that, else FERRY_EINVAL. The pixels are written
+ *  on `stream` (a CUstream; NULL: the legacy default stream): work queued on
+ *  it after this call sees them; data may be freed when the call returns.
+ *  The header is read on the CPU first (info, may be NULL, receives it; this
+ *  needs libturbojpeg), and an image without its end-of-image marker is
+ *  refused (FERRY_ECODEC) before nvJPEG sees it: nvJPEG checks damaged data
+ *  less strictly than ferry_image_decode. FERRY_EUNSUPPORTED for PNG, CMYK
+ *  JPEGs and when nvJPEG cannot be loaded (the message says why). The calling
+ *  thread's CUDA context is left as it was. Returns the bytes written. */
+int64_t ferry_image_decode_cuda(const void *data, size_t n, int device, uintptr_t dst, size_t cap, void *stream,
+                                ferry_image_info *info);
+/** "loaded nvJPEG 12.4 from libnvjpeg.so.12", or why nvJPEG is not loaded (static text). */
+const char *ferry_nvjpeg_status(void);
+
 FERRY_API_END
 #ifdef __cplusplus
 }
 #endif
-#endif
+#endif /* FERRY_EXPERIMENTAL_H */

@@ -20,6 +20,14 @@ mkdir -p "$OUT/obj" "$OUT/crashes"
 FLAGS=(-g -O1 -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -I.deps/include -Itests/fuzz -pthread
        -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
 LIBS=(-L.deps/lib -lzstd -llz4 -lz -ldl -lpthread -lm)
+# the optional libraries the Makefile links where installed (tools/optional-libs.sh):
+# without them the image decoders would only refuse
+ma=/usr/include/$("$CC" -print-multiarch 2>/dev/null || true)
+while read -r hdr def lib; do
+    if [ -e "/usr/include/$hdr" ] || [ -e "$ma/$hdr" ] || [ -e ".deps/include/$hdr" ]; then
+        FLAGS+=(-D"$def"); LIBS+=(-l"$lib")
+    fi
+done < <(tools/optional-libs.sh)
 
 # the library, instrumented for coverage (rebuilt only when a source is newer)
 objs=()

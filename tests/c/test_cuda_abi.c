@@ -14,6 +14,9 @@
 #if __has_include(<cufile.h>)
 #define HAVE_CUFILE_H 1
 #endif
+#if __has_include(<nvjpeg.h>)        /* the nvidia-nvjpeg wheel's include/ (Makefile: NVJPEG_INC) */
+#define HAVE_NVJPEG_H 1
+#endif
 #if __has_include(<nvcomp/zstd.h>)   /* the nvidia-libnvcomp wheel's include/ (Makefile: ABI_INC) */
 #define HAVE_NVCOMP_H 1
 #endif
@@ -37,6 +40,10 @@
 #include "cuda/cuda.h"
 #include "cuda/cufile.h"
 #include "cuda/nvcomp.h"
+#include "cuda/nvjpeg.h"
+#ifdef HAVE_NVJPEG_H
+#include <nvjpeg.h>
+#endif
 #ifdef HAVE_NVCOMP_H
 #include <nvcomp/deflate.h>
 #include <nvcomp/lz4.h>
@@ -54,6 +61,28 @@
 
 typedef struct CUstream_st *CUstream_st_ptr_;
 #define SAME_FIELD(a, fa, b, fb) CHECK(offsetof(a, fa) == offsetof(b, fb) && sizeof(((a *)0)->fa) == sizeof(((b *)0)->fb))
+
+/* nvJPEG's single-image API as src/cuda/nvjpeg.h declares it */
+static void test_nvjpeg_types(void) {
+#ifdef HAVE_NVJPEG_H
+    CHECK(sizeof(nvj_status) == sizeof(nvjpegStatus_t));
+    CHECK(sizeof(nvj_image) == sizeof(nvjpegImage_t));
+    SAME_FIELD(nvj_image, channel, nvjpegImage_t, channel);
+    SAME_FIELD(nvj_image, pitch, nvjpegImage_t, pitch);
+    CHECK(sizeof(nvj_handle) == sizeof(nvjpegHandle_t) && sizeof(nvj_state) == sizeof(nvjpegJpegState_t));
+    CHECK_EQ_I(NVJ_MAX_COMPONENT, NVJPEG_MAX_COMPONENT);
+    CHECK_EQ_I(NVJ_OUTPUT_RGBI, NVJPEG_OUTPUT_RGBI);
+    CHECK_EQ_I(NVJ_PROP_MAJOR, MAJOR_VERSION);
+    CHECK_EQ_I(NVJ_PROP_MINOR, MINOR_VERSION);
+    CHECK_EQ_I(NVJ_BAD_JPEG, NVJPEG_STATUS_BAD_JPEG);
+    CHECK_EQ_I(NVJ_NOT_SUPPORTED, NVJPEG_STATUS_JPEG_NOT_SUPPORTED);
+    CHECK_EQ_I(NVJ_ALLOC, NVJPEG_STATUS_ALLOCATOR_FAILURE);
+    CHECK_EQ_I(NVJ_IMPL, NVJPEG_STATUS_IMPLEMENTATION_NOT_SUPPORTED);
+    CHECK_EQ_I(NVJ_INCOMPLETE, NVJPEG_STATUS_INCOMPLETE_BITSTREAM);
+#else
+    printf("  skipped: no nvjpeg.h (pip install nvidia-nvjpeg)\n");
+#endif
+}
 
 static void test_driver_types(void) {
     CHECK(sizeof(f_CUdeviceptr) == sizeof(CUdeviceptr));
@@ -196,6 +225,7 @@ static void test_nvcomp_types(void) {
 
 int main(void) {
     RUN(test_nvcomp_types);
+    RUN(test_nvjpeg_types);
     RUN(test_driver_types);
     RUN(test_driver_constants);
     RUN(test_cufile_types);

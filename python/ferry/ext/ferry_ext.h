@@ -119,7 +119,7 @@ typedef struct { HANDLE_HEAD ferry_file *f; } FileObject;
 /* dataset.c */
 typedef struct { HANDLE_HEAD ferry_dataset *ds; } DatasetObject;
 
-extern PyTypeObject ContextType, FileType, DatasetType, PlanType, JobType, ArrayType, BufRefType;
+extern PyTypeObject ContextType, FileType, DatasetType, PlanType, JobType, ArrayType, BufRefType, ShardsType;
 
 /* ------------------------------------------------------------------------- */
 /* Shared helpers, by the file that defines them                             */
@@ -223,6 +223,11 @@ PyObject *Plan_read_array(PlanObject *self, PyObject *args, PyObject *kw);
 
 /* selection.c */
 PyObject *mod_normalize_selection(PyObject *mod, PyObject *args);
+
+/* images.c (Shards, and the image decoders) */
+PyObject *mod_image_probe(PyObject *m, PyObject *args, PyObject *kw);
+PyObject *mod_image_decode(PyObject *m, PyObject *args, PyObject *kw);
+PyObject *mod_image_decode_batch(PyObject *m, PyObject *args, PyObject *kw);
 
 /* array.c */
 PyObject *mod_empty(PyObject *m, PyObject *args, PyObject *kw);

@@ -195,6 +195,12 @@ static PyMethodDef module_methods[] = {
      "npy_read_many(ctx, paths, dst, stride=0, native=True, stored_order=False, reread=False) -> dict: n one-sample .npy "
      "files of one dtype and shape into dst (file i at byte i*stride; 0: packed), every header checked "
      "(FerryError naming a file whose dtype or shape differs); returns typestr, shape, fortran_order, nbytes"},
+    {"image_probe", (PyCFunction)(void (*)(void))mod_image_probe, METH_VARARGS | METH_KEYWORDS,
+     "image_probe(data, keep_gray=False) -> the header of a JPEG or PNG image as a dict"},
+    {"image_decode", (PyCFunction)(void (*)(void))mod_image_decode, METH_VARARGS | METH_KEYWORDS,
+     "image_decode(data, out, keep_gray=False) -> header dict; the HWC uint8 pixels written to out"},
+    {"image_decode_batch", (PyCFunction)(void (*)(void))mod_image_decode_batch, METH_VARARGS | METH_KEYWORDS,
+     "image_decode_batch(datas, outs, labels=None, keep_gray=False, threads=0) -> header dicts"},
     {"order_take", mod_order_take, METH_VARARGS,
      "order_take(n, seed, epoch, shuffle, positions, out): out[i] = the keyed epoch order of "
      "[0, n) at positions[i] (int64 arrays; ferry_perm_take)"},
@@ -269,7 +275,8 @@ static int make_ferry_error(PyObject *m) {
 }
 
 PyMODINIT_FUNC PyInit__ferry(void) {
-    PyTypeObject *types[] = {&ContextType, &FileType, &DatasetType, &PlanType, &JobType, &ArrayType, &BufRefType};
+    PyTypeObject *types[] = {&ContextType, &FileType, &DatasetType, &PlanType, &JobType, &ArrayType, &BufRefType,
+                             &ShardsType};
     BufRefType.tp_name = "ferry._ferry._BufRef";
     BufRefType.tp_basicsize = sizeof(BufRefObject);
     BufRefType.tp_dealloc = (destructor)BufRef_dealloc;
@@ -281,7 +288,7 @@ PyMODINIT_FUNC PyInit__ferry(void) {
     if (make_ferry_error(m) < 0) goto fail;
     struct { const char *name; PyTypeObject *t; } exported[] = {
         {"Context", &ContextType}, {"File", &FileType}, {"Dataset", &DatasetType},
-        {"Plan", &PlanType}, {"Job", &JobType}, {"Array", &ArrayType}};
+        {"Plan", &PlanType}, {"Job", &JobType}, {"Array", &ArrayType}, {"Shards", &ShardsType}};
     for (size_t i = 0; i < sizeof exported / sizeof exported[0]; i++) {
         Py_INCREF(exported[i].t);
         if (PyModule_AddObject(m, exported[i].name, (PyObject *)exported[i].t) < 0) {
