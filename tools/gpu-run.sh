@@ -38,6 +38,12 @@ if [ -d .gpu/whl/deflate ]; then
     cp .gpu/whl/deflate/include/libdeflate.h .deps/include/
     cp .gpu/whl/deflate/lib/libdeflate.so* .deps/lib/
 fi
+# carried libjpeg-turbo (Debian's libturbojpeg0/-dev, .gpu/whl/turbojpeg): the CPU JPEG decoder
+if [ -d .gpu/whl/turbojpeg ]; then
+    mkdir -p .deps/include .deps/lib
+    cp .gpu/whl/turbojpeg/include/turbojpeg.h .deps/include/
+    cp -P .gpu/whl/turbojpeg/lib/libturbojpeg.so* .deps/lib/
+fi
 export LD_LIBRARY_PATH=$PWD/.deps/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 # nvCOMP from the carried wheel (the Python package finds it itself; the C tests need the path)
 for so in /tmp/site/nvidia/libnvcomp/lib64/libnvcomp.so.6 /tmp/site/nvidia/libnvcomp/lib64/libnvcomp.so.5; do

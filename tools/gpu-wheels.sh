@@ -40,6 +40,16 @@ if [ ! -e .gpu/whl/deflate/include/libdeflate.h ]; then
     cp -P "$tmp"/x/usr/lib/x86_64-linux-gnu/libdeflate.so* .gpu/whl/deflate/lib/
     rm -rf "$tmp"
 fi
+# libjpeg-turbo from Debian (gpu-run.sh copies it into .deps: the CPU JPEG decoder)
+if [ ! -e .gpu/whl/turbojpeg/include/turbojpeg.h ]; then
+    tmp=$(mktemp -d)
+    (cd "$tmp" && apt-get download libturbojpeg0 libturbojpeg0-dev >/dev/null)
+    for d in "$tmp"/*.deb; do dpkg-deb -x "$d" "$tmp/x"; done
+    mkdir -p .gpu/whl/turbojpeg/include .gpu/whl/turbojpeg/lib
+    cp "$tmp"/x/usr/include/turbojpeg.h .gpu/whl/turbojpeg/include/
+    cp -P "$tmp"/x/usr/lib/x86_64-linux-gnu/libturbojpeg.so* .gpu/whl/turbojpeg/lib/
+    rm -rf "$tmp"
+fi
 size=$(du -sb .gpu/whl | cut -f1)
 echo ".gpu/whl: $(ls .gpu/whl/*.whl | wc -l) wheels, $((size / 1000000)) MB"
 [ "$size" -lt $((58 << 20)) ] || { echo ".gpu/whl is over what one call carries with the tree (64 MiB): move a wheel out"; exit 1; }
