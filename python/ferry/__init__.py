@@ -13,7 +13,6 @@ when present and imported lazily.
 """
 from __future__ import annotations
 
-import builtins
 import functools
 import json
 import math
@@ -495,12 +494,15 @@ def read(path, name: str | None = None, *, device: Any = "cpu", selection: Any =
         ds = _open_dataset(path, c)
     except FerryError as e:
         if e.code == _ferry.EUNSUPPORTED and "structured npy" in str(e):
+            from ._numpy_files import _read_structured_npy
             return _read_structured_npy(path, device=device, selection=selection, out=out, ctx=c,
                                         out_bytes=out_bytes)
+        from ._h5open import _H5Opened, _is_hdf5
         if not _is_hdf5(path, e):
             raise
         with _H5Opened(path, device=device, ctx=c) as h:
             return h.read(name, selection, device=device if out is None else None, out=out, out_bytes=out_bytes)
+    from ._numpy_files import _is_zip, _read_npz
     if ds is None and _is_zip(path):
         return _read_npz(path, name, device=device, selection=selection, out=out, ctx=c, out_bytes=out_bytes)
     f = None
@@ -520,86 +522,6 @@ def read(path, name: str | None = None, *, device: Any = "cpu", selection: Any =
             f.close()
         if ds is not None:
             ds.close()
-
-
-def _is_zip(path: str) -> bool:
-    try:
-        with builtins.open(path, "rb") as fh:
-            return fh.read(4) == b"PK\x03\x04"
-    except OSError:
-        return False
-
-
-def _read_npz(path: str, name: str | None, *, device, selection, out, ctx: Context, out_bytes: bool):
-    """A member of an .npz (numpy's zip of .npy files, stored or deflated) by its
-    name, as np.load(path)[name] reads it: the member's npy header and bytes
-    through numpy's own reader (the zip's deflate is not ferry's to redo),
-    then the selection and the destination as for any read."""
-    import zipfile
-
-    import numpy as np
-    try:
-        zf = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError) as e:
-        raise FerryError(_ferry.EFORMAT, f"{path}: a zip archive ferry cannot read ({e})") from e
-    with zf:
-        members = [n[:-4] for n in zf.namelist() if n.endswith(".npy")]
-        if not members:
-            raise FerryError(_ferry.ENOFORMAT, f"{path}: a zip archive without .npy members (not an .npz); "
-                                               "a torch.save file is read with torch.load")
-        if name is None:
-            if len(members) != 1:
-                raise FerryError(_ferry.EINVAL, f"{path}: an .npz of {len(members)} arrays; name one of "
-                                                f"{members[:20]}")
-            name = members[0]
-        key = name[:-4] if name.endswith(".npy") else name
-        if key not in members:
-            raise FerryError(_ferry.ENOTFOUND, f"{path}: no array {name!r} in the .npz (it holds {members[:20]})")
-        try:
-            with zf.open(key + ".npy") as m:
-                host = np.lib.format.read_array(m, allow_pickle=False)
-        except Exception as e:  # noqa: BLE001 — a damaged member: zlib's, zipfile's or numpy's error
-            raise FerryError(_ferry.EFORMAT, f"{path}: member {key}.npy: {e}") from e
-    return _place_host(path, key, host, device=device, selection=selection, out=out, ctx=ctx, out_bytes=out_bytes)
-
-
-def _place_host(path: str, key: str, host, *, device, selection, out, ctx: Context, out_bytes: bool):
-    """A host array numpy read (an .npz member, a structured .npy): the selection,
-    then the destination, as ferry.read places any read."""
-    import numpy as np
-    triples, sel_shape, squeeze = normalize_selection(selection, host.shape)
-    if triples is not None:
-        host = host[tuple(a if ax in squeeze else slice(a, b, st) for ax, (a, b, st) in enumerate(triples))]
-    host = np.ascontiguousarray(host)
-    where = f"{path}: {key}"
-    if out is not None:
-        _check_out(out, host.nbytes, host.shape, host.dtype.str, where, out_bytes)
-        _sync_producer(out)
-        if host.nbytes:
-            ctx.memcpy(out if not type(out).__module__.startswith("torch") or out.device.type != "cpu"
-                       else out.numpy(), host)
-        return out
-    dev = parse_device(device)
-    if dev < 0:
-        return host
-    if host.dtype.fields is not None:
-        raise FerryError(_ferry.EUNSUPPORTED, f"{where}: a structured dtype {host.dtype} has no GPU array; "
-                                              "read it to the host (device=\"cpu\")")
-    dst, _ = _prepare_dst(None, host.nbytes, host.shape, host.dtype.str, dev, ctx, where)
-    if host.nbytes:
-        ctx.memcpy(dst, host)
-    return dst
-
-
-def _read_structured_npy(path: str, **kw):
-    """A structured (record) .npy, as np.load gives it: numpy's reader maps the
-    file; ferry's engine has no record type to place on a GPU (an error there)."""
-    import numpy as np
-    try:
-        host = np.load(path, mmap_mode="r", allow_pickle=False)
-    except Exception as e:  # noqa: BLE001 — numpy's view of a damaged header
-        raise FerryError(_ferry.EFORMAT, f"{path}: {e}") from e
-    return _place_host(path, os.path.basename(path), host, **kw)
 
 
 def _device_of(obj) -> int:
@@ -784,6 +706,7 @@ def open(path, *, device: Any = "cpu", ctx: Context | None = None, format: str |
     """Open a file or store (npy, safetensors, netCDF classic, Zarr, netCDF-4/HDF5;
     format="hdf5" reads the latter through h5py, as the xarray backend does) and
     list its variables."""
+    from ._h5open import _H5Opened, _is_hdf5
     if format == "hdf5":
         return _H5Opened(path, device=device, ctx=ctx, group=group)
     try:
@@ -792,88 +715,3 @@ def open(path, *, device: Any = "cpu", ctx: Context | None = None, format: str |
         if format is not None or not _is_hdf5(path, e):
             raise
     return _H5Opened(path, device=device, ctx=ctx, group=group)
-
-
-# ---------------------------------------------------------------------------
-# netCDF-4 / HDF5: the C library parses it (src/formats/hdf5/), so ferry.open
-# and ferry.read go through C; format="hdf5" (or a C refusal with
-# FERRY_EUNSUPPORTED) reads it through the xarray backend's h5py scan
-# (ferry.xarray.FerryStore) instead.
-# ---------------------------------------------------------------------------
-def _is_hdf5(path, err: FerryError) -> bool:
-    return err.code == _ferry.EUNSUPPORTED and _ferry.hdf5_signature(path) >= 0
-
-
-class _H5Variable(Variable):
-    """A Variable of a netCDF-4/HDF5 file, read through the xarray backend's store."""
-
-    def __init__(self, owner: "_H5Opened", spec):
-        enc = spec.encoding
-        info = {"name": spec.name, "shape": spec.shape, "typestr": spec.dtype.str,
-                "chunks": tuple(enc.get("chunksizes") or spec.shape), "error": None,
-                "itemsize": spec.dtype.itemsize}
-        super().__init__(owner, info)
-        self._spec = spec
-        self.__dict__["dims"] = tuple(spec.dims)
-        self.__dict__["attrs"] = dict(spec.attrs)
-        self.__dict__["dtype"] = spec.dtype
-
-    def read(self, selection: Any = None, *, device: Any = None, out: Any = None, out_bytes: bool = False):
-        import numpy as np
-        o = self._owner
-        triples, sel_shape, squeeze = normalize_selection(selection, self.shape)
-        if triples is None:
-            triples = [(0, n, 1) for n in self.shape]
-        key = tuple(a if ax in squeeze else slice(a, b, st) for ax, (a, b, st) in enumerate(triples))
-        final = tuple(n for i, n in enumerate(sel_shape) if i not in squeeze)
-        host = np.ascontiguousarray(o._store.read(self._spec.name, key)).reshape(final)
-        if out is not None:
-            _check_out(out, host.nbytes, final, host.dtype.str, f"{o.path}: {self.name}", out_bytes)
-            _sync_producer(out)
-            if host.nbytes:
-                o._ctx.memcpy(out if not type(out).__module__.startswith("torch") or out.device.type != "cpu"
-                              else out.numpy(), host)
-            return out
-        dev = parse_device(o.device if device is None else device)
-        if dev < 0:
-            return host
-        dst = _alloc(final, host.dtype.str, dev, o._ctx)
-        if host.nbytes:
-            o._ctx.memcpy(dst, host)
-        return dst
-
-
-class _H5Opened(Opened):
-    """ferry.open of a netCDF-4/HDF5 file (format "hdf5"): h5py reads the
-    metadata, ferry's engine the data it can (the xarray backend's path)."""
-
-    def __init__(self, path, *, device: Any = "cpu", ctx: Context | None = None, group: str | None = None):
-        try:
-            from .xarray.hdf5 import _h5_groups
-            from .xarray.store import FerryStore
-        except ImportError as e:
-            raise FerryError(_ferry.EUNSUPPORTED, f"{os.fsdecode(path)}: netCDF-4/HDF5 file: reading it needs "
-                                                  f"h5py and xarray ({e})") from None
-        self._ctx = _ctx_of(ctx)
-        self.path = _fspath(path)
-        self.device = device
-        self._store = FerryStore(self.path, group=group, device="cpu", ctx=self._ctx)
-        self._ds = None
-        self.format = "hdf5"
-        self.attrs = dict(self._store.attrs)
-        self.dims = {d: {"size": int(n), "unlimited": d in self._store.unlimited}
-                     for d, n in self._store.dims.items()}
-        self.groups = [g for g in _h5_groups(self.path) if g != "/"]
-        self._names = dict.fromkeys(self._store.specs)
-        self._vars = {}
-
-    def __getitem__(self, name: str) -> Variable:
-        v = self._vars.get(name)
-        if v is None:
-            if name not in self._names:
-                raise KeyError(f"{self.path}: no variable named {name!r}")
-            v = self._vars[name] = _H5Variable(self, self._store.specs[name])
-        return v
-
-    def close(self) -> None:
-        self._store.close()

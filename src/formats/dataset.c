@@ -91,7 +91,7 @@ static int sniffed_error(ferry_ctx *ctx, const char *path, const char *tried, in
         ferry_seterr(rc, "%s", saved);
         return rc;
     }
-    return ferry_seterr(FERRY_EFORMAT, "%s: %s, not %s: %s", path, sn.what, tried, sn.todo);
+    return ferry_seterr(FERRY_EFORMAT, "%s: byte 0: %s, not %s: %s", path, sn.what, tried, sn.todo);   /* what its first bytes are */
 }
 
 /* The one format sniffer (ferry_dataset_open and ferry_format_detect): by

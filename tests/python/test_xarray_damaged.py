@@ -254,4 +254,6 @@ def test_chunk_index_refused_by_c_names_the_file(tmp_path):
     for what, read in reads.items():
         with pytest.raises(ferry.FerryError, match="not on the grid") as ei:
             read()
-        assert p in str(ei.value) and "variable v" in str(ei.value), (what, str(ei.value))
+        # the C HDF5 parser (ferry.open, ferry.read) names the variable by its path, "/v"
+        assert p in str(ei.value) and ("variable v" in str(ei.value) or ": /v:" in str(ei.value)), \
+            (what, str(ei.value))

@@ -28,6 +28,7 @@ typedef struct ctab {
     const char *what;
     int ndim, nfilters;
     const uint64_t *dims, *chunk;
+    const uint64_t *maxdims;        /* H5_UNDEF: unlimited */
     uint64_t chunk_bytes;
     ferry_chunk *t;
     uint64_t *org;                  /* ndim origins per entry */
@@ -42,8 +43,15 @@ static uint32_t renumber(uint32_t mask, int n) {
 }
 
 static int add(ctab *c, const uint64_t *origin, uint64_t addr, uint64_t size, uint32_t mask, uint64_t pos) {
-    for (int k = 0; k < c->ndim; k++)
-        if (origin[k] >= c->dims[k]) return 0;   /* past the current extent: not part of the array */
+    for (int k = 0; k < c->ndim; k++) {
+        /* past the largest extent the array may ever have: no writer puts a chunk there, the
+         * index is damaged (a chunk silently dropped would read as fill values) */
+        if (c->maxdims && c->maxdims[k] != H5_UNDEF && origin[k] >= c->maxdims[k])
+            return h5_fail(c->h, FERRY_EFORMAT, pos, c->what, "chunk origin %llu in dimension %d is not on the grid "
+                           "of the array (its largest extent is %llu)", (unsigned long long)origin[k], k,
+                           (unsigned long long)c->maxdims[k]);
+        if (origin[k] >= c->dims[k]) return 0;   /* past the current extent (an array shrunk): not read */
+    }
     if (addr == H5_UNDEF) return 0;
     if (c->n >= c->limit)
         return h5_fail(c->h, FERRY_EFORMAT, pos, c->what, "more chunk index entries than chunks in the array");
@@ -330,7 +338,8 @@ static int bt2_chunk(void *arg, const uint8_t *rec, uint32_t size, uint64_t pos)
 int h5_chunks_read(h5_file *h, const h5_layout *lay, int ndim, const uint64_t *dims, const uint64_t *maxdims,
                    const uint64_t *shape, int nfilters, uint32_t itemsize, const char *what, h5_chunks *out) {
     memset(out, 0, sizeof *out);
-    ctab c = {.h = h, .what = what, .ndim = ndim, .nfilters = nfilters, .dims = dims, .chunk = lay->chunk};
+    ctab c = {.h = h, .what = what, .ndim = ndim, .nfilters = nfilters, .dims = dims, .chunk = lay->chunk,
+              .maxdims = maxdims};
     c.chunk_bytes = itemsize;
     uint64_t grid = 1;
     for (int k = 0; k < ndim; k++) {
