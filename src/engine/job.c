@@ -70,7 +70,10 @@ int ferry_buf_resolve(ferry_buf *b) {
 }
 
 /* AUTO and forced paths for plain device extents. Host memory has one path. */
-static int choose_path(ferry_ctx *ctx, ferry_path want, int has_device, int dev, ferry_path *out, int *forced) {
+/* local_device: some device extent reads a local file (GDS reads no remote object, so a plan
+ * of remote objects only is staged without a fallback counted). */
+static int choose_path(ferry_ctx *ctx, ferry_path want, int has_device, int local_device, int dev, ferry_path *out,
+                       int *forced) {
     if (want == FERRY_PATH_AUTO) want = ctx->cfg.path;
     *forced = want != FERRY_PATH_AUTO;
     const char *why;
@@ -92,7 +95,7 @@ static int choose_path(ferry_ctx *ctx, ferry_path want, int has_device, int dev,
     default:
         *out = FERRY_PATH_STAGED;
         if (has_device && ferry_cufile_native() && ferry_cufile_load_on(dev, NULL)) *out = FERRY_PATH_CUFILE;
-        else if (has_device && ferry_cufile_load_on(dev, NULL)) {
+        else if (has_device && local_device && ferry_cufile_load_on(dev, NULL)) {
             pthread_mutex_lock(&ctx->stats_lock);
             ctx->stats.fallbacks++;
             pthread_mutex_unlock(&ctx->stats_lock);
@@ -304,7 +307,7 @@ static int job_build(ferry_ctx *ctx, const ferry_plan *plan, const ferry_run_opt
     if (!j->ext || !j->places || !j->strings) { job_free(j); return ferry_seterr(FERRY_ENOMEM, "out of memory"); }
     if (plan->nplaces) memcpy(j->places, plan->places, plan->nplaces * sizeof *j->places);
     if (plan->nstr) memcpy(j->strings, plan->strings, plan->nstr);
-    int has_dev = 0, first_dev = -1;
+    int has_dev = 0, local_dev = 0, first_dev = -1;
     /* buffers of unknown device (device < 0) are looked up once per distinct
      * buffer, not per extent: a 10,000-chunk read into one array asks the
      * driver once (two cuPointerGetAttribute calls), not 20,000 times */
@@ -332,10 +335,13 @@ static int job_build(ferry_ctx *ctx, const ferry_plan *plan, const ferry_run_opt
         }
         if (rc < 0) { job_free(j); return rc; }
         if (e.dst.kind == FERRY_MEM_CUDA && !has_dev++) first_dev = e.dst.device;
+        if (e.dst.kind == FERRY_MEM_CUDA && !(e.file ? e.file->remote != NULL : e.path && strstr(e.path, "://")))
+            local_dev = 1;
         if (j->next > 0 && try_merge(&j->ext[j->next - 1], &e)) continue;
         j->ext[j->next++] = e;
     }
-    int rc = choose_path(ctx, opts ? opts->path : FERRY_PATH_AUTO, has_dev, first_dev, &j->path, &j->forced);
+    int rc = choose_path(ctx, opts ? opts->path : FERRY_PATH_AUTO, has_dev, local_dev, first_dev, &j->path,
+                         &j->forced);
     if (rc < 0) { job_free(j); return rc; }
     rc = ferry_gpudecode_plan(j, opts ? opts->decode : FERRY_DECODE_AUTO);   /* gpudecode.c */
     if (rc < 0) { job_free(j); return rc; }

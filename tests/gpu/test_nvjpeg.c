@@ -104,7 +104,12 @@ static void check_decode(int gray) {
     }
     double mean = (double)sum / sizeof got;
     printf("  nvjpeg %s: from the CPU decode, max abs diff %d, mean %.3f\n", gray ? "gray" : "4:2:0", maxdiff, mean);
-    CHECK(on_sim_ ? maxdiff == 0 : (mean <= 2.0 && maxdiff <= 32));
+    /* A real nvJPEG upsamples 4:2:0 chroma its own way, not libjpeg-turbo's "fancy" (triangular)
+     * upsampling: at sharp colour edges of this synthetic image single values differ a lot (max
+     * 95 on an H100, nvJPEG 13.0) while the image as a whole agrees (mean 0.95). The mean is the
+     * check that matters (a wrong decode is tens of levels off on average); gray has no chroma
+     * and must agree exactly. */
+    CHECK(on_sim_ ? maxdiff == 0 : gray ? maxdiff <= 1 : (mean <= 2.0 && maxdiff <= 128));
     ferry_cuda_free(ctx_, d);
 }
 
