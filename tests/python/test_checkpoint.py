@@ -661,11 +661,26 @@ def test_async_save(tmp_path):
     assert ck._async._free_arenas == []
     with pytest.raises(FerryError, match="NUL"):   # refused before the snapshot
         ck.async_save({"x": torch.ones(2)}, tmp_path / "no" / "such" / "\0dir" / "f")
-    f4 = ck.async_save({"x": torch.ones(2)}, tmp_path / "one.safetensors", metadata={"a": "b"})
-    os.replace(tmp_path / "one.safetensors", tmp_path / "moved.safetensors")
-    (tmp_path / "one.safetensors").mkdir()     # errors while writing surface through result()
-    with pytest.raises(Exception):
-        f4.result(timeout=60)
+    # errors while writing surface through result(): the write waits until the target
+    # has become a directory (a fixed order, not a race with the writing thread)
+    import threading
+    go, real_write = threading.Event(), ck._save.write
+
+    def held_write(*args, **kwargs):
+        go.wait(60)
+        return real_write(*args, **kwargs)
+    ck._save.write = held_write
+    try:
+        f4 = ck.async_save({"x": torch.ones(2)}, tmp_path / "one.safetensors",
+                           metadata={"a": "b"})
+        os.replace(tmp_path / "one.safetensors", tmp_path / "moved.safetensors")
+        (tmp_path / "one.safetensors").mkdir()
+        go.set()
+        with pytest.raises(Exception):
+            f4.result(timeout=60)
+    finally:
+        go.set()
+        ck._save.write = real_write
 
 
 # ------------------------------------------------------------------------------------ DCP
