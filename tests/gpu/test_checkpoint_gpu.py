@@ -156,6 +156,35 @@ def test_gpu_dcp_single_process(tmp_path):
     assert torch.equal(out["w"], sd["w"]) and torch.equal(out["h"], sd["h"]) and out["step"] == 4
 
 
+def test_gpu_dcp_torch_filesystem_writer_into_cuda(tmp_path):
+    """FerryReader reads torch FileSystemWriter's .distcp archives straight into CUDA
+    tensors through the engine (a transposed tensor through torch's view), and a ferry
+    sharded save on the GPU has Hugging Face's names."""
+    dcp = pytest.importorskip("torch.distributed.checkpoint")
+    sd = {"w": torch.randn(300, 200), "h": torch.randn(77).to(torch.bfloat16),
+          "t": torch.randn(40, 60).t(), "step": 4}
+    d = tmp_path / "fsw"
+    dcp.save(sd, storage_writer=dcp.FileSystemWriter(d), no_dist=True)
+    out = {"w": torch.zeros(300, 200, device=DEV),
+           "h": torch.zeros(77, device=DEV, dtype=torch.bfloat16),
+           "t": torch.zeros(60, 40, device=DEV), "step": 0}
+    _ctx.reset_stats()
+    dcp.load(out, storage_reader=ck.FerryReader(d), no_dist=True)
+    moved = _moved(_ctx.stats())
+    for k in ("w", "h", "t"):
+        assert out[k].device == DEV and torch.equal(out[k].cpu(), sd[k]), k
+    assert out["step"] == 4
+    assert moved["staged"] + moved["cufile"] >= 300 * 200 * 4, moved
+    p = tmp_path / "sh" / "model.safetensors"
+    big = {"a%d" % i: torch.randn(64, 64, device=DEV) for i in range(4)}
+    ck.save(big, p, max_shard_size=2 * 64 * 64 * 4)
+    assert sorted(os.listdir(p.parent)) == ["model-00001-of-00002.safetensors",
+                                            "model-00002-of-00002.safetensors",
+                                            "model.safetensors.index.json"]
+    back = ck.load(p, device=DEV)
+    assert all(torch.equal(back[k], v) for k, v in big.items())
+
+
 def test_gpu_dcp_boxes_into_cuda_tensors(tmp_path):
     """FerryReader's boxes (ferry_plan_array, exact runs) into CUDA tensors: every shape of
     tests/python/test_checkpoint_dcp_boxes.py, equal to torch's FileSystemReader."""

@@ -30,6 +30,7 @@ CRC_KEY = "ferry.crc32c"         # __metadata__: JSON {tensor name: "8 hex digit
 INDEX_SUFFIX = ".index.json"
 SAVE_KEY = "ferry.save"          # index and shard metadata: the id of the save that wrote them
 PREV_TAG = ".ferry-prev."        # .<index>.ferry-prev.<host>.<pid>.<random>/: a set kept by a save
+ST_MAX_INDEX = 64 << 20          # the C parser's bound on an index file
 
 
 class Entry:
@@ -89,9 +90,6 @@ def _save_id(index_path):
         return v if isinstance(v, str) else None
     except (OSError, ValueError, AttributeError, RecursionError):
         return None
-
-
-ST_MAX_INDEX = 64 << 20          # the C parser's bound on an index file
 
 
 class Checkpoint:
