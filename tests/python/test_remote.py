@@ -477,3 +477,18 @@ def test_http_sharded_safetensors_index(server):
     for tensors in shards.values():
         for t, v in tensors.items():   # each tensor from its shard, by a URL made from the index's
             np.testing.assert_array_equal(ferry.read(url, t, device="cpu"), v)
+
+
+def test_dataset_glob_over_objects_says_to_list_them():
+    """A glob over s3:// (or any object URL) needs a listing ferry does not make yet: a ValueError
+    naming the scheme and what works instead, not "no files match"; file:// globs expand locally."""
+    pytest.importorskip("torch")
+    from ferry.torch import ArrayDataset
+    with pytest.raises(ValueError, match=r"globs over s3:// objects are not expanded yet"):
+        ArrayDataset("s3://bucket/train/*.npy", batch_size=2, device="cpu")
+    from ferry.torch.sources import _expand
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        for i in range(2):
+            np.save(os.path.join(d, f"a{i}.npy"), np.zeros(3))
+        assert _expand(f"file://{d}/a*.npy") == [os.path.join(d, "a0.npy"), os.path.join(d, "a1.npy")]

@@ -40,6 +40,13 @@ def _expand(spec):
     if isinstance(spec, (str, bytes, os.PathLike)):
         s = os.fsdecode(spec)
         if any(c in s for c in "*?["):
+            scheme = s.split("://", 1)[0] if "://" in s else ""
+            if scheme and scheme != "file":
+                # a glob over objects needs a listing (ListObjectsV2), which ferry does not do yet
+                raise ValueError(f"ferry.torch: {s!r}: globs over {scheme}:// objects are not expanded yet; name "
+                                 f"the objects (a list of {scheme}:// URLs reads through ferry's remote source)")
+            if scheme == "file":
+                s = s[len("file://"):]
             paths = sorted(_glob.glob(s), key=_natural_key)
             if not paths:
                 raise FileNotFoundError(f"ferry.torch: no files match {s!r}")
