@@ -206,7 +206,8 @@ typedef struct ferry_config {
 /** Where compressed chunks are decoded (FERRY_DECODE=auto|gpu|cpu).
  *  CPU: ferry's own decoders on the worker threads, then a copy to the device.
  *  GPU: chunks bound for device memory whose codec nvCOMP decodes (zstd, LZ4,
- *       zlib/gzip/raw deflate) are read packed into pinned staging, copied
+ *       zlib/raw deflate; gzip stays on the CPU: its CRC-32 has no GPU kernel
+ *       here, docs/decoding.md has the table) are read packed into pinned staging, copied
  *       once per batch and decoded by one batched nvCOMP call; filters
  *       (byteswap) run on the GPU. A chunk nvCOMP cannot decode goes to the
  *       CPU and is counted in ferry_stats.gpu_cpu_fallbacks. Forcing GPU when
