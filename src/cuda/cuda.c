@@ -4,6 +4,7 @@
 #include "common.h"
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <stdio.h>
 
 #define MAX_DEVICES 64
@@ -266,5 +267,21 @@ int ferry_cuda_image_xform_batch(int dev, CUdeviceptr desc, size_t count, const 
     unsigned by = count > 65535 ? 65535 : (unsigned)count;
     CUresult r = api_.LaunchKernel(dev_imgxform_[dev], (unsigned)bx, by, 1, threads, 1, 1, 0, stream, args, NULL);
     if (r != 0) return ferry_seterr(FERRY_ECUDA, "image transform kernel launch: %s", ferry_cuda_errstr(r));
+    return 0;
+}
+
+int ferry_cuda_lib_named(const char *env_name, const char *what, char *path, size_t pathcap, char *why,
+                         size_t whycap, void **h) {
+    const char *cwhy, *env = getenv(env_name);
+    *h = NULL;
+    if (env && !strcmp(env, "off")) { snprintf(why, whycap, "%s disabled (%s=off)", what, env_name); return -1; }
+    if (!ferry_cuda_load(&cwhy)) { snprintf(why, whycap, "CUDA not available: %s", cwhy); return -1; }
+    if (env && *env) {
+        snprintf(path, pathcap, "%s", env);
+        if (!(*h = dlopen(env, RTLD_NOW | RTLD_LOCAL))) {
+            snprintf(why, whycap, "%s=%s: %s", env_name, env, dlerror());
+            return -1;
+        }
+    }
     return 0;
 }

@@ -85,6 +85,14 @@ typedef struct ferry_cuda_api {
     CUresult (*MemGetInfo)(size_t *, size_t *);        /* optional: may be NULL (free, total of the current context's device) */
 } ferry_cuda_api;
 
+/* The start every run-time library loader shares (nvcomp.c, nvjpeg.c): ENV=off
+ * refuses ("<what> disabled (ENV=off)"), CUDA must load, and ENV=<file> is
+ * opened as given, never second-guessed (path gets it). Returns -1 with why
+ * set (the loader stops), or 0 with *h the named file's handle, or NULL when
+ * ENV names none (the loader then searches its own names). */
+int ferry_cuda_lib_named(const char *env_name, const char *what, char *path, size_t pathcap, char *why,
+                         size_t whycap, void **h);
+
 /* Load libcuda.so.1 and cuInit(0) once (thread-safe). Returns the table, or
  * NULL with *why set to a static reason ("libcuda.so.1 not found", ...). */
 const ferry_cuda_api *ferry_cuda_load(const char **why);

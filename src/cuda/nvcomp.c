@@ -71,15 +71,8 @@ static int fill_table(void *h) {
 }
 
 static void load_locked(void) {
-    const char *cwhy, *env = getenv("FERRY_NVCOMP");
-    if (env && !strcmp(env, "off")) { snprintf(why_, sizeof why_, "nvCOMP disabled (FERRY_NVCOMP=off)"); return; }
-    if (!ferry_cuda_load(&cwhy)) { snprintf(why_, sizeof why_, "CUDA not available: %s", cwhy); return; }
-    void *h = NULL;
-    if (env && *env) {
-        snprintf(api_.path, sizeof api_.path, "%s", env);
-        h = dlopen(env, RTLD_NOW | RTLD_LOCAL);
-        if (!h) { snprintf(why_, sizeof why_, "FERRY_NVCOMP=%s: %s", env, dlerror()); return; }   /* a named file is not second-guessed */
-    }
+    void *h;
+    if (ferry_cuda_lib_named("FERRY_NVCOMP", "nvCOMP", api_.path, sizeof api_.path, why_, sizeof why_, &h) < 0) return;
     if (!h && dir_[0]) h = open_in(dir_, api_.path, sizeof api_.path);
     if (!h) h = open_in(NULL, api_.path, sizeof api_.path);
     if (!h) {

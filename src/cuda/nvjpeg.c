@@ -43,17 +43,8 @@ static pthread_mutex_t lock_ = PTHREAD_MUTEX_INITIALIZER;
 static nvj_handle handles_[NVJ_MAX_DEVICES];
 
 static void load_locked(void) {
-    const char *cwhy, *env = getenv("FERRY_NVJPEG");
-    if (env && !strcmp(env, "off")) { snprintf(why_, sizeof why_, "nvJPEG disabled (FERRY_NVJPEG=off)"); return; }
-    if (!ferry_cuda_load(&cwhy)) { snprintf(why_, sizeof why_, "CUDA not available: %s", cwhy); return; }
-    void *h = NULL;
-    if (env && *env) {
-        snprintf(api_.path, sizeof api_.path, "%s", env);
-        if (!(h = dlopen(env, RTLD_NOW | RTLD_LOCAL))) {
-            snprintf(why_, sizeof why_, "FERRY_NVJPEG=%s: %s", env, dlerror());
-            return;
-        }
-    }
+    void *h;
+    if (ferry_cuda_lib_named("FERRY_NVJPEG", "nvJPEG", api_.path, sizeof api_.path, why_, sizeof why_, &h) < 0) return;
     static const char *names[] = {"libnvjpeg.so.13", "libnvjpeg.so.12"};
     for (int i = 0; !h && i < 2; i++) {
         snprintf(api_.path, sizeof api_.path, "%s", names[i]);
