@@ -335,7 +335,8 @@ static int job_build(ferry_ctx *ctx, const ferry_plan *plan, const ferry_run_opt
         }
         if (rc < 0) { job_free(j); return rc; }
         if (e.dst.kind == FERRY_MEM_CUDA && !has_dev++) first_dev = e.dst.device;
-        if (e.dst.kind == FERRY_MEM_CUDA && !(e.file ? e.file->remote != NULL : e.path && strstr(e.path, "://")))
+        if (!local_dev && e.dst.kind == FERRY_MEM_CUDA &&
+            !(e.file ? e.file->remote != NULL : e.path && strstr(e.path, "://")))
             local_dev = 1;
         if (j->next > 0 && try_merge(&j->ext[j->next - 1], &e)) continue;
         j->ext[j->next++] = e;
