@@ -55,3 +55,17 @@ def test_structured_npy_on_the_host(tmp_path):
     with pytest.raises(ferry.FerryError, match="structured dtype .* no GPU array") as ei:
         ferry.read(p, device=0)
     assert p in str(ei.value)
+
+
+def test_bfloat16_to_numpy_names_the_way_out(tmp_path):
+    """numpy has no bfloat16: np.asarray on such a result says to use DLPack
+    (torch.from_dlpack) rather than numpy's "data type 'bfloat16' not understood"."""
+    torch = pytest.importorskip("torch")
+    st = pytest.importorskip("safetensors.torch")
+    p = str(tmp_path / "bf.safetensors")
+    w = torch.arange(6, dtype=torch.bfloat16).reshape(2, 3)
+    st.save_file({"w": w}, p)
+    got = ferry.read(p, "w")
+    with pytest.raises(TypeError, match=r"bfloat16 array has no numpy dtype.*torch\.from_dlpack"):
+        np.asarray(got)
+    assert torch.equal(torch.from_dlpack(got), w)

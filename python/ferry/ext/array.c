@@ -99,6 +99,16 @@ static PyObject *Array_array_interface(ArrayObject *self, void *c) {
         PyErr_SetString(PyExc_AttributeError, "device Array: use __cuda_array_interface__ or DLPack");
         return NULL;
     }
+    /* numpy's typestrs start with a byte order; bfloat16 and the float8
+     * types have none and no numpy dtype: numpy would say only "data type
+     * 'bfloat16' not understood", so say where such an array can go. */
+    if (!strchr("<>|", self->typestr[0])) {
+        PyErr_Format(PyExc_TypeError,
+                     "a %s array has no numpy dtype: read it with torch.from_dlpack(a) (or any DLPack "
+                     "consumer), or convert it in torch (.float())",
+                     self->typestr);
+        return NULL;
+    }
     PyObject *shape = Array_get_shape(self, NULL);
     if (!shape) return NULL;
     return Py_BuildValue("{s:i,s:N,s:s,s:(KO),s:N}", "version", 3, "shape", shape, "typestr",
