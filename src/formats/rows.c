@@ -81,6 +81,18 @@ int64_t ferry_plan_rows(const ferry_rows_src *srcs, size_t nsrcs, const int64_t 
     return total;
 }
 
+/* The last shard whose start is <= id (an empty shard shares its successor's
+ * start, so the search passes over it); starts ascending from starts[0] = 0. */
+static size_t shard_of(const int64_t *starts, size_t n, int64_t id) {
+    size_t lo = 0, hi = n;
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (starts[mid] <= id) lo = mid;
+        else hi = mid;
+    }
+    return lo;
+}
+
 int64_t ferry_windows_check(const ferry_windows *w, const int64_t *ranges, size_t nranges) {
     if (!w || !w->nfiles || !w->starts || !w->offsets || (nranges && !ranges))
         return ferry_seterr(FERRY_EINVAL, "plan_windows: no files or NULL arrays");
@@ -115,21 +127,41 @@ int ferry_windows_resolve(const ferry_windows *w, const ferry_perm *order, const
         for (int64_t p = ranges[2 * r]; p < ranges[2 * r + 1]; p++) ids[j++] = p;
     if (ferry_perm_take(order, ids, j, ids) < 0)   /* in place: each id replaces its position */
         return ferry_seterr(FERRY_EINVAL, "plan_windows: a position outside the order (its n is not the windows')");
-    for (size_t i = 0; i < j; i++) {
-        int64_t id = ids[i];
-        size_t k = 0;
-        if (w->nfiles > 1) {   /* the last file whose start is <= id (empty files share starts: skip them) */
-            size_t lo = 0, hi = w->nfiles;
-            while (hi - lo > 1) {
-                size_t mid = lo + (hi - lo) / 2;
-                if (w->starts[mid] <= id) lo = mid;
-                else hi = mid;
-            }
-            k = lo;
-        }
-        file[i] = (int32_t)k;
-    }
+    for (size_t i = 0; i < j; i++) file[i] = (int32_t)shard_of(w->starts, w->nfiles, ids[i]);
     return 0;
+}
+
+int64_t ferry_row_runs(const int64_t *starts, size_t nshards, uint64_t nrows, const int64_t *ids, size_t n,
+                       int64_t *shard, int64_t *row, int64_t *len, int64_t *lo) {
+    if (!nshards || !starts || (n && (!ids || !shard || !row || !len || !lo)))
+        return ferry_seterr(FERRY_EINVAL, "row_runs: no shards or NULL arrays");
+    if (nrows > (uint64_t)INT64_MAX) return ferry_seterr(FERRY_EINVAL, "row_runs: nrows must be below 2**63");
+    for (size_t k = 0; k < nshards; k++) {
+        int64_t s = starts[k];
+        if (s < 0 || (uint64_t)s > nrows || (k == 0 && s != 0) || (k > 0 && s < starts[k - 1]))
+            return ferry_seterr(FERRY_EINVAL, "row_runs: shard %zu starts at row %lld (starts ascending from 0 up "
+                                "to the %llu rows)", k, (long long)s, (unsigned long long)nrows);
+    }
+    for (size_t i = 0; i < n; i++)   /* every row checked before any output is written */
+        if (ids[i] < 0 || (uint64_t)ids[i] >= nrows)
+            return ferry_seterr(-ERANGE, "row_runs: position %zu is row %lld, outside [0, %llu)", i,
+                                (long long)ids[i], (unsigned long long)nrows);
+    int64_t runs = 0;
+    size_t k_prev = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t k = shard_of(starts, nshards, ids[i]);
+        if (runs && k == k_prev && ids[i] == ids[i - 1] + 1) {
+            len[runs - 1]++;
+            continue;
+        }
+        shard[runs] = (int64_t)k;
+        row[runs] = ids[i] - starts[k];
+        len[runs] = 1;
+        lo[runs] = (int64_t)i;
+        runs++;
+        k_prev = k;
+    }
+    return runs;
 }
 
 int ferry_windows_fit(const ferry_windows *w, size_t k, ferry_file *f) {

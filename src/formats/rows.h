@@ -40,6 +40,17 @@ int ferry_rows_prepare(ferry_rows_src *s);
 int64_t ferry_plan_rows(const ferry_rows_src *srcs, size_t nsrcs, const int64_t *rows, size_t nrows,
                         const int64_t *dst_offsets, ferry_plan *plan, size_t *failed);
 
+/* Rows of a batch over shards: shard k holds rows [starts[k], starts[k + 1])
+ * of nrows (the last up to nrows; starts ascending from 0, at most nrows; an
+ * empty shard shares its successor's start). A run is a longest stretch of
+ * batch positions whose rows follow each other in one shard: run r covers
+ * positions [lo[r], lo[r] + len[r]) and rows row[r], row[r] + 1, ... counted
+ * inside shard shard[r]. Each output array holds n entries (the most runs n
+ * rows make). Returns the number of runs; FERRY_EINVAL for bad starts, -ERANGE
+ * for a row outside [0, nrows), with nothing written. Pure: no I/O. */
+int64_t ferry_row_runs(const int64_t *starts, size_t nshards, uint64_t nrows, const int64_t *ids, size_t n,
+                       int64_t *shard, int64_t *row, int64_t *len, int64_t *lo);
+
 /* Token windows: window w of n (over all files) lies in file k, the last
  * whose starts[k] <= w (starts ascending from 0, at most n), and begins at
  * byte offsets[k] + (w - starts[k]) * stride; it is `length` bytes. */

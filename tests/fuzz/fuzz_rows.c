@@ -16,7 +16,11 @@
  *   nrows b%12, each row b%12 (may be outside); per row and source an offset
  *   u16 (may not fit); then windows: nfiles 1 + b%3, n b%40, stride b%9, length
  *   1 + b%8, per file start b%40 and offset b%64, shuffle, nranges b%4, each
- *   (lo, hi) b%44; the rest is the file. */
+ *   (lo, hi) b%44; then row runs: nshards 1 + b%4, nrows b%30, per shard a
+ *   start b%32 (may be out of order), n b%16 ids b%32 (may be outside); the
+ *   rest is the file.
+ * Row runs: a refusal writes nothing and says why; a success gives runs that,
+ * expanded, are the ids in order, each run inside one shard. */
 #include "fuzz.h"
 #include "formats/rows.h"
 
@@ -129,6 +133,34 @@ static void fuzz_windows_part(reader *r, ferry_file *f, const uint8_t *file, siz
     ferry_plan_destroy(plan);
 }
 
+static void fuzz_row_runs_part(reader *r) {
+    enum { MAXK = 4, MAXN = 16 };
+    int64_t starts[MAXK], ids[MAXN], out[4 * MAXN];
+    size_t nshards = 1 + u8(r) % MAXK, n = u8(r) % MAXN;
+    uint64_t nrows = u8(r) % 30;
+    for (size_t k = 0; k < nshards; k++) starts[k] = u8(r) % 32;
+    for (size_t i = 0; i < n; i++) ids[i] = u8(r) % 32;
+    for (size_t i = 0; i < 4 * MAXN; i++) out[i] = -7;
+    int64_t *shard = out, *row = out + n, *len = out + 2 * n, *lo = out + 3 * n;
+    int64_t runs = ferry_row_runs(starts, nshards, nrows, ids, n, shard, row, len, lo);
+    if (runs < 0) {
+        if (!ferry_errmsg(NULL)[0]) abort();
+        for (size_t i = 0; i < 4 * MAXN; i++)
+            if (out[i] != -7) abort();
+        return;
+    }
+    size_t at = 0;
+    for (int64_t q = 0; q < runs; q++) {
+        int64_t k = shard[q], end = (size_t)k + 1 < nshards ? starts[k + 1] : (int64_t)nrows;
+        if (k < 0 || (size_t)k >= nshards || lo[q] != (int64_t)at || len[q] < 1) abort();
+        for (int64_t j = 0; j < len[q]; j++, at++) {
+            int64_t id = starts[k] + row[q] + j;
+            if (id != ids[at] || id >= end || row[q] < 0) abort();
+        }
+    }
+    if (at != n) abort();
+}
+
 static int fuzz_rows(const uint8_t *data, size_t size) {
     reader r = {data, size};
     /* the file: the input itself (its tail is what the windows read) */
@@ -137,6 +169,7 @@ static int fuzz_rows(const uint8_t *data, size_t size) {
     if (ferry_file_open(ferry_fuzz_ctx(), path, FERRY_READ, &f) < 0) abort();
     fuzz_rows_part(&r);
     fuzz_windows_part(&r, f, data, size);
+    fuzz_row_runs_part(&r);
     ferry_file_close(f);
     return 0;
 }

@@ -113,3 +113,35 @@ def test_the_same_plan_as_one_call_a_row(stores):
     ferry.default_context().run(plan)
     ferry.default_context().run(one)
     np.testing.assert_array_equal(loop.reshape(slab.shape), slab)
+
+
+def _runs_reference(starts, nrows, ids):
+    """numpy's answer: shard by searchsorted, runs broken where a row does not follow its
+    neighbour in the same shard."""
+    k = np.searchsorted(starts, ids, side="right") - 1
+    local = ids - starts[k]
+    brk = np.flatnonzero((np.diff(ids) != 1) | (np.diff(k) != 0)) + 1
+    lo = np.concatenate(([0], brk)) if len(ids) else np.zeros(0, np.int64)
+    hi = np.concatenate((brk, [len(ids)])) if len(ids) else np.zeros(0, np.int64)
+    return np.stack([k[lo], local[lo], hi - lo, lo]).astype(np.int64)
+
+
+def test_row_runs_match_numpy_and_refuse_bad_rows():
+    """_ferry.row_runs (ferry_row_runs, the runs ArrayDataset plans a batch's rows as) gives
+    numpy's runs over shards, empty shards included; a row outside the set is an IndexError
+    naming it, bad shard starts a ValueError."""
+    from ferry import _ferry
+    rng = np.random.default_rng(3)
+    starts = np.array([0, 5, 5, 12, 30], np.int64)     # shard 1 empty
+    nrows = 41
+    for ids in (np.arange(41, dtype=np.int64), rng.permutation(41).astype(np.int64),
+                np.array([3, 4, 5, 6, 11, 12, 40], np.int64), np.zeros(0, np.int64),
+                np.sort(rng.choice(41, 20, replace=False)).astype(np.int64)):
+        out = np.empty((4, len(ids)), np.int64)
+        n = _ferry.row_runs(starts, nrows, ids, out)
+        assert np.array_equal(out[:, :n], _runs_reference(starts, nrows, ids))
+    out = np.empty((4, 2), np.int64)
+    with pytest.raises(IndexError, match="position 1 is row 41, outside"):
+        _ferry.row_runs(starts, nrows, np.array([0, 41], np.int64), out)
+    with pytest.raises(ValueError, match="shard 2 starts at row 4"):
+        _ferry.row_runs(np.array([0, 5, 4], np.int64), nrows, np.array([0, 1], np.int64), out)

@@ -177,6 +177,7 @@ PyObject *mod_npy_read_many(PyObject *m, PyObject *args, PyObject *kw);
 /* perm.c */
 PyObject *mod_order_take(PyObject *m, PyObject *args);
 PyObject *mod_plan_windows(PyObject *m, PyObject *args);
+PyObject *mod_row_runs(PyObject *m, PyObject *args);
 /* imagexform.c: the image transform after decode */
 PyObject *mod_image_transform(PyObject *m, PyObject *args, PyObject *kw);
 PyObject *mod_random_resized_crop(PyObject *m, PyObject *args);

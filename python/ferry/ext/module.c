@@ -204,6 +204,9 @@ static PyMethodDef module_methods[] = {
     {"order_take", mod_order_take, METH_VARARGS,
      "order_take(n, seed, epoch, shuffle, positions, out): out[i] = the keyed epoch order of "
      "[0, n) at positions[i] (int64 arrays; ferry_perm_take)"},
+    {"row_runs", mod_row_runs, METH_VARARGS,
+     "row_runs(starts, nrows, ids, out) -> count: the runs of a batch's rows over shards starting at rows "
+     "starts (ferry_row_runs): out[0..3, :count] = each run's shard, row in the shard, length, first position"},
     {"plan_windows", mod_plan_windows, METH_VARARGS,
      "plan_windows(plan, files, starts, offsets, stride, length, n, seed, epoch, shuffle, ranges, dst) -> "
      "count: the windows at epoch positions [lo, hi) of each (lo, hi) pair in ranges, mapped through the "

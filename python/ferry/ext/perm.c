@@ -68,6 +68,43 @@ PyObject *mod_order_take(PyObject *m, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* row_runs(starts, nrows, ids, out) -> number of runs: the runs of a batch's rows over
+ * shards (ferry_row_runs): out is a writable C-contiguous (4, len(ids)) int64 array whose
+ * rows receive each run's shard, row inside the shard, length and first batch position;
+ * the first `count` columns are the runs. A row outside [0, nrows): IndexError. */
+PyObject *mod_row_runs(PyObject *m, PyObject *args) {
+    PyObject *so, *io, *oo;
+    unsigned long long nrows;
+    if (!PyArg_ParseTuple(args, "OKOO:row_runs", &so, &nrows, &io, &oo)) return NULL;
+    Py_buffer sv, iv, ov;
+    if (int64_column_of("row_runs", so, "starts", 0, &sv) < 0) return NULL;
+    if (int64_column_of("row_runs", io, "ids", 0, &iv) < 0) { PyBuffer_Release(&sv); return NULL; }
+    if (PyObject_GetBuffer(oo, &ov, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&sv);
+        PyBuffer_Release(&iv);
+        PyErr_Clear();
+        return PyErr_Format(PyExc_TypeError, "row_runs: out must be a writable C-contiguous (4, n) int64 array");
+    }
+    size_t n = (size_t)iv.shape[0];
+    int64_t rc;
+    if (ov.itemsize != 8 || (size_t)ov.len != 4 * n * 8) {
+        PyErr_Format(PyExc_ValueError, "row_runs: out holds %zd bytes; (4, %zu) int64 needs %zu", ov.len, n, 4 * n * 8);
+        rc = INT64_MIN;
+    } else {
+        int64_t *o = ov.buf;
+        rc = ferry_row_runs(sv.buf, (size_t)sv.shape[0], nrows, iv.buf, n, o, o + n, o + 2 * n, o + 3 * n);
+    }
+    PyBuffer_Release(&sv);
+    PyBuffer_Release(&iv);
+    PyBuffer_Release(&ov);
+    if (rc == INT64_MIN) return NULL;
+    if (rc < 0) {
+        PyErr_SetString(rc == -ERANGE ? PyExc_IndexError : PyExc_ValueError, ferry_errmsg(NULL));
+        return NULL;
+    }
+    return PyLong_FromLongLong(rc);
+}
+
 /* The File for file k of a plan_windows call: files[k] of a sequence, or files(k) of a
  * callable (the dataset opens its files as their windows come up: a corpus of thousands of
  * files is not opened whole for one group). New reference, or NULL with an exception. */

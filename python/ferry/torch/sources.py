@@ -173,25 +173,14 @@ def _load_field(ctx, fname, spec):
 
 def _plan_rows(rt, plan, f, ids, ptr, nbytes, dev, handles):
     """Rows `ids` of field f into one destination: one extent per run of consecutive rows."""
-    if len(f.shards) == 1:
-        shard_idx = np.zeros(len(ids), dtype=np.int64)
-        local = ids
-    else:
-        shard_idx = np.searchsorted(f.starts, ids, side="right") - 1
-        local = ids - f.starts[shard_idx]
-    if len(ids) > 1:
-        brk = np.flatnonzero((np.diff(local) != 1) | (np.diff(shard_idx) != 0)) + 1
-        run_lo = np.concatenate(([0], brk))
-        run_hi = np.concatenate((brk, [len(ids)]))
-    else:
-        run_lo, run_hi = np.array([0]), np.array([len(ids)])
+    # the runs (shard, row in it, length, first batch position) in C: ferry_row_runs
+    runs = np.empty((4, len(ids)), dtype=np.int64)
+    nruns = _ferry.row_runs(f.starts, f.rows, np.ascontiguousarray(ids, dtype=np.int64), runs)
+    run_k, run_row, run_len, run_lo = runs[:, :nruns]
+    run_hi = run_lo + run_len
     rb = f.row_bytes
     dst = (ptr, nbytes, dev)
     seen = {}
-    run_k = shard_idx[run_lo]
-    run_row = local[run_lo].astype(np.int64, copy=False)
-    run_lo = np.asarray(run_lo, dtype=np.int64)
-    run_len = np.asarray(run_hi, dtype=np.int64) - run_lo
     # contiguous shards: all runs of a shard in one read_file_runs call (a Python call per run
     # was the loader's cost at 1,600 batches/s); the other shards one plan.read per run
     in_batch = np.flatnonzero(np.bincount(run_k)).tolist() if len(f.shards) > 1 else [0]
