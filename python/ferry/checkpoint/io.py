@@ -9,12 +9,12 @@ import time
 from .. import _ferry
 
 FerryError = _ferry.FerryError
-EFORMAT = -10005
-ECHECKSUM = -10012
-ENOTFOUND = -10013
-EINVAL = -10001
-EUNSUPPORTED = -10006
-
+# the library's status codes, as the extension exports them (not copies)
+EFORMAT = _ferry.EFORMAT
+ECHECKSUM = _ferry.ECHECKSUM
+ENOTFOUND = _ferry.ENOTFOUND
+EINVAL = _ferry.EINVAL
+EUNSUPPORTED = _ferry.EUNSUPPORTED
 
 
 def context():
