@@ -5,7 +5,7 @@
 #   steps: wheels build test ctest bench benchwarm sweep engine pybench
 #          part1..part5 dali (DALI's wheel in parts) records decode xtrain plan
 #          formats xbench (bench_xarray, BXARGS) torchbench (bench_torch, BTARGS) records (BRARGS)
-#          ckptbench (bench_checkpoint, BCARGS) chunkfiles (bench_chunkfiles, BCFARGS) nccl (the two-GPU tests)
+#          ckptbench (bench_checkpoint, BCARGS) remotebench (bench_remote, BRMARGS) chunkfiles (bench_chunkfiles, BCFARGS) nccl (the two-GPU tests)
 #          multigpu (issue 11's tests on 2..8 GPUs) mgbench, then mgranks (bench_multigpu in
 #          two commands: limits/file->GPU/decode, then datasets/checkpoints; MGARGS)
 #   wheels: pip-installs .gpu/whl*/*.whl (carry ".gpu/whl": zarr, numcodecs,
@@ -107,6 +107,8 @@ for step in "$@"; do
     xbench) bench bench_xarray 500 25 ${BXARGS:-} ;;
     torchbench) bench bench_torch 500 30 ${BTARGS:-} ;;
     ckptbench) bench bench_checkpoint 500 30 ${BCARGS:-} ;;
+    remotebench)   # carry .gpu/whl-remote too (nginx, fsspec's HTTP client); BRMARGS
+        bench bench_remote 500 30 --nginx "$PWD/.gpu/whl-remote/nginx/nginx" ${BRMARGS:-} ;;
     nccl)
         PYTHONPATH=$PYTHONPATH timeout 300 python3 -m pytest -q -p no:cacheprovider -rs \
             tests/gpu/test_torch_gpu.py::test_two_gpus_nccl tests/gpu/test_checkpoint_gpu.py::test_gpu_dcp_nccl_two_gpus \

@@ -8,6 +8,9 @@
 #                  `wheels`); it must stay under the 64 MiB a call carries.
 #   .gpu/whl-ckpt  the checkpoint benchmark's peers (instanttensor, fastsafetensors):
 #                  a second call carrying it with step `wheels` adds them.
+#   .gpu/whl-remote  bench_remote's server and peer: Debian's nginx (the nginx package's
+#                  binary, run from there) and fsspec's HTTP client (aiohttp and its
+#                  dependencies) for zarr-python over HTTP; carried beside .gpu/whl.
 #   .gpu/d1 .. d5  DALI's 199 MB wheel in parts of 48,000,000 bytes, its md5 and
 #                  its own dependencies, one folder per call (steps part1..part5,
 #                  then `dali`, on a machine kept warm between the calls).
@@ -30,6 +33,16 @@ dl .gpu/whl zarr numcodecs donfig google-crc32c msgspec crc32c netCDF4 cftime \
     dask partd locket toolz cloudpickle \
     kvikio-cu13 libkvikio-cu13 rapids-logger nvidia-libnvcomp-cu13 nvidia-nvcomp-cu13 xbatcher h5netcdf torchdata
 dl .gpu/whl-ckpt fastsafetensors instanttensor
+dl .gpu/whl-remote fsspec aiohttp aiohappyeyeballs aiosignal frozenlist multidict yarl propcache attrs idna \
+    typing_extensions
+if [ ! -x .gpu/whl-remote/nginx/nginx ]; then
+    tmp=$(mktemp -d)
+    (cd "$tmp" && apt-get download nginx >/dev/null 2>&1)
+    for d in "$tmp"/*.deb; do dpkg-deb -x "$d" "$tmp/x"; done
+    mkdir -p .gpu/whl-remote/nginx
+    cp "$tmp"/x/usr/sbin/nginx .gpu/whl-remote/nginx/
+    rm -rf "$tmp"
+fi
 # libdeflate from Debian (gpu-run.sh copies it into .deps, the build links it)
 if [ ! -e .gpu/whl/deflate/include/libdeflate.h ]; then
     tmp=$(mktemp -d)
