@@ -61,12 +61,15 @@ def _utf8_path(path: str) -> bool:
         return False
 
 
-def _c_scan(path: str, fmt: str, group: str | None, ctx, cpath: str | None = None):
+def _c_scan(path: str, fmt: str, group: str | None, ctx, cpath: str | None = None, allow_outside: bool = False):
     """cpath: what the C parser opens when `path` itself cannot be handed to it
-    (a /proc/self/fd alias of a path that is not UTF-8)."""
+    (a /proc/self/fd alias of a path that is not UTF-8). A kerchunk reference set
+    ("refs") describes a Zarr v2 store and is described as one; allow_outside lets
+    its references name files outside its directory."""
     # every format gets the group: one without groups answers "no group" for any but the root
-    ds = ferry.Dataset(ctx, cpath or path, None, group)
-    actual = ds.format
+    ds = ferry.Dataset(ctx, cpath or path, None, group, allow_outside=allow_outside)
+    refs = ds.format == "refs"
+    actual = "zarr" if refs else ds.format
     gattrs = ferry.decode_attrs(ds.attrs, actual)
     dims_j = json.loads(ds.dims)
     dims = {k: int(v.get("size", 0)) if isinstance(v, dict) else int(v) for k, v in dims_j.items()}
@@ -90,7 +93,7 @@ def _c_scan(path: str, fmt: str, group: str | None, ctx, cpath: str | None = Non
             continue
         name = v["name"]
         err = v.get("error")    # the C parser describes it but cannot read it
-        if actual == "zarr" and (err or (v["dtype"] == "other" and not _engine_readable(v["typestr"]))):
+        if actual == "zarr" and not refs and (err or (v["dtype"] == "other" and not _engine_readable(v["typestr"]))):
             sp = _zarr_py_spec(path, group, name, store, tuple(v["shape"]), err)
             if sp is not None:
                 for dn, n in zip(sp.dims, sp.shape):
@@ -138,7 +141,7 @@ def _c_scan(path: str, fmt: str, group: str | None, ctx, cpath: str | None = Non
                 if "_FillValue" in attrs and stored is not None:
                     attrs["_FillValue"] = _zarr3_attr_fill(attrs["_FillValue"], stored)
         if not ok:
-            kind = "zarrpy" if actual == "zarr" and not err else "unsupported"
+            kind = "zarrpy" if actual == "zarr" and not refs and not err else "unsupported"
             encoding["ferry_reader"] = "zarr-python" if kind == "zarrpy" else "none"
             if kind == "zarrpy":
                 log.info("%s: variable %s (%s) is read by zarr-python on the CPU", path, name, typestr)
