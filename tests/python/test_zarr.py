@@ -742,9 +742,10 @@ def test_xarray_reads_unreadable_arrays_through_zarr_python(tmp_path, fmt, conso
     unreadable_store(p, fmt, consolidated)
     ref = xr.open_dataset(p, engine="zarr", consolidated=consolidated).load()
     got = xr.open_dataset(p, engine="ferry")
-    assert got["delta"].encoding["ferry_reader"] == "zarr-python"
-    assert got["s"].encoding["ferry_reader"] == "zarr-python"
-    assert got["good"].encoding["ferry_reader"] == "engine"
+    from ferry.xarray import FerryStore
+    st = FerryStore(p)   # which reader took each variable (encoding holds the zarr engine's keys only)
+    assert [st.specs[n].kind for n in ("delta", "s", "good")] == ["zarrpy", "zarrpy", "ferry"]
+    st.close()
     xr.testing.assert_identical(got.load(), ref)
 
 
@@ -761,11 +762,15 @@ def test_xarray_unreadable_arrays_without_zarr(tmp_path, fmt, monkeypatch):
     monkeypatch.setitem(sys.modules, "zarr", None)   # `import zarr` now fails
     got = xr.open_dataset(p, engine="ferry")
     assert set(got.variables) == {"delta", "s", "good"}
+    from ferry.xarray import FerryStore
+    st = FerryStore(p)
     for name in ("delta", "s"):
         assert got[name].dims == ref[name].dims
         assert got[name].attrs == ref[name].attrs
-        assert got[name].encoding["ferry_reader"] == "none"
-        assert "not supported" in got[name].encoding["ferry_error"]
+        assert st.specs[name].kind == "unsupported"
+        assert "not supported" in st.specs[name].error
+        assert not any(k.startswith("ferry") for k in got[name].encoding)
+    st.close()
     assert got["delta"].dtype == ref["delta"].dtype and got.sizes == ref.sizes
     np.testing.assert_array_equal(got["good"].values, [1, 2, 3, 4])
     with pytest.raises(ferry.FerryError) as ei:

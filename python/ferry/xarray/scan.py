@@ -11,6 +11,7 @@ import numpy as np
 import ferry
 from ferry import _ferry
 from .common import _VarSpec, _native, log
+from .zarr_codecs import ZarrCodecs
 from .zarr_py import _zarr3_attr_fill, _zarr_py_spec
 
 
@@ -23,6 +24,15 @@ def _fill_value(raw: bytes | None, stored: np.dtype | None):
     if raw is None or stored is None:
         return None
     return np.frombuffer(raw, dtype=stored.newbyteorder("<")).astype(stored)[0]
+
+
+def _text_bytes(s: str) -> bytes:
+    """netCDF text from the C parser's JSON (valid UTF-8 kept, other bytes as U+0000..U+00FF)
+    back to its bytes."""
+    try:
+        return s.encode("latin-1")
+    except UnicodeEncodeError:
+        return s.encode("utf-8", "surrogateescape")
 
 
 def _engine_readable(typestr: str) -> bool:
@@ -76,6 +86,7 @@ def _c_scan(path: str, fmt: str, group: str | None, ctx, cpath: str | None = Non
     unlimited = {k for k, v in dims_j.items() if isinstance(v, dict) and v.get("unlimited")}
     store = ds.store_info
     zv = store["zarr_format"]
+    codecs = ZarrCodecs(path, group, store) if actual == "zarr" and not refs else None
     specs = []
     for index, v, raw in _c_variables(ds):
         if v is None:
@@ -125,12 +136,22 @@ def _c_scan(path: str, fmt: str, group: str | None, ctx, cpath: str | None = Non
         except (TypeError, ValueError, SyntaxError):
             stored = dtype = None
             ok = False
-        encoding = {"source": path, "original_shape": shape, "ferry_reader": "engine"}
+        # the keys the reference engine gives: netcdf4's for netCDF classic (source, original_shape,
+        # dtype in native order, as netcdf4 and scipy give it), zarr's for Zarr (chunks, codecs,
+        # the stored dtype); nothing of ferry's own (the reader is logged)
+        # (zarr-python, too, hands big-endian arrays over in native order)
+        encoding = {} if actual == "zarr" else {"source": os.path.abspath(path), "original_shape": shape}
         if stored is not None:
-            encoding["dtype"] = stored
+            encoding["dtype"] = _native(stored)
+        if actual != "zarr" and stored is not None and stored.kind == "S" and isinstance(attrs.get("_FillValue"), str):
+            # a char variable's fill is bytes, as netcdf4 (np.bytes_) and scipy give it:
+            # xarray then masks fill characters and compares them with the data's bytes
+            attrs["_FillValue"] = np.bytes_(_text_bytes(attrs["_FillValue"]))
         if actual == "zarr":
             encoding["chunks"] = tuple(v["chunks"])
             encoding["preferred_chunks"] = dict(zip(d, v["chunks"]))
+            if codecs is not None:
+                encoding.update(codecs.encoding(name, d))
             fv = _fill_value(ds.fill(index), stored)
             if zv == 2:
                 if fv is not None:
@@ -142,13 +163,13 @@ def _c_scan(path: str, fmt: str, group: str | None, ctx, cpath: str | None = Non
                     attrs["_FillValue"] = _zarr3_attr_fill(attrs["_FillValue"], stored)
         if not ok:
             kind = "zarrpy" if actual == "zarr" and not refs and not err else "unsupported"
-            encoding["ferry_reader"] = "zarr-python" if kind == "zarrpy" else "none"
             if kind == "zarrpy":
                 log.info("%s: variable %s (%s) is read by zarr-python on the CPU", path, name, typestr)
+            else:
+                log.info("%s: variable %s cannot be read (%s): loading it raises FerryError", path, name,
+                         err or typestr)
             if dtype is None:   # a type numpy has no name for: an opaque placeholder keeps the open lazy
                 dtype = np.dtype(object) if kind == "zarrpy" else np.dtype("V1")
-            if err:
-                encoding["ferry_error"] = err
         else:
             kind = "ferry"
         for dn, n in zip(d, shape):

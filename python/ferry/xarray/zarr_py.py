@@ -68,8 +68,11 @@ def _zarr_py_spec(path: str, group: str | None, name: str, store: dict, shape: t
     except Exception:  # noqa: BLE001 — v2 arrays have no serializer
         if dtype.kind == "O":
             dtype = coding.strings.create_vlen_dtype(str)
-    encoding = {"source": path, "original_shape": tuple(arr.shape), "chunks": tuple(arr.chunks),
-                "preferred_chunks": dict(zip(d, arr.chunks)), "ferry_reader": "zarr-python"}
+    # the zarr engine's keys (zarr_codecs.py builds the same for the arrays ferry reads)
+    encoding = {"chunks": tuple(arr.chunks), "preferred_chunks": dict(zip(d, arr.chunks)),
+                "compressors": arr.compressors, "filters": arr.filters, "shards": arr.shards}
+    if zv == 3:
+        encoding["serializer"] = arr.serializer
     if dtype.kind == "T":
         encoding["dtype"] = dtype
     if zv == 2:
