@@ -28,7 +28,8 @@ def _dataset():
         {"t": (("time", "lat", "lon"), t, {"units": "K", "long_name": "temperature"}),
          "q": (("lat", "lon"), rng.integers(0, 1000, (5, 8)).astype("i4"), {"units": "1"}),
          "w": (("time",), np.arange(6, dtype="f8") / 4.0)},
-        coords={"time": np.arange(6, dtype="i8"), "lat": np.linspace(-60, 60, 5), "lon": np.arange(8.0)},
+        coords={"time": ("time", np.arange(6, dtype="i8"), {"units": "hours since 2000-01-01", "calendar": "standard"}),
+                "lat": np.linspace(-60, 60, 5), "lon": np.arange(8.0)},
         attrs={"title": "refs test", "source": "ferry"})
 
 
@@ -236,6 +237,16 @@ def test_remote_targets(tmp_path, nc4, monkeypatch):
         j = _write(tmp_path / "remote.json", refs)
         _identical(j, nc4)
         assert s.gets()   # the chunks came from the server (a small object: from its first range)
+        # the reference set itself remote: its relative targets are URLs beside it
+        jurl = s.put("refs.json", json.dumps(_refs(nc4, 0)).encode())
+        want = xr.open_dataset(nc4, engine="netcdf4", mask_and_scale=False)
+        np.testing.assert_array_equal(ferry.read(jurl, "t"), want["t"].values)
+        local = _refs(nc4, 0)
+        k = _first_ref(local)
+        local["refs"][k] = [nc4] + local["refs"][k][1:]
+        jurl = s.put("local.json", json.dumps(local).encode())
+        with pytest.raises(FerryError, match="local file named by a remote reference set"):
+            ferry.read(jurl, "t")
     finally:
         s.stop()
 
