@@ -76,10 +76,29 @@ def same(a, b, native=True):
     return a.shape == b.shape and a.dtype.itemsize == b.dtype.itemsize and a.tobytes() == b.tobytes()
 
 
+def check_codecs(ctx, path, z, name=None, group=None):
+    """The codec encoding engine="ferry" gives (ferry/xarray/zarr_codecs.py) is zarr-python's
+    own: the objects engine="zarr" hands xarray, so to_zarr writes them back (issue 38 item 2)."""
+    from ferry.xarray.zarr_codecs import ZarrCodecs
+    ds = F.Dataset(ctx, path, group=group)
+    try:
+        v = ds.variables()[0 if name is None else ds.find(name)]
+        enc = ZarrCodecs(path, group, ds.store_info).encoding(v["name"], [f"d{i}" for i in range(len(v["shape"]))])
+        zf = ds.store_info["zarr_format"]
+    finally:
+        ds.close()
+    want = {"compressors": z.compressors, "filters": z.filters, "shards": z.shards, "chunks": tuple(z.chunks)}
+    if zf == 3:
+        want["serializer"] = z.serializer
+    for k, w in want.items():
+        assert enc[k] == w, (path, k, enc[k], w)
+
+
 def check_store(ctx, path, z, name=None, group=None, nsel=6, seed=1):
     want = z[...]
     got, v = ferry_read(ctx, path, name, group=group)
     assert same(got, want), (path, v)
+    check_codecs(ctx, path, z, name, group)
     for sel in nonempty_selections(z.shape, nsel, seed):
         w = z[tuple(slice(a, b, c) for a, b, c in sel)]
         g, _ = ferry_read(ctx, path, name, selection=sel, group=group)
