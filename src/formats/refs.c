@@ -537,6 +537,16 @@ static int refs_open(ferry_dataset *ds, const ferry_open_opts *opts) {
             return ferry_seterr(FERRY_EFORMAT, "%s: byte %llu: \"refs\" and \"templates\" must be objects", file,
                                 (unsigned long long)(refs && refs->type != FERRY_JSON_OBJECT ? refs->pos : templates->pos));
     }
+    /* a JSON file of another kind (a name that ends in .json is tried here
+     * when nothing else claims it) is refused, not opened as an empty store */
+    int zarr_keys = 0;
+    for (size_t i = 0; refs && i < refs->n && !zarr_keys; i++) {
+        const char *k = refs->items[i].key, *b = strrchr(k, '/');
+        zarr_keys = !strcmp(b ? b + 1 : k, ".zgroup") || !strcmp(b ? b + 1 : k, ".zarray");
+    }
+    if (!zarr_keys)
+        return ferry_seterr(FERRY_EFORMAT, "%s: byte %llu: not a kerchunk reference set: no \".zgroup\" or "
+                            "\"<array>/.zarray\" key", file, (unsigned long long)root->pos);
     for (size_t i = 0; refs && i < refs->n && rc == 0; i++) rc = add_ref(r, file, &refs->items[i], templates);
     gen_arg ga = {r, file};
     if (rc == 0) rc = ferry_refs_gen(gen, templates, file, REFS_MAX_REFS, gen_emit, &ga);

@@ -154,6 +154,11 @@ static void test_damaged_sets_name_set_key_and_target(void) {
     fc_expect_open_error(ctx, tpath("shape.json"), NULL, FERRY_EFORMAT, "[url, offset, length]");
     put("badjson.json", "{\"version\": 1, \"refs\": {\".zgroup\": \"{}\",}}");
     fc_expect_open_error(ctx, tpath("badjson.json"), NULL, FERRY_EFORMAT, "JSON");
+    put("other.json", "{\"name\": \"a config file\", \"layers\": [1, 2]}");
+    fc_expect_open_error(ctx, tpath("other.json"), NULL, FERRY_EFORMAT, "not a kerchunk reference set");
+    const char *format = NULL;   /* by content nothing, by name a reference set: its parser's complaint */
+    CHECK_EQ_I(ferry_format_detect(ctx, tpath("other.json"), &format), 0);
+    CHECK(format && !strcmp(format, "refs"));
     put("v2.json", "{\"version\": 2, \"refs\": {}}");
     fc_expect_open_error(ctx, tpath("v2.json"), NULL, FERRY_EUNSUPPORTED, "version 2");
     write_set("tpl.json", zn, "[\"{{d(x=1)}}\", 8, 16]", NULL);
