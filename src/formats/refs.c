@@ -78,7 +78,6 @@ typedef struct refs_ds {
     int narrs;
 } refs_ds;
 
-
 static int is_meta_key(const char *k) {
     const char *b = strrchr(k, '/');
     b = b ? b + 1 : k;
@@ -87,22 +86,21 @@ static int is_meta_key(const char *k) {
 
 /* ---- the reference table ------------------------------------------------------ */
 
-static ref_ent *new_ent(refs_ds *r, const char *file) {
-    if (r->nents >= REFS_MAX_REFS) {
-        ferry_seterr(FERRY_EFORMAT, "%s: more than %llu references", file, (unsigned long long)REFS_MAX_REFS);
-        return NULL;
-    }
+static int new_ent(refs_ds *r, const char *file, ref_ent **out) {
+    if (r->nents >= REFS_MAX_REFS)
+        return ferry_seterr(FERRY_EFORMAT, "%s: more than %llu references", file, (unsigned long long)REFS_MAX_REFS);
     if (r->nents == r->capents) {
         size_t cap = r->capents ? 2 * r->capents : 256;
         ref_ent *e = realloc(r->ents, cap * sizeof *e);
-        if (!e) { ferry_seterr(FERRY_ENOMEM, "%s: out of memory", file); return NULL; }
+        if (!e) return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", file);
         r->ents = e;
         r->capents = cap;
     }
     ref_ent *e = &r->ents[r->nents];
     memset(e, 0, sizeof *e);
     e->seq = (uint32_t)r->nents++;
-    return e;
+    *out = e;
+    return 0;
 }
 
 static char *keep(refs_ds *r, const char *s) {
@@ -124,8 +122,9 @@ static int add_ref(refs_ds *r, const char *file, const ferry_json *v, const ferr
     if (!key || strlen(key) != v->keylen || !v->keylen)
         return ferry_seterr(FERRY_EFORMAT, "%s: byte %llu: a key that is empty or holds a NUL", file,
                             (unsigned long long)v->pos);
-    ref_ent *e = new_ent(r, file);
-    if (!e) return ferry_lasterr()[0] ? FERRY_EFORMAT : FERRY_ENOMEM;
+    ref_ent *e;
+    int rc = new_ent(r, file, &e);
+    if (rc < 0) return rc;
     e->key = key;
     if (v->type == FERRY_JSON_STRING || (v->type == FERRY_JSON_OBJECT && is_meta_key(key))) {
         e->kind = REF_INLINE;
@@ -144,7 +143,7 @@ static int add_ref(refs_ds *r, const char *file, const ferry_json *v, const ferr
     if (templates && strstr(url, "{{")) {
         char what[512];
         snprintf(what, sizeof what, "%s: byte %llu: key \"%s\"", file, (unsigned long long)u->pos, key);
-        int rc = ferry_refs_render(u->str, u->len, templates, NULL, NULL, 0, &b, what);
+        rc = ferry_refs_render(u->str, u->len, templates, NULL, NULL, 0, &b, what);
         if (rc < 0) { ferry_sbuf_free(&b); return rc; }
         url = b.p ? b.p : "";
     }
@@ -156,7 +155,7 @@ static int add_ref(refs_ds *r, const char *file, const ferry_json *v, const ferr
     e->kind = v->n == 3 ? REF_RANGE : REF_WHOLE;
     e->off = off;
     e->len = len;
-    int rc = ferry_refs_target_add(&r->targets, file, url, &e->target);
+    rc = ferry_refs_target_add(&r->targets, file, url, &e->target);
     ferry_sbuf_free(&b);
     return rc;
 }
@@ -166,8 +165,9 @@ typedef struct gen_arg { refs_ds *r; const char *file; } gen_arg;
 static int gen_emit(void *arg, const char *key, const char *url, int ranged, uint64_t off, uint64_t len) {
     gen_arg *g = arg;
     if (!*key || !*url) return ferry_seterr(FERRY_EFORMAT, "%s: gen: a generated key or url is empty", g->file);
-    ref_ent *e = new_ent(g->r, g->file);
-    if (!e) return ferry_lasterr()[0] ? FERRY_EFORMAT : FERRY_ENOMEM;
+    ref_ent *e;
+    int rc = new_ent(g->r, g->file, &e);
+    if (rc < 0) return rc;
     if (!(e->key = keep(g->r, key))) return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", g->file);
     e->kind = ranged ? REF_RANGE : REF_WHOLE;
     e->off = off;

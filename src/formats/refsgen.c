@@ -274,7 +274,8 @@ int ferry_refs_gen(const ferry_json *gen, const ferry_json *templates, const cha
                 if ((rc = gen_field(e, "length", templates, dims, vals, nd, &len, what)) < 0) break;
                 if (to_u64(&off, &o) < 0 || to_u64(&len, &l) < 0) {
                     rc = ferry_seterr(FERRY_EFORMAT, "%s: key \"%s\": offset \"%s\" or length \"%s\" is not a "
-                                      "non-negative integer", what, key.p, off.p, len.p);
+                                      "non-negative integer", what, key.p ? key.p : "", off.p ? off.p : "",
+                                      len.p ? len.p : "");
                     break;
                 }
             }
