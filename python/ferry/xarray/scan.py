@@ -11,6 +11,7 @@ import numpy as np
 import ferry
 from ferry import _ferry
 from .common import _VarSpec, _native, log
+from .refs_py import RefsFallback
 from .zarr_codecs import ZarrCodecs
 from .zarr_py import _zarr3_attr_fill, _zarr_py_spec
 
@@ -87,6 +88,7 @@ def _c_scan(path: str, fmt: str, group: str | None, ctx, cpath: str | None = Non
     store = ds.store_info
     zv = store["zarr_format"]
     codecs = ZarrCodecs(path, group, store) if actual == "zarr" and not refs else None
+    fallback = None
     specs = []
     for index, v, raw in _c_variables(ds):
         if v is None:
@@ -104,14 +106,18 @@ def _c_scan(path: str, fmt: str, group: str | None, ctx, cpath: str | None = Non
             continue
         name = v["name"]
         err = v.get("error")    # the C parser describes it but cannot read it
-        if actual == "zarr" and not refs and (err or (v["dtype"] == "other" and not _engine_readable(v["typestr"]))):
-            sp = _zarr_py_spec(path, group, name, store, tuple(v["shape"]), err)
+        if actual == "zarr" and (err or (v["dtype"] == "other" and not _engine_readable(v["typestr"]))):
+            if refs:   # zarr-python over the chunks the reference set holds inline, if that is all of them
+                fallback = fallback or RefsFallback(path, group, store)
+                sp = fallback.spec(name, tuple(v["shape"]), err)
+            else:
+                sp = _zarr_py_spec(path, group, name, store, tuple(v["shape"]), err)
             if sp is not None:
                 for dn, n in zip(sp.dims, sp.shape):
                     dims.setdefault(dn, int(n))
                 specs.append(sp)
                 continue
-            if not err:
+            if not err and not refs:
                 continue
         attrs = ferry.decode_attrs(v["attrs"], actual)
         d = json.loads(v["dims"] or "null")

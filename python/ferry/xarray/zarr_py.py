@@ -27,13 +27,15 @@ def _zarr3_attr_fill(value, dt: np.dtype):
     return value
 
 
-def _zarr_py_spec(path: str, group: str | None, name: str, store: dict, shape: tuple, why: str | None = None):
+def _zarr_py_spec(path: str, group: str | None, name: str, store: dict, shape: tuple, why: str | None = None,
+                  arr=None):
     """A variable ferry's parser does not read (variable-length strings, Zarr v3
     string/bytes types, codecs, filters or chunk grids ferry lacks; `why` is the
     parser's message): metadata and data through zarr-python, as xarray's zarr
     backend has them. None (and a log line) when zarr is not importable or cannot
     open the array either; the caller then keeps ferry's description. store: the
-    C parser's Dataset.store_info (Zarr format, and whether the node is an array)."""
+    C parser's Dataset.store_info (Zarr format, and whether the node is an array).
+    arr: the zarr array when the caller opened it (refs_py.py), else it is opened by path."""
     try:
         import zarr
     except ImportError:
@@ -46,7 +48,8 @@ def _zarr_py_spec(path: str, group: str | None, name: str, store: dict, shape: t
     if store["is_array"]:   # a store of one array: it is the node itself
         apath = g
     try:
-        arr = zarr.open_array(store=path, path=apath, mode="r")
+        if arr is None:
+            arr = zarr.open_array(store=path, path=apath, mode="r")
     except Exception as e:  # noqa: BLE001 — zarr lacks it too: ferry's description, reads raise
         log.warning("%s: variable %s cannot be read by ferry (%s) nor opened by zarr (%s): "
                     "loading it raises FerryError", path, name, why or "its type", e)
