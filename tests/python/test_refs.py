@@ -70,6 +70,25 @@ def test_netcdf4_refs_equal_the_file(tmp_path, nc4, inline):
     _identical(j, nc4)
 
 
+def test_refs_encoding_equals_the_zarr_engine_over_the_references(tmp_path, nc4, monkeypatch):
+    """engine="zarr" over kerchunk's reference filesystem is the reference engine of a reference
+    set: the same chunks, codecs (netCDF-4's shuffle and zlib as filters) and fills."""
+    pytest.importorskip("zarr")
+    pytest.importorskip("fsspec")
+    j = _write(tmp_path / "refs.json", _refs(nc4, 100))
+    monkeypatch.chdir(tmp_path)   # fsspec resolves the references' relative paths from here
+    ref = xr.open_dataset("reference://", engine="zarr",
+                          backend_kwargs={"consolidated": False, "storage_options": {"fo": j}})
+    got = xr.open_dataset(j, engine="ferry")
+    xr.testing.assert_identical(got.load(), ref.load())
+    for v in ref.variables:
+        a, b = ref[v].encoding, got[v].encoding
+        assert set(a) == set(b), (v, a, b)
+        for k in a:
+            assert a[k] == b[k] or (a[k] != a[k] and b[k] != b[k]), (v, k, a[k], b[k])
+    assert got["t"].encoding["filters"][-1].codec_id == "zlib"
+
+
 def test_h5netcdf_refs_equal_the_file(tmp_path):
     pytest.importorskip("h5netcdf")
     p = str(tmp_path / "h.nc")

@@ -15,7 +15,8 @@ from .zarr_py import _zarr_py_spec
 
 
 class RefsFallback:
-    """One scan's fallback: the reference set parsed once, when a variable first needs it."""
+    """One scan's view of the reference set from Python, parsed once when first needed: the
+    fallback reads below, and the arrays' .zarray documents for their codec encoding."""
 
     def __init__(self, path: str, group: str | None, store: dict):
         self.path = path
@@ -33,6 +34,17 @@ class RefsFallback:
             except (OSError, ValueError, AttributeError):
                 self._refs = {}
         return self._refs
+
+    def zarray(self, name: str):
+        """Array name's .zarray document (a dict), or None: for its codec encoding (zarr_codecs.py)."""
+        prefix = f"{self.group}/{name}/" if self.group else f"{name}/"
+        v = self._load().get(prefix + ".zarray")
+        try:
+            if isinstance(v, str):
+                v = json.loads(base64.b64decode(v[7:], validate=True) if v.startswith("base64:") else v)
+        except (binascii.Error, ValueError):
+            return None
+        return v if isinstance(v, dict) else None
 
     def spec(self, name: str, shape: tuple, why: str | None):
         """The zarr-python spec of array name, or None (no zarr, a chunk in another file, bad bytes)."""

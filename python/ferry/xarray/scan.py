@@ -87,8 +87,8 @@ def _c_scan(path: str, fmt: str, group: str | None, ctx, cpath: str | None = Non
     unlimited = {k for k, v in dims_j.items() if isinstance(v, dict) and v.get("unlimited")}
     store = ds.store_info
     zv = store["zarr_format"]
-    codecs = ZarrCodecs(path, group, store) if actual == "zarr" and not refs else None
-    fallback = None
+    fallback = RefsFallback(path, group, store) if refs else None
+    codecs = ZarrCodecs(path, group, store, fallback.zarray if refs else None) if actual == "zarr" else None
     specs = []
     for index, v, raw in _c_variables(ds):
         if v is None:
@@ -108,7 +108,6 @@ def _c_scan(path: str, fmt: str, group: str | None, ctx, cpath: str | None = Non
         err = v.get("error")    # the C parser describes it but cannot read it
         if actual == "zarr" and (err or (v["dtype"] == "other" and not _engine_readable(v["typestr"]))):
             if refs:   # zarr-python over the chunks the reference set holds inline, if that is all of them
-                fallback = fallback or RefsFallback(path, group, store)
                 sp = fallback.spec(name, tuple(v["shape"]), err)
             else:
                 sp = _zarr_py_spec(path, group, name, store, tuple(v["shape"]), err)

@@ -4,7 +4,7 @@ and, for Zarr v3, ``serializer`` — zarr-python's own codec objects, so that ``
 ``engine="ferry"`` writes what the source had (zstd level 3 stays level 3).
 
 The objects are built by zarr-python from each array's own metadata document (its .zarray or
-zarr.json, else the consolidated copy), exactly as zarr.open_array would, without the store
+zarr.json, else the consolidated copy; a kerchunk reference set's .zarray entry), exactly as zarr.open_array would, without the store
 round trip per array; arrays with the same codecs, type and chunking share one build. Without
 zarr installed the keys are left out (there is nothing to build them with): logged once."""
 from __future__ import annotations
@@ -23,7 +23,10 @@ class ZarrCodecs:
     """One scan's codec encodings. path: the store; group: the node opened; store: the C
     parser's store_info (zarr_format, consolidated, is_array)."""
 
-    def __init__(self, path: str, group: str | None, store: dict):
+    def __init__(self, path: str, group: str | None, store: dict, doc=None):
+        """doc: name -> the array's .zarray document, for stores that are no directory (a
+        kerchunk reference set: refs_py.RefsFallback.zarray)."""
+        self.doc_of = doc
         self.path = path
         self.group = (group or "").strip("/")
         self.zv = store["zarr_format"]
@@ -56,6 +59,8 @@ class ZarrCodecs:
 
     def _doc(self, name: str):
         """The array's metadata document (a dict), or None."""
+        if self.doc_of is not None:
+            return self.doc_of(name)
         apath = self._apath(name)
         fname = ".zarray" if self.zv == 2 else "zarr.json"
         try:
