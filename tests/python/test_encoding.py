@@ -93,6 +93,27 @@ def test_zarr_encoding_equals_the_zarr_engine(tmp_path, case):
     xr.testing.assert_identical(again.load(), ref.load())
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_zarr_strings_bools_times_encoding(tmp_path, zarr_format):
+    """Variables ferry's engine reads (bools, times) and those zarr-python reads for it (strings)
+    alike: the zarr engine's keys."""
+    pytest.importorskip("zarr")
+    ds = xr.Dataset({"u": (("x",), np.array(["ab", "cde", "f"])), "s": (("x",), np.array([b"ab", b"c", b"d"])),
+                     "o": (("x",), np.array(["x", "yy", "zzz"], dtype=object)),
+                     "b": (("x",), np.array([True, False, True])),
+                     "t": (("x",), np.array([1, 2, 3], dtype="timedelta64[s]")),
+                     "tm": (("x",), np.array(["2001-01-01", "2001-01-02", "NaT"], dtype="datetime64[ns]"))})
+    p = str(tmp_path / "s.zarr")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ds.to_zarr(p, zarr_format=zarr_format, mode="w", consolidated=False)
+    ref = xr.open_dataset(p, engine="zarr", consolidated=False)
+    got = xr.open_dataset(p, engine="ferry")
+    xr.testing.assert_identical(got.load(), ref.load())
+    _encodings_equal(ref, got, zarr_format)
+
+
 # ---------------------------------------------------------------------------
 # netCDF classic
 # ---------------------------------------------------------------------------
