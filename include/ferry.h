@@ -792,9 +792,11 @@ const char *ferry_dataset_format(const ferry_dataset *ds);   /* "npy", "safetens
 int64_t ferry_hdf5_signature(ferry_ctx *ctx, const char *path);
 /** The format ferry_dataset_open would pick for path, by content and then by
  *  name: "npy", "safetensors", "netcdf3", "zarr", "hdf5" for a netCDF-4/HDF5
- *  file, or "refs" for a kerchunk reference set (JSON, version 0 or 1: the Zarr v2
- *  store it describes, each chunk read from the file or URL it names). *format is a static string. FERRY_ENOFORMAT (naming
- *  the path) when it is none of them, -errno when it cannot be read. */
+ *  file, or "refs" for a kerchunk reference set (JSON, version 0 or 1: the
+ *  Zarr v2 store it describes, each chunk read from the file or URL it names;
+ *  a name ending in .json that nothing else claims is given to it too).
+ *  *format is a static string. FERRY_ENOFORMAT (naming the path) when it is
+ *  none of them, -errno when it cannot be read. */
 int ferry_format_detect(ferry_ctx *ctx, const char *path, const char **format);
 /** JSON object of global attributes (netCDF global attributes, Zarr group
  *  attributes, safetensors __metadata__), "{}" if none. This and the two
