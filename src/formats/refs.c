@@ -33,7 +33,7 @@
 #include "formats/typestr.h"
 #include "formats/zarrmeta.h"
 #include "sources/url.h"
-#include <dirent.h>
+#include <fcntl.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdlib.h>
@@ -329,20 +329,27 @@ static int read_text(ferry_ctx *ctx, const char *path, char **out, size_t *len) 
     return 0;
 }
 
-/* A directory of kerchunk Parquet references: .zmetadata beside
- * <variable>/refs.0.parq files. */
+/* A directory of kerchunk Parquet references: a .zmetadata whose object has
+ * a "record_size" (fsspec's LazyReferenceMapper writes it after "metadata",
+ * so the head or the tail of the file holds it; a Zarr store's consolidated
+ * metadata has none). The probe of every directory pays a stat, and a
+ * directory with a .zmetadata one open and two reads. */
 static int parquet_dir(const char *path) {
     char p[PATH_MAX];
+    if (snprintf(p, sizeof p, "%s/.zmetadata", path) >= (int)sizeof p) return 0;
+    int fd = open(p, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return 0;
     struct stat st;
-    if (snprintf(p, sizeof p, "%s/.zmetadata", path) >= (int)sizeof p || stat(p, &st) != 0) return 0;
-    DIR *d = opendir(path);
-    if (!d) return 0;
+    char buf[1025];
     int found = 0;
-    for (struct dirent *e; !found && (e = readdir(d));) {
-        if (e->d_name[0] == '.') continue;
-        if (snprintf(p, sizeof p, "%s/%s/refs.0.parq", path, e->d_name) < (int)sizeof p && stat(p, &st) == 0) found = 1;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+        off_t at[2] = {0, st.st_size > 1024 ? st.st_size - 1024 : 0};
+        for (int k = 0; k < 2 && !found; k++) {
+            ssize_t n = pread(fd, buf, 1024, at[k]);
+            found = n > 0 && memmem(buf, (size_t)n, "\"record_size\"", 13) != NULL;
+        }
     }
-    closedir(d);
+    close(fd);
     return found;
 }
 

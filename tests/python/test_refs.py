@@ -262,6 +262,12 @@ def test_parquet_references_refused(tmp_path):
     assert _ferry.format_detect(str(d)) == "refs"
     with pytest.raises(FerryError, match="Parquet references"):
         ferry.open(str(d))
+    # a consolidated Zarr store is no Parquet reference set
+    z = tmp_path / "plain.zarr"
+    z.mkdir()
+    (z / ".zgroup").write_text('{"zarr_format": 2}')
+    (z / ".zmetadata").write_text('{"zarr_consolidated_format": 1, "metadata": {".zgroup": {"zarr_format": 2}}}')
+    assert _ferry.format_detect(str(z)) == "zarr"
 
 
 def test_remote_targets(tmp_path, nc4, monkeypatch):
