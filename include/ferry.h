@@ -758,6 +758,9 @@ typedef struct ferry_open_opts {
     const char *format;   /* NULL: detect from content and name */
     const char *group;    /* Zarr, HDF5: group path inside the store or file ("" = root,
                              "a/b" a child group) */
+    int allow_outside;    /* kerchunk references ("refs"): also read files that lie outside
+                             the reference set's directory (0: such a reference fails
+                             naming the file; URLs are read either way) */
 } ferry_open_opts;
 
 typedef struct ferry_dataset ferry_dataset;
@@ -765,7 +768,16 @@ typedef struct ferry_dataset ferry_dataset;
 /** Open and parse metadata. opts may be NULL. Errors name the file and byte position;
  *  FERRY_ENOFORMAT when the path is not a file or store of any supported format.
  *  path may be a URL (see ferry_file_open) of a single-file format: npy,
- *  safetensors, netCDF classic; Zarr stores are read from local paths only. */
+ *  safetensors, netCDF classic, a kerchunk reference set; Zarr stores are read
+ *  from local paths only.
+ *  Kerchunk reference sets (format "refs": JSON, version 0 or 1 with templates
+ *  and gen entries) open as the Zarr v2 store they describe: every chunk is a
+ *  (file, offset, length) the plan reads, or bytes inline in the JSON, decoded
+ *  as any Zarr chunk (on the GPU too). Relative paths resolve against the
+ *  JSON's directory, which local files must lie in unless opts->allow_outside;
+ *  URLs are read remotely. A reference whose file is missing, lies outside, or
+ *  ends before its offset + length fails the plan that needs it, naming the
+ *  JSON, the key and the file. Parquet reference sets are refused. */
 int ferry_dataset_open(ferry_ctx *ctx, const char *path, const ferry_open_opts *opts, ferry_dataset **out);
 /** Close and free. Plans made by ferry_dataset_plan_read may name the files
  *  the dataset keeps open (npy, safetensors, netcdf3, hdf5): close it only after
@@ -779,9 +791,12 @@ const char *ferry_dataset_format(const ferry_dataset *ds);   /* "npy", "safetens
  *  be read. ferry_dataset_open reads such a file as format "hdf5". */
 int64_t ferry_hdf5_signature(ferry_ctx *ctx, const char *path);
 /** The format ferry_dataset_open would pick for path, by content and then by
- *  name: "npy", "safetensors", "netcdf3", "zarr", or "hdf5" for a netCDF-4/HDF5
- *  file. *format is a static string. FERRY_ENOFORMAT (naming
- *  the path) when it is none of them, -errno when it cannot be read. */
+ *  name: "npy", "safetensors", "netcdf3", "zarr", "hdf5" for a netCDF-4/HDF5
+ *  file, or "refs" for a kerchunk reference set (JSON, version 0 or 1: the
+ *  Zarr v2 store it describes, each chunk read from the file or URL it names;
+ *  a name ending in .json that nothing else claims is given to it too).
+ *  *format is a static string. FERRY_ENOFORMAT (naming the path) when it is
+ *  none of them, -errno when it cannot be read. */
 int ferry_format_detect(ferry_ctx *ctx, const char *path, const char **format);
 /** JSON object of global attributes (netCDF global attributes, Zarr group
  *  attributes, safetensors __metadata__), "{}" if none. This and the two

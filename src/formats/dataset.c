@@ -13,7 +13,9 @@
 
 /* Probe order matters only for names: magic numbers do not collide. */
 static const ferry_format_ops *const formats[] = {
-    &ferry_format_npy, &ferry_format_safetensors, &ferry_format_netcdf3, &ferry_format_zarr, &ferry_format_hdf5,
+    &ferry_format_npy, &ferry_format_safetensors, &ferry_format_netcdf3,
+    &ferry_format_refs,   /* before zarr: a directory of Parquet references also holds a .zmetadata */
+    &ferry_format_zarr, &ferry_format_hdf5,
 };
 #define NFORMATS (sizeof formats / sizeof formats[0])
 #define PROBE_BYTES 512
@@ -35,6 +37,10 @@ static const ferry_format_ops *by_name(const char *path) {
     if (has_suffix(path, ".safetensors")) return &ferry_format_safetensors;
     if (has_suffix(path, ".nc") || has_suffix(path, ".nc3") || has_suffix(path, ".cdf")) return &ferry_format_netcdf3;
     if (has_suffix(path, ".h5") || has_suffix(path, ".hdf5") || has_suffix(path, ".nc4")) return &ferry_format_hdf5;
+    /* a damaged reference set gets its parser's complaint (a Zarr metadata
+     * document named as a file is no reference set) */
+    if (has_suffix(path, ".json") && !has_suffix(path, "/zarr.json") && strcmp(path, "zarr.json"))
+        return &ferry_format_refs;
     return NULL;
 }
 
@@ -87,7 +93,8 @@ static int sniffed_error(ferry_ctx *ctx, const char *path, const char *tried, in
     size_t n = 0;
     ferry_sniffed sn;
     if (read_head(ctx, path, head, &n) < 0 || !ferry_sniff(head, n, &sn) || (sn.format && !strcmp(sn.format, tried)) ||
-        (sn.format && !strcmp(sn.format, "json") && !strcmp(tried, "safetensors"))) {   /* its index */
+        (sn.format && !strcmp(sn.format, "json") &&
+         (!strcmp(tried, "safetensors") || !strcmp(tried, "refs")))) {   /* its index; a reference set */
         ferry_seterr(rc, "%s", saved);
         return rc;
     }
@@ -123,11 +130,11 @@ static int detect(ferry_ctx *ctx, const char *path, const ferry_format_ops **ops
     ferry_sniffed sn;
     if (!*ops && !is_dir && ferry_sniff(head, n, &sn))
         return ferry_seterr(FERRY_ENOFORMAT, "%s: %s, not a file of a format ferry reads (npy, safetensors, "
-                            "netCDF classic, Zarr): %s", path, sn.what, sn.todo);
+                            "netCDF classic, Zarr, kerchunk references): %s", path, sn.what, sn.todo);
     if (!*ops)
         return ferry_seterr(FERRY_ENOFORMAT,
                             "%s: not a file or store of a known format (npy, safetensors, "
-                            "netCDF classic, Zarr, netCDF-4/HDF5)", path);
+                            "netCDF classic, Zarr, netCDF-4/HDF5, kerchunk references)", path);
     return 0;
 }
 
@@ -172,7 +179,7 @@ static int build_name_index(ferry_dataset *ds) {
 }
 
 static int format_has_groups(const ferry_format_ops *ops) {
-    return !strcmp(ops->name, "zarr") || !strcmp(ops->name, "hdf5");
+    return !strcmp(ops->name, "zarr") || !strcmp(ops->name, "hdf5") || !strcmp(ops->name, "refs");
 }
 
 /* A Hugging Face checkpoint directory (what save_pretrained writes) opens as
@@ -245,7 +252,7 @@ int ferry_dataset_open(ferry_ctx *ctx, const char *path, const ferry_open_opts *
         for (size_t i = 0; i < NFORMATS && !ops; i++)
             if (!strcmp(formats[i]->name, opts->format)) ops = formats[i];
         if (!ops)
-            return ferry_seterr(FERRY_EINVAL, "%s: unknown format \"%s\" (npy, safetensors, netcdf3, zarr, hdf5)",
+            return ferry_seterr(FERRY_EINVAL, "%s: unknown format \"%s\" (npy, safetensors, netcdf3, zarr, hdf5, refs)",
                                 path, opts->format);
     }
 

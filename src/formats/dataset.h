@@ -45,4 +45,5 @@ extern const ferry_format_ops ferry_format_safetensors;
 extern const ferry_format_ops ferry_format_netcdf3;
 extern const ferry_format_ops ferry_format_zarr;
 extern const ferry_format_ops ferry_format_hdf5;
+extern const ferry_format_ops ferry_format_refs;
 #endif

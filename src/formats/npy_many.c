@@ -47,7 +47,7 @@ static void shape_text(const ferry_npy_info *in, char *out, size_t cap) {
 
 /* Parse one file with the npy format: its dtype and shape, and where its data is. */
 static int describe(ferry_ctx *ctx, const char *path, ferry_npy_info *info, uint64_t *data_off, ferry_dataset **keep) {
-    ferry_open_opts o = {"npy", NULL};
+    ferry_open_opts o = {.format = "npy"};
     ferry_dataset *ds;
     int rc = ferry_dataset_open(ctx, path, &o, &ds);
     if (rc < 0) return rc;

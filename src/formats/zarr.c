@@ -28,6 +28,7 @@
 #include "formats/layout.h"
 #include "formats/inside.h"
 #include "formats/dirnames.h"
+#include "formats/zarrmeta.h"
 #include "codecs/codecs.h"
 #include "engine/sysio.h"   /* stat and lstat through the test seam (ferry_test_set_syscall) */
 #include <dirent.h>
@@ -779,7 +780,9 @@ static int parse_v2(zarr_arr *a, const char *file, const ferry_json *za, const f
         const ferry_json *f = &filters->items[i];
         const char *id = json_name(f, "id"), *why = NULL;
         uint32_t cid, param;
-        if (strcmp(id, "shuffle") || bytes_codec(id, f, a->itemsize, &cid, &param, &why) < 0)
+        /* any codec numcodecs applies as a filter: kerchunk's netCDF-4
+         * references list [shuffle, zlib] as filters with no compressor */
+        if (bytes_codec(id, f, a->itemsize, &cid, &param, &why) < 0)
             UNSUP("%s: byte %llu: filter \"%s\" is not supported%s%s", file, (unsigned long long)f->pos, id,
                   why ? ": " : "", why ? why : "");
         else if (chain_push(&b, cid, param) < 0)
@@ -1960,3 +1963,38 @@ static int64_t zarr_plan(ferry_dataset *ds, int var, const ferry_slice *sel, fer
 }
 
 const ferry_format_ops ferry_format_zarr = {"zarr", zarr_probe, zarr_open, zarr_close, zarr_plan};
+
+/* ---- the v2 parser for documents in memory (zarrmeta.h) --------------------- */
+
+int ferry_zarr_v2_parse(const char *file, const ferry_json *zarray, const ferry_json *zattrs, ferry_zarr_v2 *out) {
+    zarr_arr a;
+    memset(&a, 0, sizeof a);
+    memset(out, 0, sizeof *out);
+    int rc = parse_v2(&a, file, zarray, zattrs);
+    /* as add_array: malformed after unsupported keeps the first reason */
+    if (rc < 0 && (!a.err || rc == FERRY_ENOMEM)) { arr_free(&a); return rc; }
+    if (rc < 0) ferry_clearerr();
+    if (a.err) {
+        if (a.ndim < 0) a.ndim = 0;
+        if (!a.itemsize) a.itemsize = 1;
+        if (!a.typestr && !(a.typestr = xstrdup("?"))) { arr_free(&a); return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", file); }
+    }
+    out->typestr = a.typestr; out->dims_json = a.dims_json; out->attrs_json = a.attrs_json;
+    out->fill_json = a.fill_json; out->codecs_desc = a.codecs_desc; out->err = a.err;
+    out->ndim = a.ndim;
+    memcpy(out->shape, a.shape, sizeof out->shape);
+    memcpy(out->chunk, a.chunk, sizeof out->chunk);
+    out->itemsize = a.itemsize; out->swap = a.swap; out->fortran = a.fortran; out->sep = a.sep;
+    out->ncodecs = a.ncodecs;
+    memcpy(out->codecs, a.codecs, sizeof out->codecs);
+    memcpy(out->fill, a.fill, sizeof out->fill);
+    out->has_fill = a.has_fill;
+    free(a.name); free(a.dir);
+    return 0;
+}
+
+void ferry_zarr_v2_free(ferry_zarr_v2 *m) {
+    if (!m) return;
+    free(m->typestr); free(m->dims_json); free(m->attrs_json); free(m->fill_json); free(m->codecs_desc); free(m->err);
+    memset(m, 0, sizeof *m);
+}

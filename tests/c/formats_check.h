@@ -43,7 +43,7 @@ static inline int64_t fc_read(ferry_ctx *ctx, ferry_dataset *ds, int var, const 
 
 static inline void fc_expect_open_error(ferry_ctx *ctx, const char *path, const char *format, int code,
                                         const char *needle) {
-    ferry_open_opts o = {format, NULL};
+    ferry_open_opts o = {.format = format};
     ferry_dataset *ds = (ferry_dataset *)1;
     int rc = ferry_dataset_open(ctx, path, &o, &ds);
     CHECK_EQ_I(rc, code);

@@ -14,7 +14,7 @@ static ferry_ctx *ctx;
 #define SEEDS "tests/fuzz/corpus/hdf5/"
 
 static ferry_dataset *open_ok(const char *path, const char *group) {
-    ferry_open_opts o = {NULL, group};
+    ferry_open_opts o = {.group = group};
     ferry_dataset *ds = NULL;
     int rc = ferry_dataset_open(ctx, path, &o, &ds);
     CHECK_EQ_I(rc, 0);
@@ -75,7 +75,7 @@ static void test_h5py_default_file(void) {
     CHECK_EQ_I(fc_read(ctx, ds, s, NULL, txt, sizeof txt, 0), 4);
     CHECK(!memcmp(txt, "abcd", 4));
     ferry_dataset_close(ds);
-    ferry_open_opts o = {NULL, "g/nope"};
+    ferry_open_opts o = {.group = "g/nope"};
     ds = (ferry_dataset *)1;
     CHECK_EQ_I(ferry_dataset_open(ctx, SEEDS "seed-h5py.h5", &o, &ds), FERRY_ENOTFOUND);
     CHECK(ds == NULL);

@@ -236,7 +236,7 @@ static void test_group_of_a_file_without_groups(void) {
     const char *p = tpath("groups.nc");
     size_t n = build(file, OK1);
     write_file(p, file, n);
-    ferry_open_opts o = {NULL, "nope"};
+    ferry_open_opts o = {.group = "nope"};
     ferry_dataset *ds = NULL;
     CHECK(ferry_dataset_open(ctx, p, &o, &ds) == FERRY_ENOTFOUND);
     CHECK(ds == NULL);

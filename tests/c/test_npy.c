@@ -263,7 +263,7 @@ static void test_open_errors(void) {
     ferry_dataset *ds;
     CHECK(ferry_dataset_open(ctx, tpath("missing.npy"), NULL, &ds) == -ENOENT);
     CHECK_STR_CONTAINS(ferry_errmsg(ctx), "missing.npy");
-    ferry_open_opts o = {"hdf9", NULL};
+    ferry_open_opts o = {.format = "hdf9"};
     const char *p = tpath("c.npy");
     CHECK_EQ_I(ferry_dataset_open(ctx, p, &o, &ds), FERRY_EINVAL);
     CHECK_STR_CONTAINS(ferry_errmsg(ctx), "unknown format");

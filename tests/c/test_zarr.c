@@ -648,7 +648,7 @@ static void test_store_info_fill_and_root_consolidated_groups(void) {
     put("c.zarr/g1/a/zarr.json", ARR("\"0x3f800000\""));
     put("c.zarr/g1/late/zarr.json", ARR("null"));
     ferry_store_info si;
-    ferry_open_opts o = {NULL, "g1"};
+    ferry_open_opts o = {.group = "g1"};
     ferry_dataset *ds = NULL;
     CHECK_EQ_I(ferry_dataset_open(ctx, tpath("c.zarr"), &o, &ds), 0);
     if (!ds) return;

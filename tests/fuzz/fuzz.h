@@ -65,7 +65,7 @@ static inline const char *ferry_fuzz_file(const uint8_t *data, size_t size) {
 static inline int ferry_fuzz_open_group(const char *path, const char *format, const char *group,
                                         size_t max_extents) {
     ferry_ctx *ctx = ferry_fuzz_ctx();
-    ferry_open_opts o = {format, group};
+    ferry_open_opts o = {.format = format, .group = group};
     ferry_dataset *ds = NULL;
     if (ferry_dataset_open(ctx, path, &o, &ds) < 0) {
         if (ds) abort();                       /* failure leaves *out NULL */

@@ -147,3 +147,36 @@ for name, data in [
 # sniff: heads of the kinds the sniffer names (the files are small by hand:
 # tests/fuzz/corpus/sniff/ holds a torch.save zip head, HDF5's signature,
 # text, UTF-8 cut mid-sequence, an npy and a blosc frame)
+
+# refs (fuzz_refs.c): kerchunk reference sets, version 0 and 1, inline chunks
+# (text and base64, compressed and not), templates and gen entries
+import base64, zlib
+za = lambda shape, chunks, dt, comp=None, filters=None, fill=None: json.dumps(
+    {"zarr_format": 2, "shape": shape, "chunks": chunks, "dtype": dt, "fill_value": fill, "order": "C",
+     "compressor": comp, "filters": filters, "dimension_separator": "."})
+v = np.arange(6, dtype="<f4")
+refs_seeds = {
+    "seed-v1-inline.json": {"version": 1, "refs": {
+        ".zgroup": '{"zarr_format":2}', ".zattrs": '{"title":"x"}',
+        "v/.zarray": za([6], [4], "<f4", fill="NaN"), "v/.zattrs": '{"_ARRAY_DIMENSIONS":["n"]}',
+        "v/0": "base64:" + base64.b64encode(v[:4].tobytes()).decode(),
+        "v/1": "base64:" + base64.b64encode(np.r_[v[4:], [0, 0]].astype("<f4").tobytes()).decode(),
+        "c/.zarray": za([3], [3], "<i2", filters=[{"id": "shuffle", "elementsize": 2}, {"id": "zlib", "level": 1}]),
+        "c/.zattrs": '{"_ARRAY_DIMENSIONS":["m"]}',
+        "c/0": "base64:" + base64.b64encode(zlib.compress(np.array([1, 2, 3], "<i2").view("u1").reshape(3, 2).T.tobytes())).decode(),
+        "t/.zarray": za([2], [2], "|u1"), "t/.zattrs": '{"_ARRAY_DIMENSIONS":["k"]}', "t/0": "ab"}},
+    "seed-v0.json": {".zgroup": '{"zarr_format":2}', "a/.zarray": za([2, 2], [1, 2], ">i4", fill=0),
+                     "a/.zattrs": '{"_ARRAY_DIMENSIONS":["y","x"]}',
+                     "a/0.0": "base64:AAAAAQAAAAI=", "a/1.0": ["data.bin", 0, 8]},
+    "seed-gen.json": {"version": 1, "templates": {"u": "data.bin"},
+                      "gen": [{"key": "g/{{i}}", "url": "{{u}}", "offset": "{{(i + 1) * 8 // 2}}", "length": "4",
+                               "dimensions": {"i": {"start": 0, "stop": 3, "step": 1}}},
+                              {"key": "h/{{j}}", "url": "{{u}}", "dimensions": {"j": [0, 2]}}],
+                      "refs": {".zgroup": '{"zarr_format":2}', "g/.zarray": za([3], [1], "<u4"),
+                               "h/.zarray": za([4], [2], "<u2", comp={"id": "zstd", "level": 1}),
+                               "sub/.zgroup": '{"zarr_format":2}', "sub/x/.zarray": za([], [], "<f8", fill=1.5),
+                               "sub/x/0": "base64:AAAAAAAA+D8="}},
+}
+for name, doc in refs_seeds.items():
+    with open(out("refs", name), "w") as f:
+        json.dump(doc, f)

@@ -76,10 +76,29 @@ def same(a, b, native=True):
     return a.shape == b.shape and a.dtype.itemsize == b.dtype.itemsize and a.tobytes() == b.tobytes()
 
 
+def check_codecs(ctx, path, z, name=None, group=None):
+    """The codec encoding engine="ferry" gives (ferry/xarray/zarr_codecs.py) is zarr-python's
+    own: the objects engine="zarr" hands xarray, so to_zarr writes them back (issue 38 item 2)."""
+    from ferry.xarray.zarr_codecs import ZarrCodecs
+    ds = F.Dataset(ctx, path, group=group)
+    try:
+        v = ds.variables()[0 if name is None else ds.find(name)]
+        enc = ZarrCodecs(path, group, ds.store_info).encoding(v["name"], [f"d{i}" for i in range(len(v["shape"]))])
+        zf = ds.store_info["zarr_format"]
+    finally:
+        ds.close()
+    want = {"compressors": z.compressors, "filters": z.filters, "shards": z.shards, "chunks": tuple(z.chunks)}
+    if zf == 3:
+        want["serializer"] = z.serializer
+    for k, w in want.items():
+        assert enc[k] == w, (path, k, enc[k], w)
+
+
 def check_store(ctx, path, z, name=None, group=None, nsel=6, seed=1):
     want = z[...]
     got, v = ferry_read(ctx, path, name, group=group)
     assert same(got, want), (path, v)
+    check_codecs(ctx, path, z, name, group)
     for sel in nonempty_selections(z.shape, nsel, seed):
         w = z[tuple(slice(a, b, c) for a, b, c in sel)]
         g, _ = ferry_read(ctx, path, name, selection=sel, group=group)
@@ -742,9 +761,10 @@ def test_xarray_reads_unreadable_arrays_through_zarr_python(tmp_path, fmt, conso
     unreadable_store(p, fmt, consolidated)
     ref = xr.open_dataset(p, engine="zarr", consolidated=consolidated).load()
     got = xr.open_dataset(p, engine="ferry")
-    assert got["delta"].encoding["ferry_reader"] == "zarr-python"
-    assert got["s"].encoding["ferry_reader"] == "zarr-python"
-    assert got["good"].encoding["ferry_reader"] == "engine"
+    from ferry.xarray import FerryStore
+    st = FerryStore(p)   # which reader took each variable (encoding holds the zarr engine's keys only)
+    assert [st.specs[n].kind for n in ("delta", "s", "good")] == ["zarrpy", "zarrpy", "ferry"]
+    st.close()
     xr.testing.assert_identical(got.load(), ref)
 
 
@@ -761,11 +781,15 @@ def test_xarray_unreadable_arrays_without_zarr(tmp_path, fmt, monkeypatch):
     monkeypatch.setitem(sys.modules, "zarr", None)   # `import zarr` now fails
     got = xr.open_dataset(p, engine="ferry")
     assert set(got.variables) == {"delta", "s", "good"}
+    from ferry.xarray import FerryStore
+    st = FerryStore(p)
     for name in ("delta", "s"):
         assert got[name].dims == ref[name].dims
         assert got[name].attrs == ref[name].attrs
-        assert got[name].encoding["ferry_reader"] == "none"
-        assert "not supported" in got[name].encoding["ferry_error"]
+        assert st.specs[name].kind == "unsupported"
+        assert "not supported" in st.specs[name].error
+        assert not any(k.startswith("ferry") for k in got[name].encoding)
+    st.close()
     assert got["delta"].dtype == ref["delta"].dtype and got.sizes == ref.sizes
     np.testing.assert_array_equal(got["good"].values, [1, 2, 3, 4])
     with pytest.raises(ferry.FerryError) as ei:

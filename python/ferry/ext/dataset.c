@@ -15,11 +15,12 @@ int ds_check(DatasetObject *d) {
 }
 
 static int Dataset_init(DatasetObject *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"ctx", "path", "format", "group", NULL};
+    static char *kwlist[] = {"ctx", "path", "format", "group", "allow_outside", NULL};
     PyObject *ctxo, *patho;
     const char *format = NULL, *group = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO&|zz", kwlist, &ctxo, PyUnicode_FSConverter, &patho,
-                                     &format, &group))
+    int allow_outside = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO&|zzp", kwlist, &ctxo, PyUnicode_FSConverter, &patho,
+                                     &format, &group, &allow_outside))
         return -1;
     ContextObject *c = ctx_arg(ctxo);
     if (!c) { Py_DECREF(patho); return -1; }
@@ -32,6 +33,7 @@ static int Dataset_init(DatasetObject *self, PyObject *args, PyObject *kw) {
     memset(&o, 0, sizeof o);
     o.format = format;
     o.group = group;
+    o.allow_outside = allow_outside;
     const char *p = PyBytes_AS_STRING(patho);
     ferry_dataset *ds = NULL;
     int rc;

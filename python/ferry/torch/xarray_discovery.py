@@ -162,7 +162,27 @@ def _cf_params(attrs, dtype):
     offset = attrs.get("add_offset")
     return {"unsigned": unsigned, "fills": fills,
             "scale": None if scale is None else float(np.asarray(scale).ravel()[0]),
-            "offset": None if offset is None else float(np.asarray(offset).ravel()[0])}
+            "offset": None if offset is None else float(np.asarray(offset).ravel()[0]),
+            "compute": _compute_dtype(attrs, dtype, unsigned)}
+
+
+def _compute_dtype(attrs, dtype, unsigned):
+    """The float type xarray's mask and scale/offset coders compute in (their
+    _choose_float_dtype: float64 for float64 scale/offset or an int32, float32 for float32 ones),
+    as a name; the decode computes in it and only then casts to the batch's dtype, so a float32
+    batch equals xarray's decode cast to float32. None: nothing to scale."""
+    if attrs.get("scale_factor") is None and attrs.get("add_offset") is None:
+        return None
+    dt = np.dtype(dtype)
+    if unsigned:
+        dt = np.dtype(f"u{dt.itemsize}")
+    m = {k: (np.asarray(attrs[k]).ravel()[0] if np.ndim(attrs[k]) else attrs[k])
+         for k in ("scale_factor", "add_offset") if attrs.get(k) is not None}
+    try:
+        from xarray.coding.variables import _choose_float_dtype
+        return np.dtype(_choose_float_dtype(dt, m)).name
+    except Exception:  # noqa: BLE001 — an xarray without it: float64, what it picks for CF packing
+        return "float64"
 
 
 def _stored_attrs(fv):

@@ -32,14 +32,23 @@ def _decode_into(raw, cf, dst):
             fv = fv + (1 << (8 * raw.element_size()))    # fill given in the signed type
         m = x == fv
         mask = m if mask is None else (mask | m)
-    if not (dst.dtype == x.dtype and dst.data_ptr() == x.data_ptr() and dst.stride() == x.stride()):
+    comp = cf.get("compute")
+    work = dst
+    if comp is not None and _NP_TORCH[np.dtype(comp)] != dst.dtype:
+        # scaled in the type xarray scales in, then cast: a float32 batch of int16 data packed
+        # with float64 scale/offset equals xarray's decode cast to float32 (scaling in float32
+        # was 1 ulp off)
+        work = x.to(_NP_TORCH[np.dtype(comp)])
+    elif not (dst.dtype == x.dtype and dst.data_ptr() == x.data_ptr() and dst.stride() == x.stride()):
         dst.copy_(x)
     if cf["scale"] is not None:
-        dst.mul_(cf["scale"])
+        work.mul_(cf["scale"])
     if cf["offset"] is not None:
-        dst.add_(cf["offset"])
+        work.add_(cf["offset"])
     if mask is not None:
-        dst.masked_fill_(mask, float("nan"))
+        work.masked_fill_(mask, float("nan"))
+    if work is not dst:
+        dst.copy_(work)
     return dst
 
 

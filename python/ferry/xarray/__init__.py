@@ -21,7 +21,8 @@ Formats
                                zarr-python; without zarr installed they keep
                                ferry's description (dims, attributes) and
                                loading them raises ferry.FerryError with the
-                               parser's message (ferry_reader "none").
+                               parser's message (which reader took each Zarr variable
+                               is logged, not put in encoding).
 
 Laziness: every variable is a BackendArray with OUTER indexing; a read becomes
 one plan that touches only the chunks / records the selection needs.

@@ -20,15 +20,16 @@ log = logging.getLogger("ferry.xarray")
 # small helpers
 # ---------------------------------------------------------------------------
 def _format_of(path: str) -> str:
-    """netcdf3, hdf5 or zarr, as the C library's one sniffer (ferry_format_detect) sees it."""
+    """netcdf3, hdf5, zarr or refs (a kerchunk reference set), as the C library's one sniffer
+    (ferry_format_detect) sees it."""
     try:
         fmt = _ferry.format_detect(path)
     except ferry.FerryError as e:
         if e.code != _ferry.ENOFORMAT or os.path.isdir(path):
             raise
         fmt = None
-    if fmt not in ("netcdf3", "hdf5", "zarr"):
-        raise ValueError(f"{path}: not a netCDF, HDF5 or Zarr file that ferry can open"
+    if fmt not in ("netcdf3", "hdf5", "zarr", "refs"):
+        raise ValueError(f"{path}: not a netCDF, HDF5, Zarr or kerchunk reference file that ferry can open"
                          + (f" (a {fmt} file: read it with ferry.open)" if fmt else ""))
     return fmt
 

@@ -11,6 +11,8 @@ import numpy as np
 import ferry
 from ferry import _ferry
 from .common import _VarSpec, _native, log
+from .refs_py import RefsFallback
+from .zarr_codecs import ZarrCodecs
 from .zarr_py import _zarr3_attr_fill, _zarr_py_spec
 
 
@@ -23,6 +25,15 @@ def _fill_value(raw: bytes | None, stored: np.dtype | None):
     if raw is None or stored is None:
         return None
     return np.frombuffer(raw, dtype=stored.newbyteorder("<")).astype(stored)[0]
+
+
+def _text_bytes(s: str) -> bytes:
+    """netCDF text from the C parser's JSON (valid UTF-8 kept, other bytes as U+0000..U+00FF)
+    back to its bytes."""
+    try:
+        return s.encode("latin-1")
+    except UnicodeEncodeError:
+        return s.encode("utf-8", "surrogateescape")
 
 
 def _engine_readable(typestr: str) -> bool:
@@ -61,18 +72,23 @@ def _utf8_path(path: str) -> bool:
         return False
 
 
-def _c_scan(path: str, fmt: str, group: str | None, ctx, cpath: str | None = None):
+def _c_scan(path: str, fmt: str, group: str | None, ctx, cpath: str | None = None, allow_outside: bool = False):
     """cpath: what the C parser opens when `path` itself cannot be handed to it
-    (a /proc/self/fd alias of a path that is not UTF-8)."""
+    (a /proc/self/fd alias of a path that is not UTF-8). A kerchunk reference set
+    ("refs") describes a Zarr v2 store and is described as one; allow_outside lets
+    its references name files outside its directory."""
     # every format gets the group: one without groups answers "no group" for any but the root
-    ds = ferry.Dataset(ctx, cpath or path, None, group)
-    actual = ds.format
+    ds = ferry.Dataset(ctx, cpath or path, None, group, allow_outside=allow_outside)
+    refs = ds.format == "refs"
+    actual = "zarr" if refs else ds.format
     gattrs = ferry.decode_attrs(ds.attrs, actual)
     dims_j = json.loads(ds.dims)
     dims = {k: int(v.get("size", 0)) if isinstance(v, dict) else int(v) for k, v in dims_j.items()}
     unlimited = {k for k, v in dims_j.items() if isinstance(v, dict) and v.get("unlimited")}
     store = ds.store_info
     zv = store["zarr_format"]
+    fallback = RefsFallback(path, group, store) if refs else None
+    codecs = ZarrCodecs(path, group, store, fallback.zarray if refs else None) if actual == "zarr" else None
     specs = []
     for index, v, raw in _c_variables(ds):
         if v is None:
@@ -91,13 +107,16 @@ def _c_scan(path: str, fmt: str, group: str | None, ctx, cpath: str | None = Non
         name = v["name"]
         err = v.get("error")    # the C parser describes it but cannot read it
         if actual == "zarr" and (err or (v["dtype"] == "other" and not _engine_readable(v["typestr"]))):
-            sp = _zarr_py_spec(path, group, name, store, tuple(v["shape"]), err)
+            if refs:   # zarr-python over the chunks the reference set holds inline, if that is all of them
+                sp = fallback.spec(name, tuple(v["shape"]), err)
+            else:
+                sp = _zarr_py_spec(path, group, name, store, tuple(v["shape"]), err)
             if sp is not None:
                 for dn, n in zip(sp.dims, sp.shape):
                     dims.setdefault(dn, int(n))
                 specs.append(sp)
                 continue
-            if not err:
+            if not err and not refs:
                 continue
         attrs = ferry.decode_attrs(v["attrs"], actual)
         d = json.loads(v["dims"] or "null")
@@ -122,12 +141,22 @@ def _c_scan(path: str, fmt: str, group: str | None, ctx, cpath: str | None = Non
         except (TypeError, ValueError, SyntaxError):
             stored = dtype = None
             ok = False
-        encoding = {"source": path, "original_shape": shape, "ferry_reader": "engine"}
+        # the keys the reference engine gives: netcdf4's for netCDF classic (source, original_shape,
+        # dtype in native order, as netcdf4 and scipy give it), zarr's for Zarr (chunks, codecs,
+        # the stored dtype); nothing of ferry's own (the reader is logged)
+        # (zarr-python, too, hands big-endian arrays over in native order)
+        encoding = {} if actual == "zarr" else {"source": os.path.abspath(path), "original_shape": shape}
         if stored is not None:
-            encoding["dtype"] = stored
+            encoding["dtype"] = _native(stored)
+        if actual != "zarr" and stored is not None and stored.kind == "S" and isinstance(attrs.get("_FillValue"), str):
+            # a char variable's fill is bytes, as netcdf4 (np.bytes_) and scipy give it:
+            # xarray then masks fill characters and compares them with the data's bytes
+            attrs["_FillValue"] = np.bytes_(_text_bytes(attrs["_FillValue"]))
         if actual == "zarr":
             encoding["chunks"] = tuple(v["chunks"])
             encoding["preferred_chunks"] = dict(zip(d, v["chunks"]))
+            if codecs is not None:
+                encoding.update(codecs.encoding(name, d))
             fv = _fill_value(ds.fill(index), stored)
             if zv == 2:
                 if fv is not None:
@@ -138,14 +167,14 @@ def _c_scan(path: str, fmt: str, group: str | None, ctx, cpath: str | None = Non
                 if "_FillValue" in attrs and stored is not None:
                     attrs["_FillValue"] = _zarr3_attr_fill(attrs["_FillValue"], stored)
         if not ok:
-            kind = "zarrpy" if actual == "zarr" and not err else "unsupported"
-            encoding["ferry_reader"] = "zarr-python" if kind == "zarrpy" else "none"
+            kind = "zarrpy" if actual == "zarr" and not refs and not err else "unsupported"
             if kind == "zarrpy":
                 log.info("%s: variable %s (%s) is read by zarr-python on the CPU", path, name, typestr)
+            else:
+                log.info("%s: variable %s cannot be read (%s): loading it raises FerryError", path, name,
+                         err or typestr)
             if dtype is None:   # a type numpy has no name for: an opaque placeholder keeps the open lazy
                 dtype = np.dtype(object) if kind == "zarrpy" else np.dtype("V1")
-            if err:
-                encoding["ferry_error"] = err
         else:
             kind = "ferry"
         for dn, n in zip(d, shape):

@@ -72,9 +72,10 @@ def _reopen_store(args, expect):
         return s
     filename, group, device, threads, path_policy = args[:5]
     mask_and_scale, decode_times, decode_timedelta, decode = args[5:9]
+    allow_outside = args[9] if len(args) > 9 else False
     s = FerryStore(filename, group=group, device=device, threads=threads, path_policy=path_policy, decode=decode,
                    mask_and_scale=mask_and_scale, decode_times=decode_times, decode_timedelta=decode_timedelta,
-                   _expect=expect)
+                   _expect=expect, allow_outside=allow_outside)
     with _reopen_lock():
         if key is not None:
             s = _STORES.setdefault(key, s)
@@ -99,8 +100,9 @@ class FerryStore(_StoreReads, AbstractDataStore):
     def __init__(self, filename: str, *, group: str | None = None, device: Any = "cpu", threads: int = 0,
                  path_policy: str | None = None, decode: str | None = None, mask_and_scale: bool = True,
                  decode_times: Any = True, decode_timedelta: Any = None, ctx=None, lock=None, _expect=None,
-                 path: str | None = None):
+                 path: str | None = None, allow_outside: bool = False):
         self.filename = os.fspath(filename)
+        self.allow_outside = bool(allow_outside)   # kerchunk references: files outside the JSON's directory
         # lock= as xarray's engines take it: held around every read when given (a
         # lock is not pickled: another process has its own)
         self._user_lock = lock if hasattr(lock, "acquire") and hasattr(lock, "release") else None
@@ -147,7 +149,7 @@ class FerryStore(_StoreReads, AbstractDataStore):
                 cpath = f"/proc/self/fd/{self._alias_fd}"
             self._alias = cpath
             specs, gattrs, dims, unlimited, self._cds = _c_scan(self.filename, self.format, self.group, self.ctx,
-                                                                cpath)
+                                                                cpath, self.allow_outside)
             self.format = self._cds.format
             self._ident = before
             if before is not None and _file_identity(self.filename) != before:
@@ -209,7 +211,7 @@ class FerryStore(_StoreReads, AbstractDataStore):
 
     def __reduce__(self):
         args = (self.filename, self.group, self.device, self.threads, self.path_policy) + tuple(self._decoding) \
-            + (self.decode,)
+            + (self.decode, self.allow_outside)
         expect = (self._ident, self._summary())
         _remember_store(args, expect, self)
         return (_reopen_store, (args, expect))

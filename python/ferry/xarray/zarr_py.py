@@ -27,13 +27,15 @@ def _zarr3_attr_fill(value, dt: np.dtype):
     return value
 
 
-def _zarr_py_spec(path: str, group: str | None, name: str, store: dict, shape: tuple, why: str | None = None):
+def _zarr_py_spec(path: str, group: str | None, name: str, store: dict, shape: tuple, why: str | None = None,
+                  arr=None):
     """A variable ferry's parser does not read (variable-length strings, Zarr v3
     string/bytes types, codecs, filters or chunk grids ferry lacks; `why` is the
     parser's message): metadata and data through zarr-python, as xarray's zarr
     backend has them. None (and a log line) when zarr is not importable or cannot
     open the array either; the caller then keeps ferry's description. store: the
-    C parser's Dataset.store_info (Zarr format, and whether the node is an array)."""
+    C parser's Dataset.store_info (Zarr format, and whether the node is an array).
+    arr: the zarr array when the caller opened it (refs_py.py), else it is opened by path."""
     try:
         import zarr
     except ImportError:
@@ -46,7 +48,8 @@ def _zarr_py_spec(path: str, group: str | None, name: str, store: dict, shape: t
     if store["is_array"]:   # a store of one array: it is the node itself
         apath = g
     try:
-        arr = zarr.open_array(store=path, path=apath, mode="r")
+        if arr is None:
+            arr = zarr.open_array(store=path, path=apath, mode="r")
     except Exception as e:  # noqa: BLE001 — zarr lacks it too: ferry's description, reads raise
         log.warning("%s: variable %s cannot be read by ferry (%s) nor opened by zarr (%s): "
                     "loading it raises FerryError", path, name, why or "its type", e)
@@ -68,8 +71,11 @@ def _zarr_py_spec(path: str, group: str | None, name: str, store: dict, shape: t
     except Exception:  # noqa: BLE001 — v2 arrays have no serializer
         if dtype.kind == "O":
             dtype = coding.strings.create_vlen_dtype(str)
-    encoding = {"source": path, "original_shape": tuple(arr.shape), "chunks": tuple(arr.chunks),
-                "preferred_chunks": dict(zip(d, arr.chunks)), "ferry_reader": "zarr-python"}
+    # the zarr engine's keys (zarr_codecs.py builds the same for the arrays ferry reads)
+    encoding = {"chunks": tuple(arr.chunks), "preferred_chunks": dict(zip(d, arr.chunks)),
+                "compressors": arr.compressors, "filters": arr.filters, "shards": arr.shards}
+    if zv == 3:
+        encoding["serializer"] = arr.serializer
     if dtype.kind == "T":
         encoding["dtype"] = dtype
     if zv == 2:
