@@ -225,10 +225,15 @@ def _header(names, prep, md, data_base=None, shard=""):
     return bytearray(header), lay
 
 
-def write(prep, final, user_md, max_bytes, threads, durable=True, report=None, direct=False):
+def write(prep, final, user_md, max_bytes, threads, durable=True, report=None, direct=False,
+          sink=None):
     """Write a prepared state dict to `final` (checked by check_target), atomically; with
-    direct=True straight into `final` (an anonymous memory file: no temporary, no rename)."""
-    sharded = max_bytes is not None and prep.nbytes > max_bytes and not direct
+    direct=True straight into `final` (an anonymous memory file: no temporary, no rename).
+    sink (for object storage): sink(name) gives the path each file -- `final`, or each
+    shard's URL when sharded -- is written to instead (an in-memory file); nothing is
+    renamed, and the bytes of a sharded set's index are returned for the caller to write
+    last (None when not sharded)."""
+    sharded = max_bytes is not None and prep.nbytes > max_bytes and (not direct or sink)
     groups = _split_shards(prep, max_bytes) if sharded else [list(prep.tensors)]
     finals = _shard_names(final, len(groups)) if sharded else [final]
     index_path = final + INDEX_SUFFIX
@@ -253,7 +258,7 @@ def write(prep, final, user_md, max_bytes, threads, durable=True, report=None, d
             header, lay = _header(names, prep, md)
             keep.append(header)
             total = len(header) + sum(e - b for b, e in lay.values())
-            tmp = path if direct else _io.temp_name(path)
+            tmp = sink(path) if sink else path if direct else _io.temp_name(path)
             if not direct:
                 temps.append(tmp)
             f = _ferry.File(ctx, tmp, "w")
@@ -278,6 +283,8 @@ def write(prep, final, user_md, max_bytes, threads, durable=True, report=None, d
         for f in files:
             f.close()
         files = []
+        if sink:
+            return _index_bytes(prep, groups, finals, user_md, keep, save_id) if sharded else None
         if direct:
             return
         old_index_files = _index_files(index_path) if os.path.exists(index_path) else []
@@ -319,6 +326,19 @@ def write(prep, final, user_md, max_bytes, threads, durable=True, report=None, d
 
 
 def _commit_index(prep, final, index_path, groups, finals, user_md, keep, durable, save_id):
+    data = _index_bytes(prep, groups, finals, user_md, keep, save_id)
+    if durable:
+        _io.write_small_file_atomic(index_path, data)
+    else:
+        tmp = _io.temp_name(index_path)
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, index_path)
+
+
+def _index_bytes(prep, groups, finals, user_md, keep, save_id):
+    """The index of a sharded set: Hugging Face's {"metadata", "weight_map"}, with the save
+    id, the structure and the CRCs ferry keeps in its metadata."""
     wm = {}
     for names, path in zip(groups, finals):
         for n in names:
@@ -333,14 +353,7 @@ def _commit_index(prep, final, index_path, groups, finals, user_md, keep, durabl
         rows = [r for k in keep if isinstance(k, list) for r in k]
         imd[_st.HEADER_CRC_KEY] = _io.u32hex(_st.header_digest(imd, rows))
     index = {"metadata": imd, "weight_map": wm}
-    data = json.dumps(index, indent=2).encode()
-    if durable:
-        _io.write_small_file_atomic(index_path, data)
-    else:
-        tmp = _io.temp_name(index_path)
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, index_path)
+    return json.dumps(index, indent=2).encode()
 
 
 def _reclaim_orphans(final, keep):
