@@ -134,9 +134,9 @@ typedef struct upload {
     char *upload_id;           /* percent-encoded, as sent and signed */
 } upload;
 
-enum { REQ_PUT, REQ_CREATE, REQ_PART, REQ_COMPLETE, REQ_ABORT, REQ_DELETE };
+enum { REQ_PUT, REQ_CREATE, REQ_PART, REQ_COMPLETE, REQ_ABORT, REQ_DELETE, REQ_HEAD };
 static const char *const req_name[] = {"PUT", "CreateMultipartUpload", "UploadPart", "CompleteMultipartUpload",
-                                       "AbortMultipartUpload", "DELETE"};
+                                       "AbortMultipartUpload", "DELETE", "HEAD"};
 
 /* One request, retried until done. */
 typedef struct job {
@@ -144,8 +144,10 @@ typedef struct job {
     const uint8_t *body;
     uint64_t off, len;         /* the body's bytes (off: in the object, for messages) */
     int attempts, active, done;
+    int gone;                  /* REQ_COMPLETE: a retry found the upload gone (NoSuchUpload) */
     double not_before;
-    char etag[TAG_MAX];        /* the part's ETag (REQ_PART) */
+    uint64_t size;             /* REQ_HEAD: the object's Content-Length */
+    char etag[TAG_MAX];        /* the part's ETag (REQ_PART), the object's (REQ_HEAD) */
     char answer[512];          /* what the answer held (REQ_CREATE: the upload id) */
 } job;
 
@@ -223,6 +225,7 @@ static int prepare(upload *up, slot *s, job *j) {
     case REQ_COMPLETE: method = "POST"; snprintf(s->query, sizeof s->query, "uploadId=%s", up->upload_id); break;
     case REQ_ABORT: method = "DELETE"; snprintf(s->query, sizeof s->query, "uploadId=%s", up->upload_id); break;
     case REQ_DELETE: method = "DELETE"; s->query[0] = 0; break;
+    case REQ_HEAD: method = "HEAD"; s->query[0] = 0; break;
     default: s->query[0] = 0; break;
     }
     /* small bodies (an index, the completion's XML) are hashed and signed;
@@ -260,6 +263,8 @@ static int prepare(upload *up, slot *s, job *j) {
         curl_easy_setopt(e, CURLOPT_POST, 1L);
         curl_easy_setopt(e, CURLOPT_POSTFIELDS, j->len ? (const char *)j->body : "");
         curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)j->len);
+    } else if (!strcmp(method, "HEAD")) {
+        curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
     } else {
         curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, method);
     }
@@ -309,6 +314,10 @@ static int classify(upload *up, slot *s, CURLcode res, char *why, size_t cap) {
     /* CompleteMultipartUpload may answer 200 and fail in its body */
     int body_error = st == 200 && !strncmp(s->body, "<?xml", 5) && strstr(s->body, "<Error>");
     if (st >= 200 && st < 300 && !body_error) {
+        if (j->kind == REQ_HEAD) {
+            j->size = s->resp.have_clen ? s->resp.clen : UINT64_MAX;
+            snprintf(j->etag, sizeof j->etag, "%.130s", s->resp.etag);
+        }
         if (j->kind == REQ_PART) {
             size_t el = strlen(s->resp.etag);
             if (!el || el >= sizeof j->etag) {
@@ -330,6 +339,12 @@ static int classify(upload *up, slot *s, CURLcode res, char *why, size_t cap) {
     if (body_error)
         return strstr(s->body, "<Code>InternalError</Code>") || strstr(s->body, "<Code>SlowDown</Code>") ? RETRY : FERRY_EIO;
     if ((j->kind == REQ_DELETE || j->kind == REQ_ABORT) && st == 404) return DONE;   /* gone already */
+    /* a completion retried after its answer was lost finds the upload gone:
+     * the caller asks the object whether it is this upload's */
+    if (j->kind == REQ_COMPLETE && st == 404 && j->attempts > 1 && strstr(s->body, "<Code>NoSuchUpload</Code>")) {
+        j->gone = 1;
+        return DONE;
+    }
     if (st == 408 || st == 429 || st >= 500 || (st == 400 && strstr(s->body, "<Code>RequestTimeout</Code>"))) return RETRY;
     if (st == 404) return -ENOENT;
     if (st == 403 || st == 401) return -EACCES;
@@ -456,6 +471,22 @@ static char *complete_xml(const job *parts, uint64_t n, size_t *len) {
     return out;
 }
 
+/* Whether the object is this upload's, after a completion whose answer was
+ * lost: its size, and a multipart ETag of as many parts ("...-N"). */
+static int completed_before(upload *up, uint64_t n, uint64_t nparts) {
+    job head = {.kind = REQ_HEAD};
+    int rc = run(up, &head, 1);
+    if (rc < 0) return rc;
+    char tail[32];
+    snprintf(tail, sizeof tail, "-%llu\"", (unsigned long long)nparts);
+    size_t el = strlen(head.etag), tl = strlen(tail);
+    if (head.size == n && el > tl && !strcmp(head.etag + el - tl, tail)) return 0;
+    return ferry_seterr(FERRY_EIO, "CompleteMultipartUpload: retried after a lost answer, the upload was gone "
+                        "(NoSuchUpload) and the object is not this upload's (%llu bytes, ETag %s; expected %llu bytes "
+                        "in %llu parts)", (unsigned long long)head.size, head.etag[0] ? head.etag : "none",
+                        (unsigned long long)n, (unsigned long long)nparts);
+}
+
 static int multipart(upload *up, const uint8_t *data, uint64_t n, uint64_t part, uint64_t nparts) {
     job create = {.kind = REQ_CREATE};
     int rc = run(up, &create, 1);
@@ -478,6 +509,7 @@ static int multipart(upload *up, const uint8_t *data, uint64_t n, uint64_t part,
     if (rc == 0) {
         job done = {.kind = REQ_COMPLETE, .body = (const uint8_t *)xml, .len = xlen};
         rc = run(up, &done, 1);
+        if (rc == 0 && done.gone) rc = completed_before(up, n, nparts);
     }
     free(xml);
     free(parts);

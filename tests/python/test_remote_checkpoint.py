@@ -9,6 +9,7 @@ and no pending upload; a 503 on a part is retried and the save completes."""
 import http.client
 import json
 import os
+import socket
 import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -170,7 +171,8 @@ def test_dcp_refuses_object_urls_saying_what_to_do():
 # ---------------------------------------------------------------------------
 class FaultProxy:
     """Forwards every request to moto; `fail(pred, status)` answers the requests pred
-    matches (method, path with query) with `status` instead, `times` times (None: always)."""
+    matches (method, path with query) with `status` instead, `times` times (None: always);
+    status "lose": the request reaches moto, its answer is lost (the connection closes)."""
 
     def __init__(self, target):
         self.host, self.port_t = target.split("//")[1].split(":")
@@ -195,27 +197,29 @@ class FaultProxy:
                             if r[2] is not None:
                                 r[2] -= 1
                             break
+                if hit and hit[1] == "lose":
+                    proxy.forward(self, body)
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
                 if hit:
-                    msg = b"<?xml version='1.0'?><Error><Code>AccessDenied</Code><Message>injected</Message></Error>"
+                    msg = (b"<?xml version='1.0'?><Error><Code>%s</Code><Message>injected</Message></Error>"
+                           % hit[3].encode())
                     self.send_response(hit[1])
                     self.send_header("Content-Length", str(len(msg)))
                     self.end_headers()
                     self.wfile.write(msg)
                     return
-                c = http.client.HTTPConnection(proxy.host, int(proxy.port_t), timeout=30)
-                hdrs = {k: v for k, v in self.headers.items() if k.lower() not in ("content-length",)}
-                c.request(self.command, self.path, body=body, headers=hdrs)
-                r = c.getresponse()
-                data = r.read()
+                r, data = proxy.forward(self, body)
                 self.send_response(r.status)
                 for k, v in r.getheaders():
                     if k.lower() not in ("content-length", "transfer-encoding", "connection"):
                         self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
+                self.send_header("Content-Length", r.getheader("Content-Length", "0") if self.command == "HEAD"
+                                 else str(len(data)))
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(data)
-                c.close()
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = handle_one
 
@@ -224,8 +228,17 @@ class FaultProxy:
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
-    def fail(self, pred, status, times=None):
-        self.rules.append([pred, status, times])
+    def forward(self, h, body):
+        c = http.client.HTTPConnection(self.host, int(self.port_t), timeout=30)
+        hdrs = {k: v for k, v in h.headers.items() if k.lower() not in ("content-length",)}
+        c.request(h.command, h.path, body=body, headers=hdrs)
+        r = c.getresponse()
+        data = r.read()
+        c.close()
+        return r, data
+
+    def fail(self, pred, status, times=None, code="AccessDenied"):
+        self.rules.append([pred, status, times, code])
 
     def stop(self):
         self.httpd.shutdown()
@@ -291,6 +304,29 @@ def test_transient_errors_are_retried(moto_s3, proxy):
     ck.save(sd, "s3://data/r.safetensors")
     assert _eq(ck.load("s3://data/r.safetensors"), sd)
     assert sum(1 for m, p in proxy.log if m == "PUT" and "partNumber=1&" in p) == 3
+
+
+def test_completion_whose_answer_is_lost(moto_s3, proxy):
+    """CompleteMultipartUpload reaches S3 but its answer is lost: the retry finds the upload
+    gone (NoSuchUpload), and the object, of this upload's size and part count, is taken as
+    written -- not reported as an aborted save."""
+    complete = lambda m, p: m == "POST" and "uploadId=" in p   # noqa: E731
+    proxy.fail(complete, "lose", times=1)
+    proxy.fail(complete, 404, times=1, code="NoSuchUpload")   # as S3 answers once the upload is complete
+    sd = _sd(12, big=2_000_000)
+    ck.save(sd, "s3://data/lost.safetensors")
+    assert sum(1 for m, p in proxy.log if complete(m, p)) == 2
+    assert any(m == "HEAD" for m, p in proxy.log)
+    assert _eq(ck.load("s3://data/lost.safetensors"), sd) and _pending(moto_s3) == []
+    # the completion never reached S3, and a retry finds the upload gone: the object is
+    # the previous one (another size), so the save is an error, not a success
+    proxy.rules.clear()
+    proxy.fail(complete, 500, times=1)
+    proxy.fail(complete, 404, times=1, code="NoSuchUpload")
+    with pytest.raises(FerryError) as ei:
+        ck.save(_sd(13, big=2_500_000), "s3://data/lost.safetensors")
+    assert "the object is not this upload's" in str(ei.value)
+    assert _eq(ck.load("s3://data/lost.safetensors"), sd)
 
 
 # ---------------------------------------------------------------------------
