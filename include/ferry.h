@@ -360,7 +360,8 @@ enum {
  *  (a FIFO would block a read forever), ...
  *
  *  URLs. path may be a URL, read like a file (FERRY_READ only; FERRY_WRITE is
- *  FERRY_EUNSUPPORTED):
+ *  FERRY_EUNSUPPORTED: ferry_object_write in ferry_experimental.h writes s3://
+ *  and gs:// objects whole):
  *   - file:///abs/path (host empty or "localhost"; %XX decoded): the local file.
  *   - http://host[:port]/path?query, https://...: sent as written.
  *   - s3://BUCKET/KEY: the key is encoded by ferry. Endpoint: AWS_ENDPOINT_URL_S3,

@@ -67,6 +67,10 @@ int ferry_s3_xml_text(const char *body, size_t n, const char *tag, char *out, si
  * refused, saying what to do instead. */
 static int writable(const char *url) {
     ferry_url_scheme s = ferry_url_scheme_of(url);
+    size_t n = strlen(url);
+    if ((s == FERRY_URL_S3 || s == FERRY_URL_GS) && url[n - 1] == '/')
+        return ferry_seterr(FERRY_EINVAL, "%s: names a folder (a key ending in /); write an object under it, e.g. "
+                            "%smodel.safetensors", url, url);
     if (s == FERRY_URL_S3 || s == FERRY_URL_GS) return 0;
     if (s == FERRY_URL_HTTP || s == FERRY_URL_HTTPS)
         return ferry_seterr(FERRY_EUNSUPPORTED, "%s: ferry does not write %s URLs: HTTP has no one protocol for writing an "

@@ -95,6 +95,8 @@ static void test_refusals(void) {
     CHECK_STR_CONTAINS(ferry_errmsg(ctx), "ftp://");
     CHECK_EQ_I(ferry_object_write(ctx, "s3://bucket/", data, 1) < 0, 1);             /* no key */
     CHECK_STR_CONTAINS(ferry_errmsg(ctx), "s3://bucket/");
+    CHECK_EQ_I(ferry_object_write(ctx, "s3://bucket/ckpt/", data, 1), FERRY_EINVAL);  /* a folder */
+    CHECK_STR_CONTAINS(ferry_errmsg(ctx), "s3://bucket/ckpt/model.safetensors");
     CHECK_EQ_I(ferry_object_write(NULL, "s3://b/k", data, 1), FERRY_EINVAL);
     CHECK_EQ_I(ferry_object_write(ctx, "s3://b/k", NULL, 1), FERRY_EINVAL);
     CHECK_EQ_I(ferry_object_delete(ctx, "https://host/a"), FERRY_EUNSUPPORTED);

@@ -157,6 +157,30 @@ def test_https_and_http_destinations_are_refused(tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == []
 
 
+def test_folder_destination_is_refused(signed):
+    with pytest.raises(FerryError) as ei:
+        ck.save({"x": torch.zeros(2)}, "s3://data/dir/")
+    assert "names a folder" in str(ei.value) and "s3://data/dir/model.safetensors" in str(ei.value)
+    assert _keys(signed) == []
+
+
+def test_gs_hmac_keys_write_through_the_s3_api(moto_s3, monkeypatch):
+    """gs:// saves go to GCS's S3-compatible XML API with HMAC keys (moto stands in for it,
+    STORAGE_EMULATOR_HOST, signature checked), multipart included."""
+    moto_s3.reset_auth("0")
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", moto_s3.endpoint)
+    monkeypatch.setenv("GS_ACCESS_KEY_ID", moto_s3.key["AccessKeyId"])
+    monkeypatch.setenv("GS_SECRET_ACCESS_KEY", moto_s3.key["SecretAccessKey"])
+    monkeypatch.setenv("FERRY_REMOTE_PART_SIZE", "5M")
+    sd = _sd(14, big=2_000_000)
+    ck.save(sd, "gs://data/g/model.safetensors", max_shard_size="6MB")
+    assert _eq(ck.load("gs://data/g/"), sd)
+    monkeypatch.setenv("GS_SECRET_ACCESS_KEY", "wrong")
+    with pytest.raises(FerryError) as ei:
+        ck.save(sd, "gs://data/g2.safetensors")
+    assert "gs://data/g2.safetensors" in str(ei.value) and "403" in str(ei.value)
+
+
 def test_dcp_refuses_object_urls_saying_what_to_do():
     from ferry.checkpoint import FerryReader, FerryWriter
     for cls in (FerryWriter, FerryReader):

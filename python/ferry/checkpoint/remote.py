@@ -29,9 +29,9 @@ INDEX_SUFFIX = _save.INDEX_SUFFIX
 
 
 def check_writable(url):
-    """Refuse, before any work, a URL the C library does not write (http://, https://):
-    an empty write there is refused without a request."""
-    if _url.scheme(url) not in _url.WRITE_SCHEMES:
+    """Refuse, before any work, a URL the C library does not write (http://, https://, a
+    folder s3://b/dir/): an empty write there is refused without a request."""
+    if _url.scheme(url) not in _url.WRITE_SCHEMES or url.endswith("/"):
         _ferry.object_write(url, b"")
 
 
