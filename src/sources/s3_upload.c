@@ -280,7 +280,9 @@ static int prepare(upload *up, slot *s, job *j) {
     curl_easy_setopt(e, CURLOPT_ERRORBUFFER, s->errbuf);
     curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(e, CURLOPT_USERAGENT, "ferry/" FERRY_VERSION_STRING);
-    curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1024L);
+    /* a completion of many parts takes S3 minutes, kept alive by a space now
+     * and then: only silence ends it */
+    curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, j->kind == REQ_COMPLETE ? 1L : 1024L);
     curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, (long)(up->stall_s + 0.5));
     curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)(1000 * (up->stall_s < 10 ? up->stall_s : 10)));
     curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L);   /* the signature names the host */
