@@ -45,6 +45,22 @@ def _upload(url, mf):
     return size
 
 
+SHARDS_AT_ONCE = 4   # shards uploaded side by side: many small shards are not one round trip each
+
+
+def _upload_all(files):
+    """Upload every (url, in-memory file) of files, up to SHARDS_AT_ONCE at once (each
+    call releases the GIL; its parts run side by side within it). The first FerryError
+    is raised once all have ended (none is left half done: each is whole or absent)."""
+    items = list(files.items())
+    if len(items) == 1:
+        return [_upload(*items[0])]
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(min(SHARDS_AT_ONCE, len(items)), thread_name_prefix="ferry-upload") as ex:
+        futs = [ex.submit(_upload, u, mf) for u, mf in items]
+        return [f.result() for f in futs]
+
+
 def _shards_of(index_url):
     """Shard URLs the index in place names (for cleanup), or [] where there is none or it
     does not open."""
@@ -79,9 +95,8 @@ def save(prep, url, user_md, max_bytes, threads, report=None):
                             direct=True, sink=sink)
         index_url = url + INDEX_SUFFIX
         old = _shards_of(index_url)
-        total = 0
-        for path, mf in files.items():          # shards (or the one file), in order
-            total += _upload(path, mf)
+        total = sum(_upload_all(files))
+        for mf in files.values():
             mf.close()
         if index is not None:
             _ferry.object_write(index_url, index)  # the commit point
