@@ -160,7 +160,8 @@ typedef struct slot {
     CURL *easy;
     struct curl_slist *hdrs;
     job *j;
-    char url[4096], query[1024];
+    char url[8192];
+    char query[2048];          /* an upload id is at most 511 bytes, 1533 encoded: it always fits */
     char hash[65];
     uint64_t sent;
     ferry_http_resp resp;

@@ -124,6 +124,21 @@ def test_sharded_save_hf_names_index_last_and_loads(signed):
     assert _pending(signed) == []
 
 
+def test_sharded_save_with_crcs_and_structure(signed):
+    sd = {"model": _sd(15, big=1_500_000), "optim": {"step": 9, "lr": [0.1, 0.01]}}
+    ck.save(sd, "s3://data/c/model.safetensors", max_shard_size="4MB", crc32c=True)
+    got = ck.load("s3://data/c/")
+    assert got["optim"] == sd["optim"] and _eq(got["model"], sd["model"])
+    # a flipped byte in a shard's tensor data is caught by its CRC, naming the shard
+    key = "c/model-00001-of-00002.safetensors"
+    body = bytearray(signed.s3.get_object(Bucket="data", Key=key)["Body"].read())
+    body[-5] ^= 0xFF
+    signed.s3.put_object(Bucket="data", Key=key, Body=bytes(body))
+    with pytest.raises(FerryError) as ei:
+        ck.load("s3://data/c/")
+    assert "s3://data/" + key in str(ei.value) and "CRC32C mismatch" in str(ei.value)
+
+
 def test_two_saves_are_never_mixed(signed):
     a, b = _sd(3, big=1_500_000), _sd(4, big=1_500_000)
     ck.save(a, "s3://data/m/model.safetensors", max_shard_size="4MB")
