@@ -336,6 +336,32 @@ def test_sharded_save_failing_on_a_shard_keeps_the_previous_set(moto_s3, proxy):
     assert _eq(ck.load("s3://data/s/"), new)
 
 
+def test_sharded_save_holds_a_window_of_shards_and_writes_the_index_last(moto_s3, proxy, monkeypatch):
+    from ferry.checkpoint import remote, url as ckurl
+    live, most = [0], [0]
+
+    class Counted(ckurl.MemFile):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            live[0] += 1
+            most[0] = max(most[0], live[0])
+
+        def close(self):
+            if self.fd >= 0:
+                live[0] -= 1
+            super().close()
+
+    monkeypatch.setattr(ckurl, "MemFile", Counted)
+    monkeypatch.setattr(remote, "SHARDS_AT_ONCE", 2)
+    g = torch.Generator().manual_seed(16)
+    sd = {f"layer{i}.weight": torch.randn(300, 1000, generator=g) for i in range(7)}   # 1.2 MB each
+    ck.save(sd, "s3://data/w/model.safetensors", max_shard_size="1MB")
+    assert most[0] == 2 and live[0] == 0
+    puts = [p for m, p in proxy.log if m in ("PUT", "POST") and "/data/w/" in p]
+    assert puts[-1].endswith("/data/w/model.safetensors.index.json") and len(puts) == 8
+    assert _eq(ck.load("s3://data/w/"), sd)
+
+
 def test_transient_errors_are_retried(moto_s3, proxy):
     proxy.fail(lambda m, p: m == "PUT" and "partNumber=1&" in p, 503, times=2)
     proxy.fail(lambda m, p: m == "POST" and p.endswith("?uploads"), 500, times=1)

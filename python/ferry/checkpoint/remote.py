@@ -3,7 +3,8 @@
 Saves: each file (the checkpoint, or each shard) is written by the engine into an anonymous
 in-memory file, then uploaded from its mapping, without a copy, by ferry_object_write: one
 PUT, or an S3 multipart upload that is aborted on any failure -- the object appears whole
-or not at all. A sharded save uploads its shards under Hugging Face's names, each stamped
+or not at all. Shards are written and uploaded SHARDS_AT_ONCE at a time, so a save holds
+that many shards in memory. A sharded save uploads its shards under Hugging Face's names, each stamped
 with the save's id, then the index (the commit point), then deletes what the previous save
 left that this one does not use (the old index's other shards; a single file at the same
 name, which a load would find first). Loads: the C parser opens the URL (a directory URL
@@ -83,25 +84,32 @@ def _delete(url):
 
 def save(prep, url, user_md, max_bytes, threads, report=None):
     """Write a prepared state dict to the object `url` (and its shards beside it)."""
-    files = {}
+    files, sizes, written = {}, [], []
 
     def sink(path):
         mf = _url.MemFile(name="ferry-upload")
         files[path] = mf
         return mf.path
 
+    def flush(paths):            # a batch of files written: upload it, then free its memory
+        batch = {p: files[p] for p in paths}
+        try:
+            sizes.extend(_upload_all(batch))
+            written.extend(paths)
+        finally:
+            for p, mf in batch.items():
+                mf.close()
+                del files[p]
+
+    index_url = url + INDEX_SUFFIX
+    old = _shards_of(index_url)  # what the save in place uses, before any of it is replaced
     try:
         index = _save.write(prep, url, user_md, max_bytes, threads, durable=False, report=report,
-                            direct=True, sink=sink)
-        index_url = url + INDEX_SUFFIX
-        old = _shards_of(index_url)
-        total = sum(_upload_all(files))
-        for mf in files.values():
-            mf.close()
+                            direct=True, sink=sink, flush=flush, window=SHARDS_AT_ONCE)
         if index is not None:
             _ferry.object_write(index_url, index)  # the commit point
             _delete(url)                          # a single file here would be opened first
-            new = set(files)
+            new = set(written)
             for s in old:
                 if s not in new:
                     _delete(s)
@@ -110,8 +118,8 @@ def save(prep, url, user_md, max_bytes, threads, report=None):
             for s in old:
                 if s != url:
                     _delete(s)
-        _run.log.info("save %s: %d bytes in %d object%s", url, total, len(files),
-                      "" if len(files) == 1 else "s")
+        _run.log.info("save %s: %d bytes in %d object%s", url, sum(sizes), len(sizes),
+                      "" if len(sizes) == 1 else "s")
     finally:
         for mf in files.values():
             mf.close()
