@@ -8,6 +8,7 @@
 #include "sources/remote.h"
 #include "sources/response.h"
 #include "sources/s3.h"
+#include "sources/upload.h"
 #include "sources/url.h"
 #include <errno.h>
 #include <stdlib.h>
@@ -73,7 +74,8 @@ static int read_knobs(knobs *k) {
 
 int ferry_remote_check_env(void) {
     knobs k;
-    return read_knobs(&k);
+    int rc = read_knobs(&k);
+    return rc < 0 ? rc : ferry_upload_check_env();
 }
 
 int ferry_remote_limits(int *connections, int *retries, double *retry_s, double *stall_s) {

@@ -63,6 +63,22 @@ int ferry_s3_xml_text(const char *body, size_t n, const char *tag, char *out, si
     return 1;
 }
 
+/* The part size asked for: FERRY_REMOTE_PART_SIZE, 16 MiB by default (AWS's
+ * guide names 8-16 MB parts; 16 MiB keeps a 100 GiB checkpoint at 6,400
+ * parts, under S3's 10,000, without growing them). */
+static int part_size_knob(uint64_t *v) {
+    *v = 16u << 20;
+    const char *s = getenv("FERRY_REMOTE_PART_SIZE");
+    if (s && *s && (ferry_size_parse(s, v) < 0 || *v < FERRY_S3_MIN_PART || *v > FERRY_S3_MAX_PART))
+        return ferry_seterr(FERRY_EINVAL, "FERRY_REMOTE_PART_SIZE=\"%s\": a size from 5M to 5G (S3's bounds on a part)", s);
+    return 0;
+}
+
+int ferry_upload_check_env(void) {
+    uint64_t v;
+    return part_size_knob(&v);
+}
+
 /* Which URLs take writes: s3:// and gs:// (through the S3 API); the rest is
  * refused, saying what to do instead. */
 static int writable(const char *url) {
@@ -107,17 +123,6 @@ int ferry_object_delete(ferry_ctx *ctx, const char *url) {
 
 #define MAX_PAR 64
 #define TAG_MAX 136
-
-/* The part size asked for: FERRY_REMOTE_PART_SIZE, 16 MiB by default (AWS's
- * guide names 8-16 MB parts; 16 MiB keeps a 100 GiB checkpoint at 6,400
- * parts, under S3's 10,000, without growing them). */
-static int part_size_knob(uint64_t *v) {
-    *v = 16u << 20;
-    const char *s = getenv("FERRY_REMOTE_PART_SIZE");
-    if (s && *s && (ferry_size_parse(s, v) < 0 || *v < FERRY_S3_MIN_PART || *v > FERRY_S3_MAX_PART))
-        return ferry_seterr(FERRY_EINVAL, "FERRY_REMOTE_PART_SIZE=\"%s\": a size from 5M to 5G (S3's bounds on a part)", s);
-    return 0;
-}
 
 static pthread_once_t curl_once_ = PTHREAD_ONCE_INIT;
 static CURLcode curl_init_rc_;

@@ -111,6 +111,11 @@ static void test_refusals(void) {
     CHECK_EQ_I(rc, FERRY_EUNSUPPORTED);
     CHECK_STR_CONTAINS(ferry_errmsg(ctx), "needs libcurl");
 #endif
+    /* and a context is not made under it (every knob is checked at ferry_ctx_create) */
+    ferry_ctx *bad = NULL;
+    CHECK_EQ_I(ferry_ctx_create(&bad, NULL), FERRY_EINVAL);
+    CHECK_STR_CONTAINS(ferry_errmsg(NULL), "FERRY_REMOTE_PART_SIZE");
+    ferry_ctx_destroy(bad);
     unsetenv("FERRY_REMOTE_PART_SIZE");
 #ifdef FERRY_HAVE_CURL
     /* nothing listens on port 9: a refused connection, retried within bounds, then named */

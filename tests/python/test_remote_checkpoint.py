@@ -21,6 +21,7 @@ torch = pytest.importorskip("torch")
 st_torch = pytest.importorskip("safetensors.torch")
 from ferry import checkpoint as ck  # noqa: E402
 from ferry import FerryError  # noqa: E402
+from ferry import _ferry as ferry_ext  # noqa: E402
 from rangeserver import ferry_reads_urls  # noqa: E402
 from test_remote import moto_s3, server  # noqa: E402,F401  (fixtures)
 
@@ -194,6 +195,12 @@ def test_gs_hmac_keys_write_through_the_s3_api(moto_s3, monkeypatch):
     with pytest.raises(FerryError) as ei:
         ck.save(sd, "gs://data/g2.safetensors")
     assert "gs://data/g2.safetensors" in str(ei.value) and "403" in str(ei.value)
+
+
+def test_part_size_is_checked_with_the_other_knobs(monkeypatch):
+    monkeypatch.setenv("FERRY_REMOTE_PART_SIZE", "1M")   # under S3's 5 MiB
+    with pytest.raises(FerryError, match="FERRY_REMOTE_PART_SIZE=\"1M\": a size from 5M to 5G"):
+        ferry_ext.Context()
 
 
 def test_dcp_refuses_object_urls_saying_what_to_do():
