@@ -240,6 +240,37 @@ int64_t ferry_image_decode_cuda(const void *data, size_t n, int device, uintptr_
 /** "loaded nvJPEG 12.4 from libnvjpeg.so.12", or why nvJPEG is not loaded (static text). */
 const char *ferry_nvjpeg_status(void);
 
+/* ------------------------------------------------------------------------- */
+/* Writing objects (s3://, gs://)                                             */
+/* ------------------------------------------------------------------------- */
+/** Write the n bytes at data as the object at url, whole or not at all.
+ *  url: s3://BUCKET/KEY, or gs://BUCKET/KEY signed with HMAC keys (GCS's
+ *  S3-compatible API); endpoint, region and credentials as ferry_file_open
+ *  reads them. Up to the part size: one PUT. Above it: a multipart upload --
+ *  CreateMultipartUpload, the parts sent side by side (at most
+ *  FERRY_REMOTE_CONNECTIONS, 64 at most per call), CompleteMultipartUpload.
+ *  Each request is retried as reads are (timeouts, resets, 5xx, 429,
+ *  SlowDown; FERRY_REMOTE_RETRIES, FERRY_REMOTE_RETRY_SECONDS,
+ *  FERRY_REMOTE_STALL_SECONDS). Any failure aborts the upload
+ *  (AbortMultipartUpload): unless the call returns 0, the object at url is
+ *  what it was before (or absent) and no pending upload remains; an abort
+ *  that fails too is said in the message, with the upload id to abort.
+ *  FERRY_REMOTE_PART_SIZE: bytes per part (16M; 5M to 5G, S3's bounds),
+ *  grown by whole MiB where 10,000 parts (S3's most) would not cover n.
+ *  Small bodies (up to 1 MiB) are signed with their SHA-256; larger ones are
+ *  sent as UNSIGNED-PAYLOAD (TLS protects them on https endpoints).
+ *  http:// and https:// are FERRY_EUNSUPPORTED (HTTP has no one protocol
+ *  for writing an object whole), as is every URL in a ferry built without
+ *  libcurl; plain paths and file:// are FERRY_EINVAL (ferry_pwrite writes
+ *  files). data must stay valid and unchanged until the call returns; it is
+ *  read from the calling thread's requests, never copied. 0, or a negative
+ *  code with the thread's message naming url, the request (the part and its
+ *  bytes), the HTTP status and the server's message. */
+int ferry_object_write(ferry_ctx *ctx, const char *url, const void *data, uint64_t n);
+/** Delete the object at url (s3:// or gs://, as ferry_object_write). An
+ *  absent object is not an error. 0, or a negative code naming url. */
+int ferry_object_delete(ferry_ctx *ctx, const char *url);
+
 FERRY_API_END
 #ifdef __cplusplus
 }

@@ -156,12 +156,14 @@ static void describe_text(ferry_dataset *ds, const char *path, ferry_sbuf *b) {
 }
 
 static void usage(FILE *to) {
-    fprintf(to, "usage: ferry info [--json] [--knobs] [--depth N] [FILE|DIR...]\n"
+    fprintf(to, "usage: ferry info [--json] [--knobs] [--depth N] [FILE|DIR|URL...]\n"
                 "  Variables, tensors or arrays with dtype, shape, chunks, codecs, byte ranges and\n"
                 "  attributes; for other files, the size and how much is in the page cache.\n"
                 "  DIR: a Zarr store or group (its subgroups too, --depth levels down, default 1;\n"
                 "  0: this group only), a Hugging Face checkpoint directory (its index or\n"
                 "  model.safetensors), or a torch.distributed.checkpoint directory.\n"
+                "  URL: an http(s)://, s3:// or gs:// object; a checkpoint directory URL ending in /\n"
+                "  (its model.safetensors.index.json or model.safetensors; objects are not listed).\n"
                 "  Without a path: this build and machine (version, CUDA, cuFile, nvCOMP, GPU kernels,\n"
                 "  decode policy). --knobs: the FERRY_* tuning variables ferry checks (name, grammar,\n"
                 "  default, what it does, and its value where set).\n");

@@ -32,6 +32,7 @@ import ferry as _ferry_pkg
 from . import background as _async
 from . import io as _io
 from . import open as _open
+from . import remote as _remote
 from . import run as _run
 from . import writer as _save
 from . import tree as _tree
@@ -93,15 +94,20 @@ def _max_shard_bytes(max_shard_size):
 
 def _save_target(path, metadata, max_shard_size):
     """What save and async_save check before anything else: (kind, path, user metadata,
-    max shard bytes, fsspec filesystem and inner path for URLs, else None, None)."""
+    max shard bytes, fsspec filesystem and inner path for URLs fsspec writes, else None,
+    None). kind: "local", "object" (s3://, gs://: the C library's uploads; http(s):// is
+    refused here) or "url" (fsspec)."""
     kind, p = _url.split(path)
     user_md = _save.check_user_metadata(metadata)
     max_bytes = _max_shard_bytes(max_shard_size)
     fs = inner = None
-    if kind == "url":
+    if kind == "url" and _url.is_object(p):
+        _remote.check_writable(p)
+        kind = "object"
+    elif kind == "url":
         fs, inner = _url.filesystem(p)
         if max_bytes is not None:
-            _io.fail("%s: sharded saves (max_shard_size) are for local paths" % p,
+            _io.fail("%s: sharded saves (max_shard_size) are for local paths, s3:// and gs://" % p,
                      _io.EUNSUPPORTED)
     return kind, p, user_md, max_bytes, fs, inner
 
@@ -118,8 +124,11 @@ def save(state_dict, path, metadata=None, *, crc32c=False, max_shard_size=None, 
     fsynced. A save that dies leaves any previous file at `path` untouched; its temporary
     (.<name>.ferry-tmp.*) never gets in the way of a later save and is removed by it.
 
-    path: a local path, a file:// URL, or another URL (s3://, memory://, ...) written
-    through fsspec when it is installed (refused otherwise). The target is checked before
+    path: a local path, a file:// URL, an s3:// or gs:// object (written by the C library:
+    one PUT, or an S3 multipart upload aborted on any failure, so the object appears whole
+    or not at all; sharded saves upload the shards, then the index), or another URL
+    (memory://, ...) written through fsspec when it is installed (refused otherwise);
+    http:// and https:// are refused (no write protocol). The target is checked before
     anything is written: "" and directories are refused, as is a parent that is a file;
     missing parent directories are created; a symlink is followed (the file it names is
     replaced, the link stays).
@@ -133,6 +142,13 @@ def save(state_dict, path, metadata=None, *, crc32c=False, max_shard_size=None, 
     storage (tied weights) are stored once and tied again by ferry's load.
     """
     kind, p, user_md, max_bytes, fs, inner = _save_target(path, metadata, max_shard_size)
+    if kind == "object":
+        prep = _save.Prepared(state_dict, crc32c)
+        with _run.Timer("save", p) as tm:
+            tm.nbytes = prep.nbytes
+            _remote.save(prep, p, user_md, max_bytes, threads,
+                         _run.reporter(progress, "save " + p.rsplit("/", 1)[-1], prep.nbytes))
+        return
     if kind == "url":
         data = save_bytes(state_dict, metadata, crc32c=crc32c, threads=threads,
                           progress=progress)
@@ -161,13 +177,16 @@ def save_bytes(state_dict, metadata=None, *, crc32c=False, threads=0, progress=N
 
 # =============================================================================== load
 def _open_ck(path, verify=True):
-    """A Checkpoint for a local path or file:// URL; other URLs are read through fsspec
+    """A Checkpoint for a local path or file:// URL, or an http(s)://, s3:// or gs://
+    object (or directory URL) read by the C library; other URLs are read through fsspec
     into an in-memory file that lives as long as the Checkpoint."""
     kind, p = _url.split(path)
     if kind == "local":
         if p == "":
             _io.fail("ferry.checkpoint: empty path", _io.EINVAL)
         return _open.Checkpoint(p, verify=verify)
+    if _url.is_object(p):
+        return _open.Checkpoint(p, verify=verify, remote=True)
     fs, inner = _url.filesystem(p)
     if inner.endswith(INDEX_SUFFIX):
         _io.fail("%s: sharded checkpoints are loaded from local paths" % p, _io.EUNSUPPORTED)
@@ -221,7 +240,10 @@ def _read_all(ck, names, device, threads, verify, dests=None, progress=None, wha
 
 def load(path, device="cpu", *, threads=0, verify=True, progress=None):
     """Load a checkpoint (a ferry or safetensors file, a sharded index, a directory
-    holding one, a file:// URL or, through fsspec, another URL) into tensors torch
+    holding one, a file:// URL, an http(s)://, s3:// or gs:// object or directory URL
+    ("s3://b/ckpt/": its model.safetensors.index.json or model.safetensors; every object
+    read pinned to the version it had when opened) or, through fsspec, another URL) into
+    tensors torch
     allocates on `device` ("cpu", "cuda:N", N). All tensors of all shards are read by one
     engine plan, from the files whose headers were parsed. Nesting and non-tensor values
     saved by ferry come back as saved; plain safetensors files give {name: tensor}. Stored
@@ -457,7 +479,15 @@ def async_save(state_dict, path, metadata=None, *, crc32c=False, max_shard_size=
     made before the snapshot). future.blocked_s is how long the caller was blocked. Saves
     run one after another in submission order. Fork-safe: a child starts its own writer."""
     kind, p, user_md, max_bytes, fs, inner = _save_target(path, metadata, max_shard_size)
-    if kind == "url":
+    if kind == "object":
+
+        def write(prep):
+            with _run.Timer("async_save", p) as tm:
+                tm.nbytes = prep.nbytes
+                _remote.save(prep, p, user_md, max_bytes, threads,
+                             _run.reporter(progress, "save " + p.rsplit("/", 1)[-1], prep.nbytes))
+            return p
+    elif kind == "url":
 
         def write(prep):
             with _url.MemFile() as mf:

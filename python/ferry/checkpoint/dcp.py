@@ -92,9 +92,13 @@ def _local_dir(path, who):
     refused here, before anything is created (an s3:// id must never become ./s3:/...)."""
     kind, p = _url.split(path)
     if kind != "local":
-        _io.fail("%s: %s reads and writes local directories only (for object stores use torch's own "
-                 "storage writers and readers, or ferry.checkpoint.save with an fsspec URL)" % (path, who),
-                 _io.EINVAL)
+        sch = _url.scheme(p)
+        _io.fail("%s: %s reads and writes local directories only: ferry's DCP plugin does not take "
+                 "%s:// checkpoint ids. For object storage, save a (gathered) state dict with "
+                 "ferry.checkpoint.save(sd, \"%s://.../model.safetensors\", max_shard_size=...) and load "
+                 "it with ferry.checkpoint.load (s3:// and gs://: S3 multipart upload), or use torch's "
+                 "own storage writer and reader for %s:// (torch.distributed.checkpoint's FsspecWriter "
+                 "and FsspecReader)" % (path, who, sch, sch, sch), _io.EUNSUPPORTED)
     return p
 
 

@@ -46,7 +46,7 @@ static int Context_init(ContextObject *self, PyObject *args, PyObject *kw) {
     Py_BEGIN_ALLOW_THREADS
     rc = ferry_ctx_create(&ctx, &cfg);
     Py_END_ALLOW_THREADS
-    if (rc < 0) { raise_ctx(NULL, rc); return -1; }
+    if (rc < 0) { raise_code_msg(rc, ferry_errmsg(NULL)); return -1; }   /* the thread's message: which knob, why */
     self->ctx = ctx;
     self->closed = 0;
     return 0;

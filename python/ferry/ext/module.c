@@ -5,6 +5,7 @@
  * in their own files (ferry_ext.h lists them).
  */
 #include "ferry_ext.h"
+#include "ferry_experimental.h"
 
 /* ------------------------------------------------------------------------- */
 /* Module-wide objects                                                        */
@@ -108,6 +109,43 @@ static PyObject *mod_nvrtc_ptx(PyObject *m, PyObject *noarg) {
     return Py_BuildValue("(Os)", Py_None, ferry_nvrtc_status());
 }
 
+/* object_write(url, data): ferry_object_write of a contiguous buffer (an
+ * mmap of the checkpoint's in-memory file: sent without a copy), GIL
+ * released; object_delete(url). FerryError naming the URL. */
+static PyObject *mod_object_write(PyObject *m, PyObject *args) {
+    PyObject *urlo;
+    Py_buffer b;
+    if (!PyArg_ParseTuple(args, "O&y*", PyUnicode_FSConverter, &urlo, &b)) return NULL;
+    ContextObject *c = get_default_ctx();
+    int rc = -1;
+    if (c) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = ferry_object_write(c->ctx, PyBytes_AS_STRING(urlo), b.buf, (uint64_t)b.len);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&b);
+    Py_DECREF(urlo);
+    if (!c) return NULL;
+    if (rc < 0) return raise_ctx(c->ctx, rc);
+    Py_RETURN_NONE;
+}
+
+static PyObject *mod_object_delete(PyObject *m, PyObject *arg) {
+    PyObject *urlo;
+    if (!PyUnicode_FSConverter(arg, &urlo)) return NULL;
+    ContextObject *c = get_default_ctx();
+    int rc = -1;
+    if (c) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = ferry_object_delete(c->ctx, PyBytes_AS_STRING(urlo));
+        Py_END_ALLOW_THREADS
+    }
+    Py_DECREF(urlo);
+    if (!c) return NULL;
+    if (rc < 0) return raise_ctx(c->ctx, rc);
+    Py_RETURN_NONE;
+}
+
 static PyObject *mod_default_context(PyObject *m, PyObject *noarg) {
     ContextObject *c = get_default_ctx();
     if (!c) return NULL;
@@ -162,6 +200,9 @@ static PyMethodDef module_methods[] = {
     {"crc32c", (PyCFunction)(void (*)(void))mod_crc32c, METH_VARARGS | METH_KEYWORDS,
      "crc32c(data, crc=0) -> CRC-32C of a contiguous buffer (continue from crc)"},
     {"default_context", mod_default_context, METH_NOARGS, "the process-wide Context, created on first use"},
+    {"object_write", mod_object_write, METH_VARARGS,
+     "object_write(url, data): write an s3:// or gs:// object whole or not at all (ferry_object_write)"},
+    {"object_delete", mod_object_delete, METH_O, "object_delete(url): delete an s3:// or gs:// object"},
     {"chunk_table", (PyCFunction)(void (*)(void))mod_chunk_table, METH_VARARGS | METH_KEYWORDS,
      "chunk_table(shape, chunks, origins, offsets, lengths, skips=None) -> a sorted chunk table for "
      "Plan.layout (uint64 origins: n x ndim element coordinates; uint64 offsets, lengths; uint32 skips)"},
