@@ -78,11 +78,14 @@ _pools = {}
 
 
 def _pool(threads):
+    """Transform threads, per process: a forked child (a DataLoader worker) has none of its
+    parent's threads, and work given to the parent's pool would wait for ever."""
     import concurrent.futures
     n = threads if threads > 0 else min(16, os.cpu_count() or 1)
-    p = _pools.get(n)
+    key = (os.getpid(), n)
+    p = _pools.get(key)
     if p is None:
-        p = _pools[n] = concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix="ferry-img")
+        p = _pools[key] = concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix="ferry-img")
     return p
 
 
