@@ -110,6 +110,10 @@ class _SampleMembers:
         self._label = self._label_source(s, label, s.format)
         self._kinds = {m: self._member_kind(s, m) for m in self.members}
 
+    @property
+    def has_label(self):
+        return self._label is not None
+
     def _label_source(self, s, label, fmt):
         """-> None (no label), "class" (the folder's index) or (member name, kind)."""
         if label is False:
