@@ -7,6 +7,8 @@
     jpg = s.read(0, "jpg")                         # the member's bytes
     img = images.decode(jpg)                       # numpy uint8 array, HWC (RGB)
     imgs = images.decode_batch([jpg, ...], threads=8)
+    out = torch.empty(64, 3, 224, 224, dtype=torch.bfloat16, device="cuda")
+    images.load_batch(s, range(64), out, flip=0.5, mean=..., std=..., epoch=3)   # a training batch
 
 Decoding uses libjpeg-turbo (JPEG) and libspng (PNG) in C, the GIL released;
 corrupt images raise ferry.FerryError naming the image (a sample key and
