@@ -210,7 +210,8 @@ def test_images_md_imagefolder_loop(one_rank):
     write_folder("imagenet/train", distinct_images(40, seed=1), classes=4)
     code = _translate(_block("images.md", "## An ImageNet training loop"),
                       CPU + [("batch_size=256", "batch_size=8"), ("size=224", "size=32"),
-                             ("range(start_epoch, 90)", "range(start_epoch, 2)"), ("step % 1000 == 0", "step % 3 == 0")])
+                             ("range(start_epoch, 90)", "range(start_epoch, 2)"),
+                             ("step % 1000 == 0", "step % 3 == 0")])
     first, second, saved = _run_twice(code, {"MyModel": _Classifier})
     assert first["step"] == 2 * (40 // 8)      # drop_last: 5 batches an epoch, 2 epochs
     assert first["batch"]["image"].dtype == torch.bfloat16 and first["batch"]["image"].shape == (8, 3, 32, 32)

@@ -4,12 +4,9 @@ photographs plus synthetic ones: batches equal to load_batch's for the epoch's i
 members as the writers wrote them, every sample exactly once per epoch over ranks x DataLoader
 workers, a resume at mid-epoch on another world size equal to the uninterrupted order (the same
 crops), damaged members raised by name or skipped, and Lightning's Trainer.fit."""
-import io
 import logging
-import tarfile
 import warnings
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")

@@ -394,9 +394,13 @@ class ImageDataset(_BatchStream):
                              "ds.stats()['images']['skipped'], not logged", len(res["skipped"]))
 
     def _iterate(self):
-        for o in super()._iterate():
-            if o is not _SKIPPED:
-                yield o
+        inner = super()._iterate()
+        try:
+            for o in inner:
+                if o is not _SKIPPED:
+                    yield o
+        finally:
+            inner.close()           # the pass's own clean-up, now rather than at collection
 
     def stats(self):
         """The engine's statistics for this process, with "images": decoded on the CPU and the
