@@ -126,6 +126,20 @@ def test_every_sample_once_per_epoch_over_ranks_and_workers(sets, world, workers
     assert seen[0] != seen[1]
 
 
+def test_workers_draw_the_crops_of_their_epoch(sets):
+    """DataLoader workers learn the epoch from the board: their batches of epochs 0 and 1 are
+    the in-process dataset's, pixel for pixel."""
+    src, _ = sets["tar"]
+    kw = dict(batch_size=7, size=20, flip=0.5, shuffle=True, seed=6, device="cpu")
+    ds = ImageDataset(src, **kw)
+    want = [list(ds) for _ in range(2)]
+    loader = DataLoader(ImageDataset(src, **kw), batch_size=None, num_workers=2)
+    for e in range(2):
+        got = list(loader)
+        assert keys_of(got) == keys_of(want[e])
+        assert torch.equal(torch.cat([b["image"] for b in got]), torch.cat([b["image"] for b in want[e]]))
+
+
 def test_resume_mid_epoch_on_another_world_size(sets):
     """Two ranks take 3 steps and save; three ranks resume: the positions after the first
     3 x 2 x 5 are the rest of the uninterrupted order, with the same crops and flips."""
