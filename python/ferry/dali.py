@@ -19,7 +19,7 @@ Image batches: ``pipeline(ImageDataset(...))`` feeds ("image", "label") by defau
 for a set without labels), the image in the dataset's layout (decoded, cropped, flipped and
 normalised by ferry), so DALI operators can follow::
 
-    ds = ferry.torch.ImageDataset("train-{0000..0099}.tar", batch_size=256, size=224, flip=0.5,
+    ds = ferry.torch.ImageDataset("train-*.tar", batch_size=256, size=224, flip=0.5,
                                   shuffle=True, device="cuda")
     pipe = ferry.dali.pipeline(ds)                       # outputs ("image", "label"), layout "CHW"
 
