@@ -477,11 +477,6 @@ class _XarrayReads:
         with _lock_of(rt):          # the planner thread takes handles while this one gives them back
             _BatchStream._release(self, rt, g)
 
-    def _epoch_of_order(self, order):
-        """The epoch whose order this is (patch positions are drawn per epoch)."""
-        c = self._order_cache
-        return c[0][2] if c is not None and c[1] is order else self._epoch
-
     def _finish(self, g):
         bufs, inv, t0, rows, patched = g.meta
         _check_stores([(st,) for st in g.stores])
