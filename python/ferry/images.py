@@ -64,3 +64,99 @@ def decode_batch(datas: Sequence[bytes], keep_gray: bool = False, threads: int =
         outs.append(np.empty((h["height"], h["width"], h["out_channels"]), np.uint8))
     _ferry.image_decode_batch(list(datas), outs, labels, keep_gray, threads)
     return outs
+
+
+_OUT_DTYPES = ("uint8", "float16", "bfloat16", "float32")
+_CROPS = ("random_resized", "center", "resize", None)
+
+
+def _out_facts(out: Any):
+    """(shape, dtype name, contiguous, what to hand the extension, device or -1, default stream)."""
+    mod = type(out).__module__.split(".")[0]
+    if mod == "torch":
+        dt = str(out.dtype).rsplit(".", 1)[-1]
+        dev = out.device.index if out.device.type == "cuda" else -1
+        if out.device.type == "cuda" and dev is None:
+            dev = 0
+        if out.device.type not in ("cuda", "cpu"):
+            raise ValueError(f"load_batch: out is on {out.device}; host or CUDA memory is written")
+        stream = 0
+        if dev >= 0:
+            import torch
+            stream = torch.cuda.current_stream(out.device).cuda_stream
+        raw = (out.data_ptr(), out.numel() * out.element_size(), dev)
+        return tuple(out.shape), dt, out.is_contiguous(), raw, dev, stream
+    shape = tuple(getattr(out, "shape", ()))
+    dt = getattr(getattr(out, "dtype", None), "name", None) or str(getattr(out, "dtype", ""))
+    flags = getattr(out, "flags", None)
+    contiguous = bool(flags["C_CONTIGUOUS"]) if flags is not None else True
+    if hasattr(out, "__cuda_array_interface__"):
+        stream = 0
+        if mod == "cupy":
+            import cupy
+            stream = cupy.cuda.get_current_stream().ptr
+        return shape, dt, contiguous, out, 0, stream
+    return shape, dt, contiguous, out, -1, 0
+
+
+def load_batch(shards, samples, out, *, member=None, size=None, crop="random_resized", scale=(0.08, 1.0),
+               ratio=(3 / 4, 4 / 3), flip=0.0, mean=None, std=None, layout="CHW", seed=0, epoch=0,
+               on_error="raise", decode="auto", threads=0, stream=None) -> dict:
+    """Read, decode and transform the images of `samples` (indices into the
+    Shards set) into the rows of `out`, in C (ferry_image_batch), the GIL
+    released.
+
+    out: a preallocated C-contiguous torch / cupy / numpy array of shape
+    (len(samples), 3, H, W) (layout "CHW") or (len(samples), H, W, 3) ("HWC"),
+    dtype uint8, float16, bfloat16 or float32, on the host or a CUDA device:
+    its dtype, layout and device define the output. size=(H, W) must match it.
+    crop: "random_resized" (RandomResizedCrop(size, scale, ratio)), "center"
+    (the largest centred box of the output's aspect, resized: Resize +
+    CenterCrop), "resize" (the whole image resized) or None (no resize: every
+    image must already be H x W). flip: probability of a horizontal flip.
+    mean/std: per channel, for float outputs ((v / 255 - mean) / std); None:
+    no normalisation (v / 255). Crops and flips derive from (seed, epoch,
+    sample), so a resumed epoch draws the same ones.
+
+    decode: "auto" (nvJPEG and the CPU threads together for a CUDA `out`,
+    where nvJPEG and the transform kernel load; else the CPU), "gpu" or
+    "cpu". on_error: "raise" (FerryError naming the shard file, sample key and
+    member) or "skip" (the sample left out). stream: the CUDA stream the rows
+    are written on (an int handle or an object with .cuda_stream / .ptr;
+    None: torch's or cupy's current stream); the call returns when they are
+    there.
+
+    Returns {"written": k, "skipped": [positions in samples], "gpu": n,
+    "cpu": n, "fallbacks": {reason: n}, "gpu_hardware": n}; rows 0..k-1 of
+    out hold the samples not skipped, in order."""
+    shape, dt, contiguous, raw, dev, default_stream = _out_facts(out)
+    samples = [int(s) for s in samples]
+    if len(shape) != 4:
+        raise ValueError(f"load_batch: out must be 4-d (N, C, H, W) or (N, H, W, C), not shape {shape}")
+    if layout not in ("CHW", "HWC"):
+        raise ValueError(f"load_batch: layout {layout!r}: 'CHW' or 'HWC'")
+    n, (c, h, w) = shape[0], ((shape[1], shape[2], shape[3]) if layout == "CHW" else (shape[3], shape[1], shape[2]))
+    if n != len(samples):
+        raise ValueError(f"load_batch: out has {n} rows for {len(samples)} samples")
+    if c != 3:
+        raise ValueError(f"load_batch: out has {c} channels in layout {layout}; images are written as 3 (RGB)")
+    if size is not None:
+        sh, sw = (size, size) if isinstance(size, int) else tuple(size)
+        if (sh, sw) != (h, w):
+            raise ValueError(f"load_batch: size {(sh, sw)} does not match out's {(h, w)}")
+    if dt not in _OUT_DTYPES:
+        raise ValueError(f"load_batch: out has dtype {dt}; uint8, float16, bfloat16 or float32")
+    if not contiguous:
+        raise ValueError("load_batch: out must be C-contiguous")
+    if crop not in _CROPS:
+        raise ValueError(f"load_batch: crop {crop!r}: 'random_resized', 'center', 'resize' or None")
+    if stream is None:
+        stream = default_stream
+    elif not isinstance(stream, int):
+        stream = getattr(stream, "cuda_stream", None) or getattr(stream, "ptr", 0)
+    if dev < 0:
+        stream = 0
+    return _ferry.image_batch(shards, samples, raw, h, w, layout=layout, dtype=dt, crop=crop,
+                              scale=tuple(map(float, scale)), ratio=tuple(map(float, ratio)), flip=float(flip),
+                              mean=mean, std=std, seed=int(seed), epoch=int(epoch), member=member,
+                              on_error=on_error, decode=decode, threads=int(threads), stream=int(stream))
