@@ -328,7 +328,8 @@ typedef struct ferry_image_batch_args {
     const int64_t *samples;
     size_t n;
     const char *member;         /* the member holding the image ("jpg", an MDS column); NULL: the
-                                   first member of each sample whose bytes start like a JPEG or PNG */
+                                   first member named like an image (jpg, jpeg, png, "x.jpg"; an MDS
+                                   column of encoding jpeg or png) */
     ferry_image_transform xf;
     uint64_t seed, epoch;       /* the crop boxes and flips derive from (seed, epoch, samples[i]) */
     ferry_buf dst;
