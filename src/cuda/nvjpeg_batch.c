@@ -3,9 +3,9 @@
  * current and kept for the process: the default backend (CUDA, with the
  * Huffman decode on the host where nvJPEG chooses) and the hardware backend,
  * which nvjpegCreateEx refuses on devices without a JPEG engine (remembered:
- * not asked again). Each batch object holds its own state per backend, and
- * initialises it before every call (nvjpegDecodeBatchedInitialize sets the
- * batch size and resets a state a failed batch left). */
+ * not asked again). Each batch object holds its own state per backend,
+ * initialised (nvjpegDecodeBatchedInitialize) when the batch size changes and
+ * after a failed call (which is how a failed state is reset). */
 #include "cuda/nvjpeg_batch.h"
 #include "common.h"
 #include "ferry_experimental.h"
@@ -22,6 +22,7 @@ struct ferry_nvj_batch {
     int dev;
     nvj_handle def, hw;       /* hw NULL: no hardware backend on this device */
     nvj_state def_state, hw_state;
+    int def_size, hw_size;    /* the batch size each state was initialised for; 0: initialise */
     nvj_stream parsed;        /* for nvjpegDecodeBatchedSupported */
 };
 
@@ -101,10 +102,17 @@ int ferry_nvj_batch_decode(ferry_nvj_batch *b, int hw, const uint8_t *const *dat
         if (r != 0) rc = ferry_seterr(FERRY_ECUDA, "nvjpeg: waiting for the stream: %s", ferry_cuda_errstr(r));
     }
     nvj_status s = NVJ_OK;
-    if (rc == 0 && (s = b->nv->DecodeBatchedInitialize(h, st, k, 1, NVJ_OUTPUT_RGBI)) != NVJ_OK)
-        rc = ferry_nvjpeg_err(s, "nvjpegDecodeBatchedInitialize");
-    if (rc == 0 && (s = b->nv->DecodeBatched(h, st, (const unsigned char *const *)data, len, img, stream)) != NVJ_OK)
+    int *size = hw ? &b->hw_size : &b->def_size;
+    if (rc == 0 && *size != k) {
+        *size = 0;
+        if ((s = b->nv->DecodeBatchedInitialize(h, st, k, 1, NVJ_OUTPUT_RGBI)) != NVJ_OK)
+            rc = ferry_nvjpeg_err(s, "nvjpegDecodeBatchedInitialize");
+        else *size = k;
+    }
+    if (rc == 0 && (s = b->nv->DecodeBatched(h, st, (const unsigned char *const *)data, len, img, stream)) != NVJ_OK) {
         rc = ferry_nvjpeg_err(s, hw ? "nvjpegDecodeBatched (hardware backend)" : "nvjpegDecodeBatched");
+        *size = 0;   /* initialised again before its next call */
+    }
     free(img);
     return rc;
 }

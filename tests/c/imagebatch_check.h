@@ -18,7 +18,7 @@
 #include <turbojpeg.h>
 #include <unistd.h>
 
-enum { IB_BASELINE, IB_444, IB_GRAY, IB_PROGRESSIVE, IB_CMYK, IB_PNG };
+enum { IB_BASELINE, IB_444, IB_GRAY, IB_PROGRESSIVE, IB_CMYK, IB_PNG, IB_411 };
 
 typedef struct ib_image {
     int kind, w, h;
@@ -62,7 +62,7 @@ static inline void ib_make(ib_image *im, int kind, int w, int h, unsigned seed) 
     unsigned long n = 0;
     im->data = NULL;
     int pf = kind == IB_GRAY ? TJPF_GRAY : kind == IB_CMYK ? TJPF_CMYK : TJPF_RGB;
-    int ss = kind == IB_GRAY ? TJSAMP_GRAY : kind == IB_444 ? TJSAMP_444 : TJSAMP_420;
+    int ss = kind == IB_GRAY ? TJSAMP_GRAY : kind == IB_444 ? TJSAMP_444 : kind == IB_411 ? TJSAMP_411 : TJSAMP_420;
     int flags = kind == IB_PROGRESSIVE ? TJFLAG_PROGRESSIVE : 0;
     unsigned char *out = NULL;
     if (tjCompress2(t, px, w, w * ch, h, pf, &out, &n, ss, 90, flags) == 0) {

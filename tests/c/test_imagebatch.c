@@ -1,5 +1,5 @@
 /* test_imagebatch.c — ferry_image_batch into host memory (the CPU path):
- * JPEGs (4:2:0, 4:4:4, gray, progressive, CMYK) and a PNG of different sizes,
+ * JPEGs (4:2:0, 4:4:4, 4:1:1, gray, progressive, CMYK) and a PNG of different sizes,
  * each row equal byte for byte to ferry_image_decode + the transform of the
  * box drawn from (seed, epoch, sample), for every crop mode, layout and
  * dtype; the same call again gives the same rows, another epoch other ones.
@@ -11,14 +11,14 @@
 
 static ferry_ctx *ctx_;
 static char dir_[] = "/tmp/ferry-test-imagebatch-XXXXXX";
-enum { N = 8 };
+enum { N = 9 };
 static ib_image im_[N];
 static ferry_shards *set_;
 
 static void setup(void) {
     static const struct { int kind, w, h; } spec[N] = {
         {IB_BASELINE, 67, 45}, {IB_444, 40, 64}, {IB_GRAY, 33, 31}, {IB_PROGRESSIVE, 80, 60},
-        {IB_CMYK, 24, 30}, {IB_PNG, 50, 37}, {IB_BASELINE, 1, 1}, {IB_BASELINE, 300, 200}};
+        {IB_CMYK, 24, 30}, {IB_PNG, 50, 37}, {IB_BASELINE, 1, 1}, {IB_BASELINE, 300, 200}, {IB_411, 48, 40}};
     const char *paths[N];
     for (int i = 0; i < N; i++) {
         char name[16];
@@ -66,7 +66,7 @@ static int rows_match(const ferry_image_batch_args *a, const uint8_t *got, const
 }
 
 static void check_mode(ferry_image_crop crop, ferry_image_layout layout, ferry_dtype dt, int norm) {
-    int64_t s[N + 2] = {0, 1, 2, 3, 4, 5, 6, 7, 3, 0};   /* repeats allowed */
+    int64_t s[N + 2] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 3, 0};   /* repeats allowed */
     size_t n = N + 2;
     ferry_image_batch_args a = args(s, n, NULL, 0);
     a.xf.crop = crop;

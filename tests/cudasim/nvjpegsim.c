@@ -30,8 +30,9 @@
  *   four-component JPEGs nowhere.
  * - nvjpegDecodeBatched needs its state initialised
  *   (nvjpegDecodeBatchedInitialize, same handle, RGBI) and decodes exactly
- *   that batch size; a failure leaves the state to be initialised again (a
- *   call without counts as "uninitialized" and fails). The whole batch is
+ *   that batch size, call after call; a failed call leaves the state to be
+ *   initialised again (a call before that counts as "uninitialized" and
+ *   fails, as does one on a state never initialised). The whole batch is
  *   checked on the host before anything is written: one bad image fails the
  *   call (BAD_JPEG) and nothing is queued; an image the hardware backend
  *   cannot take is NVJPEG_STATUS_JPEG_NOT_SUPPORTED there.
@@ -290,7 +291,6 @@ nvjpegStatus_t nvjpegDecodeBatched(struct nvjpegHandle *h, struct nvjpegJpegStat
     if (s->batch <= 0) { atomic_fetch_add(&n_uninit_, 1); return S_INVALID; }
     if (atomic_exchange(&s->busy, 1)) { atomic_fetch_add(&n_shared_, 1); return S_INVALID; }
     int n = s->batch, hw = h->backend == BACKEND_HARDWARE;
-    s->batch = 0;   /* initialised again before the next call */
     batch_put *b = calloc(1, sizeof *b + (size_t)n * sizeof(put_op));
     nvjpegStatus_t rc = b ? S_OK : S_ALLOC;
     tjhandle t = tjInitDecompress();
@@ -329,6 +329,7 @@ nvjpegStatus_t nvjpegDecodeBatched(struct nvjpegHandle *h, struct nvjpegJpegStat
         for (int i = 0; i < b->n; i++) free(b->ops[i].rgb);
         free(b);
     }
+    if (rc != S_OK) s->batch = 0;   /* a failed batch: initialised again before the next call */
     atomic_store(&s->busy, 0);
     return rc;
 }

@@ -6,7 +6,7 @@
  * stand-in nvJPEG (which decodes with libjpeg-turbo); on a real GPU within
  * test_nvjpeg.c's bounds for nvJPEG's pixels (4:2:0 color: mean difference
  * <= 2, largest <= 128; gray: <= 1), which the resize only averages.
- * PNG and CMYK images fall back to the CPU and are counted by reason; the
+ * PNG, CMYK and 4:1:1 images fall back to the CPU and are counted by reason; the
  * hardware backend's call is made with the stream drained (the stand-in
  * counts a call made with work queued; NVJPEGSIM_NO_HW=1 runs it as a device
  * without the engine); SKIP closes up the rows of a
@@ -22,7 +22,7 @@ static ferry_ctx *ctx_;
 static int on_sim_;
 static long (*simcount_)(const char *);
 static char dir_[] = "/tmp/ferry-test-gpu-imagebatch-XXXXXX";
-enum { N = 10 };
+enum { N = 11 };
 static ib_image im_[N];
 static ferry_shards *set_;
 static CUstream stream_;
@@ -33,7 +33,8 @@ static long simc(const char *what) { return simcount_ ? simcount_(what) : 0; }
 static void setup(void) {
     static const struct { int kind, w, h; } spec[N] = {
         {IB_BASELINE, 67, 45}, {IB_444, 40, 64}, {IB_GRAY, 33, 31}, {IB_PROGRESSIVE, 80, 60}, {IB_CMYK, 24, 30},
-        {IB_PNG, 50, 37}, {IB_BASELINE, 1, 1}, {IB_BASELINE, 300, 200}, {IB_BASELINE, 64, 64}, {IB_GRAY, 90, 70}};
+        {IB_PNG, 50, 37}, {IB_BASELINE, 1, 1}, {IB_BASELINE, 300, 200}, {IB_BASELINE, 64, 64}, {IB_GRAY, 90, 70},
+        {IB_411, 48, 40}};
     const char *paths[N];
     for (int i = 0; i < N; i++) {
         char name[16];
@@ -85,7 +86,7 @@ static void compare(const ferry_image_batch_args *a, uintptr_t d, const int64_t 
             if (df > maxd) maxd = df;
         }
         double mean = (double)sum / rb;
-        int cpu_only = im->kind == IB_PNG || im->kind == IB_CMYK;
+        int cpu_only = im->kind == IB_PNG || im->kind == IB_CMYK || im->kind == IB_411;
         int ok = (exact_all || on_sim_ || cpu_only) ? maxd == 0
                  : im->kind == IB_GRAY ? maxd <= 1 : (mean <= 2.0 && maxd <= 128);
         if (!ok || (!on_sim_ && !cpu_only && !exact_all))
@@ -97,7 +98,7 @@ static void compare(const ferry_image_batch_args *a, uintptr_t d, const int64_t 
 }
 
 static void run_policy(ferry_decode_policy pol) {
-    int64_t s[N + 2] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 8};
+    int64_t s[N + 2] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0, 8};
     size_t n = N + 2;
     ferry_image_batch_args a = args(s, n, 0, 0);
     size_t rb = ib_row_bytes(&a.xf);
@@ -122,8 +123,9 @@ static void run_policy(ferry_decode_policy pol) {
     } else {
         CHECK_EQ_I(st.fallbacks[FERRY_IMAGE_FB_PNG], 1);
         CHECK_EQ_I(st.fallbacks[FERRY_IMAGE_FB_CMYK], 1);
+        CHECK_EQ_I(st.fallbacks[FERRY_IMAGE_FB_SAMPLING], 1);
         CHECK_EQ_I(st.fallbacks[FERRY_IMAGE_FB_GPU_ERROR], 0);
-        if (pol == FERRY_DECODE_GPU) CHECK_EQ_I(st.gpu, n - 2);
+        if (pol == FERRY_DECODE_GPU) CHECK_EQ_I(st.gpu, n - 3);
         else CHECK(st.gpu >= 1);
         if (on_sim_) {
             const char *nohw = getenv("NVJPEGSIM_NO_HW");
