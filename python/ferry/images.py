@@ -7,6 +7,7 @@
     jpg = s.read(0, "jpg")                         # the member's bytes
     img = images.decode(jpg)                       # numpy uint8 array, HWC (RGB)
     imgs = images.decode_batch([jpg, ...], threads=8)
+    images.load_batch(s, [0, 5, 9], out, size=(224, 224), flip=0.5)   # decode + crop into out (C)
 
 Decoding uses libjpeg-turbo (JPEG) and libspng (PNG) in C, the GIL released;
 corrupt images raise ferry.FerryError naming the image (a sample key and
@@ -66,7 +67,16 @@ def decode_batch(datas: Sequence[bytes], keep_gray: bool = False, threads: int =
     return outs
 
 
+def nvjpeg_status() -> str:
+    """Which nvJPEG ferry loaded ("loaded nvJPEG 12.4 from libnvjpeg.so.12"), or
+    why none (FERRY_NVJPEG names a file, or "off"). Loads CUDA on first call."""
+    return _ferry.nvjpeg_status()
+
+
 _OUT_DTYPES = ("uint8", "float16", "bfloat16", "float32")
+_TYPESTRS = {"|u1": "uint8", "<u1": "uint8", "<f2": "float16", "<f4": "float32", "<V2": "bfloat16",
+             "bfloat16": "bfloat16"}
+_ITEMSIZE = {"uint8": 1, "float16": 2, "bfloat16": 2, "float32": 4}
 _CROPS = ("random_resized", "center", "resize", None)
 
 
@@ -86,16 +96,27 @@ def _out_facts(out: Any):
             stream = torch.cuda.current_stream(out.device).cuda_stream
         raw = (out.data_ptr(), out.numel() * out.element_size(), dev)
         return tuple(out.shape), dt, out.is_contiguous(), raw, dev, stream
-    shape = tuple(getattr(out, "shape", ()))
-    dt = getattr(getattr(out, "dtype", None), "name", None) or str(getattr(out, "dtype", ""))
-    flags = getattr(out, "flags", None)
-    contiguous = bool(flags["C_CONTIGUOUS"]) if flags is not None else True
-    if hasattr(out, "__cuda_array_interface__"):
+    if hasattr(out, "__cuda_array_interface__"):   # cupy, numba, ferry.Array on a device
+        cai = out.__cuda_array_interface__
+        shape, strides = tuple(cai["shape"]), cai.get("strides")
+        dt = _TYPESTRS.get(cai["typestr"], cai["typestr"])
+        if strides is not None:
+            size, want = _ITEMSIZE.get(dt, 0), []
+            for d in reversed(shape):
+                want.insert(0, size)
+                size *= d
+            contiguous = tuple(strides) == tuple(want)
+        else:
+            contiguous = True
         stream = 0
         if mod == "cupy":
             import cupy
             stream = cupy.cuda.get_current_stream().ptr
         return shape, dt, contiguous, out, 0, stream
+    shape = tuple(getattr(out, "shape", ()))
+    dt = getattr(getattr(out, "dtype", None), "name", None) or str(getattr(out, "dtype", ""))
+    flags = getattr(out, "flags", None)
+    contiguous = bool(flags["C_CONTIGUOUS"]) if flags is not None else True
     return shape, dt, contiguous, out, -1, 0
 
 

@@ -66,6 +66,8 @@ typedef struct run {
     atomic_size_t next;              /* phase 1 */
     atomic_int failed;               /* RAISE: stop claiming */
     pthread_mutex_t mu;              /* the queue */
+    pthread_mutex_t stream_mu;       /* held by CPU threads queueing a row's copy and by the feeder across
+                                        a hardware decode: nothing is queued between the drain and the call */
     size_t *cpu_list, ncpu, cpu_next;
     size_t *gpu_list, ngpu, gpu_next;
     int cpu_active;                  /* CPU threads still claiming */
@@ -208,7 +210,9 @@ static int cpu_decode(run *r, item *t, size_t i) {
     } else if ((rc = ferry_img_transform(px, t->info.height, t->info.width, (size_t)t->info.width * 3, &t->xs,
                                          &r->o, row)) == 0) {
         /* pageable source: the driver has taken it when the call returns */
+        pthread_mutex_lock(&r->stream_mu);
         CUresult cr = r->cu->MemcpyHtoDAsync((CUdeviceptr)(uintptr_t)dst_row(r, i), row, r->row, r->stream);
+        pthread_mutex_unlock(&r->stream_mu);
         if (cr != 0) rc = ferry_seterr(FERRY_ECUDA, "copying a row to device %d: %s", r->device, ferry_cuda_errstr(cr));
     }
     free(row);
@@ -329,7 +333,10 @@ static void gpu_run(run *r, ferry_nvj_batch *b, const size_t *idx, int k) {
             pitch[m] = (size_t)t->info.width * 3;
             sel[m++] = j;
         }
-        if (m && ferry_nvj_batch_decode(b, pass == 0, data, len, m, dst, pitch, r->stream) == 0) {
+        if (pass == 0) pthread_mutex_lock(&r->stream_mu);
+        int drc = m ? ferry_nvj_batch_decode(b, pass == 0, data, len, m, dst, pitch, r->stream) : -1;
+        if (pass == 0) pthread_mutex_unlock(&r->stream_mu);
+        if (m && drc == 0) {
             for (int q = 0; q < m; q++) ok[sel[q]] = 1 + (pass == 0);
         }
     }
@@ -522,6 +529,7 @@ int64_t ferry_image_batch(ferry_ctx *ctx, const ferry_image_batch_args *a, ferry
         goto out;
     }
     pthread_mutex_init(&r.mu, NULL);
+    pthread_mutex_init(&r.stream_mu, NULL);
     atomic_init(&r.next, 0);
     atomic_init(&r.failed, 0);
     size_t nt = (size_t)threads < r.n ? (size_t)threads : r.n;
@@ -550,6 +558,7 @@ int64_t ferry_image_batch(ferry_ctx *ctx, const ferry_image_batch_args *a, ferry
         on_threads(ncpu_threads, cpu_worker, &r, 1);
     }
     pthread_mutex_destroy(&r.mu);
+    pthread_mutex_destroy(&r.stream_mu);
     /* the first failure (by position) */
     size_t bad = r.n;
     for (size_t i = 0; i < r.n && bad == r.n; i++)

@@ -295,6 +295,15 @@ done0:
     return result;
 }
 
+/* nvjpeg_status() -> "loaded nvJPEG 12.4 from ..." or why not (loads CUDA and nvJPEG once) */
+PyObject *mod_nvjpeg_status(PyObject *m, PyObject *noarg) {
+    const char *s;
+    Py_BEGIN_ALLOW_THREADS
+    s = ferry_nvjpeg_status();
+    Py_END_ALLOW_THREADS
+    return PyUnicode_FromString(s);
+}
+
 /* ------------------------------------------------------------------------- */
 /* Batches: ferry_image_batch                                                 */
 /* ------------------------------------------------------------------------- */
