@@ -370,8 +370,11 @@ typedef struct ferry_image_batch_stats {
  *  FERRY_EPATH for a forced GPU decode that cannot run, or with RAISE the
  *  first failing sample's code (FERRY_ECODEC, FERRY_EUNSUPPORTED, FERRY_ENOTFOUND
  *  for a sample without the member, -errno ...). Blocking: when it returns,
- *  the batch's work on `stream` has run (the rows are there) and ferry holds
- *  no memory of the call. stats may be NULL; the context's ferry_stats add
+ *  the batch's work on `stream` has run (the rows are there). GPU decodes go
+ *  through scratch device memory of one run of images (at most 64 images and
+ *  256 MiB of pixels, or one larger image), which ferry keeps per device for
+ *  the next call (the process's; a concurrent call on the same device makes
+ *  its own). stats may be NULL; the context's ferry_stats add
  *  up the images (image_gpu, image_cpu, image_skipped, image_fallbacks). */
 int64_t ferry_image_batch(ferry_ctx *ctx, const ferry_image_batch_args *args, ferry_image_batch_stats *stats);
 

@@ -29,6 +29,7 @@
 
 #define GPU_MAX_SIDE 16384u                 /* past this the CPU decodes (FERRY_IMAGE_FB_LARGE) */
 #define GPU_RUN_MAX 64                      /* images in one nvJPEG run */
+#define GPU_RUN_BYTES ((size_t)256 << 20)   /* decoded bytes of one run (its scratch), unless one image is more */
 #define MAX_ENCODED ((uint64_t)1 << 30)     /* an image member past 1 GiB is refused before it is read */
 
 const char *ferry_image_fallback_name(int reason) {
@@ -72,8 +73,9 @@ typedef struct run {
     size_t *gpu_list, ngpu, gpu_next;
     int cpu_active;                  /* CPU threads still claiming */
     /* device memory and host arrays the GPU runs use, freed after the stream ran them */
-    CUdeviceptr *scratch;
-    size_t nscratch, capscratch;
+    CUdeviceptr scratch;             /* device memory of one run, reused run after run (stream order) */
+    size_t scratch_size;
+    int scratch_cached;              /* it is the device's cached buffer (given back at the end) */
     void **hostkeep;
     size_t nhost, caphost;
 } run;
@@ -275,17 +277,63 @@ static void on_threads(int threads, void *(*fn)(void *), void *arg, int caller_t
 }
 
 /* ---- decoding on the GPU ------------------------------------------------------ */
-static int keep_dev(run *r, CUdeviceptr p) {
-    if (r->nscratch == r->capscratch) {
-        size_t c = r->capscratch ? 2 * r->capscratch : 16;
-        CUdeviceptr *v = realloc(r->scratch, c * sizeof *v);
-        if (!v) return -1;
-        r->scratch = v;
-        r->capscratch = c;
+/* The scratch device memory runs decode into: one buffer per device kept
+ * between calls (the largest a run needed), taken by one call at a time; a
+ * call that finds it taken allocates its own. Runs reuse it in stream order:
+ * the CUDA backend writes on the stream after the previous run's kernel, the
+ * hardware backend's call comes after the stream is drained. Growing it
+ * waits for the stream before the old buffer goes. */
+static pthread_mutex_t cache_mu_ = PTHREAD_MUTEX_INITIALIZER;
+static struct { CUdeviceptr p; size_t size; int busy; } cache_[FERRY_MAX_DEVICES];
+
+static CUdeviceptr scratch_get(run *r, size_t need) {
+    if (!r->scratch && !r->scratch_cached && r->device < FERRY_MAX_DEVICES) {
+        pthread_mutex_lock(&cache_mu_);
+        if (!cache_[r->device].busy) {
+            cache_[r->device].busy = 1;
+            r->scratch = cache_[r->device].p;
+            r->scratch_size = cache_[r->device].size;
+            r->scratch_cached = 1;
+        }
+        pthread_mutex_unlock(&cache_mu_);
     }
-    r->scratch[r->nscratch++] = p;
-    return 0;
+    if (r->scratch && r->scratch_size >= need) return r->scratch;
+    if (r->scratch) {
+        r->cu->StreamSynchronize(r->stream);   /* earlier runs are done with it */
+        r->cu->MemFree(r->scratch);
+        r->scratch = 0;
+        r->scratch_size = 0;
+    }
+    size_t want = need + need / 4;
+    CUdeviceptr p = 0;
+    CUresult cr = r->cu->MemAlloc(&p, want);
+    if (cr != 0) {
+        want = need;
+        cr = r->cu->MemAlloc(&p, want);
+    }
+    if (cr != 0) {
+        ferry_seterr(FERRY_ENOMEM, "nvjpeg: %zu bytes of device memory on device %d: %s", need, r->device,
+                     ferry_cuda_errstr(cr));
+        return 0;
+    }
+    r->scratch = p;
+    r->scratch_size = want;
+    return p;
 }
+
+static void scratch_put(run *r) {
+    if (r->scratch_cached) {
+        pthread_mutex_lock(&cache_mu_);
+        cache_[r->device].p = r->scratch;
+        cache_[r->device].size = r->scratch_size;
+        cache_[r->device].busy = 0;
+        pthread_mutex_unlock(&cache_mu_);
+    } else if (r->scratch) {
+        r->cu->MemFree(r->scratch);
+    }
+    r->scratch = 0;
+}
+
 static int keep_host(run *r, void *p) {
     if (r->nhost == r->caphost) {
         size_t c = r->caphost ? 2 * r->caphost : 16;
@@ -309,15 +357,10 @@ static void gpu_run(run *r, ferry_nvj_batch *b, const size_t *idx, int k) {
     }
     size_t desc_at = total;
     total += (size_t)k * 64;
-    CUdeviceptr mem = 0;
-    CUresult cr = r->cu->MemAlloc(&mem, total);
+    CUdeviceptr mem = scratch_get(r, total);
+    CUresult cr;
     int hw[GPU_RUN_MAX], ok[GPU_RUN_MAX] = {0};
-    if (cr != 0 || keep_dev(r, mem) < 0) {
-        if (cr == 0) r->cu->MemFree(mem);
-        ferry_seterr(FERRY_ENOMEM, "nvjpeg: %zu bytes of device memory for %d images: %s", total, k,
-                     cr ? ferry_cuda_errstr(cr) : "out of host memory");
-        goto cpu;   /* no memory on the device: these go to the CPU */
-    }
+    if (!mem) goto cpu;   /* no memory on the device: these go to the CPU */
     for (int j = 0; j < k; j++) hw[j] = ferry_nvj_batch_hw_ok(b, r->it[idx[j]].data, r->it[idx[j]].size);
     for (int pass = 0; pass < 2; pass++) {   /* the hardware group, then the CUDA backend's */
         const uint8_t *data[GPU_RUN_MAX];
@@ -394,10 +437,15 @@ static void gpu_feeder(run *r, ferry_nvj_batch *b) {
         pthread_mutex_lock(&r->mu);
         size_t left = r->ngpu - r->gpu_next;
         /* beside busy CPU threads, take half of what is left (they take the rest one by one) */
-        size_t want = r->cpu_takes_gpu_items && r->cpu_active ? (left + 1) / 2 : left;
+        size_t want = r->cpu_takes_gpu_items && r->cpu_active ? (left + 1) / 2 : left, bytes = 0;
         if (want > GPU_RUN_MAX) want = GPU_RUN_MAX;
         if (atomic_load(&r->failed)) want = 0;
-        for (; (size_t)k < want; k++) idx[k] = r->gpu_list[r->gpu_next++];
+        for (; (size_t)k < want; k++) {   /* and at most GPU_RUN_BYTES of pixels, one image at least */
+            const item *t = &r->it[r->gpu_list[r->gpu_next]];
+            bytes += (size_t)t->info.width * t->info.height * 3;
+            if (k && bytes > GPU_RUN_BYTES) break;
+            idx[k] = r->gpu_list[r->gpu_next++];
+        }
         pthread_mutex_unlock(&r->mu);
         if (!k) break;
         gpu_run(r, b, idx, k);
@@ -601,12 +649,11 @@ int64_t ferry_image_batch(ferry_ctx *ctx, const ferry_image_batch_args *a, ferry
     pthread_mutex_unlock(&ctx->stats_lock);
 out:
     if (r.device >= 0) {
-        for (size_t k = 0; k < r.nscratch; k++) r.cu->MemFree(r.scratch[k]);
+        scratch_put(&r);   /* the stream has run (or nothing ran on the scratch) */
         ferry_cuda_restore(saved);
     }
     for (size_t k = 0; k < r.nhost; k++) free(r.hostkeep[k]);
     free(r.hostkeep);
-    free(r.scratch);
     for (size_t i = 0; r.it && i < r.n; i++) {
         free(r.it[i].data);
         free(r.it[i].msg);

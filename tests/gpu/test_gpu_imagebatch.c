@@ -164,6 +164,28 @@ static void test_bf16_hwc_normalised(void) {
     ferry_cuda_free(ctx_, d);
 }
 
+/* the scratch kept between calls grows: a 1 x 1 image first, then runs of
+ * larger ones (the old buffer goes only after the stream ran) */
+static void test_scratch_grows(void) {
+    int64_t s1[1] = {6}, s2[5] = {8, 7, 0, 7, 9};
+    for (int round = 0; round < 2; round++) {
+        const int64_t *s = round ? s2 : s1;
+        size_t n = round ? 5 : 1;
+        ferry_image_batch_args a = args(s, n, 0, 0);
+        a.decode = FERRY_DECODE_GPU;
+        size_t rb = ib_row_bytes(&a.xf);
+        uintptr_t d = 0;
+        CHECK_EQ_I(ferry_cuda_malloc(ctx_, 0, n * rb, &d), 0);
+        a.dst = ferry_cuda_buf(0, d, n * rb);
+        ferry_image_batch_stats st;
+        memset(&st, 0, sizeof st);
+        CHECK_EQ_I(ferry_image_batch(ctx_, &a, &st), (int64_t)n);
+        CHECK_EQ_I(st.gpu, n);
+        compare(&a, d, s, n, 0);
+        ferry_cuda_free(ctx_, d);
+    }
+}
+
 /* a truncated copy of image 7 and, on the stand-in, one with its scan
  * damaged (nvJPEG refuses the run; the CPU, image by image, names it) */
 static void test_skip_on_device(void) {
@@ -250,6 +272,7 @@ int main(void) {
     if (!mkdtemp(dir_) || cu_->StreamCreate(&stream_, 1) != 0) return 1;
     setup();
     if (!set_) return 1;
+    RUN(test_scratch_grows);
     RUN(test_auto_both_decoders);
     RUN(test_gpu_forced);
     RUN(test_cpu_forced_uploads);
