@@ -267,8 +267,11 @@ const char *ferry_nvjpeg_status(void);
  *         Needs a device destination, nvJPEG (ferry_nvjpeg_status) and the
  *         transform kernel: else FERRY_EPATH saying which is missing.
  *   AUTO  a device destination with nvJPEG and the kernel: both decoders on
- *         one queue, so the rate is the sum of the two where both help; else
- *         the CPU alone (host destinations always).
+ *         one queue, so the rate is the sum of the two where both help (each
+ *         GPU run is the share of the pixels left that the GPU finishes when
+ *         the CPU threads finish the rest, by the decode rates measured in the
+ *         call and in earlier calls on the device); else the CPU alone (host
+ *         destinations always).
  * On the GPU, images the hardware JPEG engine takes (nvjpegDecodeBatchedSupported:
  * baseline, one scan) go to NVJPEG_BACKEND_HARDWARE where the device has one,
  * the others to the CUDA backend. The hardware backend writes its output when

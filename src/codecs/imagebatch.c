@@ -9,7 +9,9 @@
  *      take, or one only the CPU decodes (and why).
  *   2. the queue: the CPU threads take the CPU-only images first, then (AUTO)
  *      images nvJPEG could take, one at a time from the front; the GPU feeder
- *      (the calling thread) takes runs of those from the same front, decodes
+ *      (the calling thread) takes runs of those from the same front (beside
+ *      busy CPU threads, the share of the pixels left that it finishes when
+ *      they finish the rest, by the decode rates measured), decodes
  *      each run with one nvjpegDecodeBatched per backend into scratch device
  *      memory and transforms the run with one kernel launch into the rows.
  *      A run nvJPEG refuses is decoded again on the CPU by the feeder, image by
@@ -25,6 +27,7 @@
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 #define GPU_MAX_SIDE 16384u                 /* past this the CPU decodes (FERRY_IMAGE_FB_LARGE) */
@@ -72,6 +75,10 @@ typedef struct run {
     size_t *cpu_list, ncpu, cpu_next;
     size_t *gpu_list, ngpu, gpu_next;
     int cpu_active;                  /* CPU threads still claiming */
+    /* decode rates in pixels per second (how much of the queue the GPU takes) */
+    double cpu_px, cpu_s;            /* under mu: pixels the CPU threads decoded, thread-seconds it took */
+    double gpu_px, gpu_s;            /* the feeder's runs */
+    double cpu_rate0, gpu_rate0;     /* earlier calls' rates on this device (0: none yet) */
     /* device memory and host arrays the GPU runs use, freed after the stream ran them */
     CUdeviceptr scratch;             /* device memory of one run, reused run after run (stream order) */
     size_t scratch_size;
@@ -79,6 +86,12 @@ typedef struct run {
     void **hostkeep;
     size_t nhost, caphost;
 } run;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
 
 static uint8_t *dst_row(const run *r, size_t i) { return (uint8_t *)r->a->dst.ptr + i * r->row; }
 
@@ -251,7 +264,14 @@ static void *cpu_worker(void *arg) {
             switched = 1;
         }
         if (r->gpu && t->reason >= 0) t->fellback = 1;
-        cpu_decode(r, t, i);
+        double t0 = now_s();
+        if (cpu_decode(r, t, i) == 0) {
+            double dt = now_s() - t0;
+            pthread_mutex_lock(&r->mu);
+            r->cpu_px += (double)t->info.width * t->info.height;
+            r->cpu_s += dt;
+            pthread_mutex_unlock(&r->mu);
+        }
     }
     if (switched) ferry_cuda_restore(saved);
     return NULL;
@@ -284,7 +304,29 @@ static void on_threads(int threads, void *(*fn)(void *), void *arg, int caller_t
  * hardware backend's call comes after the stream is drained. Growing it
  * waits for the stream before the old buffer goes. */
 static pthread_mutex_t cache_mu_ = PTHREAD_MUTEX_INITIALIZER;
-static struct { CUdeviceptr p; size_t size; int busy; } cache_[FERRY_MAX_DEVICES];
+static struct { CUdeviceptr p; size_t size; int busy; double cpu_rate, gpu_rate; } cache_[FERRY_MAX_DEVICES];
+
+/* Rates of earlier calls on the device, and this call's folded in (halfway). */
+static void rates_get(run *r) {
+    if (r->device < 0 || r->device >= FERRY_MAX_DEVICES) return;
+    pthread_mutex_lock(&cache_mu_);
+    r->cpu_rate0 = cache_[r->device].cpu_rate;
+    r->gpu_rate0 = cache_[r->device].gpu_rate;
+    pthread_mutex_unlock(&cache_mu_);
+}
+static void rates_put(const run *r) {
+    if (r->device < 0 || r->device >= FERRY_MAX_DEVICES) return;
+    pthread_mutex_lock(&cache_mu_);
+    if (r->cpu_s > 0) {
+        double c = r->cpu_px / r->cpu_s, *old = &cache_[r->device].cpu_rate;
+        *old = *old > 0 ? (*old + c) / 2 : c;
+    }
+    if (r->gpu_s > 0 && r->gpu_px > 0) {
+        double g = r->gpu_px / r->gpu_s, *old = &cache_[r->device].gpu_rate;
+        *old = *old > 0 ? (*old + g) / 2 : g;
+    }
+    pthread_mutex_unlock(&cache_mu_);
+}
 
 static CUdeviceptr scratch_get(run *r, size_t need) {
     if (!r->scratch && !r->scratch_cached && r->device < FERRY_MAX_DEVICES) {
@@ -430,25 +472,47 @@ cpu:
     }
 }
 
-static void gpu_feeder(run *r, ferry_nvj_batch *b) {
-    for (;;) {
-        size_t idx[GPU_RUN_MAX];
-        int k = 0;
-        pthread_mutex_lock(&r->mu);
-        size_t left = r->ngpu - r->gpu_next;
-        /* beside busy CPU threads, take half of what is left (they take the rest one by one) */
-        size_t want = r->cpu_takes_gpu_items && r->cpu_active ? (left + 1) / 2 : left, bytes = 0;
-        if (want > GPU_RUN_MAX) want = GPU_RUN_MAX;
-        if (atomic_load(&r->failed)) want = 0;
-        for (; (size_t)k < want; k++) {   /* and at most GPU_RUN_BYTES of pixels, one image at least */
-            const item *t = &r->it[r->gpu_list[r->gpu_next]];
-            bytes += (size_t)t->info.width * t->info.height * 3;
-            if (k && bytes > GPU_RUN_BYTES) break;
-            idx[k] = r->gpu_list[r->gpu_next++];
-        }
-        pthread_mutex_unlock(&r->mu);
-        if (!k) break;
+/* Claim the next run for the GPU (idx: GPU_RUN_MAX entries): its size. */
+static int gpu_claim(run *r, size_t *idx) {
+    int k = 0;
+    pthread_mutex_lock(&r->mu);
+    size_t left = r->ngpu - r->gpu_next, want = left, bytes = 0;
+    double share = 1.0;   /* of the pixels left: all, when the CPU threads are done or not sharing */
+    if (r->cpu_takes_gpu_items && r->cpu_active) {
+        /* beside busy CPU threads: the share the GPU finishes when they finish the rest, by the
+         * rates measured (in this call, else earlier ones); half before there are any */
+        double g = r->gpu_s > 0 ? r->gpu_px / r->gpu_s : r->gpu_rate0;
+        double c = r->cpu_s > 0 ? r->cpu_px / r->cpu_s : r->cpu_rate0;
+        share = g > 0 && c > 0 ? g / (g + c * r->cpu_active) : 0.5;
+    }
+    double left_px = 0, take_px = 0;
+    for (size_t q = r->gpu_next; share < 1.0 && q < r->ngpu; q++)
+        left_px += (double)r->it[r->gpu_list[q]].info.width * r->it[r->gpu_list[q]].info.height;
+    if (want > GPU_RUN_MAX) want = GPU_RUN_MAX;
+    if (atomic_load(&r->failed)) want = 0;
+    for (; (size_t)k < want; k++) {   /* at most GPU_RUN_BYTES of pixels; one image at least */
+        const item *t = &r->it[r->gpu_list[r->gpu_next]];
+        double px = (double)t->info.width * t->info.height;
+        bytes += (size_t)px * 3;
+        if (k && (bytes > GPU_RUN_BYTES || (share < 1.0 && take_px + px / 2 > share * left_px))) break;
+        take_px += px;
+        idx[k] = r->gpu_list[r->gpu_next++];
+    }
+    pthread_mutex_unlock(&r->mu);
+    return k;
+}
+
+/* Decode runs until the queue is empty, starting with idx[0..k) (claimed
+ * before the CPU threads started, so that a slow start of this thread does
+ * not leave the GPU without work). */
+static void gpu_feeder(run *r, ferry_nvj_batch *b, size_t *idx, int k) {
+    for (; k > 0; k = gpu_claim(r, idx)) {
+        double t0 = now_s();
         gpu_run(r, b, idx, k);
+        double dt = now_s() - t0;
+        for (int j = 0; j < k; j++)
+            if (r->it[idx[j]].by == 1) r->gpu_px += (double)r->it[idx[j]].info.width * r->it[idx[j]].info.height;
+        r->gpu_s += dt;
     }
 }
 
@@ -509,6 +573,7 @@ static int choose(run *r, ferry_nvj_batch **b) {
     }
     r->gpu = 1;
     r->cpu_takes_gpu_items = pol == FERRY_DECODE_AUTO;
+    rates_get(r);
     return 0;
 }
 
@@ -593,13 +658,14 @@ int64_t ferry_image_batch(ferry_ctx *ctx, const ferry_image_batch_args *a, ferry
     r.cpu_active = ncpu_threads;
     if (r.gpu) {
         pthread_t t[64];
-        int started = 0;
+        size_t first[GPU_RUN_MAX];
+        int started = 0, k0 = gpu_claim(&r, first);
         for (; started < ncpu_threads && started < 64; started++)
             if (pthread_create(&t[started], NULL, cpu_worker, &r) != 0) break;
         pthread_mutex_lock(&r.mu);
-        r.cpu_active = started;
+        r.cpu_active -= ncpu_threads - started;   /* those that did not start (those that did may be done) */
         pthread_mutex_unlock(&r.mu);
-        gpu_feeder(&r, b);
+        gpu_feeder(&r, b, first, k0);
         if (started == 0) { r.cpu_active = 1; cpu_worker(&r); }   /* no thread started: the caller does it */
         for (int k = 0; k < started; k++) pthread_join(t[k], NULL);
     } else if (ncpu_threads > 0) {
@@ -650,6 +716,7 @@ int64_t ferry_image_batch(ferry_ctx *ctx, const ferry_image_batch_args *a, ferry
 out:
     if (r.device >= 0) {
         scratch_put(&r);   /* the stream has run (or nothing ran on the scratch) */
+        if (r.gpu) rates_put(&r);
         ferry_cuda_restore(saved);
     }
     for (size_t k = 0; k < r.nhost; k++) free(r.hostkeep[k]);

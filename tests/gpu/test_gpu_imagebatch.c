@@ -186,6 +186,35 @@ static void test_scratch_grows(void) {
     }
 }
 
+/* AUTO on a batch of JPEGs nvJPEG takes, twice (the second call starts from
+ * the first's rates): every row right whoever decoded it, the GPU in it. How
+ * the queue splits depends on the rates (and, on the stand-in, whose "GPU"
+ * decodes on the calling thread, on the host's scheduling): printed, not
+ * checked; the benchmark measures it. */
+static void test_auto_shares_the_queue(void) {
+    enum { M = 48 };
+    int64_t s[M];
+    static const int64_t jpegs[] = {0, 1, 2, 6, 7, 8, 9};
+    for (int i = 0; i < M; i++) s[i] = jpegs[i % 7];
+    ferry_image_batch_args a = args(s, M, 0, 0);
+    size_t rb = ib_row_bytes(&a.xf);
+    uintptr_t d = 0;
+    CHECK_EQ_I(ferry_cuda_malloc(ctx_, 0, M * rb, &d), 0);
+    a.dst = ferry_cuda_buf(0, d, M * rb);
+    a.threads = 3;
+    for (int round = 0; round < 2; round++) {   /* the second starts from the first's rates */
+        ferry_image_batch_stats st;
+        memset(&st, 0, sizeof st);
+        CHECK_EQ_I(ferry_image_batch(ctx_, &a, &st), M);
+        printf("  auto, %d JPEGs, round %d: gpu %zu, cpu %zu\n", M, round, st.gpu, st.cpu);
+        CHECK(st.gpu >= 1);
+        CHECK_EQ_I(st.gpu + st.cpu, M);
+        CHECK_EQ_I(st.fallbacks[FERRY_IMAGE_FB_GPU_ERROR], 0);
+        compare(&a, d, s, M, 0);
+    }
+    ferry_cuda_free(ctx_, d);
+}
+
 /* a truncated copy of image 7 and, on the stand-in, one with its scan
  * damaged (nvJPEG refuses the run; the CPU, image by image, names it) */
 static void test_skip_on_device(void) {
@@ -275,6 +304,7 @@ int main(void) {
     RUN(test_scratch_grows);
     RUN(test_auto_both_decoders);
     RUN(test_gpu_forced);
+    RUN(test_auto_shares_the_queue);
     RUN(test_cpu_forced_uploads);
     RUN(test_bf16_hwc_normalised);
     RUN(test_skip_on_device);
