@@ -100,10 +100,16 @@ static uint8_t *dst_row(const run *r, size_t i) { return (uint8_t *)r->a->dst.pt
 static int fail(run *r, item *t, int rc) {
     const char *m = ferry_lasterr();
     char buf[2048];
-    if (t->key && strstr(m, t->key) && t->path && strstr(m, t->path)) snprintf(buf, sizeof buf, "%s", m);
-    else
-        snprintf(buf, sizeof buf, "%s: sample \"%s\" member \"%s\": %s", t->path ? t->path : "?", t->key ? t->key : "?",
-                 t->name ? t->name : "?", m);
+    if (t->key && strstr(m, t->key) && t->path && strstr(m, t->path)) {
+        snprintf(buf, sizeof buf, "%s", m);
+    } else {
+        char key[600], name[300];
+        if (t->key) snprintf(key, sizeof key, "sample \"%s\"", t->key);
+        else snprintf(key, sizeof key, "sample %lld", (long long)t->sample);
+        if (t->name) snprintf(name, sizeof name, " member \"%s\"", t->name);
+        else name[0] = 0;
+        snprintf(buf, sizeof buf, "%s%s%s%s: %s", t->path ? t->path : "", t->path ? ": " : "", key, name, m);
+    }
     t->rc = rc;
     free(t->msg);
     t->msg = strdup(buf);
@@ -155,6 +161,7 @@ static int prepare(run *r, item *t, size_t i) {
     t->key = si.key;
     int m = -1;
     ferry_member_info mi;
+    if (si.nmembers > 0 && ferry_shards_member(s, t->sample, 0, &mi) == 0) t->path = mi.path;   /* its shard */
     if (a->member) {
         if ((m = ferry_shards_find(s, t->sample, a->member)) < 0) {
             t->name = a->member;

@@ -221,7 +221,8 @@ static void test_member_by_name(void) {
     a.dst = ferry_host_buf(out, 2 * rb);
     a.member = "jpg";
     CHECK_EQ_I(ferry_image_batch(ctx_, &a, NULL), FERRY_ENOTFOUND);   /* sample 5 is a PNG */
-    CHECK_STR_CONTAINS(ferry_errmsg(ctx_), "img05");
+    CHECK_STR_CONTAINS(ferry_errmsg(ctx_), "img05.png: sample");   /* the shard, the key */
+    CHECK_STR_CONTAINS(ferry_errmsg(ctx_), "member \"jpg\"");
     a.n = 1;
     CHECK_EQ_I(ferry_image_batch(ctx_, &a, NULL), 1);
     free(out);
@@ -250,6 +251,7 @@ static void test_refusals(void) {
     a.samples = far;
     a.n = 1;
     CHECK(ferry_image_batch(ctx_, &a, NULL) < 0);
+    CHECK_STR_CONTAINS(ferry_errmsg(ctx_), "sample 14");
     a.n = 0;
     CHECK_EQ_I(ferry_image_batch(ctx_, &a, NULL), 0);
     CHECK(ferry_image_fallback_name(FERRY_IMAGE_FB_CMYK) && !strcmp(ferry_image_fallback_name(FERRY_IMAGE_FB_CMYK), "cmyk"));
