@@ -16,6 +16,7 @@
 #include "imagebatch_check.h"
 #include "cuda/cuda.h"
 #include <dlfcn.h>
+#include <pthread.h>
 
 #ifdef IB_HAVE_CODECS
 static ferry_ctx *ctx_;
@@ -215,6 +216,44 @@ static void test_auto_shares_the_queue(void) {
     ferry_cuda_free(ctx_, d);
 }
 
+/* two calls at once on device 0, each on its own stream: one takes the kept
+ * scratch, the other makes its own; both right */
+typedef struct conc { int64_t s[6]; uintptr_t d; CUstream stream; int64_t rc; ferry_image_batch_stats st; } conc;
+static void *conc_run(void *arg) {
+    conc *c = arg;
+    ferry_image_batch_args a = args(c->s, 6, 0, 0);
+    a.dst = ferry_cuda_buf(0, c->d, 6 * ib_row_bytes(&a.xf));
+    a.stream = c->stream;
+    a.decode = FERRY_DECODE_GPU;
+    memset(&c->st, 0, sizeof c->st);
+    c->rc = ferry_image_batch(ctx_, &a, &c->st);
+    return NULL;
+}
+
+static void test_concurrent_calls(void) {
+    conc c[2] = {{{7, 0, 8, 1, 9, 2}, 0, NULL, 0, {0}}, {{9, 8, 7, 7, 0, 1}, 0, NULL, 0, {0}}};
+    ferry_image_batch_args a0 = args(c[0].s, 6, 0, 0);
+    size_t rb = ib_row_bytes(&a0.xf);
+    for (int k = 0; k < 2; k++) {
+        CHECK_EQ_I(ferry_cuda_malloc(ctx_, 0, 6 * rb, &c[k].d), 0);
+        CHECK_EQ_I(ferry_cuda_use_device(0), 0);
+        CHECK_EQ_I(cu_->StreamCreate(&c[k].stream, 1), 0);
+    }
+    pthread_t t[2];
+    for (int k = 0; k < 2; k++) CHECK_EQ_I(pthread_create(&t[k], NULL, conc_run, &c[k]), 0);
+    for (int k = 0; k < 2; k++) pthread_join(t[k], NULL);
+    for (int k = 0; k < 2; k++) {
+        CHECK_EQ_I(c[k].rc, 6);
+        CHECK_EQ_I(c[k].st.gpu, 6);
+        ferry_image_batch_args a = args(c[k].s, 6, c[k].d, 6 * rb);
+        compare(&a, c[k].d, c[k].s, 6, 0);
+        CHECK_EQ_I(ferry_cuda_use_device(0), 0);
+        cu_->StreamDestroy(c[k].stream);
+        ferry_cuda_free(ctx_, c[k].d);
+    }
+    CHECK_EQ_I(simc("state_shared"), 0);
+}
+
 /* a truncated copy of image 7 and, on the stand-in, one with its scan
  * damaged (nvJPEG refuses the run; the CPU, image by image, names it) */
 static void test_skip_on_device(void) {
@@ -305,6 +344,7 @@ int main(void) {
     RUN(test_auto_both_decoders);
     RUN(test_gpu_forced);
     RUN(test_auto_shares_the_queue);
+    RUN(test_concurrent_calls);
     RUN(test_cpu_forced_uploads);
     RUN(test_bf16_hwc_normalised);
     RUN(test_skip_on_device);
