@@ -298,7 +298,8 @@ typedef enum ferry_image_crop {
                                             the box's edges */
     FERRY_IMAGE_CROP_RESIZE = 2,         /* the whole image resized to the output (aspect not kept) */
     FERRY_IMAGE_CROP_NONE = 3            /* no crop, no resize: every image must be the output's size
-                                            (FERRY_EINVAL otherwise, saying to pass a crop or resize) */
+                                            (FERRY_EINVAL otherwise, saying to pass a crop or resize,
+                                            with on_error SKIP too: the arguments are wrong, not the image) */
 } ferry_image_crop;
 
 typedef enum ferry_image_layout { FERRY_IMAGE_CHW = 0, FERRY_IMAGE_HWC = 1 } ferry_image_layout;

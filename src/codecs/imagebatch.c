@@ -52,6 +52,7 @@ typedef struct item {
     int hw;                   /* decoded by the hardware JPEG engine */
     int fellback;             /* bound for the GPU, decoded on the CPU: the reason counted */
     int rc;                   /* 0 or the failure's code */
+    int fatal;                /* a failure of the call's arguments, not of the image: raised even with SKIP */
     char *msg;                /* its message, naming the shard file, key and member */
     const char *path, *key, *name;
 } item;
@@ -203,10 +204,13 @@ static int prepare(run *r, item *t, size_t i) {
     case FERRY_IMAGE_CROP_CENTER: center_box(h, w, x->height, x->width, &t->xs.box); break;
     case FERRY_IMAGE_CROP_RESIZE: t->xs.box = (ferry_img_box){0, 0, h, w}; break;
     default:
-        if (h != x->height || w != x->width)
+        if (h != x->height || w != x->width) {
+            t->fatal = 1;
+            atomic_store(&r->failed, 1);
             return fail(r, t, ferry_seterr(FERRY_EINVAL, "the image is %u x %u, the output %u x %u: without a crop or "
                                            "resize every image must be the output's size (pass a crop or resize)",
                                            h, w, x->height, x->width));
+        }
         t->xs.box = (ferry_img_box){0, 0, h, w};
     }
     t->xs.flip = x->flip > 0 && ferry_img_flip_draw(a->seed, a->epoch, (uint64_t)t->sample, x->flip);
@@ -681,11 +685,14 @@ int64_t ferry_image_batch(ferry_ctx *ctx, const ferry_image_batch_args *a, ferry
     pthread_mutex_destroy(&r.mu);
     pthread_mutex_destroy(&r.stream_mu);
     /* the first failure (by position) */
-    size_t bad = r.n;
+    size_t bad = r.n, fatal = r.n;
     for (size_t i = 0; i < r.n && bad == r.n; i++)
         if (r.it[i].rc) bad = i;
+    for (size_t i = 0; i < r.n && fatal == r.n; i++)
+        if (r.it[i].fatal) fatal = i;
+    if (fatal < r.n) bad = fatal;
     written = r.n;
-    if (bad < r.n && a->on_error == FERRY_ON_ERROR_RAISE) {
+    if (bad < r.n && (a->on_error == FERRY_ON_ERROR_RAISE || fatal < r.n)) {
         rc = ferry_seterr(r.it[bad].rc, "%s", r.it[bad].msg ? r.it[bad].msg : "image batch: failed");
     } else if (bad < r.n) {
         rc = close_up(&r, &written);

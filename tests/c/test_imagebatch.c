@@ -141,6 +141,10 @@ static void test_no_crop_needs_the_output_size(void) {
     CHECK_EQ_I(ferry_image_batch(ctx_, &a, NULL), FERRY_EINVAL);
     CHECK_STR_CONTAINS(ferry_errmsg(ctx_), "pass a crop or resize");
     CHECK_STR_CONTAINS(ferry_errmsg(ctx_), "img06.jpg");
+    a.on_error = FERRY_ON_ERROR_SKIP;   /* the arguments are wrong, not the image: still an error */
+    CHECK_EQ_I(ferry_image_batch(ctx_, &a, NULL), FERRY_EINVAL);
+    CHECK_STR_CONTAINS(ferry_errmsg(ctx_), "pass a crop or resize");
+    a.on_error = FERRY_ON_ERROR_RAISE;
     a.n = 1;
     CHECK_EQ_I(ferry_image_batch(ctx_, &a, NULL), 1);
     CHECK(rows_match(&a, out, s, 1));

@@ -115,8 +115,9 @@ def test_resize_center_and_none(shard):
     images.load_batch(s, [0, 0], out, crop=None, layout="HWC")
     px = np.asarray(Image.open(io.BytesIO(datas[0])).convert("RGB"))
     assert np.array_equal(out[0], px) and np.array_equal(out[1], px)   # no resize: the pixels
-    with pytest.raises(FerryError, match="pass a crop or resize"):
-        images.load_batch(s, [0, 1], out, crop=None, layout="HWC")
+    for on_error in ("raise", "skip"):   # wrong arguments, not a bad image: raised either way
+        with pytest.raises(FerryError, match="pass a crop or resize"):
+            images.load_batch(s, [0, 1], out, crop=None, layout="HWC", on_error=on_error)
     out2 = np.zeros((2, 3, 8, 8), np.uint8)
     for crop in ("center", "resize"):
         r = images.load_batch(s, [1, 6], out2, crop=crop)
