@@ -132,9 +132,10 @@ def load_batch(shards, samples, out, *, member=None, size=None, crop="random_res
     dtype uint8, float16, bfloat16 or float32, on the host or a CUDA device:
     its dtype, layout and device define the output. size=(H, W) must match it.
     crop: "random_resized" (RandomResizedCrop(size, scale, ratio)), "center"
-    (the largest centred box of the output's aspect, resized: Resize +
-    CenterCrop), "resize" (the whole image resized) or None (no resize: every
-    image must already be H x W). flip: probability of a horizontal flip.
+    (the largest centred box of the output's aspect, resized: for a square
+    output Resize(size) + CenterCrop(size)), "resize" (the whole image
+    resized) or None (no resize: every image must already be H x W, else an
+    error whatever on_error says). flip: probability of a horizontal flip.
     mean/std: per channel, for float outputs ((v / 255 - mean) / std); None:
     no normalisation (v / 255). Crops and flips derive from (seed, epoch,
     sample), so a resumed epoch draws the same ones.
