@@ -256,8 +256,16 @@ const char *ferry_nvjpeg_status(void);
  *              (nvJPEG's batched decode) takes runs of them; what nvJPEG
  *              cannot take goes to the CPU (fallbacks, counted by reason)
  *   4. transform  crop, antialiased resize, flip, normalise, layout, dtype
- *              (imagexform): on the GPU kernel for images the GPU decoded, on
- *              the CPU for the others (then their row is copied to the device)
+ *              (imagexform): for a device destination on the GPU kernel, the
+ *              images the CPU decoded uploaded first (so the CPU threads only
+ *              decode; where the kernel cannot load, the CPU transforms and
+ *              copies rows); for a host destination on the CPU threads
+ *
+ * The copies of CPU-decoded images go on `stream` from pageable memory, which
+ * the driver may stage only once the stream reaches them: work queued on the
+ * stream before the call slows the CPU threads. Give a batch a stream of its
+ * own (and make the consumer's stream wait on it) rather than the training
+ * step's.
  *
  * Decode policy (ferry_decode_policy; FERRY_DECODE_AUTO takes the context's,
  * FERRY_DECODE in the environment, as for compressed chunks):

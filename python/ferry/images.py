@@ -146,7 +146,8 @@ def load_batch(shards, samples, out, *, member=None, size=None, crop="random_res
     member) or "skip" (the sample left out). stream: the CUDA stream the rows
     are written on (an int handle or an object with .cuda_stream / .ptr;
     None: torch's or cupy's current stream); the call returns when they are
-    there.
+    there. Work queued on that stream before the call delays the copies of
+    CPU-decoded images: a stream of the loader's own is best.
 
     Returns {"written": k, "skipped": [positions in samples], "gpu": n,
     "cpu": n, "fallbacks": {reason: n}, "gpu_hardware": n}; rows 0..k-1 of

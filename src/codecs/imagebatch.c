@@ -16,24 +16,22 @@
  *      memory and transforms the run with one kernel launch into the rows.
  *      A run nvJPEG refuses is decoded again on the CPU by the feeder, image by
  *      image, so the error names the image.
+ * Images the CPU decoded for a device destination are uploaded and
+ * transformed by the same kernel (imagebatch_gpu.c), so the CPU threads
+ * spend their time decoding.
  * Rows are written at their sample's position; samples skipped (on_error
  * SKIP) are closed up at the end, in order, on the same stream. */
-#include "codecs/image.h"
-#include "codecs/imagexform.h"
-#include "cuda/cuda.h"
-#include "cuda/nvjpeg_batch.h"
+#include "codecs/imagebatch.h"
 #include "engine/ctx.h"
-#include <pthread.h>
 #include <math.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
 
-#define GPU_MAX_SIDE 16384u                 /* past this the CPU decodes (FERRY_IMAGE_FB_LARGE) */
-#define GPU_RUN_MAX 64                      /* images in one nvJPEG run */
-#define GPU_RUN_BYTES ((size_t)256 << 20)   /* decoded bytes of one run (its scratch), unless one image is more */
 #define MAX_ENCODED ((uint64_t)1 << 30)     /* an image member past 1 GiB is refused before it is read */
+
+typedef ferry_imgb_item item;
+typedef ferry_imgb_run run;
 
 const char *ferry_image_fallback_name(int reason) {
     static const char *const n[FERRY_IMAGE_FB_COUNT_] = {"png", "cmyk", "sampling", "precision", "large",
@@ -41,60 +39,11 @@ const char *ferry_image_fallback_name(int reason) {
     return reason >= 0 && reason < FERRY_IMAGE_FB_COUNT_ ? n[reason] : NULL;
 }
 
-typedef struct item {
-    int64_t sample;
-    uint8_t *data;            /* the encoded bytes */
-    size_t size;
-    ferry_image_info info;
-    ferry_img_sample xs;      /* box and flip */
-    int reason;               /* why only the CPU may decode it; -1: nvJPEG may */
-    int by;                   /* 0 not decoded, 1 GPU, 2 CPU */
-    int hw;                   /* decoded by the hardware JPEG engine */
-    int fellback;             /* bound for the GPU, decoded on the CPU: the reason counted */
-    int rc;                   /* 0 or the failure's code */
-    int fatal;                /* a failure of the call's arguments, not of the image: raised even with SKIP */
-    char *msg;                /* its message, naming the shard file, key and member */
-    const char *path, *key, *name;
-} item;
-
-typedef struct run {
-    ferry_ctx *ctx;
-    const ferry_image_batch_args *a;
-    item *it;
-    size_t n;
-    ferry_img_out o;
-    size_t row;                      /* bytes of one row */
-    int device;                      /* -1: a host destination */
-    CUstream stream;
-    const ferry_cuda_api *cu;
-    int gpu, cpu_takes_gpu_items;    /* the feeder runs; CPU threads also take images nvJPEG could */
-    atomic_size_t next;              /* phase 1 */
-    atomic_int failed;               /* RAISE: stop claiming */
-    pthread_mutex_t mu;              /* the queue */
-    pthread_mutex_t stream_mu;       /* held by CPU threads queueing a row's copy and by the feeder across
-                                        a hardware decode: nothing is queued between the drain and the call */
-    size_t *cpu_list, ncpu, cpu_next;
-    size_t *gpu_list, ngpu, gpu_next;
-    int cpu_active;                  /* CPU threads still claiming */
-    /* decode rates in pixels per second (how much of the queue the GPU takes) */
-    double cpu_px, cpu_s;            /* under mu: pixels the CPU threads decoded, thread-seconds it took */
-    double gpu_px, gpu_s;            /* the feeder's runs */
-    double cpu_rate0, gpu_rate0;     /* earlier calls' rates on this device (0: none yet) */
-    /* device memory and host arrays the GPU runs use, freed after the stream ran them */
-    CUdeviceptr scratch;             /* device memory of one run, reused run after run (stream order) */
-    size_t scratch_size;
-    int scratch_cached;              /* it is the device's cached buffer (given back at the end) */
-    void **hostkeep;
-    size_t nhost, caphost;
-} run;
-
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
-
-static uint8_t *dst_row(const run *r, size_t i) { return (uint8_t *)r->a->dst.ptr + i * r->row; }
 
 /* Record the failure of item i: its code and message, prefixed with the
  * shard file, key and member unless the message already names the sample. */
@@ -147,7 +96,7 @@ static int gpu_reason(const ferry_image_info *in) {
     case 444: case 422: case 420: case 440: case 400: break;
     default: return FERRY_IMAGE_FB_SAMPLING;
     }
-    if (in->width > GPU_MAX_SIDE || in->height > GPU_MAX_SIDE) return FERRY_IMAGE_FB_LARGE;
+    if (in->width > FERRY_IMGB_GPU_MAX_SIDE || in->height > FERRY_IMGB_GPU_MAX_SIDE) return FERRY_IMAGE_FB_LARGE;
     return -1;
 }
 
@@ -220,7 +169,10 @@ static int prepare(run *r, item *t, size_t i) {
 }
 
 /* ---- decoding on the CPU ---------------------------------------------------- */
-static int cpu_decode(run *r, item *t, size_t i) {
+/* Decode item i on this thread (upload slot w) and transform it: on the
+ * device when the destination is there and the kernel runs (the CPU's time
+ * goes to decoding), else here, its row copied to the device if it is there. */
+static int cpu_decode(run *r, item *t, size_t i, int w) {
     size_t need = (size_t)t->info.width * t->info.height * 3;
     uint8_t *px = malloc(need), *row = NULL;
     int rc;
@@ -228,16 +180,18 @@ static int cpu_decode(run *r, item *t, size_t i) {
                                             t->info.width));
     int64_t got = ferry_image_decode(t->data, t->size, px, need, 0, NULL);
     if (got < 0) { free(px); return fail(r, t, (int)got); }
-    if (r->device < 0) {
+    if (r->kernel) {
+        rc = ferry_imgb_upload(r, t, i, w, px);
+    } else if (r->device < 0) {
         rc = ferry_img_transform(px, t->info.height, t->info.width, (size_t)t->info.width * 3, &t->xs, &r->o,
-                                 dst_row(r, i));
+                                 ferry_imgb_row(r, i));
     } else if (!(row = malloc(r->row))) {
         rc = ferry_seterr(FERRY_ENOMEM, "out of memory");
     } else if ((rc = ferry_img_transform(px, t->info.height, t->info.width, (size_t)t->info.width * 3, &t->xs,
                                          &r->o, row)) == 0) {
         /* pageable source: the driver has taken it when the call returns */
         pthread_mutex_lock(&r->stream_mu);
-        CUresult cr = r->cu->MemcpyHtoDAsync((CUdeviceptr)(uintptr_t)dst_row(r, i), row, r->row, r->stream);
+        CUresult cr = r->cu->MemcpyHtoDAsync((CUdeviceptr)(uintptr_t)ferry_imgb_row(r, i), row, r->row, r->stream);
         pthread_mutex_unlock(&r->stream_mu);
         if (cr != 0) rc = ferry_seterr(FERRY_ECUDA, "copying a row to device %d: %s", r->device, ferry_cuda_errstr(cr));
     }
@@ -265,7 +219,7 @@ static size_t cpu_claim(run *r) {
 static void *cpu_worker(void *arg) {
     run *r = arg;
     CUcontext saved = NULL;
-    int switched = 0;
+    int switched = 0, w = atomic_fetch_add(&r->next_worker, 1);
     for (size_t i; (i = cpu_claim(r)) != SIZE_MAX;) {
         item *t = &r->it[i];
         if (r->device >= 0 && !switched) {
@@ -276,7 +230,7 @@ static void *cpu_worker(void *arg) {
         }
         if (r->gpu && t->reason >= 0) t->fellback = 1;
         double t0 = now_s();
-        if (cpu_decode(r, t, i) == 0) {
+        if (cpu_decode(r, t, i, w) == 0) {
             double dt = now_s() - t0;
             pthread_mutex_lock(&r->mu);
             r->cpu_px += (double)t->info.width * t->info.height;
@@ -307,223 +261,28 @@ static void on_threads(int threads, void *(*fn)(void *), void *arg, int caller_t
     for (int k = 0; k < started; k++) pthread_join(t[k], NULL);
 }
 
-/* ---- decoding on the GPU ------------------------------------------------------ */
-/* The scratch device memory runs decode into: one buffer per device kept
- * between calls (the largest a run needed), taken by one call at a time; a
- * call that finds it taken allocates its own. Runs reuse it in stream order:
- * the CUDA backend writes on the stream after the previous run's kernel, the
- * hardware backend's call comes after the stream is drained. Growing it
- * waits for the stream before the old buffer goes. */
-static pthread_mutex_t cache_mu_ = PTHREAD_MUTEX_INITIALIZER;
-static struct { CUdeviceptr p; size_t size; int busy; double cpu_rate, gpu_rate; } cache_[FERRY_MAX_DEVICES];
-
-/* Rates of earlier calls on the device, and this call's folded in (halfway). */
-static void rates_get(run *r) {
-    if (r->device < 0 || r->device >= FERRY_MAX_DEVICES) return;
-    pthread_mutex_lock(&cache_mu_);
-    r->cpu_rate0 = cache_[r->device].cpu_rate;
-    r->gpu_rate0 = cache_[r->device].gpu_rate;
-    pthread_mutex_unlock(&cache_mu_);
-}
-static void rates_put(const run *r) {
-    if (r->device < 0 || r->device >= FERRY_MAX_DEVICES) return;
-    pthread_mutex_lock(&cache_mu_);
-    if (r->cpu_s > 0) {
-        double c = r->cpu_px / r->cpu_s, *old = &cache_[r->device].cpu_rate;
-        *old = *old > 0 ? (*old + c) / 2 : c;
-    }
-    if (r->gpu_s > 0 && r->gpu_px > 0) {
-        double g = r->gpu_px / r->gpu_s, *old = &cache_[r->device].gpu_rate;
-        *old = *old > 0 ? (*old + g) / 2 : g;
-    }
-    pthread_mutex_unlock(&cache_mu_);
-}
-
-static CUdeviceptr scratch_get(run *r, size_t need) {
-    if (!r->scratch && !r->scratch_cached && r->device < FERRY_MAX_DEVICES) {
-        pthread_mutex_lock(&cache_mu_);
-        if (!cache_[r->device].busy) {
-            cache_[r->device].busy = 1;
-            r->scratch = cache_[r->device].p;
-            r->scratch_size = cache_[r->device].size;
-            r->scratch_cached = 1;
-        }
-        pthread_mutex_unlock(&cache_mu_);
-    }
-    if (r->scratch && r->scratch_size >= need) return r->scratch;
-    if (r->scratch) {
-        r->cu->StreamSynchronize(r->stream);   /* earlier runs are done with it */
-        r->cu->MemFree(r->scratch);
-        r->scratch = 0;
-        r->scratch_size = 0;
-    }
-    size_t want = need + need / 4;
-    CUdeviceptr p = 0;
-    CUresult cr = r->cu->MemAlloc(&p, want);
-    if (cr != 0) {
-        want = need;
-        cr = r->cu->MemAlloc(&p, want);
-    }
-    if (cr != 0) {
-        ferry_seterr(FERRY_ENOMEM, "nvjpeg: %zu bytes of device memory on device %d: %s", need, r->device,
-                     ferry_cuda_errstr(cr));
-        return 0;
-    }
-    r->scratch = p;
-    r->scratch_size = want;
-    return p;
-}
-
-static void scratch_put(run *r) {
-    if (r->scratch_cached) {
-        pthread_mutex_lock(&cache_mu_);
-        cache_[r->device].p = r->scratch;
-        cache_[r->device].size = r->scratch_size;
-        cache_[r->device].busy = 0;
-        pthread_mutex_unlock(&cache_mu_);
-    } else if (r->scratch) {
-        r->cu->MemFree(r->scratch);
-    }
-    r->scratch = 0;
-}
-
-static int keep_host(run *r, void *p) {
-    if (r->nhost == r->caphost) {
-        size_t c = r->caphost ? 2 * r->caphost : 16;
-        void **v = realloc(r->hostkeep, c * sizeof *v);
-        if (!v) return -1;
-        r->hostkeep = v;
-        r->caphost = c;
-    }
-    r->hostkeep[r->nhost++] = p;
-    return 0;
-}
-
-/* Decode and transform the run idx[0..k) on the GPU. Images of a group
- * nvJPEG refused are decoded on the CPU here. */
-static void gpu_run(run *r, ferry_nvj_batch *b, const size_t *idx, int k) {
-    size_t total = 0, off[GPU_RUN_MAX];
-    for (int j = 0; j < k; j++) {
-        const item *t = &r->it[idx[j]];
-        off[j] = total;
-        total += ((size_t)t->info.width * t->info.height * 3 + 255) & ~(size_t)255;
-    }
-    size_t desc_at = total;
-    total += (size_t)k * 64;
-    CUdeviceptr mem = scratch_get(r, total);
-    CUresult cr;
-    int hw[GPU_RUN_MAX], ok[GPU_RUN_MAX] = {0};
-    if (!mem) goto cpu;   /* no memory on the device: these go to the CPU */
-    for (int j = 0; j < k; j++) hw[j] = ferry_nvj_batch_hw_ok(b, r->it[idx[j]].data, r->it[idx[j]].size);
-    for (int pass = 0; pass < 2; pass++) {   /* the hardware group, then the CUDA backend's */
-        const uint8_t *data[GPU_RUN_MAX];
-        size_t len[GPU_RUN_MAX], pitch[GPU_RUN_MAX];
-        CUdeviceptr dst[GPU_RUN_MAX];
-        int sel[GPU_RUN_MAX], m = 0;
-        for (int j = 0; j < k; j++) {
-            if (hw[j] != (pass == 0)) continue;
-            const item *t = &r->it[idx[j]];
-            data[m] = t->data;
-            len[m] = t->size;
-            dst[m] = mem + off[j];
-            pitch[m] = (size_t)t->info.width * 3;
-            sel[m++] = j;
-        }
-        if (pass == 0) pthread_mutex_lock(&r->stream_mu);
-        int drc = m ? ferry_nvj_batch_decode(b, pass == 0, data, len, m, dst, pitch, r->stream) : -1;
-        if (pass == 0) pthread_mutex_unlock(&r->stream_mu);
-        if (m && drc == 0) {
-            for (int q = 0; q < m; q++) ok[sel[q]] = 1 + (pass == 0);
-        }
-    }
-    unsigned long long *desc = malloc((size_t)k * 64);
-    int nd = 0;
-    if (!desc || keep_host(r, desc) < 0) {
-        free(desc);
-        for (int j = 0; j < k; j++) ok[j] = 0;
-        ferry_seterr(FERRY_ENOMEM, "out of memory");
-    } else {
-        for (int j = 0; j < k; j++) {
-            if (!ok[j]) continue;
-            const item *t = &r->it[idx[j]];
-            unsigned long long *q = desc + 8 * nd++;
-            q[0] = mem + off[j];
-            q[1] = (unsigned long long)(uintptr_t)dst_row(r, idx[j]);
-            q[2] = (unsigned long long)t->info.width * 3;
-            q[3] = ((unsigned long long)t->info.height << 32) | t->info.width;
-            q[4] = ((unsigned long long)t->xs.box.y << 32) | t->xs.box.x;
-            q[5] = ((unsigned long long)t->xs.box.h << 32) | t->xs.box.w;
-            q[6] = (unsigned long long)t->xs.flip;
-            q[7] = 0;
-        }
-    }
-    if (nd) {
-        ferry_cuda_img_params p = {r->o.out_h, r->o.out_w, 3, r->o.layout == FERRY_IMG_CHW ? 0 : 1,
-                                   r->o.dtype == FERRY_DT_U8 ? 0 : r->o.dtype == FERRY_DT_F32 ? 1
-                                   : r->o.dtype == FERRY_DT_F16 ? 2 : 3,
-                                   {r->o.mean[0], r->o.mean[1], r->o.mean[2]}, {r->o.std[0], r->o.std[1], r->o.std[2]}};
-        cr = r->cu->MemcpyHtoDAsync(mem + desc_at, desc, (size_t)nd * 64, r->stream);
-        int rc = cr ? ferry_seterr(FERRY_ECUDA, "image transform descriptors: %s", ferry_cuda_errstr(cr))
-                    : ferry_cuda_image_xform_batch(r->device, mem + desc_at, (size_t)nd, &p, r->stream);
-        if (rc < 0)   /* the kernel did not start: these rows are done on the CPU */
-            for (int j = 0; j < k; j++) ok[j] = 0;
-    }
-    for (int j = 0; j < k; j++)
-        if (ok[j]) {
-            r->it[idx[j]].by = 1;
-            r->it[idx[j]].hw = ok[j] == 2;
-        }
-cpu:
-    for (int j = 0; j < k; j++) {
-        item *t = &r->it[idx[j]];
-        if (t->by || atomic_load(&r->failed)) continue;
-        t->reason = FERRY_IMAGE_FB_GPU_ERROR;
-        t->fellback = 1;
-        cpu_decode(r, t, idx[j]);
-    }
-}
-
-/* Claim the next run for the GPU (idx: GPU_RUN_MAX entries): its size. */
-static int gpu_claim(run *r, size_t *idx) {
-    int k = 0;
-    pthread_mutex_lock(&r->mu);
-    size_t left = r->ngpu - r->gpu_next, want = left, bytes = 0;
-    double share = 1.0;   /* of the pixels left: all, when the CPU threads are done or not sharing */
-    if (r->cpu_takes_gpu_items && r->cpu_active) {
-        /* beside busy CPU threads: the share the GPU finishes when they finish the rest, by the
-         * rates measured (in this call, else earlier ones); half before there are any */
-        double g = r->gpu_s > 0 ? r->gpu_px / r->gpu_s : r->gpu_rate0;
-        double c = r->cpu_s > 0 ? r->cpu_px / r->cpu_s : r->cpu_rate0;
-        share = g > 0 && c > 0 ? g / (g + c * r->cpu_active) : 0.5;
-    }
-    double left_px = 0, take_px = 0;
-    for (size_t q = r->gpu_next; share < 1.0 && q < r->ngpu; q++)
-        left_px += (double)r->it[r->gpu_list[q]].info.width * r->it[r->gpu_list[q]].info.height;
-    if (want > GPU_RUN_MAX) want = GPU_RUN_MAX;
-    if (atomic_load(&r->failed)) want = 0;
-    for (; (size_t)k < want; k++) {   /* at most GPU_RUN_BYTES of pixels; one image at least */
-        const item *t = &r->it[r->gpu_list[r->gpu_next]];
-        double px = (double)t->info.width * t->info.height;
-        bytes += (size_t)px * 3;
-        if (k && (bytes > GPU_RUN_BYTES || (share < 1.0 && take_px + px / 2 > share * left_px))) break;
-        take_px += px;
-        idx[k] = r->gpu_list[r->gpu_next++];
-    }
-    pthread_mutex_unlock(&r->mu);
-    return k;
-}
-
+/* ---- the GPU feeder ------------------------------------------------------------- */
 /* Decode runs until the queue is empty, starting with idx[0..k) (claimed
  * before the CPU threads started, so that a slow start of this thread does
- * not leave the GPU without work). */
+ * not leave the GPU without work). Images of a run the GPU did not finish
+ * (nvJPEG refused their group, no device memory) are decoded here on the
+ * CPU, image by image, so an error names its image. */
 static void gpu_feeder(run *r, ferry_nvj_batch *b, size_t *idx, int k) {
-    for (; k > 0; k = gpu_claim(r, idx)) {
+    int w = atomic_fetch_add(&r->next_worker, 1);
+    for (; k > 0; k = ferry_imgb_gpu_claim(r, idx)) {
         double t0 = now_s();
-        gpu_run(r, b, idx, k);
-        double dt = now_s() - t0;
-        for (int j = 0; j < k; j++)
-            if (r->it[idx[j]].by == 1) r->gpu_px += (double)r->it[idx[j]].info.width * r->it[idx[j]].info.height;
-        r->gpu_s += dt;
+        ferry_imgb_gpu_run(r, b, idx, k);
+        r->gpu_s += now_s() - t0;
+        for (int j = 0; j < k; j++) {
+            item *t = &r->it[idx[j]];
+            if (t->by == 1) {
+                r->gpu_px += (double)t->info.width * t->info.height;
+            } else if (!atomic_load(&r->failed)) {
+                t->reason = FERRY_IMAGE_FB_GPU_ERROR;
+                t->fellback = 1;
+                cpu_decode(r, t, idx[j], w);
+            }
+        }
     }
 }
 
@@ -584,7 +343,6 @@ static int choose(run *r, ferry_nvj_batch **b) {
     }
     r->gpu = 1;
     r->cpu_takes_gpu_items = pol == FERRY_DECODE_AUTO;
-    rates_get(r);
     return 0;
 }
 
@@ -594,13 +352,13 @@ static int close_up(run *r, size_t *written) {
     for (size_t i = 0; i < r->n; i++) {
         if (r->it[i].rc) continue;
         if (j != i) {
-            if (r->device < 0) memmove(dst_row(r, j), dst_row(r, i), r->row);
+            if (r->device < 0) memmove(ferry_imgb_row(r, j), ferry_imgb_row(r, i), r->row);
             else if (!rc) {
                 ferry_cu_memcpy2d c;
                 memset(&c, 0, sizeof c);
                 c.srcMemoryType = c.dstMemoryType = FERRY_CU_MEMORYTYPE_DEVICE;
-                c.srcDevice = (CUdeviceptr)(uintptr_t)dst_row(r, i);
-                c.dstDevice = (CUdeviceptr)(uintptr_t)dst_row(r, j);
+                c.srcDevice = (CUdeviceptr)(uintptr_t)ferry_imgb_row(r, i);
+                c.dstDevice = (CUdeviceptr)(uintptr_t)ferry_imgb_row(r, j);
                 c.srcPitch = c.dstPitch = c.WidthInBytes = r->row;
                 c.Height = 1;
                 CUresult cr = r->cu->Memcpy2DAsync(&c, r->stream);
@@ -633,6 +391,7 @@ int64_t ferry_image_batch(ferry_ctx *ctx, const ferry_image_batch_args *a, ferry
         long c = sysconf(_SC_NPROCESSORS_ONLN);
         threads = c < 1 ? 1 : c > 16 ? 16 : (int)c;
     }
+    if (threads > FERRY_IMGB_THREADS_MAX) threads = FERRY_IMGB_THREADS_MAX;
     CUcontext saved = NULL;
     if (r.device >= 0) {
         const char *why = NULL;
@@ -645,6 +404,11 @@ int64_t ferry_image_batch(ferry_ctx *ctx, const ferry_image_batch_args *a, ferry
         if (r.device >= 0) ferry_cuda_restore(saved);
         return rc;
     }
+    if (r.device >= 0) {   /* the kernel also transforms what the CPU decodes; the device's kept memory */
+        ferry_cuda_img_params p = ferry_imgb_params(&r);
+        r.kernel = ferry_cuda_image_xform_batch(r.device, 0, 0, &p, r.stream) == 0;
+        ferry_imgb_dev_take(&r);
+    }
     r.it = calloc(r.n, sizeof *r.it);
     r.cpu_list = calloc(r.n, sizeof *r.cpu_list);
     r.gpu_list = calloc(r.n, sizeof *r.gpu_list);
@@ -655,6 +419,7 @@ int64_t ferry_image_batch(ferry_ctx *ctx, const ferry_image_batch_args *a, ferry
     pthread_mutex_init(&r.mu, NULL);
     pthread_mutex_init(&r.stream_mu, NULL);
     atomic_init(&r.next, 0);
+    atomic_init(&r.next_worker, 0);
     atomic_init(&r.failed, 0);
     size_t nt = (size_t)threads < r.n ? (size_t)threads : r.n;
     on_threads((int)nt, prepare_worker, &r, 1);
@@ -669,8 +434,8 @@ int64_t ferry_image_batch(ferry_ctx *ctx, const ferry_image_batch_args *a, ferry
     r.cpu_active = ncpu_threads;
     if (r.gpu) {
         pthread_t t[64];
-        size_t first[GPU_RUN_MAX];
-        int started = 0, k0 = gpu_claim(&r, first);
+        size_t first[FERRY_IMGB_RUN_MAX];
+        int started = 0, k0 = ferry_imgb_gpu_claim(&r, first);
         for (; started < ncpu_threads && started < 64; started++)
             if (pthread_create(&t[started], NULL, cpu_worker, &r) != 0) break;
         pthread_mutex_lock(&r.mu);
@@ -729,8 +494,7 @@ int64_t ferry_image_batch(ferry_ctx *ctx, const ferry_image_batch_args *a, ferry
     pthread_mutex_unlock(&ctx->stats_lock);
 out:
     if (r.device >= 0) {
-        scratch_put(&r);   /* the stream has run (or nothing ran on the scratch) */
-        if (r.gpu) rates_put(&r);
+        ferry_imgb_dev_give(&r);   /* the stream has run (or nothing ran on the device memory) */
         ferry_cuda_restore(saved);
     }
     for (size_t k = 0; k < r.nhost; k++) free(r.hostkeep[k]);

@@ -126,3 +126,36 @@ def test_bfloat16_on_a_busy_stream(shard):
     d = np.abs(got - ref)
     # in normalised units: test_nvjpeg's mean bound of 2 levels is 2 / 255 / 0.224; bfloat16 adds < 1 %
     assert d.mean() <= 2 / 255 / 0.224 + 0.02, d.mean()
+
+
+_NO_KERNEL = r"""
+import sys, numpy as np
+from ferry import _ferry as F, images
+ctx = F.Context()
+s = images.open_shards(sys.argv[1])
+n = len(s)
+out = F.empty((n, 3, 24, 24), "|u1", device=0, ctx=ctx)
+r = images.load_batch(s, list(range(n)), out, seed=2, flip=0.5)     # auto: no kernel, so the CPU alone
+got = np.empty((n, 3, 24, 24), np.uint8); ctx.memcpy(got, out)
+ref = np.zeros_like(got); images.load_batch(s, list(range(n)), ref, seed=2, flip=0.5)
+assert r["gpu"] == 0 and r["cpu"] == n, r
+assert np.array_equal(got, ref)
+try:
+    images.load_batch(s, [0], F.empty((1, 3, 24, 24), "|u1", device=0, ctx=ctx), decode="gpu")
+    raise SystemExit("decode=gpu without the kernel did not fail")
+except F.FerryError as e:
+    assert "kernel" in str(e), e
+print("OK")
+"""
+
+
+def test_without_the_kernel_rows_are_copied(ctx, shard, tmp_path):
+    """FERRY_KERNELS=none: the CPU transforms and copies rows; decode="gpu" says why it cannot."""
+    import os
+    import subprocess
+    import sys
+    path = shard.sample(0)["members"][0]["path"]
+    env = dict(os.environ, FERRY_KERNELS="none")
+    r = subprocess.run([sys.executable, "-c", _NO_KERNEL, path], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout + r.stderr
