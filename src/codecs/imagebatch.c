@@ -84,7 +84,8 @@ static int center_box(uint32_t h, uint32_t w, uint32_t oh, uint32_t ow, ferry_im
     if ((double)w * oh > (double)h * ow) bw = rint((double)h * ow / oh);
     else bh = rint((double)w * oh / ow);
     uint32_t ih = bh < 1 ? 1 : bh > h ? h : (uint32_t)bh, iw = bw < 1 ? 1 : bw > w ? w : (uint32_t)bw;
-    *b = (ferry_img_box){(h - ih) / 2, (w - iw) / 2, ih, iw};
+    /* the offset as torchvision's CenterCrop rounds it: int(round((h - ch) / 2.0)), half to even */
+    *b = (ferry_img_box){(uint32_t)rint((h - ih) / 2.0), (uint32_t)rint((w - iw) / 2.0), ih, iw};
     return 0;
 }
 

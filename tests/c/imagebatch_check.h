@@ -101,8 +101,8 @@ static inline ferry_img_sample ib_box(const ferry_image_batch_args *a, int64_t s
         else bh = rint((double)w * x->height / x->width);
         s.box.h = (uint32_t)bh;
         s.box.w = (uint32_t)bw;
-        s.box.y = (h - s.box.h) / 2;
-        s.box.x = (w - s.box.w) / 2;
+        s.box.y = (uint32_t)rint((h - s.box.h) / 2.0);   /* torchvision's CenterCrop rounding */
+        s.box.x = (uint32_t)rint((w - s.box.w) / 2.0);
     } else {
         s.box = (ferry_img_box){0, 0, h, w};
     }

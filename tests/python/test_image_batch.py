@@ -163,3 +163,22 @@ def test_argument_errors(shard):
         images.load_batch(s, [0], np.zeros((1, 3, 8, 8), np.uint8), decode="gpu")
     with pytest.raises(FerryError):
         images.load_batch(s, [0], np.zeros((1, 3, 8, 8), np.uint8), member="png")   # sample 0 has none
+
+
+def test_center_is_torchvision_center_crop_then_resize(shard):
+    """crop="center" of a square output: torchvision.transforms.v2's CenterCrop to the image's
+    shorter side, then Resize(antialias=True), on the same decoded image: within 1 (torchvision
+    rounds between its two passes, ferry once; docs/images.md)."""
+    torch = pytest.importorskip("torch")
+    F = pytest.importorskip("torchvision.transforms.v2.functional")
+    path, datas = shard
+    s = images.open_shards(path)
+    samples = [0, 1, 3, 6]          # 45x67, 64x40, 60x80 (odd and even margins), 200x300
+    out = np.zeros((len(samples), 3, 24, 24), np.uint8)
+    images.load_batch(s, samples, out, crop="center")
+    for i, k in enumerate(samples):
+        px = torch.from_numpy(np.asarray(Image.open(io.BytesIO(datas[k])).convert("RGB")).copy()).permute(2, 0, 1)
+        m = min(px.shape[1:])
+        want = F.resize(F.center_crop(px, [m, m]), [24, 24], antialias=True).numpy()
+        d = np.abs(out[i].astype(int) - want.astype(int))
+        assert d.max() <= 1, f"row {i}: max {d.max()}"
