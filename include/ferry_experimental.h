@@ -302,8 +302,9 @@ const char *ferry_nvjpeg_status(void);
 typedef enum ferry_image_crop {
     FERRY_IMAGE_CROP_RANDOM_RESIZED = 0, /* torchvision RandomResizedCrop(scale, ratio), then resize */
     FERRY_IMAGE_CROP_CENTER = 1,         /* the largest centred box of the output's aspect ratio, then
-                                            resize: for a square output torchvision's Resize(size) +
-                                            CenterCrop(size), but for the filter at the box's edges */
+                                            resize: for a square output torchvision's CenterCrop(shorter
+                                            side) + Resize(size), which is Resize(size) +
+                                            CenterCrop(size) but for the filter at the box's edges */
     FERRY_IMAGE_CROP_RESIZE = 2,         /* the whole image resized to the output (aspect not kept) */
     FERRY_IMAGE_CROP_NONE = 3            /* no crop, no resize: every image must be the output's size
                                             (FERRY_EINVAL otherwise, saying to pass a crop or resize,
