@@ -5,7 +5,10 @@
  * which nvjpegCreateEx refuses on devices without a JPEG engine (remembered:
  * not asked again). Each batch object holds its own state per backend,
  * initialised (nvjpegDecodeBatchedInitialize) when the batch size changes and
- * after a failed call (which is how a failed state is reset). */
+ * after a failed call (which is how a failed state is reset). A closed batch
+ * object is kept, one per device, for the next call: states grow their
+ * device and pinned buffers on first use, and making them per call would
+ * allocate (and free, which waits for the device) every time. */
 #include "cuda/nvjpeg_batch.h"
 #include "common.h"
 #include "ferry_experimental.h"
@@ -16,6 +19,7 @@
 static pthread_mutex_t lock_ = PTHREAD_MUTEX_INITIALIZER;
 static nvj_handle def_[NVJ_BATCH_DEVICES], hw_[NVJ_BATCH_DEVICES];
 static int hw_tried_[NVJ_BATCH_DEVICES];
+static struct ferry_nvj_batch *kept_[NVJ_BATCH_DEVICES];   /* one idle batch object per device */
 
 struct ferry_nvj_batch {
     const nvj_api *nv;
@@ -26,6 +30,8 @@ struct ferry_nvj_batch {
     nvj_stream parsed;        /* for nvjpegDecodeBatchedSupported */
 };
 
+static void batch_destroy(ferry_nvj_batch *b);
+
 int ferry_nvj_batch_open(int dev, ferry_nvj_batch **out) {
     *out = NULL;
     const nvj_api *nv = ferry_nvjpeg_api();
@@ -33,6 +39,12 @@ int ferry_nvj_batch_open(int dev, ferry_nvj_batch **out) {
     if (!nv->batched) return ferry_seterr(FERRY_EUNSUPPORTED, "nvjpeg: %s lacks the batched decode calls", nv->path);
     if (dev < 0 || dev >= NVJ_BATCH_DEVICES) return ferry_seterr(FERRY_EINVAL, "nvjpeg: device %d", dev);
     pthread_mutex_lock(&lock_);
+    if (kept_[dev]) {   /* the states of an earlier call, their buffers already grown */
+        *out = kept_[dev];
+        kept_[dev] = NULL;
+        pthread_mutex_unlock(&lock_);
+        return 0;
+    }
     nvj_status s = def_[dev] ? NVJ_OK : nv->CreateEx(NVJ_BACKEND_DEFAULT, NULL, NULL, 0, &def_[dev]);
     if (s == NVJ_OK && !hw_tried_[dev]) {
         hw_tried_[dev] = 1;
@@ -49,7 +61,7 @@ int ferry_nvj_batch_open(int dev, ferry_nvj_batch **out) {
     b->hw = hw;
     if ((s = nv->JpegStateCreate(def, &b->def_state)) != NVJ_OK) {
         b->def_state = NULL;
-        ferry_nvj_batch_close(b);
+        batch_destroy(b);
         return ferry_nvjpeg_err(s, "nvjpegJpegStateCreate");
     }
     if (hw && (nv->JpegStateCreate(hw, &b->hw_state) != NVJ_OK || nv->JpegStreamCreate(hw, &b->parsed) != NVJ_OK)) {
@@ -63,12 +75,22 @@ int ferry_nvj_batch_open(int dev, ferry_nvj_batch **out) {
     return 0;
 }
 
-void ferry_nvj_batch_close(ferry_nvj_batch *b) {
-    if (!b) return;
+static void batch_destroy(ferry_nvj_batch *b) {
     if (b->parsed) b->nv->JpegStreamDestroy(b->parsed);
     if (b->hw_state) b->nv->JpegStateDestroy(b->hw_state);
     if (b->def_state) b->nv->JpegStateDestroy(b->def_state);
     free(b);
+}
+
+void ferry_nvj_batch_close(ferry_nvj_batch *b) {
+    if (!b) return;
+    pthread_mutex_lock(&lock_);
+    if (!kept_[b->dev]) {
+        kept_[b->dev] = b;
+        b = NULL;
+    }
+    pthread_mutex_unlock(&lock_);
+    if (b) batch_destroy(b);
 }
 
 int ferry_nvj_batch_has_hw(const ferry_nvj_batch *b) { return b && b->hw != NULL; }

@@ -16,6 +16,7 @@ typedef struct ferry_nvj_batch ferry_nvj_batch;
 /* For device `dev`: 0, or FERRY_EUNSUPPORTED when the loaded nvJPEG lacks the
  * batched calls (or is not loaded), another code when a handle fails. */
 int ferry_nvj_batch_open(int dev, ferry_nvj_batch **out);
+/* Done with it (the device's idle one is kept for the next open; NULL: no-op). */
 void ferry_nvj_batch_close(ferry_nvj_batch *b);
 /* 1 when the device has the hardware backend. */
 int ferry_nvj_batch_has_hw(const ferry_nvj_batch *b);
