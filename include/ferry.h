@@ -664,6 +664,10 @@ typedef struct ferry_stats {
     uint64_t gpu_chunks;          /* chunks decoded by nvCOMP */
     uint64_t gpu_batches;         /* batched nvCOMP calls */
     uint64_t gpu_cpu_fallbacks;   /* chunks bound for the GPU decoder that the CPU decoded */
+    uint64_t image_gpu;           /* images decoded by nvJPEG (ferry_image_batch) */
+    uint64_t image_cpu;           /* images decoded by the CPU threads (ferry_image_batch) */
+    uint64_t image_skipped;       /* samples left out by ferry_image_batch's on_error SKIP */
+    uint64_t image_fallbacks;     /* images bound for nvJPEG that the CPU decoded (any reason) */
 } ferry_stats;
 
 void ferry_stats_get(ferry_ctx *ctx, ferry_stats *out);

@@ -7,8 +7,7 @@
     jpg = s.read(0, "jpg")                         # the member's bytes
     img = images.decode(jpg)                       # numpy uint8 array, HWC (RGB)
     imgs = images.decode_batch([jpg, ...], threads=8)
-    out = torch.empty(64, 3, 224, 224, dtype=torch.bfloat16, device="cuda")
-    images.load_batch(s, range(64), out, flip=0.5, mean=..., std=..., epoch=3)   # a training batch
+    images.load_batch(s, [0, 5, 9], out, size=(224, 224), flip=0.5)   # decode + crop into out (C)
 
 Decoding uses libjpeg-turbo (JPEG) and libspng (PNG) in C, the GIL released;
 corrupt images raise ferry.FerryError naming the image (a sample key and
@@ -68,95 +67,67 @@ def decode_batch(datas: Sequence[bytes], keep_gray: bool = False, threads: int =
     return outs
 
 
-# --------------------------------------------------------------------------------------------
-# load_batch: read, decode and transform a batch of samples into a caller's array
-# --------------------------------------------------------------------------------------------
-_decode_one = decode           # load_batch's `decode` keyword hides the function
+def nvjpeg_status() -> str:
+    """Which nvJPEG ferry loaded ("loaded nvJPEG 12.4 from libnvjpeg.so.12"), or
+    why none (FERRY_NVJPEG names a file, or "off"). Loads CUDA on first call."""
+    return _ferry.nvjpeg_status()
+
+
 _OUT_DTYPES = ("uint8", "float16", "bfloat16", "float32")
+_TYPESTRS = {"|u1": "uint8", "<u1": "uint8", "<f2": "float16", "<f4": "float32", "<V2": "bfloat16",
+             "bfloat16": "bfloat16"}
+_ITEMSIZE = {"uint8": 1, "float16": 2, "bfloat16": 2, "float32": 4}
 _CROPS = ("random_resized", "center", "resize", None)
-_IMAGE_NAMES = ("jpg", "jpeg", "png")          # tar extensions and folder files that are images
-_IMAGE_ENCODINGS = ("jpeg", "png")              # MDS columns that hold encoded images
-_pools = {}
 
 
-def _pool(threads):
-    """Transform threads, per process: a forked child (a DataLoader worker) has none of its
-    parent's threads, and work given to the parent's pool would wait for ever."""
-    import concurrent.futures
-    n = threads if threads > 0 else min(16, os.cpu_count() or 1)
-    key = (os.getpid(), n)
-    p = _pools.get(key)
-    if p is None:
-        p = _pools[key] = concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix="ferry-img")
-    return p
-
-
-def _out_info(out, layout):
-    """(kind, dtype name, (n, C, H, W), device index or -1) of a C-contiguous 4-D output."""
+def _out_facts(out: Any):
+    """(shape, dtype name, contiguous, what to hand the extension, device or -1, default stream)."""
     mod = type(out).__module__.split(".")[0]
     if mod == "torch":
         dt = str(out.dtype).rsplit(".", 1)[-1]
-        contiguous = out.is_contiguous()
-        dev = out.device.index if out.is_cuda else -1
-        if out.is_cuda and dev is None:     # pragma: no cover - torch always gives cuda tensors an index
+        dev = out.device.index if out.device.type == "cuda" else -1
+        if out.device.type == "cuda" and dev is None:
             dev = 0
-        kind = "torch"
-    elif mod == "cupy":
-        dt, contiguous, dev, kind = out.dtype.name, out.flags.c_contiguous, out.device.id, "cupy"
-    elif hasattr(out, "__array_interface__"):
-        import numpy as np
-        out = np.asarray(out)
-        dt, contiguous, dev, kind = out.dtype.name, out.flags.c_contiguous, -1, "numpy"
-    else:
-        raise TypeError(f"load_batch: out must be a torch tensor, a cupy or a numpy array, not {type(out).__name__}")
-    if dt not in _OUT_DTYPES:
-        raise TypeError(f"load_batch: out's dtype is {dt}; image batches are {', '.join(_OUT_DTYPES)}")
-    if not contiguous or len(out.shape) != 4:
-        raise ValueError(f"load_batch: out must be a C-contiguous 4-D array, (n, C, H, W) or (n, H, W, C); "
-                         f"got shape {tuple(out.shape)}{'' if contiguous else ', not contiguous'}")
-    s = tuple(int(d) for d in out.shape)
-    nchw = (s[0], s[1], s[2], s[3]) if layout == "CHW" else (s[0], s[3], s[1], s[2])
-    return kind, dt, nchw, dev
+        if out.device.type not in ("cuda", "cpu"):
+            raise ValueError(f"load_batch: out is on {out.device}; host or CUDA memory is written")
+        stream = 0
+        if dev >= 0:
+            import torch
+            stream = torch.cuda.current_stream(out.device).cuda_stream
+        raw = (out.data_ptr(), out.numel() * out.element_size(), dev)
+        return tuple(out.shape), dt, out.is_contiguous(), raw, dev, stream
+    if hasattr(out, "__cuda_array_interface__"):   # cupy, numba, ferry.Array on a device
+        cai = out.__cuda_array_interface__
+        shape, strides = tuple(cai["shape"]), cai.get("strides")
+        dt = _TYPESTRS.get(cai["typestr"], cai["typestr"])
+        if strides is not None:
+            size, want = _ITEMSIZE.get(dt, 0), []
+            for d in reversed(shape):
+                want.insert(0, size)
+                size *= d
+            contiguous = tuple(strides) == tuple(want)
+        else:
+            contiguous = True
+        stream = 0
+        if mod == "cupy":
+            import cupy
+            stream = cupy.cuda.get_current_stream().ptr
+        return shape, dt, contiguous, out, 0, stream
+    shape = tuple(getattr(out, "shape", ()))
+    dt = getattr(getattr(out, "dtype", None), "name", None) or str(getattr(out, "dtype", ""))
+    flags = getattr(out, "flags", None)
+    contiguous = bool(flags["C_CONTIGUOUS"]) if flags is not None else True
+    return shape, dt, contiguous, out, -1, 0
 
 
-def _host_bytes(out, kind):
-    """A flat uint8 numpy view of a host output's memory."""
-    import numpy as np
-    if kind == "torch":
-        import torch
-        return out.reshape(-1).view(torch.uint8).numpy()
-    return np.asarray(out).reshape(-1).view(np.uint8)
-
-
-def _copy_to_device(out, kind, stage, nbytes, stream):
-    """stage[:nbytes] -> the first nbytes of device array `out`, ordered on `stream` (a
-    torch/cupy stream, a cudaStream_t as an int, or None: the current stream); the call returns
-    once the copy is complete (the host buffer is reused at once)."""
-    if kind == "torch":
-        import torch
-        if isinstance(stream, int):
-            stream = torch.cuda.ExternalStream(stream, device=out.device)
-        elif stream is not None and not isinstance(stream, torch.cuda.Stream):
-            stream = torch.cuda.ExternalStream(int(getattr(stream, "ptr", getattr(stream, "cuda_stream", 0))),
-                                               device=out.device)
-        dst = out.reshape(-1).view(torch.uint8)[:nbytes]
-        with torch.cuda.stream(stream if stream is not None else torch.cuda.current_stream(out.device)):
-            dst.copy_(torch.from_numpy(stage[:nbytes]))     # pageable source: complete on return
-        return
-    import cupy
-    if isinstance(stream, int):
-        stream = cupy.cuda.ExternalStream(stream)
-    elif stream is not None and not isinstance(stream, cupy.cuda.Stream):
-        stream = cupy.cuda.ExternalStream(int(getattr(stream, "cuda_stream", getattr(stream, "ptr", 0))))
-    dst = out.reshape(-1).view(cupy.uint8)[:nbytes]
-    dst.set(stage[:nbytes], stream=stream)
-    (stream or cupy.cuda.get_current_stream()).synchronize()
+_IMAGE_NAMES = ("jpg", "jpeg", "png")          # tar extensions and folder files that are images
+_IMAGE_ENCODINGS = ("jpeg", "png")              # MDS columns that hold encoded images
 
 
 def _pick_member(shards, i, member):
     """The member holding sample i's image: `member` (a name, a column or an index; a tuple:
     the first the sample has), or the first image member (jpg/jpeg/png, or an MDS jpeg/png
-    column)."""
+    column) -- the member ferry_image_batch takes when none is named."""
     if isinstance(member, (str, int)) and not isinstance(member, bool):
         return member
     info = shards.sample(i)
@@ -173,130 +144,66 @@ def _pick_member(shards, i, member):
                    f"column; it has {names}); name it with member=")
 
 
-def _name(shards, i, member):
-    """Where sample i's member is, for error messages: shard, key, member."""
-    try:
-        info = shards.sample(i)
-        m = next((x for x in info["members"] if x["name"] == member), None) if isinstance(member, str) \
-            else info["members"][member]
-        path = m["path"] if m else "?"
-        return f"{path}: sample {info['key']!r}, member {m['name'] if m else member!r}"
-    except Exception:       # the message must not hide the error it reports
-        return f"sample {i}, member {member!r}"
-
-
 def load_batch(shards, samples, out, *, member=None, size=None, crop="random_resized", scale=(0.08, 1.0),
                ratio=(3 / 4, 4 / 3), flip=0.0, mean=None, std=None, layout="CHW", seed=0, epoch=0,
                on_error="raise", decode="auto", threads=0, stream=None) -> dict:
-    """Read, decode and transform the images of `samples` (indices into `shards`, a Shards
-    set) into `out`, a preallocated C-contiguous torch tensor, cupy or numpy array of shape
-    (len(samples), C, H, W) (layout "CHW") or (len(samples), H, W, C) ("HWC"), C = 3, dtype
-    uint8, float16, bfloat16 or float32 — its dtype, layout and device define the output.
+    """Read, decode and transform the images of `samples` (indices into the
+    Shards set) into the rows of `out`, in C (ferry_image_batch), the GIL
+    released.
 
-    member: the member holding the image (a tar extension, an MDS column, an index; a tuple:
-    the first one a sample has); None: each sample's first jpg/jpeg/png member or jpeg/png
-    column. crop: "random_resized" (torchvision's RandomResizedCrop(size, scale, ratio): a box
-    drawn from (seed, epoch, sample), resized to H x W), "center" (a box of H x W at the centre,
-    CenterCrop's; a smaller image gives its whole extent, resized up rather than padded),
-    "resize" (the whole image resized to H x W) or None (every image must already be H x W).
-    size: None (out's H x W), an int or (h, w) equal to out's. flip: the probability of a
-    left-right flip, drawn from (seed, epoch, sample). mean/std (1 or 3 values, on v / 255):
-    float outputs only; None: v / 255 for floats, the pixels for uint8. Resizes are
-    antialiased (torchvision's resize(antialias=True), within 1 of its uint8 result).
+    out: a preallocated C-contiguous torch / cupy / numpy array of shape
+    (len(samples), 3, H, W) (layout "CHW") or (len(samples), H, W, 3) ("HWC"),
+    dtype uint8, float16, bfloat16 or float32, on the host or a CUDA device:
+    its dtype, layout and device define the output. size=(H, W) must match it.
+    crop: "random_resized" (RandomResizedCrop(size, scale, ratio)), "center"
+    (the largest centred box of the output's aspect, resized: for a square
+    output Resize(size) + CenterCrop(size)), "resize" (the whole image
+    resized) or None (no resize: every image must already be H x W, else an
+    error whatever on_error says). flip: probability of a horizontal flip.
+    mean/std: per channel, for float outputs ((v / 255 - mean) / std); None:
+    no normalisation (v / 255). Crops and flips derive from (seed, epoch,
+    sample), so a resumed epoch draws the same ones.
 
-    on_error: "raise" (a FerryError naming shard, sample key and member) or "skip" (the sample
-    is left out; an image that cannot be decoded). decode: "auto" or "cpu"; "gpu" is refused
-    by this build (its batch path to the GPU decoder is not here yet). threads: decode and
-    transform threads (0: one per CPU, at most 16). stream: for a device `out`, the stream the
-    copies are ordered on (torch or cupy stream, or a cudaStream_t int; None: the current
-    one); they are complete when the call returns.
+    decode: "auto" (nvJPEG and the CPU threads together for a CUDA `out`,
+    where nvJPEG and the transform kernel load; else the CPU), "gpu" or
+    "cpu". on_error: "raise" (FerryError naming the shard file, sample key and
+    member) or "skip" (the sample left out). stream: the CUDA stream the rows
+    are written on (an int handle or an object with .cuda_stream / .ptr;
+    None: torch's or cupy's current stream); the call returns when they are
+    there. Work queued on that stream before the call delays the copies of
+    CPU-decoded images: a stream of the loader's own is best.
 
-    Returns {"written": k, "skipped": [positions in samples], "gpu": 0, "cpu": k,
-    "fallbacks": {}}: rows 0..k-1 of out hold the non-skipped samples in order."""
-    import numpy as np
+    Returns {"written": k, "skipped": [positions in samples], "gpu": n,
+    "cpu": n, "fallbacks": {reason: n}, "gpu_hardware": n}; rows 0..k-1 of
+    out hold the samples not skipped, in order."""
+    shape, dt, contiguous, raw, dev, default_stream = _out_facts(out)
+    samples = [int(s) for s in samples]
+    if len(shape) != 4:
+        raise ValueError(f"load_batch: out must be 4-d (N, C, H, W) or (N, H, W, C), not shape {shape}")
     if layout not in ("CHW", "HWC"):
-        raise ValueError(f"load_batch: layout must be 'CHW' or 'HWC', not {layout!r}")
-    if crop not in _CROPS:
-        raise ValueError(f"load_batch: crop must be one of {_CROPS}, not {crop!r}")
-    if on_error not in ("raise", "skip"):
-        raise ValueError(f"load_batch: on_error must be 'raise' or 'skip', not {on_error!r}")
-    if decode not in ("auto", "cpu", "gpu"):
-        raise ValueError(f"load_batch: decode must be 'auto', 'cpu' or 'gpu', not {decode!r}")
-    if decode == "gpu":
-        raise _ferry.FerryError(_ferry.EUNSUPPORTED,
-                                "load_batch: decode='gpu' needs the GPU decoder's batch path, which this "
-                                "build does not have; use decode='auto' or 'cpu'")
-    kind, dt, (n, c, H, W), dev = _out_info(out, layout)
-    samples = [int(i) for i in samples]
+        raise ValueError(f"load_batch: layout {layout!r}: 'CHW' or 'HWC'")
+    n, (c, h, w) = shape[0], ((shape[1], shape[2], shape[3]) if layout == "CHW" else (shape[3], shape[1], shape[2]))
     if n != len(samples):
-        raise ValueError(f"load_batch: out holds {n} images, {len(samples)} samples were given")
+        raise ValueError(f"load_batch: out has {n} rows for {len(samples)} samples")
     if c != 3:
-        raise ValueError(f"load_batch: images are decoded to 3 channels (RGB); out has {c}")
+        raise ValueError(f"load_batch: out has {c} channels in layout {layout}; images are written as 3 (RGB)")
     if size is not None:
-        hw = (int(size), int(size)) if isinstance(size, (int, np.integer)) else tuple(int(v) for v in size)
-        if hw != (H, W):
-            raise ValueError(f"load_batch: size {hw} is not out's {H} x {W}")
-    if (mean is None) != (std is None):
-        raise ValueError("load_batch: give mean and std together")
-    if mean is not None and dt == "uint8":
-        raise ValueError("load_batch: mean/std normalise float outputs; out is uint8")
-    flip = float(flip)
-    if not 0.0 <= flip <= 1.0:
-        raise ValueError(f"load_batch: flip is a probability in [0, 1], not {flip}")
-    scale, ratio = tuple(float(v) for v in scale), tuple(float(v) for v in ratio)
-    members = [_pick_member(shards, i, member) for i in samples]
-    datas = [shards.read(i, m) for i, m in zip(samples, members)]
-
-    def label(j):
-        return _name(shards, samples[j], members[j])
-
-    skipped = set()
-    try:
-        imgs = decode_batch(datas, threads=threads, labels=[label(j) for j in range(n)]) if n else []
-    except _ferry.FerryError:
-        if on_error == "raise":
-            raise
-        imgs = []                       # one by one, to tell the bad ones from the good
-        for j, d in enumerate(datas):
-            try:
-                imgs.append(_decode_one(d))
-            except _ferry.FerryError:
-                skipped.add(j)
-                imgs.append(None)
-    keep = [j for j in range(n) if j not in skipped]
-
-    def box(j):
-        h, w = imgs[j].shape[:2]
-        i = samples[j]
-        if crop == "random_resized":
-            return _ferry.random_resized_crop(seed, epoch, i, h, w, scale, ratio)
-        if crop == "center":
-            return _ferry.center_box(h, w, H, W)
-        if crop is None and (h, w) != (H, W):
-            raise ValueError(
-                f"load_batch: {label(j)} is {h} x {w} and the batch is {H} x {W}; images of other "
-                f"sizes need a resize or a crop of equal-size output (crop='random_resized', "
-                f"'center' or 'resize')")
-        return (0, 0, h, w)
-
-    boxes = [box(j) for j in keep]
-    flips = [flip > 0 and _ferry.flip_draw(seed, epoch, samples[j], flip) for j in keep]
-    mean3 = None if mean is None else [float(v) for v in np.asarray(mean, dtype=np.float64).reshape(-1)]
-    std3 = None if std is None else [float(v) for v in np.asarray(std, dtype=np.float64).reshape(-1)]
-    item = {"uint8": 1, "float16": 2, "bfloat16": 2, "float32": 4}[dt]
-    rb = c * H * W * item
-    dst = _host_bytes(out, kind) if dev < 0 else np.empty(len(keep) * rb, np.uint8)
-
-    def xform(k):
-        img = imgs[keep[k]]
-        raw = _ferry.image_transform(img, img.shape, boxes[k], (H, W), flips[k], layout, dt, mean3, std3)
-        dst[k * rb:(k + 1) * rb] = np.frombuffer(raw, np.uint8)
-
-    if len(keep) > 1 and threads != 1:
-        list(_pool(threads).map(xform, range(len(keep))))
-    else:
-        for k in range(len(keep)):
-            xform(k)
-    if dev >= 0 and keep:
-        _copy_to_device(out, kind, dst, len(keep) * rb, stream)
-    return {"written": len(keep), "skipped": sorted(skipped), "gpu": 0, "cpu": len(keep), "fallbacks": {}}
+        sh, sw = (size, size) if isinstance(size, int) else tuple(size)
+        if (sh, sw) != (h, w):
+            raise ValueError(f"load_batch: size {(sh, sw)} does not match out's {(h, w)}")
+    if dt not in _OUT_DTYPES:
+        raise ValueError(f"load_batch: out has dtype {dt}; uint8, float16, bfloat16 or float32")
+    if not contiguous:
+        raise ValueError("load_batch: out must be C-contiguous")
+    if crop not in _CROPS:
+        raise ValueError(f"load_batch: crop {crop!r}: 'random_resized', 'center', 'resize' or None")
+    if stream is None:
+        stream = default_stream
+    elif not isinstance(stream, int):
+        stream = getattr(stream, "cuda_stream", None) or getattr(stream, "ptr", 0)
+    if dev < 0:
+        stream = 0
+    return _ferry.image_batch(shards, samples, raw, h, w, layout=layout, dtype=dt, crop=crop,
+                              scale=tuple(map(float, scale)), ratio=tuple(map(float, ratio)), flip=float(flip),
+                              mean=mean, std=std, seed=int(seed), epoch=int(epoch), member=member,
+                              on_error=on_error, decode=decode, threads=int(threads), stream=int(stream))

@@ -317,6 +317,28 @@ def test_mds_index_and_columns(mds_dir):
         assert np.array_equal(images.decode(png, keep_gray=True)[:, :, 0], np.asarray(row["mask"]))
 
 
+def test_mds_load_batch(mds_dir):
+    """images.load_batch over an MDS set (zstd-compressed shards too, read on 4 threads): the first
+    image column by its encoding (jpeg), or a named one (png); rows equal to the CPU transform of
+    PIL's decode of the same member."""
+    from ferry import _ferry
+    d, rows, comp = mds_dir
+    s = images.open_shards(d)
+    n = len(rows)
+    for member in (None, "mask"):
+        out = np.zeros((n, 3, 16, 16), np.uint8)
+        r = images.load_batch(s, list(range(n)), out, member=member, seed=7, flip=0.5, threads=4, decode="cpu")
+        assert r["written"] == n and r["skipped"] == []
+        for i in range(n):
+            data = s.read(i, member or "img")
+            px = np.ascontiguousarray(pil_rgb(data))
+            h, w = px.shape[:2]
+            box = _ferry.random_resized_crop(7, 0, i, h, w, (0.08, 1.0), (3 / 4, 4 / 3))
+            fl = _ferry.flip_draw(7, 0, i, 0.5)
+            want = np.frombuffer(_ferry.image_transform(px.tobytes(), (h, w, 3), box, (16, 16), fl), np.uint8)
+            assert np.array_equal(out[i].reshape(-1), want), (member, i)
+
+
 def test_mds_damage(mds_dir, tmp_path):
     import json
     import shutil

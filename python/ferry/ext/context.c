@@ -125,6 +125,10 @@ static PyObject *Context_stats(ContextObject *self, PyObject *noarg) {
     PUT("gpu_chunks", s.gpu_chunks);
     PUT("gpu_batches", s.gpu_batches);
     PUT("gpu_cpu_fallbacks", s.gpu_cpu_fallbacks);
+    PUT("image_gpu", s.image_gpu);               /* ferry_image_batch: images nvJPEG decoded */
+    PUT("image_cpu", s.image_cpu);
+    PUT("image_skipped", s.image_skipped);
+    PUT("image_fallbacks", s.image_fallbacks);
 #undef PUT
     return d;
 }

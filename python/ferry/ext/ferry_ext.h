@@ -229,6 +229,8 @@ PyObject *mod_normalize_selection(PyObject *mod, PyObject *args);
 PyObject *mod_image_probe(PyObject *m, PyObject *args, PyObject *kw);
 PyObject *mod_image_decode(PyObject *m, PyObject *args, PyObject *kw);
 PyObject *mod_image_decode_batch(PyObject *m, PyObject *args, PyObject *kw);
+PyObject *mod_image_batch(PyObject *m, PyObject *args, PyObject *kw);
+PyObject *mod_nvjpeg_status(PyObject *m, PyObject *noarg);
 
 /* array.c */
 PyObject *mod_empty(PyObject *m, PyObject *args, PyObject *kw);

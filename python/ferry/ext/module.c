@@ -242,6 +242,13 @@ static PyMethodDef module_methods[] = {
      "image_decode(data, out, keep_gray=False) -> header dict; the HWC uint8 pixels written to out"},
     {"image_decode_batch", (PyCFunction)(void (*)(void))mod_image_decode_batch, METH_VARARGS | METH_KEYWORDS,
      "image_decode_batch(datas, outs, labels=None, keep_gray=False, threads=0) -> header dicts"},
+    {"nvjpeg_status", mod_nvjpeg_status, METH_NOARGS,
+     "nvjpeg_status() -> 'loaded nvJPEG M.N from PATH', or why nvJPEG is not loaded (loads CUDA and nvJPEG once)"},
+    {"image_batch", (PyCFunction)(void (*)(void))mod_image_batch, METH_VARARGS | METH_KEYWORDS,
+     "image_batch(shards, samples, out, height, width, layout='CHW', dtype='uint8', crop='random_resized', "
+     "scale=(0.08, 1.0), ratio=(3/4, 4/3), flip=0.0, mean=None, std=None, seed=0, epoch=0, member=None, "
+     "on_error='raise', decode='auto', threads=0, stream=0) -> {written, skipped, gpu, gpu_hardware, cpu, "
+     "fallbacks}: ferry_image_batch (ferry_experimental.h) into out (rows of height x width x 3)"},
     {"order_take", mod_order_take, METH_VARARGS,
      "order_take(n, seed, epoch, shuffle, positions, out): out[i] = the keyed epoch order of "
      "[0, n) at positions[i] (int64 arrays; ferry_perm_take)"},
