@@ -51,7 +51,9 @@ def test_random_resized_crop_and_flip_within_one_of_torchvision(wds):
     ids = [5, 0, 17, 33, 6, 13, 39, 2]        # 6 and 13 are PNGs
     out = torch.empty(len(ids), 3, 96, 80, dtype=torch.uint8)
     r = images.load_batch(s, ids, out, flip=0.5, seed=7, epoch=2)
-    assert r == {"written": len(ids), "skipped": [], "gpu": 0, "cpu": len(ids), "fallbacks": {}}
+    assert {k: r[k] for k in ("written", "skipped", "gpu", "cpu")} == \
+        {"written": len(ids), "skipped": [], "gpu": 0, "cpu": len(ids)}
+    assert not any(r["fallbacks"].values())
     diffs = []
     for k, i in enumerate(ids):
         want = tv_sample(s, i, (96, 80), 7, 2, 0.5).int()
@@ -101,14 +103,17 @@ def test_center_crop_equals_torchvision(wds):
     ids = [i for i, a in enumerate(imgs) if min(a.shape[:2]) >= 48][:6]
     out = torch.empty(len(ids), 3, 48, 48, dtype=torch.uint8)
     images.load_batch(s, ids, out, crop="center")
-    for k, i in enumerate(ids):
-        assert torch.equal(out[k], F.center_crop(pil_chw(s, i), [48, 48]))
+    for k, i in enumerate(ids):     # the largest centred square, resized: CenterCrop(short side) + Resize
+        img = pil_chw(s, i)
+        m = min(img.shape[1:])
+        ref = F.resize(F.center_crop(img, [m, m]), [48, 48], antialias=True)
+        assert (out[k].int() - ref.int()).abs().max() <= 1
 
 
 def test_ragged_without_crop_is_an_error_that_says_so(wds):
     s, imgs = wds
     out = torch.empty(2, 3, 64, 64, dtype=torch.uint8)
-    with pytest.raises(ValueError, match="need a resize or a crop of equal-size output"):
+    with pytest.raises(ferry.FerryError, match="without a crop or resize every image must be the output's size"):
         images.load_batch(s, [0, 1], out, crop=None)
     h, w = imgs[0].shape[:2]
     same = torch.empty(1, 3, h, w, dtype=torch.uint8)
@@ -119,7 +124,7 @@ def test_ragged_without_crop_is_an_error_that_says_so(wds):
 def test_arguments_refused_by_name(wds):
     s, _ = wds
     out = torch.empty(2, 3, 32, 32, dtype=torch.uint8)
-    with pytest.raises(ValueError, match="out holds 2 images, 3 samples"):
+    with pytest.raises(ValueError, match="out has 2 rows for 3 samples"):
         images.load_batch(s, [0, 1, 2], out)
     with pytest.raises(ValueError, match="size"):
         images.load_batch(s, [0, 1], out, size=224)
@@ -127,11 +132,11 @@ def test_arguments_refused_by_name(wds):
         images.load_batch(s, [0, 1], out, mean=MEAN, std=STD)
     with pytest.raises(TypeError, match="int32"):
         images.load_batch(s, [0, 1], torch.empty(2, 3, 32, 32, dtype=torch.int32))
-    with pytest.raises(ValueError, match="3 channels"):
+    with pytest.raises(ValueError, match="4 channels in layout CHW; images are written as 3"):
         images.load_batch(s, [0, 1], torch.empty(2, 4, 32, 32, dtype=torch.uint8))
-    with pytest.raises(ferry.FerryError, match="decode='gpu'"):
+    with pytest.raises(ferry.FerryError, match="decode=gpu needs a device destination"):
         images.load_batch(s, [0, 1], out, decode="gpu")
-    with pytest.raises(KeyError, match="no member"):
+    with pytest.raises(ferry.FerryError, match='no member "webp"'):
         images.load_batch(s, [0, 1], out, member="webp")
 
 
@@ -151,7 +156,7 @@ def test_damaged_images_raise_by_name_or_are_skipped(tmp_path):
     out = torch.zeros(6, 3, 32, 32, dtype=torch.uint8)
     with pytest.raises(ferry.FerryError) as e:
         images.load_batch(s, range(6), out, crop="resize")
-    assert "d.tar" in str(e.value) and "'k2'" in str(e.value) and "jpg" in str(e.value)
+    assert "d.tar" in str(e.value) and '"k2"' in str(e.value) and "jpg" in str(e.value)
     r = images.load_batch(s, range(6), out, crop="resize", on_error="skip")
     assert r["skipped"] == [2, 4] and r["written"] == 4
     ref = torch.empty(4, 3, 32, 32, dtype=torch.uint8)

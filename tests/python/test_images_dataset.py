@@ -98,7 +98,8 @@ def test_ragged_batch_without_resize_is_an_error_that_says_so(sets):
     with pytest.raises(ValueError, match="needs size="):
         ImageDataset(src, batch_size=4, device="cpu")
     ds = ImageDataset(src, batch_size=4, crop=None, device="cpu")
-    with pytest.raises(ValueError, match="need a resize or a crop of equal-size output"):
+    with pytest.raises(ferry.FerryError, match="without a crop or resize every image must be the output's "
+                       "size \\(pass a crop or resize\\)"):
         next(iter(ds))
     h, w = imgs[0].shape[:2]
     one = ImageDataset(src, batch_size=1, crop=None, device="cpu")     # equal sizes need none
@@ -204,7 +205,7 @@ def test_damaged_members_raise_by_name_or_are_skipped(tmp_path, caplog):
     ds = ImageDataset(p, batch_size=4, size=16, device="cpu")
     with pytest.raises(ferry.FerryError) as e:
         list(ds)
-    assert "damaged.tar" in str(e.value) and "'k03'" in str(e.value) and "jpg" in str(e.value)
+    assert "damaged.tar" in str(e.value) and '"k03"' in str(e.value) and "jpg" in str(e.value)
     ds = ImageDataset(p, batch_size=4, size=16, device="cpu", on_error="skip", shuffle=True, seed=1)
     with caplog.at_level(logging.WARNING, logger="ferry.torch"):
         for _ in range(2):
