@@ -21,7 +21,7 @@ import sys
 import threading
 from typing import Any, Iterable, Sequence
 
-from . import _ferry
+from . import _checks, _ferry
 from ._ferry import PATHS, Array, Context, Dataset, FerryError, File, Job, Plan
 
 __version__: str = _ferry.__version__
@@ -487,6 +487,7 @@ def read(path, name: str | None = None, *, device: Any = "cpu", selection: Any =
     decode: where compressed chunks are decoded, "auto" (default; FERRY_DECODE),
     "gpu" (nvCOMP) or "cpu".
     """
+    threads = _checks.check("ferry.read", "threads", threads)
     c = _ctx_of(ctx)
     dev = parse_device(device) if out is None else _device_of(out)
     path = _fspath(path)
@@ -542,6 +543,7 @@ def read_many(items: Iterable, *, device: Any = "cpu", ctx: Context | None = Non
 
     Returns a list of arrays in the order given. name may be None for
     single-array files; selection None for whole arrays."""
+    threads = _checks.check("ferry.read_many", "threads", threads)
     c = _ctx_of(ctx)
     dev = parse_device(device)
     opened: dict = {}

@@ -33,6 +33,8 @@ from __future__ import annotations
 import collections
 import importlib.util
 
+from ._checks import check
+
 
 def _dali_installed():
     try:
@@ -91,7 +93,7 @@ class DALISource:
             if hasattr(dataset, "state_dict") else 0
         self._it = None
         self._pos = None                 # (DALI epoch index, iteration) of the next batch of _it
-        self._kept = collections.deque(maxlen=max(1, int(keep)))
+        self._kept = collections.deque(maxlen=check("DALISource", "keep", keep))
 
     @property
     def num_outputs(self):
@@ -170,6 +172,10 @@ def pipeline(dataset, *, outputs=None, then=None, device_id=None, num_threads=2,
     use_copy_kernel: external_source's option (DALI copies each GPU batch with a kernel instead
     of cudaMemcpyAsync); None: ferry's choice, COPY_KERNEL.
     The source object is the pipeline's ``ferry_source`` attribute."""
+    device_id, num_threads = (check("ferry.dali.pipeline", k, v, none=k == "device_id")
+                              for k, v in (("device_id", device_id), ("num_threads", num_threads)))
+    if not isinstance(prefetch_queue_depth, dict):       # DALI's {"cpu_size": .., "gpu_size": ..} passes
+        prefetch_queue_depth = check("ferry.dali.pipeline", "prefetch_queue_depth", prefetch_queue_depth)
     dali, fn = _dali()
     dev = getattr(dataset, "device", None)
     if device_id is None and dev is not None and getattr(dev, "type", None) == "cuda":

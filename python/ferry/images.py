@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import Any, Optional, Sequence, Union
 
-from . import _ferry
+from . import _checks, _ferry
 
 Shards = _ferry.Shards
 
@@ -53,6 +53,7 @@ def decode_batch(datas: Sequence[bytes], keep_gray: bool = False, threads: int =
     """Decode many images on `threads` threads (0: one per CPU, at most 16);
     returns a list of uint8 HWC numpy arrays. labels name the images in errors."""
     import numpy as np
+    threads = _checks.check("ferry.images.decode_batch", "threads", threads)
     outs = []
     for i, d in enumerate(datas):
         try:

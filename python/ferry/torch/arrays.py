@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _ferry
+from .._checks import check
 from .files import _file_sig, _load_file_field
 from .sources import _load_field
 from .stream import _BatchStream
@@ -82,7 +83,7 @@ class ArrayDataset(_BatchStream):
         if collate is not None and samples != "files":
             raise ValueError("ArrayDataset: collate= applies to samples='files' (rows of one "
                              "array all have the same shape)")
-        self.block_size = None if block_size is None else int(block_size)
+        self.block_size = check("ArrayDataset", "block_size", block_size, none=True)
         self._init_stream(batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
                           device=device, rank=rank, world_size=world_size, prefetch=prefetch,
                           transform=transform, pin_memory=pin_memory, threads=threads, ctx=ctx,

@@ -11,6 +11,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .. import _ferry, _torch_device
+from .._checks import check
 from .loader import EpochBoard, auto_collation, pass_tag
 from .order import Layout as _Layout
 from .ahead import _EpochAhead, _epoch_ahead
@@ -63,11 +64,12 @@ class _BatchStream(_StreamState, _EpochAhead, _GroupIO, IterableDataset):
     def _init_stream(self, *, batch_size, shuffle, seed, drop_last, device, rank, world_size,
                      prefetch, transform, pin_memory, threads, ctx, sample_group):
         name = type(self).__name__
-        if batch_size is not None and (not isinstance(batch_size, int) or isinstance(batch_size, bool)
-                                       or batch_size < 1):
-            raise ValueError(f"{name}: batch_size must be a positive int or None, not {batch_size!r}")
-        if prefetch < 0:
-            raise ValueError(f"{name}: prefetch must be >= 0")
+        batch_size = check(name, "batch_size", batch_size, none=True)
+        prefetch, seed, threads = (check(name, k, v) for k, v in
+                                   (("prefetch", prefetch), ("seed", seed), ("threads", threads)))
+        sample_group = check(name, "sample_group", sample_group)
+        world_size = check(name, "world_size", world_size, none=True)
+        rank = check(name, "rank", rank, none=True, hi=None if world_size is None else world_size - 1)
         self.batch_size = batch_size
         self.shuffle = bool(shuffle)
         self.seed = int(seed)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .._checks import check
 from .stream import _BatchStream
 from .xarray_discovery import _XarrayDiscovery
 from .xarray_reads import _XarrayReads
@@ -101,12 +102,12 @@ class XarrayDataset(_XarrayDiscovery, _XarraySamples, _XarrayReads, _BatchStream
                  return_mask=False, return_time=False, dtype=torch.float32, group=None,
                  transform=None, threads=0, block_size=None, batches_per_read=None):
         torch.utils.data.IterableDataset.__init__(self)
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"XarrayDataset: batch_size must be a positive int, not {batch_size!r}")
-        for nm, v, least in (("input_steps", input_steps, 1), ("target_steps", target_steps, 0),
-                             ("lead", lead, 1), ("prefetch", prefetch, 0)):
-            if not isinstance(v, int) or v < least:
-                raise ValueError(f"XarrayDataset: {nm} must be an int >= {least}, not {v!r}")
+        batch_size, input_steps, target_steps, lead, prefetch, stats_steps = (
+            check("XarrayDataset", k, v) for k, v in (
+                ("batch_size", batch_size), ("input_steps", input_steps), ("target_steps", target_steps),
+                ("lead", lead), ("prefetch", prefetch), ("stats_steps", stats_steps)))
+        block_size = check("XarrayDataset", "block_size", block_size, none=True)
+        batches_per_read = check("XarrayDataset", "batches_per_read", batches_per_read, none=True)
         if patch_mode not in ("random", "tile"):
             raise ValueError(f"XarrayDataset: patch_mode must be 'random' or 'tile', not {patch_mode!r}")
         self.sample_dim = sample_dim
@@ -157,7 +158,7 @@ class XarrayDataset(_XarrayDiscovery, _XarraySamples, _XarrayReads, _BatchStream
         ntiles = self.tiles[0] * self.tiles[1]
 
         # the batch stream shared with ArrayDataset (order, layout, epochs, state, runtime)
-        self.block_size = None if block_size is None else int(block_size)
+        self.block_size = block_size
         self._init_stream(batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
                           device=device, rank=rank, world_size=world_size, prefetch=prefetch,
                           transform=transform, pin_memory=False, threads=threads, ctx=None, sample_group=1)

@@ -16,6 +16,7 @@ from xarray.core.variable import Variable
 
 import ferry
 from ferry import _ferry
+from ferry._checks import check
 from .array import FerryBackendArray
 from .common import _VarSpec, _describe_ident, _file_identity, _format_of, _is_time_like, _route
 from .dask_hook import _install_dask_hook
@@ -106,7 +107,7 @@ class FerryStore(_StoreReads, AbstractDataStore):
         self._user_lock = lock if hasattr(lock, "acquire") and hasattr(lock, "release") else None
         self.group = group
         self.device = ferry.parse_device(device)
-        self.threads = int(threads or 0)
+        self.threads = check("ferry.xarray (engine=\"ferry\")", "threads", threads, none=True) or 0
         self.path_policy = _route(path_policy, path, "FerryStore")
         self.decode = decode   # where compressed chunks decode: None/"auto", "gpu" (nvCOMP), "cpu"
         self._ctx = ctx          # None: the default context of whichever process reads
