@@ -124,8 +124,10 @@ def _device_index(device: Any) -> int | None:
 
 
 def _current_cuda_device() -> int:
-    """torch's current CUDA device once torch has set CUDA up (torch.cuda.set_device
-    does), else 0."""
+    """The package's one answer to "the current CUDA device" (device="cuda" without an
+    ordinal, in ferry.read, the xarray backend, the datasets, checkpoints and DALI):
+    torch's current device once torch has set CUDA up (torch.cuda.set_device does), else
+    0, the device a fresh process starts on."""
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         return torch.cuda.current_device()
@@ -290,37 +292,6 @@ def _pick_var(ds: Dataset, name: str | None) -> dict:
     return ds.variable(name)
 
 
-def _out_layout(out):
-    """(typestr or None, shape or None) of an out= array: numpy, cupy, torch,
-    ferry.Array or anything with an array interface. None where unknown."""
-    mod = type(out).__module__
-    if mod.startswith("torch"):
-        name = str(out.dtype).rpartition(".")[2]          # torch.float32 -> float32
-        try:
-            import numpy as np
-            ts = np.dtype(name).str
-        except TypeError:                                  # bfloat16, float8_*: ferry's own names
-            ts = name
-        return ts, tuple(int(n) for n in out.shape)
-    if isinstance(out, Array):
-        return out.typestr, tuple(out.shape)
-    for attr in ("__cuda_array_interface__", "__array_interface__"):
-        try:
-            d = getattr(out, attr)
-        except Exception:  # noqa: BLE001 — e.g. a torch tensor needing grad
-            continue
-        if isinstance(d, dict) and "typestr" in d:
-            return d["typestr"], tuple(int(n) for n in d.get("shape", ()))
-    dt = getattr(out, "dtype", None)
-    if dt is not None:
-        try:
-            import numpy as np
-            return np.dtype(dt).str, tuple(int(n) for n in out.shape)
-        except TypeError:
-            pass
-    return None, None
-
-
 def _same_type(a: str, b: str) -> bool:
     if a == b:
         return True
@@ -328,28 +299,39 @@ def _same_type(a: str, b: str) -> bool:
     return da is not None and db is not None and da == db
 
 
-def _check_out(out, nbytes: int, shape: tuple, typestr: str, where: str, out_bytes: bool) -> None:
-    """out= must have the selection's dtype and shape (as numpy's and torch's
-    out= do): filling a float64 array with float32 bytes reinterprets them.
-    out_bytes=True asks for the bytes as they are: then only the size counts."""
-    ots, oshape = _out_layout(out)
-    size = getattr(out, "nbytes", None)
-    if size is None and ots is not None and oshape is not None:
-        size = math.prod(oshape) * (typestr_itemsize(ots) or 0)
-    if size is not None and int(size) != nbytes:
-        raise FerryError(_ferry.EINVAL, f"{where}: out holds {size} bytes, the selection needs {nbytes} "
-                                        f"(shape {shape}, {typestr})")
-    if out_bytes:
-        return
-    if ots is None:
-        raise FerryError(_ferry.EINVAL, f"{where}: cannot tell the dtype of out ({type(out).__name__}); "
-                                        "pass out_bytes=True to fill its bytes as they are")
-    if not _same_type(ots, typestr):
-        raise FerryError(_ferry.EINVAL, f"{where}: out has dtype {ots}, the data is {typestr} "
+def _check_out(out, nbytes: int, shape: tuple, typestr: str, where: str, out_bytes: bool) -> dict:
+    """out= must be writable, C-contiguous memory of the selection's dtype and shape (as
+    numpy's and torch's out= demand): filling a float64 array with float32 bytes reinterprets
+    them. out_bytes=True asks for the bytes as they are: then only the size counts. The
+    layout is the extension's (buffer_layout: what the engine will be handed); returned."""
+    try:
+        lay = _ferry.buffer_layout(out)
+    except (TypeError, ValueError, BufferError, RuntimeError) as e:   # no memory, or torch's "requires grad"
+        raise FerryError(_ferry.EINVAL, f"{where}: out= is not memory ferry can fill: {e}") from None
+    if lay["readonly"]:
+        raise FerryError(_ferry.EINVAL, f"{where}: out= is read-only ({type(out).__name__}): pass a writable "
+                                        "array, or leave out= out to get a new one")
+    if not lay["contiguous"]:
+        raise FerryError(_ferry.EINVAL, f"{where}: out= is not C-contiguous (shape {lay['shape']}, strides "
+                                        f"{lay['strides']} bytes): pass a contiguous array (np.ascontiguousarray, "
+                                        "torch's .contiguous()) and copy into the view afterwards")
+    ots, oshape = lay["typestr"], tuple(lay["shape"])
+    known = not ots.startswith("|V")
+    if not out_bytes:
+        if not known:
+            raise FerryError(_ferry.EINVAL, f"{where}: cannot tell the dtype of out= ({type(out).__name__}); "
+                                            "pass out_bytes=True to fill its bytes as they are")
+        if not _same_type(ots, typestr):
+            raise FerryError(_ferry.EINVAL, f"{where}: out= has dtype {ots}, the data is {typestr}: a dtype "
+                                            "mismatch (pass an out= of the data's dtype, or out_bytes=True to fill "
+                                            "out's bytes as they are)")
+    if lay["nbytes"] != nbytes:
+        raise FerryError(_ferry.EINVAL, f"{where}: out= holds {lay['nbytes']} bytes, the selection needs {nbytes} "
+                                        f"(shape {tuple(shape)}, {typestr})")
+    if not out_bytes and oshape != tuple(shape):
+        raise FerryError(_ferry.EINVAL, f"{where}: out= has shape {oshape}, the selection is {tuple(shape)} "
                                         "(pass out_bytes=True to fill out's bytes as they are)")
-    if oshape != tuple(shape):
-        raise FerryError(_ferry.EINVAL, f"{where}: out has shape {oshape}, the selection is {tuple(shape)} "
-                                        "(pass out_bytes=True to fill out's bytes as they are)")
+    return lay
 
 
 def typestr_itemsize(ts: str) -> int:
@@ -379,16 +361,7 @@ def _prepare_dst(out, nbytes: int, shape: tuple, typestr: str, dev: int, ctx: Co
                                             "here: read a selection, or into out=") from e
         return arr, arr
     _check_out(out, nbytes, shape, typestr, where, out_bytes)
-    o = out
-    mod = type(out).__module__
-    if mod.startswith("torch"):
-        if not out.is_contiguous():
-            raise FerryError(_ferry.EINVAL, f"{where}: out must be contiguous")
-        if out.device.type == "cpu":
-            # a view of the same bytes (numpy has no bfloat16 / float8)
-            import torch
-            o = out.reshape(-1).view(torch.uint8).numpy()
-    return o, out
+    return out, out          # the extension takes every kind of memory, torch's CPU tensors by DLPack
 
 
 def _producer_stream(obj):
@@ -489,7 +462,7 @@ def read(path, name: str | None = None, *, device: Any = "cpu", selection: Any =
     """
     threads = _checks.check("ferry.read", "threads", threads)
     c = _ctx_of(ctx)
-    dev = parse_device(device) if out is None else _device_of(out)
+    dev = parse_device(device) if out is None else None     # out= is where the data goes
     path = _fspath(path)
     try:
         ds = _open_dataset(path, c)
@@ -523,18 +496,6 @@ def read(path, name: str | None = None, *, device: Any = "cpu", selection: Any =
             f.close()
         if ds is not None:
             ds.close()
-
-
-def _device_of(obj) -> int:
-    if hasattr(obj, "__cuda_array_interface__"):
-        try:
-            return default_context().cuda_device_of(obj.__cuda_array_interface__["data"][0])
-        except Exception:  # noqa: BLE001
-            return 0
-    t = getattr(obj, "device", None)
-    if t is not None and getattr(t, "type", None) == "cuda":
-        return int(t.index or 0)
-    return -1
 
 
 def read_many(items: Iterable, *, device: Any = "cpu", ctx: Context | None = None,
@@ -619,7 +580,7 @@ class Variable:
         o = self._owner
         plan = Plan()
         ret, post = _add_read(plan, o._ds, None, self.info, selection,
-                              parse_device(dev) if out is None else _device_of(out), out, o._ctx, out_bytes)
+                              parse_device(dev) if out is None else None, out, o._ctx, out_bytes)
         if len(plan):
             o._ctx.run(plan)
         return post(ret)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import collections
 import importlib.util
 
+from . import _current_cuda_device
 from ._checks import check
 
 
@@ -179,11 +180,11 @@ def pipeline(dataset, *, outputs=None, then=None, device_id=None, num_threads=2,
     dali, fn = _dali()
     dev = getattr(dataset, "device", None)
     if device_id is None and dev is not None and getattr(dev, "type", None) == "cuda":
-        device_id = dev.index if dev.index is not None else 0
+        device_id = dev.index if dev.index is not None else _current_cuda_device()
     if device_id is None and dev is None:
         import torch
         if torch.cuda.is_available():
-            device_id = torch.cuda.current_device()
+            device_id = _current_cuda_device()
     src = DALISource(dataset, outputs)
     bs = int(getattr(dataset, "batch_size", None) or 1)
     pipe = dali.Pipeline(batch_size=bs, num_threads=num_threads, device_id=device_id,

@@ -68,7 +68,7 @@ def _device(device):
     torch = _torch()
     dev = _ferry_pkg._torch_device(device)   # the package's one device parser
     if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
+        dev = torch.device("cuda", _ferry_pkg._current_cuda_device())   # the package's one resolver
     return dev
 
 

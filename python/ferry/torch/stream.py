@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from .. import _ferry, _torch_device
+from .. import _current_cuda_device, _ferry, _torch_device
 from .._checks import check
 from .loader import EpochBoard, auto_collation, pass_tag
 from .order import Layout as _Layout
@@ -192,7 +192,7 @@ class _BatchStream(_StreamState, _EpochAhead, _GroupIO, IterableDataset):
                     "DataLoader(ds, batch_size=None, num_workers=0), or device='cpu' to read on the "
                     "host path in workers." % (type(self).__name__, str(dev)))
             if dev.index is None:
-                dev = torch.device("cuda", torch.cuda.current_device())
+                dev = torch.device("cuda", _current_cuda_device())
         elif dev.type != "cpu":
             raise ValueError(f"{type(self).__name__}: device must be CUDA or CPU, not {dev}")
         return dev
