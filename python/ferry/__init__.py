@@ -193,12 +193,16 @@ def empty(shape, dtype: Any = "u1", device: Any = "cpu", *, ctx: Context | None 
         ts = np.dtype(dtype).str
     if isinstance(shape, int):
         shape = (shape,)
-    return _ferry.empty(tuple(int(s) for s in shape), ts, parse_device(device), ctx, pinned)
+    from ._nogpu import device_alloc
+    with device_alloc("ferry.empty", device, ctx):
+        return _ferry.empty(tuple(int(s) for s in shape), ts, parse_device(device), ctx, pinned)
 
 
-def _alloc(shape: tuple, typestr: str, dev: int, ctx: Context):
+def _alloc(shape: tuple, typestr: str, dev: int, ctx: Context, where: str = "ferry.read"):
     """Destination for a read: numpy (host), cupy (device, when importable) or ferry.Array."""
     import numpy as np
+
+    from ._nogpu import device_alloc
     dt = _numpy_dtype(typestr)
     if dev < 0:
         arr = _ferry.empty(shape, typestr, -1, ctx)
@@ -206,10 +210,11 @@ def _alloc(shape: tuple, typestr: str, dev: int, ctx: Context):
             return arr
         return np.asarray(arr)
     cp = _cupy()
-    if cp is not None and dt is not None:
-        with cp.cuda.Device(dev):
-            return cp.empty(shape, dtype=dt)
-    return _ferry.empty(shape, typestr, dev, ctx)
+    with device_alloc(where, dev, ctx):          # no GPU here: one message, not cupy's or the driver's
+        if cp is not None and dt is not None:
+            with cp.cuda.Device(dev):
+                return cp.empty(shape, dtype=dt)
+        return _ferry.empty(shape, typestr, dev, ctx)
 
 
 # ---------------------------------------------------------------------------
@@ -354,7 +359,7 @@ def _prepare_dst(out, nbytes: int, shape: tuple, typestr: str, dev: int, ctx: Co
     """(destination object for the plan, value to return)."""
     if out is None:
         try:
-            arr = _alloc(shape, typestr, dev, ctx)
+            arr = _alloc(shape, typestr, dev, ctx, where)
         except MemoryError as e:   # numpy's and the extension's say nothing of what was asked
             raise FerryError(_ferry.ENOMEM, f"{where}: the result would be {nbytes} bytes ({_bytes_str(nbytes)}, "
                                             f"shape {tuple(shape)} of {typestr}), more than can be allocated "

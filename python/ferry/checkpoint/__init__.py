@@ -36,7 +36,7 @@ from . import run as _run
 from . import writer as _save
 from . import tree as _tree
 from . import url as _url
-from .. import _checks, _ferry
+from .. import _checks, _ferry, _nogpu
 
 FerryError = _ferry.FerryError
 
@@ -192,7 +192,8 @@ def _empty(e, device, shape=None):
     shape torch cannot lay out, e.g. a zero-size tensor whose strides overflow)."""
     shape = e.shape if shape is None else shape
     try:
-        return _torch().empty(shape, dtype=e.torch_dtype(), device=device)
+        with _nogpu.device_alloc("%s: tensor %r" % (e.path, e.name), device):   # no GPU: said once
+            return _torch().empty(shape, dtype=e.torch_dtype(), device=device)
     except (RuntimeError, OverflowError, ValueError) as err:
         _io.fail("%s: tensor %r of shape %s cannot be allocated: %s"
                  % (e.path, e.name, list(shape), err), _io.EFORMAT)

@@ -12,6 +12,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from .. import _current_cuda_device, _ferry, _torch_device
 from .._checks import check
+from .._nogpu import no_gpu
 from .loader import EpochBoard, auto_collation, pass_tag
 from .order import Layout as _Layout
 from .ahead import _EpochAhead, _epoch_ahead
@@ -223,9 +224,9 @@ class _BatchStream(_StreamState, _EpochAhead, _GroupIO, IterableDataset):
                 if threads == 0 and in_worker:
                     threads = max(2, (os.cpu_count() or 4) // max(1, num_workers))
                 ctx = _ferry.Context(threads=threads)
-            if device.type == "cuda" and ctx.cuda_device_count() == 0:
-                raise RuntimeError(f"ferry.torch: torch sees {device} but ferry cannot use CUDA: "
-                                   f"{ctx.cuda_status or 'no CUDA device'}")
+            err = no_gpu(f"ferry.torch.{type(self).__name__}", device, ctx) if device.type == "cuda" else None
+            if err is not None:
+                raise err
             self._rt = _Runtime(ctx, device)
             if device.type == "cuda" and not _AT_FORK and hasattr(os, "register_at_fork"):
                 os.register_at_fork(before=_collect_before_fork)

@@ -28,7 +28,7 @@ class _StoreReads:
             a = ferry.empty(shape, dtype, "cpu", ctx=self.ctx)
             return np.asarray(a).view(dtype)
         import cupy
-        with cupy.cuda.Device(device):
+        with ferry._nogpu.device_alloc(self.filename, device, self.ctx), cupy.cuda.Device(device):
             return cupy.empty(shape, dtype=dtype)
 
     def _add(self, plan, s: _VarSpec, key: tuple):
