@@ -21,7 +21,7 @@ import sys
 import threading
 from typing import Any, Iterable, Sequence
 
-from . import _checks, _ferry
+from . import _checks, _ferry, _progress
 from ._ferry import PATHS, Array, Context, Dataset, FerryError, File, Job, Plan
 
 __version__: str = _ferry.__version__
@@ -415,8 +415,9 @@ def _sync_producer(obj) -> None:
 
 
 def _add_read(plan: Plan, ds: Dataset | None, file: File | None, var: dict | None, selection, dev: int,
-              out, ctx: Context, out_bytes: bool = False):
-    """Append one array read to plan; returns (result object, post-processing)."""
+              out, ctx: Context, out_bytes: bool = False, steps=None):
+    """Append one array read to plan; returns (result object, post-processing). steps
+    (_progress.ReadSteps, for progress=): the read runs now, in steps, reported."""
     import numpy as np
     if ds is None:  # raw file: uint8 bytes
         size = file.size
@@ -446,13 +447,18 @@ def _add_read(plan: Plan, ds: Dataset | None, file: File | None, var: dict | Non
         # numpy keeps unicode in its stored byte order (">U3" stays ">U3"):
         # swapped to host order, its bytes would no longer be what the dtype says
         native = not (typestr[:2] == ">U" and _little()) and not (typestr[:2] == "<U" and not _little())
-        plan.read(ds, var["name"], dst, triples, native)
+        if steps is not None:
+            c0 = int((var.get("chunks") or shape)[0]) if shape else 1     # whole variable: not chunked
+            steps.read(lambda p, t, d: p.read(ds, var["name"], d, t, native), triples, sel_shape, squeeze,
+                       itemsize, c0 if c0 < shape[0] else 1, dst, nbytes)
+        else:
+            plan.read(ds, var["name"], dst, triples, native)
     return ret, (lambda r: r)
 
 
 def read(path, name: str | None = None, *, device: Any = "cpu", selection: Any = None, out: Any = None,
          ctx: Context | None = None, path_policy: str | None = None, threads: int = 0,
-         out_bytes: bool = False, decode: str | None = None):
+         out_bytes: bool = False, decode: str | None = None, progress: Any = None):
     """Read one whole array / tensor / variable (or a selection of it).
 
     device: "cpu" (numpy), an int or "cuda:N" (cupy when importable, else a
@@ -464,8 +470,12 @@ def read(path, name: str | None = None, *, device: Any = "cpu", selection: Any =
     format ferry knows reads as uint8 bytes.
     decode: where compressed chunks are decoded, "auto" (default; FERRY_DECODE),
     "gpu" (nvCOMP) or "cpu".
+    progress: None (off), True/"tqdm" (a tqdm bar, or log lines without tqdm) or
+    progress(done_bytes, total_bytes): the read then runs as about 20 plans along the first
+    axis, cut at chunk boundaries, each reported when done.
     """
     threads = _checks.check("ferry.read", "threads", threads)
+    _progress.check("ferry.read", progress)
     c = _ctx_of(ctx)
     dev = parse_device(device) if out is None else None     # out= is where the data goes
     path = _fspath(path)
@@ -492,7 +502,10 @@ def read(path, name: str | None = None, *, device: Any = "cpu", selection: Any =
         else:
             var = _pick_var(ds, name)
         plan = Plan()
-        ret, post = _add_read(plan, ds, f, var, selection, dev, out, c, out_bytes)
+        steps = None if not progress or var is None else _progress.ReadSteps(
+            progress, f"read {os.path.basename(path)} {var['name']}",
+            lambda p: c.run(p, path=path_policy, threads=threads, decode=decode), _wait_producer)
+        ret, post = _add_read(plan, ds, f, var, selection, dev, out, c, out_bytes, steps)
         if len(plan):
             c.run(plan, path=path_policy, threads=threads, decode=decode)
         return post(ret)

@@ -67,6 +67,10 @@ class ArrayDataset(_BatchStream):
         engine moves every field to the GPU itself (cuFile, or its pinned staging buffers,
         records packed back to back, one host-to-device copy per buffer of adjacent rows).
         "pinned" (host-path batches copied by torch) was removed: a ValueError says so.
+    progress
+        None (off), True/"tqdm" (a tqdm bar over each epoch's batches, or log lines on
+        ferry.torch without tqdm) or progress(done_batches, total_batches). Off in DataLoader
+        workers.
     """
 
     _STAGE_AHEAD = True
@@ -74,7 +78,7 @@ class ArrayDataset(_BatchStream):
     def __init__(self, source=None, *, fields=None, samples="rows", batch_size=256, shuffle=False,
                  seed=0, drop_last=False, device=None, rank=None, world_size=None, prefetch=4,
                  block_size=None, dtype=None, normalize=None, transform=None, collate=None,
-                 pin_memory=False, threads=0, ctx=None, sample_group=64, staging="auto"):
+                 pin_memory=False, threads=0, ctx=None, sample_group=64, staging="auto", progress=None):
         super().__init__()
         if (source is None) == (fields is None):
             raise TypeError("ArrayDataset: give exactly one of `source` or `fields`")
@@ -87,7 +91,7 @@ class ArrayDataset(_BatchStream):
         self._init_stream(batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
                           device=device, rank=rank, world_size=world_size, prefetch=prefetch,
                           transform=transform, pin_memory=pin_memory, threads=threads, ctx=ctx,
-                          sample_group=sample_group)
+                          sample_group=sample_group, progress=progress)
         self._single = fields is None
         specs = {"data": source} if self._single else dict(fields)
         if not specs:

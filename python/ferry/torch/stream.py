@@ -13,6 +13,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from .. import _current_cuda_device, _ferry, _torch_device
 from .._checks import check
 from .._nogpu import no_gpu
+from .._progress import check as _check_progress, epoch_reporter as _epoch_reporter
 from .loader import EpochBoard, auto_collation, pass_tag
 from .order import Layout as _Layout
 from .ahead import _EpochAhead, _epoch_ahead
@@ -63,8 +64,9 @@ class _BatchStream(_StreamState, _EpochAhead, _GroupIO, IterableDataset):
     _ORDER_IN_PLAN = False
 
     def _init_stream(self, *, batch_size, shuffle, seed, drop_last, device, rank, world_size,
-                     prefetch, transform, pin_memory, threads, ctx, sample_group):
+                     prefetch, transform, pin_memory, threads, ctx, sample_group, progress=None):
         name = type(self).__name__
+        self.progress = _check_progress(name, progress)   # a bar (or log lines) over each epoch's batches
         batch_size = check(name, "batch_size", batch_size, none=True)
         prefetch, seed, threads = (check(name, k, v) for k, v in
                                    (("prefetch", prefetch), ("seed", seed), ("threads", threads)))
@@ -308,6 +310,7 @@ class _BatchStream(_StreamState, _EpochAhead, _GroupIO, IterableDataset):
         mine = range(0) if skip is None else range(wid + skip * nw, lay.count, nw)
         last = mine[-1] if len(mine) else None
         taken = 0 if skip is None else skip
+        report = _epoch_reporter(self.progress, type(self).__name__, epoch, len(mine), in_worker)
         if in_worker:
             self._worker_progress = {"id": wid, "num_workers": nw, "world_size": world, "rank": rank,
                                      "batch": batch, "start": start, "taken": taken, "epoch": epoch,
@@ -393,6 +396,7 @@ class _BatchStream(_StreamState, _EpochAhead, _GroupIO, IterableDataset):
                             self._board.set_position(self._consumed)
                         if s == last:
                             end_of_pass(self._consumed)
+                    report(mine.index(s) + 1)
                     yield out
             other_ranks_step()
         finally:

@@ -185,6 +185,8 @@ class TokenDataset(_BatchStream):
         batch is then a slice of its read's tensors (on CUDA):
         holding one batch keeps its read's memory.
         Resume stays exact per batch; `prefetch` counts batches, rounded up to whole reads.
+    progress
+        None (off), True/"tqdm" or progress(done_batches, total_batches), as ArrayDataset's.
     """
     _STATE_TAG = "ferry.torch.TokenDataset"
     _STAGE_AHEAD = True
@@ -192,7 +194,7 @@ class TokenDataset(_BatchStream):
     def __init__(self, files, seq_len, batch_size, dtype="uint16", *, shuffle=None, seed=0,
                  drop_last=True, device=None, rank=None, world_size=None, prefetch=4,
                  out_dtype=torch.int64, threads=0, ctx=None, staging="auto",
-                 batches_per_read=None):
+                 batches_per_read=None, progress=None):
         super().__init__()
         seq_len = check("TokenDataset", "seq_len", seq_len)
         batches_per_read = check("TokenDataset", "batches_per_read", batches_per_read, none=True)
@@ -206,7 +208,7 @@ class TokenDataset(_BatchStream):
         self._init_stream(batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
                           device=device, rank=rank, world_size=world_size, prefetch=prefetch,
                           transform=None, pin_memory=False, threads=threads, ctx=ctx,
-                          sample_group=1)
+                          sample_group=1, progress=progress)
         self._single = True
         self.seq_len = int(seq_len)
         self.out_dtype = out_dtype

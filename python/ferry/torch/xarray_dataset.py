@@ -90,6 +90,8 @@ class XarrayDataset(_XarrayDiscovery, _XarraySamples, _XarrayReads, _BatchStream
         (Zarr zstd) against 23.5-26.4 (BENCHMARKS.md). Uncompressed and blosc data keep 1. The
         value in use is ``batch_group`` once iteration has begun. A pass reads at most that many
         a plan, evened out over its batches (104 in reads of 17: 7 reads of 15, the last 14).
+    progress
+        None (off), True/"tqdm" or progress(done_batches, total_batches), as ArrayDataset's.
 
     Batches are dicts: "x" (B, C*input_steps, H, W) and "y" (B, C_y*target_steps, H, W) when
     target_steps > 0, in `dtype`.
@@ -100,7 +102,7 @@ class XarrayDataset(_XarrayDiscovery, _XarraySamples, _XarrayReads, _BatchStream
                  shuffle=False, seed=0, drop_last=False, device=None, rank=None, world_size=None,
                  prefetch=4, normalize=None, stats_file=None, stats_steps=64, nan_to=None,
                  return_mask=False, return_time=False, dtype=torch.float32, group=None,
-                 transform=None, threads=0, block_size=None, batches_per_read=None):
+                 transform=None, threads=0, block_size=None, batches_per_read=None, progress=None):
         torch.utils.data.IterableDataset.__init__(self)
         batch_size, input_steps, target_steps, lead, prefetch, stats_steps = (
             check("XarrayDataset", k, v) for k, v in (
@@ -161,7 +163,8 @@ class XarrayDataset(_XarrayDiscovery, _XarraySamples, _XarrayReads, _BatchStream
         self.block_size = block_size
         self._init_stream(batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
                           device=device, rank=rank, world_size=world_size, prefetch=prefetch,
-                          transform=transform, pin_memory=False, threads=threads, ctx=None, sample_group=1)
+                          transform=transform, pin_memory=False, threads=threads, ctx=None, sample_group=1,
+                          progress=progress)
         self.staging = "engine"
         self._single = False
         self._fields = []

@@ -100,7 +100,7 @@ class FerryStore(_StoreReads, AbstractDataStore):
     def __init__(self, filename: str, *, group: str | None = None, device: Any = "cpu", threads: int = 0,
                  path_policy: str | None = None, decode: str | None = None, mask_and_scale: bool = True,
                  decode_times: Any = True, decode_timedelta: Any = None, ctx=None, lock=None, _expect=None,
-                 path: str | None = None):
+                 path: str | None = None, progress: Any = None):
         self.filename = os.fspath(filename)
         # lock= as xarray's engines take it: held around every read when given (a
         # lock is not pickled: another process has its own)
@@ -110,6 +110,8 @@ class FerryStore(_StoreReads, AbstractDataStore):
         self.threads = check("ferry.xarray (engine=\"ferry\")", "threads", threads, none=True) or 0
         self.path_policy = _route(path_policy, path, "FerryStore")
         self.decode = decode   # where compressed chunks decode: None/"auto", "gpu" (nvCOMP), "cpu"
+        ferry._progress.check("ferry.xarray (engine=\"ferry\")", progress)
+        self.progress = progress   # Dataset.load() reported (reads.py); not pickled: a dask task's own
         self._ctx = ctx          # None: the default context of whichever process reads
         self._decoding = (mask_and_scale, decode_times, decode_timedelta)
         if self.device >= 0:
