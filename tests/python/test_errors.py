@@ -278,3 +278,29 @@ def test_no_driver_at_all_in_every_api(tmp_path):
         assert "Found no NVIDIA driver" not in str(ei.value)
     with ferry.open(p, device=0) as f:                   # metadata only: no GPU asked for yet
         assert [v.shape for v in f.variables.values()] == [(4, 2)]
+
+
+# --------------------------------------------------------------------------- docs/errors.md
+from error_cases import CASES, message  # noqa: E402  (tests/python is on pytest's path)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.call.__name__.strip("_") or str(i) for i, c in enumerate(CASES)])
+def test_common_mistake(case, tmp_path):
+    """Each row of docs/errors.md: the exception, the message naming what went wrong, the hint."""
+    import importlib.util
+    import re
+    for m in case.needs:
+        if importlib.util.find_spec(m) is None:
+            pytest.skip(f"needs {m}")
+    kind, msg = message(case, str(tmp_path))
+    assert kind == case.raises and re.search(case.match, msg), (kind, msg)
+    assert str(tmp_path) not in msg
+
+
+def test_docs_errors_table_is_current():
+    """docs/errors.md is what tools/errors_table.py writes from error_cases.py today."""
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "errors_table.py"), "--check"],
+                       capture_output=True, text=True, timeout=300)
+    if r.returncode == 2:
+        pytest.skip(r.stderr.strip())
+    assert r.returncode == 0, r.stderr

@@ -119,4 +119,4 @@ def test_checkpoints_use_the_same_reporter():
     assert got == [(4, 10)]
     with pytest.raises(ValueError, match="ferry.checkpoint: progress must be"):
         run.reporter("nope", "save", 10)
-    assert run.reporter.__code__.co_names.count("reporter") and _progress.reporter
+    assert "_progress" in run.reporter.__code__.co_names and _progress.reporter is not run.reporter
