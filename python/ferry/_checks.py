@@ -39,10 +39,14 @@ RANGES: dict = {
     "num_threads": (1, 4096, None),
     "prefetch_queue_depth": (1, 1 << 16, None),
     "device_id": (0, 1 << 16, None),
+    "staging_count": (0, 16, "0: the default"),
 }
 # keywords that take a size: an int of bytes or a string as ferry_size_parse reads it
 SIZES: dict = {
     "max_shard_size": (1, None, None),
+    "task_size": (0, None, None),        # ferry.Context's: 0 is the default (FERRY_TASK_SIZE, else built in)
+    "staging_size": (0, None, None),
+    "small_io": (0, None, None),
 }
 
 

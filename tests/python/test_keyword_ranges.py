@@ -19,6 +19,9 @@ from ferry._checks import RANGES, SIZES, KeywordTypeError
 MODULES = ("ferry", "ferry.torch", "ferry.xarray", "ferry.checkpoint", "ferry.images", "ferry.dali")
 # keywords that take any number (a pad value), not a count, size or seed
 NOT_COUNTS = {"value"}
+# the C types' keywords (no signature to read): checked through the same validator
+C_KEYWORDS = {"ferry.Context.__init__": ["threads", "staging_count", "task_size", "staging_size", "small_io"],
+              "ferry.Context.run": ["threads"], "ferry.Context.submit": ["threads"]}
 
 
 def _public_functions():
@@ -44,10 +47,13 @@ def _public_functions():
                     out[f"{m}.{n}.{a}"] = f
             elif inspect.isfunction(obj):
                 out[f"{m}.{n}"] = obj
+    out.update({q: q for q in C_KEYWORDS})
     return out
 
 
 def _numeric_keywords(f):
+    if isinstance(f, str):
+        return C_KEYWORDS[f]
     try:
         ps = inspect.signature(f).parameters.values()
     except (TypeError, ValueError):           # a C type: its arguments are parsed in C
@@ -86,6 +92,9 @@ def fx(tmp_path_factory):
 def _calls(fx):
     """Qualified name -> call(**keywords): a valid call, given the keyword under test."""
     c = {
+        "ferry.Context.__init__": lambda **kw: ferry.Context(**kw).close(),
+        "ferry.Context.run": lambda **kw: ferry.default_context().run(ferry.Plan(), **kw),
+        "ferry.Context.submit": lambda **kw: ferry.default_context().submit(ferry.Plan(), **kw).wait(),
         "ferry.read": lambda **kw: ferry.read(fx.npy, **kw),
         "ferry.read_many": lambda **kw: ferry.read_many([(fx.npy, None, None)], **kw),
     }
@@ -158,7 +167,8 @@ def _calls(fx):
 
 def _bad_values(name):
     if name in SIZES:
-        return [-1, 0, "xyz", 1.5, True, [4096]]
+        lo = SIZES[name][0]
+        return [-1, "xyz", 1.5, True, [4096]] + ([lo - 1] if lo > 0 else [])
     lo, hi, _ = RANGES[name]
     return ([] if lo is None else [lo - 1]) + ([] if hi is None else [hi + 1]) + ["x", 1.5, True]
 
