@@ -304,11 +304,13 @@ def _same_type(a: str, b: str) -> bool:
     return da is not None and db is not None and da == db
 
 
-def _check_out(out, nbytes: int, shape: tuple, typestr: str, where: str, out_bytes: bool) -> dict:
+def _check_out(out, nbytes: int, shape: tuple, typestr: str, where: str, out_bytes: bool,
+               bytes_hint: bool = True) -> dict:
     """out= must be writable, C-contiguous memory of the selection's dtype and shape (as
     numpy's and torch's out= demand): filling a float64 array with float32 bytes reinterprets
     them. out_bytes=True asks for the bytes as they are: then only the size counts. The
-    layout is the extension's (buffer_layout: what the engine will be handed); returned."""
+    layout is the extension's (buffer_layout: what the engine will be handed); returned.
+    bytes_hint: the caller takes out_bytes= (the messages then say so)."""
     try:
         lay = _ferry.buffer_layout(out)
     except (TypeError, ValueError, BufferError, RuntimeError) as e:   # no memory, or torch's "requires grad"
@@ -328,14 +330,15 @@ def _check_out(out, nbytes: int, shape: tuple, typestr: str, where: str, out_byt
                                             "pass out_bytes=True to fill its bytes as they are")
         if not _same_type(ots, typestr):
             raise FerryError(_ferry.EINVAL, f"{where}: out= has dtype {ots}, the data is {typestr}: a dtype "
-                                            "mismatch (pass an out= of the data's dtype, or out_bytes=True to fill "
-                                            "out's bytes as they are)")
+                                            "mismatch (pass an out= of the data's dtype" + (
+                                                ", or out_bytes=True to fill out's bytes as they are)"
+                                                if bytes_hint else ")"))
     if lay["nbytes"] != nbytes:
         raise FerryError(_ferry.EINVAL, f"{where}: out= holds {lay['nbytes']} bytes, the selection needs {nbytes} "
                                         f"(shape {tuple(shape)}, {typestr})")
     if not out_bytes and oshape != tuple(shape):
-        raise FerryError(_ferry.EINVAL, f"{where}: out= has shape {oshape}, the selection is {tuple(shape)} "
-                                        "(pass out_bytes=True to fill out's bytes as they are)")
+        raise FerryError(_ferry.EINVAL, f"{where}: out= has shape {oshape}, the selection is {tuple(shape)}"
+                                        + (" (pass out_bytes=True to fill out's bytes as they are)" if bytes_hint else ""))
     return lay
 
 

@@ -147,3 +147,26 @@ def test_one_current_device_resolver():
     calls = [str(f.relative_to(root)) for f in root.rglob("*.py") if "cuda.current_device()" in f.read_text()]
     assert calls == ["__init__.py"], calls
     assert not hasattr(ferry, "_device_of")
+
+
+def test_image_decode_out_is_checked_by_the_same_checker():
+    """ferry.images.decode(out=) answers a strided, mistyped or misshapen out= as ferry.read does."""
+    pytest.importorskip("PIL")
+    import io
+
+    from PIL import Image
+
+    from ferry import images
+    b = io.BytesIO()
+    Image.fromarray(np.full((4, 6, 3), 7, np.uint8)).save(b, format="PNG")
+    try:
+        ref = images.decode(b.getvalue())
+    except ferry.FerryError as e:
+        pytest.skip(f"no PNG decoder in this build: {e}")
+    for out, what in ((np.zeros((4, 12, 3), np.uint8)[:, ::2], "not C-contiguous"),
+                      (np.zeros((4, 6, 3), np.float32), "dtype mismatch"), (np.zeros((6, 4, 3), np.uint8), "shape")):
+        with pytest.raises(ferry.FerryError, match=what) as ei:
+            images.decode(b.getvalue(), out=out)
+        assert "ferry.images.decode: out=" in str(ei.value) and "out_bytes" not in str(ei.value)
+    out = np.zeros((4, 6, 3), np.uint8)
+    assert images.decode(b.getvalue(), out=out) is out and (out == ref).all()
