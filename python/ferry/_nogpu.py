@@ -20,7 +20,12 @@ def _shown(device) -> str:
 def no_gpu(where: str, device, ctx=None):
     """The FerryError to raise when `device` names a GPU this process cannot use, else None
     (a GPU is there: a failure is something else, and is raised as it is)."""
-    from . import FerryError, _ferry, default_context
+    from . import FerryError, _device_index, _ferry, default_context
+    try:
+        if _device_index(device) == -1:      # the CPU: a failure there is no GPU's doing
+            return None
+    except (TypeError, ValueError):
+        return None
     c = ctx if ctx is not None else default_context()
     try:
         n = c.cuda_device_count()

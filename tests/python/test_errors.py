@@ -250,6 +250,14 @@ except ferry.FerryError as e:
     assert "this machine has 2 GPUs (0..1)" in out[4] and 'device="cpu"' in out[4], out
 
 
+def test_a_host_failure_is_not_blamed_on_the_gpu():
+    """The no-GPU answer is for GPU devices only: a host allocation's own error stays."""
+    with pytest.raises(ValueError, match="negative dimension"):
+        ferry.empty(-1)
+    from ferry._nogpu import no_gpu
+    assert no_gpu("x", "cpu") is None and no_gpu("x", -1) is None
+
+
 def test_no_driver_at_all_in_every_api(tmp_path):
     """Without any CUDA driver (this machine's own state; skipped where there is one): ferry.read,
     the torch datasets and checkpoint loads say no GPU was found, not torch's "Found no NVIDIA
