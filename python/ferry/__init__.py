@@ -21,7 +21,7 @@ import sys
 import threading
 from typing import Any, Iterable, Sequence
 
-from . import _checks, _ferry, _progress
+from . import _checks, _ferry, _nogpu, _progress
 from ._ferry import PATHS, Array, Context, Dataset, FerryError, File, Job, Plan
 
 __version__: str = _ferry.__version__
@@ -193,16 +193,13 @@ def empty(shape, dtype: Any = "u1", device: Any = "cpu", *, ctx: Context | None 
         ts = np.dtype(dtype).str
     if isinstance(shape, int):
         shape = (shape,)
-    from ._nogpu import device_alloc
-    with device_alloc("ferry.empty", device, ctx):
+    with _nogpu.device_alloc("ferry.empty", device, ctx):
         return _ferry.empty(tuple(int(s) for s in shape), ts, parse_device(device), ctx, pinned)
 
 
 def _alloc(shape: tuple, typestr: str, dev: int, ctx: Context, where: str = "ferry.read"):
     """Destination for a read: numpy (host), cupy (device, when importable) or ferry.Array."""
     import numpy as np
-
-    from ._nogpu import device_alloc
     dt = _numpy_dtype(typestr)
     if dev < 0:
         arr = _ferry.empty(shape, typestr, -1, ctx)
@@ -210,7 +207,7 @@ def _alloc(shape: tuple, typestr: str, dev: int, ctx: Context, where: str = "fer
             return arr
         return np.asarray(arr)
     cp = _cupy()
-    with device_alloc(where, dev, ctx):          # no GPU here: one message, not cupy's or the driver's
+    with _nogpu.device_alloc(where, dev, ctx):   # no GPU here: one message, not cupy's or the driver's
         if cp is not None and dt is not None:
             with cp.cuda.Device(dev):
                 return cp.empty(shape, dtype=dt)

@@ -286,6 +286,16 @@ def test_no_driver_at_all_in_every_api(tmp_path):
         assert "Found no NVIDIA driver" not in str(ei.value)
     with ferry.open(p, device=0) as f:                   # metadata only: no GPU asked for yet
         assert [v.shape for v in f.variables.values()] == [(4, 2)]
+    try:
+        import xarray as xr
+        import scipy  # noqa: F401
+    except ImportError:
+        return
+    if ferry._cupy() is None:      # engine="ferry" with device=0 needs cupy: said, and the GPU it lacks
+        nc = str(tmp_path / "a.nc")
+        xr.Dataset({"t": ("x", np.arange(3.0))}).to_netcdf(nc, engine="scipy")
+        with pytest.raises(ImportError, match="install cupy.*no usable GPU was found"):
+            xr.open_dataset(nc, engine="ferry", device=0)
 
 
 # --------------------------------------------------------------------------- docs/errors.md

@@ -119,8 +119,9 @@ class FerryStore(_StoreReads, AbstractDataStore):
             # ferry.xarray (xarray's engine guessing does) changes nothing in xarray
             _install_dask_hook()
         if self.device >= 0 and ferry._cupy() is None:
+            gpu = ferry._nogpu.no_gpu(self.filename, device)     # where cupy would not help either, say so
             raise ImportError(f"engine='ferry' with device={device!r} returns cupy arrays: install cupy "
-                              "(or use device='cpu')")
+                              "(or use device='cpu')" + (f". Also {gpu}" if gpu else ""))
         self._closed = False
         self._h5 = None
         self._cds = None
