@@ -46,7 +46,8 @@ class FerryError(Exception):
 
 class Context:
     def __init__(self, threads: int = 0, path: Optional[str] = "auto", direct: Union[str, bool, None] = "auto",
-                 task_size: int = 0, staging_size: int = 0, staging_count: int = 0, small_io: int = 0,
+                 task_size: Union[int, str] = 0, staging_size: Union[int, str] = 0, staging_count: int = 0,
+                 small_io: Union[int, str] = 0,
                  no_env: bool = False) -> None: ...
     def config(self) -> dict: ...
     def stats(self) -> dict: ...
