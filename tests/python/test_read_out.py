@@ -100,12 +100,17 @@ def test_non_contiguous_and_read_only_out_name_file_variable_and_out(tmp_path):
             msg = str(ei.value)
             assert p in msg and ": w:" in msg and "out=" in msg, msg
     assert not strided.any()
+
+
+def test_torch_cpu_out_strided_is_refused_and_plain_is_filled_in_place(tmp_path):
     torch = pytest.importorskip("torch")
+    p = str(tmp_path / "m.npy")
+    np.save(p, np.arange(12, dtype=np.float32).reshape(3, 4))
     t = torch.zeros(4, 3).t()                  # a transposed CPU tensor
     with pytest.raises(ferry.FerryError, match="not C-contiguous"):
-        ferry.read(p, "w", out=t)
+        ferry.read(p, out=t)
     t = torch.zeros(3, 4)                      # a CPU tensor is filled in place (DLPack), as it is
-    assert ferry.read(p, "w", out=t) is t and t.flatten().tolist() == list(range(12))
+    assert ferry.read(p, out=t) is t and t.flatten().tolist() == list(range(12))
 
 
 def test_out_of_an_npz_member_and_a_structured_npy_is_checked_the_same_way(tmp_path):
@@ -133,6 +138,10 @@ def test_buffer_layout_is_what_the_engine_is_handed():
     assert _ferry.buffer_layout((4096, 10, -1))["nbytes"] == 10
     with pytest.raises(TypeError, match="expected memory"):
         _ferry.buffer_layout(12345)
+
+
+def test_buffer_layout_of_torch_cpu_tensors_through_dlpack():
+    from ferry import _ferry
     torch = pytest.importorskip("torch")
     lay = _ferry.buffer_layout(torch.zeros(2, 3, dtype=torch.bfloat16))
     assert (lay["typestr"], lay["shape"], lay["source"], lay["device"]) == ("bfloat16", (2, 3), "dlpack", -1)
