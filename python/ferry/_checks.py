@@ -47,6 +47,7 @@ SIZES: dict = {
     "task_size": (0, None, None),        # ferry.Context's: 0 is the default (FERRY_TASK_SIZE, else built in)
     "staging_size": (0, None, None),
     "small_io": (0, None, None),
+    "nbytes": (0, None, None),           # ferry.checkpoint.reserve_pinned's
 }
 
 

@@ -218,3 +218,15 @@ def test_a_size_keyword_passes_the_c_parser_s_reason_with_its_name(fx):
         ck.save({"a": torch.zeros(3)}, os.path.join(fx.dir, "q.safetensors"), max_shard_size="5QB")
     with pytest.raises(ValueError, match="max_shard_size must be at least 1 byte"):
         ck.save({"a": torch.zeros(3)}, os.path.join(fx.dir, "q.safetensors"), max_shard_size=0)
+
+
+def test_reserve_pinned_takes_a_size():
+    """reserve_pinned's bytes (its first argument, a state dict or a size) pass the size parser."""
+    pytest.importorskip("torch")
+    import ferry.checkpoint as ck
+    for bad, what in ((-5, "a size cannot be negative"), ("lots", "not a size"), (2.5, "must be a size")):
+        with pytest.raises(ValueError, match=f"reserve_pinned: nbytes.*{what}|reserve_pinned: nbytes must be a size"):
+            ck.reserve_pinned(bad)
+    ck.reserve_pinned(0)
+    ck.reserve_pinned("4K")
+    ck.release_pinned()
