@@ -186,10 +186,12 @@ static int from_dlpack(PyObject *obj, layout *L) {
 /* What obj is, through the first protocol it speaks: a (ptr, nbytes, device)
  * tuple, ferry.Array, __cuda_array_interface__, the buffer protocol (with
  * __array_interface__'s typestr where the object has one), __array_interface__,
- * DLPack. Sets L->keep. want_device: ask the driver which device a
- * __cuda_array_interface__ pointer is on (the engine finds it itself; a layout
- * reports it). -1 with a Python error when obj is no memory. */
-static int describe(PyObject *obj, layout *L, int want_device) {
+ * DLPack. Sets L->keep. full: a layout for buffer_layout, which also asks the
+ * driver which device a __cuda_array_interface__ pointer is on and numpy which
+ * type a buffer holds (parse_buffer, on every plan's hot path, needs neither:
+ * the engine finds the device itself). -1 with a Python error when obj is no
+ * memory. */
+static int describe(PyObject *obj, layout *L, int full) {
     memset(L, 0, sizeof *L);
     L->device = -1;
     L->contiguous = 1;
@@ -236,7 +238,7 @@ static int describe(PyObject *obj, layout *L, int want_device) {
         if (rc < 0) { layout_clear(L); return -1; }
         L->source = "cuda_array_interface";
         /* the pointer's own device (the driver knows it); -2 where it cannot say */
-        ContextObject *c = want_device && L->nbytes ? get_default_ctx() : NULL;
+        ContextObject *c = full && L->nbytes ? get_default_ctx() : NULL;
         int d = c ? ferry_cuda_device_of(c->ctx, L->ptr) : -1;
         L->device = d >= 0 ? d : -2;
         PyErr_Clear();
@@ -266,7 +268,7 @@ static int describe(PyObject *obj, layout *L, int want_device) {
         }
         /* numpy's typestr where the object has one (no struct format asked: numpy
          * exports datetime64 and other types the struct module lacks as bytes) */
-        PyObject *ai = PyObject_GetAttrString(obj, "__array_interface__");
+        PyObject *ai = full ? PyObject_GetAttrString(obj, "__array_interface__") : NULL;
         PyObject *ts = ai && PyDict_Check(ai) ? PyDict_GetItemString(ai, "typestr") : NULL;
         const char *t = ts ? PyUnicode_AsUTF8(ts) : NULL;
         if (t) snprintf(L->typestr, sizeof L->typestr, "%s", t);
