@@ -45,6 +45,9 @@ from __future__ import annotations
 import collections
 import importlib.util
 
+from . import _current_cuda_device
+from ._checks import check
+
 
 def _dali_installed():
     try:
@@ -103,7 +106,7 @@ class DALISource:
             if hasattr(dataset, "state_dict") else 0
         self._it = None
         self._pos = None                 # (DALI epoch index, iteration) of the next batch of _it
-        self._kept = collections.deque(maxlen=max(1, int(keep)))
+        self._kept = collections.deque(maxlen=check("DALISource", "keep", keep))
 
     @property
     def num_outputs(self):
@@ -199,6 +202,10 @@ def pipeline(dataset, *, outputs=None, then=None, device_id=None, num_threads=2,
     For an ImageDataset, outputs=None feeds ("image", "label") (("image",) without labels) and
     layout=None gives the image the dataset's layout.
     The source object is the pipeline's ``ferry_source`` attribute."""
+    device_id, num_threads = (check("ferry.dali.pipeline", k, v, none=k == "device_id")
+                              for k, v in (("device_id", device_id), ("num_threads", num_threads)))
+    if not isinstance(prefetch_queue_depth, dict):       # DALI's {"cpu_size": .., "gpu_size": ..} passes
+        prefetch_queue_depth = check("ferry.dali.pipeline", "prefetch_queue_depth", prefetch_queue_depth)
     dali, fn = _dali()
     if outputs is None and hasattr(dataset, "_sample_members"):        # an ImageDataset
         outputs = ("image", "label") if dataset._sample_members.has_label else ("image",)
@@ -206,11 +213,11 @@ def pipeline(dataset, *, outputs=None, then=None, device_id=None, num_threads=2,
             layout = [dataset.layout] + [""] * (len(outputs) - 1) if len(outputs) > 1 else dataset.layout
     dev = getattr(dataset, "device", None)
     if device_id is None and dev is not None and getattr(dev, "type", None) == "cuda":
-        device_id = dev.index if dev.index is not None else 0
+        device_id = dev.index if dev.index is not None else _current_cuda_device()
     if device_id is None and dev is None:
         import torch
         if torch.cuda.is_available():
-            device_id = torch.cuda.current_device()
+            device_id = _current_cuda_device()
     src = DALISource(dataset, outputs)
     bs = int(getattr(dataset, "batch_size", None) or 1)
     pipe = dali.Pipeline(batch_size=bs, num_threads=num_threads, device_id=device_id,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from typing import Any, Optional, Sequence, Union
 
-from . import _ferry
+from . import _checks, _ferry
 
 Shards = _ferry.Shards
 
@@ -40,11 +40,16 @@ def probe(data: bytes, keep_gray: bool = False) -> dict:
 
 def decode(data: bytes, keep_gray: bool = False, out: Any = None):
     """Decode one image to a (height, width, channels) uint8 numpy array
-    (channels 3, or 1 for gray images with keep_gray), or into `out`."""
+    (channels 3, or 1 for gray images with keep_gray), or into `out` (writable, C-contiguous
+    uint8 of the image's shape: a FerryError naming out= otherwise, as ferry.read's out=)."""
     import numpy as np
+    h = _ferry.image_probe(data, keep_gray)
+    shape = (h["height"], h["width"], h["out_channels"])
     if out is None:
-        h = _ferry.image_probe(data, keep_gray)
-        out = np.empty((h["height"], h["width"], h["out_channels"]), np.uint8)
+        out = np.empty(shape, np.uint8)
+    else:
+        from . import _check_out
+        _check_out(out, int(np.prod(shape)), shape, "|u1", "ferry.images.decode", False, bytes_hint=False)
     _ferry.image_decode(data, out, keep_gray)
     return out
 
@@ -54,6 +59,7 @@ def decode_batch(datas: Sequence[bytes], keep_gray: bool = False, threads: int =
     """Decode many images on `threads` threads (0: one per CPU, at most 16);
     returns a list of uint8 HWC numpy arrays. labels name the images in errors."""
     import numpy as np
+    threads = _checks.check("ferry.images.decode_batch", "threads", threads)
     outs = []
     for i, d in enumerate(datas):
         try:

@@ -37,7 +37,7 @@ from . import run as _run
 from . import writer as _save
 from . import tree as _tree
 from . import url as _url
-from .. import _ferry
+from .. import _checks, _ferry, _nogpu
 
 FerryError = _ferry.FerryError
 
@@ -69,7 +69,7 @@ def _device(device):
     torch = _torch()
     dev = _ferry_pkg._torch_device(device)   # the package's one device parser
     if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
+        dev = torch.device("cuda", _ferry_pkg._current_cuda_device())   # the package's one resolver
     return dev
 
 
@@ -86,10 +86,7 @@ def parse_size(s):
 
 
 def _max_shard_bytes(max_shard_size):
-    max_bytes = parse_size(max_shard_size)
-    if max_bytes is not None and max_bytes <= 0:
-        raise ValueError("ferry.checkpoint: max_shard_size must be positive")
-    return max_bytes
+    return _checks.check_size("ferry.checkpoint", "max_shard_size", max_shard_size)
 
 
 def _save_target(path, metadata, max_shard_size):
@@ -141,6 +138,7 @@ def save(state_dict, path, metadata=None, *, crc32c=False, max_shard_size=None, 
     or progress(done_bytes, total_bytes). Tensors that are the very same view of one
     storage (tied weights) are stored once and tied again by ferry's load.
     """
+    threads = _checks.check("ferry.checkpoint.save", "threads", threads)
     kind, p, user_md, max_bytes, fs, inner = _save_target(path, metadata, max_shard_size)
     if kind == "object":
         prep = _save.Prepared(state_dict, crc32c)
@@ -167,6 +165,7 @@ def save(state_dict, path, metadata=None, *, crc32c=False, max_shard_size=None, 
 def save_bytes(state_dict, metadata=None, *, crc32c=False, threads=0, progress=None):
     """The bytes of the safetensors file save() would write (as safetensors.torch.save):
     written through the engine into an anonymous in-memory file, then returned."""
+    threads = _checks.check("ferry.checkpoint.save_bytes", "threads", threads)
     user_md = _save.check_user_metadata(metadata)
     prep = _save.Prepared(state_dict, crc32c)
     with _url.MemFile() as mf:
@@ -212,7 +211,8 @@ def _empty(e, device, shape=None):
     shape torch cannot lay out, e.g. a zero-size tensor whose strides overflow)."""
     shape = e.shape if shape is None else shape
     try:
-        return _torch().empty(shape, dtype=e.torch_dtype(), device=device)
+        with _nogpu.device_alloc("%s: tensor %r" % (e.path, e.name), device):   # no GPU: said once
+            return _torch().empty(shape, dtype=e.torch_dtype(), device=device)
     except (RuntimeError, OverflowError, ValueError) as err:
         _io.fail("%s: tensor %r of shape %s cannot be allocated: %s"
                  % (e.path, e.name, list(shape), err), _io.EFORMAT)
@@ -248,6 +248,7 @@ def load(path, device="cpu", *, threads=0, verify=True, progress=None):
     engine plan, from the files whose headers were parsed. Nesting and non-tensor values
     saved by ferry come back as saved; plain safetensors files give {name: tensor}. Stored
     CRC32Cs are checked unless verify=False. progress: as in save()."""
+    threads = _checks.check("ferry.checkpoint.load", "threads", threads)
     dev = _device(device)
     ck = _open_ck(path, verify)
     try:
@@ -262,6 +263,7 @@ def load(path, device="cpu", *, threads=0, verify=True, progress=None):
 def load_bytes(data, device="cpu", *, threads=0, verify=True):
     """Load a checkpoint from the bytes of a safetensors file (as safetensors.torch.load;
     what save_bytes returns), through the C parser and the engine."""
+    threads = _checks.check("ferry.checkpoint.load_bytes", "threads", threads)
     ck = _bytes_ck(data, "<bytes>", verify)
     try:
         tensors, _ = _read_all(ck, list(ck.entries), _device(device), threads, verify)
@@ -277,6 +279,7 @@ def load_into(state_dict, path, *, strict=True, threads=0, verify=True, progress
     copy_(). Non-tensor values in the file are ignored (use load() for those). Returns
     (missing_keys, unexpected_keys); strict=True raises FerryError if either is non-empty.
     Shapes must match. Numpy arrays stored by save are values, not targets."""
+    threads = _checks.check("ferry.checkpoint.load_into", "threads", threads)
     torch = _torch()
     if isinstance(state_dict, torch.nn.Module):
         state_dict = state_dict.state_dict()
@@ -389,7 +392,7 @@ class safe_open:
             raise ValueError("ferry.checkpoint.safe_open gives torch tensors (framework='pt')")
         self._dev = _device(device)
         self._ck = _open_ck(path, verify)
-        self._threads = threads
+        self._threads = _checks.check("ferry.checkpoint.safe_open", "threads", threads)
         self._verify = verify
 
     def __enter__(self):
@@ -478,6 +481,7 @@ def async_save(state_dict, path, metadata=None, *, crc32c=False, max_shard_size=
     copies, then writes through the engine exactly like save() (the same path checks,
     made before the snapshot). future.blocked_s is how long the caller was blocked. Saves
     run one after another in submission order. Fork-safe: a child starts its own writer."""
+    threads = _checks.check("ferry.checkpoint.async_save", "threads", threads)
     kind, p, user_md, max_bytes, fs, inner = _save_target(path, metadata, max_shard_size)
     if kind == "object":
 

@@ -49,7 +49,7 @@ from . import dcp_pickle as _pickle
 from . import io as _io
 from . import st as _st
 from . import url as _url
-from .. import _ferry
+from .. import _checks, _ferry
 
 METADATA = ".metadata"
 _DATA_RE = re.compile(r"^__\d+_[0-9a-f]+\.ferry$")
@@ -146,7 +146,7 @@ class FerryWriter(StorageWriter):
     def __init__(self, path=None, *, threads=0, sync_files=True, overwrite=True):
         super().__init__()
         self.path = _local_dir(path, type(self).__name__) if path is not None else None
-        self.threads = threads
+        self.threads = _checks.check("ferry.checkpoint." + type(self).__name__, "threads", threads)
         self.sync_files = sync_files
         self.overwrite = overwrite
         self.rank = None
@@ -454,7 +454,7 @@ class FerryReader(StorageReader):
     def __init__(self, path=None, *, threads=0, safe=True):
         super().__init__()
         self.path = _local_dir(path, type(self).__name__) if path is not None else None
-        self.threads = threads
+        self.threads = _checks.check("ferry.checkpoint." + type(self).__name__, "threads", threads)
         self.safe = safe
         self.storage_data = {}
         self.layout = {}

@@ -217,6 +217,9 @@ static PyMethodDef module_methods[] = {
      "safetensors ('F32'; None where safetensors has none); name may be of any style"},
     {"dtype_itemsize", mod_dtype_itemsize, METH_O, "dtype_itemsize(name) -> bytes per element (0: varies)"},
     {"codec_name", mod_codec_name, METH_O, "codec_name(id or name) -> the codec's name"},
+    {"buffer_layout", mod_buffer_layout, METH_O,
+     "buffer_layout(obj) -> {typestr, shape, strides, contiguous, readonly, device, stream, ptr, nbytes, source}: "
+     "a memory argument as the engine takes it (device: -1 host, N CUDA, None unknown)"},
     {"size_parse", mod_size_parse, METH_O,
      "size_parse(s) -> bytes: '8M'/'8MiB' = 8*2**20, '5GB' = 5*10**9 (ferry_size_parse); ints pass through"},
     {"kernels_source", mod_kernels_source, METH_NOARGS,

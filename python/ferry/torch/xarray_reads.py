@@ -201,12 +201,7 @@ class _XarrayReads:
 
     @staticmethod
     def _group_size(batches_per_read):
-        if batches_per_read is None:
-            return 1
-        if not isinstance(batches_per_read, int) or isinstance(batches_per_read, bool) or batches_per_read < 1:
-            raise ValueError(f"XarrayDataset: batches_per_read must be a positive int or None, "
-                             f"not {batches_per_read!r}")
-        return batches_per_read
+        return 1 if batches_per_read is None else batches_per_read    # checked by XarrayDataset
 
     def _dev(self, rt, key, make):
         """A small tensor on rt's device made once per process (index lists, normalisation)."""
