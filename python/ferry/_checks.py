@@ -50,6 +50,11 @@ SIZES: dict = {
     "nbytes": (0, None, None),           # ferry.checkpoint.reserve_pinned's
 }
 
+# keywords that take a probability (a real number from 0 to 1)
+PROBS: dict = {
+    "flip": "the chance of a horizontal flip",
+}
+
 
 class KeywordTypeError(TypeError, ValueError):
     """A keyword of the wrong type: a TypeError, and a ValueError for callers that catch the
@@ -110,3 +115,14 @@ def check_size(where: str, name: str, value, *, none: bool = True):
     if n < lo:
         raise ValueError(f"{where}: {name} must be at least {lo} byte{'s' if lo != 1 else ''}, not {value!r}")
     return n
+
+
+def check_prob(where: str, name: str, value) -> float:
+    """value as a float from 0 to 1 (PROBS[name] says what it is the chance of)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(type(value), "__float__"):
+        raise KeywordTypeError(f"{where}: {name} must be a number from 0 to 1 ({PROBS[name]}), "
+                               f"not {type(value).__name__} {value!r}")
+    v = float(value)
+    if not 0.0 <= v <= 1.0:
+        raise ValueError(f"{where}: {name} must be a number from 0 to 1 ({PROBS[name]}), not {v!r}")
+    return v

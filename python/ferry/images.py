@@ -19,6 +19,7 @@ import os
 from typing import Any, Optional, Sequence, Union
 
 from . import _checks, _ferry
+from ._checks import check, check_prob
 
 Shards = _ferry.Shards
 
@@ -182,6 +183,10 @@ def load_batch(shards, samples, out, *, member=None, size=None, crop="random_res
     Returns {"written": k, "skipped": [positions in samples], "gpu": n,
     "cpu": n, "fallbacks": {reason: n}, "gpu_hardware": n}; rows 0..k-1 of
     out hold the samples not skipped, in order."""
+    seed = check("ferry.images.load_batch", "seed", seed)
+    epoch = check("ferry.images.load_batch", "epoch", epoch)
+    threads = check("ferry.images.load_batch", "threads", threads)
+    flip = check_prob("ferry.images.load_batch", "flip", flip)
     shape, dt, contiguous, raw, dev, default_stream = _out_facts(out)
     samples = [int(s) for s in samples]
     if len(shape) != 4:

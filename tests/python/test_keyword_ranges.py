@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import ferry
-from ferry._checks import RANGES, SIZES, KeywordTypeError
+from ferry._checks import PROBS, RANGES, SIZES, KeywordTypeError
 
 MODULES = ("ferry", "ferry.torch", "ferry.xarray", "ferry.checkpoint", "ferry.images", "ferry.dali")
 # keywords that take any number (a pad value), not a count, size or seed
@@ -58,7 +58,7 @@ def _numeric_keywords(f):
         ps = inspect.signature(f).parameters.values()
     except (TypeError, ValueError):           # a C type: its arguments are parsed in C
         return []
-    return [p.name for p in ps if p.name in RANGES or p.name in SIZES or
+    return [p.name for p in ps if p.name in RANGES or p.name in SIZES or p.name in PROBS or
             (type(p.default) in (int, float) and p.name not in NOT_COUNTS)]
 
 
@@ -79,6 +79,17 @@ def fx(tmp_path_factory):
                    coords={"time": np.arange(8)}).to_netcdf(f.nc, engine="scipy")
     except ImportError:
         pass
+    f.tar = str(d / "img.tar")          # one WebDataset sample: a 16 x 12 JPEG made by ferry's own test writer
+    import io
+    import tarfile
+
+    from PIL import Image
+    b = io.BytesIO()
+    Image.fromarray(np.full((12, 16, 3), 90, np.uint8)).save(b, format="JPEG")
+    with tarfile.open(f.tar, "w") as t:
+        ti = tarfile.TarInfo("s0.jpg")
+        ti.size = len(b.getvalue())
+        t.addfile(ti, io.BytesIO(b.getvalue()))
     f.st = str(d / "m.safetensors")
     try:
         import torch
@@ -155,6 +166,14 @@ def _calls(fx):
         pass
     from ferry import images
     c["ferry.images.decode_batch"] = lambda **kw: images.decode_batch([], **kw)
+    c["ferry.images.load_batch"] = lambda **kw: images.load_batch(
+        images.open_shards(fx.tar), [0], np.empty((1, 3, 8, 8), np.uint8), **kw)
+    try:
+        import ferry.torch as ft
+        c["ferry.torch.ImageDataset.__init__"] = lambda **kw: ft.ImageDataset(**{
+            "source": fx.tar, "size": 8, "device": "cpu", **kw})
+    except ImportError:
+        pass
     try:
         import ferry.dali as dali
         c["ferry.dali.DALISource.__init__"] = lambda **kw: dali.DALISource(
@@ -166,6 +185,8 @@ def _calls(fx):
 
 
 def _bad_values(name):
+    if name in PROBS:
+        return [-0.25, 1.5, float("nan"), "x", True]
     if name in SIZES:
         lo = SIZES[name][0]
         return [-1, "xyz", 1.5, True, [4096]] + ([lo - 1] if lo > 0 else [])
@@ -177,7 +198,7 @@ def test_every_numeric_keyword_is_swept(fx):
     calls = _calls(fx)
     missing = {q: kws for q, f in _public_functions().items() if (kws := _numeric_keywords(f)) and q not in calls}
     assert not missing, f"public functions with numeric keywords and no call in _calls: {missing}"
-    unknown = {q: [k for k in _numeric_keywords(f) if k not in RANGES and k not in SIZES]
+    unknown = {q: [k for k in _numeric_keywords(f) if k not in RANGES and k not in SIZES and k not in PROBS]
                for q, f in _public_functions().items()}
     unknown = {q: ks for q, ks in unknown.items() if ks}
     assert not unknown, f"numeric keywords without a range in ferry/_checks.py: {unknown}"

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from .. import _ferry, images
+from .._checks import check, check_prob
 from .sources import _expand
 from .stream import _BatchStream
 
@@ -252,7 +253,7 @@ class ImageDataset(_BatchStream):
                  transform=None, on_error="raise", decode="auto", pin_memory=False, threads=0,
                  ctx=None, sample_group=64):
         super().__init__()
-        self.block_size = None if block_size is None else int(block_size)
+        self.block_size = check("ImageDataset", "block_size", block_size, none=True)
         self._init_stream(batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
                           device=device, rank=rank, world_size=world_size, prefetch=prefetch,
                           transform=transform, pin_memory=pin_memory, threads=threads, ctx=ctx,
@@ -271,7 +272,8 @@ class ImageDataset(_BatchStream):
             raise ValueError(f"ImageDataset: on_error must be 'raise' or 'skip', not {on_error!r}")
         if decode not in ("auto", "cpu", "gpu"):
             raise ValueError(f"ImageDataset: decode must be 'auto', 'cpu' or 'gpu', not {decode!r}")
-        self.crop, self.scale, self.ratio, self.flip = crop, tuple(scale), tuple(ratio), float(flip)
+        self.crop, self.scale, self.ratio = crop, tuple(scale), tuple(ratio)
+        self.flip = check_prob("ImageDataset", "flip", flip)
         self.layout, self.on_error, self.decode = layout, on_error, decode
         self.dtype = _torch_dtype(dtype, normalize)
         self.mean = self.std = None
