@@ -451,7 +451,12 @@ typedef enum ferry_codec_id {
     FERRY_CODEC_SHUFFLE = 6,    /* byte unshuffle, param = element size         */
     FERRY_CODEC_CRC32C = 7,     /* strip and verify a trailing u32 LE CRC32C    */
     FERRY_CODEC_FLETCHER32 = 8, /* strip and verify HDF5's trailing fletcher32  */
-    FERRY_CODEC_BYTESWAP = 9    /* reverse each param-byte element (1,2,4,8,16) */
+    FERRY_CODEC_BYTESWAP = 9,   /* reverse each param-byte element (1,2,4,8,16) */
+    FERRY_CODEC_H5LZ4 = 10,     /* HDF5's lz4 filter (32004): u64 BE size, u32 BE
+                                   block size, then u32 BE-sized LZ4 blocks      */
+    FERRY_CODEC_BITSHUFFLE = 11 /* HDF5's bitshuffle filter (32008); param: the
+                                   element size | compression << 24 (0 none,
+                                   2 lz4, 3 zstd: the filter's cd_values[4])     */
 } ferry_codec_id;
 
 /** "none", "zlib", "gzip", "zstd", "lz4", "blosc", "shuffle", "crc32c",
