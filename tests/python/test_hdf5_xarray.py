@@ -104,6 +104,21 @@ def test_damage_in_another_group_refuses_the_file(tmp_path):
     assert str(p) in str(ei.value)
 
 
+def test_variable_named_like_a_dimension_it_does_not_use(tmp_path):
+    """netCDF-C stores "lat"(x, lat) as "_nc4_non_coord_lat": read under its netCDF name."""
+    p = tmp_path / "nc.nc"
+    with netCDF4.Dataset(p, "w") as nc:
+        nc.createDimension("lat", 3)
+        nc.createDimension("x", 4)
+        nc.createVariable("lat", "f4", ("x", "lat"))[:] = np.arange(12).reshape(4, 3)
+        nc.createVariable("other", "i2", ("lat",))[:] = [1, 2, 3]
+    ref = xr.open_dataset(p, engine="netcdf4")
+    got = xr.open_dataset(p, engine="ferry")
+    xr.testing.assert_identical(got.load(), ref.load())
+    with ferry.open(p) as f:
+        np.testing.assert_array_equal(f["lat"].read(), np.arange(12).reshape(4, 3))
+
+
 def test_empty_dataset_left_out_empty_attributes_kept(tmp_path, caplog):
     """h5py.Empty: netCDF4 refuses the whole file for an empty dataset; ferry reads the
     rest, leaves the dataset out (logged once) and gives empty attributes as netCDF4 does."""

@@ -155,6 +155,8 @@ def _h5py_spec(h5, path: str, group: str | None, name: str, dims, attrs, v: dict
     import h5py
     where = "/" + "/".join(x for x in ((group or "").strip("/"), name) if x)
     try:
+        if where not in h5:   # netCDF-C's name for a variable named like a dimension it does not use
+            where = where.rsplit("/", 1)[0] + "/_nc4_non_coord_" + name
         obj = h5[where]
         stored = obj.dtype
         vlen = h5py.check_dtype(vlen=stored)

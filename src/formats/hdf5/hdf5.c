@@ -207,7 +207,11 @@ static int build_var(h5ds *st, ferry_dataset *ds, const h5_obj *o, const char *n
                      ferry_var_info *vi, ferry_var *fv, h5var *v) {
     h5_file *h = &st->h;
     v->what = o->name;
-    vi->name = name;
+    /* netCDF-C stores a variable named like a dimension it does not run along
+     * ("lat"(x, lat)) as "_nc4_non_coord_lat": its netCDF name is "lat" */
+    static const char non_coord[] = "_nc4_non_coord_";
+    vi->name = !strncmp(name, non_coord, sizeof non_coord - 1) && name[sizeof non_coord - 1] ? name + sizeof non_coord - 1
+                                                                                            : name;
     vi->path = ds->path;
     vi->codecs = "";
     vi->fill_json = "null";
