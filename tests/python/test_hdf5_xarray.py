@@ -70,6 +70,14 @@ def test_soft_links_followed_dangling_and_external_refused(tmp_path):
         del f["sub"]
     xr.testing.assert_identical(xr.open_dataset(p, engine="ferry").load(), xr.open_dataset(p, engine="netcdf4").load())
 
+    # a soft link up the tree names a group listed where it lives: no cycle to walk
+    with h5py.File(p, "a") as f:
+        f.create_group("g")["x"] = np.arange(2.0)
+        f["g"]["root"] = h5py.SoftLink("/")
+    groups = xr.open_groups(p, engine="ferry")
+    assert set(groups) == {"/", "/g"}
+    np.testing.assert_array_equal(groups["/g"]["x"].values, np.arange(2.0))
+
     other = tmp_path / "other.h5"
     with h5py.File(other, "w") as f:
         f["v"] = np.arange(5.0)

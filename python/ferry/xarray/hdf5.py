@@ -242,6 +242,8 @@ def _h5_groups(path: str, ctx=None) -> list:
     out = []
 
     def walk(g: str, depth: int):
+        if depth > 32:   # the parser's nesting bound (H5_MAX_DEPTH)
+            raise ferry.FerryError(_ferry.EFORMAT, f"{path}: groups nest deeper than 32 ({g})")
         out.append(g)
         ds = ferry.Dataset(ctx, path, None, None if g == "/" else g.strip("/"))
         try:

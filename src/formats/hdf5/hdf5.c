@@ -344,7 +344,15 @@ static int build_var(h5ds *st, ferry_dataset *ds, const h5_obj *o, const char *n
     return 0;
 }
 
-typedef struct member { const char *name, *path; h5_obj o; h5_attr *a; size_t na; h5_space sp; int is_group, is_data; } member;
+typedef struct member {
+    const char *name, *path;
+    h5_obj o;
+    h5_attr *a;
+    size_t na;
+    h5_space sp;
+    int is_group, is_data;
+    int soft;                         /* reached through a soft link */
+} member;
 
 /* Read the members of group g (its path gpath): headers, attributes, dataspaces;
  * record its dimension scales (local: the opened group). */
@@ -362,6 +370,7 @@ static int scan_group(h5ds *st, const h5_obj *g, const char *gpath, int local, m
         if (!(m->path = join(h, gpath, m->name))) return FERRY_ENOMEM;
         if ((rc = h5_ohdr_read(h, links[i].addr, m->path, &m->o))) return rc;
         m->is_group = h5_is_group(&m->o);
+        m->soft = links[i].soft != NULL;
         m->is_data = h5_obj_find(&m->o, H5M_LAYOUT) != NULL;
         if (!m->is_data) continue;
         if ((rc = h5_obj_attrs(h, &m->o, &m->a, &m->na))) return rc;
@@ -512,7 +521,9 @@ static int h5_open(ferry_dataset *ds, const ferry_open_opts *opts) {
     ferry_sbuf gb = {0};
     ferry_sbuf_append(&gb, "[", 1);
     for (size_t i = 0; i < nm; i++) {
-        if (ms[i].is_group && !ms[i].is_data) {
+        /* child groups by hard link only: a soft link to a group names a group
+         * listed where it lives (and may point up the tree: no cycles to walk) */
+        if (ms[i].is_group && !ms[i].is_data && !ms[i].soft) {
             if (gb.len > 1) ferry_sbuf_append(&gb, ",", 1);
             ferry_sbuf_json_string(&gb, ms[i].name, strlen(ms[i].name));
         }
