@@ -157,3 +157,24 @@ def test_ferry_open_needs_neither_h5py_nor_xarray(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+
+def test_refused_variable_without_h5py_says_what_to_install(tmp_path):
+    p = tmp_path / "s.nc"
+    with netCDF4.Dataset(p, "w") as nc:
+        nc.createDimension("x", 2)
+        nc.createVariable("s", str, ("x",))[:] = np.array(["a", "bb"], object)
+        nc.createVariable("v", "i4", ("x",))[:] = [1, 2]
+    code = ("import sys; sys.modules['h5py'] = None\n"
+            "import xarray as xr, ferry\n"
+            f"ds = xr.open_dataset({str(p)!r}, engine='ferry')\n"
+            "assert ds['v'].values.tolist() == [1, 2]\n"
+            "try:\n"
+            "    ds['s'].values\n"
+            "except ferry.FerryError as e:\n"
+            "    assert 'variable-length strings' in str(e) and 'install h5py' in str(e), e\n"
+            f"    assert {str(p)!r} in str(e)\n"
+            "    print('ok')\n")
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr

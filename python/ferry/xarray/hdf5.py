@@ -218,6 +218,8 @@ def _h5_scan(path: str, group: str | None, ctx, cpath: str | None = None, ident=
             except TypeError:
                 stored = None
             if err or stored is None or stored.kind not in "biufcS":
+                # a placeholder where numpy has no type (an object one would make xarray
+                # read a value at open to infer its type, and fail there)
                 dtype = _native(stored) if stored is not None and stored.kind in "biufcS" else np.dtype("V1")
                 enc = _encoding(v, vd, source, stored, unlimited)
                 spec = _VarSpec(name, vd, shape, dtype, attrs, enc, "unsupported", ds)
