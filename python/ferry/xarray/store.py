@@ -229,7 +229,7 @@ class FerryStore(_StoreReads, AbstractDataStore):
         if isinstance(gc, str):
             coords.update(gc.split())
         for s in self.specs.values():
-            if s.name in coords or not s.shape or s.kind not in ("ferry", "h5", "h5py"):
+            if s.name in coords or not s.shape or s.kind not in ("ferry", "h5py"):
                 continue
             if s.dtype.kind not in "iuf":
                 continue
