@@ -685,11 +685,19 @@ void ferry_stats_reset(ferry_ctx *ctx);
  *                  one group's datasets, contiguous, compact or chunked (every
  *                  chunk index: v1 B-tree, single chunk, implicit, fixed array,
  *                  extensible array, v2 B-tree; filters deflate, shuffle,
- *                  fletcher32, blosc, zstd), netCDF-4 dimensions from dimension
- *                  scales. Described but refused on read (ferry_var_info.error):
- *                  variable-length strings and sequences, compound, reference
- *                  and array types, other filters (named with their id),
- *                  external and virtual storage.
+ *                  fletcher32, blosc, zstd, lz4, bitshuffle), netCDF-4
+ *                  dimensions from dimension scales (phony ones otherwise),
+ *                  soft links followed. codecs describes the filter pipeline
+ *                  in decoding order with what a writer chose ("fletcher32
+ *                  zlib(level=4) shuffle"). Described but refused on read
+ *                  (ferry_var_info.error, ending "(unsupported)" where the
+ *                  dataset is valid but uses what ferry lacks): variable-length
+ *                  strings and sequences, compound, reference and array types,
+ *                  other filters (named with their id), external and virtual
+ *                  storage, null dataspaces. Every group's metadata is checked
+ *                  at open (as netCDF-C reads it); an external link in the
+ *                  group opened (or on the way to it) refuses the open, naming
+ *                  the link and the other file.
  * Metadata is parsed once at open (only headers are read); reads become plans. */
 
 typedef enum ferry_dtype {

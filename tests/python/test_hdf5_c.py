@@ -362,7 +362,8 @@ def test_bitshuffle_and_lz4_framings(tmp_path):
         for name in h:
             assert cv[name]["error"] is None, name
             np.testing.assert_array_equal(read(p, name), h[name][()], err_msg=name)
-    assert cv["bs_zstd"]["codecs"] == "bitshuffle(hdf5_filter=32008)" and cv["lz4"]["codecs"] == "lz4(hdf5_filter=32004)"
+    assert cv["bs_zstd"]["codecs"] == "bitshuffle(hdf5_filter=32008,zstd)" and cv["lz4"]["codecs"] == "lz4(hdf5_filter=32004)"
+    assert cv["bs_none"]["codecs"] == "bitshuffle(hdf5_filter=32008,none)"
     # a chunk cut short or flipped: a FerryError, never other values
     data = p.read_bytes()
     with h5py.File(p, "r") as h:

@@ -89,6 +89,14 @@ def test_soft_links_followed_dangling_and_external_refused(tmp_path):
         with pytest.raises(ferry.FerryError, match='"ext" is an external link to "/v" in the file "other.h5"') as ei:
             call()
         assert str(q) in str(ei.value)
+    # an external link in another group: the group opened reads; the linking group is refused
+    r = tmp_path / "ext_in_group.nc"
+    base.to_netcdf(r, engine="netcdf4")
+    with h5py.File(r, "a") as f:
+        f.create_group("sub")["ext"] = h5py.ExternalLink("other.h5", "/v")
+    xr.testing.assert_identical(xr.open_dataset(r, engine="ferry").load(), base)
+    with pytest.raises(ferry.FerryError, match='"ext" is an external link to "/v" in the file "other.h5"'):
+        xr.open_dataset(r, engine="ferry", group="sub")
 
 
 def test_damage_in_another_group_refuses_the_file(tmp_path):

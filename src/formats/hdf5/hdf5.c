@@ -172,6 +172,8 @@ static void describe_filter(ferry_sbuf *b, const h5_filters *f, int i) {
                        : f->f[i].id == 32008 ? "bitshuffle" : k ? own : "filter";
     ferry_sbuf_printf(b, "%s(hdf5_filter=%u", name, f->f[i].id);
     if (f->f[i].id == 307 && ncd >= 1) ferry_sbuf_printf(b, ",level=%u", cd[0]);
+    if (f->f[i].id == 32008)   /* cd_values[4]: the compression inside bitshuffle's frames */
+        ferry_sbuf_puts(b, ncd < 5 || !cd[4] ? ",none" : cd[4] == 2 ? ",lz4" : cd[4] == 3 ? ",zstd" : ",other");
     ferry_sbuf_puts(b, ")");
 }
 
@@ -433,8 +435,8 @@ static int walk_ok(int rc) {
 
 static int walk_group(h5_file *h, walk *w, const h5_obj *g, const char *gpath, int depth) {
     if (depth > H5_MAX_DEPTH) return h5_fail(h, FERRY_EFORMAT, h->base + g->addr, gpath, "groups nest deeper than %d", H5_MAX_DEPTH);
-    h5_link *links;
-    size_t nl;
+    h5_link *links = NULL;   /* stays NULL when the group's links are beyond ferry (an external link) */
+    size_t nl = 0;
     int rc = walk_ok(h5_group_links(h, g, &links, &nl));
     if (rc || !links) return rc;
     for (size_t i = 0; i < nl && !rc; i++) {
