@@ -30,16 +30,14 @@ _logged: set = set()
 _logged_lock = threading.Lock()
 
 
-def _log_once(path: str, name: str, why: str):
-    key = (path, name, why)
+def _log_once(path: str, name: str, what: str, why: str):
+    """One line per file, variable and reason in a process: "<file>: variable <name> <what>: <why>"."""
+    key = (path, name, what, why)
     with _logged_lock:
         if key in _logged:
             return
         _logged.add(key)
-    if why.startswith("left out: "):
-        log.info("%s: variable %s is %s", path, name, why)
-    else:
-        log.info("%s: variable %s is read by h5py on the CPU: %s", path, name, why)
+    log.info("%s: variable %s %s: %s", path, name, what, why)
 
 
 def _h5_error(path: str, what: str, e: BaseException) -> ferry.FerryError:
@@ -170,7 +168,7 @@ def _h5py_spec(h5, path: str, group: str | None, name: str, dims, attrs, v: dict
         dtype = _native(stored)
         enc["dtype"] = stored
     enc = {"dtype": enc.pop("dtype"), **enc}
-    _log_once(path, where, why)
+    _log_once(path, where, "is read by h5py on the CPU", why)
     spec = _VarSpec(name, dims, tuple(v["shape"]), dtype, attrs, enc, "h5py", obj)
     _lsd(spec)
     return spec
@@ -203,7 +201,7 @@ def _h5_scan(path: str, group: str | None, ctx, cpath: str | None = None, ident=
             if err and _NULL_SPACE in err:
                 # h5py.Empty: no values, no shape; netCDF has no such variable (netCDF4
                 # refuses the whole file): left out, said once, the rest of the file read
-                _log_once(path, name, "left out: " + err[:-len(_REFUSED)] if err.endswith(_REFUSED) else err)
+                _log_once(path, name, "is left out", err[:-len(_REFUSED)] if err.endswith(_REFUSED) else err)
                 continue
             if err and err.endswith(_REFUSED):
                 why = err[:-len(_REFUSED)]
