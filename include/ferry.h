@@ -452,7 +452,12 @@ typedef enum ferry_codec_id {
     FERRY_CODEC_SHUFFLE = 6,    /* byte unshuffle, param = element size         */
     FERRY_CODEC_CRC32C = 7,     /* strip and verify a trailing u32 LE CRC32C    */
     FERRY_CODEC_FLETCHER32 = 8, /* strip and verify HDF5's trailing fletcher32  */
-    FERRY_CODEC_BYTESWAP = 9    /* reverse each param-byte element (1,2,4,8,16) */
+    FERRY_CODEC_BYTESWAP = 9,   /* reverse each param-byte element (1,2,4,8,16) */
+    FERRY_CODEC_H5LZ4 = 10,     /* HDF5's lz4 filter (32004): u64 BE size, u32 BE
+                                   block size, then u32 BE-sized LZ4 blocks      */
+    FERRY_CODEC_BITSHUFFLE = 11 /* HDF5's bitshuffle filter (32008); param: the
+                                   element size | compression << 24 (0 none,
+                                   2 lz4, 3 zstd: the filter's cd_values[4])     */
 } ferry_codec_id;
 
 /** "none", "zlib", "gzip", "zstd", "lz4", "blosc", "shuffle", "crc32c",
@@ -685,11 +690,19 @@ void ferry_stats_reset(ferry_ctx *ctx);
  *                  one group's datasets, contiguous, compact or chunked (every
  *                  chunk index: v1 B-tree, single chunk, implicit, fixed array,
  *                  extensible array, v2 B-tree; filters deflate, shuffle,
- *                  fletcher32, blosc, zstd), netCDF-4 dimensions from dimension
- *                  scales. Described but refused on read (ferry_var_info.error):
- *                  variable-length strings and sequences, compound, reference
- *                  and array types, other filters (named with their id),
- *                  external and virtual storage.
+ *                  fletcher32, blosc, zstd, lz4, bitshuffle), netCDF-4
+ *                  dimensions from dimension scales (phony ones otherwise),
+ *                  soft links followed. codecs describes the filter pipeline
+ *                  in decoding order with what a writer chose ("fletcher32
+ *                  zlib(level=4) shuffle"). Described but refused on read
+ *                  (ferry_var_info.error, ending "(unsupported)" where the
+ *                  dataset is valid but uses what ferry lacks): variable-length
+ *                  strings and sequences, compound, reference and array types,
+ *                  other filters (named with their id), external and virtual
+ *                  storage, null dataspaces. Every group's metadata is checked
+ *                  at open (as netCDF-C reads it); an external link in the
+ *                  group opened (or on the way to it) refuses the open, naming
+ *                  the link and the other file.
  * Metadata is parsed once at open (only headers are read); reads become plans. */
 
 typedef enum ferry_dtype {

@@ -20,7 +20,7 @@ from ferry._checks import check
 from .array import FerryBackendArray
 from .common import _VarSpec, _describe_ident, _file_identity, _format_of, _is_time_like, _route
 from .dask_hook import _install_dask_hook
-from .hdf5 import _h5_identity, _h5_scan
+from .hdf5 import _h5_scan
 from .reads import _StoreReads
 from .scan import _c_scan, _utf8_path
 
@@ -140,24 +140,25 @@ class FerryStore(_StoreReads, AbstractDataStore):
         self._lock = threading.Lock()
         self._cache: dict = {}
         self.format = _format_of(self.filename)
+        before = _file_identity(self.filename) if self.format != "zarr" else None
+        cpath = None
+        if not _utf8_path(self.filename) and os.path.isdir("/proc/self/fd"):
+            # the extension hands C strings back as UTF-8: give the parser an
+            # ASCII name of the same file (the descriptor lives as long as the store)
+            self._alias_fd = os.open(self.filename, os.O_RDONLY | os.O_CLOEXEC)
+            cpath = f"/proc/self/fd/{self._alias_fd}"
+        self._alias = cpath
         if self.format == "hdf5":
-            specs, gattrs, dims, unlimited, self._h5 = _h5_scan(self.filename, self.group)
-            self._ident = _h5_identity(self._h5, self.filename)
+            # h5py only for the variables the C parser refuses (self._h5 None when none)
+            specs, gattrs, dims, unlimited, self._cds, self._h5 = _h5_scan(self.filename, self.group, self.ctx,
+                                                                           cpath, before)
         else:
-            before = _file_identity(self.filename) if self.format != "zarr" else None
-            cpath = None
-            if not _utf8_path(self.filename) and os.path.isdir("/proc/self/fd"):
-                # the extension hands C strings back as UTF-8: give the parser an
-                # ASCII name of the same file (the descriptor lives as long as the store)
-                self._alias_fd = os.open(self.filename, os.O_RDONLY | os.O_CLOEXEC)
-                cpath = f"/proc/self/fd/{self._alias_fd}"
-            self._alias = cpath
             specs, gattrs, dims, unlimited, self._cds = _c_scan(self.filename, self.format, self.group, self.ctx,
                                                                 cpath, self.allow_outside)
-            self.format = self._cds.format
-            self._ident = before
-            if before is not None and _file_identity(self.filename) != before:
-                raise ferry.FerryError(_ferry.EIO, f"{self.filename}: the file changed while it was being opened")
+        self.format = self._cds.format
+        self._ident = before
+        if before is not None and _file_identity(self.filename) != before:
+            raise ferry.FerryError(_ferry.EIO, f"{self.filename}: the file changed while it was being opened")
         self.specs = {s.name: s for s in specs}
         self.attrs = gattrs
         self.dims = dims
@@ -234,7 +235,7 @@ class FerryStore(_StoreReads, AbstractDataStore):
         if isinstance(gc, str):
             coords.update(gc.split())
         for s in self.specs.values():
-            if s.name in coords or not s.shape or s.kind not in ("ferry", "h5", "h5py"):
+            if s.name in coords or not s.shape or s.kind not in ("ferry", "h5py"):
                 continue
             if s.dtype.kind not in "iuf":
                 continue
@@ -287,6 +288,8 @@ class FerryStore(_StoreReads, AbstractDataStore):
         return dict(self.dims)
 
     def get_encoding(self):
+        if self.format == "hdf5":   # as the netcdf4 engine: the key even when the set is empty
+            return {"unlimited_dims": set(self.unlimited)}
         return {"unlimited_dims": set(self.unlimited)} if self.unlimited else {}
 
     def close(self):
