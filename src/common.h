@@ -44,6 +44,9 @@ int ferry_plan_set_memo(ferry_plan *plan, const void *owner, void *memo, void (*
 struct stat;
 void ferry_lstat_many(ferry_ctx *ctx, char *const *paths, size_t n, struct stat *st, int *err);
 
+/* Seconds on the monotonic clock (base/time.c). */
+double ferry_now(void);
+
 /* The calling thread's message buffer. */
 const char *ferry_lasterr(void);
 void ferry_clearerr(void);

@@ -70,6 +70,8 @@ def main():
     objs = sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if f.endswith(".o")
                   and "/cli/" not in os.path.join(d, f))
     name = {o: os.path.relpath(o, root)[:-2] + ".c" for o in objs}
+    # objects left behind by a source that moved or went away are not the library
+    objs = [o for o in objs if os.path.exists(os.path.join("src", name[o]))]
     defs, uses = {}, {}
     for o in objs:
         defs[o], uses[o] = symbols(o)

@@ -17,7 +17,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-/* the library's one name table (src/engine/names.c) */
+/* the library's one name table (src/base/names.c) */
 static const char *dtype_name(ferry_dtype d) { return ferry_dtype_name(d, FERRY_NAME_SHORT); }
 
 static void put_dims(ferry_sbuf *b, const uint64_t *v, int n, int json) {

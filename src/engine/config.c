@@ -23,17 +23,10 @@ int ferry_path_parse(const char *name, ferry_path *out) {
 
 void ferry_config_init(ferry_config *cfg) { memset(cfg, 0, sizeof *cfg); }
 
-/* Bytes, or -1 on garbage: the one size grammar of ferry_size_parse (names.c). */
-int64_t ferry_parse_size(const char *s) {
-    uint64_t v;
-    if (ferry_size_parse(s, &v) < 0 || v > (uint64_t)INT64_MAX) return -1;
-    return (int64_t)v;
-}
-
 static int env_size(const char *name, size_t *field) {
     const char *s = getenv(name);
     if (!s) return 0;
-    int64_t v = ferry_parse_size(s);
+    int64_t v = ferry_knob_bytes(s);
     if (v < 0) return ferry_seterr(FERRY_EINVAL, "%s=\"%s\": not a size", name, s);
     *field = (size_t)v;
     return 0;
@@ -42,7 +35,7 @@ static int env_size(const char *name, size_t *field) {
 static int env_int(const char *name, int *field) {
     const char *s = getenv(name);
     if (!s) return 0;
-    int64_t v = ferry_parse_size(s);
+    int64_t v = ferry_knob_bytes(s);
     if (v < 0 || v > 4096) return ferry_seterr(FERRY_EINVAL, "%s=\"%s\": not a count", name, s);
     *field = (int)v;
     return 0;
@@ -115,7 +108,7 @@ int ferry_knobs_check(void) {
         char want[160];
         switch (r->kind) {
         case FERRY_KNOB_SIZE: {
-            const int64_t v = ferry_parse_size(s);
+            const int64_t v = ferry_knob_bytes(s);
             ok = v >= 0 && v >= r->lo;
             if (r->lo > 0) snprintf(want, sizeof want, "a size from %lld", r->lo);
             else snprintf(want, sizeof want, "a size");

@@ -7,12 +7,6 @@
 #include <time.h>
 #include <unistd.h>
 
-double ferry_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* This process's id, kept and renewed in a child by fork's atfork hook: a
  * getpid() per job was a system call per small read (about 7 % of a 4 KiB
  * ferry_pread from the page cache). A child made

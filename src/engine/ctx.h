@@ -45,7 +45,6 @@ struct ferry_ctx {
 /* FERRY_EINVAL with a message when called in a process forked from the creator. */
 int ferry_ctx_check_pid(const ferry_ctx *ctx);
 int ferry_config_resolve(ferry_config *c);
-int64_t ferry_parse_size(const char *s);
 /* Count bytes read/written with O_DIRECT, buffered, and decoded. */
 void ferry_count_io(ferry_ctx *ctx, uint64_t direct, uint64_t buffered, uint64_t decoded);
 #endif

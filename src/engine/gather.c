@@ -22,6 +22,7 @@
  * turns it off (an experiment beside packs); a size sets the
  * largest destination span gathered (default 64M). */
 #include "engine/engine.h"
+#include "engine/knobs.h"
 #include "engine/gather.h"
 #include "engine/gpudecode.h"
 #include <stdlib.h>
@@ -69,7 +70,7 @@ static void parse_limit(ferry_gather_pool *p, const ferry_config *cfg) {
     p->limit = 64u << 20;
     if (!s || !strcmp(s, "auto")) return;
     if (!strcmp(s, "off") || !strcmp(s, "0")) { p->limit = 0; return; }
-    int64_t x = ferry_parse_size(s);
+    int64_t x = ferry_knob_bytes(s);
     if (x >= 4096 && (uint64_t)x <= GATHER_POOL_MAX / 2) { p->limit = (uint64_t)x; return; }
     p->limit = 0;
     snprintf(p->bad, sizeof p->bad, "%s", s);

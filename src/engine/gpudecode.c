@@ -268,7 +268,7 @@ static int pool_first_coop_job(ferry_ctx *ctx);
 static uint64_t batch_target(const ferry_ctx *ctx, uint64_t bytes, size_t feeders, int shared, double share) {
     /* (share: the GPU's part of the sum of rates, for a shared queue) */
     const char *s = ferry_knob(ctx, "FERRY_GPU_BATCH");
-    if (s) { int64_t v = ferry_parse_size(s); if (v > 0) return (uint64_t)v; }
+    if (s) { int64_t v = ferry_knob_bytes(s); if (v > 0) return (uint64_t)v; }
     uint64_t t = (uint64_t)((double)bytes * (shared ? share : 1.0)) / ((uint64_t)gd_slots(ctx) * (feeders ? feeders : 1));
     uint64_t hi = shared ? (256u << 20) : (32u << 20);
     if (t < (4u << 20)) t = 4u << 20;
@@ -391,7 +391,7 @@ size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots,
     const class_rate *cr = &auto_table[cls >= 0 && cls < NCLASS ? cls : FERRY_NVCOMP_ZSTD];
     uint64_t cap = cr->call_bytes;
     const char *b = getenv("FERRY_GPU_BATCH");
-    if (b) { int64_t x = ferry_parse_size(b); if (x > 0) cap = (uint64_t)x; }
+    if (b) { int64_t x = ferry_knob_bytes(b); if (x > 0) cap = (uint64_t)x; }
     if (cr->lat_bound && cr->gpu_chunk_mbs > 0 && max_chunk && count) {
         const double bytes = (double)count * (double)max_chunk;
         const uint64_t most = b ? cap : SOLO_BYTES;
@@ -1112,7 +1112,7 @@ static int stage_ring(ferry_ctx *ctx) {
 }
 static size_t ring_piece(const ferry_ctx *ctx) {
     const char *s = ferry_knob(ctx, "FERRY_GPU_RING");
-    int64_t v = s && *s ? ferry_parse_size(s) : -1;
+    int64_t v = s && *s ? ferry_knob_bytes(s) : -1;
     return v >= (64 << 10) ? (size_t)v : v >= 0 ? (size_t)64 << 10 : (size_t)8 << 20;
 }
 
@@ -1836,7 +1836,7 @@ static int64_t finish_batch(ferry_worker *w, ferry_job *j, gd_slot *g, ferry_dec
 
 static uint64_t pool_bytes(const ferry_ctx *ctx, uint64_t largest) {
     const char *s = ferry_knob(ctx, "FERRY_GPU_POOL");
-    int64_t v = s && *s ? ferry_parse_size(s) : -1;
+    int64_t v = s && *s ? ferry_knob_bytes(s) : -1;
     return FERRY_MAX(v >= 0 ? (uint64_t)v : POOL_BYTES, 2 * largest);
 }
 typedef struct gd_cset {

@@ -2,6 +2,7 @@
  * work into tasks, queue it for the workers (or run a small one on the
  * caller's thread), and wait. */
 #include "engine/engine.h"
+#include "engine/knobs.h"
 #include "engine/sysio.h"
 #include "engine/io.h"
 #include "engine/gpudecode.h"
@@ -137,7 +138,7 @@ static int size_policy(const ferry_ctx *ctx, const char *name, uint64_t dflt, in
     const char *s = ctx->cfg.no_env ? NULL : getenv(name);
     *out = dflt;
     if (!s) return 0;
-    int64_t v = ferry_parse_size(s);
+    int64_t v = ferry_knob_bytes(s);
     if (v < lo || v > (1ll << 30)) return ferry_seterr(FERRY_EINVAL, "%s=\"%s\": %s", name, s, want);
     *out = (uint64_t)v;
     return 0;

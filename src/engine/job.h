@@ -97,7 +97,6 @@ struct ferry_job {
  * one is not in the page cache; pack.c says why). */
 enum { FERRY_READAHEAD_OFF = 0, FERRY_READAHEAD_AUTO = 1, FERRY_READAHEAD_ON = 2 };
 
-double ferry_now(void);
 /* Record the job's first error (code and the thread's message). */
 void ferry_job_fail(ferry_job *job, int code);
 /* Complete the job now (a job of no tasks; else the last task does it). */

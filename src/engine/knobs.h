@@ -28,4 +28,11 @@ int ferry_knobs_check(void);
 /* The knob's value for ctx: NULL where ctx was made with no_env or it is
  * unset, else getenv(name). ctx NULL: the environment. */
 const char *ferry_knob(const ferry_ctx *ctx, const char *name);
+/* A knob's text as bytes in ferry_size_parse's grammar; -1 where s is NULL,
+ * empty, not a size or above INT64_MAX. */
+static inline int64_t ferry_knob_bytes(const char *s) {
+    uint64_t v;
+    if (!s || !*s || ferry_size_parse(s, &v) < 0 || v > (uint64_t)INT64_MAX) return -1;
+    return (int64_t)v;
+}
 #endif
