@@ -148,3 +148,13 @@ int ferry_direct_parse(const char *name, ferry_direct *out) {
             if (!strcasecmp(name, directs[i])) { *out = (ferry_direct)i; return 0; }
     return ferry_seterr(FERRY_EINVAL, "unknown O_DIRECT policy \"%s\" (auto, on, off)", name ? name : "");
 }
+
+static const char *const decode_names[3] = {"auto", "gpu", "cpu"};
+
+const char *ferry_decode_policy_name(ferry_decode_policy d) { return (d >= 0 && d <= FERRY_DECODE_CPU) ? decode_names[d] : "?"; }
+
+int ferry_decode_policy_parse(const char *name, ferry_decode_policy *out) {
+    for (int i = 0; i < 3; i++)
+        if (name && strcasecmp(name, decode_names[i]) == 0) { *out = (ferry_decode_policy)i; return 0; }
+    return ferry_seterr(FERRY_EINVAL, "unknown decode policy \"%s\" (auto, gpu, cpu)", name ? name : "");
+}

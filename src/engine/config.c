@@ -148,7 +148,7 @@ int ferry_config_resolve(ferry_config *c) {
         if ((rc = env_size("FERRY_SMALL_IO", &c->small_io)) < 0) return rc;
         const char *p = getenv("FERRY_PATH");
         if (p && (rc = ferry_path_parse(p, &c->path)) < 0) return rc;
-        const char *dp = getenv("FERRY_DECODE");   /* gpudecode.c has the names */
+        const char *dp = getenv("FERRY_DECODE");   /* base/names.c has the names */
         if (dp && (rc = ferry_decode_policy_parse(dp, (ferry_decode_policy *)&c->decode)) < 0) return rc;
         if ((rc = ferry_knobs_check()) < 0) return rc;   /* the knobs' table: FERRY_GPU_*, _EVENT_SYNC, _NUMA */
         if ((rc = ferry_remote_check_env()) < 0) return rc;      /* FERRY_REMOTE_* (sources/http.c) */

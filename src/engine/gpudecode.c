@@ -52,17 +52,7 @@
 #include <stdlib.h>
 #include <strings.h>
 
-/* ---- names, status --------------------------------------------------------- */
-static const char *const decode_names[3] = {"auto", "gpu", "cpu"};
-
-const char *ferry_decode_policy_name(ferry_decode_policy d) { return (d >= 0 && d <= FERRY_DECODE_CPU) ? decode_names[d] : "?"; }
-
-int ferry_decode_policy_parse(const char *name, ferry_decode_policy *out) {
-    for (int i = 0; i < 3; i++)
-        if (name && strcasecmp(name, decode_names[i]) == 0) { *out = (ferry_decode_policy)i; return 0; }
-    return ferry_seterr(FERRY_EINVAL, "unknown decode policy \"%s\" (auto, gpu, cpu)", name ? name : "");
-}
-
+/* ---- status (the decode policy's names are base/names.c's) ---------------- */
 const char *ferry_nvcomp_status(ferry_ctx *ctx) { (void)ctx; return ferry_nvcomp_describe(); }
 void ferry_nvcomp_search_dir(const char *dir) { ferry_nvcomp_set_dir(dir); }
 
@@ -1161,65 +1151,10 @@ static int push(void **arr, size_t *n, size_t *cap, size_t size) {
 
 static uint64_t up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
-/* ---- device placement: scratch -> destination box -------------------------------- */
-static int copy_dd(const ferry_cuda_api *cu, CUstream s, CUdeviceptr dst, int64_t dpitch, CUdeviceptr src,
-                   int64_t spitch, size_t width, size_t height) {
-    ferry_cu_memcpy2d m;
-    memset(&m, 0, sizeof m);
-    m.srcMemoryType = FERRY_CU_MEMORYTYPE_DEVICE;
-    m.srcDevice = src;
-    m.srcPitch = height == 1 ? width : (size_t)spitch;
-    m.dstMemoryType = FERRY_CU_MEMORYTYPE_DEVICE;
-    m.dstDevice = dst;
-    m.dstPitch = height == 1 ? width : (size_t)dpitch;
-    m.WidthInBytes = width;
-    m.Height = height;
-    if (height == 1 || (spitch >= (int64_t)width && dpitch >= (int64_t)width)) {
-        CUresult r = cu->Memcpy2DAsync(&m, s);
-        if (r == 0) return 0;
-        if (height == 1) return ferry_seterr(FERRY_ECUDA, "cuMemcpy2DAsync: %s", ferry_cuda_errstr(r));
-    }
-    for (size_t y = 0; y < height; y++) {   /* pitches the driver refuses: row by row */
-        m.srcDevice = src + (CUdeviceptr)((int64_t)y * spitch);
-        m.dstDevice = dst + (CUdeviceptr)((int64_t)y * dpitch);
-        m.srcPitch = m.dstPitch = width;
-        m.Height = 1;
-        CUresult r = cu->Memcpy2DAsync(&m, s);
-        if (r) return ferry_seterr(FERRY_ECUDA, "cuMemcpy2DAsync: %s", ferry_cuda_errstr(r));
-    }
-    return 0;
-}
-
-static int place_rec(const ferry_cuda_api *cu, CUstream s, CUdeviceptr dst, CUdeviceptr src, const ferry_place *p, int k) {
-    int last = p->ndim - 1;
-    int inner = p->src_stride[last] == (int64_t)p->itemsize && p->dst_stride[last] == (int64_t)p->itemsize;
-    int rows = inner ? last - 1 : last;
-    if (k == rows || (rows < 0 && k == 0)) {
-        size_t width = inner ? p->count[last] * p->itemsize : p->itemsize;
-        if (rows < 0) return copy_dd(cu, s, dst, (int64_t)width, src, (int64_t)width, width, 1);
-        return copy_dd(cu, s, dst, p->dst_stride[rows], src, p->src_stride[rows], width, p->count[rows]);
-    }
-    for (uint64_t i = 0; i < p->count[k]; i++) {
-        int rc = place_rec(cu, s, dst + (CUdeviceptr)((int64_t)i * p->dst_stride[k]),
-                           src + (CUdeviceptr)((int64_t)i * p->src_stride[k]), p, k + 1);
-        if (rc < 0) return rc;
-    }
-    return 0;
-}
-
-/* Copy the decoded chunk at src into its box of dst (all of it when there is no placement). */
-static int place_dev(const ferry_cuda_api *cu, CUstream s, CUdeviceptr dst, CUdeviceptr src, const ferry_place *place,
-                     uint64_t decoded) {
-    if (!place) return copy_dd(cu, s, dst, (int64_t)decoded, src, (int64_t)decoded, decoded, 1);
-    for (int k = 0; k < place->ndim; k++) if (place->count[k] == 0) return 0;
-    ferry_place p;
-    if (ferry_place_normalize(place, &p) == 0) { p.ndim = 1; p.count[0] = 1; p.src_stride[0] = p.dst_stride[0] = p.itemsize; }
-    return place_rec(cu, s, dst, src + p.src_offset, &p, 0);
-}
-
+/* ---- device placement: scratch -> destination box (place.c walks it) ---------------- */
 /* The tile-scatter descriptor (16 u64, ferry_cuda_place_batch) of a chunk
  * at src whose box goes to dst; 0 when the box needs more than 3 dimensions
- * of runs (then place_dev's copies do it). */
+ * of runs (then ferry_place_device's copies do it). */
 static int place_desc(uint64_t *q, CUdeviceptr dst, CUdeviceptr src, const ferry_place *place, uint64_t decoded) {
     memset(q, 0, 16 * sizeof *q);
     q[3] = q[4] = q[5] = 1;
@@ -1796,7 +1731,7 @@ static int64_t finish_batch(ferry_worker *w, ferry_job *j, gd_slot *g, ferry_dec
         if (!c->placed) continue;
         CUdeviceptr base = (CUdeviceptr)(uintptr_t)e->dst.ptr + e->dst_offset;
         if (pd && place_desc(pd + 16 * np, base, c->fin, e->place, e->decoded_size)) { np++; continue; }
-        if ((rc = place_dev(cu, s, base, c->fin, e->place, e->decoded_size)) < 0) return rc;
+        if ((rc = ferry_place_device(cu, s, base, c->fin, 1, e->place, e->decoded_size)) < 0) return rc;
     }
     if (np) {
         if ((rc = up_copy(w, g, g->din, g->h, 128 * np, s)) < 0) return rc;
@@ -2236,7 +2171,10 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *j, size_t task, int *def
     *deferred = 0;
     struct ferry_gpudecode_job *G = j->gpu;
     ferry_decode_trace *tr = G->trace;
-    if (!w->gpu && !(w->gpu = calloc(1, sizeof *w->gpu))) return ferry_seterr(FERRY_ENOMEM, "out of memory");
+    if (!w->gpu) {
+        if (!(w->gpu = calloc(1, sizeof *w->gpu))) return ferry_seterr(FERRY_ENOMEM, "out of memory");
+        w->gpu_free = ferry_gpudecode_worker_free;   /* worker.c frees it without calling up into this file */
+    }
     int64_t total_coop = 0;
     tl_trace = tr;
     tl_ctx = j->ctx;

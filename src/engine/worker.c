@@ -3,7 +3,6 @@
  * (completed as their events pass). The threads and their task loop are in
  * pool.c. */
 #include "engine/engine.h"
-#include "engine/gpudecode.h"
 #include "engine/numa.h"   /* multigpu: worker placement */
 #include <sched.h>
 #include <stdlib.h>
@@ -103,7 +102,7 @@ int ferry_worker_grow(ferry_worker *w, int dev, uint8_t **buf, size_t *cap, int 
 void ferry_worker_free(ferry_worker *w) {
     const ferry_cuda_api *cu = ferry_cuda_load(NULL);
     ferry_worker_drain(w);
-    ferry_gpudecode_worker_free(w);   /* gpudecode.c's buffers */
+    if (w->gpu_free) w->gpu_free(w);   /* the GPU decode stage's buffers (gpudecode.c set it) */
     for (int d = 0; d < FERRY_MAX_DEVICES; d++) {
         if (!w->dev[d].ready || !cu) continue;
         ferry_cuda_use_device(d);
