@@ -70,7 +70,7 @@ static const ferry_knob_row knobs_[] = {
     {"FERRY_GPU_RING", FERRY_KNOB_SIZE, "8M", 64 << 10, 0, NULL, 0, "bytes of each of a feeder's two pinned ring buffers"},
     {"FERRY_GPU_POOL", FERRY_KNOB_SIZE, "6G, or twice the largest idle set", 0, 0, NULL, 0,
      "bytes of idle call-slot sets a context keeps beyond one per device"},
-    {"FERRY_GPU_RATES", FERRY_KNOB_RATES, "the built-in table (gpudecode.c)", 0, 0, NULL, 0,
+    {"FERRY_GPU_RATES", FERRY_KNOB_RATES, "the built-in table (gpudecode_rates.c)", 0, 0, NULL, 0,
      "gpu_gbs,chunk_mbs,cpu_gbs_per_thread for shared queues and the big-job rule"},
     {"FERRY_EVENT_SYNC", FERRY_KNOB_WORD, "spin", 0, 0, "spin|blocking", 0,
      "how a worker waits for its copies' CUDA events"},

@@ -38,7 +38,7 @@ struct ferry_ctx {
     pid_t pid;                    /* the creating process: a forked child has no workers */
     ferry_fcache files;           /* files opened by path (fcache.c) */
     struct ferry_gather_pool *gather_pool; /* pinned images of gathered batches (gather.c) */
-    struct ferry_gpudecode_pool *gpu_pool; /* slots of cooperative GPU decode calls (gpudecode.c) */
+    struct ferry_gpudecode_pool *gpu_pool; /* slots of cooperative GPU decode calls (gpudecode_dev.c) */
     _Atomic uint64_t gpu_keep_free[FERRY_MAX_DEVICES]; /* ferry_plan_budget's keep_free per device (budget.c):
                                                           a job's end gives idle decode buffers back below it */
 };

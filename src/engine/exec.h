@@ -42,6 +42,8 @@ void ferry_fill_host(uint8_t *dst, const uint8_t *val, unsigned size, const ferr
  * to one run): one 2D copy per run of rows, the dimensions above walked. */
 int ferry_place_device(const ferry_cuda_api *cu, CUstream s, CUdeviceptr dst, uint64_t src, int src_on_device,
                        const ferry_place *place, uint64_t n);
+/* 1 when place (NULL: none) copies all `decoded` bytes to one contiguous run. */
+int ferry_place_is_contiguous(const ferry_place *place, uint64_t decoded);
 /* Normalise a placement: drop unit dims, merge mergeable dims. Returns ndim. */
 int ferry_place_normalize(const ferry_place *in, ferry_place *out);
 #endif

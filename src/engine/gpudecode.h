@@ -1,6 +1,6 @@
-/* gpudecode.h — the engine's device decode stage (gpudecode.c): compressed
- * chunks bound for device memory decoded by batched nvCOMP calls. Internal;
- * the engine calls these hooks and nothing else. */
+/* gpudecode.h — the engine's device decode stage (gpudecode*.c, listed in
+ * gpudecode_impl.h): compressed chunks bound for device memory decoded by
+ * batched nvCOMP calls. Internal; the engine calls these hooks and nothing else. */
 #ifndef FERRY_GPUDECODE_H
 #define FERRY_GPUDECODE_H
 #include "engine/engine.h"

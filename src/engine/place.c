@@ -189,3 +189,16 @@ int ferry_place_device(const ferry_cuda_api *cu, CUstream s, CUdeviceptr dst, ui
     if (ferry_place_normalize(place, &p) == 0) { p.ndim = 1; p.count[0] = 1; p.src_stride[0] = p.dst_stride[0] = p.itemsize; }
     return place_dev_rec(cu, s, dst, src + p.src_offset, src_on_device, &p, 0);
 }
+
+/* Whether a placement copies the whole decoded chunk (decoded bytes) to one
+ * contiguous run: the GPU decode stage then decodes straight into it. */
+int ferry_place_is_contiguous(const ferry_place *place, uint64_t decoded) {
+    if (!place) return 1;
+    ferry_place p;
+    int m = ferry_place_normalize(place, &p);
+    if (place->src_offset) return 0;
+    uint64_t elems = 1;
+    for (int k = 0; k < place->ndim; k++) elems *= place->count[k];
+    if (elems * place->itemsize != decoded) return 0;
+    return m == 0 || (m == 1 && p.src_stride[0] == (int64_t)p.itemsize && p.dst_stride[0] == (int64_t)p.itemsize);
+}

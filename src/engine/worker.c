@@ -102,7 +102,7 @@ int ferry_worker_grow(ferry_worker *w, int dev, uint8_t **buf, size_t *cap, int 
 void ferry_worker_free(ferry_worker *w) {
     const ferry_cuda_api *cu = ferry_cuda_load(NULL);
     ferry_worker_drain(w);
-    if (w->gpu_free) w->gpu_free(w);   /* the GPU decode stage's buffers (gpudecode.c set it) */
+    if (w->gpu_free) w->gpu_free(w);   /* the GPU decode stage's buffers (gpudecode_dev.c set it) */
     for (int d = 0; d < FERRY_MAX_DEVICES; d++) {
         if (!w->dev[d].ready || !cu) continue;
         ferry_cuda_use_device(d);

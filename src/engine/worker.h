@@ -61,7 +61,7 @@ typedef struct ferry_worker {
     int pathfile_nofollow;
     int is_inline;
     uint64_t hinted;                      /* cold records announced with WILLNEED (pack.c; tests read it) */
-    struct ferry_gpudecode_worker *gpu; /* gpudecode.c: its pinned/device buffers, or NULL */
+    struct ferry_gpudecode_worker *gpu; /* gpudecode_dev.c: its pinned/device buffers, or NULL */
     void (*gpu_free)(struct ferry_worker *w); /* set with gpu by its owner: frees it (ferry_worker_free calls it) */
 } ferry_worker;
 
