@@ -11,6 +11,7 @@
 #include "formats/json.h"
 #include "engine/numa.h"
 #include "engine/knobs.h"
+#include "engine/gpudecode.h"   /* ferry_gpudecode_route: which codec goes where */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -156,7 +157,7 @@ static void describe_text(ferry_dataset *ds, const char *path, ferry_sbuf *b) {
 }
 
 static void usage(FILE *to) {
-    fprintf(to, "usage: ferry info [--json] [--knobs] [--depth N] [FILE|DIR...]\n"
+    fprintf(to, "usage: ferry info [--json] [--knobs] [--codecs] [--depth N] [FILE|DIR...]\n"
                 "  Variables, tensors or arrays with dtype, shape, chunks, codecs, byte ranges and\n"
                 "  attributes; for other files, the size and how much is in the page cache.\n"
                 "  DIR: a Zarr store or group (its subgroups too, --depth levels down, default 1;\n"
@@ -164,7 +165,36 @@ static void usage(FILE *to) {
                 "  model.safetensors), or a torch.distributed.checkpoint directory.\n"
                 "  Without a path: this build and machine (version, CUDA, cuFile, nvCOMP, GPU kernels,\n"
                 "  decode policy). --knobs: the FERRY_* tuning variables ferry checks (name, grammar,\n"
-                "  default, what it does, and its value where set).\n");
+                "  default, what it does, and its value where set). --codecs: where each codec of a\n"
+                "  chain bound for device memory is decoded under each decode policy.\n");
+}
+
+/* `ferry info --codecs`: where each codec step of a chain bound for device
+ * memory is decoded under each policy, from the code that decides
+ * (gpudecode_rates.c); a Markdown table, which docs/decoding.md carries as
+ * printed (tests/python/test_cli.py compares them). Host destinations always
+ * decode on the CPU. */
+static int describe_codecs(int json) {
+    static const char *const where[] = {"CPU", "GPU", "both", "with its codec"};
+    ferry_sbuf b = {0};
+    if (json) ferry_sbuf_puts(&b, "[");
+    else ferry_sbuf_puts(&b, "| codec | `auto` | `gpu` | `cpu` | how |\n|---|---|---|---|---|\n");
+    for (uint32_t id = FERRY_CODEC_ZLIB; id <= FERRY_CODEC_BYTESWAP; id++) {
+        const int a = ferry_gpudecode_route(id, FERRY_DECODE_AUTO), g = ferry_gpudecode_route(id, FERRY_DECODE_GPU);
+        const char *note = ferry_gpudecode_route_note(id);
+        const char *gpu = g == FERRY_ROUTE_CPU ? "CPU, counted in gpu_cpu_fallbacks" : where[g];
+        if (json)
+            ferry_sbuf_printf(&b, "%s{\"codec\":\"%s\",\"auto\":\"%s\",\"gpu\":\"%s\",\"cpu\":\"CPU\"}", id > 1 ? "," : "",
+                              ferry_codec_name(id), where[a], gpu);
+        else
+            ferry_sbuf_printf(&b, "| %s | %s | %s | CPU | %s |\n", ferry_codec_name(id), where[a], gpu, note ? note : "");
+    }
+    if (json) ferry_sbuf_puts(&b, "]\n");
+    char *out = ferry_sbuf_take(&b);
+    if (out) fputs(out, stdout);
+    free(out);
+    fflush(stdout);
+    return 0;
 }
 
 /* `ferry info --knobs`: the knobs' table (config.c) */
@@ -304,9 +334,10 @@ static void describe(ferry_ctx *ctx, ferry_dataset *ds, const char *path, int js
 }
 
 int ferry_cli_info(ferry_ctx *ctx, int argc, char **argv) {
-    int json = 0, status = 0, depth = 1, knobs = 0;
+    int json = 0, status = 0, depth = 1, knobs = 0, codecs = 0;
     static const struct option longopts[] = {
         {"help", no_argument, NULL, 'h'}, {"json", no_argument, NULL, 'j'}, {"knobs", no_argument, NULL, 'k'},
+        {"codecs", no_argument, NULL, 'c'},
         {"depth", required_argument, NULL, 'd'}, {NULL, 0, NULL, 0}};
     optind = 0;
     opterr = 0;
@@ -318,11 +349,13 @@ int ferry_cli_info(ferry_ctx *ctx, int argc, char **argv) {
             continue;
         }
         if (c == 'k') { knobs = 1; continue; }
+        if (c == 'c') { codecs = 1; continue; }
         cli_bad_option("info", c, optopt, argv[optind - 1]);
         return 2;
     }
     int npaths = argc - optind;
     if (knobs) return describe_knobs(json);
+    if (codecs) return describe_codecs(json);
     if (!npaths) return describe_library(ctx, json);
     if (json && npaths > 1) printf("[");
     int printed = 0;

@@ -290,6 +290,11 @@ static int64_t exec_read_coded(ferry_worker *w, ferry_job *j, const ferry_extent
             return ferry_seterr(FERRY_ECODEC, "decoded %lld bytes where %llu were expected",
                                 (long long)r, (unsigned long long)e->decoded_size);
         ferry_count_io(w->ctx, 0, 0, (uint64_t)r);
+        if (ferry_gpudecode_is_fallback(j, e)) {   /* decode "gpu" forced: a chunk nvCOMP does not take */
+            pthread_mutex_lock(&w->ctx->stats_lock);
+            w->ctx->stats.gpu_cpu_fallbacks++;
+            pthread_mutex_unlock(&w->ctx->stats_lock);
+        }
         if (host && !e->place) goto done;
         dec = out;
         dlen = e->decoded_size;

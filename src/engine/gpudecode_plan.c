@@ -89,6 +89,7 @@ static int plan_coop(struct ferry_gpudecode_job *g, const ferry_job *j, int thre
 
 int ferry_gpudecode_plan(ferry_job *j, int policy) {
     if (policy == FERRY_DECODE_AUTO) policy = j->ctx->cfg.decode;
+    j->decode_gpu = policy == FERRY_DECODE_GPU;
     if (policy == FERRY_DECODE_CPU) return 0;
     size_t n = j->next, cand = 0;
     chain_info ci;

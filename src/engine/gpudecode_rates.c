@@ -320,3 +320,47 @@ uint64_t ferry_gpudecode_slot(uint64_t at, uint64_t file_off, unsigned hdr, unsi
     return at + (want + 64 - at % 64) % 64;
 }
 uint64_t ferry_gpudecode_slot_room(uint64_t len) { return gd_up(len, 8) + 72; }
+
+/* ---- which codec goes where (ferry info --codecs) ------------------------------- */
+static int decompresses(uint32_t id) {
+    return id == FERRY_CODEC_ZLIB || id == FERRY_CODEC_GZIP || id == FERRY_CODEC_ZSTD || id == FERRY_CODEC_LZ4 ||
+           id == FERRY_CODEC_BLOSC;
+}
+
+int ferry_gpudecode_is_fallback(const ferry_job *j, const ferry_extent *e) {
+    if (!j->decode_gpu || e->dst.kind != FERRY_MEM_CUDA) return 0;
+    for (int i = 0; i < e->ncodecs; i++)
+        if (decompresses(e->codecs[i].id)) return 1;
+    return 0;
+}
+
+/* From the code that decides: a one-codec chain through gd_gpu_chain, its
+ * class through gd_class_mode. The steps around a codec (checks before it,
+ * unshuffle and byteswap after it) go where their codec goes. */
+int ferry_gpudecode_route(uint32_t codec, int policy) {
+    if (policy == FERRY_DECODE_CPU) return FERRY_ROUTE_CPU;
+    if (!decompresses(codec)) return FERRY_ROUTE_STEP;
+    ferry_extent e;
+    memset(&e, 0, sizeof e);
+    e.codecs[0].id = codec;
+    e.ncodecs = 1;
+    chain_info ci;
+    if (!gd_gpu_chain(&e, &ci)) return FERRY_ROUTE_CPU;
+    const int mode = gd_class_mode(policy, ci.alg);
+    return mode == MODE_GPU ? FERRY_ROUTE_GPU : mode == MODE_BOTH ? FERRY_ROUTE_BOTH : FERRY_ROUTE_CPU;
+}
+
+const char *ferry_gpudecode_route_note(uint32_t codec) {
+    switch (codec) {
+    case FERRY_CODEC_GZIP: return "its CRC-32 has no GPU kernel";
+    case FERRY_CODEC_ZLIB: return "nvCOMP deflate; AUTO: GPU feeders and CPU workers share one queue, the GPU "
+                                  "taking only what it finishes first";
+    case FERRY_CODEC_ZSTD: return "nvCOMP zstd; a chunk of several frames, a dictionary or a content checksum: "
+                                  "the CPU";
+    case FERRY_CODEC_LZ4: return "nvCOMP LZ4; AUTO: the CPU (a tie where measured)";
+    case FERRY_CODEC_BLOSC: return "lz4 or zstd inside on the GPU; blosclz, snappy, zlib inside on the CPU";
+    case FERRY_CODEC_CRC32C: case FERRY_CODEC_FLETCHER32: return "checked on the CPU before its codec";
+    case FERRY_CODEC_SHUFFLE: case FERRY_CODEC_BYTESWAP: return "where its codec decodes (GPU kernels after a GPU codec)";
+    default: return NULL;
+    }
+}

@@ -70,6 +70,8 @@ struct ferry_job {
     int done;                     /* under lock: complete (stats folded, files synced) */
     ferry_path path;              /* path for plain device extents: CUFILE or STAGED */
     int forced;                   /* the path was forced (no fallback allowed) */
+    int decode_gpu;               /* decode "gpu" was forced: a chunk for a device the CPU decodes is a
+                                     gpu_cpu_fallback (ferry_gpudecode_plan sets it) */
     unsigned flags;               /* FERRY_SYNC, FERRY_NO_DIRECT */
     int direct;                   /* ferry_direct policy for this job */
     int allow_short;              /* ferry_pread: EOF ends the read, not an error */
