@@ -164,8 +164,8 @@ static void usage(FILE *to) {
                 "  0: this group only), a Hugging Face checkpoint directory (its index or\n"
                 "  model.safetensors), or a torch.distributed.checkpoint directory.\n"
                 "  Without a path: this build and machine (version, CUDA, cuFile, nvCOMP, GPU kernels,\n"
-                "  decode policy). --knobs: the FERRY_* tuning variables ferry checks (name, grammar,\n"
-                "  default, what it does, and its value where set). --codecs: where each codec of a\n"
+                "  decode policy). --knobs: the FERRY_* variables ferry reads (name, grammar, default,\n"
+                "  what it does, when it is read, and its value where set). --codecs: where each codec of a\n"
                 "  chain bound for device memory is decoded under each decode policy.\n");
 }
 
@@ -201,19 +201,19 @@ static int describe_codecs(int json) {
 static int describe_knobs(int json) {
     size_t n;
     const ferry_knob_row *t = ferry_knob_table(&n);
-    static const char *const kinds[] = {"size", "count", "word", "rates"};
+    static const char *const kinds[] = {"size", "count", "word", "rates", "integer", "text", "flag"};
+    static const char *const scopes[] = {"context", "first use", "process"};
     ferry_sbuf b = {0};
     if (json) ferry_sbuf_puts(&b, "[");
     for (size_t k = 0; k < n; k++) {
         const ferry_knob_row *r = &t[k];
         char grammar[200];
-        if (r->kind == FERRY_KNOB_SIZE) snprintf(grammar, sizeof grammar, r->lo > 0 ? "size >= %lld" : "size", r->lo);
-        else if (r->kind == FERRY_KNOB_COUNT) snprintf(grammar, sizeof grammar, "count %lld..%lld", r->lo, r->hi);
-        else if (r->kind == FERRY_KNOB_WORD) snprintf(grammar, sizeof grammar, "%s", r->words);
-        else snprintf(grammar, sizeof grammar, "gpu_gbs,chunk_mbs,cpu_gbs_per_thread");
+        ferry_knob_grammar(r, grammar, sizeof grammar);
         const char *v = getenv(r->name);
+        const int scope = ferry_knob_scope(r);
         if (json) {
-            ferry_sbuf_printf(&b, "%s{\"name\":\"%s\",\"kind\":\"%s\",\"grammar\":", k ? "," : "", r->name, kinds[r->kind]);
+            ferry_sbuf_printf(&b, "%s{\"name\":\"%s\",\"kind\":\"%s\",\"scope\":\"%s\",\"grammar\":", k ? "," : "",
+                              r->name, kinds[r->kind], scopes[scope]);
             ferry_sbuf_json_string(&b, grammar, strlen(grammar));
             ferry_sbuf_puts(&b, ",\"default\":");
             ferry_sbuf_json_string(&b, r->def, strlen(r->def));
@@ -224,8 +224,8 @@ static int describe_knobs(int json) {
             else ferry_sbuf_puts(&b, "null");
             ferry_sbuf_puts(&b, "}");
         } else {
-            ferry_sbuf_printf(&b, "%-18s %-36s default %s%s%s\n  %18s %s\n", r->name, grammar, r->def,
-                              v ? "; set: " : "", v ? v : "", "", r->doc);
+            ferry_sbuf_printf(&b, "%-26s %-40s default %s%s%s\n  %26s %s (read: %s)\n", r->name, grammar, r->def,
+                              v ? "; set: " : "", v ? v : "", "", r->doc, scopes[scope]);
         }
     }
     if (json) ferry_sbuf_puts(&b, "]\n");

@@ -1,6 +1,7 @@
 /* ctx.c — the engine object: configuration, worker pool lifetime, statistics,
  * and what the CUDA / cuFile loaders said. */
 #include "engine/engine.h"
+#include "engine/knobs.h"
 #include "engine/gather.h"
 #include "engine/gpudecode.h"
 #include <stdlib.h>
@@ -34,7 +35,7 @@ int ferry_ctx_create(ferry_ctx **out, const ferry_config *cfg) {
     c->workers = calloc((size_t)c->cfg.threads, sizeof *c->workers);
     if (!c->workers) { free(c); return ferry_seterr(FERRY_ENOMEM, "out of memory"); }
     if ((rc = ferry_fcache_init(&c->files)) < 0) { free(c->workers); free(c); return rc; }
-    c->gather_pool = ferry_gather_pool_new(&c->cfg);   /* NULL: batches run as packs */
+    c->gather_pool = ferry_gather_pool_new(c);   /* NULL: batches run as packs */
     c->gpu_pool = ferry_gpudecode_pool_new();           /* NULL: each job allocates its own slots */
     c->pid = this_pid();
     pthread_mutex_init(&c->lock, NULL);

@@ -236,6 +236,9 @@ size_t gd_ring_piece(const ferry_ctx *ctx);
 int gd_coop_slots(const ferry_ctx *ctx);
 
 /* gpudecode_rates.c */
+/* ferry_gpudecode_call_chunks with ctx's knobs (NULL: the environment) */
+size_t gd_call_chunks(const ferry_ctx *ctx, size_t count, uint64_t max_chunk, int nslots, int cls, uint64_t dev_free,
+                      int jobs);
 int gd_gpu_chain(const ferry_extent *e, chain_info *ci);
 int gd_class_mode(int policy, int cls);
 int gd_dev_mem(int dev, size_t *free_b, size_t *total);

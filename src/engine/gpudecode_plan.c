@@ -3,6 +3,7 @@
  * cooperative calls; while the job runs, feeders claim batches from the
  * queues and CPU workers single chunks of the shared ones. */
 #include "engine/gpudecode_impl.h"
+#include "engine/knobs.h"
 
 /* Device memory a job's calls may grow into on device `dev`: what the driver
  * reports free plus the idle call-slot sets the context keeps there (a call
@@ -38,7 +39,7 @@ static int plan_coop(struct ferry_gpudecode_job *g, const ferry_job *j, int thre
         if (!q->coop) continue;
         uint64_t mc = 0;
         for (size_t m = 0; m < q->count; m++) mc = FERRY_MAX(mc, j->ext[g->idx[q->first + m]].decoded_size);
-        q->target = ferry_gpudecode_call_chunks(q->count, mc, g->nslots, q->alg, dev_room(j->ctx, q->dev, room_others), jobs);   /* here: chunks per call */
+        q->target = gd_call_chunks(j->ctx, q->count, mc, g->nslots, q->alg, dev_room(j->ctx, q->dev, room_others), jobs);   /* here: chunks per call */
         ncb += (q->count + q->target - 1) / q->target;
     }
     if (!ncb) return 0;
@@ -222,7 +223,7 @@ int ferry_gpudecode_plan(ferry_job *j, int policy) {
     if (g->feeders > max_batches) g->feeders = max_batches;
     if (g->feeders < 1) g->feeders = 1;
     g->cpu_slots = shared;
-    if (ferry_dt_enabled() && (g->trace = calloc(1, sizeof *g->trace))) {
+    if (ferry_dt_enabled(j->ctx) && (g->trace = calloc(1, sizeof *g->trace))) {
         g->trace->plan_batches = g->feeders;
         g->trace->plan_target = g->nq && !g->q[0].coop ? g->q[0].target : 0;
         g->trace->plan_call = g->ncb ? g->cb[0].n : 0;

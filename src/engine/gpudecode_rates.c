@@ -3,6 +3,7 @@
  * plan's device cost, the job size a stream of jobs should hold
  * (ferry_plan_job_bytes). */
 #include "engine/gpudecode_impl.h"
+#include "engine/knobs.h"
 
 static int is_check(uint32_t id) { return id == FERRY_CODEC_CRC32C || id == FERRY_CODEC_FLETCHER32; }
 
@@ -147,13 +148,18 @@ int gd_wave_slots(int cls, int nslots, int jobs) {
 /* A call slot's device buffers beyond dev_per_byte x its call: din and dtemp
  * rounded up to 2 MiB each (dev_fit), darr and dres of 64 KiB at least. */
 size_t ferry_gpudecode_call_chunks(size_t count, uint64_t max_chunk, int nslots, int cls, uint64_t dev_free, int jobs) {
-    const char *s = getenv("FERRY_GPU_CALL");
+    return gd_call_chunks(NULL, count, max_chunk, nslots, cls, dev_free, jobs);
+}
+
+size_t gd_call_chunks(const ferry_ctx *ctx, size_t count, uint64_t max_chunk, int nslots, int cls, uint64_t dev_free,
+                      int jobs) {
+    const char *s = ferry_knob(ctx, "FERRY_GPU_CALL");
     long v = s && *s ? atol(s) : 0;
     if (v > 0) return (size_t)(v > 4096 ? 4096 : v);
     if (nslots < 1) nslots = 1;
     const class_rate *cr = &gd_auto_table[cls >= 0 && cls < NCLASS ? cls : FERRY_NVCOMP_ZSTD];
     uint64_t cap = cr->call_bytes;
-    const char *b = getenv("FERRY_GPU_BATCH");
+    const char *b = ferry_knob(ctx, "FERRY_GPU_BATCH");
     if (b) { int64_t x = ferry_knob_bytes(b); if (x > 0) cap = (uint64_t)x; }
     if (cr->lat_bound && cr->gpu_chunk_mbs > 0 && max_chunk && count) {
         const double bytes = (double)count * (double)max_chunk;
@@ -245,7 +251,7 @@ uint64_t ferry_gpudecode_job_device_bytes(const ferry_gpudecode_cost *c, uint64_
     const uint64_t chunk = c->max_chunk ? c->max_chunk : (uint64_t)1 << 20;
     const int nslots = gd_coop_slots(c->ctx);
     const size_t count = (size_t)((job_bytes + chunk - 1) / chunk);
-    const size_t n = ferry_gpudecode_call_chunks(count, chunk, nslots, c->cls, 0, jobs);
+    const size_t n = gd_call_chunks(c->ctx, count, chunk, nslots, c->cls, 0, jobs);
     const size_t calls = (count + n - 1) / n;
     const int wave = gd_wave_slots(c->cls, nslots, jobs);
     const uint64_t slots = calls < (size_t)wave ? calls : (uint64_t)wave;

@@ -90,7 +90,7 @@ int ferry_worker_poll(ferry_worker *w);
  * (new work queued). */
 void ferry_worker_wait_copies(ferry_worker *w, _Atomic unsigned *gen, unsigned seen);
 /* FERRY_EVENT_SYNC=blocking: waits sleep instead of spinning. */
-int ferry_worker_blocking_waits(void);
+int ferry_worker_blocking_waits(const ferry_worker *w);
 /* Complete every pending device task of w (wait for its streams). */
 void ferry_worker_drain(ferry_worker *w);
 
