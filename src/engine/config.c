@@ -143,9 +143,52 @@ const ferry_knob_row *ferry_knob_table(size_t *n) {
     return knobs_;
 }
 
+static long knob_index(const char *name) {
+    for (size_t k = 0; k < sizeof knobs_ / sizeof knobs_[0]; k++)
+        if (!strcmp(knobs_[k].name, name)) return (long)k;
+    return -1;
+}
+
+/* The context and first-use knobs as the environment has them when ctx is
+ * made (ferry_ctx_create, after ferry_config_resolve checked them): what
+ * ferry_knob gives ctx from then on. */
+int ferry_knobs_snapshot(ferry_ctx *ctx) {
+    const size_t n = sizeof knobs_ / sizeof knobs_[0];
+    ctx->knob_vals = calloc(n, sizeof *ctx->knob_vals);
+    if (!ctx->knob_vals) return ferry_seterr(FERRY_ENOMEM, "out of memory");
+    if (ctx->cfg.no_env) return 0;
+    for (size_t k = 0; k < n; k++) {
+        const char *v = ferry_knob_scope(&knobs_[k]) == FERRY_KNOB_PROCESS ? NULL : getenv(knobs_[k].name);
+        if (v && !(ctx->knob_vals[k] = strdup(v))) { ferry_knobs_release(ctx); return ferry_seterr(FERRY_ENOMEM, "out of memory"); }
+    }
+    return 0;
+}
+
+void ferry_knobs_release(ferry_ctx *ctx) {
+    if (!ctx->knob_vals) return;
+    for (size_t k = 0; k < sizeof knobs_ / sizeof knobs_[0]; k++) free(ctx->knob_vals[k]);
+    free(ctx->knob_vals);
+    ctx->knob_vals = NULL;
+}
+
+int ferry_knob_set(ferry_ctx *ctx, const char *name, const char *value) {
+    const long k = knob_index(name);
+    if (k < 0 || !ctx || !ctx->knob_vals)
+        return ferry_seterr(FERRY_EINVAL, "ferry_knob_set: no knob \"%s\" in the table", name ? name : "");
+    char *v = value ? strdup(value) : NULL;
+    if (value && !v) return ferry_seterr(FERRY_ENOMEM, "out of memory");
+    free(ctx->knob_vals[k]);
+    ctx->knob_vals[k] = v;
+    return 0;
+}
+
 const char *ferry_knob(const ferry_ctx *ctx, const char *name) {
-    if (ctx && ctx->cfg.no_env) return NULL;
-    return getenv(name);
+    if (!ctx) return getenv(name);
+    if (ctx->cfg.no_env) return NULL;
+    const long k = knob_index(name);
+    if (k < 0 || !ctx->knob_vals || ferry_knob_scope(&knobs_[k]) == FERRY_KNOB_PROCESS)
+        return getenv(name);   /* a name the table lacks, or a process-wide one: the environment */
+    return ctx->knob_vals[k];
 }
 
 static int word_ok(const char *words, int icase, const char *s) {

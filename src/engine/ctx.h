@@ -18,6 +18,7 @@ struct ferry_ctx {
     ferry_job *q_head, *q_tail;   /* jobs with tasks left to claim */
     _Atomic unsigned work_gen;    /* bumped by every enqueue: what idle workers spin on (pool.c) */
     _Atomic int spin_us;          /* FERRY_SPIN_US: how long an idle worker spins before it sleeps */
+    char **knob_vals;             /* the knobs' table's values when it was made (config.c: ferry_knob) */
     _Atomic int event_sync;       /* FERRY_EVENT_SYNC read once (worker.c): 0 not yet, 1 spin, 2 blocking */
     _Atomic int job_env_ready;    /* FERRY_READAHEAD, FERRY_PACK_MIN, FERRY_MAP_MAX read (job.c, once per context) */
     _Atomic int readahead;

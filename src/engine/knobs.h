@@ -13,8 +13,9 @@
  *   FERRY_KNOB_PROCESS: read once per process by a loader below the engine
  *     (CUDA, cuFile, nvCOMP, NVRTC, nvJPEG, zlib, remote objects, the NUMA
  *     view), which no context exists for yet: no_env cannot apply.
- * The GPU decode stage's knobs are CONTEXT ones read through ferry_knob at
- * each job (tests change them on a live context). */
+ * ferry_knob reads a context's snapshot, taken when it was made: a variable
+ * set later applies to contexts made later (tests set a live context's knob
+ * with ferry_knob_set). */
 #ifndef FERRY_ENGINE_KNOBS_H
 #define FERRY_ENGINE_KNOBS_H
 #include "common.h"
@@ -50,10 +51,19 @@ const ferry_knob_row *ferry_knob_table(size_t *n);
  * against its grammar: 0, or FERRY_EINVAL naming the variable, its value and
  * what to use. */
 int ferry_knobs_check(void);
-/* The knob's value for ctx: NULL where ctx was made with no_env or it is
- * unset, else getenv(name). ctx NULL: the environment. The one reader of
- * the environment for the engine's files. */
+/* The knob's value for ctx: NULL where ctx was made with no_env or it was
+ * unset, else its value when ctx was made (read once per context; a
+ * process-scope knob or a name the table lacks: getenv(name)). ctx NULL: the
+ * environment now. The one reader of the environment for the engine's files. */
 const char *ferry_knob(const ferry_ctx *ctx, const char *name);
+/* ctx.c: take the snapshot ferry_knob reads (after ferry_config_resolve), and
+ * free it. */
+int ferry_knobs_snapshot(ferry_ctx *ctx);
+void ferry_knobs_release(ferry_ctx *ctx);
+/* Tests: give ctx's knob `name` this value (NULL: unset), as if the
+ * environment had it when ctx was made; call it with no job of ctx running.
+ * FERRY_EINVAL for a name the table lacks. */
+int ferry_knob_set(ferry_ctx *ctx, const char *name, const char *value);
 /* The grammar of row r in words ("size >= 64K", "count 1..8", "on|off"). */
 void ferry_knob_grammar(const ferry_knob_row *r, char *buf, size_t n);
 /* A knob's text as bytes in ferry_size_parse's grammar; -1 where s is NULL,
