@@ -169,6 +169,16 @@ static void usage(FILE *to) {
                 "  chain bound for device memory is decoded under each decode policy.\n");
 }
 
+/* A table built in b printed (a JSON array closed first); 0. */
+static int print_table(ferry_sbuf *b, int json) {
+    if (json) ferry_sbuf_puts(b, "]\n");
+    char *out = ferry_sbuf_take(b);
+    if (out) fputs(out, stdout);
+    free(out);
+    fflush(stdout);
+    return 0;
+}
+
 /* `ferry info --codecs`: where each codec step of a chain bound for device
  * memory is decoded under each policy, from the code that decides
  * (gpudecode_rates.c); a Markdown table, which docs/decoding.md carries as
@@ -189,12 +199,7 @@ static int describe_codecs(int json) {
         else
             ferry_sbuf_printf(&b, "| %s | %s | %s | CPU | %s |\n", ferry_codec_name(id), where[a], gpu, note ? note : "");
     }
-    if (json) ferry_sbuf_puts(&b, "]\n");
-    char *out = ferry_sbuf_take(&b);
-    if (out) fputs(out, stdout);
-    free(out);
-    fflush(stdout);
-    return 0;
+    return print_table(&b, json);
 }
 
 /* `ferry info --knobs`: the knobs' table (config.c) */
@@ -228,12 +233,7 @@ static int describe_knobs(int json) {
                               v ? "; set: " : "", v ? v : "", "", r->doc, scopes[scope]);
         }
     }
-    if (json) ferry_sbuf_puts(&b, "]\n");
-    char *out = ferry_sbuf_take(&b);
-    if (out) fputs(out, stdout);
-    free(out);
-    fflush(stdout);
-    return 0;
+    return print_table(&b, json);
 }
 
 /* `ferry info` alone: what this build and machine can do, and which GPU
