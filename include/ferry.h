@@ -209,8 +209,11 @@ typedef struct ferry_config {
  *       zlib/raw deflate; gzip stays on the CPU: its CRC-32 has no GPU kernel
  *       here, docs/decoding.md has the table) are read packed into pinned staging, copied
  *       once per batch and decoded by one batched nvCOMP call; filters
- *       (byteswap) run on the GPU. A chunk nvCOMP cannot decode goes to the
- *       CPU and is counted in ferry_stats.gpu_cpu_fallbacks. Forcing GPU when
+ *       (byteswap) run on the GPU. Every chunk bound for device memory that
+ *       the CPU decodes instead (a codec nvCOMP does not take, such as gzip; a
+ *       framing or a chunk nvCOMP cannot decode) is counted in
+ *       ferry_stats.gpu_cpu_fallbacks; `ferry info --codecs` prints which codec
+ *       goes where. Forcing GPU when
  *       nvCOMP is not loaded is FERRY_EPATH (ferry_nvcomp_status says why).
  *  AUTO: the GPU only for device destinations and only for codecs where it
  *       measured faster than the CPU (see docs/decoding.md); for

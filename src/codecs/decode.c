@@ -9,15 +9,6 @@
 #include <zlib.h>
 #include <zstd.h>
 
-uint8_t *ferry_scratch_reserve(uint8_t **buf, size_t *cap, size_t need) {
-    if (*buf && *cap >= need) return *buf;
-    size_t want = need < 4096 ? 4096 : need + need / 4;  /* some headroom: fewer regrowths */
-    uint8_t *p = realloc(*buf, want);
-    if (!p) return NULL;
-    *buf = p; *cap = want;
-    return p;
-}
-
 void ferry_decode_scratch_init(ferry_decode_scratch *s) { memset(s, 0, sizeof *s); }
 
 void ferry_decode_scratch_free(ferry_decode_scratch *s) {
