@@ -4,6 +4,7 @@
 #include "engine/knobs.h"
 #include "engine/numa.h"
 #include "sources/remote.h"
+#include "sources/upload.h"
 #include <ctype.h>
 #include <stdlib.h>
 #include <strings.h>
@@ -117,6 +118,8 @@ static const ferry_knob_row knobs_[] = {
      "time after which a read retries no more"},
     {"FERRY_REMOTE_STALL_SECONDS", FERRY_KNOB_TEXT, "30", 0, 0, "seconds from 1 to 3600", 0,
      "a request moving under 1 KiB/s this long counts as stalled"},
+    {"FERRY_REMOTE_PART_SIZE", FERRY_KNOB_SIZE, "16M", 5ll << 20, 5ll << 30, NULL, 0,
+     "bytes per part of an S3 multipart upload (ferry_object_write); objects up to it go in one PUT"},
     {"FERRY_S3_ADDRESSING", FERRY_KNOB_WORD, "auto", 0, 0, "path|virtual|auto", 0,
      "S3 bucket addressing: virtual-hosted on AWS for DNS-safe names"},
     {"FERRY_SYSFS_ROOT", FERRY_KNOB_TEXT, "\"\" (/sys)", 0, 0, "a directory", 0,
@@ -128,7 +131,8 @@ static const char *const first_use_[] = {"FERRY_SPIN_US", "FERRY_READAHEAD", "FE
 static const char *const process_[] = {"FERRY_CUFILE", "FERRY_NVRTC", "FERRY_KERNELS", "FERRY_NVCOMP", "FERRY_NVJPEG",
                                        "FERRY_NO_LIBDEFLATE", "FERRY_REMOTE_REQUEST_SIZE", "FERRY_REMOTE_CONNECTIONS",
                                        "FERRY_REMOTE_RETRIES", "FERRY_REMOTE_RETRY_SECONDS",
-                                       "FERRY_REMOTE_STALL_SECONDS", "FERRY_S3_ADDRESSING", "FERRY_SYSFS_ROOT"};
+                                       "FERRY_REMOTE_STALL_SECONDS", "FERRY_REMOTE_PART_SIZE", "FERRY_S3_ADDRESSING",
+                                       "FERRY_SYSFS_ROOT"};
 
 int ferry_knob_scope(const ferry_knob_row *r) {
     for (size_t i = 0; i < sizeof first_use_ / sizeof first_use_[0]; i++)
@@ -275,6 +279,7 @@ int ferry_config_resolve(ferry_config *c) {
             return ferry_preerr(rc, "FERRY_DECODE=\"%s\"", dp);
         if ((rc = ferry_knobs_check()) < 0) return rc;   /* the table's context knobs: FERRY_GPU_*, _EVENT_SYNC, _NUMA */
         if ((rc = ferry_remote_check_env()) < 0) return rc;      /* FERRY_REMOTE_* (sources/http.c) */
+        if ((rc = ferry_upload_check_env()) < 0) return rc;      /* FERRY_REMOTE_PART_SIZE (sources/s3_upload.c) */
         const char *d = getenv("FERRY_DIRECT");
         if (d) {
             if (!strcasecmp(d, "auto")) c->direct = FERRY_DIRECT_AUTO;

@@ -75,7 +75,7 @@ static int read_knobs(knobs *k) {
 int ferry_remote_check_env(void) {
     knobs k;
     int rc = read_knobs(&k);
-    return rc < 0 ? rc : ferry_upload_check_env();
+    return rc;
 }
 
 int ferry_remote_limits(int *connections, int *retries, double *retry_s, double *stall_s) {
