@@ -78,7 +78,9 @@ int ferry_remote_check_env(void) {
 
 #ifndef FERRY_HAVE_CURL
 /* Built without libcurl: every URL but file:// is refused, naming its scheme. */
-int ferry_remote_open(const char *url, ferry_remote **out) {
+int ferry_remote_open(const char *url, ferry_remote **out) { return ferry_remote_open_opts(url, NULL, out); }
+int ferry_remote_open_opts(const char *url, const ferry_remote_opts *o, ferry_remote **out) {
+    (void)o;
     *out = NULL;
     ferry_url u;
     int rc = ferry_url_parse(url, NULL, &u);
@@ -113,6 +115,7 @@ struct ferry_remote {
     uint64_t size;
     char etag[TAG_MAX];    /* a strong ETag, as sent ("..."), or "" */
     char lastmod[64];      /* Last-Modified, where no strong ETag */
+    char *ca_bundle;       /* the ca_bundle option, or NULL: libcurl's default */
     uint8_t *head;
     size_t head_len;
     _Atomic int changed;
@@ -372,6 +375,7 @@ static int prepare(xfer *x, CURL *e) {
     curl_easy_setopt(e, CURLOPT_ERRORBUFFER, x->errbuf);
     curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(e, CURLOPT_USERAGENT, "ferry/" FERRY_VERSION_STRING);
+    if (r->ca_bundle) curl_easy_setopt(e, CURLOPT_CAINFO, r->ca_bundle);
     /* a request that moves under 1 KiB/s for stall_s is ended (and retried):
      * a stalled server, or one that trickles */
     curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1024L);
@@ -489,6 +493,7 @@ static void remote_free(ferry_remote *r) {
     ferry_url_free(&r->u);
     ferry_s3_auth_free(&r->auth);
     free(r->head);
+    free(r->ca_bundle);
     free(r->name);
     free(r);
 }
@@ -500,7 +505,9 @@ static void take_version(ferry_remote *r, const xfer *x) {
     else if (x->resp.lastmod[0]) snprintf(r->lastmod, sizeof r->lastmod, "%s", x->resp.lastmod);
 }
 
-int ferry_remote_open(const char *url, ferry_remote **out) {
+int ferry_remote_open(const char *url, ferry_remote **out) { return ferry_remote_open_opts(url, NULL, out); }
+
+int ferry_remote_open_opts(const char *url, const ferry_remote_opts *o, ferry_remote **out) {
     *out = NULL;
     pthread_once(&curl_once_, curl_init_once);
     if (curl_init_rc_ != CURLE_OK) return ferry_seterr(FERRY_EIO, "%s: libcurl failed to start: %s", url, curl_easy_strerror(curl_init_rc_));
@@ -510,10 +517,11 @@ int ferry_remote_open(const char *url, ferry_remote **out) {
     ferry_url_scheme s = ferry_url_scheme_of(url);
     if (rc == 0 && (s == FERRY_URL_S3 || s == FERRY_URL_GS)) {
         r->bucket = 1;
-        rc = ferry_s3_setup(url, &r->u, &r->auth);
+        rc = ferry_s3_setup_opts(url, o, &r->u, &r->auth);
     } else if (rc == 0) {
         rc = ferry_url_parse(url, NULL, &r->u);
     }
+    if (rc == 0 && o && o->ca_bundle && !(r->ca_bundle = strdup(o->ca_bundle))) rc = ferry_seterr(FERRY_ENOMEM, "%s: out of memory", url);
     if (rc == 0 && !(r->head = malloc(HEAD_BYTES))) rc = ferry_seterr(FERRY_ENOMEM, "%s: out of memory", url);
     if (rc < 0) { remote_free(r); return rc; }
     xfer x = {.r = r, .dst = r->head, .off = 0, .len = HEAD_BYTES, .open = 1};

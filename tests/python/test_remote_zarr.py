@@ -1,0 +1,227 @@
+"""Zarr stores, netCDF-3 files and globs over URLs: moto's S3 server and the
+loopback range server (tests/python/rangeserver.py), both on 127.0.0.1, started
+and stopped here. The stores are written by zarr-python (v3 zstd, v2 blosc) into
+a local directory and uploaded object by object (boto3), so each value read
+remotely is compared with what zarr-python reads locally."""
+import json
+import os
+import pathlib
+
+import numpy as np
+import pytest
+
+ferry = pytest.importorskip("ferry")
+zarr = pytest.importorskip("zarr")
+from ferry import FerryError  # noqa: E402
+from ferry._remote import remote_context  # noqa: E402
+from rangeserver import RangeServer, ferry_reads_urls  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not ferry_reads_urls(), reason="ferry was built without libcurl (no remote objects)")
+
+
+@pytest.fixture
+def s3(monkeypatch, tmp_path):
+    """moto's S3 server with bucket "data", SigV4 checked (reset-auth) once filled;
+    the environment holds no credentials: storage_options must."""
+    pytest.importorskip("moto.server")
+    boto3 = pytest.importorskip("boto3")
+    import urllib.request
+    from moto.server import ThreadedMotoServer
+    srv = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    srv.start()
+    host, port = srv.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL",
+              "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("FERRY_REMOTE_RETRY_SECONDS", "10")
+
+    def post(path, body):
+        urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/{path}", data=body.encode(), method="POST",
+                                                      headers={"Content-Type": "text/plain"}), timeout=10).read()
+    post("reset", "")
+    kw = dict(endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
+              aws_secret_access_key="testing")
+    iam = boto3.client("iam", **kw)
+    iam.create_user(UserName="reader")
+    key = iam.create_access_key(UserName="reader")["AccessKey"]
+    iam.put_user_policy(UserName="reader", PolicyName="s3read", PolicyDocument=json.dumps(
+        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
+    client = boto3.client("s3", **kw)
+    client.create_bucket(Bucket="data")
+
+    class S3:
+        pass
+    m = S3()
+    m.client, m.endpoint = client, endpoint
+    m.options = {"endpoint_url": endpoint, "key": key["AccessKeyId"], "secret": key["SecretAccessKey"]}
+    m.lock = lambda: post("reset-auth", "0")
+
+    def upload(local, prefix):
+        for p in sorted(pathlib.Path(local).rglob("*")):
+            if p.is_file():
+                client.upload_file(str(p), "data", f"{prefix}/{p.relative_to(local).as_posix()}")
+    m.upload = upload
+    yield m
+    post("reset-auth", "inf")
+    srv.stop()
+
+
+@pytest.fixture
+def web(monkeypatch):
+    monkeypatch.setenv("FERRY_REMOTE_RETRY_SECONDS", "10")
+    monkeypatch.setenv("FERRY_REMOTE_STALL_SECONDS", "2")
+    s = RangeServer().start()
+
+    def upload(local, prefix):
+        for p in sorted(pathlib.Path(local).rglob("*")):
+            if p.is_file():
+                s.put(f"{prefix}/{p.relative_to(local).as_posix()}", p.read_bytes())
+        return f"http://127.0.0.1:{s.port}/{prefix}"
+    s.upload = upload
+    yield s
+    s.stop()
+
+
+def write_store(path, fmt, consolidated=False):
+    """Two arrays with dimension names, partly written (missing chunks read as the
+    fill value), v3 zstd with "/" chunk keys or v2 blosc-lz4 with "." keys."""
+    import numcodecs
+    g = zarr.open_group(str(path), mode="w", zarr_format=fmt)
+    comp = dict(compressors=[zarr.codecs.ZstdCodec(level=3)]) if fmt == 3 else \
+        dict(compressors=numcodecs.Blosc(cname="lz4", shuffle=1))
+    dims = dict(dimension_names=["t", "x"]) if fmt == 3 else {}
+    t = g.create_array("temp", shape=(50, 40), chunks=(16, 16), dtype="f4", fill_value=np.nan, **comp, **dims)
+    t[:40] = np.arange(40 * 40, dtype="f4").reshape(40, 40)
+    c = g.create_array("count", shape=(50,), chunks=(8,), dtype="<i8", compressors=None, fill_value=-7,
+                       **({"dimension_names": ["t"]} if fmt == 3 else {}))
+    c[:20] = np.arange(20)
+    if fmt == 2:
+        t.attrs["_ARRAY_DIMENSIONS"] = ["t", "x"]
+        c.attrs["_ARRAY_DIMENSIONS"] = ["t"]
+    if consolidated:
+        zarr.consolidate_metadata(str(path))
+    return zarr.open_group(str(path), mode="r")
+
+
+@pytest.mark.parametrize("fmt", [3, 2])
+def test_s3_store_without_consolidated_metadata(s3, tmp_path, fmt):
+    ref = write_store(tmp_path / "s", fmt)
+    s3.upload(tmp_path / "s", "stores/s.zarr")
+    s3.lock()   # from here on every request must be signed with the reader's key
+    ctx = remote_context(s3.options)
+    ds = ferry.Dataset(ctx, "s3://data/stores/s.zarr")
+    assert ds.format == "zarr" and not ds.store_info["consolidated"]
+    assert sorted(v["name"] for v in ds.variables()) == ["count", "temp"]
+    for name in ("temp", "count"):
+        with ferry.open("s3://data/stores/s.zarr", ctx=ctx) as f:
+            np.testing.assert_array_equal(f.read(name), ref[name][...])
+            np.testing.assert_array_equal(f.read(name, (slice(3, 45, 2),) + (() if name == "count" else (slice(5, 30),))),
+                                          ref[name][3:45:2] if name == "count" else ref[name][3:45:2, 5:30])
+    # a wrong secret: moto refuses the signature, and the error says so
+    with pytest.raises(FerryError) as ei:
+        ferry.Dataset(remote_context(dict(s3.options, secret="wrong")), "s3://data/stores/s.zarr/")
+    assert "s3://data/stores/s.zarr" in str(ei.value) and "403" in str(ei.value)
+
+
+@pytest.mark.parametrize("fmt", [3, 2])
+def test_xarray_s3_equals_local(s3, tmp_path, fmt):
+    xr = pytest.importorskip("xarray")
+    write_store(tmp_path / "s", fmt)
+    s3.upload(tmp_path / "s", "x.zarr")
+    s3.lock()
+    local = xr.open_dataset(tmp_path / "s", engine="zarr")
+    remote = xr.open_dataset("s3://data/x.zarr", engine="ferry", storage_options=s3.options)
+    xr.testing.assert_identical(remote.load(), local.load())
+    # fsspec / s3fs spellings of the same options
+    so = {"key": s3.options["key"], "secret": s3.options["secret"],
+          "client_kwargs": {"endpoint_url": s3.endpoint, "region_name": "us-east-1"},
+          "config_kwargs": {"s3": {"addressing_style": "path"}}}
+    remote = xr.open_dataset("s3://data/x.zarr", engine="ferry", storage_options=so)
+    np.testing.assert_array_equal(remote["temp"].values, local["temp"].values)
+
+
+def test_storage_options_are_checked_by_c(s3):
+    with pytest.raises(FerryError, match="unknown remote option \"endpont_url\""):
+        remote_context({"endpont_url": s3.endpoint})
+    with pytest.raises(FerryError, match="addressing"):
+        remote_context({"endpoint_url": s3.endpoint, "addressing_style": "sideways"})
+    with pytest.raises(FerryError, match="ca_bundle"):
+        remote_context({"client_kwargs": {"verify": "/no/such/bundle.pem"}})
+
+
+@pytest.mark.parametrize("fmt", [3, 2])
+def test_http_consolidated_store_and_xarray(web, tmp_path, fmt):
+    xr = pytest.importorskip("xarray")
+    write_store(tmp_path / "s", fmt, consolidated=True)
+    url = web.upload(tmp_path / "s", f"c{fmt}.zarr")
+    local = xr.open_dataset(tmp_path / "s", engine="zarr")
+    remote = xr.open_dataset(url, engine="ferry", consolidated=True)
+    xr.testing.assert_identical(remote.load(), local.load())
+
+
+def test_http_store_without_consolidated_metadata_says_so(web, tmp_path):
+    write_store(tmp_path / "s", 3)
+    url = web.upload(tmp_path / "s", "plain.zarr")
+    with pytest.raises(FerryError) as ei:
+        ferry.Dataset(ferry.default_context(), url)
+    assert url in str(ei.value) and "consolidated" in str(ei.value)
+
+
+def test_http_chunk_errors_name_url_and_status(web, tmp_path, monkeypatch):
+    monkeypatch.setenv("FERRY_REMOTE_RETRIES", "2")
+    write_store(tmp_path / "s", 3, consolidated=True)
+    url = web.upload(tmp_path / "s", "e.zarr")
+    with ferry.open(url) as f:   # the metadata is read; then every chunk object's open fails
+        web.open_faults[:] = [500] * 50
+        with pytest.raises(FerryError) as ei:
+            f.read("temp")
+    msg = str(ei.value)
+    assert f"{url}/temp/c/" in msg and "500" in msg, msg
+
+
+def test_http_chunk_replaced_mid_read(web, tmp_path, monkeypatch):
+    # one uncompressed chunk of 800 KB read in 64 KiB ranges: replaced between
+    # two ranges, it is an error naming its URL, never a mix of two versions
+    monkeypatch.setenv("FERRY_REMOTE_REQUEST_SIZE", "64K")
+    g = zarr.open_group(str(tmp_path / "s"), mode="w", zarr_format=3)
+    a = g.create_array("big", shape=(100_000,), chunks=(100_000,), dtype="<f8", compressors=None)
+    a[:] = np.arange(100_000, dtype="<f8")
+    zarr.consolidate_metadata(str(tmp_path / "s"))
+    url = web.upload(tmp_path / "s", "r.zarr")
+    web.faults[:] = [None, None, "replace"]
+    with pytest.raises(FerryError) as ei:
+        ferry.read(url, "big", device="cpu")
+    assert f"{url}/big/c/0" in str(ei.value) and "changed" in str(ei.value)
+
+
+def test_http_netcdf3_xarray(web, tmp_path):
+    xr = pytest.importorskip("xarray")
+    pytest.importorskip("scipy")
+    ds = xr.Dataset({"v": (("t", "x"), np.arange(60, dtype="f8").reshape(6, 10))}, coords={"t": np.arange(6)})
+    ds.to_netcdf(tmp_path / "a.nc", engine="scipy")
+    url = web.put("a.nc", (tmp_path / "a.nc").read_bytes())
+    xr.testing.assert_identical(xr.open_dataset(url, engine="ferry").load(), ds)
+
+
+def test_listing_pages_and_globs(s3, tmp_path):
+    # 1,200 chunk objects in one "directory": ListObjectsV2 pages of 1,000
+    import numcodecs
+    g = zarr.open_group(str(tmp_path / "s"), mode="w", zarr_format=2)
+    a = g.create_array("many", shape=(3000,), chunks=(1000,), dtype="<i4", compressors=None, fill_value=0)
+    a[:] = np.arange(3000, dtype="<i4")
+    b = g.create_array("zipped", shape=(2600,), chunks=(2,), dtype="<i4", compressors=numcodecs.Zlib(1), fill_value=0)
+    b[:2400] = np.arange(2400, dtype="<i4")
+    s3.upload(tmp_path / "s", "p.zarr")
+    s3.lock()
+    ctx = remote_context(s3.options)
+    with ferry.open("s3://data/p.zarr", ctx=ctx) as f:
+        np.testing.assert_array_equal(f.read("many"), np.arange(3000))
+        np.testing.assert_array_equal(f.read("zipped"), np.r_[np.arange(2400), np.zeros(200)].astype("<i4"))
+    urls = ctx.url_glob("s3://data/p.zarr/zipped/1*")
+    want = sorted(f"s3://data/p.zarr/zipped/{i}" for i in range(1200) if str(i).startswith("1"))
+    assert urls == want
+    assert len(ctx.url_glob("s3://data/p.zarr/**/.zarray")) == 2
+    assert ctx.url_glob("s3://data/p.zarr/none*") == []
