@@ -40,11 +40,19 @@ def _expand(spec):
     if isinstance(spec, (str, bytes, os.PathLike)):
         s = os.fsdecode(spec)
         if any(c in s for c in "*?["):
-            scheme = s.split("://", 1)[0] if "://" in s else ""
+            scheme = s.split("://", 1)[0].lower() if "://" in s else ""
+            if scheme in ("s3", "gs"):
+                # the bucket listed by the C library (ferry_url_glob), with the default
+                # context's remote settings (the environment's endpoint and credentials)
+                from .. import default_context
+                paths = sorted(default_context().url_glob(s), key=_natural_key)
+                if not paths:
+                    raise FileNotFoundError(f"ferry.torch: no objects match {s!r}")
+                return paths
             if scheme and scheme != "file":
-                # a glob over objects needs a listing (ListObjectsV2), which ferry does not do yet
-                raise ValueError(f"ferry.torch: {s!r}: globs over {scheme}:// objects are not expanded yet; name "
-                                 f"the objects (a list of {scheme}:// URLs reads through ferry's remote source)")
+                # a web server has no listing
+                raise ValueError(f"ferry.torch: {s!r}: globs over {scheme}:// URLs cannot be expanded (a web server "
+                                 f"has no listing; s3:// and gs:// globs are listed); name the objects")
             if scheme == "file":
                 s = s[len("file://"):]
             paths = sorted(_glob.glob(s), key=_natural_key)
