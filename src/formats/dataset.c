@@ -106,7 +106,8 @@ static int detect(ferry_ctx *ctx, const char *path, const ferry_format_ops **ops
     int url = (ferry_url_scheme_of(path) != FERRY_URL_NONE);
     size_t pl = strlen(path);
     while (pl > 1 && path[pl - 1] == '/') pl--;
-    if (url && (pl < strlen(path) || (pl >= 5 && !strncmp(path + pl - 5, ".zarr", 5))) && ferry_zremote_probe(ctx, path)) {
+    int probed = url && (pl < strlen(path) || (pl >= 5 && !strncmp(path + pl - 5, ".zarr", 5)));
+    if (probed && ferry_zremote_probe(ctx, path)) {
         *ops = &ferry_format_zarr;
         return 0;
     }
@@ -119,7 +120,7 @@ static int detect(ferry_ctx *ctx, const char *path, const ferry_format_ops **ops
     size_t n = 0;
     if (!is_dir) {
         int rc = read_head(ctx, path, head, &n);
-        if (rc < 0 && url && (rc == -ENOENT || rc == -EACCES)) {   /* no object there: a store's prefix? */
+        if (rc < 0 && url && !probed && (rc == -ENOENT || rc == -EACCES)) {   /* no object there: a store's prefix? */
             char saved[1024];
             snprintf(saved, sizeof saved, "%s", ferry_lasterr());
             if (ferry_zremote_probe(ctx, path)) {

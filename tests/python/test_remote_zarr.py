@@ -225,3 +225,33 @@ def test_listing_pages_and_globs(s3, tmp_path):
     assert urls == want
     assert len(ctx.url_glob("s3://data/p.zarr/**/.zarray")) == 2
     assert ctx.url_glob("s3://data/p.zarr/none*") == []
+
+
+def test_ferry_info_urls(web, s3, tmp_path, monkeypatch):
+    """`ferry info URL`: a Zarr store (a prefix of objects) and a single object, at a web
+    server and in a bucket (the environment's endpoint and keys)."""
+    import subprocess
+    cli = pathlib.Path(os.environ.get("FERRY_BIN", pathlib.Path(__file__).resolve().parents[2] / "build" / "ferry"))
+    if not cli.exists():
+        pytest.skip("the ferry command is not built (make cli)")
+    write_store(tmp_path / "s", 3, consolidated=True)
+    url = web.upload(tmp_path / "s", "i.zarr")
+    np.save(tmp_path / "a.npy", np.arange(10.0))
+    one = web.put("a.npy", (tmp_path / "a.npy").read_bytes())
+    s3.upload(tmp_path / "s", "i.zarr")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3.options["key"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3.options["secret"])
+    s3.lock()
+
+    def info(arg):
+        return subprocess.run([str(cli), "info", arg], capture_output=True, text=True, timeout=120)
+    for store in (url, url + "/", "s3://data/i.zarr"):
+        r = info(store)
+        assert r.returncode == 0, r.stderr
+        assert "zarr, 2 variables" in r.stdout and "temp" in r.stdout and "zstd" in r.stdout, r.stdout
+    r = info(one)
+    assert r.returncode == 0 and "npy, 1 variable" in r.stdout, r.stdout + r.stderr
+    r = info(url.replace("i.zarr", "none.zarr"))
+    assert r.returncode != 0 and "none.zarr" in r.stderr and "404" in r.stderr, r.stderr
