@@ -3,6 +3,7 @@ loopback range server (tests/python/rangeserver.py), both on 127.0.0.1, started
 and stopped here. The stores are written by zarr-python (v3 zstd, v2 blosc) into
 a local directory and uploaded object by object (boto3), so each value read
 remotely is compared with what zarr-python reads locally."""
+import io
 import json
 import os
 import pathlib
@@ -255,3 +256,117 @@ def test_ferry_info_urls(web, s3, tmp_path, monkeypatch):
     assert r.returncode == 0 and "npy, 1 variable" in r.stdout, r.stdout + r.stderr
     r = info(url.replace("i.zarr", "none.zarr"))
     assert r.returncode != 0 and "none.zarr" in r.stderr and "404" in r.stderr, r.stderr
+
+
+def test_s3_sharded_store(s3, tmp_path):
+    # sharding_indexed: each shard object's index read by a range request, its
+    # size from the listing; an absent shard is the fill value
+    g = zarr.open_group(str(tmp_path / "s"), mode="w", zarr_format=3)
+    a = g.create_array("sh", shape=(64, 64), chunks=(8, 8), shards=(32, 32), dtype="<u2", fill_value=9,
+                       compressors=[zarr.codecs.ZstdCodec(level=1)])
+    a[:40] = np.arange(40 * 64, dtype="<u2").reshape(40, 64)
+    s3.upload(tmp_path / "s", "sh.zarr")
+    s3.lock()
+    ctx = remote_context(s3.options)
+    ref = zarr.open_group(str(tmp_path / "s"), mode="r")["sh"][...]
+    with ferry.open("s3://data/sh.zarr", ctx=ctx) as f:
+        np.testing.assert_array_equal(f.read("sh"), ref)
+        np.testing.assert_array_equal(f.read("sh", (slice(30, 50), slice(3, 61, 4))), ref[30:50, 3:61:4])
+
+
+class _GCS:
+    """GCS's public endpoint as anonymous clients see it: objects at /BUCKET/KEY
+    (Range, ETag) and the JSON list at /storage/v1/b/BUCKET/o (prefix, delimiter,
+    pageToken; pages of at most 2 names, so that every listing has several)."""
+
+    def __init__(self, objects):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from urllib.parse import parse_qs, unquote, urlsplit
+        self.objects, self.lists = objects, []
+        gcs = self
+
+        class H(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def send(self, status, body, headers=()):
+                self.send_response(status)
+                for k, v in headers:
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                u = urlsplit(self.path)
+                if self.headers.get("Authorization"):
+                    return self.send(400, b"anonymous only here")
+                if u.path.startswith("/storage/v1/b/data/o"):
+                    q = {k: v[0] for k, v in parse_qs(u.query).items()}
+                    gcs.lists.append(q)
+                    pre, delim, start = q.get("prefix", ""), q.get("delimiter"), int(q.get("pageToken", "0"))
+                    names = sorted(k for k in gcs.objects if k.startswith(pre))
+                    items, prefixes = [], set()
+                    for k in names:
+                        rest = k[len(pre):]
+                        if delim and delim in rest:
+                            prefixes.add(pre + rest.split(delim)[0] + delim)
+                        else:
+                            items.append(k)
+                    entries = [("p", p) for p in sorted(prefixes)] + [("i", k) for k in items]
+                    page = entries[start:start + 2]
+                    body = {"kind": "storage#objects",
+                            "items": [{"name": k, "size": str(len(gcs.objects[k]))} for t, k in page if t == "i"],
+                            "prefixes": [k for t, k in page if t == "p"]}
+                    if start + 2 < len(entries):
+                        body["nextPageToken"] = str(start + 2)
+                    return self.send(200, json.dumps(body).encode(), [("Content-Type", "application/json")])
+                key = unquote(u.path[len("/data/"):]) if u.path.startswith("/data/") else None
+                data = gcs.objects.get(key)
+                if data is None:
+                    return self.send(404, b"<Error><Code>NoSuchKey</Code></Error>")
+                lo, hi = 0, len(data) - 1
+                rng = self.headers.get("Range")
+                if rng:
+                    a, b = rng.split("=")[1].split("-")
+                    lo, hi = int(a), min(int(b), len(data) - 1)
+                    if lo >= len(data):
+                        return self.send(416, b"", [("Content-Range", f"bytes */{len(data)}")])
+                hdr = [("ETag", '"e1"')] + ([("Content-Range", f"bytes {lo}-{hi}/{len(data)}")] if rng else [])
+                self.send(206 if rng else 200, data[lo:hi + 1], hdr)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+        self.endpoint = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def stop(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_gs_anonymous_store_and_glob(tmp_path, monkeypatch):
+    for k in ("GS_ACCESS_KEY_ID", "GS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(k, raising=False)
+    ref = write_store(tmp_path / "s", 2)
+    objects = {f"g.zarr/{p.relative_to(tmp_path / 's').as_posix()}": p.read_bytes()
+               for p in sorted((tmp_path / "s").rglob("*")) if p.is_file()}
+    for i in range(5):
+        buf = io.BytesIO()
+        np.save(buf, np.full(3, i))
+        objects[f"shards/part{i}.npy"] = buf.getvalue()
+    gcs = _GCS(objects)
+    try:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs.endpoint)
+        ctx = ferry.default_context()
+        with ferry.open("gs://data/g.zarr") as f:   # no consolidated metadata: listed through the JSON API
+            for name in ("temp", "count"):
+                np.testing.assert_array_equal(f.read(name), ref[name][...])
+        assert any(q.get("delimiter") == "/" and q.get("pageToken") for q in gcs.lists)   # several pages
+        assert ctx.url_glob("gs://data/shards/part*.npy") == [f"gs://data/shards/part{i}.npy" for i in range(5)]
+    finally:
+        gcs.stop()
