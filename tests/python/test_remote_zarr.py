@@ -121,6 +121,13 @@ def test_s3_store_without_consolidated_metadata(s3, tmp_path, fmt):
             np.testing.assert_array_equal(f.read(name), ref[name][...])
             np.testing.assert_array_equal(f.read(name, (slice(3, 45, 2),) + (() if name == "count" else (slice(5, 30),))),
                                           ref[name][3:45:2] if name == "count" else ref[name][3:45:2, 5:30])
+    # ferry.read and ferry.open take the same storage_options
+    np.testing.assert_array_equal(ferry.read("s3://data/stores/s.zarr", "temp", storage_options=s3.options),
+                                  ref["temp"][...])
+    with ferry.open("s3://data/stores/s.zarr", storage_options=s3.options) as f:
+        np.testing.assert_array_equal(f.read("count"), ref["count"][...])
+    with pytest.raises(ValueError, match="not both"):
+        ferry.read("s3://data/stores/s.zarr", "temp", ctx=ctx, storage_options=s3.options)
     # a wrong secret: moto refuses the signature, and the error says so
     with pytest.raises(FerryError) as ei:
         ferry.Dataset(remote_context(dict(s3.options, secret="wrong")), "s3://data/stores/s.zarr/")
