@@ -358,7 +358,9 @@ static int get_page(lister *L, const char *query, page *b) {
                               "FERRY_REMOTE_RETRY_SECONDS)", L->what, why, attempt, now - t0);
             break;
         }
-        double d = wait / 2 + wait / 2 * ((double)rand() / RAND_MAX);
+        static _Thread_local unsigned seed;
+        if (!seed) seed = (unsigned)(mono() * 1e6) ^ (unsigned)(uintptr_t)&seed;
+        double d = wait / 2 + wait / 2 * ((double)rand_r(&seed) / RAND_MAX);   /* equal jitter, as http.c */
         struct timespec ts = {(time_t)d, (long)((d - (time_t)d) * 1e9)};
         nanosleep(&ts, NULL);
         if (wait < 10) wait *= 2;

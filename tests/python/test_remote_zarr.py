@@ -143,6 +143,17 @@ def test_xarray_s3_equals_local(s3, tmp_path, fmt):
     local = xr.open_dataset(tmp_path / "s", engine="zarr")
     remote = xr.open_dataset("s3://data/x.zarr", engine="ferry", storage_options=s3.options)
     xr.testing.assert_identical(remote.load(), local.load())
+    # a pickled store carries its storage_options: reopened afresh (a new process's view)
+    import pickle
+    from ferry.xarray import store as st
+    st._STORES.clear()
+    st._RECENT.clear()
+    lazy = xr.open_dataset("s3://data/x.zarr", engine="ferry", storage_options=s3.options)
+    blob = pickle.dumps(lazy)
+    st._STORES.clear()
+    st._RECENT.clear()
+    again = pickle.loads(blob)
+    xr.testing.assert_identical(again.load(), local.load())
     # fsspec / s3fs spellings of the same options
     so = {"key": s3.options["key"], "secret": s3.options["secret"],
           "client_kwargs": {"endpoint_url": s3.endpoint, "region_name": "us-east-1"},
