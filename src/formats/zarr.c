@@ -1927,9 +1927,12 @@ static void prestat_free(zarr_prestat *pre) {
     memset(pre, 0, sizeof *pre);
 }
 
-/* A store at a URL that cannot be listed (a web server): the sizes of the
- * compressed chunk (or shard) objects this call touches, fetched at once on
- * several threads rather than one request after another while planning. */
+/* A store at a URL: the sizes of the compressed chunk (or shard) objects this
+ * call touches, found before planning rather than one request after another
+ * while planning: at a web server by opening them on several threads; in a
+ * bucket the same where they lie in many directories (v3's c/<t>/...: one
+ * listing per directory, one after another, would cost more), unless the call
+ * touches a good part of the array: then one listing of the array's keys. */
 static int remote_prefetch(zarr_plan_ctx *p, const ferry_layout *l, const ferry_slice *sel) {
     if (raw_chunks(p) && !p->a->sharded) return 0;
     ferry_layout grid = *l;
@@ -1944,8 +1947,15 @@ static int remote_prefetch(zarr_plan_ctx *p, const ferry_layout *l, const ferry_
         free(L.buf); free(L.off); free(urls);
         return 0;   /* planned one by one instead */
     }
-    for (size_t i = 0; i < L.n; i++) urls[i] = L.buf + L.off[2 * i];
-    rc = ferry_zremote_prefetch(((zarr_ds *)p->ds->fmt)->rs, p->zc, urls, L.n);
+    size_t ndirs = 0;
+    for (size_t i = 0; i < L.n; i++) {
+        urls[i] = L.buf + L.off[2 * i];
+        ndirs += L.off[2 * i + 1] != SIZE_MAX;   /* list_chunk notes each change of directory */
+    }
+    uint64_t total = 1;
+    for (int k = 0; k < grid.ndim; k++)
+        if (ferry_mul_overflow(total, (grid.shape[k] + grid.chunks[k] - 1) / grid.chunks[k], &total)) total = UINT64_MAX;
+    rc = ferry_zremote_prefetch(((zarr_ds *)p->ds->fmt)->rs, p->zc, urls, L.n, p->a->dir, ndirs, total);
     free(urls); free(L.buf); free(L.off);
     return rc;
 }

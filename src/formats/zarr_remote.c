@@ -237,16 +237,42 @@ static void *prefetch_worker(void *arg) {
     }
 }
 
-int ferry_zremote_prefetch(ferry_zremote *z, ferry_zchunks *c, char *const *urls, size_t n) {
-    if (z->listable || n == 0) return 0;   /* listings answer for listable stores */
+/* The sizes of urls[0..n) from one listing of everything under dir: 1 done,
+ * 0 not (more names than the bound: opened one by one instead), or an error. */
+static int sizes_from_listing(ferry_zremote *z, char *const *urls, size_t n, const char *dir, zsize *out) {
+    size_t dl = strlen(dir);
+    char *prefix = malloc(dl + 2);
+    if (!prefix) return ferry_seterr(FERRY_ENOMEM, "out of memory");
+    snprintf(prefix, dl + 2, "%s/", dir);
+    ferry_remote_listing L;
+    int rc = ferry_remote_list(prefix, ferry_ctx_remote_opts(z->ctx), 0, 4 * n + 1000, &L);
+    free(prefix);
+    if (rc == FERRY_EINVAL) { ferry_clearerr(); return 0; }
+    if (rc < 0) return rc;
+    for (size_t i = 0; i < n; i++) {
+        const ferry_remote_entry *e = strncmp(urls[i], dir, dl) || urls[i][dl] != '/' ? NULL
+                                      : ferry_remote_listing_find(&L, urls[i] + dl + 1);
+        out[i].present = e != NULL;
+        out[i].size = e ? e->size : 0;
+    }
+    ferry_remote_listing_free(&L);
+    return 1;
+}
+
+int ferry_zremote_prefetch(ferry_zremote *z, ferry_zchunks *c, char *const *urls, size_t n, const char *dir,
+                           size_t ndirs, uint64_t total) {
+    if (n == 0 || (z->listable && ndirs < 4)) return 0;   /* each directory's listing answers */
     zsize *out = calloc(n, sizeof *out);
     if (!out) return ferry_seterr(FERRY_ENOMEM, "out of memory");
-    prefetch p = {z->ctx, urls, out, n, 0, PTHREAD_MUTEX_INITIALIZER, 0, ""};
+    prefetch p = {z->ctx, urls, out, n, n, PTHREAD_MUTEX_INITIALIZER, 0, ""};
+    int listed = z->listable && (uint64_t)n >= total / 4 ? sizes_from_listing(z, urls, n, dir, out) : 0;
+    if (listed < 0) { free(out); return listed; }
+    if (!listed) p.next = 0;   /* else nothing left for the threads */
     pthread_t th[PREFETCH_THREADS];
-    int nt = n < PREFETCH_THREADS ? (int)n : PREFETCH_THREADS, started = 0;
+    int nt = listed ? 0 : n < PREFETCH_THREADS ? (int)n : PREFETCH_THREADS, started = 0;
     for (int i = 0; i < nt; i++)
         if (pthread_create(&th[i], NULL, prefetch_worker, &p) == 0) started++;
-    if (!started) prefetch_worker(&p);
+    if (!started && !listed) prefetch_worker(&p);
     for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
     pthread_mutex_destroy(&p.lock);
     int rc = p.rc;

@@ -35,7 +35,12 @@ void ferry_zchunks_free(ferry_zchunks *c);
 /* Size of the chunk object at url: 1 (*size set), 0 absent, or a negative
  * code naming url (and the HTTP status). */
 int ferry_zremote_chunk(ferry_zremote *z, ferry_zchunks *c, const char *url, uint64_t *size);
-/* Sizes of urls[0..n) at once, on several threads, where the store cannot
- * be listed (a web server): later ferry_zremote_chunk calls find them. */
-int ferry_zremote_prefetch(ferry_zremote *z, ferry_zchunks *c, char *const *urls, size_t n);
+/* Sizes of urls[0..n) (chunk objects under the array's URL dir, spread over
+ * ndirs directories, of total chunks in its grid) fetched ahead for later
+ * ferry_zremote_chunk calls. A store that can be listed: nothing where few
+ * directories are touched (each is listed when first asked), one listing of
+ * everything under dir where the call touches a quarter of the array or more,
+ * else as a web server's: the objects opened at once on several threads. */
+int ferry_zremote_prefetch(ferry_zremote *z, ferry_zchunks *c, char *const *urls, size_t n, const char *dir,
+                           size_t ndirs, uint64_t total);
 #endif

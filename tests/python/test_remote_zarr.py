@@ -388,3 +388,19 @@ def test_gs_anonymous_store_and_glob(tmp_path, monkeypatch):
         assert ctx.url_glob("gs://data/shards/part*.npy") == [f"gs://data/shards/part{i}.npy" for i in range(5)]
     finally:
         gcs.stop()
+
+
+def test_s3_chunks_in_many_directories(s3, tmp_path):
+    # v3 keys c/<t>/0: one directory per time step. A few steps: each directory
+    # listed; many steps, a small part of the array: the chunk objects opened at
+    # once; most of the array: one listing of its keys. The same values each way.
+    g = zarr.open_group(str(tmp_path / "s"), mode="w", zarr_format=3)
+    a = g.create_array("t", shape=(40, 6), chunks=(1, 6), dtype="<f8", fill_value=-1.0,
+                       compressors=[zarr.codecs.ZstdCodec(level=1)])
+    a[:36] = np.arange(36 * 6, dtype="<f8").reshape(36, 6)
+    s3.upload(tmp_path / "s", "d.zarr")
+    s3.lock()
+    ref = zarr.open_group(str(tmp_path / "s"), mode="r")["t"][...]
+    with ferry.open("s3://data/d.zarr", storage_options=s3.options) as f:
+        for sel in ((slice(3, 5),), (slice(30, 39),), (slice(None),), (slice(0, 40, 3),)):
+            np.testing.assert_array_equal(f.read("t", sel), ref[sel])
