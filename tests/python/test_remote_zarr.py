@@ -404,3 +404,40 @@ def test_s3_chunks_in_many_directories(s3, tmp_path):
     with ferry.open("s3://data/d.zarr", storage_options=s3.options) as f:
         for sel in ((slice(3, 5),), (slice(30, 39),), (slice(None),), (slice(0, 40, 3),)):
             np.testing.assert_array_equal(f.read("t", sel), ref[sel])
+
+
+def test_https_store_with_a_ca_bundle(tmp_path, monkeypatch):
+    """TLS with a self-signed certificate: refused by default (verification is always
+    on), read with storage_options={"ca_bundle": ...} (or fsspec's client_kwargs verify)."""
+    import shutil
+    import ssl
+    import subprocess
+    xr = pytest.importorskip("xarray")
+    if not shutil.which("openssl"):
+        pytest.skip("no openssl command to make a certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    r = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                        str(cert), "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                       capture_output=True, timeout=60)
+    if r.returncode:
+        pytest.skip("openssl could not make a certificate: " + r.stderr.decode(errors="replace")[-200:])
+    monkeypatch.setenv("FERRY_REMOTE_RETRY_SECONDS", "5")
+    s = RangeServer()
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(cert, key)
+    s.httpd.socket = tls.wrap_socket(s.httpd.socket, server_side=True)
+    s.start()
+    try:
+        write_store(tmp_path / "s", 3, consolidated=True)
+        for p in sorted((tmp_path / "s").rglob("*")):
+            if p.is_file():
+                s.put(f"t.zarr/{p.relative_to(tmp_path / 's').as_posix()}", p.read_bytes())
+        url = f"https://127.0.0.1:{s.port}/t.zarr"
+        local = xr.open_dataset(tmp_path / "s", engine="zarr").load()
+        with pytest.raises(FerryError) as ei:
+            xr.open_dataset(url, engine="ferry")
+        assert "127.0.0.1" in str(ei.value) and "certificate" in str(ei.value).lower(), str(ei.value)
+        for so in ({"ca_bundle": str(cert)}, {"client_kwargs": {"verify": str(cert)}}):
+            xr.testing.assert_identical(xr.open_dataset(url, engine="ferry", storage_options=so).load(), local)
+    finally:
+        s.stop()
