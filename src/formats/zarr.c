@@ -1,4 +1,5 @@
-/* zarr.c — Zarr v2 and v3 stores on a local directory.
+/* zarr.c — Zarr v2 and v3 stores on a local directory, or at a URL (the
+ * objects behind the store's prefix stand in for its files: zarr_remote.c).
  *
  * Open: read the metadata (zarr.json for v3; .zarray/.zgroup/.zattrs for v2;
  * consolidated metadata — .zmetadata, or v3 "consolidated_metadata" — when the

@@ -114,8 +114,16 @@ int ferry_zremote_children(ferry_zremote *z, const char *dir, size_t max, char *
     for (size_t i = 0; i < L.n; i++) k += L.e[i].dir;
     char **v = k ? malloc(k * sizeof *v) : NULL;
     if (k && !v) rc = ferry_seterr(FERRY_ENOMEM, "out of memory");
-    for (size_t i = 0; rc == 0 && i < L.n; i++)
-        if (L.e[i].dir) { v[(*n)++] = L.e[i].name; L.e[i].name = NULL; }
+    for (size_t i = 0; rc == 0 && i < L.n; i++) {
+        if (!L.e[i].dir) continue;
+        const char *nm = L.e[i].name;
+        /* a listing is the server's word: a member "." or ".." (or with a '/')
+         * would name objects outside the store once joined to a URL */
+        if (!strcmp(nm, ".") || !strcmp(nm, "..") || strchr(nm, '/'))
+            rc = ferry_seterr(FERRY_EFORMAT, "%s: the listing names a member \"%s\", which is no key inside the store",
+                              dir, nm);
+        else { v[(*n)++] = L.e[i].name; L.e[i].name = NULL; }
+    }
     ferry_remote_listing_free(&L);
     if (rc < 0) { free(v); *n = 0; return rc; }
     *names = v;
