@@ -172,17 +172,11 @@ void ferry_zchunks_free(ferry_zchunks *c) {
 
 static int cmp_zsize(const void *a, const void *b) { return strcmp(((const zsize *)a)->url, ((const zsize *)b)->url); }
 
-/* Size of one object by opening it: 1, 0 (404), or an error naming it. */
+/* Size of one object (one request for its first byte): 1, 0 (404), or an error naming it. */
 static int open_size(ferry_ctx *ctx, const char *url, uint64_t *size) {
-    ferry_file *f;
-    int rc = ferry_file_open(ctx, url, FERRY_READ, &f);
+    int rc = ferry_remote_stat(url, ferry_ctx_remote_opts(ctx), size);
     if (rc == -ENOENT) { ferry_clearerr(); return 0; }
-    if (rc < 0) return rc;
-    int64_t s = ferry_file_size(f);
-    ferry_file_close(f);
-    if (s < 0) return (int)s;
-    *size = (uint64_t)s;
-    return 1;
+    return rc < 0 ? rc : 1;
 }
 
 int ferry_zremote_chunk(ferry_zremote *z, ferry_zchunks *c, const char *url, uint64_t *size) {

@@ -90,6 +90,10 @@ int ferry_remote_open_opts(const char *url, const ferry_remote_opts *o, ferry_re
     return ferry_seterr(FERRY_EUNSUPPORTED, "%s: reading %.*s:// URLs needs libcurl, and this ferry was built without it "
                         "(install libcurl's headers, e.g. libcurl4-openssl-dev, and rebuild)", url, (int)(e - url), url);
 }
+int ferry_remote_stat(const char *url, const ferry_remote_opts *o, uint64_t *size) {
+    ferry_remote *r;
+    return ferry_remote_open_opts(url, o, &r);
+}
 uint64_t ferry_remote_size(const ferry_remote *r) { return 0; }
 int64_t ferry_remote_pread(ferry_remote *r, void *buf, size_t len, uint64_t off) {
     return ferry_seterr(FERRY_EUNSUPPORTED, "remote objects need libcurl");
@@ -549,6 +553,40 @@ int ferry_remote_open_opts(const char *url, const ferry_remote_opts *o, ferry_re
     }
     *out = r;
     return 0;
+}
+
+/* The size of the object at url, nothing kept: a GET of its first byte (not
+ * a HEAD: a server that answers a HEAD with a body, as some do for errors,
+ * would leave bytes on the kept-alive connection for the next response). */
+int ferry_remote_stat(const char *url, const ferry_remote_opts *o, uint64_t *size) {
+    pthread_once(&curl_once_, curl_init_once);
+    if (curl_init_rc_ != CURLE_OK) return ferry_seterr(FERRY_EIO, "%s: libcurl failed to start: %s", url, curl_easy_strerror(curl_init_rc_));
+    ferry_remote *r = calloc(1, sizeof *r);
+    if (!r || !(r->name = strdup(url))) { free(r); return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", url); }
+    int rc = read_knobs(&r->k);
+    ferry_url_scheme s = ferry_url_scheme_of(url);
+    if (rc == 0 && (s == FERRY_URL_S3 || s == FERRY_URL_GS)) {
+        r->bucket = 1;
+        rc = ferry_s3_setup_opts(url, o, &r->u, &r->auth);
+    } else if (rc == 0) {
+        rc = ferry_url_parse(url, NULL, &r->u);
+    }
+    if (rc == 0 && o && o->ca_bundle && !(r->ca_bundle = strdup(o->ca_bundle))) rc = ferry_seterr(FERRY_ENOMEM, "%s: out of memory", url);
+    uint8_t one;
+    xfer x = {.r = r, .dst = &one, .off = 0, .len = 1, .open = 1};
+    if (rc == 0) rc = run(r, &x, 1);
+    if (rc == NEED_HEAD) {   /* no byte 0: an empty object */
+        *size = 0;
+        rc = 0;
+    } else if (rc == 0) {
+        if (x.resp.status == 206 && x.resp.have_crange == 1) *size = x.resp.cr_total;
+        else if (x.resp.status == 200 && x.resp.have_clen) *size = x.resp.clen;
+        else rc = ferry_seterr(FERRY_EIO, "HTTP %ld: the response gives no size (no Content-Range or Content-Length)",
+                               x.resp.status);
+    }
+    if (rc < 0) ferry_preerr(rc, "%s", url);
+    remote_free(r);
+    return rc;
 }
 
 uint64_t ferry_remote_size(const ferry_remote *r) { return r->size; }

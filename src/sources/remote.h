@@ -21,6 +21,10 @@ int ferry_remote_is_url(const char *path);
 int ferry_remote_open(const char *url, ferry_remote **out);
 /* The same with the caller's options (ropts.h; NULL: the environment's only). */
 int ferry_remote_open_opts(const char *url, const ferry_remote_opts *o, ferry_remote **out);
+/* The size of the object at url by one request for its first byte (nothing kept open):
+ * 0, -ENOENT when there is none (HTTP 404), or another negative code naming
+ * url and the HTTP status. */
+int ferry_remote_stat(const char *url, const ferry_remote_opts *o, uint64_t *size);
 uint64_t ferry_remote_size(const ferry_remote *r);
 /* Read [off, off+len) into buf: len bytes, fewer only where the object
  * ends; a negative code with a message (byte range, HTTP status, the
