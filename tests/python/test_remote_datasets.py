@@ -112,3 +112,19 @@ def test_xarray_dataset_over_an_s3_glob(bucket, tmp_path):
     assert len(got) == len(want) > 0
     for g, w in zip(got, want):
         assert_same(g, w)
+
+
+def test_datasets_with_a_context_holding_the_options(s3, tmp_path):  # noqa: F811
+    # no endpoint or keys in the environment: the Context's remote options list
+    # the bucket and read the objects
+    from ferry._remote import remote_context
+    from ferry.torch import ArrayDataset, TokenDataset
+    for i in range(3):
+        put(s3, f"ctx/s{i}.npy", npy(np.full((4, 2), i, dtype=np.int16)))
+        put(s3, f"ctx/t{i}.npy", npy(np.arange(300 * i, 300 * i + 300, dtype=np.uint16)))
+    s3.lock()
+    ctx = remote_context(s3.options)
+    got = batches(ArrayDataset("s3://data/ctx/s*.npy", batch_size=4, device="cpu", ctx=ctx))
+    assert [int(b[0, 0]) for b in got] == [0, 1, 2]
+    toks = batches(TokenDataset("s3://data/ctx/t*.npy", seq_len=50, batch_size=2, shuffle=False, device="cpu", ctx=ctx))
+    assert len(toks) > 0

@@ -104,7 +104,7 @@ def _load_token_field(ctx, files, seq_len, dtype):
     if dtype not in _TOKEN_DTYPES:
         raise ValueError(f"TokenDataset: dtype must be one of {sorted(_TOKEN_DTYPES)}, not {dtype!r}")
     want, tdt = _TOKEN_DTYPES[dtype]
-    paths = _expand(files)
+    paths = _expand(files, ctx)
     offsets, tokens = [], []
     isz = int(want[2:])
     for p in paths:
