@@ -441,3 +441,17 @@ def test_https_store_with_a_ca_bundle(tmp_path, monkeypatch):
             xr.testing.assert_identical(xr.open_dataset(url, engine="ferry", storage_options=so).load(), local)
     finally:
         s.stop()
+
+
+def test_gs_hmac_keys_list_through_the_s3_api(s3, tmp_path, monkeypatch):
+    # gs:// with HMAC keys: GCS's S3-compatible API, ListObjectsV2 signed (moto checks)
+    ref = write_store(tmp_path / "s", 3)
+    s3.upload(tmp_path / "s", "h.zarr")
+    s3.lock()
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", s3.endpoint)
+    monkeypatch.setenv("GS_ACCESS_KEY_ID", s3.options["key"])
+    monkeypatch.setenv("GS_SECRET_ACCESS_KEY", s3.options["secret"])
+    with ferry.open("gs://data/h.zarr") as f:
+        np.testing.assert_array_equal(f.read("temp"), ref["temp"][...])
+    assert ferry.default_context().url_glob("gs://data/h.zarr/*/zarr.json") == [
+        "gs://data/h.zarr/count/zarr.json", "gs://data/h.zarr/temp/zarr.json"]
