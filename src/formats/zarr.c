@@ -1226,6 +1226,8 @@ static int open_v3(open_ctx *o, const char *dir, const char *rel) {
         } else if (!rc) {
             char **kids; int nk;
             rc = list_children(o->z, dir, &kids, &nk);
+            static const char *const v3docs[] = {"zarr.json"};
+            if (!rc && o->z->rs) ferry_zremote_prefetch_docs(o->z->rs, dir, kids, nk, v3docs, 1, ZARR_MAX_META);
             for (int i = 0; i < nk && !rc; i++) {
                 char *cdir = join(dir, kids[i]);
                 char *cf = cdir ? join(cdir, "zarr.json") : NULL;
@@ -1385,6 +1387,8 @@ static int open_v2(open_ctx *o, const char *dir, const char *rel) {
         char **kids; int nk;
         if (!rc) {
             rc = list_children(o->z, dir, &kids, &nk);
+            static const char *const v2docs[] = {".zarray", ".zgroup", ".zattrs"};
+            if (!rc && o->z->rs) ferry_zremote_prefetch_docs(o->z->rs, dir, kids, nk, v2docs, 3, ZARR_MAX_META);
             for (int i = 0; i < nk && !rc; i++) {
                 char *cdir = join(dir, kids[i]);
                 if (!cdir) { rc = FERRY_ENOMEM; break; }

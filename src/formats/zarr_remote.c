@@ -66,6 +66,21 @@ static int fetch(ferry_ctx *ctx, const char *url, size_t max, char **text, size_
     return 1;
 }
 
+/* Keep url's document (text owned from here on; present 0: no such object). */
+static int doc_put(ferry_zremote *z, const char *url, char *text, size_t len, int present) {
+    if (z->ndocs == z->capdocs) {
+        size_t cap = z->capdocs ? 2 * z->capdocs : 16;
+        zdoc *d = realloc(z->docs, cap * sizeof *d);
+        if (!d) { free(text); return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", url); }
+        z->docs = d;
+        z->capdocs = cap;
+    }
+    char *u = strdup(url);
+    if (!u) { free(text); return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", url); }
+    z->docs[z->ndocs++] = (zdoc){u, text, len, present};
+    return 0;
+}
+
 int ferry_zremote_doc(ferry_zremote *z, const char *url, size_t max, const char **text, size_t *len) {
     for (size_t i = 0; i < z->ndocs; i++)
         if (!strcmp(z->docs[i].url, url)) {
@@ -77,19 +92,65 @@ int ferry_zremote_doc(ferry_zremote *z, const char *url, size_t max, const char 
     size_t n;
     int rc = fetch(z->ctx, url, max, &t, &n);
     if (rc < 0) return rc;
-    if (z->ndocs == z->capdocs) {
-        size_t cap = z->capdocs ? 2 * z->capdocs : 16;
-        zdoc *d = realloc(z->docs, cap * sizeof *d);
-        if (!d) { free(t); return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", url); }
-        z->docs = d;
-        z->capdocs = cap;
-    }
-    char *u = strdup(url);
-    if (!u) { free(t); return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", url); }
-    z->docs[z->ndocs++] = (zdoc){u, t, n, rc};
+    int present = rc;
+    if ((rc = doc_put(z, url, t, n, present)) < 0) return rc;
     *text = t;
     *len = n;
-    return rc;
+    return present;
+}
+
+/* ---- members' documents, many at once --------------------------------------- */
+typedef struct docjob {
+    ferry_ctx *ctx;
+    char **urls;
+    char **text;
+    size_t *len;
+    int *present;
+    size_t n, next, max;
+    pthread_mutex_t lock;
+} docjob;
+
+static void *doc_worker(void *arg) {
+    docjob *j = arg;
+    for (;;) {
+        pthread_mutex_lock(&j->lock);
+        size_t i = j->next++;
+        pthread_mutex_unlock(&j->lock);
+        if (i >= j->n) return NULL;
+        int rc = fetch(j->ctx, j->urls[i], j->max, &j->text[i], &j->len[i]);
+        j->present[i] = rc;   /* an error is not kept: the parser asks again, and reports it */
+        if (rc < 0) ferry_clearerr();
+    }
+}
+
+void ferry_zremote_prefetch_docs(ferry_zremote *z, const char *dir, char *const *names, int n,
+                                 const char *const *docs, int ndocs, size_t max) {
+    size_t total = (size_t)(n > 0 ? n : 0) * (size_t)(ndocs > 0 ? ndocs : 0);
+    if (total < 2) return;
+    docjob j = {z->ctx, calloc(total, sizeof(char *)), calloc(total, sizeof(char *)), calloc(total, sizeof(size_t)),
+                calloc(total, sizeof(int)), total, 0, max, PTHREAD_MUTEX_INITIALIZER};
+    int ok = j.urls && j.text && j.len && j.present;
+    for (size_t k = 0; ok && k < total; k++) {
+        const char *nm = names[k / (size_t)ndocs], *doc = docs[k % (size_t)ndocs];
+        size_t l = strlen(dir) + strlen(nm) + strlen(doc) + 3;
+        if (!(j.urls[k] = malloc(l))) { ok = 0; break; }
+        snprintf(j.urls[k], l, "%s/%s/%s", dir, nm, doc);
+    }
+    if (ok) {
+        pthread_t th[PREFETCH_THREADS];
+        int nt = total < PREFETCH_THREADS ? (int)total : PREFETCH_THREADS, started = 0;
+        for (int i = 0; i < nt; i++)
+            if (pthread_create(&th[i], NULL, doc_worker, &j) == 0) started++;
+        if (!started) doc_worker(&j);
+        for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+        for (size_t k = 0; k < total; k++)
+            if (j.present[k] >= 0 && doc_put(z, j.urls[k], j.text[k], j.len[k], j.present[k]) == 0) j.text[k] = NULL;
+        ferry_clearerr();   /* an unkept document is fetched again when asked */
+    }
+    for (size_t k = 0; j.urls && k < total; k++) free(j.urls[k]);
+    for (size_t k = 0; j.text && k < total; k++) free(j.text[k]);
+    free(j.urls); free(j.text); free(j.len); free(j.present);
+    pthread_mutex_destroy(&j.lock);
 }
 
 int ferry_zremote_children(ferry_zremote *z, const char *dir, size_t max, char ***names, int *n) {

@@ -24,6 +24,12 @@ int ferry_zremote_doc(ferry_zremote *z, const char *url, size_t max, const char 
 /* The sub-"directories" of dir (a URL), sorted, malloc'ed (free each and the
  * array). FERRY_EUNSUPPORTED naming the store where objects cannot be listed. */
 int ferry_zremote_children(ferry_zremote *z, const char *dir, size_t max, char ***names, int *n);
+/* The documents docs[0..ndocs) of each member names[0..n) of dir, fetched at
+ * once on several threads into the cache ferry_zremote_doc reads (a store
+ * without consolidated metadata: one request per document, not one after
+ * another). Failures are not kept: the parser asks again and reports them. */
+void ferry_zremote_prefetch_docs(ferry_zremote *z, const char *dir, char *const *names, int n,
+                                 const char *const *docs, int ndocs, size_t max);
 /* 1 when a Zarr store (zarr.json, .zgroup, .zarray or .zmetadata) is at url. */
 int ferry_zremote_probe(ferry_ctx *ctx, const char *url);
 
