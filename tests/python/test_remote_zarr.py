@@ -455,3 +455,12 @@ def test_gs_hmac_keys_list_through_the_s3_api(s3, tmp_path, monkeypatch):
         np.testing.assert_array_equal(f.read("temp"), ref["temp"][...])
     assert ferry.default_context().url_glob("gs://data/h.zarr/*/zarr.json") == [
         "gs://data/h.zarr/count/zarr.json", "gs://data/h.zarr/temp/zarr.json"]
+
+
+def test_http_netcdf4_is_refused_clearly(web, tmp_path):
+    xr = pytest.importorskip("xarray")
+    pytest.importorskip("h5netcdf")
+    xr.Dataset({"v": ("x", np.arange(5.0))}).to_netcdf(tmp_path / "b.nc", engine="h5netcdf")
+    url = web.put("b.nc", (tmp_path / "b.nc").read_bytes())
+    with pytest.raises(FerryError, match="netCDF-4/HDF5 over URLs is not read by engine='ferry' yet"):
+        xr.open_dataset(url, engine="ferry")
