@@ -381,6 +381,10 @@ enum {
  *   - gs://BUCKET/KEY: https://storage.googleapis.com/BUCKET/KEY (or
  *     STORAGE_EMULATOR_HOST), anonymous; with GS_ACCESS_KEY_ID and
  *     GS_SECRET_ACCESS_KEY (HMAC keys) signed for its S3-compatible API.
+ *  Options set on ctx (ferry_ctx_set_remote_option, ferry_experimental.h:
+ *  endpoint, region, addressing, keys or anonymous, a CA bundle) come before
+ *  these variables. ferry_dataset_open also takes the URL of a Zarr store (the
+ *  prefix of its objects; listed where it has no consolidated metadata).
  *  Other schemes are FERRY_EUNSUPPORTED naming the scheme; so is every URL but
  *  file:// in a ferry built without libcurl.
  *  Opening a remote object costs one request: a GET of its first 64 KiB,

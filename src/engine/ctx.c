@@ -4,6 +4,7 @@
 #include "engine/knobs.h"
 #include "engine/gather.h"
 #include "engine/gpudecode.h"
+#include "engine/remotectx.h"
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
@@ -68,6 +69,7 @@ void ferry_ctx_destroy(ferry_ctx *c) {
     pthread_mutex_unlock(&c->lock);
     ferry_pool_stop(c);
     ferry_fcache_free(&c->files);
+    ferry_ctx_remote_free(c);
     ferry_gather_pool_free(c->gather_pool);
     ferry_gpudecode_pool_free(c->gpu_pool);
     free(c->workers);

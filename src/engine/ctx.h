@@ -41,6 +41,7 @@ struct ferry_ctx {
     ferry_fcache files;           /* files opened by path (fcache.c) */
     struct ferry_gather_pool *gather_pool; /* pinned images of gathered batches (gather.c) */
     struct ferry_gpudecode_pool *gpu_pool; /* slots of cooperative GPU decode calls (gpudecode_dev.c) */
+    struct ferry_remote_opts *remote;   /* ferry_ctx_set_remote_option's (remotectx.c), or NULL */
     _Atomic uint64_t gpu_keep_free[FERRY_MAX_DEVICES]; /* ferry_plan_budget's keep_free per device (budget.c):
                                                           a job's end gives idle decode buffers back below it */
 };

@@ -6,6 +6,7 @@
 #include "engine/io.h"
 #include "engine/mapread.h"
 #include "engine/sysio.h"
+#include "engine/remotectx.h"
 #include "sources/remote.h"
 #include "sources/url.h"
 #include <errno.h>
@@ -24,7 +25,7 @@ static int open_remote(ferry_ctx *ctx, const char *url, int flags, ferry_file **
     if (flags & (FERRY_WRITE | FERRY_CREATE | FERRY_TRUNC))
         return ferry_seterr(FERRY_EUNSUPPORTED, "%s: remote objects are read-only here (open with FERRY_READ)", url);
     ferry_remote *r;
-    int rc = ferry_remote_open(url, &r);
+    int rc = ferry_remote_open_opts(url, ferry_ctx_remote_opts(ctx), &r);
     if (rc < 0) return rc;
     ferry_file *f = calloc(1, sizeof *f);
     char *p = strdup(url);

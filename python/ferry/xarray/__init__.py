@@ -43,8 +43,10 @@ reopens by path (with the new process's context) in another process, in a
 forked child and after close(); the file must still be the one parsed (inode,
 size, mtime), else FerryError. Every engine run is bracketed by that check.
 
-Input: local paths only (str, bytes, os.PathLike, file://, fsspec mappers and
-zarr stores of local directories); remote URLs are FerryError. Damaged
+Input: local paths (str, bytes, os.PathLike, file://, fsspec mappers and zarr
+stores of local directories) and s3://, gs://, http(s):// URLs of Zarr stores
+and netCDF classic files, with storage_options= (docs/remote.md; fsspec mappers
+of S3/GCS are taken as their URL and options); other schemes are FerryError. Damaged
 netCDF-4: the C parser's error naming the file, the byte and the object
 (never a dropped variable, never h5py's own exception).
 """

@@ -19,11 +19,11 @@ log = logging.getLogger("ferry.xarray")
 # ---------------------------------------------------------------------------
 # small helpers
 # ---------------------------------------------------------------------------
-def _format_of(path: str) -> str:
+def _format_of(path: str, ctx=None) -> str:
     """netcdf3, hdf5, zarr or refs (a kerchunk reference set), as the C library's one sniffer
-    (ferry_format_detect) sees it."""
+    (ferry_format_detect) sees it (with ctx's remote options for a URL)."""
     try:
-        fmt = _ferry.format_detect(path)
+        fmt = ctx.format_detect(path) if ctx is not None else _ferry.format_detect(path)
     except ferry.FerryError as e:
         if e.code != _ferry.ENOFORMAT or os.path.isdir(path):
             raise
