@@ -203,7 +203,7 @@ def load_batch(shards, samples, out, *, member=None, size=None, crop="random_res
         if (sh, sw) != (h, w):
             raise ValueError(f"load_batch: size {(sh, sw)} does not match out's {(h, w)}")
     if dt not in _OUT_DTYPES:
-        raise TypeError(f"load_batch: out has dtype {dt}; uint8, float16, bfloat16 or float32")
+        raise _checks.KeywordTypeError(f"load_batch: out has dtype {dt}; uint8, float16, bfloat16 or float32")
     if not contiguous:
         raise ValueError("load_batch: out must be C-contiguous")
     if crop not in _CROPS:

@@ -102,6 +102,7 @@ static const char *const codecs[] = {
     [FERRY_CODEC_ZSTD] = "zstd", [FERRY_CODEC_LZ4] = "lz4", [FERRY_CODEC_BLOSC] = "blosc",
     [FERRY_CODEC_SHUFFLE] = "shuffle", [FERRY_CODEC_CRC32C] = "crc32c",
     [FERRY_CODEC_FLETCHER32] = "fletcher32", [FERRY_CODEC_BYTESWAP] = "byteswap",
+    [FERRY_CODEC_H5LZ4] = "h5lz4", [FERRY_CODEC_BITSHUFFLE] = "bitshuffle",
 };
 #define NCODECS (sizeof codecs / sizeof codecs[0])
 
@@ -114,7 +115,7 @@ int ferry_codec_parse(const char *name, ferry_codec_id *out) {
         if (!strcmp(name, "deflate")) { *out = FERRY_CODEC_ZLIB; return 0; }
     }
     return ferry_seterr(FERRY_EINVAL, "unknown codec \"%s\" (none, zlib, gzip, zstd, lz4, blosc, shuffle, "
-                        "crc32c, fletcher32, byteswap)", name ? name : "");
+                        "crc32c, fletcher32, byteswap, h5lz4, bitshuffle)", name ? name : "");
 }
 
 /* HDF5's registered filter ids (H5Zpublic.h; 32001 and 32015 from the HDF

@@ -57,7 +57,7 @@ int parse_codec_id(PyObject *o, uint32_t *out) {
     }
     long v = PyLong_AsLong(o);
     if (v == -1 && PyErr_Occurred()) return -1;
-    if (v < 0 || v > FERRY_CODEC_BYTESWAP) { PyErr_Format(PyExc_ValueError, "unknown codec id %ld", v); return -1; }
+    if (v < 0 || v > FERRY_CODEC_BITSHUFFLE) { PyErr_Format(PyExc_ValueError, "unknown codec id %ld", v); return -1; }
     *out = (uint32_t)v;
     return 0;
 }
