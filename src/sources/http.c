@@ -12,7 +12,9 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 int ferry_remote_is_url(const char *path) {
     ferry_url_scheme s = ferry_url_scheme_of(path);
@@ -36,6 +38,8 @@ typedef struct knobs {
     uint64_t request_size;
     int connections, retries;
     double retry_s, stall_s;
+    char ca[1024];          /* the CA bundle to trust instead of the system's, or "" */
+    const char *ca_var;     /* the variable that named it */
 } knobs;
 
 static int env_num(const char *name, double lo, double hi, double *v) {
@@ -46,6 +50,34 @@ static int env_num(const char *name, double lo, double hi, double *v) {
     if (end == s || *end || !(x >= lo && x <= hi))
         return ferry_seterr(FERRY_EINVAL, "%s=\"%s\": not a number from %g to %g", name, s, lo, hi);
     *v = x;
+    return 0;
+}
+
+/* HTTPS servers are verified against the system's CAs, or against one PEM
+ * bundle named by FERRY_REMOTE_CA_BUNDLE, else by the names curl's tool and
+ * OpenSSL read (CURL_CA_BUNDLE, SSL_CERT_FILE): a private CA, or a test's
+ * self-signed server. There is no switch that turns verification off. Ours
+ * is checked here; the others are the environment's, and a bad one is named
+ * when a request fails on it. */
+static int read_ca_bundle(knobs *k) {
+    static const char *const vars[] = {"FERRY_REMOTE_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE"};
+    k->ca[0] = 0;
+    k->ca_var = NULL;
+    for (size_t i = 0; i < sizeof vars / sizeof *vars && !k->ca_var; i++) {
+        const char *v = getenv(vars[i]);
+        if (!v || !*v) continue;
+        struct stat st;
+        const char *bad = strlen(v) >= sizeof k->ca ? "the path is too long"
+                        : stat(v, &st) < 0 ? strerror(errno)
+                        : !S_ISREG(st.st_mode) ? "not a file"
+                        : access(v, R_OK) < 0 ? strerror(errno) : NULL;
+        if (bad && i == 0)
+            return ferry_seterr(FERRY_EINVAL, "FERRY_REMOTE_CA_BUNDLE=\"%s\": %s; it names a PEM file of the "
+                                "certificates to trust", v, bad);
+        if (strlen(v) >= sizeof k->ca) continue;
+        memcpy(k->ca, v, strlen(v) + 1);
+        k->ca_var = vars[i];
+    }
     return 0;
 }
 
@@ -68,7 +100,7 @@ static int read_knobs(knobs *k) {
     if ((rc = env_num("FERRY_REMOTE_STALL_SECONDS", 1, 3600, &k->stall_s)) < 0) return rc;
     k->connections = (int)conns;
     k->retries = (int)retries;
-    return 0;
+    return read_ca_bundle(k);
 }
 
 int ferry_remote_check_env(void) {
@@ -98,7 +130,6 @@ void ferry_remote_close(ferry_remote *r) {}
 #include <curl/curl.h>
 #include <pthread.h>
 #include <stdatomic.h>
-#include <unistd.h>
 
 #define HEAD_BYTES (64u << 10)   /* fetched at open: npy, safetensors and netCDF headers mostly fit */
 #define MAX_PAR 64               /* transfers one read keeps in flight at most */
@@ -299,6 +330,22 @@ static int classify(xfer *x, CURLcode res) {
                  (unsigned long long)x->pos, (unsigned long long)(x->off + x->got));
         return FERRY_EIO;
     }
+    if (res == CURLE_PEER_FAILED_VERIFICATION || res == CURLE_SSL_CACERT_BADFILE) {   /* final: say whom to trust */
+        const char *why = x->errbuf[0] ? x->errbuf : curl_easy_strerror(res), *var = r->k.ca_var;
+        char by[400] = "";
+        if (var) snprintf(by, sizeof by, " by the CA bundle %.300s (%s)", r->k.ca, var);
+        if (res == CURLE_SSL_CACERT_BADFILE)
+            snprintf(x->why, sizeof x->why, "the CA bundle %.300s (%s) could not be read: %.200s", r->k.ca,
+                     var ? var : "libcurl's default", why);
+        else if (strstr(why, "host name"))   /* trusted, but issued for another name */
+            snprintf(x->why, sizeof x->why, "the server's TLS certificate does not name this host (%.200s); "
+                     "use a host name the certificate holds", why);
+        else
+            snprintf(x->why, sizeof x->why, "the server's TLS certificate was not trusted%s (%.200s); to trust it, %s",
+                     by, why, var && !strcmp(var, "FERRY_REMOTE_CA_BUNDLE") ? "add the certificate of the CA that signed it to that file"
+                     : "name a PEM file holding the certificate of the CA that signed it in FERRY_REMOTE_CA_BUNDLE");
+        return FERRY_EIO;
+    }
     if (res != CURLE_OK && !(res == CURLE_WRITE_ERROR && x->stop)) {
         int w = snprintf(x->why, sizeof x->why, "%s%s%.300s", curl_easy_strerror(res), x->errbuf[0] ? ": " : "", x->errbuf);
         if (x->got && w > 0 && (size_t)w < sizeof x->why)
@@ -372,6 +419,7 @@ static int prepare(xfer *x, CURL *e) {
     curl_easy_setopt(e, CURLOPT_ERRORBUFFER, x->errbuf);
     curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(e, CURLOPT_USERAGENT, "ferry/" FERRY_VERSION_STRING);
+    if (r->k.ca[0]) curl_easy_setopt(e, CURLOPT_CAINFO, r->k.ca);
     /* a request that moves under 1 KiB/s for stall_s is ended (and retried):
      * a stalled server, or one that trickles */
     curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1024L);

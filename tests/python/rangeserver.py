@@ -1,8 +1,10 @@
 """A loopback HTTP range server for the remote-object tests (tests/python/
 test_remote.py, tests/gpu/test_remote_gpu.py): Range, ETag, If-Match -> 412,
-416 past the end, and faults injected per request."""
+416 past the end, and faults injected per request; HTTPS with a certificate the
+test made (test_remote_tls.py)."""
 import os
 import socket
+import ssl
 import threading
 from email.utils import formatdate, parsedate_to_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -14,10 +16,12 @@ class RangeServer:
     "replace", "stall"), `open_faults` the same for the GETs of an object's
     first bytes that open it; `log` records (method, range, if-match) per request."""
 
-    def __init__(self, etags=True):
+    def __init__(self, etags=True, tls=None):
         """etags=False: no ETag, a Last-Modified date per version instead
-        (If-Unmodified-Since -> 412), as servers of plain files may do."""
+        (If-Unmodified-Since -> 412), as servers of plain files may do.
+        tls=(certfile, keyfile): HTTPS with that certificate chain (PEM)."""
         self.etags = etags
+        self.scheme = "https" if tls else "http"
         self.objects = {}
         self.faults = []
         self.open_faults = []
@@ -112,7 +116,12 @@ class RangeServer:
                     return
                 self.send(status, headers, body)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.handshake_errors = []
+        self.httpd = (_TLSServer if tls else ThreadingHTTPServer)(("127.0.0.1", 0), Handler)
+        if tls:
+            self.httpd.tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            self.httpd.tls.load_cert_chain(*tls)
+            self.httpd.handshake_errors = self.handshake_errors
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
@@ -120,7 +129,7 @@ class RangeServer:
     def put(self, name, data):
         self.version += 1
         self.objects["/" + name] = (bytes(data), f'"v{self.version}"')
-        return f"http://127.0.0.1:{self.port}/{name}"
+        return f"{self.scheme}://127.0.0.1:{self.port}/{name}"
 
     def gets(self):
         return [x for x in self.log if x[0] == "GET"]
@@ -134,6 +143,23 @@ class RangeServer:
         self.httpd.shutdown()
         self.httpd.server_close()
         self.thread.join(10)
+
+
+class _TLSServer(ThreadingHTTPServer):
+    """HTTPS: each connection's handshake runs on its own thread (a client
+    that never finishes one holds up no other); a refused handshake (the
+    client did not trust the certificate) is recorded, not printed."""
+
+    def finish_request(self, request, client_address):
+        try:
+            conn = self.tls.wrap_socket(request, server_side=True)
+        except (ssl.SSLError, OSError) as e:
+            self.handshake_errors.append(str(e))
+            return
+        try:
+            super().finish_request(conn, client_address)
+        finally:
+            conn.close()
 
 
 def ferry_reads_urls():
