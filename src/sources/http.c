@@ -484,9 +484,10 @@ static int run(ferry_remote *r, xfer *xs, size_t n) {
         CURLMcode mc = curl_multi_perform(c->multi, &running);
         if (mc != CURLM_OK) { rc = ferry_seterr(FERRY_EIO, "libcurl: %s", curl_multi_strerror(mc)); break; }
         CURLMsg *m;
-        int q;
+        int q, finished = 0;
         while ((m = curl_multi_info_read(c->multi, &q))) {
             if (m->msg != CURLMSG_DONE) continue;
+            finished = 1;
             CURL *e = m->easy_handle;
             CURLcode res = m->data.result;
             xfer *x;
@@ -513,7 +514,9 @@ static int run(ferry_remote *r, xfer *xs, size_t n) {
                                       (unsigned long long)(x->off + x->len - 1), x->why);
             }
         }
-        if (left && rc == 0) {
+        /* a finished transfer freed a slot: start the next at once, not
+         * after the poll's timeout (each request would cost it) */
+        if (left && rc == 0 && !finished) {
             int ms = (int)((wake - now_s()) * 1000);
             curl_multi_poll(c->multi, NULL, 0, ms < 1 ? 1 : ms > 100 ? 100 : ms, NULL);
         }

@@ -117,7 +117,7 @@ class RangeServer:
                 self.send(status, headers, body)
 
         self.handshake_errors = []
-        self.httpd = (_TLSServer if tls else ThreadingHTTPServer)(("127.0.0.1", 0), Handler)
+        self.httpd = (_TLSServer if tls else _Server)(("127.0.0.1", 0), Handler)
         if tls:
             self.httpd.tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             self.httpd.tls.load_cert_chain(*tls)
@@ -145,7 +145,13 @@ class RangeServer:
         self.thread.join(10)
 
 
-class _TLSServer(ThreadingHTTPServer):
+class _Server(ThreadingHTTPServer):
+    # the listen backlog: socketserver's 5 drops the connections of a client
+    # that opens dozens at once, and each dropped SYN is resent a second later
+    request_queue_size = 128
+
+
+class _TLSServer(_Server):
     """HTTPS: each connection's handshake runs on its own thread (a client
     that never finishes one holds up no other); a refused handshake (the
     client did not trust the certificate) is recorded, not printed."""
