@@ -275,9 +275,11 @@ static size_t on_body(char *p, size_t sz, size_t nm, void *ud) {
         if (x->resp.status == 206 && x->resp.have_crange != 1) { x->bad_start = 1; return 0; }
         if (!x->open) {
             /* the response must be the version opened, whatever the server
-             * made of If-Match: same ETag, same size */
+             * made of If-Match (If-Unmodified-Since): same ETag (else same
+             * Last-Modified), same size */
             uint64_t total = x->resp.have_crange == 1 ? x->resp.cr_total : x->resp.clen;
             if ((r->etag[0] && x->resp.etag[0] && strcmp(r->etag, x->resp.etag)) ||
+                (!r->etag[0] && r->lastmod[0] && x->resp.lastmod[0] && strcmp(r->lastmod, x->resp.lastmod)) ||
                 ((x->resp.have_crange == 1 || x->resp.status == 200) && total != r->size)) {
                 x->changed = 1;
                 return 0;
@@ -319,9 +321,10 @@ static int classify(xfer *x, CURLcode res) {
     char msg[300];
     if (x->changed || x->resp.status == 412) {
         atomic_store(&r->changed, 1);
+        const char *was = r->etag[0] ? r->etag : r->lastmod, *now = r->etag[0] ? x->resp.etag : x->resp.lastmod;
+        int moved = now[0] && strcmp(now, was);
         snprintf(x->why, sizeof x->why, "the object changed since it was opened (%s %.120s%s%.120s): %s; open it again to read the new version",
-                 r->etag[0] ? "ETag" : "Last-Modified", r->etag[0] ? r->etag : r->lastmod,
-                 x->resp.etag[0] && strcmp(x->resp.etag, r->etag) ? ", now " : "", x->resp.etag[0] && strcmp(x->resp.etag, r->etag) ? x->resp.etag : "",
+                 r->etag[0] ? "ETag" : "Last-Modified", was, moved ? ", now " : "", moved ? now : "",
                  x->resp.status == 412 ? "HTTP 412 Precondition Failed" : "the server sent another version");
         return FERRY_EIO;
     }
