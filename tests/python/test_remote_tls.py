@@ -9,6 +9,10 @@ makes the same reads pass, byte for byte."""
 import datetime
 import io
 import ipaddress
+import os
+import shutil
+import socket
+import subprocess
 import time
 
 import numpy as np
@@ -198,3 +202,80 @@ def test_bad_bundle_paths_are_named(tls_server, pki, clean_env, tmp_path):
     with pytest.raises(FerryError) as ei:
         ferry.read(url, device="cpu")
     assert url in str(ei.value) and str(junk) in str(ei.value), str(ei.value)
+
+
+@pytest.fixture
+def nginx_tls(pki, clean_env, tmp_path):
+    """Debian's nginx serving tmp_path/www over HTTPS with the test's certificate."""
+    exe = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+    if not exe:
+        pytest.skip("nginx is not installed (tools/setup.sh installs nginx-light)")
+    www = tmp_path / "www"
+    www.mkdir()
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    user = "user root;\n" if os.geteuid() == 0 else ""   # workers must read tmp_path
+    chain, key = pki.server
+    conf = tmp_path / "nginx.conf"
+    conf.write_text(f"""{user}worker_processes 1;
+error_log {tmp_path}/error.log;
+pid {tmp_path}/nginx.pid;
+events {{ worker_connections 64; }}
+http {{
+    access_log {tmp_path}/access.log;
+    client_body_temp_path {tmp_path}/body;
+    proxy_temp_path {tmp_path}/proxy;
+    fastcgi_temp_path {tmp_path}/fastcgi;
+    uwsgi_temp_path {tmp_path}/uwsgi;
+    scgi_temp_path {tmp_path}/scgi;
+    server {{
+        listen 127.0.0.1:{port} ssl;
+        ssl_certificate {chain};
+        ssl_certificate_key {key};
+        root {www};
+    }}
+}}
+""")
+    p = subprocess.Popen([exe, "-c", str(conf), "-p", str(tmp_path), "-g", "daemon off;"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if p.poll() is not None or time.monotonic() > deadline:
+                p.kill()
+                pytest.skip("nginx did not start: " + p.stderr.read().decode(errors="replace")[-300:])
+            time.sleep(0.05)
+    yield www, f"https://127.0.0.1:{port}"
+    p.terminate()
+    try:
+        p.wait(10)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+
+
+def test_nginx_over_tls(nginx_tls, pki, clean_env):
+    """A real web server over HTTPS: refused untrusted, read whole once its CA
+    is named, each range pinned to the version (nginx's ETag) opened."""
+    www, base = nginx_tls
+    a = np.random.default_rng(2).standard_normal((1000, 300))
+    np.save(www / "a.npy", a)
+    url = base + "/a.npy"
+    with pytest.raises(FerryError) as ei:
+        ferry.read(url, device="cpu")
+    assert url in str(ei.value) and "certificate was not trusted" in str(ei.value)
+    clean_env.setenv("FERRY_REMOTE_CA_BUNDLE", pki.ca)
+    clean_env.setenv("FERRY_REMOTE_REQUEST_SIZE", "128K")
+    np.testing.assert_array_equal(ferry.read(url, device="cpu"), a)
+    with ferry.open(url) as f:
+        np.save(www / "a.npy", a * 2)   # rewritten in place, same size, another mtime: another ETag
+        os.utime(www / "a.npy", (time.time() + 5, time.time() + 5))
+        with pytest.raises(FerryError) as ei:
+            f.read(None, slice(500, 600))
+        assert url in str(ei.value) and "changed since it was opened" in str(ei.value)
+    np.testing.assert_array_equal(ferry.read(url, device="cpu"), a * 2)
