@@ -221,6 +221,8 @@ test-cudasim: all $(B)/cudasim/libcuda.so.1 $(B)/cudasim/cufile/libcufile.so.0 $
 	    tools/run-c-tests.sh $(B)/tests/gpu/test_gpu_engine
 	@echo "  the GPU decode tests again with FERRY_GPU_CHECK=one (one feeder checks a job's calls):"
 	@$(SIM_C_ENV) FERRY_GPU_CHECK=one ASAN_OPTIONS=detect_leaks=1 tools/run-c-tests.sh $(filter %/test_gpu_decode,$(GPU_C_TESTS))
+	@echo "  the image batch again on a device without the JPEG engine (nvJPEG's CUDA backend only):"
+	@$(SIM_C_ENV) NVJPEGSIM_NO_HW=1 ASAN_OPTIONS=detect_leaks=1 tools/run-c-tests.sh $(filter %/test_gpu_imagebatch,$(GPU_C_TESTS))
 	@echo "  ferry bench on the stand-in driver (every path's bytes verified):"
 	@$(SIM_C_ENV) $(B)/ferry bench --size 16M --reps 1 --no-cold --no-latency --file $(B)/cudasim-bench.bin \
 	    > $(B)/cudasim-bench.log 2>&1 && echo "  1 passed, 0 failed" || { cat $(B)/cudasim-bench.log; echo "  0 passed, 1 failed"; exit 1; }

@@ -360,7 +360,8 @@ enum {
  *  (a FIFO would block a read forever), ...
  *
  *  URLs. path may be a URL, read like a file (FERRY_READ only; FERRY_WRITE is
- *  FERRY_EUNSUPPORTED):
+ *  FERRY_EUNSUPPORTED: ferry_object_write in ferry_experimental.h writes s3://
+ *  and gs:// objects whole):
  *   - file:///abs/path (host empty or "localhost"; %XX decoded): the local file.
  *   - http://host[:port]/path?query, https://...: sent as written.
  *   - s3://BUCKET/KEY: the key is encoded by ferry. Endpoint: AWS_ENDPOINT_URL_S3,
@@ -663,6 +664,10 @@ typedef struct ferry_stats {
     uint64_t gpu_chunks;          /* chunks decoded by nvCOMP */
     uint64_t gpu_batches;         /* batched nvCOMP calls */
     uint64_t gpu_cpu_fallbacks;   /* chunks bound for the GPU decoder that the CPU decoded */
+    uint64_t image_gpu;           /* images decoded by nvJPEG (ferry_image_batch) */
+    uint64_t image_cpu;           /* images decoded by the CPU threads (ferry_image_batch) */
+    uint64_t image_skipped;       /* samples left out by ferry_image_batch's on_error SKIP */
+    uint64_t image_fallbacks;     /* images bound for nvJPEG that the CPU decoded (any reason) */
 } ferry_stats;
 
 void ferry_stats_get(ferry_ctx *ctx, ferry_stats *out);
@@ -777,7 +782,14 @@ typedef struct ferry_dataset ferry_dataset;
  *  JSON's directory, which local files must lie in unless opts->allow_outside;
  *  URLs are read remotely. A reference whose file is missing, lies outside, or
  *  ends before its offset + length fails the plan that needs it, naming the
- *  JSON, the key and the file. Parquet reference sets are refused. */
+ *  JSON, the key and the file. Parquet reference sets are refused.
+ *  A Hugging Face checkpoint directory by URL (objects are not listed):
+ *  "URL/" opens URL/model.safetensors.index.json, else URL/model.safetensors;
+ *  a URL naming no object (404), opened as safetensors or with no format, is
+ *  tried as URL/ and then as URL.index.json. An index's shards are the
+ *  objects beside it, each pinned to the version it had when opened (its
+ *  ETag); a set whose shards carry another save's id ("ferry.save") than the
+ *  index is -ESTALE: two saves are never mixed. */
 int ferry_dataset_open(ferry_ctx *ctx, const char *path, const ferry_open_opts *opts, ferry_dataset **out);
 /** Close and free. Plans made by ferry_dataset_plan_read may name the files
  *  the dataset keeps open (npy, safetensors, netcdf3, hdf5): close it only after
@@ -785,6 +797,10 @@ int ferry_dataset_open(ferry_ctx *ctx, const char *path, const ferry_open_opts *
  *  returned (ferry_var_info's, the *_json ones) dies with it. NULL: no-op. */
 void ferry_dataset_close(ferry_dataset *ds);
 const char *ferry_dataset_format(const ferry_dataset *ds);   /* "npy", "safetensors", ... (static) */
+/** The file or store opened: path as given, or what a directory (or a
+ *  directory URL) resolved to -- a Hugging Face checkpoint directory opens
+ *  its model.safetensors.index.json or model.safetensors. Valid while ds is. */
+const char *ferry_dataset_path(const ferry_dataset *ds);
 /** Byte offset of the HDF5 superblock signature "\x89HDF\r\n\x1a\n" (the
  *  container of netCDF-4) in the file at path: 0, or 512, 1024, 2048, ... after
  *  a user block. FERRY_ENOFORMAT when the file has none, -errno when it cannot

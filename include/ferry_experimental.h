@@ -240,6 +240,187 @@ int64_t ferry_image_decode_cuda(const void *data, size_t n, int device, uintptr_
 /** "loaded nvJPEG 12.4 from libnvjpeg.so.12", or why nvJPEG is not loaded (static text). */
 const char *ferry_nvjpeg_status(void);
 
+/* ------------------------------------------------------------------------- */
+/* Writing objects (s3://, gs://)                                             */
+/* ------------------------------------------------------------------------- */
+/** Write the n bytes at data as the object at url, whole or not at all.
+ *  url: s3://BUCKET/KEY, or gs://BUCKET/KEY signed with HMAC keys (GCS's
+ *  S3-compatible API); endpoint, region and credentials as ferry_file_open
+ *  reads them. Up to the part size: one PUT. Above it: a multipart upload --
+ *  CreateMultipartUpload, the parts sent side by side (at most
+ *  FERRY_REMOTE_CONNECTIONS, 64 at most per call), CompleteMultipartUpload.
+ *  Each request is retried as reads are (timeouts, resets, 5xx, 429,
+ *  SlowDown; FERRY_REMOTE_RETRIES, FERRY_REMOTE_RETRY_SECONDS,
+ *  FERRY_REMOTE_STALL_SECONDS). Any failure aborts the upload
+ *  (AbortMultipartUpload): unless the call returns 0, the object at url is
+ *  what it was before (or absent) and no pending upload remains; an abort
+ *  that fails too is said in the message, with the upload id to abort.
+ *  FERRY_REMOTE_PART_SIZE: bytes per part (16M; 5M to 5G, S3's bounds),
+ *  grown by whole MiB where 10,000 parts (S3's most) would not cover n.
+ *  Small bodies (up to 1 MiB) are signed with their SHA-256; larger ones are
+ *  sent as UNSIGNED-PAYLOAD (TLS protects them on https endpoints).
+ *  http:// and https:// are FERRY_EUNSUPPORTED (HTTP has no one protocol
+ *  for writing an object whole), as is every URL in a ferry built without
+ *  libcurl; plain paths and file:// are FERRY_EINVAL (ferry_pwrite writes
+ *  files). data must stay valid and unchanged until the call returns; it is
+ *  read from the calling thread's requests, never copied. 0, or a negative
+ *  code with the thread's message naming url, the request (the part and its
+ *  bytes), the HTTP status and the server's message. */
+int ferry_object_write(ferry_ctx *ctx, const char *url, const void *data, uint64_t n);
+/** Delete the object at url (s3:// or gs://, as ferry_object_write). An
+ *  absent object is not an error. 0, or a negative code naming url. */
+int ferry_object_delete(ferry_ctx *ctx, const char *url);
+
+/* ------------------------------------------------------------------------- */
+/* Image batches: shards -> decode (CPU and GPU) -> transform -> one array   */
+/* ------------------------------------------------------------------------- */
+/* ferry_image_batch turns n samples of a shard set into n rows of one array,
+ * in host or CUDA device memory:
+ *
+ *   1. read    each sample's image member (ferry_shards_read; threads)
+ *   2. probe   its header on the CPU: size, format, sampling; the crop box and
+ *              the flip are drawn now, from (seed, epoch, sample index), so a
+ *              resumed epoch draws the same ones whoever decodes the image
+ *   3. decode  from one queue served by two decoders at once: CPU threads
+ *              (libjpeg-turbo, libspng) take images one at a time, the GPU
+ *              (nvJPEG's batched decode) takes runs of them; what nvJPEG
+ *              cannot take goes to the CPU (fallbacks, counted by reason)
+ *   4. transform  crop, antialiased resize, flip, normalise, layout, dtype
+ *              (imagexform): for a device destination on the GPU kernel, the
+ *              images the CPU decoded uploaded first (so the CPU threads only
+ *              decode; where the kernel cannot load, the CPU transforms and
+ *              copies rows); for a host destination on the CPU threads
+ *
+ * The copies of CPU-decoded images go on `stream` from pageable memory, which
+ * the driver may stage only once the stream reaches them: work queued on the
+ * stream before the call slows the CPU threads. Give a batch a stream of its
+ * own (and make the consumer's stream wait on it) rather than the training
+ * step's.
+ *
+ * Decode policy (ferry_decode_policy; FERRY_DECODE_AUTO takes the context's,
+ * FERRY_DECODE in the environment, as for compressed chunks):
+ *   CPU   every image on the CPU threads.
+ *   GPU   every JPEG nvJPEG takes on the GPU; the rest (PNG, CMYK, 12-bit,
+ *         4:1:1 / 4:1:0 / unknown sampling, sides past 16384) on the CPU.
+ *         Needs a device destination, nvJPEG (ferry_nvjpeg_status) and the
+ *         transform kernel: else FERRY_EPATH saying which is missing.
+ *   AUTO  a device destination with nvJPEG and the kernel: both decoders on
+ *         one queue, so the rate is the sum of the two where both help (each
+ *         GPU run is the share of the pixels left that the GPU finishes when
+ *         the CPU threads finish the rest, by the decode rates measured in the
+ *         call and in earlier calls on the device); else the CPU alone (host
+ *         destinations always).
+ * On the GPU, images the hardware JPEG engine takes (nvjpegDecodeBatchedSupported:
+ * baseline, one scan) go to NVJPEG_BACKEND_HARDWARE where the device has one,
+ * the others to the CUDA backend. The hardware backend writes its output when
+ * the call is made, not in stream order (measured on H100s by the torchcodec
+ * and torchvision projects), so ferry waits on the host for the stream before
+ * each hardware call; its outputs are ferry's own scratch memory.
+ *
+ * Corrupt images. Every image is probed on the CPU and a JPEG without its
+ * end-of-image marker is refused before any decoder sees it; libjpeg-turbo's
+ * warnings count as errors. A batch nvJPEG refuses is decoded again on the CPU,
+ * image by image (fallback "gpu_error"), so the error names the image. nvJPEG
+ * checks entropy-coded data less strictly than libjpeg-turbo: a bit flipped
+ * inside a scan that the CPU reports can decode on the GPU to wrong blocks
+ * (FERRY_DECODE_CPU checks every image as strictly).
+ * on_error RAISE: the call fails with the first failing sample's code and a
+ * message naming the shard file, the sample key and the member (the rows are
+ * then unspecified). SKIP: failing samples are left out, the rows of the
+ * others are moved up (rows 0..written-1 in order of the samples kept), and
+ * their positions are reported. */
+typedef enum ferry_image_crop {
+    FERRY_IMAGE_CROP_RANDOM_RESIZED = 0, /* torchvision RandomResizedCrop(scale, ratio), then resize */
+    FERRY_IMAGE_CROP_CENTER = 1,         /* the largest centred box of the output's aspect ratio, then
+                                            resize: for a square output torchvision's CenterCrop(shorter
+                                            side) + Resize(size), which is Resize(size) +
+                                            CenterCrop(size) but for the filter at the box's edges */
+    FERRY_IMAGE_CROP_RESIZE = 2,         /* the whole image resized to the output (aspect not kept) */
+    FERRY_IMAGE_CROP_NONE = 3            /* no crop, no resize: every image must be the output's size
+                                            (FERRY_EINVAL otherwise, saying to pass a crop or resize,
+                                            with on_error SKIP too: the arguments are wrong, not the image) */
+} ferry_image_crop;
+
+typedef enum ferry_image_layout { FERRY_IMAGE_CHW = 0, FERRY_IMAGE_HWC = 1 } ferry_image_layout;
+typedef enum ferry_on_error { FERRY_ON_ERROR_RAISE = 0, FERRY_ON_ERROR_SKIP = 1 } ferry_on_error;
+
+/** What every sample becomes: one row of height x width x 3 (RGB; gray
+ *  images replicated) elements in `layout`, of `dtype` (FERRY_DT_U8: the
+ *  resized pixels; FERRY_DT_F32 / F16 / BF16: v / 255, then (v - mean[c]) /
+ *  std[c] where std[c] != 0, so std all 0 is no normalisation). Resizing is
+ *  the antialiased triangle filter of torchvision's resize(antialias=True). */
+typedef struct ferry_image_transform {
+    uint32_t height, width;     /* output size, 1..65536 each */
+    ferry_image_crop crop;
+    double scale[2], ratio[2];  /* RANDOM_RESIZED's area share and aspect range; all 0: (0.08, 1)
+                                   and (3/4, 4/3), torchvision's defaults */
+    double flip;                /* probability of a horizontal flip, 0..1 */
+    float mean[3], std[3];
+    ferry_image_layout layout;
+    ferry_dtype dtype;          /* FERRY_DT_U8, F32, F16 or BF16 */
+} ferry_image_transform;
+
+/** One batch. The shard set is read, not changed; samples[] are indices into
+ *  it (repeats allowed). `dst`: samples x row bytes at least (row bytes:
+ *  height x width x 3 x the dtype's size), host memory or device memory of a
+ *  CUDA device; a device destination is written on `stream` (a CUstream of
+ *  that device; NULL: the legacy default stream), ordered after the work
+ *  queued on it before the call. */
+typedef struct ferry_image_batch_args {
+    ferry_shards *shards;
+    const int64_t *samples;
+    size_t n;
+    const char *member;         /* the member holding the image ("jpg", an MDS column); NULL: the
+                                   first member named like an image (jpg, jpeg, png, "x.jpg"; an MDS
+                                   column of encoding jpeg or png) */
+    ferry_image_transform xf;
+    uint64_t seed, epoch;       /* the crop boxes and flips derive from (seed, epoch, samples[i]) */
+    ferry_buf dst;
+    void *stream;
+    ferry_on_error on_error;
+    ferry_decode_policy decode; /* FERRY_DECODE_AUTO: the context's (FERRY_DECODE) */
+    int threads;                /* CPU threads for reading and decoding: 0: one per CPU, at most 16 */
+} ferry_image_batch_args;
+
+/** Why an image bound for the GPU was decoded on the CPU (indices of
+ *  ferry_image_batch_stats.fallbacks; ferry_image_fallback_name names them). */
+enum {
+    FERRY_IMAGE_FB_PNG = 0,      /* not a JPEG */
+    FERRY_IMAGE_FB_CMYK = 1,     /* CMYK / YCCK: nvJPEG's conversion is not libjpeg-turbo's */
+    FERRY_IMAGE_FB_SAMPLING = 2, /* chroma sampling nvJPEG does not decode (4:1:1, 4:4:1, unknown) */
+    FERRY_IMAGE_FB_PRECISION = 3,/* not 8 bits per sample */
+    FERRY_IMAGE_FB_LARGE = 4,    /* a side past 16384 */
+    FERRY_IMAGE_FB_GPU_ERROR = 5,/* nvJPEG refused its batch: decoded again on the CPU */
+    FERRY_IMAGE_FB_COUNT_ = 6
+};
+/** "png", "cmyk", "sampling", "precision", "large", "gpu_error" (static); NULL when out of range. */
+const char *ferry_image_fallback_name(int reason);
+
+/** What one call did. skipped: caller's array of `n` entries (may be NULL)
+ *  receiving the positions in samples[] of the samples left out. */
+typedef struct ferry_image_batch_stats {
+    size_t written;             /* rows filled: n less the skipped */
+    size_t nskipped;
+    size_t *skipped;            /* in: the caller's array (or NULL); out: nskipped positions, ascending */
+    size_t gpu, cpu;            /* images decoded by nvJPEG / by the CPU threads */
+    size_t gpu_hw;              /* of gpu, those on the hardware JPEG engine */
+    size_t fallbacks[FERRY_IMAGE_FB_COUNT_];
+} ferry_image_batch_stats;
+
+/** Read, decode and transform a batch (see above); rows of skipped samples
+ *  are not counted. Returns the rows written (>= 0) or a negative
+ *  ferry_status: FERRY_EINVAL for bad arguments (the message says which),
+ *  FERRY_EPATH for a forced GPU decode that cannot run, or with RAISE the
+ *  first failing sample's code (FERRY_ECODEC, FERRY_EUNSUPPORTED, FERRY_ENOTFOUND
+ *  for a sample without the member, -errno ...). Blocking: when it returns,
+ *  the batch's work on `stream` has run (the rows are there). GPU decodes go
+ *  through scratch device memory of one run of images (at most 64 images and
+ *  256 MiB of pixels, or one larger image), which ferry keeps per device for
+ *  the next call (the process's; a concurrent call on the same device makes
+ *  its own). stats may be NULL; the context's ferry_stats add
+ *  up the images (image_gpu, image_cpu, image_skipped, image_fallbacks). */
+int64_t ferry_image_batch(ferry_ctx *ctx, const ferry_image_batch_args *args, ferry_image_batch_stats *stats);
+
 FERRY_API_END
 #ifdef __cplusplus
 }

@@ -31,7 +31,8 @@ dl() {   # dl DIR SPEC...: binary wheels for the GPU machine's python (3.12, man
 # of the benchmarks and their dependencies (torch, numpy, cupy, xarray, h5py are there)
 dl .gpu/whl zarr numcodecs donfig google-crc32c msgspec crc32c netCDF4 cftime \
     dask partd locket toolz cloudpickle \
-    kvikio-cu13 libkvikio-cu13 rapids-logger nvidia-libnvcomp-cu13 nvidia-nvcomp-cu13 xbatcher h5netcdf torchdata
+    kvikio-cu13 libkvikio-cu13 rapids-logger nvidia-libnvcomp-cu13 nvidia-nvcomp-cu13 xbatcher h5netcdf torchdata \
+    webdataset braceexpand
 dl .gpu/whl-ckpt fastsafetensors instanttensor
 dl .gpu/whl-remote fsspec aiohttp aiohappyeyeballs aiosignal frozenlist multidict yarl propcache attrs idna \
     typing_extensions

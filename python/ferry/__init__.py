@@ -21,7 +21,7 @@ import sys
 import threading
 from typing import Any, Iterable, Sequence
 
-from . import _ferry
+from . import _checks, _ferry, _nogpu, _progress
 from ._ferry import PATHS, Array, Context, Dataset, FerryError, File, Job, Plan
 
 __version__: str = _ferry.__version__
@@ -124,8 +124,10 @@ def _device_index(device: Any) -> int | None:
 
 
 def _current_cuda_device() -> int:
-    """torch's current CUDA device once torch has set CUDA up (torch.cuda.set_device
-    does), else 0."""
+    """The package's one answer to "the current CUDA device" (device="cuda" without an
+    ordinal, in ferry.read, the xarray backend, the datasets, checkpoints and DALI):
+    torch's current device once torch has set CUDA up (torch.cuda.set_device does), else
+    0, the device a fresh process starts on."""
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         return torch.cuda.current_device()
@@ -191,10 +193,11 @@ def empty(shape, dtype: Any = "u1", device: Any = "cpu", *, ctx: Context | None 
         ts = np.dtype(dtype).str
     if isinstance(shape, int):
         shape = (shape,)
-    return _ferry.empty(tuple(int(s) for s in shape), ts, parse_device(device), ctx, pinned)
+    with _nogpu.device_alloc("ferry.empty", device, ctx):
+        return _ferry.empty(tuple(int(s) for s in shape), ts, parse_device(device), ctx, pinned)
 
 
-def _alloc(shape: tuple, typestr: str, dev: int, ctx: Context):
+def _alloc(shape: tuple, typestr: str, dev: int, ctx: Context, where: str = "ferry.read"):
     """Destination for a read: numpy (host), cupy (device, when importable) or ferry.Array."""
     import numpy as np
     dt = _numpy_dtype(typestr)
@@ -204,10 +207,11 @@ def _alloc(shape: tuple, typestr: str, dev: int, ctx: Context):
             return arr
         return np.asarray(arr)
     cp = _cupy()
-    if cp is not None and dt is not None:
-        with cp.cuda.Device(dev):
-            return cp.empty(shape, dtype=dt)
-    return _ferry.empty(shape, typestr, dev, ctx)
+    with _nogpu.device_alloc(where, dev, ctx):   # no GPU here: one message, not cupy's or the driver's
+        if cp is not None and dt is not None:
+            with cp.cuda.Device(dev):
+                return cp.empty(shape, dtype=dt)
+        return _ferry.empty(shape, typestr, dev, ctx)
 
 
 # ---------------------------------------------------------------------------
@@ -290,37 +294,6 @@ def _pick_var(ds: Dataset, name: str | None) -> dict:
     return ds.variable(name)
 
 
-def _out_layout(out):
-    """(typestr or None, shape or None) of an out= array: numpy, cupy, torch,
-    ferry.Array or anything with an array interface. None where unknown."""
-    mod = type(out).__module__
-    if mod.startswith("torch"):
-        name = str(out.dtype).rpartition(".")[2]          # torch.float32 -> float32
-        try:
-            import numpy as np
-            ts = np.dtype(name).str
-        except TypeError:                                  # bfloat16, float8_*: ferry's own names
-            ts = name
-        return ts, tuple(int(n) for n in out.shape)
-    if isinstance(out, Array):
-        return out.typestr, tuple(out.shape)
-    for attr in ("__cuda_array_interface__", "__array_interface__"):
-        try:
-            d = getattr(out, attr)
-        except Exception:  # noqa: BLE001 — e.g. a torch tensor needing grad
-            continue
-        if isinstance(d, dict) and "typestr" in d:
-            return d["typestr"], tuple(int(n) for n in d.get("shape", ()))
-    dt = getattr(out, "dtype", None)
-    if dt is not None:
-        try:
-            import numpy as np
-            return np.dtype(dt).str, tuple(int(n) for n in out.shape)
-        except TypeError:
-            pass
-    return None, None
-
-
 def _same_type(a: str, b: str) -> bool:
     if a == b:
         return True
@@ -328,28 +301,42 @@ def _same_type(a: str, b: str) -> bool:
     return da is not None and db is not None and da == db
 
 
-def _check_out(out, nbytes: int, shape: tuple, typestr: str, where: str, out_bytes: bool) -> None:
-    """out= must have the selection's dtype and shape (as numpy's and torch's
-    out= do): filling a float64 array with float32 bytes reinterprets them.
-    out_bytes=True asks for the bytes as they are: then only the size counts."""
-    ots, oshape = _out_layout(out)
-    size = getattr(out, "nbytes", None)
-    if size is None and ots is not None and oshape is not None:
-        size = math.prod(oshape) * (typestr_itemsize(ots) or 0)
-    if size is not None and int(size) != nbytes:
-        raise FerryError(_ferry.EINVAL, f"{where}: out holds {size} bytes, the selection needs {nbytes} "
-                                        f"(shape {shape}, {typestr})")
-    if out_bytes:
-        return
-    if ots is None:
-        raise FerryError(_ferry.EINVAL, f"{where}: cannot tell the dtype of out ({type(out).__name__}); "
-                                        "pass out_bytes=True to fill its bytes as they are")
-    if not _same_type(ots, typestr):
-        raise FerryError(_ferry.EINVAL, f"{where}: out has dtype {ots}, the data is {typestr} "
-                                        "(pass out_bytes=True to fill out's bytes as they are)")
-    if oshape != tuple(shape):
-        raise FerryError(_ferry.EINVAL, f"{where}: out has shape {oshape}, the selection is {tuple(shape)} "
-                                        "(pass out_bytes=True to fill out's bytes as they are)")
+def _check_out(out, nbytes: int, shape: tuple, typestr: str, where: str, out_bytes: bool,
+               bytes_hint: bool = True) -> dict:
+    """out= must be writable, C-contiguous memory of the selection's dtype and shape (as
+    numpy's and torch's out= demand): filling a float64 array with float32 bytes reinterprets
+    them. out_bytes=True asks for the bytes as they are: then only the size counts. The
+    layout is the extension's (buffer_layout: what the engine will be handed); returned.
+    bytes_hint: the caller takes out_bytes= (the messages then say so)."""
+    try:
+        lay = _ferry.buffer_layout(out)
+    except (TypeError, ValueError, BufferError, RuntimeError) as e:   # no memory, or torch's "requires grad"
+        raise FerryError(_ferry.EINVAL, f"{where}: out= is not memory ferry can fill: {e}") from None
+    if lay["readonly"]:
+        raise FerryError(_ferry.EINVAL, f"{where}: out= is read-only ({type(out).__name__}): pass a writable "
+                                        "array, or leave out= out to get a new one")
+    if not lay["contiguous"]:
+        raise FerryError(_ferry.EINVAL, f"{where}: out= is not C-contiguous (shape {lay['shape']}, strides "
+                                        f"{lay['strides']} bytes): pass a contiguous array (np.ascontiguousarray, "
+                                        "torch's .contiguous()) and copy into the view afterwards")
+    ots, oshape = lay["typestr"], tuple(lay["shape"])
+    known = not ots.startswith("|V")
+    if not out_bytes:
+        if not known:
+            raise FerryError(_ferry.EINVAL, f"{where}: cannot tell the dtype of out= ({type(out).__name__}); "
+                                            "pass out_bytes=True to fill its bytes as they are")
+        if not _same_type(ots, typestr):
+            raise FerryError(_ferry.EINVAL, f"{where}: out= has dtype {ots}, the data is {typestr}: a dtype "
+                                            "mismatch (pass an out= of the data's dtype" + (
+                                                ", or out_bytes=True to fill out's bytes as they are)"
+                                                if bytes_hint else ")"))
+    if lay["nbytes"] != nbytes:
+        raise FerryError(_ferry.EINVAL, f"{where}: out= holds {lay['nbytes']} bytes, the selection needs {nbytes} "
+                                        f"(shape {tuple(shape)}, {typestr})")
+    if not out_bytes and oshape != tuple(shape):
+        raise FerryError(_ferry.EINVAL, f"{where}: out= has shape {oshape}, the selection is {tuple(shape)}"
+                                        + (" (pass out_bytes=True to fill out's bytes as they are)" if bytes_hint else ""))
+    return lay
 
 
 def typestr_itemsize(ts: str) -> int:
@@ -372,23 +359,14 @@ def _prepare_dst(out, nbytes: int, shape: tuple, typestr: str, dev: int, ctx: Co
     """(destination object for the plan, value to return)."""
     if out is None:
         try:
-            arr = _alloc(shape, typestr, dev, ctx)
+            arr = _alloc(shape, typestr, dev, ctx, where)
         except MemoryError as e:   # numpy's and the extension's say nothing of what was asked
             raise FerryError(_ferry.ENOMEM, f"{where}: the result would be {nbytes} bytes ({_bytes_str(nbytes)}, "
                                             f"shape {tuple(shape)} of {typestr}), more than can be allocated "
                                             "here: read a selection, or into out=") from e
         return arr, arr
     _check_out(out, nbytes, shape, typestr, where, out_bytes)
-    o = out
-    mod = type(out).__module__
-    if mod.startswith("torch"):
-        if not out.is_contiguous():
-            raise FerryError(_ferry.EINVAL, f"{where}: out must be contiguous")
-        if out.device.type == "cpu":
-            # a view of the same bytes (numpy has no bfloat16 / float8)
-            import torch
-            o = out.reshape(-1).view(torch.uint8).numpy()
-    return o, out
+    return out, out          # the extension takes every kind of memory, torch's CPU tensors by DLPack
 
 
 def _producer_stream(obj):
@@ -437,8 +415,9 @@ def _sync_producer(obj) -> None:
 
 
 def _add_read(plan: Plan, ds: Dataset | None, file: File | None, var: dict | None, selection, dev: int,
-              out, ctx: Context, out_bytes: bool = False):
-    """Append one array read to plan; returns (result object, post-processing)."""
+              out, ctx: Context, out_bytes: bool = False, steps=None):
+    """Append one array read to plan; returns (result object, post-processing). steps
+    (_progress.ReadSteps, for progress=): the read runs now, in steps, reported."""
     import numpy as np
     if ds is None:  # raw file: uint8 bytes
         size = file.size
@@ -468,13 +447,18 @@ def _add_read(plan: Plan, ds: Dataset | None, file: File | None, var: dict | Non
         # numpy keeps unicode in its stored byte order (">U3" stays ">U3"):
         # swapped to host order, its bytes would no longer be what the dtype says
         native = not (typestr[:2] == ">U" and _little()) and not (typestr[:2] == "<U" and not _little())
-        plan.read(ds, var["name"], dst, triples, native)
+        if steps is not None:
+            c0 = int((var.get("chunks") or shape)[0]) if shape else 1     # whole variable: not chunked
+            steps.read(lambda p, t, d: p.read(ds, var["name"], d, t, native), triples, sel_shape, squeeze,
+                       itemsize, c0 if c0 < shape[0] else 1, dst, nbytes)
+        else:
+            plan.read(ds, var["name"], dst, triples, native)
     return ret, (lambda r: r)
 
 
 def read(path, name: str | None = None, *, device: Any = "cpu", selection: Any = None, out: Any = None,
          ctx: Context | None = None, path_policy: str | None = None, threads: int = 0,
-         out_bytes: bool = False, decode: str | None = None):
+         out_bytes: bool = False, decode: str | None = None, progress: Any = None):
     """Read one whole array / tensor / variable (or a selection of it).
 
     device: "cpu" (numpy), an int or "cuda:N" (cupy when importable, else a
@@ -486,9 +470,14 @@ def read(path, name: str | None = None, *, device: Any = "cpu", selection: Any =
     format ferry knows reads as uint8 bytes.
     decode: where compressed chunks are decoded, "auto" (default; FERRY_DECODE),
     "gpu" (nvCOMP) or "cpu".
+    progress: None (off), True/"tqdm" (a tqdm bar, or log lines without tqdm) or
+    progress(done_bytes, total_bytes): the read then runs as about 20 plans along the first
+    axis, cut at chunk boundaries, each reported when done.
     """
+    threads = _checks.check("ferry.read", "threads", threads)
+    _progress.check("ferry.read", progress)
     c = _ctx_of(ctx)
-    dev = parse_device(device) if out is None else _device_of(out)
+    dev = parse_device(device) if out is None else None     # out= is where the data goes
     path = _fspath(path)
     try:
         ds = _open_dataset(path, c)
@@ -513,7 +502,10 @@ def read(path, name: str | None = None, *, device: Any = "cpu", selection: Any =
         else:
             var = _pick_var(ds, name)
         plan = Plan()
-        ret, post = _add_read(plan, ds, f, var, selection, dev, out, c, out_bytes)
+        steps = None if not progress or var is None else _progress.ReadSteps(
+            progress, f"read {os.path.basename(path)} {var['name']}",
+            lambda p: c.run(p, path=path_policy, threads=threads, decode=decode), _wait_producer)
+        ret, post = _add_read(plan, ds, f, var, selection, dev, out, c, out_bytes, steps)
         if len(plan):
             c.run(plan, path=path_policy, threads=threads, decode=decode)
         return post(ret)
@@ -524,24 +516,13 @@ def read(path, name: str | None = None, *, device: Any = "cpu", selection: Any =
             ds.close()
 
 
-def _device_of(obj) -> int:
-    if hasattr(obj, "__cuda_array_interface__"):
-        try:
-            return default_context().cuda_device_of(obj.__cuda_array_interface__["data"][0])
-        except Exception:  # noqa: BLE001
-            return 0
-    t = getattr(obj, "device", None)
-    if t is not None and getattr(t, "type", None) == "cuda":
-        return int(t.index or 0)
-    return -1
-
-
 def read_many(items: Iterable, *, device: Any = "cpu", ctx: Context | None = None,
               path_policy: str | None = None, threads: int = 0, decode: str | None = None) -> list:
     """Read many (path, name, selection) triples with ONE plan (one engine run).
 
     Returns a list of arrays in the order given. name may be None for
     single-array files; selection None for whole arrays."""
+    threads = _checks.check("ferry.read_many", "threads", threads)
     c = _ctx_of(ctx)
     dev = parse_device(device)
     opened: dict = {}
@@ -617,7 +598,7 @@ class Variable:
         o = self._owner
         plan = Plan()
         ret, post = _add_read(plan, o._ds, None, self.info, selection,
-                              parse_device(dev) if out is None else _device_of(out), out, o._ctx, out_bytes)
+                              parse_device(dev) if out is None else None, out, o._ctx, out_bytes)
         if len(plan):
             o._ctx.run(plan)
         return post(ret)

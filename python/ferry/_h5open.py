@@ -40,8 +40,7 @@ class _H5Variable(Variable):
             _check_out(out, host.nbytes, final, host.dtype.str, f"{o.path}: {self.name}", out_bytes)
             _sync_producer(out)
             if host.nbytes:
-                o._ctx.memcpy(out if not type(out).__module__.startswith("torch") or out.device.type != "cpu"
-                              else out.numpy(), host)
+                o._ctx.memcpy(out, host)
             return out
         dev = parse_device(o.device if device is None else device)
         if dev < 0:

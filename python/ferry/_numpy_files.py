@@ -63,8 +63,7 @@ def _place_host(path: str, key: str, host, *, device, selection, out, ctx: Conte
         _check_out(out, host.nbytes, host.shape, host.dtype.str, where, out_bytes)
         _sync_producer(out)
         if host.nbytes:
-            ctx.memcpy(out if not type(out).__module__.startswith("torch") or out.device.type != "cpu"
-                       else out.numpy(), host)
+            ctx.memcpy(out, host)
         return out
     dev = parse_device(device)
     if dev < 0:

@@ -2,7 +2,7 @@
 
 ``DALISource(dataset)`` is a batch source for ``nvidia.dali.fn.external_source`` (batch mode,
 ``batch_info=True``): each call returns the next batch of a ferry dataset (``XarrayDataset``,
-``ArrayDataset``), already in GPU memory for ``device="gpu"`` — DALI takes it from there with one
+``ArrayDataset``, ``ImageDataset``), already in GPU memory for ``device="gpu"`` — DALI takes it from there with one
 device-to-device copy on the stream the batch is ordered on (torch's current stream, which ferry
 makes wait for its reads), no host round trip. ``pipeline(dataset, then=...)`` builds a ready
 pipeline with the source wired in; ``then`` adds your DALI operators after it::
@@ -14,6 +14,18 @@ pipeline with the source wired in; ``then`` adds your DALI operators after it::
                                then=lambda x, y: (fn.flip(x, horizontal=1), y))
     pipe.build()
     x, y = pipe.run()           # TensorListGPU; or wrap it in DALIGenericIterator
+
+Image batches: ``pipeline(ImageDataset(...))`` feeds ("image", "label") by default (("image",)
+for a set without labels), the image in the dataset's layout (decoded, cropped, flipped and
+normalised by ferry), so DALI operators can follow::
+
+    ds = ferry.torch.ImageDataset("train-*.tar", batch_size=256, size=224, flip=0.5,
+                                  shuffle=True, device="cuda")
+    pipe = ferry.dali.pipeline(ds)                       # outputs ("image", "label"), layout "CHW"
+
+Keys and other str/bytes members can be outputs too (each sample as a uint8 array of its UTF-8
+bytes). A batch from which on_error="skip" left images out is smaller: DALI takes batches of
+any size up to the pipeline's.
 
 Epochs: the source raises StopIteration at the end of the dataset's epoch (DALI's end of data);
 ``pipe.reset()`` starts the next one (DALI passes the epoch index to the source, and the source
@@ -32,6 +44,9 @@ from __future__ import annotations
 
 import collections
 import importlib.util
+
+from . import _current_cuda_device
+from ._checks import check
 
 
 def _dali_installed():
@@ -91,7 +106,7 @@ class DALISource:
             if hasattr(dataset, "state_dict") else 0
         self._it = None
         self._pos = None                 # (DALI epoch index, iteration) of the next batch of _it
-        self._kept = collections.deque(maxlen=max(1, int(keep)))
+        self._kept = collections.deque(maxlen=check("DALISource", "keep", keep))
 
     @property
     def num_outputs(self):
@@ -156,7 +171,22 @@ def _for_dali(t):
         return t
     if hasattr(t, "numpy"):
         return t.numpy()
+    if isinstance(t, (list, tuple)):          # an image batch's keys, texts, ragged members
+        return [_sample_for_dali(v) for v in t]
     return t
+
+
+def _sample_for_dali(v):
+    """One sample of a list-valued member: tensors as numpy, str and bytes as uint8 arrays."""
+    import numpy as np
+    if hasattr(v, "numpy"):
+        return v.cpu().numpy() if getattr(v, "is_cuda", False) else v.numpy()
+    if isinstance(v, str):
+        v = v.encode("utf-8")
+    if isinstance(v, (bytes, bytearray)):
+        return np.frombuffer(bytes(v), np.uint8)
+    raise TypeError(f"DALISource: a batch member of {type(v).__name__} values has no DALI form; "
+                    f"leave it out of outputs=")
 
 
 def pipeline(dataset, *, outputs=None, then=None, device_id=None, num_threads=2, prefetch_queue_depth=2,
@@ -169,15 +199,25 @@ def pipeline(dataset, *, outputs=None, then=None, device_id=None, num_threads=2,
     dataset give a CPU-only pipeline). layout: DALI layout string(s) of a sample, e.g. "CHW".
     use_copy_kernel: external_source's option (DALI copies each GPU batch with a kernel instead
     of cudaMemcpyAsync); None: ferry's choice, COPY_KERNEL.
+    For an ImageDataset, outputs=None feeds ("image", "label") (("image",) without labels) and
+    layout=None gives the image the dataset's layout.
     The source object is the pipeline's ``ferry_source`` attribute."""
+    device_id, num_threads = (check("ferry.dali.pipeline", k, v, none=k == "device_id")
+                              for k, v in (("device_id", device_id), ("num_threads", num_threads)))
+    if not isinstance(prefetch_queue_depth, dict):       # DALI's {"cpu_size": .., "gpu_size": ..} passes
+        prefetch_queue_depth = check("ferry.dali.pipeline", "prefetch_queue_depth", prefetch_queue_depth)
     dali, fn = _dali()
+    if outputs is None and hasattr(dataset, "_sample_members"):        # an ImageDataset
+        outputs = ("image", "label") if dataset._sample_members.has_label else ("image",)
+        if layout is None:
+            layout = [dataset.layout] + [""] * (len(outputs) - 1) if len(outputs) > 1 else dataset.layout
     dev = getattr(dataset, "device", None)
     if device_id is None and dev is not None and getattr(dev, "type", None) == "cuda":
-        device_id = dev.index if dev.index is not None else 0
+        device_id = dev.index if dev.index is not None else _current_cuda_device()
     if device_id is None and dev is None:
         import torch
         if torch.cuda.is_available():
-            device_id = torch.cuda.current_device()
+            device_id = _current_cuda_device()
     src = DALISource(dataset, outputs)
     bs = int(getattr(dataset, "batch_size", None) or 1)
     pipe = dali.Pipeline(batch_size=bs, num_threads=num_threads, device_id=device_id,

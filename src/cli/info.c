@@ -7,6 +7,7 @@
  * are several), with the library's JSON strings (attrs, dims, fill) embedded
  * as JSON values. */
 #include "cli/info.h"
+#include "ferry_experimental.h"
 #include "cli/args.h"
 #include "formats/json.h"
 #include "engine/numa.h"
@@ -156,13 +157,15 @@ static void describe_text(ferry_dataset *ds, const char *path, ferry_sbuf *b) {
 }
 
 static void usage(FILE *to) {
-    fprintf(to, "usage: ferry info [--json] [--knobs] [--depth N] [FILE|DIR...]\n"
+    fprintf(to, "usage: ferry info [--json] [--knobs] [--depth N] [FILE|DIR|URL...]\n"
                 "  Variables, tensors or arrays with dtype, shape, chunks, codecs, byte ranges and\n"
                 "  attributes; for other files, the size and how much is in the page cache.\n"
                 "  DIR: a Zarr store or group (its subgroups too, --depth levels down, default 1;\n"
                 "  0: this group only), a Hugging Face checkpoint directory (its index or\n"
                 "  model.safetensors), or a torch.distributed.checkpoint directory.\n"
-                "  Without a path: this build and machine (version, CUDA, cuFile, nvCOMP, GPU kernels,\n"
+                "  URL: an http(s)://, s3:// or gs:// object; a checkpoint directory URL ending in /\n"
+                "  (its model.safetensors.index.json or model.safetensors; objects are not listed).\n"
+                "  Without a path: this build and machine (version, CUDA, cuFile, nvCOMP, nvJPEG, GPU kernels,\n"
                 "  decode policy). --knobs: the FERRY_* tuning variables ferry checks (name, grammar,\n"
                 "  default, what it does, and its value where set).\n");
 }
@@ -226,6 +229,9 @@ static int describe_library(ferry_ctx *ctx, int json) {
         ferry_sbuf_json_string(&b, cufile, strlen(cufile));
         ferry_sbuf_puts(&b, ",\"nvcomp\":");
         ferry_sbuf_json_string(&b, nv, strlen(nv));
+        const char *nvj = ferry_nvjpeg_status();
+        ferry_sbuf_puts(&b, ",\"nvjpeg\":");
+        ferry_sbuf_json_string(&b, nvj, strlen(nvj));
         char numa[1024];   /* multigpu: the NUMA line of the text form */
         ferry_numa_describe(numa, sizeof numa, ndev);
         ferry_sbuf_puts(&b, ",\"numa\":");
@@ -243,6 +249,7 @@ static int describe_library(ferry_ctx *ctx, int json) {
         printf("  CUDA: %s (%d device%s)\n", *cuda ? cuda : "available", ndev, ndev == 1 ? "" : "s");
         printf("  cuFile: %s\n", *cufile ? cufile : "GDS available");
         printf("  nvCOMP: %s\n", nv);
+        printf("  nvJPEG: %s (image batches)\n", ferry_nvjpeg_status());
         printf("  decode: %s (FERRY_DECODE)\n", ferry_decode_policy_name((ferry_decode_policy)cfg.decode));
         printf("  GPU kernels: %s%s\n", kern, kern_note);
         char numa[1024];   /* multigpu: the host's NUMA topology and each GPU's node */

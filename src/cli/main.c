@@ -20,7 +20,7 @@ static void usage(FILE *to) {
             "environment: FERRY_THREADS, FERRY_TASK_SIZE, FERRY_STAGING_SIZE, FERRY_STAGING_COUNT,\n"
             "             FERRY_PATH=auto|cufile|staged|host, FERRY_DIRECT=auto|on|off, FERRY_SMALL_IO,\n"
             "             FERRY_DECODE=auto|gpu|cpu, FERRY_NVCOMP=PATH|off, FERRY_GPU_BATCH\n"
-            "             (ferry info without a path: which of CUDA, cuFile, nvCOMP loaded, or why not)\n"
+            "             (ferry info without a path: which of CUDA, cuFile, nvCOMP, nvJPEG loaded, or why not)\n"
             "sizes: 8M = 8MiB = 8*2^20 bytes, 8MB = 8*10^6 (options and FERRY_* variables alike)\n",
             ferry_version());
 }

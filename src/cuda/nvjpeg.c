@@ -23,16 +23,6 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-typedef struct nvj_api {
-    nvj_status (*CreateSimple)(nvj_handle *);
-    nvj_status (*Destroy)(nvj_handle);
-    nvj_status (*JpegStateCreate)(nvj_handle, nvj_state *);
-    nvj_status (*JpegStateDestroy)(nvj_state);
-    nvj_status (*Decode)(nvj_handle, nvj_state, const unsigned char *, size_t, int, nvj_image *, CUstream);
-    nvj_status (*GetProperty)(int, int *);   /* optional */
-    int major, minor;
-    char path[512];
-} nvj_api;
 
 #define NVJ_MAX_DEVICES 64
 static nvj_api api_;
@@ -66,6 +56,16 @@ static void load_locked(void) {
     SYM(Decode, "nvjpegDecode");
 #undef SYM
     *(void **)&api_.GetProperty = dlsym(h, "nvjpegGetProperty");
+    /* the batched calls (ferry_image_batch): all or none */
+    *(void **)&api_.CreateEx = dlsym(h, "nvjpegCreateEx");
+    *(void **)&api_.DecodeBatchedInitialize = dlsym(h, "nvjpegDecodeBatchedInitialize");
+    *(void **)&api_.DecodeBatched = dlsym(h, "nvjpegDecodeBatched");
+    *(void **)&api_.JpegStreamCreate = dlsym(h, "nvjpegJpegStreamCreate");
+    *(void **)&api_.JpegStreamDestroy = dlsym(h, "nvjpegJpegStreamDestroy");
+    *(void **)&api_.JpegStreamParse = dlsym(h, "nvjpegJpegStreamParse");
+    *(void **)&api_.DecodeBatchedSupported = dlsym(h, "nvjpegDecodeBatchedSupported");
+    api_.batched = api_.CreateEx && api_.DecodeBatchedInitialize && api_.DecodeBatched && api_.JpegStreamCreate &&
+                   api_.JpegStreamDestroy && api_.JpegStreamParse && api_.DecodeBatchedSupported;
     if (api_.GetProperty) {
         api_.GetProperty(NVJ_PROP_MAJOR, &api_.major);
         api_.GetProperty(NVJ_PROP_MINOR, &api_.minor);
@@ -87,6 +87,7 @@ static const nvj_api *nvj_load(void) {
 }
 
 const char *ferry_nvjpeg_status(void) { return nvj_load() ? desc_ : why_; }
+const nvj_api *ferry_nvjpeg_api(void) { return nvj_load(); }
 
 static const char *nvj_name(nvj_status s) {
     static const char *const n[] = {"success", "not initialized", "invalid parameter", "bad jpeg",
@@ -96,7 +97,7 @@ static const char *nvj_name(nvj_status s) {
     return s >= 0 && s <= NVJ_INCOMPLETE ? n[s] : "unknown status";
 }
 
-static int nvj_err(nvj_status s, const char *call) {
+int ferry_nvjpeg_err(nvj_status s, const char *call) {
     int code = (s == NVJ_BAD_JPEG || s == NVJ_INCOMPLETE) ? FERRY_ECODEC
              : (s == NVJ_NOT_SUPPORTED || s == NVJ_IMPL) ? FERRY_EUNSUPPORTED
              : s == NVJ_ALLOC ? FERRY_ENOMEM : FERRY_ECUDA;
@@ -125,7 +126,7 @@ static int nvj_get(const nvj_api *nv, int dev, nvj_handle *h, nvj_tls **tls) {
     nvj_status s = handles_[dev] ? NVJ_OK : nv->CreateSimple(&handles_[dev]);
     *h = handles_[dev];
     pthread_mutex_unlock(&lock_);
-    if (s != NVJ_OK) return nvj_err(s, "nvjpegCreateSimple");
+    if (s != NVJ_OK) return ferry_nvjpeg_err(s, "nvjpegCreateSimple");
     pthread_once(&key_once_, key_make);
     nvj_tls *t = pthread_getspecific(key_);
     if (!t) {
@@ -134,7 +135,7 @@ static int nvj_get(const nvj_api *nv, int dev, nvj_handle *h, nvj_tls **tls) {
     }
     if (t->state && t->device != dev) state_drop(t);
     if (!t->state) {
-        if ((s = nv->JpegStateCreate(*h, &t->state)) != NVJ_OK) { t->state = NULL; return nvj_err(s, "nvjpegJpegStateCreate"); }
+        if ((s = nv->JpegStateCreate(*h, &t->state)) != NVJ_OK) { t->state = NULL; return ferry_nvjpeg_err(s, "nvjpegJpegStateCreate"); }
         t->device = dev;
     }
     *tls = t;
@@ -142,7 +143,7 @@ static int nvj_get(const nvj_api *nv, int dev, nvj_handle *h, nvj_tls **tls) {
 }
 
 /* FF D9 after the first scan's start (see the top of the file). */
-static int has_eoi(const uint8_t *p, size_t n) {
+int ferry_nvjpeg_has_eoi(const uint8_t *p, size_t n) {
     size_t i = 2;
     while (i + 4 <= n && p[i] == 0xFF) {   /* walk the segments to SOS */
         uint8_t t = p[i + 1];
@@ -163,7 +164,7 @@ int64_t ferry_image_decode_cuda(const void *data, size_t n, int device, uintptr_
     if (in->format != FERRY_IMAGE_JPEG)
         return ferry_seterr(FERRY_EUNSUPPORTED, "nvjpeg: not a JPEG image (decode PNG on the CPU)");
     if (in->cmyk) return ferry_seterr(FERRY_EUNSUPPORTED, "nvjpeg: a CMYK JPEG: decode it on the CPU");
-    if (!has_eoi(data, n)) return ferry_seterr(FERRY_ECODEC, "jpeg: no end-of-image marker after the scan (truncated)");
+    if (!ferry_nvjpeg_has_eoi(data, n)) return ferry_seterr(FERRY_ECODEC, "jpeg: no end-of-image marker after the scan (truncated)");
     uint64_t need = (uint64_t)in->width * in->height * 3;
     if (!dst || cap < need)
         return ferry_seterr(FERRY_EINVAL, "a %u x %u x 3 image needs %llu bytes; the buffer has %zu", in->height,
@@ -182,7 +183,7 @@ int64_t ferry_image_decode_cuda(const void *data, size_t n, int device, uintptr_
         img.pitch[0] = (size_t)in->width * 3;
         nvj_status s = nv->Decode(h, t->state, data, n, NVJ_OUTPUT_RGBI, &img, (CUstream)stream);
         if (s != NVJ_OK) {
-            rc = nvj_err(s, "nvjpegDecode");
+            rc = ferry_nvjpeg_err(s, "nvjpegDecode");
             state_drop(t);
         }
     }

@@ -220,7 +220,81 @@ static int checkpoint_dir(const char *dir, char **resolved) {
     return 0;
 }
 
+static int dataset_open(ferry_ctx *ctx, const char *path, const ferry_open_opts *opts, ferry_dataset **out);
+
+static int ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && !strcmp(s + n - k, suffix);
+}
+
+/* A Hugging Face checkpoint directory named by URL (objects are not listed:
+ * the two names save_pretrained writes are tried): "URL/" opens
+ * URL/model.safetensors.index.json, else URL/model.safetensors; a URL with no
+ * object, asked as safetensors or as nothing in particular, is tried as such
+ * a directory, then as URL.index.json (a sharded save's index). 1 opened
+ * (*out set), 0 none of them exists (the caller goes on), or the negative
+ * code of one that exists but does not open. */
+static int checkpoint_url(ferry_ctx *ctx, const char *url, const ferry_open_opts *opts, ferry_dataset **out) {
+    static const char *names[] = {"/model.safetensors.index.json", "/model.safetensors", ".index.json"};
+    size_t n = strlen(url);
+    int slash = url[n - 1] == '/';
+    /* x.safetensors: only its index beside it; an index: nothing else */
+    size_t first = ends_with(url, ".safetensors") ? 2 : 0, last = slash ? 2 : ends_with(url, ".index.json") ? 0 : 3;
+    ferry_open_opts o = *opts;
+    o.format = "safetensors";
+    for (size_t k = first; k < last; k++) {
+        char *p = malloc(n + 40);
+        if (!p) return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", url);
+        snprintf(p, n + 40, "%.*s%s", (int)(slash ? n - 1 : n), url, names[k]);
+        int rc = dataset_open(ctx, p, &o, out);
+        free(p);
+        if (rc == 0) return 1;
+        if (rc != -ENOENT) return rc;
+    }
+    return 0;
+}
+
+static int is_object_url(const char *path) {
+    ferry_url_scheme s = ferry_url_scheme_of(path);
+    return s == FERRY_URL_HTTP || s == FERRY_URL_HTTPS || s == FERRY_URL_S3 || s == FERRY_URL_GS;
+}
+
 int ferry_dataset_open(ferry_ctx *ctx, const char *path, const ferry_open_opts *opts, ferry_dataset **out) {
+    if (!out) return ferry_seterr(FERRY_EINVAL, "ferry_dataset_open: out is NULL");
+    *out = NULL;
+    if (!ctx || !path || !*path) return ferry_seterr(FERRY_EINVAL, "ferry_dataset_open: no context or path");
+    ferry_open_opts dflt = {0};
+    if (!opts) opts = &dflt;
+    int st = !opts->format || !*opts->format || !strcmp(opts->format, "safetensors");
+    if (!st || !is_object_url(path)) return dataset_open(ctx, path, opts, out);
+    int asked = opts->format && *opts->format;
+    if (path[strlen(path) - 1] == '/') {
+        /* asked for nothing in particular, a URL the rule refuses ("s3://bucket/") is said so */
+        ferry_url u = {0};
+        int bad = asked ? 0 : ferry_url_parse(path, NULL, &u);
+        ferry_url_free(&u);
+        if (bad < 0) return bad;
+        int r = checkpoint_url(ctx, path, opts, out);
+        if (r != 0) return r < 0 ? r : 0;
+        if (asked)
+            return ferry_seterr(-ENOENT, "%s: neither model.safetensors.index.json nor model.safetensors is there "
+                                "(objects are not listed: name the checkpoint's file)", path);
+        return dataset_open(ctx, path, opts, out);
+    }
+    int rc = dataset_open(ctx, path, opts, out);
+    if (rc != -ENOENT) return rc;
+    /* asked for nothing in particular: only names a checkpoint may have (no
+     * suffix, or .safetensors), not a missing x.npy, cost the extra requests */
+    const char *last = strrchr(path, '/');
+    if (!asked && strchr(last ? last : path, '.') && !ends_with(path, ".safetensors")) return rc;
+    char saved[1024];
+    snprintf(saved, sizeof saved, "%s", ferry_lasterr());
+    int r = checkpoint_url(ctx, path, opts, out);
+    if (r != 0) return r < 0 ? r : 0;
+    return ferry_seterr(rc, "%s", saved);
+}
+
+static int dataset_open(ferry_ctx *ctx, const char *path, const ferry_open_opts *opts, ferry_dataset **out) {
     if (!out) return ferry_seterr(FERRY_EINVAL, "ferry_dataset_open: out is NULL");
     *out = NULL;
     if (!ctx || !path || !*path) return ferry_seterr(FERRY_EINVAL, "ferry_dataset_open: no context or path");
@@ -311,6 +385,7 @@ void ferry_dataset_close(ferry_dataset *ds) {
 }
 
 const char *ferry_dataset_format(const ferry_dataset *ds) { return ds ? ds->ops->name : ""; }
+const char *ferry_dataset_path(const ferry_dataset *ds) { return ds ? ds->path : ""; }
 const char *ferry_dataset_attrs_json(const ferry_dataset *ds) {
     return ds && ds->attrs_json ? ds->attrs_json : "{}";
 }

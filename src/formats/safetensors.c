@@ -110,11 +110,18 @@ static int cmp_tensor_off(const void *a, const void *b) {
  * (capacity ensured by the caller growing them). */
 static int grow_vars(ferry_dataset *ds, st_state *st, size_t *cap, size_t need);
 
+/* rc with the message naming path once (a remote open's message names its URL already) */
+static int named(int rc, const char *path) {
+    const char *m = ferry_lasterr();
+    size_t n = strlen(path);
+    return !strncmp(m, path, n) && m[n] == ':' ? rc : ferry_preerr(rc, "%s", path);
+}
+
 static int parse_shard(ferry_dataset *ds, st_state *st, int si, int want_metadata, size_t *cap) {
     st_shard *sh = &st->shards[si];
     const char *path = sh->path;
     int rc = ferry_file_open(ds->ctx, path, FERRY_READ, &sh->file);
-    if (rc < 0) { sh->file = NULL; return ferry_preerr(rc, "%s", path); }
+    if (rc < 0) { sh->file = NULL; return named(rc, path); }
     int64_t fsz = ferry_file_size(sh->file);
     if (fsz < 0) return ferry_preerr((int)fsz, "%s", path);
     sh->file_size = (uint64_t)fsz;
@@ -326,7 +333,7 @@ static int open_index(ferry_dataset *ds, st_state *st, size_t *cap) {
     const char *path = ds->path;
     ferry_file *f;
     int rc = ferry_file_open(ds->ctx, path, FERRY_READ, &f);
-    if (rc < 0) return ferry_preerr(rc, "%s", path);
+    if (rc < 0) return named(rc, path);
     int64_t sz = ferry_file_size(f);
     if (sz < 0 || (uint64_t)sz > ST_MAX_INDEX) {
         ferry_file_close(f);

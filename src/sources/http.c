@@ -8,6 +8,7 @@
 #include "sources/remote.h"
 #include "sources/response.h"
 #include "sources/s3.h"
+#include "sources/upload.h"
 #include "sources/url.h"
 #include <errno.h>
 #include <stdlib.h>
@@ -105,7 +106,19 @@ static int read_knobs(knobs *k) {
 
 int ferry_remote_check_env(void) {
     knobs k;
-    return read_knobs(&k);
+    int rc = read_knobs(&k);
+    return rc < 0 ? rc : ferry_upload_check_env();
+}
+
+int ferry_remote_limits(int *connections, int *retries, double *retry_s, double *stall_s) {
+    knobs k;
+    int rc = read_knobs(&k);
+    if (rc < 0) return rc;
+    *connections = k.connections;
+    *retries = k.retries;
+    *retry_s = k.retry_s;
+    *stall_s = k.stall_s;
+    return 0;
 }
 
 #ifndef FERRY_HAVE_CURL
@@ -442,7 +455,7 @@ static int prepare(xfer *x, CURL *e) {
     return 0;
 }
 
-static double backoff(int attempt) {
+double ferry_remote_backoff(int attempt) {
     double b = 0.2;
     for (int i = 1; i < attempt && b < 10; i++) b *= 2;
     if (b > 10) b = 10;
@@ -505,7 +518,7 @@ static int run(ferry_remote *r, xfer *xs, size_t n) {
             if (k == DONE) { x->done = 1; left--; }
             else if (k == NEED_HEAD && rc == 0) rc = NEED_HEAD;
             else if (k == RETRY && x->attempts <= r->k.retries && t - t0 < r->k.retry_s) {
-                x->not_before = t + backoff(x->attempts);
+                x->not_before = t + ferry_remote_backoff(x->attempts);
             } else if (rc == 0) {
                 const char *what = x->head ? "HEAD" : "bytes";
                 if (k == RETRY)

@@ -29,4 +29,12 @@ int ferry_remote_changed(const ferry_remote *r);
 void ferry_remote_close(ferry_remote *r);
 /* Validate the FERRY_REMOTE_* variables (ferry_ctx_create). */
 int ferry_remote_check_env(void);
+/* The bounds every remote request keeps (FERRY_REMOTE_*, read now):
+ * requests in flight, retries of one request, the time after which nothing
+ * is retried, the stall time. Uploads (s3_upload.c) keep the reads' bounds.
+ * 0, or FERRY_EINVAL naming the variable. */
+int ferry_remote_limits(int *connections, int *retries, double *retry_s, double *stall_s);
+/* Seconds to wait before retry number `attempt` (1, 2, ...): 0.2 s doubling
+ * to 10 s, with "equal jitter" (libcurl builds only). */
+double ferry_remote_backoff(int attempt);
 #endif

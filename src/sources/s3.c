@@ -131,25 +131,34 @@ int ferry_s3_setup(const char *url, ferry_url *u, ferry_s3_auth *a) {
 
 int ferry_s3_sign(const ferry_s3_auth *a, const ferry_url *u, const char *method, const char *query, time_t now,
                   ferry_s3_signed *out) {
+    return ferry_s3_sign_body(a, u, method, query, NULL, now, out);
+}
+
+int ferry_s3_sign_body(const ferry_s3_auth *a, const ferry_url *u, const char *method, const char *query,
+                       const char *payload_hash, time_t now, ferry_s3_signed *out) {
     out->n = 0;
     if (!a->access) return 0;
-    char date[17], empty[65];
+    char date[17], hash[65];
     uint8_t d[32];
     ferry_amz_date(now, date);
-    ferry_sha256("", 0, d);
-    ferry_hex32(d, empty);
+    if (payload_hash) {
+        snprintf(hash, sizeof hash, "%s", payload_hash);
+    } else {
+        ferry_sha256("", 0, d);
+        ferry_hex32(d, hash);
+    }
     ferry_sigv4_header h[4];
     int n = 0;
     h[n++] = (ferry_sigv4_header){"host", u->host};
-    h[n++] = (ferry_sigv4_header){"x-amz-content-sha256", empty};
+    h[n++] = (ferry_sigv4_header){"x-amz-content-sha256", hash};
     h[n++] = (ferry_sigv4_header){"x-amz-date", date};
     if (a->token) h[n++] = (ferry_sigv4_header){"x-amz-security-token", a->token};
-    ferry_sigv4_req r = {method, u->path, query ? query : "", h, n, empty, date, a->region, a->service, a->access, a->secret};
+    ferry_sigv4_req r = {method, u->path, query ? query : "", h, n, hash, date, a->region, a->service, a->access, a->secret};
     char auth[1400];
     int rc = ferry_sigv4_authorization(&r, auth, sizeof auth);
     if (rc < 0) return rc;
     snprintf(out->line[out->n++], sizeof out->line[0], "x-amz-date: %s", date);
-    snprintf(out->line[out->n++], sizeof out->line[0], "x-amz-content-sha256: %s", empty);
+    snprintf(out->line[out->n++], sizeof out->line[0], "x-amz-content-sha256: %s", hash);
     if (a->token) {
         int w = snprintf(out->line[out->n++], sizeof out->line[0], "x-amz-security-token: %s", a->token);
         if (w < 0 || (size_t)w >= sizeof out->line[0]) return ferry_seterr(FERRY_EINVAL, "AWS_SESSION_TOKEN too long (%zu bytes)", strlen(a->token));

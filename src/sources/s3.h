@@ -28,4 +28,10 @@ void ferry_s3_auth_free(ferry_s3_auth *a);
 typedef struct ferry_s3_signed { char line[4][4096]; int n; } ferry_s3_signed;
 int ferry_s3_sign(const ferry_s3_auth *a, const ferry_url *u, const char *method, const char *query, time_t now,
                   ferry_s3_signed *out);
+/* The same for a request with a body: payload_hash is the hex SHA-256 of the
+ * body, or "UNSIGNED-PAYLOAD" (an uploaded part, which TLS protects in
+ * transit; hashing gigabytes on one core would cap the upload); NULL: the
+ * empty body's. */
+int ferry_s3_sign_body(const ferry_s3_auth *a, const ferry_url *u, const char *method, const char *query,
+                       const char *payload_hash, time_t now, ferry_s3_signed *out);
 #endif

@@ -887,6 +887,17 @@ CUresult cuLaunchHostFunc(CUstream s, void (*fn)(void *), void *arg) {
     return OK;
 }
 
+/* For the stand-in nvJPEG: 1 when stream s has work queued or running (the
+ * legacy stream never has: it runs on the caller). */
+int cudasim_stream_pending(CUstream s) {
+    s = default_stream(s);
+    if (!s) return 0;
+    pthread_mutex_lock(&s->mu);
+    int busy = s->head || s->busy;
+    pthread_mutex_unlock(&s->mu);
+    return busy;
+}
+
 /* For the stand-in nvCOMP: 1 when [p, p+n) lies inside one device allocation. */
 int cudasim_is_device(CUdeviceptr p, size_t n) {
     int kind = 0, dev = -1;

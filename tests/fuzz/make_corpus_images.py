@@ -103,3 +103,15 @@ for comp in (None, "zstd"):
 total = sum(os.path.getsize(os.path.join(root, t, f)) for t in ("image", "tar", "mds")
             for f in os.listdir(os.path.join(root, t)))
 print(f"image-shard corpus: {total} bytes")
+
+# imagebatch: WebDataset tars of the image seeds (one truncated, one bit-flipped)
+with wds.TarWriter(out("imagebatch", "seed-mixed.tar")) as w:
+    for i, name in enumerate(["seed-420.jpg", "seed-rgba.png", "seed-gray.jpg", "seed-progressive.jpg",
+                              "seed-cmyk.jpg", "seed-palette.png"]):
+        w.write({"__key__": f"s{i}", name.rsplit(".", 1)[1]: seeds[name]})
+    cut = seeds["seed-444.jpg"]
+    w.write({"__key__": "cut", "jpg": cut[: len(cut) * 2 // 3]})
+    flipped = bytearray(seeds["seed-422.jpg"])
+    for k in range(len(flipped) // 2, len(flipped) // 2 + 8):
+        flipped[k] ^= 0x5A
+    w.write({"__key__": "flipped", "jpg": bytes(flipped)})

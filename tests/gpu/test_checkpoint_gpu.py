@@ -339,3 +339,34 @@ def test_gpu_new_paths_bytes_numpy_progress_dcp_torch_tools(tmp_path):
     fu.dcp_to_torch_save(d, tmp_path / "full.pt")
     full = torch.load(tmp_path / "full.pt", weights_only=False)
     assert torch.equal(full["w"], sd["w"].cpu()) and full["step"] == 9
+
+
+def test_gpu_remote_hf_directory_over_http(monkeypatch):
+    """A Hugging Face index directory served over HTTP (the loopback range server) loads
+    into CUDA tensors equal to the tensors saved, every range pinned to its object's ETag."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
+    from rangeserver import RangeServer, ferry_reads_urls
+    if not ferry_reads_urls():
+        pytest.skip("ferry was built without libcurl (no remote objects)")
+    st_torch = pytest.importorskip("safetensors.torch")
+    import json
+    monkeypatch.setenv("FERRY_REMOTE_REQUEST_SIZE", "256K")
+    g = torch.Generator().manual_seed(1)
+    sd = {"a": torch.randn(700, 900, generator=g), "b": torch.randn(300, 64, generator=g).to(torch.bfloat16),
+          "c": torch.arange(1000, dtype=torch.int64)}
+    s = RangeServer().start()
+    try:
+        shards = {"model-00001-of-00002.safetensors": ["a"], "model-00002-of-00002.safetensors": ["b", "c"]}
+        wm = {}
+        for name, keys in shards.items():
+            s.put("ck/" + name, st_torch.save({k: sd[k] for k in keys}))
+            wm.update({k: name for k in keys})
+        s.put("ck/model.safetensors.index.json", json.dumps({"metadata": {}, "weight_map": wm}).encode())
+        got = ck.load(f"http://127.0.0.1:{s.port}/ck/", device="cuda:0")
+        assert set(got) == set(sd)
+        for k, v in sd.items():
+            assert got[k].device == DEV and torch.equal(got[k].cpu(), v), k
+        with ck.safe_open(f"http://127.0.0.1:{s.port}/ck/model.safetensors.index.json", device=0) as f:
+            assert torch.equal(f.get_slice("a")[10:20, 5:500].cpu(), sd["a"][10:20, 5:500])
+    finally:
+        s.stop()

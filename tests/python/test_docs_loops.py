@@ -1,4 +1,4 @@
-"""The complete training loops of docs/torch.md and docs/xarray-training.md run as written.
+"""The complete training loops of docs/torch.md, docs/xarray-training.md and docs/images.md run as written.
 
 Each loop is taken from its document (the first ```python block under its heading), not copied
 here, so a loop that no longer runs against the API fails this test. What a machine without a
@@ -202,3 +202,45 @@ def test_xarray_training_md_dali_loop(one_rank):
     assert [tuple(x) for x, _, _ in names["seen"]] == [(16, 4, 6, 8), (7, 4, 6, 8)] * 2
     assert [tuple(y) for _, y, _ in names["seen"]] == [(16, 4, 6, 8), (7, 4, 6, 8)] * 2
     assert all(d == "cpu" for _, _, d in names["seen"])
+
+
+@pytest.mark.skipif(not (has("skimage") and has("PIL")), reason="the images are cut from scikit-image's photographs")
+def test_images_md_imagefolder_loop(one_rank):
+    from imageshards import distinct_images, write_folder
+    write_folder("imagenet/train", distinct_images(40, seed=1), classes=4)
+    code = _translate(_block("images.md", "## An ImageNet training loop"),
+                      CPU + [("batch_size=256", "batch_size=8"), ("size=224", "size=32"),
+                             ("range(start_epoch, 90)", "range(start_epoch, 2)"),
+                             ("step % 1000 == 0", "step % 3 == 0")])
+    first, second, saved = _run_twice(code, {"MyModel": _Classifier})
+    assert first["step"] == 2 * (40 // 8)      # drop_last: 5 batches an epoch, 2 epochs
+    assert first["batch"]["image"].dtype == torch.bfloat16 and first["batch"]["image"].shape == (8, 3, 32, 32)
+    assert saved["step"] == 9
+    assert second["step"] == 10                # resumed at step 9: the epoch's last batch
+
+
+class _ImageText(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 1)
+
+    def forward(self, images, tokens):
+        return (self.fc(images.float().mean(dim=(2, 3))).squeeze(1) - tokens.float()).pow(2).mean()
+
+
+@pytest.mark.skipif(not (has("skimage") and has("PIL") and has("webdataset")),
+                    reason="needs scikit-image's photographs and webdataset's TarWriter")
+def test_images_md_webdataset_loop(tmp_path, monkeypatch, capsys):
+    from imageshards import distinct_images, write_wds
+    monkeypatch.chdir(tmp_path)
+    write_wds("shards", distinct_images(30, seed=2), shards=3)
+    code = _translate(_block("images.md", "## A WebDataset loop"),
+                      [('device="cuda"', 'device="cpu"'), ("batch_size=128", "batch_size=8"),
+                       ("size=(256, 256)", "size=(32, 32)")])
+    model = _ImageText()
+    names = {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.01),
+             "tokenizer": lambda caps: torch.tensor([len(c) for c in caps])}
+    exec(compile(code, "<doc loop>", "exec"), names)
+    assert names["images"].dtype == torch.float16 and names["images"].shape == (6, 3, 32, 32)   # the tail of 30
+    assert names["captions"][0].startswith("caption ")
+    assert "'cpu': 60" in capsys.readouterr().out                  # two epochs of 30, decoded on the CPU

@@ -1,7 +1,10 @@
 """ferry.FerryError keeps its message and attributes through str(), pickling
 and torch's DataLoader, which re-raises a worker's exception in the main
 process as type(e)(text)."""
+import os
 import pickle
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -175,3 +178,153 @@ def test_a_file_of_another_kind_is_named_as_what_it_is(tmp_path):
     with pytest.raises(ferry.FerryError, match="npy") as ei:
         ferry.read(p)
     assert "plain text" not in str(ei.value)
+
+
+# --------------------------------------------------------------------------- no GPU (issue 38.11)
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+
+
+def _stand_in_driver():
+    """build/cudasim/libcuda.so.1, the stand-in driver (tests/cudasim), built if missing."""
+    lib = os.path.join(ROOT, "build", "cudasim", "libcuda.so.1")
+    if not os.path.exists(lib):
+        r = subprocess.run(["make", "-C", ROOT, "build/cudasim/libcuda.so.1"], capture_output=True)
+        if r.returncode != 0 or not os.path.exists(lib):
+            pytest.skip("the stand-in driver (tests/cudasim) cannot be built here")
+    return os.path.dirname(os.path.abspath(lib))
+
+
+def _run_with_driver(code, **env):
+    """code in a fresh interpreter whose libcuda.so.1 is the stand-in's (no cupy: its runtime
+    would look for a real driver); returns its stdout, asserting it succeeded."""
+    e = dict(os.environ, LD_LIBRARY_PATH=_stand_in_driver(), FERRY_CUFILE="off",
+             PYTHONPATH=os.path.join(ROOT, "python"), **env)
+    r = subprocess.run([sys.executable, "-c", "import sys; sys.modules['cupy'] = None\n" + code],
+                       env=e, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+NO_GPU_CODE = """
+import numpy as np, ferry
+np.save({p!r}, np.arange(6.0))
+for dev in (0, "cuda", "cuda:1"):
+    try:
+        ferry.read({p!r}, device=dev)
+        print("read", dev)
+    except ferry.FerryError as e:
+        print("ERR", e.code == ferry._ferry.ENOCUDA, e)
+try:
+    ferry.empty(4, device=0)
+except ferry.FerryError as e:
+    print("ERR", e.code == ferry._ferry.ENOCUDA, e)
+"""
+
+
+def test_a_gpu_device_on_a_driver_without_devices_says_so(tmp_path):
+    """device=0 / "cuda" where the driver finds no GPU: one FerryError saying so and that
+    device="cpu" reads to host memory, raised where device memory is first asked for."""
+    p = str(tmp_path / "a.npy")
+    out = _run_with_driver(NO_GPU_CODE.format(p=p), FERRY_CUDASIM_DEVICES="0").splitlines()
+    assert len(out) == 4 and all(line.startswith("ERR True") for line in out), out
+    assert all("no usable GPU was found" in line and 'device="cpu" reads to host memory' in line for line in out)
+    assert p in out[0] and "ferry.empty" in out[3]
+
+
+def test_a_gpu_device_on_the_stand_in_driver_works(tmp_path):
+    """The same calls on the stand-in driver with its two devices read, and an ordinal past
+    them names how many there are."""
+    p = str(tmp_path / "a.npy")
+    code = NO_GPU_CODE.format(p=p) + f"""
+a = ferry.read({p!r}, device=1)
+h = np.zeros(6)
+ferry.default_context().memcpy(h, a)
+print("values", h.tolist() == list(range(6)))
+try:
+    ferry.read({p!r}, device=5)
+except ferry.FerryError as e:
+    print("ERR5", e)
+"""
+    out = _run_with_driver(code).splitlines()
+    assert out[:4] == ["read 0", "read cuda", "read cuda:1", "values True"], out   # ferry.empty too
+    assert "this machine has 2 GPUs (0..1)" in out[4] and 'device="cpu"' in out[4], out
+
+
+def test_a_host_failure_is_not_blamed_on_the_gpu():
+    """The no-GPU answer is for GPU devices only: a host allocation's own error stays."""
+    with pytest.raises(ValueError, match="negative dimension"):
+        ferry.empty(-1)
+    from ferry._nogpu import no_gpu
+    assert no_gpu("x", "cpu") is None and no_gpu("x", -1) is None
+
+
+def _no_driver_calls(calls):
+    for call in calls:
+        with pytest.raises(ferry.FerryError, match="no usable GPU was found") as ei:
+            call()
+        assert 'device="cpu" reads to host memory' in str(ei.value) and ei.value.code == _ferry.ENOCUDA
+        assert "Found no NVIDIA driver" not in str(ei.value)
+
+
+def test_no_driver_at_all_in_torch_datasets_and_checkpoints(tmp_path):
+    """Without any CUDA driver (this machine's own state; skipped where there is one): the torch
+    datasets and checkpoint loads say no GPU was found, not torch's "Found no NVIDIA driver"."""
+    if ferry.default_context().cuda_device_count() > 0:
+        pytest.skip("a CUDA driver is installed here")
+    torch = pytest.importorskip("torch")
+    import ferry.checkpoint as ck
+    from ferry.torch import ArrayDataset
+    p, s = str(tmp_path / "a.npy"), str(tmp_path / "m.safetensors")
+    np.save(p, np.arange(8.0).reshape(4, 2))
+    ck.save({"w": torch.ones(2)}, s)
+    _no_driver_calls([lambda: next(iter(ArrayDataset(p, batch_size=2, device="cuda"))),
+                      lambda: ck.load(s, device="cuda:0")])
+
+
+def test_no_driver_at_all_in_ferry_read_and_the_xarray_backend(tmp_path):
+    """ferry.read says no GPU was found; lazily opening with device=0 stays legal."""
+    if ferry.default_context().cuda_device_count() > 0:
+        pytest.skip("a CUDA driver is installed here")
+    p = str(tmp_path / "a.npy")
+    np.save(p, np.arange(8.0).reshape(4, 2))
+    _no_driver_calls([lambda: ferry.read(p, device="cuda")])
+    with ferry.open(p, device=0) as f:                   # metadata only: no GPU asked for yet
+        assert [v.shape for v in f.variables.values()] == [(4, 2)]
+    try:
+        import xarray as xr
+        import scipy  # noqa: F401
+    except ImportError:
+        return
+    if ferry._cupy() is None:      # engine="ferry" with device=0 needs cupy: said, and the GPU it lacks
+        nc = str(tmp_path / "a.nc")
+        xr.Dataset({"t": ("x", np.arange(3.0))}).to_netcdf(nc, engine="scipy")
+        with pytest.raises(ImportError, match="install cupy.*no usable GPU was found"):
+            xr.open_dataset(nc, engine="ferry", device=0)
+
+
+# --------------------------------------------------------------------------- docs/errors.md
+from error_cases import CASES, message  # noqa: E402  (tests/python is on pytest's path)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.call.__name__.strip("_") + ("_torch" if "torch" in c.needs else "")
+                                            for c in CASES])
+def test_common_mistake(case, tmp_path):
+    """Each row of docs/errors.md: the exception, the message naming what went wrong, the hint."""
+    import importlib.util
+    import re
+    for m in case.needs:
+        if importlib.util.find_spec(m) is None:
+            pytest.skip(f"needs {m}")
+    kind, msg = message(case, str(tmp_path))
+    assert kind == case.raises and re.search(case.match, msg), (kind, msg)
+    assert str(tmp_path) not in msg
+
+
+def test_docs_errors_table_is_current_with_torch_cases():
+    """docs/errors.md is what tools/errors_table.py writes from error_cases.py today (some cases
+    import torch: the name keeps it out of the ASan subset, tools/asan-pytest.sh)."""
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "errors_table.py"), "--check"],
+                       capture_output=True, text=True, timeout=300)
+    if r.returncode == 2:
+        pytest.skip(r.stderr.strip())
+    assert r.returncode == 0, r.stderr

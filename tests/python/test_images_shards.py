@@ -7,13 +7,9 @@ alpha, palettes, 16 bits, 1x1), saved by PIL. Decoded pixels are compared with
 PIL's decode of the same bytes (PIL decodes JPEG with libjpeg-turbo too):
 the largest difference found is 0, and the tests assert exactly that.
 """
-import functools
-import importlib.util
 import io
 import os
-import sys
 import tarfile
-import types
 
 import numpy as np
 import pytest
@@ -25,6 +21,7 @@ ferry = pytest.importorskip("ferry")
 from ferry import images  # noqa: E402
 
 skdata = pytest.importorskip("skimage.data")
+from imageshards import mds_writer  # noqa: E402
 FerryError = ferry.FerryError
 MAX_ABS_DIFF = 0   # ferry's pixels against PIL's, every image here
 
@@ -281,29 +278,6 @@ def test_tar_pax_and_gnu_long_names(tmp_path):
 
 
 # ---- Mosaic MDS ---------------------------------------------------------------------
-@functools.lru_cache(maxsize=None)
-def mds_writer():
-    """streaming's MDSWriter. streaming/__init__ imports its data loader, which
-    needs transformers (not installed: only the writer is used), so when that
-    import fails the writer's own modules are loaded under bare packages."""
-    try:
-        from streaming import MDSWriter
-        return MDSWriter
-    except ImportError:
-        pass
-    spec = importlib.util.find_spec("streaming")
-    if spec is None:
-        pytest.skip("mosaicml-streaming not installed")
-    root = os.path.dirname(spec.origin)
-    for name, sub in (("streaming", ""), ("streaming.base", "base")):
-        if name not in sys.modules or not hasattr(sys.modules[name], "__path__"):
-            m = types.ModuleType(name)
-            m.__path__ = [os.path.join(root, sub)]
-            sys.modules[name] = m
-    from streaming.base.format.mds.writer import MDSWriter
-    return MDSWriter
-
-
 @pytest.fixture(scope="module", params=[None, "zstd"])
 def mds_dir(request, tmp_path_factory):
     W = mds_writer()
@@ -341,6 +315,28 @@ def test_mds_index_and_columns(mds_dir):
         assert np.array_equal(images.decode(jpg), pil_rgb(jpg))
         png = s.read(i, "mask")
         assert np.array_equal(images.decode(png, keep_gray=True)[:, :, 0], np.asarray(row["mask"]))
+
+
+def test_mds_load_batch(mds_dir):
+    """images.load_batch over an MDS set (zstd-compressed shards too, read on 4 threads): the first
+    image column by its encoding (jpeg), or a named one (png); rows equal to the CPU transform of
+    PIL's decode of the same member."""
+    from ferry import _ferry
+    d, rows, comp = mds_dir
+    s = images.open_shards(d)
+    n = len(rows)
+    for member in (None, "mask"):
+        out = np.zeros((n, 3, 16, 16), np.uint8)
+        r = images.load_batch(s, list(range(n)), out, member=member, seed=7, flip=0.5, threads=4, decode="cpu")
+        assert r["written"] == n and r["skipped"] == []
+        for i in range(n):
+            data = s.read(i, member or "img")
+            px = np.ascontiguousarray(pil_rgb(data))
+            h, w = px.shape[:2]
+            box = _ferry.random_resized_crop(7, 0, i, h, w, (0.08, 1.0), (3 / 4, 4 / 3))
+            fl = _ferry.flip_draw(7, 0, i, 0.5)
+            want = np.frombuffer(_ferry.image_transform(px.tobytes(), (h, w, 3), box, (16, 16), fl), np.uint8)
+            assert np.array_equal(out[i].reshape(-1), want), (member, i)
 
 
 def test_mds_damage(mds_dir, tmp_path):

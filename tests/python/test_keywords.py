@@ -19,8 +19,8 @@ def test_device_defaults():
     for f in (ferry.read, ferry.read_many, ferry.open, ferry.empty):
         assert _default(f, "device") == "cpu", f
     torch = pytest.importorskip("torch")  # noqa: F841
-    from ferry.torch import ArrayDataset, TokenDataset
-    for cls in (ArrayDataset, TokenDataset):
+    from ferry.torch import ArrayDataset, ImageDataset, TokenDataset
+    for cls in (ArrayDataset, ImageDataset, TokenDataset):
         assert _default(cls.__init__, "device") is None, cls
 
 
@@ -106,8 +106,12 @@ def test_token_dataset_shuffle_default_is_warned(tmp_path):
 
 def test_array_datasets_do_not_shuffle_by_default():
     pytest.importorskip("torch")
-    from ferry.torch import ArrayDataset
+    from ferry.torch import ArrayDataset, ImageDataset
     assert _default(ArrayDataset.__init__, "shuffle") is False
+    assert _default(ImageDataset.__init__, "shuffle") is False
+    # the casting words are ArrayDataset's: normalize=(mean, std) and a torch dtype
+    for word in ("normalize", "dtype", "transform", "prefetch", "block_size"):
+        assert word in inspect.signature(ImageDataset.__init__).parameters, word
     pytest.importorskip("xarray")
     from ferry.torch import XarrayDataset
     assert _default(XarrayDataset.__init__, "shuffle") is False

@@ -32,11 +32,12 @@ import ferry as _ferry_pkg
 from . import background as _async
 from . import io as _io
 from . import open as _open
+from . import remote as _remote
 from . import run as _run
 from . import writer as _save
 from . import tree as _tree
 from . import url as _url
-from .. import _ferry
+from .. import _checks, _ferry, _nogpu
 
 FerryError = _ferry.FerryError
 
@@ -68,7 +69,7 @@ def _device(device):
     torch = _torch()
     dev = _ferry_pkg._torch_device(device)   # the package's one device parser
     if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
+        dev = torch.device("cuda", _ferry_pkg._current_cuda_device())   # the package's one resolver
     return dev
 
 
@@ -85,23 +86,25 @@ def parse_size(s):
 
 
 def _max_shard_bytes(max_shard_size):
-    max_bytes = parse_size(max_shard_size)
-    if max_bytes is not None and max_bytes <= 0:
-        raise ValueError("ferry.checkpoint: max_shard_size must be positive")
-    return max_bytes
+    return _checks.check_size("ferry.checkpoint", "max_shard_size", max_shard_size)
 
 
 def _save_target(path, metadata, max_shard_size):
     """What save and async_save check before anything else: (kind, path, user metadata,
-    max shard bytes, fsspec filesystem and inner path for URLs, else None, None)."""
+    max shard bytes, fsspec filesystem and inner path for URLs fsspec writes, else None,
+    None). kind: "local", "object" (s3://, gs://: the C library's uploads; http(s):// is
+    refused here) or "url" (fsspec)."""
     kind, p = _url.split(path)
     user_md = _save.check_user_metadata(metadata)
     max_bytes = _max_shard_bytes(max_shard_size)
     fs = inner = None
-    if kind == "url":
+    if kind == "url" and _url.is_object(p):
+        _remote.check_writable(p)
+        kind = "object"
+    elif kind == "url":
         fs, inner = _url.filesystem(p)
         if max_bytes is not None:
-            _io.fail("%s: sharded saves (max_shard_size) are for local paths" % p,
+            _io.fail("%s: sharded saves (max_shard_size) are for local paths, s3:// and gs://" % p,
                      _io.EUNSUPPORTED)
     return kind, p, user_md, max_bytes, fs, inner
 
@@ -118,8 +121,11 @@ def save(state_dict, path, metadata=None, *, crc32c=False, max_shard_size=None, 
     fsynced. A save that dies leaves any previous file at `path` untouched; its temporary
     (.<name>.ferry-tmp.*) never gets in the way of a later save and is removed by it.
 
-    path: a local path, a file:// URL, or another URL (s3://, memory://, ...) written
-    through fsspec when it is installed (refused otherwise). The target is checked before
+    path: a local path, a file:// URL, an s3:// or gs:// object (written by the C library:
+    one PUT, or an S3 multipart upload aborted on any failure, so the object appears whole
+    or not at all; sharded saves upload the shards, then the index), or another URL
+    (memory://, ...) written through fsspec when it is installed (refused otherwise);
+    http:// and https:// are refused (no write protocol). The target is checked before
     anything is written: "" and directories are refused, as is a parent that is a file;
     missing parent directories are created; a symlink is followed (the file it names is
     replaced, the link stays).
@@ -132,7 +138,15 @@ def save(state_dict, path, metadata=None, *, crc32c=False, max_shard_size=None, 
     or progress(done_bytes, total_bytes). Tensors that are the very same view of one
     storage (tied weights) are stored once and tied again by ferry's load.
     """
+    threads = _checks.check("ferry.checkpoint.save", "threads", threads)
     kind, p, user_md, max_bytes, fs, inner = _save_target(path, metadata, max_shard_size)
+    if kind == "object":
+        prep = _save.Prepared(state_dict, crc32c)
+        with _run.Timer("save", p) as tm:
+            tm.nbytes = prep.nbytes
+            _remote.save(prep, p, user_md, max_bytes, threads,
+                         _run.reporter(progress, "save " + p.rsplit("/", 1)[-1], prep.nbytes))
+        return
     if kind == "url":
         data = save_bytes(state_dict, metadata, crc32c=crc32c, threads=threads,
                           progress=progress)
@@ -151,6 +165,7 @@ def save(state_dict, path, metadata=None, *, crc32c=False, max_shard_size=None, 
 def save_bytes(state_dict, metadata=None, *, crc32c=False, threads=0, progress=None):
     """The bytes of the safetensors file save() would write (as safetensors.torch.save):
     written through the engine into an anonymous in-memory file, then returned."""
+    threads = _checks.check("ferry.checkpoint.save_bytes", "threads", threads)
     user_md = _save.check_user_metadata(metadata)
     prep = _save.Prepared(state_dict, crc32c)
     with _url.MemFile() as mf:
@@ -161,13 +176,16 @@ def save_bytes(state_dict, metadata=None, *, crc32c=False, threads=0, progress=N
 
 # =============================================================================== load
 def _open_ck(path, verify=True):
-    """A Checkpoint for a local path or file:// URL; other URLs are read through fsspec
+    """A Checkpoint for a local path or file:// URL, or an http(s)://, s3:// or gs://
+    object (or directory URL) read by the C library; other URLs are read through fsspec
     into an in-memory file that lives as long as the Checkpoint."""
     kind, p = _url.split(path)
     if kind == "local":
         if p == "":
             _io.fail("ferry.checkpoint: empty path", _io.EINVAL)
         return _open.Checkpoint(p, verify=verify)
+    if _url.is_object(p):
+        return _open.Checkpoint(p, verify=verify, remote=True)
     fs, inner = _url.filesystem(p)
     if inner.endswith(INDEX_SUFFIX):
         _io.fail("%s: sharded checkpoints are loaded from local paths" % p, _io.EUNSUPPORTED)
@@ -193,7 +211,8 @@ def _empty(e, device, shape=None):
     shape torch cannot lay out, e.g. a zero-size tensor whose strides overflow)."""
     shape = e.shape if shape is None else shape
     try:
-        return _torch().empty(shape, dtype=e.torch_dtype(), device=device)
+        with _nogpu.device_alloc("%s: tensor %r" % (e.path, e.name), device):   # no GPU: said once
+            return _torch().empty(shape, dtype=e.torch_dtype(), device=device)
     except (RuntimeError, OverflowError, ValueError) as err:
         _io.fail("%s: tensor %r of shape %s cannot be allocated: %s"
                  % (e.path, e.name, list(shape), err), _io.EFORMAT)
@@ -221,11 +240,15 @@ def _read_all(ck, names, device, threads, verify, dests=None, progress=None, wha
 
 def load(path, device="cpu", *, threads=0, verify=True, progress=None):
     """Load a checkpoint (a ferry or safetensors file, a sharded index, a directory
-    holding one, a file:// URL or, through fsspec, another URL) into tensors torch
+    holding one, a file:// URL, an http(s)://, s3:// or gs:// object or directory URL
+    ("s3://b/ckpt/": its model.safetensors.index.json or model.safetensors; every object
+    read pinned to the version it had when opened) or, through fsspec, another URL) into
+    tensors torch
     allocates on `device` ("cpu", "cuda:N", N). All tensors of all shards are read by one
     engine plan, from the files whose headers were parsed. Nesting and non-tensor values
     saved by ferry come back as saved; plain safetensors files give {name: tensor}. Stored
     CRC32Cs are checked unless verify=False. progress: as in save()."""
+    threads = _checks.check("ferry.checkpoint.load", "threads", threads)
     dev = _device(device)
     ck = _open_ck(path, verify)
     try:
@@ -240,6 +263,7 @@ def load(path, device="cpu", *, threads=0, verify=True, progress=None):
 def load_bytes(data, device="cpu", *, threads=0, verify=True):
     """Load a checkpoint from the bytes of a safetensors file (as safetensors.torch.load;
     what save_bytes returns), through the C parser and the engine."""
+    threads = _checks.check("ferry.checkpoint.load_bytes", "threads", threads)
     ck = _bytes_ck(data, "<bytes>", verify)
     try:
         tensors, _ = _read_all(ck, list(ck.entries), _device(device), threads, verify)
@@ -255,6 +279,7 @@ def load_into(state_dict, path, *, strict=True, threads=0, verify=True, progress
     copy_(). Non-tensor values in the file are ignored (use load() for those). Returns
     (missing_keys, unexpected_keys); strict=True raises FerryError if either is non-empty.
     Shapes must match. Numpy arrays stored by save are values, not targets."""
+    threads = _checks.check("ferry.checkpoint.load_into", "threads", threads)
     torch = _torch()
     if isinstance(state_dict, torch.nn.Module):
         state_dict = state_dict.state_dict()
@@ -367,7 +392,7 @@ class safe_open:
             raise ValueError("ferry.checkpoint.safe_open gives torch tensors (framework='pt')")
         self._dev = _device(device)
         self._ck = _open_ck(path, verify)
-        self._threads = threads
+        self._threads = _checks.check("ferry.checkpoint.safe_open", "threads", threads)
         self._verify = verify
 
     def __enter__(self):
@@ -456,8 +481,17 @@ def async_save(state_dict, path, metadata=None, *, crc32c=False, max_shard_size=
     copies, then writes through the engine exactly like save() (the same path checks,
     made before the snapshot). future.blocked_s is how long the caller was blocked. Saves
     run one after another in submission order. Fork-safe: a child starts its own writer."""
+    threads = _checks.check("ferry.checkpoint.async_save", "threads", threads)
     kind, p, user_md, max_bytes, fs, inner = _save_target(path, metadata, max_shard_size)
-    if kind == "url":
+    if kind == "object":
+
+        def write(prep):
+            with _run.Timer("async_save", p) as tm:
+                tm.nbytes = prep.nbytes
+                _remote.save(prep, p, user_md, max_bytes, threads,
+                             _run.reporter(progress, "save " + p.rsplit("/", 1)[-1], prep.nbytes))
+            return p
+    elif kind == "url":
 
         def write(prep):
             with _url.MemFile() as mf:

@@ -12,6 +12,7 @@ import os
 import threading
 import time
 
+from .. import _checks
 from . import io as _io
 from . import writer as _save
 from . import st as _st
@@ -107,8 +108,8 @@ def reserve_pinned(state_dict_or_nbytes, snapshot="host"):
     this many bytes) now, e.g. at start-up, so the first async_save blocks only for its
     copies (pinning 4 GiB takes ~1.4 s on the GPU machine)."""
     torch = _torch()
-    n = state_dict_or_nbytes if isinstance(state_dict_or_nbytes, int) else \
-        _snapshot_bytes(state_dict_or_nbytes, snapshot)
+    n = _checks.check_size("ferry.checkpoint.reserve_pinned", "nbytes", state_dict_or_nbytes) \
+        if isinstance(state_dict_or_nbytes, (int, float, str)) else _snapshot_bytes(state_dict_or_nbytes, snapshot)
     if n > 0:
         _arena_put(_arena_get(n, torch.cuda.is_available()))
 

@@ -49,7 +49,7 @@ from . import dcp_pickle as _pickle
 from . import io as _io
 from . import st as _st
 from . import url as _url
-from .. import _ferry
+from .. import _checks, _ferry
 
 METADATA = ".metadata"
 _DATA_RE = re.compile(r"^__\d+_[0-9a-f]+\.ferry$")
@@ -92,9 +92,13 @@ def _local_dir(path, who):
     refused here, before anything is created (an s3:// id must never become ./s3:/...)."""
     kind, p = _url.split(path)
     if kind != "local":
-        _io.fail("%s: %s reads and writes local directories only (for object stores use torch's own "
-                 "storage writers and readers, or ferry.checkpoint.save with an fsspec URL)" % (path, who),
-                 _io.EINVAL)
+        sch = _url.scheme(p)
+        _io.fail("%s: %s reads and writes local directories only: ferry's DCP plugin does not take "
+                 "%s:// checkpoint ids. For object storage, save a (gathered) state dict with "
+                 "ferry.checkpoint.save(sd, \"%s://.../model.safetensors\", max_shard_size=...) and load "
+                 "it with ferry.checkpoint.load (s3:// and gs://: S3 multipart upload), or use torch's "
+                 "own storage writer and reader for %s:// (torch.distributed.checkpoint's FsspecWriter "
+                 "and FsspecReader)" % (path, who, sch, sch, sch), _io.EUNSUPPORTED)
     return p
 
 
@@ -142,7 +146,7 @@ class FerryWriter(StorageWriter):
     def __init__(self, path=None, *, threads=0, sync_files=True, overwrite=True):
         super().__init__()
         self.path = _local_dir(path, type(self).__name__) if path is not None else None
-        self.threads = threads
+        self.threads = _checks.check("ferry.checkpoint." + type(self).__name__, "threads", threads)
         self.sync_files = sync_files
         self.overwrite = overwrite
         self.rank = None
@@ -450,7 +454,7 @@ class FerryReader(StorageReader):
     def __init__(self, path=None, *, threads=0, safe=True):
         super().__init__()
         self.path = _local_dir(path, type(self).__name__) if path is not None else None
-        self.threads = threads
+        self.threads = _checks.check("ferry.checkpoint." + type(self).__name__, "threads", threads)
         self.safe = safe
         self.storage_data = {}
         self.layout = {}

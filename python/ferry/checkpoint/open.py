@@ -20,6 +20,7 @@ import collections
 import errno
 import json
 import os
+import time
 
 from . import io as _io
 from . import st as _st
@@ -93,16 +94,23 @@ def _save_id(index_path):
 
 
 class Checkpoint:
-    """A checkpoint opened through the C parser; close() releases its descriptors."""
+    """A checkpoint opened through the C parser; close() releases its descriptors.
+    remote=True: path is an object URL (http(s)://, s3://, gs://), resolved by the C
+    library (a directory URL ending in "/" opens its index or model.safetensors)."""
 
-    def __init__(self, path, display=None, verify=True):
+    def __init__(self, path, display=None, verify=True, remote=False):
         self.path = display or path
         self.check_header = verify
-        target = resolve(path)
-        self.is_index = target.endswith(INDEX_SUFFIX)
-        # format= keeps an .index.json (or a file without the suffix) from being sniffed
-        self.ds, target = self._open_set(target) if self.is_index else \
-            (_ferry.Dataset(_io.context(), target, format="safetensors"), target)
+        if remote:
+            self.ds = self._open_remote(path)
+            target = self.ds.opened
+            self.is_index = target.endswith(INDEX_SUFFIX)
+        else:
+            target = resolve(path)
+            self.is_index = target.endswith(INDEX_SUFFIX)
+            # format= keeps an .index.json (or a file without the suffix) from being sniffed
+            self.ds, target = self._open_set(target) if self.is_index else \
+                (_ferry.Dataset(_io.context(), target, format="safetensors"), target)
         try:
             self._describe(target)
         except BaseException:
@@ -145,6 +153,19 @@ class Checkpoint:
             if getattr(e, "code", None) in (-errno.ESTALE, -errno.ENOENT):
                 raise e from first
             raise
+
+    @staticmethod
+    def _open_remote(url, tries=3):
+        """The Dataset of an object URL. A sharded set being saved over meanwhile pairs an
+        index with shards of another save (-ESTALE from the C parser, never mixed bytes):
+        opened again, after a pause, a few times; then the FerryError, which says so."""
+        for i in range(tries):
+            try:
+                return _ferry.Dataset(_io.context(), url, format="safetensors")
+            except _io.FerryError as e:
+                if getattr(e, "code", None) != -errno.ESTALE or i + 1 == tries:
+                    raise
+            time.sleep(0.5 * (i + 1))
 
     def close(self):
         ds, self.ds = getattr(self, "ds", None), None

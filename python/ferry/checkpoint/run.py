@@ -9,34 +9,15 @@ import logging
 import time
 
 from . import io as _io
-from .. import _ferry
+from .. import _ferry, _progress
 
 log = logging.getLogger("ferry.checkpoint")
 
 
 def reporter(progress, what, total):
-    """A function(done_bytes) from the progress= argument, or None.
-    progress: None/False (off), True or "tqdm" (a tqdm bar when tqdm is installed, else
-    log lines at INFO), or a callable progress(done_bytes, total_bytes)."""
-    if not progress:
-        return None
-    if callable(progress):
-        return lambda done: progress(done, total)
-    if progress is True or progress == "tqdm":
-        try:
-            from tqdm.auto import tqdm
-        except ImportError:
-            log.info("%s: tqdm is not installed; progress goes to this log", what)
-            return lambda done: log.info("%s: %d of %d bytes", what, done, total)
-        bar = tqdm(total=total, unit="B", unit_scale=True, desc=what, leave=False)
-
-        def step(done):
-            bar.update(done - bar.n)
-            if done >= total:
-                bar.close()
-        return step
-    raise ValueError("ferry.checkpoint: progress must be None, True, 'tqdm' or a callable "
-                     "progress(done_bytes, total_bytes), not %r" % (progress,))
+    """A function(done_bytes) from the progress= argument, or None: the package's one
+    reporter (ferry/_progress.py), logging here to ferry.checkpoint."""
+    return _progress.reporter(progress, what, total, log=log, where="ferry.checkpoint")
 
 
 def run(ops, *, threads=0, sync=False, report=None, cuda_devices=(), files=()):

@@ -1,7 +1,9 @@
 """Paths, URLs and in-memory files for ferry.checkpoint.
 
 A path with a scheme is never taken as a local path: file:// URLs are local files;
-other URLs (s3://, gs://, memory://, ...) go through fsspec when it is installed -- the
+http://, https://, s3:// and gs:// objects are read by the C library (remote.py), and
+s3:// and gs:// written by it (S3 multipart upload); http(s):// destinations are refused
+by it. Other URLs (memory://, hf://, ...) go through fsspec when it is installed -- the
 checkpoint is built in memory and written with one fs.open(url, "wb") (loads: read with
 one fs.open(url, "rb")) -- and are refused with a FerryError when it is not.
 In-memory files are Linux memfds, reached by the C library as /proc/self/fd/N."""
@@ -14,6 +16,20 @@ import re
 from . import io as _io
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
+
+
+OBJECT_SCHEMES = ("http", "https", "s3", "gs")   # read (and s3, gs written) by the C library
+WRITE_SCHEMES = ("s3", "gs")
+
+
+def scheme(url):
+    """The lowercase scheme of a URL split() called "url"."""
+    return _SCHEME.match(url).group(1).lower()
+
+
+def is_object(url):
+    """Whether the C library reads this URL itself (no fsspec)."""
+    return scheme(url) in OBJECT_SCHEMES
 
 
 def split(path):

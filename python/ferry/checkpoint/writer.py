@@ -225,10 +225,56 @@ def _header(names, prep, md, data_base=None, shard=""):
     return bytearray(header), lay
 
 
-def write(prep, final, user_md, max_bytes, threads, durable=True, report=None, direct=False):
+def _file_ops(prep, names, path, sharded, save_id, user_md, keep, ctx, files, ops, devices, temps,
+              sink, direct):
+    """Open the file holding `names` (at `path`, its temporary, or where sink says) and add
+    the writes of its header and tensors to ops; its header (and, sharded, its rows for the
+    index's CRC) to keep."""
+    md = {"format": "pt"}
+    md.update(user_md)
+    if not sharded:
+        md.update(prep.struct_md)
+    else:
+        md[SAVE_KEY] = save_id
+    crcs = {n: prep.crcs[n] for n in names if n in prep.crcs}
+    if crcs:
+        md[_open.CRC_KEY] = json.dumps(crcs, separators=(",", ":"))
+    header, lay = _header(names, prep, md)
+    keep.append(header)
+    total = len(header) + sum(e - b for b, e in lay.values())
+    tmp = sink(path) if sink else path if direct else _io.temp_name(path)
+    if not direct:
+        temps.append(tmp)
+    f = _ferry.File(ctx, tmp, "w")
+    files.append(f)
+    f.truncate(total)
+    ops.append((len(header), lambda p, f=f, h=header: p.write_file(f, 0, len(h), h)))
+    for n in names:
+        t = prep.tensors[n]
+        b, e = lay[n]
+        if e > b:
+            ops.append((e - b, lambda p, f=f, o=len(header) + b, nb=e - b, t=t:
+                        p.write_file(f, o, nb, _io.buf(t))))
+            if t.device.type == "cuda":
+                devices.add(_io.cuda_index(t.device))
+    if sharded:
+        prep_rows = [(n, _st.st_dtype(prep.tensors[n].dtype), tuple(prep.tensors[n].shape),
+                      len(header) + lay[n][0], lay[n][1] - lay[n][0],
+                      os.path.basename(path)) for n in names]
+        keep.append(prep_rows)
+
+
+def write(prep, final, user_md, max_bytes, threads, durable=True, report=None, direct=False,
+          sink=None, flush=None, window=4):
     """Write a prepared state dict to `final` (checked by check_target), atomically; with
-    direct=True straight into `final` (an anonymous memory file: no temporary, no rename)."""
-    sharded = max_bytes is not None and prep.nbytes > max_bytes and not direct
+    direct=True straight into `final` (an anonymous memory file: no temporary, no rename).
+    sink (for object storage): sink(name) gives the path each file -- `final`, or each
+    shard's URL when sharded -- is written to instead (an in-memory file); nothing is
+    renamed, and the bytes of a sharded set's index are returned for the caller to write
+    last (None when not sharded). flush (with sink): the files are written `window` at a
+    time, each batch handed to flush([names]) once written (to be uploaded and freed), so a
+    sharded save holds `window` shards in memory, not all of them."""
+    sharded = max_bytes is not None and prep.nbytes > max_bytes and (not direct or sink)
     groups = _split_shards(prep, max_bytes) if sharded else [list(prep.tensors)]
     finals = _shard_names(final, len(groups)) if sharded else [final]
     index_path = final + INDEX_SUFFIX
@@ -238,46 +284,28 @@ def write(prep, final, user_md, max_bytes, threads, durable=True, report=None, d
         _io.remove_stale_temps(final)        # every dead writer's, in final's directory
 
     ctx = _io.context()
-    files, temps, ops, devices, keep = [], [], [], set(), []
+    files, temps, keep = [], [], []
+    todo = list(zip(groups, finals))
+    step = window if sink and flush else len(todo)
     try:
-        for names, path in zip(groups, finals):
-            md = {"format": "pt"}
-            md.update(user_md)
-            if not sharded:
-                md.update(prep.struct_md)
-            else:
-                md[SAVE_KEY] = save_id
-            crcs = {n: prep.crcs[n] for n in names if n in prep.crcs}
-            if crcs:
-                md[_open.CRC_KEY] = json.dumps(crcs, separators=(",", ":"))
-            header, lay = _header(names, prep, md)
-            keep.append(header)
-            total = len(header) + sum(e - b for b, e in lay.values())
-            tmp = path if direct else _io.temp_name(path)
-            if not direct:
-                temps.append(tmp)
-            f = _ferry.File(ctx, tmp, "w")
-            files.append(f)
-            f.truncate(total)
-            ops.append((len(header), lambda p, f=f, h=header: p.write_file(f, 0, len(h), h)))
-            for n in names:
-                t = prep.tensors[n]
-                b, e = lay[n]
-                if e > b:
-                    ops.append((e - b, lambda p, f=f, o=len(header) + b, nb=e - b, t=t:
-                                p.write_file(f, o, nb, _io.buf(t))))
-                    if t.device.type == "cuda":
-                        devices.add(_io.cuda_index(t.device))
-            if sharded:
-                prep_rows = [(n, _st.st_dtype(prep.tensors[n].dtype), tuple(prep.tensors[n].shape),
-                              len(header) + lay[n][0], lay[n][1] - lay[n][0],
-                              os.path.basename(path)) for n in names]
-                keep.append(prep_rows)
-        _run.run(ops, threads=threads, sync=durable and not direct, report=report,
-                 cuda_devices=devices, files=files)
-        for f in files:
-            f.close()
-        files = []
+        done = 0
+        for w in range(0, len(todo), step):
+            batch = todo[w:w + step]
+            ops, devices = [], set()
+            for names, path in batch:
+                _file_ops(prep, names, path, sharded, save_id, user_md, keep, ctx, files, ops,
+                          devices, temps, sink, direct)
+            rep = None if report is None else (lambda x, b=done: report(b + x))
+            _run.run(ops, threads=threads, sync=durable and not direct, report=rep,
+                     cuda_devices=devices, files=files)
+            done += sum(n for n, _ in ops)
+            for f in files:
+                f.close()
+            files = []
+            if flush:
+                flush([path for _, path in batch])
+        if sink:
+            return _index_bytes(prep, groups, finals, user_md, keep, save_id) if sharded else None
         if direct:
             return
         old_index_files = _index_files(index_path) if os.path.exists(index_path) else []
@@ -319,6 +347,19 @@ def write(prep, final, user_md, max_bytes, threads, durable=True, report=None, d
 
 
 def _commit_index(prep, final, index_path, groups, finals, user_md, keep, durable, save_id):
+    data = _index_bytes(prep, groups, finals, user_md, keep, save_id)
+    if durable:
+        _io.write_small_file_atomic(index_path, data)
+    else:
+        tmp = _io.temp_name(index_path)
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, index_path)
+
+
+def _index_bytes(prep, groups, finals, user_md, keep, save_id):
+    """The index of a sharded set: Hugging Face's {"metadata", "weight_map"}, with the save
+    id, the structure and the CRCs ferry keeps in its metadata."""
     wm = {}
     for names, path in zip(groups, finals):
         for n in names:
@@ -333,14 +374,7 @@ def _commit_index(prep, final, index_path, groups, finals, user_md, keep, durabl
         rows = [r for k in keep if isinstance(k, list) for r in k]
         imd[_st.HEADER_CRC_KEY] = _io.u32hex(_st.header_digest(imd, rows))
     index = {"metadata": imd, "weight_map": wm}
-    data = json.dumps(index, indent=2).encode()
-    if durable:
-        _io.write_small_file_atomic(index_path, data)
-    else:
-        tmp = _io.temp_name(index_path)
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, index_path)
+    return json.dumps(index, indent=2).encode()
 
 
 def _reclaim_orphans(final, keep):

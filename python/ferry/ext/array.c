@@ -6,40 +6,6 @@
 #include "ferry_ext.h"
 
 /* ------------------------------------------------------------------------- */
-/* DLPack (https://dmlc.github.io/dlpack/latest/): the few structs we export  */
-/* ------------------------------------------------------------------------- */
-typedef struct { uint32_t major, minor; } DLPackVersion;
-typedef struct { int32_t device_type; int32_t device_id; } DLDevice;
-typedef struct { uint8_t code; uint8_t bits; uint16_t lanes; } DLDataType;
-typedef struct {
-    void *data;
-    DLDevice device;
-    int32_t ndim;
-    DLDataType dtype;
-    int64_t *shape;
-    int64_t *strides;
-    uint64_t byte_offset;
-} DLTensor;
-typedef struct DLManagedTensor {
-    DLTensor dl_tensor;
-    void *manager_ctx;
-    void (*deleter)(struct DLManagedTensor *self);
-} DLManagedTensor;
-typedef struct DLManagedTensorVersioned {
-    DLPackVersion version;
-    void *manager_ctx;
-    void (*deleter)(struct DLManagedTensorVersioned *self);
-    uint64_t flags;
-    DLTensor dl_tensor;
-} DLManagedTensorVersioned;
-
-enum { kDLCPU = 1, kDLCUDA = 2 };
-enum {
-    kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBfloat = 4, kDLComplex = 5, kDLBool = 6,
-    kDLFloat8_e4m3fn = 10, kDLFloat8_e5m2 = 12
-};
-
-/* ------------------------------------------------------------------------- */
 /* Array                                                                      */
 /* ------------------------------------------------------------------------- */
 /* struct-module format for a typestr, "" if none (DLPack/array interface only). */

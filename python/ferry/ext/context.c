@@ -21,14 +21,44 @@ int ctx_check(ContextObject *c) {
 
 static const char *direct_name(ferry_direct d) { return ferry_direct_name(d); }
 
+/* A numeric keyword through the package's one validator (ferry/_checks.py: check, or
+ * check_size for sizes), so a C type's keywords answer as every Python function's do: the
+ * value, or -1 with the ValueError (KeywordTypeError for a wrong type) naming it. NULL: 0. */
+static int check_keyword(const char *where, const char *fn, const char *name, PyObject *v,
+                         long long lo, long long hi, long long *out) {
+    *out = 0;
+    if (v == NULL) return 0;
+    if (PyLong_CheckExact(v)) {                   /* the common case, without a call */
+        long long x = PyLong_AsLongLong(v);
+        if (!(x == -1 && PyErr_Occurred()) && x >= lo && x <= hi) { *out = x; return 0; }
+        PyErr_Clear();
+    }
+    PyObject *m = PyImport_ImportModule("ferry._checks");
+    if (!m) return -1;
+    PyObject *r = PyObject_CallMethod(m, fn, "ssO", where, name, v);
+    Py_DECREF(m);
+    if (!r) return -1;
+    *out = PyLong_AsLongLong(r);
+    Py_DECREF(r);
+    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
 static int Context_init(ContextObject *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"threads", "path", "direct", "task_size", "staging_size",
                              "staging_count", "small_io", "no_env", NULL};
-    int threads = 0, staging_count = 0, no_env = 0;
-    PyObject *path = NULL, *direct = NULL;
-    unsigned long long task_size = 0, staging_size = 0, small_io = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|iOOKKiKp", kwlist, &threads, &path, &direct,
-                                     &task_size, &staging_size, &staging_count, &small_io, &no_env))
+    int no_env = 0;
+    PyObject *path = NULL, *direct = NULL, *threads_o = NULL, *count_o = NULL;
+    PyObject *task_o = NULL, *staging_o = NULL, *small_o = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|OOOOOOOp", kwlist, &threads_o, &path, &direct,
+                                     &task_o, &staging_o, &count_o, &small_o, &no_env))
+        return -1;
+    /* fast-path bounds only; the validator's table (RANGES, SIZES) decides the rest */
+    long long threads, staging_count, task_size, staging_size, small_io;
+    if (check_keyword("ferry.Context", "check", "threads", threads_o, 0, 256, &threads) < 0 ||
+        check_keyword("ferry.Context", "check", "staging_count", count_o, 0, 16, &staging_count) < 0 ||
+        check_keyword("ferry.Context", "check_size", "task_size", task_o, 0, 1LL << 40, &task_size) < 0 ||
+        check_keyword("ferry.Context", "check_size", "staging_size", staging_o, 0, 1LL << 40, &staging_size) < 0 ||
+        check_keyword("ferry.Context", "check_size", "small_io", small_o, 0, 1LL << 40, &small_io) < 0)
         return -1;
     if (self->ctx) { PyErr_SetString(PyExc_RuntimeError, "Context already initialised"); return -1; }
     ferry_config cfg;
@@ -46,7 +76,7 @@ static int Context_init(ContextObject *self, PyObject *args, PyObject *kw) {
     Py_BEGIN_ALLOW_THREADS
     rc = ferry_ctx_create(&ctx, &cfg);
     Py_END_ALLOW_THREADS
-    if (rc < 0) { raise_ctx(NULL, rc); return -1; }
+    if (rc < 0) { raise_code_msg(rc, ferry_errmsg(NULL)); return -1; }   /* the thread's message: which knob, why */
     self->ctx = ctx;
     self->closed = 0;
     return 0;
@@ -125,6 +155,10 @@ static PyObject *Context_stats(ContextObject *self, PyObject *noarg) {
     PUT("gpu_chunks", s.gpu_chunks);
     PUT("gpu_batches", s.gpu_batches);
     PUT("gpu_cpu_fallbacks", s.gpu_cpu_fallbacks);
+    PUT("image_gpu", s.image_gpu);               /* ferry_image_batch: images nvJPEG decoded */
+    PUT("image_cpu", s.image_cpu);
+    PUT("image_skipped", s.image_skipped);
+    PUT("image_fallbacks", s.image_fallbacks);
 #undef PUT
     return d;
 }
@@ -183,14 +217,16 @@ static int parse_run_opts(PyObject *path, int threads, int sync, int no_direct, 
  * no_direct=, decode=, reread=) into *plan and *o. -1 with an exception set. */
 static int run_args(ContextObject *self, PyObject *args, PyObject *kw, PlanObject **plan, ferry_run_opts *o) {
     static char *kwlist[] = {"plan", "path", "threads", "sync", "no_direct", "decode", "reread", NULL};
-    PyObject *path = NULL;
-    int threads = 0, sync = 0, no_direct = 0, reread = 0;
+    PyObject *path = NULL, *threads_o = NULL;
+    int sync = 0, no_direct = 0, reread = 0;
     const char *decode = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|Oippzp", kwlist, &PlanType, plan, &path,
-                                     &threads, &sync, &no_direct, &decode, &reread))
+    long long threads;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|OOppzp", kwlist, &PlanType, plan, &path,
+                                     &threads_o, &sync, &no_direct, &decode, &reread))
         return -1;
+    if (check_keyword("ferry.Context.run/submit", "check", "threads", threads_o, 0, 256, &threads) < 0) return -1;
     if (ctx_check(self) < 0) return -1;
-    if (parse_run_opts(path, threads, sync, no_direct, reread, o) < 0) return -1;
+    if (parse_run_opts(path, (int)threads, sync, no_direct, reread, o) < 0) return -1;
     return parse_decode_name(decode, &o->decode);
 }
 

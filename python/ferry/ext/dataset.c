@@ -68,6 +68,12 @@ static PyObject *Dataset_get_format(DatasetObject *self, void *c) {
     return PyUnicode_FromString(f ? f : "");
 }
 static PyObject *Dataset_get_path(DatasetObject *self, void *c) { Py_INCREF(self->path); return self->path; }
+/* the file a directory (or a directory URL) resolved to: ferry_dataset_path */
+static PyObject *Dataset_get_opened(DatasetObject *self, void *c) {
+    if (ds_check(self) < 0) return NULL;
+    const char *p = ferry_dataset_path(self->ds);
+    return PyUnicode_DecodeFSDefault(p ? p : "");
+}
 static PyObject *Dataset_get_attrs(DatasetObject *self, void *c) {
     if (ds_check(self) < 0) return NULL;
     const char *s = ferry_dataset_attrs_json(self->ds);
@@ -255,6 +261,8 @@ static PyMethodDef Dataset_methods[] = {
 static PyGetSetDef Dataset_getset[] = {
     {"format", (getter)Dataset_get_format, NULL, "npy, safetensors, netcdf3, zarr, hdf5", NULL},
     {"path", (getter)Dataset_get_path, NULL, "the path opened", NULL},
+    {"opened", (getter)Dataset_get_opened, NULL,
+     "the file opened: path, or the checkpoint file a directory (or directory URL) resolved to", NULL},
     {"attrs", (getter)Dataset_get_attrs, NULL, "global attributes (JSON)", NULL},
     {"dims", (getter)Dataset_get_dims, NULL, "dimensions (JSON)", NULL},
     {"groups", (getter)Dataset_get_groups, NULL, "child groups (JSON array)", NULL},

@@ -41,6 +41,40 @@
 #pragma GCC visibility push(hidden)
 
 /* ------------------------------------------------------------------------- */
+/* DLPack (https://dmlc.github.io/dlpack/latest/): the structs Array exports and buffer.c reads */
+/* ------------------------------------------------------------------------- */
+typedef struct { uint32_t major, minor; } DLPackVersion;
+typedef struct { int32_t device_type; int32_t device_id; } DLDevice;
+typedef struct { uint8_t code; uint8_t bits; uint16_t lanes; } DLDataType;
+typedef struct {
+    void *data;
+    DLDevice device;
+    int32_t ndim;
+    DLDataType dtype;
+    int64_t *shape;
+    int64_t *strides;
+    uint64_t byte_offset;
+} DLTensor;
+typedef struct DLManagedTensor {
+    DLTensor dl_tensor;
+    void *manager_ctx;
+    void (*deleter)(struct DLManagedTensor *self);
+} DLManagedTensor;
+typedef struct DLManagedTensorVersioned {
+    DLPackVersion version;
+    void *manager_ctx;
+    void (*deleter)(struct DLManagedTensorVersioned *self);
+    uint64_t flags;
+    DLTensor dl_tensor;
+} DLManagedTensorVersioned;
+
+enum { kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3 };
+enum {
+    kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBfloat = 4, kDLComplex = 5, kDLBool = 6,
+    kDLFloat8_e4m3fn = 10, kDLFloat8_e5m2 = 12
+};
+
+/* ------------------------------------------------------------------------- */
 /* Objects (each type's functions are in the file named after it)             */
 /* ------------------------------------------------------------------------- */
 /* context.c */
@@ -157,6 +191,9 @@ Py_ssize_t typestr_itemsize(const char *t);
 /* Turn obj into a ferry_buf (want_write: destinations must be writable); on
  * success out->keep holds a new reference that keeps the memory alive. */
 int parse_buffer(PyObject *obj, int want_write, parsed_buf *out);
+/* buffer_layout(obj): the layout parse_buffer reads (typestr, shape, strides, contiguous,
+ * readonly, device, stream, ptr, nbytes, source), for Python's checks of out= */
+PyObject *mod_buffer_layout(PyObject *m, PyObject *obj);
 
 /* handle.c */
 void handle_dealloc(HandleObject *self, handle_close_fn close_fn);
@@ -229,6 +266,8 @@ PyObject *mod_normalize_selection(PyObject *mod, PyObject *args);
 PyObject *mod_image_probe(PyObject *m, PyObject *args, PyObject *kw);
 PyObject *mod_image_decode(PyObject *m, PyObject *args, PyObject *kw);
 PyObject *mod_image_decode_batch(PyObject *m, PyObject *args, PyObject *kw);
+PyObject *mod_image_batch(PyObject *m, PyObject *args, PyObject *kw);
+PyObject *mod_nvjpeg_status(PyObject *m, PyObject *noarg);
 
 /* array.c */
 PyObject *mod_empty(PyObject *m, PyObject *args, PyObject *kw);

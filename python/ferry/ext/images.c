@@ -294,3 +294,148 @@ done0:
     Py_XDECREF(ls);
     return result;
 }
+
+/* nvjpeg_status() -> "loaded nvJPEG 12.4 from ..." or why not (loads CUDA and nvJPEG once) */
+PyObject *mod_nvjpeg_status(PyObject *m, PyObject *noarg) {
+    const char *s;
+    Py_BEGIN_ALLOW_THREADS
+    s = ferry_nvjpeg_status();
+    Py_END_ALLOW_THREADS
+    return PyUnicode_FromString(s);
+}
+
+/* ------------------------------------------------------------------------- */
+/* Batches: ferry_image_batch                                                 */
+/* ------------------------------------------------------------------------- */
+static int word_index(const char *w, const char *const *words, int n, const char *what) {
+    for (int i = 0; i < n; i++)
+        if (words[i] && !strcmp(w, words[i])) return i;
+    PyErr_Format(PyExc_ValueError, "%s: %s is not one of the accepted values", what, w);
+    return -1;
+}
+
+static int float3(PyObject *o, float *out, const char *what) {
+    if (o == Py_None) return 0;
+    PyObject *seq = PySequence_Fast(o, "a sequence of 1 or 3 numbers");
+    if (!seq) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n != 1 && n != 3) {
+        Py_DECREF(seq);
+        PyErr_Format(PyExc_ValueError, "%s: 1 or 3 values, got %zd", what, n);
+        return -1;
+    }
+    for (int k = 0; k < 3; k++) {
+        double v = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(seq, n == 1 ? 0 : k));
+        if (v == -1.0 && PyErr_Occurred()) { Py_DECREF(seq); return -1; }
+        out[k] = (float)v;
+    }
+    Py_DECREF(seq);
+    return 1;
+}
+
+/* image_batch(shards, samples, out, height, width, layout="CHW", dtype="uint8", crop="random_resized",
+ *             scale=(0.08, 1.0), ratio=(0.75, 4/3), flip=0.0, mean=None, std=None, seed=0, epoch=0,
+ *             member=None, on_error="raise", decode="auto", threads=0, stream=0) -> dict */
+PyObject *mod_image_batch(PyObject *m, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"shards", "samples", "out", "height", "width", "layout", "dtype", "crop", "scale",
+                             "ratio", "flip", "mean", "std", "seed", "epoch", "member", "on_error", "decode",
+                             "threads", "stream", NULL};
+    PyObject *so, *samples, *out, *crop = Py_None, *mean = Py_None, *stdv = Py_None;
+    unsigned h, w;
+    const char *layout = "CHW", *dtype = "uint8", *member = NULL, *on_error = "raise", *decode = "auto";
+    double s0 = 0.08, s1 = 1.0, r0 = 3.0 / 4.0, r1 = 4.0 / 3.0, flip = 0;
+    unsigned long long seed = 0, epoch = 0, stream = 0;
+    int threads = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!OOII|ssO(dd)(dd)dOOKKzssiK", kwlist, &ShardsType, &so, &samples,
+                                     &out, &h, &w, &layout, &dtype, &crop, &s0, &s1, &r0, &r1, &flip, &mean, &stdv,
+                                     &seed, &epoch, &member, &on_error, &decode, &threads, &stream))
+        return NULL;
+    ShardsObject *sh = (ShardsObject *)so;
+    if (shards_check(sh) < 0) return NULL;
+    ferry_image_batch_args a;
+    memset(&a, 0, sizeof a);
+    static const char *const crops[] = {"random_resized", "center", "resize"};
+    static const char *const layouts[] = {"CHW", "HWC"}, *const errs[] = {"raise", "skip"};
+    static const char *const decs[] = {"auto", "gpu", "cpu"};
+    int ci = 3;
+    if (crop != Py_None) {
+        const char *c = PyUnicode_Check(crop) ? PyUnicode_AsUTF8(crop) : NULL;
+        if (!c) return PyErr_Format(PyExc_TypeError, "crop: a str or None");
+        if ((ci = word_index(c, crops, 3, "crop (random_resized, center, resize or None)")) < 0) return NULL;
+    }
+    int li = word_index(layout, layouts, 2, "layout (CHW or HWC)"), ei = li < 0 ? -1 : word_index(on_error, errs, 2, "on_error (raise or skip)");
+    int di = ei < 0 ? -1 : word_index(decode, decs, 3, "decode (auto, gpu or cpu)");
+    if (di < 0) return NULL;
+    ferry_dtype dt;
+    if (ferry_dtype_parse(dtype, &dt) < 0 || (dt != FERRY_DT_U8 && dt != FERRY_DT_F16 && dt != FERRY_DT_BF16 && dt != FERRY_DT_F32))
+        return PyErr_Format(PyExc_ValueError, "dtype %s: uint8, float16, bfloat16 or float32", dtype);
+    a.xf.height = h;
+    a.xf.width = w;
+    a.xf.crop = (ferry_image_crop)ci;
+    a.xf.scale[0] = s0; a.xf.scale[1] = s1; a.xf.ratio[0] = r0; a.xf.ratio[1] = r1;
+    a.xf.flip = flip;
+    a.xf.layout = (ferry_image_layout)li;
+    a.xf.dtype = dt;
+    int hm = float3(mean, a.xf.mean, "mean"), hs = hm < 0 ? -1 : float3(stdv, a.xf.std, "std");
+    if (hm < 0 || hs < 0) return NULL;
+    if ((hm || hs) && dt == FERRY_DT_U8)
+        return PyErr_Format(PyExc_ValueError, "uint8 output is not normalised: pass mean=None and std=None");
+    if (hm != hs) return PyErr_Format(PyExc_ValueError, "mean and std come together");
+    a.seed = seed;
+    a.epoch = epoch;
+    a.member = member;
+    a.on_error = (ferry_on_error)ei;
+    a.decode = di == 0 ? FERRY_DECODE_AUTO : di == 1 ? FERRY_DECODE_GPU : FERRY_DECODE_CPU;
+    a.threads = threads;
+    a.stream = (void *)(uintptr_t)stream;
+    a.shards = sh->s;
+    PyObject *seq = PySequence_Fast(samples, "samples: a sequence of sample indices");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    int64_t *idx = malloc(((size_t)n + 1) * sizeof *idx);
+    size_t *skipped = malloc(((size_t)n + 1) * sizeof *skipped);
+    PyObject *res = NULL;
+    parsed_buf d = {0};
+    if (!idx || !skipped) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (v == -1 && PyErr_Occurred()) goto done;
+        idx[i] = v;
+    }
+    if (parse_buffer(out, 1, &d) < 0) goto done;
+    a.samples = idx;
+    a.n = (size_t)n;
+    a.dst = d.buf;
+    ferry_image_batch_stats st;
+    memset(&st, 0, sizeof st);
+    st.skipped = skipped;
+    int64_t rc;
+    sh->busy++;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ferry_image_batch(sh->ctx->ctx, &a, &st);
+    Py_END_ALLOW_THREADS
+    sh->busy--;
+    if (rc < 0) { raise_ctx(sh->ctx->ctx, (int)rc); goto done; }
+    PyObject *sk = PyList_New((Py_ssize_t)st.nskipped), *fb = sk ? PyDict_New() : NULL;
+    for (size_t i = 0; sk && i < st.nskipped; i++) {
+        PyObject *v = PyLong_FromSize_t(st.skipped[i]);
+        if (!v) { Py_CLEAR(sk); break; }
+        PyList_SET_ITEM(sk, (Py_ssize_t)i, v);
+    }
+    for (int k = 0; sk && fb && k < FERRY_IMAGE_FB_COUNT_; k++) {
+        PyObject *v = PyLong_FromSize_t(st.fallbacks[k]);
+        if (!v || PyDict_SetItemString(fb, ferry_image_fallback_name(k), v) < 0) { Py_XDECREF(v); Py_CLEAR(fb); break; }
+        Py_DECREF(v);
+    }
+    if (sk && fb)
+        res = Py_BuildValue("{s:n,s:N,s:n,s:n,s:n,s:N}", "written", (Py_ssize_t)st.written, "skipped", sk, "gpu",
+                            (Py_ssize_t)st.gpu, "gpu_hardware", (Py_ssize_t)st.gpu_hw, "cpu", (Py_ssize_t)st.cpu,
+                            "fallbacks", fb);
+    else { Py_XDECREF(sk); Py_XDECREF(fb); }
+done:
+    Py_XDECREF(d.keep);
+    Py_DECREF(seq);
+    free(idx);
+    free(skipped);
+    return res;
+}

@@ -5,6 +5,7 @@
  * in their own files (ferry_ext.h lists them).
  */
 #include "ferry_ext.h"
+#include "ferry_experimental.h"
 
 /* ------------------------------------------------------------------------- */
 /* Module-wide objects                                                        */
@@ -108,6 +109,43 @@ static PyObject *mod_nvrtc_ptx(PyObject *m, PyObject *noarg) {
     return Py_BuildValue("(Os)", Py_None, ferry_nvrtc_status());
 }
 
+/* object_write(url, data): ferry_object_write of a contiguous buffer (an
+ * mmap of the checkpoint's in-memory file: sent without a copy), GIL
+ * released; object_delete(url). FerryError naming the URL. */
+static PyObject *mod_object_write(PyObject *m, PyObject *args) {
+    PyObject *urlo;
+    Py_buffer b;
+    if (!PyArg_ParseTuple(args, "O&y*", PyUnicode_FSConverter, &urlo, &b)) return NULL;
+    ContextObject *c = get_default_ctx();
+    int rc = -1;
+    if (c) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = ferry_object_write(c->ctx, PyBytes_AS_STRING(urlo), b.buf, (uint64_t)b.len);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&b);
+    Py_DECREF(urlo);
+    if (!c) return NULL;
+    if (rc < 0) return raise_ctx(c->ctx, rc);
+    Py_RETURN_NONE;
+}
+
+static PyObject *mod_object_delete(PyObject *m, PyObject *arg) {
+    PyObject *urlo;
+    if (!PyUnicode_FSConverter(arg, &urlo)) return NULL;
+    ContextObject *c = get_default_ctx();
+    int rc = -1;
+    if (c) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = ferry_object_delete(c->ctx, PyBytes_AS_STRING(urlo));
+        Py_END_ALLOW_THREADS
+    }
+    Py_DECREF(urlo);
+    if (!c) return NULL;
+    if (rc < 0) return raise_ctx(c->ctx, rc);
+    Py_RETURN_NONE;
+}
+
 static PyObject *mod_default_context(PyObject *m, PyObject *noarg) {
     ContextObject *c = get_default_ctx();
     if (!c) return NULL;
@@ -162,6 +200,9 @@ static PyMethodDef module_methods[] = {
     {"crc32c", (PyCFunction)(void (*)(void))mod_crc32c, METH_VARARGS | METH_KEYWORDS,
      "crc32c(data, crc=0) -> CRC-32C of a contiguous buffer (continue from crc)"},
     {"default_context", mod_default_context, METH_NOARGS, "the process-wide Context, created on first use"},
+    {"object_write", mod_object_write, METH_VARARGS,
+     "object_write(url, data): write an s3:// or gs:// object whole or not at all (ferry_object_write)"},
+    {"object_delete", mod_object_delete, METH_O, "object_delete(url): delete an s3:// or gs:// object"},
     {"chunk_table", (PyCFunction)(void (*)(void))mod_chunk_table, METH_VARARGS | METH_KEYWORDS,
      "chunk_table(shape, chunks, origins, offsets, lengths, skips=None) -> a sorted chunk table for "
      "Plan.layout (uint64 origins: n x ndim element coordinates; uint64 offsets, lengths; uint32 skips)"},
@@ -176,6 +217,9 @@ static PyMethodDef module_methods[] = {
      "safetensors ('F32'; None where safetensors has none); name may be of any style"},
     {"dtype_itemsize", mod_dtype_itemsize, METH_O, "dtype_itemsize(name) -> bytes per element (0: varies)"},
     {"codec_name", mod_codec_name, METH_O, "codec_name(id or name) -> the codec's name"},
+    {"buffer_layout", mod_buffer_layout, METH_O,
+     "buffer_layout(obj) -> {typestr, shape, strides, contiguous, readonly, device, stream, ptr, nbytes, source}: "
+     "a memory argument as the engine takes it (device: -1 host, N CUDA, None unknown)"},
     {"size_parse", mod_size_parse, METH_O,
      "size_parse(s) -> bytes: '8M'/'8MiB' = 8*2**20, '5GB' = 5*10**9 (ferry_size_parse); ints pass through"},
     {"kernels_source", mod_kernels_source, METH_NOARGS,
@@ -201,6 +245,13 @@ static PyMethodDef module_methods[] = {
      "image_decode(data, out, keep_gray=False) -> header dict; the HWC uint8 pixels written to out"},
     {"image_decode_batch", (PyCFunction)(void (*)(void))mod_image_decode_batch, METH_VARARGS | METH_KEYWORDS,
      "image_decode_batch(datas, outs, labels=None, keep_gray=False, threads=0) -> header dicts"},
+    {"nvjpeg_status", mod_nvjpeg_status, METH_NOARGS,
+     "nvjpeg_status() -> 'loaded nvJPEG M.N from PATH', or why nvJPEG is not loaded (loads CUDA and nvJPEG once)"},
+    {"image_batch", (PyCFunction)(void (*)(void))mod_image_batch, METH_VARARGS | METH_KEYWORDS,
+     "image_batch(shards, samples, out, height, width, layout='CHW', dtype='uint8', crop='random_resized', "
+     "scale=(0.08, 1.0), ratio=(3/4, 4/3), flip=0.0, mean=None, std=None, seed=0, epoch=0, member=None, "
+     "on_error='raise', decode='auto', threads=0, stream=0) -> {written, skipped, gpu, gpu_hardware, cpu, "
+     "fallbacks}: ferry_image_batch (ferry_experimental.h) into out (rows of height x width x 3)"},
     {"order_take", mod_order_take, METH_VARARGS,
      "order_take(n, seed, epoch, shuffle, positions, out): out[i] = the keyed epoch order of "
      "[0, n) at positions[i] (int64 arrays; ferry_perm_take)"},

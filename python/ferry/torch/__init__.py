@@ -3,15 +3,16 @@
 ``ArrayDataset`` is a ``torch.utils.data.IterableDataset`` whose samples are the rows (the first
 axis) of one or more arrays stored in ``.npy`` files, safetensors shards or Zarr arrays, or
 (``samples="files"``) whole files, one per sample. ``TokenDataset`` yields (x, y) windows of
-flat token files. Both share one contract (_BatchStream: order, sharding, epochs, resume,
+flat token files; ``ImageDataset`` decoded image batches from WebDataset tar, Mosaic MDS or
+ImageFolder shards. They share one contract (_BatchStream: order, sharding, epochs, resume,
 prefetch, CUDA hand-off), which a dataset over other samples reuses by describing its fields. A batch
 of sample ids becomes one ferry plan (one extent per run of consecutive rows) that the engine's
 native threads read straight into tensors allocated by torch on ``device``; no worker processes,
 no pickling, no pageable copies. See docs/torch.md for the full guide.
 
-Modules: arrays.py (ArrayDataset), tokens.py (TokenDataset), xarray_dataset.py (XarrayDataset),
-stream.py (the pipeline they share, with state.py, ahead.py, groups.py), sources.py and files.py
-(what a field reads), runtime.py (the engine state and handle cache of one process).
+Modules: arrays.py (ArrayDataset), tokens.py (TokenDataset), images.py (ImageDataset),
+xarray_dataset.py (XarrayDataset), stream.py (the pipeline they share, with state.py, ahead.py,
+groups.py), sources.py and files.py (what a field reads), runtime.py (the engine state and handle cache of one process).
 
 Order and sharding (W ranks, batch B, N samples)
     The epoch order is a permutation of range(N) computed from (seed, epoch) alone, identical on
@@ -42,11 +43,12 @@ except ImportError as e:
     raise ImportError(f"ferry.torch needs PyTorch: pip install ferry-io[torch] ({e})") from e
 
 from .arrays import ArrayDataset, pad_collate
+from .images import ImageDataset
 from .order import epoch_order
 from .state import InaccurateStateWarning, global_state  # noqa: F401 (the warning's class)
 from .tokens import TokenDataset
 
-__all__ = ["ArrayDataset", "TokenDataset", "XarrayDataset", "epoch_order", "global_state", "pad_collate"]
+__all__ = ["ArrayDataset", "ImageDataset", "TokenDataset", "XarrayDataset", "epoch_order", "global_state", "pad_collate"]
 
 
 def __getattr__(name):

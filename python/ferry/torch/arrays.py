@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _ferry
+from .._checks import check
 from .files import _file_sig, _load_file_field
 from .sources import _load_field
 from .stream import _BatchStream
@@ -66,6 +67,10 @@ class ArrayDataset(_BatchStream):
         engine moves every field to the GPU itself (cuFile, or its pinned staging buffers,
         records packed back to back, one host-to-device copy per buffer of adjacent rows).
         "pinned" (host-path batches copied by torch) was removed: a ValueError says so.
+    progress
+        None (off), True/"tqdm" (a tqdm bar over each epoch's batches, or log lines on
+        ferry.torch without tqdm) or progress(done_batches, total_batches). Off in DataLoader
+        workers.
     """
 
     _STAGE_AHEAD = True
@@ -73,7 +78,7 @@ class ArrayDataset(_BatchStream):
     def __init__(self, source=None, *, fields=None, samples="rows", batch_size=256, shuffle=False,
                  seed=0, drop_last=False, device=None, rank=None, world_size=None, prefetch=4,
                  block_size=None, dtype=None, normalize=None, transform=None, collate=None,
-                 pin_memory=False, threads=0, ctx=None, sample_group=64, staging="auto"):
+                 pin_memory=False, threads=0, ctx=None, sample_group=64, staging="auto", progress=None):
         super().__init__()
         if (source is None) == (fields is None):
             raise TypeError("ArrayDataset: give exactly one of `source` or `fields`")
@@ -82,11 +87,11 @@ class ArrayDataset(_BatchStream):
         if collate is not None and samples != "files":
             raise ValueError("ArrayDataset: collate= applies to samples='files' (rows of one "
                              "array all have the same shape)")
-        self.block_size = None if block_size is None else int(block_size)
+        self.block_size = check("ArrayDataset", "block_size", block_size, none=True)
         self._init_stream(batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
                           device=device, rank=rank, world_size=world_size, prefetch=prefetch,
                           transform=transform, pin_memory=pin_memory, threads=threads, ctx=ctx,
-                          sample_group=sample_group)
+                          sample_group=sample_group, progress=progress)
         self._single = fields is None
         specs = {"data": source} if self._single else dict(fields)
         if not specs:

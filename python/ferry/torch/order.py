@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._checks import check
+
 try:   # the same permutation in C (src/formats/perm.c): ~15x faster per batch of ids
     from .._ferry import order_take as _order_take
 except ImportError:                     # pragma: no cover - an extension built before it
@@ -50,7 +52,8 @@ def epoch_order(n, seed=0, epoch=0, shuffle=True, block_size=None):
     shuffle=False: 0, 1, 2, ...  shuffle=True: a permutation determined by (seed, epoch) only.
     block_size=b (with shuffle): blocks of b consecutive ids are visited in a random order, the
     ids inside a block in ascending order — reads stay sequential, batches less random."""
-    n = int(n)
+    n, seed, epoch = (check("epoch_order", k, v) for k, v in (("n", n), ("seed", seed), ("epoch", epoch)))
+    block_size = check("epoch_order", "block_size", block_size, none=True)
     if not shuffle or n <= 1:
         return np.arange(n, dtype=np.int64)
     if block_size is None or block_size <= 1:

@@ -27,6 +27,7 @@ class _Runtime:
             soft = 1024
         self.max_handles = max(16, min(512, soft // 8 if soft > 0 else 128))
         self.alloc_stream = self.work_stream = None
+        self.decode_stream = None   # ImageDataset's batch copies (made on first use)
         self._reader = None
         self._planner = None
         self.staging_bytes = 0    # all of the engine's staging buffers (CUDA: _groups_in_flight)

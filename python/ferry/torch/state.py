@@ -80,6 +80,13 @@ class _StreamState:
             c = self._order_cache = (key, self._make_order(epoch))
         return c[1]
 
+    def _epoch_of_order(self, order):
+        """The epoch whose order this is (a group's random draws are per epoch: XarrayDataset's
+        patches, ImageDataset's crops): the cached order's. The next pass's groups, read ahead,
+        cache their own order; by then this pass submits no more groups."""
+        c = self._order_cache
+        return c[0][2] if c is not None and c[1] is order else self._epoch
+
     def _make_order(self, epoch):
         return epoch_order(self.num_samples, self.seed, epoch, self.shuffle, self.block_size)
 

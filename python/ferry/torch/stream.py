@@ -10,7 +10,10 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from .. import _ferry, _torch_device
+from .. import _current_cuda_device, _ferry, _torch_device
+from .._checks import check
+from .._nogpu import no_gpu
+from .._progress import check as _check_progress, epoch_reporter as _epoch_reporter
 from .loader import EpochBoard, auto_collation, pass_tag
 from .order import Layout as _Layout
 from .ahead import _EpochAhead, _epoch_ahead
@@ -61,13 +64,15 @@ class _BatchStream(_StreamState, _EpochAhead, _GroupIO, IterableDataset):
     _ORDER_IN_PLAN = False
 
     def _init_stream(self, *, batch_size, shuffle, seed, drop_last, device, rank, world_size,
-                     prefetch, transform, pin_memory, threads, ctx, sample_group):
+                     prefetch, transform, pin_memory, threads, ctx, sample_group, progress=None):
         name = type(self).__name__
-        if batch_size is not None and (not isinstance(batch_size, int) or isinstance(batch_size, bool)
-                                       or batch_size < 1):
-            raise ValueError(f"{name}: batch_size must be a positive int or None, not {batch_size!r}")
-        if prefetch < 0:
-            raise ValueError(f"{name}: prefetch must be >= 0")
+        self.progress = _check_progress(name, progress)   # a bar (or log lines) over each epoch's batches
+        batch_size = check(name, "batch_size", batch_size, none=True)
+        prefetch, seed, threads = (check(name, k, v) for k, v in
+                                   (("prefetch", prefetch), ("seed", seed), ("threads", threads)))
+        sample_group = check(name, "sample_group", sample_group)
+        world_size = check(name, "world_size", world_size, none=True)
+        rank = check(name, "rank", rank, none=True, hi=None if world_size is None else world_size - 1)
         self.batch_size = batch_size
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
@@ -190,7 +195,7 @@ class _BatchStream(_StreamState, _EpochAhead, _GroupIO, IterableDataset):
                     "DataLoader(ds, batch_size=None, num_workers=0), or device='cpu' to read on the "
                     "host path in workers." % (type(self).__name__, str(dev)))
             if dev.index is None:
-                dev = torch.device("cuda", torch.cuda.current_device())
+                dev = torch.device("cuda", _current_cuda_device())
         elif dev.type != "cpu":
             raise ValueError(f"{type(self).__name__}: device must be CUDA or CPU, not {dev}")
         return dev
@@ -221,9 +226,9 @@ class _BatchStream(_StreamState, _EpochAhead, _GroupIO, IterableDataset):
                 if threads == 0 and in_worker:
                     threads = max(2, (os.cpu_count() or 4) // max(1, num_workers))
                 ctx = _ferry.Context(threads=threads)
-            if device.type == "cuda" and ctx.cuda_device_count() == 0:
-                raise RuntimeError(f"ferry.torch: torch sees {device} but ferry cannot use CUDA: "
-                                   f"{ctx.cuda_status or 'no CUDA device'}")
+            err = no_gpu(f"ferry.torch.{type(self).__name__}", device, ctx) if device.type == "cuda" else None
+            if err is not None:
+                raise err
             self._rt = _Runtime(ctx, device)
             if device.type == "cuda" and not _AT_FORK and hasattr(os, "register_at_fork"):
                 os.register_at_fork(before=_collect_before_fork)
@@ -305,6 +310,7 @@ class _BatchStream(_StreamState, _EpochAhead, _GroupIO, IterableDataset):
         mine = range(0) if skip is None else range(wid + skip * nw, lay.count, nw)
         last = mine[-1] if len(mine) else None
         taken = 0 if skip is None else skip
+        report = _epoch_reporter(self.progress, type(self).__name__, epoch, len(mine), in_worker)
         if in_worker:
             self._worker_progress = {"id": wid, "num_workers": nw, "world_size": world, "rank": rank,
                                      "batch": batch, "start": start, "taken": taken, "epoch": epoch,
@@ -390,6 +396,7 @@ class _BatchStream(_StreamState, _EpochAhead, _GroupIO, IterableDataset):
                             self._board.set_position(self._consumed)
                         if s == last:
                             end_of_pass(self._consumed)
+                    report(mine.index(s) + 1)
                     yield out
             other_ranks_step()
         finally:

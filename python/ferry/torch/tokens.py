@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from .. import _ferry
+from .._checks import check
 from .order import FeistelOrder
 from .groups import _Group, _PlannedJob
 from .sources import _LITTLE, _expand
@@ -184,6 +185,8 @@ class TokenDataset(_BatchStream):
         batch is then a slice of its read's tensors (on CUDA):
         holding one batch keeps its read's memory.
         Resume stays exact per batch; `prefetch` counts batches, rounded up to whole reads.
+    progress
+        None (off), True/"tqdm" or progress(done_batches, total_batches), as ArrayDataset's.
     """
     _STATE_TAG = "ferry.torch.TokenDataset"
     _STAGE_AHEAD = True
@@ -191,10 +194,10 @@ class TokenDataset(_BatchStream):
     def __init__(self, files, seq_len, batch_size, dtype="uint16", *, shuffle=None, seed=0,
                  drop_last=True, device=None, rank=None, world_size=None, prefetch=4,
                  out_dtype=torch.int64, threads=0, ctx=None, staging="auto",
-                 batches_per_read=None):
+                 batches_per_read=None, progress=None):
         super().__init__()
-        if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 1:
-            raise ValueError(f"TokenDataset: seq_len must be a positive int, not {seq_len!r}")
+        seq_len = check("TokenDataset", "seq_len", seq_len)
+        batches_per_read = check("TokenDataset", "batches_per_read", batches_per_read, none=True)
         if batch_size is None:
             raise ValueError("TokenDataset: batch_size is required")
         if shuffle is None:
@@ -205,7 +208,7 @@ class TokenDataset(_BatchStream):
         self._init_stream(batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
                           device=device, rank=rank, world_size=world_size, prefetch=prefetch,
                           transform=None, pin_memory=False, threads=threads, ctx=ctx,
-                          sample_group=1)
+                          sample_group=1, progress=progress)
         self._single = True
         self.seq_len = int(seq_len)
         self.out_dtype = out_dtype
@@ -225,10 +228,6 @@ class TokenDataset(_BatchStream):
             # machine at one read per 2 MiB batch; 16 such batches per read make it ~25 us per batch
             per_batch = self.batch_size * self._fields[0].row_bytes
             batches_per_read = max(1, min(64, (32 << 20) // max(1, per_batch)))
-        elif not isinstance(batches_per_read, int) or isinstance(batches_per_read, bool) or \
-                batches_per_read < 1:
-            raise ValueError(f"TokenDataset: batches_per_read must be a positive int or None, "
-                             f"not {batches_per_read!r}")
         self.batch_group = int(batches_per_read)
 
     def _make_order(self, epoch):

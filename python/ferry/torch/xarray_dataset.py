@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .._checks import check
 from .stream import _BatchStream
 from .xarray_discovery import _XarrayDiscovery
 from .xarray_reads import _XarrayReads
@@ -89,6 +90,8 @@ class XarrayDataset(_XarrayDiscovery, _XarraySamples, _XarrayReads, _BatchStream
         (Zarr zstd) against 23.5-26.4 (BENCHMARKS.md). Uncompressed and blosc data keep 1. The
         value in use is ``batch_group`` once iteration has begun. A pass reads at most that many
         a plan, evened out over its batches (104 in reads of 17: 7 reads of 15, the last 14).
+    progress
+        None (off), True/"tqdm" or progress(done_batches, total_batches), as ArrayDataset's.
 
     Batches are dicts: "x" (B, C*input_steps, H, W) and "y" (B, C_y*target_steps, H, W) when
     target_steps > 0, in `dtype`.
@@ -99,14 +102,14 @@ class XarrayDataset(_XarrayDiscovery, _XarraySamples, _XarrayReads, _BatchStream
                  shuffle=False, seed=0, drop_last=False, device=None, rank=None, world_size=None,
                  prefetch=4, normalize=None, stats_file=None, stats_steps=64, nan_to=None,
                  return_mask=False, return_time=False, dtype=torch.float32, group=None,
-                 transform=None, threads=0, block_size=None, batches_per_read=None):
+                 transform=None, threads=0, block_size=None, batches_per_read=None, progress=None):
         torch.utils.data.IterableDataset.__init__(self)
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"XarrayDataset: batch_size must be a positive int, not {batch_size!r}")
-        for nm, v, least in (("input_steps", input_steps, 1), ("target_steps", target_steps, 0),
-                             ("lead", lead, 1), ("prefetch", prefetch, 0)):
-            if not isinstance(v, int) or v < least:
-                raise ValueError(f"XarrayDataset: {nm} must be an int >= {least}, not {v!r}")
+        batch_size, input_steps, target_steps, lead, prefetch, stats_steps = (
+            check("XarrayDataset", k, v) for k, v in (
+                ("batch_size", batch_size), ("input_steps", input_steps), ("target_steps", target_steps),
+                ("lead", lead), ("prefetch", prefetch), ("stats_steps", stats_steps)))
+        block_size = check("XarrayDataset", "block_size", block_size, none=True)
+        batches_per_read = check("XarrayDataset", "batches_per_read", batches_per_read, none=True)
         if patch_mode not in ("random", "tile"):
             raise ValueError(f"XarrayDataset: patch_mode must be 'random' or 'tile', not {patch_mode!r}")
         self.sample_dim = sample_dim
@@ -157,10 +160,11 @@ class XarrayDataset(_XarrayDiscovery, _XarraySamples, _XarrayReads, _BatchStream
         ntiles = self.tiles[0] * self.tiles[1]
 
         # the batch stream shared with ArrayDataset (order, layout, epochs, state, runtime)
-        self.block_size = None if block_size is None else int(block_size)
+        self.block_size = block_size
         self._init_stream(batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
                           device=device, rank=rank, world_size=world_size, prefetch=prefetch,
-                          transform=transform, pin_memory=False, threads=threads, ctx=None, sample_group=1)
+                          transform=transform, pin_memory=False, threads=threads, ctx=None, sample_group=1,
+                          progress=progress)
         self.staging = "engine"
         self._single = False
         self._fields = []

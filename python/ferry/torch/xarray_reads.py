@@ -201,12 +201,7 @@ class _XarrayReads:
 
     @staticmethod
     def _group_size(batches_per_read):
-        if batches_per_read is None:
-            return 1
-        if not isinstance(batches_per_read, int) or isinstance(batches_per_read, bool) or batches_per_read < 1:
-            raise ValueError(f"XarrayDataset: batches_per_read must be a positive int or None, "
-                             f"not {batches_per_read!r}")
-        return batches_per_read
+        return 1 if batches_per_read is None else batches_per_read    # checked by XarrayDataset
 
     def _dev(self, rt, key, make):
         """A small tensor on rt's device made once per process (index lists, normalisation)."""
@@ -476,11 +471,6 @@ class _XarrayReads:
     def _release(self, rt, g):
         with _lock_of(rt):          # the planner thread takes handles while this one gives them back
             _BatchStream._release(self, rt, g)
-
-    def _epoch_of_order(self, order):
-        """The epoch whose order this is (patch positions are drawn per epoch)."""
-        c = self._order_cache
-        return c[0][2] if c is not None and c[1] is order else self._epoch
 
     def _finish(self, g):
         bufs, inv, t0, rows, patched = g.meta

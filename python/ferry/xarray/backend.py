@@ -96,7 +96,7 @@ class FerryBackendEntrypoint(BackendEntrypoint):
     open_dataset_parameters = ("filename_or_obj", "mask_and_scale", "decode_times", "concat_characters",
                                "decode_coords", "drop_variables", "use_cftime", "decode_timedelta", "group",
                                "device", "threads", "path_policy", "path", "decode", "lock", "storage_options", "consolidated",
-                               "allow_outside")
+                               "allow_outside", "progress")
 
     def guess_can_open(self, filename_or_obj) -> bool:
         return False   # opt-in only: never take files from xarray's own engines
@@ -106,7 +106,7 @@ class FerryBackendEntrypoint(BackendEntrypoint):
                      decode_timedelta=None, group: str | None = None, device: Any = "cpu", threads: int = 0,
                      path_policy: str | None = None, decode: str | None = None, lock=None,
                      storage_options: dict | None = None, consolidated: bool | None = None,
-                     path: str | None = None, allow_outside: bool = False):
+                     path: str | None = None, allow_outside: bool = False, progress: Any = None):
         """allow_outside: a kerchunk reference set (JSON) may name files outside its own
         directory (refused otherwise, as a Zarr store's links leading out are)."""
         path_policy = _route(path_policy, path, "engine='ferry'")
@@ -118,7 +118,8 @@ class FerryBackendEntrypoint(BackendEntrypoint):
                 raise ValueError(f"{p}: consolidated= applies to Zarr stores only")
             store = FerryStore(p, group=group, device=device, threads=threads, path_policy=path_policy, decode=decode,
                                mask_and_scale=mask_and_scale, decode_times=decode_times,
-                               decode_timedelta=decode_timedelta, lock=lock, allow_outside=allow_outside)
+                               decode_timedelta=decode_timedelta, lock=lock, allow_outside=allow_outside,
+                               progress=progress)
             try:
                 _check_consolidated(store, consolidated)
             except BaseException:

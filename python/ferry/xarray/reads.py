@@ -4,6 +4,7 @@ for a whole Dataset.load()."""
 from __future__ import annotations
 
 import contextlib
+import os
 
 import numpy as np
 from xarray.core import indexing
@@ -28,7 +29,7 @@ class _StoreReads:
             a = ferry.empty(shape, dtype, "cpu", ctx=self.ctx)
             return np.asarray(a).view(dtype)
         import cupy
-        with cupy.cuda.Device(device):
+        with ferry._nogpu.device_alloc(self.filename, device, self.ctx), cupy.cuda.Device(device):
             return cupy.empty(shape, dtype=dtype)
 
     def _add(self, plan, s: _VarSpec, key: tuple):
@@ -177,11 +178,33 @@ class _StoreReads:
         return fin()
 
     def read_many(self, requests: list) -> list:
-        """[(variable name, key)] -> arrays, with ONE plan."""
+        """[(variable name, key)] -> arrays, with ONE plan (progress=: about 20, reported)."""
         self._live()
+        if getattr(self, "progress", None):
+            return self._read_many_reported(requests)
         plan = ferry.Plan()
         fins = [self._add(plan, self.specs[n], k) for n, k in requests]
         self.run(plan)
+        return [f() for f in fins]
+
+    def _read_many_reported(self, requests: list) -> list:
+        """read_many as about _progress.STEPS plans of whole variables' reads, run one after
+        another with a report after each (the engine reports a plan's end, not its bytes)."""
+        sizes = [int(np.prod([max(0, (b - a + st - 1) // st) for a, b, st in _key_triples(k, self.specs[n].shape)[0]]))
+                 * self.specs[n].dtype.itemsize for n, k in requests]
+        total = sum(sizes)
+        report = ferry._progress.reporter(self.progress, f"load {os.path.basename(self.filename)}", total,
+                                          where="ferry.xarray")
+        report(0)
+        fins, plan, done, in_plan = [], ferry.Plan(), 0, 0
+        for i, ((n, k), size) in enumerate(zip(requests, sizes)):
+            fins.append(self._add(plan, self.specs[n], k))
+            in_plan += size
+            if in_plan >= max(1, total // ferry._progress.STEPS) or i == len(requests) - 1:
+                self.run(plan)
+                done += in_plan
+                report(done)
+                plan, in_plan = ferry.Plan(), 0
         return [f() for f in fins]
 
     # -- batching Dataset.load() ---------------------------------------------

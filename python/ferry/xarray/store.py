@@ -16,6 +16,7 @@ from xarray.core.variable import Variable
 
 import ferry
 from ferry import _ferry
+from ferry._checks import check
 from .array import FerryBackendArray
 from .common import _VarSpec, _describe_ident, _file_identity, _format_of, _is_time_like, _route
 from .dask_hook import _install_dask_hook
@@ -100,7 +101,7 @@ class FerryStore(_StoreReads, AbstractDataStore):
     def __init__(self, filename: str, *, group: str | None = None, device: Any = "cpu", threads: int = 0,
                  path_policy: str | None = None, decode: str | None = None, mask_and_scale: bool = True,
                  decode_times: Any = True, decode_timedelta: Any = None, ctx=None, lock=None, _expect=None,
-                 path: str | None = None, allow_outside: bool = False):
+                 path: str | None = None, allow_outside: bool = False, progress: Any = None):
         self.filename = os.fspath(filename)
         self.allow_outside = bool(allow_outside)   # kerchunk references: files outside the JSON's directory
         # lock= as xarray's engines take it: held around every read when given (a
@@ -108,9 +109,11 @@ class FerryStore(_StoreReads, AbstractDataStore):
         self._user_lock = lock if hasattr(lock, "acquire") and hasattr(lock, "release") else None
         self.group = group
         self.device = ferry.parse_device(device)
-        self.threads = int(threads or 0)
+        self.threads = check("ferry.xarray (engine=\"ferry\")", "threads", threads, none=True) or 0
         self.path_policy = _route(path_policy, path, "FerryStore")
         self.decode = decode   # where compressed chunks decode: None/"auto", "gpu" (nvCOMP), "cpu"
+        ferry._progress.check("ferry.xarray (engine=\"ferry\")", progress)
+        self.progress = progress   # Dataset.load() reported (reads.py); not pickled: a dask task's own
         self._ctx = ctx          # None: the default context of whichever process reads
         self._decoding = (mask_and_scale, decode_times, decode_timedelta)
         if self.device >= 0:
@@ -118,8 +121,9 @@ class FerryStore(_StoreReads, AbstractDataStore):
             # ferry.xarray (xarray's engine guessing does) changes nothing in xarray
             _install_dask_hook()
         if self.device >= 0 and ferry._cupy() is None:
+            gpu = ferry._nogpu.no_gpu(self.filename, device)     # where cupy would not help either, say so
             raise ImportError(f"engine='ferry' with device={device!r} returns cupy arrays: install cupy "
-                              "(or use device='cpu')")
+                              "(or use device='cpu')" + (f". Also {gpu}" if gpu else ""))
         self._closed = False
         self._h5 = None
         self._cds = None

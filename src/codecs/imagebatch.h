@@ -1,0 +1,97 @@
+/* imagebatch.h — the state of one ferry_image_batch call, shared by its two
+ * files: imagebatch.c (reading, probing, the queue, the CPU decoders, the
+ * call) and imagebatch_gpu.c (the device side: scratch memory kept per
+ * device, nvJPEG runs, the transform kernel for images either decoder made).
+ * imagebatch_gpu.c calls nothing of imagebatch.c. Internal. */
+#ifndef FERRY_CODECS_IMAGEBATCH_H
+#define FERRY_CODECS_IMAGEBATCH_H
+#include "codecs/image.h"
+#include "codecs/imagexform.h"
+#include "cuda/cuda.h"
+#include "cuda/nvjpeg_batch.h"
+#include <pthread.h>
+#include <stdatomic.h>
+
+#define FERRY_IMGB_GPU_MAX_SIDE 16384u                 /* past this the CPU decodes (FERRY_IMAGE_FB_LARGE) */
+#define FERRY_IMGB_RUN_MAX 64                          /* images in one nvJPEG run */
+#define FERRY_IMGB_RUN_BYTES ((size_t)256 << 20)       /* pixels of one run (its scratch), unless one image is more */
+#define FERRY_IMGB_THREADS_MAX 64                      /* CPU threads of one call */
+#define FERRY_IMGB_UP_MAX (FERRY_IMGB_THREADS_MAX + 1) /* upload regions: one per CPU thread and the feeder */
+
+typedef struct ferry_imgb_item {
+    int64_t sample;
+    uint8_t *data;            /* the encoded bytes */
+    size_t size;
+    ferry_image_info info;
+    ferry_img_sample xs;      /* box and flip */
+    int reason;               /* why only the CPU may decode it; -1: nvJPEG may */
+    int by;                   /* 0 not decoded, 1 GPU, 2 CPU */
+    int hw;                   /* decoded by the hardware JPEG engine */
+    int fellback;             /* bound for the GPU, decoded on the CPU: the reason counted */
+    int rc;                   /* 0 or the failure's code */
+    int fatal;                /* a failure of the call's arguments, not of the image: raised even with SKIP */
+    char *msg;                /* its message, naming the shard file, key and member */
+    const char *path, *key, *name;
+} ferry_imgb_item;
+
+typedef struct ferry_imgb_run {
+    ferry_ctx *ctx;
+    const ferry_image_batch_args *a;
+    ferry_imgb_item *it;
+    size_t n;
+    ferry_img_out o;
+    size_t row;                      /* bytes of one row */
+    int device;                      /* -1: a host destination */
+    CUstream stream;
+    const ferry_cuda_api *cu;
+    int gpu, cpu_takes_gpu_items;    /* the feeder runs; CPU threads also take images nvJPEG could */
+    int kernel;                      /* device destination and the transform kernel: CPU-decoded images
+                                        are uploaded and transformed on the device */
+    atomic_size_t next;              /* phase 1 */
+    atomic_int failed;               /* RAISE: stop claiming */
+    atomic_int next_worker;          /* each decoding thread's upload region */
+    pthread_mutex_t mu;              /* the queue, the CPU rates, the retired regions */
+    pthread_mutex_t stream_mu;       /* held by threads queueing on the stream and by the feeder across a
+                                        hardware decode: nothing is queued between the drain and the call */
+    size_t *cpu_list, ncpu, cpu_next;
+    size_t *gpu_list, ngpu, gpu_next;
+    int cpu_active;                  /* CPU threads still claiming */
+    /* decode rates in pixels per second (how much of the queue the GPU takes) */
+    double cpu_px, cpu_s;            /* under mu: pixels the CPU threads decoded, thread-seconds it took */
+    double gpu_px, gpu_s;            /* the feeder's runs */
+    double cpu_rate0, gpu_rate0;     /* earlier calls' rates on this device (0: none yet) */
+    /* device memory, reused in stream order, given back (or freed) after the final sync */
+    int cached;                      /* scratch and up[] are the device's kept ones */
+    CUdeviceptr scratch;             /* one nvJPEG run's pixels and descriptors */
+    size_t scratch_size;
+    CUdeviceptr up[FERRY_IMGB_UP_MAX];   /* a CPU-decoded image and its descriptor, per thread */
+    size_t up_size[FERRY_IMGB_UP_MAX];
+    CUdeviceptr *retired;            /* outgrown upload regions (under mu) */
+    size_t nretired, capretired;
+    void **hostkeep;                 /* descriptor arrays of the runs (the feeder's) */
+    size_t nhost, caphost;
+} ferry_imgb_run;
+
+/* imagebatch_gpu.c */
+/* Take the device's kept memory and earlier calls' decode rates (a device
+ * destination; a concurrent call on the device gets none and makes its own). */
+void ferry_imgb_dev_take(ferry_imgb_run *r);
+/* After the stream ran: give the memory back (or free a call's own), fold
+ * this call's rates into the device's. */
+void ferry_imgb_dev_give(ferry_imgb_run *r);
+/* Claim the next nvJPEG run (idx: FERRY_IMGB_RUN_MAX entries); its size. */
+int ferry_imgb_gpu_claim(ferry_imgb_run *r, size_t *idx);
+/* Decode and transform the run idx[0..k) on the GPU: items done get by = 1;
+ * the others (nvJPEG refused their group, no memory, the kernel did not
+ * start) are left for the caller to decode on the CPU. */
+void ferry_imgb_gpu_run(ferry_imgb_run *r, ferry_nvj_batch *b, const size_t *idx, int k);
+/* Upload the decoded pixels px of item i (thread slot w) and queue its
+ * transform into its row: 0 or a code with the message set. */
+int ferry_imgb_upload(ferry_imgb_run *r, const ferry_imgb_item *t, size_t i, int w, const uint8_t *px);
+/* The kernel's parameters for the call's output. */
+ferry_cuda_img_params ferry_imgb_params(const ferry_imgb_run *r);
+
+static inline uint8_t *ferry_imgb_row(const ferry_imgb_run *r, size_t i) {
+    return (uint8_t *)r->a->dst.ptr + i * r->row;
+}
+#endif
