@@ -110,6 +110,15 @@ int ferry_remote_check_env(void) {
     return rc < 0 ? rc : ferry_upload_check_env();
 }
 
+int ferry_remote_ca_bundle(char *path, size_t cap) {
+    knobs k;
+    int rc = read_knobs(&k);
+    if (rc < 0) return rc;
+    if (strlen(k.ca) >= cap) return ferry_seterr(FERRY_EINVAL, "%s=\"%s\": the path is too long", k.ca_var, k.ca);
+    memcpy(path, k.ca, strlen(k.ca) + 1);
+    return 0;
+}
+
 int ferry_remote_limits(int *connections, int *retries, double *retry_s, double *stall_s) {
     knobs k;
     int rc = read_knobs(&k);

@@ -1,6 +1,6 @@
 """Remote reads keep their rate when every round trip is long.
 
-A delaying TCP proxy on loopback (below; no root, no tc netem) stands between
+A delaying TCP proxy on loopback (tcpproxy.py; no root, no tc netem) stands between
 ferry and the range server (rangeserver.py): every chunk of data, each way, is
 passed on a fixed delay after it arrived, so each request waits at least one
 added round trip for its first byte while the bytes themselves still stream.
@@ -10,7 +10,6 @@ must take a fraction of that. The bounds are loose on purpose (a loaded
 machine may be slow; it can never be faster than physics): the sequential
 read is checked against its lower bound, the concurrent one against half of it.
 """
-import asyncio
 import io
 import threading
 import time
@@ -20,90 +19,11 @@ import pytest
 
 ferry = pytest.importorskip("ferry")
 from rangeserver import RangeServer, ferry_reads_urls  # noqa: E402
+from tcpproxy import TCPProxy  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not ferry_reads_urls(), reason="ferry was built without libcurl (no remote objects)")
 
 DELAY = 0.020   # seconds added to each direction: a 40 ms round trip
-
-
-class DelayProxy:
-    """Forwards 127.0.0.1:port to 127.0.0.1:upstream, each chunk of data
-    delivered `delay` seconds after it arrived, in order, each way. One asyncio
-    loop on its own thread; `connections` counts the connections accepted."""
-
-    def __init__(self, upstream, delay):
-        self.upstream, self.delay = upstream, delay
-        self.connections = 0
-        self.writers = set()
-        self.loop = asyncio.new_event_loop()
-        ready = threading.Event()
-
-        async def start():
-            self.server = await asyncio.start_server(self._client, "127.0.0.1", 0)
-            self.port = self.server.sockets[0].getsockname()[1]
-            ready.set()
-
-        self.thread = threading.Thread(target=lambda: (self.loop.run_until_complete(start()), self.loop.run_forever()),
-                                       daemon=True)
-        self.thread.start()
-        if not ready.wait(10):
-            raise RuntimeError("the delaying proxy did not start")
-
-    async def _pipe(self, src, dst):
-        """src -> dst, each chunk held until delay after its arrival."""
-        q = asyncio.Queue()
-
-        async def feed():
-            while True:
-                try:
-                    data = await src.read(1 << 16)
-                except OSError:
-                    data = b""
-                q.put_nowait((self.loop.time() + self.delay, data))
-                if not data:
-                    return
-
-        async def deliver():
-            while True:
-                due, data = await q.get()
-                wait = due - self.loop.time()
-                if wait > 0:
-                    await asyncio.sleep(wait)
-                try:
-                    if not data:
-                        dst.close()
-                        return
-                    dst.write(data)
-                    await dst.drain()
-                except OSError:
-                    return
-
-        await asyncio.gather(feed(), deliver())
-
-    async def _client(self, reader, writer):
-        self.connections += 1
-        self.writers.add(writer)
-        try:
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream)
-        except OSError:
-            writer.close()
-            return
-        self.writers.add(up_writer)
-        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
-
-    def stop(self):
-        """Close every connection (its pipes see the end and finish), then the loop."""
-        async def close():
-            self.server.close()
-            for w in self.writers:
-                w.transport.abort()
-            pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            if pending:
-                await asyncio.wait(pending, timeout=5)
-        asyncio.run_coroutine_threadsafe(close(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
 
 
 @pytest.fixture
@@ -111,7 +31,7 @@ def slow_link(monkeypatch):
     """(range server, proxy in front of it, URL maker through the proxy)."""
     monkeypatch.setenv("FERRY_REMOTE_RETRY_SECONDS", "30")
     s = RangeServer().start()
-    p = DelayProxy(s.port, DELAY)
+    p = TCPProxy(s.port, DELAY)
 
     def put(name, data):
         s.put(name, data)

@@ -5,13 +5,15 @@ signs (Python's `cryptography`), and serves objects over TLS from the loopback
 range server (rangeserver.py). Unknown to the system's CAs, the server is
 refused at the handshake with an error naming the URL and how to trust it;
 FERRY_REMOTE_CA_BUNDLE (or CURL_CA_BUNDLE, SSL_CERT_FILE) naming the test's CA
-makes the same reads pass, byte for byte."""
+makes the same reads pass, byte for byte: from the range server, Debian's nginx, and moto's
+S3 server behind a TLS-terminating proxy (reads and multipart saves)."""
 import datetime
 import io
 import ipaddress
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import time
 
@@ -21,6 +23,8 @@ import pytest
 ferry = pytest.importorskip("ferry")
 from ferry import FerryError  # noqa: E402
 from rangeserver import RangeServer, ferry_reads_urls  # noqa: E402
+from tcpproxy import TCPProxy  # noqa: E402
+from test_remote import moto_s3  # noqa: E402,F401  (a fixture)
 
 pytestmark = pytest.mark.skipif(not ferry_reads_urls(), reason="ferry was built without libcurl (no remote objects)")
 
@@ -279,3 +283,38 @@ def test_nginx_over_tls(nginx_tls, pki, clean_env):
             f.read(None, slice(500, 600))
         assert url in str(ei.value) and "changed since it was opened" in str(ei.value)
     np.testing.assert_array_equal(ferry.read(url, device="cpu"), a * 2)
+
+
+@pytest.fixture
+def s3_over_tls(moto_s3, pki, clean_env):
+    """moto's S3 server behind a TLS-terminating proxy: AWS_ENDPOINT_URL is https://."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(*pki.server)
+    p = TCPProxy(int(moto_s3.endpoint.rsplit(":", 1)[1]), tls=ctx)
+    clean_env.setenv("AWS_ENDPOINT_URL", f"https://127.0.0.1:{p.port}")
+    yield moto_s3
+    p.stop()
+
+
+def test_s3_reads_and_saves_over_tls(s3_over_tls, pki, clean_env):
+    """s3:// through an https:// endpoint: reads and multipart uploads (the
+    checkpoint saves) verify the endpoint's certificate against the same bundle."""
+    torch = pytest.importorskip("torch")
+    from ferry import checkpoint as ck
+    a = np.arange(50_000, dtype=np.float32)
+    s3_over_tls.s3.put_object(Bucket="data", Key="t/a.npy", Body=npy_bytes(a))   # boto3: moto's plain port
+    sd = {"w": torch.arange(3_000_000, dtype=torch.float32).reshape(-1, 1000), "b": torch.ones(7)}
+    with pytest.raises(FerryError) as ei:
+        ferry.read("s3://data/t/a.npy", device="cpu")
+    assert "s3://data/t/a.npy" in str(ei.value) and "certificate was not trusted" in str(ei.value), str(ei.value)
+    with pytest.raises(FerryError) as ei:
+        ck.save(sd, "s3://data/t/m.safetensors")
+    assert "s3://data/t/m.safetensors" in str(ei.value) and "certificate" in str(ei.value), str(ei.value)
+    clean_env.setenv("FERRY_REMOTE_CA_BUNDLE", pki.ca)
+    np.testing.assert_array_equal(ferry.read("s3://data/t/a.npy", device="cpu"), a)
+    clean_env.setenv("FERRY_REMOTE_PART_SIZE", "5M")
+    ck.save(sd, "s3://data/t/m.safetensors")   # 12 MB: a multipart upload of 3 parts
+    etag = s3_over_tls.s3.head_object(Bucket="data", Key="t/m.safetensors")["ETag"]
+    assert etag.endswith('-3"'), etag          # each part over TLS
+    back = ck.load("s3://data/t/m.safetensors")
+    assert set(back) == set(sd) and all(torch.equal(back[k], sd[k]) for k in sd)
