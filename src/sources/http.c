@@ -357,8 +357,8 @@ static int classify(xfer *x, CURLcode res) {
     }
     if (res == CURLE_PEER_FAILED_VERIFICATION || res == CURLE_SSL_CACERT_BADFILE) {   /* final: say whom to trust */
         const char *why = x->errbuf[0] ? x->errbuf : curl_easy_strerror(res), *var = r->k.ca_var;
-        char by[400] = "";
-        if (var) snprintf(by, sizeof by, " by the CA bundle %.300s (%s)", r->k.ca, var);
+        char by[300] = "";   /* with the rest, within x->why */
+        if (var) snprintf(by, sizeof by, " by the CA bundle %.240s (%s)", r->k.ca, var);
         if (res == CURLE_SSL_CACERT_BADFILE)
             snprintf(x->why, sizeof x->why, "the CA bundle %.300s (%s) could not be read: %.200s", r->k.ca,
                      var ? var : "libcurl's default", why);
@@ -366,7 +366,7 @@ static int classify(xfer *x, CURLcode res) {
             snprintf(x->why, sizeof x->why, "the server's TLS certificate does not name this host (%.200s); "
                      "use a host name the certificate holds", why);
         else
-            snprintf(x->why, sizeof x->why, "the server's TLS certificate was not trusted%s (%.200s); to trust it, %s",
+            snprintf(x->why, sizeof x->why, "the server's TLS certificate was not trusted%.299s (%.200s); to trust it, %s",
                      by, why, var && !strcmp(var, "FERRY_REMOTE_CA_BUNDLE") ? "add the certificate of the CA that signed it to that file"
                      : "name a PEM file holding the certificate of the CA that signed it in FERRY_REMOTE_CA_BUNDLE");
         return FERRY_EIO;

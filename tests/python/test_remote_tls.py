@@ -296,7 +296,7 @@ def s3_over_tls(moto_s3, pki, clean_env):
     p.stop()
 
 
-def test_s3_reads_and_saves_over_tls(s3_over_tls, pki, clean_env):
+def test_s3_reads_and_torch_saves_over_tls(s3_over_tls, pki, clean_env):
     """s3:// through an https:// endpoint: reads and multipart uploads (the
     checkpoint saves) verify the endpoint's certificate against the same bundle."""
     torch = pytest.importorskip("torch")
