@@ -186,6 +186,9 @@ typedef struct xfer {
     char body[512];
     size_t body_len;
     int stop, changed, bad_start;
+    int stalled;              /* ended by on_progress: no byte for stall_s */
+    double moved;             /* when the body last grew (or the request began) */
+    curl_off_t seen;          /* body bytes then */
     char errbuf[CURL_ERROR_SIZE];
     /* retries */
     int attempts, active, done;
@@ -323,6 +326,22 @@ static size_t on_body(char *p, size_t sz, size_t nm, void *ud) {
     return n;
 }
 
+/* A request whose body has not grown for stall_s is ended at once (and
+ * retried). LOW_SPEED_TIME alone judges a rate averaged over curl's last
+ * seconds, so a body that stops after a burst was ended seconds late. */
+static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal, curl_off_t ulnow) {
+    xfer *x = ud;
+    double t = now_s();
+    if (dlnow != x->seen) {
+        x->seen = dlnow;
+        x->moved = t;
+    } else if (t - x->moved > x->r->k.stall_s) {
+        x->stalled = 1;
+        return 1;
+    }
+    return 0;
+}
+
 static int retryable_curl(CURLcode c) {
     switch (c) {
     case CURLE_OPERATION_TIMEDOUT: case CURLE_COULDNT_CONNECT: case CURLE_RECV_ERROR: case CURLE_SEND_ERROR:
@@ -371,6 +390,11 @@ static int classify(xfer *x, CURLcode res) {
                      : "name a PEM file holding the certificate of the CA that signed it in FERRY_REMOTE_CA_BUNDLE");
         return FERRY_EIO;
     }
+    if (x->stalled) {
+        snprintf(x->why, sizeof x->why, "no byte came for %g s (FERRY_REMOTE_STALL_SECONDS) after %llu of %llu bytes",
+                 x->r->k.stall_s, (unsigned long long)x->got, (unsigned long long)x->len);
+        return RETRY;
+    }
     if (res != CURLE_OK && !(res == CURLE_WRITE_ERROR && x->stop)) {
         int w = snprintf(x->why, sizeof x->why, "%s%s%.300s", curl_easy_strerror(res), x->errbuf[0] ? ": " : "", x->errbuf);
         if (x->got && w > 0 && (size_t)w < sizeof x->why)
@@ -405,7 +429,9 @@ static int prepare(xfer *x, CURL *e) {
     curl_easy_reset(e);
     x->easy = e;
     memset(&x->resp, 0, sizeof x->resp);
-    x->started = x->stop = x->changed = x->bad_start = 0;
+    x->started = x->stop = x->changed = x->bad_start = x->stalled = 0;
+    x->moved = now_s();
+    x->seen = 0;
     x->errbuf[0] = 0;
     x->body_len = 0;
     x->body[0] = 0;
@@ -450,6 +476,9 @@ static int prepare(xfer *x, CURL *e) {
     curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1024L);
     curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, (long)(r->k.stall_s + 0.5));
     curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)(1000 * (r->k.stall_s < 10 ? r->k.stall_s : 10)));
+    curl_easy_setopt(e, CURLOPT_XFERINFOFUNCTION, on_progress);
+    curl_easy_setopt(e, CURLOPT_XFERINFODATA, x);
+    curl_easy_setopt(e, CURLOPT_NOPROGRESS, 0L);
     /* signed requests are never redirected (the signature names the host);
      * plain URLs follow a few */
     curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, r->bucket ? 0L : 1L);

@@ -176,3 +176,20 @@ def test_stall_at_open_then_success(server):
     np.testing.assert_array_equal(ferry.read(url, device="cpu"), a)
     assert time.monotonic() - t0 < 15
     assert not server.open_faults
+
+
+def test_body_that_stops_is_ended_at_the_stall_bound(server, env):
+    """A body that stops after a burst is ended FERRY_REMOTE_STALL_SECONDS
+    after its last byte, not once an average rate over the last seconds
+    sinks (libcurl's low-speed check alone took ~5 s more)."""
+    env.setenv("FERRY_REMOTE_RETRIES", "0")
+    env.setenv("FERRY_REMOTE_CONNECTIONS", "1")
+    a, url = big(server)
+    server.faults = ["stall_body"]
+    t0 = time.monotonic()
+    with pytest.raises(FerryError) as ei:
+        ferry.read(url, device="cpu")
+    dt = time.monotonic() - t0
+    msg = str(ei.value)
+    assert url in msg and "no byte came for 2 s (FERRY_REMOTE_STALL_SECONDS) after 32768 of 65536 bytes" in msg, msg
+    assert 2 <= dt < 4.5, dt
