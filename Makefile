@@ -188,9 +188,11 @@ test-asan-python: $(ASAN_PY_EXT)
 	    mkdir -p $(abspath $(BA))/py/$$(dirname $$f) && ln -sf $(abspath .)/python/$$f $(abspath $(BA))/py/$$f; done
 	@tools/asan-pytest.sh $(PYTHON) $(BA)/py
 
-# first: libferry.so exports exactly ferry.h and ferry_experimental.h (src/common.h says why)
+# first: libferry.so exports exactly ferry.h and ferry_experimental.h (src/common.h says why),
+# and no two of the library's files call each other round (tools/circles.py: 0 circles)
 test-c: $(TESTS) $(B)/libferry.so
 	@tools/check-exports.sh $(B)/libferry.so include/ferry.h include/ferry_experimental.h
+	@python3 tools/circles.py --quiet $(B)
 	@tools/run-c-tests.sh $(TESTS)
 test-asan: $(ASAN_TESTS) $(if $(FUZZ_SRCS),$(BA)/fuzz_replay)
 	@ASAN_OPTIONS=detect_leaks=1 tools/run-c-tests.sh $(ASAN_TESTS)

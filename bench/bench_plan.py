@@ -131,7 +131,7 @@ def safetensors_case(d, reps):
 def steps_case(d, reps):
     """A Zarr v3 zstd array of 4,096 steps, one chunk per step (c/<t>/0: every step its own
     directory), read whole: each chunk's size and directory are looked up at plan time (two
-    lstats a chunk, taken on the engine's threads at once: src/engine/statmany.c)."""
+    lstats a chunk, taken on the engine's threads at once: src/formats/statmany.c)."""
     import zarr
     import ferry
     p = os.path.join(d, "steps.zarr")

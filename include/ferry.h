@@ -209,8 +209,11 @@ typedef struct ferry_config {
  *       zlib/raw deflate; gzip stays on the CPU: its CRC-32 has no GPU kernel
  *       here, docs/decoding.md has the table) are read packed into pinned staging, copied
  *       once per batch and decoded by one batched nvCOMP call; filters
- *       (byteswap) run on the GPU. A chunk nvCOMP cannot decode goes to the
- *       CPU and is counted in ferry_stats.gpu_cpu_fallbacks. Forcing GPU when
+ *       (byteswap) run on the GPU. Every chunk bound for device memory that
+ *       the CPU decodes instead (a codec nvCOMP does not take, such as gzip; a
+ *       framing or a chunk nvCOMP cannot decode) is counted in
+ *       ferry_stats.gpu_cpu_fallbacks; `ferry info --codecs` prints which codec
+ *       goes where. Forcing GPU when
  *       nvCOMP is not loaded is FERRY_EPATH (ferry_nvcomp_status says why).
  *  AUTO: the GPU only for device destinations and only for codecs where it
  *       measured faster than the CPU (see docs/decoding.md); for
@@ -378,6 +381,10 @@ enum {
  *   - gs://BUCKET/KEY: https://storage.googleapis.com/BUCKET/KEY (or
  *     STORAGE_EMULATOR_HOST), anonymous; with GS_ACCESS_KEY_ID and
  *     GS_SECRET_ACCESS_KEY (HMAC keys) signed for its S3-compatible API.
+ *  Options set on ctx (ferry_ctx_set_remote_option, ferry_experimental.h:
+ *  endpoint, region, addressing, keys or anonymous, a CA bundle) come before
+ *  these variables. ferry_dataset_open also takes the URL of a Zarr store (the
+ *  prefix of its objects; listed where it has no consolidated metadata).
  *  Other schemes are FERRY_EUNSUPPORTED naming the scheme; so is every URL but
  *  file:// in a ferry built without libcurl.
  *  Opening a remote object costs one request: a GET of its first 64 KiB,
@@ -452,7 +459,12 @@ typedef enum ferry_codec_id {
     FERRY_CODEC_SHUFFLE = 6,    /* byte unshuffle, param = element size         */
     FERRY_CODEC_CRC32C = 7,     /* strip and verify a trailing u32 LE CRC32C    */
     FERRY_CODEC_FLETCHER32 = 8, /* strip and verify HDF5's trailing fletcher32  */
-    FERRY_CODEC_BYTESWAP = 9    /* reverse each param-byte element (1,2,4,8,16) */
+    FERRY_CODEC_BYTESWAP = 9,   /* reverse each param-byte element (1,2,4,8,16) */
+    FERRY_CODEC_H5LZ4 = 10,     /* HDF5's lz4 filter (32004): u64 BE size, u32 BE
+                                   block size, then u32 BE-sized LZ4 blocks      */
+    FERRY_CODEC_BITSHUFFLE = 11 /* HDF5's bitshuffle filter (32008); param: the
+                                   element size | compression << 24 (0 none,
+                                   2 lz4, 3 zstd: the filter's cd_values[4])     */
 } ferry_codec_id;
 
 /** "none", "zlib", "gzip", "zstd", "lz4", "blosc", "shuffle", "crc32c",
@@ -685,11 +697,19 @@ void ferry_stats_reset(ferry_ctx *ctx);
  *                  one group's datasets, contiguous, compact or chunked (every
  *                  chunk index: v1 B-tree, single chunk, implicit, fixed array,
  *                  extensible array, v2 B-tree; filters deflate, shuffle,
- *                  fletcher32, blosc, zstd), netCDF-4 dimensions from dimension
- *                  scales. Described but refused on read (ferry_var_info.error):
- *                  variable-length strings and sequences, compound, reference
- *                  and array types, other filters (named with their id),
- *                  external and virtual storage.
+ *                  fletcher32, blosc, zstd, lz4, bitshuffle), netCDF-4
+ *                  dimensions from dimension scales (phony ones otherwise),
+ *                  soft links followed. codecs describes the filter pipeline
+ *                  in decoding order with what a writer chose ("fletcher32
+ *                  zlib(level=4) shuffle"). Described but refused on read
+ *                  (ferry_var_info.error, ending "(unsupported)" where the
+ *                  dataset is valid but uses what ferry lacks): variable-length
+ *                  strings and sequences, compound, reference and array types,
+ *                  other filters (named with their id), external and virtual
+ *                  storage, null dataspaces. Every group's metadata is checked
+ *                  at open (as netCDF-C reads it); an external link in the
+ *                  group opened (or on the way to it) refuses the open, naming
+ *                  the link and the other file.
  * Metadata is parsed once at open (only headers are read); reads become plans. */
 
 typedef enum ferry_dtype {

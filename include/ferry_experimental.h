@@ -420,6 +420,43 @@ typedef struct ferry_image_batch_stats {
  *  its own). stats may be NULL; the context's ferry_stats add
  *  up the images (image_gpu, image_cpu, image_skipped, image_fallbacks). */
 int64_t ferry_image_batch(ferry_ctx *ctx, const ferry_image_batch_args *args, ferry_image_batch_stats *stats);
+/* Remote objects: options and listings                                       */
+/* ------------------------------------------------------------------------- */
+/** Set a remote option of ctx: every s3://, gs:// and https:// object ctx
+ *  opens afterwards (files, datasets, a Zarr store's chunks, listings) uses
+ *  it before the environment's settings (ferry_file_open lists those). Names
+ *  and values (strings; value NULL or "" returns the option to the
+ *  environment's):
+ *    endpoint_url  "http(s)://host[:port]" s3:// (and gs://) requests go to
+ *                  (in place of AWS_ENDPOINT_URL / STORAGE_EMULATOR_HOST)
+ *    region        the S3 signing region (in place of AWS_REGION)
+ *    addressing    "auto", "path" or "virtual" (FERRY_S3_ADDRESSING)
+ *    key, secret   credentials (S3 access keys; GCS HMAC keys for gs://), with
+ *    token         a session token; they replace the environment's and
+ *                  ~/.aws/credentials'
+ *    profile       a section of ~/.aws/credentials (AWS_PROFILE)
+ *    anon          "true": unsigned requests whatever credentials are around
+ *                  (public buckets); "false"
+ *    ca_bundle     a PEM file the certificates of https:// servers are checked
+ *                  against (verification is always on)
+ *  Returns 0, or FERRY_EINVAL naming the option (an unknown name, a value it
+ *  does not take, an unreadable ca_bundle). Set options before the context
+ *  opens URLs, not while other threads open them. Python's storage_options
+ *  are translated to these (ferry.remote_options). */
+int ferry_ctx_set_remote_option(ferry_ctx *ctx, const char *name, const char *value);
+
+/** The objects a URL glob names, sorted: s3://BUCKET/PATTERN or gs://...,
+ *  the pattern's '*', '?' and '[...]' matching within one '/'-separated part
+ *  of the key (fnmatch(3) with FNM_PATHNAME), "**" as a whole part matching
+ *  any number of parts. The bucket is listed (ListObjectsV2; GCS's JSON API
+ *  for gs:// without keys) from the literal part of the key before the first
+ *  wildcard, with ctx's remote options. A pattern without wildcards names
+ *  itself when the object exists. On success *urls is one malloc'ed block of
+ *  *n NUL-terminated URLs back to back (free(3) it; NULL when *n is 0).
+ *  FERRY_EUNSUPPORTED for other schemes (web servers cannot be listed);
+ *  listing errors name the URL, the HTTP status and the server's message; more
+ *  than 10,000,000 keys under the literal part is FERRY_EINVAL. */
+int ferry_url_glob(ferry_ctx *ctx, const char *pattern, char **urls, size_t *n);
 
 FERRY_API_END
 #ifdef __cplusplus

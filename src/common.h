@@ -39,10 +39,13 @@ void *ferry_plan_memo(ferry_plan *plan, const void *owner);
 int ferry_plan_set_memo(ferry_plan *plan, const void *owner, void *memo, void (*release)(void *));
 
 /* lstat(2) of paths[0..n) on up to the context's thread count of threads
- * (statmany.c; a NULL path gives ENOENT): err[i] is 0 and st[i] filled, or
+ * (formats/statmany.c; a NULL path gives ENOENT): err[i] is 0 and st[i] filled, or
  * err[i] is lstat's errno. For formats that plan many files at once. */
 struct stat;
 void ferry_lstat_many(ferry_ctx *ctx, char *const *paths, size_t n, struct stat *st, int *err);
+
+/* Seconds on the monotonic clock (base/time.c). */
+double ferry_now(void);
 
 /* The calling thread's message buffer. */
 const char *ferry_lasterr(void);

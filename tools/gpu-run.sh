@@ -44,6 +44,12 @@ if [ -d .gpu/whl/turbojpeg ]; then
     cp .gpu/whl/turbojpeg/include/turbojpeg.h .deps/include/
     cp -P .gpu/whl/turbojpeg/lib/libturbojpeg.so* .deps/lib/
 fi
+# carried libspng (Debian's libspng0/-dev, .gpu/whl/spng): the CPU PNG decoder
+if [ -d .gpu/whl/spng ]; then
+    mkdir -p .deps/include .deps/lib
+    cp .gpu/whl/spng/include/spng.h .deps/include/
+    cp -P .gpu/whl/spng/lib/libspng.so* .deps/lib/
+fi
 export LD_LIBRARY_PATH=$PWD/.deps/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 # nvCOMP from the carried wheel (the Python package finds it itself; the C tests need the path)
 for so in /tmp/site/nvidia/libnvcomp/lib64/libnvcomp.so.6 /tmp/site/nvidia/libnvcomp/lib64/libnvcomp.so.5; do

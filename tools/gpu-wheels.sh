@@ -64,6 +64,16 @@ if [ ! -e .gpu/whl/turbojpeg/include/turbojpeg.h ]; then
     cp -P "$tmp"/x/usr/lib/x86_64-linux-gnu/libturbojpeg.so* .gpu/whl/turbojpeg/lib/
     rm -rf "$tmp"
 fi
+# libspng from Debian (gpu-run.sh copies it into .deps: the CPU PNG decoder)
+if [ ! -e .gpu/whl/spng/include/spng.h ]; then
+    tmp=$(mktemp -d)
+    (cd "$tmp" && apt-get download libspng0 libspng-dev >/dev/null 2>&1)
+    for d in "$tmp"/*.deb; do dpkg-deb -x "$d" "$tmp/x"; done
+    mkdir -p .gpu/whl/spng/include .gpu/whl/spng/lib
+    cp "$tmp"/x/usr/include/spng.h .gpu/whl/spng/include/
+    cp -P "$tmp"/x/usr/lib/x86_64-linux-gnu/libspng.so* .gpu/whl/spng/lib/
+    rm -rf "$tmp"
+fi
 size=$(du -sb .gpu/whl | cut -f1)
 echo ".gpu/whl: $(ls .gpu/whl/*.whl | wc -l) wheels, $((size / 1000000)) MB"
 [ "$size" -lt $((58 << 20)) ] || { echo ".gpu/whl is over what one call carries with the tree (64 MiB): move a wheel out"; exit 1; }

@@ -262,7 +262,14 @@ def decode_attrs(attrs_json: str, fmt: str) -> dict:
 # ---------------------------------------------------------------------------
 # reading
 # ---------------------------------------------------------------------------
-def _ctx_of(ctx: Context | None) -> Context:
+def _ctx_of(ctx: Context | None, storage_options: dict | None = None) -> Context:
+    """ctx, or the context of storage_options (ferry._remote: URLs' endpoint, credentials), or the default."""
+    if storage_options:
+        if ctx is not None:
+            raise ValueError("ferry: give ctx= or storage_options=, not both (set remote options on your "
+                             "Context with ctx.set_remote_option)")
+        from ._remote import remote_context
+        return remote_context(storage_options)
     return ctx if ctx is not None else default_context()
 
 
@@ -458,7 +465,8 @@ def _add_read(plan: Plan, ds: Dataset | None, file: File | None, var: dict | Non
 
 def read(path, name: str | None = None, *, device: Any = "cpu", selection: Any = None, out: Any = None,
          ctx: Context | None = None, path_policy: str | None = None, threads: int = 0,
-         out_bytes: bool = False, decode: str | None = None, progress: Any = None):
+         out_bytes: bool = False, decode: str | None = None, progress: Any = None,
+         storage_options: dict | None = None):
     """Read one whole array / tensor / variable (or a selection of it).
 
     device: "cpu" (numpy), an int or "cuda:N" (cupy when importable, else a
@@ -473,10 +481,12 @@ def read(path, name: str | None = None, *, device: Any = "cpu", selection: Any =
     progress: None (off), True/"tqdm" (a tqdm bar, or log lines without tqdm) or
     progress(done_bytes, total_bytes): the read then runs as about 20 plans along the first
     axis, cut at chunk boundaries, each reported when done.
+    storage_options: for s3://, gs://, https:// URLs (endpoint_url, key, secret, anon, ...:
+    docs/remote.md), in place of ctx.
     """
     threads = _checks.check("ferry.read", "threads", threads)
     _progress.check("ferry.read", progress)
-    c = _ctx_of(ctx)
+    c = _ctx_of(ctx, storage_options)
     dev = parse_device(device) if out is None else None     # out= is where the data goes
     path = _fspath(path)
     try:
@@ -619,8 +629,8 @@ class Opened:
     """ferry.open(path): the variables a file holds; [name] gives a lazy Variable."""
 
     def __init__(self, path, *, device: Any = "cpu", ctx: Context | None = None, format: str | None = None,
-                 group: str | None = None):
-        self._ctx = _ctx_of(ctx)
+                 group: str | None = None, storage_options: dict | None = None):
+        self._ctx = _ctx_of(ctx, storage_options)
         self.path = _fspath(path)
         self.device = device
         self._ds = Dataset(self._ctx, self.path, format, group)
@@ -683,11 +693,13 @@ class Opened:
 
 
 def open(path, *, device: Any = "cpu", ctx: Context | None = None, format: str | None = None,
-         group: str | None = None) -> Opened:  # noqa: A001 — the public name the design asks for
+         group: str | None = None, storage_options: dict | None = None) -> Opened:  # noqa: A001
     """Open a file or store (npy, safetensors, netCDF classic, Zarr, netCDF-4/HDF5;
     format="hdf5" reads the latter through h5py, as the xarray backend does) and
-    list its variables."""
+    list its variables. storage_options: as ferry.read's, for URLs."""
     from ._h5open import _H5Opened, _is_hdf5
+    if storage_options:
+        ctx = _ctx_of(ctx, storage_options)
     if format == "hdf5":
         return _H5Opened(path, device=device, ctx=ctx, group=group)
     try:

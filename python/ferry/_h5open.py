@@ -1,5 +1,7 @@
-"""netCDF-4 / HDF5 through h5py: ferry.open(path, format="hdf5"), and the files the C parser
-(src/formats/hdf5/) refuses with FERRY_EUNSUPPORTED, read through the xarray backend's scan."""
+"""ferry.open(path, format="hdf5"): a netCDF-4 / HDF5 file through the xarray backend's store,
+whose metadata is the C parser's (src/formats/hdf5/) and whose variables the parser refuses as
+unsupported (a type or filter ferry lacks) h5py reads. Plain ferry.open reads such files through
+the C dataset alone and comes here only when the parser refuses the file itself."""
 from __future__ import annotations
 
 import os
@@ -52,16 +54,17 @@ class _H5Variable(Variable):
 
 
 class _H5Opened(Opened):
-    """ferry.open of a netCDF-4/HDF5 file (format "hdf5"): h5py reads the
-    metadata, ferry's engine the data it can (the xarray backend's path)."""
+    """ferry.open of a netCDF-4/HDF5 file (format "hdf5"): the xarray backend's
+    store (the C parser's metadata, ferry's engine for the data; h5py for the
+    variables the parser refuses)."""
 
     def __init__(self, path, *, device: Any = "cpu", ctx: Context | None = None, group: str | None = None):
         try:
             from .xarray.hdf5 import _h5_groups
             from .xarray.store import FerryStore
         except ImportError as e:
-            raise FerryError(_ferry.EUNSUPPORTED, f"{os.fsdecode(path)}: netCDF-4/HDF5 file: reading it needs "
-                                                  f"h5py and xarray ({e})") from None
+            raise FerryError(_ferry.EUNSUPPORTED, f"{os.fsdecode(path)}: netCDF-4/HDF5 file: format='hdf5' "
+                                                  f"reads it through ferry.xarray, which needs xarray ({e})") from None
         self._ctx = _ctx_of(ctx)
         self.path = _fspath(path)
         self.device = device
@@ -71,7 +74,7 @@ class _H5Opened(Opened):
         self.attrs = dict(self._store.attrs)
         self.dims = {d: {"size": int(n), "unlimited": d in self._store.unlimited}
                      for d, n in self._store.dims.items()}
-        self.groups = [g for g in _h5_groups(self.path) if g != "/"]
+        self.groups = [g for g in _h5_groups(self.path, self._ctx) if g != "/"]
         self._names = dict.fromkeys(self._store.specs)
         self._vars = {}
 

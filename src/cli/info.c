@@ -12,13 +12,14 @@
 #include "formats/json.h"
 #include "engine/numa.h"
 #include "engine/knobs.h"
+#include "engine/gpudecode.h"   /* ferry_gpudecode_route: which codec goes where */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
-/* the library's one name table (src/engine/names.c) */
+/* the library's one name table (src/base/names.c) */
 static const char *dtype_name(ferry_dtype d) { return ferry_dtype_name(d, FERRY_NAME_SHORT); }
 
 static void put_dims(ferry_sbuf *b, const uint64_t *v, int n, int json) {
@@ -157,7 +158,7 @@ static void describe_text(ferry_dataset *ds, const char *path, ferry_sbuf *b) {
 }
 
 static void usage(FILE *to) {
-    fprintf(to, "usage: ferry info [--json] [--knobs] [--depth N] [FILE|DIR|URL...]\n"
+    fprintf(to, "usage: ferry info [--json] [--knobs] [--codecs] [--depth N] [FILE|DIR|URL...]\n"
                 "  Variables, tensors or arrays with dtype, shape, chunks, codecs, byte ranges and\n"
                 "  attributes; for other files, the size and how much is in the page cache.\n"
                 "  DIR: a Zarr store or group (its subgroups too, --depth levels down, default 1;\n"
@@ -166,27 +167,61 @@ static void usage(FILE *to) {
                 "  URL: an http(s)://, s3:// or gs:// object; a checkpoint directory URL ending in /\n"
                 "  (its model.safetensors.index.json or model.safetensors; objects are not listed).\n"
                 "  Without a path: this build and machine (version, CUDA, cuFile, nvCOMP, nvJPEG, GPU kernels,\n"
-                "  decode policy). --knobs: the FERRY_* tuning variables ferry checks (name, grammar,\n"
-                "  default, what it does, and its value where set).\n");
+                "  decode policy). --knobs: the FERRY_* variables ferry reads (name, grammar, default,\n"
+                "  what it does, when it is read, and its value where set). --codecs: where each codec of a\n"
+                "  chain bound for device memory is decoded under each decode policy.\n");
+}
+
+/* A table built in b printed (a JSON array closed first); 0. */
+static int print_table(ferry_sbuf *b, int json) {
+    if (json) ferry_sbuf_puts(b, "]\n");
+    char *out = ferry_sbuf_take(b);
+    if (out) fputs(out, stdout);
+    free(out);
+    fflush(stdout);
+    return 0;
+}
+
+/* `ferry info --codecs`: where each codec step of a chain bound for device
+ * memory is decoded under each policy, from the code that decides
+ * (gpudecode_rates.c); a Markdown table, which docs/decoding.md carries as
+ * printed (tests/python/test_cli.py compares them). Host destinations always
+ * decode on the CPU. */
+static int describe_codecs(int json) {
+    static const char *const where[] = {"CPU", "GPU", "both", "with its codec"};
+    ferry_sbuf b = {0};
+    if (json) ferry_sbuf_puts(&b, "[");
+    else ferry_sbuf_puts(&b, "| codec | `auto` | `gpu` | `cpu` | how |\n|---|---|---|---|---|\n");
+    for (uint32_t id = FERRY_CODEC_ZLIB; id <= FERRY_CODEC_BYTESWAP; id++) {
+        const int a = ferry_gpudecode_route(id, FERRY_DECODE_AUTO), g = ferry_gpudecode_route(id, FERRY_DECODE_GPU);
+        const char *note = ferry_gpudecode_route_note(id);
+        const char *gpu = g == FERRY_ROUTE_CPU ? "CPU, counted in gpu_cpu_fallbacks" : where[g];
+        if (json)
+            ferry_sbuf_printf(&b, "%s{\"codec\":\"%s\",\"auto\":\"%s\",\"gpu\":\"%s\",\"cpu\":\"CPU\"}", id > 1 ? "," : "",
+                              ferry_codec_name(id), where[a], gpu);
+        else
+            ferry_sbuf_printf(&b, "| %s | %s | %s | CPU | %s |\n", ferry_codec_name(id), where[a], gpu, note ? note : "");
+    }
+    return print_table(&b, json);
 }
 
 /* `ferry info --knobs`: the knobs' table (config.c) */
 static int describe_knobs(int json) {
     size_t n;
     const ferry_knob_row *t = ferry_knob_table(&n);
-    static const char *const kinds[] = {"size", "count", "word", "rates"};
+    static const char *const kinds[] = {"size", "count", "word", "rates", "integer", "text", "flag"};
+    static const char *const scopes[] = {"context", "first use", "process"};
     ferry_sbuf b = {0};
     if (json) ferry_sbuf_puts(&b, "[");
     for (size_t k = 0; k < n; k++) {
         const ferry_knob_row *r = &t[k];
         char grammar[200];
-        if (r->kind == FERRY_KNOB_SIZE) snprintf(grammar, sizeof grammar, r->lo > 0 ? "size >= %lld" : "size", r->lo);
-        else if (r->kind == FERRY_KNOB_COUNT) snprintf(grammar, sizeof grammar, "count %lld..%lld", r->lo, r->hi);
-        else if (r->kind == FERRY_KNOB_WORD) snprintf(grammar, sizeof grammar, "%s", r->words);
-        else snprintf(grammar, sizeof grammar, "gpu_gbs,chunk_mbs,cpu_gbs_per_thread");
+        ferry_knob_grammar(r, grammar, sizeof grammar);
         const char *v = getenv(r->name);
+        const int scope = ferry_knob_scope(r);
         if (json) {
-            ferry_sbuf_printf(&b, "%s{\"name\":\"%s\",\"kind\":\"%s\",\"grammar\":", k ? "," : "", r->name, kinds[r->kind]);
+            ferry_sbuf_printf(&b, "%s{\"name\":\"%s\",\"kind\":\"%s\",\"scope\":\"%s\",\"grammar\":", k ? "," : "",
+                              r->name, kinds[r->kind], scopes[scope]);
             ferry_sbuf_json_string(&b, grammar, strlen(grammar));
             ferry_sbuf_puts(&b, ",\"default\":");
             ferry_sbuf_json_string(&b, r->def, strlen(r->def));
@@ -197,16 +232,11 @@ static int describe_knobs(int json) {
             else ferry_sbuf_puts(&b, "null");
             ferry_sbuf_puts(&b, "}");
         } else {
-            ferry_sbuf_printf(&b, "%-18s %-36s default %s%s%s\n  %18s %s\n", r->name, grammar, r->def,
-                              v ? "; set: " : "", v ? v : "", "", r->doc);
+            ferry_sbuf_printf(&b, "%-26s %-40s default %s%s%s\n  %26s %s (read: %s)\n", r->name, grammar, r->def,
+                              v ? "; set: " : "", v ? v : "", "", r->doc, scopes[scope]);
         }
     }
-    if (json) ferry_sbuf_puts(&b, "]\n");
-    char *out = ferry_sbuf_take(&b);
-    if (out) fputs(out, stdout);
-    free(out);
-    fflush(stdout);
-    return 0;
+    return print_table(&b, json);
 }
 
 /* `ferry info` alone: what this build and machine can do, and which GPU
@@ -311,9 +341,10 @@ static void describe(ferry_ctx *ctx, ferry_dataset *ds, const char *path, int js
 }
 
 int ferry_cli_info(ferry_ctx *ctx, int argc, char **argv) {
-    int json = 0, status = 0, depth = 1, knobs = 0;
+    int json = 0, status = 0, depth = 1, knobs = 0, codecs = 0;
     static const struct option longopts[] = {
         {"help", no_argument, NULL, 'h'}, {"json", no_argument, NULL, 'j'}, {"knobs", no_argument, NULL, 'k'},
+        {"codecs", no_argument, NULL, 'c'},
         {"depth", required_argument, NULL, 'd'}, {NULL, 0, NULL, 0}};
     optind = 0;
     opterr = 0;
@@ -325,11 +356,13 @@ int ferry_cli_info(ferry_ctx *ctx, int argc, char **argv) {
             continue;
         }
         if (c == 'k') { knobs = 1; continue; }
+        if (c == 'c') { codecs = 1; continue; }
         cli_bad_option("info", c, optopt, argv[optind - 1]);
         return 2;
     }
     int npaths = argc - optind;
     if (knobs) return describe_knobs(json);
+    if (codecs) return describe_codecs(json);
     if (!npaths) return describe_library(ctx, json);
     if (json && npaths > 1) printf("[");
     int printed = 0;

@@ -54,7 +54,7 @@ int ferry_codecs_only_byteswap(const ferry_codec *chain, int n);
  * Returns 0 or FERRY_EINVAL / FERRY_EUNSUPPORTED with a message. */
 int ferry_codecs_validate(const ferry_codec *chain, int n);
 
-/* ferry_codec_name (a codec id's name, for messages) is public: ferry.h, src/engine/names.c. */
+/* ferry_codec_name (a codec id's name, for messages) is public: ferry.h, src/base/names.c. */
 /* Verify the trailing 4-byte checksum of a CRC32C or FLETCHER32 step over
  * p[0..*len-4) and shorten *len by 4 (the GPU decoder checks encoded bytes
  * on the CPU with this before their payload goes to the device).

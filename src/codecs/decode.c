@@ -4,18 +4,10 @@
  * and shorten the current bytes, so they cost no copy unless they end the
  * chain. */
 #include "codecs/impl.h"
+#include "codecs/h5filters.h"
 #include <stdlib.h>
 #include <zlib.h>
 #include <zstd.h>
-
-uint8_t *ferry_scratch_reserve(uint8_t **buf, size_t *cap, size_t need) {
-    if (*buf && *cap >= need) return *buf;
-    size_t want = need < 4096 ? 4096 : need + need / 4;  /* some headroom: fewer regrowths */
-    uint8_t *p = realloc(*buf, want);
-    if (!p) return NULL;
-    *buf = p; *cap = want;
-    return p;
-}
 
 void ferry_decode_scratch_init(ferry_decode_scratch *s) { memset(s, 0, sizeof *s); }
 
@@ -33,12 +25,17 @@ int ferry_codecs_validate(const ferry_codec *chain, int n) {
         return ferry_seterr(FERRY_EINVAL, "codec chain of %d steps (at most %d)", n, FERRY_MAX_CODECS);
     for (int i = 0; i < n; i++) {
         uint32_t id = chain[i].id, p = chain[i].param;
-        if (id > FERRY_CODEC_BYTESWAP)
+        if (id > FERRY_CODEC_BITSHUFFLE)
             return ferry_seterr(FERRY_EINVAL, "codec step %d: unknown codec id %u", i, id);
         if (id == FERRY_CODEC_SHUFFLE && (p == 0 || p > 1u << 20))
             return ferry_seterr(FERRY_EINVAL, "shuffle: element size %u", p);
         if (id == FERRY_CODEC_BYTESWAP && !(p == 1 || p == 2 || p == 4 || p == 8 || p == 16))
             return ferry_seterr(FERRY_EINVAL, "byteswap: element size %u (1, 2, 4, 8 or 16)", p);
+        if (id == FERRY_CODEC_BITSHUFFLE && (!FERRY_H5BSHUF_ELSIZE(p) || FERRY_H5BSHUF_ELSIZE(p) > 1u << 20
+                                             || !(FERRY_H5BSHUF_COMP(p) == 0 || FERRY_H5BSHUF_COMP(p) == FERRY_H5BSHUF_LZ4
+                                                  || FERRY_H5BSHUF_COMP(p) == FERRY_H5BSHUF_ZSTD)))
+            return ferry_seterr(FERRY_EINVAL, "bitshuffle: element size %u, compression %u", FERRY_H5BSHUF_ELSIZE(p),
+                                FERRY_H5BSHUF_COMP(p));
     }
     return 0;
 }
@@ -117,6 +114,8 @@ int64_t ferry_decode(const ferry_codec *chain, int n, const uint8_t *in, size_t 
         case FERRY_CODEC_ZSTD: got = ferry_zstd_decode(s, cur, len, dst, cap); break;
         case FERRY_CODEC_LZ4: got = ferry_lz4_decode(cur, len, dst, cap); break;
         case FERRY_CODEC_BLOSC: got = ferry_blosc_decode(s, cur, len, dst, cap); break;
+        case FERRY_CODEC_H5LZ4: got = ferry_h5lz4_decode(cur, len, dst, cap); break;
+        case FERRY_CODEC_BITSHUFFLE: got = ferry_h5bitshuffle_decode(s, cur, len, dst, cap, chain[i].param); break;
         case FERRY_CODEC_SHUFFLE:
         case FERRY_CODEC_BYTESWAP:
             if (len > cap)

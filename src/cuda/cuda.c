@@ -285,3 +285,15 @@ int ferry_cuda_lib_named(const char *env_name, const char *what, char *path, siz
     }
     return 0;
 }
+
+/* Whether device's kernels load (ferry.h): kernels_source.c picks the image,
+ * this file loads it. */
+int ferry_kernels_ready(int device) {
+    if (device < 0 || !ferry_cuda_load(NULL)) return 0;
+    /* loading a module needs the device's context current: borrow it, and
+     * hand the caller's back (torch/cupy read their device from it) */
+    CUcontext saved = ferry_cuda_current();
+    int ok = ferry_cuda_use_device(device) == 0 && ferry_cuda_kernels_ready(device);
+    ferry_cuda_restore(saved);
+    return ok;
+}

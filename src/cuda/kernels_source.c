@@ -38,13 +38,3 @@ const char *ferry_kernels_status(void) {
     if (e && !strcmp(e, "none")) return "FERRY_KERNELS=none";
     return ferry_nvrtc_status();
 }
-
-int ferry_kernels_ready(int device) {
-    if (device < 0 || !ferry_cuda_load(NULL)) return 0;
-    /* loading a module needs the device's context current: borrow it, and
-     * hand the caller's back (torch/cupy read their device from it) */
-    CUcontext saved = ferry_cuda_current();
-    int ok = ferry_cuda_use_device(device) == 0 && ferry_cuda_kernels_ready(device);
-    ferry_cuda_restore(saved);
-    return ok;
-}

@@ -26,7 +26,7 @@
  * GPU, tests/gpu). Here the idle sets are given back before the free memory is
  * measured, and the keep_free promise is remembered for the device so that
  * a job's end gives its set back whenever the free memory is below it
- * (gpudecode.c, set_release).
+ * (gpudecode_dev.c, set_release).
  * Two jobs in the engine, then one, then a clear error: a single job of one
  * unit that does not fit would fail later in the caller's own allocation or
  * in the decode's, far from the cause. */

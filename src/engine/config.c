@@ -4,6 +4,7 @@
 #include "engine/knobs.h"
 #include "engine/numa.h"
 #include "sources/remote.h"
+#include "sources/upload.h"
 #include <ctype.h>
 #include <stdlib.h>
 #include <strings.h>
@@ -23,17 +24,10 @@ int ferry_path_parse(const char *name, ferry_path *out) {
 
 void ferry_config_init(ferry_config *cfg) { memset(cfg, 0, sizeof *cfg); }
 
-/* Bytes, or -1 on garbage: the one size grammar of ferry_size_parse (names.c). */
-int64_t ferry_parse_size(const char *s) {
-    uint64_t v;
-    if (ferry_size_parse(s, &v) < 0 || v > (uint64_t)INT64_MAX) return -1;
-    return (int64_t)v;
-}
-
 static int env_size(const char *name, size_t *field) {
     const char *s = getenv(name);
     if (!s) return 0;
-    int64_t v = ferry_parse_size(s);
+    int64_t v = ferry_knob_bytes(s);
     if (v < 0) return ferry_seterr(FERRY_EINVAL, "%s=\"%s\": not a size", name, s);
     *field = (size_t)v;
     return 0;
@@ -42,21 +36,17 @@ static int env_size(const char *name, size_t *field) {
 static int env_int(const char *name, int *field) {
     const char *s = getenv(name);
     if (!s) return 0;
-    int64_t v = ferry_parse_size(s);
+    int64_t v = ferry_knob_bytes(s);
     if (v < 0 || v > 4096) return ferry_seterr(FERRY_EINVAL, "%s=\"%s\": not a count", name, s);
     *field = (int)v;
     return 0;
 }
 
 /* ---- the knobs ---------------------------------------------------------------
- * Every FERRY_* tuning variable of the GPU decode stage and the engine's
- * event and NUMA switches: name, grammar, default, range, one line of doc
- * (where each is read says why its default is what it is). The variables
- * config.c parses into ferry_config (FERRY_THREADS, _TASK_SIZE,
- * _STAGING_SIZE, _STAGING_COUNT, _SMALL_IO, _PATH, _DECODE, _DIRECT) and the
- * ones read elsewhere (job.c's FERRY_READAHEAD, _READAROUND, _PACK_MIN,
- * _MAP_MAX; pool.c's FERRY_SPIN_US; gather.c, cufile.c, nvcomp.c, nvrtc.c,
- * kernels_source.c, gpudecode_trace.c, zlib.c) are not in it yet. */
+ * Every FERRY_* variable the library reads: name, grammar, default, range,
+ * one line of doc, scope (knobs.h says what each scope means; where each is
+ * read says why its default is what it is). ferry_config's own (FERRY_THREADS
+ * to FERRY_DIRECT) are parsed into it by ferry_config_resolve below. */
 static const ferry_knob_row knobs_[] = {
     {"FERRY_GPU_BATCH", FERRY_KNOB_SIZE, "total / (slots x feeders), 4-32 MiB", 1, 0, NULL, 0,
      "decoded bytes of a per-feeder batch; for a GPU-only queue the most bytes of one call"},
@@ -77,22 +67,132 @@ static const ferry_knob_row knobs_[] = {
     {"FERRY_GPU_RING", FERRY_KNOB_SIZE, "8M", 64 << 10, 0, NULL, 0, "bytes of each of a feeder's two pinned ring buffers"},
     {"FERRY_GPU_POOL", FERRY_KNOB_SIZE, "6G, or twice the largest idle set", 0, 0, NULL, 0,
      "bytes of idle call-slot sets a context keeps beyond one per device"},
-    {"FERRY_GPU_RATES", FERRY_KNOB_RATES, "the built-in table (gpudecode.c)", 0, 0, NULL, 0,
+    {"FERRY_GPU_RATES", FERRY_KNOB_RATES, "the built-in table (gpudecode_rates.c)", 0, 0, NULL, 0,
      "gpu_gbs,chunk_mbs,cpu_gbs_per_thread for shared queues and the big-job rule"},
     {"FERRY_EVENT_SYNC", FERRY_KNOB_WORD, "spin", 0, 0, "spin|blocking", 0,
      "how a worker waits for its copies' CUDA events"},
     {"FERRY_NUMA", FERRY_KNOB_WORD, "auto", 0, 0, "auto|off|0|", 1,
      "workers placed on their GPU's NUMA node"},
+    /* ferry_config's, parsed by ferry_config_resolve */
+    {"FERRY_THREADS", FERRY_KNOB_INT, "16, or the CPU count if larger", 0, 4096, NULL, 0, "worker threads of a context"},
+    {"FERRY_TASK_SIZE", FERRY_KNOB_SIZE, "8M", 0, 0, NULL, 0, "the largest read task"},
+    {"FERRY_STAGING_SIZE", FERRY_KNOB_SIZE, "2M", 0, 0, NULL, 0, "each pinned staging buffer"},
+    {"FERRY_STAGING_COUNT", FERRY_KNOB_INT, "3 (at least 2)", 0, 4096, NULL, 0, "staging buffers per worker"},
+    {"FERRY_SMALL_IO", FERRY_KNOB_SIZE, "the staging size", 0, 0, NULL, 0,
+     "requests up to this size run on the caller's thread"},
+    {"FERRY_PATH", FERRY_KNOB_WORD, "auto", 0, 0, "auto|cufile|staged|host", 1, "force a path for device memory"},
+    {"FERRY_DECODE", FERRY_KNOB_WORD, "auto", 0, 0, "auto|gpu|cpu", 1,
+     "where compressed chunks bound for device memory are decoded (ferry info --codecs)"},
+    {"FERRY_DIRECT", FERRY_KNOB_WORD, "auto", 0, 0, "auto|on|off|1|0", 1, "O_DIRECT for cold ranges"},
+    /* read once per context at first use (job.c, pool.c, gather.c, gpudecode_trace.c) */
+    {"FERRY_SPIN_US", FERRY_KNOB_COUNT, "0", 0, 1000, NULL, 0,
+     "microseconds an idle worker watches the queue before it sleeps"},
+    {"FERRY_READAHEAD", FERRY_KNOB_WORD, "auto", 0, 0, "auto|on|off|1|0", 0,
+     "WILLNEED announcements of cold packed records"},
+    {"FERRY_READAROUND", FERRY_KNOB_TEXT, "4M", 0, 0, "a power of two from 64K to 1G, or 0 (off)", 0,
+     "window that a batch's cold hints are widened to"},
+    {"FERRY_PACK_MIN", FERRY_KNOB_SIZE, "64K", 4096, 1 << 30, NULL, 0, "least bytes of a packed task"},
+    {"FERRY_MAP_MAX", FERRY_KNOB_SIZE, "64K", 0, 1 << 30, NULL, 0,
+     "warm records up to this size are copied from a mapping (0: off)"},
+    {"FERRY_GATHER", FERRY_KNOB_TEXT, "64M", 0, 0, "a size from 4K, or auto, off or 0", 0,
+     "largest destination span gathered into one pinned image"},
+    {"FERRY_DECODE_TRACE", FERRY_KNOB_FLAG, "off", 0, 0, NULL, 0, "one line per GPU-decode job on stderr"},
+    /* read once per process, below the engine */
+    {"FERRY_CUFILE", FERRY_KNOB_TEXT, "unset: load cuFile", 0, 0, "off", 0, "never load cuFile"},
+    {"FERRY_NVRTC", FERRY_KNOB_TEXT, "libnvrtc.so.13/.12 on the library path", 0, 0, "a path", 0,
+     "the NVRTC used for run-time kernels"},
+    {"FERRY_KERNELS", FERRY_KNOB_WORD, "unset: the embedded fatbin", 0, 0, "nvrtc|none", 0, "which GPU kernels run"},
+    {"FERRY_NVCOMP", FERRY_KNOB_TEXT, "the wheel's, then the library path", 0, 0, "a path, or off", 0,
+     "which nvCOMP to load"},
+    {"FERRY_NVJPEG", FERRY_KNOB_TEXT, "libnvjpeg.so.13, then .12, on the library path", 0, 0, "a path, or off", 0,
+     "the nvJPEG library for GPU JPEG decoding"},
+    {"FERRY_NO_LIBDEFLATE", FERRY_KNOB_FLAG, "unset: libdeflate where built", 0, 0, NULL, 0,
+     "inflate with zlib instead of libdeflate (comparisons)"},
+    {"FERRY_REMOTE_REQUEST_SIZE", FERRY_KNOB_SIZE, "8M", 4096, 1ll << 32, NULL, 0,
+     "bytes per HTTP range request of a remote object (checked when a context is made)"},
+    {"FERRY_REMOTE_CONNECTIONS", FERRY_KNOB_TEXT, "64", 0, 0, "a number from 1 to 1024", 0,
+     "range requests in flight in the process"},
+    {"FERRY_REMOTE_RETRIES", FERRY_KNOB_TEXT, "10", 0, 0, "a number from 0 to 100", 0,
+     "retries of one request (timeouts, resets, 5xx, 429, SlowDown, short bodies)"},
+    {"FERRY_REMOTE_RETRY_SECONDS", FERRY_KNOB_TEXT, "60", 0, 0, "seconds from 0 to 86400", 0,
+     "time after which a read retries no more"},
+    {"FERRY_REMOTE_STALL_SECONDS", FERRY_KNOB_TEXT, "30", 0, 0, "seconds from 1 to 3600", 0,
+     "a request moving under 1 KiB/s this long counts as stalled"},
+    {"FERRY_REMOTE_PART_SIZE", FERRY_KNOB_SIZE, "16M", 5ll << 20, 5ll << 30, NULL, 0,
+     "bytes per part of an S3 multipart upload (ferry_object_write); objects up to it go in one PUT"},
+    {"FERRY_S3_ADDRESSING", FERRY_KNOB_WORD, "auto", 0, 0, "path|virtual|auto", 0,
+     "S3 bucket addressing: virtual-hosted on AWS for DNS-safe names"},
+    {"FERRY_SYSFS_ROOT", FERRY_KNOB_TEXT, "\"\" (/sys)", 0, 0, "a directory", 0,
+     "where the NUMA topology is read from (tests)"},
 };
+/* The rows that are not FERRY_KNOB_CONTEXT ones (knobs.h). */
+static const char *const first_use_[] = {"FERRY_SPIN_US", "FERRY_READAHEAD", "FERRY_READAROUND", "FERRY_PACK_MIN",
+                                         "FERRY_MAP_MAX", "FERRY_GATHER", "FERRY_DECODE_TRACE"};
+static const char *const process_[] = {"FERRY_CUFILE", "FERRY_NVRTC", "FERRY_KERNELS", "FERRY_NVCOMP", "FERRY_NVJPEG",
+                                       "FERRY_NO_LIBDEFLATE", "FERRY_REMOTE_REQUEST_SIZE", "FERRY_REMOTE_CONNECTIONS",
+                                       "FERRY_REMOTE_RETRIES", "FERRY_REMOTE_RETRY_SECONDS",
+                                       "FERRY_REMOTE_STALL_SECONDS", "FERRY_REMOTE_PART_SIZE", "FERRY_S3_ADDRESSING",
+                                       "FERRY_SYSFS_ROOT"};
+
+int ferry_knob_scope(const ferry_knob_row *r) {
+    for (size_t i = 0; i < sizeof first_use_ / sizeof first_use_[0]; i++)
+        if (!strcmp(r->name, first_use_[i])) return FERRY_KNOB_FIRST_USE;
+    for (size_t i = 0; i < sizeof process_ / sizeof process_[0]; i++)
+        if (!strcmp(r->name, process_[i])) return FERRY_KNOB_PROCESS;
+    return FERRY_KNOB_CONTEXT;
+}
 
 const ferry_knob_row *ferry_knob_table(size_t *n) {
     *n = sizeof knobs_ / sizeof knobs_[0];
     return knobs_;
 }
 
+static long knob_index(const char *name) {
+    for (size_t k = 0; k < sizeof knobs_ / sizeof knobs_[0]; k++)
+        if (!strcmp(knobs_[k].name, name)) return (long)k;
+    return -1;
+}
+
+/* The context and first-use knobs as the environment has them when ctx is
+ * made (ferry_ctx_create, after ferry_config_resolve checked them): what
+ * ferry_knob gives ctx from then on. */
+int ferry_knobs_snapshot(ferry_ctx *ctx) {
+    const size_t n = sizeof knobs_ / sizeof knobs_[0];
+    ctx->knob_vals = calloc(n, sizeof *ctx->knob_vals);
+    if (!ctx->knob_vals) return ferry_seterr(FERRY_ENOMEM, "out of memory");
+    if (ctx->cfg.no_env) return 0;
+    for (size_t k = 0; k < n; k++) {
+        const char *v = ferry_knob_scope(&knobs_[k]) == FERRY_KNOB_PROCESS ? NULL : getenv(knobs_[k].name);
+        if (v && !(ctx->knob_vals[k] = strdup(v))) { ferry_knobs_release(ctx); return ferry_seterr(FERRY_ENOMEM, "out of memory"); }
+    }
+    return 0;
+}
+
+void ferry_knobs_release(ferry_ctx *ctx) {
+    if (!ctx->knob_vals) return;
+    for (size_t k = 0; k < sizeof knobs_ / sizeof knobs_[0]; k++) free(ctx->knob_vals[k]);
+    free(ctx->knob_vals);
+    ctx->knob_vals = NULL;
+}
+
+int ferry_knob_set(ferry_ctx *ctx, const char *name, const char *value) {
+    const long k = knob_index(name);
+    if (k < 0 || !ctx || !ctx->knob_vals)
+        return ferry_seterr(FERRY_EINVAL, "ferry_knob_set: no knob \"%s\" in the table", name ? name : "");
+    char *v = value ? strdup(value) : NULL;
+    if (value && !v) return ferry_seterr(FERRY_ENOMEM, "out of memory");
+    free(ctx->knob_vals[k]);
+    ctx->knob_vals[k] = v;
+    return 0;
+}
+
 const char *ferry_knob(const ferry_ctx *ctx, const char *name) {
-    if (ctx && ctx->cfg.no_env) return NULL;
-    return getenv(name);
+    if (!ctx) return getenv(name);
+    if (ctx->cfg.no_env) return NULL;
+    const long k = knob_index(name);
+    if (k < 0 || !ctx->knob_vals || ferry_knob_scope(&knobs_[k]) == FERRY_KNOB_PROCESS)
+        return getenv(name);   /* a name the table lacks, or a process-wide one: the environment */
+    return ctx->knob_vals[k];
 }
 
 static int word_ok(const char *words, int icase, const char *s) {
@@ -106,41 +206,60 @@ static int word_ok(const char *words, int icase, const char *s) {
     }
 }
 
+void ferry_knob_grammar(const ferry_knob_row *r, char *buf, size_t n) {
+    switch (r->kind) {
+    case FERRY_KNOB_SIZE:
+        if (r->hi > 0) snprintf(buf, n, "a size from %lld to %lld", r->lo, r->hi);
+        else if (r->lo > 0) snprintf(buf, n, "a size from %lld", r->lo);
+        else snprintf(buf, n, "a size");
+        break;
+    case FERRY_KNOB_COUNT: snprintf(buf, n, "a count from %lld to %lld", r->lo, r->hi); break;
+    case FERRY_KNOB_INT: snprintf(buf, n, "an integer from %lld to %lld", r->lo, r->hi); break;
+    case FERRY_KNOB_WORD: snprintf(buf, n, "one of %s", r->words); break;
+    case FERRY_KNOB_RATES: snprintf(buf, n, "gpu_gbs,chunk_mbs,cpu_gbs_per_thread (three positive numbers)"); break;
+    case FERRY_KNOB_TEXT: snprintf(buf, n, "%s", r->words ? r->words : "text"); break;
+    case FERRY_KNOB_FLAG: snprintf(buf, n, "set (not 0) = on"); break;
+    }
+}
+
 int ferry_knobs_check(void) {
     for (size_t k = 0; k < sizeof knobs_ / sizeof knobs_[0]; k++) {
         const ferry_knob_row *r = &knobs_[k];
+        if (ferry_knob_scope(r) != FERRY_KNOB_CONTEXT) continue;   /* checked by their readers */
         const char *s = getenv(r->name);
         if (!s) continue;
-        int ok = 0;
-        char want[160];
+        int ok = 1;
         switch (r->kind) {
         case FERRY_KNOB_SIZE: {
-            const int64_t v = ferry_parse_size(s);
-            ok = v >= 0 && v >= r->lo;
-            if (r->lo > 0) snprintf(want, sizeof want, "a size from %lld", r->lo);
-            else snprintf(want, sizeof want, "a size");
+            const int64_t v = ferry_knob_bytes(s);
+            ok = v >= 0 && v >= r->lo && (r->hi <= 0 || v <= r->hi);
+            break;
+        }
+        case FERRY_KNOB_INT: {
+            const int64_t v = ferry_knob_bytes(s);
+            ok = v >= 0 && v >= r->lo && v <= r->hi;
             break;
         }
         case FERRY_KNOB_COUNT: {
             char *end = NULL;
             const long v = strtol(s, &end, 10);
             ok = end != s && !*end && v >= r->lo && v <= r->hi;
-            snprintf(want, sizeof want, "a count from %lld to %lld", r->lo, r->hi);
             break;
         }
-        case FERRY_KNOB_WORD:
-            ok = word_ok(r->words, r->icase, s);
-            snprintf(want, sizeof want, "one of %s", r->words);
-            break;
+        case FERRY_KNOB_WORD: ok = word_ok(r->words, r->icase, s); break;
         case FERRY_KNOB_RATES: {
             double a, b, c;
             char tail;
             ok = sscanf(s, "%lf,%lf,%lf%c", &a, &b, &c, &tail) == 3 && a > 0 && b > 0 && c > 0;
-            snprintf(want, sizeof want, "gpu_gbs,chunk_mbs,cpu_gbs_per_thread (three positive numbers)");
             break;
         }
+        case FERRY_KNOB_TEXT: case FERRY_KNOB_FLAG: break;
         }
-        if (!ok) return ferry_seterr(FERRY_EINVAL, "%s=\"%s\": use %s (%s)", r->name, s, want, r->doc);
+        if (!ok) {
+            char want[160];
+            ferry_knob_grammar(r, want, sizeof want);
+            return ferry_seterr(FERRY_EINVAL, "%s=\"%s\": use %s (%s)", r->name, s, want, r->doc);
+        }
     }
     return 0;
 }
@@ -154,11 +273,13 @@ int ferry_config_resolve(ferry_config *c) {
         if ((rc = env_int("FERRY_STAGING_COUNT", &c->staging_count)) < 0) return rc;
         if ((rc = env_size("FERRY_SMALL_IO", &c->small_io)) < 0) return rc;
         const char *p = getenv("FERRY_PATH");
-        if (p && (rc = ferry_path_parse(p, &c->path)) < 0) return rc;
-        const char *dp = getenv("FERRY_DECODE");   /* gpudecode.c has the names */
-        if (dp && (rc = ferry_decode_policy_parse(dp, (ferry_decode_policy *)&c->decode)) < 0) return rc;
-        if ((rc = ferry_knobs_check()) < 0) return rc;   /* the knobs' table: FERRY_GPU_*, _EVENT_SYNC, _NUMA */
+        if (p && (rc = ferry_path_parse(p, &c->path)) < 0) return ferry_preerr(rc, "FERRY_PATH=\"%s\"", p);
+        const char *dp = getenv("FERRY_DECODE");   /* base/names.c has the names */
+        if (dp && (rc = ferry_decode_policy_parse(dp, (ferry_decode_policy *)&c->decode)) < 0)
+            return ferry_preerr(rc, "FERRY_DECODE=\"%s\"", dp);
+        if ((rc = ferry_knobs_check()) < 0) return rc;   /* the table's context knobs: FERRY_GPU_*, _EVENT_SYNC, _NUMA */
         if ((rc = ferry_remote_check_env()) < 0) return rc;      /* FERRY_REMOTE_* (sources/http.c) */
+        if ((rc = ferry_upload_check_env()) < 0) return rc;      /* FERRY_REMOTE_PART_SIZE (sources/s3_upload.c) */
         const char *d = getenv("FERRY_DIRECT");
         if (d) {
             if (!strcasecmp(d, "auto")) c->direct = FERRY_DIRECT_AUTO;

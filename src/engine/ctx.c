@@ -1,17 +1,13 @@
 /* ctx.c — the engine object: configuration, worker pool lifetime, statistics,
  * and what the CUDA / cuFile loaders said. */
 #include "engine/engine.h"
+#include "engine/knobs.h"
 #include "engine/gather.h"
 #include "engine/gpudecode.h"
+#include "engine/remotectx.h"
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
-
-double ferry_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* This process's id, kept and renewed in a child by fork's atfork hook: a
  * getpid() per job was a system call per small read (about 7 % of a 4 KiB
@@ -37,10 +33,11 @@ int ferry_ctx_create(ferry_ctx **out, const ferry_config *cfg) {
     if (cfg) c->cfg = *cfg; else ferry_config_init(&c->cfg);
     int rc = ferry_config_resolve(&c->cfg);
     if (rc < 0) { free(c); return rc; }
+    if ((rc = ferry_knobs_snapshot(c)) < 0) { free(c); return rc; }   /* what ferry_knob reads (config.c) */
     c->workers = calloc((size_t)c->cfg.threads, sizeof *c->workers);
-    if (!c->workers) { free(c); return ferry_seterr(FERRY_ENOMEM, "out of memory"); }
-    if ((rc = ferry_fcache_init(&c->files)) < 0) { free(c->workers); free(c); return rc; }
-    c->gather_pool = ferry_gather_pool_new(&c->cfg);   /* NULL: batches run as packs */
+    if (!c->workers) { ferry_knobs_release(c); free(c); return ferry_seterr(FERRY_ENOMEM, "out of memory"); }
+    if ((rc = ferry_fcache_init(&c->files)) < 0) { free(c->workers); ferry_knobs_release(c); free(c); return rc; }
+    c->gather_pool = ferry_gather_pool_new(c);   /* NULL: batches run as packs */
     c->gpu_pool = ferry_gpudecode_pool_new();           /* NULL: each job allocates its own slots */
     c->pid = this_pid();
     pthread_mutex_init(&c->lock, NULL);
@@ -72,9 +69,11 @@ void ferry_ctx_destroy(ferry_ctx *c) {
     pthread_mutex_unlock(&c->lock);
     ferry_pool_stop(c);
     ferry_fcache_free(&c->files);
+    ferry_ctx_remote_free(c);
     ferry_gather_pool_free(c->gather_pool);
     ferry_gpudecode_pool_free(c->gpu_pool);
     free(c->workers);
+    ferry_knobs_release(c);
     pthread_mutex_destroy(&c->lock);
     pthread_cond_destroy(&c->work_cond);
     pthread_mutex_destroy(&c->stats_lock);

@@ -18,6 +18,8 @@ struct ferry_ctx {
     ferry_job *q_head, *q_tail;   /* jobs with tasks left to claim */
     _Atomic unsigned work_gen;    /* bumped by every enqueue: what idle workers spin on (pool.c) */
     _Atomic int spin_us;          /* FERRY_SPIN_US: how long an idle worker spins before it sleeps */
+    char **knob_vals;             /* the knobs' table's values when it was made (config.c: ferry_knob) */
+    _Atomic int event_sync;       /* FERRY_EVENT_SYNC read once (worker.c): 0 not yet, 1 spin, 2 blocking */
     _Atomic int job_env_ready;    /* FERRY_READAHEAD, FERRY_PACK_MIN, FERRY_MAP_MAX read (job.c, once per context) */
     _Atomic int readahead;
     _Atomic uint64_t pack_min;
@@ -38,14 +40,14 @@ struct ferry_ctx {
     pid_t pid;                    /* the creating process: a forked child has no workers */
     ferry_fcache files;           /* files opened by path (fcache.c) */
     struct ferry_gather_pool *gather_pool; /* pinned images of gathered batches (gather.c) */
-    struct ferry_gpudecode_pool *gpu_pool; /* slots of cooperative GPU decode calls (gpudecode.c) */
+    struct ferry_gpudecode_pool *gpu_pool; /* slots of cooperative GPU decode calls (gpudecode_dev.c) */
+    struct ferry_remote_opts *remote;   /* ferry_ctx_set_remote_option's (remotectx.c), or NULL */
     _Atomic uint64_t gpu_keep_free[FERRY_MAX_DEVICES]; /* ferry_plan_budget's keep_free per device (budget.c):
                                                           a job's end gives idle decode buffers back below it */
 };
 /* FERRY_EINVAL with a message when called in a process forked from the creator. */
 int ferry_ctx_check_pid(const ferry_ctx *ctx);
 int ferry_config_resolve(ferry_config *c);
-int64_t ferry_parse_size(const char *s);
 /* Count bytes read/written with O_DIRECT, buffered, and decoded. */
 void ferry_count_io(ferry_ctx *ctx, uint64_t direct, uint64_t buffered, uint64_t decoded);
 #endif

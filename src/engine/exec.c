@@ -12,43 +12,9 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-void ferry_count_io(ferry_ctx *ctx, uint64_t direct, uint64_t buffered, uint64_t decoded) {
-    pthread_mutex_lock(&ctx->stats_lock);
-    ctx->stats.direct_bytes += direct;
-    ctx->stats.buffered_bytes += buffered;
-    ctx->stats.decoded_bytes += decoded;
-    pthread_mutex_unlock(&ctx->stats_lock);
-}
-
 static void swap_host(uint8_t *p, uint64_t n, unsigned size) {
     for (uint64_t i = 0; i + size <= n; i += size)
         for (unsigned a = 0, b = size - 1; a < b; a++, b--) { uint8_t t = p[i + a]; p[i + a] = p[i + b]; p[i + b] = t; }
-}
-
-/* Wait until staging buffer i is no longer the source or target of a copy. */
-int ferry_stage_wait(ferry_worker *w, int i) {
-    int d = w->stage_dev[i];
-    if (d < 0 || w->done_seq[d] >= w->stage_seq[i]) return 0;
-    const ferry_cuda_api *cu = ferry_cuda_load(NULL);
-    CUresult r = cu->EventSynchronize(w->dev[d].ev[i]);
-    if (r != 0) return ferry_seterr(FERRY_ECUDA, "device %d: copy failed: %s", d, ferry_cuda_errstr(r));
-    ferry_worker_completed(w, d, w->stage_seq[i]);
-    return 0;
-}
-
-int ferry_dec_wait(ferry_worker *w) {
-    int d = w->dec_dev;
-    if (d < 0 || w->done_seq[d] >= w->dec_seq) return 0;
-    const ferry_cuda_api *cu = ferry_cuda_load(NULL);
-    CUresult r = cu->EventSynchronize(w->dev[d].dec_ev);
-    if (r != 0) return ferry_seterr(FERRY_ECUDA, "device %d: copy failed: %s", d, ferry_cuda_errstr(r));
-    ferry_worker_completed(w, d, w->dec_seq);
-    return 0;
-}
-
-void ferry_mark_device(ferry_worker *w, ferry_job *j, int d) {
-    if (!w->is_inline) atomic_fetch_or(&j->worker_mask[w->id / 64], 1ull << (w->id % 64));
-    atomic_fetch_or(&j->dev_mask, 1u << d);
 }
 
 /* Whether j keeps what it reads of f in the page cache. A FERRY_REREAD job (a
@@ -124,65 +90,13 @@ static int64_t read_to_host(ferry_worker *w, ferry_job *j, ferry_file *f, uint64
 }
 
 /* ---- copies to the device ------------------------------------------------ */
-static int copy_2d(const ferry_cuda_api *cu, CUstream s, CUdeviceptr dst, int64_t dpitch, const uint8_t *src,
-                   int64_t spitch, size_t width, size_t height) {
-    if (height == 1 || (spitch == (int64_t)width && dpitch == (int64_t)width)) {
-        CUresult r = cu->MemcpyHtoDAsync(dst, src, width * height, s);
-        return r ? ferry_seterr(FERRY_ECUDA, "cuMemcpyHtoDAsync: %s", ferry_cuda_errstr(r)) : 0;
-    }
-    if (spitch >= (int64_t)width && dpitch >= (int64_t)width) {
-        ferry_cu_memcpy2d m;
-        memset(&m, 0, sizeof m);
-        m.srcMemoryType = FERRY_CU_MEMORYTYPE_HOST;
-        m.srcHost = src;
-        m.srcPitch = (size_t)spitch;
-        m.dstMemoryType = FERRY_CU_MEMORYTYPE_DEVICE;
-        m.dstDevice = dst;
-        m.dstPitch = (size_t)dpitch;
-        m.WidthInBytes = width;
-        m.Height = height;
-        if (cu->Memcpy2DAsync(&m, s) == 0) return 0;
-        /* pitch beyond the driver's limit: fall through to row copies */
-    }
-    for (size_t r = 0; r < height; r++) {
-        CUresult e = cu->MemcpyHtoDAsync(dst + (CUdeviceptr)((int64_t)r * dpitch), src + (int64_t)r * spitch, width, s);
-        if (e) return ferry_seterr(FERRY_ECUDA, "cuMemcpyHtoDAsync: %s", ferry_cuda_errstr(e));
-    }
-    return 0;
-}
-
-static int place_dev_rec(const ferry_cuda_api *cu, CUstream s, CUdeviceptr dst, const uint8_t *src, const ferry_place *p, int k) {
-    int last = p->ndim - 1;
-    int inner_contig = p->src_stride[last] == (int64_t)p->itemsize && p->dst_stride[last] == (int64_t)p->itemsize;
-    /* the last dim (contiguous run) and the one before it form one 2D copy */
-    int rows_dim = inner_contig ? last - 1 : last;
-    if (k == rows_dim || (rows_dim < 0 && k == 0)) {
-        size_t width = inner_contig ? p->count[last] * p->itemsize : p->itemsize;
-        if (rows_dim < 0) return copy_2d(cu, s, dst, (int64_t)width, src, (int64_t)width, width, 1);
-        return copy_2d(cu, s, dst, p->dst_stride[rows_dim], src, p->src_stride[rows_dim], width, p->count[rows_dim]);
-    }
-    for (uint64_t i = 0; i < p->count[k]; i++) {
-        int rc = place_dev_rec(cu, s, dst + (CUdeviceptr)((int64_t)i * p->dst_stride[k]), src + (int64_t)i * p->src_stride[k], p, k + 1);
-        if (rc < 0) return rc;
-    }
-    return 0;
-}
-
 /* Enqueue the copy of decoded bytes (pinned) to device memory, placed or not. */
 static int to_device(ferry_worker *w, ferry_job *j, int d, const uint8_t *src, uint64_t n, CUdeviceptr dst, const ferry_place *place) {
     ferry_devstate *ds;
     int rc = ferry_worker_device(w, d, &ds);
     if (rc < 0) return rc;
     const ferry_cuda_api *cu = ferry_cuda_load(NULL);
-    if (!place) rc = copy_2d(cu, ds->stream, dst, (int64_t)n, src, (int64_t)n, n, 1);
-    else {
-        for (int k = 0; k < place->ndim; k++) if (place->count[k] == 0) return 0;
-        ferry_place p;
-        if (ferry_place_normalize(place, &p) == 0) {
-            p.ndim = 1; p.count[0] = 1; p.src_stride[0] = p.dst_stride[0] = p.itemsize;
-        }
-        rc = place_dev_rec(cu, ds->stream, dst, src + p.src_offset, &p, 0);
-    }
+    rc = ferry_place_device(cu, ds->stream, dst, (uintptr_t)src, 0, place, n);
     if (rc < 0) return rc;
     w->seq[d]++;
     CUresult r = cu->EventRecord(ds->dec_ev, ds->stream);
@@ -376,6 +290,11 @@ static int64_t exec_read_coded(ferry_worker *w, ferry_job *j, const ferry_extent
             return ferry_seterr(FERRY_ECODEC, "decoded %lld bytes where %llu were expected",
                                 (long long)r, (unsigned long long)e->decoded_size);
         ferry_count_io(w->ctx, 0, 0, (uint64_t)r);
+        if (ferry_gpudecode_is_fallback(j, e)) {   /* decode "gpu" forced: a chunk nvCOMP does not take */
+            pthread_mutex_lock(&w->ctx->stats_lock);
+            w->ctx->stats.gpu_cpu_fallbacks++;
+            pthread_mutex_unlock(&w->ctx->stats_lock);
+        }
         if (host && !e->place) goto done;
         dec = out;
         dlen = e->decoded_size;
@@ -547,39 +466,6 @@ static int64_t exec_write(ferry_worker *w, ferry_job *j, const ferry_extent *e, 
     atomic_fetch_add(&j->path_bytes[used], len);
     atomic_fetch_add(&j->path_ops[used], 1);
     return (int64_t)len;
-}
-
-/* An extent's file_size (ferry.h): the size the file had when it was opened
- * must be exactly that (a longer chunk file read from its start would be
- * another array's bytes; zarr-python refuses both a shorter and a longer one). */
-static int path_size_ok(const ferry_extent *e, const ferry_file *f) {
-    if (!e->file_size || (f->size0 >= 0 && (uint64_t)f->size0 == e->file_size)) return 0;
-    return ferry_seterr(FERRY_EFORMAT, "the chunk file holds %lld bytes, an uncompressed chunk is exactly %llu",
-                        (long long)f->size0, (unsigned long long)e->file_size);
-}
-
-/* Files named by path come from the context's open-file cache (opened by the
- * worker that first needs one, so many files open in parallel); the worker
- * holds the last one for the rest of the job's tasks (a shard read as many
- * extents looks it up once). */
-int ferry_path_file(ferry_worker *w, ferry_job *j, const ferry_extent *e, ferry_file **out) {
-    const char *path = e->path;
-    int nofollow = (e->flags & FERRY_EXTENT_NOFOLLOW) != 0;
-    const char *root = nofollow ? e->root : NULL;
-    if (w->pathfile && w->pathfile_job == j->id && strcmp(w->pathfile->path, path) == 0 &&
-        (!nofollow || (w->pathfile_nofollow && (w->pathfile_root == root ||
-                                                (root && w->pathfile_root && !strcmp(w->pathfile_root, root)))))) {
-        *out = w->pathfile;
-        return path_size_ok(e, w->pathfile);
-    }
-    ferry_worker_idle(w);
-    int rc = ferry_fcache_get(&w->ctx->files, w->ctx, path, nofollow, root, j->id, &w->pathfile, &w->pathfile_entry);
-    if (rc < 0) return rc;
-    w->pathfile_job = j->id;
-    w->pathfile_nofollow = nofollow;
-    w->pathfile_root = root;   /* the job's copy: lives as long as pathfile_job */
-    *out = w->pathfile;
-    return path_size_ok(e, w->pathfile);
 }
 
 int ferry_exec_task(ferry_worker *w, ferry_job *j, const ferry_task *t) {

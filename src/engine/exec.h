@@ -1,5 +1,6 @@
-/* exec.h — running one task on a worker (exec.c) and packed staging
- * (pack.c); host placement and fills (place.c). Internal. */
+/* exec.h — running one task on a worker (exec.c), what the paths share
+ * around staging (stage.c), packed staging (pack.c), host and device
+ * placement and fills (place.c). Internal. */
 #ifndef FERRY_ENGINE_EXEC_H
 #define FERRY_ENGINE_EXEC_H
 #include "engine/file.h"
@@ -36,6 +37,13 @@ int ferry_pack_scratch(ferry_worker *w, int d, int i, CUdeviceptr *out);
 /* Host-side placement and fill (also used for device fills via pinned memory). */
 void ferry_place_host(uint8_t *dst, const uint8_t *src, const ferry_place *p);
 void ferry_fill_host(uint8_t *dst, const uint8_t *val, unsigned size, const ferry_place *p, uint64_t bytes);
+/* Enqueue on s the copy of n bytes at src (host memory, or device memory
+ * when src_on_device) to dst, or of their box under place (NULL: all n bytes
+ * to one run): one 2D copy per run of rows, the dimensions above walked. */
+int ferry_place_device(const ferry_cuda_api *cu, CUstream s, CUdeviceptr dst, uint64_t src, int src_on_device,
+                       const ferry_place *place, uint64_t n);
+/* 1 when place (NULL: none) copies all `decoded` bytes to one contiguous run. */
+int ferry_place_is_contiguous(const ferry_place *place, uint64_t decoded);
 /* Normalise a placement: drop unit dims, merge mergeable dims. Returns ndim. */
 int ferry_place_normalize(const ferry_place *in, ferry_place *out);
 #endif

@@ -6,6 +6,7 @@
 #include "engine/io.h"
 #include "engine/mapread.h"
 #include "engine/sysio.h"
+#include "engine/remotectx.h"
 #include "sources/remote.h"
 #include "sources/url.h"
 #include <errno.h>
@@ -24,7 +25,7 @@ static int open_remote(ferry_ctx *ctx, const char *url, int flags, ferry_file **
     if (flags & (FERRY_WRITE | FERRY_CREATE | FERRY_TRUNC))
         return ferry_seterr(FERRY_EUNSUPPORTED, "%s: remote objects are read-only here (open with FERRY_READ)", url);
     ferry_remote *r;
-    int rc = ferry_remote_open(url, &r);
+    int rc = ferry_remote_open_opts(url, ferry_ctx_remote_opts(ctx), &r);
     if (rc < 0) return rc;
     ferry_file *f = calloc(1, sizeof *f);
     char *p = strdup(url);
@@ -303,52 +304,6 @@ int ferry_file_cufile(ferry_file *f, ferry_cufile_handle *out) {
     else rc = ferry_seterr(f->cf_state, "%s: %s", f->path, f->cf_why);
     pthread_mutex_unlock(&f->lock);
     return rc;
-}
-
-/* Page-cache residency: cachestat(2) where the kernel has it (Linux 6.5+),
- * else mincore(2) over a temporary mapping. */
-#ifndef __NR_cachestat
-#define __NR_cachestat 451
-#endif
-struct ferry_cachestat_range { uint64_t off, len; };
-struct ferry_cachestat { uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted; };
-
-int64_t ferry_file_cached_fd(int fd, uint64_t offset, uint64_t len, uint64_t fsize) {
-    if (fd < 0) return -EBADF;   /* a remote object: no page cache to ask */
-    if (offset >= fsize || len == 0) return 0;
-    if (len > fsize - offset) len = fsize - offset;
-    long page = sysconf(_SC_PAGESIZE);
-    static _Atomic int no_cachestat;
-    if (!no_cachestat) {
-        struct ferry_cachestat_range r = {offset, len};
-        struct ferry_cachestat cs;
-        if (syscall(__NR_cachestat, fd, &r, &cs, 0) == 0) {
-            uint64_t pages = (len + (uint64_t)page - 1) / (uint64_t)page;
-            uint64_t c = cs.nr_cache > pages ? pages : cs.nr_cache;
-            uint64_t b = c * (uint64_t)page;
-            return (int64_t)(b > len ? len : b);
-        }
-        if (errno == ENOSYS) no_cachestat = 1;
-    }
-    uint64_t start = offset & ~(uint64_t)(page - 1);
-    uint64_t maplen = len + (offset - start);
-    void *m = mmap(NULL, maplen, PROT_READ, MAP_SHARED, fd, (off_t)start);
-    if (m == MAP_FAILED) return -errno;
-    size_t npages = (maplen + (uint64_t)page - 1) / (uint64_t)page;
-    unsigned char stackvec[256];
-    unsigned char *vec = npages <= sizeof stackvec ? stackvec : malloc(npages);
-    int64_t res;
-    if (!vec) res = FERRY_ENOMEM;
-    else if (mincore(m, maplen, vec) != 0) res = -errno;
-    else {
-        uint64_t n = 0;
-        for (size_t i = 0; i < npages; i++) n += vec[i] & 1;
-        uint64_t b = n * (uint64_t)page;
-        res = (int64_t)(b > len ? len : b);
-    }
-    if (vec != stackvec) free(vec);
-    munmap(m, maplen);
-    return res;
 }
 
 int64_t ferry_file_cached(ferry_file *f, uint64_t offset, uint64_t len) {

@@ -5,6 +5,7 @@
 #define FERRY_ENGINE_FILE_H
 #include "common.h"
 #include "cuda/cufile.h"
+#include "base/sysio.h"   /* ferry_file_cached_fd */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <sys/types.h>
@@ -47,7 +48,6 @@ int64_t ferry_file_readv(ferry_file *f, struct iovec *iov, int n, uint64_t off);
 int ferry_file_direct_fd(ferry_file *f);
 /* Registered cuFile handle, or a negative code with a message. */
 int ferry_file_cufile(ferry_file *f, ferry_cufile_handle *out);
-int64_t ferry_file_cached_fd(int fd, uint64_t offset, uint64_t len, uint64_t fsize);
 int ferry_file_open_internal(ferry_ctx *ctx, const char *path, int flags, ferry_file **out);
 /* Read-only open for a FERRY_EXTENT_NOFOLLOW extent (see ferry.h): a regular
  * file, or a symlink resolving under root. *linked (may be NULL) is set when

@@ -22,6 +22,7 @@
  * turns it off (an experiment beside packs); a size sets the
  * largest destination span gathered (default 64M). */
 #include "engine/engine.h"
+#include "engine/knobs.h"
 #include "engine/gather.h"
 #include "engine/gpudecode.h"
 #include <stdlib.h>
@@ -64,22 +65,22 @@ struct ferry_gather {
 
 /* FERRY_GATHER, read when the context is made (a getenv per plan costs; a
  * bad value fails every plan that could gather, naming it). */
-static void parse_limit(ferry_gather_pool *p, const ferry_config *cfg) {
-    const char *s = cfg->no_env ? NULL : getenv("FERRY_GATHER");
+static void parse_limit(ferry_gather_pool *p, const ferry_ctx *ctx) {
+    const char *s = ferry_knob(ctx, "FERRY_GATHER");
     p->limit = 64u << 20;
     if (!s || !strcmp(s, "auto")) return;
     if (!strcmp(s, "off") || !strcmp(s, "0")) { p->limit = 0; return; }
-    int64_t x = ferry_parse_size(s);
+    int64_t x = ferry_knob_bytes(s);
     if (x >= 4096 && (uint64_t)x <= GATHER_POOL_MAX / 2) { p->limit = (uint64_t)x; return; }
     p->limit = 0;
     snprintf(p->bad, sizeof p->bad, "%s", s);
 }
 
-ferry_gather_pool *ferry_gather_pool_new(const ferry_config *cfg) {
+ferry_gather_pool *ferry_gather_pool_new(const ferry_ctx *ctx) {
     ferry_gather_pool *p = calloc(1, sizeof *p);
     if (!p) return NULL;
     pthread_mutex_init(&p->mu, NULL);
-    parse_limit(p, cfg);
+    parse_limit(p, ctx);
     return p;
 }
 

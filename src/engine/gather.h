@@ -20,7 +20,7 @@ int64_t ferry_exec_gather(ferry_worker *w, ferry_job *j, const ferry_task *t, in
 /* The job's image back to the context's pool (job_free: its copies are done). */
 void ferry_gather_release(ferry_job *j);
 /* The context's pool of images (ctx_create; NULL when out of memory: no gathering). */
-ferry_gather_pool *ferry_gather_pool_new(const ferry_config *cfg);
+ferry_gather_pool *ferry_gather_pool_new(const ferry_ctx *ctx);
 /* What gathering did since the context was made, for `ferry bench --records`
  * (internal: the CLI links the static library): jobs gathered, the copies
  * they sent, jobs that qualified but found no free image (ran as packs), the

@@ -1,6 +1,6 @@
-/* gpudecode.h — the engine's device decode stage (gpudecode.c): compressed
- * chunks bound for device memory decoded by batched nvCOMP calls. Internal;
- * the engine calls these hooks and nothing else. */
+/* gpudecode.h — the engine's device decode stage (gpudecode*.c, listed in
+ * gpudecode_impl.h): compressed chunks bound for device memory decoded by
+ * batched nvCOMP calls. Internal; the engine calls these hooks and nothing else. */
 #ifndef FERRY_GPUDECODE_H
 #define FERRY_GPUDECODE_H
 #include "engine/engine.h"
@@ -34,6 +34,18 @@ int64_t ferry_gpudecode_run(ferry_worker *w, ferry_job *job, size_t task, int *d
  * when the queues are empty (the GPU took the rest). */
 int64_t ferry_gpudecode_take_one(ferry_job *job);
 void ferry_gpudecode_job_free(ferry_job *job);
+/* 1 when extent e of job, decoded on the CPU, is a chunk a forced GPU decode
+ * sent there (counted in ferry_stats.gpu_cpu_fallbacks): decode "gpu", a
+ * device destination, a chain with a decompressing codec. exec.c asks it of
+ * every chunk it decodes; the stage counts its own (failed or refused) ones. */
+int ferry_gpudecode_is_fallback(const ferry_job *job, const ferry_extent *e);
+/* Where a codec step is decoded for a device destination under `policy`
+ * (AUTO or GPU; CPU is always the CPU): FERRY_ROUTE_*. ferry info --codecs
+ * prints the table this makes (docs/decoding.md has it, checked by a test). */
+enum { FERRY_ROUTE_CPU = 0, FERRY_ROUTE_GPU = 1, FERRY_ROUTE_BOTH = 2, FERRY_ROUTE_STEP = 3 };
+int ferry_gpudecode_route(uint32_t codec, int policy);
+/* One line on how the GPU takes codec (NULL: nothing to add). */
+const char *ferry_gpudecode_route_note(uint32_t codec);
 /* Chunks per cooperative nvCOMP call for a queue of `count` chunks of class
  * `cls` (a ferry_nvcomp_alg), the largest `max_chunk` decoded bytes, `nslots`
  * calls in flight, `dev_free` bytes of device memory to grow into (0: not

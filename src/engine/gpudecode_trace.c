@@ -4,13 +4,14 @@
  * over workers, so a stage's seconds can exceed the job's wall time; compare
  * each with `wall x active workers`. */
 #include "engine/gpudecode_trace.h"
+#include "engine/knobs.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-int ferry_dt_enabled(void) {
-    const char *s = getenv("FERRY_DECODE_TRACE");
+int ferry_dt_enabled(const ferry_ctx *ctx) {
+    const char *s = ferry_knob(ctx, "FERRY_DECODE_TRACE");
     return s && *s && strcmp(s, "0") != 0;
 }
 

@@ -47,8 +47,10 @@ typedef struct ferry_decode_trace {
     uint64_t plan_tail;               /* chunks AUTO left to the CPU at a cooperative queue's end */
 } ferry_decode_trace;
 
-/* FERRY_DECODE_TRACE=1 (read at every call: a job plans once). */
-int ferry_dt_enabled(void);
+/* FERRY_DECODE_TRACE=1 as ctx reads it (ferry_knob: no_env ignores it; read at
+ * every call: a job plans once). */
+struct ferry_ctx;
+int ferry_dt_enabled(const struct ferry_ctx *ctx);
 uint64_t ferry_dt_now(void);
 /* Add the time since *t to stage s and set *t to now (tr may be NULL: nothing). */
 void ferry_dt_lap(ferry_decode_trace *tr, ferry_dt_stage s, uint64_t *t);

@@ -3,13 +3,7 @@
 #define FERRY_ENGINE_IO_H
 #include "engine/file.h"
 #include "engine/limits.h"
-
-/* pread/pwrite until len bytes or EOF (reads); -errno on failure. */
-int64_t ferry_pread_full(int fd, void *buf, size_t len, uint64_t off);
-int64_t ferry_pwrite_full(int fd, const void *buf, size_t len, uint64_t off);
-/* preadv until the vectors are full or EOF (it modifies iov); -errno on failure. */
-struct iovec;
-int64_t ferry_preadv_full(int fd, struct iovec *iov, int n, uint64_t off);
+#include "base/sysio.h"   /* the full-length transfers and page-cache residency (base/fdio.c) */
 /* The smallest range AUTO reads or writes with O_DIRECT: below it the page
  * cache costs less than a device round trip. */
 #define FERRY_DIRECT_MIN (1u << 20)
@@ -17,8 +11,6 @@ int64_t ferry_preadv_full(int fd, struct iovec *iov, int n, uint64_t off);
  * AUTO: ranges of FERRY_DIRECT_MIN or more that are mostly not in the page cache (reads),
  * or 1 MiB or more (writes). Also requires the file system to accept O_DIRECT. */
 int ferry_use_direct(ferry_file *f, int policy, uint64_t off, uint64_t len, int writing);
-/* Page-cache bytes of [off, off+len) of fd (file size fsize). */
-int64_t ferry_file_cached_fd(int fd, uint64_t offset, uint64_t len, uint64_t fsize);
 
 static inline uint64_t ferry_align_down(uint64_t x) { return x & ~(uint64_t)(FERRY_ALIGN - 1); }
 static inline uint64_t ferry_align_up(uint64_t x) { return (x + FERRY_ALIGN - 1) & ~(uint64_t)(FERRY_ALIGN - 1); }

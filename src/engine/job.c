@@ -2,6 +2,7 @@
  * work into tasks, queue it for the workers (or run a small one on the
  * caller's thread), and wait. */
 #include "engine/engine.h"
+#include "engine/knobs.h"
 #include "engine/sysio.h"
 #include "engine/io.h"
 #include "engine/gpudecode.h"
@@ -134,10 +135,10 @@ static int add_task(ferry_job *j, size_t *cap, uint32_t ext, uint32_t n, uint64_
  * is dflt when unset, an error naming it when outside [lo, 1G]. */
 static int size_policy(const ferry_ctx *ctx, const char *name, uint64_t dflt, int64_t lo, const char *want,
                        uint64_t *out) {
-    const char *s = ctx->cfg.no_env ? NULL : getenv(name);
+    const char *s = ferry_knob(ctx, name);
     *out = dflt;
     if (!s) return 0;
-    int64_t v = ferry_parse_size(s);
+    int64_t v = ferry_knob_bytes(s);
     if (v < lo || v > (1ll << 30)) return ferry_seterr(FERRY_EINVAL, "%s=\"%s\": %s", name, s, want);
     *out = (uint64_t)v;
     return 0;
@@ -167,7 +168,7 @@ static int read_around_policy(const ferry_ctx *ctx, uint64_t *out) {
     int rc = size_policy(ctx, "FERRY_READAROUND", 4u << 20, 0, "a power of two from 64K to 1G (0: off)", out);
     if (rc == 0 && *out && (*out < (64u << 10) || (*out & (*out - 1))))
         return ferry_seterr(FERRY_EINVAL, "FERRY_READAROUND=\"%s\": a power of two from 64K to 1G (0: off)",
-                            getenv("FERRY_READAROUND"));
+                            ferry_knob(ctx, "FERRY_READAROUND"));
     return rc;
 }
 
@@ -251,7 +252,7 @@ static int make_tasks(ferry_job *j, size_t task_size, size_t staging) {
 
 /* FERRY_READAHEAD, unless the context ignores the environment. */
 static int readahead_policy(const ferry_ctx *ctx, int *out) {
-    const char *s = ctx->cfg.no_env ? NULL : getenv("FERRY_READAHEAD");
+    const char *s = ferry_knob(ctx, "FERRY_READAHEAD");
     *out = FERRY_READAHEAD_AUTO;
     if (!s || !strcmp(s, "auto")) return 0;
     if (!strcmp(s, "off") || !strcmp(s, "0")) *out = FERRY_READAHEAD_OFF;

@@ -70,6 +70,8 @@ struct ferry_job {
     int done;                     /* under lock: complete (stats folded, files synced) */
     ferry_path path;              /* path for plain device extents: CUFILE or STAGED */
     int forced;                   /* the path was forced (no fallback allowed) */
+    int decode_gpu;               /* decode "gpu" was forced: a chunk for a device the CPU decodes is a
+                                     gpu_cpu_fallback (ferry_gpudecode_plan sets it) */
     unsigned flags;               /* FERRY_SYNC, FERRY_NO_DIRECT */
     int direct;                   /* ferry_direct policy for this job */
     int allow_short;              /* ferry_pread: EOF ends the read, not an error */
@@ -97,7 +99,6 @@ struct ferry_job {
  * one is not in the page cache; pack.c says why). */
 enum { FERRY_READAHEAD_OFF = 0, FERRY_READAHEAD_AUTO = 1, FERRY_READAHEAD_ON = 2 };
 
-double ferry_now(void);
 /* Record the job's first error (code and the thread's message). */
 void ferry_job_fail(ferry_job *job, int code);
 /* Complete the job now (a job of no tasks; else the last task does it). */

@@ -9,6 +9,7 @@
  *
  * No libnuma: two syscalls (sched_setaffinity, set_mempolicy) and sysfs text. */
 #include "engine/numa.h"
+#include "engine/knobs.h"
 #include "common.h"
 #include "cuda/cuda.h"
 #include <ctype.h>
@@ -142,21 +143,21 @@ int ferry_numa_choose(const char *root, int node, const cpu_set_t *allowed, cpu_
 
 /* ---- the process's view ---------------------------------------------------- */
 static const char *root_(void) {
-    const char *r = getenv("FERRY_SYSFS_ROOT");
+    const char *r = ferry_knob(NULL, "FERRY_SYSFS_ROOT");   /* the process's view: no context */
     return r ? r : "";
 }
 
-/* 1 auto, 0 off, -1 garbage */
-static int policy_(void) {
-    const char *s = getenv("FERRY_NUMA");
+/* 1 auto, 0 off, -1 garbage: FERRY_NUMA as ctx reads it (NULL: the environment) */
+static int policy_of(const ferry_ctx *ctx) {
+    const char *s = ferry_knob(ctx, "FERRY_NUMA");
     if (!s || !*s || !strcasecmp(s, "auto")) return 1;
     if (!strcasecmp(s, "off") || !strcmp(s, "0")) return 0;
     return -1;
 }
 
 int ferry_numa_check_env(void) {
-    if (policy_() >= 0) return 0;
-    return ferry_seterr(FERRY_EINVAL, "FERRY_NUMA=\"%s\": use auto or off", getenv("FERRY_NUMA"));
+    if (policy_of(NULL) >= 0) return 0;
+    return ferry_seterr(FERRY_EINVAL, "FERRY_NUMA=\"%s\": use auto or off", ferry_knob(NULL, "FERRY_NUMA"));
 }
 
 static pthread_once_t once_ = PTHREAD_ONCE_INIT;
@@ -228,11 +229,11 @@ int ferry_numa_device_node(int dev) {
     return node;
 }
 
-int ferry_numa_place_thread(int dev) {
+int ferry_numa_place_thread(const ferry_ctx *ctx, int dev) {
     if (thread_placed_) return -1;
     thread_placed_ = 1;
     pthread_once(&once_, load_once);
-    if (policy_() != 1 || nnodes_ < 2) return -1;
+    if (policy_of(ctx) != 1 || nnodes_ < 2) return -1;
     int node = ferry_numa_device_node(dev);
     if (node < 0 || !process_on_one_node(node)) return -1;
     cpu_set_t allowed, set;
@@ -255,7 +256,7 @@ long ferry_numa_placed(int node) {
 
 void ferry_numa_describe(char *buf, size_t n, int ndev) {
     pthread_once(&once_, load_once);
-    int pol = policy_();
+    int pol = policy_of(NULL);
     size_t at = 0;
 #define PUT(...) do { if (at < n) { int w_ = snprintf(buf + at, n - at, __VA_ARGS__); if (w_ > 0) at += (size_t)w_; } } while (0)
     if (nnodes_ <= 0) PUT("no NUMA nodes reported by the kernel");

@@ -50,7 +50,8 @@ int ferry_numa_device_node(int dev);
  * nothing: staging buffers are allocated once and serve every device, so a
  * worker stays where its buffers are. Never fails (placement is an
  * optimisation); returns the node moved to, or -1. */
-int ferry_numa_place_thread(int dev);
+struct ferry_ctx;
+int ferry_numa_place_thread(const struct ferry_ctx *ctx, int dev);
 /* Threads moved so far to node (tests and `ferry info`). */
 long ferry_numa_placed(int node);
 /* One line for `ferry info`: nodes, each device's node, the policy. */

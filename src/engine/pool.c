@@ -3,6 +3,7 @@
  * for its own outstanding copies, so every task completes. Small plans run
  * the same loop on the caller's thread with a borrowed worker. */
 #include "engine/engine.h"
+#include "engine/knobs.h"
 #include <stdlib.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -19,8 +20,8 @@
  * microseconds: the same order as the batch. An experiment
  * (bench/bench_records.py runs 50 beside 0): the default moves only with its
  * numbers (a spinning pool costs CPU that a shared machine may want). */
-static int spin_us(int *out) {
-    const char *e = getenv("FERRY_SPIN_US");
+static int spin_us(const ferry_ctx *ctx, int *out) {
+    const char *e = ferry_knob(ctx, "FERRY_SPIN_US");
     char *end = NULL;
     long v = e ? strtol(e, &end, 10) : 0;
     if (e && (end == e || *end || v < 0 || v > 1000))
@@ -79,7 +80,7 @@ static void *worker_main(void *arg) {
                  * with FERRY_EVENT_SYNC=blocking the wait sleeps, as before */
                 unsigned gen = atomic_load(&ctx->work_gen);
                 pthread_mutex_unlock(&ctx->lock);
-                if (ferry_worker_blocking_waits()) ferry_worker_drain(w);
+                if (ferry_worker_blocking_waits(w)) ferry_worker_drain(w);
                 else ferry_worker_wait_copies(w, &ctx->work_gen, gen);
                 pthread_mutex_lock(&ctx->lock);
                 continue;
@@ -121,7 +122,7 @@ static void *worker_main(void *arg) {
 
 int ferry_pool_start(ferry_ctx *ctx, int want) {
     if (ctx->nworkers == 0 && !ctx->cfg.no_env) {
-        int us, rc = spin_us(&us);
+        int us, rc = spin_us(ctx, &us);
         if (rc < 0) return rc;
         atomic_store(&ctx->spin_us, us);
     }

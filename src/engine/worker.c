@@ -3,7 +3,7 @@
  * (completed as their events pass). The threads and their task loop are in
  * pool.c. */
 #include "engine/engine.h"
-#include "engine/gpudecode.h"
+#include "engine/knobs.h"
 #include "engine/numa.h"   /* multigpu: worker placement */
 #include <sched.h>
 #include <stdlib.h>
@@ -27,7 +27,7 @@ static int alloc_host(ferry_worker *w, int dev, uint8_t **p, size_t n, int *pinn
     if (cu) {
         /* multigpu (numa.c): a pool worker moves to dev's NUMA node before its
          * first pinned allocation, so its staging is first touched there */
-        if (!w->is_inline) ferry_numa_place_thread(dev);
+        if (!w->is_inline) ferry_numa_place_thread(w->ctx, dev);
         if (ferry_cuda_use_device(dev) == 0) {
             if (cu->MemHostAlloc((void **)p, n, FERRY_CU_MEMHOSTALLOC_PORTABLE) == 0) {
                 *pinned = 1;
@@ -103,7 +103,7 @@ int ferry_worker_grow(ferry_worker *w, int dev, uint8_t **buf, size_t *cap, int 
 void ferry_worker_free(ferry_worker *w) {
     const ferry_cuda_api *cu = ferry_cuda_load(NULL);
     ferry_worker_drain(w);
-    ferry_gpudecode_worker_free(w);   /* gpudecode.c's buffers */
+    if (w->gpu_free) w->gpu_free(w);   /* the GPU decode stage's buffers (gpudecode_dev.c set it) */
     for (int d = 0; d < FERRY_MAX_DEVICES; d++) {
         if (!w->dev[d].ready || !cu) continue;
         ferry_cuda_use_device(d);
@@ -134,15 +134,14 @@ void ferry_worker_free(ferry_worker *w) {
  * Callers' threads (small reads) always spin: their latency is the point.
  * An experiment (bench/bench_records.py runs both); the default changes only
  * with its numbers. */
-static int blocking_events(void) {
-    static _Atomic int v = -1;
-    int x = atomic_load(&v);
-    if (x < 0) {
-        const char *e = getenv("FERRY_EVENT_SYNC");
-        x = e && !strcmp(e, "blocking");
-        atomic_store(&v, x);
+static int blocking_events(ferry_ctx *ctx) {
+    int x = atomic_load(&ctx->event_sync);   /* read once per context: 0 not yet, 1 spin, 2 blocking */
+    if (!x) {
+        const char *e = ferry_knob(ctx, "FERRY_EVENT_SYNC");
+        x = e && !strcmp(e, "blocking") ? 2 : 1;
+        atomic_store(&ctx->event_sync, x);
     }
-    return x;
+    return x == 2;
 }
 
 /* The worker's stream and events on device d (created once). */
@@ -153,7 +152,7 @@ int ferry_worker_device(ferry_worker *w, int d, ferry_devstate **out) {
     if (!s->ready) {
         const ferry_cuda_api *cu = ferry_cuda_load(NULL);
         CUresult r = cu->StreamCreate(&s->stream, FERRY_CU_STREAM_NON_BLOCKING);
-        unsigned ef = FERRY_CU_EVENT_DISABLE_TIMING | (!w->is_inline && blocking_events() ? FERRY_CU_EVENT_BLOCKING_SYNC : 0);
+        unsigned ef = FERRY_CU_EVENT_DISABLE_TIMING | (!w->is_inline && blocking_events(w->ctx) ? FERRY_CU_EVENT_BLOCKING_SYNC : 0);
         for (int i = 0; r == 0 && i < FERRY_MAX_STAGING; i++) r = cu->EventCreate(&s->ev[i], ef);
         if (r == 0) r = cu->EventCreate(&s->dec_ev, ef);
         if (r != 0) return ferry_seterr(FERRY_ECUDA, "device %d: creating stream/events: %s", d, ferry_cuda_errstr(r));
@@ -231,7 +230,7 @@ int ferry_worker_poll(ferry_worker *w) {
 }
 
 /* FERRY_EVENT_SYNC=blocking: waits sleep (blocking_events above). */
-int ferry_worker_blocking_waits(void) { return blocking_events(); }
+int ferry_worker_blocking_waits(const ferry_worker *w) { return blocking_events(w->ctx); }
 
 /* Nothing to claim but copies in flight: watch them and the queue together,
  * polling the events every few microseconds, and return as soon as they have

@@ -61,7 +61,8 @@ typedef struct ferry_worker {
     int pathfile_nofollow;
     int is_inline;
     uint64_t hinted;                      /* cold records announced with WILLNEED (pack.c; tests read it) */
-    struct ferry_gpudecode_worker *gpu; /* gpudecode.c: its pinned/device buffers, or NULL */
+    struct ferry_gpudecode_worker *gpu; /* gpudecode_dev.c: its pinned/device buffers, or NULL */
+    void (*gpu_free)(struct ferry_worker *w); /* set with gpu by its owner: frees it (ferry_worker_free calls it) */
 } ferry_worker;
 
 int ferry_worker_init(ferry_ctx *ctx, ferry_worker *w, int id);
@@ -89,7 +90,7 @@ int ferry_worker_poll(ferry_worker *w);
  * (new work queued). */
 void ferry_worker_wait_copies(ferry_worker *w, _Atomic unsigned *gen, unsigned seen);
 /* FERRY_EVENT_SYNC=blocking: waits sleep instead of spinning. */
-int ferry_worker_blocking_waits(void);
+int ferry_worker_blocking_waits(const ferry_worker *w);
 /* Complete every pending device task of w (wait for its streams). */
 void ferry_worker_drain(ferry_worker *w);
 

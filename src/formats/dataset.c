@@ -5,6 +5,7 @@
 #include "formats/select.h"
 #include "formats/layout.h"
 #include "formats/sniff.h"
+#include "formats/zarr_remote.h"
 #include "sources/url.h"
 #include <dirent.h>
 #include <errno.h>
@@ -106,9 +107,17 @@ static int sniffed_error(ferry_ctx *ctx, const char *path, const char *tried, in
 static int detect(ferry_ctx *ctx, const char *path, const ferry_format_ops **ops) {
     *ops = NULL;
     struct stat st;
-    /* a URL names one object (stores of many are not read remotely yet):
-     * its first bytes tell its format, as a file's do */
+    /* a URL names one object, whose first bytes tell its format as a file's
+     * do, or a Zarr store (a prefix of objects: its metadata objects tell;
+     * asked first where the name says so) */
     int url = (ferry_url_scheme_of(path) != FERRY_URL_NONE);
+    size_t pl = strlen(path);
+    while (pl > 1 && path[pl - 1] == '/') pl--;
+    int probed = url && (pl < strlen(path) || (pl >= 5 && !strncmp(path + pl - 5, ".zarr", 5)));
+    if (probed && ferry_zremote_probe(ctx, path)) {
+        *ops = &ferry_format_zarr;
+        return 0;
+    }
     if (!url && stat(path, &st) != 0) {
         int e = errno;
         return ferry_seterr(-e, "%s: %s", path, strerror(e));
@@ -118,6 +127,15 @@ static int detect(ferry_ctx *ctx, const char *path, const ferry_format_ops **ops
     size_t n = 0;
     if (!is_dir) {
         int rc = read_head(ctx, path, head, &n);
+        if (rc < 0 && url && !probed && (rc == -ENOENT || rc == -EACCES)) {   /* no object there: a store's prefix? */
+            char saved[1024];
+            snprintf(saved, sizeof saved, "%s", ferry_lasterr());
+            if (ferry_zremote_probe(ctx, path)) {
+                *ops = &ferry_format_zarr;
+                return 0;
+            }
+            ferry_seterr(rc, "%s", saved);
+        }
         if (rc < 0) return url ? rc : ferry_preerr(rc, "%s", path);   /* a remote open's message names its URL */
     }
     for (size_t i = 0; i < NFORMATS && !*ops; i++)

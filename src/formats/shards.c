@@ -1,6 +1,6 @@
-/* shards.c — the shard-set index (shards.h) and its public calls: open a set
- * of shards (dispatching to tar.c, mds.c, imagefolder.c), describe its
- * samples and members, plan or read a member's bytes. */
+/* shards.c — the shard-set index (shards.h) the indexers (tar.c, mds.c,
+ * imagefolder.c) fill, and its public calls: describe a set's samples and
+ * members, plan or read a member's bytes, close it (shardsopen.c opens one). */
 #include "formats/shards.h"
 #include "codecs/codecs.h"
 #include <errno.h>
@@ -10,7 +10,7 @@
 #include <sys/stat.h>
 
 /* ---- the index --------------------------------------------------------- */
-static int grow(void **p, size_t *cap, size_t need, size_t elem) {
+int ferry_shards_grow(void **p, size_t *cap, size_t need, size_t elem) {
     if (need <= *cap) return 0;
     size_t n = *cap ? *cap : 64;
     while (n < need) n *= 2;
@@ -32,7 +32,7 @@ int ferry_shards_str(ferry_shards *s, const char *str, size_t n, uint64_t *off) 
 
 int ferry_shards_add_file(ferry_shards *s, const char *path, uint64_t size, uint32_t *idx) {
     if (s->nfiles >= UINT32_MAX) return ferry_seterr(FERRY_EINVAL, "%s: more than 2^32 shard files", path);
-    int rc = grow((void **)&s->files, &s->cap_files, s->nfiles + 1, sizeof *s->files);
+    int rc = ferry_shards_grow((void **)&s->files, &s->cap_files, s->nfiles + 1, sizeof *s->files);
     if (rc < 0) return rc;
     ferry_shard_file *f = &s->files[s->nfiles];
     memset(f, 0, sizeof *f);
@@ -66,7 +66,7 @@ int ferry_shards_name(ferry_shards *s, const char *n, size_t len, const char *en
 }
 
 int ferry_shards_begin_sample(ferry_shards *s, const char *k, size_t klen, int32_t label) {
-    int rc = grow((void **)&s->samples, &s->cap_samples, s->nsamples + 1, sizeof *s->samples);
+    int rc = ferry_shards_grow((void **)&s->samples, &s->cap_samples, s->nsamples + 1, sizeof *s->samples);
     if (rc < 0) return rc;
     ferry_shard_sample *x = &s->samples[s->nsamples];
     if ((rc = ferry_shards_str(s, k, klen, &x->key)) < 0) return rc;
@@ -88,7 +88,7 @@ int ferry_shards_add_member(ferry_shards *s, uint32_t name, uint32_t file, uint6
     if (x->nmembers == FERRY_SHARD_MAX_MEMBERS)
         return ferry_seterr(FERRY_EUNSUPPORTED, "%s: byte %llu: sample \"%s\" has more than %d members", path,
                             (unsigned long long)where, ferry_shards_at(s, x->key), FERRY_SHARD_MAX_MEMBERS);
-    int rc = grow((void **)&s->members, &s->cap_members, s->nmembers + 1, sizeof *s->members);
+    int rc = ferry_shards_grow((void **)&s->members, &s->cap_members, s->nmembers + 1, sizeof *s->members);
     if (rc < 0) return rc;
     s->members[s->nmembers++] = (ferry_shard_member){name, file, offset, size};
     x->nmembers++;
@@ -165,86 +165,6 @@ int ferry_shards_unzip(ferry_shards *s, uint32_t file, ferry_decode_scratch *scr
     free(zip);
     if (rc < 0) { free(raw); return rc; }
     *out = raw;
-    return 0;
-}
-
-/* ---- open --------------------------------------------------------------- */
-static int has_glob(const char *p) { return strpbrk(p, "*?[") != NULL; }
-static int ends_with(const char *s, const char *suf) {
-    size_t a = strlen(s), b = strlen(suf);
-    return a >= b && !strcmp(s + a - b, suf);
-}
-
-static int detect(const char *path, const char **fmt) {
-    struct stat st;
-    if (stat(path, &st) != 0) return ferry_seterr(-errno, "%s: %s", path, strerror(errno));
-    if (S_ISDIR(st.st_mode)) {
-        char idx[4096];
-        snprintf(idx, sizeof idx, "%s/index.json", path);
-        *fmt = stat(idx, &st) == 0 ? "mds" : "folder";
-    } else {
-        *fmt = ends_with(path, ".tar") ? "tar" : "files";
-    }
-    return 0;
-}
-
-static int open_one_format(ferry_shards *s, const char *fmt, char **paths, size_t n) {
-    int rc = 0;
-    if (!strcmp(fmt, "files")) return ferry_files_index(s, (const char *const *)paths, n);
-    for (size_t i = 0; i < n && rc >= 0; i++) {
-        if (!strcmp(fmt, "tar")) rc = ferry_tar_index(s, paths[i]);
-        else if (!strcmp(fmt, "mds")) rc = ferry_mds_index(s, paths[i]);
-        else rc = ferry_folder_index(s, paths[i]);
-    }
-    return rc;
-}
-
-int ferry_shards_open(ferry_ctx *ctx, const char *const *paths, size_t n, const char *format, ferry_shards **out) {
-    if (!out) return ferry_seterr(FERRY_EINVAL, "ferry_shards_open: out is NULL");
-    *out = NULL;
-    if (!ctx || (!paths && n)) return ferry_seterr(FERRY_EINVAL, "ferry_shards_open: NULL argument");
-    if (n == 0) return ferry_seterr(FERRY_EINVAL, "ferry_shards_open: no paths");
-    static const char *const formats[] = {"tar", "mds", "folder", "files"};
-    const char *fmt = NULL;
-    if (format) {
-        for (size_t i = 0; i < 4; i++)
-            if (!strcmp(format, formats[i])) fmt = formats[i];
-        if (!fmt) return ferry_seterr(FERRY_EINVAL, "shard format \"%s\": not tar, mds, folder or files", format);
-    }
-    /* expand the globs */
-    char **list = NULL;
-    size_t nlist = 0, cap = 0;
-    int rc = 0;
-    for (size_t i = 0; i < n && rc >= 0; i++) {
-        if (!paths[i]) { rc = ferry_seterr(FERRY_EINVAL, "ferry_shards_open: path %zu is NULL", i); break; }
-        glob_t g = {0};
-        int expanded = has_glob(paths[i]);
-        if (expanded) {
-            int gr = glob(paths[i], 0, NULL, &g);
-            if (gr == GLOB_NOMATCH) { rc = ferry_seterr(-ENOENT, "%s: no file matches", paths[i]); break; }
-            if (gr != 0) { globfree(&g); rc = ferry_seterr(-EIO, "%s: glob failed", paths[i]); break; }
-        }
-        size_t k = expanded ? g.gl_pathc : 1;
-        if ((rc = grow((void **)&list, &cap, nlist + k, sizeof *list)) == 0)
-            for (size_t j = 0; j < k; j++) {
-                const char *p = expanded ? g.gl_pathv[j] : paths[i];
-                if (!(list[nlist] = strdup(p))) { rc = ferry_seterr(FERRY_ENOMEM, "out of memory"); break; }
-                nlist++;
-            }
-        if (expanded) globfree(&g);
-    }
-    if (rc >= 0 && !fmt) rc = detect(list[0], &fmt);
-    ferry_shards *s = rc >= 0 ? calloc(1, sizeof *s) : NULL;
-    if (rc >= 0 && !s) rc = ferry_seterr(FERRY_ENOMEM, "out of memory");
-    if (s) {
-        s->ctx = ctx;
-        s->format = fmt;
-        rc = open_one_format(s, fmt, list, nlist);
-    }
-    for (size_t i = 0; i < nlist; i++) free(list[i]);
-    free(list);
-    if (rc < 0) { ferry_shards_close(s); return rc; }
-    *out = s;
     return 0;
 }
 

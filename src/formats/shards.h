@@ -63,6 +63,9 @@ struct ferry_shards {
 
 /* Append a NUL-terminated copy of s[0..n) to the arena; its offset in *off. */
 int ferry_shards_str(ferry_shards *s, const char *str, size_t n, uint64_t *off);
+/* Grow the array *p of *cap elements of elem bytes to hold need (doubling);
+ * 0, or FERRY_ENOMEM with a message. */
+int ferry_shards_grow(void **p, size_t *cap, size_t need, size_t elem);
 /* The string at offset off. */
 static inline const char *ferry_shards_at(const ferry_shards *s, uint64_t off) { return s->strings.p + off; }
 /* Add a file (its path copied) of `size` bytes; its index in *idx. */

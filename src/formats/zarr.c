@@ -1,4 +1,5 @@
-/* zarr.c — Zarr v2 and v3 stores on a local directory.
+/* zarr.c — Zarr v2 and v3 stores on a local directory, or at a URL (the
+ * objects behind the store's prefix stand in for its files: zarr_remote.c).
  *
  * Open: read the metadata (zarr.json for v3; .zarray/.zgroup/.zattrs for v2;
  * consolidated metadata — .zmetadata, or v3 "consolidated_metadata" — when the
@@ -29,6 +30,7 @@
 #include "formats/inside.h"
 #include "formats/dirnames.h"
 #include "formats/zarrmeta.h"
+#include "formats/zarr_remote.h"
 #include "codecs/codecs.h"
 #include "engine/sysio.h"   /* stat and lstat through the test seam (ferry_test_set_syscall) */
 #include <dirent.h>
@@ -73,6 +75,7 @@ typedef struct zarr_ds {
     int narrs;
     char *root;            /* realpath of the store: every file read must resolve under it */
     uint64_t serial;       /* this open's number: the plan memo's key (a later open may reuse the address) */
+    ferry_zremote *rs;     /* a store at a URL (zarr_remote.c): its objects stand in for files; root is NULL */
 } zarr_ds;
 
 /* ---- small helpers ---------------------------------------------------------- */
@@ -123,6 +126,7 @@ static int key_ok(const char *k, size_t len) {
  * read); a negative code (message set) when it leads outside the store: the
  * rule every multi-file format shares (inside.h). */
 static int inside_store(const zarr_ds *z, const char *path) {
+    if (z->rs) return 1;   /* a URL: keys are checked by key_ok, listed names are the bucket's own */
     return ferry_path_inside(z->root, path, "store");
 }
 
@@ -296,14 +300,18 @@ static int chunk_inside(const zarr_ds *z, const char *path, zarr_dirs *okdir, st
     return 1;
 }
 
-static int is_file(const char *path) {
+static int is_file(const zarr_ds *z, const char *path) {
+    const char *t;
+    size_t n;
+    /* an error (not a 404) counts as present: load_json asks again and reports it */
+    if (z && z->rs) return ferry_zremote_doc(z->rs, path, ZARR_MAX_META, &t, &n) != 0;
     struct stat st;
     return ferry_sys()->stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-static int has_meta(const char *dir, const char *name) {
+static int has_meta(const zarr_ds *z, const char *dir, const char *name) {
     char *p = join(dir, name);
-    int r = p && is_file(p);
+    int r = p && is_file(z, p);
     free(p);
     return r;
 }
@@ -337,7 +345,17 @@ static int load_json(ferry_dataset *ds, const char *path, ferry_json **out) {
     *out = NULL;
     int rc = inside_store(ds->fmt, path);
     if (rc < 0) return rc;
-    rc = read_whole(ds->ctx, path, &text, &len);
+    zarr_ds *z = ds->fmt;
+    if (z->rs) {   /* fetched once per open (is_file asked first) */
+        const char *t;
+        rc = ferry_zremote_doc(z->rs, path, ZARR_MAX_META, &t, &len);
+        if (rc == 0) rc = ferry_seterr(-ENOENT, "%s: no such object", path);
+        if (rc < 0) return rc;
+        if (!(text = malloc(len + 1))) return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", path);
+        memcpy(text, t, len + 1);
+    } else {
+        rc = read_whole(ds->ctx, path, &text, &len);
+    }
     if (rc < 0) return rc;
     rc = ferry_json_parse(text, len, path, 0, out);
     free(text);
@@ -1079,8 +1097,9 @@ static int add_group(open_ctx *o, const char *name) {
 static int cmp_str(const void *x, const void *y) { return strcmp(*(char *const *)x, *(char *const *)y); }
 
 /* Child directory names of dir, sorted. */
-static int list_children(const char *dir, char ***out, int *n) {
+static int list_children(const zarr_ds *z, const char *dir, char ***out, int *n) {
     *out = NULL; *n = 0;
+    if (z->rs) return ferry_zremote_children(z->rs, dir, ZARR_MAX_CHILDREN, out, n);
     DIR *d = opendir(dir);
     if (!d) return ferry_seterr(-errno, "%s: %s", dir, strerror(errno));
     struct dirent *e;
@@ -1174,7 +1193,7 @@ static int open_v3(open_ctx *o, const char *dir, const char *rel) {
         if (!rc && !(md && md->type == FERRY_JSON_OBJECT) && *rel) {
             char *rf = join(o->ds->path, "zarr.json");
             if (!rf) rc = FERRY_ENOMEM;
-            else if (is_file(rf) && !(rc = load_json(o->ds, rf, &rootm))) {
+            else if (is_file(o->z, rf) && !(rc = load_json(o->ds, rf, &rootm))) {
                 const ferry_json *rcm = ferry_json_get(rootm, "consolidated_metadata");
                 const ferry_json *rmd = rcm && rcm->type == FERRY_JSON_OBJECT ? ferry_json_get(rcm, "metadata") : NULL;
                 if (rmd && rmd->type == FERRY_JSON_OBJECT) {
@@ -1209,12 +1228,14 @@ static int open_v3(open_ctx *o, const char *dir, const char *rel) {
             }
         } else if (!rc) {
             char **kids; int nk;
-            rc = list_children(dir, &kids, &nk);
+            rc = list_children(o->z, dir, &kids, &nk);
+            static const char *const v3docs[] = {"zarr.json"};
+            if (!rc && o->z->rs) ferry_zremote_prefetch_docs(o->z->rs, dir, kids, nk, v3docs, 1, ZARR_MAX_META);
             for (int i = 0; i < nk && !rc; i++) {
                 char *cdir = join(dir, kids[i]);
                 char *cf = cdir ? join(cdir, "zarr.json") : NULL;
                 if (!cf) { free(cdir); rc = FERRY_ENOMEM; break; }
-                if (is_file(cf)) {
+                if (is_file(o->z, cf)) {
                     ferry_json *cm2 = NULL;
                     rc = member_name_ok(dir, kids[i]);
                     if (!rc) rc = load_json(o->ds, cf, &cm2);
@@ -1268,10 +1289,10 @@ static int open_v2(open_ctx *o, const char *dir, const char *rel) {
     int rc = 0;
     char *zarray = join(dir, ".zarray"), *zattrs = join(dir, ".zattrs");
     if (!zarray || !zattrs) { free(zarray); free(zattrs); return FERRY_ENOMEM; }
-    if (is_file(zarray)) {
+    if (is_file(o->z, zarray)) {
         ferry_json *za = NULL, *at = NULL;
         rc = load_json(o->ds, zarray, &za);
-        if (!rc && is_file(zattrs)) rc = load_json(o->ds, zattrs, &at);
+        if (!rc && is_file(o->z, zattrs)) rc = load_json(o->ds, zattrs, &at);
         char nm[256];
         o->ds->store.is_array = 1;
         if (!rc) rc = add_array(o, basename_of(dir, nm, sizeof nm), dir, zarray, 2, za, at);
@@ -1287,7 +1308,7 @@ static int open_v2(open_ctx *o, const char *dir, const char *rel) {
      * stands in for them, as zarr-python reads them: damage there fails */
     char *zgroup = join(dir, ".zgroup");
     if (!zgroup) rc = FERRY_ENOMEM;
-    else if (!rc && is_file(zgroup)) {
+    else if (!rc && is_file(o->z, zgroup)) {
         ferry_json *zg = NULL;
         uint64_t zf;
         rc = load_json(o->ds, zgroup, &zg);
@@ -1296,13 +1317,13 @@ static int open_v2(open_ctx *o, const char *dir, const char *rel) {
         ferry_json_free(zg);
     }
     free(zgroup);
-    if (!rc && is_file(zattrs)) {
+    if (!rc && is_file(o->z, zattrs)) {
         ferry_json *za = NULL;
         rc = load_json(o->ds, zattrs, &za);
         if (!rc && za->type != FERRY_JSON_OBJECT) rc = MERR(FERRY_EFORMAT, zattrs, za, ".zattrs must be an object");
         ferry_json_free(za);
     }
-    if (!rc && is_file(zmeta)) {
+    if (!rc && is_file(o->z, zmeta)) {
         rc = load_json(o->ds, zmeta, &cons);
         uint64_t cf;
         const ferry_json *m0 = cons ? ferry_json_get(cons, "metadata") : NULL;
@@ -1363,22 +1384,24 @@ static int open_v2(open_ctx *o, const char *dir, const char *rel) {
         free(sorted);
     } else if (!rc) {
         ferry_json *at = NULL;
-        if (is_file(zattrs)) rc = load_json(o->ds, zattrs, &at);
+        if (is_file(o->z, zattrs)) rc = load_json(o->ds, zattrs, &at);
         if (!rc && at && at->type == FERRY_JSON_OBJECT && !(o->ds->attrs_json = to_json(at))) rc = FERRY_ENOMEM;
         ferry_json_free(at);
         char **kids; int nk;
         if (!rc) {
-            rc = list_children(dir, &kids, &nk);
+            rc = list_children(o->z, dir, &kids, &nk);
+            static const char *const v2docs[] = {".zarray", ".zgroup", ".zattrs"};
+            if (!rc && o->z->rs) ferry_zremote_prefetch_docs(o->z->rs, dir, kids, nk, v2docs, 3, ZARR_MAX_META);
             for (int i = 0; i < nk && !rc; i++) {
                 char *cdir = join(dir, kids[i]);
                 if (!cdir) { rc = FERRY_ENOMEM; break; }
-                int isarr = has_meta(cdir, ".zarray"), isgrp = !isarr && has_meta(cdir, ".zgroup");
+                int isarr = has_meta(o->z, cdir, ".zarray"), isgrp = !isarr && has_meta(o->z, cdir, ".zgroup");
                 if ((isarr || isgrp) && (rc = member_name_ok(dir, kids[i])) < 0) { free(cdir); break; }
                 if (isarr) {
                     char *cf = join(cdir, ".zarray"), *ca = join(cdir, ".zattrs");
                     ferry_json *za = NULL, *cat = NULL;
                     rc = cf && ca ? load_json(o->ds, cf, &za) : FERRY_ENOMEM;
-                    if (!rc && is_file(ca)) rc = load_json(o->ds, ca, &cat);
+                    if (!rc && is_file(o->z, ca)) rc = load_json(o->ds, ca, &cat);
                     if (!rc) rc = add_array(o, kids[i], cdir, cf, 2, za, cat);
                     ferry_json_free(za); ferry_json_free(cat);
                     free(cf); free(ca);
@@ -1395,8 +1418,8 @@ static int open_v2(open_ctx *o, const char *dir, const char *rel) {
 
 static int zarr_probe(const char *path, const uint8_t *head, size_t n, int is_dir) {
     if (!is_dir) return 0;
-    return has_meta(path, "zarr.json") || has_meta(path, ".zarray") || has_meta(path, ".zgroup") ||
-           has_meta(path, ".zmetadata");
+    return has_meta(NULL, path, "zarr.json") || has_meta(NULL, path, ".zarray") || has_meta(NULL, path, ".zgroup") ||
+           has_meta(NULL, path, ".zmetadata");
 }
 
 static void zarr_close(ferry_dataset *ds) {
@@ -1405,6 +1428,7 @@ static void zarr_close(ferry_dataset *ds) {
         for (int i = 0; i < z->narrs; i++) arr_free(&z->arrs[i]);
         free(z->arrs);
         free(z->root);
+        ferry_zremote_close(z->rs);
         free(z);
     }
     free(ds->vars);
@@ -1479,7 +1503,10 @@ static int zarr_open(ferry_dataset *ds, const ferry_open_opts *opts) {
     if (rl && !key_ok(rel, rl))
         return ferry_seterr(FERRY_EINVAL, "%s: group \"%s\" is not a path inside the store (no empty, \".\" or \"..\" "
                             "component)", ds->path, rel);
-    if (!(z->root = realpath(ds->path, NULL))) {
+    if (ferry_zremote_is_url(ds->path)) {   /* objects, not files: no root to resolve (zarr_remote.c) */
+        int rc = ferry_zremote_open(ds->ctx, ds->path, &z->rs);
+        if (rc < 0) return rc;
+    } else if (!(z->root = realpath(ds->path, NULL))) {
         int e = errno;
         return ferry_seterr(-e, "%s: %s", ds->path, strerror(e));
     }
@@ -1491,10 +1518,10 @@ static int zarr_open(ferry_dataset *ds, const ferry_open_opts *opts) {
         free(dir);
         return rc;
     }
-    if (has_meta(dir, "zarr.json")) {
+    if (has_meta(z, dir, "zarr.json")) {
         ds->store.zarr_format = 3;
         rc = open_v3(&o, dir, rel);
-    } else if (has_meta(dir, ".zarray") || has_meta(dir, ".zgroup") || (!*rel && has_meta(dir, ".zmetadata"))) {
+    } else if (has_meta(z, dir, ".zarray") || has_meta(z, dir, ".zgroup") || (!*rel && has_meta(z, dir, ".zmetadata"))) {
         ds->store.zarr_format = 2;
         rc = open_v2(&o, dir, rel);
     }
@@ -1571,6 +1598,7 @@ typedef struct zarr_plan_ctx {
     ferry_dirnames names;              /* list_max: the listing of the last chunk directory */
     size_t list_max;                   /* > 0: absent chunk files are learnt from listings of up to
                                           this many names (plain_chunk) */
+    ferry_zchunks *zc;                 /* a store at a URL: chunk objects' sizes (zarr_remote.c) */
 } zarr_plan_ctx;
 
 static size_t put_u64(char *out, uint64_t v) {
@@ -1625,9 +1653,24 @@ static int chunk_path(zarr_plan_ctx *p, const uint64_t *idx) {
 #define RAW_STAT_BYTES 256
 static int raw_chunks(const zarr_plan_ctx *p) { return p->raw && !p->stat_raw && p->a->itemsize <= 16; }
 
+/* A chunk object of a store at a URL: an uncompressed one is read without a
+ * look first (its 404 is a fill, as a missing file is); a compressed one
+ * needs its size: its directory's listing, or the object itself. */
+static int remote_chunk_size(zarr_plan_ctx *p, ferry_chunk *c) {
+    uint64_t size = 0;
+    int rc = ferry_zremote_chunk(((zarr_ds *)p->ds->fmt)->rs, p->zc, p->path, &size);
+    if (rc < 0) return rc;
+    c->length = rc ? size : FERRY_CHUNK_ABSENT;
+    return 0;
+}
+
 static int plain_chunk_at(zarr_plan_ctx *p, ferry_chunk *c) {
     int rc;
     c->path = p->path;
+    if (p->zc) {
+        if (raw_chunks(p)) { c->length = FERRY_CHUNK_UNSIZED; return 0; }
+        return remote_chunk_size(p, c);
+    }
     if (raw_chunks(p)) {
         if ((rc = chunk_dir_inside(p->ds->fmt, p->path, &p->okdir)) < 0) return rc;
         c->length = rc == 1 ? FERRY_CHUNK_ABSENT : FERRY_CHUNK_UNSIZED;
@@ -1710,7 +1753,13 @@ static int shard_chunk(void *arg, const uint64_t *idx) {
     p->index = NULL;
     p->file_size = 0;
     struct stat st;
-    if ((rc = chunk_inside(p->ds->fmt, p->path, &p->okdir, &st)) < 0) return rc;
+    if (p->zc) {   /* a shard object: its size from a listing or itself */
+        ferry_chunk sc;
+        if ((rc = remote_chunk_size(p, &sc)) < 0) return rc;
+        rc = sc.length != FERRY_CHUNK_ABSENT;
+        st.st_size = rc ? (off_t)sc.length : 0;
+        if (rc && sc.length > (uint64_t)INT64_MAX) return ferry_seterr(FERRY_EFORMAT, "%s: size out of range", p->path);
+    } else if ((rc = chunk_inside(p->ds->fmt, p->path, &p->okdir, &st)) < 0) return rc;
     if (rc == 0) return 1;   /* the whole shard is missing: a fill, with its absent neighbours' */
     {
         rc = 0;
@@ -1886,6 +1935,39 @@ static void prestat_free(zarr_prestat *pre) {
     memset(pre, 0, sizeof *pre);
 }
 
+/* A store at a URL: the sizes of the compressed chunk (or shard) objects this
+ * call touches, found before planning rather than one request after another
+ * while planning: at a web server by opening them on several threads; in a
+ * bucket the same where they lie in many directories (v3's c/<t>/...: one
+ * listing per directory, one after another, would cost more), unless the call
+ * touches a good part of the array: then one listing of the array's keys. */
+static int remote_prefetch(zarr_plan_ctx *p, const ferry_layout *l, const ferry_slice *sel) {
+    if (raw_chunks(p) && !p->a->sharded) return 0;
+    ferry_layout grid = *l;
+    if (p->a->sharded) memcpy(grid.chunks, p->a->chunk, sizeof grid.chunks);
+    uint64_t touched = chunks_touched_max(&grid, sel);
+    if (touched < 2 || touched > PRESTAT_MAX) return 0;   /* one by one (or the listing) */
+    prestat_list L = {p, NULL, 0, 0, NULL, 0, 0, SIZE_MAX};
+    int rc = ferry_layout_visit(&grid, sel, list_chunk, &L);
+    char **urls = rc < 0 ? NULL : malloc((L.n ? L.n : 1) * sizeof *urls);
+    if (rc < 0 || !urls) {
+        ferry_clearerr();
+        free(L.buf); free(L.off); free(urls);
+        return 0;   /* planned one by one instead */
+    }
+    size_t ndirs = 0;
+    for (size_t i = 0; i < L.n; i++) {
+        urls[i] = L.buf + L.off[2 * i];
+        ndirs += L.off[2 * i + 1] != SIZE_MAX;   /* list_chunk notes each change of directory */
+    }
+    uint64_t total = 1;
+    for (int k = 0; k < grid.ndim; k++)
+        if (ferry_mul_overflow(total, (grid.shape[k] + grid.chunks[k] - 1) / grid.chunks[k], &total)) total = UINT64_MAX;
+    rc = ferry_zremote_prefetch(((zarr_ds *)p->ds->fmt)->rs, p->zc, urls, L.n, p->a->dir, ndirs, total);
+    free(urls); free(L.buf); free(L.off);
+    return rc;
+}
+
 static int64_t zarr_plan(ferry_dataset *ds, int var, const ferry_slice *sel, ferry_buf dst, unsigned flags,
                          ferry_plan *plan) {
     zarr_arr *a = ds->vars[var].fmt;
@@ -1906,9 +1988,11 @@ static int64_t zarr_plan(ferry_dataset *ds, int var, const ferry_slice *sel, fer
     memcpy(l->fill, a->fill, sizeof l->fill);
     l->label = a->name;
     l->root = ((zarr_ds *)ds->fmt)->root;   /* chunk files are opened O_NOFOLLOW, links checked under it */
+    int remote = ((zarr_ds *)ds->fmt)->rs != NULL;   /* objects: no directories, links or lstats */
+    if (remote && !(p->zc = ferry_zchunks_new())) { free(p); return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", ds->path); }
     /* once per plan (see zarr_dirs), the plan's earlier calls included (zarr_memo) */
-    zarr_memo_ent *me = zarr_memo_get(plan, ds->fmt, var, 0);
-    if (me || (strlen(a->dir) < PATH_MAX && inside_store(ds->fmt, a->dir) == 1)) {
+    zarr_memo_ent *me = remote ? NULL : zarr_memo_get(plan, ds->fmt, var, 0);
+    if (!remote && (me || (strlen(a->dir) < PATH_MAX && inside_store(ds->fmt, a->dir) == 1))) {
         p->okdir.base = a->dir;
         p->okdir.baselen = strlen(a->dir);
         while (p->okdir.baselen > 1 && a->dir[p->okdir.baselen - 1] == '/') p->okdir.baselen--;
@@ -1921,7 +2005,8 @@ static int64_t zarr_plan(ferry_dataset *ds, int var, const ferry_slice *sel, fer
     uint64_t total = a->itemsize;
     for (int k = 0; k < a->ndim; k++) total *= ferry_slice_count(sel[k]);
     int rc = ferry_layout_check(l);
-    if (!rc && !a->sharded) {   /* a plan of many chunks placing little each (raw_chunks) */
+    if (!rc && remote) rc = remote_prefetch(p, l, sel);
+    if (!rc && !a->sharded && !remote) {   /* a plan of many chunks placing little each (raw_chunks) */
         uint64_t touched = chunks_touched_max(l, sel);
         p->stat_raw = touched >= PRESTAT_MIN && touched > total / RAW_STAT_BYTES;
     }
@@ -1932,7 +2017,7 @@ static int64_t zarr_plan(ferry_dataset *ds, int var, const ferry_slice *sel, fer
         memcpy(shards.chunks, a->chunk, sizeof shards.chunks);
         shards.lookup = shard_lookup;
         uint64_t nshards = chunks_touched_max(&shards, sel);   /* listed as plain chunks are (below) */
-        if (nshards > PRESTAT_MAX) p->list_max = nshards > SIZE_MAX / 4 ? SIZE_MAX : (size_t)nshards * 4;
+        if (nshards > PRESTAT_MAX && !remote) p->list_max = nshards > SIZE_MAX / 4 ? SIZE_MAX : (size_t)nshards * 4;
         uint64_t lo[FERRY_MAX_DIMS] = {0};   /* a box: no whole-array probe of shard 0 */
         rc = ferry_layout_plan_box(&shards, sel, lo, shards.shape, dst, flags, plan);
     } else if (!rc) {
@@ -1941,7 +2026,8 @@ static int64_t zarr_plan(ferry_dataset *ds, int var, const ferry_slice *sel, fer
          * directories answers which exist (a listing costs less than the lstats
          * of the chunks it answers for, hence at most 4 names a chunk). */
         uint64_t touched = chunks_touched_max(l, sel);
-        if (!raw_chunks(p) && touched > PRESTAT_MAX)
+        if (remote) {
+        } else if (!raw_chunks(p) && touched > PRESTAT_MAX)
             p->list_max = touched > SIZE_MAX / 4 ? SIZE_MAX : (size_t)touched * 4;
         else if (prestat_fill(p, l, sel, &pre) == 0) p->okdir.pre = &pre;
         p->okdir.pre_at = SIZE_MAX;
@@ -1958,6 +2044,7 @@ static int64_t zarr_plan(ferry_dataset *ds, int var, const ferry_slice *sel, fer
     }
     free(p->index_buf);
     ferry_dirnames_free(&p->names);
+    ferry_zchunks_free(p->zc);
     free(p);
     return rc < 0 ? rc : (int64_t)total;
 }

@@ -107,7 +107,7 @@ static int read_knobs(knobs *k) {
 int ferry_remote_check_env(void) {
     knobs k;
     int rc = read_knobs(&k);
-    return rc < 0 ? rc : ferry_upload_check_env();
+    return rc;
 }
 
 int ferry_remote_ca_bundle(char *path, size_t cap) {
@@ -132,7 +132,9 @@ int ferry_remote_limits(int *connections, int *retries, double *retry_s, double 
 
 #ifndef FERRY_HAVE_CURL
 /* Built without libcurl: every URL but file:// is refused, naming its scheme. */
-int ferry_remote_open(const char *url, ferry_remote **out) {
+int ferry_remote_open(const char *url, ferry_remote **out) { return ferry_remote_open_opts(url, NULL, out); }
+int ferry_remote_open_opts(const char *url, const ferry_remote_opts *o, ferry_remote **out) {
+    (void)o;
     *out = NULL;
     ferry_url u;
     int rc = ferry_url_parse(url, NULL, &u);
@@ -141,6 +143,10 @@ int ferry_remote_open(const char *url, ferry_remote **out) {
     const char *e = strstr(url, "://");
     return ferry_seterr(FERRY_EUNSUPPORTED, "%s: reading %.*s:// URLs needs libcurl, and this ferry was built without it "
                         "(install libcurl's headers, e.g. libcurl4-openssl-dev, and rebuild)", url, (int)(e - url), url);
+}
+int ferry_remote_stat(const char *url, const ferry_remote_opts *o, uint64_t *size) {
+    ferry_remote *r;
+    return ferry_remote_open_opts(url, o, &r);
 }
 uint64_t ferry_remote_size(const ferry_remote *r) { return 0; }
 int64_t ferry_remote_pread(ferry_remote *r, void *buf, size_t len, uint64_t off) {
@@ -166,6 +172,7 @@ struct ferry_remote {
     uint64_t size;
     char etag[TAG_MAX];    /* a strong ETag, as sent ("..."), or "" */
     char lastmod[64];      /* Last-Modified, where no strong ETag */
+    char *ca_bundle;       /* the ca_bundle option, or NULL: libcurl's default */
     uint8_t *head;
     size_t head_len;
     _Atomic int changed;
@@ -326,6 +333,13 @@ static size_t on_body(char *p, size_t sz, size_t nm, void *ud) {
     return n;
 }
 
+/* The CA bundle r's requests trust, or NULL (libcurl's default); *var (if
+ * var) says who named it: the ca_bundle option first, then the variables. */
+static const char *ca_of(const ferry_remote *r, const char **var) {
+    if (var) *var = r->ca_bundle ? "the ca_bundle option" : r->k.ca_var;
+    return r->ca_bundle ? r->ca_bundle : r->k.ca[0] ? r->k.ca : NULL;
+}
+
 /* A request whose body has not grown for stall_s is ended at once (and
  * retried). LOW_SPEED_TIME alone judges a rate averaged over curl's last
  * seconds, so a body that stops after a burst was ended seconds late. */
@@ -375,18 +389,18 @@ static int classify(xfer *x, CURLcode res) {
         return FERRY_EIO;
     }
     if (res == CURLE_PEER_FAILED_VERIFICATION || res == CURLE_SSL_CACERT_BADFILE) {   /* final: say whom to trust */
-        const char *why = x->errbuf[0] ? x->errbuf : curl_easy_strerror(res), *var = r->k.ca_var;
+        const char *why = x->errbuf[0] ? x->errbuf : curl_easy_strerror(res), *var = NULL, *ca = ca_of(r, &var);
         char by[300] = "";   /* with the rest, within x->why */
-        if (var) snprintf(by, sizeof by, " by the CA bundle %.240s (%s)", r->k.ca, var);
+        if (ca) snprintf(by, sizeof by, " by the CA bundle %.200s (%s)", ca, var);
         if (res == CURLE_SSL_CACERT_BADFILE)
-            snprintf(x->why, sizeof x->why, "the CA bundle %.300s (%s) could not be read: %.200s", r->k.ca,
-                     var ? var : "libcurl's default", why);
+            snprintf(x->why, sizeof x->why, "the CA bundle %.300s (%s) could not be read: %.200s", ca ? ca : "",
+                     ca ? var : "libcurl's default", why);
         else if (strstr(why, "host name"))   /* trusted, but issued for another name */
             snprintf(x->why, sizeof x->why, "the server's TLS certificate does not name this host (%.200s); "
                      "use a host name the certificate holds", why);
         else
             snprintf(x->why, sizeof x->why, "the server's TLS certificate was not trusted%.299s (%.200s); to trust it, %s",
-                     by, why, var && !strcmp(var, "FERRY_REMOTE_CA_BUNDLE") ? "add the certificate of the CA that signed it to that file"
+                     by, why, ca && strcmp(var, "CURL_CA_BUNDLE") && strcmp(var, "SSL_CERT_FILE") ? "add the certificate of the CA that signed it to that file"
                      : "name a PEM file holding the certificate of the CA that signed it in FERRY_REMOTE_CA_BUNDLE");
         return FERRY_EIO;
     }
@@ -470,7 +484,8 @@ static int prepare(xfer *x, CURL *e) {
     curl_easy_setopt(e, CURLOPT_ERRORBUFFER, x->errbuf);
     curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(e, CURLOPT_USERAGENT, "ferry/" FERRY_VERSION_STRING);
-    if (r->k.ca[0]) curl_easy_setopt(e, CURLOPT_CAINFO, r->k.ca);
+    const char *ca = ca_of(r, NULL);
+    if (ca) curl_easy_setopt(e, CURLOPT_CAINFO, ca);
     /* a request that moves under 1 KiB/s for stall_s is ended (and retried):
      * a stalled server, or one that trickles */
     curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1024L);
@@ -594,6 +609,7 @@ static void remote_free(ferry_remote *r) {
     ferry_url_free(&r->u);
     ferry_s3_auth_free(&r->auth);
     free(r->head);
+    free(r->ca_bundle);
     free(r->name);
     free(r);
 }
@@ -605,7 +621,9 @@ static void take_version(ferry_remote *r, const xfer *x) {
     else if (x->resp.lastmod[0]) snprintf(r->lastmod, sizeof r->lastmod, "%s", x->resp.lastmod);
 }
 
-int ferry_remote_open(const char *url, ferry_remote **out) {
+int ferry_remote_open(const char *url, ferry_remote **out) { return ferry_remote_open_opts(url, NULL, out); }
+
+int ferry_remote_open_opts(const char *url, const ferry_remote_opts *o, ferry_remote **out) {
     *out = NULL;
     pthread_once(&curl_once_, curl_init_once);
     if (curl_init_rc_ != CURLE_OK) return ferry_seterr(FERRY_EIO, "%s: libcurl failed to start: %s", url, curl_easy_strerror(curl_init_rc_));
@@ -615,10 +633,11 @@ int ferry_remote_open(const char *url, ferry_remote **out) {
     ferry_url_scheme s = ferry_url_scheme_of(url);
     if (rc == 0 && (s == FERRY_URL_S3 || s == FERRY_URL_GS)) {
         r->bucket = 1;
-        rc = ferry_s3_setup(url, &r->u, &r->auth);
+        rc = ferry_s3_setup_opts(url, o, &r->u, &r->auth);
     } else if (rc == 0) {
         rc = ferry_url_parse(url, NULL, &r->u);
     }
+    if (rc == 0 && o && o->ca_bundle && !(r->ca_bundle = strdup(o->ca_bundle))) rc = ferry_seterr(FERRY_ENOMEM, "%s: out of memory", url);
     if (rc == 0 && !(r->head = malloc(HEAD_BYTES))) rc = ferry_seterr(FERRY_ENOMEM, "%s: out of memory", url);
     if (rc < 0) { remote_free(r); return rc; }
     xfer x = {.r = r, .dst = r->head, .off = 0, .len = HEAD_BYTES, .open = 1};
@@ -646,6 +665,40 @@ int ferry_remote_open(const char *url, ferry_remote **out) {
     }
     *out = r;
     return 0;
+}
+
+/* The size of the object at url, nothing kept: a GET of its first byte (not
+ * a HEAD: a server that answers a HEAD with a body, as some do for errors,
+ * would leave bytes on the kept-alive connection for the next response). */
+int ferry_remote_stat(const char *url, const ferry_remote_opts *o, uint64_t *size) {
+    pthread_once(&curl_once_, curl_init_once);
+    if (curl_init_rc_ != CURLE_OK) return ferry_seterr(FERRY_EIO, "%s: libcurl failed to start: %s", url, curl_easy_strerror(curl_init_rc_));
+    ferry_remote *r = calloc(1, sizeof *r);
+    if (!r || !(r->name = strdup(url))) { free(r); return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", url); }
+    int rc = read_knobs(&r->k);
+    ferry_url_scheme s = ferry_url_scheme_of(url);
+    if (rc == 0 && (s == FERRY_URL_S3 || s == FERRY_URL_GS)) {
+        r->bucket = 1;
+        rc = ferry_s3_setup_opts(url, o, &r->u, &r->auth);
+    } else if (rc == 0) {
+        rc = ferry_url_parse(url, NULL, &r->u);
+    }
+    if (rc == 0 && o && o->ca_bundle && !(r->ca_bundle = strdup(o->ca_bundle))) rc = ferry_seterr(FERRY_ENOMEM, "%s: out of memory", url);
+    uint8_t one;
+    xfer x = {.r = r, .dst = &one, .off = 0, .len = 1, .open = 1};
+    if (rc == 0) rc = run(r, &x, 1);
+    if (rc == NEED_HEAD) {   /* no byte 0: an empty object */
+        *size = 0;
+        rc = 0;
+    } else if (rc == 0) {
+        if (x.resp.status == 206 && x.resp.have_crange == 1) *size = x.resp.cr_total;
+        else if (x.resp.status == 200 && x.resp.have_clen) *size = x.resp.clen;
+        else rc = ferry_seterr(FERRY_EIO, "HTTP %ld: the response gives no size (no Content-Range or Content-Length)",
+                               x.resp.status);
+    }
+    if (rc < 0) ferry_preerr(rc, "%s", url);
+    remote_free(r);
+    return rc;
 }
 
 uint64_t ferry_remote_size(const ferry_remote *r) { return r->size; }

@@ -7,6 +7,7 @@
 #define FERRY_SOURCES_REMOTE_H
 #include <stddef.h>
 #include <stdint.h>
+#include "sources/ropts.h"
 
 typedef struct ferry_remote ferry_remote;
 
@@ -18,6 +19,12 @@ int ferry_remote_is_url(const char *path);
  * 0, or a negative code with a message naming url. Without libcurl:
  * FERRY_EUNSUPPORTED naming the scheme. */
 int ferry_remote_open(const char *url, ferry_remote **out);
+/* The same with the caller's options (ropts.h; NULL: the environment's only). */
+int ferry_remote_open_opts(const char *url, const ferry_remote_opts *o, ferry_remote **out);
+/* The size of the object at url by one request for its first byte (nothing kept open):
+ * 0, -ENOENT when there is none (HTTP 404), or another negative code naming
+ * url and the HTTP status. */
+int ferry_remote_stat(const char *url, const ferry_remote_opts *o, uint64_t *size);
 uint64_t ferry_remote_size(const ferry_remote *r);
 /* Read [off, off+len) into buf: len bytes, fewer only where the object
  * ends; a negative code with a message (byte range, HTTP status, the

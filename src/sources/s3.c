@@ -62,11 +62,14 @@ void ferry_s3_auth_free(ferry_s3_auth *a) {
     memset(a, 0, sizeof *a);
 }
 
-int ferry_s3_setup(const char *url, ferry_url *u, ferry_s3_auth *a) {
+int ferry_s3_setup(const char *url, ferry_url *u, ferry_s3_auth *a) { return ferry_s3_setup_opts(url, NULL, u, a); }
+
+/* o's fields, where set, come before the environment's (o NULL: none set). */
+int ferry_s3_setup_opts(const char *url, const ferry_remote_opts *o, ferry_url *u, ferry_s3_auth *a) {
     memset(a, 0, sizeof *a);
     a->service = "s3";
     int gs = ferry_url_scheme_of(url) == FERRY_URL_GS;
-    const char *profile = env("AWS_PROFILE") ? env("AWS_PROFILE") : "default";
+    const char *profile = o && o->profile ? o->profile : env("AWS_PROFILE") ? env("AWS_PROFILE") : "default";
     char *cfg_path = home_file("AWS_CONFIG_FILE", ".aws/config");
     char *cred_path = home_file("AWS_SHARED_CREDENTIALS_FILE", ".aws/credentials");
     /* ~/.aws/config names profiles "[profile NAME]", except "[default]" */
@@ -76,12 +79,13 @@ int ferry_s3_setup(const char *url, ferry_url *u, ferry_s3_auth *a) {
     char *cfg_region = NULL, *cfg_endpoint = NULL;
     if (gs) {
         /* GCS: its own endpoint (or an emulator's); signing region "auto" */
-        e.endpoint = env("STORAGE_EMULATOR_HOST");
+        e.endpoint = o && o->endpoint ? o->endpoint : env("STORAGE_EMULATOR_HOST");
         e.region = "auto";
     } else {
-        e.endpoint = env("AWS_ENDPOINT_URL_S3") ? env("AWS_ENDPOINT_URL_S3") : env("AWS_ENDPOINT_URL");
+        e.endpoint = o && o->endpoint ? o->endpoint
+                   : env("AWS_ENDPOINT_URL_S3") ? env("AWS_ENDPOINT_URL_S3") : env("AWS_ENDPOINT_URL");
         if (!e.endpoint) e.endpoint = cfg_endpoint = ini_get(cfg_path, section, "endpoint_url");
-        e.region = env("AWS_REGION") ? env("AWS_REGION") : env("AWS_DEFAULT_REGION");
+        e.region = o && o->region ? o->region : env("AWS_REGION") ? env("AWS_REGION") : env("AWS_DEFAULT_REGION");
         if (!e.region) e.region = cfg_region = ini_get(cfg_path, section, "region");
     }
     const char *addr = env("FERRY_S3_ADDRESSING");
@@ -90,9 +94,23 @@ int ferry_s3_setup(const char *url, ferry_url *u, ferry_s3_auth *a) {
     else if (addr && !strcasecmp(addr, "virtual")) e.addressing = 2;
     else if (addr && strcasecmp(addr, "auto"))
         rc = ferry_seterr(FERRY_EINVAL, "FERRY_S3_ADDRESSING=\"%s\": use auto, path or virtual", addr);
+    if (o && o->addressing >= 0) e.addressing = o->addressing;
     if (rc == 0) rc = ferry_url_parse(url, &e, u);
     if (rc == 0 && !(a->region = strdup(u->region))) rc = ferry_seterr(FERRY_ENOMEM, "out of memory");
-    if (rc == 0) {
+    if (rc == 0 && o && (o->anon || o->key || o->secret)) {   /* the caller's: the environment's are not looked at */
+        if (o->anon) {
+            snprintf(a->source, sizeof a->source, "anonymous (anon option)");
+        } else if (!o->key || !o->secret) {
+            rc = ferry_seterr(FERRY_EINVAL, "%s: the remote option %s is set without %s", url, o->key ? "key" : "secret",
+                              o->key ? "secret" : "key");
+        } else {
+            a->access = strdup(o->key);
+            a->secret = strdup(o->secret);
+            if (o->token) a->token = strdup(o->token);
+            snprintf(a->source, sizeof a->source, "the key option");
+            if (!a->access || !a->secret || (o->token && !a->token)) rc = ferry_seterr(FERRY_ENOMEM, "out of memory");
+        }
+    } else if (rc == 0) {
         const char *id = env(gs ? "GS_ACCESS_KEY_ID" : "AWS_ACCESS_KEY_ID");
         const char *sk = env(gs ? "GS_SECRET_ACCESS_KEY" : "AWS_SECRET_ACCESS_KEY");
         if (id && sk) {
@@ -112,8 +130,8 @@ int ferry_s3_setup(const char *url, ferry_url *u, ferry_s3_auth *a) {
             else if (a->access || a->secret)
                 rc = ferry_seterr(FERRY_EINVAL, "%s: profile \"%s\" of %s has only one of aws_access_key_id, aws_secret_access_key",
                                   url, profile, cred_path ? cred_path : "~/.aws/credentials");
-            else if (env("AWS_PROFILE"))
-                rc = ferry_seterr(FERRY_EINVAL, "%s: AWS_PROFILE=%s has no keys in %s", url, profile,
+            else if (env("AWS_PROFILE") || (o && o->profile))
+                rc = ferry_seterr(FERRY_EINVAL, "%s: %s=%s has no keys in %s", url, o && o->profile ? "profile" : "AWS_PROFILE", profile,
                                   cred_path ? cred_path : "~/.aws/credentials");
         }
         if (rc == 0 && !a->access) {   /* anonymous: public buckets */

@@ -3,6 +3,7 @@
  * request. Internal. */
 #ifndef FERRY_SOURCES_S3_H
 #define FERRY_SOURCES_S3_H
+#include "sources/ropts.h"
 #include "sources/url.h"
 #include <time.h>
 
@@ -19,6 +20,10 @@ typedef struct ferry_s3_auth {
  * ~/.aws/credentials; gs: GS_ACCESS_KEY_ID / GS_SECRET_ACCESS_KEY HMAC keys;
  * none: anonymous). 0 or a negative code naming url. */
 int ferry_s3_setup(const char *url, ferry_url *u, ferry_s3_auth *a);
+/* The same with the caller's options (ropts.h) before the environment:
+ * endpoint_url, region, addressing, profile; key/secret/token or anon in
+ * place of the environment's credentials. */
+int ferry_s3_setup_opts(const char *url, const ferry_remote_opts *o, ferry_url *u, ferry_s3_auth *a);
 void ferry_s3_auth_free(ferry_s3_auth *a);
 
 /* The headers that sign one request without a body (GET, HEAD), as

@@ -21,7 +21,7 @@ int ferry_upload_parts(uint64_t n, uint64_t want, uint64_t *part, uint64_t *npar
  * bounded, not NUL-terminated) into out, entities &amp; &lt; &gt; &quot;
  * &apos; decoded. 1 found, 0 not (or longer than cap - 1). */
 int ferry_s3_xml_text(const char *body, size_t n, const char *tag, char *out, size_t cap);
-/* Validate FERRY_REMOTE_PART_SIZE (through ferry_remote_check_env, at
- * ferry_ctx_create). 0 or FERRY_EINVAL naming it. */
+/* Validate FERRY_REMOTE_PART_SIZE (engine/config.c calls it at
+ * ferry_ctx_create, beside ferry_remote_check_env). 0 or FERRY_EINVAL naming it. */
 int ferry_upload_check_env(void);
 #endif

@@ -437,25 +437,31 @@ static void test_tuning_env_checked(void) {
 }
 
 /* The knobs' table (config.c, `ferry info --knobs`): every row named,
- * documented, with a default, and checked when a context is made; a context
- * made with no_env checks none and ferry_knob gives it none (the GPU decode
- * stage reads its knobs that way; worker.c's FERRY_EVENT_SYNC and numa.c's
- * FERRY_NUMA still read the environment). */
+ * documented, with a default; the context knobs checked when a context is
+ * made (a bad value fails ferry_ctx_create naming it); a context made with
+ * no_env checks none and ferry_knob gives it none, and its readers (the GPU
+ * decode stage, the job knobs, the pool's spin, gather, the workers' event
+ * waits, NUMA placement) read nothing of the environment: a read runs with
+ * every knob of the table set to garbage. */
 static void test_knob_table_and_no_env(void) {
     size_t n;
     const ferry_knob_row *t = ferry_knob_table(&n);
-    CHECK(n >= 14);
+    CHECK(n >= 40);
     for (size_t k = 0; k < n; k++) {
         CHECK(!strncmp(t[k].name, "FERRY_", 6) && t[k].def && *t[k].def && t[k].doc && *t[k].doc);
         CHECK(t[k].kind != FERRY_KNOB_WORD || (t[k].words && *t[k].words));
-        CHECK(t[k].kind != FERRY_KNOB_COUNT || t[k].lo <= t[k].hi);
+        CHECK((t[k].kind != FERRY_KNOB_COUNT && t[k].kind != FERRY_KNOB_INT) || t[k].lo <= t[k].hi);
         for (size_t m = 0; m < k; m++) CHECK(strcmp(t[k].name, t[m].name) != 0);
     }
+    char **saved = calloc(n, sizeof *saved);   /* the caller's values (make test-cudasim sets some) */
+    for (size_t k = 0; k < n; k++) saved[k] = getenv(t[k].name) ? strdup(getenv(t[k].name)) : NULL;
     for (size_t k = 0; k < n; k++) {
         setenv(t[k].name, "(not a value)", 1);
         ferry_ctx *ctx = NULL;
-        CHECK_EQ_I(ferry_ctx_create(&ctx, NULL), FERRY_EINVAL);   /* every row checked */
-        CHECK_STR_CONTAINS(ferry_errmsg(NULL), t[k].name);
+        if (ferry_knob_scope(&t[k]) == FERRY_KNOB_CONTEXT) {
+            CHECK_EQ_I(ferry_ctx_create(&ctx, NULL), FERRY_EINVAL);   /* every context row checked */
+            CHECK_STR_CONTAINS(ferry_errmsg(NULL), t[k].name);
+        }
         ferry_config cfg;
         ferry_config_init(&cfg);
         cfg.no_env = 1;
@@ -463,8 +469,45 @@ static void test_knob_table_and_no_env(void) {
         CHECK(ferry_knob(ctx, t[k].name) == NULL);
         ferry_ctx_destroy(ctx);
         CHECK_STR_CONTAINS(ferry_knob(NULL, t[k].name), "not a value");
-        unsetenv(t[k].name);
+        if (saved[k]) setenv(t[k].name, saved[k], 1); else unsetenv(t[k].name);
     }
+    /* all of them at once, but the process-wide loaders' (no context governs those) */
+    for (size_t k = 0; k < n; k++)
+        if (ferry_knob_scope(&t[k]) != FERRY_KNOB_PROCESS) setenv(t[k].name, "(not a value)", 1);
+    ferry_config cfg;
+    ferry_config_init(&cfg);
+    cfg.no_env = 1;
+    cfg.threads = 4;
+    ferry_ctx *ctx = NULL;
+    CHECK_EQ_I(ferry_ctx_create(&ctx, &cfg), 0);
+    enum { N = 256, SZ = 4096 };
+    char path[] = "/tmp/ferry_knobs_XXXXXX";
+    int fd = mkstemp(path);
+    uint8_t *src = malloc(N * SZ), *dst = calloc(N, SZ);
+    for (size_t i = 0; i < (size_t)N * SZ; i++) src[i] = (uint8_t)(i * 13 + 5);
+    CHECK(fd >= 0 && write(fd, src, (size_t)N * SZ) == (ssize_t)N * SZ);
+    close(fd);
+    ferry_file *f;
+    CHECK_EQ_I(ferry_file_open(ctx, path, FERRY_READ, &f), 0);
+    ferry_plan *p;
+    ferry_plan_create(&p);
+    for (int i = 0; i < N; i++)   /* small records in shuffled order: packs, the pool, the job knobs */
+        ferry_plan_read(p, f, (uint64_t)((i * 97) % N) * SZ, SZ, ferry_host_buf(dst, (size_t)N * SZ), (uint64_t)i * SZ);
+    CHECK_EQ_I(ferry_run(ctx, p, NULL), (int64_t)N * SZ);
+    int ok = 1;
+    for (int i = 0; i < N && ok; i++) ok = !memcmp(dst + (size_t)i * SZ, src + (size_t)((i * 97) % N) * SZ, SZ);
+    CHECK(ok);
+    ferry_plan_destroy(p);
+    ferry_file_close(f);
+    ferry_ctx_destroy(ctx);
+    unlink(path);
+    free(src);
+    free(dst);
+    for (size_t k = 0; k < n; k++) {
+        if (saved[k]) setenv(t[k].name, saved[k], 1); else unsetenv(t[k].name);
+        free(saved[k]);
+    }
+    free(saved);
 }
 
 static void test_config_env(void) {

@@ -143,6 +143,18 @@ for name, data in [
     with open(out("url", name), "wb") as f:
         f.write(data)
 
+# list (fuzz_list.c): first byte even = a ListObjectsV2 XML page, odd = a GCS JSON list page (prefix "p/")
+for name, data in [
+        ("s3_page", b"\x00<?xml version=\"1.0\"?><ListBucketResult xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\">"
+                    b"<IsTruncated>true</IsTruncated><Contents><Key>p/a&amp;b</Key><Size>12</Size></Contents>"
+                    b"<CommonPrefixes><Prefix>p/c/</Prefix></CommonPrefixes>"
+                    b"<NextContinuationToken>t1</NextContinuationToken></ListBucketResult>"),
+        ("s3_entities", b"\x00<ListBucketResult><Contents><Key>p/&#x263A;&#0;&bogus;</Key><Size>1</Size></Contents>"
+                        b"</ListBucketResult>"),
+        ("gcs_page", b"\x01{\"nextPageToken\":\"CgRh\",\"prefixes\":[\"p/c/\"],"
+                     b"\"items\":[{\"name\":\"p/zarr.json\",\"size\":\"42\"}]}")]:
+    with open(out("list", name), "wb") as f:
+        f.write(data)
 
 # sniff: heads of the kinds the sniffer names (the files are small by hand:
 # tests/fuzz/corpus/sniff/ holds a torch.save zip head, HDF5's signature,

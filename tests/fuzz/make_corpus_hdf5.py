@@ -79,3 +79,15 @@ with h5py.File(out("seed-types.h5"), "w", libver="latest") as f:
 
 with h5py.File(out("seed-userblock.h5"), "w", userblock_size=512) as f:
     f["x"] = np.arange(5, dtype=">f4")
+
+# soft links (followed) and hdf5plugin's lz4 and bitshuffle framings
+with h5py.File(out("seed-links-filters.h5"), "w") as f:
+    f["x"] = np.arange(6, dtype="<i2")
+    f["alias"] = h5py.SoftLink("/x")
+    f.create_group("g")["up"] = h5py.SoftLink("/x")
+    try:
+        import hdf5plugin
+        f.create_dataset("lz4", data=np.arange(40, dtype="<f4"), chunks=(20,), **hdf5plugin.LZ4(nbytes=32))
+        f.create_dataset("bs", data=np.arange(43, dtype="<i4"), chunks=(43,), **hdf5plugin.Bitshuffle())
+    except ImportError:
+        pass

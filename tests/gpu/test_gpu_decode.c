@@ -9,6 +9,7 @@
  * reason) without a GPU or without nvCOMP. */
 #include "check.h"
 #include "ferry.h"
+#include "engine/knobs.h"
 #include "cuda/nvcomp.h"
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -56,6 +57,13 @@ static int write_file(const char *path, const uint8_t *p, size_t n) {
     return ok ? 0 : -1;
 }
 
+/* A context reads its knobs when it is made (engine/knobs.h): a knob for
+ * the shared context, set in the environment too for the contexts made later
+ * (NULL: unset). */
+static void knob(const char *name, const char *v) {
+    if (v) setenv(name, v, 1); else unsetenv(name);
+    CHECK_EQ_I(ferry_knob_set(ctx_, name, v), 0);
+}
 static ferry_stats stats_(void) { ferry_stats s; ferry_stats_get(ctx_, &s); return s; }
 
 /* one chunk of `codec` at off/len of f, decoded (cb bytes) into device buffer d
@@ -352,8 +360,8 @@ static void test_auto_policy(void) {
  * scheduling: a run where one side took everything is retried (twice). */
 size_t ferry_gpudecode_tasks(const ferry_job *j);   /* internal (gpudecode.h): GPU feeder and shared-chunk tasks */
 static void test_one_queue_both_decoders(void) {
-    setenv("FERRY_GPU_FEEDERS", "1", 1);
-    setenv("FERRY_GPU_BATCH", "64K", 1);   /* 16 KiB chunks: 4 per batch */
+    knob("FERRY_GPU_FEEDERS", "1");
+    knob("FERRY_GPU_BATCH", "64K");   /* 16 KiB chunks: 4 per batch */
     const char *th = getenv("FERRY_THREADS");
     ferry_stats_reset(ctx_);
     grid_case(C_ZLIB_SHUF, 512, 1024, 64, 64, 0, "auto");
@@ -370,7 +378,7 @@ static void test_one_queue_both_decoders(void) {
         ferry_job_destroy(jb);
         grid_check(&g, "auto");
     }
-    setenv("FERRY_GPU_RATES", "6.34,4.4,0.05", 1);
+    knob("FERRY_GPU_RATES", "6.34,4.4,0.05");
     int both = 0;
     for (int attempt = 0; attempt < 3 && !both; attempt++) {
         ferry_stats_reset(ctx_);
@@ -383,13 +391,13 @@ static void test_one_queue_both_decoders(void) {
                (unsigned long long)s.gpu_batches, (unsigned long long)(255 - s.gpu_chunks));
     }
     if (!th || atoi(th) > 1) CHECK(both);   /* one thread: the feeder runs alone and takes every chunk */
-    unsetenv("FERRY_GPU_RATES");
+    knob("FERRY_GPU_RATES", NULL);
     /* forced: every chunk on the GPU, no CPU tasks */
     ferry_stats_reset(ctx_);
     grid_case(C_ZLIB_SHUF, 1024, 1024, 64, 64, 0, "gpu");
     CHECK_EQ_I(stats_().gpu_chunks, 256);
-    unsetenv("FERRY_GPU_FEEDERS");
-    unsetenv("FERRY_GPU_BATCH");
+    knob("FERRY_GPU_FEEDERS", NULL);
+    knob("FERRY_GPU_BATCH", NULL);
 }
 
 /* A long load: AUTO with the built-in rates (no FERRY_GPU_RATES). An 8
@@ -403,9 +411,9 @@ static void test_one_queue_both_decoders(void) {
  * a zstd load's tail does; by default (balance for deflate) 432. The 512 MiB model (test_one_queue_both_decoders) gets no GPU
  * at all. Byte-exact either way. */
 static void test_long_deflate_load_runs_as_gpu_calls(void) {
-    setenv("FERRY_GPU_FEEDERS", "2", 1);   /* the default, said here: the rule's CPU rate is 14 of 16 threads */
+    knob("FERRY_GPU_FEEDERS", "2");   /* the default, said here: the rule's CPU rate is 14 of 16 threads */
     const char *th = getenv("FERRY_THREADS");
-    setenv("FERRY_GPU_TAIL", "on", 1);
+    knob("FERRY_GPU_TAIL", "on");
     ferry_stats_reset(ctx_);
     grid_case(C_ZLIB_SHUF, 2048, 4096, 64, 64, 0, "auto");
     ferry_stats s = stats_();
@@ -416,14 +424,14 @@ static void test_long_deflate_load_runs_as_gpu_calls(void) {
     /* the default for deflate, FERRY_GPU_TAIL=balance: t x c / cpu = latency + (n - t) x c / gpu with
      * c = 16 KiB, cpu = 15 x 0.46 GB/s, gpu = 53 GB/s, latency 16 KiB / 31 MB/s:
      * t = (0.528 + 0.633 ms) / 2.683 us = 432 */
-    unsetenv("FERRY_GPU_TAIL");
+    knob("FERRY_GPU_TAIL", NULL);
     ferry_stats_reset(ctx_);
     grid_case(C_ZLIB_SHUF, 2048, 4096, 64, 64, 0, "auto");
     s = stats_();
     printf("  8 GiB model, the default (balance for deflate): GPU %llu of 2048 chunks\n", (unsigned long long)s.gpu_chunks);
     CHECK_EQ_I(s.gpu_cpu_fallbacks, 0);
     if (!th) CHECK_EQ_I(s.gpu_chunks, 2048 - 432);
-    unsetenv("FERRY_GPU_FEEDERS");
+    knob("FERRY_GPU_FEEDERS", NULL);
 }
 
 /* Jobs in flight together: a dataset's prefetched batches. Four 512 MiB-model
@@ -481,10 +489,10 @@ static void test_held_job_makes_a_pair(void) {
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         if (!cases[k].held && jh) { ferry_job_destroy(jh); jh = NULL; }
         grid_make(&g, C_ZLIB_SHUF, 640, 800, 16, 16, 0);   /* 40 x 50 chunks of 16 x 16 float32 (the chunk files are rewritten) */
-        if (cases[k].share) setenv("FERRY_GPU_SHARE", cases[k].share, 1);
+        if (cases[k].share) knob("FERRY_GPU_SHARE", cases[k].share);
         if (count) count("reset_max_per_call");
         int64_t got = ferry_run(ctx_, g.plan, &o);
-        unsetenv("FERRY_GPU_SHARE");
+        knob("FERRY_GPU_SHARE", NULL);
         if (got < 0) fprintf(stderr, "  %s\n", ferry_errmsg(ctx_));
         CHECK(got > 0);
         if (count) CHECK_EQ_I(count("max_per_call"), cases[k].per_call);
@@ -495,7 +503,7 @@ static void test_held_job_makes_a_pair(void) {
 }
 
 static void test_jobs_in_flight_share_the_gpu(void) {
-    setenv("FERRY_GPU_BATCH", "64K", 1);   /* 16 KiB chunks: 4 per batch */
+    knob("FERRY_GPU_BATCH", "64K");   /* 16 KiB chunks: 4 per batch */
     const char *th = getenv("FERRY_THREADS");
     size_t own = jobs_in_flight_gpu_chunks();
     ferry_stats_reset(ctx_);
@@ -506,7 +514,7 @@ static void test_jobs_in_flight_share_the_gpu(void) {
         CHECK_EQ_I(own, 0);
         CHECK_EQ_I(alone, 0);
     }
-    unsetenv("FERRY_GPU_BATCH");
+    knob("FERRY_GPU_BATCH", NULL);
 }
 
 /* one chunk file, corrupted in one way, read onto the GPU: an error that names
@@ -636,13 +644,13 @@ static void test_many_chunks_one_file(void) {
         size_t k = (i * 7) % nchunk;   /* out of file order; an odd address: outputs go through scratch */
         add_chunk(p, f, FERRY_CODEC_ZSTD, off[k], len[k], cb, d + 1, nchunk * cb, k * cb);
     }
-    setenv("FERRY_GPU_BATCH", "64K", 1);
+    knob("FERRY_GPU_BATCH", "64K");
     uint8_t *back = malloc(nchunk * cb);
     /* all workers as feeders; then 2 threads: 2 feeders run ~10 batches each
      * through their 4 slots (each slot reused: the oldest batch is checked
      * when its slot comes round); then one slot (no overlap at all) */
     for (int round = 0; round < 3; round++) {
-        if (round == 2) setenv("FERRY_GPU_SLOTS", "1", 1);
+        if (round == 2) knob("FERRY_GPU_SLOTS", "1");
         memset(back, 0, nchunk * cb);   /* no stale result of the round before can pass */
         ferry_memcpy(ctx_, ferry_cuda_buf(0, d + 1, nchunk * cb), ferry_host_buf(back, nchunk * cb), nchunk * cb);
         ferry_stats_reset(ctx_);
@@ -658,8 +666,8 @@ static void test_many_chunks_one_file(void) {
         ferry_memcpy(ctx_, ferry_host_buf(back, nchunk * cb), ferry_cuda_buf(0, d + 1, nchunk * cb), nchunk * cb);
         CHECK(memcmp(back, src, nchunk * cb) == 0);
     }
-    unsetenv("FERRY_GPU_SLOTS");
-    unsetenv("FERRY_GPU_BATCH");
+    knob("FERRY_GPU_SLOTS", NULL);
+    knob("FERRY_GPU_BATCH", NULL);
     ferry_plan_destroy(p);
     ferry_file_close(f);
     ferry_cuda_free(ctx_, d);
@@ -689,7 +697,7 @@ static void test_corrupt_chunk_with_batches_in_flight(void) {
     ferry_file_open(ctx_, path, FERRY_READ, &f);
     uintptr_t d;
     ferry_cuda_malloc(ctx_, 0, nchunk * cb, &d);
-    setenv("FERRY_GPU_BATCH", "16K", 1);   /* 4 chunks a batch: 50 batches */
+    knob("FERRY_GPU_BATCH", "16K");   /* 4 chunks a batch: 50 batches */
     for (int skip_bad = 0; skip_bad < 2; skip_bad++) {
         ferry_plan *p;
         ferry_plan_create(&p);
@@ -717,7 +725,7 @@ static void test_corrupt_chunk_with_batches_in_flight(void) {
         }
         ferry_plan_destroy(p);
     }
-    unsetenv("FERRY_GPU_BATCH");
+    knob("FERRY_GPU_BATCH", NULL);
     ferry_file_close(f);
     ferry_cuda_free(ctx_, d);
     free(src); free(file); free(off); free(len);
@@ -839,7 +847,7 @@ static void test_calls_of_hundreds_of_chunks(void) {
         if (bad == 2) {   /* AUTO: the same calls, less the tail the CPU workers decode while the GPU drains */
             ferry_plan *p2 = zstd_chunks_plan(f, off, len, nchunk, cb, d, nchunk, 0);
             for (int tail = 1; tail >= 0; tail--) {
-                if (!tail) setenv("FERRY_GPU_TAIL", "off", 1);
+                if (!tail) knob("FERRY_GPU_TAIL", "off");
                 memset(back, 0, nchunk * cb);
                 ferry_memcpy(ctx_, ferry_cuda_buf(0, d, nchunk * cb), ferry_host_buf(back, nchunk * cb), nchunk * cb);
                 ferry_stats_reset(ctx_);
@@ -854,7 +862,7 @@ static void test_calls_of_hundreds_of_chunks(void) {
                 ferry_memcpy(ctx_, ferry_host_buf(back, nchunk * cb), ferry_cuda_buf(0, d, nchunk * cb), nchunk * cb);
                 CHECK(memcmp(back, src, nchunk * cb) == 0);
             }
-            unsetenv("FERRY_GPU_TAIL");
+            knob("FERRY_GPU_TAIL", NULL);
             /* another job in flight (submitted, not yet destroyed): no tail, the workers have its work */
             uint8_t small[16];
             ferry_plan *ps;
@@ -945,14 +953,15 @@ static void test_concurrent_jobs_reuse_slots(void) {
     uintptr_t d2;
     ferry_cuda_malloc(c2, 0, nchunk * cb, &d2);
     ferry_plan *p2 = zstd_chunks_plan(f2, off, len, nchunk, cb, d2, nchunk, 0);
-    setenv("FERRY_GPU_POOL", "1", 1);
+    knob("FERRY_GPU_POOL", "1");
+    CHECK_EQ_I(ferry_knob_set(c2, "FERRY_GPU_POOL", "1"), 0);   /* c2 was made before it */
     for (int autostage = 0; autostage < 2; autostage++) {
         if (autostage) {   /* again on a fresh context, FERRY_GPU_STAGE=auto */
             ferry_plan_destroy(p2);
             ferry_file_close(f2);
             ferry_cuda_free(c2, d2);
             ferry_ctx_destroy(c2);
-            setenv("FERRY_GPU_STAGE", "auto", 1);
+            knob("FERRY_GPU_STAGE", "auto");
             CHECK_EQ_I(ferry_ctx_create(&c2, NULL), 0);
             ferry_file_open(c2, path, FERRY_READ, &f2);
             ferry_cuda_malloc(c2, 0, nchunk * cb, &d2);
@@ -975,8 +984,8 @@ static void test_concurrent_jobs_reuse_slots(void) {
             CHECK_EQ_I(pinned_by[2], 0);
         }
     }
-    unsetenv("FERRY_GPU_STAGE");
-    unsetenv("FERRY_GPU_POOL");
+    knob("FERRY_GPU_STAGE", NULL);
+    knob("FERRY_GPU_POOL", NULL);
     ferry_plan_destroy(p2);
     ferry_file_close(f2);
     ferry_cuda_free(c2, d2);
@@ -1016,7 +1025,8 @@ static void test_pool_keeps_the_grown_set(void) {
     }
     ferry_cuda_malloc(c, 0, big * cb, &db);
     pb = zstd_chunks_plan(f, off, len, big, cb, db, big, 0);
-    setenv("FERRY_GPU_POOL", "96M", 1);   /* two small sets (~20 MiB each), not a large one (~300 MiB) */
+    knob("FERRY_GPU_POOL", "96M");   /* two small sets (~20 MiB each), not a large one (~300 MiB) */
+    CHECK_EQ_I(ferry_knob_set(c, "FERRY_GPU_POOL", "96M"), 0);   /* c was made before it */
     ferry_run_opts o;
     memset(&o, 0, sizeof o);
     o.decode = FERRY_DECODE_GPU;
@@ -1038,7 +1048,7 @@ static void test_pool_keeps_the_grown_set(void) {
         CHECK_EQ_I(allocs[1], 0);
         CHECK_EQ_I(allocs[2], 0);
     }
-    unsetenv("FERRY_GPU_POOL");
+    knob("FERRY_GPU_POOL", NULL);
     for (int k = 0; k < 2; k++) { ferry_plan_destroy(ps[k]); ferry_cuda_free(c, ds[k]); }
     ferry_plan_destroy(pb);
     ferry_cuda_free(c, db);
@@ -1070,7 +1080,8 @@ static void test_pool_keeps_a_stream_s_two_sets(void) {
         ferry_cuda_malloc(c, 0, nchunk * cb, &d[k]);
         p[k] = zstd_chunks_plan(f, z.off, z.len, nchunk, cb, d[k], nchunk, 0);
     }
-    setenv("FERRY_GPU_POOL", "1", 1);
+    knob("FERRY_GPU_POOL", "1");
+    CHECK_EQ_I(ferry_knob_set(c, "FERRY_GPU_POOL", "1"), 0);   /* c was made before it */
     ferry_run_opts o = decode_opts("gpu");
     long after1 = 0;
     for (int round = 0; round < 6; round++) {
@@ -1090,7 +1101,7 @@ static void test_pool_keeps_a_stream_s_two_sets(void) {
         printf("  two jobs at a time, FERRY_GPU_POOL=1: allocations in rounds 2-6: %ld\n", later);
         CHECK(later <= 3 * 3);   /* one set at most: 3 calls, each a result, a staging and an input buffer */
     }
-    unsetenv("FERRY_GPU_POOL");
+    knob("FERRY_GPU_POOL", NULL);
     for (int k = 0; k < 2; k++) { ferry_plan_destroy(p[k]); ferry_cuda_free(c, d[k]); }
     ferry_file_close(f);
     ferry_ctx_destroy(c);
@@ -1326,11 +1337,11 @@ static void test_first_job_footprint(void) {
     write_file(path, file, pos);
     long peak[3][2] = {{0}};
     static const char *stage[3] = {"calls", "ring", "auto"};
-    setenv("FERRY_GPU_RING", "1M", 1);
+    knob("FERRY_GPU_RING", "1M");
     for (int ring = 0; ring < 3; ring++)   /* 0 calls, 1 ring, 2 auto */
         for (int big = 0; big < 2; big++) {
             const size_t nchunk = big ? 4096 : 1024;
-            setenv("FERRY_GPU_STAGE", stage[ring], 1);
+            knob("FERRY_GPU_STAGE", stage[ring]);
             ferry_ctx *c;   /* a fresh context: its first job */
             CHECK_EQ_I(ferry_ctx_create(&c, NULL), 0);
             ferry_file *f;
@@ -1382,9 +1393,9 @@ static void test_first_job_footprint(void) {
             ferry_file_close(f);
             ferry_cuda_free(c, d);
             ferry_ctx_destroy(c);
-            unsetenv("FERRY_GPU_STAGE");
+            knob("FERRY_GPU_STAGE", NULL);
         }
-    unsetenv("FERRY_GPU_RING");
+    knob("FERRY_GPU_RING", NULL);
     CHECK(peak[0][1] >= 8 * 256 * (long)cb);   /* calls: 8 slots of 256 chunks pinned */
     CHECK(peak[0][1] > peak[0][0]);
     for (int big = 0; big < 2; big++) {

@@ -159,6 +159,25 @@ def test_auto_uses_gpu_for_zstd_and_blosc_shares_lz4(gctx, tmp_path):
     assert st["gpu_chunks"] <= z.nchunks and st["gpu_cpu_fallbacks"] == 0, st
 
 
+def test_forced_gpu_counts_every_chunk_sent_to_the_cpu(gctx, tmp_path):
+    """decode="gpu" on a codec nvCOMP does not take here (Zarr v3 gzip: its CRC-32 has no GPU
+    kernel) decodes on the CPU, exactly, and counts every such chunk in gpu_cpu_fallbacks, as
+    `ferry info --codecs` and docs/decoding.md say; AUTO and "cpu" chose the CPU and count none.
+    A chunk never written is a fill, not a decode: not counted."""
+    from zarr.codecs import GzipCodec
+    case = ("v3_gzip_f4", 3, [GzipCodec(level=5)], None, "<f4", (70, 50), (16, 16))
+    p, z = make_zarr(tmp_path, case, True)
+    want = z[...]
+    written = sum(1 for _, _, fs in os.walk(os.path.join(p, "c")) for _ in fs)
+    assert 0 < written < z.nchunks
+    got, st = read_gpu(gctx, p, "gpu")
+    assert same(got, want)
+    assert st["gpu_chunks"] == 0 and st["gpu_cpu_fallbacks"] == written, st
+    for decode in (None, "cpu"):
+        got, st = read_gpu(gctx, p, decode)
+        assert same(got, want) and st["gpu_cpu_fallbacks"] == 0 and st["gpu_chunks"] == 0, (decode, st)
+
+
 def test_corrupt_zarr_chunk_names_file_chunk_codec(gctx, tmp_path):
     p, z = make_zarr(tmp_path, ZARR_CASES[2], False)   # zstd + crc32c
     chunk = os.path.join(p, "c", "1", "1")

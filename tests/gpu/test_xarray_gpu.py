@@ -129,7 +129,7 @@ def test_hdf5_on_gpu(tmp_path):
     gpu = xr.open_dataset(p, engine=ENGINE, device=0).load()
     for v in ("t_contig", "t_chunked", "t_gzip", "t_fletcher", "t_big", "sparse"):
         assert isinstance(gpu[v].data, cupy.ndarray), v
-        assert gpu[v].encoding["ferry_reader"] == "engine", v
+        assert fx.FerryStore(str(p)).specs[v].kind == "ferry", v
     xr.testing.assert_identical(gpu.as_numpy(), cpu)
     with h5py.File(p, "r") as f:
         for v in ("t_contig", "t_gzip", "t_big", "sparse"):

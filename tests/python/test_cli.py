@@ -89,6 +89,23 @@ def test_info_knobs_lists_the_table():
     assert all(x["doc"] and x["default"] for x in d)
 
 
+def test_info_codecs_is_the_table_in_docs():
+    """`ferry info --codecs`: which decoder takes each codec under each policy, printed from the
+    code that decides; docs/decoding.md carries the same table, row for row (issue 38 item 18:
+    gzip stays on the CPU and, under decode="gpu", is counted as a fallback)."""
+    r = run("info", "--codecs")
+    assert r.returncode == 0, r.stderr
+    rows = r.stdout.splitlines()
+    assert rows[0].startswith("| codec | `auto` | `gpu` | `cpu` |") and len(rows) == 11
+    gzip = next(x for x in rows if x.startswith("| gzip |"))
+    assert "| CPU | CPU, counted in gpu_cpu_fallbacks |" in gzip
+    assert next(x for x in rows if x.startswith("| zstd |")).startswith("| zstd | GPU | GPU | CPU |")
+    docs = open(os.path.join(ROOT, "docs", "decoding.md")).read()
+    assert r.stdout in docs, "docs/decoding.md's codec table differs from `ferry info --codecs`: paste it again"
+    d = json.loads(subprocess.run([FERRY, "info", "--codecs", "--json"], capture_output=True, text=True).stdout)
+    assert [x["codec"] for x in d] == [x.split(" | ")[0][2:] for x in rows[2:]]
+
+
 def test_info_options_after_paths(tmp_path):
     np = pytest.importorskip("numpy")
     np.save(tmp_path / "a.npy", np.zeros(3, np.float32))

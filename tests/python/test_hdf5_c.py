@@ -123,7 +123,7 @@ def test_h5py_layouts_types_and_attributes(tmp_path, libver):
             f["z"].attrs[f"a{i:02d}"] = i * 1.5
     compare_h5py(p)
     cv, dims, attrs, groups = c_vars(p)
-    assert cv["z"]["codecs"] == "fletcher32 zlib shuffle"
+    assert cv["z"]["codecs"] == "fletcher32 zlib(level=6) shuffle"
     assert cv["z"]["chunks"] == (4, 3, 5)
     assert attrs["s"] == "hello" and attrs["vs"] == ["x", "yy"]
     assert attrs["fbe"] == {"type": ">f4", "value": [1.5, -2.25]}
@@ -235,7 +235,7 @@ def test_netcdf4_python_file(tmp_path):
             for k in nc.ncattrs():
                 same_attr(f.attrs[k], nc.getncattr(k))
         assert json.loads(cv["temp"]["fill"]) == -999
-        assert cv["temp"]["codecs"] == "zlib shuffle"
+        assert cv["temp"]["codecs"] == "zlib(level=4) shuffle"
         g = nc["forecast"]
         gv, gdims, _, ggroups = c_vars(p, "forecast")
         assert ggroups == ["inner"] and gdims["step"] == {"size": 2, "unlimited": False}
@@ -333,15 +333,81 @@ def test_plugin_filters(tmp_path, kind):
             f.create_dataset("x", data=x, chunks=(10, 25), **opts)
     except ValueError as e:   # a plugin built for another HDF5 than h5py's
         pytest.skip(f"hdf5plugin cannot write {kind} with this h5py: {e}")
-    if kind in ("zstd", "blosc"):
-        np.testing.assert_array_equal(read(p, "x"), x)
-        np.testing.assert_array_equal(read(p, "x", selection=(slice(5, 35), 7)), x[5:35, 7])
-    else:
-        fid = {"lz4": 32004, "bitshuffle": 32008}[kind]
-        cv, *_ = c_vars(p)
-        assert f"HDF5 filter {fid} (" in cv["x"]["error"] and "has no ferry codec" in cv["x"]["error"]
-        with pytest.raises(ferry.FerryError, match=f"filter {fid}"):
-            read(p, "x")
+    np.testing.assert_array_equal(read(p, "x"), x)
+    np.testing.assert_array_equal(read(p, "x", selection=(slice(5, 35), 7)), x[5:35, 7])
+
+
+def test_bitshuffle_and_lz4_framings(tmp_path):
+    """hdf5plugin's bitshuffle (plain, lz4, zstd; default and small blocks; element
+    counts that leave a partial block and fewer than 8 trailing elements) and lz4
+    (several blocks), every element type size; truncated and flipped chunks refused."""
+    hdf5plugin = pytest.importorskip("hdf5plugin")
+    p = tmp_path / "bs.h5"
+    rng = np.random.default_rng(5)
+    x = (np.arange(40 * 150, dtype="<f4").reshape(40, 150) * 1.37) % 97
+    kinds = {"bs_lz4": hdf5plugin.Bitshuffle(), "bs_none": hdf5plugin.Bitshuffle(cname="none"),
+             "bs_zstd": hdf5plugin.Bitshuffle(cname="zstd"), "bs_small": hdf5plugin.Bitshuffle(nelems=256),
+             "lz4": hdf5plugin.LZ4(), "lz4_blocks": hdf5plugin.LZ4(nbytes=1024)}
+    try:
+        with h5py.File(p, "w") as f:
+            for k, o in kinds.items():
+                f.create_dataset(k, data=x, chunks=(13, 77), **o)
+            for dt in ("u1", "<i2", ">i4", "<f8", "<c16"):
+                f.create_dataset(f"t{dt[-2:]}", data=(rng.standard_normal(1001) * 50).astype(dt), chunks=(333,),
+                                 **hdf5plugin.Bitshuffle())
+    except ValueError as e:
+        pytest.skip(f"hdf5plugin cannot write with this h5py: {e}")
+    cv, *_ = c_vars(p)
+    with h5py.File(p, "r") as h:
+        for name in h:
+            assert cv[name]["error"] is None, name
+            np.testing.assert_array_equal(read(p, name), h[name][()], err_msg=name)
+    assert cv["bs_zstd"]["codecs"] == "bitshuffle(hdf5_filter=32008,zstd)" and cv["lz4"]["codecs"] == "lz4(hdf5_filter=32004)"
+    assert cv["bs_none"]["codecs"] == "bitshuffle(hdf5_filter=32008,none)"
+    # a chunk cut short or flipped: a FerryError, never other values
+    data = p.read_bytes()
+    with h5py.File(p, "r") as h:
+        off = h["bs_lz4"].id.get_chunk_info(0).byte_offset
+    for at in (off + 3, off + 9, off + 14, off + 40):
+        b = bytearray(data)
+        b[at] ^= 0x5A
+        q = tmp_path / "flip.h5"
+        q.write_bytes(bytes(b))
+        try:
+            got = read(q, "bs_lz4")
+        except ferry.FerryError as e:
+            assert "flip.h5" in str(e)
+            continue
+        with h5py.File(q, "r") as h:   # read: only where the flip left the chunk decodable to the same values
+            np.testing.assert_array_equal(got, h["bs_lz4"][()])
+
+
+def test_unknown_filter_refused_by_name_and_id(tmp_path):
+    p = tmp_path / "lzf.h5"
+    with h5py.File(p, "w") as f:
+        f.create_dataset("x", data=np.arange(100), chunks=(10,), compression="lzf")
+    cv, *_ = c_vars(p)
+    assert 'HDF5 filter 32000 ("lzf") has no ferry codec' in cv["x"]["error"]
+    assert cv["x"]["error"].endswith("(unsupported)") and cv["x"]["codecs"] == "lzf(hdf5_filter=32000)"
+    with pytest.raises(ferry.FerryError, match='filter 32000 \\("lzf"\\)'):
+        read(p, "x")
+
+
+def test_empty_datasets_and_attributes(tmp_path):
+    """h5py.Empty (a null dataspace): a dataset of no values is described with an
+    error, an attribute is empty; the rest of the file reads (netCDF4 refuses the file)."""
+    p = tmp_path / "empty.h5"
+    with h5py.File(p, "w") as f:
+        f["x"] = np.arange(3.0)
+        f.create_dataset("e", data=h5py.Empty("f4"))
+        f.attrs["ea"] = h5py.Empty("f8")
+        f.attrs["es"] = h5py.Empty("S5")
+    cv, _, attrs, _ = c_vars(p)
+    assert "null dataspace" in cv["e"]["error"]
+    assert attrs == {"ea": {"type": "<f8", "value": []}, "es": ""}
+    np.testing.assert_array_equal(read(p, "x"), np.arange(3.0))
+    with pytest.raises(ferry.FerryError, match="null dataspace"):
+        read(p, "e")
 
 
 def test_cli_info_describes_netcdf4(tmp_path):

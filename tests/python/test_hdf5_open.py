@@ -108,7 +108,7 @@ def test_xarray_sees_the_format_the_c_sniffer_sees(tmp_path):
         xr.open_dataset(bad, engine="ferry")
     junk = tmp_path / "junk.bin"
     junk.write_bytes(b"\1" * 64)
-    with pytest.raises(ValueError, match="not a netCDF, HDF5 or Zarr file"):
+    with pytest.raises(ValueError, match="not a netCDF, HDF5, Zarr or kerchunk reference file"):
         xr.open_dataset(junk, engine="ferry")
     npy = tmp_path / "a.npy"
     np.save(npy, t)

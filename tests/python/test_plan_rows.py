@@ -1,5 +1,5 @@
 """Plan.read_rows (python/ferry/ext/rows.c): rows of several arrays planned in one call — a
-chunked HDF5 layout (_ferry.layout) and a variable of ferry's own Dataset side by side — read
+chunked HDF5 variable and a netCDF-3 one, both of ferry's own Dataset, side by side — read
 what numpy indexing gives, go where their offsets say, and a refused call adds nothing."""
 import numpy as np
 import pytest
@@ -33,7 +33,7 @@ def stores(tmp_path_factory):
     b = rng.standard_normal((T, H, W)).astype("f4")
     xr.Dataset({"b": (("t", "y", "x"), b)}).to_netcdf(d / "b.nc", engine="scipy", format="NETCDF3_64BIT")
     sa, sb = fx.FerryStore(str(d / "a.h5")), fx.FerryStore(str(d / "b.nc"))
-    assert sa.specs["a"].kind == "h5" and sb.specs["b"].kind == "ferry"
+    assert sa.specs["a"].kind == "ferry" and sb.specs["b"].kind == "ferry"
     yield (sa, a), (sb, b)
     sa.close()
     sb.close()

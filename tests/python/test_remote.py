@@ -479,13 +479,14 @@ def test_http_sharded_safetensors_index(server):
             np.testing.assert_array_equal(ferry.read(url, t, device="cpu"), v)
 
 
-def test_dataset_glob_over_objects_says_to_list_them():
-    """A glob over s3:// (or any object URL) needs a listing ferry does not make yet: a ValueError
-    naming the scheme and what works instead, not "no files match"; file:// globs expand locally."""
+def test_dataset_glob_over_web_urls_says_to_name_them():
+    """A glob over http(s):// URLs needs a listing a web server does not have: a ValueError
+    naming the scheme and what works instead, not "no files match" (s3:// and gs:// globs are
+    listed: test_remote_zarr.py); file:// globs expand locally."""
     pytest.importorskip("torch")
     from ferry.torch import ArrayDataset
-    with pytest.raises(ValueError, match=r"globs over s3:// objects are not expanded yet"):
-        ArrayDataset("s3://bucket/train/*.npy", batch_size=2, device="cpu")
+    with pytest.raises(ValueError, match=r"globs over https:// URLs cannot be expanded"):
+        ArrayDataset("https://example.invalid/train/*.npy", batch_size=2, device="cpu")
     from ferry.torch.sources import _expand
     import tempfile
     with tempfile.TemporaryDirectory() as d:

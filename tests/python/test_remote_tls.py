@@ -170,6 +170,20 @@ def test_ferry_variable_comes_first(tls_server, pki, clean_env):
     np.testing.assert_array_equal(ferry.read(url, device="cpu"), np.arange(10))
 
 
+def test_ca_bundle_option_comes_before_the_variables(tls_server, pki, clean_env):
+    """storage_options={"ca_bundle": ...} (a context's remote option) wins over
+    FERRY_REMOTE_CA_BUNDLE, and a refusal names the option."""
+    a = np.arange(100, dtype=np.int64)
+    url = tls_server.put("o.npy", npy_bytes(a))
+    clean_env.setenv("FERRY_REMOTE_CA_BUNDLE", pki.other_ca)
+    np.testing.assert_array_equal(ferry.read(url, device="cpu", storage_options={"ca_bundle": pki.ca}), a)
+    clean_env.setenv("FERRY_REMOTE_CA_BUNDLE", pki.ca)
+    with pytest.raises(FerryError) as ei:
+        ferry.read(url, device="cpu", storage_options={"ca_bundle": pki.other_ca})
+    msg = str(ei.value)
+    assert url in msg and "not trusted by the CA bundle " + pki.other_ca + " (the ca_bundle option)" in msg, msg
+
+
 def test_certificate_for_another_name_is_refused(pki, clean_env):
     clean_env.setenv("FERRY_REMOTE_CA_BUNDLE", pki.ca)
     s = RangeServer(tls=pki.localhost_only).start()
@@ -310,8 +324,12 @@ def test_s3_reads_and_torch_saves_over_tls(s3_over_tls, pki, clean_env):
     with pytest.raises(FerryError) as ei:
         ck.save(sd, "s3://data/t/m.safetensors")
     assert "s3://data/t/m.safetensors" in str(ei.value) and "certificate" in str(ei.value), str(ei.value)
+    with pytest.raises(FerryError) as ei:   # a listing (globs) is refused the same way
+        ferry.default_context().url_glob("s3://data/t/*.npy")
+    assert "certificate" in str(ei.value), str(ei.value)
     clean_env.setenv("FERRY_REMOTE_CA_BUNDLE", pki.ca)
     np.testing.assert_array_equal(ferry.read("s3://data/t/a.npy", device="cpu"), a)
+    assert ferry.default_context().url_glob("s3://data/t/*.npy") == ["s3://data/t/a.npy"]
     clean_env.setenv("FERRY_REMOTE_PART_SIZE", "5M")
     ck.save(sd, "s3://data/t/m.safetensors")   # 12 MB: a multipart upload of 3 parts
     etag = s3_over_tls.s3.head_object(Bucket="data", Key="t/m.safetensors")["ETag"]

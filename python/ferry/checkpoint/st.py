@@ -28,7 +28,7 @@ ALIGN = 4096
 MAX_HEADER = 100 * 1000 * 1000   # safetensors' own bound on N
 BIG = 64 * 1024                  # "large" tensor for the layout
 
-# The names are the C library's one table (_ferry.DTYPES, src/engine/names.c): rows
+# The names are the C library's one table (_ferry.DTYPES, src/base/names.c): rows
 # (short, long = torch attribute name, safetensors, typestr, bits). Python only translates.
 _WHOLE = {r[2]: r for r in _ferry.DTYPES if r[2] and r[4] % 8 == 0}   # sub-byte types: bytes
 

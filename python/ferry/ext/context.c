@@ -360,8 +360,66 @@ static PyObject *Context_plan_budget(ContextObject *self, PyObject *args, PyObje
                          "free_bytes", (unsigned long long)b.free_bytes, "keep_free", (unsigned long long)b.keep_free);
 }
 
+/* set_remote_option(name, value): ferry_ctx_set_remote_option (ferry_experimental.h); value None unsets */
+static PyObject *Context_set_remote_option(ContextObject *self, PyObject *args) {
+    const char *name, *value = NULL;
+    if (!PyArg_ParseTuple(args, "s|z", &name, &value)) return NULL;
+    if (ctx_check(self) < 0) return NULL;
+    int rc = ferry_ctx_set_remote_option(self->ctx, name, value);
+    if (rc < 0) return raise_ctx(self->ctx, rc);
+    Py_RETURN_NONE;
+}
+
+/* url_glob(pattern) -> [url, ...]: ferry_url_glob (ferry_experimental.h), sorted */
+static PyObject *Context_url_glob(ContextObject *self, PyObject *arg) {
+    PyObject *b = NULL;
+    if (!PyUnicode_FSConverter(arg, &b)) return NULL;
+    if (ctx_check(self) < 0) { Py_DECREF(b); return NULL; }
+    char *urls = NULL;
+    size_t n = 0;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ferry_url_glob(self->ctx, PyBytes_AS_STRING(b), &urls, &n);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(b);
+    if (rc < 0) return raise_ctx(self->ctx, rc);
+    PyObject *out = PyList_New((Py_ssize_t)n);
+    const char *u = urls;
+    for (size_t i = 0; out && i < n; i++) {
+        PyObject *s = PyUnicode_DecodeFSDefault(u);
+        if (!s) { Py_CLEAR(out); break; }
+        PyList_SET_ITEM(out, (Py_ssize_t)i, s);
+        u += strlen(u) + 1;
+    }
+    free(urls);
+    return out;
+}
+
+/* format_detect(path): ferry_format_detect with this context (its remote options) */
+static PyObject *Context_format_detect(ContextObject *self, PyObject *arg) {
+    PyObject *b = NULL;
+    if (!PyUnicode_FSConverter(arg, &b)) return NULL;
+    if (ctx_check(self) < 0) { Py_DECREF(b); return NULL; }
+    const char *fmt = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ferry_format_detect(self->ctx, PyBytes_AS_STRING(b), &fmt);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(b);
+    if (rc < 0) return raise_ctx(self->ctx, rc);
+    return PyUnicode_FromString(fmt);
+}
+
 static PyMethodDef Context_methods[] = {
     {"config", (PyCFunction)Context_config, METH_NOARGS, "Effective configuration as a dict."},
+    {"set_remote_option", (PyCFunction)Context_set_remote_option, METH_VARARGS,
+     "set_remote_option(name, value): an option of the remote objects this context opens "
+     "(ferry_ctx_set_remote_option: endpoint_url, region, addressing, key, secret, token, profile, anon, "
+     "ca_bundle); None unsets"},
+    {"url_glob", (PyCFunction)Context_url_glob, METH_O,
+     "url_glob(pattern) -> [url, ...]: the s3:// or gs:// objects a glob names, sorted (ferry_url_glob)"},
+    {"format_detect", (PyCFunction)Context_format_detect, METH_O,
+     "format_detect(path) -> format name, with this context's remote options (ferry_format_detect)"},
     {"stats", (PyCFunction)Context_stats, METH_NOARGS,
      "Per-path statistics: {'cufile'|'staged'|'host': {'bytes','ops','seconds'}, 'direct_bytes', ...}."},
     {"reset_stats", (PyCFunction)Context_reset_stats, METH_NOARGS, "Zero the statistics."},

@@ -100,7 +100,7 @@ static PyObject *Dataset_get_store_info(DatasetObject *self, void *c) {
                          si.consolidated ? Py_True : Py_False, "is_array", si.is_array ? Py_True : Py_False);
 }
 
-/* the library's one name table (ferry_dtype_name, src/engine/names.c) */
+/* the library's one name table (ferry_dtype_name, src/base/names.c) */
 static const char *dtype_name(ferry_dtype t) { return ferry_dtype_name(t, FERRY_NAME_SHORT); }
 
 static PyObject *u64_tuple(const uint64_t *v, int n) {

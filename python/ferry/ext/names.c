@@ -1,7 +1,7 @@
 /*
  * names.c — Python names of the library's enums, both ways: path, direct and
  * decode policies, codecs, dtypes and sizes, all through the library's one
- * table (src/engine/names.c), so the bindings and the Python modules keep no
+ * table (src/base/names.c), so the bindings and the Python modules keep no
  * tables of their own.
  */
 #include "ferry_ext.h"
@@ -62,7 +62,7 @@ int parse_codec_id(PyObject *o, uint32_t *out) {
     return 0;
 }
 
-/* Names and sizes from the library's one table (src/engine/names.c), so the
+/* Names and sizes from the library's one table (src/base/names.c), so the
  * Python modules keep no tables of their own. */
 PyObject *mod_dtype_name(PyObject *m, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"name", "style", NULL};
@@ -112,7 +112,7 @@ PyObject *mod_size_parse(PyObject *m, PyObject *arg) {
     return PyLong_FromUnsignedLongLong(v);
 }
 
-/* DTYPES: the library's dtype table (src/engine/names.c), one tuple
+/* DTYPES: the library's dtype table (src/base/names.c), one tuple
  * (short, long, safetensors or None, typestr or None, bits) per type, so the
  * Python modules translate to torch / numpy dtypes without a table of their own. */
 PyObject *dtype_table(void) {

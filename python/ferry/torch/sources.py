@@ -35,16 +35,25 @@ def _natural_key(s):
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
 
 
-def _expand(spec):
-    """A glob (natural order), a path, or a list of them -> a list of paths (str)."""
+def _expand(spec, ctx=None):
+    """A glob (natural order), a path, or a list of them -> a list of paths (str).
+    s3:// and gs:// globs are listed with ctx's remote options (None: the default context's)."""
     if isinstance(spec, (str, bytes, os.PathLike)):
         s = os.fsdecode(spec)
         if any(c in s for c in "*?["):
-            scheme = s.split("://", 1)[0] if "://" in s else ""
+            scheme = s.split("://", 1)[0].lower() if "://" in s else ""
+            if scheme in ("s3", "gs"):
+                # the bucket listed by the C library (ferry_url_glob), with the context's
+                # remote options, else the environment's endpoint and credentials
+                from .. import default_context
+                paths = sorted((ctx if ctx is not None else default_context()).url_glob(s), key=_natural_key)
+                if not paths:
+                    raise FileNotFoundError(f"ferry.torch: no objects match {s!r}")
+                return paths
             if scheme and scheme != "file":
-                # a glob over objects needs a listing (ListObjectsV2), which ferry does not do yet
-                raise ValueError(f"ferry.torch: {s!r}: globs over {scheme}:// objects are not expanded yet; name "
-                                 f"the objects (a list of {scheme}:// URLs reads through ferry's remote source)")
+                # a web server has no listing
+                raise ValueError(f"ferry.torch: {s!r}: globs over {scheme}:// URLs cannot be expanded (a web server "
+                                 f"has no listing; s3:// and gs:// globs are listed); name the objects")
             if scheme == "file":
                 s = s[len("file://"):]
             paths = sorted(_glob.glob(s), key=_natural_key)
@@ -55,21 +64,21 @@ def _expand(spec):
     if isinstance(spec, (list, np.ndarray)) or hasattr(spec, "__iter__"):
         paths = []
         for p in spec:
-            paths.extend(_expand(p))
+            paths.extend(_expand(p, ctx))
         if not paths:
             raise ValueError("ferry.torch: an empty list of files")
         return paths
     raise TypeError(f"ferry.torch: a source is a path, a glob, a list of paths or (paths, name); got {spec!r}")
 
 
-def _parse_source(spec):
+def _parse_source(spec, ctx=None):
     """-> (paths, array name or None). A tuple is (paths-or-glob, name); a list is paths."""
     if isinstance(spec, tuple):
         if len(spec) != 2 or not isinstance(spec[1], str):
             raise TypeError("ferry.torch: a tuple source is (paths_or_glob, array_name); "
                             "give several paths as a list")
-        return _expand(spec[0]), spec[1]
-    return _expand(spec), None
+        return _expand(spec[0], ctx), spec[1]
+    return _expand(spec, ctx), None
 
 
 class _Shard:
@@ -142,7 +151,7 @@ def _open_var(ctx, path, name):
 
 
 def _load_field(ctx, fname, spec):
-    paths, name = _parse_source(spec)
+    paths, name = _parse_source(spec, ctx)
     shards = []
     row_shape = typestr = fdt = itemsize = None
     for p in paths:

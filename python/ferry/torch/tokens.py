@@ -105,7 +105,7 @@ def _load_token_field(ctx, files, seq_len, dtype):
     if dtype not in _TOKEN_DTYPES:
         raise ValueError(f"TokenDataset: dtype must be one of {sorted(_TOKEN_DTYPES)}, not {dtype!r}")
     want, tdt = _TOKEN_DTYPES[dtype]
-    paths = _expand(files)
+    paths = _expand(files, ctx)
     offsets, tokens = [], []
     isz = int(want[2:])
     for p in paths:
@@ -120,7 +120,11 @@ def _load_token_field(ctx, files, seq_len, dtype):
                 # a glob also matching a README or a .json must not train on its bytes
                 raise _ferry.FerryError(_ferry.ENOFORMAT, f"TokenDataset: {p} is neither a 1-D .npy nor a "
                                         "raw token file named *.bin (nanoGPT's layout)")
-            size = os.path.getsize(p)
+            if "://" in p and not p.startswith("file://"):   # an object: its size from its open (one request)
+                with _ferry.File(ctx, p) as f:
+                    size = f.size
+            else:
+                size = os.path.getsize(p)
             if size % isz:
                 raise _ferry.FerryError(_ferry.EINVAL, f"TokenDataset: {p} has {size} bytes, not a "
                                         f"whole number of {dtype} tokens")

@@ -6,23 +6,21 @@ straight into GPU memory (cupy arrays) or, with ``device="cpu"``, into numpy.
 Formats
   netCDF classic (CDF-1/2/5)   ferry's C parser (ferry._ferry.Dataset)
   Zarr v2 / v3                 ferry's C parser
-  netCDF-4 / HDF5              h5py for metadata and chunk tables (contiguous
-                               and chunked layouts; shuffle, deflate, zstd,
-                               fletcher32; fill values; big-endian), the data
-                               through the engine as explicit extents
-                               (Plan.extent). Variables the engine cannot read
-                               (compact layout, variable-length strings,
-                               unsupported filters) are read by h5py on the CPU
-                               and then copied; this is logged on the
-                               "ferry.xarray" logger and recorded in the
-                               variable's ``encoding["ferry_reader"]``.
-                               Zarr arrays ferry cannot read (types, codecs,
-                               chunk grids it lacks) go the same way through
-                               zarr-python; without zarr installed they keep
-                               ferry's description (dims, attributes) and
-                               loading them raises ferry.FerryError with the
-                               parser's message (which reader took each Zarr variable
-                               is logged, not put in encoding).
+  netCDF-4 / HDF5              ferry's C parser (src/formats/hdf5/): groups,
+                               dimensions (scales and phony ones), attributes,
+                               every layout and chunk index; the filters
+                               ferry decodes. A variable the parser refuses
+                               as unsupported (variable-length strings, a
+                               filter ferry lacks) is read by h5py on the CPU
+                               when h5py is installed, logged once on the
+                               "ferry" logger with the parser's reason; a
+                               damaged one is a FerryError naming the file
+                               and byte.
+  Zarr arrays ferry cannot read (types, codecs, chunk grids it lacks) go to
+  zarr-python; without zarr installed they keep ferry's description (dims,
+  attributes) and loading them raises ferry.FerryError with the parser's
+  message (which reader took each Zarr variable is logged, not put in
+  encoding).
 
 Laziness: every variable is a BackendArray with OUTER indexing; a read becomes
 one plan that touches only the chunks / records the selection needs.
@@ -45,11 +43,12 @@ reopens by path (with the new process's context) in another process, in a
 forked child and after close(); the file must still be the one parsed (inode,
 size, mtime), else FerryError. Every engine run is bracketed by that check.
 
-Input: local paths only (str, bytes, os.PathLike, file://, fsspec mappers and
-zarr stores of local directories); remote URLs are FerryError. Damaged
-netCDF-4: any object, attribute or chunk index h5py cannot read is FerryError
-naming the file and the object (never a dropped variable, never h5py's own
-exception).
+Input: local paths (str, bytes, os.PathLike, file://, fsspec mappers and zarr
+stores of local directories) and s3://, gs://, http(s):// URLs of Zarr stores
+and netCDF classic files, with storage_options= (docs/remote.md; fsspec mappers
+of S3/GCS are taken as their URL and options); other schemes are FerryError. Damaged
+netCDF-4: the C parser's error naming the file, the byte and the object
+(never a dropped variable, never h5py's own exception).
 """
 from __future__ import annotations
 

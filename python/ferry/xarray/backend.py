@@ -15,6 +15,7 @@ from .common import _format_of, _route
 from .dask_hook import cupy_meta
 from .hdf5 import _h5_groups
 from .store import FerryStore
+from .._remote import remote_context
 
 
 # ---------------------------------------------------------------------------
@@ -22,16 +23,21 @@ from .store import FerryStore
 # ---------------------------------------------------------------------------
 def _remote_error(what, proto: str) -> ferry.FerryError:
     return ferry.FerryError(_ferry.EUNSUPPORTED,
-                            f"{what}: ferry reads local files only, not {proto}:// (copy the data to a local "
-                            "disk, or open it with another engine, e.g. engine='h5netcdf' or 'zarr' with fsspec)")
+                            f"{what}: ferry reads local files and s3://, gs://, http:// and https:// URLs, not {proto}:// "
+                            "(copy the data to a local disk, or open it with another engine, e.g. engine='h5netcdf' "
+                            "or 'zarr' with fsspec)")
+
+
+_URL_PROTOS = {"s3": "s3", "s3a": "s3", "gs": "gs", "gcs": "gs", "http": "http", "https": "https"}
 
 
 def _local_path(obj, storage_options=None) -> str:
-    """The local path named by what xarray's engines accept as a file: str,
+    """The path or URL named by what xarray's engines accept as a file: str,
     bytes (os.fsencode'd names that are not UTF-8 too), os.PathLike, file://
-    URLs, fsspec mappers of a local file system, zarr's LocalStore (and v2's
-    DirectoryStore). A remote URL or store is a FerryError: it must never become
-    a local path (``s3://b/x`` is not ``./s3:/b/x``)."""
+    URLs (as local paths), s3://, gs://, http(s):// URLs (as they are: the C
+    library reads them), fsspec mappers of a local file system or of S3/GCS,
+    zarr's LocalStore (and v2's DirectoryStore). Another scheme is a FerryError:
+    it must never become a local path (``ftp://b/x`` is not ``./ftp:/b/x``)."""
     if isinstance(obj, FerryStore):
         return obj.filename
     if isinstance(obj, (str, bytes, os.PathLike)):
@@ -44,6 +50,8 @@ def _local_path(obj, storage_options=None) -> str:
         if fs is not None and root is not None:            # fsspec FSMap, zarr FsspecStore
             protos = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
             if not {"file", "local"} & set(protos):
+                if protos[0] in ("s3", "s3a", "gs", "gcs"):
+                    return f"{_URL_PROTOS[protos[0]]}://{str(root).split('://', 1)[-1].lstrip('/')}"
                 raise _remote_error(f"{type(obj).__name__}({root!r})", protos[0])
             path = os.fspath(root)
         elif type(obj).__name__ in ("LocalStore", "DirectoryStore", "NestedDirectoryStore"):
@@ -55,6 +63,8 @@ def _local_path(obj, storage_options=None) -> str:
         path = os.fsdecode(path) if isinstance(path, bytes) else path
     if "://" in path:
         proto = path.split("://", 1)[0]
+        if proto.lower() in _URL_PROTOS.values():
+            return path
         if proto.lower() != "file":
             raise _remote_error(path, proto)
         from urllib.parse import unquote, urlsplit
@@ -114,12 +124,13 @@ class FerryBackendEntrypoint(BackendEntrypoint):
             store = filename_or_obj
         else:
             p = _local_path(filename_or_obj, storage_options)
-            if consolidated is not None and _format_of(p) != "zarr":
+            so = _storage_options(filename_or_obj, storage_options)
+            if consolidated is not None and _format_of(p, remote_context(so)) != "zarr":
                 raise ValueError(f"{p}: consolidated= applies to Zarr stores only")
             store = FerryStore(p, group=group, device=device, threads=threads, path_policy=path_policy, decode=decode,
                                mask_and_scale=mask_and_scale, decode_times=decode_times,
                                decode_timedelta=decode_timedelta, lock=lock, allow_outside=allow_outside,
-                               progress=progress)
+                               progress=progress, storage_options=so)
             try:
                 _check_consolidated(store, consolidated)
             except BaseException:
@@ -140,12 +151,13 @@ class FerryBackendEntrypoint(BackendEntrypoint):
                             path: str | None = None) -> dict:
         path_policy = _route(path_policy, path, "engine='ferry'")
         p = _local_path(filename_or_obj, storage_options)
-        fmt = _format_of(p)
+        so = _storage_options(filename_or_obj, storage_options)
+        fmt = _format_of(p, remote_context(so))
         root = (group or "/").rstrip("/") or "/"
         if fmt == "hdf5":
             groups = [g for g in _h5_groups(p) if g == root or g.startswith(root.rstrip("/") + "/") or root == "/"]
         elif fmt in ("zarr", "refs"):
-            groups = _zarr_groups(p, root)
+            groups = _zarr_groups(p, root, remote_context(so))
         else:
             groups = ["/"]
         out = {}
@@ -155,7 +167,7 @@ class FerryBackendEntrypoint(BackendEntrypoint):
                                    drop_variables=drop_variables, use_cftime=use_cftime,
                                    decode_timedelta=decode_timedelta, group=None if g == "/" else g,
                                    device=device, threads=threads, path_policy=path_policy, lock=lock,
-                                   consolidated=consolidated)
+                                   consolidated=consolidated, storage_options=so)
             rel = "/" + g[len(root):].lstrip("/") if root != "/" else g
             out[rel] = ds
         return out
@@ -177,12 +189,20 @@ class FerryBackendEntrypoint(BackendEntrypoint):
         return DataTree.from_dict(d)
 
 
-def _zarr_groups(store: str, root: str) -> list:
+def _storage_options(obj, storage_options):
+    """storage_options as given, else those of an fsspec mapper of S3/GCS."""
+    if storage_options:
+        return storage_options
+    fs = getattr(obj, "fs", None)
+    return dict(getattr(fs, "storage_options", None) or {}) if fs is not None else None
+
+
+def _zarr_groups(store: str, root: str, ctx=None) -> list:
     out = []
 
     def walk(g):
         out.append(g)
-        ds = ferry.Dataset(ferry.default_context(), store, None, None if g == "/" else g.strip("/"))
+        ds = ferry.Dataset(ctx or ferry.default_context(), store, None, None if g == "/" else g.strip("/"))
         try:
             children = json.loads(ds.groups)
         finally:

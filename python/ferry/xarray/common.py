@@ -19,11 +19,11 @@ log = logging.getLogger("ferry.xarray")
 # ---------------------------------------------------------------------------
 # small helpers
 # ---------------------------------------------------------------------------
-def _format_of(path: str) -> str:
+def _format_of(path: str, ctx=None) -> str:
     """netcdf3, hdf5, zarr or refs (a kerchunk reference set), as the C library's one sniffer
-    (ferry_format_detect) sees it."""
+    (ferry_format_detect) sees it (with ctx's remote options for a URL)."""
     try:
-        fmt = _ferry.format_detect(path)
+        fmt = ctx.format_detect(path) if ctx is not None else _ferry.format_detect(path)
     except ferry.FerryError as e:
         if e.code != _ferry.ENOFORMAT or os.path.isdir(path):
             raise
@@ -131,7 +131,7 @@ class _VarSpec:
         self.dtype = np.dtype(dtype)          # what a raw read returns (native order)
         self.attrs = attrs
         self.encoding = encoding
-        self.kind = kind                      # "ferry" | "h5" | "h5py" | "zarrpy" | "unsupported"
+        self.kind = kind                      # "ferry" | "h5py" | "zarrpy" | "unsupported"
         self.source = source                  # format-specific handle / info
         self.error = None                     # "unsupported": why (the C parser's message)
         self.index = None                     # "ferry": the C dataset's variable index (names may not be UTF-8)

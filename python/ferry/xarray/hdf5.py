@@ -1,8 +1,12 @@
-"""netCDF-4 / HDF5 through h5py: metadata, attributes, dimensions and chunk tables, turned into
-the extents ferry's engine reads (_H5Source), and every h5py error into a FerryError naming
-the file and object."""
+"""netCDF-4 / HDF5 for ferry.xarray: the C parser's description of a group (src/formats/hdf5/,
+through ferry.Dataset) as variables, attributes, dimensions and encodings the way xarray's
+netcdf4 engine gives them. The engine reads the data. h5py reads only the variables the parser
+refuses as unsupported (a type or filter ferry lacks), never one it finds damaged; each such
+variable is logged once, with the parser's reason."""
 from __future__ import annotations
 
+import json
+import logging
 import os
 import threading
 
@@ -10,194 +14,30 @@ import numpy as np
 
 import ferry
 from ferry import _ferry
-from .common import _VarSpec, _native, log
-from .common import _file_identity
+from .common import _VarSpec, _file_identity, _native
 
 
-_H5_HIDDEN = {"CLASS", "DIMENSION_LIST", "NAME", "REFERENCE_LIST", "_Netcdf4Dimid", "_Netcdf4Coordinates",
-              "_nc3_strict", "_NCProperties", "_SuperblockVersion", "_IsNetcdf4"}
+log = logging.getLogger("ferry")
+
+# how the C parser ends a variable's error when the dataset is valid but uses what
+# ferry lacks (hdf5.c, H5_REFUSED); any other error is damage
+_REFUSED = " (unsupported)"
+
+# the parser's words for a dataset of no values (h5py.Empty; hdf5.c build_var)
+_NULL_SPACE = "null dataspace (no values)"
+
+_logged: set = set()
+_logged_lock = threading.Lock()
 
 
-_NC_DIM_ONLY = b"This is a netCDF dimension but not a netCDF variable"
-
-
-_NON_COORD = "_nc4_non_coord_"
-
-
-# ---------------------------------------------------------------------------
-# HDF5 / netCDF-4 through h5py
-# ---------------------------------------------------------------------------
-def _h5_attr_value(v):
-    import h5py
-    if isinstance(v, h5py.Empty):
-        return "" if v.dtype.kind == "S" else None
-    if isinstance(v, (bytes, np.bytes_)):
-        try:
-            return bytes(v).decode("utf-8")
-        except UnicodeDecodeError:
-            return bytes(v)
-    if isinstance(v, np.ndarray):
-        if v.dtype.kind == "S":
-            vals = [bytes(x).decode("utf-8", "replace") for x in v.ravel()]
-            return vals[0] if len(vals) == 1 else vals
-        if v.dtype.kind == "O":
-            vals = [x.decode("utf-8") if isinstance(x, bytes) else x for x in v.ravel()]
-            return vals[0] if len(vals) == 1 else vals
-        if v.ndim == 1 and v.shape[0] == 1:
-            return v[0]
-        if v.ndim == 0:
-            return v[()]
-    return v
-
-
-def _h5_attrs(obj) -> dict:
-    out = {}
-    for k in obj.attrs.keys():
-        if k in _H5_HIDDEN:
-            continue
-        try:
-            v = obj.attrs[k]
-        except Exception as e:  # noqa: BLE001 — netCDF4 and h5netcdf refuse it too
-            raise _h5_error(obj.file.filename, f"{obj.name}: attribute {k!r}", e) from None
-        v = _h5_attr_value(v)
-        if v is None:
-            continue
-        out[k] = v
-    return out
-
-
-class _H5Source:
-    """Layout of one HDF5 dataset as ferry needs it."""
-
-    def __init__(self, path, dset, dtype: np.dtype):
-        import h5py
-        self.path = path
-        self.dset = dset
-        self.stored = dset.dtype
-        self.itemsize = dtype.itemsize
-        self.swap = self.stored.byteorder == ">" and self.stored.itemsize > 1
-        self.swap_size = self.stored.itemsize // 2 if self.stored.kind == "c" else self.stored.itemsize
-        self.shape = tuple(dset.shape)
-        dcpl = dset.id.get_create_plist()
-        self.layout = dcpl.get_layout()
-        self.filters = []
-        self.supported = True
-        self.why = ""
-        for i in range(dcpl.get_nfilters()):
-            code, flags, vals, name = dcpl.get_filter(i)
-            codec = _ferry.hdf5_filter_codec(code, vals, self.stored.itemsize)   # C's table of HDF5 filters
-            if codec is not None:
-                self.filters.append(codec)
-            else:
-                self.supported = False
-                self.why = f"HDF5 filter {code} ({name.decode(errors='replace') if isinstance(name, bytes) else name})"
-        try:
-            if dcpl.get_external_count() > 0:
-                self.supported = False
-                self.why = "external storage"
-        except AttributeError:
-            pass
-        if self.layout == h5py.h5d.COMPACT:
-            self.supported, self.why = False, "compact layout"
-        elif self.layout not in (h5py.h5d.CONTIGUOUS, h5py.h5d.CHUNKED):
-            self.supported, self.why = False, "virtual/unknown layout"
-        if self.stored.kind not in "biufcS" or self.stored.hasobject:
-            self.supported, self.why = False, f"dtype {self.stored}"
-        if self.supported and len(self.filters) + (1 if self.swap else 0) > _ferry.MAX_CODECS:
-            self.supported, self.why = False, "too many filters"
-        self.fill = None
-        if self.supported:
-            fv = dset.fillvalue
-            fb = np.array(fv, dtype=self.stored).astype(_native(self.stored)).tobytes()
-            self.fill = fb
-            if len(fb) > 16:
-                self.supported, self.why = False, "fill value wider than 16 bytes"
-        self.chunks = tuple(dset.chunks) if dset.chunks else None
-        self.file_size = os.path.getsize(path)
-        self._table = None
-        self._lock = threading.Lock()
-        self.offset = self.nbytes = None
-        if self.layout == h5py.h5d.CONTIGUOUS and self.supported:
-            self.offset = dset.id.get_offset()
-            self.nbytes = dset.id.get_storage_size()
-
-    def table(self):
-        """The chunk table (ferry_plan_layout's), built once from h5py's chunk_iter."""
-        with self._lock:
-            if self._table is None:
-                nd = len(self.shape)
-                if self.chunks is None:     # contiguous: one chunk, the whole array (absent if never written)
-                    rows = [] if self.offset is None or 0 in self.shape else [((0,) * nd, self.offset, self.nbytes, 0)]
-                else:
-                    rows = []
-                    dsid = self.dset.id
-                    if hasattr(dsid, "chunk_iter"):
-                        dsid.chunk_iter(lambda i: rows.append((i.chunk_offset, i.byte_offset, i.size, i.filter_mask)))
-                    else:
-                        for i in range(dsid.get_num_chunks()):
-                            i = dsid.get_chunk_info(i)
-                            rows.append((i.chunk_offset, i.byte_offset, i.size, i.filter_mask))
-                n = len(rows)
-                origins = np.array([r[0] for r in rows], dtype=np.uint64).reshape(n, nd)
-                mask = np.array([r[3] for r in rows], dtype=np.uint32)
-                # HDF5 numbers filters in the order they encode; the layout's
-                # codecs are in decoding order
-                nf = len(self.filters)
-                skips = np.zeros(n, dtype=np.uint32)
-                for i in range(nf):
-                    skips |= ((mask >> i) & 1) << (nf - 1 - i)
-                self._table = _ferry.chunk_table(self.shape, self.chunks or self.shape, origins,
-                                                 np.array([r[1] for r in rows], dtype=np.uint64),
-                                                 np.array([r[2] for r in rows], dtype=np.uint64), skips)
-            return self._table
-
-    def _layout(self, label: str):
-        """The arguments of this variable's layout (Plan.layout, _ferry.layout) but the selection."""
-        return ((self.shape, self.chunks or self.shape, self.itemsize),
-                dict(table=self.table(), path=self.path, codecs=self.filters[::-1],
-                     swap=self.swap_size if self.swap else 0, fill=self.fill, label=label, file_size=self.file_size))
-
-    def add_to_plan(self, plan: ferry.Plan, triples, dst, label: str):
-        """Plan the selection `triples` into dst (C order): ferry_plan_layout."""
-        args, kw = self._layout(label)
-        plan.layout(dst, *args, selection=triples if self.shape else None, **kw)
-
-    def row_layout(self, label: str):
-        """The layout add_to_plan plans, described once (_ferry.layout), for Plan.read_rows."""
-        with self._lock:
-            lay = getattr(self, "_row_layout", None)
-        if lay is None:
-            args, kw = self._layout(label)
-            lay = _ferry.layout(*args, **kw)
-            with self._lock:
-                self._row_layout = lay
-        return lay
-
-
-def _h5_dims(dset, dimid_names: dict) -> tuple | None:
-    if dset.ndim == 0:
-        return ()
-    if "DIMENSION_LIST" in dset.attrs:
-        names = []
-        try:
-            dl = dset.attrs["DIMENSION_LIST"]
-            for refs in dl:
-                ref = refs[0] if len(refs) else None
-                if ref is None:
-                    return None
-                names.append(dset.file[ref].name.rsplit("/", 1)[-1])
-            return tuple(n[len(_NON_COORD):] if n.startswith(_NON_COORD) else n for n in names)
-        except Exception:  # noqa: BLE001 — malformed references: use phony dims
-            return None
-    if "_Netcdf4Coordinates" in dset.attrs:
-        ids = [int(i) for i in np.atleast_1d(dset.attrs["_Netcdf4Coordinates"])]
-        if all(i in dimid_names for i in ids):
-            return tuple(dimid_names[i] for i in ids)
-    cls = dset.attrs.get("CLASS", b"")
-    if cls == b"DIMENSION_SCALE" and dset.ndim == 1:
-        n = dset.name.rsplit("/", 1)[-1]
-        return (n[len(_NON_COORD):] if n.startswith(_NON_COORD) else n,)
-    return None
+def _log_once(path: str, name: str, what: str, why: str):
+    """One line per file, variable and reason in a process: "<file>: variable <name> <what>: <why>"."""
+    key = (path, name, what, why)
+    with _logged_lock:
+        if key in _logged:
+            return
+        _logged.add(key)
+    log.info("%s: variable %s %s: %s", path, name, what, why)
 
 
 def _h5_error(path: str, what: str, e: BaseException) -> ferry.FerryError:
@@ -206,163 +46,211 @@ def _h5_error(path: str, what: str, e: BaseException) -> ferry.FerryError:
     return ferry.FerryError(_ferry.EFORMAT, f"{path}: {what}: {msg}")
 
 
-def _h5_member(grp, k: str, path: str):
-    """grp[k], or FerryError naming the object: h5py's Group.items() yields None
-    for a member it cannot open, which would drop the variable without a word."""
-    try:
-        obj = grp[k]
-    except Exception as e:  # noqa: BLE001
-        raise _h5_error(path, f"cannot open object {grp.name.rstrip('/')}/{k}", e) from None
-    if obj is None:
-        raise ferry.FerryError(_ferry.EFORMAT, f"{path}: cannot open object {grp.name.rstrip('/')}/{k}")
-    return obj
+# ---------------------------------------------------------------------------
+# encodings as the netcdf4 engine gives them
+# ---------------------------------------------------------------------------
+_BLOSC = {"blosclz": "blosc_lz", "lz4": "blosc_lz4", "lz4hc": "blosc_lz4hc", "snappy": "blosc_snappy",
+          "zlib": "blosc_zlib", "zstd": "blosc_zstd"}
 
 
-def _h5_open(path: str):
-    import h5py
+def _filters(desc: str) -> dict:
+    """netCDF4.Variable.filters() from the parser's description of the pipeline
+    ("fletcher32 zlib(level=4) shuffle", decoding order; hdf5.c describe_filter)."""
+    out = {"zlib": False, "szip": False, "zstd": False, "bzip2": False, "blosc": False, "shuffle": False,
+           "complevel": 0, "fletcher32": False}
+    for tok in desc.split():
+        name, _, args = tok.partition("(")
+        kw = dict(a.split("=", 1) if "=" in a else (a, "") for a in args.rstrip(")").split(",") if a)
+        level = int(kw["level"]) if kw.get("level", "").lstrip("-").isdigit() else None
+        if name in ("zlib", "zstd", "bzip2"):
+            out[name] = True
+            if level is not None:
+                out["complevel"] = level
+        elif name == "shuffle":
+            out["shuffle"] = True
+        elif name == "fletcher32":
+            out["fletcher32"] = True
+        elif name == "blosc":
+            inner = next((k for k in kw if k in _BLOSC), None)
+            out["blosc"] = {"compressor": _BLOSC.get(inner, inner), "shuffle": int(kw.get("shuffle", 0) or 0)}
+            if level is not None:
+                out["complevel"] = level
+        elif name == "szip":
+            out["szip"] = True
+    return out
+
+
+def _encoding(v: dict, dims: tuple, source: str, stored, unlimited=()) -> dict:
+    """encoding of one variable: dtype, the filters, contiguous / chunksizes /
+    preferred_chunks, source, original_shape (xarray adds _FillValue and the
+    other CF keys when it decodes)."""
+    shape, chunks = tuple(v["shape"]), tuple(v["chunks"])
+    enc = {"dtype": stored} if stored is not None else {}
+    enc.update(_filters(v["codecs"]))
+    # Contiguous data has a byte range (data_bytes). Without one, the dataset is
+    # chunked when its chunks differ from its shape, it is filtered or it runs
+    # along an unlimited dimension (HDF5 chunks those); left over is a dataset of
+    # one unfiltered chunk of its fixed shape, or a contiguous one never
+    # written: both read alike, and the parser does not say which (contiguous).
+    contiguous = bool(v["data_bytes"]) or (chunks == shape and not v["codecs"]
+                                           and not any(d in unlimited for d in dims))
+    if contiguous or not shape:
+        enc["contiguous"] = True
+        enc["chunksizes"] = None
+    else:
+        enc["contiguous"] = False
+        enc["chunksizes"] = chunks
+        enc["preferred_chunks"] = dict(zip(dims, chunks))
+    enc["source"] = source
+    enc["original_shape"] = shape
+    return enc
+
+
+def _netcdf4_attrs(attrs: dict, typestr: str):
+    """Attributes as the netcdf4 engine hands them over: a character variable's
+    _FillValue as an array of its own type (bytes, not str)."""
+    if typestr[1:2] == "S" and "_FillValue" in attrs:
+        fv = attrs["_FillValue"]
+        attrs["_FillValue"] = np.array(fv.encode("utf-8", "surrogateescape") if isinstance(fv, str) else fv,
+                                       dtype=typestr)
+
+
+def _lsd(spec: _VarSpec):
+    """least_significant_digit goes from the attributes to the encoding, as netcdf4 moves it."""
+    if "least_significant_digit" in spec.attrs:
+        spec.encoding["least_significant_digit"] = spec.attrs.pop("least_significant_digit")
+
+
+# ---------------------------------------------------------------------------
+# h5py, for what the parser refuses
+# ---------------------------------------------------------------------------
+def _h5py_open(path: str, ident):
+    """The h5py file of the variables the C parser refuses, checked to be the file
+    the parser read (same inode, size and mtime), or None without h5py."""
     try:
-        return h5py.File(path, "r")
+        import h5py
+    except ImportError:
+        return None
+    try:
+        f = h5py.File(path, "r")
     except Exception as e:  # noqa: BLE001 — truncated, damaged, not HDF5 after all
         raise _h5_error(path, "cannot open as HDF5/netCDF-4", e) from None
-
-
-def _h5_scan(path: str, group: str | None):
-    """(specs, attrs, dims, unlimited, h5file) of an HDF5 / netCDF-4 group. Any
-    object or attribute h5py cannot read is a FerryError naming it (netCDF4 and
-    h5netcdf refuse such files too): a variable is never silently dropped."""
-    f = _h5_open(path)
     try:
-        return _h5_scan_open(f, path, group)
-    except ferry.FerryError:
-        f.close()
-        raise
-    except Exception as e:  # noqa: BLE001
-        f.close()
-        raise _h5_error(path, "damaged HDF5 metadata", e) from None
-
-
-def _h5_scan_open(f, path: str, group: str | None):
-    import h5py
-    # Every object header of the file, as netCDF4 reads them all at open: a damaged
-    # group elsewhere in the file makes netCDF4 refuse the file, so ferry does too.
-    try:
-        f.visit(lambda name: None)
-    except Exception as e:  # noqa: BLE001
-        raise _h5_error(path, "damaged HDF5 metadata", e) from None
-    g = f
-    if group not in (None, "", "/"):
-        node = f
-        for part in group.strip("/").split("/"):
-            if part not in node:
-                raise ferry.FerryError(_ferry.ENOTFOUND, f"{path}: no group {group!r} "
-                                       f"({node.name!r} has {sorted(node.keys())!r})")
-            node = _h5_member(node, part, path)
-            if not isinstance(node, h5py.Group):
-                raise ferry.FerryError(_ferry.ENOTFOUND, f"{path}: {group!r} is not a group")
-        g = node
-    # dimension ids of every dimension scale visible from this group
-    dimid_names = {}
-    dims, unlimited = {}, set()
-    node = g
-    chain = []
-    while True:
-        chain.append(node)
-        if node.name == "/":
-            break
-        node = node.parent
-    members = {}
-    for grp in reversed(chain):
-        for k in grp.keys():
-            obj = _h5_member(grp, k, path)
-            if grp is g:
-                members[k] = obj
-            if isinstance(obj, h5py.Dataset) and obj.attrs.get("CLASS", b"") == b"DIMENSION_SCALE":
-                name = k[len(_NON_COORD):] if k.startswith(_NON_COORD) else k
-                if "_Netcdf4Dimid" in obj.attrs:
-                    dimid_names[int(np.asarray(obj.attrs["_Netcdf4Dimid"]).ravel()[0])] = name
-                if grp is g and obj.ndim >= 1:
-                    dims[name] = int(obj.shape[0])
-                    if obj.maxshape and obj.maxshape[0] is None:
-                        unlimited.add(name)
-    specs = []
-    phony = 0
-    for k, obj in members.items():
-        if not isinstance(obj, h5py.Dataset):
-            continue
-        try:
-            nm = obj.attrs.get("NAME", b"")
-            if isinstance(nm, bytes) and nm.startswith(_NC_DIM_ONLY):
-                continue
-            name = k[len(_NON_COORD):] if k.startswith(_NON_COORD) else k
-            vd = _h5_dims(obj, dimid_names)
-            if vd is None:
-                vd = tuple(f"phony_dim_{phony + i}" for i in range(obj.ndim))
-                phony += obj.ndim
-            for d, n in zip(vd, obj.shape):
-                dims.setdefault(d, int(n))
-            attrs = _h5_attrs(obj)
-            stored = obj.dtype
-            encoding = {"source": path, "original_shape": tuple(obj.shape)}
-            vlen = h5py.check_dtype(vlen=stored)
-            if vlen is str or vlen is bytes or stored.kind == "O":
-                dtype = np.dtype(object)
-                src, kind, why = obj, "h5py", "variable-length strings"
-                encoding["dtype"] = str if vlen is str else stored
-            else:
-                dtype = _native(stored)
-                encoding["dtype"] = stored
-                s = _H5Source(path, obj, dtype)
-                if s.supported:
-                    src, kind, why = s, "h5", ""
-                else:
-                    src, kind, why = obj, "h5py", s.why
-            if obj.chunks:
-                encoding["chunksizes"] = tuple(obj.chunks)
-                encoding["preferred_chunks"] = dict(zip(vd, obj.chunks))   # as h5netcdf: chunks={} follows them
-                encoding["contiguous"] = False
-                if obj.compression == "gzip":
-                    encoding["zlib"] = True
-                    encoding["complevel"] = obj.compression_opts
-                encoding["shuffle"] = bool(obj.shuffle)
-                encoding["fletcher32"] = bool(obj.fletcher32)
-            else:
-                encoding["contiguous"] = True
-                encoding["chunksizes"] = None
-            encoding["ferry_reader"] = "engine" if kind == "h5" else "h5py"
-            if kind == "h5py":
-                log.info("%s: variable %s is read by h5py on the CPU (%s)", path, name, why)
-            specs.append(_VarSpec(name, vd, obj.shape, dtype, attrs, encoding, kind, src))
-        except ferry.FerryError:
-            raise
-        except Exception as e:  # noqa: BLE001
-            raise _h5_error(path, f"variable {obj.name}", e) from None
-    gattrs = _h5_attrs(g)
-    return specs, gattrs, dims, unlimited, f
-
-
-def _h5_groups(path: str) -> list:
-    import h5py
-    out = []
-    with _h5_open(path) as f:
-        def visit(name, obj):
-            if isinstance(obj, h5py.Group):
-                out.append("/" + name)
-        try:
-            f.visititems(visit)
-        except Exception as e:  # noqa: BLE001
-            raise _h5_error(path, "damaged HDF5 metadata", e) from None
-    return ["/"] + out
-
-
-def _h5_identity(h5file, path) -> tuple:
-    """Identity of the file h5py holds open, checked against what `path` names now:
-    the engine reads chunk bytes by path, so both must be one file."""
-    try:
-        st = os.fstat(int(h5file.id.get_vfd_handle()))
+        st = os.fstat(int(f.id.get_vfd_handle()))
         held = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
     except Exception:  # noqa: BLE001 — a driver without a descriptor: the path's stat
         held = _file_identity(path)
-    if _file_identity(path) != held:
-        h5file.close()
+    if ident is not None and held != ident:
+        f.close()
         raise ferry.FerryError(_ferry.EIO, f"{path}: the file was replaced while it was being opened")
-    return held
+    return f
+
+
+def _h5py_spec(h5, path: str, group: str | None, name: str, dims, attrs, v: dict, source: str, why: str,
+               unlimited=()):
+    """A refused variable read through h5py: its dtype as netCDF4 gives it
+    (object for variable-length strings), the parser's dims and attributes."""
+    import h5py
+    where = "/" + "/".join(x for x in ((group or "").strip("/"), name) if x)
+    try:
+        if where not in h5:   # netCDF-C's name for a variable named like a dimension it does not use
+            where = where.rsplit("/", 1)[0] + "/_nc4_non_coord_" + name
+        obj = h5[where]
+        stored = obj.dtype
+        vlen = h5py.check_dtype(vlen=stored)
+    except Exception as e:  # noqa: BLE001
+        raise _h5_error(path, f"variable {where}", e) from None
+    enc = _encoding(v, dims, source, None, unlimited)
+    if vlen is str or vlen is bytes or stored.kind == "O":
+        dtype = np.dtype(object)
+        enc["dtype"] = str if vlen is str else stored
+    else:
+        dtype = _native(stored)
+        enc["dtype"] = stored
+    enc = {"dtype": enc.pop("dtype"), **enc}
+    _log_once(path, where, "is read by h5py on the CPU", why)
+    spec = _VarSpec(name, dims, tuple(v["shape"]), dtype, attrs, enc, "h5py", obj)
+    _lsd(spec)
+    return spec
+
+
+# ---------------------------------------------------------------------------
+# the scan
+# ---------------------------------------------------------------------------
+def _h5_scan(path: str, group: str | None, ctx, cpath: str | None = None, ident=None):
+    """(specs, attrs, dims, unlimited, C dataset, h5py file or None) of a netCDF-4 /
+    HDF5 group. cpath: what the C parser opens when `path` cannot be handed to it
+    (a /proc/self/fd alias); ident: the file's identity, which h5py's file must share."""
+    ds = ferry.Dataset(ctx, cpath or path, None, group)
+    h5 = None
+    try:
+        gattrs = ferry.decode_attrs(ds.attrs, "hdf5")
+        dims_j = json.loads(ds.dims)
+        dims = {k: int(d["size"]) for k, d in dims_j.items()}
+        unlimited = {k for k, d in dims_j.items() if d.get("unlimited")}
+        source = os.path.abspath(path)
+        specs = []
+        for index, v in enumerate(ds.variables()):
+            name, err = v["name"], v["error"]
+            attrs = ferry.decode_attrs(v["attrs"], "hdf5")
+            vd = tuple(json.loads(v["dims"] or "[]"))
+            shape = tuple(v["shape"])
+            for dn, n in zip(vd, shape):
+                dims.setdefault(dn, int(n))
+            _netcdf4_attrs(attrs, v["typestr"])
+            if err and _NULL_SPACE in err:
+                # h5py.Empty: no values, no shape; netCDF has no such variable (netCDF4
+                # refuses the whole file): left out, said once, the rest of the file read
+                _log_once(path, name, "is left out", err[:-len(_REFUSED)] if err.endswith(_REFUSED) else err)
+                continue
+            if err and err.endswith(_REFUSED):
+                why = err[:-len(_REFUSED)]
+                if h5 is None:
+                    h5 = _h5py_open(path, ident)
+                if h5 is not None:
+                    specs.append(_h5py_spec(h5, path, group, name, vd, attrs, v, source, why, unlimited))
+                    continue
+                err = why + " (install h5py to read it through h5py)"
+            try:
+                stored = np.dtype(v["typestr"])
+            except TypeError:
+                stored = None
+            if err or stored is None or stored.kind not in "biufcS":
+                # a placeholder where numpy has no type (an object one would make xarray
+                # read a value at open to infer its type, and fail there)
+                dtype = _native(stored) if stored is not None and stored.kind in "biufcS" else np.dtype("V1")
+                enc = _encoding(v, vd, source, stored, unlimited)
+                spec = _VarSpec(name, vd, shape, dtype, attrs, enc, "unsupported", ds)
+                spec.error = err or f"{path}: variable {name}: type {v['typestr']} is not read by ferry"
+            else:
+                spec = _VarSpec(name, vd, shape, _native(stored), attrs, _encoding(v, vd, source, stored, unlimited),
+                                "ferry", ds)
+            spec.index = index
+            _lsd(spec)
+            specs.append(spec)
+        return specs, gattrs, dims, unlimited, ds, h5
+    except BaseException:
+        if h5 is not None:
+            h5.close()
+        ds.close()
+        raise
+
+
+def _h5_groups(path: str, ctx=None) -> list:
+    """Every group of the file ("/", "/a", "/a/b", ...), as the C parser lists them."""
+    ctx = ctx if ctx is not None else ferry.default_context()
+    out = []
+
+    def walk(g: str, depth: int):
+        if depth > 32:   # the parser's nesting bound (H5_MAX_DEPTH)
+            raise ferry.FerryError(_ferry.EFORMAT, f"{path}: groups nest deeper than 32 ({g})")
+        out.append(g)
+        ds = ferry.Dataset(ctx, path, None, None if g == "/" else g.strip("/"))
+        try:
+            children = json.loads(ds.groups)
+        finally:
+            ds.close()
+        for c in children:
+            walk(g.rstrip("/") + "/" + c, depth + 1)
+    walk("/", 0)
+    return out

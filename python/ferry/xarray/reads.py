@@ -49,41 +49,19 @@ class _StoreReads:
             return self._decode(s, r)
         return finish
 
-    @contextlib.contextmanager
-    def _chunk_index_errors(self, s: _VarSpec):
-        """h5py's errors reading a damaged chunk index, raised as ferry's naming the file and variable."""
-        try:
-            yield
-        except ferry.FerryError as e:   # a chunk table that lies, refused by C, which knows no file name
-            if self.filename in str(e):
-                raise
-            raise ferry.FerryError(e.code, f"{self.filename}: variable {s.name}: chunk index: {e}") from e
-        except MemoryError:
-            raise
-        except Exception as e:  # noqa: BLE001 — h5py reading a damaged chunk index
-            raise _h5_error(self.filename, f"variable {s.name}: chunk index", e) from None
-
     def _plan_triples(self, plan, s: _VarSpec, triples, dst):
-        if s.kind == "ferry":
-            plan.read(s.source, s.index if s.index is not None else s.name, dst,
-                      triples if s.shape else None, True)
-        else:
-            with self._chunk_index_errors(s):
-                s.source.add_to_plan(plan, triples, dst, s.name)
+        plan.read(s.source, s.index if s.index is not None else s.name, dst, triples if s.shape else None, True)
 
     def _row_source(self, s: _VarSpec):
         """s as a source of Plan.read_rows (the reads _plan_triples makes, row by row in one call)."""
-        if s.kind == "ferry":
-            return (s.source, s.index if s.index is not None else s.name)
-        with self._chunk_index_errors(s):
-            return s.source.row_layout(s.name)
+        return (s.source, s.index if s.index is not None else s.name)
 
     def _plan_into(self, plan, s: _VarSpec, key: tuple, dst):
         """Plan the raw read (stored values, native byte order, C order, no CF decoding) of
         `key` — slices only — of s into dst: an array or a (ptr, nbytes, device) tuple of
         exactly the selection's bytes. For ferry.torch.XarrayDataset, which decodes on its own
         device."""
-        if s.kind not in ("ferry", "h5"):
+        if s.kind != "ferry":
             raise ferry.FerryError(_ferry.EUNSUPPORTED, s.error or f"{self.filename}: variable {s.name}: "
                                    f"read by {s.kind}, not by ferry's engine")
         triples, post = _key_triples(key, s.shape)

@@ -20,9 +20,10 @@ from ferry._checks import check
 from .array import FerryBackendArray
 from .common import _VarSpec, _describe_ident, _file_identity, _format_of, _is_time_like, _route
 from .dask_hook import _install_dask_hook
-from .hdf5 import _h5_identity, _h5_scan
+from .hdf5 import _h5_scan
 from .reads import _StoreReads
 from .scan import _c_scan, _utf8_path
+from .._remote import is_url, remote_context
 
 
 _reopen_mutex = threading.Lock()
@@ -74,9 +75,10 @@ def _reopen_store(args, expect):
     filename, group, device, threads, path_policy = args[:5]
     mask_and_scale, decode_times, decode_timedelta, decode = args[5:9]
     allow_outside = args[9] if len(args) > 9 else False
+    storage_options = args[10] if len(args) > 10 else None
     s = FerryStore(filename, group=group, device=device, threads=threads, path_policy=path_policy, decode=decode,
                    mask_and_scale=mask_and_scale, decode_times=decode_times, decode_timedelta=decode_timedelta,
-                   _expect=expect, allow_outside=allow_outside)
+                   _expect=expect, allow_outside=allow_outside, storage_options=storage_options)
     with _reopen_lock():
         if key is not None:
             s = _STORES.setdefault(key, s)
@@ -101,9 +103,14 @@ class FerryStore(_StoreReads, AbstractDataStore):
     def __init__(self, filename: str, *, group: str | None = None, device: Any = "cpu", threads: int = 0,
                  path_policy: str | None = None, decode: str | None = None, mask_and_scale: bool = True,
                  decode_times: Any = True, decode_timedelta: Any = None, ctx=None, lock=None, _expect=None,
-                 path: str | None = None, allow_outside: bool = False, progress: Any = None):
+                 path: str | None = None, allow_outside: bool = False, progress: Any = None,
+                 storage_options: dict | None = None):
         self.filename = os.fspath(filename)
         self.allow_outside = bool(allow_outside)   # kerchunk references: files outside the JSON's directory
+        # a URL's storage_options: a context holding them (ferry._remote), kept for pickling
+        self.storage_options = dict(storage_options) if storage_options else None
+        if ctx is None and self.storage_options:
+            ctx = remote_context(self.storage_options)
         # lock= as xarray's engines take it: held around every read when given (a
         # lock is not pickled: another process has its own)
         self._user_lock = lock if hasattr(lock, "acquire") and hasattr(lock, "release") else None
@@ -139,25 +146,30 @@ class FerryStore(_StoreReads, AbstractDataStore):
         self._pid = os.getpid()
         self._lock = threading.Lock()
         self._cache: dict = {}
-        self.format = _format_of(self.filename)
+        self.format = _format_of(self.filename, self._ctx)
+        if self.format == "hdf5" and is_url(self.filename):
+            raise ferry.FerryError(_ferry.EUNSUPPORTED, f"{self.filename}: netCDF-4/HDF5 over URLs is not read by "
+                                   "engine='ferry' yet (netCDF classic and Zarr are); copy it to a local disk")
+        # a URL's object is pinned to one version per open by the C library (ETag)
+        before = _file_identity(self.filename) if self.format != "zarr" and not is_url(self.filename) else None
+        cpath = None
+        if not _utf8_path(self.filename) and os.path.isdir("/proc/self/fd") and not is_url(self.filename):
+            # the extension hands C strings back as UTF-8: give the parser an
+            # ASCII name of the same file (the descriptor lives as long as the store)
+            self._alias_fd = os.open(self.filename, os.O_RDONLY | os.O_CLOEXEC)
+            cpath = f"/proc/self/fd/{self._alias_fd}"
+        self._alias = cpath
         if self.format == "hdf5":
-            specs, gattrs, dims, unlimited, self._h5 = _h5_scan(self.filename, self.group)
-            self._ident = _h5_identity(self._h5, self.filename)
+            # h5py only for the variables the C parser refuses (self._h5 None when none)
+            specs, gattrs, dims, unlimited, self._cds, self._h5 = _h5_scan(self.filename, self.group, self.ctx,
+                                                                           cpath, before)
         else:
-            before = _file_identity(self.filename) if self.format != "zarr" else None
-            cpath = None
-            if not _utf8_path(self.filename) and os.path.isdir("/proc/self/fd"):
-                # the extension hands C strings back as UTF-8: give the parser an
-                # ASCII name of the same file (the descriptor lives as long as the store)
-                self._alias_fd = os.open(self.filename, os.O_RDONLY | os.O_CLOEXEC)
-                cpath = f"/proc/self/fd/{self._alias_fd}"
-            self._alias = cpath
             specs, gattrs, dims, unlimited, self._cds = _c_scan(self.filename, self.format, self.group, self.ctx,
                                                                 cpath, self.allow_outside)
-            self.format = self._cds.format
-            self._ident = before
-            if before is not None and _file_identity(self.filename) != before:
-                raise ferry.FerryError(_ferry.EIO, f"{self.filename}: the file changed while it was being opened")
+        self.format = self._cds.format
+        self._ident = before
+        if before is not None and _file_identity(self.filename) != before:
+            raise ferry.FerryError(_ferry.EIO, f"{self.filename}: the file changed while it was being opened")
         self.specs = {s.name: s for s in specs}
         self.attrs = gattrs
         self.dims = dims
@@ -215,7 +227,7 @@ class FerryStore(_StoreReads, AbstractDataStore):
 
     def __reduce__(self):
         args = (self.filename, self.group, self.device, self.threads, self.path_policy) + tuple(self._decoding) \
-            + (self.decode, self.allow_outside)
+            + (self.decode, self.allow_outside) + ((self.storage_options,) if self.storage_options else ())
         expect = (self._ident, self._summary())
         _remember_store(args, expect, self)
         return (_reopen_store, (args, expect))
@@ -234,7 +246,7 @@ class FerryStore(_StoreReads, AbstractDataStore):
         if isinstance(gc, str):
             coords.update(gc.split())
         for s in self.specs.values():
-            if s.name in coords or not s.shape or s.kind not in ("ferry", "h5", "h5py"):
+            if s.name in coords or not s.shape or s.kind not in ("ferry", "h5py"):
                 continue
             if s.dtype.kind not in "iuf":
                 continue
@@ -287,6 +299,8 @@ class FerryStore(_StoreReads, AbstractDataStore):
         return dict(self.dims)
 
     def get_encoding(self):
+        if self.format == "hdf5":   # as the netcdf4 engine: the key even when the set is empty
+            return {"unlimited_dims": set(self.unlimited)}
         return {"unlimited_dims": set(self.unlimited)} if self.unlimited else {}
 
     def close(self):

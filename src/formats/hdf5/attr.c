@@ -182,6 +182,8 @@ int h5_attr_json(h5_file *h, const h5_attr *a, ferry_sbuf *b) {
     const h5_type *t = &a->type;
     uint64_t n = a->space.ndim < 0 ? 0 : a->space.npoints;
     if (is_text(t)) {
+        /* no values (h5py.Empty, a null dataspace): the empty text, as netCDF4 reads it */
+        if (n == 0) { ferry_sbuf_append(b, "\"\"", 2); return 0; }
         if (n != 1) ferry_sbuf_append(b, "[", 1);
         for (uint64_t i = 0; i < n; i++) {
             const char *s;

@@ -11,8 +11,10 @@
  *     it exists, else the name index (type 5).
  * Members are listed in creation order where the links record it (netCDF-4
  * lists variables so), else in name order (as HDF5 iterates them).
- * Soft and external links are not followed (they name no object of the
- * file, or one reached elsewhere). */
+ * Soft links are followed to the object they name in this file (a dangling
+ * one is an error, as netCDF-C and h5py refuse it); external links, whose
+ * object lies in another file, are refused naming the link and the file:
+ * ferry never reads one file's bytes as another's. */
 #include "formats/hdf5/h5.h"
 #include <stdlib.h>
 
@@ -25,6 +27,8 @@ typedef struct links {
     int have_order;
     h5_fheap *heap;
 } links;
+
+static int push_soft(links *L, const char *name, size_t nlen, const char *target, size_t tlen, uint64_t order);
 
 static int push(links *L, const char *name, size_t nlen, uint64_t addr, uint64_t order) {
     if (L->n >= H5_MAX_MEMBERS) return ferry_seterr(FERRY_EFORMAT, "%s: %s: more than %u links", L->h->path, L->what, H5_MAX_MEMBERS);
@@ -39,9 +43,20 @@ static int push(links *L, const char *name, size_t nlen, uint64_t addr, uint64_t
     }
     char *s = h5_strndup(L->h, name, nlen);
     if (!s) return FERRY_ENOMEM;
-    L->v[L->n] = (h5_link){s, addr};
+    L->v[L->n] = (h5_link){s, addr, NULL};
     L->order[L->n] = order;
     L->n++;
+    return 0;
+}
+
+/* A soft link: recorded with its target path, resolved once the group's
+ * links are all read (h5_group_links). */
+static int push_soft(links *L, const char *name, size_t nlen, const char *target, size_t tlen, uint64_t order) {
+    int rc = push(L, name, nlen, H5_UNDEF, order);
+    if (rc) return rc;
+    char *t = h5_strndup(L->h, target ? target : "", target ? strnlen(target, tlen) : 0);
+    if (!t) return FERRY_ENOMEM;
+    L->v[L->n - 1].soft = t;
     return 0;
 }
 
@@ -108,13 +123,23 @@ static int snod(void *arg, const uint8_t *key, uint64_t child, uint64_t pos) {
     h5_cur c = h5_cur_make(h, p + 8, n * esz, abs + 8);
     for (uint32_t i = 0; i < n; i++) {
         uint64_t at = c.pos, noff = h5c_addr(&c), oh = h5c_addr(&c);
-        h5c_skip(&c, 24);
+        uint32_t cache = h5c_u32(&c);
+        h5c_skip(&c, 4);
+        uint32_t value = h5c_u32(&c);   /* cache type 2 (soft link): the link value's heap offset */
+        h5c_skip(&c, 12);
         if (c.bad || noff >= s->heap_size)
             return h5_fail(h, FERRY_EFORMAT, at, what, "symbol name offset %llu outside the local heap (%llu bytes)",
                            (unsigned long long)noff, (unsigned long long)s->heap_size);
         const char *name = (const char *)s->heap + noff;
         size_t len = strnlen(name, s->heap_size - noff);
         if (len == s->heap_size - noff) return h5_fail(h, FERRY_EFORMAT, at, what, "symbol name not terminated");
+        if (cache == 2) {
+            if (value >= s->heap_size || strnlen((const char *)s->heap + value, s->heap_size - value) == s->heap_size - value)
+                return h5_fail(h, FERRY_EFORMAT, at, what, "soft link value outside the local heap");
+            const char *t = (const char *)s->heap + value;
+            if ((rc = push_soft(s->L, name, len, t, strlen(t), s->L->n))) return rc;
+            continue;
+        }
         if ((rc = push(s->L, name, len, oh, s->L->n))) return rc;
     }
     (void)key; (void)pos;
@@ -150,10 +175,26 @@ static int link_msg(links *L, const uint8_t *d, uint64_t len, uint64_t pos) {
     uint64_t nlen = h5c_un(&c, 1u << (flags & 3));
     const uint8_t *name = h5c_bytes(&c, nlen);
     uint64_t addr = H5_UNDEF;
+    const uint8_t *value = NULL;
+    uint16_t vlen = 0;
     if (type == 0) addr = h5c_addr(&c);
+    else { vlen = h5c_u16(&c); value = h5c_bytes(&c, vlen); }
     if (c.bad || nlen == 0) return h5_fail(h, FERRY_EFORMAT, pos, L->what, "link message truncated");
-    if (type != 0) return 0;          /* soft / external: not followed */
-    return push(L, (const char *)name, nlen, addr, order);
+    if (type == 0) return push(L, (const char *)name, nlen, addr, order);
+    if (type == 1) return push_soft(L, (const char *)name, nlen, (const char *)value, vlen, order);
+    if (type == 64) {
+        /* flags byte, then the file's name and the object's path, each NUL-terminated */
+        const char *file = vlen > 1 ? (const char *)value + 1 : "";
+        size_t fl = vlen > 1 ? strnlen(file, vlen - 1u) : 0;
+        const char *obj = fl + 2 < vlen ? file + fl + 1 : "";
+        size_t ol = fl + 2 < vlen ? strnlen(obj, vlen - 2u - fl) : 0;
+        return h5_fail(h, FERRY_EUNSUPPORTED, pos, L->what,
+                       "\"%.*s\" is an external link to \"%.*s\" in the file \"%.*s\": ferry does not follow links "
+                       "into other files (read that file itself)", (int)(nlen > 256 ? 256 : nlen), (const char *)name,
+                       (int)ol, obj, (int)fl, file);
+    }
+    return h5_fail(h, FERRY_EUNSUPPORTED, pos, L->what, "link \"%.*s\" of type %u (user-defined)",
+                   (int)(nlen > 256 ? 256 : nlen), (const char *)name, type);
 }
 
 static int dense_rec(void *arg, const uint8_t *rec, uint32_t size, uint64_t pos) {
@@ -183,7 +224,51 @@ int h5_is_group(const h5_obj *o) {
     return h5_obj_find(o, H5M_STAB) || h5_obj_find(o, H5M_LINFO) || h5_obj_find(o, H5M_LINK) || h5_obj_find(o, H5M_GINFO);
 }
 
-int h5_group_links(h5_file *h, const h5_obj *o, h5_link **out, size_t *n) {
+static int links_of(h5_file *h, const h5_obj *o, int follow, h5_link **out, size_t *n);
+
+/* The object a soft link names: its path walked from the root ("/a/b") or
+ * from the link's group ("a/b"), through groups whose soft links resolve the
+ * same way (h->soft_depth bounds chains and cycles). */
+static int resolve(h5_file *h, const h5_obj *g, h5_link *l) {
+    if (h->soft_depth >= H5_MAX_DEPTH)
+        return h5_fail(h, FERRY_EFORMAT, h->base + g->addr, g->name, "soft link \"%s\": more than %d links to follow",
+                       l->name, H5_MAX_DEPTH);
+    h->soft_depth++;
+    const char *p = l->soft;
+    h5_obj cur = *g;
+    int rc = 0;
+    if (*p == '/') rc = h5_ohdr_read(h, h->root, "/", &cur);
+    while (!rc) {
+        while (*p == '/') p++;
+        if (!*p) break;
+        size_t k = strcspn(p, "/");
+        h5_link *ls;
+        size_t n, i = 0;
+        if (!h5_is_group(&cur) || (rc = links_of(h, &cur, 0, &ls, &n))) {
+            if (!rc) rc = FERRY_ENOTFOUND;
+            break;
+        }
+        while (i < n && (strlen(ls[i].name) != k || memcmp(ls[i].name, p, k))) i++;
+        if (i == n) { rc = FERRY_ENOTFOUND; break; }
+        if (ls[i].soft && (rc = resolve(h, &cur, &ls[i]))) break;
+        uint64_t addr = ls[i].addr;
+        p += k;
+        rc = h5_ohdr_read(h, addr, l->soft, &cur);
+    }
+    h->soft_depth--;
+    if (rc == FERRY_ENOTFOUND)
+        return h5_fail(h, FERRY_EFORMAT, h->base + g->addr, g->name, "soft link \"%s\" to \"%s\": no such object",
+                       l->name, l->soft);
+    if (rc) return rc;
+    l->addr = cur.addr;
+    return 0;
+}
+
+int h5_group_links(h5_file *h, const h5_obj *o, h5_link **out, size_t *n) { return links_of(h, o, 1, out, n); }
+
+/* follow: resolve soft links (0 while resolving one: a link to its own group
+ * would otherwise resolve itself) */
+static int links_of(h5_file *h, const h5_obj *o, int follow, h5_link **out, size_t *n) {
     links L = {.h = h, .what = o->name};
     int rc = 0;
     const h5_msg *m;
@@ -228,6 +313,8 @@ int h5_group_links(h5_file *h, const h5_obj *o, h5_link **out, size_t *n) {
         qsort(L.v, L.n, sizeof *L.v, cmp_name);
     }
     free(L.order);
+    for (size_t i = 0; i < L.n && !rc && follow; i++)
+        if (L.v[i].soft) rc = resolve(h, o, &L.v[i]);
     if (rc) { free(L.v); return rc; }
     *out = h5_alloc(h, L.n * sizeof **out);
     if (!*out) { free(L.v); return FERRY_ENOMEM; }

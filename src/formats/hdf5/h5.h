@@ -45,6 +45,7 @@ typedef struct h5_file {
     uint64_t base;                    /* absolute offset that addresses count from */
     uint8_t so, sl;                   /* "Size of Offsets", "Size of Lengths" */
     int sb_version;
+    int soft_depth;                   /* soft links being resolved (group.c) */
     uint32_t btree_k_chunk;           /* "Indexed Storage Internal Node K" (32 unless stored) */
     uint64_t root;                    /* root group's object header (relative) */
     uint64_t root_btree, root_heap;   /* superblock v0/1 cached symbol table of the root, or H5_UNDEF */
@@ -153,9 +154,12 @@ typedef int (*h5_bt1_fn)(void *arg, const uint8_t *key, uint64_t child, uint64_t
 int h5_btree1_walk(h5_file *h, uint64_t addr, int type, uint64_t key_size, const char *what, h5_bt1_fn fn, void *arg);
 typedef struct h5_link {
     const char *name;
-    uint64_t addr;                    /* hard links; H5_UNDEF for soft/external (skipped) */
+    uint64_t addr;                    /* the object's header (soft links resolved) */
+    const char *soft;                 /* a soft link's target path, else NULL */
 } h5_link;
-/* The hard links of the group whose header is o (sorted by name). */
+/* The links of the group whose header is o (creation order, else name
+ * order), soft links resolved; an external link is FERRY_EUNSUPPORTED naming
+ * it and its file, a dangling soft link FERRY_EFORMAT. */
 int h5_group_links(h5_file *h, const h5_obj *o, h5_link **out, size_t *n);
 int h5_is_group(const h5_obj *o);
 

@@ -17,6 +17,8 @@
 #include "formats/hdf5/h5.h"
 #include "formats/layout.h"
 #include "formats/select.h"
+#include "codecs/h5filters.h"
+#include <ctype.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -122,12 +124,83 @@ static int attrs_json(h5_file *h, const h5_attr *a, size_t n, char **json, char 
     return *json ? 0 : FERRY_ENOMEM;
 }
 
-/* The message just set becomes the variable's error (reads of it fail with it). */
-static void set_error(h5_file *h, ferry_var_info *vi) {
+/* The message just set becomes the variable's error (reads of it fail with
+ * it). code FERRY_EUNSUPPORTED (a valid dataset using what ferry lacks, not a
+ * damaged one) ends the message with H5_REFUSED, so that a caller with
+ * another reader at hand (the Python package's h5py fallback) can tell a
+ * refusal from damage, which no reader should paper over. */
+#define H5_REFUSED " (unsupported)"
+static void set_error(h5_file *h, ferry_var_info *vi, int code) {
     const char *m = ferry_lasterr();
-    vi->error = h5_strndup(h, m, strlen(m));
-    if (!vi->error) vi->error = "out of memory";
+    size_t n = strlen(m), k = code == FERRY_EUNSUPPORTED ? sizeof H5_REFUSED - 1 : 0;
+    char *e = h5_alloc(h, n + k + 1);
+    if (e) { memcpy(e, m, n); memcpy(e + n, H5_REFUSED, k); e[n + k] = 0; }
+    vi->error = e ? e : "out of memory";
     ferry_clearerr();
+}
+
+/* One filter of the pipeline as ferry_var_info.codecs describes it: the
+ * codec's name and, in parentheses, what a writer chose (the level; blosc's
+ * inner compressor and shuffle), as netCDF-C's nc_inq_var_* report them.
+ * Filters ferry does not decode keep their HDF5 name and id. */
+static void describe_filter(ferry_sbuf *b, const h5_filters *f, int i) {
+    const uint32_t *cd = f->f[i].cd;
+    uint32_t ncd = f->f[i].ncd;
+    switch (f->f[i].id) {
+    case 1: if (ncd >= 1) ferry_sbuf_printf(b, "zlib(level=%u)", cd[0]); else ferry_sbuf_puts(b, "zlib"); return;
+    case 2: ferry_sbuf_puts(b, "shuffle"); return;
+    case 3: ferry_sbuf_puts(b, "fletcher32"); return;
+    case 32015: if (ncd >= 1) ferry_sbuf_printf(b, "zstd(level=%d)", (int)cd[0]); else ferry_sbuf_puts(b, "zstd"); return;
+    case 32001: {
+        static const char *const inner[] = {"blosclz", "lz4", "lz4hc", "snappy", "zlib", "zstd"};
+        if (ncd >= 7)
+            ferry_sbuf_printf(b, "blosc(%s,shuffle=%u,level=%u)", cd[6] < 6 ? inner[cd[6]] : "unknown", cd[5], cd[4]);
+        else
+            ferry_sbuf_puts(b, "blosc");
+        return;
+    }
+    default: break;
+    }
+    /* a name from the file, kept to letters, digits, '-' and '_' (the
+     * description is a space-separated list) */
+    char own[33];
+    size_t k = 0;
+    for (const char *p = f->f[i].name ? f->f[i].name : ""; *p && k < sizeof own - 1; p++)
+        if (isalnum((unsigned char)*p) || *p == '-' || *p == '_') own[k++] = *p;
+    own[k] = 0;
+    const char *name = f->f[i].id == 4 ? "szip" : f->f[i].id == 307 ? "bzip2" : f->f[i].id == 32004 ? "lz4"
+                       : f->f[i].id == 32008 ? "bitshuffle" : k ? own : "filter";
+    ferry_sbuf_printf(b, "%s(hdf5_filter=%u", name, f->f[i].id);
+    if (f->f[i].id == 307 && ncd >= 1) ferry_sbuf_printf(b, ",level=%u", cd[0]);
+    if (f->f[i].id == 32008)   /* cd_values[4]: the compression inside bitshuffle's frames */
+        ferry_sbuf_puts(b, ncd < 5 || !cd[4] ? ",none" : cd[4] == 2 ? ",lz4" : cd[4] == 3 ? ",zstd" : ",other");
+    ferry_sbuf_puts(b, ")");
+}
+
+/* The codecs of the registered filters whose framing is HDF5's own (lz4
+ * 32004, bitshuffle 32008: src/codecs/h5filters.c): 0 and *k set, 1 for any
+ * other filter (ferry_codec_of_hdf5_filter's), or FERRY_EUNSUPPORTED. */
+static int filter_codec(h5_file *h, const h5_filters *f, int i, uint32_t itemsize, uint64_t pos, const char *what,
+                        ferry_codec *k) {
+    const uint32_t *cd = f->f[i].cd;
+    uint32_t ncd = f->f[i].ncd;
+    if (f->f[i].id == 32004) { *k = (ferry_codec){FERRY_CODEC_H5LZ4, 0}; return 0; }
+    if (f->f[i].id != 32008) return 1;
+    /* cd_values: major, minor, element size, block size, compression, level */
+    uint32_t es = ncd > 2 && cd[2] ? cd[2] : itemsize, block = ncd > 3 ? cd[3] : 0, comp = ncd > 4 ? cd[4] : 0;
+    if (!es || es > (1u << 20))
+        return h5_fail(h, FERRY_EUNSUPPORTED, pos, what, "bitshuffle filter with %u-byte elements", es);
+    if (comp != 0 && comp != FERRY_H5BSHUF_LZ4 && comp != FERRY_H5BSHUF_ZSTD)
+        return h5_fail(h, FERRY_EUNSUPPORTED, pos, what, "bitshuffle filter with compression %u (ferry: none, lz4 2, zstd 3)",
+                       comp);
+    /* compressed frames carry their block size; plain ones use the default */
+    size_t def = 8192 / es - (8192 / es) % 8;
+    if (def < 128) def = 128;
+    if (!comp && block && block != def)
+        return h5_fail(h, FERRY_EUNSUPPORTED, pos, what, "bitshuffle filter without compression in blocks of %u elements "
+                       "(ferry reads the default, %zu)", block, def);
+    *k = (ferry_codec){FERRY_CODEC_BITSHUFFLE, FERRY_H5BSHUF_PARAM(es, comp)};
+    return 0;
 }
 
 /* Describe dataset o as variable vi/v; a problem with its data (not its
@@ -136,7 +209,11 @@ static int build_var(h5ds *st, ferry_dataset *ds, const h5_obj *o, const char *n
                      ferry_var_info *vi, ferry_var *fv, h5var *v) {
     h5_file *h = &st->h;
     v->what = o->name;
-    vi->name = name;
+    /* netCDF-C stores a variable named like a dimension it does not run along
+     * ("lat"(x, lat)) as "_nc4_non_coord_lat": its netCDF name is "lat" */
+    static const char non_coord[] = "_nc4_non_coord_";
+    vi->name = !strncmp(name, non_coord, sizeof non_coord - 1) && name[sizeof non_coord - 1] ? name + sizeof non_coord - 1
+                                                                                            : name;
     vi->path = ds->path;
     vi->codecs = "";
     vi->fill_json = "null";
@@ -145,7 +222,7 @@ static int build_var(h5ds *st, ferry_dataset *ds, const h5_obj *o, const char *n
      * more than 16 dimensions) makes this variable unreadable, not the file */
     int rc = h5_obj_dtype(h, o, &v->type), unsupported = 0;
     if (rc == FERRY_EUNSUPPORTED) {
-        set_error(h, vi);
+        set_error(h, vi, FERRY_EUNSUPPORTED);
         unsupported = 1;
         memset(&v->type, 0, sizeof v->type);
         v->type.cls = H5T_COMPOUND;
@@ -157,7 +234,7 @@ static int build_var(h5ds *st, ferry_dataset *ds, const h5_obj *o, const char *n
     if (!m) return h5_fail(h, FERRY_EFORMAT, h->base + o->addr, o->name, "dataset without a dataspace");
     h5_cur c = h5_cur_make(h, m->data, m->len, m->pos);
     if ((rc = h5_space_parse(h, &c, o->name, &v->space)) == FERRY_EUNSUPPORTED) {
-        if (!unsupported) set_error(h, vi);
+        if (!unsupported) set_error(h, vi, FERRY_EUNSUPPORTED);
         ferry_clearerr();
         unsupported = 1;
         memset(&v->space, 0, sizeof v->space);
@@ -186,17 +263,17 @@ static int build_var(h5ds *st, ferry_dataset *ds, const h5_obj *o, const char *n
                           : t->cls == H5T_COMPOUND ? "compound (struct) values" : t->cls == H5T_REFERENCE ? "references"
                           : t->cls == H5T_ARRAY ? "array-typed elements" : "values of this type";
         h5_fail(h, FERRY_EUNSUPPORTED, h->base + o->addr, o->name, "%s (%s) are not read by ferry", why, t->typestr);
-        set_error(h, vi);
+        set_error(h, vi, FERRY_EUNSUPPORTED);
         return 0;
     }
     if (v->space.ndim < 0) {
         h5_fail(h, FERRY_EUNSUPPORTED, h->base + o->addr, o->name, "null dataspace (no values)");
-        set_error(h, vi);
+        set_error(h, vi, FERRY_EUNSUPPORTED);
         return 0;
     }
     const uint8_t *fp;
     uint64_t fn;
-    if ((rc = h5_obj_fill(h, o, t->size, &fp, &fn))) { set_error(h, vi); return 0; }
+    if ((rc = h5_obj_fill(h, o, t->size, &fp, &fn))) { set_error(h, vi, rc); return 0; }
     if (fp) {
         uint32_t swap = !t->big_endian ? 0 : t->is_complex ? t->size / 2
                         : (t->cls == H5T_INT || t->cls == H5T_FLOAT || t->cls == H5T_ENUM) ? t->size : 0;
@@ -205,68 +282,79 @@ static int build_var(h5ds *st, ferry_dataset *ds, const h5_obj *o, const char *n
     }
     if ((m = h5_obj_find(o, H5M_EFL))) {
         h5_fail(h, FERRY_EUNSUPPORTED, m->pos, o->name, "data in external files");
-        set_error(h, vi);
+        set_error(h, vi, FERRY_EUNSUPPORTED);
         return 0;
     }
     if (!(m = h5_obj_find(o, H5M_LAYOUT))) return h5_fail(h, FERRY_EFORMAT, h->base + o->addr, o->name, "dataset without a layout");
     if ((rc = h5_layout_parse(h, m, o->name, vi->ndim, &v->lay))) {
-        if (rc == FERRY_EUNSUPPORTED) { set_error(h, vi); return 0; }
+        if (rc == FERRY_EUNSUPPORTED) { set_error(h, vi, FERRY_EUNSUPPORTED); return 0; }
         return rc;
     }
     const h5_msg *fm = h5_obj_find(o, H5M_FILTERS);
     if (fm) {
         h5_filters f;
         if ((rc = h5_filters_parse(h, fm, o->name, &f))) {
-            if (rc == FERRY_EUNSUPPORTED) { set_error(h, vi); return 0; }
+            if (rc == FERRY_EUNSUPPORTED) { set_error(h, vi, FERRY_EUNSUPPORTED); return 0; }
             return rc;
         }
+        /* the description first, every filter named with what matters to a
+         * writer (levels): an unreadable pipeline is still described */
         ferry_sbuf cb = {0};
-        v->nfilters = f.n;
         for (int i = f.n - 1; i >= 0; i--) {   /* decoding order: the pipeline reversed */
-            ferry_codec k;
-            if (ferry_codec_of_hdf5_filter(f.f[i].id, f.f[i].cd, f.f[i].ncd < 8 ? f.f[i].ncd : 8, t->size, &k) < 0) {
-                ferry_sbuf_free(&cb);
-                h5_fail(h, FERRY_EUNSUPPORTED, fm->pos, o->name,
-                        "HDF5 filter %u (\"%s\") has no ferry codec (ferry decodes deflate 1, shuffle 2, "
-                        "fletcher32 3, blosc 32001, zstd 32015)", f.f[i].id, f.f[i].name ? f.f[i].name : "unnamed");
-                set_error(h, vi);
-                return 0;
-            }
-            v->codecs[v->ncodecs++] = k;
             if (cb.len) ferry_sbuf_append(&cb, " ", 1);
-            ferry_sbuf_puts(&cb, ferry_codec_name((ferry_codec_id)k.id));
+            describe_filter(&cb, &f, i);
         }
         char *s = ferry_sbuf_take(&cb);
         if (s) { vi->codecs = h5_strndup(h, s, strlen(s)); free(s); }
         if (!vi->codecs) return FERRY_ENOMEM;
+        v->nfilters = f.n;
+        for (int i = f.n - 1; i >= 0; i--) {
+            ferry_codec k;
+            int r = filter_codec(h, &f, i, t->size, fm->pos, o->name, &k);
+            if (r == 1 && ferry_codec_of_hdf5_filter(f.f[i].id, f.f[i].cd, f.f[i].ncd < 8 ? f.f[i].ncd : 8, t->size, &k) < 0)
+                r = h5_fail(h, FERRY_EUNSUPPORTED, fm->pos, o->name,
+                            "HDF5 filter %u (\"%s\") has no ferry codec (ferry decodes deflate 1, shuffle 2, "
+                            "fletcher32 3, blosc 32001, lz4 32004, bitshuffle 32008, zstd 32015)", f.f[i].id,
+                            f.f[i].name ? f.f[i].name : "unnamed");
+            if (r < 0) { set_error(h, vi, r); return 0; }
+            v->codecs[v->ncodecs++] = k;
+        }
     }
     uint64_t bytes = t->size;
     for (int k = 0; k < vi->ndim; k++) bytes *= vi->shape[k];   /* below 2^62 × 2^20: h5_space_parse bounds it */
     if (v->lay.cls == 2) {
         memcpy(vi->chunks, v->lay.chunk, sizeof vi->chunks);
-        if (vi->ndim == 0) { h5_fail(h, FERRY_EFORMAT, m->pos, o->name, "chunked scalar"); set_error(h, vi); }
+        if (vi->ndim == 0) { h5_fail(h, FERRY_EFORMAT, m->pos, o->name, "chunked scalar"); set_error(h, vi, FERRY_EFORMAT); }
         return 0;
     }
     if (v->ncodecs) {
         h5_fail(h, FERRY_EFORMAT, fm->pos, o->name, "filters on data that is not chunked");
-        set_error(h, vi);
+        set_error(h, vi, FERRY_EFORMAT);
         return 0;
     }
     if (v->lay.cls == 1 && v->lay.addr == H5_UNDEF) { v->absent = 1; return 0; }
     if (v->lay.size != UINT64_MAX && v->lay.size < bytes) {
         h5_fail(h, FERRY_EFORMAT, m->pos, o->name, "%llu bytes of data stored, %llu needed", (unsigned long long)v->lay.size,
                 (unsigned long long)bytes);
-        set_error(h, vi);
+        set_error(h, vi, FERRY_EFORMAT);
         return 0;
     }
     if (v->lay.cls == 0) v->data_abs = v->lay.addr;
-    else if (h5_abs(h, v->lay.addr, bytes, &v->data_abs, o->name)) { set_error(h, vi); return 0; }
+    else if (h5_abs(h, v->lay.addr, bytes, &v->data_abs, o->name)) { set_error(h, vi, FERRY_EFORMAT); return 0; }
     vi->data_offset = v->data_abs;
     vi->data_bytes = bytes;
     return 0;
 }
 
-typedef struct member { const char *name, *path; h5_obj o; h5_attr *a; size_t na; h5_space sp; int is_group, is_data; } member;
+typedef struct member {
+    const char *name, *path;
+    h5_obj o;
+    h5_attr *a;
+    size_t na;
+    h5_space sp;
+    int is_group, is_data;
+    int soft;                         /* reached through a soft link */
+} member;
 
 /* Read the members of group g (its path gpath): headers, attributes, dataspaces;
  * record its dimension scales (local: the opened group). */
@@ -284,6 +372,7 @@ static int scan_group(h5ds *st, const h5_obj *g, const char *gpath, int local, m
         if (!(m->path = join(h, gpath, m->name))) return FERRY_ENOMEM;
         if ((rc = h5_ohdr_read(h, links[i].addr, m->path, &m->o))) return rc;
         m->is_group = h5_is_group(&m->o);
+        m->soft = links[i].soft != NULL;
         m->is_data = h5_obj_find(&m->o, H5M_LAYOUT) != NULL;
         if (!m->is_data) continue;
         if ((rc = h5_obj_attrs(h, &m->o, &m->a, &m->na))) return rc;
@@ -303,6 +392,88 @@ static int scan_group(h5ds *st, const h5_obj *g, const char *gpath, int local, m
     return 0;
 }
 
+/* The metadata of every group and dataset of the file, read and checked as
+ * netCDF-C reads it when it opens a file (links, object headers, datatypes,
+ * dataspaces, layouts, filters, attributes; not the chunk indexes): a file
+ * damaged in a group other than the one opened is refused, as netCDF4 and
+ * h5netcdf refuse it, never half read. What ferry merely lacks (FERRY_EUNSUPPORTED)
+ * is left to the opened group's variables to report. seen: headers already
+ * walked (hard links may form cycles); *budget bounds the work. */
+typedef struct walk { uint64_t *seen; size_t n, cap; uint64_t budget; } walk;   /* seen: open addressing, addr + 1 */
+
+/* 1: addr was seen before; 0: now recorded; < 0: out of memory */
+static int walk_seen(h5_file *h, walk *w, uint64_t addr) {
+    if (2 * (w->n + 1) > w->cap) {
+        size_t cap = w->cap ? 2 * w->cap : 256;
+        uint64_t *t = calloc(cap, sizeof *t);
+        if (!t) return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", h->path);
+        for (size_t i = 0; i < w->cap; i++) {
+            if (!w->seen[i]) continue;
+            size_t j = (size_t)(w->seen[i] * 0x9E3779B97F4A7C15ull) & (cap - 1);
+            while (t[j]) j = (j + 1) & (cap - 1);
+            t[j] = w->seen[i];
+        }
+        free(w->seen);
+        w->seen = t;
+        w->cap = cap;
+    }
+    uint64_t key = addr + 1;
+    size_t j = (size_t)(key * 0x9E3779B97F4A7C15ull) & (w->cap - 1);
+    while (w->seen[j]) {
+        if (w->seen[j] == key) return 1;
+        j = (j + 1) & (w->cap - 1);
+    }
+    w->seen[j] = key;
+    w->n++;
+    return 0;
+}
+
+static int walk_ok(int rc) {
+    if (rc == FERRY_EUNSUPPORTED) { ferry_clearerr(); return 0; }
+    return rc;
+}
+
+static int walk_group(h5_file *h, walk *w, const h5_obj *g, const char *gpath, int depth) {
+    if (depth > H5_MAX_DEPTH) return h5_fail(h, FERRY_EFORMAT, h->base + g->addr, gpath, "groups nest deeper than %d", H5_MAX_DEPTH);
+    h5_link *links = NULL;   /* stays NULL when the group's links are beyond ferry (an external link) */
+    size_t nl = 0;
+    int rc = walk_ok(h5_group_links(h, g, &links, &nl));
+    if (rc || !links) return rc;
+    for (size_t i = 0; i < nl && !rc; i++) {
+        int seen = walk_seen(h, w, links[i].addr);
+        if (seen < 0) return seen;
+        if (seen) continue;
+        if (!w->budget--) return 0;   /* past any real file's object count: stop checking, do not refuse */
+        const char *path = join(h, gpath, links[i].name);
+        if (!path) return FERRY_ENOMEM;
+        h5_obj o;
+        if ((rc = walk_ok(h5_ohdr_read(h, links[i].addr, path, &o)))) break;
+        if (!o.msgs) continue;
+        h5_attr *a;
+        size_t na;
+        if ((rc = walk_ok(h5_obj_attrs(h, &o, &a, &na)))) break;
+        if (h5_obj_find(&o, H5M_LAYOUT)) {
+            h5_type t;
+            h5_space sp;
+            memset(&sp, 0, sizeof sp);
+            if ((rc = walk_ok(h5_obj_dtype(h, &o, &t)))) break;
+            const h5_msg *m = h5_obj_find(&o, H5M_DATASPACE);
+            if (!m) { rc = h5_fail(h, FERRY_EFORMAT, h->base + o.addr, path, "dataset without a dataspace"); break; }
+            h5_cur c = h5_cur_make(h, m->data, m->len, m->pos);
+            if ((rc = walk_ok(h5_space_parse(h, &c, path, &sp)))) break;
+            h5_layout lay;
+            if ((rc = walk_ok(h5_layout_parse(h, h5_obj_find(&o, H5M_LAYOUT), path, sp.ndim < 0 ? 0 : sp.ndim, &lay)))) break;
+            if ((m = h5_obj_find(&o, H5M_FILTERS))) {
+                h5_filters f;
+                if ((rc = walk_ok(h5_filters_parse(h, m, path, &f)))) break;
+            }
+        } else if (h5_is_group(&o)) {
+            rc = walk_group(h, w, &o, path, depth + 1);
+        }
+    }
+    return rc;
+}
+
 static int h5_open(ferry_dataset *ds, const ferry_open_opts *opts) {
     h5ds *st = calloc(1, sizeof *st);
     ds->fmt = st;
@@ -319,6 +490,10 @@ static int h5_open(ferry_dataset *ds, const ferry_open_opts *opts) {
     const char *want = opts && opts->group ? opts->group : "";
     h5_obj g;
     if ((rc = h5_ohdr_read(h, h->root, "/", &g))) return rc;
+    walk w = {.budget = 1u << 20};
+    if ((rc = walk_seen(h, &w, h->root)) >= 0) rc = walk_group(h, &w, &g, "/", 0);
+    free(w.seen);
+    if (rc) return rc;
     char *gpath = "/";
     member *ms;
     size_t nm;
@@ -348,7 +523,9 @@ static int h5_open(ferry_dataset *ds, const ferry_open_opts *opts) {
     ferry_sbuf gb = {0};
     ferry_sbuf_append(&gb, "[", 1);
     for (size_t i = 0; i < nm; i++) {
-        if (ms[i].is_group && !ms[i].is_data) {
+        /* child groups by hard link only: a soft link to a group names a group
+         * listed where it lives (and may point up the tree: no cycles to walk) */
+        if (ms[i].is_group && !ms[i].is_data && !ms[i].soft) {
             if (gb.len > 1) ferry_sbuf_append(&gb, ",", 1);
             ferry_sbuf_json_string(&gb, ms[i].name, strlen(ms[i].name));
         }

@@ -1,5 +1,6 @@
 /* statmany.c — lstat(2) of many paths at once, for formats that plan many
- * files (a Zarr array's compressed chunks: their sizes, and the directories
+ * files (beside them: the engine's thread count is its only tie to the
+ * context) (a Zarr array's compressed chunks: their sizes, and the directories
  * they lie in, checked to stay inside the store). One lstat costs a walk of
  * the whole path (~2 µs); a 4 GiB Zarr v3 zstd load of 4,096 chunks, each in
  * its own directory c/<t>/, makes 8,192 of them: one after the other they took
@@ -10,8 +11,8 @@
  * 15.7 -> 8.4-8.9 ms with 2 (BENCHMARKS.md, "Development machine"). The
  * results are exactly what lstat said (through the sysio seam), so a format's
  * checks on them are unchanged. */
-#include "engine/engine.h"
-#include "engine/sysio.h"
+#include "engine/ctx.h"   /* the context's thread count */
+#include "base/sysio.h"
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>

@@ -1,5 +1,5 @@
 /* names.c — the one table of names for ferry's enums (dtypes, codecs, I/O
- * policies) and the one size parser. The CLI, the Python extension and, through
+ * policies); the one size parser is size.c. The CLI, the Python extension and, through
  * it, the Python modules use these instead of tables of their own, so a name
  * means the same thing everywhere (issue 10 item 3). ferry_path_name/_parse
  * stay in config.c beside the path enum's other users. */
@@ -149,53 +149,12 @@ int ferry_direct_parse(const char *name, ferry_direct *out) {
     return ferry_seterr(FERRY_EINVAL, "unknown O_DIRECT policy \"%s\" (auto, on, off)", name ? name : "");
 }
 
-/* "5GB" is 5·10⁹ (SI, as Hugging Face's max_shard_size reads it); "5GiB" and
- * "5G" are 5·2³⁰ (and so FERRY_STAGING_SIZE=8M stays 8 MiB). Fractions are
- * allowed when they give whole bytes ("1.5K" = 1536). */
-int ferry_size_parse(const char *s, uint64_t *out) {
-    const char *p = s;
-    if (!p || !out) return ferry_seterr(FERRY_EINVAL, "ferry_size_parse: no string");
-    while (isspace((unsigned char)*p)) p++;
-    if (!isdigit((unsigned char)*p)) goto bad;
-    uint64_t whole = 0, frac = 0, frac_div = 1;
-    for (; isdigit((unsigned char)*p); p++)
-        if (ferry_mul_overflow(whole, 10, &whole) || ferry_add_overflow(whole, (uint64_t)(*p - '0'), &whole))
-            goto big;
-    if (*p == '.') {
-        p++;
-        if (!isdigit((unsigned char)*p)) goto bad;
-        for (; isdigit((unsigned char)*p); p++) {
-            if (frac_div >= 1000000000000ull) goto bad;   /* more digits than any size needs */
-            frac = frac * 10 + (uint64_t)(*p - '0');
-            frac_div *= 10;
-        }
-    }
-    while (isspace((unsigned char)*p)) p++;
-    static const char units[] = "KMGTP";
-    uint64_t mul = 1;
-    const char *u = *p ? strchr(units, toupper((unsigned char)*p)) : NULL;
-    if (u) {
-        int power = (int)(u - units) + 1, binary = 1;
-        p++;
-        if (*p == 'i' || *p == 'I') { p++; if (*p != 'B' && *p != 'b') goto bad; p++; }
-        else if (*p == 'B' || *p == 'b') { p++; binary = 0; }
-        for (int k = 0; k < power; k++) mul *= binary ? 1024 : 1000;
-    } else if (*p == 'B' || *p == 'b') {
-        p++;
-    }
-    while (isspace((unsigned char)*p)) p++;
-    if (*p) goto bad;
-    uint64_t r, f;
-    if (ferry_mul_overflow(whole, mul, &r)) goto big;
-    /* frac/frac_div · mul must be whole bytes: frac·mul is below 10¹² · 1024⁵ only when checked */
-    if (frac) {
-        if (ferry_mul_overflow(frac, mul, &f) || f % frac_div) goto bad;
-        if (ferry_add_overflow(r, f / frac_div, &r)) goto big;
-    }
-    *out = r;
-    return 0;
-bad:
-    return ferry_seterr(FERRY_EINVAL, "\"%s\": not a size (e.g. 4096, 8M or 8MiB = 8·2^20, 5GB = 5·10^9)", s);
-big:
-    return ferry_seterr(FERRY_EINVAL, "\"%s\": size too large", s);
+static const char *const decode_names[3] = {"auto", "gpu", "cpu"};
+
+const char *ferry_decode_policy_name(ferry_decode_policy d) { return (d >= 0 && d <= FERRY_DECODE_CPU) ? decode_names[d] : "?"; }
+
+int ferry_decode_policy_parse(const char *name, ferry_decode_policy *out) {
+    for (int i = 0; i < 3; i++)
+        if (name && strcasecmp(name, decode_names[i]) == 0) { *out = (ferry_decode_policy)i; return 0; }
+    return ferry_seterr(FERRY_EINVAL, "unknown decode policy \"%s\" (auto, gpu, cpu)", name ? name : "");
 }

@@ -1,0 +1,88 @@
+/* shardsopen.c — ferry_shards_open: expand the paths' globs, tell the
+ * format (tar, MDS, folder, files) and hand each file to its indexer (tar.c,
+ * mds.c, imagefolder.c), which fill the index through shards.c. Above the
+ * indexers and the index, so neither calls up. */
+#include "formats/shards.h"
+#include <errno.h>
+#include <glob.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+static int has_glob(const char *p) { return strpbrk(p, "*?[") != NULL; }
+static int ends_with(const char *s, const char *suf) {
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && !strcmp(s + a - b, suf);
+}
+
+static int detect(const char *path, const char **fmt) {
+    struct stat st;
+    if (stat(path, &st) != 0) return ferry_seterr(-errno, "%s: %s", path, strerror(errno));
+    if (S_ISDIR(st.st_mode)) {
+        char idx[4096];
+        snprintf(idx, sizeof idx, "%s/index.json", path);
+        *fmt = stat(idx, &st) == 0 ? "mds" : "folder";
+    } else {
+        *fmt = ends_with(path, ".tar") ? "tar" : "files";
+    }
+    return 0;
+}
+
+static int open_one_format(ferry_shards *s, const char *fmt, char **paths, size_t n) {
+    int rc = 0;
+    if (!strcmp(fmt, "files")) return ferry_files_index(s, (const char *const *)paths, n);
+    for (size_t i = 0; i < n && rc >= 0; i++) {
+        if (!strcmp(fmt, "tar")) rc = ferry_tar_index(s, paths[i]);
+        else if (!strcmp(fmt, "mds")) rc = ferry_mds_index(s, paths[i]);
+        else rc = ferry_folder_index(s, paths[i]);
+    }
+    return rc;
+}
+
+int ferry_shards_open(ferry_ctx *ctx, const char *const *paths, size_t n, const char *format, ferry_shards **out) {
+    if (!out) return ferry_seterr(FERRY_EINVAL, "ferry_shards_open: out is NULL");
+    *out = NULL;
+    if (!ctx || (!paths && n)) return ferry_seterr(FERRY_EINVAL, "ferry_shards_open: NULL argument");
+    if (n == 0) return ferry_seterr(FERRY_EINVAL, "ferry_shards_open: no paths");
+    static const char *const formats[] = {"tar", "mds", "folder", "files"};
+    const char *fmt = NULL;
+    if (format) {
+        for (size_t i = 0; i < 4; i++)
+            if (!strcmp(format, formats[i])) fmt = formats[i];
+        if (!fmt) return ferry_seterr(FERRY_EINVAL, "shard format \"%s\": not tar, mds, folder or files", format);
+    }
+    /* expand the globs */
+    char **list = NULL;
+    size_t nlist = 0, cap = 0;
+    int rc = 0;
+    for (size_t i = 0; i < n && rc >= 0; i++) {
+        if (!paths[i]) { rc = ferry_seterr(FERRY_EINVAL, "ferry_shards_open: path %zu is NULL", i); break; }
+        glob_t g = {0};
+        int expanded = has_glob(paths[i]);
+        if (expanded) {
+            int gr = glob(paths[i], 0, NULL, &g);
+            if (gr == GLOB_NOMATCH) { rc = ferry_seterr(-ENOENT, "%s: no file matches", paths[i]); break; }
+            if (gr != 0) { globfree(&g); rc = ferry_seterr(-EIO, "%s: glob failed", paths[i]); break; }
+        }
+        size_t k = expanded ? g.gl_pathc : 1;
+        if ((rc = ferry_shards_grow((void **)&list, &cap, nlist + k, sizeof *list)) == 0)
+            for (size_t j = 0; j < k; j++) {
+                const char *p = expanded ? g.gl_pathv[j] : paths[i];
+                if (!(list[nlist] = strdup(p))) { rc = ferry_seterr(FERRY_ENOMEM, "out of memory"); break; }
+                nlist++;
+            }
+        if (expanded) globfree(&g);
+    }
+    if (rc >= 0 && !fmt) rc = detect(list[0], &fmt);
+    ferry_shards *s = rc >= 0 ? calloc(1, sizeof *s) : NULL;
+    if (rc >= 0 && !s) rc = ferry_seterr(FERRY_ENOMEM, "out of memory");
+    if (s) {
+        s->ctx = ctx;
+        s->format = fmt;
+        rc = open_one_format(s, fmt, list, nlist);
+    }
+    for (size_t i = 0; i < nlist; i++) free(list[i]);
+    free(list);
+    if (rc < 0) { ferry_shards_close(s); return rc; }
+    *out = s;
+    return 0;
+}

@@ -1,0 +1,188 @@
+"""engine="ferry" on netCDF-4 / HDF5 through the C parser: encodings key by key as the netcdf4
+engine gives them, links (soft followed, dangling and external refused by name), the h5py
+fallback only for what the parser refuses, and ferry.open without h5py or xarray."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+xr = pytest.importorskip("xarray")
+netCDF4 = pytest.importorskip("netCDF4")
+h5py = pytest.importorskip("h5py")
+import ferry  # noqa: E402
+from ferry import xarray as fx  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def write_variety(p):
+    with netCDF4.Dataset(p, "w") as nc:
+        nc.createDimension("t", None)
+        nc.createDimension("x", 6)
+        nc.createVariable("x", "f8", ("x",))[:] = np.arange(6.0)
+        nc.createVariable("big", ">i4", ("t", "x"), endian="big", zlib=True, complevel=9)[:] = \
+            np.arange(12).reshape(2, 6)
+        nc.createVariable("cont", "f4", ("x",), contiguous=True)[:] = np.ones(6)
+        nc.createVariable("never", "f4", ("x",), contiguous=True)
+        v = nc.createVariable("sh", "f4", ("t", "x"), zlib=True, shuffle=True, fletcher32=True,
+                              chunksizes=(1, 3), fill_value=np.float32(-1))
+        v[:] = np.ones((2, 6))
+        nc.createVariable("zs", "f4", ("t", "x"), compression="zstd", complevel=5)[:] = np.ones((2, 6))
+        nc.createVariable("sc", "f8", ())[...] = 3.0
+        nc.createVariable("lsd", "f4", ("x",), zlib=True, least_significant_digit=2)[:] = np.ones(6)
+        c = nc.createVariable("chars", "S1", ("x",), fill_value=b"z")
+        c[:3] = np.array([b"a", b"b", b"c"])
+        g = nc.createGroup("grp")
+        g.createVariable("y", "u1", ("x",), fletcher32=True)[:] = np.arange(6)
+
+
+@pytest.mark.parametrize("group", [None, "grp"])
+def test_encodings_equal_netcdf4s_key_by_key(tmp_path, group):
+    p = tmp_path / "e.nc"
+    write_variety(p)
+    ref = xr.open_dataset(p, engine="netcdf4", group=group)
+    got = xr.open_dataset(p, engine="ferry", group=group)
+    xr.testing.assert_identical(got.load(), ref.load())
+    assert got.encoding == ref.encoding
+    for k in ref.variables:
+        assert got[k].encoding == ref[k].encoding, k
+        assert not [e for e in got[k].encoding if e.startswith("ferry")], k
+    for k in ref.variables:   # no fallback reader in play: every variable is the engine's
+        store = fx.FerryStore(str(p), group=group)
+        assert store.specs[k].kind == "ferry", k
+        store.close()
+
+
+def test_soft_links_followed_dangling_and_external_refused(tmp_path):
+    base = xr.Dataset({"a": ("x", np.arange(3.0))})
+    p = tmp_path / "soft.nc"
+    base.to_netcdf(p, engine="netcdf4")
+    with h5py.File(p, "a") as f:
+        f["alias"] = h5py.SoftLink("/a")
+        f.create_group("sub")["rel"] = h5py.SoftLink("../a")   # relative paths: HDF5 has no "..": dangling
+    # the valid link reads as netCDF4 reads it; the relative one names nothing (netCDF4 refuses)
+    with pytest.raises(ferry.FerryError, match='soft link "rel" to "../a": no such object') as ei:
+        xr.open_dataset(p, engine="ferry")
+    assert str(p) in str(ei.value)
+    with h5py.File(p, "a") as f:
+        del f["sub"]
+    xr.testing.assert_identical(xr.open_dataset(p, engine="ferry").load(), xr.open_dataset(p, engine="netcdf4").load())
+
+    # a soft link up the tree names a group listed where it lives: no cycle to walk
+    with h5py.File(p, "a") as f:
+        f.create_group("g")["x"] = np.arange(2.0)
+        f["g"]["root"] = h5py.SoftLink("/")
+    groups = xr.open_groups(p, engine="ferry")
+    assert set(groups) == {"/", "/g"}
+    np.testing.assert_array_equal(groups["/g"]["x"].values, np.arange(2.0))
+
+    other = tmp_path / "other.h5"
+    with h5py.File(other, "w") as f:
+        f["v"] = np.arange(5.0)
+    q = tmp_path / "ext.nc"
+    base.to_netcdf(q, engine="netcdf4")
+    with h5py.File(q, "a") as f:
+        f["ext"] = h5py.ExternalLink("other.h5", "/v")
+    for call in (lambda: xr.open_dataset(q, engine="ferry"), lambda: ferry.open(q)):
+        with pytest.raises(ferry.FerryError, match='"ext" is an external link to "/v" in the file "other.h5"') as ei:
+            call()
+        assert str(q) in str(ei.value)
+    # an external link in another group: the group opened reads; the linking group is refused
+    r = tmp_path / "ext_in_group.nc"
+    base.to_netcdf(r, engine="netcdf4")
+    with h5py.File(r, "a") as f:
+        f.create_group("sub")["ext"] = h5py.ExternalLink("other.h5", "/v")
+    xr.testing.assert_identical(xr.open_dataset(r, engine="ferry").load(), base)
+    with pytest.raises(ferry.FerryError, match='"ext" is an external link to "/v" in the file "other.h5"'):
+        xr.open_dataset(r, engine="ferry", group="sub")
+
+
+def test_damage_in_another_group_refuses_the_file(tmp_path):
+    """netCDF4 reads every group's metadata at open and refuses a file damaged in any
+    of them; so does ferry, whichever group is opened."""
+    p = tmp_path / "g.nc"
+    with netCDF4.Dataset(p, "w") as nc:
+        nc.createDimension("x", 3)
+        nc.createVariable("a", "f4", ("x",))[:] = [1, 2, 3]
+        g = nc.createGroup("other")
+        v = g.createVariable("secret_name_b", "i2", ("x",))
+        v.setncattr("marker_attribute", "m" * 40)
+    raw = bytearray(p.read_bytes())
+    at = raw.index(b"marker_attribute")
+    raw[at - 40:at] = b"\xff" * 40          # the attribute message's header before its name
+    p.write_bytes(bytes(raw))
+    with pytest.raises(Exception):
+        netCDF4.Dataset(p).close()
+    with pytest.raises(ferry.FerryError) as ei:
+        xr.open_dataset(p, engine="ferry")
+    assert str(p) in str(ei.value)
+
+
+def test_variable_named_like_a_dimension_it_does_not_use(tmp_path):
+    """netCDF-C stores "lat"(x, lat) as "_nc4_non_coord_lat": read under its netCDF name."""
+    p = tmp_path / "nc.nc"
+    with netCDF4.Dataset(p, "w") as nc:
+        nc.createDimension("lat", 3)
+        nc.createDimension("x", 4)
+        nc.createVariable("lat", "f4", ("x", "lat"))[:] = np.arange(12).reshape(4, 3)
+        nc.createVariable("other", "i2", ("lat",))[:] = [1, 2, 3]
+    ref = xr.open_dataset(p, engine="netcdf4")
+    got = xr.open_dataset(p, engine="ferry")
+    xr.testing.assert_identical(got.load(), ref.load())
+    with ferry.open(p) as f:
+        np.testing.assert_array_equal(f["lat"].read(), np.arange(12).reshape(4, 3))
+
+
+def test_empty_dataset_left_out_empty_attributes_kept(tmp_path, caplog):
+    """h5py.Empty: netCDF4 refuses the whole file for an empty dataset; ferry reads the
+    rest, leaves the dataset out (logged once) and gives empty attributes as netCDF4 does."""
+    import logging
+    p = tmp_path / "empty.h5"
+    with h5py.File(p, "w") as f:
+        f["x"] = np.arange(3.0)
+        f.create_dataset("e", data=h5py.Empty("f4"))
+        f.attrs["ea"] = h5py.Empty("f8")
+        f.attrs["es"] = h5py.Empty("S5")
+    with caplog.at_level(logging.INFO, logger="ferry"):
+        got = xr.open_dataset(p, engine="ferry").load()
+    assert "variable e is left out" in caplog.text and "null dataspace" in caplog.text
+    assert list(got.variables) == ["x"] and got.attrs["es"] == "" and got.attrs["ea"].size == 0
+    np.testing.assert_array_equal(got["x"].values, np.arange(3.0))
+
+
+def test_ferry_open_needs_neither_h5py_nor_xarray(tmp_path):
+    p = tmp_path / "n.nc"
+    write_variety(p)
+    code = ("import sys; sys.modules['h5py'] = None; sys.modules['xarray'] = None\n"
+            "import ferry, numpy as np\n"
+            f"f = ferry.open({str(p)!r})\n"
+            "assert type(f).__name__ == 'Opened'\n"
+            "np.testing.assert_array_equal(f['big'].read(), np.arange(12).reshape(2, 6))\n"
+            "assert 'h5py' not in [m for m in sys.modules if sys.modules[m] is not None]\n"
+            "print('ok')\n")
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+
+def test_refused_variable_without_h5py_says_what_to_install(tmp_path):
+    p = tmp_path / "s.nc"
+    with netCDF4.Dataset(p, "w") as nc:
+        nc.createDimension("x", 2)
+        nc.createVariable("s", str, ("x",))[:] = np.array(["a", "bb"], object)
+        nc.createVariable("v", "i4", ("x",))[:] = [1, 2]
+    code = ("import sys; sys.modules['h5py'] = None\n"
+            "import xarray as xr, ferry\n"
+            f"ds = xr.open_dataset({str(p)!r}, engine='ferry')\n"
+            "assert ds['v'].values.tolist() == [1, 2]\n"
+            "try:\n"
+            "    ds['s'].values\n"
+            "except ferry.FerryError as e:\n"
+            "    assert 'variable-length strings' in str(e) and 'install h5py' in str(e), e\n"
+            f"    assert {str(p)!r} in str(e)\n"
+            "    print('ok')\n")
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
