@@ -319,7 +319,9 @@ enum { DONE = 0, RETRY = 1 };
 static int classify(upload *up, slot *s, CURLcode res, char *why, size_t cap) {
     job *j = s->j;
     if (res != CURLE_OK) {
-        snprintf(why, cap, "%s%s%.300s", curl_easy_strerror(res), s->errbuf[0] ? ": " : "", s->errbuf);
+        snprintf(why, cap, "%s%s%.300s%s", curl_easy_strerror(res), s->errbuf[0] ? ": " : "", s->errbuf,
+                 res == CURLE_PEER_FAILED_VERIFICATION && !strstr(s->errbuf, "host name")
+                 ? " (the endpoint's TLS certificate was not trusted; FERRY_REMOTE_CA_BUNDLE names the CA bundle to trust)" : "");
         return retryable_curl(res) ? RETRY : FERRY_EIO;
     }
     long st = s->resp.status;
