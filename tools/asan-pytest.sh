@@ -20,5 +20,5 @@ PYTHONPATH="$PKG" PYTHONMALLOC=malloc "$PY" -m pytest -q -p no:cacheprovider -x 
     tests/python/test_ext.py tests/python/test_read_out.py tests/python/test_errors.py tests/python/test_names.py \
     tests/python/test_formats_npy.py tests/python/test_formats_safetensors.py tests/python/test_formats_netcdf3.py \
     tests/python/test_paths_and_shapes.py tests/python/test_plan_windows.py tests/python/test_plan_rows.py \
-    tests/python/test_remote.py 2>&1 | tail -n 15
+    tests/python/test_remote.py tests/python/test_remote_tls.py 2>&1 | tail -n 15
 exit "${PIPESTATUS[0]}"

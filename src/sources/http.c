@@ -13,7 +13,9 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 int ferry_remote_is_url(const char *path) {
     ferry_url_scheme s = ferry_url_scheme_of(path);
@@ -37,6 +39,8 @@ typedef struct knobs {
     uint64_t request_size;
     int connections, retries;
     double retry_s, stall_s;
+    char ca[1024];          /* the CA bundle to trust instead of the system's, or "" */
+    const char *ca_var;     /* the variable that named it */
 } knobs;
 
 static int env_num(const char *name, double lo, double hi, double *v) {
@@ -47,6 +51,34 @@ static int env_num(const char *name, double lo, double hi, double *v) {
     if (end == s || *end || !(x >= lo && x <= hi))
         return ferry_seterr(FERRY_EINVAL, "%s=\"%s\": not a number from %g to %g", name, s, lo, hi);
     *v = x;
+    return 0;
+}
+
+/* HTTPS servers are verified against the system's CAs, or against one PEM
+ * bundle named by FERRY_REMOTE_CA_BUNDLE, else by the names curl's tool and
+ * OpenSSL read (CURL_CA_BUNDLE, SSL_CERT_FILE): a private CA, or a test's
+ * self-signed server. There is no switch that turns verification off. Ours
+ * is checked here; the others are the environment's, and a bad one is named
+ * when a request fails on it. */
+static int read_ca_bundle(knobs *k) {
+    static const char *const vars[] = {"FERRY_REMOTE_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE"};
+    k->ca[0] = 0;
+    k->ca_var = NULL;
+    for (size_t i = 0; i < sizeof vars / sizeof *vars && !k->ca_var; i++) {
+        const char *v = getenv(vars[i]);
+        if (!v || !*v) continue;
+        struct stat st;
+        const char *bad = strlen(v) >= sizeof k->ca ? "the path is too long"
+                        : stat(v, &st) < 0 ? strerror(errno)
+                        : !S_ISREG(st.st_mode) ? "not a file"
+                        : access(v, R_OK) < 0 ? strerror(errno) : NULL;
+        if (bad && i == 0)
+            return ferry_seterr(FERRY_EINVAL, "FERRY_REMOTE_CA_BUNDLE=\"%s\": %s; it names a PEM file of the "
+                                "certificates to trust", v, bad);
+        if (strlen(v) >= sizeof k->ca) continue;
+        memcpy(k->ca, v, strlen(v) + 1);
+        k->ca_var = vars[i];
+    }
     return 0;
 }
 
@@ -69,13 +101,22 @@ static int read_knobs(knobs *k) {
     if ((rc = env_num("FERRY_REMOTE_STALL_SECONDS", 1, 3600, &k->stall_s)) < 0) return rc;
     k->connections = (int)conns;
     k->retries = (int)retries;
-    return 0;
+    return read_ca_bundle(k);
 }
 
 int ferry_remote_check_env(void) {
     knobs k;
     int rc = read_knobs(&k);
     return rc;
+}
+
+int ferry_remote_ca_bundle(char *path, size_t cap) {
+    knobs k;
+    int rc = read_knobs(&k);
+    if (rc < 0) return rc;
+    if (strlen(k.ca) >= cap) return ferry_seterr(FERRY_EINVAL, "%s=\"%s\": the path is too long", k.ca_var, k.ca);
+    memcpy(path, k.ca, strlen(k.ca) + 1);
+    return 0;
 }
 
 int ferry_remote_limits(int *connections, int *retries, double *retry_s, double *stall_s) {
@@ -117,7 +158,6 @@ void ferry_remote_close(ferry_remote *r) {}
 #include <curl/curl.h>
 #include <pthread.h>
 #include <stdatomic.h>
-#include <unistd.h>
 
 #define HEAD_BYTES (64u << 10)   /* fetched at open: npy, safetensors and netCDF headers mostly fit */
 #define MAX_PAR 64               /* transfers one read keeps in flight at most */
@@ -153,6 +193,9 @@ typedef struct xfer {
     char body[512];
     size_t body_len;
     int stop, changed, bad_start;
+    int stalled;              /* ended by on_progress: no byte for stall_s */
+    double moved;             /* when the body last grew (or the request began) */
+    curl_off_t seen;          /* body bytes then */
     char errbuf[CURL_ERROR_SIZE];
     /* retries */
     int attempts, active, done;
@@ -264,9 +307,11 @@ static size_t on_body(char *p, size_t sz, size_t nm, void *ud) {
         if (x->resp.status == 206 && x->resp.have_crange != 1) { x->bad_start = 1; return 0; }
         if (!x->open) {
             /* the response must be the version opened, whatever the server
-             * made of If-Match: same ETag, same size */
+             * made of If-Match (If-Unmodified-Since): same ETag (else same
+             * Last-Modified), same size */
             uint64_t total = x->resp.have_crange == 1 ? x->resp.cr_total : x->resp.clen;
             if ((r->etag[0] && x->resp.etag[0] && strcmp(r->etag, x->resp.etag)) ||
+                (!r->etag[0] && r->lastmod[0] && x->resp.lastmod[0] && strcmp(r->lastmod, x->resp.lastmod)) ||
                 ((x->resp.have_crange == 1 || x->resp.status == 200) && total != r->size)) {
                 x->changed = 1;
                 return 0;
@@ -286,6 +331,29 @@ static size_t on_body(char *p, size_t sz, size_t nm, void *ud) {
         return 0;
     }
     return n;
+}
+
+/* The CA bundle r's requests trust, or NULL (libcurl's default); *var (if
+ * var) says who named it: the ca_bundle option first, then the variables. */
+static const char *ca_of(const ferry_remote *r, const char **var) {
+    if (var) *var = r->ca_bundle ? "the ca_bundle option" : r->k.ca_var;
+    return r->ca_bundle ? r->ca_bundle : r->k.ca[0] ? r->k.ca : NULL;
+}
+
+/* A request whose body has not grown for stall_s is ended at once (and
+ * retried). LOW_SPEED_TIME alone judges a rate averaged over curl's last
+ * seconds, so a body that stops after a burst was ended seconds late. */
+static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal, curl_off_t ulnow) {
+    xfer *x = ud;
+    double t = now_s();
+    if (dlnow != x->seen) {
+        x->seen = dlnow;
+        x->moved = t;
+    } else if (t - x->moved > x->r->k.stall_s) {
+        x->stalled = 1;
+        return 1;
+    }
+    return 0;
 }
 
 static int retryable_curl(CURLcode c) {
@@ -308,9 +376,10 @@ static int classify(xfer *x, CURLcode res) {
     char msg[300];
     if (x->changed || x->resp.status == 412) {
         atomic_store(&r->changed, 1);
+        const char *was = r->etag[0] ? r->etag : r->lastmod, *now = r->etag[0] ? x->resp.etag : x->resp.lastmod;
+        int moved = now[0] && strcmp(now, was);
         snprintf(x->why, sizeof x->why, "the object changed since it was opened (%s %.120s%s%.120s): %s; open it again to read the new version",
-                 r->etag[0] ? "ETag" : "Last-Modified", r->etag[0] ? r->etag : r->lastmod,
-                 x->resp.etag[0] && strcmp(x->resp.etag, r->etag) ? ", now " : "", x->resp.etag[0] && strcmp(x->resp.etag, r->etag) ? x->resp.etag : "",
+                 r->etag[0] ? "ETag" : "Last-Modified", was, moved ? ", now " : "", moved ? now : "",
                  x->resp.status == 412 ? "HTTP 412 Precondition Failed" : "the server sent another version");
         return FERRY_EIO;
     }
@@ -318,6 +387,27 @@ static int classify(xfer *x, CURLcode res) {
         snprintf(x->why, sizeof x->why, "HTTP %ld: the response starts at byte %llu, not at %llu as asked", x->resp.status,
                  (unsigned long long)x->pos, (unsigned long long)(x->off + x->got));
         return FERRY_EIO;
+    }
+    if (res == CURLE_PEER_FAILED_VERIFICATION || res == CURLE_SSL_CACERT_BADFILE) {   /* final: say whom to trust */
+        const char *why = x->errbuf[0] ? x->errbuf : curl_easy_strerror(res), *var = NULL, *ca = ca_of(r, &var);
+        char by[300] = "";   /* with the rest, within x->why */
+        if (ca) snprintf(by, sizeof by, " by the CA bundle %.200s (%s)", ca, var);
+        if (res == CURLE_SSL_CACERT_BADFILE)
+            snprintf(x->why, sizeof x->why, "the CA bundle %.300s (%s) could not be read: %.200s", ca ? ca : "",
+                     ca ? var : "libcurl's default", why);
+        else if (strstr(why, "host name"))   /* trusted, but issued for another name */
+            snprintf(x->why, sizeof x->why, "the server's TLS certificate does not name this host (%.200s); "
+                     "use a host name the certificate holds", why);
+        else
+            snprintf(x->why, sizeof x->why, "the server's TLS certificate was not trusted%.299s (%.200s); to trust it, %s",
+                     by, why, ca && strcmp(var, "CURL_CA_BUNDLE") && strcmp(var, "SSL_CERT_FILE") ? "add the certificate of the CA that signed it to that file"
+                     : "name a PEM file holding the certificate of the CA that signed it in FERRY_REMOTE_CA_BUNDLE");
+        return FERRY_EIO;
+    }
+    if (x->stalled) {
+        snprintf(x->why, sizeof x->why, "no byte came for %g s (FERRY_REMOTE_STALL_SECONDS) after %llu of %llu bytes",
+                 x->r->k.stall_s, (unsigned long long)x->got, (unsigned long long)x->len);
+        return RETRY;
     }
     if (res != CURLE_OK && !(res == CURLE_WRITE_ERROR && x->stop)) {
         int w = snprintf(x->why, sizeof x->why, "%s%s%.300s", curl_easy_strerror(res), x->errbuf[0] ? ": " : "", x->errbuf);
@@ -353,7 +443,9 @@ static int prepare(xfer *x, CURL *e) {
     curl_easy_reset(e);
     x->easy = e;
     memset(&x->resp, 0, sizeof x->resp);
-    x->started = x->stop = x->changed = x->bad_start = 0;
+    x->started = x->stop = x->changed = x->bad_start = x->stalled = 0;
+    x->moved = now_s();
+    x->seen = 0;
     x->errbuf[0] = 0;
     x->body_len = 0;
     x->body[0] = 0;
@@ -392,12 +484,16 @@ static int prepare(xfer *x, CURL *e) {
     curl_easy_setopt(e, CURLOPT_ERRORBUFFER, x->errbuf);
     curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(e, CURLOPT_USERAGENT, "ferry/" FERRY_VERSION_STRING);
-    if (r->ca_bundle) curl_easy_setopt(e, CURLOPT_CAINFO, r->ca_bundle);
+    const char *ca = ca_of(r, NULL);
+    if (ca) curl_easy_setopt(e, CURLOPT_CAINFO, ca);
     /* a request that moves under 1 KiB/s for stall_s is ended (and retried):
      * a stalled server, or one that trickles */
     curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1024L);
     curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, (long)(r->k.stall_s + 0.5));
     curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)(1000 * (r->k.stall_s < 10 ? r->k.stall_s : 10)));
+    curl_easy_setopt(e, CURLOPT_XFERINFOFUNCTION, on_progress);
+    curl_easy_setopt(e, CURLOPT_XFERINFODATA, x);
+    curl_easy_setopt(e, CURLOPT_NOPROGRESS, 0L);
     /* signed requests are never redirected (the signature names the host);
      * plain URLs follow a few */
     curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, r->bucket ? 0L : 1L);
@@ -457,9 +553,10 @@ static int run(ferry_remote *r, xfer *xs, size_t n) {
         CURLMcode mc = curl_multi_perform(c->multi, &running);
         if (mc != CURLM_OK) { rc = ferry_seterr(FERRY_EIO, "libcurl: %s", curl_multi_strerror(mc)); break; }
         CURLMsg *m;
-        int q;
+        int q, finished = 0;
         while ((m = curl_multi_info_read(c->multi, &q))) {
             if (m->msg != CURLMSG_DONE) continue;
+            finished = 1;
             CURL *e = m->easy_handle;
             CURLcode res = m->data.result;
             xfer *x;
@@ -486,7 +583,9 @@ static int run(ferry_remote *r, xfer *xs, size_t n) {
                                       (unsigned long long)(x->off + x->len - 1), x->why);
             }
         }
-        if (left && rc == 0) {
+        /* a finished transfer freed a slot: start the next at once, not
+         * after the poll's timeout (each request would cost it) */
+        if (left && rc == 0 && !finished) {
             int ms = (int)((wake - now_s()) * 1000);
             curl_multi_poll(c->multi, NULL, 0, ms < 1 ? 1 : ms > 100 ? 100 : ms, NULL);
         }

@@ -9,6 +9,7 @@
 #include "common.h"
 #include "formats/json.h"   /* GCS's JSON list (a leaf parser; no format is involved) */
 #include "sources/list.h"
+#include "sources/remote.h"   /* ferry_remote_ca_bundle */
 #include "sources/response.h"
 #include "sources/s3.h"
 #include "sources/url.h"
@@ -393,6 +394,12 @@ int ferry_remote_list(const char *url, const ferry_remote_opts *o, int one_level
     lister L = {0};
     L.what = url;
     L.ca = o ? o->ca_bundle : NULL;
+    char ca_env[1024];   /* else the variables' (FERRY_REMOTE_CA_BUNDLE, ...), as reads trust */
+    if (!L.ca) {
+        int crc = ferry_remote_ca_bundle(ca_env, sizeof ca_env);
+        if (crc < 0) return crc;
+        if (ca_env[0]) L.ca = ca_env;
+    }
     /* the bucket's URL and credentials, as an object's: "BUCKET/_", its key then taken off */
     char *obj = malloc(bl + 16);
     if (!obj) return ferry_seterr(FERRY_ENOMEM, "out of memory");

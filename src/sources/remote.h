@@ -41,6 +41,9 @@ int ferry_remote_check_env(void);
  * is retried, the stall time. Uploads (s3_upload.c) keep the reads' bounds.
  * 0, or FERRY_EINVAL naming the variable. */
 int ferry_remote_limits(int *connections, int *retries, double *retry_s, double *stall_s);
+/* The CA bundle HTTPS requests trust (FERRY_REMOTE_CA_BUNDLE, else
+ * CURL_CA_BUNDLE, SSL_CERT_FILE) into path, or "" for libcurl's default. */
+int ferry_remote_ca_bundle(char *path, size_t cap);
 /* Seconds to wait before retry number `attempt` (1, 2, ...): 0.2 s doubling
  * to 10 s, with "equal jitter" (libcurl builds only). */
 double ferry_remote_backoff(int attempt);

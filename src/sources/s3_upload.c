@@ -140,6 +140,7 @@ typedef struct upload {
     ferry_s3_auth auth;
     int connections, retries;
     double retry_s, stall_s;
+    char ca[1024];             /* the CA bundle to trust, or "" (ferry_remote_ca_bundle) */
     char *upload_id;           /* percent-encoded, as sent and signed */
 } upload;
 
@@ -286,6 +287,7 @@ static int prepare(upload *up, slot *s, job *j) {
     curl_easy_setopt(e, CURLOPT_ERRORBUFFER, s->errbuf);
     curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(e, CURLOPT_USERAGENT, "ferry/" FERRY_VERSION_STRING);
+    if (up->ca[0]) curl_easy_setopt(e, CURLOPT_CAINFO, up->ca);
     /* a completion of many parts takes S3 minutes, kept alive by a space now
      * and then: only silence ends it */
     curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, j->kind == REQ_COMPLETE ? 1L : 1024L);
@@ -317,7 +319,9 @@ enum { DONE = 0, RETRY = 1 };
 static int classify(upload *up, slot *s, CURLcode res, char *why, size_t cap) {
     job *j = s->j;
     if (res != CURLE_OK) {
-        snprintf(why, cap, "%s%s%.300s", curl_easy_strerror(res), s->errbuf[0] ? ": " : "", s->errbuf);
+        snprintf(why, cap, "%s%s%.300s%s", curl_easy_strerror(res), s->errbuf[0] ? ": " : "", s->errbuf,
+                 res == CURLE_PEER_FAILED_VERIFICATION && !strstr(s->errbuf, "host name")
+                 ? " (the endpoint's TLS certificate was not trusted; FERRY_REMOTE_CA_BUNDLE names the CA bundle to trust)" : "");
         return retryable_curl(res) ? RETRY : FERRY_EIO;
     }
     long st = s->resp.status;
@@ -453,6 +457,7 @@ static int setup(upload *up, const char *url) {
     pthread_once(&curl_once_, curl_init_once);
     if (curl_init_rc_ != CURLE_OK) return ferry_seterr(FERRY_EIO, "%s: libcurl failed to start: %s", url, curl_easy_strerror(curl_init_rc_));
     if ((rc = ferry_remote_limits(&up->connections, &up->retries, &up->retry_s, &up->stall_s)) < 0) return rc;
+    if ((rc = ferry_remote_ca_bundle(up->ca, sizeof up->ca)) < 0) return rc;
     return ferry_s3_setup(url, &up->u, &up->auth);
 }
 

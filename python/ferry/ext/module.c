@@ -29,7 +29,7 @@ PyObject *raise_code_msg(int code, const char *msg) {
 
 /* Raise for a failing engine call on ctx made by this thread. */
 PyObject *raise_ctx(ferry_ctx *ctx, int code) {
-    const char *m = ctx ? ferry_errmsg(ctx) : "";
+    const char *m = ferry_errmsg(ctx);   /* per thread: a failed ferry_ctx_create (ctx NULL) left its message too */
     return raise_code_msg(code, m);
 }
 
