@@ -118,6 +118,9 @@ static const ferry_knob_row knobs_[] = {
      "time after which a read retries no more"},
     {"FERRY_REMOTE_STALL_SECONDS", FERRY_KNOB_TEXT, "30", 0, 0, "seconds from 1 to 3600", 0,
      "a request moving under 1 KiB/s this long counts as stalled"},
+    {"FERRY_REMOTE_CA_BUNDLE", FERRY_KNOB_TEXT, "unset: CURL_CA_BUNDLE, SSL_CERT_FILE, the system's CAs", 0, 0,
+     "a PEM file of CA certificates", 0,
+     "the CAs that https:// servers' certificates are checked against (there is no switch to skip the check)"},
     {"FERRY_REMOTE_PART_SIZE", FERRY_KNOB_SIZE, "16M", 5ll << 20, 5ll << 30, NULL, 0,
      "bytes per part of an S3 multipart upload (ferry_object_write); objects up to it go in one PUT"},
     {"FERRY_S3_ADDRESSING", FERRY_KNOB_WORD, "auto", 0, 0, "path|virtual|auto", 0,
@@ -131,7 +134,7 @@ static const char *const first_use_[] = {"FERRY_SPIN_US", "FERRY_READAHEAD", "FE
 static const char *const process_[] = {"FERRY_CUFILE", "FERRY_NVRTC", "FERRY_KERNELS", "FERRY_NVCOMP", "FERRY_NVJPEG",
                                        "FERRY_NO_LIBDEFLATE", "FERRY_REMOTE_REQUEST_SIZE", "FERRY_REMOTE_CONNECTIONS",
                                        "FERRY_REMOTE_RETRIES", "FERRY_REMOTE_RETRY_SECONDS",
-                                       "FERRY_REMOTE_STALL_SECONDS", "FERRY_REMOTE_PART_SIZE", "FERRY_S3_ADDRESSING",
+                                       "FERRY_REMOTE_STALL_SECONDS", "FERRY_REMOTE_CA_BUNDLE", "FERRY_REMOTE_PART_SIZE", "FERRY_S3_ADDRESSING",
                                        "FERRY_SYSFS_ROOT"};
 
 int ferry_knob_scope(const ferry_knob_row *r) {
