@@ -1,23 +1,21 @@
-"""Object storage over HTTP into GPU (or host) memory: ferry against the limit and its peers,
-every row in one run (issue 40's performance table).
+"""An object over HTTP into GPU (or host) memory: ferry against the limit and its peers, every
+row in one run (issue 40's performance table; its Zarr v3 zstd row is bench/bench_remote_zarr.py).
 
 A loopback nginx (Debian's nginx-light, or nginx unpacked into a folder: --nginx) serves a
---gib GiB .npy file and a Zarr v3 zstd store written here by zarr-python. Rows:
+--gib GiB .npy file. Rows:
 
   limit      --streams parallel `curl` range GETs of the file to /dev/null (the server and
              the loopback alone: what any client can take from this nginx)
   ferry      ferry.read(URL) into host memory and into GPU memory (device 0)
   kvikio     KvikIO RemoteFile.open_http(URL).read into a cupy array (its default threads
              and 16), where kvikio is installed
-  zarr       the Zarr v3 zstd store over HTTP: ferry.read(URL, var, device) against
-             zarr-python + fsspec's HTTP store (+ cupy.asarray for the GPU row)
   rtt        with --rtt-ms of round-trip time added on the loopback by `tc qdisc ... netem`
              (root, sch_netem): the limit and ferry again; skipped with the reason when tc fails
 
 Each row: GB/s (1e9 bytes of data a second), best of --reps, and the CPU time of this process
 and its curl children over wall time (cores used; nginx's own is not counted). Nothing here is a test: run it by hand or through tools/gpu-run.sh.
 
-    python3 bench/bench_remote.py --gib 4 --zarr-gib 1 --rtt-ms 20
+    python3 bench/bench_remote.py --gib 4 --rtt-ms 20
 """
 from __future__ import annotations
 
@@ -169,7 +167,6 @@ def netem(rtt_ms: float, on: bool) -> str:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gib", type=float, default=4.0, help="GiB of the .npy object (default 4)")
-    ap.add_argument("--zarr-gib", type=float, default=1.0, help="GiB of the Zarr v3 zstd store's data")
     ap.add_argument("--dir", default=os.environ.get("FERRY_BENCH_DIR", "/tmp/ferry-bench-remote"))
     ap.add_argument("--nginx", default=None, help="nginx executable (default: PATH, /usr/sbin/nginx)")
     ap.add_argument("--streams", type=int, default=16, help="curl processes of the limit row")
@@ -192,27 +189,11 @@ def main():
         a.flush()
         del a
     size = os.path.getsize(npy)
-    store = os.path.join(root, "era.zarr")
-    zn = int(args.zarr_gib * (1 << 30)) // 4
-    zrows = max(1, zn // (256 * 1024))
-    if not os.path.exists(os.path.join(store, "zarr.json")):
-        import zarr
-        g = zarr.open_group(store, mode="w", zarr_format=3)
-        z = g.create_array("t2m", shape=(zrows, 256, 1024), chunks=(4, 256, 1024), dtype="f4",
-                           compressors=zarr.codecs.ZstdCodec(level=1), dimension_names=("time", "lat", "lon"))
-        rng = np.random.default_rng(0)
-        base = (rng.standard_normal((256, 1024)) * 10 + 280).astype("f4")
-        for i in range(0, zrows, 64):
-            k = min(zrows, i + 64) - i
-            z[i:i + k] = base[None] + np.arange(i, i + k, dtype="f4")[:, None, None] * 0.01
-        zarr.consolidate_metadata(store)
-    zbytes = zrows * 256 * 1024 * 4
     gpu = have_gpu()
     work = tempfile.mkdtemp(prefix="nginx-", dir=args.dir)
     srv = Nginx(exe, root, work)
     url = f"{srv.base}/big.npy"
-    zurl = f"{srv.base}/era.zarr"
-    print(f"bench_remote: {size / 1e9:.2f} GB object, Zarr v3 zstd {zbytes / 1e9:.2f} GB of data, nginx {exe}, "
+    print(f"bench_remote: {size / 1e9:.2f} GB object, nginx {exe}, "
           f"{os.cpu_count()} CPUs, GPU {'yes' if gpu else 'no'}, ferry {ferry.__version__}", flush=True)
     try:
         print("object (.npy over HTTP):")
@@ -243,37 +224,6 @@ def main():
                     print(f"  ferry GPU / kvikio: {gd / kvr:.2f}")
         except ImportError as e:
             row("kvikio RemoteFile -> GPU", size, None, f"not run: {e}")
-        print("Zarr v3 zstd (consolidated) over HTTP:")
-        zf_cpu = zg = None
-        try:
-            zf_cpu = row("ferry.read(store, 't2m') -> host", zbytes,
-                         timed(lambda: ferry.read(zurl, "t2m", device="cpu"), args.reps))
-            if gpu:
-                def zf():
-                    x = ferry.read(zurl, "t2m", device=0)
-                    sync()
-                    return x
-                zg = row("ferry.read(store, 't2m') -> GPU", zbytes, timed(zf, args.reps))
-        except ferry.FerryError as e:
-            row("ferry.read(store, 't2m')", zbytes, None, f"not run: {e}"[:200])
-        try:
-            import zarr
-            from zarr.storage import FsspecStore
-
-            def zp():
-                st = FsspecStore.from_url(zurl, read_only=True)
-                arr = zarr.open_group(st, mode="r")["t2m"][...]
-                if gpu:
-                    import cupy
-                    arr = cupy.asarray(arr)
-                    cupy.cuda.runtime.deviceSynchronize()
-                return arr
-            zpr = row(f"zarr-python + fsspec HTTP{' + cupy' if gpu else ''}", zbytes, timed(zp, args.reps))
-            mine = zg if gpu else zf_cpu
-            if zpr and mine:
-                print(f"  ferry / zarr-python: {mine / zpr:.2f}")
-        except Exception as e:   # aiohttp missing, or fsspec's HTTP store refuses: say so, do not stop
-            row("zarr-python + fsspec HTTP", zbytes, None, f"not run: {type(e).__name__}: {e}"[:200])
         if args.rtt_ms > 0:
             print(f"with {args.rtt_ms:g} ms added round trip (tc netem on lo):")
             why = netem(args.rtt_ms, True)

@@ -114,7 +114,8 @@ for step in "$@"; do
     torchbench) bench bench_torch 500 30 ${BTARGS:-} ;;
     ckptbench) bench bench_checkpoint 500 30 ${BCARGS:-} ;;
     remotebench)   # carry .gpu/whl-remote too (nginx, fsspec's HTTP client); BRMARGS
-        bench bench_remote 500 30 --nginx "$PWD/.gpu/whl-remote/nginx/nginx" ${BRMARGS:-} ;;
+        PATH=$PWD/.gpu/whl-remote/nginx:$PATH bench bench_remote 500 30 ${BRMARGS:-}
+        PATH=$PWD/.gpu/whl-remote/nginx:$PATH bench bench_remote_zarr 500 30 --device 0 ;;
     nccl)
         PYTHONPATH=$PYTHONPATH timeout 300 python3 -m pytest -q -p no:cacheprovider -rs \
             tests/gpu/test_torch_gpu.py::test_two_gpus_nccl tests/gpu/test_checkpoint_gpu.py::test_gpu_dcp_nccl_two_gpus \
