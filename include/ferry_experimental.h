@@ -301,7 +301,8 @@ int ferry_object_delete(ferry_ctx *ctx, const char *url);
  * FERRY_DECODE in the environment, as for compressed chunks):
  *   CPU   every image on the CPU threads.
  *   GPU   every JPEG nvJPEG takes on the GPU; the rest (PNG, CMYK, 12-bit,
- *         4:1:1 / 4:1:0 / unknown sampling, sides past 16384) on the CPU.
+ *         sampling other than 4:4:4, 4:2:2, 4:2:0, 4:4:0 and gray: 4:1:1, 4:1:0
+ *         and unknown ones; sides past 16384) on the CPU.
  *         Needs a device destination, nvJPEG (ferry_nvjpeg_status) and the
  *         transform kernel: else FERRY_EPATH saying which is missing.
  *   AUTO  a device destination with nvJPEG and the kernel: both decoders on
@@ -387,7 +388,7 @@ typedef struct ferry_image_batch_args {
 enum {
     FERRY_IMAGE_FB_PNG = 0,      /* not a JPEG */
     FERRY_IMAGE_FB_CMYK = 1,     /* CMYK / YCCK: nvJPEG's conversion is not libjpeg-turbo's */
-    FERRY_IMAGE_FB_SAMPLING = 2, /* chroma sampling nvJPEG does not decode (4:1:1, 4:4:1, unknown) */
+    FERRY_IMAGE_FB_SAMPLING = 2, /* chroma sampling ferry does not send to nvJPEG (4:1:1, 4:1:0, unknown) */
     FERRY_IMAGE_FB_PRECISION = 3,/* not 8 bits per sample */
     FERRY_IMAGE_FB_LARGE = 4,    /* a side past 16384 */
     FERRY_IMAGE_FB_GPU_ERROR = 5,/* nvJPEG refused its batch: decoded again on the CPU */

@@ -90,8 +90,11 @@ int64_t ferry_h5bitshuffle_decode(ferry_decode_scratch *s, const uint8_t *in, si
         return ferry_seterr(FERRY_ECODEC, "bitshuffle: %llu bytes is not a whole number of %zu-byte elements",
                             (unsigned long long)total, es);
     size_t nel = (size_t)(total / es), done = 0;
-    size_t bbytes = block * es;
-    if (!ferry_scratch_reserve(&s->tmp, &s->tmp_cap, bbytes) || !ferry_scratch_reserve(&s->tmp2, &s->tmp2_cap, bbytes))
+    /* scratch for the largest block this chunk holds, not the header's claim
+     * (a few bytes may claim a 4 GiB block) */
+    size_t bbytes = (nel < block ? nel - nel % 8 : block) * es;
+    if (bbytes && (!ferry_scratch_reserve(&s->tmp, &s->tmp_cap, bbytes) ||
+                   !ferry_scratch_reserve(&s->tmp2, &s->tmp2_cap, bbytes)))
         return ferry_seterr(FERRY_ENOMEM, "bitshuffle: no memory for a block of %zu bytes", bbytes);
     while (nel - done >= 8) {
         size_t m = nel - done < block ? (nel - done) - (nel - done) % 8 : block, mb = m * es;

@@ -309,7 +309,7 @@ static int check_args(ferry_ctx *ctx, const ferry_image_batch_args *a, run *r) {
     if (rc < 0) return rc;
     r->row = ferry_img_out_bytes(&r->o);
     uint64_t need;
-    if (ferry_mul_overflow(r->row, a->n, &need) || !a->dst.ptr || a->dst.size < need)
+    if (ferry_mul_overflow(r->row, a->n, &need) || (a->n && !a->dst.ptr) || a->dst.size < need)   /* n 0: any dst */
         return ferry_seterr(FERRY_EINVAL, "ferry_image_batch: %zu rows of %zu bytes do not fit the %zu-byte destination",
                             a->n, r->row, a->dst.ptr ? a->dst.size : 0);
     if (a->dst.kind == FERRY_MEM_CUDA) r->device = a->dst.device;

@@ -42,6 +42,7 @@
 #include <unistd.h>
 
 #define REFS_MAX_REFS ((uint64_t)1 << 26)   /* references in one set, generated ones included */
+#define REFS_MAX_GEN_BYTES ((uint64_t)1 << 30)   /* bytes of the keys and URLs "gen" entries make, all told */
 #define REFS_MAX_INLINE ((uint64_t)1 << 32) /* bytes of inline chunks held in memory */
 
 enum { REF_INLINE, REF_RANGE, REF_WHOLE };
@@ -160,11 +161,14 @@ static int add_ref(refs_ds *r, const char *file, const ferry_json *v, const ferr
     return rc;
 }
 
-typedef struct gen_arg { refs_ds *r; const char *file; } gen_arg;
+typedef struct gen_arg { refs_ds *r; const char *file; uint64_t bytes; } gen_arg;
 
 static int gen_emit(void *arg, const char *key, const char *url, int ranged, uint64_t off, uint64_t len) {
     gen_arg *g = arg;
     if (!*key || !*url) return ferry_seterr(FERRY_EFORMAT, "%s: gen: a generated key or url is empty", g->file);
+    if ((g->bytes += strlen(key) + strlen(url)) > REFS_MAX_GEN_BYTES)
+        return ferry_seterr(FERRY_EFORMAT, "%s: gen: the generated keys and URLs pass %llu bytes", g->file,
+                            (unsigned long long)REFS_MAX_GEN_BYTES);
     ref_ent *e;
     int rc = new_ent(g->r, g->file, &e);
     if (rc < 0) return rc;
@@ -555,7 +559,7 @@ static int refs_open(ferry_dataset *ds, const ferry_open_opts *opts) {
         return ferry_seterr(FERRY_EFORMAT, "%s: byte %llu: not a kerchunk reference set: no \".zgroup\" or "
                             "\"<array>/.zarray\" key", file, (unsigned long long)root->pos);
     for (size_t i = 0; refs && i < refs->n && rc == 0; i++) rc = add_ref(r, file, &refs->items[i], templates);
-    gen_arg ga = {r, file};
+    gen_arg ga = {r, file, 0};
     if (rc == 0) rc = ferry_refs_gen(gen, templates, file, REFS_MAX_REFS, gen_emit, &ga);
     if (rc < 0) return rc;
     /* sorted by key; of duplicates the last given stands (kerchunk: gen after refs) */

@@ -116,10 +116,18 @@ static int parse_sum(expr *e, int64_t *out) {
     return rc;
 }
 
+/* Longest string one rendering may make: keys and URLs are short, but a
+ * template repeated in a field, or a long template, could otherwise turn a
+ * small JSON into gigabytes. */
+#define REFS_MAX_RENDER ((size_t)16 << 10)
+
 int ferry_refs_render(const char *s, size_t n, const ferry_json *templates, const char *const *names,
                       const int64_t *vals, int nvars, ferry_sbuf *out, const char *what) {
-    size_t i = 0;
+    size_t i = 0, start = out->len;
     while (i < n) {
+        if (out->len - start > REFS_MAX_RENDER)
+            return ferry_seterr(FERRY_EFORMAT, "%s: \"%.*s\": renders to more than %zu bytes", what,
+                                (int)(n > 200 ? 200 : n), s, REFS_MAX_RENDER);
         const char *open = NULL;
         for (size_t k = i; k + 1 < n; k++)
             if (s[k] == '{' && s[k + 1] == '{') { open = s + k; break; }
@@ -161,6 +169,9 @@ int ferry_refs_render(const char *s, size_t n, const ferry_json *templates, cons
         }
         i = (size_t)(close + 2 - s);
     }
+    if (out->len - start > REFS_MAX_RENDER)
+        return ferry_seterr(FERRY_EFORMAT, "%s: \"%.*s\": renders to more than %zu bytes", what,
+                            (int)(n > 200 ? 200 : n), s, REFS_MAX_RENDER);
     return out->oom ? ferry_seterr(FERRY_ENOMEM, "%s: out of memory", what) : 0;
 }
 

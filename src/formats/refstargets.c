@@ -85,6 +85,9 @@ static int target_check(ferry_refs_targets *r, ferry_ctx *ctx, ferry_refs_target
         rc = ferry_url_parse(t->spelled, NULL, &u);
         if (rc >= 0 && !(local = xstrdup(u.key))) rc = ferry_seterr(FERRY_ENOMEM, "out of memory");
         ferry_url_free(&u);
+        if (rc >= 0 && !r->rootdir && !r->allow_outside)   /* a remote set naming a local file */
+            rc = ferry_seterr(-EACCES, "a local file named by a remote reference set is refused unless allowed "
+                              "(allow_outside)");
     } else if (sch == FERRY_URL_NONE) {
         if (t->spelled[0] == '/') local = xstrdup(t->spelled);
         else if ((local = malloc(strlen(r->dir) + strlen(t->spelled) + 2)))

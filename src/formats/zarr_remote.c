@@ -144,7 +144,10 @@ void ferry_zremote_prefetch_docs(ferry_zremote *z, const char *dir, char *const 
         if (!started) doc_worker(&j);
         for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
         for (size_t k = 0; k < total; k++)
-            if (j.present[k] >= 0 && doc_put(z, j.urls[k], j.text[k], j.len[k], j.present[k]) == 0) j.text[k] = NULL;
+            if (j.present[k] >= 0) {   /* doc_put owns the text from here, kept or freed */
+                doc_put(z, j.urls[k], j.text[k], j.len[k], j.present[k]);
+                j.text[k] = NULL;
+            }
         ferry_clearerr();   /* an unkept document is fetched again when asked */
     }
     for (size_t k = 0; j.urls && k < total; k++) free(j.urls[k]);

@@ -54,14 +54,15 @@ int ferry_remote_glob(const char *pattern, const ferry_remote_opts *o, char **ur
     if (rc < 0) return rc;
     size_t total = 0, count = 0;
     for (size_t i = 0; i < L.n; i++) {
-        if (L.e[i].dir || !match_parts(key + dir, L.e[i].name)) { L.e[i].size = UINT64_MAX; continue; }
+        /* a non-match is marked as a folder (any size, UINT64_MAX too, is a server's to send) */
+        if (L.e[i].dir || !match_parts(key + dir, L.e[i].name)) { L.e[i].dir = 1; continue; }
         total += head + dir + strlen(L.e[i].name) + 1;
         count++;
     }
     char *out = count ? malloc(total) : NULL, *w = out;
     if (count && !out) rc = ferry_seterr(FERRY_ENOMEM, "out of memory");
     for (size_t i = 0; rc == 0 && i < L.n; i++) {
-        if (L.e[i].dir || L.e[i].size == UINT64_MAX) continue;
+        if (L.e[i].dir) continue;
         memcpy(w, pattern, head + dir);
         w += head + dir;
         size_t nl = strlen(L.e[i].name) + 1;

@@ -4,8 +4,9 @@
  * are (http.c), under the same FERRY_REMOTE_RETRIES / _RETRY_SECONDS /
  * _STALL_SECONDS bounds. The bodies are hostile until checked: a page is at
  * most LIST_MAX_BODY bytes, every key must start with the prefix asked for,
- * a listing holds at most the caller's max entries, and a server that keeps
- * naming the same page (or pages without end) is an error. */
+ * a listing holds at most the caller's max entries, and a server that names
+ * the page it just sent as the next one, or sends more than LIST_MAX_PAGES
+ * pages, is an error. */
 #include "common.h"
 #include "formats/json.h"   /* GCS's JSON list (a leaf parser; no format is involved) */
 #include "sources/list.h"
@@ -32,8 +33,12 @@ void ferry_remote_listing_free(ferry_remote_listing *l) {
     memset(l, 0, sizeof *l);
 }
 
+/* By name, then objects before folders: an object and a folder may share a
+ * name ("x" and "x/..."), and a lookup of the object must not land on the folder. */
 static int cmp_entry(const void *a, const void *b) {
-    return strcmp(((const ferry_remote_entry *)a)->name, ((const ferry_remote_entry *)b)->name);
+    const ferry_remote_entry *x = a, *y = b;
+    int c = strcmp(x->name, y->name);
+    return c ? c : (x->dir > y->dir) - (x->dir < y->dir);
 }
 
 const ferry_remote_entry *ferry_remote_listing_find(const ferry_remote_listing *l, const char *name) {
@@ -422,7 +427,7 @@ int ferry_remote_list(const char *url, const ferry_remote_opts *o, int one_level
         if (eb && (L.gcs_base = malloc(n + keep))) {
             memcpy(L.gcs_base, L.u.url, hl);
             memcpy(L.gcs_base + hl, base_path, keep);
-            snprintf(L.gcs_base + hl + keep, n, "/storage/v1/b/%s/o", eb);
+            snprintf(L.gcs_base + hl + keep, n - hl, "/storage/v1/b/%s/o", eb);
         }
         free(eb);
         if (!L.gcs_base) rc = ferry_seterr(FERRY_ENOMEM, "out of memory");

@@ -156,6 +156,7 @@ typedef struct job {
     int attempts, active, done;
     int gone;                  /* REQ_COMPLETE: a retry found the upload gone (NoSuchUpload) */
     double not_before;
+    double first;              /* when its first attempt began: the retry window is each request's own */
     uint64_t size;             /* REQ_HEAD: the object's Content-Length */
     char etag[TAG_MAX];        /* the part's ETag (REQ_PART), the object's (REQ_HEAD) */
     char answer[512];          /* what the answer held (REQ_CREATE: the upload id) */
@@ -379,7 +380,6 @@ static int run(upload *up, job *js, size_t n) {
     for (int i = 0; i < par && rc == 0; i++)
         if (!(slots[i].easy = curl_easy_init())) rc = ferry_seterr(FERRY_ENOMEM, "out of memory for an HTTP client");
     if (rc == 0) curl_multi_setopt(multi, CURLMOPT_MAXCONNECTS, (long)par);
-    const double t0 = now_s();
     size_t left = n, nactive = 0;
     char why[700];
     while (left && rc == 0) {
@@ -392,7 +392,7 @@ static int run(upload *up, job *js, size_t n) {
             for (int k = 0; k < par && !s; k++) if (!slots[k].j) s = &slots[k];
             if ((rc = prepare(up, s, j)) < 0) { s->j = NULL; break; }
             j->active = 1;
-            j->attempts++;
+            if (!j->attempts++) j->first = now;
             nactive++;
             curl_multi_add_handle(multi, s->easy);
         }
@@ -426,11 +426,11 @@ static int run(upload *up, job *js, size_t n) {
             else
                 snprintf(what, sizeof what, "%s", req_name[j->kind]);
             if (k == DONE) { j->done = 1; left--; }
-            else if (k == RETRY && j->attempts <= up->retries && t - t0 < up->retry_s)
+            else if (k == RETRY && j->attempts <= up->retries && t - j->first < up->retry_s)
                 j->not_before = t + ferry_remote_backoff(j->attempts);
             else if (rc == 0 && k == RETRY)
                 rc = ferry_seterr(FERRY_EIO, "%s: %s (gave up after %d attempts in %.1f s; FERRY_REMOTE_RETRIES, "
-                                  "FERRY_REMOTE_RETRY_SECONDS)", what, why, j->attempts, t - t0);
+                                  "FERRY_REMOTE_RETRY_SECONDS)", what, why, j->attempts, t - j->first);
             else if (rc == 0)
                 rc = ferry_seterr(k, "%s: %s", what, why);
         }

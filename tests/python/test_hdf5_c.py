@@ -460,3 +460,16 @@ def test_truncations_and_bit_flips_fail_cleanly(tmp_path):
         b = bytearray(data)
         b[at] ^= 1 << int(rng.integers(0, 8))
         _damaged(tmp_path, bytes(b), "flip.nc")
+
+
+def test_soft_links_that_multiply_the_work_are_refused(tmp_path):
+    """Links whose paths pass through other links several times: each level triples the walks
+    (3^20 here); the parser stops at its budget with a FerryError instead of running for ever."""
+    p = str(tmp_path / "fan.h5")
+    with h5py.File(p, "w") as f:
+        f["x"] = np.arange(4)
+        for i in range(20):
+            f[f"L{i}"] = h5py.SoftLink(f"/L{i + 1}/L{i + 1}/L{i + 1}")
+        f["L20"] = h5py.SoftLink("/")
+    with pytest.raises(ferry.FerryError, match="soft links ask for more than 65536 resolutions"):
+        ferry.open(p)

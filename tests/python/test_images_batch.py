@@ -162,3 +162,10 @@ def test_damaged_images_raise_by_name_or_are_skipped(tmp_path):
     ref = torch.empty(4, 3, 32, 32, dtype=torch.uint8)
     images.load_batch(s, [0, 1, 3, 5], ref, crop="resize")
     assert torch.equal(out[:4], ref)
+
+
+def test_an_empty_batch_writes_nothing(wds):
+    """No samples: nothing to read, whatever out is (an empty tensor's data pointer is 0)."""
+    s, _ = wds
+    r = images.load_batch(s, [], torch.empty(0, 3, 16, 16, dtype=torch.uint8), crop="resize")
+    assert r["written"] == 0 and r["skipped"] == []

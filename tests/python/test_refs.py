@@ -293,6 +293,10 @@ def test_remote_targets(tmp_path, nc4, monkeypatch):
         jurl = s.put("local.json", json.dumps(local).encode())
         with pytest.raises(FerryError, match="local file named by a remote reference set"):
             ferry.read(jurl, "t")
+        local["refs"][k] = ["file://" + os.path.abspath(nc4)] + local["refs"][k][1:]   # the same as a file:// URL
+        jurl = s.put("local2.json", json.dumps(local).encode())
+        with pytest.raises(FerryError, match="local file named by a remote reference set"):
+            ferry.read(jurl, "t")
     finally:
         s.stop()
 
@@ -309,3 +313,14 @@ def test_copy_moves_with_its_files(tmp_path, nc4):
         _identical(os.path.relpath(j), nc4)
     finally:
         os.chdir(cwd)
+
+
+def test_a_template_that_renders_too_long_is_refused(tmp_path, nc4):
+    """Templates cannot turn a small JSON into gigabytes: a rendered key or URL is bounded."""
+    refs = _refs(nc4, 1)
+    refs["templates"] = {"u": "x" * 5000}
+    k = _first_ref(refs)
+    refs["refs"][k] = ["{{u}}" * 4] + refs["refs"][k][1:]
+    j = _write(tmp_path / "long.json", refs)
+    with pytest.raises(FerryError, match="renders to more than 16384 bytes"):
+        ferry.read(j, "t")

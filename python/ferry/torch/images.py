@@ -233,8 +233,9 @@ class ImageDataset(_BatchStream):
         image that cannot be decoded is left out of its batch (which is then smaller), counted
         in ds.stats()["images"]["skipped"] and logged once.
     decode
-        "auto" or "cpu" (libjpeg-turbo and libspng on threads); "gpu" is refused until the
-        GPU batch decoder is in.
+        "auto" (for a CUDA device: nvJPEG's batched decode and CPU threads from one queue,
+        where nvJPEG loads; else the CPU), "gpu" (every JPEG nvJPEG takes; the rest on the
+        CPU) or "cpu" (libjpeg-turbo and libspng on threads). docs/images.md says which goes where.
     batch_size, shuffle, seed, drop_last, block_size, device, rank, world_size, prefetch,
     transform, pin_memory, ctx, sample_group
         As ArrayDataset's. shuffle=True is a global shuffle over every sample of every shard.

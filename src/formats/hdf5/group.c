@@ -226,13 +226,21 @@ int h5_is_group(const h5_obj *o) {
 
 static int links_of(h5_file *h, const h5_obj *o, int follow, h5_link **out, size_t *n);
 
+/* Soft links one file may resolve in all: depth alone does not bound the
+ * work, since links whose paths pass through other links several times
+ * multiply it at every level (a small file could ask for 3^25 walks). */
+#define H5_MAX_SOFT_STEPS (1u << 16)
+
 /* The object a soft link names: its path walked from the root ("/a/b") or
  * from the link's group ("a/b"), through groups whose soft links resolve the
- * same way (h->soft_depth bounds chains and cycles). */
+ * same way (h->soft_depth bounds chains and cycles, h->soft_steps the work). */
 static int resolve(h5_file *h, const h5_obj *g, h5_link *l) {
     if (h->soft_depth >= H5_MAX_DEPTH)
         return h5_fail(h, FERRY_EFORMAT, h->base + g->addr, g->name, "soft link \"%s\": more than %d links to follow",
                        l->name, H5_MAX_DEPTH);
+    if (++h->soft_steps > H5_MAX_SOFT_STEPS)
+        return h5_fail(h, FERRY_EFORMAT, h->base + g->addr, g->name, "soft link \"%s\": the file's soft links "
+                       "ask for more than %u resolutions", l->name, H5_MAX_SOFT_STEPS);
     h->soft_depth++;
     const char *p = l->soft;
     h5_obj cur = *g;

@@ -46,6 +46,7 @@ typedef struct h5_file {
     uint8_t so, sl;                   /* "Size of Offsets", "Size of Lengths" */
     int sb_version;
     int soft_depth;                   /* soft links being resolved (group.c) */
+    uint32_t soft_steps;              /* soft links resolved in this file, all told (group.c) */
     uint32_t btree_k_chunk;           /* "Indexed Storage Internal Node K" (32 unless stored) */
     uint64_t root;                    /* root group's object header (relative) */
     uint64_t root_btree, root_heap;   /* superblock v0/1 cached symbol table of the root, or H5_UNDEF */
