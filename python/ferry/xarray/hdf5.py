@@ -14,6 +14,7 @@ import numpy as np
 
 import ferry
 from ferry import _ferry
+from .._remote import is_url
 from .common import _VarSpec, _file_identity, _native
 
 
@@ -205,12 +206,14 @@ def _h5_scan(path: str, group: str | None, ctx, cpath: str | None = None, ident=
                 continue
             if err and err.endswith(_REFUSED):
                 why = err[:-len(_REFUSED)]
-                if h5 is None:
+                remote = is_url(path)
+                if h5 is None and not remote:
                     h5 = _h5py_open(path, ident)
                 if h5 is not None:
                     specs.append(_h5py_spec(h5, path, group, name, vd, attrs, v, source, why, unlimited))
                     continue
-                err = why + " (install h5py to read it through h5py)"
+                err = why + (" (h5py, which reads such variables, opens local files only: copy the file to "
+                             "read this one)" if remote else " (install h5py to read it through h5py)")
             try:
                 stored = np.dtype(v["typestr"])
             except TypeError:

@@ -147,9 +147,6 @@ class FerryStore(_StoreReads, AbstractDataStore):
         self._lock = threading.Lock()
         self._cache: dict = {}
         self.format = _format_of(self.filename, self._ctx)
-        if self.format == "hdf5" and is_url(self.filename):
-            raise ferry.FerryError(_ferry.EUNSUPPORTED, f"{self.filename}: netCDF-4/HDF5 over URLs is not read by "
-                                   "engine='ferry' yet (netCDF classic and Zarr are); copy it to a local disk")
         # a URL's object is pinned to one version per open by the C library (ETag)
         before = _file_identity(self.filename) if self.format != "zarr" and not is_url(self.filename) else None
         cpath = None
