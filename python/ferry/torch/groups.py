@@ -214,6 +214,10 @@ class _GroupIO:
         if rt.device.type != "cuda":
             if job is not None:
                 job.wait()
+                # a job that had moved no byte yet named the path it was planned with;
+                # once done, the path that served it
+                g.path = job.path
+                self.last_path = g.path
             self._release(rt, g)
             return self._finish(g)
         consumer = torch.cuda.current_stream(rt.device)
