@@ -621,9 +621,10 @@ static void take_version(ferry_remote *r, const xfer *x) {
     else if (x->resp.lastmod[0]) snprintf(r->lastmod, sizeof r->lastmod, "%s", x->resp.lastmod);
 }
 
-int ferry_remote_open(const char *url, ferry_remote **out) { return ferry_remote_open_opts(url, NULL, out); }
-
-int ferry_remote_open_opts(const char *url, const ferry_remote_opts *o, ferry_remote **out) {
+/* A handle for url with no request made yet: the knobs read, the URL parsed
+ * (signing set up for s3:// and gs://), o's CA bundle kept. 0, or a negative
+ * code with nothing left allocated. */
+static int remote_new(const char *url, const ferry_remote_opts *o, ferry_remote **out) {
     *out = NULL;
     pthread_once(&curl_once_, curl_init_once);
     if (curl_init_rc_ != CURLE_OK) return ferry_seterr(FERRY_EIO, "%s: libcurl failed to start: %s", url, curl_easy_strerror(curl_init_rc_));
@@ -638,7 +639,19 @@ int ferry_remote_open_opts(const char *url, const ferry_remote_opts *o, ferry_re
         rc = ferry_url_parse(url, NULL, &r->u);
     }
     if (rc == 0 && o && o->ca_bundle && !(r->ca_bundle = strdup(o->ca_bundle))) rc = ferry_seterr(FERRY_ENOMEM, "%s: out of memory", url);
-    if (rc == 0 && !(r->head = malloc(HEAD_BYTES))) rc = ferry_seterr(FERRY_ENOMEM, "%s: out of memory", url);
+    if (rc < 0) { remote_free(r); return rc; }
+    *out = r;
+    return 0;
+}
+
+int ferry_remote_open(const char *url, ferry_remote **out) { return ferry_remote_open_opts(url, NULL, out); }
+
+int ferry_remote_open_opts(const char *url, const ferry_remote_opts *o, ferry_remote **out) {
+    *out = NULL;
+    ferry_remote *r;
+    int rc = remote_new(url, o, &r);
+    if (rc < 0) return rc;
+    if (!(r->head = malloc(HEAD_BYTES))) rc = ferry_seterr(FERRY_ENOMEM, "%s: out of memory", url);
     if (rc < 0) { remote_free(r); return rc; }
     xfer x = {.r = r, .dst = r->head, .off = 0, .len = HEAD_BYTES, .open = 1};
     rc = run(r, &x, 1);
@@ -671,22 +684,12 @@ int ferry_remote_open_opts(const char *url, const ferry_remote_opts *o, ferry_re
  * a HEAD: a server that answers a HEAD with a body, as some do for errors,
  * would leave bytes on the kept-alive connection for the next response). */
 int ferry_remote_stat(const char *url, const ferry_remote_opts *o, uint64_t *size) {
-    pthread_once(&curl_once_, curl_init_once);
-    if (curl_init_rc_ != CURLE_OK) return ferry_seterr(FERRY_EIO, "%s: libcurl failed to start: %s", url, curl_easy_strerror(curl_init_rc_));
-    ferry_remote *r = calloc(1, sizeof *r);
-    if (!r || !(r->name = strdup(url))) { free(r); return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", url); }
-    int rc = read_knobs(&r->k);
-    ferry_url_scheme s = ferry_url_scheme_of(url);
-    if (rc == 0 && (s == FERRY_URL_S3 || s == FERRY_URL_GS)) {
-        r->bucket = 1;
-        rc = ferry_s3_setup_opts(url, o, &r->u, &r->auth);
-    } else if (rc == 0) {
-        rc = ferry_url_parse(url, NULL, &r->u);
-    }
-    if (rc == 0 && o && o->ca_bundle && !(r->ca_bundle = strdup(o->ca_bundle))) rc = ferry_seterr(FERRY_ENOMEM, "%s: out of memory", url);
+    ferry_remote *r;
+    int rc = remote_new(url, o, &r);
+    if (rc < 0) return rc;
     uint8_t one;
     xfer x = {.r = r, .dst = &one, .off = 0, .len = 1, .open = 1};
-    if (rc == 0) rc = run(r, &x, 1);
+    rc = run(r, &x, 1);
     if (rc == NEED_HEAD) {   /* no byte 0: an empty object */
         *size = 0;
         rc = 0;
