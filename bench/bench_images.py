@@ -259,7 +259,12 @@ def row_ferry(name, src, args, step=None):
     if args.device != "cpu":
         import torch
         sync = torch.cuda.synchronize
-    return run_row(name, _forever(lambda: iter(ds)), args.seconds, lambda b: b["image"].shape[0], step, sync=sync)
+    r = run_row(name, _forever(lambda: iter(ds)), args.seconds, lambda b: b["image"].shape[0], step, sync=sync)
+    im = ds.stats()["images"]      # who decoded, and where the batch calls' time went
+    sec = im.get("seconds", {})
+    log(f"  {name}: decoded gpu {im['gpu']} (hardware {im.get('gpu_hardware', 0)}) cpu {im['cpu']}; "
+        + ", ".join(f"{k} {v:.2f} s" for k, v in sec.items()))
+    return dict(r, images=im)
 
 
 def dali_pipe(kind, src, threads, args):

@@ -406,6 +406,12 @@ typedef struct ferry_image_batch_stats {
     size_t gpu, cpu;            /* images decoded by nvJPEG / by the CPU threads */
     size_t gpu_hw;              /* of gpu, those on the hardware JPEG engine */
     size_t fallbacks[FERRY_IMAGE_FB_COUNT_];
+    /* where the call's time went (seconds): the call; reading and probing
+     * (every thread, before decoding starts); thread-seconds the CPU threads
+     * spent decoding and transforming; the GPU feeder's runs; thread-seconds
+     * decoding threads waited for the device (a pinned buffer's copy, a
+     * scratch buffer's last kernel) */
+    double seconds, prepare_s, cpu_decode_s, gpu_s, wait_s;
 } ferry_image_batch_stats;
 
 /** Read, decode and transform a batch (see above); rows of skipped samples
@@ -416,10 +422,11 @@ typedef struct ferry_image_batch_stats {
  *  for a sample without the member, -errno ...). Blocking: when it returns,
  *  the batch's work on `stream` has run (the rows are there). GPU decodes go
  *  through scratch device memory of one run of images (at most 64 images and
- *  256 MiB of pixels, or one larger image), which ferry keeps per device for
- *  the next call (the process's; a concurrent call on the same device makes
- *  its own). stats may be NULL; the context's ferry_stats add
- *  up the images (image_gpu, image_cpu, image_skipped, image_fallbacks). */
+ *  256 MiB of pixels, or one larger image, two such buffers) and pinned
+ *  upload buffers, which ferry keeps per device for later calls (four sets
+ *  a device: calls in flight together each take one; a fifth makes its
+ *  own). stats may be NULL; the context's ferry_stats add up the images
+ *  (image_gpu, image_cpu, image_skipped, image_fallbacks). */
 int64_t ferry_image_batch(ferry_ctx *ctx, const ferry_image_batch_args *args, ferry_image_batch_stats *stats);
 /* Remote objects: options and listings                                       */
 /* ------------------------------------------------------------------------- */

@@ -181,8 +181,10 @@ def load_batch(shards, samples, out, *, member=None, size=None, crop="random_res
     CPU-decoded images: a stream of the loader's own is best.
 
     Returns {"written": k, "skipped": [positions in samples], "gpu": n,
-    "cpu": n, "fallbacks": {reason: n}, "gpu_hardware": n}; rows 0..k-1 of
-    out hold the samples not skipped, in order."""
+    "cpu": n, "fallbacks": {reason: n}, "gpu_hardware": n, "seconds": {"call",
+    "prepare", "cpu_decode", "gpu", "wait"}} (where the call's time went: reading and
+    probing, thread-seconds of CPU decoding, the GPU feeder's runs, thread-seconds waiting
+    for the device); rows 0..k-1 of out hold the samples not skipped, in order."""
     seed = check("ferry.images.load_batch", "seed", seed)
     epoch = check("ferry.images.load_batch", "epoch", epoch)
     threads = check("ferry.images.load_batch", "threads", threads)

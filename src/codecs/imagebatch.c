@@ -175,12 +175,13 @@ static int prepare(run *r, item *t, size_t i) {
  * goes to decoding), else here, its row copied to the device if it is there. */
 static int cpu_decode(run *r, item *t, size_t i, int w) {
     size_t need = (size_t)t->info.width * t->info.height * 3;
-    uint8_t *px = malloc(need), *row = NULL;
+    uint8_t *px = r->kernel ? ferry_imgb_upload_buf(r, w, need) : NULL, *own = NULL, *row = NULL;
     int rc;
-    if (!px) return fail(r, t, ferry_seterr(FERRY_ENOMEM, "out of memory for a %u x %u image", t->info.height,
-                                            t->info.width));
+    if (!px && !(px = own = malloc(need)))
+        return fail(r, t, ferry_seterr(FERRY_ENOMEM, "out of memory for a %u x %u image", t->info.height,
+                                       t->info.width));
     int64_t got = ferry_image_decode(t->data, t->size, px, need, 0, NULL);
-    if (got < 0) { free(px); return fail(r, t, (int)got); }
+    if (got < 0) { free(own); return fail(r, t, (int)got); }
     if (r->kernel) {
         rc = ferry_imgb_upload(r, t, i, w, px);
     } else if (r->device < 0) {
@@ -191,13 +192,11 @@ static int cpu_decode(run *r, item *t, size_t i, int w) {
     } else if ((rc = ferry_img_transform(px, t->info.height, t->info.width, (size_t)t->info.width * 3, &t->xs,
                                          &r->o, row)) == 0) {
         /* pageable source: the driver has taken it when the call returns */
-        pthread_mutex_lock(&r->stream_mu);
         CUresult cr = r->cu->MemcpyHtoDAsync((CUdeviceptr)(uintptr_t)ferry_imgb_row(r, i), row, r->row, r->stream);
-        pthread_mutex_unlock(&r->stream_mu);
         if (cr != 0) rc = ferry_seterr(FERRY_ECUDA, "copying a row to device %d: %s", r->device, ferry_cuda_errstr(cr));
     }
     free(row);
-    free(px);
+    free(own);
     if (rc < 0) return fail(r, t, rc);
     t->by = 2;
     return 0;
@@ -408,7 +407,7 @@ int64_t ferry_image_batch(ferry_ctx *ctx, const ferry_image_batch_args *a, ferry
     if (r.device >= 0) {   /* the kernel also transforms what the CPU decodes; the device's kept memory */
         ferry_cuda_img_params p = ferry_imgb_params(&r);
         r.kernel = ferry_cuda_image_xform_batch(r.device, 0, 0, &p, r.stream) == 0;
-        ferry_imgb_dev_take(&r);
+        if ((rc = ferry_imgb_dev_take(&r)) < 0) goto out;
     }
     r.it = calloc(r.n, sizeof *r.it);
     r.cpu_list = calloc(r.n, sizeof *r.cpu_list);
@@ -418,12 +417,13 @@ int64_t ferry_image_batch(ferry_ctx *ctx, const ferry_image_batch_args *a, ferry
         goto out;
     }
     pthread_mutex_init(&r.mu, NULL);
-    pthread_mutex_init(&r.stream_mu, NULL);
     atomic_init(&r.next, 0);
     atomic_init(&r.next_worker, 0);
     atomic_init(&r.failed, 0);
     size_t nt = (size_t)threads < r.n ? (size_t)threads : r.n;
+    double t_start = now_s();
     on_threads((int)nt, prepare_worker, &r, 1);
+    double t_prepared = now_s();
     for (size_t i = 0; i < r.n; i++) {
         if (r.it[i].rc) continue;
         if (r.gpu && r.it[i].reason < 0) r.gpu_list[r.ngpu++] = i;
@@ -449,7 +449,6 @@ int64_t ferry_image_batch(ferry_ctx *ctx, const ferry_image_batch_args *a, ferry
         on_threads(ncpu_threads, cpu_worker, &r, 1);
     }
     pthread_mutex_destroy(&r.mu);
-    pthread_mutex_destroy(&r.stream_mu);
     /* the first failure (by position) */
     size_t bad = r.n, fatal = r.n;
     for (size_t i = 0; i < r.n && bad == r.n; i++)
@@ -483,6 +482,11 @@ int64_t ferry_image_batch(ferry_ctx *ctx, const ferry_image_batch_args *a, ferry
     }
     st.written = written;
     st.nskipped = nskip;
+    st.seconds = now_s() - t_start;
+    st.prepare_s = t_prepared - t_start;
+    st.cpu_decode_s = r.cpu_s;
+    st.gpu_s = r.gpu_s;
+    st.wait_s = r.wait_s;
     st.skipped = skipped_out;
     if (stats) *stats = st;
     uint64_t fb = 0;
@@ -498,8 +502,6 @@ out:
         ferry_imgb_dev_give(&r);   /* the stream has run (or nothing ran on the device memory) */
         ferry_cuda_restore(saved);
     }
-    for (size_t k = 0; k < r.nhost; k++) free(r.hostkeep[k]);
-    free(r.hostkeep);
     for (size_t i = 0; r.it && i < r.n; i++) {
         free(r.it[i].data);
         free(r.it[i].msg);

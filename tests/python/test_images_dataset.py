@@ -65,7 +65,12 @@ def test_an_epoch_equals_load_batch_of_its_ids(sets, fmt):
             assert labels == [int(k.split("/")[0][1:]) for k in keys_of(batches)]    # c{label}/...
         else:
             assert labels == [int(i) % 10 for i in order]    # .cls / the MDS int column
-    assert ds.stats()["images"] == {"cpu": 2 * N, "gpu": 0, "skipped": 0}
+    im = ds.stats()["images"]
+    assert {k: im[k] for k in ("cpu", "gpu", "gpu_hardware", "skipped")} == {"cpu": 2 * N, "gpu": 0,
+                                                                               "gpu_hardware": 0, "skipped": 0}
+    sec = im["seconds"]     # where the epochs' batch calls spent their time
+    assert set(sec) == {"call", "prepare", "cpu_decode", "gpu", "wait"}
+    assert sec["call"] > 0 and 0 < sec["prepare"] <= sec["call"] and sec["cpu_decode"] > 0 and sec["gpu"] == 0
 
 
 def test_members_beside_the_image(sets):

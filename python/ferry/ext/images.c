@@ -428,9 +428,10 @@ PyObject *mod_image_batch(PyObject *m, PyObject *args, PyObject *kw) {
         Py_DECREF(v);
     }
     if (sk && fb)
-        res = Py_BuildValue("{s:n,s:N,s:n,s:n,s:n,s:N}", "written", (Py_ssize_t)st.written, "skipped", sk, "gpu",
-                            (Py_ssize_t)st.gpu, "gpu_hardware", (Py_ssize_t)st.gpu_hw, "cpu", (Py_ssize_t)st.cpu,
-                            "fallbacks", fb);
+        res = Py_BuildValue("{s:n,s:N,s:n,s:n,s:n,s:N,s:{s:d,s:d,s:d,s:d,s:d}}", "written", (Py_ssize_t)st.written,
+                            "skipped", sk, "gpu", (Py_ssize_t)st.gpu, "gpu_hardware", (Py_ssize_t)st.gpu_hw, "cpu",
+                            (Py_ssize_t)st.cpu, "fallbacks", fb, "seconds", "call", st.seconds, "prepare",
+                            st.prepare_s, "cpu_decode", st.cpu_decode_s, "gpu", st.gpu_s, "wait", st.wait_s);
     else { Py_XDECREF(sk); Py_XDECREF(fb); }
 done:
     Py_XDECREF(d.keep);

@@ -296,7 +296,8 @@ class ImageDataset(_BatchStream):
         self._format_arg = format
         self._shards_of = None            # (pid, runtime, Shards) of this process
         self.skipped = 0                  # samples left out by on_error="skip" (this process)
-        self._decoded = {"cpu": 0, "gpu": 0}
+        self._decoded = {"cpu": 0, "gpu": 0, "gpu_hardware": 0}
+        self._seconds = {}
         self._logged_skip = False
         meta_ctx = ctx if ctx is not None else _ferry.Context(threads=1)
         try:
@@ -326,9 +327,14 @@ class ImageDataset(_BatchStream):
         return c[2]
 
     def _decode_stream(self, rt):
-        if rt.decode_stream is None:
-            rt.decode_stream = torch.cuda.Stream(rt.device)
-        return rt.decode_stream
+        """A stream for the next group's batch: one per reader thread, in turn, so that two
+        groups in flight do not queue behind each other's work (each call waits for its
+        stream at its end)."""
+        if not isinstance(rt.decode_stream, list):
+            rt.decode_stream = [torch.cuda.Stream(rt.device) for _ in range(rt.READERS)]
+            rt.decode_turn = 0
+        rt.decode_turn = (rt.decode_turn + 1) % len(rt.decode_stream)
+        return rt.decode_stream[rt.decode_turn]
 
     def _load_args(self, rt, epoch, stream):
         threads = self.threads or rt.ctx.config()["threads"]
@@ -386,8 +392,10 @@ class ImageDataset(_BatchStream):
         return outs
 
     def _count(self, res, keys, keep):
-        self._decoded["cpu"] += res["cpu"]
-        self._decoded["gpu"] += res["gpu"]
+        for k in ("cpu", "gpu", "gpu_hardware"):
+            self._decoded[k] += res[k]
+        for k, v in res["seconds"].items():
+            self._seconds[k] = self._seconds.get(k, 0.0) + v
         if res["skipped"]:
             self.skipped += len(res["skipped"])
             if not self._logged_skip:
@@ -407,9 +415,11 @@ class ImageDataset(_BatchStream):
 
     def stats(self):
         """The engine's statistics for this process, with "images": decoded on the CPU and the
-        GPU, and skipped (on_error="skip"), by this process's copy of the dataset."""
+        GPU (gpu_hardware: of those, by the JPEG engine), skipped (on_error="skip"), and
+        "seconds": where the batches' time went (load_batch's "seconds", summed), by this
+        process's copy of the dataset."""
         st = dict(super().stats())
-        st["images"] = {"cpu": self._decoded["cpu"], "gpu": self._decoded["gpu"], "skipped": self.skipped}
+        st["images"] = dict(self._decoded, skipped=self.skipped, seconds=dict(self._seconds))
         return st
 
     def __getstate__(self):

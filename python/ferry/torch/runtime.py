@@ -27,7 +27,7 @@ class _Runtime:
             soft = 1024
         self.max_handles = max(16, min(512, soft // 8 if soft > 0 else 128))
         self.alloc_stream = self.work_stream = None
-        self.decode_stream = None   # ImageDataset's batch copies (made on first use)
+        self.decode_stream = None   # ImageDataset's batch copies: READERS streams (made on first use)
         self._reader = None
         self._planner = None
         self.staging_bytes = 0    # all of the engine's staging buffers (CUDA: _groups_in_flight)
@@ -41,11 +41,13 @@ class _Runtime:
             self.alloc_stream = torch.cuda.Stream(device)
             self.work_stream = torch.cuda.Stream(device)   # cast / transform run here
 
+    READERS = 2     # batch calls in flight at once: one runs while the other finishes its tail
+
     def reader(self):
         """Threads that run the engine's synchronous batch calls (they release the GIL)."""
         if self._reader is None:
             import concurrent.futures
-            self._reader = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="ferry-npy")
+            self._reader = concurrent.futures.ThreadPoolExecutor(self.READERS, thread_name_prefix="ferry-npy")
         return self._reader
 
     def planner(self):
