@@ -118,7 +118,8 @@ int ferry_nvj_batch_decode(ferry_nvj_batch *b, int hw, const uint8_t *const *dat
     nvj_state st = hw ? b->hw_state : b->def_state;
     int rc = 0;
     if (hw) {
-        /* the engine's writes are not ordered after the stream's earlier work */
+        /* the engine's writes are not ordered after the stream's earlier work: a caller gives
+         * the hardware group a stream of its own (idle here, so this costs nothing) */
         const ferry_cuda_api *cu = ferry_cuda_load(NULL);
         CUresult r = cu ? cu->StreamSynchronize(stream) : 1;
         if (r != 0) rc = ferry_seterr(FERRY_ECUDA, "nvjpeg: waiting for the stream: %s", ferry_cuda_errstr(r));
