@@ -8,12 +8,13 @@
  *      header, draw the crop box and flip, and sort the image: one nvJPEG can
  *      take, or one only the CPU decodes (and why).
  *   2. the queue: the CPU threads take the CPU-only images first, then (AUTO)
- *      images nvJPEG could take, one at a time from the front; the GPU feeder
- *      (the calling thread) takes runs of those from the same front (beside
- *      busy CPU threads, the share of the pixels left that it finishes when
- *      they finish the rest, by the decode rates measured), decodes
- *      each run with one nvjpegDecodeBatched per backend into scratch device
- *      memory and transforms the run with one kernel launch into the rows.
+ *      images nvJPEG could take, one at a time from the back; the GPU feeder
+ *      (the calling thread) takes runs of those from the front (64, else 32,
+ *      16 or 8 while CPU threads work beside it: the split follows the two
+ *      rates without measuring them, and nvJPEG's states, one a run size, are
+ *      not initialised again), decodes each run with one
+ *      nvjpegDecodeBatched per backend into scratch device memory and
+ *      transforms the run with one kernel launch into the rows.
  *      A run nvJPEG refuses is decoded again on the CPU by the feeder, image by
  *      image, so the error names the image.
  * Images the CPU decoded for a device destination are uploaded and
@@ -209,7 +210,7 @@ static size_t cpu_claim(run *r) {
     pthread_mutex_lock(&r->mu);
     if (!atomic_load(&r->failed)) {
         if (r->cpu_next < r->ncpu) i = r->cpu_list[r->cpu_next++];
-        else if (r->cpu_takes_gpu_items && r->gpu_next < r->ngpu) i = r->gpu_list[r->gpu_next++];
+        else if (r->cpu_takes_gpu_items && r->gpu_next < r->gpu_end) i = r->gpu_list[--r->gpu_end];
     }
     if (i == SIZE_MAX) r->cpu_active--;
     pthread_mutex_unlock(&r->mu);
@@ -230,13 +231,11 @@ static void *cpu_worker(void *arg) {
         }
         if (r->gpu && t->reason >= 0) t->fellback = 1;
         double t0 = now_s();
-        if (cpu_decode(r, t, i, w) == 0) {
-            double dt = now_s() - t0;
-            pthread_mutex_lock(&r->mu);
-            r->cpu_px += (double)t->info.width * t->info.height;
-            r->cpu_s += dt;
-            pthread_mutex_unlock(&r->mu);
-        }
+        cpu_decode(r, t, i, w);
+        double dt = now_s() - t0;
+        pthread_mutex_lock(&r->mu);
+        r->cpu_s += dt;
+        pthread_mutex_unlock(&r->mu);
     }
     if (switched) ferry_cuda_restore(saved);
     return NULL;
@@ -275,9 +274,7 @@ static void gpu_feeder(run *r, ferry_nvj_batch *b, size_t *idx, int k) {
         r->gpu_s += now_s() - t0;
         for (int j = 0; j < k; j++) {
             item *t = &r->it[idx[j]];
-            if (t->by == 1) {
-                r->gpu_px += (double)t->info.width * t->info.height;
-            } else if (!atomic_load(&r->failed)) {
+            if (t->by != 1 && !atomic_load(&r->failed)) {
                 t->reason = FERRY_IMAGE_FB_GPU_ERROR;
                 t->fellback = 1;
                 cpu_decode(r, t, idx[j], w);
@@ -430,6 +427,7 @@ int64_t ferry_image_batch(ferry_ctx *ctx, const ferry_image_batch_args *a, ferry
         else r.cpu_list[r.ncpu++] = i;
     }
     /* phase 2: the CPU threads beside the feeder (the caller), or the caller among them */
+    r.gpu_end = r.ngpu;
     size_t cpu_work = r.ncpu + (r.gpu && !r.cpu_takes_gpu_items ? 0 : r.ngpu);
     int ncpu_threads = (int)((size_t)threads < cpu_work ? (size_t)threads : cpu_work);
     r.cpu_active = ncpu_threads;

@@ -84,12 +84,10 @@ typedef struct ferry_imgb_run {
     atomic_int next_worker;          /* each decoding thread's upload slot */
     pthread_mutex_t mu;              /* the queue, the CPU rates, the retired regions */
     size_t *cpu_list, ncpu, cpu_next;
-    size_t *gpu_list, ngpu, gpu_next;
+    size_t *gpu_list, ngpu, gpu_next, gpu_end;   /* the GPU takes from the front, CPU threads the back */
     int cpu_active;                  /* CPU threads still claiming */
-    /* decode rates in pixels per second (how much of the queue the GPU takes) */
-    double cpu_px, cpu_s;            /* under mu: pixels the CPU threads decoded, thread-seconds it took */
-    double gpu_px, gpu_s;            /* the feeder's runs */
-    double cpu_rate0, gpu_rate0;     /* earlier calls' rates on this device (0: none yet) */
+    double cpu_s;                    /* under mu: thread-seconds the CPU threads spent decoding */
+    double gpu_s;                    /* the feeder's runs */
     double wait_s;                   /* under mu: thread-seconds decoding threads waited for the device */
     /* device memory and pinned buffers: one set of the device's pool (or the call's own) */
     ferry_imgb_devset *ds;
@@ -99,14 +97,13 @@ typedef struct ferry_imgb_run {
 } ferry_imgb_run;
 
 /* imagebatch_gpu.c */
-/* Take a device set of the pool (or make the call's own) and earlier calls'
- * decode rates: 0 or a code with the message set (a device destination,
- * its context current). */
+/* Take a device set of the pool (or make the call's own): 0 or a code with
+ * the message set (a device destination, its context current). */
 int ferry_imgb_dev_take(ferry_imgb_run *r);
-/* After the stream ran: give the set back (or free the call's own), fold
- * this call's rates into the device's. */
+/* After the stream ran: give the set back (or free the call's own). */
 void ferry_imgb_dev_give(ferry_imgb_run *r);
-/* Claim the next nvJPEG run (idx: FERRY_IMGB_RUN_MAX entries); its size. */
+/* Claim the next nvJPEG run from the front of the queue (idx:
+ * FERRY_IMGB_RUN_MAX entries); its size, 0 when the GPU is done. */
 int ferry_imgb_gpu_claim(ferry_imgb_run *r, size_t *idx);
 /* Decode and transform the run idx[0..k) on the GPU: items done get by = 1;
  * the others (nvJPEG refused their group, no memory, the kernel did not

@@ -23,7 +23,6 @@
 
 static pthread_mutex_t pool_mu_ = PTHREAD_MUTEX_INITIALIZER;
 static ferry_imgb_devset *pool_[FERRY_MAX_DEVICES][FERRY_IMGB_SETS];
-static double cpu_rate_[FERRY_MAX_DEVICES], gpu_rate_[FERRY_MAX_DEVICES];   /* pixels/s, earlier calls */
 
 static double now_s(void) {
     struct timespec ts;
@@ -73,8 +72,6 @@ int ferry_imgb_dev_take(ferry_imgb_run *r) {
     int dev = r->device < FERRY_MAX_DEVICES ? r->device : -1;
     pthread_mutex_lock(&pool_mu_);
     if (dev >= 0) {
-        r->cpu_rate0 = cpu_rate_[dev];
-        r->gpu_rate0 = gpu_rate_[dev];
         for (int k = 0; k < FERRY_IMGB_SETS && !d; k++) {
             if (!pool_[dev][k] && !(pool_[dev][k] = calloc(1, sizeof(ferry_imgb_devset)))) break;
             if (!pool_[dev][k]->busy) d = pool_[dev][k];
@@ -97,16 +94,6 @@ void ferry_imgb_dev_give(ferry_imgb_run *r) {
     r->retired = NULL;
     r->nretired = 0;
     pthread_mutex_lock(&pool_mu_);
-    if (r->device < FERRY_MAX_DEVICES) {
-        if (r->cpu_s > 0) {   /* this call's rates, folded in halfway */
-            double c = r->cpu_px / r->cpu_s, *old = &cpu_rate_[r->device];
-            *old = *old > 0 ? (*old + c) / 2 : c;
-        }
-        if (r->gpu_s > 0 && r->gpu_px > 0) {
-            double g = r->gpu_px / r->gpu_s, *old = &gpu_rate_[r->device];
-            *old = *old > 0 ? (*old + g) / 2 : g;
-        }
-    }
     if (r->ds && !r->ds_own) r->ds->busy = 0;
     pthread_mutex_unlock(&pool_mu_);
     if (r->ds_own) set_free(r->cu, r->ds);
@@ -323,29 +310,22 @@ void ferry_imgb_gpu_run(ferry_imgb_run *r, ferry_nvj_batch *b, const size_t *idx
 int ferry_imgb_gpu_claim(ferry_imgb_run *r, size_t *idx) {
     int k = 0;
     pthread_mutex_lock(&r->mu);
-    size_t left = r->ngpu - r->gpu_next, want = left, bytes = 0;
-    double share = 1.0;   /* of the pixels left: all, when the CPU threads are done or not sharing */
-    if (r->cpu_takes_gpu_items && r->cpu_active) {
-        /* beside busy CPU threads: the share the GPU finishes when they finish the rest, by the
-         * rates measured (in this call, else earlier ones); half before there are any */
-        double g = r->gpu_s > 0 ? r->gpu_px / r->gpu_s : r->gpu_rate0;
-        double c = r->cpu_s > 0 ? r->cpu_px / r->cpu_s : r->cpu_rate0;
-        share = g > 0 && c > 0 ? g / (g + c * r->cpu_active) : 0.5;
+    size_t left = r->gpu_end - r->gpu_next, want = left, bytes = 0;
+    /* Runs of a few fixed sizes (64, 32, 16, 8), so that nvJPEG's states, one a size, are not
+     * initialised again call after call; beside CPU threads, fewer than 8 are left to them */
+    if (want >= FERRY_IMGB_RUN_MAX) want = FERRY_IMGB_RUN_MAX;
+    else if (r->cpu_takes_gpu_items && r->cpu_active) {
+        size_t c = FERRY_IMGB_RUN_MAX / 2;
+        while (c >= 8 && c > want) c /= 2;
+        want = c >= 8 ? c : 0;
     }
-    double left_px = 0, take_px = 0;
-    for (size_t q = r->gpu_next; share < 1.0 && q < r->ngpu; q++)
-        left_px += (double)r->it[r->gpu_list[q]].info.width * r->it[r->gpu_list[q]].info.height;
-    if (want > FERRY_IMGB_RUN_MAX) want = FERRY_IMGB_RUN_MAX;
     if (atomic_load(&r->failed)) want = 0;
     for (; (size_t)k < want; k++) {   /* at most FERRY_IMGB_RUN_BYTES of pixels; one image at least */
         const ferry_imgb_item *t = &r->it[r->gpu_list[r->gpu_next]];
-        double px = (double)t->info.width * t->info.height;
-        bytes += (size_t)px * 3;
-        if (k && (bytes > FERRY_IMGB_RUN_BYTES || (share < 1.0 && take_px + px / 2 > share * left_px))) break;
-        take_px += px;
+        bytes += (size_t)t->info.width * t->info.height * 3;
+        if (k && bytes > FERRY_IMGB_RUN_BYTES) break;
         idx[k] = r->gpu_list[r->gpu_next++];
     }
     pthread_mutex_unlock(&r->mu);
     return k;
 }
-

@@ -3,12 +3,14 @@
  * current and kept for the process: the default backend (CUDA, with the
  * Huffman decode on the host where nvJPEG chooses) and the hardware backend,
  * which nvjpegCreateEx refuses on devices without a JPEG engine (remembered:
- * not asked again). Each batch object holds its own state per backend,
- * initialised (nvjpegDecodeBatchedInitialize) when the batch size changes and
- * after a failed call (which is how a failed state is reset). A closed batch
- * object is kept, one per device, for the next call: states grow their
- * device and pinned buffers on first use, and making them per call would
- * allocate (and free, which waits for the device) every time. */
+ * not asked again). Each batch object holds, per backend, up to NVJ_STATES
+ * states, each initialised (nvjpegDecodeBatchedInitialize) for one batch
+ * size: a call of a size none has takes the least recently used one and
+ * initialises it again, as does a call after a failed one (which is how a
+ * failed state is reset). Closed batch objects are kept, NVJ_KEPT per
+ * device, for the next calls (calls in flight together each take one):
+ * states grow their device and pinned buffers on first use, and making them
+ * per call would allocate (and free, which waits for the device) every time. */
 #include "cuda/nvjpeg_batch.h"
 #include "common.h"
 #include "ferry_experimental.h"
@@ -16,17 +18,25 @@
 #include <stdlib.h>
 
 #define NVJ_BATCH_DEVICES 64
+#define NVJ_KEPT 4            /* idle batch objects kept per device */
+#define NVJ_STATES 5          /* states per backend: the run sizes 64, 32, 16, 8 and one other */
 static pthread_mutex_t lock_ = PTHREAD_MUTEX_INITIALIZER;
 static nvj_handle def_[NVJ_BATCH_DEVICES], hw_[NVJ_BATCH_DEVICES];
 static int hw_tried_[NVJ_BATCH_DEVICES];
-static struct ferry_nvj_batch *kept_[NVJ_BATCH_DEVICES];   /* one idle batch object per device */
+static struct ferry_nvj_batch *kept_[NVJ_BATCH_DEVICES][NVJ_KEPT];
+
+typedef struct nvj_sized {    /* a state and the batch size it was initialised for (0: initialise) */
+    nvj_state st;
+    int size;
+    unsigned long used;       /* the call count at its last use */
+} nvj_sized;
 
 struct ferry_nvj_batch {
     const nvj_api *nv;
     int dev;
     nvj_handle def, hw;       /* hw NULL: no hardware backend on this device */
-    nvj_state def_state, hw_state;
-    int def_size, hw_size;    /* the batch size each state was initialised for; 0: initialise */
+    nvj_sized def_st[NVJ_STATES], hw_st[NVJ_STATES];
+    unsigned long calls;
     nvj_stream parsed;        /* for nvjpegDecodeBatchedSupported */
 };
 
@@ -39,12 +49,13 @@ int ferry_nvj_batch_open(int dev, ferry_nvj_batch **out) {
     if (!nv->batched) return ferry_seterr(FERRY_EUNSUPPORTED, "nvjpeg: %s lacks the batched decode calls", nv->path);
     if (dev < 0 || dev >= NVJ_BATCH_DEVICES) return ferry_seterr(FERRY_EINVAL, "nvjpeg: device %d", dev);
     pthread_mutex_lock(&lock_);
-    if (kept_[dev]) {   /* the states of an earlier call, their buffers already grown */
-        *out = kept_[dev];
-        kept_[dev] = NULL;
-        pthread_mutex_unlock(&lock_);
-        return 0;
-    }
+    for (int k = 0; k < NVJ_KEPT; k++)
+        if (kept_[dev][k]) {   /* the states of an earlier call, their buffers already grown */
+            *out = kept_[dev][k];
+            kept_[dev][k] = NULL;
+            pthread_mutex_unlock(&lock_);
+            return 0;
+        }
     nvj_status s = def_[dev] ? NVJ_OK : nv->CreateEx(NVJ_BACKEND_DEFAULT, NULL, NULL, 0, &def_[dev]);
     if (s == NVJ_OK && !hw_tried_[dev]) {
         hw_tried_[dev] = 1;
@@ -59,15 +70,15 @@ int ferry_nvj_batch_open(int dev, ferry_nvj_batch **out) {
     b->dev = dev;
     b->def = def;
     b->hw = hw;
-    if ((s = nv->JpegStateCreate(def, &b->def_state)) != NVJ_OK) {
-        b->def_state = NULL;
+    if ((s = nv->JpegStateCreate(def, &b->def_st[0].st)) != NVJ_OK) {
+        b->def_st[0].st = NULL;
         batch_destroy(b);
         return ferry_nvjpeg_err(s, "nvjpegJpegStateCreate");
     }
-    if (hw && (nv->JpegStateCreate(hw, &b->hw_state) != NVJ_OK || nv->JpegStreamCreate(hw, &b->parsed) != NVJ_OK)) {
+    if (hw && (nv->JpegStateCreate(hw, &b->hw_st[0].st) != NVJ_OK || nv->JpegStreamCreate(hw, &b->parsed) != NVJ_OK)) {
         /* the engine is there but will not give a state: the CUDA backend decodes all */
-        if (b->hw_state) nv->JpegStateDestroy(b->hw_state);
-        b->hw_state = NULL;
+        if (b->hw_st[0].st) nv->JpegStateDestroy(b->hw_st[0].st);
+        b->hw_st[0].st = NULL;
         b->parsed = NULL;
         b->hw = NULL;
     }
@@ -77,20 +88,57 @@ int ferry_nvj_batch_open(int dev, ferry_nvj_batch **out) {
 
 static void batch_destroy(ferry_nvj_batch *b) {
     if (b->parsed) b->nv->JpegStreamDestroy(b->parsed);
-    if (b->hw_state) b->nv->JpegStateDestroy(b->hw_state);
-    if (b->def_state) b->nv->JpegStateDestroy(b->def_state);
+    for (int k = 0; k < NVJ_STATES; k++) {
+        if (b->hw_st[k].st) b->nv->JpegStateDestroy(b->hw_st[k].st);
+        if (b->def_st[k].st) b->nv->JpegStateDestroy(b->def_st[k].st);
+    }
     free(b);
 }
 
 void ferry_nvj_batch_close(ferry_nvj_batch *b) {
     if (!b) return;
     pthread_mutex_lock(&lock_);
-    if (!kept_[b->dev]) {
-        kept_[b->dev] = b;
-        b = NULL;
-    }
+    for (int k = 0; k < NVJ_KEPT && b; k++)
+        if (!kept_[b->dev][k]) {
+            kept_[b->dev][k] = b;
+            b = NULL;
+        }
     pthread_mutex_unlock(&lock_);
     if (b) batch_destroy(b);
+}
+
+/* The state of backend h initialised for batches of k (created, or the
+ * least recently used one initialised again): 0, or a code. */
+static int sized_state(ferry_nvj_batch *b, nvj_handle h, nvj_sized *v, int k, nvj_sized **out) {
+    nvj_sized *pick = NULL, *spare = NULL;
+    for (int q = 0; q < NVJ_STATES && !pick; q++)
+        if (v[q].st && v[q].size == k) pick = &v[q];
+    for (int q = 0; q < NVJ_STATES && !pick && !spare; q++)
+        if (!v[q].st) spare = &v[q];
+    if (!pick && spare) {
+        if (b->nv->JpegStateCreate(h, &spare->st) == NVJ_OK) {
+            spare->size = 0;
+            pick = spare;
+        } else {
+            spare->st = NULL;   /* no more states: the least recently used one is initialised again */
+        }
+    }
+    if (!pick) {   /* the least recently used */
+        nvj_sized *lru = NULL;
+        for (int q = 0; q < NVJ_STATES; q++)
+            if (v[q].st && (!lru || v[q].used < lru->used)) lru = &v[q];
+        pick = lru;
+    }
+    if (!pick) return ferry_seterr(FERRY_ENOMEM, "nvjpeg: no decode state on device %d", b->dev);
+    if (pick->size != k) {
+        pick->size = 0;
+        nvj_status s = b->nv->DecodeBatchedInitialize(h, pick->st, k, 1, NVJ_OUTPUT_RGBI);
+        if (s != NVJ_OK) return ferry_nvjpeg_err(s, "nvjpegDecodeBatchedInitialize");
+        pick->size = k;
+    }
+    pick->used = ++b->calls;
+    *out = pick;
+    return 0;
 }
 
 int ferry_nvj_batch_has_hw(const ferry_nvj_batch *b) { return b && b->hw != NULL; }
@@ -115,7 +163,6 @@ int ferry_nvj_batch_decode(ferry_nvj_batch *b, int hw, const uint8_t *const *dat
         img[j].pitch[0] = pitch[j];
     }
     nvj_handle h = hw ? b->hw : b->def;
-    nvj_state st = hw ? b->hw_state : b->def_state;
     int rc = 0;
     if (hw) {
         /* the engine's writes are not ordered after the stream's earlier work: a caller gives
@@ -125,16 +172,11 @@ int ferry_nvj_batch_decode(ferry_nvj_batch *b, int hw, const uint8_t *const *dat
         if (r != 0) rc = ferry_seterr(FERRY_ECUDA, "nvjpeg: waiting for the stream: %s", ferry_cuda_errstr(r));
     }
     nvj_status s = NVJ_OK;
-    int *size = hw ? &b->hw_size : &b->def_size;
-    if (rc == 0 && *size != k) {
-        *size = 0;
-        if ((s = b->nv->DecodeBatchedInitialize(h, st, k, 1, NVJ_OUTPUT_RGBI)) != NVJ_OK)
-            rc = ferry_nvjpeg_err(s, "nvjpegDecodeBatchedInitialize");
-        else *size = k;
-    }
-    if (rc == 0 && (s = b->nv->DecodeBatched(h, st, (const unsigned char *const *)data, len, img, stream)) != NVJ_OK) {
+    nvj_sized *st = NULL;
+    if (rc == 0) rc = sized_state(b, h, hw ? b->hw_st : b->def_st, k, &st);
+    if (rc == 0 && (s = b->nv->DecodeBatched(h, st->st, (const unsigned char *const *)data, len, img, stream)) != NVJ_OK) {
         rc = ferry_nvjpeg_err(s, hw ? "nvjpegDecodeBatched (hardware backend)" : "nvjpegDecodeBatched");
-        *size = 0;   /* initialised again before its next call */
+        st->size = 0;   /* initialised again before its next call */
     }
     free(img);
     return rc;
