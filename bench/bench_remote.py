@@ -211,6 +211,7 @@ def main():
         try:
             import cupy
             import kvikio
+            import kvikio.defaults   # a submodule: `import kvikio` alone does not bind it
             for threads in (None, 16):
                 def kv(threads=threads):
                     if threads:

@@ -98,6 +98,15 @@ def serve_python(root):
     return f"http://127.0.0.1:{s.port}", s.stop
 
 
+def _engine():
+    """engine="ferry" where the package is installed (its entry point), else the class itself."""
+    import xarray as xr
+    if "ferry" in xr.backends.list_engines():
+        return "ferry"
+    from ferry.xarray import FerryBackendEntrypoint
+    return FerryBackendEntrypoint
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="0")
@@ -142,7 +151,7 @@ def main():
 
         def xr_load():
             import xarray as xr
-            return {n: v.data for n, v in xr.open_dataset(url, engine="ferry", device=dev.device).load().items()}
+            return {n: v.data for n, v in xr.open_dataset(url, engine=_engine(), device=dev.device).load().items()}
 
         def zarr_fsspec():
             import zarr
