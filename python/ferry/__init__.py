@@ -440,6 +440,8 @@ def _add_read(plan: Plan, ds: Dataset | None, file: File | None, var: dict | Non
         return ret, (lambda r: r[0] if squeeze and not isinstance(r, Array) else r)
     if var.get("error"):  # a type, codec... ferry cannot read: the parser's message, before any allocation
         raise FerryError(_ferry.EUNSUPPORTED, var["error"])
+    if var.get("dtype") == "str":   # variable-length strings: read now, into a numpy array of str
+        return _read_strings(ds, var, selection, dev, out), (lambda r: r)
     shape = tuple(var["shape"])
     typestr = _native_typestr(var["typestr"])
     triples, sel_shape, squeeze = normalize_selection(selection, shape)
@@ -461,6 +463,21 @@ def _add_read(plan: Plan, ds: Dataset | None, file: File | None, var: dict | Non
         else:
             plan.read(ds, var["name"], dst, triples, native)
     return ret, (lambda r: r)
+
+
+def _read_strings(ds: Dataset, var: dict, selection, dev, out):
+    """A string variable's selection as a numpy object array of str (ferry_dataset_read_strings):
+    host memory only, no out= (the elements are Python objects)."""
+    import numpy as np
+    if out is not None or (dev is not None and dev >= 0):
+        raise FerryError(_ferry.EINVAL, f"{ds.path}: {var['name']}: variable-length strings are read into a "
+                         "numpy array of str on the CPU (no device=, no out=)")
+    shape = tuple(var["shape"])
+    triples, sel_shape, squeeze = normalize_selection(selection, shape)
+    got = ds.read_strings(var["name"], triples if shape else None)
+    arr = np.empty(len(got), dtype=object)
+    arr[:] = got
+    return arr.reshape(tuple(n for i, n in enumerate(sel_shape) if i not in squeeze))   # 0-d as numbers read
 
 
 def read(path, name: str | None = None, *, device: Any = "cpu", selection: Any = None, out: Any = None,

@@ -732,4 +732,4 @@ static int64_t refs_plan(ferry_dataset *ds, int var, const ferry_slice *sel, fer
     return rc < 0 ? rc : (int64_t)total;
 }
 
-const ferry_format_ops ferry_format_refs = {"refs", refs_probe, refs_open, refs_close, refs_plan};
+const ferry_format_ops ferry_format_refs = {"refs", refs_probe, refs_open, refs_close, refs_plan, NULL};

@@ -244,6 +244,48 @@ static PyObject *Dataset_fill(DatasetObject *self, PyObject *arg) {
     return b;
 }
 
+/* read_strings(var, selection=None, threads=0) -> list of str: a FERRY_DT_STRING
+ * variable's selection in C order (ferry_dataset_read_strings, the GIL released),
+ * each element decoded as UTF-8 (bytes that are not: surrogate escapes, as os.fsdecode). */
+static PyObject *Dataset_read_strings(DatasetObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"var", "selection", "threads", NULL};
+    PyObject *var, *sel = Py_None;
+    int threads = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|Oi", kwlist, &var, &sel, &threads)) return NULL;
+    if (ds_check(self) < 0) return NULL;
+    int vi = ds_var_index(self, var);
+    if (vi < 0) return NULL;
+    ferry_slice slices[FERRY_MAX_DIMS];
+    ferry_slice *sp = NULL;
+    if (sel != Py_None) {
+        ferry_var_info info;
+        memset(&info, 0, sizeof info);
+        if (ferry_dataset_var(self->ds, vi, &info) < 0) return raise_code_msg(FERRY_EINVAL, ferry_errmsg(NULL));
+        if (parse_triples(sel, slices, info.ndim, info.name) < 0) return NULL;
+        sp = slices;
+    }
+    ferry_run_opts ro;
+    memset(&ro, 0, sizeof ro);
+    ro.threads = threads < 0 ? 0 : threads;
+    ferry_strings st;
+    int64_t rc;
+    self->users++;   /* not closed under the read */
+    Py_BEGIN_ALLOW_THREADS
+    rc = ferry_dataset_read_strings(self->ds, vi, sp, &ro, &st);
+    Py_END_ALLOW_THREADS
+    self->users--;
+    if (rc < 0) { ferry_strings_free(&st); return raise_ctx(self->ctx->ctx, (int)rc); }
+    PyObject *l = PyList_New((Py_ssize_t)st.count);
+    for (uint64_t i = 0; l && i < st.count; i++) {
+        PyObject *u = PyUnicode_DecodeUTF8(st.data + st.offsets[i], (Py_ssize_t)(st.offsets[i + 1] - st.offsets[i]),
+                                           "surrogateescape");
+        if (!u) { Py_CLEAR(l); break; }
+        PyList_SET_ITEM(l, (Py_ssize_t)i, u);
+    }
+    ferry_strings_free(&st);
+    return l;
+}
+
 static PyMethodDef Dataset_methods[] = {
     {"variables", (PyCFunction)Dataset_variables, METH_NOARGS, "list of dicts, one per variable"},
     {"names", (PyCFunction)Dataset_names, METH_NOARGS, "list of the variables' names, in file order"},
@@ -253,6 +295,9 @@ static PyMethodDef Dataset_methods[] = {
     {"find", (PyCFunction)Dataset_find, METH_O, "find(name) -> index (KeyError if missing)"},
     {"fill", (PyCFunction)Dataset_fill, METH_O,
      "fill(index) -> the fill element (itemsize bytes, little-endian) or None (ferry_dataset_fill)"},
+    {"read_strings", (PyCFunction)(void (*)(void))Dataset_read_strings, METH_VARARGS | METH_KEYWORDS,
+     "read_strings(var, selection=None, threads=0) -> list of str: a string variable's selection "
+     "[(start, stop, step)], C order (ferry_dataset_read_strings)"},
     {"close", (PyCFunction)Dataset_close, METH_NOARGS, "close the dataset"},
     {"__enter__", Handle_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)Dataset_exit, METH_VARARGS, NULL},
