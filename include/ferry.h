@@ -792,6 +792,13 @@ typedef struct ferry_open_opts {
     int allow_outside;    /* kerchunk references ("refs"): also read files that lie outside
                              the reference set's directory (0: such a reference fails
                              naming the file; URLs are read either way) */
+    const char *refs_json; /* kerchunk references given as JSON text (NUL-terminated, version 0
+                             or 1), read instead of the file at path, which names where they
+                             came from: a Parquet reference directory (kerchunk's
+                             refs_to_dataframe) that the caller read (the Python package, with
+                             pyarrow). Messages name path; relative targets resolve against
+                             the directory holding it. The format is "refs" (another one asked
+                             is FERRY_EINVAL). NULL: read path. Copied during the call */
 } ferry_open_opts;
 
 typedef struct ferry_dataset ferry_dataset;
@@ -808,7 +815,8 @@ typedef struct ferry_dataset ferry_dataset;
  *  JSON's directory, which local files must lie in unless opts->allow_outside;
  *  URLs are read remotely. A reference whose file is missing, lies outside, or
  *  ends before its offset + length fails the plan that needs it, naming the
- *  JSON, the key and the file. Parquet reference sets are refused.
+ *  JSON, the key and the file. A Parquet reference directory is refused
+ *  (FERRY_EUNSUPPORTED) unless opts->refs_json carries its references as JSON.
  *  A Hugging Face checkpoint directory by URL (objects are not listed):
  *  "URL/" opens URL/model.safetensors.index.json, else URL/model.safetensors;
  *  a URL naming no object (404), opened as safetensors or with no format, is

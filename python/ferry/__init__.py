@@ -21,7 +21,7 @@ import sys
 import threading
 from typing import Any, Iterable, Sequence
 
-from . import _checks, _ferry, _nogpu, _progress
+from . import _checks, _ferry, _nogpu, _parquet_refs, _progress
 from ._ferry import PATHS, Array, Context, Dataset, FerryError, File, Job, Plan
 
 __version__: str = _ferry.__version__
@@ -282,7 +282,7 @@ def _fspath(path) -> str:
 def _open_dataset(path: str, ctx: Context):
     """A ferry Dataset, or None when the file has no format ferry knows (raw bytes)."""
     try:
-        return Dataset(ctx, os.fspath(path))
+        return _parquet_refs.dataset(ctx, os.fspath(path))
     except FerryError as e:
         # a file, or a URL the C library opened (its scheme decides, as there),
         # in no format ferry knows: its raw bytes
@@ -650,7 +650,7 @@ class Opened:
         self._ctx = _ctx_of(ctx, storage_options)
         self.path = _fspath(path)
         self.device = device
-        self._ds = Dataset(self._ctx, self.path, format, group)
+        self._ds = _parquet_refs.dataset(self._ctx, self.path, format, group)
         self.format: str = self._ds.format
         self.attrs: dict = decode_attrs(self._ds.attrs, self.format)
         self.dims: dict = json.loads(self._ds.dims)

@@ -97,7 +97,8 @@ class File:
 
 class Dataset:
     def __init__(self, ctx: Optional[Context], path: PathLike, format: Optional[str] = None,
-                 group: Optional[str] = None, allow_outside: bool = False) -> None: ...
+                 group: Optional[str] = None, allow_outside: bool = False,
+                 refs_json: Optional[str] = None) -> None: ...
     @property
     def format(self) -> str: ...
     @property

@@ -340,7 +340,13 @@ static int dataset_open(ferry_ctx *ctx, const char *path, const ferry_open_opts 
     }
 
     const ferry_format_ops *ops = NULL;
-    if (opts->format && *opts->format) {
+    if (opts->refs_json) {   /* a reference set the caller read: its JSON is the "refs" format's */
+        if (opts->format && *opts->format && strcmp(opts->format, "refs"))
+            return ferry_seterr(FERRY_EINVAL, "%s: refs_json is a kerchunk reference set, not format \"%s\"", path,
+                                opts->format);
+        ops = &ferry_format_refs;
+    }
+    if (!ops && opts->format && *opts->format) {
         for (size_t i = 0; i < NFORMATS && !ops; i++)
             if (!strcmp(formats[i]->name, opts->format)) ops = formats[i];
         if (!ops)

@@ -15,12 +15,12 @@ int ds_check(DatasetObject *d) {
 }
 
 static int Dataset_init(DatasetObject *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"ctx", "path", "format", "group", "allow_outside", NULL};
+    static char *kwlist[] = {"ctx", "path", "format", "group", "allow_outside", "refs_json", NULL};
     PyObject *ctxo, *patho;
-    const char *format = NULL, *group = NULL;
+    const char *format = NULL, *group = NULL, *refs_json = NULL;
     int allow_outside = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO&|zzp", kwlist, &ctxo, PyUnicode_FSConverter, &patho,
-                                     &format, &group, &allow_outside))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO&|zzpz", kwlist, &ctxo, PyUnicode_FSConverter, &patho,
+                                     &format, &group, &allow_outside, &refs_json))
         return -1;
     ContextObject *c = ctx_arg(ctxo);
     if (!c) { Py_DECREF(patho); return -1; }
@@ -34,6 +34,7 @@ static int Dataset_init(DatasetObject *self, PyObject *args, PyObject *kw) {
     o.format = format;
     o.group = group;
     o.allow_outside = allow_outside;
+    o.refs_json = refs_json;   /* the str's UTF-8, alive while args are: the call copies it */
     const char *p = PyBytes_AS_STRING(patho);
     ferry_dataset *ds = NULL;
     int rc;
@@ -323,7 +324,8 @@ PyTypeObject DatasetType = {
     .tp_dealloc = (destructor)Dataset_dealloc,
     .tp_repr = (reprfunc)Dataset_repr,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Dataset(ctx, path, format=None, group=None): parsed metadata of a file or store.",
+    .tp_doc = "Dataset(ctx, path, format=None, group=None, allow_outside=False, refs_json=None): parsed metadata "
+              "of a file or store (refs_json: a kerchunk reference set's JSON, read instead of path)",
     .tp_methods = Dataset_methods,
     .tp_getset = Dataset_getset,
     .tp_init = (initproc)Dataset_init,
