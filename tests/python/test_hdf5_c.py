@@ -324,6 +324,21 @@ def test_h5py_string_dtype_read_in_c(tmp_path):
             assert np.asarray(got, object).tolist() == np.asarray(want, object).tolist(), name
 
 
+def test_string_reads_are_bounded(tmp_path):
+    """A selection of more strings than one read takes is refused saying so (read in parts),
+    before anything is allocated for it; a part of it reads (unwritten: the fill, "")."""
+    p = tmp_path / "big.h5"
+    with h5py.File(p, "w") as f:
+        f.create_dataset("s", shape=(1 << 27,), dtype=h5py.string_dtype(), chunks=(1 << 20,))
+    d = c_open(p)
+    try:
+        with pytest.raises(ferry.FerryError, match="read it in parts"):
+            d.read_strings("s")
+        assert d.read_strings("s", [(5, 8, 1)]) == ["", "", ""]
+    finally:
+        d.close()
+
+
 def test_variable_length_sequences_still_refused(tmp_path):
     netCDF4 = pytest.importorskip("netCDF4")
     p = tmp_path / "vl.nc"
