@@ -920,9 +920,9 @@ int64_t ferry_dataset_plan_read(ferry_dataset *ds, int var, const ferry_slice *s
  *    data     every element's bytes back to back, offsets[count] of them,
  *             then a NUL (an element ends at its first NUL, as a C string
  *             does: netCDF-C and h5py read them so).
- *  An element never written, or written as a NULL pointer, is "" (as
- *  netCDF4-python and h5py read it); unwritten chunks read as the dataset's
- *  fill value (a string too). */
+ *  An element written as "" or as a NULL pointer is "" (as netCDF4-python
+ *  and h5py read it); elements never written read as the dataset's fill
+ *  value (a string; "" where it has none). */
 typedef struct ferry_strings {
     uint64_t count;
     uint64_t *offsets;
