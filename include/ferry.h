@@ -701,10 +701,12 @@ void ferry_stats_reset(ferry_ctx *ctx);
  *                  dimensions from dimension scales (phony ones otherwise),
  *                  soft links followed. codecs describes the filter pipeline
  *                  in decoding order with what a writer chose ("fletcher32
- *                  zlib(level=4) shuffle"). Described but refused on read
- *                  (ferry_var_info.error, ending "(unsupported)" where the
- *                  dataset is valid but uses what ferry lacks): variable-length
- *                  strings and sequences, compound, reference and array types,
+ *                  zlib(level=4) shuffle"). Variable-length strings are
+ *                  FERRY_DT_STRING variables (ferry_dataset_read_strings).
+ *                  Described but refused on read (ferry_var_info.error, ending
+ *                  "(unsupported)" where the dataset is valid but uses what
+ *                  ferry lacks): variable-length sequences, compound,
+ *                  reference and array types,
  *                  other filters (named with their id), external and virtual
  *                  storage, null dataspaces. Every group's metadata is checked
  *                  at open (as netCDF-C reads it); an external link in the
@@ -725,7 +727,10 @@ typedef enum ferry_dtype {
     FERRY_DT_DATETIME64, FERRY_DT_TIMEDELTA64,
     FERRY_DT_CHAR,         /* netCDF char / numpy S1 */
     FERRY_DT_BYTES,        /* fixed-size bytes |Sn or void |Vn */
-    FERRY_DT_OTHER         /* any other fixed-size type; see typestr */
+    FERRY_DT_OTHER,        /* any other fixed-size type; see typestr */
+    FERRY_DT_STRING        /* variable-length UTF-8 text (HDF5 variable-length strings,
+                              netCDF-4 "string"): typestr "|O"; no fixed-size element, so
+                              ferry_dataset_read_strings reads it, not a plan */
 } ferry_dtype;
 
 /** Name styles for ferry_dtype_name. */
@@ -760,7 +765,8 @@ typedef struct ferry_var_info {
                                       ferry cannot read, as written in the metadata
                                       (Zarr: "|O", "string", JSON of a structured or
                                       configured type) */
-    uint32_t itemsize;             /* 1 when the type is unknown (see error) */
+    uint32_t itemsize;             /* 1 when the type is unknown (see error); FERRY_DT_STRING:
+                                      the size of one stored reference to a string */
     int ndim;
     uint64_t shape[FERRY_MAX_DIMS];
     uint64_t chunks[FERRY_MAX_DIMS];  /* chunk (or record) shape; = shape if unchunked */
@@ -786,6 +792,13 @@ typedef struct ferry_open_opts {
     int allow_outside;    /* kerchunk references ("refs"): also read files that lie outside
                              the reference set's directory (0: such a reference fails
                              naming the file; URLs are read either way) */
+    const char *refs_json; /* kerchunk references given as JSON text (NUL-terminated, version 0
+                             or 1), read instead of the file at path, which names where they
+                             came from: a Parquet reference directory (kerchunk's
+                             refs_to_dataframe) that the caller read (the Python package, with
+                             pyarrow). Messages name path; relative targets resolve against
+                             the directory holding it. The format is "refs" (another one asked
+                             is FERRY_EINVAL). NULL: read path. Copied during the call */
 } ferry_open_opts;
 
 typedef struct ferry_dataset ferry_dataset;
@@ -802,7 +815,8 @@ typedef struct ferry_dataset ferry_dataset;
  *  JSON's directory, which local files must lie in unless opts->allow_outside;
  *  URLs are read remotely. A reference whose file is missing, lies outside, or
  *  ends before its offset + length fails the plan that needs it, naming the
- *  JSON, the key and the file. Parquet reference sets are refused.
+ *  JSON, the key and the file. A Parquet reference directory is refused
+ *  (FERRY_EUNSUPPORTED) unless opts->refs_json carries its references as JSON.
  *  A Hugging Face checkpoint directory by URL (objects are not listed):
  *  "URL/" opens URL/model.safetensors.index.json, else URL/model.safetensors;
  *  a URL naming no object (404), opened as safetensors or with no format, is
@@ -893,6 +907,49 @@ enum {
  *  must the dataset (the plan may name its open files; see ferry_dataset_close). */
 int64_t ferry_dataset_plan_read(ferry_dataset *ds, int var, const ferry_slice *sel,
                                 ferry_buf dst, unsigned flags, ferry_plan *plan);
+
+/** Variable-length strings (FERRY_DT_STRING variables: HDF5 variable-length
+ *  strings, netCDF-4's "string" type). Their elements have no fixed size to
+ *  place in a caller's buffer, so ferry_dataset_plan_read refuses them
+ *  (FERRY_EINVAL naming this call) and ferry_dataset_read_strings reads them
+ *  at once, into memory it allocates:
+ *    count    elements of the selection, in C order;
+ *    offsets  count + 1 ascending byte offsets into data: element i is the
+ *             bytes [offsets[i], offsets[i + 1]) (UTF-8 as stored; ASCII for
+ *             files that say ASCII);
+ *    data     every element's bytes back to back, offsets[count] of them,
+ *             then a NUL (an element ends at its first NUL, as a C string
+ *             does: netCDF-C and h5py read them so).
+ *  An element written as "" or as a NULL pointer is "" (as netCDF4-python
+ *  and h5py read it); elements never written read as the dataset's fill
+ *  value (a string; "" where it has none). */
+typedef struct ferry_strings {
+    uint64_t count;
+    uint64_t *offsets;
+    char *data;
+} ferry_strings;
+
+/** The largest selection ferry_dataset_read_strings reads in one call: its
+ *  text, and its count (each element's stored reference is read first). A
+ *  larger one fails with FERRY_EINVAL saying so: read it in parts. */
+#define FERRY_STRINGS_MAX_BYTES ((uint64_t)1 << 30)
+#define FERRY_STRINGS_MAX_COUNT ((uint64_t)1 << 26)
+
+/** Read sel (as ferry_dataset_plan_read: ndim slices, NULL: everything) of
+ *  string variable `var` into *out (zeroed first; free it with
+ *  ferry_strings_free, also after an error). The references are read by a
+ *  plan run on ds's context (opts as ferry_run's; NULL: the context's), then
+ *  each string from the file's global heap, every heap collection read once
+ *  per call. Returns count, or a negative code: FERRY_EINVAL for a variable
+ *  of another type or a selection past the FERRY_STRINGS_MAX_* bounds,
+ *  FERRY_EFORMAT naming the file, byte and variable for a reference or heap
+ *  that lies (outside the file, an object that is not there, a string longer
+ *  than its object, collections that add up to more than the file). Safe from
+ *  several threads on one open dataset. */
+int64_t ferry_dataset_read_strings(ferry_dataset *ds, int var, const ferry_slice *sel, const ferry_run_opts *opts,
+                                   ferry_strings *out);
+/** Free what ferry_dataset_read_strings allocated and zero *s. NULL: no-op. */
+void ferry_strings_free(ferry_strings *s);
 
 /* ------------------------------------------------------------------------- */
 /* Chunked layouts: the one planner for chunked arrays                       */
@@ -1120,7 +1177,9 @@ int64_t ferry_perm_take(const ferry_perm *o, const int64_t *pos, size_t count, i
  *            them); a variable along an unlimited dimension is as long as the
  *            dimension, the rest read as its fill value. fill_json is the
  *            _FillValue attribute; ferry_dataset_fill gives HDF5's fill value
- *            (what unwritten chunks read as). codecs: decoding order.
+ *            (what unwritten chunks read as; none for FERRY_DT_STRING, whose
+ *            fill is itself a string that ferry_dataset_read_strings gives for
+ *            unwritten elements). codecs: decoding order.
  *   zarr:    the attributes exactly as stored (.zattrs / zarr.json "attributes").
  *   safetensors: {} per tensor; the file's __metadata__ as dataset attrs.
  *   npy:     {}.

@@ -21,7 +21,7 @@ import sys
 import threading
 from typing import Any, Iterable, Sequence
 
-from . import _checks, _ferry, _nogpu, _progress
+from . import _checks, _ferry, _nogpu, _parquet_refs, _progress
 from ._ferry import PATHS, Array, Context, Dataset, FerryError, File, Job, Plan
 
 __version__: str = _ferry.__version__
@@ -282,7 +282,7 @@ def _fspath(path) -> str:
 def _open_dataset(path: str, ctx: Context):
     """A ferry Dataset, or None when the file has no format ferry knows (raw bytes)."""
     try:
-        return Dataset(ctx, os.fspath(path))
+        return _parquet_refs.dataset(ctx, os.fspath(path))
     except FerryError as e:
         # a file, or a URL the C library opened (its scheme decides, as there),
         # in no format ferry knows: its raw bytes
@@ -440,6 +440,8 @@ def _add_read(plan: Plan, ds: Dataset | None, file: File | None, var: dict | Non
         return ret, (lambda r: r[0] if squeeze and not isinstance(r, Array) else r)
     if var.get("error"):  # a type, codec... ferry cannot read: the parser's message, before any allocation
         raise FerryError(_ferry.EUNSUPPORTED, var["error"])
+    if var.get("dtype") == "str":   # variable-length strings: read now, into a numpy array of str
+        return _read_strings(ds, var, selection, dev, out), (lambda r: r)
     shape = tuple(var["shape"])
     typestr = _native_typestr(var["typestr"])
     triples, sel_shape, squeeze = normalize_selection(selection, shape)
@@ -461,6 +463,21 @@ def _add_read(plan: Plan, ds: Dataset | None, file: File | None, var: dict | Non
         else:
             plan.read(ds, var["name"], dst, triples, native)
     return ret, (lambda r: r)
+
+
+def _read_strings(ds: Dataset, var: dict, selection, dev, out):
+    """A string variable's selection as a numpy object array of str (ferry_dataset_read_strings):
+    host memory only, no out= (the elements are Python objects)."""
+    import numpy as np
+    if out is not None or (dev is not None and dev >= 0):
+        raise FerryError(_ferry.EINVAL, f"{ds.path}: {var['name']}: variable-length strings are read into a "
+                         "numpy array of str on the CPU (no device=, no out=)")
+    shape = tuple(var["shape"])
+    triples, sel_shape, squeeze = normalize_selection(selection, shape)
+    got = ds.read_strings(var["name"], triples if shape else None)
+    arr = np.empty(len(got), dtype=object)
+    arr[:] = got
+    return arr.reshape(tuple(n for i, n in enumerate(sel_shape) if i not in squeeze))   # 0-d as numbers read
 
 
 def read(path, name: str | None = None, *, device: Any = "cpu", selection: Any = None, out: Any = None,
@@ -633,7 +650,7 @@ class Opened:
         self._ctx = _ctx_of(ctx, storage_options)
         self.path = _fspath(path)
         self.device = device
-        self._ds = Dataset(self._ctx, self.path, format, group)
+        self._ds = _parquet_refs.dataset(self._ctx, self.path, format, group)
         self.format: str = self._ds.format
         self.attrs: dict = decode_attrs(self._ds.attrs, self.format)
         self.dims: dict = json.loads(self._ds.dims)

@@ -48,6 +48,7 @@ static const struct dtype_row {
     [FERRY_DT_CHAR] = {"S1", "char", NULL, "|S1", 8},
     [FERRY_DT_BYTES] = {"S", "bytes", NULL, NULL, 0},
     [FERRY_DT_OTHER] = {"other", "other", NULL, NULL, 0},
+    [FERRY_DT_STRING] = {"str", "string", NULL, "|O", 0},   /* no parse: after OTHER */
 };
 #define NDTYPES (sizeof dtypes / sizeof dtypes[0])
 

@@ -134,7 +134,9 @@ static void describe_text(ferry_dataset *ds, const char *path, ferry_sbuf *b) {
         ferry_sbuf shape = {0};
         put_dims(&shape, v.shape, v.ndim, 0);
         char *sh = ferry_sbuf_take(&shape);
-        ferry_sbuf_printf(b, "  %-24s %-12s %-18s", v.name, v.typestr, sh ? sh : "?");
+        /* variable-length strings: the type by name, and the bytes stored are references to them */
+        int text = v.dtype == FERRY_DT_STRING;
+        ferry_sbuf_printf(b, "  %-24s %-12s %-18s", v.name, text ? "string" : v.typestr, sh ? sh : "?");
         free(sh);
         if (memcmp(v.chunks, v.shape, sizeof(uint64_t) * (size_t)v.ndim)) {
             ferry_sbuf_puts(b, " chunks ");
@@ -145,7 +147,7 @@ static void describe_text(ferry_dataset *ds, const char *path, ferry_sbuf *b) {
         if (v.data_bytes) {
             char hb[32];
             human_bytes(hb, sizeof hb, v.data_bytes);
-            ferry_sbuf_printf(b, " bytes [%llu, %llu) %s", (unsigned long long)v.data_offset,
+            ferry_sbuf_printf(b, " %s [%llu, %llu) %s", text ? "references" : "bytes", (unsigned long long)v.data_offset,
                               (unsigned long long)(v.data_offset + v.data_bytes), hb);
         }
         if (v.path && strcmp(v.path, path)) ferry_sbuf_printf(b, " in %s", v.path);

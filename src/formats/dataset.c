@@ -340,7 +340,13 @@ static int dataset_open(ferry_ctx *ctx, const char *path, const ferry_open_opts 
     }
 
     const ferry_format_ops *ops = NULL;
-    if (opts->format && *opts->format) {
+    if (opts->refs_json) {   /* a reference set the caller read: its JSON is the "refs" format's */
+        if (opts->format && *opts->format && strcmp(opts->format, "refs"))
+            return ferry_seterr(FERRY_EINVAL, "%s: refs_json is a kerchunk reference set, not format \"%s\"", path,
+                                opts->format);
+        ops = &ferry_format_refs;
+    }
+    if (!ops && opts->format && *opts->format) {
         for (size_t i = 0; i < NFORMATS && !ops; i++)
             if (!strcmp(formats[i]->name, opts->format)) ops = formats[i];
         if (!ops)
@@ -464,6 +470,9 @@ int64_t ferry_dataset_plan_read(ferry_dataset *ds, int var, const ferry_slice *s
                             ds->nvars);
     const ferry_var_info *vi = &ds->vars[var].info;
     if (vi->error) return ferry_seterr(FERRY_EUNSUPPORTED, "%s", vi->error);   /* even an empty selection */
+    if (vi->dtype == FERRY_DT_STRING)
+        return ferry_seterr(FERRY_EINVAL, "%s: variable \"%s\" holds variable-length strings: read it with "
+                            "ferry_dataset_read_strings", ds->path, vi->name);
     /* Normalise: NULL is everything; a negative start/stop, a start or stop
      * past the end or a step below 1 is a caller error, not something to
      * guess about (clipped, a read of 0:721 on 24 elements gave 24, silently;
@@ -477,4 +486,36 @@ int64_t ferry_dataset_plan_read(ferry_dataset *ds, int var, const ferry_slice *s
                             ds->path, vi->name, (unsigned long long)dst.size, (unsigned long long)bytes);
     if (bytes == 0) return 0;
     return ds->ops->plan_read(ds, var, norm, dst, flags, plan);
+}
+
+int64_t ferry_dataset_read_strings(ferry_dataset *ds, int var, const ferry_slice *sel, const ferry_run_opts *opts,
+                                   ferry_strings *out) {
+    if (out) memset(out, 0, sizeof *out);
+    if (!ds || !out) return ferry_seterr(FERRY_EINVAL, "ferry_dataset_read_strings: NULL argument");
+    if (var < 0 || var >= ds->nvars)
+        return ferry_seterr(FERRY_EINVAL, "%s: variable index %d out of range (%d variables)", ds->path, var,
+                            ds->nvars);
+    const ferry_var_info *vi = &ds->vars[var].info;
+    if (vi->error) return ferry_seterr(FERRY_EUNSUPPORTED, "%s", vi->error);
+    if (vi->dtype != FERRY_DT_STRING || !ds->ops->read_strings)
+        return ferry_seterr(FERRY_EINVAL, "%s: variable \"%s\" holds %s, not variable-length strings: read it with "
+                            "ferry_dataset_plan_read", ds->path, vi->name, vi->typestr ? vi->typestr : "other values");
+    ferry_slice norm[FERRY_MAX_DIMS];
+    int64_t nbytes = ferry_selection_normalize(vi->ndim, vi->shape, vi->itemsize, sel, norm, ds->path, vi->name);
+    if (nbytes < 0) return nbytes;
+    uint64_t count = (uint64_t)nbytes / vi->itemsize;
+    if (count > FERRY_STRINGS_MAX_COUNT)
+        return ferry_seterr(FERRY_EINVAL, "%s: variable \"%s\": a selection of %llu strings is more than one read "
+                            "takes (%llu): read it in parts", ds->path, vi->name, (unsigned long long)count,
+                            (unsigned long long)FERRY_STRINGS_MAX_COUNT);
+    int64_t rc = ds->ops->read_strings(ds, var, norm, opts, out);
+    if (rc < 0) ferry_strings_free(out);
+    return rc;
+}
+
+void ferry_strings_free(ferry_strings *s) {
+    if (!s) return;
+    free(s->offsets);
+    free(s->data);
+    memset(s, 0, sizeof *s);
 }

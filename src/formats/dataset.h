@@ -23,6 +23,10 @@ typedef struct ferry_format_ops {
     void (*close)(ferry_dataset *ds);
     int64_t (*plan_read)(ferry_dataset *ds, int var, const ferry_slice *sel,
                          ferry_buf dst, unsigned flags, ferry_plan *plan);
+    /* FERRY_DT_STRING variables (NULL: the format has none): sel normalised,
+     * *out zeroed; returns the count (ferry_dataset_read_strings) */
+    int64_t (*read_strings)(ferry_dataset *ds, int var, const ferry_slice *sel, const ferry_run_opts *opts,
+                            ferry_strings *out);
 } ferry_format_ops;
 
 struct ferry_dataset {

@@ -546,4 +546,4 @@ static int64_t nc_plan_read(ferry_dataset *ds, int var, const ferry_slice *sel, 
     return ferry_select_plan(&src, sel, dst, 0, plan);
 }
 
-const ferry_format_ops ferry_format_netcdf3 = {"netcdf3", nc_probe, nc_open, nc_close, nc_plan_read};
+const ferry_format_ops ferry_format_netcdf3 = {"netcdf3", nc_probe, nc_open, nc_close, nc_plan_read, NULL};

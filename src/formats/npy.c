@@ -312,4 +312,4 @@ static int64_t npy_plan_read(ferry_dataset *ds, int var, const ferry_slice *sel,
     return ferry_select_plan(&src, sel, dst, 0, plan);
 }
 
-const ferry_format_ops ferry_format_npy = {"npy", npy_probe, npy_open, npy_close, npy_plan_read};
+const ferry_format_ops ferry_format_npy = {"npy", npy_probe, npy_open, npy_close, npy_plan_read, NULL};

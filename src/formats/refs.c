@@ -508,17 +508,22 @@ static int cmp_arr(const void *x, const void *y) {
 
 static int refs_open(ferry_dataset *ds, const ferry_open_opts *opts) {
     const char *file = ds->path;
+    const char *given = opts ? opts->refs_json : NULL;
     struct stat st;
-    if (ferry_url_scheme_of(file) == FERRY_URL_NONE && stat(file, &st) == 0 && S_ISDIR(st.st_mode))
-        return ferry_seterr(FERRY_EUNSUPPORTED, "%s: kerchunk Parquet references: ferry reads JSON reference sets "
-                            "(version 0 and 1); write the references as JSON (kerchunk's translate() output, "
-                            "json.dump'ed)", file);
+    if (!given && ferry_url_scheme_of(file) == FERRY_URL_NONE && stat(file, &st) == 0 && S_ISDIR(st.st_mode))
+        return ferry_seterr(FERRY_EUNSUPPORTED, "%s: kerchunk Parquet references: ferry's C library reads JSON "
+                            "reference sets (version 0 and 1); the Python package reads Parquet ones with pyarrow "
+                            "(ferry.open, engine=\"ferry\"), or write the references as JSON (kerchunk's translate() "
+                            "output, json.dump'ed)", file);
     refs_ds *r = calloc(1, sizeof *r);
     if (!r) return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", file);
     r->memfd = -1;
     ds->fmt = r;
-    /* the directory relative targets resolve against */
-    const char *slash = strrchr(file, '/');
+    /* the directory relative targets resolve against: the one holding the
+     * JSON file (or the Parquet directory the caller read: "refs.parq/" too) */
+    size_t flen = strlen(file);
+    while (flen > 1 && file[flen - 1] == '/') flen--;
+    const char *slash = memrchr(file, '/', flen);
     int remote = ferry_url_scheme_of(file) != FERRY_URL_NONE;
     r->dir = slash ? strndup(file, (size_t)(slash - file) ? (size_t)(slash - file) : 1) : strdup(".");
     if (!r->dir) return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", file);
@@ -527,8 +532,16 @@ static int refs_open(ferry_dataset *ds, const ferry_open_opts *opts) {
     size_t len = 0;
     int rc = ferry_refs_targets_init(&r->targets, r->dir, r->rootdir, opts && opts->allow_outside);
     if (rc < 0) return ferry_seterr(rc, "%s: out of memory", file);
-    rc = read_text(ds->ctx, file, &r->text, &len);
-    if (rc < 0) return rc;
+    if (given) {   /* the caller's JSON (a Parquet reference set it read), not the file's */
+        len = strlen(given);
+        if (len > FERRY_JSON_MAX_BYTES)
+            return ferry_seterr(FERRY_EFORMAT, "%s: a reference set of %zu bytes of JSON is larger than ferry reads "
+                                "(%llu)", file, len, (unsigned long long)FERRY_JSON_MAX_BYTES);
+        if (!(r->text = malloc(len + 1))) return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", file);
+        memcpy(r->text, given, len + 1);
+    } else if ((rc = read_text(ds->ctx, file, &r->text, &len)) < 0) {
+        return rc;
+    }
     if ((rc = ferry_json_parse(r->text, len, file, 0, &r->root)) < 0) return rc;
     const ferry_json *root = r->root, *refs = root, *templates = NULL, *gen = NULL;
     if (root->type != FERRY_JSON_OBJECT)
@@ -732,4 +745,4 @@ static int64_t refs_plan(ferry_dataset *ds, int var, const ferry_slice *sel, fer
     return rc < 0 ? rc : (int64_t)total;
 }
 
-const ferry_format_ops ferry_format_refs = {"refs", refs_probe, refs_open, refs_close, refs_plan};
+const ferry_format_ops ferry_format_refs = {"refs", refs_probe, refs_open, refs_close, refs_plan, NULL};

@@ -466,4 +466,4 @@ static int64_t st_plan_read(ferry_dataset *ds, int var, const ferry_slice *sel, 
     return ferry_select_plan(&src, sel, dst, 0, plan);
 }
 
-const ferry_format_ops ferry_format_safetensors = {"safetensors", st_probe, st_open, st_close, st_plan_read};
+const ferry_format_ops ferry_format_safetensors = {"safetensors", st_probe, st_open, st_close, st_plan_read, NULL};

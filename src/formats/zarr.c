@@ -2049,7 +2049,7 @@ static int64_t zarr_plan(ferry_dataset *ds, int var, const ferry_slice *sel, fer
     return rc < 0 ? rc : (int64_t)total;
 }
 
-const ferry_format_ops ferry_format_zarr = {"zarr", zarr_probe, zarr_open, zarr_close, zarr_plan};
+const ferry_format_ops ferry_format_zarr = {"zarr", zarr_probe, zarr_open, zarr_close, zarr_plan, NULL};
 
 /* ---- the v2 parser for documents in memory (zarrmeta.h) --------------------- */
 

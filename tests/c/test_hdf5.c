@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 static ferry_ctx *ctx;
+static int strings_read, strings_failed;   /* damage_sweep's string reads */
 #define SEEDS "tests/fuzz/corpus/hdf5/"
 
 static ferry_dataset *open_ok(const char *path, const char *group) {
@@ -132,9 +133,23 @@ static void test_netcdf4(void) {
     int16_t v[6];
     CHECK_EQ_I(fc_read(ctx, ds, i, NULL, v, sizeof v, 0), 12);
     for (int k = 0; k < 6; k++) CHECK_EQ_I(v[k], k);
-    i = var(ds, "name", &vi);           /* variable-length strings: described, refused */
-    CHECK(vi.error != NULL);
-    CHECK_STR_CONTAINS(vi.error, "variable-length strings");
+    i = var(ds, "name", &vi);           /* variable-length strings: read at once, not planned */
+    CHECK(!vi.error && vi.dtype == FERRY_DT_STRING && !strcmp(vi.typestr, "|O") && vi.itemsize == 16);
+    ferry_strings st;
+    CHECK_EQ_I(ferry_dataset_read_strings(ds, i, NULL, NULL, &st), 3);
+    CHECK(st.count == 3 && st.offsets[3] == 6 && !memcmp(st.data, "abbccc", 7));
+    ferry_strings_free(&st);
+    CHECK(!st.data && !st.offsets && !st.count);
+    ferry_plan *p;
+    ferry_plan_create(&p);
+    char raw[48];
+    CHECK_EQ_I(ferry_dataset_plan_read(ds, i, NULL, ferry_host_buf(raw, sizeof raw), 0, p), FERRY_EINVAL);
+    CHECK_STR_CONTAINS(ferry_errmsg(ctx), "ferry_dataset_read_strings");
+    ferry_plan_destroy(p);
+    i = var(ds, "v", &vi);              /* and the other way round */
+    CHECK_EQ_I(ferry_dataset_read_strings(ds, i, NULL, NULL, &st), FERRY_EINVAL);
+    CHECK_STR_CONTAINS(ferry_errmsg(ctx), "not variable-length strings");
+    CHECK(!st.data && !st.offsets);
     CHECK(ferry_dataset_find(ds, "x") < 0);   /* a dimension without a variable */
     ferry_dataset_close(ds);
     ds = open_ok(SEEDS "seed-nc4.nc", "/sub");
@@ -145,6 +160,71 @@ static void test_netcdf4(void) {
     float w[3];
     CHECK_EQ_I(fc_read(ctx, ds, i, NULL, w, sizeof w, 0), 12);
     CHECK(w[0] == 1 && w[2] == 3);
+    ferry_dataset_close(ds);
+}
+
+/* element k of a read as a C string (copied: the blob has no NUL between elements) */
+static const char *elem(const ferry_strings *st, uint64_t k) {
+    static char out[64];
+    uint64_t n = st->offsets[k + 1] - st->offsets[k];
+    if (n >= sizeof out) n = sizeof out - 1;
+    memcpy(out, st->data + st->offsets[k], n);
+    out[n] = 0;
+    return out;
+}
+
+/* seed-strings.nc: netCDF4-python's string variables (contiguous; chunked with
+ * zlib and shuffle; a fill value; an unlimited one with a chunk never written)
+ * and h5py's string_dtype() */
+static void test_strings(void) {
+    ferry_dataset *ds = open_ok(SEEDS "seed-strings.nc", NULL);
+    if (!ds) return;
+    ferry_var_info vi;
+    ferry_strings st;
+    int i = var(ds, "s", &vi);
+    CHECK(vi.dtype == FERRY_DT_STRING && vi.ndim == 1 && vi.shape[0] == 4 && !vi.error);
+    CHECK(!strcmp(ferry_dtype_name(vi.dtype, FERRY_NAME_SHORT), "str"));
+    CHECK_EQ_I(ferry_dataset_read_strings(ds, i, NULL, NULL, &st), 4);
+    CHECK(!strcmp(elem(&st, 0), "a") && !strcmp(elem(&st, 1), "") && !strcmp(elem(&st, 3), "zz"));
+    CHECK(!strcmp(elem(&st, 2), "h\xc3\xa9llo \xe2\x9c\x93"));   /* UTF-8 as stored */
+    CHECK(st.data[st.offsets[4]] == 0);
+    ferry_strings_free(&st);
+    ferry_strings_free(NULL);
+
+    i = var(ds, "z", &vi);              /* 4 x 3 in 2 x 2 chunks, zlib + shuffle over the references */
+    CHECK(vi.ndim == 2 && vi.chunks[0] == 2 && !strcmp(vi.codecs, "zlib(level=4) shuffle"));
+    CHECK_EQ_I(ferry_dataset_read_strings(ds, i, NULL, NULL, &st), 12);
+    CHECK(!strcmp(elem(&st, 0), "") && !strcmp(elem(&st, 4), "r1c1r1c1") && !strcmp(elem(&st, 11), "r3c2r3c2r3c2r3c2r3c2"));
+    ferry_strings_free(&st);
+    ferry_slice sel[2] = {{1, 4, 2}, {0, 3, 2}};   /* rows 1, 3; columns 0, 2 */
+    CHECK_EQ_I(ferry_dataset_read_strings(ds, i, sel, NULL, &st), 4);
+    CHECK(!strcmp(elem(&st, 0), "r1c0") && !strcmp(elem(&st, 1), "r1c2r1c2r1c2") && !strcmp(elem(&st, 2), "r3c0r3c0r3c0"));
+    ferry_strings_free(&st);
+    ferry_slice empty[2] = {{2, 2, 1}, {0, 3, 1}};
+    CHECK_EQ_I(ferry_dataset_read_strings(ds, i, empty, NULL, &st), 0);
+    CHECK(st.count == 0 && st.offsets && st.offsets[0] == 0 && st.data && !st.data[0]);
+    ferry_strings_free(&st);
+    ferry_slice past[2] = {{0, 5, 1}, {0, 3, 1}};
+    CHECK_EQ_I(ferry_dataset_read_strings(ds, i, past, NULL, &st), FERRY_EINVAL);
+
+    i = var(ds, "m", &vi);              /* unwritten elements: the fill value, a string too */
+    CHECK(!strcmp(vi.fill_json, "\"N/A\""));
+    uint8_t fill[16];
+    CHECK_EQ_I(ferry_dataset_fill(ds, i, fill, sizeof fill), 0);   /* a reference is not a value to give */
+    CHECK_EQ_I(ferry_dataset_read_strings(ds, i, NULL, NULL, &st), 4);
+    CHECK(!strcmp(elem(&st, 0), "first") && !strcmp(elem(&st, 1), "N/A") && !strcmp(elem(&st, 3), "N/A"));
+    ferry_strings_free(&st);
+
+    i = var(ds, "t", &vi);              /* an unlimited dimension; a chunk never written */
+    CHECK(vi.shape[0] == 6 && vi.chunks[0] == 2);
+    CHECK_EQ_I(ferry_dataset_read_strings(ds, i, NULL, NULL, &st), 6);
+    CHECK(!strcmp(elem(&st, 0), "t0") && !strcmp(elem(&st, 2), "") && !strcmp(elem(&st, 5), "t5"));
+    ferry_strings_free(&st);
+
+    i = var(ds, "h", &vi);              /* h5py.string_dtype() */
+    CHECK_EQ_I(ferry_dataset_read_strings(ds, i, NULL, NULL, &st), 5);
+    CHECK(!strcmp(elem(&st, 0), "\xce\xb1") && !strcmp(elem(&st, 2), "\xce\xb2 \xce\xb3") && !strcmp(elem(&st, 4), "e"));
+    ferry_strings_free(&st);
     ferry_dataset_close(ds);
 }
 
@@ -188,9 +268,10 @@ static void test_types_and_fill(void) {
     ferry_dataset_close(ds);
 }
 
-/* every truncation and a sweep of bit flips: an error with a message, or a dataset */
-static void test_damaged_files(void) {
-    FILE *f = fopen(SEEDS "seed-nc4.nc", "rb");
+/* every truncation and a sweep of bit flips: an error with a message, or a
+ * dataset whose reads succeed or fail with one (strings: offsets in order) */
+static void damage_sweep(const char *seed) {
+    FILE *f = fopen(seed, "rb");
     CHECK(f != NULL);
     if (!f) return;
     static uint8_t orig[32768], buf[32768];
@@ -214,7 +295,23 @@ static void test_damaged_files(void) {
             opened++;
             for (int i = 0; i < ferry_dataset_nvars(ds); i++) {
                 static uint8_t out[1 << 16];
-                (void)fc_read(ctx, ds, i, NULL, out, sizeof out, FERRY_NATIVE);
+                ferry_var_info vi;
+                CHECK_EQ_I(ferry_dataset_var(ds, i, &vi), 0);
+                if (vi.dtype != FERRY_DT_STRING) { (void)fc_read(ctx, ds, i, NULL, out, sizeof out, FERRY_NATIVE); continue; }
+                uint64_t count = 1;
+                for (int k = 0; k < vi.ndim; k++) count = vi.shape[k] > (1u << 16) || count > (1u << 16) ? (1u << 20) : count * vi.shape[k];
+                if (count > (1u << 16)) continue;
+                ferry_strings st;
+                int64_t got = ferry_dataset_read_strings(ds, i, NULL, NULL, &st);
+                if (got < 0) {
+                    strings_failed++;
+                    CHECK_STR_CONTAINS(ferry_errmsg(ctx), "damaged.nc");
+                } else {
+                    strings_read++;
+                    CHECK((uint64_t)got == st.count && st.data[st.offsets[st.count]] == 0);
+                    for (uint64_t k = 0; k < st.count; k++) CHECK(st.offsets[k] <= st.offsets[k + 1]);
+                }
+                ferry_strings_free(&st);
             }
             ferry_dataset_close(ds);
         } else {
@@ -226,6 +323,13 @@ static void test_damaged_files(void) {
     unlink(p);
 }
 
+static void test_damaged_files(void) {
+    damage_sweep(SEEDS "seed-nc4.nc");
+    strings_read = strings_failed = 0;
+    damage_sweep(SEEDS "seed-strings.nc");
+    CHECK(strings_read > 0 && strings_failed > 0);   /* damaged heaps were found, not read as text */
+}
+
 int main(void) {
     snprintf(dir, sizeof dir, "/tmp/ferry-hdf5c-XXXXXX");
     if (!mkdtemp(dir)) { perror("mkdtemp"); return 1; }
@@ -235,6 +339,7 @@ int main(void) {
     RUN(test_netcdf4);
     RUN(test_user_block_and_detect);
     RUN(test_types_and_fill);
+    RUN(test_strings);
     RUN(test_damaged_files);
     ferry_ctx_destroy(ctx);
     rmdir(dir);

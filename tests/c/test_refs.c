@@ -183,6 +183,39 @@ static void test_outside_the_directory_only_when_allowed(void) {
     expect_read_error("ftp.json", "raw", FERRY_EUNSUPPORTED, "key \"raw/0\"", "ftp://h/data.bin", NULL);
 }
 
+/* opts->refs_json: a Parquet reference directory's references as JSON, read
+ * instead of the directory (which the C library refuses alone); targets resolve
+ * beside the directory, as beside a JSON file */
+static void test_references_given_as_json(void) {
+    float want[8], got[4];
+    write_data(want);
+    mkdir(tpath("p.parq"), 0755);
+    put("p.parq/.zmetadata", "{\"metadata\": {\".zgroup\": {\"zarr_format\": 2}}, \"record_size\": 10}");
+    const char *format = NULL;
+    CHECK_EQ_I(ferry_format_detect(ctx, tpath("p.parq"), &format), 0);
+    CHECK(format && !strcmp(format, "refs"));
+    fc_expect_open_error(ctx, tpath("p.parq"), NULL, FERRY_EUNSUPPORTED, "pyarrow");
+    ferry_open_opts o = {.refs_json = "{\"version\": 1, \"refs\": {\".zgroup\": \"{\\\"zarr_format\\\":2}\","
+                                      " \"raw/.zarray\": \"" ZA("[4]", "[4]", "<f4", "null", "null") "\","
+                                      " \"raw/0\": [\"data.bin\", 8, 16]}}"};
+    ferry_dataset *ds = NULL;
+    CHECK_EQ_I(ferry_dataset_open(ctx, tpath("p.parq/"), &o, &ds), 0);
+    if (!ds) { fprintf(stderr, "    %s\n", ferry_errmsg(ctx)); return; }
+    CHECK(!strcmp(ferry_dataset_format(ds), "refs"));
+    CHECK_EQ_I(fc_read(ctx, ds, ferry_dataset_find(ds, "raw"), NULL, got, sizeof got, FERRY_NATIVE), 16);
+    for (int i = 0; i < 4; i++) CHECK(got[i] == want[i]);
+    ferry_dataset_close(ds);
+    o.format = "zarr";   /* JSON references are the refs format's */
+    ds = (ferry_dataset *)1;
+    CHECK_EQ_I(ferry_dataset_open(ctx, tpath("p.parq"), &o, &ds), FERRY_EINVAL);
+    CHECK(ds == NULL);
+    o.format = NULL;
+    o.refs_json = "{\"version\": 1, \"refs\": [";   /* damaged: named by the path given */
+    fc_expect_open_error(ctx, tpath("p.parq"), NULL, FERRY_EUNSUPPORTED, NULL);
+    CHECK_EQ_I(ferry_dataset_open(ctx, tpath("p.parq"), &o, &ds), FERRY_EFORMAT);
+    CHECK_STR_CONTAINS(ferry_errmsg(ctx), "p.parq");
+}
+
 int main(void) {
     snprintf(dir, sizeof dir, "/tmp/ferry_test_refs_XXXXXX");
     if (!mkdtemp(dir)) { perror("mkdtemp"); return 1; }
@@ -193,6 +226,7 @@ int main(void) {
     RUN(test_reads_what_the_set_describes);
     RUN(test_damaged_sets_name_set_key_and_target);
     RUN(test_outside_the_directory_only_when_allowed);
+    RUN(test_references_given_as_json);
     ferry_ctx_destroy(ctx);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

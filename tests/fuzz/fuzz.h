@@ -59,6 +59,13 @@ static inline const char *ferry_fuzz_file(const uint8_t *data, size_t size) {
     return path;
 }
 
+/* count × the elements slice s takes, saturating past 2^32 (a bound to compare, not a size). */
+static inline uint64_t ferry_slice_count_hint(ferry_slice s, uint64_t count) {
+    uint64_t n = s.stop > s.start && s.step > 0 ? ((uint64_t)(s.stop - s.start) + (uint64_t)s.step - 1) / (uint64_t)s.step
+                                                : 0;
+    return n > (1ull << 32) || count > (1ull << 32) ? (1ull << 33) : count * n;
+}
+
 /* Open path as `format`, then exercise every accessor and read every
  * variable (whole, and a strided selection) when its plan has fewer than
  * max_extents extents. */
@@ -101,6 +108,21 @@ static inline int ferry_fuzz_open_group(const char *path, const char *format, co
                                                   pass ? FERRY_NATIVE : FERRY_STORED_ORDER, plan);
             if (got >= 0 && ferry_plan_count(plan) < max_extents) (void)ferry_run(ctx, plan, NULL);
             ferry_plan_destroy(plan);
+            /* variable-length strings: read at once (small selections: the
+             * references alone take 16 bytes an element) */
+            uint64_t count = 1;
+            for (int k = 0; k < vi.ndim; k++) count = ferry_slice_count_hint(sel[k], count);
+            if (vi.dtype == FERRY_DT_STRING && count <= (1u << 16)) {
+                ferry_strings st;
+                int64_t n = ferry_dataset_read_strings(ds, i, sel, NULL, &st);
+                if (n >= 0 && ((uint64_t)n != st.count || !st.offsets || !st.data || st.offsets[0] ||
+                               st.data[st.offsets[st.count]]))
+                    abort();
+                for (uint64_t k = 0; n >= 0 && k < st.count; k++)
+                    if (st.offsets[k + 1] < st.offsets[k]) abort();
+                if (n < 0 && !ferry_errmsg(ctx)[0]) abort();
+                ferry_strings_free(&st);
+            }
         }
     }
     ferry_dataset_close(ds);

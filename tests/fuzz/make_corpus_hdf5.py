@@ -91,3 +91,23 @@ with h5py.File(out("seed-links-filters.h5"), "w") as f:
         f.create_dataset("bs", data=np.arange(43, dtype="<i4"), chunks=(43,), **hdf5plugin.Bitshuffle())
     except ImportError:
         pass
+
+# variable-length strings (netCDF-4 "string", h5py.string_dtype()): contiguous and chunked
+# with filters, a fill value over unwritten elements, an unwritten chunk, "" and non-ASCII
+# text; tests/c/test_hdf5.c reads seed-strings.nc, so keep its contents as they are
+with netCDF4.Dataset(out("seed-strings.nc"), "w") as nc:
+    nc.createDimension("x", 4)
+    nc.createDimension("y", 3)
+    nc.createDimension("t", None)
+    s = nc.createVariable("s", str, ("x",))
+    s[:] = np.array(["a", "", "h\u00e9llo \u2713", "zz"], object)
+    z = nc.createVariable("z", str, ("x", "y"), zlib=True, shuffle=True, chunksizes=(2, 2))
+    z[:] = np.array([[f"r{i}c{j}" * (i + j) for j in range(3)] for i in range(4)], object)
+    m = nc.createVariable("m", str, ("x",), fill_value="N/A")
+    m[0] = "first"
+    m[2] = "third"
+    t = nc.createVariable("t", str, ("t",), chunksizes=(2,))
+    t[0] = "t0"
+    t[5] = "t5"                      # chunk 1 (elements 2, 3) never written: the fill ("")
+with h5py.File(out("seed-strings.nc"), "a") as f:
+    f.create_dataset("h", data=np.array(["\u03b1", "", "\u03b2 \u03b3", "d", "e"], object), dtype=h5py.string_dtype())

@@ -244,19 +244,150 @@ def test_netcdf4_python_file(tmp_path):
         np.testing.assert_array_equal(read(p, "k", group="forecast/inner"), g["inner"]["k"][...])
 
 
-def test_netcdf4_strings_refused_clearly(tmp_path):
+def write_strings(p):
+    """netCDF4-python's string variables: contiguous, chunked with zlib, a fill value over
+    unwritten elements, an unlimited one with chunks never written, a scalar, and one of
+    100,000 elements (hundreds of heap collections)."""
+    netCDF4 = pytest.importorskip("netCDF4")
+    with netCDF4.Dataset(p, "w") as nc:
+        nc.createDimension("x", 5)
+        nc.createDimension("y", 3)
+        nc.createDimension("t", None)
+        nc.createDimension("n", 100_000)
+        nc.createVariable("s", str, ("x",), contiguous=True)[:] = np.array(
+            ["a", "", "h\u00e9llo \u2713 \U0001f600", "zz", " pad "], object)
+        nc.createVariable("z", str, ("x", "y"), zlib=True, complevel=6, chunksizes=(2, 2))[:] = np.array(
+            [[f"r{i}c{j}" * (i + j) for j in range(3)] for i in range(5)], object)
+        m = nc.createVariable("m", str, ("x",), fill_value="N/A")
+        m[0] = "first"
+        m[3] = "fourth"
+        t = nc.createVariable("t", str, ("t",), chunksizes=(2,))
+        t[0] = "t0"
+        t[7] = "t7"
+        nc.createVariable("sc", str, ())[0] = "scalar"
+        nc.createVariable("num", "i4", ("y",))[:] = [1, 2, 3]
+        nc.createVariable("many", str, ("n",), zlib=True, chunksizes=(8192,))[:] = np.array(
+            [f"v{i}" * (i % 7) for i in range(100_000)], object)
+
+
+def test_netcdf4_strings_read_in_c(tmp_path):
+    """Variable-length strings read by the C library (references by a plan, then the
+    global heap), equal to netCDF4's values, for every layout and selection."""
     netCDF4 = pytest.importorskip("netCDF4")
     p = tmp_path / "s.nc"
+    write_strings(p)
+    cv, *_ = c_vars(p)
+    with netCDF4.Dataset(p) as nc:
+        for name in ("s", "z", "m", "t", "sc", "many"):
+            v = cv[name]
+            assert v["error"] is None and v["dtype"] == "str" and v["typestr"] == "|O", name
+            want = np.asarray(nc[name][...] if name != "sc" else nc[name].getValue(), dtype=object)
+            got = read(p, name)
+            assert got.dtype == object and got.shape == want.shape, name
+            assert got.tolist() == want.tolist(), name
+        assert json.loads(cv["m"]["fill"]) == "N/A"
+        z = np.asarray(nc["z"][...], dtype=object)
+        assert read(p, "z", selection=(slice(1, 5, 3), slice(0, 3, 2))).tolist() == z[1:5:3, 0:3:2].tolist()
+        assert read(p, "z", selection=(2, 1)).shape == () and read(p, "z", selection=(2, 1))[()] == z[2, 1]
+        assert read(p, "many", selection=(slice(99_990, None),)).tolist() == \
+            np.asarray(nc["many"][99_990:], object).tolist()
+        assert read(p, "z", selection=(slice(2, 2), slice(None))).shape == (0, 3)
+    d = c_open(p)
+    try:
+        assert d.read_strings("s", [(1, 4, 2)]) == ["", "zz"]
+        assert d.read_strings("sc") == ["scalar"]
+        with pytest.raises(ferry.FerryError, match="ferry_dataset_read_strings"):
+            ferry.Plan().read(d, "s", np.empty(80, np.uint8))
+        with pytest.raises(ferry.FerryError, match="not variable-length strings"):
+            d.read_strings("num")
+    finally:
+        d.close()
+    with pytest.raises(ferry.FerryError, match="numpy array of str on the CPU"):
+        with ferry.open(p) as f:
+            f["s"].read(out=np.empty(5, object))
+
+
+def test_h5py_string_dtype_read_in_c(tmp_path):
+    p = tmp_path / "h.h5"
+    u = np.array(["\u03b1", "", "\u03b2 \u03b3", "plain"], object)
+    a = np.array([["x", "yy"], ["", "zzz"]], object)
+    with h5py.File(p, "w") as f:
+        f.create_dataset("u", data=u, dtype=h5py.string_dtype())
+        f.create_dataset("a", data=a, dtype=h5py.string_dtype("ascii"), chunks=(1, 2), compression="gzip",
+                         shuffle=True)
+        f.create_dataset("late", data=u, dtype=h5py.string_dtype(), chunks=(2,), maxshape=(None,))
+        f.create_dataset("sc", data="one", dtype=h5py.string_dtype())
+    with h5py.File(p, "r") as f:
+        for name in ("u", "a", "late", "sc"):
+            want = f[name].asstr()[()]
+            got = read(p, name)
+            assert np.asarray(got, object).tolist() == np.asarray(want, object).tolist(), name
+
+
+def test_string_reads_are_bounded(tmp_path):
+    """A selection of more strings than one read takes is refused saying so (read in parts),
+    before anything is allocated for it; a part of it reads (unwritten: the fill, "")."""
+    p = tmp_path / "big.h5"
+    with h5py.File(p, "w") as f:
+        f.create_dataset("s", shape=(1 << 27,), dtype=h5py.string_dtype(), chunks=(1 << 20,))
+    d = c_open(p)
+    try:
+        with pytest.raises(ferry.FerryError, match="read it in parts"):
+            d.read_strings("s")
+        assert d.read_strings("s", [(5, 8, 1)]) == ["", "", ""]
+    finally:
+        d.close()
+
+
+def test_variable_length_sequences_still_refused(tmp_path):
+    netCDF4 = pytest.importorskip("netCDF4")
+    p = tmp_path / "vl.nc"
     with netCDF4.Dataset(p, "w") as nc:
         nc.createDimension("n", 2)
-        s = nc.createVariable("names", str, ("n",))
-        s[:] = np.array(["a", "bcd"], object)
+        vt = nc.createVLType(np.int32, "ragged")
+        v = nc.createVariable("r", vt, ("n",))
+        v[0] = np.array([1, 2], np.int32)
+        v[1] = np.array([3], np.int32)
         nc.createVariable("ok", "i4", ("n",))[:] = [1, 2]
     cv, *_ = c_vars(p)
-    assert "variable-length strings" in cv["names"]["error"] and "s.nc: byte " in cv["names"]["error"]
-    with pytest.raises(ferry.FerryError, match="variable-length strings"):
-        read(p, "names")
+    assert "variable-length sequences" in cv["r"]["error"] and "vl.nc: byte " in cv["r"]["error"]
+    with pytest.raises(ferry.FerryError, match="variable-length sequences"):
+        read(p, "r")
     np.testing.assert_array_equal(read(p, "ok"), [1, 2])
+
+
+def _patch(data: bytes, at: int, new: bytes) -> bytes:
+    return data[:at] + new + data[at + len(new):]
+
+
+def test_damaged_global_heap_refused_by_name(tmp_path):
+    """A heap that lies (no collection there, an object missing, a collection longer than
+    the file, a string longer than its object) is an error naming the file, the byte and the
+    variable, never text made up."""
+    netCDF4 = pytest.importorskip("netCDF4")
+    p = tmp_path / "g.nc"
+    with netCDF4.Dataset(p, "w") as nc:
+        nc.createDimension("x", 3)
+        nc.createVariable("s", str, ("x",), contiguous=True)[:] = np.array(["alpha", "beta", "gamma"], object)
+    data = p.read_bytes()
+    # the references: contiguous data, 16 bytes an element (length, collection, index)
+    off = c_vars(p)[0]["s"]["data_offset"]
+    length, coll, ix = np.frombuffer(data[off:off + 16], "<u4")[0], int.from_bytes(data[off + 4:off + 12], "little"), \
+        int.from_bytes(data[off + 12:off + 16], "little")
+    assert length == 5 and ix >= 1 and data[coll:coll + 4] == b"GCOL"
+    cases = {
+        "no global heap collection": _patch(data, coll, b"XCOL"),
+        "global heap object 77 not found": _patch(data, off + 12, (77).to_bytes(4, "little")),
+        "global heap collection of": _patch(data, coll + 8, (len(data) * 4).to_bytes(8, "little")),
+        "a string of 200 bytes in a": _patch(data, off, (200).to_bytes(4, "little")),
+        "outside the file": _patch(data, off + 4, (len(data) + 8).to_bytes(8, "little")),
+    }
+    for want, bad in cases.items():
+        q = tmp_path / "bad.nc"
+        q.write_bytes(bad)
+        with pytest.raises(ferry.FerryError, match=want) as ei:
+            read(q, "s")
+        assert "bad.nc: byte " in str(ei.value) and "/s" in str(ei.value), str(ei.value)
 
 
 def test_committed_types(tmp_path):
@@ -422,6 +553,17 @@ def test_cli_info_describes_netcdf4(tmp_path):
     r = subprocess.run([FERRY, "info", str(p)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "hdf5" in r.stdout and "codecs zlib" in r.stdout and '"time":{"size":3,"unlimited":true}' in r.stdout
+    q = tmp_path / "s.nc"
+    write_strings(q)
+    r = subprocess.run([FERRY, "info", str(q)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.split()[:1] == ["z"])
+    assert line.split()[1] == "string" and "chunks (2, 2) codecs zlib(level=6)" in line, r.stdout
+    assert "references [" in next(x for x in r.stdout.splitlines() if x.split()[:1] == ["s"])
+    assert "unreadable" not in r.stdout
+    r = subprocess.run([FERRY, "info", "--json", str(q)], capture_output=True, text=True)
+    v = {x["name"]: x for x in json.loads(r.stdout)["variables"]}
+    assert v["m"]["dtype"] == "str" and v["m"]["typestr"] == "|O" and v["m"]["fill"] == "N/A"
 
 
 def _damaged(tmp_path, data, name):

@@ -254,14 +254,103 @@ def test_symlink_leading_out_is_refused(tmp_path, nc4):
         ferry.read(j, "t")
 
 
-def test_parquet_references_refused(tmp_path):
+def _parquet(refs, out, engine, record_size, monkeypatch):
+    """kerchunk's own Parquet writer (kerchunk.df.refs_to_dataframe, through fsspec's
+    LazyReferenceMapper), with the Parquet library `engine` (fsspec's default: fastparquet)."""
+    pytest.importorskip(engine)
+    kdf = pytest.importorskip("kerchunk.df")
+    from fsspec.implementations.reference import LazyReferenceMapper
+    d = LazyReferenceMapper.__init__.__defaults__
+    monkeypatch.setattr(LazyReferenceMapper.__init__, "__defaults__", d[:-1] + (engine,))
+    kdf.refs_to_dataframe(refs, str(out), record_size=record_size)
+    return str(out)
+
+
+@pytest.mark.parametrize("engine", ["fastparquet", "pyarrow"])
+@pytest.mark.parametrize("inline,record_size", [(0, 100_000), (100, 4)])
+def test_parquet_references_equal_the_file(tmp_path, nc4, monkeypatch, engine, inline, record_size):
+    """A Parquet reference set (a directory: .zmetadata and <array>/refs.N.parq) read with
+    pyarrow and handed to the C parser as JSON: equal to netcdf4 on the file, relative paths
+    resolving beside the directory as a JSON set's do beside the JSON; small records (several
+    files an array) and inline chunks (the raw column) too."""
+    pytest.importorskip("pyarrow")
+    d = _parquet(_refs(nc4, inline), tmp_path / "refs.parq", engine, record_size, monkeypatch)
+    assert _ferry.format_detect(d) == "refs"
+    if record_size == 4:
+        assert len([f for f in os.listdir(os.path.join(d, "t")) if f.endswith(".parq")]) > 1
+    _identical(d, nc4)
+    _identical(d + "/", nc4)
+    want = xr.open_dataset(nc4, engine="netcdf4", mask_and_scale=False)
+    with ferry.open(d) as f:
+        assert f.format == "refs"
+        np.testing.assert_array_equal(f["t"][1:5, ::2], want["t"].values[1:5, ::2])
+    np.testing.assert_array_equal(ferry.read(d, "q"), want["q"].values)
+    want.close()
+
+
+def test_parquet_references_strings_and_outside(tmp_path, monkeypatch):
+    """Embedded strings (inline chunks zarr-python reads) and targets outside the
+    directory, refused unless allow_outside, as in JSON sets."""
+    pytest.importorskip("pyarrow")
+    pytest.importorskip("zarr")
+    sub = tmp_path / "data"
+    sub.mkdir()
+    p = str(sub / "s.nc")
+    xr.Dataset({"t": (("x",), np.arange(3.0)), "name": (("x",), np.array(["a", "bb", "ccc"], dtype=object))}
+               ).to_netcdf(p, engine="netcdf4")
+    d = _parquet(_refs(p, 0), sub / "s.parq", "pyarrow", 1000, monkeypatch)
+    _identical(d, p)
+    refs = _refs(p, 0)
+    refs["refs"] = {k: (["../data/s.nc"] + v[1:] if isinstance(v, list) else v) for k, v in refs["refs"].items()}
+    other = tmp_path / "other"
+    other.mkdir()
+    out = _parquet(refs, other / "o.parq", "pyarrow", 1000, monkeypatch)
+    with pytest.raises(FerryError, match="outside"):
+        xr.open_dataset(out, engine="ferry").load()
+    _identical(out, p, allow_outside=True)
+
+
+def test_parquet_references_need_pyarrow(tmp_path, nc4, monkeypatch):
+    import subprocess
+    import sys
+    d = _parquet(_refs(nc4, 0), tmp_path / "refs.parq", "fastparquet" if _has("fastparquet") else "pyarrow",
+                 1000, monkeypatch)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    code = ("import sys; sys.modules['pyarrow'] = None; sys.modules['pyarrow.parquet'] = None\n"
+            "import xarray as xr, ferry\n"
+            "try:\n"
+            f"    xr.open_dataset({d!r}, engine='ferry')\n"
+            "except ferry.FerryError as e:\n"
+            "    assert 'pip install pyarrow' in str(e) and 'refs.parq' in str(e), e\n"
+            "    print('ok')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=os.path.join(root, "python")))
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
+
+
+def _has(mod):
+    try:
+        __import__(mod)
+        return True
+    except ImportError:
+        return False
+
+
+def test_parquet_references_refused_by_the_c_library(tmp_path):
+    """The C library reads JSON: a Parquet directory opened without its JSON is refused naming
+    what reads it; a damaged table is an error naming the file."""
     d = tmp_path / "refs.parq"
     (d / "t").mkdir(parents=True)
-    (d / ".zmetadata").write_text('{"metadata": {".zgroup": {"zarr_format": 2}}, "record_size": 10}')
+    (d / ".zmetadata").write_text('{"metadata": {".zgroup": {"zarr_format": 2}, "t/.zarray": {"shape": [4], '
+                                  '"chunks": [2], "dtype": "<f4", "fill_value": null, "order": "C", '
+                                  '"filters": null, "compressor": null, "zarr_format": 2}}, "record_size": 10}')
     (d / "t" / "refs.0.parq").write_bytes(b"PAR1")
     assert _ferry.format_detect(str(d)) == "refs"
-    with pytest.raises(FerryError, match="Parquet references"):
-        ferry.open(str(d))
+    with pytest.raises(FerryError, match="Parquet references.*pyarrow"):
+        _ferry.Dataset(ferry.default_context(), str(d))
+    if _has("pyarrow"):
+        with pytest.raises(FerryError, match=r"refs\.0\.parq: not a readable Parquet file"):
+            ferry.open(str(d))
     # a consolidated Zarr store is no Parquet reference set
     z = tmp_path / "plain.zarr"
     z.mkdir()

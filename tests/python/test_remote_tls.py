@@ -299,6 +299,25 @@ def test_nginx_over_tls(nginx_tls, pki, clean_env):
     np.testing.assert_array_equal(ferry.read(url, device="cpu"), a * 2)
 
 
+def test_nginx_netcdf4_strings_over_tls(nginx_tls, pki, clean_env):
+    """netCDF-4 string variables at an https URL: references and global heap read by range
+    requests, equal to netcdf4 on the local file (h5py, which opens local files only, is not
+    needed)."""
+    xr = pytest.importorskip("xarray")
+    netCDF4 = pytest.importorskip("netCDF4")
+    www, base = nginx_tls
+    clean_env.setenv("FERRY_REMOTE_CA_BUNDLE", pki.ca)
+    p = www / "s.nc"
+    with netCDF4.Dataset(p, "w") as nc:
+        nc.createDimension("n", 5000)
+        nc.createVariable("names", str, ("n",), zlib=True, chunksizes=(1000,))[:] = \
+            np.array([f"station {i} \u00e9" * (i % 3) for i in range(5000)], object)
+        nc.createVariable("v", "f4", ("n",))[:] = np.arange(5000.0)
+    got = xr.open_dataset(base + "/s.nc", engine="ferry").load()
+    with xr.open_dataset(p, engine="netcdf4") as want:
+        xr.testing.assert_identical(got, want.load())
+
+
 @pytest.fixture
 def s3_over_tls(moto_s3, pki, clean_env):
     """moto's S3 server behind a TLS-terminating proxy: AWS_ENDPOINT_URL is https://."""

@@ -459,8 +459,9 @@ def test_gs_hmac_keys_list_through_the_s3_api(s3, tmp_path, monkeypatch):
 
 def test_http_netcdf4_reads_as_the_local_file(web, tmp_path):
     """netCDF-4 at a URL: the C parser reads its metadata and chunks by range requests, equal to
-    netcdf4 on the local file; a variable only h5py reads (a variable-length string) is an error
-    naming it when read, not a silent gap, the rest of the file read."""
+    netcdf4 on the local file, variable-length strings too (their global heap by range
+    requests); a variable only h5py reads (a variable-length sequence) is an error naming it
+    when read, not a silent gap, the rest of the file read."""
     xr = pytest.importorskip("xarray")
     h5py = pytest.importorskip("h5py")
     pytest.importorskip("netCDF4")
@@ -475,10 +476,22 @@ def test_http_netcdf4_reads_as_the_local_file(web, tmp_path):
         want = d.load()
     got = xr.open_dataset(url, engine="ferry").load()
     xr.testing.assert_identical(got, want)
+    import netCDF4
+    p = tmp_path / "s.nc"
+    with netCDF4.Dataset(p, "w") as nc:
+        nc.createDimension("n", 3000)
+        nc.createVariable("t", "f4", ("n",))[:] = np.arange(3000.0)
+        nc.createVariable("names", str, ("n",), zlib=True, chunksizes=(1000,))[:] = \
+            np.array([f"name {i} \u00e9" * (i % 4) for i in range(3000)], object)
+        nc.createVariable("label", str, ())[0] = "remote text"
     with h5py.File(p, "a") as f:
-        f.create_dataset("names", data=np.array(["a", "bc"], dtype=object), dtype=h5py.string_dtype())
+        r = f.create_dataset("ragged", shape=(2,), dtype=h5py.vlen_dtype(np.int32))
+        r[0] = np.array([1, 2], np.int32)
     url = web.put("s.nc", p.read_bytes())
     ds = xr.open_dataset(url, engine="ferry")
-    np.testing.assert_array_equal(ds["t"].values, want["t"].values)
-    with pytest.raises(FerryError, match="names.*opens local files only"):
-        ds["names"].values
+    with xr.open_dataset(p, engine="netcdf4", drop_variables=["ragged"]) as d:
+        want = d.load()
+    xr.testing.assert_identical(ds.drop_vars("ragged").load(), want)
+    assert ds["names"].values.tolist() == want["names"].values.tolist()
+    with pytest.raises(FerryError, match="ragged.*opens local files only"):
+        ds["ragged"].values

@@ -15,12 +15,12 @@ int ds_check(DatasetObject *d) {
 }
 
 static int Dataset_init(DatasetObject *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"ctx", "path", "format", "group", "allow_outside", NULL};
+    static char *kwlist[] = {"ctx", "path", "format", "group", "allow_outside", "refs_json", NULL};
     PyObject *ctxo, *patho;
-    const char *format = NULL, *group = NULL;
+    const char *format = NULL, *group = NULL, *refs_json = NULL;
     int allow_outside = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO&|zzp", kwlist, &ctxo, PyUnicode_FSConverter, &patho,
-                                     &format, &group, &allow_outside))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO&|zzpz", kwlist, &ctxo, PyUnicode_FSConverter, &patho,
+                                     &format, &group, &allow_outside, &refs_json))
         return -1;
     ContextObject *c = ctx_arg(ctxo);
     if (!c) { Py_DECREF(patho); return -1; }
@@ -34,6 +34,7 @@ static int Dataset_init(DatasetObject *self, PyObject *args, PyObject *kw) {
     o.format = format;
     o.group = group;
     o.allow_outside = allow_outside;
+    o.refs_json = refs_json;   /* the str's UTF-8, alive while args are: the call copies it */
     const char *p = PyBytes_AS_STRING(patho);
     ferry_dataset *ds = NULL;
     int rc;
@@ -244,6 +245,48 @@ static PyObject *Dataset_fill(DatasetObject *self, PyObject *arg) {
     return b;
 }
 
+/* read_strings(var, selection=None, threads=0) -> list of str: a FERRY_DT_STRING
+ * variable's selection in C order (ferry_dataset_read_strings, the GIL released),
+ * each element decoded as UTF-8 (bytes that are not: surrogate escapes, as os.fsdecode). */
+static PyObject *Dataset_read_strings(DatasetObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"var", "selection", "threads", NULL};
+    PyObject *var, *sel = Py_None;
+    int threads = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|Oi", kwlist, &var, &sel, &threads)) return NULL;
+    if (ds_check(self) < 0) return NULL;
+    int vi = ds_var_index(self, var);
+    if (vi < 0) return NULL;
+    ferry_slice slices[FERRY_MAX_DIMS];
+    ferry_slice *sp = NULL;
+    if (sel != Py_None) {
+        ferry_var_info info;
+        memset(&info, 0, sizeof info);
+        if (ferry_dataset_var(self->ds, vi, &info) < 0) return raise_code_msg(FERRY_EINVAL, ferry_errmsg(NULL));
+        if (parse_triples(sel, slices, info.ndim, info.name) < 0) return NULL;
+        sp = slices;
+    }
+    ferry_run_opts ro;
+    memset(&ro, 0, sizeof ro);
+    ro.threads = threads < 0 ? 0 : threads;
+    ferry_strings st;
+    int64_t rc;
+    self->users++;   /* not closed under the read */
+    Py_BEGIN_ALLOW_THREADS
+    rc = ferry_dataset_read_strings(self->ds, vi, sp, &ro, &st);
+    Py_END_ALLOW_THREADS
+    self->users--;
+    if (rc < 0) { ferry_strings_free(&st); return raise_ctx(self->ctx->ctx, (int)rc); }
+    PyObject *l = PyList_New((Py_ssize_t)st.count);
+    for (uint64_t i = 0; l && i < st.count; i++) {
+        PyObject *u = PyUnicode_DecodeUTF8(st.data + st.offsets[i], (Py_ssize_t)(st.offsets[i + 1] - st.offsets[i]),
+                                           "surrogateescape");
+        if (!u) { Py_CLEAR(l); break; }
+        PyList_SET_ITEM(l, (Py_ssize_t)i, u);
+    }
+    ferry_strings_free(&st);
+    return l;
+}
+
 static PyMethodDef Dataset_methods[] = {
     {"variables", (PyCFunction)Dataset_variables, METH_NOARGS, "list of dicts, one per variable"},
     {"names", (PyCFunction)Dataset_names, METH_NOARGS, "list of the variables' names, in file order"},
@@ -253,6 +296,9 @@ static PyMethodDef Dataset_methods[] = {
     {"find", (PyCFunction)Dataset_find, METH_O, "find(name) -> index (KeyError if missing)"},
     {"fill", (PyCFunction)Dataset_fill, METH_O,
      "fill(index) -> the fill element (itemsize bytes, little-endian) or None (ferry_dataset_fill)"},
+    {"read_strings", (PyCFunction)(void (*)(void))Dataset_read_strings, METH_VARARGS | METH_KEYWORDS,
+     "read_strings(var, selection=None, threads=0) -> list of str: a string variable's selection "
+     "[(start, stop, step)], C order (ferry_dataset_read_strings)"},
     {"close", (PyCFunction)Dataset_close, METH_NOARGS, "close the dataset"},
     {"__enter__", Handle_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)Dataset_exit, METH_VARARGS, NULL},
@@ -278,7 +324,8 @@ PyTypeObject DatasetType = {
     .tp_dealloc = (destructor)Dataset_dealloc,
     .tp_repr = (reprfunc)Dataset_repr,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Dataset(ctx, path, format=None, group=None): parsed metadata of a file or store.",
+    .tp_doc = "Dataset(ctx, path, format=None, group=None, allow_outside=False, refs_json=None): parsed metadata "
+              "of a file or store (refs_json: a kerchunk reference set's JSON, read instead of path)",
     .tp_methods = Dataset_methods,
     .tp_getset = Dataset_getset,
     .tp_init = (initproc)Dataset_init,

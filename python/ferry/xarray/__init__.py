@@ -9,9 +9,10 @@ Formats
   netCDF-4 / HDF5              ferry's C parser (src/formats/hdf5/): groups,
                                dimensions (scales and phony ones), attributes,
                                every layout and chunk index; the filters
-                               ferry decodes. A variable the parser refuses
-                               as unsupported (variable-length strings, a
-                               filter ferry lacks) is read by h5py on the CPU
+                               ferry decodes; variable-length strings. A
+                               variable the parser refuses as unsupported
+                               (variable-length sequences, a filter ferry
+                               lacks) is read by h5py on the CPU
                                when h5py is installed, logged once on the
                                "ferry" logger with the parser's reason; a
                                damaged one is a FerryError naming the file

@@ -15,6 +15,7 @@ from .common import _format_of, _route
 from .dask_hook import cupy_meta
 from .hdf5 import _h5_groups
 from .store import FerryStore
+from .._parquet_refs import is_parquet_refs, refs_json
 from .._remote import remote_context
 
 
@@ -117,8 +118,9 @@ class FerryBackendEntrypoint(BackendEntrypoint):
                      path_policy: str | None = None, decode: str | None = None, lock=None,
                      storage_options: dict | None = None, consolidated: bool | None = None,
                      path: str | None = None, allow_outside: bool = False, progress: Any = None):
-        """allow_outside: a kerchunk reference set (JSON) may name files outside its own
-        directory (refused otherwise, as a Zarr store's links leading out are)."""
+        """allow_outside: a kerchunk reference set (JSON, or a Parquet directory: read with
+        pyarrow) may name files outside its own directory (refused otherwise, as a Zarr store's
+        links leading out are)."""
         path_policy = _route(path_policy, path, "engine='ferry'")
         if isinstance(filename_or_obj, FerryStore):
             store = filename_or_obj
@@ -199,10 +201,12 @@ def _storage_options(obj, storage_options):
 
 def _zarr_groups(store: str, root: str, ctx=None) -> list:
     out = []
+    text = refs_json(store) if is_parquet_refs(store) else None   # a Parquet reference set: read once
 
     def walk(g):
         out.append(g)
-        ds = ferry.Dataset(ctx or ferry.default_context(), store, None, None if g == "/" else g.strip("/"))
+        ds = ferry.Dataset(ctx or ferry.default_context(), store, None, None if g == "/" else g.strip("/"),
+                           refs_json=text)
         try:
             children = json.loads(ds.groups)
         finally:

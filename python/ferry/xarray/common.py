@@ -131,7 +131,7 @@ class _VarSpec:
         self.dtype = np.dtype(dtype)          # what a raw read returns (native order)
         self.attrs = attrs
         self.encoding = encoding
-        self.kind = kind                      # "ferry" | "h5py" | "zarrpy" | "unsupported"
+        self.kind = kind                      # "ferry" | "strings" | "h5py" | "zarrpy" | "unsupported"
         self.source = source                  # format-specific handle / info
         self.error = None                     # "unsupported": why (the C parser's message)
         self.index = None                     # "ferry": the C dataset's variable index (names may not be UTF-8)

@@ -1,8 +1,9 @@
 """netCDF-4 / HDF5 for ferry.xarray: the C parser's description of a group (src/formats/hdf5/,
 through ferry.Dataset) as variables, attributes, dimensions and encodings the way xarray's
-netcdf4 engine gives them. The engine reads the data. h5py reads only the variables the parser
-refuses as unsupported (a type or filter ferry lacks), never one it finds damaged; each such
-variable is logged once, with the parser's reason."""
+netcdf4 engine gives them. The engine reads the data; the C library reads variable-length
+strings too (Dataset.read_strings: ferry_dataset_read_strings). h5py reads only the variables
+the parser refuses as unsupported (a type or filter ferry lacks), never one it finds damaged;
+each such variable is logged once, with the parser's reason."""
 from __future__ import annotations
 
 import json
@@ -116,6 +117,12 @@ def _netcdf4_attrs(attrs: dict, typestr: str):
                                        dtype=typestr)
 
 
+def _vlen_str() -> np.dtype:
+    """Object dtype marked as holding str, as the netcdf4 engine types a string variable."""
+    from xarray.coding.strings import create_vlen_dtype
+    return create_vlen_dtype(str)
+
+
 def _lsd(spec: _VarSpec):
     """least_significant_digit goes from the attributes to the encoding, as netcdf4 moves it."""
     if "least_significant_digit" in spec.attrs:
@@ -150,7 +157,7 @@ def _h5py_open(path: str, ident):
 def _h5py_spec(h5, path: str, group: str | None, name: str, dims, attrs, v: dict, source: str, why: str,
                unlimited=()):
     """A refused variable read through h5py: its dtype as netCDF4 gives it
-    (object for variable-length strings), the parser's dims and attributes."""
+    (object for variable-length types), the parser's dims and attributes."""
     import h5py
     where = "/" + "/".join(x for x in ((group or "").strip("/"), name) if x)
     try:
@@ -214,6 +221,16 @@ def _h5_scan(path: str, group: str | None, ctx, cpath: str | None = None, ident=
                     continue
                 err = why + (" (h5py, which reads such variables, opens local files only: copy the file to "
                              "read this one)" if remote else " (install h5py to read it through h5py)")
+            if not err and v["dtype"] == "str":
+                # variable-length strings (netCDF-4 "string"): object arrays of str read by the
+                # C library, typed and encoded as the netcdf4 engine types them (dtype=str)
+                enc = _encoding(v, vd, source, None, unlimited)
+                enc = {"dtype": str, **enc}
+                spec = _VarSpec(name, vd, shape, _vlen_str(), attrs, enc, "strings", ds)
+                spec.index = index
+                _lsd(spec)
+                specs.append(spec)
+                continue
             try:
                 stored = np.dtype(v["typestr"])
             except TypeError:

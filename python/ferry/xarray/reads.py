@@ -37,7 +37,7 @@ class _StoreReads:
         finisher giving the array once the plan ran."""
         triples, post = _key_triples(key, s.shape)
         counts = tuple(max(0, (b - a + st - 1) // st) for a, b, st in triples)
-        if s.kind in ("h5py", "zarrpy", "unsupported"):
+        if s.kind in ("h5py", "zarrpy", "unsupported", "strings"):
             with self._user_lock if self._user_lock is not None else contextlib.nullcontext():
                 return self._direct(s, triples, counts, post)
         out = self._alloc(counts, s.dtype, s.device)
@@ -86,6 +86,12 @@ class _StoreReads:
                 raise
             except Exception as e:  # noqa: BLE001 — h5py's errors on damaged data
                 raise _h5_error(self.filename, f"variable {s.name}", e) from None
+        elif s.kind == "strings":
+            # the C library's read, at once: references by a plan, then the heap (one list of str)
+            got = s.source.read_strings(s.index, triples if s.shape else None, threads=self.threads)
+            data = np.empty(len(got), dtype=object)
+            data[:] = got
+            data = data.reshape(counts)
         elif s.kind == "zarrpy":
             arr = s.source if not isinstance(s.source, ferry.Dataset) else None
             if arr is None:

@@ -18,8 +18,9 @@ class RefsFallback:
     """One scan's view of the reference set from Python, parsed once when first needed: the
     fallback reads below, and the arrays' .zarray documents for their codec encoding."""
 
-    def __init__(self, path: str, group: str | None, store: dict):
+    def __init__(self, path: str, group: str | None, store: dict, text: str | None = None):
         self.path = path
+        self._text = text     # the JSON of a Parquet reference set (path is its directory)
         self.group = (group or "").strip("/")
         self.store = store
         self._refs = None
@@ -27,8 +28,11 @@ class RefsFallback:
     def _load(self) -> dict:
         if self._refs is None:
             try:
-                with open(self.path, "rb") as f:
-                    doc = json.load(f)
+                if self._text is not None:
+                    doc = json.loads(self._text)
+                else:
+                    with open(self.path, "rb") as f:
+                        doc = json.load(f)
                 refs = doc.get("refs", {}) if "version" in doc else doc
                 self._refs = refs if isinstance(refs, dict) else {}
             except (OSError, ValueError, AttributeError):

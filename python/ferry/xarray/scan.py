@@ -11,6 +11,7 @@ import numpy as np
 import ferry
 from ferry import _ferry
 from .common import _VarSpec, _native, log
+from .._parquet_refs import refs_json
 from .refs_py import RefsFallback
 from .zarr_codecs import ZarrCodecs
 from .zarr_py import _zarr3_attr_fill, _zarr_py_spec
@@ -77,8 +78,10 @@ def _c_scan(path: str, fmt: str, group: str | None, ctx, cpath: str | None = Non
     (a /proc/self/fd alias of a path that is not UTF-8). A kerchunk reference set
     ("refs") describes a Zarr v2 store and is described as one; allow_outside lets
     its references name files outside its directory."""
-    # every format gets the group: one without groups answers "no group" for any but the root
-    ds = ferry.Dataset(ctx, cpath or path, None, group, allow_outside=allow_outside)
+    # every format gets the group: one without groups answers "no group" for any but the root;
+    # a Parquet reference set is handed to the C parser as the JSON one it reads
+    text = refs_json(path) if fmt == "refs" and os.path.isdir(path) else None
+    ds = ferry.Dataset(ctx, cpath or path, None, group, allow_outside=allow_outside, refs_json=text)
     refs = ds.format == "refs"
     actual = "zarr" if refs else ds.format
     gattrs = ferry.decode_attrs(ds.attrs, actual)
@@ -87,7 +90,7 @@ def _c_scan(path: str, fmt: str, group: str | None, ctx, cpath: str | None = Non
     unlimited = {k for k, v in dims_j.items() if isinstance(v, dict) and v.get("unlimited")}
     store = ds.store_info
     zv = store["zarr_format"]
-    fallback = RefsFallback(path, group, store) if refs else None
+    fallback = RefsFallback(path, group, store, text) if refs else None
     codecs = ZarrCodecs(path, group, store, fallback.zarray if refs else None) if actual == "zarr" else None
     specs = []
     for index, v, raw in _c_variables(ds):

@@ -115,6 +115,14 @@ int h5_dtype_parse(h5_file *h, h5_cur *c, const char *what, int depth, h5_type *
         int rc = h5_dtype_parse(h, c, what, depth + 1, t->base);
         if (rc) return rc;
         snprintf(t->typestr, sizeof t->typestr, "%s", t->vlen_string ? "vlen-string" : "vlen");
+        /* bits 0-3 say string or sequence, not a byte order: a stored element is
+         * a reference (length, heap collection, object index) in the file's own
+         * little-endian fields. Strings of bytes are text ferry reads (strings.c). */
+        t->big_endian = 0;
+        if (t->vlen_string && t->base->size == 1 && t->size == 4 + (uint32_t)h->so + 4) {
+            t->dt = FERRY_DT_STRING;
+            snprintf(t->typestr, sizeof t->typestr, "|O");
+        }
         break;
     }
     case H5T_COMPOUND: {

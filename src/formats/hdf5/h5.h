@@ -15,6 +15,7 @@
  *   chunks.c   chunk indexes (v1 B-tree; single chunk, implicit, fixed array,
  *              v2 B-tree) to a ferry_layout chunk table
  *   netcdf4.c  the netCDF-4 conventions: dimensions from dimension scales
+ *   strings.c  variable-length strings: stored references through the global heap
  *   hdf5.c     ferry_format_ops: open, close, plan_read
  *
  * Everything read from the file is hostile: every read is bounded by the file
@@ -246,6 +247,14 @@ typedef struct h5_chunks {
  * masks are renumbered). */
 int h5_chunks_read(h5_file *h, const h5_layout *lay, int ndim, const uint64_t *dims, const uint64_t *maxdims,
                    const uint64_t *shape, int nfilters, uint32_t itemsize, const char *what, h5_chunks *out);
+
+/* ---- strings.c -------------------------------------------------------------- */
+/* The count references (refsize bytes each, as a variable-length string
+ * dataset stores them) of variable `what` (header at absolute pos, for
+ * messages) as strings: the global heap collections they name read from f by
+ * plans on ctx. out is the caller's to free, also after an error. */
+int h5_strings_resolve(h5_file *h, ferry_ctx *ctx, ferry_file *f, const uint8_t *refs, uint64_t count,
+                       uint32_t refsize, const char *what, uint64_t pos, const ferry_run_opts *opts, ferry_strings *out);
 
 /* ---- netcdf4.c -------------------------------------------------------------- */
 typedef struct h5_nc h5_nc;

@@ -6,9 +6,13 @@
  * groups); then each dataset of the group becomes a variable with its
  * datatype, shape, attributes, dimensions (netcdf4.c), fill value, filters
  * and layout. Child groups are listed in groups_json. A dataset ferry cannot
- * read (variable-length strings, compound types, a filter without a ferry
+ * read (variable-length sequences, compound types, a filter without a ferry
  * codec, data outside the file) is still described, with vi->error saying
  * why; reading it fails with that message.
+ *
+ * Variable-length strings are FERRY_DT_STRING variables whose stored
+ * elements are references: read_strings plans their read as any dataset's
+ * (16-byte elements, filters and all), runs it, and resolves them (strings.c).
  *
  * plan_read: contiguous and compact data are one strided array in the file
  * (select.c; compact data lies inside the object header); chunked data plans
@@ -25,6 +29,7 @@
 
 typedef struct h5var {
     const char *what;                 /* the dataset's path in the file, for messages */
+    uint64_t pos;                     /* absolute offset of its object header, for messages */
     h5_type type;
     h5_space space;
     h5_layout lay;
@@ -209,6 +214,7 @@ static int build_var(h5ds *st, ferry_dataset *ds, const h5_obj *o, const char *n
                      ferry_var_info *vi, ferry_var *fv, h5var *v) {
     h5_file *h = &st->h;
     v->what = o->name;
+    v->pos = h->base + o->addr;
     /* netCDF-C stores a variable named like a dimension it does not run along
      * ("lat"(x, lat)) as "_nc4_non_coord_lat": its netCDF name is "lat" */
     static const char non_coord[] = "_nc4_non_coord_";
@@ -278,7 +284,8 @@ static int build_var(h5ds *st, ferry_dataset *ds, const h5_obj *o, const char *n
         uint32_t swap = !t->big_endian ? 0 : t->is_complex ? t->size / 2
                         : (t->cls == H5T_INT || t->cls == H5T_FLOAT || t->cls == H5T_ENUM) ? t->size : 0;
         for (uint32_t i = 0; i < t->size && i < 16; i++) v->fill[i] = swap ? fp[(i / swap) * swap + swap - 1 - i % swap] : fp[i];
-        fv->fill = v->fill;
+        /* a string's fill is a reference, for the planner: not a value to hand out */
+        if (t->dt != FERRY_DT_STRING) fv->fill = v->fill;
     }
     if ((m = h5_obj_find(o, H5M_EFL))) {
         h5_fail(h, FERRY_EUNSUPPORTED, m->pos, o->name, "data in external files");
@@ -609,4 +616,29 @@ static int64_t h5_plan_read(ferry_dataset *ds, int var, const ferry_slice *sel, 
     return rc < 0 ? rc : (int64_t)total;
 }
 
-const ferry_format_ops ferry_format_hdf5 = {"hdf5", h5_probe, h5_open, h5_close, h5_plan_read};
+static int64_t h5_read_strings(ferry_dataset *ds, int var, const ferry_slice *sel, const ferry_run_opts *opts,
+                               ferry_strings *out) {
+    h5ds *st = ds->fmt;
+    const h5var *v = &st->vars[var];
+    const ferry_var_info *vi = &ds->vars[var].info;
+    uint64_t count = 1;
+    for (int k = 0; k < vi->ndim; k++) count *= ferry_slice_count(sel[k]);   /* bounded by the caller */
+    uint64_t bytes = count * vi->itemsize;
+    uint8_t *refs = malloc(bytes ? bytes : 1);
+    if (!refs) return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", ds->path);
+    int64_t rc = 0;
+    if (bytes) {
+        ferry_plan *p;
+        if ((rc = ferry_plan_create(&p)) >= 0) {
+            rc = h5_plan_read(ds, var, sel, ferry_host_buf(refs, bytes), 0, p);
+            if (rc >= 0) rc = ferry_run(ds->ctx, p, opts);
+            ferry_plan_destroy(p);
+        }
+    }
+    if (rc >= 0)
+        rc = h5_strings_resolve(&st->h, ds->ctx, st->file, refs, count, vi->itemsize, v->what, v->pos, opts, out);
+    free(refs);
+    return rc < 0 ? rc : (int64_t)count;
+}
+
+const ferry_format_ops ferry_format_hdf5 = {"hdf5", h5_probe, h5_open, h5_close, h5_plan_read, h5_read_strings};
