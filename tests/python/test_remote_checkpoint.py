@@ -23,7 +23,8 @@ from ferry import checkpoint as ck  # noqa: E402
 from ferry import FerryError  # noqa: E402
 from ferry import _ferry as ferry_ext  # noqa: E402
 from rangeserver import ferry_reads_urls  # noqa: E402
-from test_remote import moto_s3, server  # noqa: E402,F401  (fixtures)
+from remote_servers import moto_s3  # noqa: E402,F401  (a fixture)
+from test_remote import server  # noqa: E402,F401  (a fixture)
 
 pytestmark = pytest.mark.skipif(not ferry_reads_urls(), reason="ferry was built without libcurl (no remote objects)")
 
