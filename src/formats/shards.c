@@ -3,6 +3,7 @@
  * members, plan or read a member's bytes, close it (shardsopen.c opens one). */
 #include "formats/shards.h"
 #include "codecs/codecs.h"
+#include "sources/remote.h"
 #include <errno.h>
 #include <glob.h>
 #include <pthread.h>
@@ -40,6 +41,11 @@ int ferry_shards_add_file(ferry_shards *s, const char *path, uint64_t size, uint
     f->size = size;
     *idx = (uint32_t)s->nfiles++;
     return 0;
+}
+
+void ferry_shards_hold(ferry_shards *s, uint32_t idx, ferry_file *f) {
+    if (f && ferry_remote_is_url(ferry_shards_at(s, s->files[idx].path)) && !s->files[idx].held) s->files[idx].held = f;
+    else ferry_file_close(f);
 }
 
 int ferry_shards_name(ferry_shards *s, const char *n, size_t len, const char *encoding, uint32_t *idx) {
@@ -100,14 +106,19 @@ void ferry_shards_end_sample(ferry_shards *s) {
 }
 
 /* ---- header windows ------------------------------------------------------ */
+size_t ferry_window_cap(const ferry_window *w) {
+    return !w->mem && ferry_remote_is_url(w->path) ? FERRY_WINDOW_REMOTE : FERRY_WINDOW_MAX;
+}
+
 int ferry_window_get(ferry_window *w, uint64_t off, size_t n, size_t want, const uint8_t **p) {
-    if (n > FERRY_WINDOW_MAX || off > w->size || n > w->size - off)
+    size_t cap = ferry_window_cap(w);
+    if (n > cap || off > w->size || n > w->size - off)
         return ferry_seterr(FERRY_EINVAL, "%s: byte %llu: a %zu-byte header read outside the file", w->path,
                             (unsigned long long)off, n);   /* never: callers check */
     if (w->mem) { *p = w->mem + off; return 0; }
     if (w->win && off >= w->woff && off + n <= w->woff + w->wlen) { *p = w->win + (off - w->woff); return 0; }
-    if (!w->win && !(w->win = malloc(FERRY_WINDOW_MAX))) return ferry_seterr(FERRY_ENOMEM, "out of memory");
-    want = FERRY_MIN(FERRY_MAX(want, n), FERRY_WINDOW_MAX);
+    if (!w->win && !(w->win = malloc(cap))) return ferry_seterr(FERRY_ENOMEM, "out of memory");
+    want = FERRY_MIN(FERRY_MAX(want, n), cap);
     if (want > w->size - off) want = (size_t)(w->size - off);
     int64_t got = ferry_pread(w->f, ferry_host_buf(w->win, want), off, want, FERRY_NO_DIRECT);
     if (got < 0) return ferry_preerr((int)got, "%s: byte %llu", w->path, (unsigned long long)off);
@@ -142,10 +153,10 @@ int ferry_shards_unzip(ferry_shards *s, uint32_t file, ferry_decode_scratch *scr
     if (f->size > SIZE_MAX || f->raw_size > SIZE_MAX)
         return ferry_seterr(FERRY_ENOMEM, "%s: shard too large for memory", path);
     uint8_t *zip = malloc(f->size ? (size_t)f->size : 1), *raw = malloc(f->raw_size ? (size_t)f->raw_size : 1);
-    ferry_file *fh = NULL;
+    ferry_file *fh = f->held;
     int rc = (!zip || !raw) ? ferry_seterr(FERRY_ENOMEM, "%s: out of memory for a %llu-byte shard", path,
                                            (unsigned long long)f->raw_size)
-                            : ferry_file_open(s->ctx, path, FERRY_READ, &fh);
+                            : fh ? 0 : ferry_file_open(s->ctx, path, FERRY_READ, &fh);
     if (rc == 0) {
         int64_t got = ferry_pread(fh, ferry_host_buf(zip, (size_t)f->size), 0, (size_t)f->size, FERRY_NO_DIRECT);
         if (got >= 0 && (uint64_t)got != f->size)
@@ -153,7 +164,7 @@ int ferry_shards_unzip(ferry_shards *s, uint32_t file, ferry_decode_scratch *scr
                               (unsigned long long)f->size);
         else if (got < 0) rc = (int)got;
     }
-    ferry_file_close(fh);
+    if (fh != f->held) ferry_file_close(fh);
     if (rc == 0) {
         ferry_codec zstd = {FERRY_CODEC_ZSTD, 0};
         int64_t n = ferry_decode(&zstd, 1, zip, (size_t)f->size, raw, (size_t)f->raw_size, scratch);
@@ -177,6 +188,7 @@ void ferry_shards_close(ferry_shards *s) {
         ferry_decode_scratch_free(&z->scratch);
         free(z);
     }
+    for (size_t i = 0; i < s->nfiles; i++) ferry_file_close(s->files[i].held);
     ferry_sbuf_free(&s->strings);
     free(s->files);
     free(s->samples);
@@ -273,7 +285,8 @@ int64_t ferry_shards_plan_member(const ferry_shards *s, int64_t i, int m, ferry_
     ferry_extent e;
     memset(&e, 0, sizeof e);
     e.kind = FERRY_EXTENT_READ;
-    e.path = path;
+    if (f->held) e.file = f->held;   /* a URL: the version indexed, not whatever the path names now */
+    else e.path = path;
     e.offset = mem->offset;
     e.length = e.decoded_size = mem->size;
     e.dst = dst;
@@ -324,10 +337,20 @@ int64_t ferry_shards_read(ferry_shards *s, int64_t i, int m, void *dst, size_t c
     if (s->files[mem->file].raw_size) {
         got = read_zipped(s, mem, dst);
     } else {
-        ferry_file *f;
-        if ((rc = ferry_file_open(s->ctx, path, FERRY_READ, &f)) < 0) return rc;
+        ferry_file *f = s->files[mem->file].held;
+        if (!f && (rc = ferry_file_open(s->ctx, path, FERRY_READ, &f)) < 0) return rc;
+        /* an object read whole (a "files" or "folder" member at a URL) is
+         * opened again for each read: one version throughout the read, and
+         * it must be the size indexed */
+        int64_t now = f != s->files[mem->file].held && ferry_remote_is_url(path) ? ferry_file_size(f) : -1;
+        if (now >= 0 && (uint64_t)now != s->files[mem->file].size) {
+            ferry_file_close(f);
+            return ferry_seterr(FERRY_EIO, "%s: sample \"%s\" member \"%s\": the object has %lld bytes, %llu when"
+                                " the set was opened (replaced since?)", path, key, name, (long long)now,
+                                (unsigned long long)s->files[mem->file].size);
+        }
         got = ferry_pread(f, ferry_host_buf(dst, cap), mem->offset, (size_t)mem->size, 0);
-        ferry_file_close(f);
+        if (f != s->files[mem->file].held) ferry_file_close(f);
         if (got >= 0 && (uint64_t)got < mem->size)
             return ferry_seterr(FERRY_ESHORT, "%s: byte %llu: sample \"%s\" member \"%s\": the file ends %llu bytes"
                                 " into its %llu (changed since the set was opened?)", path,

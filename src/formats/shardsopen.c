@@ -1,20 +1,59 @@
 /* shardsopen.c — ferry_shards_open: expand the paths' globs, tell the
  * format (tar, MDS, folder, files) and hand each file to its indexer (tar.c,
  * mds.c, imagefolder.c), which fill the index through shards.c. Above the
- * indexers and the index, so neither calls up. */
+ * indexers and the index, so neither calls up.
+ *
+ * URLs: an s3:// or gs:// glob is expanded by listing the bucket
+ * (ferry_url_glob, with the context's remote options); http(s):// URLs are
+ * taken as written ('?' starts their query). The format of a URL is told
+ * without stat: ending in .tar, tar; a last part without a dot (or a final
+ * '/'), a directory: MDS when it holds index.json (one request), else a
+ * folder when it can be listed; anything else, a file. */
 #include "formats/shards.h"
+#include "engine/remotectx.h"
+#include "sources/glob.h"
+#include "sources/list.h"
+#include "sources/remote.h"
+#include "sources/url.h"
 #include <errno.h>
 #include <glob.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 
-static int has_glob(const char *p) { return strpbrk(p, "*?[") != NULL; }
+static int has_glob(const char *p) {
+    ferry_url_scheme k = ferry_url_scheme_of(p);
+    if (k == FERRY_URL_HTTP || k == FERRY_URL_HTTPS) return 0;
+    return strpbrk(p, "*?[") != NULL;
+}
 static int ends_with(const char *s, const char *suf) {
     size_t a = strlen(s), b = strlen(suf);
     return a >= b && !strcmp(s + a - b, suf);
 }
 
-static int detect(const char *path, const char **fmt) {
+/* The format of a URL: see the top of the file. */
+static int detect_url(ferry_ctx *ctx, const char *url, const char **fmt) {
+    size_t n = strlen(url);
+    if (ends_with(url, ".tar")) { *fmt = "tar"; return 0; }
+    const char *last = url + n;
+    while (last > url && last[-1] == '/') last--;
+    const char *seg = last;
+    while (seg > url && seg[-1] != '/') seg--;
+    int dirlike = last < url + n || !memchr(seg, '.', (size_t)(last - seg));
+    if (!dirlike) { *fmt = "files"; return 0; }
+    char idx[4096];
+    if ((size_t)snprintf(idx, sizeof idx, "%.*s/index.json", (int)(last - url), url) >= sizeof idx)
+        return ferry_seterr(FERRY_EINVAL, "%s: URL too long", url);
+    uint64_t size;
+    int rc = ferry_remote_stat(idx, ferry_ctx_remote_opts(ctx), &size);
+    if (rc == 0) { *fmt = "mds"; return 0; }
+    if (rc != -ENOENT) return rc;
+    ferry_clearerr();
+    *fmt = ferry_remote_can_list(url) ? "folder" : "files";
+    return 0;
+}
+
+static int detect(ferry_ctx *ctx, const char *path, const char **fmt) {
+    if (ferry_remote_is_url(path)) return detect_url(ctx, path, fmt);
     struct stat st;
     if (stat(path, &st) != 0) return ferry_seterr(-errno, "%s: %s", path, strerror(errno));
     if (S_ISDIR(st.st_mode)) {
@@ -57,22 +96,30 @@ int ferry_shards_open(ferry_ctx *ctx, const char *const *paths, size_t n, const 
     for (size_t i = 0; i < n && rc >= 0; i++) {
         if (!paths[i]) { rc = ferry_seterr(FERRY_EINVAL, "ferry_shards_open: path %zu is NULL", i); break; }
         glob_t g = {0};
-        int expanded = has_glob(paths[i]);
-        if (expanded) {
+        int expanded = has_glob(paths[i]), url = ferry_remote_is_url(paths[i]);
+        char *urls = NULL;   /* a URL glob's matches, NUL-separated, in bytewise order */
+        size_t nurls = 0;
+        if (expanded && url) {
+            if ((rc = ferry_url_glob(ctx, paths[i], &urls, &nurls)) < 0) break;
+            if (nurls == 0) { rc = ferry_seterr(-ENOENT, "%s: no object matches", paths[i]); break; }
+        } else if (expanded) {
             int gr = glob(paths[i], 0, NULL, &g);
             if (gr == GLOB_NOMATCH) { rc = ferry_seterr(-ENOENT, "%s: no file matches", paths[i]); break; }
             if (gr != 0) { globfree(&g); rc = ferry_seterr(-EIO, "%s: glob failed", paths[i]); break; }
         }
-        size_t k = expanded ? g.gl_pathc : 1;
+        size_t k = !expanded ? 1 : url ? nurls : g.gl_pathc;
+        const char *u = urls;
         if ((rc = ferry_shards_grow((void **)&list, &cap, nlist + k, sizeof *list)) == 0)
             for (size_t j = 0; j < k; j++) {
-                const char *p = expanded ? g.gl_pathv[j] : paths[i];
+                const char *p = !expanded ? paths[i] : url ? u : g.gl_pathv[j];
+                if (url && expanded) u += strlen(u) + 1;
                 if (!(list[nlist] = strdup(p))) { rc = ferry_seterr(FERRY_ENOMEM, "out of memory"); break; }
                 nlist++;
             }
-        if (expanded) globfree(&g);
+        free(urls);
+        if (expanded && !url) globfree(&g);
     }
-    if (rc >= 0 && !fmt) rc = detect(list[0], &fmt);
+    if (rc >= 0 && !fmt) rc = detect(ctx, list[0], &fmt);
     ferry_shards *s = rc >= 0 ? calloc(1, sizeof *s) : NULL;
     if (rc >= 0 && !s) rc = ferry_seterr(FERRY_ENOMEM, "out of memory");
     if (s) {
