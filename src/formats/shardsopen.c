@@ -17,6 +17,8 @@
 #include "sources/url.h"
 #include <errno.h>
 #include <glob.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 
@@ -66,9 +68,94 @@ static int detect(ferry_ctx *ctx, const char *path, const char **fmt) {
     return 0;
 }
 
+/* ---- tar shards at URLs, indexed side by side ------------------------------
+ * Indexing a remote shard is a round trip per window; over many shards one
+ * after another they add up, so each shard is indexed into a set of its own
+ * on one of up to PAR_THREADS threads, and the sets are merged in the order
+ * of the paths (a sample never spans two shards: the merged set equals the one
+ * indexed in turn, and the first damaged shard in that order is the error). */
+#define PAR_THREADS 16
+
+typedef struct par_job {
+    ferry_shards *sub;
+    int rc;
+    char msg[1024];
+} par_job;
+
+typedef struct par_run {
+    ferry_ctx *ctx;
+    char **paths;
+    par_job *jobs;
+    size_t n;
+    atomic_size_t next;
+} par_run;
+
+static void *par_worker(void *arg) {
+    par_run *pr = arg;
+    for (size_t i; (i = atomic_fetch_add(&pr->next, 1)) < pr->n;) {
+        par_job *j = &pr->jobs[i];
+        if (!(j->sub = calloc(1, sizeof *j->sub))) {
+            j->rc = FERRY_ENOMEM;
+            snprintf(j->msg, sizeof j->msg, "out of memory");
+            continue;
+        }
+        j->sub->ctx = pr->ctx;
+        j->sub->format = "tar";
+        if ((j->rc = ferry_tar_index(j->sub, pr->paths[i])) < 0) snprintf(j->msg, sizeof j->msg, "%s", ferry_errmsg(NULL));
+    }
+    return NULL;
+}
+
+/* Append sub's files (their held handles moved), names and samples to s. */
+static int merge(ferry_shards *s, ferry_shards *sub) {
+    uint32_t names[FERRY_SHARD_MAX_NAMES], base = (uint32_t)s->nfiles, idx;
+    int rc = 0;
+    for (uint32_t k = 0; rc >= 0 && k < sub->nnames; k++) {
+        const char *nm = ferry_shards_at(sub, sub->names[k]);
+        rc = ferry_shards_name(s, nm, strlen(nm), NULL, &names[k]);
+    }
+    for (size_t f = 0; rc >= 0 && f < sub->nfiles; f++) {
+        if ((rc = ferry_shards_add_file(s, ferry_shards_at(sub, sub->files[f].path), sub->files[f].size, &idx)) < 0) break;
+        s->files[idx].held = sub->files[f].held;
+        sub->files[f].held = NULL;
+    }
+    for (size_t i = 0; rc >= 0 && i < sub->nsamples; i++) {
+        const ferry_shard_sample *x = &sub->samples[i];
+        const char *key = ferry_shards_at(sub, x->key);
+        if ((rc = ferry_shards_begin_sample(s, key, strlen(key), x->label)) < 0) break;
+        for (uint32_t m = 0; rc >= 0 && m < x->nmembers; m++) {
+            const ferry_shard_member *mem = &sub->members[x->first + m];
+            rc = ferry_shards_add_member(s, names[mem->name], base + mem->file, mem->offset, mem->size, mem->offset);
+        }
+    }
+    return rc;
+}
+
+static int tar_index_parallel(ferry_shards *s, char **paths, size_t n) {
+    par_run pr = {.ctx = s->ctx, .paths = paths, .n = n};
+    if (!(pr.jobs = calloc(n, sizeof *pr.jobs))) return ferry_seterr(FERRY_ENOMEM, "out of memory");
+    atomic_init(&pr.next, 0);
+    pthread_t th[PAR_THREADS];
+    size_t nt = 0;
+    while (nt < FERRY_MIN(n, (size_t)PAR_THREADS) && pthread_create(&th[nt], NULL, par_worker, &pr) == 0) nt++;
+    par_worker(&pr);   /* the caller works too (and alone when no thread starts) */
+    for (size_t t = 0; t < nt; t++) pthread_join(th[t], NULL);
+    int rc = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (rc >= 0 && pr.jobs[i].rc < 0) rc = ferry_seterr(pr.jobs[i].rc, "%s", pr.jobs[i].msg);
+        else if (rc >= 0) rc = merge(s, pr.jobs[i].sub);
+        ferry_shards_close(pr.jobs[i].sub);
+    }
+    free(pr.jobs);
+    return rc;
+}
+
 static int open_one_format(ferry_shards *s, const char *fmt, char **paths, size_t n) {
     int rc = 0;
     if (!strcmp(fmt, "files")) return ferry_files_index(s, (const char *const *)paths, n);
+    size_t urls = 0;
+    for (size_t i = 0; i < n; i++) urls += (size_t)ferry_remote_is_url(paths[i]);
+    if (!strcmp(fmt, "tar") && n > 1 && urls == n) return tar_index_parallel(s, paths, n);
     for (size_t i = 0; i < n && rc >= 0; i++) {
         if (!strcmp(fmt, "tar")) rc = ferry_tar_index(s, paths[i]);
         else if (!strcmp(fmt, "mds")) rc = ferry_mds_index(s, paths[i]);

@@ -68,7 +68,7 @@ static tarb make_tar(int n, size_t size, int salt) {
 }
 
 /* ---- the server: objects by path, each with a version ---------------------- */
-#define NOBJ 4
+#define NOBJ 12
 static struct { char path[64]; uint8_t *data; size_t n; int version; } objs[NOBJ];
 static pthread_mutex_t olock = PTHREAD_MUTEX_INITIALIZER;
 static atomic_int gets;
@@ -249,6 +249,57 @@ static void test_files_at_urls_and_a_replaced_image(void) {
     CHECK_STR_CONTAINS(ferry_errmsg(ctx), "/none.tar");
 }
 
+/* several shards: indexed side by side, merged in the order named */
+static void test_many_shards_in_order(void) {
+    char paths[6][128];
+    const char *p[6];
+    for (int k = 0; k < 6; k++) {
+        tarb t = make_tar(20 + k, 700 + (size_t)k, k);
+        char name[32];
+        snprintf(name, sizeof name, "/m/%d.tar", k);
+        put(name, t.p, t.n);
+        url(paths[k], sizeof paths[k], name);
+        p[k] = paths[k];
+        free(t.p);
+    }
+    ferry_shards *s = NULL;
+    CHECK_EQ_I(ferry_shards_open(ctx, p, 6, NULL, &s), 0);
+    if (!s) return;
+    CHECK_EQ_I(ferry_shards_count(s), 20 + 21 + 22 + 23 + 24 + 25);
+    CHECK_EQ_I(ferry_shards_nfiles(s), 6);
+    int64_t i = 0;
+    for (int k = 0; k < 6; k++)
+        for (int j = 0; j < 20 + k; j++, i++) {
+            ferry_sample_info si;
+            ferry_member_info mi;
+            char key[16];
+            snprintf(key, sizeof key, "s%04d", j);
+            CHECK_EQ_I(ferry_shards_sample(s, i, &si), 0);
+            CHECK(!strcmp(si.key, key));
+            CHECK_EQ_I(ferry_shards_member(s, i, 0, &mi), 0);
+            CHECK(!strcmp(mi.path, paths[k]) && !strcmp(mi.name, "jpg") && mi.size == 700 + (uint64_t)k);
+        }
+    uint8_t buf[705];
+    int64_t at = 20 + 21 + 22 + 5;   /* shard 3's sample 5 */
+    CHECK_EQ_I(ferry_shards_read(s, at, 0, buf, sizeof buf), 703);
+    CHECK(buf[0] == (uint8_t)(5 + 3) && buf[702] == (uint8_t)(5 + 702 + 3));
+    CHECK_EQ_I(ferry_shards_find(s, at, "cls"), 1);
+    ferry_shards_close(s);
+    /* damaged shards 2 and 4: the error is shard 2's, the first in order */
+    for (int k = 2; k <= 4; k += 2) {
+        tarb t = make_tar(20 + k, 700 + (size_t)k, k);
+        t.p[148] ^= 1;
+        char name[32];
+        snprintf(name, sizeof name, "/m/%d.tar", k);
+        put(name, t.p, t.n);
+        free(t.p);
+    }
+    s = NULL;
+    CHECK_EQ_I(ferry_shards_open(ctx, p, 6, NULL, &s), FERRY_EFORMAT);
+    CHECK_STR_CONTAINS(ferry_errmsg(ctx), "/m/2.tar: byte 0: header of member \"s0000.jpg\"");
+    CHECK(s == NULL);
+}
+
 int main(void) {
     if (ferry_ctx_create(&ctx, NULL) != 0) { printf("0 passed, 1 failed\n"); return 1; }
 #ifdef FERRY_HAVE_CURL
@@ -268,6 +319,7 @@ int main(void) {
     RUN(test_tar_indexed_in_few_requests_and_read_by_range);
     RUN(test_damaged_tar_names_url_and_byte);
     RUN(test_files_at_urls_and_a_replaced_image);
+    RUN(test_many_shards_in_order);
     shutdown(lsock, SHUT_RDWR);
     close(lsock);
     for (int i = 0; i < NOBJ; i++) free(objs[i].data);
