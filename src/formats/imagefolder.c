@@ -18,8 +18,9 @@
  * Both over URLs: a folder at s3://bucket/train/ is the bucket's listing
  * under that prefix (classes its first-level sub-prefixes, the samples in
  * the order os.walk gives the same tree locally, sizes from the listing); a
- * file at a URL is sized by one request for its first byte. Each such member
- * is a whole object, opened when read (shards.c checks the size indexed). */
+ * file at a URL is sized by one request for its first byte (16 at a time).
+ * Each such member is a whole object, opened when read (shards.c checks the
+ * size indexed). */
 #include "formats/shards.h"
 #include "engine/remotectx.h"
 #include "sources/list.h"
@@ -270,15 +271,31 @@ int ferry_folder_index(ferry_shards *s, const char *dir) {
     return rc;
 }
 
+/* The sizes of a list's files at URLs, 16 requests at a time (UINT64_MAX: a local file, stat'ed later). */
+typedef struct files_run {
+    ferry_ctx *ctx;
+    const char *const *paths;
+    uint64_t *sizes;
+} files_run;
+
+static int size_one(void *arg, size_t i) {
+    files_run *fr = arg;
+    fr->sizes[i] = UINT64_MAX;
+    if (!ferry_remote_is_url(fr->paths[i])) return 0;
+    return ferry_remote_stat(fr->paths[i], ferry_ctx_remote_opts(fr->ctx), &fr->sizes[i]);
+}
+
 int ferry_files_index(ferry_shards *s, const char *const *paths, size_t n) {
-    int rc = 0;
+    files_run fr = {s->ctx, paths, malloc((n ? n : 1) * sizeof *fr.sizes)};
+    int rc = fr.sizes ? ferry_shards_each(n, 16, size_one, &fr) : ferry_seterr(FERRY_ENOMEM, "out of memory");
     for (size_t i = 0; rc >= 0 && i < n; i++) {
         const char *p = paths[i], *base = strrchr(p, '/');
         base = base ? base + 1 : p;
         const char *dot = strrchr(base, '.');
         if (dot == base) dot = NULL;   /* ".hidden": no extension */
         size_t klen = dot ? (size_t)(dot - p) : strlen(p);
-        rc = add_file_sample(s, p, p, klen, dot ? dot + 1 : "", -1, UINT64_MAX);
+        rc = add_file_sample(s, p, p, klen, dot ? dot + 1 : "", -1, fr.sizes[i]);
     }
+    free(fr.sizes);
     return rc;
 }

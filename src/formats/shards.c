@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <glob.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 
@@ -103,6 +104,47 @@ int ferry_shards_add_member(ferry_shards *s, uint32_t name, uint32_t file, uint6
 
 void ferry_shards_end_sample(ferry_shards *s) {
     if (s->nsamples && s->samples[s->nsamples - 1].nmembers == 0) s->nsamples--;
+}
+
+/* ---- work side by side --------------------------------------------------- */
+typedef struct each_run {
+    int (*fn)(void *, size_t);
+    void *arg;
+    size_t n;
+    atomic_size_t next;
+    pthread_mutex_t lock;
+    size_t first;          /* the lowest i that failed, or n */
+    int rc;
+    char msg[1024];
+} each_run;
+
+static void *each_worker(void *p) {
+    each_run *e = p;
+    for (size_t i; (i = atomic_fetch_add(&e->next, 1)) < e->n;) {
+        int rc = e->fn(e->arg, i);
+        if (rc >= 0) continue;
+        pthread_mutex_lock(&e->lock);
+        if (i < e->first) {
+            e->first = i;
+            e->rc = rc;
+            snprintf(e->msg, sizeof e->msg, "%s", ferry_errmsg(NULL));
+        }
+        pthread_mutex_unlock(&e->lock);
+    }
+    return NULL;
+}
+
+int ferry_shards_each(size_t n, int threads, int (*fn)(void *arg, size_t i), void *arg) {
+    each_run e = {.fn = fn, .arg = arg, .n = n, .first = n};
+    atomic_init(&e.next, 0);
+    pthread_mutex_init(&e.lock, NULL);
+    pthread_t th[64];
+    size_t nt = 0, want = FERRY_MIN(n, (size_t)FERRY_MIN(threads, 64));
+    while (nt + 1 < want && pthread_create(&th[nt], NULL, each_worker, &e) == 0) nt++;
+    each_worker(&e);
+    for (size_t t = 0; t < nt; t++) pthread_join(th[t], NULL);
+    pthread_mutex_destroy(&e.lock);
+    return e.first < n ? ferry_seterr(e.rc, "%s", e.msg) : 0;
 }
 
 /* ---- header windows ------------------------------------------------------ */

@@ -86,6 +86,12 @@ int ferry_shards_add_member(ferry_shards *s, uint32_t name, uint32_t file, uint6
 /* Drop the last sample if it has no members (a tar sample whose members were all skipped). */
 void ferry_shards_end_sample(ferry_shards *s);
 
+/* Run fn(arg, i) for every i in [0, n) on up to `threads` threads (the
+ * caller's among them; one when no thread starts): 0, or the code of the
+ * lowest i that failed, its message carried to the calling thread. For work
+ * that waits on the network (shards at URLs). */
+int ferry_shards_each(size_t n, int threads, int (*fn)(void *arg, size_t i), void *arg);
+
 /* Decode the whole zstd-compressed MDS shard `file` (raw_size set) into a new
  * buffer (*out, the caller frees). */
 int ferry_shards_unzip(ferry_shards *s, uint32_t file, ferry_decode_scratch *scratch, uint8_t **out);

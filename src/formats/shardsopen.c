@@ -17,8 +17,6 @@
 #include "sources/url.h"
 #include <errno.h>
 #include <glob.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 
@@ -76,34 +74,19 @@ static int detect(ferry_ctx *ctx, const char *path, const char **fmt) {
  * indexed in turn, and the first damaged shard in that order is the error). */
 #define PAR_THREADS 16
 
-typedef struct par_job {
-    ferry_shards *sub;
-    int rc;
-    char msg[1024];
-} par_job;
-
 typedef struct par_run {
     ferry_ctx *ctx;
     char **paths;
-    par_job *jobs;
-    size_t n;
-    atomic_size_t next;
+    ferry_shards **subs;
 } par_run;
 
-static void *par_worker(void *arg) {
+static int par_index(void *arg, size_t i) {
     par_run *pr = arg;
-    for (size_t i; (i = atomic_fetch_add(&pr->next, 1)) < pr->n;) {
-        par_job *j = &pr->jobs[i];
-        if (!(j->sub = calloc(1, sizeof *j->sub))) {
-            j->rc = FERRY_ENOMEM;
-            snprintf(j->msg, sizeof j->msg, "out of memory");
-            continue;
-        }
-        j->sub->ctx = pr->ctx;
-        j->sub->format = "tar";
-        if ((j->rc = ferry_tar_index(j->sub, pr->paths[i])) < 0) snprintf(j->msg, sizeof j->msg, "%s", ferry_errmsg(NULL));
-    }
-    return NULL;
+    ferry_shards *sub = pr->subs[i] = calloc(1, sizeof *sub);
+    if (!sub) return ferry_seterr(FERRY_ENOMEM, "out of memory");
+    sub->ctx = pr->ctx;
+    sub->format = "tar";
+    return ferry_tar_index(sub, pr->paths[i]);
 }
 
 /* Append sub's files (their held handles moved), names and samples to s. */
@@ -132,21 +115,14 @@ static int merge(ferry_shards *s, ferry_shards *sub) {
 }
 
 static int tar_index_parallel(ferry_shards *s, char **paths, size_t n) {
-    par_run pr = {.ctx = s->ctx, .paths = paths, .n = n};
-    if (!(pr.jobs = calloc(n, sizeof *pr.jobs))) return ferry_seterr(FERRY_ENOMEM, "out of memory");
-    atomic_init(&pr.next, 0);
-    pthread_t th[PAR_THREADS];
-    size_t nt = 0;
-    while (nt < FERRY_MIN(n, (size_t)PAR_THREADS) && pthread_create(&th[nt], NULL, par_worker, &pr) == 0) nt++;
-    par_worker(&pr);   /* the caller works too (and alone when no thread starts) */
-    for (size_t t = 0; t < nt; t++) pthread_join(th[t], NULL);
-    int rc = 0;
+    par_run pr = {.ctx = s->ctx, .paths = paths, .subs = calloc(n, sizeof *pr.subs)};
+    if (!pr.subs) return ferry_seterr(FERRY_ENOMEM, "out of memory");
+    int rc = ferry_shards_each(n, PAR_THREADS, par_index, &pr);
     for (size_t i = 0; i < n; i++) {
-        if (rc >= 0 && pr.jobs[i].rc < 0) rc = ferry_seterr(pr.jobs[i].rc, "%s", pr.jobs[i].msg);
-        else if (rc >= 0) rc = merge(s, pr.jobs[i].sub);
-        ferry_shards_close(pr.jobs[i].sub);
+        if (rc >= 0) rc = merge(s, pr.subs[i]);
+        ferry_shards_close(pr.subs[i]);
     }
-    free(pr.jobs);
+    free(pr.subs);
     return rc;
 }
 

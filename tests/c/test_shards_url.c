@@ -9,6 +9,7 @@
 #include "ferry.h"
 #include "ferry_experimental.h"
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -244,6 +245,26 @@ static void test_files_at_urls_and_a_replaced_image(void) {
     CHECK(open_url("/x/", "folder", &s) < 0);
     CHECK_STR_CONTAINS(ferry_errmsg(ctx), "/x/");
     CHECK_STR_CONTAINS(ferry_errmsg(ctx), "cannot");
+    /* a list of images sized side by side; a missing one named, the first in order */
+    char u[4][128];
+    const char *l[4];
+    for (int k = 0; k < 4; k++) {
+        char name[32];
+        snprintf(name, sizeof name, "/y/%d.png", k);
+        if (k != 1 && k != 3) put(name, img, 100 + (size_t)k);
+        url(u[k], sizeof u[k], name);
+        l[k] = u[k];
+    }
+    CHECK_EQ_I(ferry_shards_open(ctx, l, 4, "files", &s), -ENOENT);
+    CHECK_STR_CONTAINS(ferry_errmsg(ctx), "/y/1.png");
+    CHECK_EQ_I(ferry_shards_open(ctx, (const char *const[]){l[0], l[2]}, 2, "files", &s), 0);
+    if (s) {
+        CHECK_EQ_I(ferry_shards_member(s, 1, 0, &mi), 0);
+        CHECK_EQ_I(mi.size, 102);
+        CHECK(!strcmp(mi.name, "png"));
+        ferry_shards_close(s);
+    }
+    s = NULL;
     /* a missing shard names its URL */
     CHECK(open_url("/none.tar", NULL, &s) < 0);
     CHECK_STR_CONTAINS(ferry_errmsg(ctx), "/none.tar");
