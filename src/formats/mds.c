@@ -25,8 +25,9 @@
  * up to its span exactly; file sizes equal what index.json records.
  *
  * The directory may be a URL (s3://bucket/mds/, https://host/mds): index.json
- * and the shards are read as objects; each shard stays open in the set, so
- * its members are read from the version indexed (shards.h). */
+ * and the shards are read as objects, 16 shards at a time; each shard stays
+ * open in the set, so its members are read from the version indexed
+ * (shards.h). */
 #include "formats/shards.h"
 #include "sources/remote.h"
 #include <errno.h>
@@ -240,6 +241,37 @@ static int mds_shard(ferry_shards *s, const char *dir, const char *ipath, const 
     return rc;
 }
 
+/* The shards of a directory at a URL, 16 at a time: each into a set of its
+ * own, merged in index.json's order (the first failing shard in that order is
+ * the error). */
+typedef struct mds_run {
+    ferry_ctx *ctx;
+    const char *dir, *ipath;
+    const ferry_json *shards;
+    ferry_shards **subs;
+} mds_run;
+
+static int mds_one(void *arg, size_t k) {
+    mds_run *m = arg;
+    ferry_shards *sub = m->subs[k] = calloc(1, sizeof *sub);
+    if (!sub) return ferry_seterr(FERRY_ENOMEM, "out of memory");
+    sub->ctx = m->ctx;
+    sub->format = "mds";
+    return mds_shard(sub, m->dir, m->ipath, &m->shards->items[k], k);
+}
+
+static int mds_parallel(ferry_shards *s, const char *dir, const char *ipath, const ferry_json *shards) {
+    mds_run m = {s->ctx, dir, ipath, shards, calloc(shards->n, sizeof *m.subs)};
+    if (!m.subs) return ferry_seterr(FERRY_ENOMEM, "out of memory");
+    int rc = ferry_shards_each(shards->n, 16, mds_one, &m);
+    for (size_t k = 0; k < shards->n; k++) {
+        if (rc >= 0) rc = ferry_shards_merge(s, m.subs[k]);
+        ferry_shards_close(m.subs[k]);
+    }
+    free(m.subs);
+    return rc;
+}
+
 int ferry_mds_index(ferry_shards *s, const char *dir_in) {
     char ipath[4096], dir[4096];
     size_t dl = strlen(dir_in);
@@ -262,7 +294,9 @@ int ferry_mds_index(ferry_shards *s, const char *dir_in) {
                           (unsigned long long)version);
     if (rc >= 0 && (!shards || shards->type != FERRY_JSON_ARRAY))
         rc = ferry_seterr(FERRY_EFORMAT, "%s: \"shards\": expected an array", ipath);
-    for (size_t k = 0; rc >= 0 && k < shards->n; k++) rc = mds_shard(s, dir, ipath, &shards->items[k], k);
+    if (rc >= 0 && shards->n > 1 && ferry_remote_is_url(dir)) rc = mds_parallel(s, dir, ipath, shards);
+    else
+        for (size_t k = 0; rc >= 0 && k < shards->n; k++) rc = mds_shard(s, dir, ipath, &shards->items[k], k);
     ferry_json_free(root);
     free(text);
     return rc;

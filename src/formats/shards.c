@@ -106,6 +106,34 @@ void ferry_shards_end_sample(ferry_shards *s) {
     if (s->nsamples && s->samples[s->nsamples - 1].nmembers == 0) s->nsamples--;
 }
 
+int ferry_shards_merge(ferry_shards *s, ferry_shards *sub) {
+    uint32_t names[FERRY_SHARD_MAX_NAMES], base = (uint32_t)s->nfiles, idx;
+    int rc = 0;
+    for (uint32_t k = 0; rc >= 0 && k < sub->nnames; k++) {
+        const char *nm = ferry_shards_at(sub, sub->names[k]);
+        const char *enc = sub->encodings[k] == UINT64_MAX ? NULL : ferry_shards_at(sub, sub->encodings[k]);
+        if ((rc = ferry_shards_name(s, nm, strlen(nm), enc, &names[k])) < 0 && sub->nfiles)
+            rc = ferry_preerr(rc, "%s", ferry_shards_at(sub, sub->files[0].path));
+    }
+    for (size_t f = 0; rc >= 0 && f < sub->nfiles; f++) {
+        if ((rc = ferry_shards_add_file(s, ferry_shards_at(sub, sub->files[f].path), sub->files[f].size, &idx)) < 0) break;
+        s->files[idx].raw_size = sub->files[f].raw_size;
+        s->files[idx].held = sub->files[f].held;
+        sub->files[f].held = NULL;
+        if (s->files[idx].raw_size) rc = ferry_shards_zip_cache(s);
+    }
+    for (size_t i = 0; rc >= 0 && i < sub->nsamples; i++) {
+        const ferry_shard_sample *x = &sub->samples[i];
+        const char *key = ferry_shards_at(sub, x->key);
+        if ((rc = ferry_shards_begin_sample(s, key, strlen(key), x->label)) < 0) break;
+        for (uint32_t m = 0; rc >= 0 && m < x->nmembers; m++) {
+            const ferry_shard_member *mem = &sub->members[x->first + m];
+            rc = ferry_shards_add_member(s, names[mem->name], base + mem->file, mem->offset, mem->size, mem->offset);
+        }
+    }
+    return rc;
+}
+
 /* ---- work side by side --------------------------------------------------- */
 typedef struct each_run {
     int (*fn)(void *, size_t);

@@ -92,6 +92,11 @@ void ferry_shards_end_sample(ferry_shards *s);
  * that waits on the network (shards at URLs). */
 int ferry_shards_each(size_t n, int threads, int (*fn)(void *arg, size_t i), void *arg);
 
+/* Append a tar or MDS set indexed on its own (sub) to s: its names (with
+ * their encodings), its files (held handles moved to s) and its samples,
+ * after s's own. sub is left to ferry_shards_close. */
+int ferry_shards_merge(ferry_shards *s, ferry_shards *sub);
+
 /* Decode the whole zstd-compressed MDS shard `file` (raw_size set) into a new
  * buffer (*out, the caller frees). */
 int ferry_shards_unzip(ferry_shards *s, uint32_t file, ferry_decode_scratch *scratch, uint8_t **out);

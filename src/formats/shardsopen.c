@@ -89,37 +89,12 @@ static int par_index(void *arg, size_t i) {
     return ferry_tar_index(sub, pr->paths[i]);
 }
 
-/* Append sub's files (their held handles moved), names and samples to s. */
-static int merge(ferry_shards *s, ferry_shards *sub) {
-    uint32_t names[FERRY_SHARD_MAX_NAMES], base = (uint32_t)s->nfiles, idx;
-    int rc = 0;
-    for (uint32_t k = 0; rc >= 0 && k < sub->nnames; k++) {
-        const char *nm = ferry_shards_at(sub, sub->names[k]);
-        rc = ferry_shards_name(s, nm, strlen(nm), NULL, &names[k]);
-    }
-    for (size_t f = 0; rc >= 0 && f < sub->nfiles; f++) {
-        if ((rc = ferry_shards_add_file(s, ferry_shards_at(sub, sub->files[f].path), sub->files[f].size, &idx)) < 0) break;
-        s->files[idx].held = sub->files[f].held;
-        sub->files[f].held = NULL;
-    }
-    for (size_t i = 0; rc >= 0 && i < sub->nsamples; i++) {
-        const ferry_shard_sample *x = &sub->samples[i];
-        const char *key = ferry_shards_at(sub, x->key);
-        if ((rc = ferry_shards_begin_sample(s, key, strlen(key), x->label)) < 0) break;
-        for (uint32_t m = 0; rc >= 0 && m < x->nmembers; m++) {
-            const ferry_shard_member *mem = &sub->members[x->first + m];
-            rc = ferry_shards_add_member(s, names[mem->name], base + mem->file, mem->offset, mem->size, mem->offset);
-        }
-    }
-    return rc;
-}
-
 static int tar_index_parallel(ferry_shards *s, char **paths, size_t n) {
     par_run pr = {.ctx = s->ctx, .paths = paths, .subs = calloc(n, sizeof *pr.subs)};
     if (!pr.subs) return ferry_seterr(FERRY_ENOMEM, "out of memory");
     int rc = ferry_shards_each(n, PAR_THREADS, par_index, &pr);
     for (size_t i = 0; i < n; i++) {
-        if (rc >= 0) rc = merge(s, pr.subs[i]);
+        if (rc >= 0) rc = ferry_shards_merge(s, pr.subs[i]);
         ferry_shards_close(pr.subs[i]);
     }
     free(pr.subs);

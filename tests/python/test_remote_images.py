@@ -118,6 +118,15 @@ def test_mds_directory_url_equals_local(s3, imgs, tmp_path, compression):
         got = batches(ds)
         assert_same(got, want)
         assert "label" in got[0]
+    # shards are indexed side by side: the first missing one in index.json's order is named
+    names = sorted(n for n in os.listdir(d) if n.startswith("shard."))
+    assert len(names) >= 3
+    w = s3.user_client()
+    for n in (names[1], names[2]):
+        w.delete_object(Bucket="data", Key=f"mds/{n}")
+    with pytest.raises(FerryError) as ei:
+        images.open_shards("s3://data/mds", ctx=ctx)
+    assert f"s3://data/mds/{names[1]}" in str(ei.value) and "shards[1] of s3://data/mds/index.json" in str(ei.value)
 
 
 def test_image_folder_at_an_s3_prefix_equals_local(s3, imgs, tmp_path):
