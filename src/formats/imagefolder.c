@@ -169,18 +169,19 @@ static int class_samples(ferry_shards *s, const char *root, const char *cls, int
 /* ---- a folder at a URL: one listing ---------------------------------------- */
 typedef struct url_entry {
     const char *name;      /* the key under the root: "cat/sub/001.jpg" */
-    size_t cls, dir;       /* lengths of its class ("cat") and its directory ("cat/sub") */
+    size_t cls, dir;       /* lengths of its class ("cat") and its directory ("cat/sub", no final '/') */
     uint64_t size;
 } url_entry;
 
-/* os.walk's order of the same tree: class, then directory path, then file name. */
+/* os.walk's order of the same tree (imagefolder's local walk): class, then
+ * directory path (compared as strcmp compares "root/cat/sub"), then file name. */
 static int cmp_entry(const void *pa, const void *pb) {
     const url_entry *a = pa, *b = pb;
     int c = strncmp(a->name, b->name, FERRY_MIN(a->cls, b->cls));
     if (c || a->cls != b->cls) return c ? c : (a->cls < b->cls ? -1 : 1);
     c = strncmp(a->name, b->name, FERRY_MIN(a->dir, b->dir));
     if (c || a->dir != b->dir) return c ? c : (a->dir < b->dir ? -1 : 1);
-    return strcmp(a->name + a->dir, b->name + b->dir);
+    return strcmp(a->name + a->dir + 1, b->name + b->dir + 1);
 }
 
 #define FOLDER_URL_MAX_KEYS ((size_t)10000000)
@@ -200,7 +201,7 @@ static int folder_index_url(ferry_shards *s, const char *dir) {
     for (size_t i = 0; rc >= 0 && i < L.n; i++) {
         const char *nm = L.e[i].name, *slash = strchr(nm, '/'), *last = strrchr(nm, '/');
         if (L.e[i].dir || !slash || slash == nm || !last[1] || !is_image(last + 1)) continue;   /* root files, markers */
-        e[n++] = (url_entry){nm, (size_t)(slash - nm), (size_t)(last - nm) + 1, L.e[i].size};
+        e[n++] = (url_entry){nm, (size_t)(slash - nm), (size_t)(last - nm), L.e[i].size};
     }
     if (rc >= 0) qsort(e, n, sizeof *e, cmp_entry);
     /* the classes: every first-level sub-prefix, images or not (an empty one is an error, as locally) */
@@ -231,7 +232,7 @@ static int folder_index_url(ferry_shards *s, const char *dir) {
             char *p = malloc(dl + 2 + strlen(e[j].name));
             if (!p) { rc = ferry_seterr(FERRY_ENOMEM, "out of memory"); break; }
             sprintf(p, "%s%s", root, e[j].name);
-            const char *dot = strrchr(e[j].name + e[j].dir, '.');
+            const char *dot = strrchr(e[j].name + e[j].dir + 1, '.');
             rc = add_file_sample(s, p, e[j].name, strlen(e[j].name), dot + 1, (int32_t)c, e[j].size);
             free(p);
         }

@@ -11,7 +11,6 @@
  * folder when it can be listed; anything else, a file. */
 #include "formats/shards.h"
 #include "engine/remotectx.h"
-#include "sources/glob.h"
 #include "sources/list.h"
 #include "sources/remote.h"
 #include "sources/url.h"

@@ -25,7 +25,7 @@ import pytest
 
 def _moto_post(endpoint, path, body):
     urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/{path}", data=body.encode(), method="POST",
-                                                  headers={"Content-Type": "text/plain"}), timeout=10).read()
+                                                  headers={"Content-Type": "text/plain"}), timeout=60).read()
 
 
 class _Moto:

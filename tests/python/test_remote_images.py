@@ -132,6 +132,10 @@ def test_mds_directory_url_equals_local(s3, imgs, tmp_path, compression):
 def test_image_folder_at_an_s3_prefix_equals_local(s3, imgs, tmp_path):
     write_folder(str(tmp_path / "folder"), imgs, classes=3)
     os.makedirs(tmp_path / "folder" / "c1" / "deeper")
+    os.makedirs(tmp_path / "folder" / "c1" / "deeper-x")     # "deeper" < "deeper-x" < "deeper/..." locally
+    os.makedirs(tmp_path / "folder" / "c1" / "deeper" / "sub")
+    for sub in ("deeper-x/a.png", "deeper/sub/b.jpg"):
+        (tmp_path / "folder" / "c1" / sub).write_bytes((tmp_path / "folder" / "c0" / "img00000.jpg").read_bytes())
     np.save(tmp_path / "folder" / "c1" / "not-an-image.npy", np.zeros(2))
     (tmp_path / "folder" / "c1" / "deeper" / "zz.jpg").write_bytes(
         (tmp_path / "folder" / "c0" / "img00000.jpg").read_bytes())   # os.walk order: after c1's own files
@@ -141,7 +145,7 @@ def test_image_folder_at_an_s3_prefix_equals_local(s3, imgs, tmp_path):
     want_ds = ImageDataset(str(tmp_path / "folder"), **KW)
     ds = ImageDataset("s3://data/train/", ctx=ctx, **KW)
     assert ds.format == "folder" and ds.classes == want_ds.classes == ["c0", "c1", "c2"]
-    assert ds.num_samples == want_ds.num_samples == len(imgs) + 1
+    assert ds.num_samples == want_ds.num_samples == len(imgs) + 3
     assert_same(batches(ds), batches(want_ds))
     s = images.open_shards("s3://data/train", ctx=ctx)
     loc = images.open_shards(str(tmp_path / "folder"))
