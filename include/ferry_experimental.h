@@ -113,8 +113,15 @@ typedef struct ferry_shards ferry_shards;
  *  shard, the member and the byte: FERRY_EFORMAT for a damaged shard,
  *  FERRY_EUNSUPPORTED for what ferry does not read (sparse tar members, MDS
  *  compression other than zstd), -errno from the file system. *out is NULL on
- *  failure. The set holds no file open; it is read-only once open, so threads
- *  may share it (reads of compressed MDS shards take a lock). */
+ *  failure. Paths may be URLs (s3://, gs://, https://; the context's remote
+ *  options): an s3:// or gs:// glob is expanded by listing the bucket
+ *  (ferry_url_glob), a folder is the listing of its prefix, and the format is
+ *  told without stat (".tar": tar; a last part without a dot or a final '/':
+ *  "mds" when it holds index.json, else "folder"; other URLs: "files"). A set
+ *  holds no local file open; a tar or MDS shard at a URL stays open in the set
+ *  (64 KiB each) so that every read of it is pinned to the version indexed (a
+ *  shard replaced since is an error naming it). It is read-only once open, so
+ *  threads may share it (reads of compressed MDS shards take a lock). */
 int ferry_shards_open(ferry_ctx *ctx, const char *const *paths, size_t n, const char *format, ferry_shards **out);
 /** Free the set and every string it returned. NULL: no-op. */
 void ferry_shards_close(ferry_shards *s);
@@ -151,10 +158,12 @@ int ferry_shards_member(const ferry_shards *s, int64_t i, int m, ferry_member_in
  *  FERRY_ENOTFOUND naming the sample. Case-sensitive; tar names are lowercased. */
 int ferry_shards_find(const ferry_shards *s, int64_t i, const char *name);
 /** Append to `plan` one READ extent of member m of sample i into dst at
- *  dst_offset (by path: the engine's open-file cache opens it). Returns the
+ *  dst_offset (by path: the engine's open-file cache opens it; a shard at a
+ *  URL by the set's own handle, pinned to the version indexed). Returns the
  *  member's size. FERRY_EUNSUPPORTED for a member of a compressed MDS shard
  *  (use ferry_shards_read), FERRY_EINVAL when dst is too small. The set may be
- *  closed once the plan has been built. */
+ *  closed once the plan has been built, unless it is over URLs (then it must
+ *  outlive the plan's run). */
 int64_t ferry_shards_plan_member(const ferry_shards *s, int64_t i, int m, ferry_buf dst, uint64_t dst_offset,
                                  ferry_plan *plan);
 /** Read member m of sample i into host memory dst (cap bytes at least its

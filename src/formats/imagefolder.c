@@ -13,8 +13,18 @@
  *
  * "files" is a list of paths, each a sample keyed by its path less its
  * extension (from the last dot of the basename), one member named by the
- * lowercased extension ("" without one). */
+ * lowercased extension ("" without one).
+ *
+ * Both over URLs: a folder at s3://bucket/train/ is the bucket's listing
+ * under that prefix (classes its first-level sub-prefixes, the samples in
+ * the order os.walk gives the same tree locally, sizes from the listing); a
+ * file at a URL is sized by one request for its first byte (16 at a time).
+ * Each such member is a whole object, opened when read (shards.c checks the
+ * size indexed). */
 #include "formats/shards.h"
+#include "engine/remotectx.h"
+#include "sources/list.h"
+#include "sources/remote.h"
 #include <dirent.h>
 #include <strings.h>
 #include <errno.h>
@@ -104,22 +114,28 @@ static int walk(const char *dir, int depth, strlist *out) {
     return rc;
 }
 
+/* size: the file's bytes, or UINT64_MAX to learn them (stat, or one request at a URL). */
 static int add_file_sample(ferry_shards *s, const char *path, const char *key, size_t klen, const char *ext,
-                           int32_t label) {
-    struct stat st;
-    if (stat(path, &st) != 0) return ferry_seterr(-errno, "%s: %s", path, strerror(errno));
-    if (!S_ISREG(st.st_mode)) return ferry_seterr(FERRY_EINVAL, "%s: not a regular file", path);
+                           int32_t label, uint64_t size) {
+    int rc;
+    if (size == UINT64_MAX && ferry_remote_is_url(path)) {
+        if ((rc = ferry_remote_stat(path, ferry_ctx_remote_opts(s->ctx), &size)) < 0) return rc;
+    } else if (size == UINT64_MAX) {
+        struct stat st;
+        if (stat(path, &st) != 0) return ferry_seterr(-errno, "%s: %s", path, strerror(errno));
+        if (!S_ISREG(st.st_mode)) return ferry_seterr(FERRY_EINVAL, "%s: not a regular file", path);
+        size = (uint64_t)st.st_size;
+    }
     char lower[64];
     size_t n = strlen(ext);
     if (n >= sizeof lower) return ferry_seterr(FERRY_EUNSUPPORTED, "%s: extension longer than %zu bytes", path, sizeof lower - 1);
     for (size_t i = 0; i <= n; i++) lower[i] = (ext[i] >= 'A' && ext[i] <= 'Z') ? (char)(ext[i] - 'A' + 'a') : ext[i];
     uint32_t file, name;
-    int rc;
-    if ((rc = ferry_shards_add_file(s, path, (uint64_t)st.st_size, &file)) < 0 ||
+    if ((rc = ferry_shards_add_file(s, path, size, &file)) < 0 ||
         (rc = ferry_shards_name(s, lower, n, NULL, &name)) < 0 ||
         (rc = ferry_shards_begin_sample(s, key, klen, label)) < 0)
         return rc;
-    return ferry_shards_add_member(s, name, file, 0, (uint64_t)st.st_size, 0);
+    return ferry_shards_add_member(s, name, file, 0, size, 0);
 }
 
 static int class_samples(ferry_shards *s, const char *root, const char *cls, int32_t label) {
@@ -136,7 +152,7 @@ static int class_samples(ferry_shards *s, const char *root, const char *cls, int
             if (!is_image(files.v[j])) continue;
             char *p = join(dirs.v[i], files.v[j]);
             const char *dot = strrchr(files.v[j], '.');
-            rc = p ? add_file_sample(s, p, p + rl, strlen(p + rl), dot + 1, label)
+            rc = p ? add_file_sample(s, p, p + rl, strlen(p + rl), dot + 1, label, UINT64_MAX)
                    : ferry_seterr(FERRY_ENOMEM, "out of memory");
             free(p);
         }
@@ -150,8 +166,95 @@ static int class_samples(ferry_shards *s, const char *root, const char *cls, int
     return rc;
 }
 
+/* ---- a folder at a URL: one listing ---------------------------------------- */
+typedef struct url_entry {
+    const char *name;      /* the key under the root: "cat/sub/001.jpg" */
+    size_t cls, dir;       /* lengths of its class ("cat") and its directory ("cat/sub", no final '/') */
+    uint64_t size;
+} url_entry;
+
+/* os.walk's order of the same tree (imagefolder's local walk): class, then
+ * directory path (compared as strcmp compares "root/cat/sub"), then file name. */
+static int cmp_entry(const void *pa, const void *pb) {
+    const url_entry *a = pa, *b = pb;
+    int c = strncmp(a->name, b->name, FERRY_MIN(a->cls, b->cls));
+    if (c || a->cls != b->cls) return c ? c : (a->cls < b->cls ? -1 : 1);
+    c = strncmp(a->name, b->name, FERRY_MIN(a->dir, b->dir));
+    if (c || a->dir != b->dir) return c ? c : (a->dir < b->dir ? -1 : 1);
+    return strcmp(a->name + a->dir + 1, b->name + b->dir + 1);
+}
+
+#define FOLDER_URL_MAX_KEYS ((size_t)10000000)
+
+static int folder_index_url(ferry_shards *s, const char *dir) {
+    size_t dl = strlen(dir);
+    while (dl > 1 && dir[dl - 1] == '/') dl--;
+    char *root = malloc(dl + 2);
+    if (!root) return ferry_seterr(FERRY_ENOMEM, "out of memory");
+    memcpy(root, dir, dl);
+    memcpy(root + dl, "/", 2);   /* the prefix listed: "s3://b/train/" */
+    ferry_remote_listing L;
+    int rc = ferry_remote_list(root, ferry_ctx_remote_opts(s->ctx), 0, FOLDER_URL_MAX_KEYS, &L);
+    url_entry *e = rc >= 0 ? calloc(L.n ? L.n : 1, sizeof *e) : NULL;
+    size_t n = 0;
+    if (rc >= 0 && !e) rc = ferry_seterr(FERRY_ENOMEM, "out of memory");
+    for (size_t i = 0; rc >= 0 && i < L.n; i++) {
+        const char *nm = L.e[i].name, *slash = strchr(nm, '/'), *last = strrchr(nm, '/');
+        if (L.e[i].dir || !slash || slash == nm || !last[1] || !is_image(last + 1)) continue;   /* root files, markers */
+        e[n++] = (url_entry){nm, (size_t)(slash - nm), (size_t)(last - nm), L.e[i].size};
+    }
+    if (rc >= 0) qsort(e, n, sizeof *e, cmp_entry);
+    /* the classes: every first-level sub-prefix, images or not (an empty one is an error, as locally) */
+    strlist cls = {0};
+    for (size_t i = 0; rc >= 0 && i < L.n; i++) {
+        const char *nm = L.e[i].name, *slash = strchr(nm, '/');
+        size_t cl = L.e[i].dir ? strlen(nm) : slash ? (size_t)(slash - nm) : 0;
+        if (!cl) continue;
+        if (cls.n && strlen(cls.v[cls.n - 1]) == cl && !memcmp(cls.v[cls.n - 1], nm, cl)) continue;
+        rc = push(&cls, strndup(nm, cl));
+    }
+    if (rc >= 0) qsort(cls.v, cls.n, sizeof *cls.v, cmp_str);
+    size_t u = 0;   /* duplicates left by the listing's order ("a/x", "a-b/y", "a/z") */
+    for (size_t i = 0; i < cls.n; i++) {
+        if (u && !strcmp(cls.v[u - 1], cls.v[i])) { free(cls.v[i]); continue; }
+        cls.v[u++] = cls.v[i];
+    }
+    cls.n = u;
+    if (rc >= 0 && cls.n == 0) rc = ferry_seterr(FERRY_ENOTFOUND, "%s: no class folders (no keys under sub-prefixes)", root);
+    if (rc >= 0 && cls.n > INT32_MAX) rc = ferry_seterr(FERRY_EUNSUPPORTED, "%s: too many classes", root);
+    if (rc >= 0 && !(s->classes = malloc(cls.n * sizeof *s->classes))) rc = ferry_seterr(FERRY_ENOMEM, "out of memory");
+    size_t j = 0;
+    for (size_t c = 0; rc >= 0 && c < cls.n; c++) {
+        if ((rc = ferry_shards_str(s, cls.v[c], strlen(cls.v[c]), &s->classes[c])) < 0) break;
+        s->nclasses = (uint32_t)(c + 1);
+        size_t cl = strlen(cls.v[c]), before = s->nsamples;
+        for (; rc >= 0 && j < n && e[j].cls == cl && !memcmp(e[j].name, cls.v[c], cl); j++) {
+            char *p = malloc(dl + 2 + strlen(e[j].name));
+            if (!p) { rc = ferry_seterr(FERRY_ENOMEM, "out of memory"); break; }
+            sprintf(p, "%s%s", root, e[j].name);
+            const char *dot = strrchr(e[j].name + e[j].dir + 1, '.');
+            rc = add_file_sample(s, p, e[j].name, strlen(e[j].name), dot + 1, (int32_t)c, e[j].size);
+            free(p);
+        }
+        if (rc >= 0 && s->nsamples == before)
+            rc = ferry_seterr(FERRY_ENOTFOUND, "%s%s/: class \"%s\" has no image file (extensions .jpg .jpeg .png .ppm"
+                              " .bmp .pgm .tif .tiff .webp)", root, cls.v[c], cls.v[c]);
+    }
+    clear(&cls);
+    free(e);
+    ferry_remote_listing_free(&L);
+    free(root);
+    return rc;
+}
+
 int ferry_folder_index(ferry_shards *s, const char *dir) {
     if (s->nclasses) return ferry_seterr(FERRY_EINVAL, "%s: one image folder per set", dir);
+    if (ferry_remote_is_url(dir)) {
+        if (!ferry_remote_can_list(dir))
+            return ferry_seterr(FERRY_EUNSUPPORTED, "%s: an image folder at a URL is listed: s3:// and gs:// can be, a web"
+                                " server cannot (name the files, format \"files\")", dir);
+        return folder_index_url(s, dir);
+    }
     strlist cls = {0};
     int rc = list_dir(dir, &cls, NULL);
     if (rc >= 0 && cls.n == 0) rc = ferry_seterr(FERRY_ENOTFOUND, "%s: no class folders", dir);
@@ -169,15 +272,31 @@ int ferry_folder_index(ferry_shards *s, const char *dir) {
     return rc;
 }
 
+/* The sizes of a list's files at URLs, 16 requests at a time (UINT64_MAX: a local file, stat'ed later). */
+typedef struct files_run {
+    ferry_ctx *ctx;
+    const char *const *paths;
+    uint64_t *sizes;
+} files_run;
+
+static int size_one(void *arg, size_t i) {
+    files_run *fr = arg;
+    fr->sizes[i] = UINT64_MAX;
+    if (!ferry_remote_is_url(fr->paths[i])) return 0;
+    return ferry_remote_stat(fr->paths[i], ferry_ctx_remote_opts(fr->ctx), &fr->sizes[i]);
+}
+
 int ferry_files_index(ferry_shards *s, const char *const *paths, size_t n) {
-    int rc = 0;
+    files_run fr = {s->ctx, paths, malloc((n ? n : 1) * sizeof *fr.sizes)};
+    int rc = fr.sizes ? ferry_shards_each(n, 16, size_one, &fr) : ferry_seterr(FERRY_ENOMEM, "out of memory");
     for (size_t i = 0; rc >= 0 && i < n; i++) {
         const char *p = paths[i], *base = strrchr(p, '/');
         base = base ? base + 1 : p;
         const char *dot = strrchr(base, '.');
         if (dot == base) dot = NULL;   /* ".hidden": no extension */
         size_t klen = dot ? (size_t)(dot - p) : strlen(p);
-        rc = add_file_sample(s, p, p, klen, dot ? dot + 1 : "", -1);
+        rc = add_file_sample(s, p, p, klen, dot ? dot + 1 : "", -1, fr.sizes[i]);
     }
+    free(fr.sizes);
     return rc;
 }

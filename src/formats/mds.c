@@ -22,11 +22,16 @@
  *
  * Checked: the shard's num_samples equals index.json's samples; offsets lie
  * past the table, ascend and end at the file's end; each sample's sizes add
- * up to its span exactly; file sizes equal what index.json records. */
+ * up to its span exactly; file sizes equal what index.json records.
+ *
+ * The directory may be a URL (s3://bucket/mds/, https://host/mds): index.json
+ * and the shards are read as objects, 16 shards at a time; each shard stays
+ * open in the set, so its members are read from the version indexed
+ * (shards.h). */
 #include "formats/shards.h"
+#include "sources/remote.h"
 #include <errno.h>
 #include <stdlib.h>
-#include <sys/stat.h>
 
 #define MDS_MAX_INDEX ((size_t)64 << 20)
 #define MDS_MAX_SHARD ((uint64_t)UINT32_MAX)    /* offsets are u32 */
@@ -197,21 +202,26 @@ static int mds_shard(ferry_shards *s, const char *dir, const char *ipath, const 
     } else {
         bytes = raw_bytes;
     }
-    struct stat st;
-    if (rc >= 0 && stat(path, &st) != 0) rc = ferry_seterr(-errno, "%s: %s (shards[%zu] of %s)", path, strerror(errno), k, ipath);
-    if (rc >= 0 && (uint64_t)st.st_size != bytes)
+    /* opened once: its size checked against index.json's, its header parsed
+     * through it, and at a URL kept by the set (its reads pinned to this version) */
+    ferry_file *f = NULL;
+    int64_t have = 0;
+    if (rc >= 0 && (rc = ferry_file_open(s->ctx, path, FERRY_READ, &f)) < 0)
+        rc = ferry_preerr(rc, "shards[%zu] of %s", k, ipath);
+    if (rc >= 0 && (have = ferry_file_size(f)) < 0) rc = (int)have;
+    if (rc >= 0 && (uint64_t)have != bytes)
         rc = ferry_seterr(FERRY_EFORMAT, "%s: %llu bytes; %s says %llu (truncated or replaced?)", path,
-                          (unsigned long long)st.st_size, ipath, (unsigned long long)bytes);
+                          (unsigned long long)have, ipath, (unsigned long long)bytes);
     uint32_t file;
     if (rc >= 0) rc = ferry_shards_add_file(s, path, bytes, &file);
+    if (rc >= 0 && ferry_remote_is_url(path)) {
+        ferry_shards_hold(s, file, f);
+        f = NULL;
+    }
     if (rc >= 0 && !zipped) {
-        ferry_file *f;
-        if ((rc = ferry_file_open(s->ctx, path, FERRY_READ, &f)) >= 0) {
-            ferry_window w = {.path = path, .size = bytes, .f = f};
-            rc = ferry_mds_parse_shard(s, &w, file, samples, nm, fixed, nc);
-            ferry_window_free(&w);
-            ferry_file_close(f);
-        }
+        ferry_window w = {.path = path, .size = bytes, .f = f ? f : s->files[file].held};
+        rc = ferry_mds_parse_shard(s, &w, file, samples, nm, fixed, nc);
+        ferry_window_free(&w);
     } else if (rc >= 0) {
         uint8_t *raw = NULL;
         ferry_decode_scratch scratch;
@@ -225,13 +235,50 @@ static int mds_shard(ferry_shards *s, const char *dir, const char *ipath, const 
         free(raw);
         ferry_decode_scratch_free(&scratch);
     }
+    ferry_file_close(f);
     free(nm);
     free(fixed);
     return rc;
 }
 
-int ferry_mds_index(ferry_shards *s, const char *dir) {
-    char ipath[4096];
+/* The shards of a directory at a URL, 16 at a time: each into a set of its
+ * own, merged in index.json's order (the first failing shard in that order is
+ * the error). */
+typedef struct mds_run {
+    ferry_ctx *ctx;
+    const char *dir, *ipath;
+    const ferry_json *shards;
+    ferry_shards **subs;
+} mds_run;
+
+static int mds_one(void *arg, size_t k) {
+    mds_run *m = arg;
+    ferry_shards *sub = m->subs[k] = calloc(1, sizeof *sub);
+    if (!sub) return ferry_seterr(FERRY_ENOMEM, "out of memory");
+    sub->ctx = m->ctx;
+    sub->format = "mds";
+    return mds_shard(sub, m->dir, m->ipath, &m->shards->items[k], k);
+}
+
+static int mds_parallel(ferry_shards *s, const char *dir, const char *ipath, const ferry_json *shards) {
+    mds_run m = {s->ctx, dir, ipath, shards, calloc(shards->n, sizeof *m.subs)};
+    if (!m.subs) return ferry_seterr(FERRY_ENOMEM, "out of memory");
+    int rc = ferry_shards_each(shards->n, 16, mds_one, &m);
+    for (size_t k = 0; k < shards->n; k++) {
+        if (rc >= 0) rc = ferry_shards_merge(s, m.subs[k]);
+        ferry_shards_close(m.subs[k]);
+    }
+    free(m.subs);
+    return rc;
+}
+
+int ferry_mds_index(ferry_shards *s, const char *dir_in) {
+    char ipath[4096], dir[4096];
+    size_t dl = strlen(dir_in);
+    while (dl > 1 && dir_in[dl - 1] == '/') dl--;   /* "s3://b/mds/": the shards are s3://b/mds/NAME */
+    if (dl >= sizeof dir) return ferry_seterr(FERRY_EINVAL, "%s: path too long", dir_in);
+    memcpy(dir, dir_in, dl);
+    dir[dl] = 0;
     if ((size_t)snprintf(ipath, sizeof ipath, "%s/index.json", dir) >= sizeof ipath)
         return ferry_seterr(FERRY_EINVAL, "%s: path too long", dir);
     char *text = NULL;
@@ -247,7 +294,9 @@ int ferry_mds_index(ferry_shards *s, const char *dir) {
                           (unsigned long long)version);
     if (rc >= 0 && (!shards || shards->type != FERRY_JSON_ARRAY))
         rc = ferry_seterr(FERRY_EFORMAT, "%s: \"shards\": expected an array", ipath);
-    for (size_t k = 0; rc >= 0 && k < shards->n; k++) rc = mds_shard(s, dir, ipath, &shards->items[k], k);
+    if (rc >= 0 && shards->n > 1 && ferry_remote_is_url(dir)) rc = mds_parallel(s, dir, ipath, shards);
+    else
+        for (size_t k = 0; rc >= 0 && k < shards->n; k++) rc = mds_shard(s, dir, ipath, &shards->items[k], k);
     ferry_json_free(root);
     free(text);
     return rc;

@@ -3,9 +3,11 @@
  * members, plan or read a member's bytes, close it (shardsopen.c opens one). */
 #include "formats/shards.h"
 #include "codecs/codecs.h"
+#include "sources/remote.h"
 #include <errno.h>
 #include <glob.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 
@@ -40,6 +42,11 @@ int ferry_shards_add_file(ferry_shards *s, const char *path, uint64_t size, uint
     f->size = size;
     *idx = (uint32_t)s->nfiles++;
     return 0;
+}
+
+void ferry_shards_hold(ferry_shards *s, uint32_t idx, ferry_file *f) {
+    if (f && ferry_remote_is_url(ferry_shards_at(s, s->files[idx].path)) && !s->files[idx].held) s->files[idx].held = f;
+    else ferry_file_close(f);
 }
 
 int ferry_shards_name(ferry_shards *s, const char *n, size_t len, const char *encoding, uint32_t *idx) {
@@ -99,15 +106,89 @@ void ferry_shards_end_sample(ferry_shards *s) {
     if (s->nsamples && s->samples[s->nsamples - 1].nmembers == 0) s->nsamples--;
 }
 
+int ferry_shards_merge(ferry_shards *s, ferry_shards *sub) {
+    uint32_t names[FERRY_SHARD_MAX_NAMES], base = (uint32_t)s->nfiles, idx;
+    int rc = 0;
+    for (uint32_t k = 0; rc >= 0 && k < sub->nnames; k++) {
+        const char *nm = ferry_shards_at(sub, sub->names[k]);
+        const char *enc = sub->encodings[k] == UINT64_MAX ? NULL : ferry_shards_at(sub, sub->encodings[k]);
+        if ((rc = ferry_shards_name(s, nm, strlen(nm), enc, &names[k])) < 0 && sub->nfiles)
+            rc = ferry_preerr(rc, "%s", ferry_shards_at(sub, sub->files[0].path));
+    }
+    for (size_t f = 0; rc >= 0 && f < sub->nfiles; f++) {
+        if ((rc = ferry_shards_add_file(s, ferry_shards_at(sub, sub->files[f].path), sub->files[f].size, &idx)) < 0) break;
+        s->files[idx].raw_size = sub->files[f].raw_size;
+        s->files[idx].held = sub->files[f].held;
+        sub->files[f].held = NULL;
+        if (s->files[idx].raw_size) rc = ferry_shards_zip_cache(s);
+    }
+    for (size_t i = 0; rc >= 0 && i < sub->nsamples; i++) {
+        const ferry_shard_sample *x = &sub->samples[i];
+        const char *key = ferry_shards_at(sub, x->key);
+        if ((rc = ferry_shards_begin_sample(s, key, strlen(key), x->label)) < 0) break;
+        for (uint32_t m = 0; rc >= 0 && m < x->nmembers; m++) {
+            const ferry_shard_member *mem = &sub->members[x->first + m];
+            rc = ferry_shards_add_member(s, names[mem->name], base + mem->file, mem->offset, mem->size, mem->offset);
+        }
+    }
+    return rc;
+}
+
+/* ---- work side by side --------------------------------------------------- */
+typedef struct each_run {
+    int (*fn)(void *, size_t);
+    void *arg;
+    size_t n;
+    atomic_size_t next;
+    pthread_mutex_t lock;
+    size_t first;          /* the lowest i that failed, or n */
+    int rc;
+    char msg[1024];
+} each_run;
+
+static void *each_worker(void *p) {
+    each_run *e = p;
+    for (size_t i; (i = atomic_fetch_add(&e->next, 1)) < e->n;) {
+        int rc = e->fn(e->arg, i);
+        if (rc >= 0) continue;
+        pthread_mutex_lock(&e->lock);
+        if (i < e->first) {
+            e->first = i;
+            e->rc = rc;
+            snprintf(e->msg, sizeof e->msg, "%s", ferry_errmsg(NULL));
+        }
+        pthread_mutex_unlock(&e->lock);
+    }
+    return NULL;
+}
+
+int ferry_shards_each(size_t n, int threads, int (*fn)(void *arg, size_t i), void *arg) {
+    each_run e = {.fn = fn, .arg = arg, .n = n, .first = n};
+    atomic_init(&e.next, 0);
+    pthread_mutex_init(&e.lock, NULL);
+    pthread_t th[64];
+    size_t nt = 0, want = FERRY_MIN(n, (size_t)FERRY_MIN(threads, 64));
+    while (nt + 1 < want && pthread_create(&th[nt], NULL, each_worker, &e) == 0) nt++;
+    each_worker(&e);
+    for (size_t t = 0; t < nt; t++) pthread_join(th[t], NULL);
+    pthread_mutex_destroy(&e.lock);
+    return e.first < n ? ferry_seterr(e.rc, "%s", e.msg) : 0;
+}
+
 /* ---- header windows ------------------------------------------------------ */
+size_t ferry_window_cap(const ferry_window *w) {
+    return !w->mem && ferry_remote_is_url(w->path) ? FERRY_WINDOW_REMOTE : FERRY_WINDOW_MAX;
+}
+
 int ferry_window_get(ferry_window *w, uint64_t off, size_t n, size_t want, const uint8_t **p) {
-    if (n > FERRY_WINDOW_MAX || off > w->size || n > w->size - off)
+    size_t cap = ferry_window_cap(w);
+    if (n > cap || off > w->size || n > w->size - off)
         return ferry_seterr(FERRY_EINVAL, "%s: byte %llu: a %zu-byte header read outside the file", w->path,
                             (unsigned long long)off, n);   /* never: callers check */
     if (w->mem) { *p = w->mem + off; return 0; }
     if (w->win && off >= w->woff && off + n <= w->woff + w->wlen) { *p = w->win + (off - w->woff); return 0; }
-    if (!w->win && !(w->win = malloc(FERRY_WINDOW_MAX))) return ferry_seterr(FERRY_ENOMEM, "out of memory");
-    want = FERRY_MIN(FERRY_MAX(want, n), FERRY_WINDOW_MAX);
+    if (!w->win && !(w->win = malloc(cap))) return ferry_seterr(FERRY_ENOMEM, "out of memory");
+    want = FERRY_MIN(FERRY_MAX(want, n), cap);
     if (want > w->size - off) want = (size_t)(w->size - off);
     int64_t got = ferry_pread(w->f, ferry_host_buf(w->win, want), off, want, FERRY_NO_DIRECT);
     if (got < 0) return ferry_preerr((int)got, "%s: byte %llu", w->path, (unsigned long long)off);
@@ -142,10 +223,10 @@ int ferry_shards_unzip(ferry_shards *s, uint32_t file, ferry_decode_scratch *scr
     if (f->size > SIZE_MAX || f->raw_size > SIZE_MAX)
         return ferry_seterr(FERRY_ENOMEM, "%s: shard too large for memory", path);
     uint8_t *zip = malloc(f->size ? (size_t)f->size : 1), *raw = malloc(f->raw_size ? (size_t)f->raw_size : 1);
-    ferry_file *fh = NULL;
+    ferry_file *fh = f->held;
     int rc = (!zip || !raw) ? ferry_seterr(FERRY_ENOMEM, "%s: out of memory for a %llu-byte shard", path,
                                            (unsigned long long)f->raw_size)
-                            : ferry_file_open(s->ctx, path, FERRY_READ, &fh);
+                            : fh ? 0 : ferry_file_open(s->ctx, path, FERRY_READ, &fh);
     if (rc == 0) {
         int64_t got = ferry_pread(fh, ferry_host_buf(zip, (size_t)f->size), 0, (size_t)f->size, FERRY_NO_DIRECT);
         if (got >= 0 && (uint64_t)got != f->size)
@@ -153,7 +234,7 @@ int ferry_shards_unzip(ferry_shards *s, uint32_t file, ferry_decode_scratch *scr
                               (unsigned long long)f->size);
         else if (got < 0) rc = (int)got;
     }
-    ferry_file_close(fh);
+    if (fh != f->held) ferry_file_close(fh);
     if (rc == 0) {
         ferry_codec zstd = {FERRY_CODEC_ZSTD, 0};
         int64_t n = ferry_decode(&zstd, 1, zip, (size_t)f->size, raw, (size_t)f->raw_size, scratch);
@@ -177,6 +258,7 @@ void ferry_shards_close(ferry_shards *s) {
         ferry_decode_scratch_free(&z->scratch);
         free(z);
     }
+    for (size_t i = 0; i < s->nfiles; i++) ferry_file_close(s->files[i].held);
     ferry_sbuf_free(&s->strings);
     free(s->files);
     free(s->samples);
@@ -273,7 +355,8 @@ int64_t ferry_shards_plan_member(const ferry_shards *s, int64_t i, int m, ferry_
     ferry_extent e;
     memset(&e, 0, sizeof e);
     e.kind = FERRY_EXTENT_READ;
-    e.path = path;
+    if (f->held) e.file = f->held;   /* a URL: the version indexed, not whatever the path names now */
+    else e.path = path;
     e.offset = mem->offset;
     e.length = e.decoded_size = mem->size;
     e.dst = dst;
@@ -324,10 +407,20 @@ int64_t ferry_shards_read(ferry_shards *s, int64_t i, int m, void *dst, size_t c
     if (s->files[mem->file].raw_size) {
         got = read_zipped(s, mem, dst);
     } else {
-        ferry_file *f;
-        if ((rc = ferry_file_open(s->ctx, path, FERRY_READ, &f)) < 0) return rc;
+        ferry_file *f = s->files[mem->file].held;
+        if (!f && (rc = ferry_file_open(s->ctx, path, FERRY_READ, &f)) < 0) return rc;
+        /* an object read whole (a "files" or "folder" member at a URL) is
+         * opened again for each read: one version throughout the read, and
+         * it must be the size indexed */
+        int64_t now = f != s->files[mem->file].held && ferry_remote_is_url(path) ? ferry_file_size(f) : -1;
+        if (now >= 0 && (uint64_t)now != s->files[mem->file].size) {
+            ferry_file_close(f);
+            return ferry_seterr(FERRY_EIO, "%s: sample \"%s\" member \"%s\": the object has %lld bytes, %llu when"
+                                " the set was opened (replaced since?)", path, key, name, (long long)now,
+                                (unsigned long long)s->files[mem->file].size);
+        }
         got = ferry_pread(f, ferry_host_buf(dst, cap), mem->offset, (size_t)mem->size, 0);
-        ferry_file_close(f);
+        if (f != s->files[mem->file].held) ferry_file_close(f);
         if (got >= 0 && (uint64_t)got < mem->size)
             return ferry_seterr(FERRY_ESHORT, "%s: byte %llu: sample \"%s\" member \"%s\": the file ends %llu bytes"
                                 " into its %llu (changed since the set was opened?)", path,

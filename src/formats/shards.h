@@ -27,6 +27,8 @@ typedef struct ferry_shard_file {
     uint64_t path;         /* offset of its path in the string arena */
     uint64_t size;         /* bytes of the file as opened */
     uint64_t raw_size;     /* zstd-compressed MDS shard: bytes once decoded; else 0 */
+    ferry_file *held;      /* a tar or MDS shard at a URL: kept open from indexing on, so every
+                              read of it is pinned to the version indexed; else NULL */
 } ferry_shard_file;
 
 typedef struct ferry_shard_member {
@@ -70,6 +72,9 @@ int ferry_shards_grow(void **p, size_t *cap, size_t need, size_t elem);
 static inline const char *ferry_shards_at(const ferry_shards *s, uint64_t off) { return s->strings.p + off; }
 /* Add a file (its path copied) of `size` bytes; its index in *idx. */
 int ferry_shards_add_file(ferry_shards *s, const char *path, uint64_t size, uint32_t *idx);
+/* Hand the open handle of file idx to the set when path is a URL (closed with
+ * the set; its reads stay pinned to the version indexed); else close it. */
+void ferry_shards_hold(ferry_shards *s, uint32_t idx, ferry_file *f);
 /* Index of member name n[0..len) (added when new; encoding may be NULL). */
 int ferry_shards_name(ferry_shards *s, const char *n, size_t len, const char *encoding, uint32_t *idx);
 /* Start a new sample with key k[0..klen); members added next belong to it. */
@@ -81,6 +86,17 @@ int ferry_shards_add_member(ferry_shards *s, uint32_t name, uint32_t file, uint6
 /* Drop the last sample if it has no members (a tar sample whose members were all skipped). */
 void ferry_shards_end_sample(ferry_shards *s);
 
+/* Run fn(arg, i) for every i in [0, n) on up to `threads` threads (the
+ * caller's among them; one when no thread starts): 0, or the code of the
+ * lowest i that failed, its message carried to the calling thread. For work
+ * that waits on the network (shards at URLs). */
+int ferry_shards_each(size_t n, int threads, int (*fn)(void *arg, size_t i), void *arg);
+
+/* Append a tar or MDS set indexed on its own (sub) to s: its names (with
+ * their encodings), its files (held handles moved to s) and its samples,
+ * after s's own. sub is left to ferry_shards_close. */
+int ferry_shards_merge(ferry_shards *s, ferry_shards *sub);
+
 /* Decode the whole zstd-compressed MDS shard `file` (raw_size set) into a new
  * buffer (*out, the caller frees). */
 int ferry_shards_unzip(ferry_shards *s, uint32_t file, ferry_decode_scratch *scratch, uint8_t **out);
@@ -89,18 +105,24 @@ int ferry_shards_zip_cache(ferry_shards *s);
 
 /* Header reads through a window: ferry_window_get points *p at file bytes
  * [off, off + n) (inside the file: the caller checks), reading `want` bytes
- * (at least n, at most 1 MiB, clipped to the file) from off when they are not
- * in the window already. Over bytes in memory (mem set) it only points. */
+ * (at least n, at most the window's size, clipped to the file) from off when
+ * they are not in the window already. Over bytes in memory (mem set) it only
+ * points. A window is 1 MiB over a local file and 8 MiB over a URL (a
+ * request costs a round trip: fewer, larger ones; ferry_pread splits one into
+ * ranges read side by side). */
 typedef struct ferry_window {
     const char *path;
     uint64_t size;
     ferry_file *f;
     const uint8_t *mem;
-    uint8_t *win;          /* 1 MiB, allocated on first use */
+    uint8_t *win;          /* ferry_window_cap bytes, allocated on first use */
     uint64_t woff;
     size_t wlen;
 } ferry_window;
 #define FERRY_WINDOW_MAX ((size_t)1 << 20)
+#define FERRY_WINDOW_REMOTE ((size_t)8 << 20)
+/* The window's size: FERRY_WINDOW_REMOTE when w->path is a URL, else FERRY_WINDOW_MAX. */
+size_t ferry_window_cap(const ferry_window *w);
 int ferry_window_get(ferry_window *w, uint64_t off, size_t n, size_t want, const uint8_t **p);
 void ferry_window_free(ferry_window *w);
 

@@ -24,16 +24,18 @@
  * is skipped; consecutive members with one key make one sample, two members
  * of one name in a sample are an error.
  *
- * Reading: headers are read through windows of up to 1 MiB, so archives of
- * small members cost one pread per many headers; when members are large the
- * window shrinks to a header's worth, so no member's bytes are read here. */
+ * Reading: headers are read through windows of up to 1 MiB (8 MiB for a
+ * shard at a URL, where each read is a request), so archives of small members
+ * cost one read per many headers; when members are large the window shrinks
+ * to a header's worth, so no member's bytes are read here. A shard at a URL
+ * stays open in the set (shards.h): its members are read from the version
+ * indexed. */
 #include "formats/shards.h"
 #include <stdlib.h>
 
 #define TAR_BLOCK 512u
 #define TAR_MAX_NAME (64u << 10)      /* a long name or pax path: PATH_MAX is 4096; a margin */
 #define TAR_MAX_PAX (1u << 20)        /* pax records of one member */
-#define TAR_WINDOW (1u << 20)
 
 typedef struct tar_src {
     const char *path;
@@ -43,9 +45,11 @@ typedef struct tar_src {
 } tar_src;
 
 /* Point *p at file bytes [off, off + n) (the caller checked they are inside
- * the file): windows of 1 MiB while members are small, else a header's worth. */
+ * the file): whole windows (1 MiB, 8 MiB at a URL: shards.h) while members
+ * average under a quarter of one, else a header's worth. */
 static int src_get(tar_src *r, uint64_t off, size_t n, const uint8_t **p) {
-    return ferry_window_get(&r->w, off, n, r->avg < TAR_WINDOW / 4 ? TAR_WINDOW : 2 * TAR_BLOCK, p);
+    size_t win = ferry_window_cap(&r->w);
+    return ferry_window_get(&r->w, off, n, r->avg < win / 4 ? win : 2 * TAR_BLOCK, p);
 }
 
 /* An octal field (leading spaces or NULs, digits, then space/NUL to the end)
@@ -290,6 +294,10 @@ int ferry_tar_index(ferry_shards *s, const char *path) {
         tar_src r = {.path = path, .size = (uint64_t)size, .w = {.path = path, .size = (uint64_t)size, .f = f}};
         rc = tar_walk(s, &r, file);
         ferry_window_free(&r.w);
+        if (rc >= 0) {
+            ferry_shards_hold(s, file, f);
+            return rc;
+        }
     }
     ferry_file_close(f);
     return rc;

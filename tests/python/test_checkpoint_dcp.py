@@ -183,10 +183,18 @@ def test_safe_mode_refuses_code_in_metadata(tmp_path):
 @pytest.mark.parametrize("url", ["s3://bucket/ck", "gs://b/ck", "memory://ck"])
 def test_ferry_writer_and_reader_refuse_urls_before_creating_anything(tmp_path, monkeypatch, url):
     """An object-store id must never become a local directory (./s3:/bucket/ck): refused when
-    the writer or reader is made or reset, before anything is written."""
+    the writer (or, for URLs the C library does not read, the reader) is made or reset, before
+    anything is written. FerryReader keeps an s3:// or gs:// id as the URL it reads
+    (test_remote_dcp.py)."""
     from ferry.checkpoint import FerryReader, FerryWriter
     monkeypatch.chdir(tmp_path)
     for cls in (FerryWriter, FerryReader):
+        if cls is FerryReader and not url.startswith("memory:"):
+            assert cls(url).path == url and cls.validate_checkpoint_id(url)
+            r = cls(str(tmp_path / "ok"))
+            r.reset(url)
+            assert r.path == url
+            continue
         with pytest.raises(FerryError, match="local directories only"):
             cls(url)
         w = cls(str(tmp_path / "ok"))

@@ -18,6 +18,7 @@ import pytest
 ferry = pytest.importorskip("ferry")
 from ferry import FerryError  # noqa: E402
 from rangeserver import RangeServer, ferry_reads_urls  # noqa: E402
+from remote_servers import moto_s3, nginx  # noqa: E402,F401  (fixtures)
 
 
 pytestmark = pytest.mark.skipif(not ferry_reads_urls(), reason="ferry was built without libcurl (no remote objects)")
@@ -229,51 +230,6 @@ def test_refused_connection_is_bounded(monkeypatch):
 # ---------------------------------------------------------------------------
 # S3: moto's server, SigV4 checked
 # ---------------------------------------------------------------------------
-@pytest.fixture
-def moto_s3(monkeypatch, tmp_path):
-    pytest.importorskip("moto.server")
-    boto3 = pytest.importorskip("boto3")
-    import urllib.request
-    from moto.server import ThreadedMotoServer
-
-    srv = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    srv.start()
-    host, port = srv.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION"):
-        monkeypatch.delenv(k, raising=False)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
-    monkeypatch.setenv("AWS_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    def post(path, body):
-        urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/{path}", data=body.encode(), method="POST",
-                                                      headers={"Content-Type": "text/plain"}), timeout=10).read()
-
-    def reset_auth(n):
-        post("reset-auth", n)
-
-    post("reset", "")   # moto's state is the process's: start from none
-    kw = dict(endpoint_url=endpoint, region_name="us-east-1")
-    iam = boto3.client("iam", **kw)
-    iam.create_user(UserName="reader")
-    key = iam.create_access_key(UserName="reader")["AccessKey"]
-    iam.put_user_policy(UserName="reader", PolicyName="s3read", PolicyDocument=json.dumps(
-        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
-    s3 = boto3.client("s3", **kw)
-    s3.create_bucket(Bucket="data")
-
-    class M:
-        pass
-    m = M()
-    m.s3, m.endpoint, m.key, m.reset_auth = s3, endpoint, key, reset_auth
-    yield m
-    reset_auth("inf")
-    srv.stop()
-
-
 def test_s3_reads_equal_local_signed(moto_s3, monkeypatch):
     st = pytest.importorskip("safetensors.numpy")
     a = np.arange(100_000, dtype=np.float64).reshape(200, 500)
@@ -365,56 +321,6 @@ def test_s3_object_replaced_while_open(moto_s3, monkeypatch):
 # ---------------------------------------------------------------------------
 # A real web server: nginx serving files from tmp (ETag, Range, If-Match)
 # ---------------------------------------------------------------------------
-@pytest.fixture
-def nginx(tmp_path):
-    import shutil
-    import subprocess
-    exe = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
-    if not exe:
-        pytest.skip("nginx is not installed (tools/setup.sh installs nginx-light)")
-    www = tmp_path / "www"
-    www.mkdir()
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    user = "user root;\n" if os.geteuid() == 0 else ""   # workers must read tmp_path
-    conf = tmp_path / "nginx.conf"
-    conf.write_text(f"""{user}worker_processes 1;
-error_log {tmp_path}/error.log;
-pid {tmp_path}/nginx.pid;
-events {{ worker_connections 64; }}
-http {{
-    access_log off;
-    client_body_temp_path {tmp_path}/body;
-    proxy_temp_path {tmp_path}/proxy;
-    fastcgi_temp_path {tmp_path}/fastcgi;
-    uwsgi_temp_path {tmp_path}/uwsgi;
-    scgi_temp_path {tmp_path}/scgi;
-    server {{ listen 127.0.0.1:{port}; root {www}; }}
-}}
-""")
-    p = subprocess.Popen([exe, "-c", str(conf), "-p", str(tmp_path), "-g", "daemon off;"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if p.poll() is not None or time.monotonic() > deadline:
-                p.kill()
-                pytest.skip("nginx did not start: " + p.stderr.read().decode(errors="replace")[-300:])
-            time.sleep(0.05)
-    yield www, f"http://127.0.0.1:{port}"
-    p.terminate()
-    try:
-        p.wait(10)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.wait()
-
-
 def test_nginx_reads_and_pins_the_version(nginx, monkeypatch):
     monkeypatch.setenv("FERRY_REMOTE_REQUEST_SIZE", "128K")
     www, base = nginx

@@ -2,7 +2,7 @@
 listed by the C library (ferry_url_glob, ListObjectsV2 page by page) and the
 objects read through ferry's remote source; batches equal those of the same
 files read locally. moto's S3 server on 127.0.0.1 (tests/python/
-test_remote_zarr.py's fixture); the endpoint and credentials come from the
+remote_servers.py's fixture); the endpoint and credentials come from the
 environment, as a training job's would."""
 import io
 
@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 ferry = pytest.importorskip("ferry")
 from rangeserver import ferry_reads_urls  # noqa: E402
-from test_remote_zarr import s3  # noqa: E402,F401  (the fixture)
+from remote_servers import s3  # noqa: E402,F401  (the fixture)
 
 pytestmark = pytest.mark.skipif(not ferry_reads_urls(), reason="ferry was built without libcurl (no remote objects)")
 

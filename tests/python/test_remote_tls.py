@@ -11,10 +11,7 @@ import datetime
 import io
 import ipaddress
 import os
-import shutil
-import socket
 import ssl
-import subprocess
 import time
 
 import numpy as np
@@ -24,7 +21,7 @@ ferry = pytest.importorskip("ferry")
 from ferry import FerryError  # noqa: E402
 from rangeserver import RangeServer, ferry_reads_urls  # noqa: E402
 from tcpproxy import TCPProxy  # noqa: E402
-from test_remote import moto_s3  # noqa: E402,F401  (a fixture)
+from remote_servers import moto_s3, start_nginx  # noqa: E402,F401  (a fixture)
 
 pytestmark = pytest.mark.skipif(not ferry_reads_urls(), reason="ferry was built without libcurl (no remote objects)")
 
@@ -225,56 +222,8 @@ def test_bad_bundle_paths_are_named(tls_server, pki, clean_env, tmp_path):
 @pytest.fixture
 def nginx_tls(pki, clean_env, tmp_path):
     """Debian's nginx serving tmp_path/www over HTTPS with the test's certificate."""
-    exe = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
-    if not exe:
-        pytest.skip("nginx is not installed (tools/setup.sh installs nginx-light)")
-    www = tmp_path / "www"
-    www.mkdir()
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    user = "user root;\n" if os.geteuid() == 0 else ""   # workers must read tmp_path
-    chain, key = pki.server
-    conf = tmp_path / "nginx.conf"
-    conf.write_text(f"""{user}worker_processes 1;
-error_log {tmp_path}/error.log;
-pid {tmp_path}/nginx.pid;
-events {{ worker_connections 64; }}
-http {{
-    access_log {tmp_path}/access.log;
-    client_body_temp_path {tmp_path}/body;
-    proxy_temp_path {tmp_path}/proxy;
-    fastcgi_temp_path {tmp_path}/fastcgi;
-    uwsgi_temp_path {tmp_path}/uwsgi;
-    scgi_temp_path {tmp_path}/scgi;
-    server {{
-        listen 127.0.0.1:{port} ssl;
-        ssl_certificate {chain};
-        ssl_certificate_key {key};
-        root {www};
-    }}
-}}
-""")
-    p = subprocess.Popen([exe, "-c", str(conf), "-p", str(tmp_path), "-g", "daemon off;"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if p.poll() is not None or time.monotonic() > deadline:
-                p.kill()
-                pytest.skip("nginx did not start: " + p.stderr.read().decode(errors="replace")[-300:])
-            time.sleep(0.05)
-    yield www, f"https://127.0.0.1:{port}"
-    p.terminate()
-    try:
-        p.wait(10)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.wait()
+    with start_nginx(tmp_path, tls=pki.server, access_log=True) as served:
+        yield served
 
 
 def test_nginx_over_tls(nginx_tls, pki, clean_env):

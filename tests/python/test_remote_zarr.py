@@ -16,58 +16,9 @@ zarr = pytest.importorskip("zarr")
 from ferry import FerryError  # noqa: E402
 from ferry._remote import remote_context  # noqa: E402
 from rangeserver import RangeServer, ferry_reads_urls  # noqa: E402
+from remote_servers import s3  # noqa: E402,F401  (the fixture)
 
 pytestmark = pytest.mark.skipif(not ferry_reads_urls(), reason="ferry was built without libcurl (no remote objects)")
-
-
-@pytest.fixture
-def s3(monkeypatch, tmp_path):
-    """moto's S3 server with bucket "data", SigV4 checked (reset-auth) once filled;
-    the environment holds no credentials: storage_options must."""
-    pytest.importorskip("moto.server")
-    boto3 = pytest.importorskip("boto3")
-    import urllib.request
-    from moto.server import ThreadedMotoServer
-    srv = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    srv.start()
-    host, port = srv.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL",
-              "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-        monkeypatch.delenv(k, raising=False)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("FERRY_REMOTE_RETRY_SECONDS", "10")
-
-    def post(path, body):
-        urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/{path}", data=body.encode(), method="POST",
-                                                      headers={"Content-Type": "text/plain"}), timeout=10).read()
-    post("reset", "")
-    kw = dict(endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
-              aws_secret_access_key="testing")
-    iam = boto3.client("iam", **kw)
-    iam.create_user(UserName="reader")
-    key = iam.create_access_key(UserName="reader")["AccessKey"]
-    iam.put_user_policy(UserName="reader", PolicyName="s3read", PolicyDocument=json.dumps(
-        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
-    client = boto3.client("s3", **kw)
-    client.create_bucket(Bucket="data")
-
-    class S3:
-        pass
-    m = S3()
-    m.client, m.endpoint = client, endpoint
-    m.options = {"endpoint_url": endpoint, "key": key["AccessKeyId"], "secret": key["SecretAccessKey"]}
-    m.lock = lambda: post("reset-auth", "0")
-
-    def upload(local, prefix):
-        for p in sorted(pathlib.Path(local).rglob("*")):
-            if p.is_file():
-                client.upload_file(str(p), "data", f"{prefix}/{p.relative_to(local).as_posix()}")
-    m.upload = upload
-    yield m
-    post("reset-auth", "inf")
-    srv.stop()
 
 
 @pytest.fixture

@@ -24,6 +24,9 @@ Loading runs one plan per rank. A read item that covers part of a stored chunk (
 a different world size or sharding) reads only the byte runs it needs. Directories of torch's
 FileSystemWriter (.distcp files of torch.save archives) load the same way: where each
 tensor's bytes start comes from its archive's zip directory and data.pkl (_ckpt_dcp_blob).
+FerryReader also reads a directory at an http(s)://, s3:// or gs:// URL (storage_options= for
+its endpoint and keys): .metadata read whole, the data files by range requests, each object
+pinned to one version while it is read. FerryWriter writes local directories only.
 """
 from __future__ import annotations
 
@@ -100,6 +103,43 @@ def _local_dir(path, who):
                  "own storage writer and reader for %s:// (torch.distributed.checkpoint's FsspecWriter "
                  "and FsspecReader)" % (path, who, sch, sch, sch), _io.EUNSUPPORTED)
     return p
+
+
+def _reader_dir(path, who):
+    """A DCP directory FerryReader reads: a local path, a file:// URL, or an http(s)://, s3://
+    or gs:// directory URL whose objects the C library reads (without its trailing '/')."""
+    kind, p = _url.split(path)
+    if kind == "url" and _url.is_object(p):
+        p = p.rstrip("/")
+        if "://" not in p or not p.split("://", 1)[1]:
+            _io.fail("%s: no directory in the URL" % path, _io.EINVAL)
+        return p
+    return _local_dir(path, who)
+
+
+def _object_name(directory, name):
+    """directory + "/" + name for a DCP file named in the metadata (a plain name only)."""
+    if not name or name in (".", "..") or "/" in name or "\\" in name:
+        _io.fail("%s: corrupted DCP metadata: file name %r" % (directory, name), _io.EFORMAT)
+    return directory + "/" + name
+
+
+_MAX_METADATA = 1 << 30           # a .metadata object read whole at a URL
+
+
+def _read_object(ctx, url):
+    """The bytes of the object at url, read whole (pinned to one version throughout)."""
+    f = _ferry.File(ctx, url, "r")
+    try:
+        if f.size > _MAX_METADATA:
+            _io.fail("%s: %d bytes of DCP metadata, more than the %d read" % (url, f.size, _MAX_METADATA),
+                     _io.EFORMAT)
+        b = bytearray(f.size)
+        if f.size and f.pread(b, 0) != f.size:
+            _io.fail("%s: shorter than its size" % url, _io.EFORMAT)
+        return bytes(b)
+    finally:
+        f.close()
 
 
 def _gen_id():
@@ -446,14 +486,19 @@ class FerryReader(StorageReader):
     DefaultLoadPlanner torch.load()s them with weights_only=False). Only for directories
     you trust, or non-tensor values torch.load(weights_only=True) refuses.
 
+    path may be a directory URL (s3://bucket/ckpt/step100, gs://..., https://...): the
+    objects are read by the C library, with storage_options (endpoint_url, key, secret, anon,
+    ...: ferry._remote) or the environment's settings.
+
     error: the first FerryError of the last load. DCP raises it wrapped in its
     CheckpointException (a BaseException; a .metadata error only as text inside an
     AssertionError), so `except CheckpointException as e: raise reader.error or e` gives
     the caller the FerryError naming the file."""
 
-    def __init__(self, path=None, *, threads=0, safe=True):
+    def __init__(self, path=None, *, threads=0, safe=True, storage_options=None):
         super().__init__()
-        self.path = _local_dir(path, type(self).__name__) if path is not None else None
+        self.path = _reader_dir(path, type(self).__name__) if path is not None else None
+        self.storage_options = dict(storage_options) if storage_options else None
         self.threads = _checks.check("ferry.checkpoint." + type(self).__name__, "threads", threads)
         self.safe = safe
         self.storage_data = {}
@@ -467,12 +512,36 @@ class FerryReader(StorageReader):
         self.error = None
         self.storage_data = {}
         if checkpoint_id:
-            self.path = _local_dir(checkpoint_id, type(self).__name__)
+            self.path = _reader_dir(checkpoint_id, type(self).__name__)
         self.load_id = _gen_id()
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id):
-        return _is_local_path(checkpoint_id)
+        if _is_local_path(checkpoint_id):
+            return True
+        try:
+            kind, p = _url.split(checkpoint_id)
+            return kind == "url" and _url.is_object(p)
+        except Exception:  # noqa: BLE001 — not a path at all: not ours
+            return False
+
+    def _remote(self):
+        return _url.split(self.path)[0] == "url"
+
+    def _ctx(self):
+        """The context reads run on: storage_options' (ferry._remote), else the default."""
+        if self.storage_options:
+            from .._remote import remote_context
+            return remote_context(self.storage_options)
+        return _io.context()
+
+    def _file(self, ctx, relative_path):
+        """The ferry File of a DCP data file named in the metadata (its basename, inside the
+        directory: a symlink leading out of a local one is refused)."""
+        name = os.path.basename(relative_path)
+        if self._remote():
+            return _ferry.File(ctx, _object_name(self.path, name), "r")
+        return _ferry.File(ctx, inside(self.path, os.path.join(self.path, name)), "r")
 
     @_keeps_error
     def read_metadata(self, *args, **kwargs) -> Metadata:
@@ -480,10 +549,20 @@ class FerryReader(StorageReader):
         if rank is None:
             self.error = None      # a load starts here (DCP calls reset() only with an id)
         name = METADATA if rank is None else "__%d%s" % (rank, METADATA)
-        p = os.path.join(self.path, name)
+        remote = self._remote()
+        p = _object_name(self.path, name) if remote else os.path.join(self.path, name)
         try:
-            with open(inside(self.path, p), "rb") as f:
-                md = _pickle.load(f, p, self.safe)
+            if remote:
+                try:
+                    data = _read_object(self._ctx(), p)
+                except _io.FerryError as e:
+                    if getattr(e, "code", None) == -2:
+                        raise FileNotFoundError(p)
+                    raise
+                md = _pickle.load(io.BytesIO(data), p, self.safe)
+            else:
+                with open(inside(self.path, p), "rb") as f:
+                    md = _pickle.load(f, p, self.safe)
         except FileNotFoundError:
             raise _io.error("%s: no DCP metadata (not a checkpoint, or the save did not "
                             "finish)" % p, -2)
@@ -588,7 +667,7 @@ class FerryReader(StorageReader):
 
     @_keeps_error
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
-        ctx = _io.context()
+        ctx = self._ctx()
         p = _ferry.Plan()
         files = {}
         after = []           # (kind, item, payload)
@@ -616,8 +695,7 @@ class FerryReader(StorageReader):
                                     % (self.path, item.storage_index))
                 f = files.get(info.relative_path)
                 if f is None:
-                    fp = os.path.join(self.path, os.path.basename(info.relative_path))
-                    f = files[info.relative_path] = _ferry.File(ctx, inside(self.path, fp), "r")
+                    f = files[info.relative_path] = self._file(ctx, info.relative_path)
                 if f.size < info.offset + info.length:
                     raise _io.error("%s: truncated: item %r needs bytes [%d, %d) but the file "
                                     "has %d" % (f.path, fqn, info.offset,

@@ -7,6 +7,7 @@ import io
 import json
 import logging
 import os
+import re
 
 import numpy as np
 import torch
@@ -200,9 +201,14 @@ class ImageDataset(_BatchStream):
                  threads=0, ctx=None, sample_group=64)
 
     source, format
-        WebDataset tar shards (a glob, a path, a list), a Mosaic MDS directory, an ImageFolder
-        root (class sub-folders: labels are class indices, ds.classes their names) or a list of
-        image files; format "tar", "mds", "folder" or "files" (None: detected).
+        WebDataset tar shards (a glob, a path, a list; "train-{000000..000009}.tar" braces as
+        webdataset's), a Mosaic MDS directory, an ImageFolder root (class sub-folders: labels are
+        class indices, ds.classes their names) or a list of image files; format "tar", "mds",
+        "folder" or "files" (None: detected). Each may be a URL (s3://, gs://, https://;
+        docs/remote.md): s3:// and gs:// globs and folders are listed, with the remote options of
+        ctx (ferry._remote.remote_context(storage_options)) or the environment's; a shard at a
+        URL is indexed by range reads and its members read from the version indexed (an object
+        replaced since is an error naming it).
     member
         The member holding the image: a tar extension ("jpg"), an MDS column, or a tuple (the
         first one a sample has); None: each sample's jpg/jpeg/png member or jpeg/png column.
@@ -291,8 +297,7 @@ class ImageDataset(_BatchStream):
         bad = [m for m in self.members if m in _RESERVED]
         if bad:
             raise ValueError(f"ImageDataset: members {bad} would hide the batch's own keys {_RESERVED}")
-        self._paths = _expand(source) if not (isinstance(source, (str, os.PathLike))
-                                              and os.path.isdir(os.fspath(source))) else [os.fspath(source)]
+        self._paths = _source_paths(source, ctx)
         self._format_arg = format
         self._shards_of = None            # (pid, runtime, Shards) of this process
         self.skipped = 0                  # samples left out by on_error="skip" (this process)
@@ -431,6 +436,52 @@ class ImageDataset(_BatchStream):
         return (f"ImageDataset({self.num_samples} samples, format={self.format!r}, size={self.size}, "
                 f"crop={self.crop!r}, batch_size={self.batch_size}, shuffle={self.shuffle}, "
                 f"epoch={self._epoch}, consumed={self._consumed})")
+
+
+_BRACE = re.compile(r"\{([^{}]*)\}")
+
+
+def _braces(s):
+    """WebDataset's shard lists: "train-{000000..000009}.tar" (a range, zero-padded as written) and
+    "{a,b}" (alternatives) expanded, left to right; a string without them as it is."""
+    m = _BRACE.search(s)
+    if m is None:
+        return [s]
+    body, head, tail = m.group(1), s[:m.start()], s[m.end():]
+    r = re.fullmatch(r"(\d+)\.\.(\d+)", body)
+    if r:
+        lo, hi = int(r.group(1)), int(r.group(2))
+        width = len(r.group(1)) if r.group(1).startswith("0") else 0
+        step = 1 if hi >= lo else -1
+        parts = [str(v).zfill(width) for v in range(lo, hi + step, step)]
+    elif "," in body:
+        parts = body.split(",")
+    else:
+        return [head + "{" + body + "}" + t for t in _braces(tail)]
+    return [head + p + t for p in parts for t in _braces(tail)]
+
+
+def _source_paths(source, ctx):
+    """The dataset's paths: braces expanded, then globs (an s3:// or gs:// glob listed with ctx's
+    remote options); a local directory or a URL without wildcards as it is (the C library tells its
+    format: an MDS directory, an ImageFolder root, a tar shard, an image)."""
+    if isinstance(source, (str, os.PathLike)):
+        s = os.fspath(source)
+        if isinstance(s, bytes):
+            s = os.fsdecode(s)
+        items = _braces(s)
+    else:
+        items = [os.fspath(p) for p in source]
+    out = []
+    for p in items:
+        scheme = p.split("://", 1)[0].lower() if "://" in p else ""
+        if scheme in ("http", "https") or (scheme not in ("", "file") and not any(c in p for c in "*?[")):
+            out.append(p)              # a web server's URL as written ('?' starts its query)
+        elif os.path.isdir(p):
+            out.append(p)
+        else:
+            out.extend(_expand(p, ctx))
+    return out
 
 
 def _batch_value(name, values, device):
