@@ -31,7 +31,7 @@ done < <(tools/optional-libs.sh)
 
 # the library, instrumented for coverage (rebuilt only when a source is newer)
 objs=()
-for src in src/engine/*.c src/cuda/*.c src/formats/*.c src/formats/hdf5/*.c src/codecs/*.c src/sources/*.c build/kernels_fatbin.c build/kernels_cu.c; do
+for src in src/base/*.c src/engine/*.c src/cuda/*.c src/formats/*.c src/formats/hdf5/*.c src/codecs/*.c src/sources/*.c build/kernels_fatbin.c build/kernels_cu.c; do
     o="$OUT/obj/$(echo "$src" | tr / _).o"
     objs+=("$o")
     if [ ! -f "$o" ] || [ "$src" -nt "$o" ] || [ include/ferry.h -nt "$o" ]; then
