@@ -172,6 +172,8 @@ def main():
     ap.add_argument("--streams", type=int, default=16, help="curl processes of the limit row")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--rtt-ms", type=float, default=20.0, help="added round trip of the rtt rows (0: none)")
+    ap.add_argument("--sweep", default="", help="after the rows, ferry.read -> GPU (host without a GPU) under "
+                    "FERRY_REMOTE_REQUEST_SIZE:FERRY_REMOTE_CONNECTIONS pairs, e.g. 2M:32,8M:64,16M:128")
     args = ap.parse_args()
     exe = args.nginx or shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
     if not exe:
@@ -197,6 +199,21 @@ def main():
           f"{os.cpu_count()} CPUs, GPU {'yes' if gpu else 'no'}, ferry {ferry.__version__}", flush=True)
     try:
         print("object (.npy over HTTP):")
+        for pair in filter(None, args.sweep.split(",")):
+            req, conns = pair.split(":")
+            os.environ["FERRY_REMOTE_REQUEST_SIZE"], os.environ["FERRY_REMOTE_CONNECTIONS"] = req, conns
+            c = ferry.Context()       # the remote knobs are read when a context is made
+            dev = 0 if gpu else "cpu"
+
+            def swept(c=c, dev=dev):
+                x = ferry.read(url, device=dev, ctx=c)
+                if gpu:
+                    sync()
+                return x
+            row(f"sweep: requests {req}, {conns} connections", size, timed(swept, args.reps))
+            c.close()
+        for k in ("FERRY_REMOTE_REQUEST_SIZE", "FERRY_REMOTE_CONNECTIONS"):
+            os.environ.pop(k, None)
         lim = row(f"limit: {args.streams} x curl -> /dev/null", size,
                   timed(lambda: curl_limit(url, size, args.streams), args.reps))
         g = row("ferry.read -> host", size, timed(lambda: ferry.read(url, device="cpu"), args.reps))
