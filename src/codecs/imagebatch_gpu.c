@@ -268,7 +268,19 @@ void ferry_imgb_gpu_run(ferry_imgb_run *r, ferry_nvj_batch *b, const size_t *idx
         }
         if (!m) continue;
         CUstream on = pass == 0 ? d->hw_stream[s] : r->stream;
+        if (pass == 0) {
+            /* the run before went on the other buffer's stream with this batch object's states,
+             * which nvJPEG does not promise to share between streams with work in flight: it
+             * finishes first (its event is stale, already complete, when it had no group) */
+            double t1 = now_s();
+            cr = r->cu->EventSynchronize(d->hw_done[s ^ 1]);
+            pthread_mutex_lock(&r->mu);
+            r->wait_s += now_s() - t1;
+            pthread_mutex_unlock(&r->mu);
+            if (cr != 0) { cu_fail(r, cr, "waiting for the last hardware decode"); continue; }
+        }
         int drc = ferry_nvj_batch_decode(b, pass == 0, data, len, m, dst, pitch, on);
+        if (drc != 0 && pass == 0) r->cu->StreamSynchronize(on);   /* whatever the engine took is done */
         if (drc == 0 && pass == 0) {   /* the kernel below reads what the engine wrote */
             cr = r->cu->EventRecord(d->hw_done[s], on);
             if (cr == 0) cr = r->cu->StreamWaitEvent(r->stream, d->hw_done[s], 0);
