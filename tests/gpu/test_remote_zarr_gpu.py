@@ -30,8 +30,9 @@ def store(tmp_path, monkeypatch):
         import numcodecs
         d = tmp_path / f"s{fmt}"
         g = zarr.open_group(str(d), mode="w", zarr_format=fmt)
-        comp = dict(compressors=[zarr.codecs.ZstdCodec(level=3)]) if fmt == 3 else \
-            dict(compressors=numcodecs.Blosc(cname="zstd", shuffle=1))
+        # dimension names as xarray writes them: v3's dimension_names, v2's _ARRAY_DIMENSIONS
+        comp = dict(compressors=[zarr.codecs.ZstdCodec(level=3)], dimension_names=["time", "lat", "lon"]) \
+            if fmt == 3 else dict(compressors=numcodecs.Blosc(cname="zstd", shuffle=1))
         a = g.create_array("t2m", shape=(24, 181, 360), chunks=(4, 91, 180), dtype="f4", fill_value=np.nan, **comp)
         a[:20] = np.random.default_rng(fmt).standard_normal((20, 181, 360)).astype("f4")
         if fmt == 2:
