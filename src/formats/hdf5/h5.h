@@ -32,6 +32,8 @@
 #define H5_UNDEF UINT64_MAX           /* the "undefined address" (all bits set) */
 #define H5_MAX_DEPTH 32               /* group nesting, shared/committed type chains */
 #define H5_MAX_META ((uint64_t)1 << 30)   /* metadata bytes cached per open file */
+#define H5_READ_AHEAD ((uint64_t)64 << 10)  /* a small header read fetches this much: headers,
+                                               heaps and B-tree nodes sit close together */
 #define H5_MAX_MSGS 65536             /* messages in one object header */
 #define H5_MAX_CONT 4096              /* continuation blocks of one object header */
 #define H5_MAX_MEMBERS (1u << 24)     /* links in one group */
@@ -53,6 +55,8 @@ typedef struct h5_file {
     h5_blk **tab;                     /* block cache: open addressing on (addr, len) */
     size_t tab_cap, tab_n;
     uint64_t cached;                  /* bytes in the cache */
+    uint8_t *ra;                      /* read-ahead window: the bytes at [ra_abs, ra_abs + ra_len) */
+    uint64_t ra_abs, ra_len;
     void **allocs;                    /* h5_alloc'd pointers */
     size_t nallocs, cap_allocs;
 } h5_file;
@@ -114,6 +118,8 @@ uint32_t h5_lookup3(const uint8_t *k, size_t n);
 int h5_check_sum(const h5_file *h, const uint8_t *p, uint64_t n, uint64_t pos, const char *what);
 int h5_file_open(h5_file *h, ferry_file *f, const char *path);
 void h5_file_free(h5_file *h);
+/* Free the read-ahead window (h5_read makes a new one when it next needs it). */
+void h5_read_ahead_drop(h5_file *h);
 
 /* ---- ohdr.c ----------------------------------------------------------------- */
 enum {
