@@ -244,19 +244,34 @@ def decode_attrs(attrs_json: str, fmt: str) -> dict:
     become numpy scalars (one value) or 1-d arrays; text attributes become str.
     Other formats' attributes are returned as parsed JSON.
     """
-    import numpy as np
     d = json.loads(attrs_json or "{}")
-    if fmt not in ("netcdf3", "hdf5"):
-        return d
-    out = {}
+    return _typed_attrs(d) if fmt in ("netcdf3", "hdf5") else d
+
+
+def _decode_attrs_many(attrs_jsons: Sequence[str], fmt: str) -> list:
+    """decode_attrs of many JSON texts, parsed by one json.loads (an open of
+    thousands of variables pays the parser's call once, not per variable)."""
+    ds = json.loads("[" + ",".join(a or "{}" for a in attrs_jsons) + "]")
+    return [_typed_attrs(d) for d in ds] if fmt in ("netcdf3", "hdf5") else ds
+
+
+_ATTR_DTYPES: dict = {}   # typestr -> native numpy dtype (a handful of distinct ones)
+
+
+def _typed_attrs(d: dict) -> dict:
+    import numpy as np
     for k, v in d.items():
         if isinstance(v, dict) and "type" in v and "value" in v:
-            dt = np.dtype(v["type"]).newbyteorder("=")
-            vals = np.array([_json_number(x) for x in v["value"]], dtype=dt)
-            out[k] = vals[0] if vals.size == 1 else vals
-        else:
-            out[k] = v
-    return out
+            t, vals = v["type"], v["value"]
+            dt = _ATTR_DTYPES.get(t)
+            if dt is None:
+                dt = _ATTR_DTYPES[t] = np.dtype(t).newbyteorder("=")
+            if len(vals) == 1 and dt.kind in "iuf" and not isinstance(vals[0], str):
+                d[k] = dt.type(vals[0])     # the scalar np.array([x], dt)[0] is, built directly
+            else:
+                arr = np.array([_json_number(x) for x in vals], dtype=dt)
+                d[k] = arr[0] if arr.size == 1 else arr
+    return d
 
 
 # ---------------------------------------------------------------------------
