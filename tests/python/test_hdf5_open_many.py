@@ -1,8 +1,8 @@
 """Opening netCDF-4 files of many variables: Dataset.meta() (every variable's
 description in one call) against variables(), attributes decoded in bulk
 against one by one, and files whose metadata spans many read-ahead windows
-(src/formats/hdf5/super.c) equal to the netcdf4 engine's open, encoding
-included. Files are written by netCDF4-python here."""
+(src/formats/hdf5/super.c) and dense attributes (each variable's fractal heap
+block read whole, heap.c) equal to the netcdf4 engine's open, encoding included. Files are written by netCDF4-python here."""
 import json
 
 import numpy as np
@@ -35,6 +35,8 @@ def _many(path, n, long_attr=0):
                 v.scale_factor = np.float32(0.01 * (i + 1))
                 v.add_offset = 273.0
             v.valid_range = np.array([0, 100], typ)
+            for k in range(10):   # over 8 attributes: HDF5's dense storage (a fractal heap and B-tree each)
+                v.setncattr(f"GRIB_key{k}", np.int32(k) if k % 2 else f"value {k} of {i}")
             v[:] = (np.arange(48).reshape(3, 16) % 50).astype(typ)
         nc.title = "many"
 
