@@ -255,20 +255,25 @@ def _decode_attrs_many(attrs_jsons: Sequence[str], fmt: str) -> list:
     return [_typed_attrs(d) for d in ds] if fmt in ("netcdf3", "hdf5") else ds
 
 
-_ATTR_DTYPES: dict = {}   # typestr -> native numpy dtype (a handful of distinct ones)
+_ATTR_SCALAR: dict = {}   # typestr -> (native dtype, its scalar type or None): a handful per process
+
+
+def _attr_type(t: str):
+    import numpy as np
+    dt = np.dtype(t).newbyteorder("=")
+    r = _ATTR_SCALAR[t] = (dt, dt.type if dt.kind in "iuf" else None)
+    return r
 
 
 def _typed_attrs(d: dict) -> dict:
-    import numpy as np
     for k, v in d.items():
-        if isinstance(v, dict) and "type" in v and "value" in v:
+        if type(v) is dict and "type" in v and "value" in v:
             t, vals = v["type"], v["value"]
-            dt = _ATTR_DTYPES.get(t)
-            if dt is None:
-                dt = _ATTR_DTYPES[t] = np.dtype(t).newbyteorder("=")
-            if len(vals) == 1 and dt.kind in "iuf" and not isinstance(vals[0], str):
-                d[k] = dt.type(vals[0])     # the scalar np.array([x], dt)[0] is, built directly
+            dt, scalar = _ATTR_SCALAR.get(t) or _attr_type(t)
+            if scalar is not None and len(vals) == 1 and type(vals[0]) is not str:
+                d[k] = scalar(vals[0])     # the scalar np.array([x], dt)[0] is, built directly
             else:
+                import numpy as np
                 arr = np.array([_json_number(x) for x in vals], dtype=dt)
                 d[k] = arr[0] if arr.size == 1 else arr
     return d

@@ -113,3 +113,24 @@ def test_truncated_metadata_names_the_file(tmp_path, many):
         ferry.Dataset(ferry.default_context(), str(p)).close()
     assert str(p) in str(ei.value)
     assert ei.value.code in (_ferry.EFORMAT, _ferry.EIO)
+
+
+def test_open_leaves_the_collector_as_it_was(many, tmp_path):
+    """The backend pauses Python's cyclic collector during an open and turns it
+    back on after, also when the open fails; a collector the caller turned off
+    stays off."""
+    import gc
+    assert gc.isenabled()
+    xr.open_dataset(many, engine="ferry").close()
+    assert gc.isenabled()
+    bad = tmp_path / "bad.nc"
+    bad.write_bytes(open(many, "rb").read()[:4096])
+    with pytest.raises(ferry.FerryError):
+        xr.open_dataset(bad, engine="ferry")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        xr.open_dataset(many, engine="ferry").close()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
