@@ -244,19 +244,39 @@ def decode_attrs(attrs_json: str, fmt: str) -> dict:
     become numpy scalars (one value) or 1-d arrays; text attributes become str.
     Other formats' attributes are returned as parsed JSON.
     """
-    import numpy as np
     d = json.loads(attrs_json or "{}")
-    if fmt not in ("netcdf3", "hdf5"):
-        return d
-    out = {}
+    return _typed_attrs(d) if fmt in ("netcdf3", "hdf5") else d
+
+
+def _decode_attrs_many(attrs_jsons: Sequence[str], fmt: str) -> list:
+    """decode_attrs of many JSON texts, parsed by one json.loads (an open of
+    thousands of variables pays the parser's call once, not per variable)."""
+    ds = json.loads("[" + ",".join(a or "{}" for a in attrs_jsons) + "]")
+    return [_typed_attrs(d) for d in ds] if fmt in ("netcdf3", "hdf5") else ds
+
+
+_ATTR_SCALAR: dict = {}   # typestr -> (native dtype, its scalar type or None): a handful per process
+
+
+def _attr_type(t: str):
+    import numpy as np
+    dt = np.dtype(t).newbyteorder("=")
+    r = _ATTR_SCALAR[t] = (dt, dt.type if dt.kind in "iuf" else None)
+    return r
+
+
+def _typed_attrs(d: dict) -> dict:
     for k, v in d.items():
-        if isinstance(v, dict) and "type" in v and "value" in v:
-            dt = np.dtype(v["type"]).newbyteorder("=")
-            vals = np.array([_json_number(x) for x in v["value"]], dtype=dt)
-            out[k] = vals[0] if vals.size == 1 else vals
-        else:
-            out[k] = v
-    return out
+        if type(v) is dict and "type" in v and "value" in v:
+            t, vals = v["type"], v["value"]
+            dt, scalar = _ATTR_SCALAR.get(t) or _attr_type(t)
+            if scalar is not None and len(vals) == 1 and type(vals[0]) is not str:
+                d[k] = scalar(vals[0])     # the scalar np.array([x], dt)[0] is, built directly
+            else:
+                import numpy as np
+                arr = np.array([_json_number(x) for x in vals], dtype=dt)
+                d[k] = arr[0] if arr.size == 1 else arr
+    return d
 
 
 # ---------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from xarray.backends.store import StoreBackendEntrypoint
 
 import ferry
 from ferry import _ferry
-from .common import _format_of, _route
+from .common import _format_of, _gc_paused, _route
 from .dask_hook import cupy_meta
 from .hdf5 import _h5_groups
 from .store import FerryStore
@@ -122,6 +122,15 @@ class FerryBackendEntrypoint(BackendEntrypoint):
         pyarrow) may name files outside its own directory (refused otherwise, as a Zarr store's
         links leading out are)."""
         path_policy = _route(path_policy, path, "engine='ferry'")
+        with _gc_paused():
+            return self._open_dataset(filename_or_obj, mask_and_scale, decode_times, concat_characters, decode_coords,
+                                      drop_variables, use_cftime, decode_timedelta, group, device, threads,
+                                      path_policy, decode, lock, storage_options, consolidated, allow_outside,
+                                      progress)
+
+    def _open_dataset(self, filename_or_obj, mask_and_scale, decode_times, concat_characters, decode_coords,
+                      drop_variables, use_cftime, decode_timedelta, group, device, threads, path_policy, decode,
+                      lock, storage_options, consolidated, allow_outside, progress):
         if isinstance(filename_or_obj, FerryStore):
             store = filename_or_obj
         else:

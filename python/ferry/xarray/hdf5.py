@@ -82,13 +82,23 @@ def _filters(desc: str) -> dict:
     return out
 
 
-def _encoding(v: dict, dims: tuple, source: str, stored, unlimited=()) -> dict:
+def _encoding(v: dict, dims: tuple, source: str, stored, unlimited=(), filters_of: dict | None = None) -> dict:
     """encoding of one variable: dtype, the filters, contiguous / chunksizes /
     preferred_chunks, source, original_shape (xarray adds _FillValue and the
-    other CF keys when it decodes)."""
+    other CF keys when it decodes). filters_of: _filters() by description, shared
+    by the variables of one open (copied: each encoding is its own)."""
     shape, chunks = tuple(v["shape"]), tuple(v["chunks"])
     enc = {"dtype": stored} if stored is not None else {}
-    enc.update(_filters(v["codecs"]))
+    desc = v["codecs"]
+    if filters_of is None:
+        f = _filters(desc)
+    else:
+        f = filters_of.get(desc)
+        if f is None:
+            f = filters_of[desc] = _filters(desc)
+    enc.update(f)
+    if isinstance(f["blosc"], dict):
+        enc["blosc"] = dict(f["blosc"])
     # Contiguous data has a byte range (data_bytes). Without one, the dataset is
     # chunked when its chunks differ from its shape, it is filtered or it runs
     # along an unlimited dimension (HDF5 chunks those); left over is a dataset of
@@ -197,15 +207,21 @@ def _h5_scan(path: str, group: str | None, ctx, cpath: str | None = None, ident=
         dims = {k: int(d["size"]) for k, d in dims_j.items()}
         unlimited = {k for k, d in dims_j.items() if d.get("unlimited")}
         source = os.path.abspath(path)
+        # every variable's description in one call, its dims and attributes parsed
+        # in one json.loads each: per-variable work is what an open of thousands costs
+        rows = ds.meta()
+        all_attrs = ferry._decode_attrs_many([r[5] for r in rows], "hdf5")
+        all_dims = json.loads("[" + ",".join(r[4] for r in rows) + "]")
+        stored_of: dict = {}    # typestr -> (stored dtype or None, native dtype or None)
+        filters_of: dict = {}   # codecs description -> _filters()
         specs = []
-        for index, v in enumerate(ds.variables()):
-            name, err = v["name"], v["error"]
-            attrs = ferry.decode_attrs(v["attrs"], "hdf5")
-            vd = tuple(json.loads(v["dims"] or "[]"))
-            shape = tuple(v["shape"])
+        for index, (name, typestr, shape, chunks, _dj, _aj, codecs, data_bytes, err) in enumerate(rows):
+            attrs = all_attrs[index]
+            vd = tuple(all_dims[index] or ())
+            v = {"shape": shape, "chunks": chunks, "codecs": codecs, "data_bytes": data_bytes}
             for dn, n in zip(vd, shape):
                 dims.setdefault(dn, int(n))
-            _netcdf4_attrs(attrs, v["typestr"])
+            _netcdf4_attrs(attrs, typestr)
             if err and _NULL_SPACE in err:
                 # h5py.Empty: no values, no shape; netCDF has no such variable (netCDF4
                 # refuses the whole file): left out, said once, the rest of the file read
@@ -221,30 +237,33 @@ def _h5_scan(path: str, group: str | None, ctx, cpath: str | None = None, ident=
                     continue
                 err = why + (" (h5py, which reads such variables, opens local files only: copy the file to "
                              "read this one)" if remote else " (install h5py to read it through h5py)")
-            if not err and v["dtype"] == "str":
+            if not err and typestr == "|O":
                 # variable-length strings (netCDF-4 "string"): object arrays of str read by the
                 # C library, typed and encoded as the netcdf4 engine types them (dtype=str)
-                enc = _encoding(v, vd, source, None, unlimited)
-                enc = {"dtype": str, **enc}
+                enc = {"dtype": str, **_encoding(v, vd, source, None, unlimited, filters_of)}
                 spec = _VarSpec(name, vd, shape, _vlen_str(), attrs, enc, "strings", ds)
                 spec.index = index
                 _lsd(spec)
                 specs.append(spec)
                 continue
-            try:
-                stored = np.dtype(v["typestr"])
-            except TypeError:
-                stored = None
+            st = stored_of.get(typestr)
+            if st is None:
+                try:
+                    stored = np.dtype(typestr)
+                except TypeError:
+                    stored = None
+                st = stored_of[typestr] = (stored, _native(stored) if stored is not None else None)
+            stored, native = st
             if err or stored is None or stored.kind not in "biufcS":
                 # a placeholder where numpy has no type (an object one would make xarray
                 # read a value at open to infer its type, and fail there)
-                dtype = _native(stored) if stored is not None and stored.kind in "biufcS" else np.dtype("V1")
-                enc = _encoding(v, vd, source, stored, unlimited)
+                dtype = native if stored is not None and stored.kind in "biufcS" else np.dtype("V1")
+                enc = _encoding(v, vd, source, stored, unlimited, filters_of)
                 spec = _VarSpec(name, vd, shape, dtype, attrs, enc, "unsupported", ds)
-                spec.error = err or f"{path}: variable {name}: type {v['typestr']} is not read by ferry"
+                spec.error = err or f"{path}: variable {name}: type {typestr} is not read by ferry"
             else:
-                spec = _VarSpec(name, vd, shape, _native(stored), attrs, _encoding(v, vd, source, stored, unlimited),
-                                "ferry", ds)
+                spec = _VarSpec(name, vd, shape, native, attrs,
+                                _encoding(v, vd, source, stored, unlimited, filters_of), "ferry", ds)
             spec.index = index
             _lsd(spec)
             specs.append(spec)

@@ -283,10 +283,15 @@ class FerryStore(_StoreReads, AbstractDataStore):
     def get_variables(self):
         self._live()
         out = {}
+        keys: dict = {}   # ndim -> the whole-array key, one per rank (indexers are immutable)
         for name, s in self.specs.items():
             arr = FerryBackendArray(self, s)
-            data = indexing.LazilyIndexedArray(arr)
-            out[name] = Variable(s.dims, data, dict(s.attrs), dict(s.encoding))
+            nd = len(s.shape)
+            key = keys.get(nd)
+            if key is None:
+                key = keys[nd] = indexing.BasicIndexer((slice(None),) * nd)
+            data = indexing.LazilyIndexedArray(arr, key)
+            out[name] = Variable(s.dims, data, dict(s.attrs), dict(s.encoding), fastpath=True)
         return out
 
     def get_attrs(self):

@@ -92,7 +92,60 @@ static int dense_rec(void *arg, const uint8_t *rec, uint32_t size, uint64_t pos)
     return rc ? rc : push(L, p, n, pos);
 }
 
+/* Attributes already parsed, by object header address: an open checks every
+ * object of the file (walk_group) and then builds the group's variables from
+ * the same objects, and a variable's dense attributes are a B-tree walk and a
+ * heap each; parsed once, kept in the file's arena like every parse. */
+struct h5_amemo {
+    uint64_t addr;
+    h5_attr *a;
+    size_t n;
+    int used;
+};
+
+static size_t amemo_slot(uint64_t addr, size_t cap) {
+    uint64_t x = addr * 0x9E3779B97F4A7C15ull;
+    return (size_t)(x ^ (x >> 29)) & (cap - 1);
+}
+
+static const struct h5_amemo *amemo_get(const h5_file *h, uint64_t addr) {
+    if (!h->amemo_cap) return NULL;
+    for (size_t j = amemo_slot(addr, h->amemo_cap); h->amemo[j].used; j = (j + 1) & (h->amemo_cap - 1))
+        if (h->amemo[j].addr == addr) return &h->amemo[j];
+    return NULL;
+}
+
+/* Remember (addr -> a, n); out of memory only forgets (the next call parses again). */
+static void amemo_put(h5_file *h, uint64_t addr, h5_attr *a, size_t n) {
+    if (2 * (h->amemo_n + 1) > h->amemo_cap) {
+        size_t cap = h->amemo_cap ? h->amemo_cap * 2 : 64;
+        struct h5_amemo *nt = calloc(cap, sizeof *nt);
+        if (!nt) return;
+        for (size_t i = 0; i < h->amemo_cap; i++)
+            if (h->amemo[i].used) {
+                size_t j = amemo_slot(h->amemo[i].addr, cap);
+                while (nt[j].used) j = (j + 1) & (cap - 1);
+                nt[j] = h->amemo[i];
+            }
+        free(h->amemo);
+        h->amemo = nt;
+        h->amemo_cap = cap;
+    }
+    size_t j = amemo_slot(addr, h->amemo_cap);
+    while (h->amemo[j].used) j = (j + 1) & (h->amemo_cap - 1);
+    h->amemo[j] = (struct h5_amemo){addr, a, n, 1};
+    h->amemo_n++;
+}
+
+void h5_attr_memo_free(h5_file *h) {
+    free(h->amemo);
+    h->amemo = NULL;
+    h->amemo_cap = h->amemo_n = 0;
+}
+
 int h5_obj_attrs(h5_file *h, const h5_obj *o, h5_attr **out, size_t *n) {
+    const struct h5_amemo *hit = amemo_get(h, o->addr);
+    if (hit) { *out = hit->a; *n = hit->n; return 0; }
     alist L = {.h = h, .what = o->name};
     int rc = 0;
     for (int i = 0; i < o->nmsgs && !rc; i++)
@@ -118,6 +171,7 @@ int h5_obj_attrs(h5_file *h, const h5_obj *o, h5_attr **out, size_t *n) {
     if (L.n) memcpy(*out, L.v, L.n * sizeof **out);
     free(L.v);
     *n = L.n;
+    amemo_put(h, o->addr, *out, *n);
     return 0;
 }
 

@@ -33,6 +33,8 @@
 #define H5_UNDEF UINT64_MAX           /* the "undefined address" (all bits set) */
 #define H5_MAX_DEPTH 32               /* group nesting, shared/committed type chains */
 #define H5_MAX_META ((uint64_t)1 << 30)   /* metadata bytes cached per open file */
+#define H5_READ_AHEAD ((uint64_t)8 << 10)  /* a small header read fetches this much: headers,
+                                               heaps and B-tree nodes sit close together */
 #define H5_MAX_MSGS 65536             /* messages in one object header */
 #define H5_MAX_CONT 4096              /* continuation blocks of one object header */
 #define H5_MAX_MEMBERS (1u << 24)     /* links in one group */
@@ -54,6 +56,10 @@ typedef struct h5_file {
     h5_blk **tab;                     /* block cache: open addressing on (addr, len) */
     size_t tab_cap, tab_n;
     uint64_t cached;                  /* bytes in the cache */
+    struct h5_amemo *amemo;           /* attributes parsed, by object header address (attr.c) */
+    size_t amemo_cap, amemo_n;
+    uint8_t *ra;                      /* read-ahead window: the bytes at [ra_abs, ra_abs + ra_len) */
+    uint64_t ra_abs, ra_len;
     void **allocs;                    /* h5_alloc'd pointers */
     size_t nallocs, cap_allocs;
 } h5_file;
@@ -115,6 +121,8 @@ uint32_t h5_lookup3(const uint8_t *k, size_t n);
 int h5_check_sum(const h5_file *h, const uint8_t *p, uint64_t n, uint64_t pos, const char *what);
 int h5_file_open(h5_file *h, ferry_file *f, const char *path);
 void h5_file_free(h5_file *h);
+/* Free the read-ahead window (h5_read makes a new one when it next needs it). */
+void h5_read_ahead_drop(h5_file *h);
 
 /* ---- ohdr.c ----------------------------------------------------------------- */
 enum {
@@ -230,6 +238,8 @@ typedef struct h5_attr {
 } h5_attr;
 /* Every attribute of the object (compact and dense), in creation order where known. */
 int h5_obj_attrs(h5_file *h, const h5_obj *o, h5_attr **out, size_t *n);
+/* Free the memo of parsed attributes (h5_file_free calls it). */
+void h5_attr_memo_free(h5_file *h);
 /* Append attribute a's value as JSON ({"type","value"} for numbers, strings as strings). */
 int h5_attr_json(h5_file *h, const h5_attr *a, ferry_sbuf *b);
 /* a as a string (fixed or vlen, one element), or NULL. */

@@ -560,7 +560,9 @@ static int h5_open(ferry_dataset *ds, const ferry_open_opts *opts) {
     char *aj;
     if ((rc = h5_obj_attrs(h, &g, &ga, &nga)) || (rc = attrs_json(h, ga, nga, &aj, NULL))) return rc;
     if (!(ds->attrs_json = strdup(aj))) return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", ds->path);
-    return h5nc_dims_json(h, st->nc, &ds->dims_json);
+    rc = h5nc_dims_json(h, st->nc, &ds->dims_json);
+    h5_read_ahead_drop(h);   /* the window serves bursts (the open, a chunk index): not kept per open file */
+    return rc;
 }
 
 static int chunk_absent(void *arg, const uint64_t *idx, ferry_chunk *out) {
@@ -602,6 +604,7 @@ static int64_t h5_plan_read(ferry_dataset *ds, int var, const ferry_slice *sel, 
             rc = h5_chunks_read(&st->h, &v->lay, vi->ndim, v->space.dims, v->space.maxdims, vi->shape, v->nfilters,
                                 vi->itemsize, v->what, &v->ch);
             v->loaded = rc == 0;
+            h5_read_ahead_drop(&st->h);
         }
         pthread_mutex_unlock(&st->mu);
         if (rc) return rc;

@@ -92,6 +92,8 @@ int h5_fheap_open(h5_file *h, uint64_t addr, const char *what, h5_fheap **out) {
 
 uint32_t h5_fheap_idlen(const h5_fheap *fh) { return fh->idlen; }
 
+#define FH_WHOLE_BLOCK ((uint64_t)1 << 20)   /* direct blocks read whole up to this size */
+
 static uint64_t row_size(const h5_fheap *fh, unsigned r) {
     return r == 0 ? fh->start : fh->start << (r - 1);
 }
@@ -158,10 +160,25 @@ int h5_fheap_get(h5_file *h, h5_fheap *fh, const uint8_t *id, uint32_t idlen, co
     if (off < doff || in < dhdr || n > dsize || in > dsize - n)
         return h5_fail(h, FERRY_EFORMAT, abs, what, "object [%llu, +%llu) outside its %llu-byte block",
                        (unsigned long long)off, (unsigned long long)n, (unsigned long long)dsize);
+    /* the whole direct block, read (and cached) once: a variable's dense
+     * attributes are many objects of one block, each read apart otherwise.
+     * A block larger than FH_WHOLE_BLOCK (big attribute values) is read by
+     * its header and the object alone, as ever. */
     const uint8_t *b;
-    if ((rc = h5_read(h, daddr, 5, &b, what))) return rc;
-    if (memcmp(b, "FHDB", 4)) return h5_fail(h, FERRY_EFORMAT, h->base + daddr, what, "direct block without \"FHDB\"");
-    if ((rc = h5_read(h, daddr + in, n, p, what))) return rc;
+    uint64_t got;
+    if (dsize > FH_WHOLE_BLOCK) {
+        if ((rc = h5_read(h, daddr, 5, &b, what))) return rc;
+        if (memcmp(b, "FHDB", 4)) return h5_fail(h, FERRY_EFORMAT, h->base + daddr, what, "direct block without \"FHDB\"");
+        if ((rc = h5_read(h, daddr + in, n, p, what))) return rc;
+        *len = n;
+        return 0;
+    }
+    if ((rc = h5_read_upto(h, daddr, dsize, &b, &got, what))) return rc;
+    if (got < 5 || memcmp(b, "FHDB", 4))
+        return h5_fail(h, FERRY_EFORMAT, h->base + daddr, what, "direct block without \"FHDB\"");
+    if (in + n > got)
+        return h5_fail(h, FERRY_EFORMAT, h->base + daddr + in, what, "file ends inside %llu bytes", (unsigned long long)n);
+    *p = b + in;
     *len = n;
     return 0;
 }

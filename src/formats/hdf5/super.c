@@ -88,6 +88,27 @@ static int cache_put(h5_file *h, h5_blk *b) {
     return 0;
 }
 
+/* n bytes at abs into d: a small read is served from a window of
+ * H5_READ_AHEAD bytes read at once (an open reads thousands of headers of a
+ * few hundred bytes each, mostly near one another: one read per window, not
+ * per header); a large one is read as it is. Returns the bytes read or a
+ * negative ferry_status, as ferry_pread. */
+static int64_t read_ahead(h5_file *h, uint8_t *d, uint64_t abs, uint64_t n) {
+    if (n > H5_READ_AHEAD / 2 || abs >= h->size)
+        return ferry_pread(h->f, ferry_host_buf(d, n), abs, n, FERRY_NO_DIRECT);
+    if (!(h->ra && abs >= h->ra_abs && abs - h->ra_abs <= h->ra_len && n <= h->ra_len - (abs - h->ra_abs))) {
+        if (!h->ra && !(h->ra = malloc(H5_READ_AHEAD))) return FERRY_ENOMEM;
+        uint64_t len = h->size - abs < H5_READ_AHEAD ? h->size - abs : H5_READ_AHEAD;
+        int64_t got = ferry_pread(h->f, ferry_host_buf(h->ra, len), abs, len, FERRY_NO_DIRECT);
+        if (got < 0) { h->ra_len = 0; return got; }
+        h->ra_abs = abs;
+        h->ra_len = (uint64_t)got;
+        if ((uint64_t)got < n) { memcpy(d, h->ra, (size_t)got); return got; }
+    }
+    memcpy(d, h->ra + (abs - h->ra_abs), n);
+    return (int64_t)n;
+}
+
 int h5_read(h5_file *h, uint64_t addr, uint64_t n, const uint8_t **out, const char *what) {
     uint64_t abs = 0;
     int rc = h5_abs(h, addr, n, &abs, what);
@@ -101,7 +122,7 @@ int h5_read(h5_file *h, uint64_t addr, uint64_t n, const uint8_t **out, const ch
     h5_blk *b = malloc(sizeof *b);
     uint8_t *d = malloc(n ? n : 1);
     if (!b || !d) { free(b); free(d); return ferry_seterr(FERRY_ENOMEM, "%s: out of memory", h->path); }
-    int64_t got = n ? ferry_pread(h->f, ferry_host_buf(d, n), abs, n, FERRY_NO_DIRECT) : 0;
+    int64_t got = n ? read_ahead(h, d, abs, n) : 0;
     if (got != (int64_t)n) {
         free(b); free(d);
         if (got < 0) return ferry_preerr((int)got, "%s", h->path);
@@ -242,11 +263,19 @@ int h5_file_open(h5_file *h, ferry_file *f, const char *path) {
     return 0;
 }
 
+void h5_read_ahead_drop(h5_file *h) {
+    free(h->ra);
+    h->ra = NULL;
+    h->ra_abs = h->ra_len = 0;
+}
+
 void h5_file_free(h5_file *h) {
     for (size_t i = 0; i < h->tab_cap; i++)
         if (h->tab[i]) { free(h->tab[i]->data); free(h->tab[i]); }
     free(h->tab);
     for (size_t i = 0; i < h->nallocs; i++) free(h->allocs[i]);
     free(h->allocs);
+    free(h->ra);
+    h5_attr_memo_free(h);
     memset(h, 0, sizeof *h);
 }
