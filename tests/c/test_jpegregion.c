@@ -253,6 +253,41 @@ static void test_damage_below_the_box_is_an_error(void) {
         }
 }
 
+/* An image without quantization tables of its own, decoded after one with
+ * them on the same thread, is refused by both decoders (a decompressor kept
+ * from the earlier image would have used its tables). */
+static void test_tables_of_an_earlier_image_are_not_used(void) {
+    size_t n = 0;
+    uint8_t *a = encode(48, 32, 3, TJSAMP_420, 0, 9, &n);
+    CHECK(a != NULL);
+    if (!a) return;
+    uint8_t *b = malloc(n);
+    size_t m = 0, i = 2;
+    memcpy(b, a, 2);
+    m = 2;
+    while (i + 4 <= n && a[i] == 0xFF && a[i + 1] != 0xDA) {   /* the segments before the scan, less DQT */
+        size_t len = 2 + (((size_t)a[i + 2] << 8) | a[i + 3]);
+        if (a[i + 1] != 0xDB) { memcpy(b + m, a + i, len); m += len; }
+        i += len;
+    }
+    memcpy(b + m, a + i, n - i);
+    m += n - i;
+    CHECK(m < n);
+    uint8_t *px = malloc(48 * 32 * 3);
+    ferry_img_box want = {3, 20, 9, 9}, got;
+    for (int k = 0; k < 2; k++) {
+        CHECK_EQ_I(ferry_image_decode(a, n, px, 48 * 32 * 3, 0, NULL), 48 * 32 * 3);
+        CHECK_EQ_I(ferry_image_decode(b, m, px, 48 * 32 * 3, 0, NULL), FERRY_ECODEC);
+        CHECK_STR_CONTAINS(ferry_errmsg(NULL), "Quantization table");
+        CHECK_EQ_I(ferry_image_decode(a, n, px, 48 * 32 * 3, 0, NULL), 48 * 32 * 3);
+        CHECK_EQ_I(ferry_image_decode_region(b, m, px, 48 * 32 * 3, 0, &want, &got, NULL), FERRY_ECODEC);
+        CHECK_STR_CONTAINS(ferry_errmsg(NULL), "Quantization table");
+    }
+    free(px);
+    free(a);
+    free(b);
+}
+
 /* ---- ferry_image_batch: the rows of the CPU path ------------------------- */
 enum { NB = 7 };
 static ib_image bim_[NB];
@@ -336,6 +371,7 @@ int main(void) {
     RUN(test_region_equals_whole_decode);
     RUN(test_whole_where_no_part_is_cut);
     RUN(test_damage_below_the_box_is_an_error);
+    RUN(test_tables_of_an_earlier_image_are_not_used);
     RUN(test_batch_rows_equal_whole_decode);
     rmdir(dir_);
     ferry_ctx_destroy(ctx_);
