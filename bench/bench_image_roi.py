@@ -10,6 +10,9 @@ with --python naming another build's package folder (a checkout built before the
     python bench/bench_image_roi.py                          # this checkout's build
     python bench/bench_image_roi.py --python /tmp/base       # another build, same images
 
+bench/image_region.c times the whole and the part decode (and each + the transform) side by side
+on one build, without the batch around them.
+
 Each row is the best of --repeat runs (wall rate, and CPU time per image over all threads, which
 other work on a shared machine disturbs less). The set: --count JPEGs of ~500x375 at quality 90 (bench_images.py's, ImageNet-like), written once
 as one tar shard under --dir and read from the page cache; each pass is a new epoch (new boxes).
