@@ -72,7 +72,10 @@ def main():
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--repeat", type=int, default=3, help="best of this many runs of each row")
     ap.add_argument("--python", help="the ferry package's parent folder (default: this checkout's python/)")
+    ap.add_argument("--smoke", action="store_true", help="small and quick (make bench BENCH_ARGS=--smoke)")
     args = ap.parse_args()
+    if args.smoke:
+        args.count, args.batch, args.seconds, args.repeat = 64, 32, 0.2, 1
     sys.path.insert(0, HERE)
     sys.path.insert(0, args.python or os.path.join(HERE, "..", "python"))
     import numpy as np
