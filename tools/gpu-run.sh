@@ -44,6 +44,12 @@ if [ -d .gpu/whl/turbojpeg ]; then
     cp .gpu/whl/turbojpeg/include/turbojpeg.h .deps/include/
     cp -P .gpu/whl/turbojpeg/lib/libturbojpeg.so* .deps/lib/
 fi
+# carried libjpeg (Debian's libjpeg62-turbo/-dev, .gpu/whl/libjpeg): the CPU decode of a crop's part
+if [ -d .gpu/whl/libjpeg ]; then
+    mkdir -p .deps/include .deps/lib
+    cp .gpu/whl/libjpeg/include/*.h .deps/include/
+    cp -P .gpu/whl/libjpeg/lib/libjpeg.so* .deps/lib/
+fi
 # carried libspng (Debian's libspng0/-dev, .gpu/whl/spng): the CPU PNG decoder
 if [ -d .gpu/whl/spng ]; then
     mkdir -p .deps/include .deps/lib

@@ -64,6 +64,18 @@ if [ ! -e .gpu/whl/turbojpeg/include/turbojpeg.h ]; then
     cp -P "$tmp"/x/usr/lib/x86_64-linux-gnu/libturbojpeg.so* .gpu/whl/turbojpeg/lib/
     rm -rf "$tmp"
 fi
+# libjpeg-turbo's libjpeg API from Debian (gpu-run.sh copies it into .deps: the CPU decode of the
+# part of a JPEG a crop needs, src/codecs/jpegregion.c); the same 2.1.5 as libturbojpeg above
+if [ ! -e .gpu/whl/libjpeg/include/jpeglib.h ]; then
+    tmp=$(mktemp -d)
+    (cd "$tmp" && apt-get download libjpeg62-turbo libjpeg62-turbo-dev >/dev/null)
+    for d in "$tmp"/*.deb; do dpkg-deb -x "$d" "$tmp/x"; done
+    mkdir -p .gpu/whl/libjpeg/include .gpu/whl/libjpeg/lib
+    cp "$tmp"/x/usr/include/jpeglib.h "$tmp"/x/usr/include/jmorecfg.h "$tmp"/x/usr/include/jerror.h \
+        "$tmp"/x/usr/include/x86_64-linux-gnu/jconfig.h .gpu/whl/libjpeg/include/
+    cp -P "$tmp"/x/usr/lib/x86_64-linux-gnu/libjpeg.so* .gpu/whl/libjpeg/lib/
+    rm -rf "$tmp"
+fi
 # libspng from Debian (gpu-run.sh copies it into .deps: the CPU PNG decoder)
 if [ ! -e .gpu/whl/spng/include/spng.h ]; then
     tmp=$(mktemp -d)

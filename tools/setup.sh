@@ -18,6 +18,7 @@ have_hdr zstd.h || need_pkgs+=(libzstd-dev)
 have_hdr lz4.h  || need_pkgs+=(liblz4-dev)
 have_hdr libdeflate.h || need_pkgs+=(libdeflate-dev)   # CPU inflate, 3.5x zlib (optional: zlib serves without it)
 have_hdr turbojpeg.h || need_pkgs+=(libturbojpeg0-dev)  # JPEG decode on the CPU
+have_hdr jpeglib.h || need_pkgs+=(libjpeg-dev)  # decoding only the part of a JPEG a crop needs
 have_hdr spng.h || need_pkgs+=(libspng-dev)             # PNG decode on the CPU
 have_hdr x86_64-linux-gnu/curl/curl.h || have_hdr curl/curl.h || need_pkgs+=(libcurl4-openssl-dev)  # remote objects
 command -v nginx >/dev/null || need_pkgs+=(nginx-light)  # the remote-read tests' loopback HTTP server

@@ -45,9 +45,10 @@ int ferry_image_out_channels(const ferry_image_info *info, unsigned flags) {
     return (flags & FERRY_IMAGE_KEEP_GRAY) && info->channels <= 2 && !info->cmyk ? 1 : 3;
 }
 
-int64_t ferry_image_decode(const void *data, size_t n, void *dst, size_t cap, unsigned flags, ferry_image_info *info) {
-    ferry_image_info tmp, *in = info ? info : &tmp;
-    if (flags & ~(unsigned)FERRY_IMAGE_KEEP_GRAY) return ferry_seterr(FERRY_EINVAL, "ferry_image_decode: flags 0x%x", flags);
+/* Probe, and check flags and the destination's size: the output channels, or a code. */
+static int decode_setup(const char *what, const void *data, size_t n, const void *dst, size_t cap, unsigned flags,
+                        ferry_image_info *in) {
+    if (flags & ~(unsigned)FERRY_IMAGE_KEEP_GRAY) return ferry_seterr(FERRY_EINVAL, "%s: flags 0x%x", what, flags);
     int rc = ferry_image_probe(data, n, in);
     if (rc < 0) return rc;
     int ch = ferry_image_out_channels(in, flags);
@@ -55,8 +56,35 @@ int64_t ferry_image_decode(const void *data, size_t n, void *dst, size_t cap, un
     if (!dst || cap < need)
         return ferry_seterr(FERRY_EINVAL, "a %u x %u x %d image needs %llu bytes; the buffer has %zu", in->height,
                             in->width, ch, (unsigned long long)need, dst ? cap : 0);
-    rc = in->format == FERRY_IMAGE_JPEG ? ferry_jpeg_decode(data, n, in, ch, dst) : ferry_png_decode(data, n, in, ch, dst);
-    return rc < 0 ? rc : (int64_t)need;
+    return ch;
+}
+
+int64_t ferry_image_decode(const void *data, size_t n, void *dst, size_t cap, unsigned flags, ferry_image_info *info) {
+    ferry_image_info tmp, *in = info ? info : &tmp;
+    int ch = decode_setup("ferry_image_decode", data, n, dst, cap, flags, in);
+    if (ch < 0) return ch;
+    int rc = in->format == FERRY_IMAGE_JPEG ? ferry_jpeg_decode(data, n, in, ch, dst) : ferry_png_decode(data, n, in, ch, dst);
+    return rc < 0 ? rc : (int64_t)in->width * in->height * ch;
+}
+
+int64_t ferry_image_decode_region(const void *data, size_t n, void *dst, size_t cap, unsigned flags,
+                                  const ferry_img_box *want, ferry_img_box *got, ferry_image_info *info) {
+    ferry_image_info tmp, *in = info ? info : &tmp;
+    if (!want || !got) return ferry_seterr(FERRY_EINVAL, "ferry_image_decode_region: NULL box");
+    int ch = decode_setup("ferry_image_decode_region", data, n, dst, cap, flags, in);
+    if (ch < 0) return ch;
+    if (!want->w || !want->h || want->x >= in->width || want->y >= in->height || want->w > in->width - want->x ||
+        want->h > in->height - want->y)
+        return ferry_seterr(FERRY_EINVAL, "ferry_image_decode_region: box (y %u, x %u, %u x %u) outside the %u x %u "
+                            "image", want->y, want->x, want->h, want->w, in->height, in->width);
+    int rc;
+    if (in->format == FERRY_IMAGE_JPEG) {
+        rc = ferry_jpeg_decode_region(data, n, in, ch, want, got, dst);
+    } else {
+        *got = (ferry_img_box){0, 0, in->height, in->width};
+        rc = ferry_png_decode(data, n, in, ch, dst);
+    }
+    return rc < 0 ? rc : (int64_t)got->h * got->w * ch;
 }
 
 /* ---- batches ------------------------------------------------------------- */

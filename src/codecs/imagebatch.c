@@ -173,7 +173,9 @@ static int prepare(run *r, item *t, size_t i) {
 /* ---- decoding on the CPU ---------------------------------------------------- */
 /* Decode item i on this thread (upload slot w) and transform it: on the
  * device when the destination is there and the kernel runs (the CPU's time
- * goes to decoding), else here, its row copied to the device if it is there. */
+ * goes to decoding), else here, its row copied to the device if it is there.
+ * Transformed here, a JPEG is decoded only in the part its box needs
+ * (`part`: jpegregion.c, the whole decode's pixels); uploads are whole images. */
 static int cpu_decode(run *r, item *t, size_t i, int w) {
     size_t need = (size_t)t->info.width * t->info.height * 3;
     uint8_t *px = r->kernel ? ferry_imgb_upload_buf(r, w, need) : NULL, *own = NULL, *row = NULL;
@@ -181,17 +183,19 @@ static int cpu_decode(run *r, item *t, size_t i, int w) {
     if (!px && !(px = own = malloc(need)))
         return fail(r, t, ferry_seterr(FERRY_ENOMEM, "out of memory for a %u x %u image", t->info.height,
                                        t->info.width));
-    int64_t got = ferry_image_decode(t->data, t->size, px, need, 0, NULL);
+    ferry_img_box part = {0, 0, t->info.height, t->info.width};
+    int64_t got = r->kernel ? ferry_image_decode(t->data, t->size, px, need, 0, NULL)
+                            : ferry_image_decode_region(t->data, t->size, px, need, 0, &t->xs.box, &part, NULL);
     if (got < 0) { free(own); return fail(r, t, (int)got); }
     if (r->kernel) {
         rc = ferry_imgb_upload(r, t, i, w, px);
     } else if (r->device < 0) {
-        rc = ferry_img_transform(px, t->info.height, t->info.width, (size_t)t->info.width * 3, &t->xs, &r->o,
-                                 ferry_imgb_row(r, i));
+        rc = ferry_img_transform_part(px, &part, t->info.height, t->info.width, (size_t)part.w * 3, &t->xs, &r->o,
+                                      ferry_imgb_row(r, i));
     } else if (!(row = malloc(r->row))) {
         rc = ferry_seterr(FERRY_ENOMEM, "out of memory");
-    } else if ((rc = ferry_img_transform(px, t->info.height, t->info.width, (size_t)t->info.width * 3, &t->xs,
-                                         &r->o, row)) == 0) {
+    } else if ((rc = ferry_img_transform_part(px, &part, t->info.height, t->info.width, (size_t)part.w * 3, &t->xs,
+                                              &r->o, row)) == 0) {
         /* pageable source: the driver has taken it when the call returns */
         CUresult cr = r->cu->MemcpyHtoDAsync((CUdeviceptr)(uintptr_t)ferry_imgb_row(r, i), row, r->row, r->stream);
         if (cr != 0) rc = ferry_seterr(FERRY_ECUDA, "copying a row to device %d: %s", r->device, ferry_cuda_errstr(cr));

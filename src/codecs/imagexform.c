@@ -105,13 +105,24 @@ int ferry_img_check(const ferry_img_out *o, const ferry_img_sample *s, uint32_t 
 
 int ferry_img_transform(const uint8_t *src, uint32_t h, uint32_t w, size_t stride, const ferry_img_sample *s,
                         const ferry_img_out *o, void *dst) {
+    ferry_img_box whole = {0, 0, h, w};
+    return ferry_img_transform_part(src, &whole, h, w, stride, s, o, dst);
+}
+
+int ferry_img_transform_part(const uint8_t *src, const ferry_img_box *part, uint32_t h, uint32_t w, size_t stride,
+                             const ferry_img_sample *s, const ferry_img_out *o, void *dst) {
     int rc = ferry_img_check(o, s, h, w, "image transform");
     if (rc < 0) return rc;
     const ferry_img_box *b = &s->box;
+    if (!part || b->y < part->y || b->x < part->x || b->y - part->y + (uint64_t)b->h > part->h ||
+        b->x - part->x + (uint64_t)b->w > part->w)
+        return ferry_seterr(FERRY_EINVAL, "image transform: crop box (y %u, x %u, %u x %u) outside the decoded part "
+                            "(y %u, x %u, %u x %u)", b->y, b->x, b->h, b->w, part ? part->y : 0, part ? part->x : 0,
+                            part ? part->h : 0, part ? part->w : 0);
     int dt = o->dtype == FERRY_DT_U8 ? FERRY_IMG_U8 : o->dtype == FERRY_DT_F32 ? FERRY_IMG_F32
              : o->dtype == FERRY_DT_F16 ? FERRY_IMG_F16 : FERRY_IMG_BF16;
-    if (ferry_img_transform_core(src, stride, b->y, b->x, b->h, b->w, s->flip, o->out_h, o->out_w, o->channels,
-                                 o->layout == FERRY_IMG_CHW ? 0 : 1, dt, o->mean, o->std, dst) < 0)
+    if (ferry_img_transform_core_at(src, stride, part->y, part->x, b->y, b->x, b->h, b->w, s->flip, o->out_h, o->out_w,
+                                    o->channels, o->layout == FERRY_IMG_CHW ? 0 : 1, dt, o->mean, o->std, dst) < 0)
         return ferry_seterr(FERRY_ENOMEM, "image transform: out of memory for a %u x %u box", b->h, b->w);
     return 0;
 }

@@ -62,6 +62,13 @@ int ferry_img_check(const ferry_img_out *o, const ferry_img_sample *s, uint32_t 
 int ferry_img_transform(const uint8_t *src, uint32_t h, uint32_t w, size_t stride, const ferry_img_sample *s,
                         const ferry_img_out *o, void *dst);
 
+/* The same where src holds only the part `part` of the h x w image (its
+ * pixel (part->y, part->x) first, rows `stride` bytes apart), which must
+ * contain the box: the output equals that of the whole image (the box keeps
+ * the image's coordinates, so the filter weights are the same). */
+int ferry_img_transform_part(const uint8_t *src, const ferry_img_box *part, uint32_t h, uint32_t w, size_t stride,
+                             const ferry_img_sample *s, const ferry_img_out *o, void *dst);
+
 /* Float to IEEE half and to bfloat16, round to nearest even (the kernel
  * converts the same way, so the two paths agree bit for bit). */
 uint16_t ferry_img_f32_to_f16(float f);

@@ -77,13 +77,17 @@ static inline void ferry_img_store(void *dst, size_t idx, float u8, int dt, floa
     else ((uint16_t *)dst)[idx] = ferry_img_bf16(v);
 }
 
-/* One sample: the box (by, bx, bh, bw) of an h x w x ch uint8 image (rows
- * `stride` bytes apart) to oh x ow in layout 0 (CHW) or 1 (HWC), flipped
- * left-right when flip. The caller has checked the box and sizes. 0, or -1
- * when scratch memory cannot be had. */
-static inline int ferry_img_transform_core(const uint8_t *src, size_t stride, uint32_t by, uint32_t bx, uint32_t bh,
-                                           uint32_t bw, int flip, uint32_t oh, uint32_t ow, uint32_t ch, int layout,
-                                           int dt, const float *mean, const float *stdv, void *dst) {
+/* One sample: the box (by, bx, bh, bw) of an h x w x ch uint8 image to oh x
+ * ow in layout 0 (CHW) or 1 (HWC), flipped left-right when flip, where src
+ * holds a part of the image from pixel (oy0, ox0) on, rows `stride` bytes apart
+ * (the whole image: oy0 = ox0 = 0). The box keeps the image's coordinates, so
+ * the weights are those of the whole image's transform whatever part of it
+ * src holds. The caller has checked the box and sizes and that src covers
+ * the box. 0, or -1 when scratch memory cannot be had. */
+static inline int ferry_img_transform_core_at(const uint8_t *src, size_t stride, uint32_t oy0, uint32_t ox0, uint32_t by,
+                                              uint32_t bx, uint32_t bh, uint32_t bw, int flip, uint32_t oh,
+                                              uint32_t ow, uint32_t ch, int layout, int dt, const float *mean,
+                                              const float *stdv, void *dst) {
     uint32_t *xlo = (uint32_t *)malloc(sizeof *xlo * ow);
     int *xn = (int *)malloc(sizeof *xn * ow);
     float *xw = (float *)malloc(sizeof *xw * (size_t)ow * FERRY_IMG_MAX_TAPS);
@@ -95,12 +99,13 @@ static inline int ferry_img_transform_core(const uint8_t *src, size_t stride, ui
     }
     for (uint32_t ox = 0; ox < ow; ox++) xn[ox] = ferry_img_taps(bx, bw, ow, ox, &xlo[ox], xw + (size_t)ox * FERRY_IMG_MAX_TAPS);
     for (uint32_t y = 0; y < bh; y++) {
-        const uint8_t *row = src + (size_t)(by + y) * stride;
+        const uint8_t *row = src + (size_t)(by - oy0 + y) * stride;
         for (uint32_t ox = 0; ox < ow; ox++) {
             const float *wt = xw + (size_t)ox * FERRY_IMG_MAX_TAPS;
+            const uint8_t *px = row + (size_t)(xlo[ox] - ox0) * ch;
             for (uint32_t c = 0; c < ch; c++) {
                 float acc = 0.0f;
-                for (int k = 0; k < xn[ox]; k++) acc = acc + wt[k] * (float)row[(size_t)(xlo[ox] + k) * ch + c];
+                for (int k = 0; k < xn[ox]; k++) acc = acc + wt[k] * (float)px[(size_t)k * ch + c];
                 rows[((size_t)y * ow + ox) * ch + c] = acc;
             }
         }
@@ -123,5 +128,13 @@ static inline int ferry_img_transform_core(const uint8_t *src, size_t stride, ui
     }
     free(xlo); free(xn); free(xw); free(rows);
     return 0;
+}
+
+/* The same over a whole image (rows `stride` bytes apart). */
+static inline int ferry_img_transform_core(const uint8_t *src, size_t stride, uint32_t by, uint32_t bx, uint32_t bh,
+                                           uint32_t bw, int flip, uint32_t oh, uint32_t ow, uint32_t ch, int layout,
+                                           int dt, const float *mean, const float *stdv, void *dst) {
+    return ferry_img_transform_core_at(src, stride, 0, 0, by, bx, bh, bw, flip, oh, ow, ch, layout, dt, mean, stdv,
+                                       dst);
 }
 #endif

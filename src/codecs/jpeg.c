@@ -71,11 +71,14 @@ static void tj_free(void *h) { tjDestroy((tjhandle)h); }
 static void tj_key_make(void) { (void)pthread_key_create(&tj_key, tj_free); }
 
 /* The calling thread's decompressor, made on first use, freed at thread exit.
- * A decompressor remembers the Huffman tables of the images it decoded (JPEG
- * lets an image omit tables it shares with earlier ones), and one that failed
- * may keep a damaged table: `fresh` (an image without tables of its own) and
- * every failure (tj_drop) give the next image a new decompressor, so no image
- * decodes differently for what came before it. */
+ * A decompressor remembers the tables of the images it read (JPEG lets an
+ * image omit the Huffman and quantization tables it shares with earlier
+ * ones), and one that failed may keep a damaged table: `fresh` and every
+ * failure (tj_drop) give the next image a new decompressor. Every decode is
+ * fresh (a new decompressor costs well under a microsecond), so no image
+ * decodes differently for what came before it on its thread: an image using
+ * a table it does not define is refused, as jpegregion.c refuses it; a header
+ * probe reuses the decompressor unless the image has no Huffman table. */
 static void tj_drop(void) {
     tjhandle h = pthread_getspecific(tj_key);
     if (h) { pthread_setspecific(tj_key, NULL); tjDestroy(h); }
@@ -134,7 +137,7 @@ int ferry_jpeg_decode(const uint8_t *data, size_t n, const ferry_image_info *inf
     jpeg_markers m;
     int rc = jpeg_walk(data, n, &m);
     if (rc < 0) return rc;
-    tjhandle h = tj_get(!m.dht);
+    tjhandle h = tj_get(1);
     if (!h) return ferry_seterr(FERRY_ENOMEM, "jpeg: cannot make a TurboJPEG decompressor");
     int flags = TJFLAG_STOPONWARNING | TJFLAG_LIMITSCANS | TJFLAG_ACCURATEDCT;
     int w = (int)info->width, ht = (int)info->height;

@@ -182,3 +182,37 @@ def test_center_is_torchvision_center_crop_then_resize(shard):
         want = F.resize(F.center_crop(px, [m, m]), [24, 24], antialias=True).numpy()
         d = np.abs(out[i].astype(int) - want.astype(int))
         assert d.max() <= 1, f"row {i}: max {d.max()}"
+
+
+def test_rows_of_crops_decoded_in_part_equal_pil_whole_decode(tmp_path):
+    """The CPU threads decode a JPEG only in the part its crop box needs (jpegregion.c): over many
+    drawn boxes of ~300x200 images PIL wrote in every chroma sampling, progressive, with restart
+    markers and gray, each row equals PIL's whole decode + the CPU transform (0 difference), for
+    uint8 and float32 outputs."""
+    rng = np.random.default_rng(4)
+    kinds = [dict(subsampling=0), dict(subsampling=1), dict(subsampling=2), dict(subsampling=2, progressive=True),
+             dict(subsampling=1, progressive=True), dict(subsampling=2, restart_marker_rows=1), dict(gray=True)]
+    datas = []
+    path = str(tmp_path / "big.tar")
+    with wds.TarWriter(path) as tw:
+        for i, kw in enumerate(kinds):
+            h, w = int(rng.integers(150, 260)), int(rng.integers(200, 340))
+            a = _pixels(h, w, i).astype(np.int16) + rng.integers(-40, 41, (h, w, 3))   # chroma that changes
+            a = a.clip(0, 255).astype(np.uint8)
+            gray = kw.pop("gray", False)
+            b = io.BytesIO()
+            Image.fromarray(a[:, :, 0] if gray else a).save(b, "JPEG", quality=90, **kw)
+            datas.append(b.getvalue())
+            tw.write({"__key__": f"b{i:03d}", "jpg": datas[-1]})
+    s = images.open_shards(path)
+    samples = list(range(len(kinds))) * 6
+    for dtype, mean, std in (("uint8", None, None), ("float32", (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))):
+        for epoch in range(4):
+            out = np.zeros((len(samples), 3, 40, 48), dtype)
+            r = images.load_batch(s, samples, out, flip=0.5, seed=11, epoch=epoch, decode="cpu", threads=2,
+                                  mean=mean, std=std)
+            assert r["written"] == len(samples)
+            for i, k in enumerate(samples):
+                want = np.frombuffer(_expected(datas[k], k, (40, 48), 11, epoch, 0.5, "CHW", dtype, mean, std),
+                                     dtype).reshape(3, 40, 48)
+                assert np.array_equal(out[i], want), f"{dtype} epoch {epoch} row {i} (image {k}: {kinds[k]})"
