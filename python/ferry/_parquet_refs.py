@@ -18,6 +18,7 @@ from ._ferry import FerryError
 
 # the C parser's bound on a reference set's references (refs.c)
 _MAX_REFS = 1 << 26
+_MAX_META = 1 << 28     # bytes of .zmetadata read (the JSON form the C parser takes is capped too)
 
 
 def is_parquet_refs(path) -> bool:
@@ -43,9 +44,12 @@ def refs_json(path: str) -> str:
     zm = os.path.join(path, ".zmetadata")
     try:
         with open(zm, "rb") as f:
-            met = json.loads(f.read())
+            text = f.read(_MAX_META + 1)
+        if len(text) > _MAX_META:
+            raise ValueError(f"more than {_MAX_META} bytes")
+        met = json.loads(text)
         meta, record_size = met["metadata"], int(met["record_size"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, OverflowError) as e:
         raise _fail(zm, f"not a Parquet reference set's metadata ({type(e).__name__}: {e})") from None
     if not isinstance(meta, dict) or record_size < 1:
         raise _fail(zm, f"metadata must be an object and record_size >= 1 (found {record_size})")
@@ -59,10 +63,17 @@ def refs_json(path: str) -> str:
         if not key.endswith("/.zarray"):
             continue
         field = key[:-len("/.zarray")]
+        parts = field.split("/")
+        if not field or field.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            raise _fail(zm, f"{key}: the array's name must be a path inside the set (no '..', not absolute)")
         try:
             za = meta[key] if isinstance(meta[key], dict) else json.loads(meta[key])
-            grid = [math.ceil(int(s) / int(c)) for s, c in zip(za["shape"], za["chunks"])] or [1]
-        except (ValueError, KeyError, TypeError, ZeroDivisionError) as e:
+            # integer ceilings: a float division misnumbers grids past 2**53 and overflows on huge shapes
+            grid = [-(-int(s) // int(c)) for s, c in zip(za["shape"], za["chunks"])] or [1]
+            sep = za.get("dimension_separator") or "."
+            if sep not in (".", "/"):
+                raise ValueError(f"dimension_separator {sep!r}")
+        except (ValueError, KeyError, TypeError, ZeroDivisionError, AttributeError) as e:
             raise _fail(zm, f"{key}: no shape and chunks to number its chunks by ({type(e).__name__}: {e})") from None
         n = math.prod(grid)
         total += n
@@ -73,7 +84,12 @@ def refs_json(path: str) -> str:
             if not os.path.exists(fn):
                 continue            # fsspec: a record never written holds no chunks
             try:
-                t = pq.read_table(fn)
+                pf = pq.ParquetFile(fn)
+                if pf.metadata.num_rows > record_size:     # before the table is read
+                    raise _fail(fn, f"{pf.metadata.num_rows} rows: more than record_size {record_size}")
+                t = pf.read()
+            except FerryError:
+                raise
             except Exception as e:  # noqa: BLE001 — pyarrow's errors on a damaged file
                 raise _fail(fn, f"not a readable Parquet file ({type(e).__name__}: {e})") from None
             cols = {c: t.column(c).to_pylist() for c in ("path", "offset", "size", "raw") if c in t.column_names}
@@ -91,7 +107,7 @@ def refs_json(path: str) -> str:
                 raw, p = raws[i], paths[i]
                 if raw is None and p is None:
                     continue
-                k = field + "/" + ".".join(str(int(a[i])) for a in idx)
+                k = field + "/" + sep.join(str(int(a[i])) for a in idx)
                 if raw is not None:
                     refs[k] = "base64:" + base64.b64encode(raw if isinstance(raw, bytes) else
                                                            str(raw).encode()).decode()

@@ -21,6 +21,12 @@
 #include <stdlib.h>
 #include <time.h>
 
+/* Past these, a slot's buffers and a scratch buffer are not kept for later calls (one huge image
+ * must not hold gigabytes of device and pinned memory for the process), and an image past
+ * SLOT_KEEP goes through pageable memory */
+#define SLOT_KEEP ((size_t)64 << 20)
+#define SCRATCH_KEEP (FERRY_IMGB_RUN_BYTES + FERRY_IMGB_RUN_BYTES / 4)
+
 static pthread_mutex_t pool_mu_ = PTHREAD_MUTEX_INITIALIZER;
 static ferry_imgb_devset *pool_[FERRY_MAX_DEVICES][FERRY_IMGB_SETS];
 
@@ -87,8 +93,25 @@ int ferry_imgb_dev_take(ferry_imgb_run *r) {
     return set_init(r, d);
 }
 
+/* After the call's sync: what one huge image grew is not kept. */
+static void set_trim(const ferry_cuda_api *cu, ferry_imgb_devset *d) {
+    for (int s = 0; s < 2; s++)
+        if (d->scratch_size[s] > SCRATCH_KEEP) {
+            cu->MemFree(d->scratch[s]);
+            d->scratch[s] = 0;
+            d->scratch_size[s] = 0;
+        }
+    for (int w = 0; w < FERRY_IMGB_UP_MAX; w++)
+        if (d->slot[w].dev_size > SLOT_KEEP) {
+            cu->MemFree(d->slot[w].dev);
+            d->slot[w].dev = 0;
+            d->slot[w].dev_size = 0;
+        }
+}
+
 void ferry_imgb_dev_give(ferry_imgb_run *r) {
     if (r->device < 0) return;
+    if (r->ds && !r->ds_own) set_trim(r->cu, r->ds);
     for (size_t k = 0; k < r->nretired; k++) r->cu->MemFree(r->retired[k]);
     free(r->retired);
     r->retired = NULL;
@@ -160,6 +183,7 @@ uint8_t *ferry_imgb_upload_buf(ferry_imgb_run *r, int w, size_t bytes) {
     ferry_imgb_slot *sl = &r->ds->slot[w];
     int k = sl->next;
     size_t need = ((bytes + 255) & ~(size_t)255) + 64;
+    if (need > SLOT_KEEP) return NULL;   /* a huge image: pageable, nothing pinned kept for it */
     if (!sl->copied[k] && r->cu->EventCreate(&sl->copied[k], FERRY_CU_EVENT_DISABLE_TIMING) != 0) {
         sl->copied[k] = NULL;
         return NULL;

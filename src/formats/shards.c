@@ -142,6 +142,7 @@ typedef struct each_run {
     atomic_size_t next;
     pthread_mutex_t lock;
     size_t first;          /* the lowest i that failed, or n */
+    atomic_size_t failed;  /* a copy of first the workers read without the lock */
     int rc;
     char msg[1024];
 } each_run;
@@ -149,11 +150,13 @@ typedef struct each_run {
 static void *each_worker(void *p) {
     each_run *e = p;
     for (size_t i; (i = atomic_fetch_add(&e->next, 1)) < e->n;) {
+        if (i > atomic_load(&e->failed)) break;   /* a lower one failed: its error is the answer */
         int rc = e->fn(e->arg, i);
         if (rc >= 0) continue;
         pthread_mutex_lock(&e->lock);
         if (i < e->first) {
             e->first = i;
+            atomic_store(&e->failed, i);
             e->rc = rc;
             snprintf(e->msg, sizeof e->msg, "%s", ferry_errmsg(NULL));
         }
@@ -165,6 +168,7 @@ static void *each_worker(void *p) {
 int ferry_shards_each(size_t n, int threads, int (*fn)(void *arg, size_t i), void *arg) {
     each_run e = {.fn = fn, .arg = arg, .n = n, .first = n};
     atomic_init(&e.next, 0);
+    atomic_init(&e.failed, n);
     pthread_mutex_init(&e.lock, NULL);
     pthread_t th[64];
     size_t nt = 0, want = FERRY_MIN(n, (size_t)FERRY_MIN(threads, 64));

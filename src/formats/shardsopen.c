@@ -32,6 +32,10 @@ static int ends_with(const char *s, const char *suf) {
 /* The format of a URL: see the top of the file. */
 static int detect_url(ferry_ctx *ctx, const char *url, const char **fmt) {
     size_t n = strlen(url);
+    /* an https URL's query (a presigned URL's signature) is not part of the name */
+    const char *q = strncmp(url, "http", 4) ? NULL : strpbrk(url, "?#");
+    if (q && q - url >= 4 && !strncmp(q - 4, ".tar", 4)) { *fmt = "tar"; return 0; }
+    if (q) n = (size_t)(q - url);
     if (ends_with(url, ".tar")) { *fmt = "tar"; return 0; }
     const char *last = url + n;
     while (last > url && last[-1] == '/') last--;
@@ -47,7 +51,11 @@ static int detect_url(ferry_ctx *ctx, const char *url, const char **fmt) {
     if (rc == 0) { *fmt = "mds"; return 0; }
     if (rc != -ENOENT) return rc;
     ferry_clearerr();
-    *fmt = ferry_remote_can_list(url) ? "folder" : "files";
+    if (ferry_remote_can_list(url)) { *fmt = "folder"; return 0; }
+    if (last < url + n)   /* ends in '/': a directory, and a web server's cannot be listed */
+        return ferry_seterr(FERRY_EUNSUPPORTED, "%s: no index.json there (not an MDS directory), and an https server "
+                            "cannot be listed: name the .tar shards or the image files", url);
+    *fmt = "files";
     return 0;
 }
 

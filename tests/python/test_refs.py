@@ -413,3 +413,33 @@ def test_a_template_that_renders_too_long_is_refused(tmp_path, nc4):
     j = _write(tmp_path / "long.json", refs)
     with pytest.raises(FerryError, match="renders to more than 16384 bytes"):
         ferry.read(j, "t")
+
+
+def test_parquet_references_dimension_separator_and_hostile_names(tmp_path, nc4, monkeypatch):
+    """A .zarray with dimension_separator "/" numbers its chunks t/i/j (read equal, not as
+    fill values); an array named outside the set ('../x') and a huge shape are FerryErrors
+    (naming .zmetadata, or the reference bound), not reads elsewhere or Python's own exceptions."""
+    import json as _json
+    pytest.importorskip("pyarrow")
+    d = _parquet(_refs(nc4, 0), tmp_path / "refs.parq", "pyarrow", 1000, monkeypatch)
+    zm = os.path.join(d, ".zmetadata")
+    with open(zm) as f:
+        met = _json.load(f)
+    orig = _json.dumps(met)
+    za = met["metadata"]["t/.zarray"]
+    za = za if isinstance(za, dict) else _json.loads(za)
+    za["dimension_separator"] = "/"
+    met["metadata"]["t/.zarray"] = _json.dumps(za)
+    with open(zm, "w") as f:
+        _json.dump(met, f)
+    want = xr.open_dataset(nc4, engine="netcdf4", mask_and_scale=False)
+    np.testing.assert_array_equal(ferry.read(d, "t"), want["t"].values)
+    want.close()
+    for key, value in (("../x/.zarray", _json.dumps(za)),
+                       ("t/.zarray", _json.dumps(dict(za, shape=[10 ** 400] + za["shape"][1:])))):
+        met = _json.loads(orig)
+        met["metadata"][key] = value
+        with open(zm, "w") as f:
+            _json.dump(met, f)
+        with pytest.raises(FerryError, match=r"\.zmetadata: \.\./x|more than \d+ chunk references"):
+            ferry.read(d, "t")

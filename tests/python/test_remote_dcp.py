@@ -105,3 +105,14 @@ def test_writer_still_refuses_urls():
     with pytest.raises(FerryError):
         ck.FerryReader("memory://x/dcp")          # fsspec URLs: not read by the C library
     assert ck.FerryReader.validate_checkpoint_id("s3://b/ck") and not ck.FerryWriter.validate_checkpoint_id("s3://b/ck")
+
+
+def test_remote_dcp_file_names_are_plain():
+    """The metadata names the data files; at a URL only plain names are read (a server decodes
+    %2f, '?' starts a query): anything else is corrupted metadata, named."""
+    import ferry
+    from ferry.checkpoint.dcp import _object_name
+    assert _object_name("https://h/ck", "__0_0.distcp") == "https://h/ck/__0_0.distcp"
+    for bad in ("..%2f..%2fother.bin", "a?x=1", "a#b", "../x", "a/b", "", ".."):
+        with pytest.raises(ferry.FerryError, match="corrupted DCP metadata"):
+            _object_name("https://h/ck", bad)

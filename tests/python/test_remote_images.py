@@ -165,6 +165,9 @@ def test_files_over_https_equal_local(nginx, imgs, tmp_path):
     paths = write_wds(str(www / "wds"), imgs[:10], shards=1)
     got = batches(ImageDataset(f"{base}/wds/{os.path.basename(paths[0])}", **kw))
     assert_same(got, batches(ImageDataset(paths[0], **kw)))
+    # a presigned-style URL: the query is not part of the name the format is told by
+    got = batches(ImageDataset(f"{base}/wds/{os.path.basename(paths[0])}?X-Signature=abc", **kw))
+    assert_same(got, batches(ImageDataset(paths[0], **kw)))
 
 
 def test_tar_replaced_after_indexing_is_an_error_naming_it(s3, imgs, tmp_path):
@@ -245,6 +248,9 @@ def test_missing_and_unlistable_urls_are_named(s3, nginx, tmp_path):
     with pytest.raises(FerryError) as ei:
         images.open_shards(f"{base}/dir/", format="folder")
     assert f"{base}/dir/" in str(ei.value) and "listed" in str(ei.value)
+    with pytest.raises(FerryError) as ei:      # told from the URL: a directory, no index.json
+        images.open_shards(f"{base}/dir/")
+    assert f"{base}/dir/" in str(ei.value) and "index.json" in str(ei.value)
 
 
 def test_load_batch_over_urls_equals_local(s3, imgs, tmp_path):

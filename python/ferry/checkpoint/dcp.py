@@ -117,9 +117,14 @@ def _reader_dir(path, who):
     return _local_dir(path, who)
 
 
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
 def _object_name(directory, name):
-    """directory + "/" + name for a DCP file named in the metadata (a plain name only)."""
-    if not name or name in (".", "..") or "/" in name or "\\" in name:
+    """directory + "/" + name for a DCP file named in the metadata: a plain name only (DCP
+    writes __R_N.distcp and .metadata). An https server decodes %2f, '?' starts a query and
+    '#' a fragment, so anything else could reach another object on the host."""
+    if not name or name in (".", "..") or not _PLAIN_NAME.fullmatch(name):
         _io.fail("%s: corrupted DCP metadata: file name %r" % (directory, name), _io.EFORMAT)
     return directory + "/" + name
 
