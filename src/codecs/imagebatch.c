@@ -24,10 +24,8 @@
  * SKIP) are closed up at the end, in order, on the same stream. */
 #include "codecs/imagebatch.h"
 #include "engine/ctx.h"
-#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
-#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -247,17 +245,6 @@ static void *cpu_worker(void *arg) {
     return NULL;
 }
 
-/* A CPU thread started beside the GPU feeder: five nice levels below the caller's
- * priority, so that when threads outnumber cores (calls in flight together)
- * the feeder, which keeps the JPEG engines busy, and the training loop are
- * not queued behind decoders. The thread is the call's own and ends with it. */
-static void *cpu_worker_beside_gpu(void *arg) {
-    errno = 0;
-    int prio = getpriority(PRIO_PROCESS, (id_t)gettid());
-    if (errno == 0 && prio < 19) (void)setpriority(PRIO_PROCESS, (id_t)gettid(), prio + 5 > 19 ? 19 : prio + 5);
-    return cpu_worker(arg);
-}
-
 static void *prepare_worker(void *arg) {
     run *r = arg;
     for (size_t i; (i = atomic_fetch_add(&r->next, 1)) < r->n;)
@@ -453,7 +440,7 @@ int64_t ferry_image_batch(ferry_ctx *ctx, const ferry_image_batch_args *a, ferry
         size_t first[FERRY_IMGB_RUN_MAX];
         int started = 0, k0 = ferry_imgb_gpu_claim(&r, first);
         for (; started < ncpu_threads && started < 64; started++)
-            if (pthread_create(&t[started], NULL, cpu_worker_beside_gpu, &r) != 0) break;
+            if (pthread_create(&t[started], NULL, cpu_worker, &r) != 0) break;
         pthread_mutex_lock(&r.mu);
         r.cpu_active -= ncpu_threads - started;   /* those that did not start (those that did may be done) */
         pthread_mutex_unlock(&r.mu);
