@@ -263,7 +263,14 @@ static int mds_one(void *arg, size_t k) {
 static int mds_parallel(ferry_shards *s, const char *dir, const char *ipath, const ferry_json *shards) {
     mds_run m = {s->ctx, dir, ipath, shards, calloc(shards->n, sizeof *m.subs)};
     if (!m.subs) return ferry_seterr(FERRY_ENOMEM, "out of memory");
-    int rc = ferry_shards_each(shards->n, 16, mds_one, &m);
+    /* a compressed shard is held twice while it is indexed (its zstd bytes and the decoded
+     * shard, up to 4 GiB): fewer side by side when any is compressed */
+    int threads = 16;
+    for (size_t k = 0; k < shards->n && threads > 2; k++) {
+        const ferry_json *zip = ferry_json_get(&shards->items[k], "zip_data");
+        if (zip && zip->type != FERRY_JSON_NULL) threads = 2;
+    }
+    int rc = ferry_shards_each(shards->n, threads, mds_one, &m);
     for (size_t k = 0; k < shards->n; k++) {
         if (rc >= 0) rc = ferry_shards_merge(s, m.subs[k]);
         ferry_shards_close(m.subs[k]);

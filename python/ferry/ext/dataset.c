@@ -200,6 +200,20 @@ static PyObject *var_meta(const ferry_var_info *v) {
 static PyObject *Dataset_meta(DatasetObject *self, PyObject *noarg) { return var_list(self, var_meta); }
 
 /* Index of a variable given by name or index; raises KeyError/IndexError. */
+int ds_selection(DatasetObject *self, int vi, PyObject *sel, ferry_slice *slices, ferry_slice **sp) {
+    *sp = NULL;
+    if (sel == Py_None) return 0;
+    ferry_var_info info;
+    memset(&info, 0, sizeof info);
+    if (ferry_dataset_var(self->ds, vi, &info) < 0) {
+        raise_code_msg(FERRY_EINVAL, ferry_errmsg(NULL));
+        return -1;
+    }
+    if (parse_triples(sel, slices, info.ndim, info.name) < 0) return -1;
+    *sp = slices;
+    return 0;
+}
+
 int ds_var_index(DatasetObject *self, PyObject *var) {
     if (PyLong_Check(var)) {
         long i = PyLong_AsLong(var);
@@ -274,15 +288,8 @@ static PyObject *Dataset_read_strings(DatasetObject *self, PyObject *args, PyObj
     if (ds_check(self) < 0) return NULL;
     int vi = ds_var_index(self, var);
     if (vi < 0) return NULL;
-    ferry_slice slices[FERRY_MAX_DIMS];
-    ferry_slice *sp = NULL;
-    if (sel != Py_None) {
-        ferry_var_info info;
-        memset(&info, 0, sizeof info);
-        if (ferry_dataset_var(self->ds, vi, &info) < 0) return raise_code_msg(FERRY_EINVAL, ferry_errmsg(NULL));
-        if (parse_triples(sel, slices, info.ndim, info.name) < 0) return NULL;
-        sp = slices;
-    }
+    ferry_slice slices[FERRY_MAX_DIMS], *sp;
+    if (ds_selection(self, vi, sel, slices, &sp) < 0) return NULL;
     ferry_run_opts ro;
     memset(&ro, 0, sizeof ro);
     ro.threads = threads < 0 ? 0 : threads;

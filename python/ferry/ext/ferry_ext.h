@@ -209,6 +209,9 @@ int file_check(FileObject *f);
 int ds_check(DatasetObject *d);
 /* Index of a variable given by name or index; raises KeyError/IndexError. */
 int ds_var_index(DatasetObject *self, PyObject *var);
+/* Variable vi's selection `sel` (None: the whole variable, *sp NULL) parsed into
+ * slices[FERRY_MAX_DIMS] (*sp = slices); -1 with an exception set. */
+int ds_selection(DatasetObject *self, int vi, PyObject *sel, ferry_slice *slices, ferry_slice **sp);
 PyObject *mod_npy_read_many(PyObject *m, PyObject *args, PyObject *kw);
 
 /* perm.c */

@@ -77,15 +77,8 @@ static PyObject *Plan_read(PlanObject *self, PyObject *args, PyObject *kw) {
     if (plan_check(self) < 0 || ds_check(ds) < 0) return NULL;
     int vi = ds_var_index(ds, var);
     if (vi < 0) return NULL;
-    ferry_slice slices[FERRY_MAX_DIMS];
-    ferry_slice *sp = NULL;
-    if (sel != Py_None) {
-        ferry_var_info info;
-        memset(&info, 0, sizeof info);
-        if (ferry_dataset_var(ds->ds, vi, &info) < 0) return raise_code_msg(FERRY_EINVAL, ferry_errmsg(NULL));
-        if (parse_triples(sel, slices, info.ndim, info.name) < 0) return NULL;
-        sp = slices;
-    }
+    ferry_slice slices[FERRY_MAX_DIMS], *sp;
+    if (ds_selection(ds, vi, sel, slices, &sp) < 0) return NULL;
     parsed_buf d;
     if (parse_buffer(dsto, 1, &d) < 0) return NULL;
     unsigned flags = (native ? FERRY_NATIVE : 0) | (stored ? FERRY_STORED_ORDER : 0);

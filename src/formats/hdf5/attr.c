@@ -137,12 +137,6 @@ static void amemo_put(h5_file *h, uint64_t addr, h5_attr *a, size_t n) {
     h->amemo_n++;
 }
 
-void h5_attr_memo_free(h5_file *h) {
-    free(h->amemo);
-    h->amemo = NULL;
-    h->amemo_cap = h->amemo_n = 0;
-}
-
 int h5_obj_attrs(h5_file *h, const h5_obj *o, h5_attr **out, size_t *n) {
     const struct h5_amemo *hit = amemo_get(h, o->addr);
     if (hit) { *out = hit->a; *n = hit->n; return 0; }

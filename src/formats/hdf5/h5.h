@@ -56,7 +56,8 @@ typedef struct h5_file {
     h5_blk **tab;                     /* block cache: open addressing on (addr, len) */
     size_t tab_cap, tab_n;
     uint64_t cached;                  /* bytes in the cache */
-    struct h5_amemo *amemo;           /* attributes parsed, by object header address (attr.c) */
+    struct h5_amemo *amemo;           /* attributes parsed, by object header address (attr.c; the
+                                         table is freed with the file by h5_file_free) */
     size_t amemo_cap, amemo_n;
     uint8_t *ra;                      /* read-ahead window: the bytes at [ra_abs, ra_abs + ra_len) */
     uint64_t ra_abs, ra_len;
@@ -238,8 +239,6 @@ typedef struct h5_attr {
 } h5_attr;
 /* Every attribute of the object (compact and dense), in creation order where known. */
 int h5_obj_attrs(h5_file *h, const h5_obj *o, h5_attr **out, size_t *n);
-/* Free the memo of parsed attributes (h5_file_free calls it). */
-void h5_attr_memo_free(h5_file *h);
 /* Append attribute a's value as JSON ({"type","value"} for numbers, strings as strings). */
 int h5_attr_json(h5_file *h, const h5_attr *a, ferry_sbuf *b);
 /* a as a string (fixed or vlen, one element), or NULL. */

@@ -167,6 +167,12 @@ static int gcols_read(h5_file *h, ferry_ctx *ctx, ferry_file *f, gtab *t, const 
             break;
         }
         total += g->size;             /* each at most the file size, at most 2^26 of them: no overflow */
+        if (total > 2 * FERRY_STRINGS_MAX_BYTES) {   /* a hostile file's one short string in a huge heap */
+            rc = h5_fail(h, FERRY_EUNSUPPORTED, g->abs, what, "the strings of this read live in global heap "
+                         "collections of more than %llu bytes: more than ferry reads for one call",
+                         (unsigned long long)(2 * FERRY_STRINGS_MAX_BYTES));
+            break;
+        }
         if (total > h->size) {
             rc = h5_fail(h, FERRY_EFORMAT, g->abs, what, "global heap collections of more bytes (%llu) than the file "
                          "holds (%llu): they overlap", (unsigned long long)total, (unsigned long long)h->size);

@@ -276,6 +276,6 @@ void h5_file_free(h5_file *h) {
     for (size_t i = 0; i < h->nallocs; i++) free(h->allocs[i]);
     free(h->allocs);
     free(h->ra);
-    h5_attr_memo_free(h);
+    free(h->amemo);   /* attr.c's table; the attribute lists it points at are allocations above */
     memset(h, 0, sizeof *h);
 }
