@@ -113,7 +113,7 @@ static pthread_cond_t ev_cv_ = PTHREAD_COND_INITIALIZER;
 static __thread CUcontext cur_;
 static long delay_us_ = 100;
 static atomic_long count_retains_[MAXDEV], count_pinned_[MAXDEV], count_cross_[MAXDEV];
-static atomic_long count_htod_[MAXDEV], count_launch_[MAXDEV], count_ptrattr_;
+static atomic_long count_htod_[MAXDEV], count_launch_[MAXDEV], count_ptrattr_, count_pageable_htod_[MAXDEV];
 static atomic_long count_bad_kernel_;
 /* bytes of cuMemHostAlloc (allocated in all, live now, the most live at once
  * since the last "reset_pinned_peak") and of cuMemAlloc (calls, bytes) */
@@ -130,6 +130,8 @@ long cudasim_count(const char *what, int dev) {
     if (!strcmp(what, "cross_device_copies")) return atomic_load(&count_cross_[dev]);
     /* host-to-device copies (1D and 2D) and kernel launches under device dev's context */
     if (!strcmp(what, "htod_copies")) return atomic_load(&count_htod_[dev]);
+    /* asynchronous copies from pageable memory (the real driver first waits for the stream) */
+    if (!strcmp(what, "pageable_htod")) return atomic_load(&count_pageable_htod_[dev]);
     if (!strcmp(what, "launches")) return atomic_load(&count_launch_[dev]);
     /* cuPointerGetAttribute calls, any device */
     if (!strcmp(what, "pointer_attributes")) return atomic_load(&count_ptrattr_);
@@ -563,6 +565,7 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstre
     if (host_pinned(src, n) || !n) {
         o->src = src;
     } else {                 /* pageable: the driver takes the bytes now */
+        atomic_fetch_add(&count_pageable_htod_[cur_->dev], 1);
         o->owned = malloc(n);
         memcpy(o->owned, src, n);
         o->src = o->owned;

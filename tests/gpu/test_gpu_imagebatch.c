@@ -30,6 +30,8 @@ static CUstream stream_;
 static const ferry_cuda_api *cu_;
 
 static long simc(const char *what) { return simcount_ ? simcount_(what) : 0; }
+static long (*drvcount_)(const char *, int);   /* the stand-in driver's counters */
+static long drvc(const char *what) { return drvcount_ ? drvcount_(what, 0) : 0; }
 
 static void setup(void) {
     static const struct { int kind, w, h; } spec[N] = {
@@ -230,6 +232,35 @@ static void *conc_run(void *arg) {
     return NULL;
 }
 
+/* A call like the one before it, warm: nothing allocated (the device's kept
+ * set and nvJPEG's states are reused) and nothing copied from pageable memory
+ * (a copy from there first waits for all the stream's work), for both
+ * decoders and for the CPU's alone. */
+static void test_warm_calls_allocate_nothing(void) {
+    if (!on_sim_) return;
+    int64_t s[8] = {0, 1, 2, 7, 8, 9, 5, 6};   /* baseline, 4:4:4, gray, large, PNG */
+    ferry_image_batch_args a = args(s, 8, 0, 0);
+    a.threads = 1;   /* one upload slot: it sees every image in the first call (more would grow
+                        as later calls hand a slot a larger image than it had, then settle) */
+    size_t rb = ib_row_bytes(&a.xf);
+    uintptr_t d = 0;
+    CHECK_EQ_I(ferry_cuda_malloc(ctx_, 0, 8 * rb, &d), 0);
+    a.dst = ferry_cuda_buf(0, d, 8 * rb);
+    static const ferry_decode_policy pols[2] = {FERRY_DECODE_AUTO, FERRY_DECODE_CPU};
+    for (int q = 0; q < 2; q++) {
+        ferry_decode_policy pol = pols[q];
+        a.decode = pol;
+        CHECK_EQ_I(ferry_image_batch(ctx_, &a, NULL), 8);   /* the first grows what it needs */
+        long dev = drvc("device_allocs"), pin = drvc("pinned_allocs"), pageable = drvc("pageable_htod");
+        for (int k = 0; k < 3; k++) CHECK_EQ_I(ferry_image_batch(ctx_, &a, NULL), 8);
+        CHECK_EQ_I(drvc("device_allocs"), dev);
+        CHECK_EQ_I(drvc("pinned_allocs"), pin);
+        CHECK_EQ_I(drvc("pageable_htod"), pageable);
+        compare(&a, d, s, 8, pol == FERRY_DECODE_CPU);
+    }
+    ferry_cuda_free(ctx_, d);
+}
+
 static void test_concurrent_calls(void) {
     conc c[2] = {{{7, 0, 8, 1, 9, 2}, 0, NULL, 0, {0}}, {{9, 8, 7, 7, 0, 1}, 0, NULL, 0, {0}}};
     ferry_image_batch_args a0 = args(c[0].s, 6, 0, 0);
@@ -334,6 +365,7 @@ int main(void) {
     printf("  %s\n", st);
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     on_sim_ = lib && dlsym(lib, "cudasim_count") != NULL;
+    if (on_sim_) *(void **)&drvcount_ = dlsym(lib, "cudasim_count");
     void *nv = dlopen(getenv("FERRY_NVJPEG") ? getenv("FERRY_NVJPEG") : "libnvjpeg.so.12", RTLD_NOW | RTLD_NOLOAD);
     if (nv) *(void **)&simcount_ = dlsym(nv, "nvjpegsim_count");
     cu_ = ferry_cuda_load(NULL);
@@ -346,6 +378,7 @@ int main(void) {
     RUN(test_auto_shares_the_queue);
     RUN(test_concurrent_calls);
     RUN(test_cpu_forced_uploads);
+    RUN(test_warm_calls_allocate_nothing);
     RUN(test_bf16_hwc_normalised);
     RUN(test_skip_on_device);
     cu_->StreamDestroy(stream_);
