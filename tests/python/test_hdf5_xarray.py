@@ -281,3 +281,28 @@ def test_many_strings_read_at_once(tmp_path):
         nc.createVariable("v", str, ("n",), zlib=True, chunksizes=(10_000,))[:] = want
     got = xr.open_dataset(p, engine="ferry")["v"].values
     assert got.tolist() == want.tolist()
+
+
+def test_phony_dimensions_numbered_as_netcdf_c(tmp_path):
+    """Datasets h5py added to a netCDF-4 file (no dimension scales) get phony dimensions named by
+    the dimension id netCDF-C gives them, after the real ones: in the root of a file without
+    subgroups, and in a subgroup (its own and its ancestors' real dimensions first)."""
+    netCDF4 = pytest.importorskip("netCDF4")
+    for with_group in (False, True):
+        p = str(tmp_path / f"phony{int(with_group)}.nc")
+        d = netCDF4.Dataset(p, "w")
+        d.createDimension("x", 3)
+        d.createDimension("y", 4)
+        d.createVariable("v", "f4", ("x", "y"))[:] = 1
+        if with_group:
+            g = d.createGroup("g")
+            g.createDimension("z", 5)
+            g.createVariable("w", "f4", ("z",))[:] = 2
+        d.close()
+        with h5py.File(p, "a") as f:
+            (f["g"] if with_group else f)["b"] = np.arange(18, dtype="f4").reshape(2, 9)
+            (f["g"] if with_group else f)["c"] = np.zeros((9, 9), "f4")
+        kw = {"group": "g"} if with_group else {}
+        got, ref = assert_same(p, "netcdf4", **kw)
+        assert got["b"].dims == ref["b"].dims and got["c"].dims == ref["c"].dims
+        assert ref["b"].dims[0] != "phony_dim_0"

@@ -12,8 +12,9 @@
  * references (addresses of dimension scales). A multi-dimensional coordinate
  * variable (itself a scale) lists its dimensions as _Netcdf4Coordinates, ids
  * matching the scales' _Netcdf4Dimid. An axis with no dimension scale (files
- * h5py writes) gets a phony dimension "phony_dim_<n>", one per distinct
- * length shared by the variables of the group (as netCDF-C names them). */
+ * h5py writes) gets a phony dimension "phony_dim_<id>", one per distinct
+ * length shared by the variables of the group, numbered as netCDF-C numbers
+ * them (after the real dimensions; see phony()). */
 #include "formats/hdf5/h5.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,7 +33,6 @@ typedef struct h5_dim {
 struct h5_nc {
     h5_dim *d;
     size_t n, cap;
-    int nphony;
 };
 
 h5_nc *h5nc_new(h5_file *h) { return h5_alloc(h, sizeof(h5_nc)); }
@@ -126,8 +126,12 @@ static h5_dim *phony(h5_file *h, h5_nc *nc, uint64_t size, h5_dim **taken, int n
         for (int k = 0; k < ntaken; k++) busy |= taken[k] == d;
         if (!busy) return d;
     }
+    /* netCDF-C names a phony dimension by the dimension id it gets: the real dimensions it
+     * registered before (this group's and its ancestors') and the phony ones made before it
+     * come first. (It reads a group's subgroups before the group's variables, so a group with
+     * subgroups that hold dimensions numbers its phony ones after theirs: not counted here.) */
     char name[32];
-    snprintf(name, sizeof name, "phony_dim_%d", nc->nphony++);
+    snprintf(name, sizeof name, "phony_dim_%zu", nc->n);
     h5_dim d = {H5_UNDEF, h5_strndup(h, name, strlen(name)), size, 0, 0, 1, -1, 0};
     if (!d.name || add_dim(h, nc, d)) return NULL;
     return &nc->d[nc->n - 1];
