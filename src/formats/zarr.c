@@ -1327,6 +1327,10 @@ static int open_v2(open_ctx *o, const char *dir, const char *rel) {
         rc = load_json(o->ds, zmeta, &cons);
         uint64_t cf;
         const ferry_json *m0 = cons ? ferry_json_get(cons, "metadata") : NULL;
+        if (!rc && cons->type == FERRY_JSON_OBJECT && m0 && ferry_json_get(cons, "record_size") &&
+            !ferry_json_get(cons, "zarr_consolidated_format"))   /* sniffed as a store where it could not look */
+            rc = MERR(FERRY_EUNSUPPORTED, zmeta, cons, "a kerchunk Parquet reference set (record_size): ferry reads "
+                      "those from local directories (with pyarrow); copy it here or write the references as JSON");
         if (!rc && (cons->type != FERRY_JSON_OBJECT || !m0 || m0->type != FERRY_JSON_OBJECT ||
                     ferry_json_u64(ferry_json_get(cons, "zarr_consolidated_format"), &cf) < 0 || cf != 1))
             rc = MERR(FERRY_EFORMAT, zmeta, cons, "consolidated metadata must be an object with "

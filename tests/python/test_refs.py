@@ -443,3 +443,26 @@ def test_parquet_references_dimension_separator_and_hostile_names(tmp_path, nc4,
             _json.dump(met, f)
         with pytest.raises(FerryError, match=r"\.zmetadata: \.\./x|more than \d+ chunk references"):
             ferry.read(d, "t")
+
+
+def test_parquet_references_at_a_url_are_refused_saying_what_to_do(tmp_path, nc4, monkeypatch):
+    """At a URL the C library cannot list a directory to tell a Parquet set from a consolidated
+    Zarr store: it opens .zmetadata as a store's and, finding record_size, says what it is and
+    what to do, naming the URL (not a complaint about consolidated metadata)."""
+    pytest.importorskip("pyarrow")
+    from rangeserver import RangeServer, ferry_reads_urls
+    if not ferry_reads_urls():
+        pytest.skip("ferry was built without libcurl")
+    monkeypatch.setenv("FERRY_REMOTE_RETRY_SECONDS", "20")
+    d = _parquet(_refs(nc4, 0), tmp_path / "r.parq", "pyarrow", 1000, monkeypatch)
+    s = RangeServer().start()
+    try:
+        for root, _, files in os.walk(d):
+            for f in files:
+                full = os.path.join(root, f)
+                s.put(os.path.relpath(full, tmp_path), open(full, "rb").read())
+        url = f"http://127.0.0.1:{s.port}/r.parq"
+        with pytest.raises(FerryError, match=r"r\.parq/\.zmetadata.*Parquet reference set.*JSON"):
+            ferry.read(url, "t")
+    finally:
+        s.stop()
