@@ -395,8 +395,9 @@ static PyObject *Context_url_glob(ContextObject *self, PyObject *arg) {
     return out;
 }
 
-/* format_detect(path): ferry_format_detect with this context (its remote options) */
-static PyObject *Context_format_detect(ContextObject *self, PyObject *arg) {
+/* format_detect(path): ferry_format_detect with this context (its remote options);
+ * the module's format_detect calls it with the default context */
+PyObject *Context_format_detect(ContextObject *self, PyObject *arg) {
     PyObject *b = NULL;
     if (!PyUnicode_FSConverter(arg, &b)) return NULL;
     if (ctx_check(self) < 0) { Py_DECREF(b); return NULL; }

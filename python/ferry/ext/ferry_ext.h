@@ -150,6 +150,9 @@ typedef void (*handle_close_fn)(void *h);
 /* file.c */
 typedef struct { HANDLE_HEAD ferry_file *f; } FileObject;
 
+/* context.c */
+PyObject *Context_format_detect(ContextObject *self, PyObject *arg);
+
 /* dataset.c */
 typedef struct { HANDLE_HEAD ferry_dataset *ds; } DatasetObject;
 

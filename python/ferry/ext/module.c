@@ -169,18 +169,8 @@ static PyObject *mod_nvrtc_search_dir(PyObject *m, PyObject *arg) { return set_s
 /* format_detect(path) -> "npy", "safetensors", "netcdf3", "zarr" or "hdf5":
  * ferry_format_detect, the sniffer ferry_dataset_open uses (FerryError when none). */
 static PyObject *mod_format_detect(PyObject *m, PyObject *arg) {
-    PyObject *patho;
-    if (!PyUnicode_FSConverter(arg, &patho)) return NULL;
     ContextObject *c = get_default_ctx();
-    if (!c) { Py_DECREF(patho); return NULL; }
-    const char *fmt = NULL;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ferry_format_detect(c->ctx, PyBytes_AS_STRING(patho), &fmt);
-    Py_END_ALLOW_THREADS
-    Py_DECREF(patho);
-    if (rc < 0) return raise_ctx(c->ctx, rc);
-    return PyUnicode_FromString(fmt);
+    return c ? Context_format_detect(c, arg) : NULL;
 }
 
 static PyMethodDef module_methods[] = {
