@@ -266,3 +266,13 @@ def test_load_batch_over_urls_equals_local(s3, imgs, tmp_path):
     images.load_batch(r, ids, a, size=24, crop="center")
     images.load_batch(w, ids, b, size=24, crop="center")
     assert torch.equal(a, b) and int(a.float().std()) > 0
+
+
+def test_brace_ranges_are_bounded():
+    """webdataset's {a..b} shard ranges expand as written; one naming millions of shards (a
+    typo) is refused before a list is built."""
+    from ferry.torch.images import _braces
+    assert _braces("s-{08..10}.tar") == ["s-08.tar", "s-09.tar", "s-10.tar"]
+    assert _braces("{a,b}/x-{1..2}") == ["a/x-1", "a/x-2", "b/x-1", "b/x-2"]
+    with pytest.raises(ValueError, match="give a glob or a list"):
+        _braces("s-{000000..999999999}.tar")

@@ -439,6 +439,7 @@ class ImageDataset(_BatchStream):
 
 
 _BRACE = re.compile(r"\{([^{}]*)\}")
+_MAX_BRACE = 1_000_000       # shards one {a..b} range may name (a typo must not build a list of billions)
 
 
 def _braces(s):
@@ -451,6 +452,9 @@ def _braces(s):
     r = re.fullmatch(r"(\d+)\.\.(\d+)", body)
     if r:
         lo, hi = int(r.group(1)), int(r.group(2))
+        if abs(hi - lo) >= _MAX_BRACE:
+            raise ValueError(f"ImageDataset: {s!r}: the range {{{body}}} names {abs(hi - lo) + 1} shards, "
+                             f"more than {_MAX_BRACE}: give a glob or a list")
         width = len(r.group(1)) if r.group(1).startswith("0") else 0
         step = 1 if hi >= lo else -1
         parts = [str(v).zfill(width) for v in range(lo, hi + step, step)]
